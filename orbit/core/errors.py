@@ -1,0 +1,95 @@
+"""Typed errors with machine-readable codes.
+
+Every rejection Orbit makes carries a stable ``code`` (what a client branches on), an
+HTTP-like ``status`` (how the server will answer), and a human message that never
+contains a secret.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Code(StrEnum):
+    """Machine-readable rejection codes."""
+
+    # bad input (400) and not found (404)
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    INVALID_BACKOFF = "INVALID_BACKOFF"
+    INVALID_TIMEOUT = "INVALID_TIMEOUT"
+    INVALID_DEADLINE = "INVALID_DEADLINE"
+    MISSING_CAP = "MISSING_CAP"
+    QUEUE_NOT_FOUND = "QUEUE_NOT_FOUND"
+    TASK_NOT_FOUND = "TASK_NOT_FOUND"
+    PARENT_NOT_FOUND = "PARENT_NOT_FOUND"
+    ATTEMPT_NOT_FOUND = "ATTEMPT_NOT_FOUND"
+    SESSION_NOT_FOUND = "SESSION_NOT_FOUND"
+    PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
+    # conflicts (409)
+    QUEUE_EXISTS = "QUEUE_EXISTS"
+    IDEMPOTENCY_CONFLICT = "IDEMPOTENCY_CONFLICT"
+    PARENT_CANCELLED = "PARENT_CANCELLED"
+    INVALID_STATE = "INVALID_STATE"
+    # session problems
+    SESSION_EXPIRED = "SESSION_EXPIRED"
+    SESSION_DRAINING = "SESSION_DRAINING"
+    BAD_SECRET = "BAD_SECRET"
+    STALE_CAPACITY = "STALE_CAPACITY"
+    # rejected worker reports (409): each leaves an event as evidence (I3, I9)
+    NOT_OWNER = "NOT_OWNER"
+    FENCED_EPOCH = "FENCED_EPOCH"
+    STALE_FENCE = "STALE_FENCE"
+    CLAIM_EXPIRED = "CLAIM_EXPIRED"
+    LEASE_EXPIRED = "LEASE_EXPIRED"
+    ATTEMPT_ENDED = "ATTEMPT_ENDED"
+    ALREADY_FINISHED = "ALREADY_FINISHED"
+    FINISH_WITHOUT_START = "FINISH_WITHOUT_START"
+    NOT_CLAIMED = "NOT_CLAIMED"
+    TASK_CANCELLED = "TASK_CANCELLED"
+    QUEUE_PAUSED = "QUEUE_PAUSED"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    # outcomes written by Orbit itself
+    ATTEMPT_TIMEOUT = "ATTEMPT_TIMEOUT"
+    ATTEMPT_LOST = "ATTEMPT_LOST"
+
+
+_STATUS: dict[Code, int] = {
+    Code.QUEUE_NOT_FOUND: 404,
+    Code.TASK_NOT_FOUND: 404,
+    Code.PARENT_NOT_FOUND: 404,
+    Code.ATTEMPT_NOT_FOUND: 404,
+    Code.SESSION_NOT_FOUND: 404,
+    Code.PAYLOAD_TOO_LARGE: 413,
+    Code.BAD_SECRET: 401,
+}
+_BAD_INPUT = {
+    Code.INVALID_ARGUMENT,
+    Code.INVALID_BACKOFF,
+    Code.INVALID_TIMEOUT,
+    Code.INVALID_DEADLINE,
+    Code.MISSING_CAP,
+}
+
+
+def status_of(code: Code) -> int:
+    """The HTTP status a code is answered with."""
+    if code in _BAD_INPUT:
+        return 400
+    return _STATUS.get(code, 409)
+
+
+class OrbitError(Exception):
+    """A rejection with a stable code; nothing was changed when it is raised."""
+
+    def __init__(self, code: Code, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+    @property
+    def status(self) -> int:
+        return status_of(self.code)
+
+
+class Rejected(OrbitError):
+    """A worker report refused by a guard. The store recorded it as an event (I3)."""

@@ -1,0 +1,60 @@
+"""Concurrency caps and the per-queue token bucket, as pure functions (I4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orbit.core.model import SECOND, Queue
+
+
+def bucket_refill(queue: Queue, now: int) -> float:
+    """Tokens available at ``now``; an unlimited queue (rate 0) is never short."""
+    if queue.rate <= 0:
+        return float("inf")
+    elapsed = max(now - queue.tokens_at, 0)
+    return min(float(queue.burst), queue.tokens + queue.rate * elapsed / SECOND)
+
+
+@dataclass
+class Occupancy:
+    """Live attempts (claimed or running) at one moment, by scope.
+
+    A claim is granted only if every scope stays within its cap after it; the counts
+    are read under the claim lock, so concurrent finishes can only lower them.
+    """
+
+    total: int
+    by_queue: dict[str, int]
+    by_tenant: dict[str, int]
+    by_handler: dict[str, int]  # for the claiming session only
+    session_total: int
+
+    def admit(
+        self,
+        *,
+        queue: str,
+        tenant: str,
+        handler: str,
+        queue_cap: int,
+        tenant_cap: int | None,
+        handler_cap: int,
+        session_cap: int,
+        global_cap: int | None,
+    ) -> bool:
+        """Take one permit in every scope if all have room; report whether it did."""
+        if global_cap is not None and self.total >= global_cap:
+            return False
+        if self.by_queue.get(queue, 0) >= queue_cap:
+            return False
+        if tenant_cap is not None and self.by_tenant.get(tenant, 0) >= tenant_cap:
+            return False
+        if self.by_handler.get(handler, 0) >= handler_cap:
+            return False
+        if self.session_total >= session_cap:
+            return False
+        self.total += 1
+        self.by_queue[queue] = self.by_queue.get(queue, 0) + 1
+        self.by_tenant[tenant] = self.by_tenant.get(tenant, 0) + 1
+        self.by_handler[handler] = self.by_handler.get(handler, 0) + 1
+        self.session_total += 1
+        return True

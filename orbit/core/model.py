@@ -1,0 +1,256 @@
+"""The domain records: queues, tasks, attempts, sessions and events.
+
+All instants are integers: microseconds since the Unix epoch, read from the database
+clock (or a test clock) by the store. All durations are integer microseconds too, so
+lease and deadline arithmetic is exact on both backends.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from orbit.core.states import AttemptState, SessionState, TaskState
+
+SECOND = 1_000_000
+JSON = Any
+
+
+def canonical_json(value: JSON) -> str:
+    """One spelling per value, so a digest identifies a payload or a result."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with equal jitter: half fixed, half random."""
+
+    base_us: int = 1 * SECOND
+    factor: float = 2.0
+    max_us: int = 300 * SECOND
+
+
+@dataclass(frozen=True)
+class Queue:
+    name: str
+    max_concurrency: int
+    rate: float  # tasks per second; 0 means unlimited
+    burst: int
+    paused: bool = False
+    tokens: float = 0.0
+    tokens_at: int = 0
+    created_at: int = 0
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What a client submits. Validated by ``orbit.core.validate.check_spec``."""
+
+    queue: str
+    handler: str
+    payload: JSON = None
+    tenant: str = "default"
+    priority: int = 0
+    idempotency_key: str | None = None
+    parent_id: str | None = None
+    retry_safe: bool = False
+    max_attempts: int = 3
+    backoff: Backoff = field(default_factory=Backoff)
+    attempt_timeout_us: int | None = None
+    deadline: int | None = None
+    run_after: int | None = None
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    queue: str
+    handler: str
+    tenant: str
+    priority: int
+    payload: str  # canonical JSON
+    payload_digest: str
+    idempotency_key: str | None
+    parent_id: str | None
+    retry_safe: bool
+    max_attempts: int
+    backoff: Backoff
+    attempt_timeout_us: int | None
+    deadline: int | None
+    run_after: int
+    state: TaskState
+    attempts_used: int
+    fence: int  # the last fence issued for this task; monotonic
+    cancel_requested: bool
+    result: str | None  # canonical JSON
+    error_code: str | None
+    error_message: str | None
+    error_retryable: bool | None
+    result_digest: str | None
+    result_version: int
+    created_at: int
+    updated_at: int
+    finished_at: int | None
+    version: int  # row version: the compare-and-set token of every write
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    id: str
+    task_id: str
+    number: int
+    session_id: str
+    session_epoch: int
+    fence: int
+    state: AttemptState
+    claimed_at: int
+    claim_expires_at: int
+    started_at: int | None
+    lease_expires_at: int | None
+    ended_at: int | None
+    finish_digest: str | None  # digest of the outcome a worker reported
+    receipt: str | None  # canonical JSON of the receipt returned for that report
+    queue: str  # copied from the task so caps are counted without a join
+    tenant: str
+    handler: str
+
+    @property
+    def live(self) -> bool:
+        return self.state in (AttemptState.CLAIMED, AttemptState.RUNNING)
+
+
+@dataclass(frozen=True)
+class Capability:
+    handler: str
+    capacity: int
+
+
+@dataclass(frozen=True)
+class Session:
+    id: str
+    name: str
+    node_id: str
+    epoch: int
+    secret_hash: str
+    capabilities: tuple[Capability, ...]
+    max_concurrency: int
+    capacity_seq: int
+    draining: bool
+    state: SessionState
+    expires_at: int
+    created_at: int
+
+    def capacity_for(self, handler: str) -> int:
+        for cap in self.capabilities:
+            if cap.handler == handler:
+                return cap.capacity
+        return 0
+
+
+@dataclass(frozen=True)
+class Event:
+    """One line of history. ``task_from``/``task_to`` chain into each task's full story."""
+
+    kind: str
+    task_id: str | None = None
+    attempt_id: str | None = None
+    session_id: str | None = None
+    queue: str | None = None
+    tenant: str | None = None
+    task_from: TaskState | None = None
+    task_to: TaskState | None = None
+    attempt_from: AttemptState | None = None
+    attempt_to: AttemptState | None = None
+    code: str | None = None
+    data: dict[str, JSON] | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a worker reports at the end of an attempt."""
+
+    ok: bool
+    result: JSON = None
+    error_code: str | None = None
+    error_message: str | None = None
+    retryable: bool = True
+
+    @staticmethod
+    def success(result: JSON = None) -> Outcome:
+        return Outcome(ok=True, result=result)
+
+    @staticmethod
+    def failure(code: str, message: str = "", retryable: bool = True) -> Outcome:
+        return Outcome(ok=False, error_code=code, error_message=message, retryable=retryable)
+
+    def as_json(self) -> JSON:
+        if self.ok:
+            return {"ok": True, "result": self.result}
+        return {
+            "ok": False,
+            "error": {
+                "code": self.error_code,
+                "message": self.error_message,
+                "retryable": self.retryable,
+            },
+        }
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """The answer to an accepted finish; a repeated finish gets the very same one."""
+
+    task_id: str
+    attempt_id: str
+    fence: int
+    task_state: TaskState
+    attempt_state: AttemptState
+    result_digest: str
+    result_version: int
+
+    def as_json(self) -> JSON:
+        return {
+            "task_id": self.task_id,
+            "attempt_id": self.attempt_id,
+            "fence": self.fence,
+            "task_state": str(self.task_state),
+            "attempt_state": str(self.attempt_state),
+            "result_digest": self.result_digest,
+            "result_version": self.result_version,
+        }
+
+    @staticmethod
+    def from_json(data: JSON) -> Receipt:
+        return Receipt(
+            task_id=data["task_id"],
+            attempt_id=data["attempt_id"],
+            fence=int(data["fence"]),
+            task_state=TaskState(data["task_state"]),
+            attempt_state=AttemptState(data["attempt_state"]),
+            result_digest=data["result_digest"],
+            result_version=int(data["result_version"]),
+        )
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One claimed attempt handed to a worker."""
+
+    task: Task
+    attempt: Attempt
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The answer to a start or a renew for one attempt: ``ok``, ``cancel`` or ``lost``."""
+
+    attempt_id: str
+    status: str
+    lease_expires_at: int | None

@@ -1,0 +1,846 @@
+"""Every transition of the lifecycle table, decided as a value.
+
+Each function receives the rows a store has locked, the instant the store read after
+taking those locks, and any random draw it needs; it appends to a ``Plan`` the rows to
+write (each with the version or state it expects to overwrite), the attempts to insert
+and the events to append. The store applies a plan in one transaction with
+compare-and-set guards, so a plan built from stale rows changes nothing.
+
+A refused worker report becomes ``plan.rejection``: the plan then holds only the event
+that records the evidence (I3, I9), and the store raises the rejection after commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+
+from orbit.core.errors import Code, Rejected
+from orbit.core.model import (
+    JSON,
+    Attempt,
+    Event,
+    Lease,
+    Outcome,
+    Receipt,
+    Session,
+    Task,
+    TaskSpec,
+    canonical_json,
+)
+from orbit.core.retry import plan_retry
+from orbit.core.states import AttemptState, SessionState, TaskState
+
+A = AttemptState
+T = TaskState
+
+
+def digest(text: str) -> str:
+    """sha256 of a canonical JSON text, as ``sha256:<hex>``."""
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass
+class Plan:
+    """The writes one transaction must make, in order, plus what to answer."""
+
+    task_inserts: list[Task] = field(default_factory=list)
+    task_writes: list[tuple[Task, Task]] = field(default_factory=list)
+    attempt_inserts: list[Attempt] = field(default_factory=list)
+    attempt_writes: list[tuple[Attempt, Attempt]] = field(default_factory=list)
+    session_writes: list[tuple[Session, Session]] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    receipt: Receipt | None = None
+    rejection: Rejected | None = None
+
+    def move(
+        self,
+        before: Task,
+        after: Task,
+        kind: str,
+        *,
+        attempt_before: Attempt | None = None,
+        attempt_after: Attempt | None = None,
+        code: str | None = None,
+        data: dict[str, JSON] | None = None,
+    ) -> Task:
+        """Write a task (and optionally its attempt) and record the transition."""
+        after = replace(after, version=before.version + 1)
+        self.task_writes.append((before, after))
+        if attempt_after is not None:
+            if attempt_before is None:
+                self.attempt_inserts.append(attempt_after)
+            else:
+                self.attempt_writes.append((attempt_before, attempt_after))
+        self.events.append(
+            Event(
+                kind=kind,
+                task_id=after.id,
+                attempt_id=attempt_after.id if attempt_after else None,
+                session_id=attempt_after.session_id if attempt_after else None,
+                queue=after.queue,
+                tenant=after.tenant,
+                task_from=before.state,
+                task_to=after.state,
+                attempt_from=attempt_before.state if attempt_before else None,
+                attempt_to=attempt_after.state if attempt_after else None,
+                code=code,
+                data=data,
+            )
+        )
+        return after
+
+    def reject(
+        self,
+        code: Code,
+        message: str,
+        *,
+        report: str,
+        task: Task | None = None,
+        attempt: Attempt | None = None,
+        session_id: str | None = None,
+        data: dict[str, JSON] | None = None,
+    ) -> Rejected:
+        """Refuse a report: nothing changes but the evidence event."""
+        self.events.append(
+            Event(
+                kind="rejected",
+                task_id=task.id if task else (attempt.task_id if attempt else None),
+                attempt_id=attempt.id if attempt else None,
+                session_id=session_id,
+                queue=task.queue if task else None,
+                tenant=task.tenant if task else None,
+                code=str(code),
+                data={"report": report, **(data or {})},
+            )
+        )
+        self.rejection = Rejected(code, message)
+        return self.rejection
+
+
+# --------------------------------------------------------------------------- submit
+
+
+def new_task(spec: TaskSpec, *, task_id: str, payload: str, now: int) -> Task:
+    run_after = spec.run_after if spec.run_after is not None else now
+    return Task(
+        id=task_id,
+        queue=spec.queue,
+        handler=spec.handler,
+        tenant=spec.tenant,
+        priority=spec.priority,
+        payload=payload,
+        payload_digest=digest(payload),
+        idempotency_key=spec.idempotency_key,
+        parent_id=spec.parent_id,
+        retry_safe=spec.retry_safe,
+        max_attempts=spec.max_attempts,
+        backoff=spec.backoff,
+        attempt_timeout_us=spec.attempt_timeout_us,
+        deadline=spec.deadline,
+        run_after=run_after,
+        state=T.SCHEDULED if run_after > now else T.QUEUED,
+        attempts_used=0,
+        fence=0,
+        cancel_requested=False,
+        result=None,
+        error_code=None,
+        error_message=None,
+        error_retryable=None,
+        result_digest=None,
+        result_version=0,
+        created_at=now,
+        updated_at=now,
+        finished_at=None,
+        version=1,
+    )
+
+
+def submitted_event(task: Task) -> Event:
+    return Event(
+        kind="submitted",
+        task_id=task.id,
+        queue=task.queue,
+        tenant=task.tenant,
+        task_to=task.state,
+        data={"handler": task.handler, "payload_digest": task.payload_digest},
+    )
+
+
+# --------------------------------------------------------------------------- claim
+
+
+def claim(
+    plan: Plan, task: Task, session: Session, *, attempt_id: str, now: int, claim_ttl: int
+) -> Attempt:
+    """Hand a waiting task to a session with a short claim lease."""
+    assert task.state in (T.QUEUED, T.SCHEDULED), task.state
+    fence = task.fence + 1
+    attempt = Attempt(
+        id=attempt_id,
+        task_id=task.id,
+        number=fence,
+        session_id=session.id,
+        session_epoch=session.epoch,
+        fence=fence,
+        state=A.CLAIMED,
+        claimed_at=now,
+        claim_expires_at=now + claim_ttl,
+        started_at=None,
+        lease_expires_at=None,
+        ended_at=None,
+        finish_digest=None,
+        receipt=None,
+        queue=task.queue,
+        tenant=task.tenant,
+        handler=task.handler,
+    )
+    plan.move(
+        task,
+        replace(task, state=T.CLAIMED, fence=fence, updated_at=now),
+        "claimed",
+        attempt_after=attempt,
+    )
+    return attempt
+
+
+def session_usable(session: Session, epoch: int, now: int) -> tuple[Code, str] | None:
+    """Why a session may not claim, or None."""
+    if epoch != session.epoch:
+        return Code.FENCED_EPOCH, f"epoch {epoch} is not the session's current epoch"
+    if session.state != SessionState.LIVE or session.expires_at <= now:
+        return Code.SESSION_EXPIRED, "the session has expired; resume it with its secret"
+    if session.draining:
+        return Code.SESSION_DRAINING, "the session is draining and takes no new work"
+    return None
+
+
+# --------------------------------------------------------------------------- reports
+
+
+def _check_owner(
+    plan: Plan,
+    report: str,
+    task: Task,
+    attempt: Attempt,
+    session: Session,
+    epoch: int,
+    fence: int,
+) -> Rejected | None:
+    if attempt.session_id != session.id:
+        return plan.reject(
+            Code.NOT_OWNER,
+            "the attempt belongs to another session",
+            report=report,
+            task=task,
+            attempt=attempt,
+            session_id=session.id,
+        )
+    if epoch != session.epoch:
+        return plan.reject(
+            Code.FENCED_EPOCH,
+            f"epoch {epoch} was fenced by a resume (current epoch {session.epoch})",
+            report=report,
+            task=task,
+            attempt=attempt,
+            session_id=session.id,
+            data={"epoch": epoch, "current_epoch": session.epoch},
+        )
+    if fence != attempt.fence:
+        return plan.reject(
+            Code.STALE_FENCE,
+            f"fence {fence} is not the attempt's fence {attempt.fence}",
+            report=report,
+            task=task,
+            attempt=attempt,
+            session_id=session.id,
+            data={"fence": fence},
+        )
+    return None
+
+
+def lease_until(task: Task, started_at: int, session: Session, now: int, lease_ttl: int) -> int:
+    """A run lease: ``now + ttl`` capped by the attempt timeout, deadline and session."""
+    until = now + lease_ttl
+    if task.attempt_timeout_us is not None:
+        until = min(until, started_at + task.attempt_timeout_us)
+    if task.deadline is not None:
+        until = min(until, task.deadline)
+    return min(until, session.expires_at)
+
+
+def start(
+    plan: Plan,
+    task: Task,
+    attempt: Attempt,
+    session: Session,
+    *,
+    epoch: int,
+    fence: int,
+    queue_paused: bool,
+    now: int,
+    lease_ttl: int,
+) -> Lease | None:
+    """claimed -> running: the point of no return (``attempts_used += 1``)."""
+    if _check_owner(plan, "start", task, attempt, session, epoch, fence):
+        return None
+    if attempt.state == A.RUNNING and attempt.lease_expires_at is not None:
+        if attempt.lease_expires_at > now:
+            # A repeated start (its ACK was lost): the same attempt simply continues.
+            status = "cancel" if task.state == T.CANCELLING else "ok"
+            return Lease(attempt.id, status, attempt.lease_expires_at)
+        plan.reject(
+            Code.LEASE_EXPIRED,
+            "the run lease has expired",
+            report="start",
+            task=task,
+            attempt=attempt,
+            session_id=session.id,
+        )
+        return None
+    if attempt.state != A.CLAIMED:
+        code = Code.TASK_CANCELLED if task.state == T.CANCELLED else Code.ATTEMPT_ENDED
+        plan.reject(
+            code,
+            f"the attempt is {attempt.state}, not claimed",
+            report="start",
+            task=task,
+            attempt=attempt,
+            session_id=session.id,
+        )
+        return None
+    reason: tuple[Code, str] | None = None
+    if now >= attempt.claim_expires_at:
+        reason = Code.CLAIM_EXPIRED, "the claim lease expired before start"
+    elif task.cancel_requested or task.state != T.CLAIMED:
+        reason = Code.TASK_CANCELLED, "the task was cancelled"
+    elif task.deadline is not None and now >= task.deadline:
+        reason = Code.DEADLINE_EXCEEDED, "the task's deadline has passed"
+    elif queue_paused:
+        reason = Code.QUEUE_PAUSED, f"queue {task.queue} is paused; release the attempt"
+    elif session.state != SessionState.LIVE or session.expires_at <= now:
+        reason = Code.SESSION_EXPIRED, "the session has expired; resume it first"
+    if reason is not None:
+        plan.reject(
+            reason[0],
+            reason[1],
+            report="start",
+            task=task,
+            attempt=attempt,
+            session_id=session.id,
+        )
+        return None
+    lease = lease_until(task, now, session, now, lease_ttl)
+    running = replace(attempt, state=A.RUNNING, started_at=now, lease_expires_at=lease)
+    plan.move(
+        task,
+        replace(task, state=T.RUNNING, attempts_used=task.attempts_used + 1, updated_at=now),
+        "started",
+        attempt_before=attempt,
+        attempt_after=running,
+    )
+    return Lease(attempt.id, "ok", lease)
+
+
+def renew(
+    plan: Plan,
+    task: Task,
+    attempt: Attempt,
+    session: Session,
+    *,
+    epoch: int,
+    now: int,
+    lease_ttl: int,
+) -> Lease:
+    """Extend one run lease; the answer is ``ok``, ``cancel`` (stop now) or ``lost``."""
+    lost = Lease(attempt.id, "lost", None)
+    if attempt.session_id != session.id or epoch != session.epoch:
+        code = Code.NOT_OWNER if attempt.session_id != session.id else Code.FENCED_EPOCH
+        plan.reject(
+            code, "not the owner", report="renew", task=task, attempt=attempt, session_id=session.id
+        )
+        return lost
+    if attempt.state != A.RUNNING or attempt.lease_expires_at is None:
+        plan.reject(
+            Code.ATTEMPT_ENDED,
+            f"the attempt is {attempt.state}",
+            report="renew",
+            task=task,
+            attempt=attempt,
+            session_id=session.id,
+        )
+        return lost
+    if now >= attempt.lease_expires_at:
+        plan.reject(
+            Code.LEASE_EXPIRED,
+            "the run lease has expired",
+            report="renew",
+            task=task,
+            attempt=attempt,
+            session_id=session.id,
+        )
+        return lost
+    assert attempt.started_at is not None
+    until = max(
+        lease_until(task, attempt.started_at, session, now, lease_ttl), attempt.lease_expires_at
+    )
+    if until != attempt.lease_expires_at:
+        plan.attempt_writes.append((attempt, replace(attempt, lease_expires_at=until)))
+    status = "cancel" if task.state == T.CANCELLING else "ok"
+    return Lease(attempt.id, status, until)
+
+
+def finish(
+    plan: Plan,
+    task: Task,
+    attempt: Attempt,
+    session: Session,
+    *,
+    epoch: int,
+    fence: int,
+    outcome: Outcome,
+    now: int,
+    rand: float,
+) -> Receipt | None:
+    """End a running attempt with the worker's outcome, or refuse the report."""
+    report_text = canonical_json(outcome.as_json())
+    report_digest = digest(report_text)
+    if attempt.session_id != session.id:
+        plan.reject(
+            Code.NOT_OWNER,
+            "the attempt belongs to another session",
+            report="finish",
+            task=task,
+            attempt=attempt,
+            session_id=session.id,
+        )
+        return None
+    if attempt.finish_digest is not None and attempt.receipt is not None:
+        if attempt.finish_digest == report_digest:
+            # A lost ACK retried: the very same receipt, nothing written.
+            plan.receipt = Receipt.from_json(json.loads(attempt.receipt))
+            return plan.receipt
+        plan.reject(
+            Code.ALREADY_FINISHED,
+            "the attempt already reported another outcome",
+            report="finish",
+            task=task,
+            attempt=attempt,
+            session_id=session.id,
+            data={"digest": report_digest},
+        )
+        return None
+    if _check_owner(plan, "finish", task, attempt, session, epoch, fence):
+        return None
+    evidence = {"digest": report_digest, "ok": outcome.ok}
+    if attempt.state == A.CLAIMED:
+        plan.reject(
+            Code.FINISH_WITHOUT_START,
+            "the attempt was never started",
+            report="finish",
+            task=task,
+            attempt=attempt,
+            session_id=session.id,
+            data=evidence,
+        )
+        return None
+    if attempt.state != A.RUNNING:
+        plan.reject(
+            Code.ATTEMPT_ENDED,
+            f"the attempt already ended as {attempt.state}",
+            report="finish",
+            task=task,
+            attempt=attempt,
+            session_id=session.id,
+            data=evidence,
+        )
+        return None
+    if task.state == T.CANCELLING:
+        # Cancel wins the race: the outcome is kept as evidence only.
+        ended = replace(attempt, state=A.CANCELLED, ended_at=now, finish_digest=report_digest)
+        after = replace(task, state=T.CANCELLED, updated_at=now, finished_at=now)
+        receipt = Receipt(
+            task.id,
+            attempt.id,
+            attempt.fence,
+            T.CANCELLED,
+            A.CANCELLED,
+            report_digest,
+            task.result_version,
+        )
+        ended = replace(ended, receipt=canonical_json(receipt.as_json()))
+        plan.move(
+            task,
+            after,
+            "cancelled",
+            attempt_before=attempt,
+            attempt_after=ended,
+            data={"outcome": outcome.as_json(), "digest": report_digest},
+        )
+        plan.receipt = receipt
+        return receipt
+    if task.deadline is not None and now >= task.deadline:
+        plan.reject(
+            Code.DEADLINE_EXCEEDED,
+            "the task's deadline has passed",
+            report="finish",
+            task=task,
+            attempt=attempt,
+            session_id=session.id,
+            data=evidence,
+        )
+        return None
+    assert attempt.lease_expires_at is not None
+    if now >= attempt.lease_expires_at:
+        plan.reject(
+            Code.LEASE_EXPIRED,
+            "the run lease expired before the report arrived",
+            report="finish",
+            task=task,
+            attempt=attempt,
+            session_id=session.id,
+            data=evidence,
+        )
+        return None
+    if outcome.ok:
+        result = canonical_json(outcome.result)
+        after = replace(
+            task,
+            state=T.SUCCEEDED,
+            result=result,
+            result_digest=digest(result),
+            result_version=task.result_version + 1,
+            error_code=None,
+            error_message=None,
+            error_retryable=None,
+            updated_at=now,
+            finished_at=now,
+        )
+        attempt_state = A.SUCCEEDED
+        kind = "succeeded"
+    else:
+        code = outcome.error_code or "HANDLER_ERROR"
+        decision = plan_retry(
+            retryable=outcome.retryable,
+            attempts_used=task.attempts_used,
+            max_attempts=task.max_attempts,
+            deadline=task.deadline,
+            backoff=task.backoff,
+            now=now,
+            rand=rand,
+            error_code=code,
+        )
+        base = replace(
+            task,
+            error_code=code,
+            error_message=outcome.error_message,
+            error_retryable=outcome.retryable,
+            updated_at=now,
+        )
+        attempt_state = A.FAILED
+        if decision.retry_at is not None:
+            after = replace(base, state=T.SCHEDULED, run_after=decision.retry_at)
+            kind = "retry_scheduled"
+        else:
+            final = decision.final_code or code
+            after = replace(base, state=T.FAILED, error_code=final, finished_at=now)
+            if final != code:
+                after = replace(after, error_message=f"{code}: {outcome.error_message or ''}")
+            kind = "failed"
+    receipt = Receipt(
+        task.id,
+        attempt.id,
+        attempt.fence,
+        after.state,
+        attempt_state,
+        report_digest,
+        after.result_version,
+    )
+    ended = replace(
+        attempt,
+        state=attempt_state,
+        ended_at=now,
+        finish_digest=report_digest,
+        receipt=canonical_json(receipt.as_json()),
+    )
+    plan.move(
+        task,
+        after,
+        kind,
+        attempt_before=attempt,
+        attempt_after=ended,
+        code=after.error_code if not outcome.ok else None,
+        data={"digest": report_digest},
+    )
+    plan.receipt = receipt
+    return receipt
+
+
+def release(
+    plan: Plan,
+    task: Task,
+    attempt: Attempt,
+    session: Session,
+    *,
+    epoch: int,
+    fence: int,
+    now: int,
+) -> bool:
+    """claimed -> released: never started, so it does not count against max_attempts."""
+    if _check_owner(plan, "release", task, attempt, session, epoch, fence):
+        return False
+    if attempt.state != A.CLAIMED:
+        plan.reject(
+            Code.NOT_CLAIMED,
+            f"the attempt is {attempt.state}, not claimed",
+            report="release",
+            task=task,
+            attempt=attempt,
+            session_id=session.id,
+        )
+        return False
+    _release(plan, task, attempt, now, "released")
+    return True
+
+
+def _release(
+    plan: Plan, task: Task, attempt: Attempt, now: int, kind: str, code: str | None = None
+) -> Task:
+    released = replace(attempt, state=A.RELEASED, ended_at=now)
+    if task.deadline is not None and now >= task.deadline:
+        after = replace(
+            task,
+            state=T.FAILED,
+            error_code=str(Code.DEADLINE_EXCEEDED),
+            error_message="the deadline passed before the task started",
+            error_retryable=False,
+            updated_at=now,
+            finished_at=now,
+        )
+        return plan.move(
+            task,
+            after,
+            "failed",
+            attempt_before=attempt,
+            attempt_after=released,
+            code=str(Code.DEADLINE_EXCEEDED),
+        )
+    after = replace(task, state=T.QUEUED, run_after=min(task.run_after, now), updated_at=now)
+    return plan.move(task, after, kind, attempt_before=attempt, attempt_after=released, code=code)
+
+
+# --------------------------------------------------------------------------- operator
+
+
+def cancel(plan: Plan, task: Task, live: Attempt | None, now: int) -> None:
+    """Cancel one task of a cascade; the store calls this for the root and each descendant."""
+    if task.terminal or task.state == T.CANCELLING:
+        return
+    if task.state == T.RUNNING:
+        assert live is not None
+        after = replace(task, state=T.CANCELLING, cancel_requested=True, updated_at=now)
+        plan.move(task, after, "cancel_requested", data={"attempt_id": live.id})
+        return
+    after = replace(task, state=T.CANCELLED, cancel_requested=True, updated_at=now, finished_at=now)
+    if task.state == T.CLAIMED:
+        assert live is not None
+        released = replace(live, state=A.RELEASED, ended_at=now)
+        plan.move(task, after, "cancelled", attempt_before=live, attempt_after=released)
+    else:
+        plan.move(task, after, "cancelled")
+
+
+def resolve(plan: Plan, task: Task, decision: str, outcome: Outcome | None, now: int) -> Task:
+    """An operator's decision on a ``needs_review`` task (checked by the caller)."""
+    if decision == "succeeded":
+        result = canonical_json(outcome.result if outcome else None)
+        after = replace(
+            task,
+            state=T.SUCCEEDED,
+            result=result,
+            result_digest=digest(result),
+            result_version=task.result_version + 1,
+            updated_at=now,
+            finished_at=now,
+        )
+    elif decision == "failed":
+        after = replace(
+            task,
+            state=T.FAILED,
+            error_code=(outcome.error_code if outcome else None) or "RESOLVED_FAILED",
+            error_message=(outcome.error_message if outcome else None)
+            or "marked failed by an operator",
+            error_retryable=False,
+            updated_at=now,
+            finished_at=now,
+        )
+    else:
+        after = replace(
+            task,
+            state=T.QUEUED,
+            run_after=now,
+            max_attempts=max(task.max_attempts, task.attempts_used + 1),
+            updated_at=now,
+        )
+    return plan.move(task, after, "resolved", data={"decision": decision})
+
+
+def retry(plan: Plan, task: Task, now: int) -> Task:
+    """Run a failed or cancelled task again (an operator decision), with one more attempt."""
+    after = replace(
+        task,
+        state=T.QUEUED,
+        run_after=now,
+        cancel_requested=False,
+        max_attempts=max(task.max_attempts, task.attempts_used + 1),
+        error_code=None,
+        error_message=None,
+        error_retryable=None,
+        finished_at=None,
+        updated_at=now,
+    )
+    return plan.move(task, after, "retried")
+
+
+# --------------------------------------------------------------------------- reaper
+
+
+def reap(plan: Plan, task: Task, live: Attempt | None, now: int, rand: float) -> None:
+    """Whatever the clock has made due for one task: expired leases, deadlines, run_after."""
+    if live is not None and live.state == A.CLAIMED and live.claim_expires_at <= now:
+        _release(plan, task, live, now, "claim_expired", code="CLAIM_EXPIRED")
+        return
+    if (
+        live is not None
+        and live.state == A.RUNNING
+        and live.lease_expires_at is not None
+        and live.lease_expires_at <= now
+    ):
+        _lease_expired(plan, task, live, now, rand)
+        return
+    if (
+        live is not None
+        and live.state == A.CLAIMED
+        and task.deadline is not None
+        and now >= task.deadline
+    ):
+        _release(plan, task, live, now, "released")
+        return
+    if live is None and task.state in (T.QUEUED, T.SCHEDULED):
+        if task.deadline is not None and now >= task.deadline:
+            after = replace(
+                task,
+                state=T.FAILED,
+                error_code=str(Code.DEADLINE_EXCEEDED),
+                error_message="the deadline passed before the task could run",
+                error_retryable=False,
+                updated_at=now,
+                finished_at=now,
+            )
+            plan.move(task, after, "failed", code=str(Code.DEADLINE_EXCEEDED))
+        elif task.state == T.SCHEDULED and task.run_after <= now:
+            plan.move(task, replace(task, state=T.QUEUED, updated_at=now), "queued")
+
+
+def _lease_expired(plan: Plan, task: Task, live: Attempt, now: int, rand: float) -> None:
+    timed_out = (
+        task.attempt_timeout_us is not None
+        and live.started_at is not None
+        and now >= live.started_at + task.attempt_timeout_us
+    )
+    deadline_passed = task.deadline is not None and now >= task.deadline
+    if task.state == T.CANCELLING:
+        ended = replace(live, state=A.CANCELLED, ended_at=now)
+        after = replace(task, state=T.CANCELLED, updated_at=now, finished_at=now)
+        plan.move(
+            task, after, "cancelled", attempt_before=live, attempt_after=ended, code="LEASE_EXPIRED"
+        )
+        return
+    if task.retry_safe:
+        attempt_state = A.TIMED_OUT if timed_out else A.LOST
+        code = str(Code.ATTEMPT_TIMEOUT if timed_out else Code.ATTEMPT_LOST)
+        decision = plan_retry(
+            retryable=True,
+            attempts_used=task.attempts_used,
+            max_attempts=task.max_attempts,
+            deadline=task.deadline,
+            backoff=task.backoff,
+            now=now,
+            rand=rand,
+            error_code=code,
+        )
+        ended = replace(live, state=attempt_state, ended_at=now)
+        base = replace(
+            task,
+            error_code=code,
+            error_retryable=True,
+            updated_at=now,
+            error_message="the run lease expired without a report",
+        )
+        if decision.retry_at is not None:
+            plan.move(
+                task,
+                replace(base, state=T.SCHEDULED, run_after=decision.retry_at),
+                "retry_scheduled",
+                attempt_before=live,
+                attempt_after=ended,
+                code=code,
+            )
+        else:
+            final = decision.final_code or code
+            plan.move(
+                task,
+                replace(base, state=T.FAILED, error_code=final, finished_at=now),
+                "failed",
+                attempt_before=live,
+                attempt_after=ended,
+                code=final,
+            )
+        return
+    ended = replace(live, state=A.UNKNOWN, ended_at=now)
+    if deadline_passed:
+        after = replace(
+            task,
+            state=T.FAILED,
+            error_code=str(Code.DEADLINE_EXCEEDED),
+            error_message="the deadline passed; the last attempt's effects are unknown",
+            error_retryable=False,
+            updated_at=now,
+            finished_at=now,
+        )
+        plan.move(
+            task,
+            after,
+            "failed",
+            attempt_before=live,
+            attempt_after=ended,
+            code=str(Code.DEADLINE_EXCEEDED),
+        )
+        return
+    after = replace(
+        task,
+        state=T.NEEDS_REVIEW,
+        error_code="OUTCOME_UNKNOWN",
+        error_message="the run lease expired; the handler may have had effects",
+        error_retryable=False,
+        updated_at=now,
+    )
+    plan.move(
+        task,
+        after,
+        "needs_review",
+        attempt_before=live,
+        attempt_after=ended,
+        code="ATTEMPT_TIMEOUT" if timed_out else "LEASE_EXPIRED",
+    )
+
+
+def expire_session(
+    plan: Plan, session: Session, claimed: list[tuple[Task, Attempt]], now: int
+) -> None:
+    """A session's heartbeat lapsed: it expires and its claimed attempts go back."""
+    plan.session_writes.append((session, replace(session, state=SessionState.EXPIRED)))
+    plan.events.append(Event(kind="session.expired", session_id=session.id))
+    for task, attempt in claimed:
+        _release(plan, task, attempt, now, "released", code="SESSION_EXPIRED")

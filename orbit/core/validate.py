@@ -1,0 +1,128 @@
+"""Input checks that run before any state is touched. Each failure is a clear OrbitError."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from orbit.core.errors import Code, OrbitError
+from orbit.core.model import Backoff, TaskSpec, canonical_json
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+MAX_PRIORITY = 1_000_000
+MAX_ATTEMPTS_LIMIT = 1_000
+MAX_KEY_LEN = 255
+#: The largest duration Orbit accepts anywhere: a year, in microseconds.
+MAX_DURATION_US = 366 * 24 * 3600 * 1_000_000
+DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
+
+
+def check_name(kind: str, value: object) -> str:
+    if not isinstance(value, str) or not NAME_RE.match(value):
+        raise OrbitError(
+            Code.INVALID_ARGUMENT,
+            f"{kind} must be 1-128 characters of letters, digits, '_', '.', ':' or '-', "
+            f"starting with a letter or digit; got {value!r:.80}",
+        )
+    return value
+
+
+def check_int(name: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise OrbitError(
+            Code.INVALID_ARGUMENT, f"{name} must be an integer in [{low}, {high}]; got {value!r}"
+        )
+    return value
+
+
+def check_queue_caps(max_concurrency: int | None, rate: float | None, burst: int | None) -> None:
+    """A queue needs an explicit concurrency cap and an explicit rate (0 = unlimited)."""
+    if max_concurrency is None:
+        raise OrbitError(Code.MISSING_CAP, "a queue needs max_concurrency (an integer >= 1)")
+    if rate is None:
+        raise OrbitError(
+            Code.MISSING_CAP, "a queue needs rate (tasks per second; write 0 for unlimited)"
+        )
+    check_int("max_concurrency", max_concurrency, 1, 1_000_000)
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or not math.isfinite(rate):
+        raise OrbitError(Code.INVALID_ARGUMENT, f"rate must be a finite number; got {rate!r}")
+    if rate < 0 or rate > 1_000_000:
+        raise OrbitError(Code.INVALID_ARGUMENT, f"rate must be in [0, 1000000]; got {rate!r}")
+    if burst is not None:
+        check_int("burst", burst, 1, 1_000_000)
+
+
+def check_backoff(backoff: Backoff) -> None:
+    if isinstance(backoff.base_us, bool) or not isinstance(backoff.base_us, int):
+        raise OrbitError(Code.INVALID_BACKOFF, "backoff base must be an integer of microseconds")
+    if not 0 < backoff.base_us <= MAX_DURATION_US:
+        raise OrbitError(Code.INVALID_BACKOFF, "backoff base must be > 0 and at most a year")
+    factor = backoff.factor
+    if isinstance(factor, bool) or not isinstance(factor, int | float):
+        raise OrbitError(Code.INVALID_BACKOFF, "backoff factor must be a number")
+    if not math.isfinite(factor) or not 1.0 <= factor <= 100.0:
+        raise OrbitError(Code.INVALID_BACKOFF, f"backoff factor must be in [1, 100]; got {factor}")
+    if isinstance(backoff.max_us, bool) or not isinstance(backoff.max_us, int):
+        raise OrbitError(Code.INVALID_BACKOFF, "backoff max must be an integer of microseconds")
+    if not backoff.base_us <= backoff.max_us <= MAX_DURATION_US:
+        raise OrbitError(
+            Code.INVALID_BACKOFF, "backoff max must be at least the base and at most a year"
+        )
+
+
+def check_spec(spec: TaskSpec, now: int, max_payload_bytes: int) -> tuple[str, int]:
+    """Validate a submission; return its canonical payload JSON and its encoded size."""
+    check_name("queue", spec.queue)
+    check_name("handler", spec.handler)
+    check_name("tenant", spec.tenant)
+    check_int("priority", spec.priority, -MAX_PRIORITY, MAX_PRIORITY)
+    check_int("max_attempts", spec.max_attempts, 1, MAX_ATTEMPTS_LIMIT)
+    if not isinstance(spec.retry_safe, bool):
+        raise OrbitError(Code.INVALID_ARGUMENT, "retry_safe must be true or false")
+    if spec.idempotency_key is not None and (
+        not isinstance(spec.idempotency_key, str)
+        or not 0 < len(spec.idempotency_key) <= MAX_KEY_LEN
+    ):
+        raise OrbitError(
+            Code.INVALID_ARGUMENT, f"idempotency_key must be 1-{MAX_KEY_LEN} characters"
+        )
+    if spec.parent_id is not None and not isinstance(spec.parent_id, str):
+        raise OrbitError(Code.INVALID_ARGUMENT, "parent_id must be a task id")
+    check_backoff(spec.backoff)
+    if spec.attempt_timeout_us is not None and (
+        isinstance(spec.attempt_timeout_us, bool)
+        or not isinstance(spec.attempt_timeout_us, int)
+        or not 0 < spec.attempt_timeout_us <= MAX_DURATION_US
+    ):
+        raise OrbitError(
+            Code.INVALID_TIMEOUT, "attempt_timeout must be a positive duration of at most a year"
+        )
+    if spec.deadline is not None:
+        if isinstance(spec.deadline, bool) or not isinstance(spec.deadline, int):
+            raise OrbitError(Code.INVALID_DEADLINE, "deadline must be an instant")
+        if spec.deadline <= now:
+            raise OrbitError(Code.INVALID_DEADLINE, "deadline is already in the past")
+    if spec.run_after is not None:
+        if isinstance(spec.run_after, bool) or not isinstance(spec.run_after, int):
+            raise OrbitError(Code.INVALID_ARGUMENT, "run_after must be an instant")
+        if spec.deadline is not None and spec.run_after >= spec.deadline:
+            raise OrbitError(Code.INVALID_DEADLINE, "run_after must be before the deadline")
+    try:
+        payload = canonical_json(spec.payload)
+    except (TypeError, ValueError) as exc:
+        raise OrbitError(
+            Code.INVALID_ARGUMENT, f"payload must be JSON (no NaN or Infinity): {exc}"
+        ) from None
+    size = len(payload.encode("utf-8", "surrogatepass"))
+    if size > max_payload_bytes:
+        raise OrbitError(
+            Code.PAYLOAD_TOO_LARGE,
+            f"payload is {size} bytes; the limit is {max_payload_bytes} bytes",
+        )
+    try:
+        payload.encode("utf-8")
+    except UnicodeEncodeError:
+        raise OrbitError(
+            Code.INVALID_ARGUMENT, "payload contains a lone surrogate (not valid UTF-8)"
+        ) from None
+    return payload, size

@@ -1,0 +1,77 @@
+"""The one interface through which Orbit reaches a database.
+
+A driver knows how to open a transaction, run a named query, write many rows in one
+statement and read the database clock. Everything Orbit decides is decided above it,
+once, for every backend (``orbit.store.store.Store``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, Protocol
+
+Row = dict[str, Any]
+Params = dict[str, Any]
+
+_NAME_RE = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
+
+
+def load_queries(path: Path) -> dict[str, str]:
+    """Split a ``queries.sql`` file on its ``-- name: x`` headers into named queries."""
+    text = path.read_text(encoding="utf-8")
+    parts = _NAME_RE.split(text)
+    queries: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name in queries:
+            raise ValueError(f"query {name} is defined twice in {path}")
+        sql = "\n".join(line for line in body.splitlines() if not line.startswith("--"))
+        queries[name] = sql.strip().rstrip(";")
+    return queries
+
+
+def migration_files(directory: Path) -> list[tuple[int, Path]]:
+    """Numbered migrations (``0001_name.sql``) in order."""
+    found = []
+    for path in sorted(directory.glob("*.sql")):
+        number = int(path.name.split("_", 1)[0])
+        found.append((number, path))
+    numbers = [n for n, _ in found]
+    if numbers != list(range(1, len(numbers) + 1)):
+        raise ValueError(f"migrations must be numbered 1..n without gaps: {numbers}")
+    return found
+
+
+class Connection(Protocol):
+    """One open transaction on one backend."""
+
+    def fetch(self, name: str, params: Params) -> list[Row]: ...
+
+    def write_many(self, name: str, rows: Sequence[Row]) -> int: ...
+
+    def execute(self, name: str, params: Params) -> int: ...
+
+    def now(self) -> int: ...
+
+    def run_script(self, sql: str) -> None: ...
+
+
+class Driver(Protocol):
+    """A backend: transactions, the named queries and the migrations of one database."""
+
+    name: str
+    queries: dict[str, str]
+    migrations: Path
+
+    def transaction(self) -> AbstractContextManager[Connection]: ...
+
+    def is_retryable(self, exc: BaseException) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]

@@ -1,0 +1,272 @@
+-- Orbit's runtime SQL for PostgreSQL. Each query is named by its `-- name:` header and
+-- referred to by that name; parameters are written `:name`. A `*_many` query takes one
+-- parameter `rows`, a JSON array, and writes every row in one statement.
+
+-- name: clock_now
+SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now;
+
+-- name: claim_lock
+-- Claims are serialised cluster-wide so that caps counted under this lock stay exact (I4).
+SELECT pg_advisory_xact_lock(7270601) AS locked;
+
+-- name: schema_version_create
+CREATE TABLE IF NOT EXISTS orbit_schema_version (
+    version    integer PRIMARY KEY,
+    applied_at bigint NOT NULL
+);
+
+-- name: schema_version_get
+SELECT coalesce(max(version), 0) AS version FROM orbit_schema_version;
+
+-- name: schema_version_insert
+INSERT INTO orbit_schema_version (version, applied_at) VALUES (:version, :now);
+
+-- name: migrate_lock
+SELECT pg_advisory_xact_lock(7270600) AS locked;
+
+-- name: queue_insert
+INSERT INTO orbit_queues (name, max_concurrency, rate, burst, paused, tokens, tokens_at, created_at)
+VALUES (:name, :max_concurrency, :rate, :burst, false, :tokens, :now, :now)
+ON CONFLICT (name) DO NOTHING
+RETURNING name;
+
+-- name: queue_get
+SELECT * FROM orbit_queues WHERE name = :name;
+
+-- name: queue_list
+SELECT * FROM orbit_queues ORDER BY name;
+
+-- name: queue_lock
+SELECT * FROM orbit_queues WHERE name = :name FOR UPDATE;
+
+-- name: queue_share
+SELECT * FROM orbit_queues WHERE name = :name FOR SHARE;
+
+-- name: queue_lock_all
+SELECT * FROM orbit_queues ORDER BY name FOR UPDATE;
+
+-- name: queue_set_paused
+UPDATE orbit_queues SET paused = :paused WHERE name = :name;
+
+-- name: queue_tokens_write_many
+UPDATE orbit_queues AS q SET tokens = x.tokens, tokens_at = x.tokens_at
+FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS x(name text, tokens double precision, tokens_at bigint)
+WHERE q.name = x.name
+RETURNING q.name;
+
+-- name: tenant_upsert
+INSERT INTO orbit_tenants (name, max_concurrency) VALUES (:name, :max_concurrency)
+ON CONFLICT (name) DO UPDATE SET max_concurrency = excluded.max_concurrency;
+
+-- name: tenant_caps
+SELECT name, max_concurrency FROM orbit_tenants WHERE max_concurrency IS NOT NULL;
+
+-- name: setting_upsert
+INSERT INTO orbit_settings (name, int_value) VALUES (:name, :int_value)
+ON CONFLICT (name) DO UPDATE SET int_value = excluded.int_value;
+
+-- name: setting_get
+SELECT int_value FROM orbit_settings WHERE name = :name;
+
+-- name: task_insert_many
+INSERT INTO orbit_tasks (
+    id, queue, handler, tenant, priority, payload, payload_digest, idempotency_key,
+    parent_id, retry_safe, max_attempts, backoff_base_us, backoff_factor, backoff_max_us,
+    attempt_timeout_us, deadline, run_after, state, attempts_used, fence, cancel_requested,
+    result, error_code, error_message, error_retryable, result_digest, result_version,
+    created_at, updated_at, finished_at, version)
+SELECT
+    id, queue, handler, tenant, priority, payload, payload_digest, idempotency_key,
+    parent_id, retry_safe, max_attempts, backoff_base_us, backoff_factor, backoff_max_us,
+    attempt_timeout_us, deadline, run_after, state, attempts_used, fence, cancel_requested,
+    result, error_code, error_message, error_retryable, result_digest, result_version,
+    created_at, updated_at, finished_at, version
+FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS x(
+    id text, queue text, handler text, tenant text, priority integer, payload text,
+    payload_digest text, idempotency_key text, parent_id text, retry_safe boolean,
+    max_attempts integer, backoff_base_us bigint, backoff_factor double precision,
+    backoff_max_us bigint, attempt_timeout_us bigint, deadline bigint, run_after bigint,
+    state text, attempts_used integer, fence bigint, cancel_requested boolean, result text,
+    error_code text, error_message text, error_retryable boolean, result_digest text,
+    result_version bigint, created_at bigint, updated_at bigint, finished_at bigint,
+    version bigint)
+ON CONFLICT (tenant, queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id;
+
+-- name: task_get
+SELECT * FROM orbit_tasks WHERE id = :id;
+
+-- name: task_share
+SELECT * FROM orbit_tasks WHERE id = :id FOR SHARE;
+
+-- name: task_lock_many
+SELECT * FROM orbit_tasks WHERE id = ANY(CAST(:ids AS text[])) ORDER BY id FOR UPDATE;
+
+-- name: task_lock_many_skip_locked
+SELECT * FROM orbit_tasks WHERE id = ANY(CAST(:ids AS text[])) ORDER BY id FOR UPDATE SKIP LOCKED;
+
+-- name: task_by_idempotency_keys
+SELECT * FROM orbit_tasks
+WHERE tenant = :tenant AND queue = :queue AND idempotency_key = ANY(CAST(:keys AS text[]));
+
+-- name: task_descendants
+WITH RECURSIVE tree(id) AS (
+    SELECT id FROM orbit_tasks WHERE id = :id
+    UNION ALL
+    SELECT t.id FROM orbit_tasks t JOIN tree ON t.parent_id = tree.id
+)
+SELECT id FROM tree;
+
+-- name: task_ready_select
+SELECT * FROM orbit_tasks
+WHERE state IN ('queued', 'scheduled')
+  AND run_after <= :now
+  AND handler = ANY(CAST(:handlers AS text[]))
+  AND NOT (queue = ANY(CAST(:skip_queues AS text[])))
+  AND NOT (tenant = ANY(CAST(:skip_tenants AS text[])))
+  AND NOT (id = ANY(CAST(:skip_ids AS text[])))
+ORDER BY priority DESC, id
+LIMIT :limit
+FOR UPDATE SKIP LOCKED;
+
+-- name: task_write_many
+UPDATE orbit_tasks AS t SET
+    state = x.state, attempts_used = x.attempts_used, fence = x.fence,
+    cancel_requested = x.cancel_requested, run_after = x.run_after,
+    max_attempts = x.max_attempts, result = x.result, error_code = x.error_code,
+    error_message = x.error_message, error_retryable = x.error_retryable,
+    result_digest = x.result_digest, result_version = x.result_version,
+    updated_at = x.updated_at, finished_at = x.finished_at, version = x.version
+FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS x(
+    id text, expect_version bigint, state text, attempts_used integer, fence bigint,
+    cancel_requested boolean, run_after bigint, max_attempts integer, result text,
+    error_code text, error_message text, error_retryable boolean, result_digest text,
+    result_version bigint, updated_at bigint, finished_at bigint, version bigint)
+WHERE t.id = x.id AND t.version = x.expect_version
+RETURNING t.id;
+
+-- name: task_list
+SELECT * FROM orbit_tasks
+WHERE (CAST(:queue AS text) IS NULL OR queue = :queue)
+  AND (CAST(:state AS text) IS NULL OR state = :state)
+  AND (CAST(:after_id AS text) IS NULL OR id > :after_id)
+ORDER BY id
+LIMIT :limit;
+
+-- name: task_count_by_state
+SELECT state, count(*) AS n FROM orbit_tasks GROUP BY state;
+
+-- name: attempt_insert_many
+INSERT INTO orbit_attempts (
+    id, task_id, number, session_id, session_epoch, fence, state, claimed_at,
+    claim_expires_at, started_at, lease_expires_at, ended_at, finish_digest, receipt,
+    queue, tenant, handler)
+SELECT
+    id, task_id, number, session_id, session_epoch, fence, state, claimed_at,
+    claim_expires_at, started_at, lease_expires_at, ended_at, finish_digest, receipt,
+    queue, tenant, handler
+FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS x(
+    id text, task_id text, number integer, session_id text, session_epoch bigint,
+    fence bigint, state text, claimed_at bigint, claim_expires_at bigint, started_at bigint,
+    lease_expires_at bigint, ended_at bigint, finish_digest text, receipt text,
+    queue text, tenant text, handler text)
+RETURNING id;
+
+-- name: attempt_write_many
+UPDATE orbit_attempts AS a SET
+    state = x.state, started_at = x.started_at, lease_expires_at = x.lease_expires_at,
+    ended_at = x.ended_at, finish_digest = x.finish_digest, receipt = x.receipt
+FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS x(
+    id text, expect_state text, expect_lease bigint, state text, started_at bigint,
+    lease_expires_at bigint, ended_at bigint, finish_digest text, receipt text)
+WHERE a.id = x.id AND a.state = x.expect_state
+  AND a.lease_expires_at IS NOT DISTINCT FROM x.expect_lease
+RETURNING a.id;
+
+-- name: attempt_get
+SELECT * FROM orbit_attempts WHERE id = :id;
+
+-- name: attempt_get_many
+SELECT * FROM orbit_attempts WHERE id = ANY(CAST(:ids AS text[]));
+
+-- name: attempt_lock_many
+SELECT * FROM orbit_attempts WHERE id = ANY(CAST(:ids AS text[])) ORDER BY id FOR UPDATE;
+
+-- name: attempt_live_for_tasks
+SELECT * FROM orbit_attempts
+WHERE task_id = ANY(CAST(:task_ids AS text[])) AND state IN ('claimed', 'running')
+FOR UPDATE;
+
+-- name: attempt_list
+SELECT * FROM orbit_attempts WHERE task_id = :task_id ORDER BY number;
+
+-- name: attempt_live_counts
+SELECT queue, tenant, handler, session_id, count(*) AS n FROM orbit_attempts
+WHERE state IN ('claimed', 'running')
+GROUP BY queue, tenant, handler, session_id;
+
+-- name: attempt_claimed_for_session
+SELECT task_id FROM orbit_attempts WHERE session_id = :session_id AND state = 'claimed';
+
+-- name: session_insert
+INSERT INTO orbit_sessions (id, name, node_id, epoch, secret_hash, capabilities,
+    max_concurrency, capacity_seq, draining, state, expires_at, created_at)
+VALUES (:id, :name, :node_id, :epoch, :secret_hash, :capabilities, :max_concurrency,
+    :capacity_seq, :draining, :state, :expires_at, :created_at);
+
+-- name: session_get
+SELECT * FROM orbit_sessions WHERE id = :id;
+
+-- name: session_lock
+SELECT * FROM orbit_sessions WHERE id = :id FOR UPDATE;
+
+-- name: session_share
+SELECT * FROM orbit_sessions WHERE id = :id FOR SHARE;
+
+-- name: session_list
+SELECT * FROM orbit_sessions ORDER BY created_at, id;
+
+-- name: session_write_many
+UPDATE orbit_sessions AS s SET
+    node_id = x.node_id, epoch = x.epoch, secret_hash = x.secret_hash,
+    capabilities = x.capabilities, max_concurrency = x.max_concurrency,
+    capacity_seq = x.capacity_seq, draining = x.draining, state = x.state,
+    expires_at = x.expires_at
+FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS x(
+    id text, expect_epoch bigint, node_id text, epoch bigint, secret_hash text,
+    capabilities text, max_concurrency integer, capacity_seq bigint, draining boolean,
+    state text, expires_at bigint)
+WHERE s.id = x.id AND s.epoch = x.expect_epoch
+RETURNING s.id;
+
+-- name: session_expired_select
+SELECT id FROM orbit_sessions WHERE state = 'live' AND expires_at <= :now
+ORDER BY expires_at LIMIT :limit;
+
+-- name: event_insert_many
+INSERT INTO orbit_events (at, kind, task_id, attempt_id, session_id, queue, tenant,
+    task_from, task_to, attempt_from, attempt_to, code, data)
+SELECT at, kind, task_id, attempt_id, session_id, queue, tenant, task_from, task_to,
+    attempt_from, attempt_to, code, data
+FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS x(
+    at bigint, kind text, task_id text, attempt_id text, session_id text, queue text,
+    tenant text, task_from text, task_to text, attempt_from text, attempt_to text,
+    code text, data text)
+RETURNING id;
+
+-- name: event_list
+SELECT * FROM orbit_events
+WHERE id > :after_id AND (CAST(:task_id AS text) IS NULL OR task_id = :task_id)
+ORDER BY id
+LIMIT :limit;
+
+-- name: reap_candidates
+SELECT task_id AS id FROM orbit_attempts WHERE state = 'claimed' AND claim_expires_at <= :now
+UNION
+SELECT task_id AS id FROM orbit_attempts WHERE state = 'running' AND lease_expires_at <= :now
+UNION
+SELECT id FROM orbit_tasks
+WHERE deadline <= :now AND state IN ('queued', 'scheduled', 'claimed', 'running')
+UNION
+SELECT id FROM orbit_tasks WHERE state = 'scheduled' AND run_after <= :now
+LIMIT :limit;

@@ -1,0 +1,227 @@
+"""Mapping between database rows (plain dicts) and the domain records of orbit.core."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from orbit.core.model import (
+    Attempt,
+    Backoff,
+    Capability,
+    Event,
+    Queue,
+    Session,
+    Task,
+)
+from orbit.core.states import AttemptState, SessionState, TaskState
+from orbit.store.driver import Row
+
+
+def _opt_bool(value: Any) -> bool | None:
+    return None if value is None else bool(value)
+
+
+def task_from_row(r: Row) -> Task:
+    return Task(
+        id=r["id"],
+        queue=r["queue"],
+        handler=r["handler"],
+        tenant=r["tenant"],
+        priority=int(r["priority"]),
+        payload=r["payload"],
+        payload_digest=r["payload_digest"],
+        idempotency_key=r["idempotency_key"],
+        parent_id=r["parent_id"],
+        retry_safe=bool(r["retry_safe"]),
+        max_attempts=int(r["max_attempts"]),
+        backoff=Backoff(
+            int(r["backoff_base_us"]), float(r["backoff_factor"]), int(r["backoff_max_us"])
+        ),
+        attempt_timeout_us=r["attempt_timeout_us"],
+        deadline=r["deadline"],
+        run_after=int(r["run_after"]),
+        state=TaskState(r["state"]),
+        attempts_used=int(r["attempts_used"]),
+        fence=int(r["fence"]),
+        cancel_requested=bool(r["cancel_requested"]),
+        result=r["result"],
+        error_code=r["error_code"],
+        error_message=r["error_message"],
+        error_retryable=_opt_bool(r["error_retryable"]),
+        result_digest=r["result_digest"],
+        result_version=int(r["result_version"]),
+        created_at=int(r["created_at"]),
+        updated_at=int(r["updated_at"]),
+        finished_at=r["finished_at"],
+        version=int(r["version"]),
+    )
+
+
+def task_to_row(t: Task) -> Row:
+    return {
+        "id": t.id,
+        "queue": t.queue,
+        "handler": t.handler,
+        "tenant": t.tenant,
+        "priority": t.priority,
+        "payload": t.payload,
+        "payload_digest": t.payload_digest,
+        "idempotency_key": t.idempotency_key,
+        "parent_id": t.parent_id,
+        "retry_safe": t.retry_safe,
+        "max_attempts": t.max_attempts,
+        "backoff_base_us": t.backoff.base_us,
+        "backoff_factor": t.backoff.factor,
+        "backoff_max_us": t.backoff.max_us,
+        "attempt_timeout_us": t.attempt_timeout_us,
+        "deadline": t.deadline,
+        "run_after": t.run_after,
+        "state": str(t.state),
+        "attempts_used": t.attempts_used,
+        "fence": t.fence,
+        "cancel_requested": t.cancel_requested,
+        "result": t.result,
+        "error_code": t.error_code,
+        "error_message": t.error_message,
+        "error_retryable": t.error_retryable,
+        "result_digest": t.result_digest,
+        "result_version": t.result_version,
+        "created_at": t.created_at,
+        "updated_at": t.updated_at,
+        "finished_at": t.finished_at,
+        "version": t.version,
+    }
+
+
+def task_write_row(before: Task, after: Task) -> Row:
+    row = task_to_row(after)
+    row["expect_version"] = before.version
+    return row
+
+
+def attempt_from_row(r: Row) -> Attempt:
+    return Attempt(
+        id=r["id"],
+        task_id=r["task_id"],
+        number=int(r["number"]),
+        session_id=r["session_id"],
+        session_epoch=int(r["session_epoch"]),
+        fence=int(r["fence"]),
+        state=AttemptState(r["state"]),
+        claimed_at=int(r["claimed_at"]),
+        claim_expires_at=int(r["claim_expires_at"]),
+        started_at=r["started_at"],
+        lease_expires_at=r["lease_expires_at"],
+        ended_at=r["ended_at"],
+        finish_digest=r["finish_digest"],
+        receipt=r["receipt"],
+        queue=r["queue"],
+        tenant=r["tenant"],
+        handler=r["handler"],
+    )
+
+
+def attempt_to_row(a: Attempt) -> Row:
+    return {
+        "id": a.id,
+        "task_id": a.task_id,
+        "number": a.number,
+        "session_id": a.session_id,
+        "session_epoch": a.session_epoch,
+        "fence": a.fence,
+        "state": str(a.state),
+        "claimed_at": a.claimed_at,
+        "claim_expires_at": a.claim_expires_at,
+        "started_at": a.started_at,
+        "lease_expires_at": a.lease_expires_at,
+        "ended_at": a.ended_at,
+        "finish_digest": a.finish_digest,
+        "receipt": a.receipt,
+        "queue": a.queue,
+        "tenant": a.tenant,
+        "handler": a.handler,
+    }
+
+
+def attempt_write_row(before: Attempt, after: Attempt) -> Row:
+    row = attempt_to_row(after)
+    row["expect_state"] = str(before.state)
+    row["expect_lease"] = before.lease_expires_at
+    return row
+
+
+def session_from_row(r: Row) -> Session:
+    caps = tuple(
+        Capability(c["handler"], int(c["capacity"])) for c in json.loads(r["capabilities"])
+    )
+    return Session(
+        id=r["id"],
+        name=r["name"],
+        node_id=r["node_id"],
+        epoch=int(r["epoch"]),
+        secret_hash=r["secret_hash"],
+        capabilities=caps,
+        max_concurrency=int(r["max_concurrency"]),
+        capacity_seq=int(r["capacity_seq"]),
+        draining=bool(r["draining"]),
+        state=SessionState(r["state"]),
+        expires_at=int(r["expires_at"]),
+        created_at=int(r["created_at"]),
+    )
+
+
+def session_to_row(s: Session) -> Row:
+    return {
+        "id": s.id,
+        "name": s.name,
+        "node_id": s.node_id,
+        "epoch": s.epoch,
+        "secret_hash": s.secret_hash,
+        "capabilities": json.dumps(
+            [{"handler": c.handler, "capacity": c.capacity} for c in s.capabilities]
+        ),
+        "max_concurrency": s.max_concurrency,
+        "capacity_seq": s.capacity_seq,
+        "draining": s.draining,
+        "state": str(s.state),
+        "expires_at": s.expires_at,
+        "created_at": s.created_at,
+    }
+
+
+def session_write_row(before: Session, after: Session) -> Row:
+    row = session_to_row(after)
+    row["expect_epoch"] = before.epoch
+    return row
+
+
+def queue_from_row(r: Row) -> Queue:
+    return Queue(
+        name=r["name"],
+        max_concurrency=int(r["max_concurrency"]),
+        rate=float(r["rate"]),
+        burst=int(r["burst"]),
+        paused=bool(r["paused"]),
+        tokens=float(r["tokens"]),
+        tokens_at=int(r["tokens_at"]),
+        created_at=int(r["created_at"]),
+    )
+
+
+def event_to_row(e: Event, at: int) -> Row:
+    return {
+        "at": at,
+        "kind": e.kind,
+        "task_id": e.task_id,
+        "attempt_id": e.attempt_id,
+        "session_id": e.session_id,
+        "queue": e.queue,
+        "tenant": e.tenant,
+        "task_from": str(e.task_from) if e.task_from else None,
+        "task_to": str(e.task_to) if e.task_to else None,
+        "attempt_from": str(e.attempt_from) if e.attempt_from else None,
+        "attempt_to": str(e.attempt_to) if e.attempt_to else None,
+        "code": e.code,
+        "data": json.dumps(e.data, sort_keys=True) if e.data is not None else None,
+    }

@@ -1,0 +1,229 @@
+-- Orbit's runtime SQL for SQLite. Each query is named by its `-- name:` header and
+-- referred to by that name; parameters are written `:name`. A list parameter arrives as
+-- a JSON array and is read with json_each. A `*_many` query is a one-row statement
+-- that the store runs with executemany inside the same transaction. There is no row
+-- locking: every write transaction holds the database's write lock (BEGIN IMMEDIATE).
+
+-- name: claim_lock
+SELECT 1 AS locked;
+
+-- name: schema_version_create
+CREATE TABLE IF NOT EXISTS orbit_schema_version (
+    version    integer PRIMARY KEY,
+    applied_at bigint NOT NULL
+);
+
+-- name: schema_version_get
+SELECT coalesce(max(version), 0) AS version FROM orbit_schema_version;
+
+-- name: schema_version_insert
+INSERT INTO orbit_schema_version (version, applied_at) VALUES (:version, :now);
+
+-- name: migrate_lock
+SELECT 1 AS locked;
+
+-- name: queue_insert
+INSERT INTO orbit_queues (name, max_concurrency, rate, burst, paused, tokens, tokens_at, created_at)
+VALUES (:name, :max_concurrency, :rate, :burst, 0, :tokens, :now, :now)
+ON CONFLICT (name) DO NOTHING
+RETURNING name;
+
+-- name: queue_get
+SELECT * FROM orbit_queues WHERE name = :name;
+
+-- name: queue_list
+SELECT * FROM orbit_queues ORDER BY name;
+
+-- name: queue_lock
+SELECT * FROM orbit_queues WHERE name = :name;
+
+-- name: queue_share
+SELECT * FROM orbit_queues WHERE name = :name;
+
+-- name: queue_lock_all
+SELECT * FROM orbit_queues ORDER BY name;
+
+-- name: queue_set_paused
+UPDATE orbit_queues SET paused = :paused WHERE name = :name;
+
+-- name: queue_tokens_write_many
+UPDATE orbit_queues SET tokens = :tokens, tokens_at = :tokens_at WHERE name = :name;
+
+-- name: tenant_upsert
+INSERT INTO orbit_tenants (name, max_concurrency) VALUES (:name, :max_concurrency)
+ON CONFLICT (name) DO UPDATE SET max_concurrency = excluded.max_concurrency;
+
+-- name: tenant_caps
+SELECT name, max_concurrency FROM orbit_tenants WHERE max_concurrency IS NOT NULL;
+
+-- name: setting_upsert
+INSERT INTO orbit_settings (name, int_value) VALUES (:name, :int_value)
+ON CONFLICT (name) DO UPDATE SET int_value = excluded.int_value;
+
+-- name: setting_get
+SELECT int_value FROM orbit_settings WHERE name = :name;
+
+-- name: task_insert_many
+INSERT INTO orbit_tasks (
+    id, queue, handler, tenant, priority, payload, payload_digest, idempotency_key,
+    parent_id, retry_safe, max_attempts, backoff_base_us, backoff_factor, backoff_max_us,
+    attempt_timeout_us, deadline, run_after, state, attempts_used, fence, cancel_requested,
+    result, error_code, error_message, error_retryable, result_digest, result_version,
+    created_at, updated_at, finished_at, version)
+VALUES (
+    :id, :queue, :handler, :tenant, :priority, :payload, :payload_digest, :idempotency_key,
+    :parent_id, :retry_safe, :max_attempts, :backoff_base_us, :backoff_factor,
+    :backoff_max_us, :attempt_timeout_us, :deadline, :run_after, :state, :attempts_used,
+    :fence, :cancel_requested, :result, :error_code, :error_message, :error_retryable,
+    :result_digest, :result_version, :created_at, :updated_at, :finished_at, :version)
+ON CONFLICT (tenant, queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
+
+-- name: task_get
+SELECT * FROM orbit_tasks WHERE id = :id;
+
+-- name: task_share
+SELECT * FROM orbit_tasks WHERE id = :id;
+
+-- name: task_lock_many
+SELECT * FROM orbit_tasks WHERE id IN (SELECT value FROM json_each(:ids)) ORDER BY id;
+
+-- name: task_lock_many_skip_locked
+SELECT * FROM orbit_tasks WHERE id IN (SELECT value FROM json_each(:ids)) ORDER BY id;
+
+-- name: task_by_idempotency_keys
+SELECT * FROM orbit_tasks
+WHERE tenant = :tenant AND queue = :queue
+  AND idempotency_key IN (SELECT value FROM json_each(:keys));
+
+-- name: task_descendants
+WITH RECURSIVE tree(id) AS (
+    SELECT id FROM orbit_tasks WHERE id = :id
+    UNION ALL
+    SELECT t.id FROM orbit_tasks t JOIN tree ON t.parent_id = tree.id
+)
+SELECT id FROM tree;
+
+-- name: task_ready_select
+SELECT * FROM orbit_tasks
+WHERE state IN ('queued', 'scheduled')
+  AND run_after <= :now
+  AND handler IN (SELECT value FROM json_each(:handlers))
+  AND queue NOT IN (SELECT value FROM json_each(:skip_queues))
+  AND tenant NOT IN (SELECT value FROM json_each(:skip_tenants))
+  AND id NOT IN (SELECT value FROM json_each(:skip_ids))
+ORDER BY priority DESC, id
+LIMIT :limit;
+
+-- name: task_write_many
+UPDATE orbit_tasks SET
+    state = :state, attempts_used = :attempts_used, fence = :fence,
+    cancel_requested = :cancel_requested, run_after = :run_after,
+    max_attempts = :max_attempts, result = :result, error_code = :error_code,
+    error_message = :error_message, error_retryable = :error_retryable,
+    result_digest = :result_digest, result_version = :result_version,
+    updated_at = :updated_at, finished_at = :finished_at, version = :version
+WHERE id = :id AND version = :expect_version;
+
+-- name: task_list
+SELECT * FROM orbit_tasks
+WHERE (:queue IS NULL OR queue = :queue)
+  AND (:state IS NULL OR state = :state)
+  AND (:after_id IS NULL OR id > :after_id)
+ORDER BY id
+LIMIT :limit;
+
+-- name: task_count_by_state
+SELECT state, count(*) AS n FROM orbit_tasks GROUP BY state;
+
+-- name: attempt_insert_many
+INSERT INTO orbit_attempts (
+    id, task_id, number, session_id, session_epoch, fence, state, claimed_at,
+    claim_expires_at, started_at, lease_expires_at, ended_at, finish_digest, receipt,
+    queue, tenant, handler)
+VALUES (
+    :id, :task_id, :number, :session_id, :session_epoch, :fence, :state, :claimed_at,
+    :claim_expires_at, :started_at, :lease_expires_at, :ended_at, :finish_digest, :receipt,
+    :queue, :tenant, :handler);
+
+-- name: attempt_write_many
+UPDATE orbit_attempts SET
+    state = :state, started_at = :started_at, lease_expires_at = :lease_expires_at,
+    ended_at = :ended_at, finish_digest = :finish_digest, receipt = :receipt
+WHERE id = :id AND state = :expect_state AND lease_expires_at IS :expect_lease;
+
+-- name: attempt_get
+SELECT * FROM orbit_attempts WHERE id = :id;
+
+-- name: attempt_get_many
+SELECT * FROM orbit_attempts WHERE id IN (SELECT value FROM json_each(:ids));
+
+-- name: attempt_lock_many
+SELECT * FROM orbit_attempts WHERE id IN (SELECT value FROM json_each(:ids)) ORDER BY id;
+
+-- name: attempt_live_for_tasks
+SELECT * FROM orbit_attempts
+WHERE task_id IN (SELECT value FROM json_each(:task_ids)) AND state IN ('claimed', 'running');
+
+-- name: attempt_list
+SELECT * FROM orbit_attempts WHERE task_id = :task_id ORDER BY number;
+
+-- name: attempt_live_counts
+SELECT queue, tenant, handler, session_id, count(*) AS n FROM orbit_attempts
+WHERE state IN ('claimed', 'running')
+GROUP BY queue, tenant, handler, session_id;
+
+-- name: attempt_claimed_for_session
+SELECT task_id FROM orbit_attempts WHERE session_id = :session_id AND state = 'claimed';
+
+-- name: session_insert
+INSERT INTO orbit_sessions (id, name, node_id, epoch, secret_hash, capabilities,
+    max_concurrency, capacity_seq, draining, state, expires_at, created_at)
+VALUES (:id, :name, :node_id, :epoch, :secret_hash, :capabilities, :max_concurrency,
+    :capacity_seq, :draining, :state, :expires_at, :created_at);
+
+-- name: session_get
+SELECT * FROM orbit_sessions WHERE id = :id;
+
+-- name: session_lock
+SELECT * FROM orbit_sessions WHERE id = :id;
+
+-- name: session_share
+SELECT * FROM orbit_sessions WHERE id = :id;
+
+-- name: session_list
+SELECT * FROM orbit_sessions ORDER BY created_at, id;
+
+-- name: session_write_many
+UPDATE orbit_sessions SET
+    node_id = :node_id, epoch = :epoch, secret_hash = :secret_hash,
+    capabilities = :capabilities, max_concurrency = :max_concurrency,
+    capacity_seq = :capacity_seq, draining = :draining, state = :state,
+    expires_at = :expires_at
+WHERE id = :id AND epoch = :expect_epoch;
+
+-- name: session_expired_select
+SELECT id FROM orbit_sessions WHERE state = 'live' AND expires_at <= :now
+ORDER BY expires_at LIMIT :limit;
+
+-- name: event_insert_many
+INSERT INTO orbit_events (at, kind, task_id, attempt_id, session_id, queue, tenant,
+    task_from, task_to, attempt_from, attempt_to, code, data)
+VALUES (:at, :kind, :task_id, :attempt_id, :session_id, :queue, :tenant, :task_from,
+    :task_to, :attempt_from, :attempt_to, :code, :data);
+
+-- name: event_list
+SELECT * FROM orbit_events
+WHERE id > :after_id AND (:task_id IS NULL OR task_id = :task_id)
+ORDER BY id
+LIMIT :limit;
+
+-- name: reap_candidates
+SELECT task_id AS id FROM orbit_attempts WHERE state = 'claimed' AND claim_expires_at <= :now
+UNION
+SELECT task_id AS id FROM orbit_attempts WHERE state = 'running' AND lease_expires_at <= :now
+UNION
+SELECT id FROM orbit_tasks
+WHERE deadline <= :now AND state IN ('queued', 'scheduled', 'claimed', 'running')
+UNION
+SELECT id FROM orbit_tasks WHERE state = 'scheduled' AND run_after <= :now
+LIMIT :limit;

@@ -1,0 +1,1105 @@
+"""The Store: every lifecycle operation as one transaction over any driver.
+
+Each operation follows the same pipeline: lock the rows it judges (in a fixed order:
+claim lock, tasks by id, attempts, queues, sessions), read the clock, let
+``orbit.core.transitions`` decide, then apply the resulting plan with compare-and-set
+writes and append its events, all before commit. A write whose guard matches no row
+aborts the transaction (``StaleWrite``) instead of succeeding silently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import random
+import secrets
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from orbit.core import transitions
+from orbit.core.errors import Code, OrbitError
+from orbit.core.ids import uuid7
+from orbit.core.limits import Occupancy, bucket_refill
+from orbit.core.model import (
+    SECOND,
+    Attempt,
+    Capability,
+    Event,
+    Grant,
+    Lease,
+    Outcome,
+    Queue,
+    Receipt,
+    Session,
+    Task,
+    TaskSpec,
+    canonical_json,
+)
+from orbit.core.states import LIVE_ATTEMPT_STATES, SessionState, TaskState
+from orbit.core.transitions import Plan
+from orbit.core.validate import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    check_int,
+    check_name,
+    check_queue_caps,
+    check_spec,
+)
+from orbit.store import rows as R
+from orbit.store.driver import Connection, Driver, Row, migration_files
+
+T = TypeVar("T")
+Clock = Callable[[], int]
+
+
+class StaleWrite(Exception):
+    """A compare-and-set write matched fewer rows than planned; the transaction is retried."""
+
+
+class InjectedFault(Exception):
+    """Raised by a query armed with ``Store.inject_fault`` (atomicity tests)."""
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Lease lengths and bounds. Defaults suit a worker that renews every ~10 s."""
+
+    claim_ttl_us: int = 30 * SECOND
+    lease_ttl_us: int = 30 * SECOND
+    session_ttl_us: int = 60 * SECOND
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    max_batch: int = 1000
+    reap_batch: int = 500
+    max_tx_retries: int = 5
+
+
+@dataclass(frozen=True)
+class Submitted:
+    task: Task
+    created: bool  # False when an idempotency key returned an existing task
+
+
+@dataclass(frozen=True)
+class ReapReport:
+    released: int = 0
+    expired_leases: int = 0
+    deadlines: int = 0
+    promoted: int = 0
+    sessions_expired: int = 0
+
+    @property
+    def total(self) -> int:
+        return (
+            self.released
+            + self.expired_leases
+            + self.deadlines
+            + self.promoted
+            + self.sessions_expired
+        )
+
+
+def _hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+class Store:
+    """Orbit's durable state. Thread-safe; every public method is one transaction."""
+
+    def __init__(
+        self,
+        driver: Driver,
+        config: StoreConfig | None = None,
+        *,
+        clock: Clock | None = None,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.driver = driver
+        self.config = config or StoreConfig()
+        self._clock = clock
+        self._rand = rand
+        self._fault: str | None = None
+
+    # ------------------------------------------------------------------ plumbing
+
+    @property
+    def backend(self) -> str:
+        return self.driver.name
+
+    def close(self) -> None:
+        self.driver.close()
+
+    @contextmanager
+    def inject_fault(self, query: str) -> Iterator[None]:
+        """Make the named query raise ``InjectedFault`` while the block runs (tests)."""
+        if query not in self.driver.queries:
+            raise KeyError(query)
+        self._fault = query
+        try:
+            yield
+        finally:
+            self._fault = None
+
+    def _new_id(self, now: int) -> str:
+        return uuid7(now, os.urandom(8))
+
+    def _tx(self, work: Callable[[_Tx], T]) -> T:
+        """Run ``work`` in one transaction, retrying on deadlocks and stale writes."""
+        attempt = 0
+        while True:
+            try:
+                with self.driver.transaction() as cx:
+                    result = work(_Tx(cx, self))
+                return result
+            except StaleWrite:
+                attempt += 1
+                if attempt > self.config.max_tx_retries:
+                    raise
+            except Exception as exc:
+                attempt += 1
+                if not self.driver.is_retryable(exc) or attempt > self.config.max_tx_retries:
+                    raise
+
+    def _read(self, query: str, /, **params: Any) -> list[Row]:
+        with self.driver.transaction() as cx:
+            return _Tx(cx, self).fetch(query, **params)
+
+    def _run_plan(self, build: Callable[[_Tx], tuple[Plan, T]]) -> T:
+        """Build a plan inside a transaction, apply it, commit, then raise a rejection."""
+
+        def work(tx: _Tx) -> tuple[Plan, T]:
+            plan, value = build(tx)
+            tx.apply(plan)
+            return plan, value
+
+        plan, value = self._tx(work)
+        if plan.rejection is not None:
+            raise plan.rejection
+        return value
+
+    # ------------------------------------------------------------------ schema
+
+    def migrate(self) -> int:
+        """Apply the numbered migrations not yet applied; return the schema version."""
+
+        def work(tx: _Tx) -> int:
+            tx.fetch("migrate_lock")
+            tx.execute("schema_version_create")
+            current = int(tx.fetch("schema_version_get")[0]["version"])
+            for number, path in migration_files(self.driver.migrations):
+                if number > current:
+                    tx.cx.run_script(path.read_text(encoding="utf-8"))
+                    tx.execute("schema_version_insert", version=number, now=tx.now())
+                    current = number
+            return current
+
+        return self._tx(work)
+
+    # ------------------------------------------------------------------ queues and limits
+
+    def queue_create(
+        self,
+        name: str,
+        *,
+        max_concurrency: int | None,
+        rate: float | None,
+        burst: int | None = None,
+    ) -> Queue:
+        """Create a queue. ``max_concurrency`` and ``rate`` are required (rate 0 = unlimited)."""
+        check_name("queue", name)
+        check_queue_caps(max_concurrency, rate, burst)
+        assert max_concurrency is not None and rate is not None
+        if burst is None:
+            burst = max(1, int(rate)) if rate > 0 else 1
+
+        def work(tx: _Tx) -> Queue:
+            now = tx.now()
+            made = tx.fetch(
+                "queue_insert",
+                name=name,
+                max_concurrency=max_concurrency,
+                rate=float(rate),
+                burst=burst,
+                tokens=float(burst),
+                now=now,
+            )
+            if not made:
+                raise OrbitError(Code.QUEUE_EXISTS, f"queue {name} already exists")
+            tx.events(
+                [
+                    Event(
+                        kind="queue.created",
+                        queue=name,
+                        data={"max_concurrency": max_concurrency, "rate": rate, "burst": burst},
+                    )
+                ]
+            )
+            return R.queue_from_row(tx.fetch("queue_get", name=name)[0])
+
+        return self._tx(work)
+
+    def queue_get(self, name: str) -> Queue:
+        found = self._read("queue_get", name=name)
+        if not found:
+            raise OrbitError(Code.QUEUE_NOT_FOUND, f"no queue named {name!r:.80}")
+        return R.queue_from_row(found[0])
+
+    def queue_list(self) -> list[Queue]:
+        return [R.queue_from_row(r) for r in self._read("queue_list")]
+
+    def queue_pause(self, name: str) -> Queue:
+        return self._queue_set_paused(name, True)
+
+    def queue_resume(self, name: str) -> Queue:
+        return self._queue_set_paused(name, False)
+
+    def _queue_set_paused(self, name: str, paused: bool) -> Queue:
+        def work(tx: _Tx) -> Queue:
+            found = tx.fetch("queue_lock", name=name)
+            if not found:
+                raise OrbitError(Code.QUEUE_NOT_FOUND, f"no queue named {name!r:.80}")
+            queue = R.queue_from_row(found[0])
+            if queue.paused != paused:
+                tx.execute("queue_set_paused", name=name, paused=paused)
+                kind = "queue.paused" if paused else "queue.resumed"
+                tx.events([Event(kind=kind, queue=name)])
+            return replace(queue, paused=paused)
+
+        return self._tx(work)
+
+    def tenant_limit_set(self, tenant: str, max_concurrency: int | None) -> None:
+        """Cap a tenant's live attempts across all queues (None removes the cap)."""
+        check_name("tenant", tenant)
+        if max_concurrency is not None:
+            check_int("max_concurrency", max_concurrency, 1, 1_000_000)
+        self._tx(
+            lambda tx: tx.execute("tenant_upsert", name=tenant, max_concurrency=max_concurrency)
+        )
+
+    def global_limit_set(self, max_concurrency: int | None) -> None:
+        """Cap live attempts across the whole cluster (None removes the cap)."""
+        if max_concurrency is not None:
+            check_int("max_concurrency", max_concurrency, 1, 100_000_000)
+        self._tx(
+            lambda tx: tx.execute(
+                "setting_upsert", name="global_max_concurrency", int_value=max_concurrency
+            )
+        )
+
+    # ------------------------------------------------------------------ submit
+
+    def task_submit(self, spec: TaskSpec) -> Submitted:
+        return self.task_submit_many([spec])[0]
+
+    def task_submit_many(self, specs: Sequence[TaskSpec]) -> list[Submitted]:
+        """Submit tasks in one transaction and one insert: all of them or none."""
+        if not specs:
+            return []
+        if len(specs) > self.config.max_batch:
+            raise OrbitError(
+                Code.INVALID_ARGUMENT,
+                f"a batch holds at most {self.config.max_batch} tasks; got {len(specs)}",
+            )
+        for spec in specs:
+            if not isinstance(spec, TaskSpec):
+                raise OrbitError(Code.INVALID_ARGUMENT, "each task must be a TaskSpec")
+
+        def work(tx: _Tx) -> list[Submitted]:
+            now = tx.now()
+            payloads = [check_spec(s, now, self.config.max_payload_bytes)[0] for s in specs]
+            queues = {s.queue for s in specs}
+            for q in sorted(queues):
+                if not tx.fetch("queue_share", name=q):
+                    raise OrbitError(Code.QUEUE_NOT_FOUND, f"no queue named {q!r:.80}")
+            for parent_id in sorted({s.parent_id for s in specs if s.parent_id}):
+                found = tx.fetch("task_share", id=parent_id)
+                if not found:
+                    raise OrbitError(Code.PARENT_NOT_FOUND, f"no parent task {parent_id!r:.80}")
+                parent = R.task_from_row(found[0])
+                if parent.cancel_requested or parent.state == TaskState.CANCELLED:
+                    raise OrbitError(Code.PARENT_CANCELLED, f"parent task {parent_id} is cancelled")
+            existing = self._existing_by_key(tx, specs)
+            results: list[Submitted | None] = []
+            fresh: list[Task] = []
+            in_batch: dict[tuple[str, str, str], Task] = {}
+            for spec, payload in zip(specs, payloads, strict=True):
+                key = (
+                    (spec.tenant, spec.queue, spec.idempotency_key)
+                    if spec.idempotency_key
+                    else None
+                )
+                digest = transitions.digest(payload)
+                prior = existing.get(key) if key else None
+                prior = prior or (in_batch.get(key) if key else None)
+                if prior is not None:
+                    if prior.payload_digest != digest:
+                        raise OrbitError(
+                            Code.IDEMPOTENCY_CONFLICT,
+                            f"idempotency key {spec.idempotency_key!r:.80} was used with a "
+                            "different payload",
+                        )
+                    results.append(Submitted(prior, created=False))
+                    continue
+                task = transitions.new_task(
+                    spec, task_id=self._new_id(now), payload=payload, now=now
+                )
+                if key:
+                    in_batch[key] = task
+                fresh.append(task)
+                results.append(Submitted(task, created=True))
+            if fresh:
+                inserted = tx.write_many("task_insert_many", [R.task_to_row(t) for t in fresh])
+                if inserted != len(fresh):
+                    raise StaleWrite("an idempotency key was taken concurrently")
+                tx.events([transitions.submitted_event(t) for t in fresh])
+            return [r for r in results if r is not None]
+
+        return self._tx(work)
+
+    def _existing_by_key(
+        self, tx: _Tx, specs: Sequence[TaskSpec]
+    ) -> dict[tuple[str, str, str], Task]:
+        groups: dict[tuple[str, str], set[str]] = {}
+        for s in specs:
+            if s.idempotency_key:
+                groups.setdefault((s.tenant, s.queue), set()).add(s.idempotency_key)
+        found: dict[tuple[str, str, str], Task] = {}
+        for (tenant, queue), keys in groups.items():
+            for row in tx.fetch(
+                "task_by_idempotency_keys", tenant=tenant, queue=queue, keys=sorted(keys)
+            ):
+                t = R.task_from_row(row)
+                assert t.idempotency_key is not None
+                found[(t.tenant, t.queue, t.idempotency_key)] = t
+        return found
+
+    # ------------------------------------------------------------------ reads
+
+    def task_get(self, task_id: str) -> Task:
+        found = self._read("task_get", id=task_id)
+        if not found:
+            raise OrbitError(Code.TASK_NOT_FOUND, f"no task {task_id!r:.80}")
+        return R.task_from_row(found[0])
+
+    def task_list(
+        self,
+        *,
+        queue: str | None = None,
+        state: str | None = None,
+        after_id: str | None = None,
+        limit: int = 100,
+    ) -> list[Task]:
+        check_int("limit", limit, 1, 1000)
+        rows = self._read("task_list", queue=queue, state=state, after_id=after_id, limit=limit)
+        return [R.task_from_row(r) for r in rows]
+
+    def task_counts(self) -> dict[str, int]:
+        return {r["state"]: int(r["n"]) for r in self._read("task_count_by_state")}
+
+    def attempt_list(self, task_id: str) -> list[Attempt]:
+        return [R.attempt_from_row(r) for r in self._read("attempt_list", task_id=task_id)]
+
+    def attempt_get(self, attempt_id: str) -> Attempt:
+        found = self._read("attempt_get", id=attempt_id)
+        if not found:
+            raise OrbitError(Code.ATTEMPT_NOT_FOUND, f"no attempt {attempt_id!r:.80}")
+        return R.attempt_from_row(found[0])
+
+    def event_list(
+        self, *, task_id: str | None = None, after_id: int = 0, limit: int = 1000
+    ) -> list[Row]:
+        return self._read("event_list", task_id=task_id, after_id=after_id, limit=limit)
+
+    def session_get(self, session_id: str) -> Session:
+        found = self._read("session_get", id=session_id)
+        if not found:
+            raise OrbitError(Code.SESSION_NOT_FOUND, f"no session {session_id!r:.80}")
+        return R.session_from_row(found[0])
+
+    def session_list(self) -> list[Session]:
+        return [R.session_from_row(r) for r in self._read("session_list")]
+
+    def live_attempt_counts(self) -> list[Row]:
+        """Live attempts grouped by queue, tenant, handler and session (for caps and tests)."""
+        return self._read("attempt_live_counts")
+
+    # ------------------------------------------------------------------ sessions
+
+    def session_open(
+        self,
+        *,
+        name: str,
+        node_id: str,
+        capabilities: Sequence[Capability],
+        max_concurrency: int,
+    ) -> tuple[Session, str]:
+        """Open a worker session; return it and its resume secret (shown once)."""
+        check_name("worker name", name)
+        check_name("node id", node_id)
+        caps = _check_capabilities(capabilities)
+        check_int("max_concurrency", max_concurrency, 1, 100_000)
+        secret = secrets.token_urlsafe(32)
+
+        def work(tx: _Tx) -> Session:
+            now = tx.now()
+            session = Session(
+                id=self._new_id(now),
+                name=name,
+                node_id=node_id,
+                epoch=1,
+                secret_hash=_hash_secret(secret),
+                capabilities=caps,
+                max_concurrency=max_concurrency,
+                capacity_seq=0,
+                draining=False,
+                state=SessionState.LIVE,
+                expires_at=now + self.config.session_ttl_us,
+                created_at=now,
+            )
+            tx.execute("session_insert", **R.session_to_row(session))
+            tx.events(
+                [
+                    Event(
+                        kind="session.opened",
+                        session_id=session.id,
+                        data={"name": name, "node_id": node_id},
+                    )
+                ]
+            )
+            return session
+
+        return self._tx(work), secret
+
+    def session_resume(self, session_id: str, secret: str, *, node_id: str) -> Session:
+        """Resume with the secret: the epoch is bumped, so the old connection is fenced."""
+        check_name("node id", node_id)
+
+        def work(tx: _Tx) -> Session:
+            session = tx.session(session_id, lock=True)
+            if not hmac.compare_digest(session.secret_hash, _hash_secret(secret)):
+                raise OrbitError(Code.BAD_SECRET, "the resume secret does not match")
+            now = tx.now()
+            after = replace(
+                session,
+                epoch=session.epoch + 1,
+                node_id=node_id,
+                state=SessionState.LIVE,
+                expires_at=now + self.config.session_ttl_us,
+            )
+            tx.write_sessions([(session, after)])
+            tx.events(
+                [
+                    Event(
+                        kind="session.resumed",
+                        session_id=session_id,
+                        data={"epoch": after.epoch, "node_id": node_id},
+                    )
+                ]
+            )
+            return after
+
+        return self._tx(work)
+
+    def session_heartbeat(self, session_id: str, epoch: int) -> Session:
+        def build(tx: _Tx) -> tuple[Plan, Session]:
+            plan = Plan()
+            session = tx.session(session_id, lock=True)
+            now = tx.now()
+            reason = transitions.session_usable(replace(session, draining=False), epoch, now)
+            if reason is not None:
+                plan.reject(reason[0], reason[1], report="heartbeat", session_id=session_id)
+                return plan, session
+            after = replace(session, expires_at=now + self.config.session_ttl_us)
+            plan.session_writes.append((session, after))
+            return plan, after
+
+        return self._run_plan(build)
+
+    def session_capacity_set(
+        self,
+        session_id: str,
+        epoch: int,
+        *,
+        seq: int,
+        capabilities: Sequence[Capability],
+        max_concurrency: int,
+    ) -> Session:
+        """Replace (never add to) the session's capacity; ``seq`` must increase."""
+        caps = _check_capabilities(capabilities)
+        check_int("max_concurrency", max_concurrency, 1, 100_000)
+        check_int("seq", seq, 1, 2**63 - 1)
+
+        def build(tx: _Tx) -> tuple[Plan, Session]:
+            plan = Plan()
+            session = tx.session(session_id, lock=True)
+            if epoch != session.epoch:
+                plan.reject(
+                    Code.FENCED_EPOCH,
+                    "the epoch was fenced",
+                    report="capacity",
+                    session_id=session_id,
+                )
+                return plan, session
+            if seq <= session.capacity_seq:
+                plan.reject(
+                    Code.STALE_CAPACITY,
+                    f"capacity seq {seq} is not newer than {session.capacity_seq}",
+                    report="capacity",
+                    session_id=session_id,
+                )
+                return plan, session
+            after = replace(
+                session, capabilities=caps, max_concurrency=max_concurrency, capacity_seq=seq
+            )
+            plan.session_writes.append((session, after))
+            plan.events.append(
+                Event(
+                    kind="session.capacity",
+                    session_id=session_id,
+                    data={"seq": seq, "max_concurrency": max_concurrency},
+                )
+            )
+            return plan, after
+
+        return self._run_plan(build)
+
+    def session_drain(self, session_id: str) -> Session:
+        """Durably stop new claims for the session; running attempts carry on."""
+
+        def work(tx: _Tx) -> Session:
+            session = tx.session(session_id, lock=True)
+            if session.draining:
+                return session
+            after = replace(session, draining=True)
+            tx.write_sessions([(session, after)])
+            tx.events([Event(kind="session.draining", session_id=session_id)])
+            return after
+
+        return self._tx(work)
+
+    # ------------------------------------------------------------------ claim
+
+    def attempt_claim_many(self, session_id: str, epoch: int, n: int) -> list[Grant]:
+        """Claim up to ``n`` ready tasks for a session, within every cap and rate."""
+        check_int("n", n, 1, self.config.max_batch)
+
+        def build(tx: _Tx) -> tuple[Plan, list[Grant]]:
+            plan = Plan()
+            tx.fetch("claim_lock")
+            session = tx.session(session_id, lock=False)
+            queues = {q.name: q for q in (R.queue_from_row(r) for r in tx.fetch("queue_lock_all"))}
+            now = tx.now()
+            reason = transitions.session_usable(session, epoch, now)
+            if reason is not None:
+                plan.reject(reason[0], reason[1], report="claim", session_id=session_id)
+                return plan, []
+            grants = self._claim(tx, plan, session, queues, n, now)
+            return plan, grants
+
+        return self._run_plan(build)
+
+    def _claim(
+        self, tx: _Tx, plan: Plan, session: Session, queues: dict[str, Queue], n: int, now: int
+    ) -> list[Grant]:
+        occ = Occupancy(0, {}, {}, {}, 0)
+        for row in tx.fetch("attempt_live_counts"):
+            k = int(row["n"])
+            occ.total += k
+            occ.by_queue[row["queue"]] = occ.by_queue.get(row["queue"], 0) + k
+            occ.by_tenant[row["tenant"]] = occ.by_tenant.get(row["tenant"], 0) + k
+            if row["session_id"] == session.id:
+                occ.by_handler[row["handler"]] = occ.by_handler.get(row["handler"], 0) + k
+                occ.session_total += k
+        tenant_caps = {r["name"]: int(r["max_concurrency"]) for r in tx.fetch("tenant_caps")}
+        setting = tx.fetch("setting_get", name="global_max_concurrency")
+        global_cap = (
+            int(setting[0]["int_value"])
+            if setting and setting[0]["int_value"] is not None
+            else None
+        )
+        tokens = {name: bucket_refill(q, now) for name, q in queues.items()}
+        used: dict[str, int] = {}
+        grants: list[Grant] = []
+        skip_ids: list[str] = []
+        for _ in range(8):
+            want = min(n - len(grants), session.max_concurrency - occ.session_total)
+            if global_cap is not None:
+                want = min(want, global_cap - occ.total)
+            handlers = [
+                c.handler
+                for c in session.capabilities
+                if occ.by_handler.get(c.handler, 0) < c.capacity
+            ]
+            if want <= 0 or not handlers:
+                break
+            skip_queues = [
+                name
+                for name, q in queues.items()
+                if q.paused or occ.by_queue.get(name, 0) >= q.max_concurrency or tokens[name] < 1.0
+            ]
+            skip_tenants = [t for t, cap in tenant_caps.items() if occ.by_tenant.get(t, 0) >= cap]
+            window = want * 2 + 8
+            rows = tx.fetch(
+                "task_ready_select",
+                now=now,
+                handlers=handlers,
+                skip_queues=skip_queues,
+                skip_tenants=skip_tenants,
+                skip_ids=skip_ids,
+                limit=window,
+            )
+            for row in rows:
+                task = R.task_from_row(row)
+                queue = queues[task.queue]
+                if (
+                    (task.deadline is not None and now >= task.deadline)
+                    or tokens[task.queue] < 1.0
+                    or len(grants) >= n
+                ):
+                    skip_ids.append(task.id)
+                    continue
+                admitted = occ.admit(
+                    queue=task.queue,
+                    tenant=task.tenant,
+                    handler=task.handler,
+                    queue_cap=queue.max_concurrency,
+                    tenant_cap=tenant_caps.get(task.tenant),
+                    handler_cap=session.capacity_for(task.handler),
+                    session_cap=session.max_concurrency,
+                    global_cap=global_cap,
+                )
+                if not admitted:
+                    skip_ids.append(task.id)
+                    continue
+                skip_ids.append(task.id)
+                tokens[task.queue] -= 1.0
+                used[task.queue] = used.get(task.queue, 0) + 1
+                attempt = transitions.claim(
+                    plan,
+                    task,
+                    session,
+                    attempt_id=self._new_id(now),
+                    now=now,
+                    claim_ttl=self.config.claim_ttl_us,
+                )
+                grants.append(Grant(plan.task_writes[-1][1], attempt))
+            if len(rows) < window or len(grants) >= n:
+                break
+        limited = [
+            {"name": name, "tokens": tokens[name], "tokens_at": now}
+            for name in sorted(used)
+            if queues[name].rate > 0
+        ]
+        tx.write_many("queue_tokens_write_many", limited, expect=len(limited))
+        return grants
+
+    # ------------------------------------------------------------------ worker reports
+
+    def _report_rows(
+        self, tx: _Tx, attempt_id: str, session_id: str
+    ) -> tuple[Task, Attempt, Session]:
+        found = tx.fetch("attempt_get", id=attempt_id)
+        if not found:
+            raise OrbitError(Code.ATTEMPT_NOT_FOUND, f"no attempt {attempt_id!r:.80}")
+        task_id = found[0]["task_id"]
+        task = R.task_from_row(tx.fetch("task_lock_many", ids=[task_id])[0])
+        attempt = R.attempt_from_row(tx.fetch("attempt_lock_many", ids=[attempt_id])[0])
+        session = tx.session(session_id, lock=False, share=True)
+        return task, attempt, session
+
+    def attempt_start(self, session_id: str, epoch: int, attempt_id: str, fence: int) -> Lease:
+        """claimed -> running. A repeat of an accepted start returns the same lease."""
+
+        def build(tx: _Tx) -> tuple[Plan, Lease | None]:
+            plan = Plan()
+            task, attempt, session = self._report_rows(tx, attempt_id, session_id)
+            queue = R.queue_from_row(tx.fetch("queue_share", name=task.queue)[0])
+            now = tx.now()
+            lease = transitions.start(
+                plan,
+                task,
+                attempt,
+                session,
+                epoch=epoch,
+                fence=fence,
+                queue_paused=queue.paused,
+                now=now,
+                lease_ttl=self.config.lease_ttl_us,
+            )
+            return plan, lease
+
+        lease = self._run_plan(build)
+        assert lease is not None
+        return lease
+
+    def lease_renew_many(
+        self, session_id: str, epoch: int, attempt_ids: Sequence[str]
+    ) -> list[Lease]:
+        """Renew many run leases in one statement; also keeps the session alive."""
+        ids = sorted(set(attempt_ids))
+        if len(ids) > self.config.max_batch:
+            raise OrbitError(Code.INVALID_ARGUMENT, "too many attempts in one renew")
+
+        def build(tx: _Tx) -> tuple[Plan, list[Lease]]:
+            plan = Plan()
+            attempts_found = {r["id"]: r for r in tx.fetch("attempt_get_many", ids=ids)}
+            task_ids = sorted({r["task_id"] for r in attempts_found.values()})
+            tasks = {r["id"]: R.task_from_row(r) for r in tx.fetch("task_lock_many", ids=task_ids)}
+            attempts = {
+                r["id"]: R.attempt_from_row(r) for r in tx.fetch("attempt_lock_many", ids=ids)
+            }
+            stored = tx.session(session_id, lock=True)
+            now = tx.now()
+            reason = transitions.session_usable(replace(stored, draining=False), epoch, now)
+            leases: list[Lease] = []
+            session = stored
+            if reason is None:
+                session = replace(stored, expires_at=now + self.config.session_ttl_us)
+            for attempt_id in ids:
+                attempt = attempts.get(attempt_id)
+                if attempt is None:
+                    leases.append(Lease(attempt_id, "lost", None))
+                    continue
+                task = tasks[attempt.task_id]
+                if reason is not None:
+                    plan.reject(
+                        reason[0],
+                        reason[1],
+                        report="renew",
+                        task=task,
+                        attempt=attempt,
+                        session_id=session_id,
+                    )
+                    plan.rejection = None  # per-attempt answers, not one error
+                    leases.append(Lease(attempt_id, "lost", None))
+                    continue
+                leases.append(
+                    transitions.renew(
+                        plan,
+                        task,
+                        attempt,
+                        session,
+                        epoch=epoch,
+                        now=now,
+                        lease_ttl=self.config.lease_ttl_us,
+                    )
+                )
+                plan.rejection = None
+            if reason is None:
+                plan.session_writes.append((stored, session))
+            order = {a: i for i, a in enumerate(attempt_ids)}
+            leases.sort(key=lambda lease: order.get(lease.attempt_id, 0))
+            return plan, leases
+
+        return self._run_plan(build)
+
+    def attempt_finish(
+        self, session_id: str, epoch: int, attempt_id: str, fence: int, outcome: Outcome
+    ) -> Receipt:
+        """Commit an attempt's outcome, or refuse it with a precise code (I2, I3)."""
+        if not isinstance(outcome, Outcome):
+            raise OrbitError(Code.INVALID_ARGUMENT, "outcome must be an Outcome")
+        try:
+            canonical_json(outcome.as_json())
+        except (TypeError, ValueError) as exc:
+            raise OrbitError(Code.INVALID_ARGUMENT, f"result must be JSON: {exc}") from None
+
+        def build(tx: _Tx) -> tuple[Plan, Receipt | None]:
+            plan = Plan()
+            task, attempt, session = self._report_rows(tx, attempt_id, session_id)
+            now = tx.now()
+            receipt = transitions.finish(
+                plan,
+                task,
+                attempt,
+                session,
+                epoch=epoch,
+                fence=fence,
+                outcome=outcome,
+                now=now,
+                rand=self._rand(),
+            )
+            return plan, receipt
+
+        receipt = self._run_plan(build)
+        assert receipt is not None
+        return receipt
+
+    def attempt_release(self, session_id: str, epoch: int, attempt_id: str, fence: int) -> None:
+        """Give back a claimed, never-started attempt."""
+
+        def build(tx: _Tx) -> tuple[Plan, None]:
+            plan = Plan()
+            task, attempt, session = self._report_rows(tx, attempt_id, session_id)
+            transitions.release(
+                plan, task, attempt, session, epoch=epoch, fence=fence, now=tx.now()
+            )
+            return plan, None
+
+        self._run_plan(build)
+
+    # ------------------------------------------------------------------ operator actions
+
+    def task_cancel(self, task_id: str) -> Task:
+        """Cancel a task and all its descendants in one transaction (I7). Idempotent."""
+
+        def build(tx: _Tx) -> tuple[Plan, Task]:
+            ids = [r["id"] for r in tx.fetch("task_descendants", id=task_id)]
+            if not ids:
+                raise OrbitError(Code.TASK_NOT_FOUND, f"no task {task_id!r:.80}")
+            tasks = [R.task_from_row(r) for r in tx.fetch("task_lock_many", ids=sorted(ids))]
+            live = {
+                a.task_id: a
+                for a in (
+                    R.attempt_from_row(r) for r in tx.fetch("attempt_live_for_tasks", task_ids=ids)
+                )
+            }
+            now = tx.now()
+            plan = Plan()
+            for task in tasks:
+                transitions.cancel(plan, task, live.get(task.id), now)
+            root = next(t for t in tasks if t.id == task_id)
+            written = {after.id: after for _, after in plan.task_writes}
+            return plan, written.get(task_id, root)
+
+        return self._run_plan(build)
+
+    def task_resolve(self, task_id: str, decision: str, outcome: Outcome | None = None) -> Task:
+        """An operator's decision on a ``needs_review`` task: succeeded, failed or retry."""
+        if decision not in ("succeeded", "failed", "retry"):
+            raise OrbitError(
+                Code.INVALID_ARGUMENT, "decision must be 'succeeded', 'failed' or 'retry'"
+            )
+
+        def build(tx: _Tx) -> tuple[Plan, Task]:
+            found = tx.fetch("task_lock_many", ids=[task_id])
+            if not found:
+                raise OrbitError(Code.TASK_NOT_FOUND, f"no task {task_id!r:.80}")
+            task = R.task_from_row(found[0])
+            if task.state != TaskState.NEEDS_REVIEW:
+                raise OrbitError(
+                    Code.INVALID_STATE,
+                    f"only a needs_review task can be resolved; it is {task.state}",
+                )
+            plan = Plan()
+            return plan, transitions.resolve(plan, task, decision, outcome, tx.now())
+
+        return self._run_plan(build)
+
+    def task_retry(self, task_id: str) -> Task:
+        """Run a failed or cancelled task again (an operator decision)."""
+
+        def build(tx: _Tx) -> tuple[Plan, Task]:
+            found = tx.fetch("task_lock_many", ids=[task_id])
+            if not found:
+                raise OrbitError(Code.TASK_NOT_FOUND, f"no task {task_id!r:.80}")
+            task = R.task_from_row(found[0])
+            if task.state not in (TaskState.FAILED, TaskState.CANCELLED):
+                raise OrbitError(
+                    Code.INVALID_STATE,
+                    f"only a failed or cancelled task can be retried; it is {task.state}",
+                )
+            if task.parent_id is not None:
+                parent = R.task_from_row(tx.fetch("task_share", id=task.parent_id)[0])
+                if parent.cancel_requested:
+                    raise OrbitError(
+                        Code.PARENT_CANCELLED,
+                        f"parent task {parent.id} is cancelled; retry it first",
+                    )
+            plan = Plan()
+            return plan, transitions.retry(plan, task, tx.now())
+
+        return self._run_plan(build)
+
+    # ------------------------------------------------------------------ reaper
+
+    def reap(self) -> ReapReport:
+        """One pass of every clock-driven duty. Safe on every node at once: rows another
+        node holds are skipped (SKIP LOCKED) and every write is a compare-and-set."""
+        counts = {
+            "released": 0,
+            "expired_leases": 0,
+            "deadlines": 0,
+            "promoted": 0,
+            "sessions_expired": 0,
+        }
+
+        def tasks_pass(tx: _Tx) -> Plan:
+            now = tx.now()
+            ids = [
+                r["id"] for r in tx.fetch("reap_candidates", now=now, limit=self.config.reap_batch)
+            ]
+            plan = Plan()
+            if not ids:
+                return plan
+            tasks = [
+                R.task_from_row(r) for r in tx.fetch("task_lock_many_skip_locked", ids=sorted(ids))
+            ]
+            live = {
+                a.task_id: a
+                for a in (
+                    R.attempt_from_row(r)
+                    for r in tx.fetch("attempt_live_for_tasks", task_ids=[t.id for t in tasks])
+                )
+            }
+            now = tx.now()
+            for task in tasks:
+                transitions.reap(plan, task, live.get(task.id), now, self._rand())
+            tx.apply(plan)
+            return plan
+
+        def sessions_pass(tx: _Tx) -> Plan:
+            now = tx.now()
+            plan = Plan()
+            for row in tx.fetch("session_expired_select", now=now, limit=self.config.reap_batch):
+                task_ids = sorted(
+                    r["task_id"]
+                    for r in tx.fetch("attempt_claimed_for_session", session_id=row["id"])
+                )
+                tasks = {
+                    r["id"]: R.task_from_row(r) for r in tx.fetch("task_lock_many", ids=task_ids)
+                }
+                claimed = [
+                    a
+                    for a in (
+                        R.attempt_from_row(r)
+                        for r in tx.fetch("attempt_live_for_tasks", task_ids=task_ids)
+                    )
+                    if a.session_id == row["id"] and a.state == "claimed"
+                ]
+                session = tx.session(row["id"], lock=True)
+                now = tx.now()
+                if session.state != SessionState.LIVE or session.expires_at > now:
+                    continue
+                transitions.expire_session(
+                    plan, session, [(tasks[a.task_id], a) for a in claimed], now
+                )
+            tx.apply(plan)
+            return plan
+
+        for plan in (self._tx(tasks_pass), self._tx(sessions_pass)):
+            for event in plan.events:
+                if event.kind == "session.expired":
+                    counts["sessions_expired"] += 1
+                elif event.kind == "queued" and event.task_from == TaskState.SCHEDULED:
+                    counts["promoted"] += 1
+                elif event.code == Code.DEADLINE_EXCEEDED:
+                    counts["deadlines"] += 1
+                elif event.attempt_from == "running":
+                    counts["expired_leases"] += 1
+                elif event.attempt_from == "claimed":
+                    counts["released"] += 1
+        return ReapReport(**counts)
+
+
+def _check_capabilities(capabilities: Sequence[Capability]) -> tuple[Capability, ...]:
+    caps = tuple(capabilities)
+    if not caps:
+        raise OrbitError(Code.INVALID_ARGUMENT, "a worker needs at least one capability")
+    seen: set[str] = set()
+    for cap in caps:
+        if not isinstance(cap, Capability):
+            raise OrbitError(Code.INVALID_ARGUMENT, "capabilities must be Capability values")
+        check_name("handler", cap.handler)
+        check_int("capacity", cap.capacity, 1, 100_000)
+        if cap.handler in seen:
+            raise OrbitError(Code.INVALID_ARGUMENT, f"handler {cap.handler} is listed twice")
+        seen.add(cap.handler)
+    return caps
+
+
+class _Tx:
+    """One transaction's view: named queries, the clock, and plan application."""
+
+    def __init__(self, cx: Connection, store: Store) -> None:
+        self.cx = cx
+        self._store = store
+        self._now: int | None = None
+
+    def _armed(self, name: str) -> None:
+        if self._store._fault == name:
+            raise InjectedFault(f"injected failure in query {name}")
+
+    def fetch(self, query: str, /, **params: Any) -> list[Row]:
+        self._armed(query)
+        return self.cx.fetch(query, params)
+
+    def execute(self, query: str, /, **params: Any) -> int:
+        self._armed(query)
+        return self.cx.execute(query, params)
+
+    def write_many(self, name: str, rows: Sequence[Row], *, expect: int | None = None) -> int:
+        if not rows:
+            return 0
+        self._armed(name)
+        count = self.cx.write_many(name, rows)
+        if expect is not None and count != expect:
+            raise StaleWrite(f"{name}: {count} of {expect} rows matched their guard")
+        return count
+
+    def now(self) -> int:
+        """The clock, read now: call it only after the rows being judged are locked."""
+        clock = self._store._clock
+        self._now = clock() if clock is not None else self.cx.now()
+        return self._now
+
+    def session(self, session_id: str, *, lock: bool, share: bool = False) -> Session:
+        name = "session_lock" if lock else ("session_share" if share else "session_get")
+        found = self.fetch(name, id=session_id)
+        if not found:
+            raise OrbitError(Code.SESSION_NOT_FOUND, f"no session {session_id!r:.80}")
+        return R.session_from_row(found[0])
+
+    def write_sessions(self, pairs: Sequence[tuple[Session, Session]]) -> None:
+        self.write_many(
+            "session_write_many", [R.session_write_row(b, a) for b, a in pairs], expect=len(pairs)
+        )
+
+    def events(self, events: Sequence[Event]) -> None:
+        at = self._now if self._now is not None else self.now()
+        self.write_many(
+            "event_insert_many", [R.event_to_row(e, at) for e in events], expect=len(events)
+        )
+
+    def apply(self, plan: Plan) -> None:
+        """Carry a plan out: inserts, guarded writes, then its events."""
+        if plan.task_inserts:
+            self.write_many(
+                "task_insert_many",
+                [R.task_to_row(t) for t in plan.task_inserts],
+                expect=len(plan.task_inserts),
+            )
+        if plan.attempt_writes:
+            self.write_many(
+                "attempt_write_many",
+                [R.attempt_write_row(b, a) for b, a in plan.attempt_writes],
+                expect=len(plan.attempt_writes),
+            )
+        if plan.task_writes:
+            self.write_many(
+                "task_write_many",
+                [R.task_write_row(b, a) for b, a in plan.task_writes],
+                expect=len(plan.task_writes),
+            )
+        if plan.attempt_inserts:
+            self.write_many(
+                "attempt_insert_many",
+                [R.attempt_to_row(a) for a in plan.attempt_inserts],
+                expect=len(plan.attempt_inserts),
+            )
+        if plan.session_writes:
+            self.write_sessions(plan.session_writes)
+        if plan.events:
+            self.events(plan.events)
+
+
+__all__ = [
+    "LIVE_ATTEMPT_STATES",
+    "InjectedFault",
+    "ReapReport",
+    "StaleWrite",
+    "Store",
+    "StoreConfig",
+    "Submitted",
+]

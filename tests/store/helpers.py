@@ -1,0 +1,48 @@
+"""Small builders shared by the store tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orbit.core.model import Capability, Grant, Session, TaskSpec
+from orbit.store import Store
+
+
+def queue(
+    store: Store,
+    name: str = "q",
+    max_concurrency: int = 10,
+    rate: float = 0,
+    burst: int | None = None,
+) -> None:
+    store.queue_create(name, max_concurrency=max_concurrency, rate=rate, burst=burst)
+
+
+def submit(store: Store, queue: str = "q", handler: str = "h", **kw: Any) -> str:
+    return store.task_submit(TaskSpec(queue=queue, handler=handler, **kw)).task.id
+
+
+def worker(
+    store: Store,
+    handlers: dict[str, int] | None = None,
+    max_concurrency: int = 10,
+    name: str = "w",
+    node: str = "n1",
+) -> tuple[Session, str]:
+    caps = [Capability(h, c) for h, c in (handlers or {"h": 10}).items()]
+    return store.session_open(
+        name=name, node_id=node, capabilities=caps, max_concurrency=max_concurrency
+    )
+
+
+def claim_one(store: Store, session: Session) -> Grant:
+    grants = store.attempt_claim_many(session.id, session.epoch, 1)
+    assert len(grants) == 1, grants
+    return grants[0]
+
+
+def run_one(store: Store, session: Session) -> Grant:
+    """Claim and start one task."""
+    g = claim_one(store, session)
+    store.attempt_start(session.id, session.epoch, g.attempt.id, g.attempt.fence)
+    return g

@@ -1,0 +1,166 @@
+"""Bad input gets a clear error and writes nothing: one test per rejection class."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orbit.core.errors import Code, OrbitError
+from orbit.core.model import SECOND, Backoff, Capability, TaskSpec
+from orbit.store import Store, StoreConfig
+from tests.conftest import ManualClock
+from tests.store.helpers import queue, submit, worker
+
+
+def _snapshot(store: Store) -> tuple[Any, ...]:
+    return (store.task_counts(), len(store.event_list()), store.queue_list())
+
+
+def _rejects(store: Store, code: Code, call: Any) -> OrbitError:
+    before = _snapshot(store)
+    with pytest.raises(OrbitError) as err:
+        call()
+    assert err.value.code == code, err.value
+    assert _snapshot(store) == before, "a rejected call changed state"
+    return err.value
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "code"),
+    [
+        ({"max_concurrency": None, "rate": 1}, Code.MISSING_CAP),
+        ({"max_concurrency": 5, "rate": None}, Code.MISSING_CAP),
+        ({"max_concurrency": 0, "rate": 1}, Code.INVALID_ARGUMENT),
+        ({"max_concurrency": 5, "rate": -1}, Code.INVALID_ARGUMENT),
+        ({"max_concurrency": 5, "rate": float("nan")}, Code.INVALID_ARGUMENT),
+        ({"max_concurrency": 5, "rate": 1, "burst": 0}, Code.INVALID_ARGUMENT),
+        ({"max_concurrency": True, "rate": 1}, Code.INVALID_ARGUMENT),
+    ],
+)
+def test_queue_needs_valid_caps(store: Store, kwargs: dict[str, Any], code: Code) -> None:
+    err = _rejects(store, code, lambda: store.queue_create("q", **kwargs))
+    assert err.status == 400
+
+
+def test_queue_name_and_duplicate(store: Store) -> None:
+    _rejects(
+        store,
+        Code.INVALID_ARGUMENT,
+        lambda: store.queue_create("bad name!", max_concurrency=1, rate=0),
+    )
+    queue(store)
+    err = _rejects(
+        store, Code.QUEUE_EXISTS, lambda: store.queue_create("q", max_concurrency=1, rate=0)
+    )
+    assert err.status == 409
+
+
+def test_unknown_queue(store: Store) -> None:
+    err = _rejects(store, Code.QUEUE_NOT_FOUND, lambda: submit(store, queue="nope"))
+    assert err.status == 404
+
+
+def test_oversize_payload(make_store: Any, clock: ManualClock) -> None:
+    store: Store = make_store(clock=clock, config=StoreConfig(max_payload_bytes=1024))
+    queue(store)
+    err = _rejects(store, Code.PAYLOAD_TOO_LARGE, lambda: submit(store, payload="x" * 2000))
+    assert err.status == 413 and "1024" in err.message
+    submit(store, payload="x" * 1000)  # within the bound
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "code"),
+    [
+        ({"backoff": Backoff(base_us=0)}, Code.INVALID_BACKOFF),
+        ({"backoff": Backoff(factor=0.5)}, Code.INVALID_BACKOFF),
+        ({"backoff": Backoff(factor=float("inf"))}, Code.INVALID_BACKOFF),
+        ({"backoff": Backoff(base_us=10 * SECOND, max_us=SECOND)}, Code.INVALID_BACKOFF),
+        ({"attempt_timeout_us": 0}, Code.INVALID_TIMEOUT),
+        ({"attempt_timeout_us": -5}, Code.INVALID_TIMEOUT),
+        ({"attempt_timeout_us": 10**18}, Code.INVALID_TIMEOUT),
+        ({"max_attempts": 0}, Code.INVALID_ARGUMENT),
+        ({"priority": 10**9}, Code.INVALID_ARGUMENT),
+        ({"handler": ""}, Code.INVALID_ARGUMENT),
+        ({"tenant": "a b"}, Code.INVALID_ARGUMENT),
+        ({"idempotency_key": ""}, Code.INVALID_ARGUMENT),
+        ({"payload": float("nan")}, Code.INVALID_ARGUMENT),
+        ({"payload": {"x": object()}}, Code.INVALID_ARGUMENT),
+        ({"payload": "\ud800"}, Code.INVALID_ARGUMENT),
+        ({"retry_safe": "yes"}, Code.INVALID_ARGUMENT),
+        ({"parent_id": "no-such-task"}, Code.PARENT_NOT_FOUND),
+    ],
+)
+def test_bad_task_options(store: Store, kwargs: dict[str, Any], code: Code) -> None:
+    queue(store)
+    _rejects(store, code, lambda: submit(store, **kwargs))
+
+
+def test_deadline_in_the_past_or_before_run_after(store: Store, clock: ManualClock) -> None:
+    queue(store)
+    _rejects(store, Code.INVALID_DEADLINE, lambda: submit(store, deadline=clock.now))
+    _rejects(
+        store,
+        Code.INVALID_DEADLINE,
+        lambda: submit(store, deadline=clock.now + 10 * SECOND, run_after=clock.now + 20 * SECOND),
+    )
+
+
+def test_idempotency_conflict(store: Store) -> None:
+    queue(store)
+    submit(store, payload={"a": 1}, idempotency_key="k")
+    err = _rejects(
+        store,
+        Code.IDEMPOTENCY_CONFLICT,
+        lambda: submit(store, payload={"a": 2}, idempotency_key="k"),
+    )
+    assert err.status == 409
+
+
+def test_one_bad_task_rejects_the_whole_batch(store: Store) -> None:
+    queue(store)
+    good = TaskSpec(queue="q", handler="h")
+    bad = TaskSpec(queue="missing", handler="h")
+    _rejects(store, Code.QUEUE_NOT_FOUND, lambda: store.task_submit_many([good, good, bad]))
+    submit(store, payload=1, idempotency_key="k")
+    clash = TaskSpec(queue="q", handler="h", payload=2, idempotency_key="k")
+    _rejects(store, Code.IDEMPOTENCY_CONFLICT, lambda: store.task_submit_many([good, clash]))
+    too_many = [good] * (store.config.max_batch + 1)
+    _rejects(store, Code.INVALID_ARGUMENT, lambda: store.task_submit_many(too_many))
+
+
+@pytest.mark.parametrize(
+    ("caps", "max_concurrency"),
+    [
+        ([], 5),
+        ([Capability("h", 0)], 5),
+        ([Capability("h", 1), Capability("h", 2)], 5),
+        ([Capability("bad name", 1)], 5),
+        ([Capability("h", 1)], 0),
+    ],
+)
+def test_bad_session_options(store: Store, caps: list[Capability], max_concurrency: int) -> None:
+    _rejects(
+        store,
+        Code.INVALID_ARGUMENT,
+        lambda: store.session_open(
+            name="w", node_id="n", capabilities=caps, max_concurrency=max_concurrency
+        ),
+    )
+    assert store.session_list() == []
+
+
+def test_unknown_ids(store: Store) -> None:
+    queue(store)
+    s, _ = worker(store)
+    _rejects(store, Code.TASK_NOT_FOUND, lambda: store.task_get("nope"))
+    _rejects(store, Code.TASK_NOT_FOUND, lambda: store.task_cancel("nope"))
+    _rejects(store, Code.ATTEMPT_NOT_FOUND, lambda: store.attempt_start(s.id, 1, "nope", 1))
+    _rejects(store, Code.SESSION_NOT_FOUND, lambda: store.attempt_claim_many("nope", 1, 1))
+    _rejects(store, Code.INVALID_ARGUMENT, lambda: store.attempt_claim_many(s.id, 1, 0))
+    _rejects(store, Code.INVALID_ARGUMENT, lambda: store.task_resolve("x", "maybe"))
+
+
+def test_limits_validated(store: Store) -> None:
+    _rejects(store, Code.INVALID_ARGUMENT, lambda: store.tenant_limit_set("t", 0))
+    _rejects(store, Code.INVALID_ARGUMENT, lambda: store.global_limit_set(-1))

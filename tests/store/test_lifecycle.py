@@ -1,0 +1,548 @@
+"""The lifecycle table of DESIGN §2, transition by transition, on both backends."""
+
+from __future__ import annotations
+
+import pytest
+
+from orbit.core.errors import Code, OrbitError, Rejected
+from orbit.core.model import SECOND, Backoff, Capability, Outcome, TaskSpec
+from orbit.store import Store, StoreConfig
+from tests.conftest import ManualClock
+from tests.invariants import check_all
+from tests.store.helpers import claim_one, queue, run_one, submit, worker
+
+
+def test_success_path_and_events(store: Store) -> None:
+    queue(store)
+    tid = submit(store, payload={"url": "https://example.test"})
+    s, _ = worker(store)
+    g = run_one(store, s)
+    assert store.task_get(tid).state == "running"
+    assert store.task_get(tid).attempts_used == 1
+    receipt = store.attempt_finish(
+        s.id, s.epoch, g.attempt.id, g.attempt.fence, Outcome.success({"png": "abc"})
+    )
+    task = store.task_get(tid)
+    assert task.state == "succeeded" and task.result == '{"png":"abc"}'
+    assert receipt.task_state == "succeeded" and receipt.result_version == 1
+    kinds = [e["kind"] for e in store.event_list(task_id=tid)]
+    assert kinds == ["submitted", "claimed", "started", "succeeded"]
+    assert check_all(store) == []
+
+
+def test_repeated_finish_returns_the_original_receipt(store: Store) -> None:
+    queue(store)
+    submit(store)
+    s, _ = worker(store)
+    g = run_one(store, s)
+    first = store.attempt_finish(s.id, s.epoch, g.attempt.id, g.attempt.fence, Outcome.success(1))
+    events_before = len(store.event_list())
+    again = store.attempt_finish(s.id, s.epoch, g.attempt.id, g.attempt.fence, Outcome.success(1))
+    assert again == first
+    assert len(store.event_list()) == events_before  # nothing written
+    with pytest.raises(Rejected) as err:
+        store.attempt_finish(s.id, s.epoch, g.attempt.id, g.attempt.fence, Outcome.success(2))
+    assert err.value.code == Code.ALREADY_FINISHED
+    assert store.task_get(g.task.id).result == "1"
+
+
+def test_retryable_failure_schedules_with_backoff_then_succeeds(
+    store: Store, clock: ManualClock
+) -> None:
+    queue(store)
+    tid = submit(store, backoff=Backoff(base_us=10 * SECOND, factor=2.0, max_us=60 * SECOND))
+    s, _ = worker(store)
+    g = run_one(store, s)
+    receipt = store.attempt_finish(
+        s.id, s.epoch, g.attempt.id, g.attempt.fence, Outcome.failure("FLAKY", "try again")
+    )
+    task = store.task_get(tid)
+    assert receipt.task_state == "scheduled" and task.state == "scheduled"
+    assert clock.now + 5 * SECOND <= task.run_after <= clock.now + 10 * SECOND
+    assert store.attempt_claim_many(s.id, s.epoch, 1) == []  # not due yet
+    clock.now = task.run_after
+    g2 = run_one(store, s)
+    assert g2.attempt.number == 2 and g2.attempt.fence == 2
+    store.attempt_finish(s.id, s.epoch, g2.attempt.id, g2.attempt.fence, Outcome.success())
+    assert store.task_get(tid).state == "succeeded"
+    assert store.task_get(tid).attempts_used == 2
+
+
+def test_attempts_exhausted_and_non_retryable_fail(store: Store, clock: ManualClock) -> None:
+    queue(store)
+    exhausted = submit(store, max_attempts=1)
+    fatal = submit(store)
+    s, _ = worker(store)
+    for _ in range(2):
+        g = run_one(store, s)
+        retryable = g.task.id == exhausted
+        store.attempt_finish(
+            s.id,
+            s.epoch,
+            g.attempt.id,
+            g.attempt.fence,
+            Outcome.failure("E", "boom", retryable=retryable),
+        )
+    for tid in (exhausted, fatal):
+        task = store.task_get(tid)
+        assert task.state == "failed" and task.error_code == "E"
+
+
+def test_retry_past_deadline_fails_with_deadline_exceeded(store: Store, clock: ManualClock) -> None:
+    queue(store)
+    tid = submit(
+        store,
+        deadline=clock.now + 5 * SECOND,
+        backoff=Backoff(base_us=20 * SECOND, factor=1.0, max_us=20 * SECOND),
+    )
+    s, _ = worker(store)
+    g = run_one(store, s)
+    store.attempt_finish(s.id, s.epoch, g.attempt.id, g.attempt.fence, Outcome.failure("E"))
+    task = store.task_get(tid)
+    assert task.state == "failed" and task.error_code == "DEADLINE_EXCEEDED"
+
+
+def test_release_returns_task_without_using_an_attempt(store: Store) -> None:
+    queue(store)
+    tid = submit(store, max_attempts=1)
+    s, _ = worker(store)
+    g = claim_one(store, s)
+    store.attempt_release(s.id, s.epoch, g.attempt.id, g.attempt.fence)
+    assert store.task_get(tid).state == "queued"
+    assert store.attempt_get(g.attempt.id).state == "released"
+    g2 = run_one(store, s)
+    assert g2.task.id == tid and store.task_get(tid).attempts_used == 1
+    with pytest.raises(Rejected) as err:
+        store.attempt_release(s.id, s.epoch, g2.attempt.id, g2.attempt.fence)
+    assert err.value.code == Code.NOT_CLAIMED
+
+
+def test_start_is_idempotent_for_a_lost_ack(store: Store) -> None:
+    queue(store)
+    submit(store)
+    s, _ = worker(store)
+    g = claim_one(store, s)
+    first = store.attempt_start(s.id, s.epoch, g.attempt.id, g.attempt.fence)
+    again = store.attempt_start(s.id, s.epoch, g.attempt.id, g.attempt.fence)
+    assert again == first
+    assert store.task_get(g.task.id).attempts_used == 1
+
+
+@pytest.mark.parametrize("case", ["fence", "epoch", "owner", "lease", "no_start", "deadline"])
+def test_stale_finish_is_rejected_with_evidence(
+    store: Store, clock: ManualClock, case: str
+) -> None:
+    """I3: each kind of stale report changes nothing and leaves an event."""
+    queue(store)
+    tid = submit(store, deadline=clock.now + 3600 * SECOND)
+    s, secret = worker(store)
+    other, _ = worker(store, name="other")
+    g = claim_one(store, s) if case == "no_start" else run_one(store, s)
+    sid, epoch, fence = s.id, s.epoch, g.attempt.fence
+    expected = {
+        "fence": Code.STALE_FENCE,
+        "epoch": Code.FENCED_EPOCH,
+        "owner": Code.NOT_OWNER,
+        "lease": Code.LEASE_EXPIRED,
+        "no_start": Code.FINISH_WITHOUT_START,
+        "deadline": Code.DEADLINE_EXCEEDED,
+    }[case]
+    if case == "fence":
+        fence += 1
+    elif case == "epoch":
+        store.session_resume(s.id, secret, node_id="n2")
+    elif case == "owner":
+        sid, epoch = other.id, other.epoch
+    elif case == "lease":
+        clock.advance(31)
+    elif case == "deadline":
+        clock.advance(3600)
+    before_task, before_attempt = store.task_get(tid), store.attempt_get(g.attempt.id)
+    before_events = store.event_list()
+    with pytest.raises(Rejected) as err:
+        store.attempt_finish(sid, epoch, g.attempt.id, fence, Outcome.success("late"))
+    assert err.value.code == expected
+    assert store.task_get(tid) == before_task
+    assert store.attempt_get(g.attempt.id) == before_attempt
+    new = store.event_list(after_id=before_events[-1]["id"])
+    assert [(e["kind"], e["code"]) for e in new] == [("rejected", expected)]
+
+
+def test_finish_without_start_frees_no_capacity(store: Store) -> None:
+    queue(store, max_concurrency=1)
+    submit(store)
+    submit(store)
+    s, _ = worker(store)
+    g = claim_one(store, s)
+    with pytest.raises(Rejected):
+        store.attempt_finish(s.id, s.epoch, g.attempt.id, g.attempt.fence, Outcome.success())
+    assert store.attempt_claim_many(s.id, s.epoch, 5) == []  # the permit is still held
+    assert store.attempt_get(g.attempt.id).state == "claimed"
+
+
+def test_paused_queue_blocks_start_but_not_finish(store: Store) -> None:
+    queue(store)
+    submit(store)
+    submit(store)
+    s, _ = worker(store)
+    running = run_one(store, s)
+    claimed = claim_one(store, s)
+    store.queue_pause("q")
+    with pytest.raises(Rejected) as err:
+        store.attempt_start(s.id, s.epoch, claimed.attempt.id, claimed.attempt.fence)
+    assert err.value.code == Code.QUEUE_PAUSED
+    receipt = store.attempt_finish(
+        s.id, s.epoch, running.attempt.id, running.attempt.fence, Outcome.success("saved")
+    )
+    assert receipt.task_state == "succeeded"
+    assert store.attempt_claim_many(s.id, s.epoch, 5) == []  # paused: nothing claimable
+    store.queue_resume("q")
+    store.attempt_start(s.id, s.epoch, claimed.attempt.id, claimed.attempt.fence)
+
+
+def test_renew_extends_capped_by_timeout_and_deadline(store: Store, clock: ManualClock) -> None:
+    queue(store)
+    t0 = clock.now
+    timed = submit(store, attempt_timeout_us=45 * SECOND)
+    submit(store, deadline=t0 + 40 * SECOND)
+    s, _ = worker(store)
+    first, second = run_one(store, s), run_one(store, s)
+    a, b = (first, second) if first.task.id == timed else (second, first)
+    a, b = a.attempt, b.attempt
+    clock.advance(20)
+    leases = {x.attempt_id: x for x in store.lease_renew_many(s.id, s.epoch, [a.id, b.id])}
+    assert leases[a.id].status == "ok" and leases[a.id].lease_expires_at == t0 + 45 * SECOND
+    assert leases[b.id].status == "ok" and leases[b.id].lease_expires_at == t0 + 40 * SECOND
+    clock.advance(26)  # past the attempt timeout: the server refuses to renew
+    leases = {x.attempt_id: x for x in store.lease_renew_many(s.id, s.epoch, [a.id])}
+    assert leases[a.id].status == "lost"
+
+
+def test_cancel_cascades_to_descendants_in_one_transaction(store: Store) -> None:
+    queue(store)
+    job = submit(store)
+    s, _ = worker(store)
+    run_one(store, s)  # the job is running
+    child = submit(store, handler="other", parent_id=job)
+    grandchild = submit(store, handler="other", parent_id=child)
+    claimed_child = submit(store, parent_id=job)
+    g = claim_one(store, s)  # the worker only runs "h": it claims claimed_child
+    assert g.task.id == claimed_child
+    store.task_cancel(job)
+    assert store.task_get(job).state == "cancelling"
+    for tid in (child, grandchild, claimed_child):
+        assert store.task_get(tid).state == "cancelled"
+    assert store.attempt_get(g.attempt.id).state == "released"
+    ats = {e["at"] for e in store.event_list() if e["kind"] in ("cancelled", "cancel_requested")}
+    assert len(ats) == 1  # one transaction, one instant
+    with pytest.raises(OrbitError) as err:
+        submit(store, parent_id=job)
+    assert err.value.code == Code.PARENT_CANCELLED
+    assert check_all(store) == []
+
+
+def test_cancel_wins_the_race_with_a_result(store: Store) -> None:
+    queue(store)
+    tid = submit(store)
+    s, _ = worker(store)
+    g = run_one(store, s)
+    store.task_cancel(tid)
+    [lease] = store.lease_renew_many(s.id, s.epoch, [g.attempt.id])
+    assert lease.status == "cancel"
+    receipt = store.attempt_finish(
+        s.id, s.epoch, g.attempt.id, g.attempt.fence, Outcome.success("too late")
+    )
+    task = store.task_get(tid)
+    assert receipt.task_state == "cancelled" and task.state == "cancelled"
+    assert task.result is None and task.result_version == 0
+    evidence = store.event_list(task_id=tid)[-1]
+    assert evidence["kind"] == "cancelled" and "too late" in evidence["data"]
+
+
+def test_cancel_is_idempotent(store: Store) -> None:
+    queue(store)
+    tid = submit(store)
+    store.task_cancel(tid)
+    n = len(store.event_list())
+    assert store.task_cancel(tid).state == "cancelled"
+    assert len(store.event_list()) == n
+
+
+def test_reaper_releases_expired_claims(store: Store, clock: ManualClock) -> None:
+    queue(store)
+    tid = submit(store)
+    s, _ = worker(store)
+    g = claim_one(store, s)
+    clock.advance(29.9)
+    assert store.reap().total == 0
+    clock.advance(0.2)
+    assert store.reap().released == 1
+    assert store.task_get(tid).state == "queued"
+    with pytest.raises(Rejected) as err:
+        store.attempt_start(s.id, s.epoch, g.attempt.id, g.attempt.fence)
+    assert err.value.code == Code.ATTEMPT_ENDED
+
+
+def test_reaper_lease_expiry_splits_on_retry_safe(store: Store, clock: ManualClock) -> None:
+    queue(store)
+    safe = submit(store, retry_safe=True)
+    unsafe = submit(store, retry_safe=False)
+    s, _ = worker(store)
+    ga, gb = run_one(store, s), run_one(store, s)
+    clock.advance(30)
+    report = store.reap()
+    assert report.expired_leases == 2
+    assert store.task_get(safe).state == "scheduled"
+    assert store.attempt_get(ga.attempt.id if ga.task.id == safe else gb.attempt.id).state == "lost"
+    task = store.task_get(unsafe)
+    assert task.state == "needs_review" and task.attempts_used == 1
+    unknown = gb.attempt.id if gb.task.id == unsafe else ga.attempt.id
+    assert store.attempt_get(unknown).state == "unknown"
+    # capacity is usable by other work, and the unsafe task is not re-run
+    other = submit(store)
+    clock.advance(10)
+    grants = store.attempt_claim_many(s.id, s.epoch, 10)
+    assert {g.task.id for g in grants} == {safe, other}
+    assert check_all(store) == []
+
+
+def test_reaper_marks_timed_out_attempts(store: Store, clock: ManualClock) -> None:
+    queue(store)
+    tid = submit(store, retry_safe=True, attempt_timeout_us=5 * SECOND, max_attempts=1)
+    s, _ = worker(store)
+    g = run_one(store, s)
+    clock.advance(5)
+    store.reap()
+    assert store.attempt_get(g.attempt.id).state == "timed_out"
+    task = store.task_get(tid)
+    assert task.state == "failed" and task.error_code == "ATTEMPT_TIMEOUT"
+
+
+def test_reaper_fails_waiting_tasks_past_deadline(store: Store, clock: ManualClock) -> None:
+    queue(store)
+    queued = submit(store, deadline=clock.now + 10 * SECOND)
+    s, _ = worker(store)
+    clock.advance(10)
+    assert store.attempt_claim_many(s.id, s.epoch, 5) == []
+    assert store.reap().deadlines == 1
+    task = store.task_get(queued)
+    assert task.state == "failed" and task.error_code == "DEADLINE_EXCEEDED"
+
+
+def test_reaper_promotes_scheduled_tasks(store: Store, clock: ManualClock) -> None:
+    queue(store)
+    tid = submit(store, run_after=clock.now + 60 * SECOND)
+    assert store.task_get(tid).state == "scheduled"
+    clock.advance(60)
+    assert store.reap().promoted == 1
+    assert store.task_get(tid).state == "queued"
+
+
+def test_cancelling_task_whose_lease_expires_is_cancelled(store: Store, clock: ManualClock) -> None:
+    queue(store)
+    tid = submit(store)
+    s, _ = worker(store)
+    run_one(store, s)
+    store.task_cancel(tid)
+    clock.advance(30)
+    store.reap()
+    assert store.task_get(tid).state == "cancelled"
+
+
+@pytest.mark.parametrize("decision", ["succeeded", "failed", "retry"])
+def test_resolve_needs_review(store: Store, clock: ManualClock, decision: str) -> None:
+    queue(store)
+    tid = submit(store, max_attempts=1)
+    s, _ = worker(store)
+    run_one(store, s)
+    clock.advance(30)
+    store.reap()
+    assert store.task_get(tid).state == "needs_review"
+    outcome = Outcome.success({"checked": True}) if decision == "succeeded" else None
+    task = store.task_resolve(tid, decision, outcome)
+    assert task.state == {"succeeded": "succeeded", "failed": "failed", "retry": "queued"}[decision]
+    if decision == "retry":
+        g = run_one(store, s)
+        assert g.task.id == tid and store.task_get(tid).attempts_used == 2
+    with pytest.raises(OrbitError) as err:
+        store.task_resolve(tid, "failed")
+    assert err.value.code == Code.INVALID_STATE
+    assert check_all(store) == []
+
+
+def test_operator_retry_of_a_failed_task(store: Store) -> None:
+    queue(store)
+    tid = submit(store, max_attempts=1)
+    s, _ = worker(store)
+    g = run_one(store, s)
+    store.attempt_finish(
+        s.id, s.epoch, g.attempt.id, g.attempt.fence, Outcome.failure("E", retryable=False)
+    )
+    assert store.task_retry(tid).state == "queued"
+    assert run_one(store, s).task.id == tid
+    with pytest.raises(OrbitError) as err:
+        store.task_retry(tid)
+    assert err.value.code == Code.INVALID_STATE
+
+
+def test_resume_fences_the_old_epoch(store: Store) -> None:
+    queue(store)
+    tid = submit(store)
+    s, secret = worker(store)
+    g = run_one(store, s)
+    resumed = store.session_resume(s.id, secret, node_id="n2")
+    assert resumed.epoch == s.epoch + 1 and resumed.node_id == "n2"
+    [lost] = store.lease_renew_many(s.id, s.epoch, [g.attempt.id])
+    assert lost.status == "lost"
+    [ok] = store.lease_renew_many(s.id, resumed.epoch, [g.attempt.id])
+    assert ok.status == "ok"
+    receipt = store.attempt_finish(
+        s.id, resumed.epoch, g.attempt.id, g.attempt.fence, Outcome.success()
+    )
+    assert receipt.task_state == "succeeded" and store.task_get(tid).state == "succeeded"
+    with pytest.raises(OrbitError) as err:
+        store.session_resume(s.id, "wrong secret", node_id="n3")
+    assert err.value.code == Code.BAD_SECRET and "wrong secret" not in str(err.value)
+
+
+def test_session_expiry_releases_claims_but_keeps_running_leases(
+    store: Store, clock: ManualClock
+) -> None:
+    queue(store)
+    submit(store)
+    submit(store)
+    s, secret = worker(store)
+    running = run_one(store, s)
+    claimed = claim_one(store, s)
+    clock.advance(25)
+    store.lease_renew_many(s.id, s.epoch, [running.attempt.id])  # also a heartbeat
+    clock.advance(60)
+    report = store.reap()
+    assert report.sessions_expired == 1
+    assert store.attempt_get(claimed.attempt.id).state == "released"
+    with pytest.raises(Rejected) as err:
+        store.attempt_claim_many(s.id, s.epoch, 1)
+    assert err.value.code == Code.SESSION_EXPIRED
+    resumed = store.session_resume(s.id, secret, node_id="n1")
+    assert len(store.attempt_claim_many(s.id, resumed.epoch, 5)) == 1
+
+
+def test_capacity_updates_are_absolute_and_sequenced(store: Store) -> None:
+    queue(store)
+    for _ in range(5):
+        submit(store)
+    s, _ = worker(store, handlers={"h": 10}, max_concurrency=10)
+    store.session_capacity_set(
+        s.id, s.epoch, seq=2, capabilities=[Capability("h", 2)], max_concurrency=2
+    )
+    with pytest.raises(Rejected) as err:
+        store.session_capacity_set(
+            s.id, s.epoch, seq=1, capabilities=[Capability("h", 9)], max_concurrency=9
+        )
+    assert err.value.code == Code.STALE_CAPACITY
+    assert len(store.attempt_claim_many(s.id, s.epoch, 10)) == 2
+
+
+def test_drain_is_durable_and_stops_claims(make_store: object, clock: ManualClock) -> None:
+    store: Store = make_store(clock=clock)  # type: ignore[operator]
+    queue(store)
+    submit(store)
+    s, _ = worker(store)
+    store.session_drain(s.id)
+    assert store.session_get(s.id).draining
+    with pytest.raises(Rejected) as err:
+        store.attempt_claim_many(s.id, s.epoch, 1)
+    assert err.value.code == Code.SESSION_DRAINING
+
+
+def test_caps_queue_tenant_session_global_and_handler(store: Store) -> None:
+    queue(store, "a", max_concurrency=3)
+    queue(store, "b", max_concurrency=10)
+    store.tenant_limit_set("acme", 2)
+    for _ in range(5):
+        submit(store, "a")
+        submit(store, "b", tenant="acme")
+        submit(store, "b", handler="slow")
+    s, _ = worker(store, handlers={"h": 100, "slow": 1}, max_concurrency=100)
+    grants = store.attempt_claim_many(s.id, s.epoch, 100)
+    by = [(g.task.queue, g.task.tenant, g.task.handler) for g in grants]
+    assert by.count(("a", "default", "h")) == 3
+    assert by.count(("b", "acme", "h")) == 2
+    assert by.count(("b", "default", "slow")) == 1
+    store.global_limit_set(7)
+    assert store.attempt_claim_many(s.id, s.epoch, 100) == []  # 6 live; all scopes full
+    store.tenant_limit_set("acme", None)
+    assert len(store.attempt_claim_many(s.id, s.epoch, 100)) == 1  # global cap 7
+
+
+def test_rate_limit_token_bucket(store: Store, clock: ManualClock) -> None:
+    queue(store, max_concurrency=100, rate=2, burst=3)
+    for _ in range(10):
+        submit(store)
+    s, _ = worker(store, max_concurrency=100)
+    assert len(store.attempt_claim_many(s.id, s.epoch, 10)) == 3  # the burst
+    assert store.attempt_claim_many(s.id, s.epoch, 10) == []
+    clock.advance(1)
+    assert len(store.attempt_claim_many(s.id, s.epoch, 10)) == 2  # 2 per second
+
+
+def test_priority_then_fifo(store: Store, clock: ManualClock) -> None:
+    queue(store)
+    low = submit(store, priority=0)
+    clock.advance(0.001)
+    high = submit(store, priority=5)
+    clock.advance(0.001)
+    low2 = submit(store, priority=0)
+    s, _ = worker(store)
+    order = [g.task.id for g in store.attempt_claim_many(s.id, s.epoch, 3)]
+    assert order == [high, low, low2]
+
+
+def test_idempotent_submit(store: Store) -> None:
+    queue(store)
+    spec = TaskSpec(queue="q", handler="h", payload={"a": 1}, idempotency_key="k1")
+    first = store.task_submit(spec)
+    again = store.task_submit(spec)
+    assert first.created and not again.created and again.task.id == first.task.id
+    other_tenant = store.task_submit(
+        TaskSpec(queue="q", handler="h", payload={"a": 2}, idempotency_key="k1", tenant="t2")
+    )
+    assert other_tenant.created
+
+
+def test_submit_many_is_one_batch(store: Store) -> None:
+    queue(store)
+    specs = [
+        TaskSpec(queue="q", handler="h", payload=i, idempotency_key=f"k{i % 3}") for i in range(3)
+    ] + [TaskSpec(queue="q", handler="h", payload=0, idempotency_key="k0")]
+    results = store.task_submit_many(specs)
+    assert [r.created for r in results] == [True, True, True, False]
+    assert results[3].task.id == results[0].task.id
+    assert store.task_counts() == {"queued": 3}
+
+
+def test_long_handler_survives_on_renewals(store: Store, clock: ManualClock) -> None:
+    queue(store)
+    tid = submit(store)
+    s, _ = worker(store)
+    g = run_one(store, s)
+    for _ in range(9):  # three lease lengths, renewed every 10 s
+        clock.advance(10)
+        [lease] = store.lease_renew_many(s.id, s.epoch, [g.attempt.id])
+        assert lease.status == "ok"
+        assert store.reap().total == 0
+    store.attempt_finish(s.id, s.epoch, g.attempt.id, g.attempt.fence, Outcome.success())
+    assert store.task_get(tid).state == "succeeded"
+
+
+def test_config_lease_lengths_are_honoured(make_store: object, clock: ManualClock) -> None:
+    store: Store = make_store(  # type: ignore[operator]
+        clock=clock, config=StoreConfig(claim_ttl_us=2 * SECOND, lease_ttl_us=3 * SECOND)
+    )
+    queue(store)
+    submit(store)
+    s, _ = worker(store)
+    g = claim_one(store, s)
+    assert g.attempt.claim_expires_at == clock.now + 2 * SECOND
+    lease = store.attempt_start(s.id, s.epoch, g.attempt.id, g.attempt.fence)
+    assert lease.lease_expires_at == clock.now + 3 * SECOND

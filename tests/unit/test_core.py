@@ -1,0 +1,94 @@
+"""The pure rules, without a database: backoff, retry plans, the token bucket, ids."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orbit.core.errors import Code, status_of
+from orbit.core.ids import uuid7
+from orbit.core.limits import Occupancy, bucket_refill
+from orbit.core.model import SECOND, Backoff, Queue
+from orbit.core.retry import backoff_delay, plan_retry
+
+BACKOFF = Backoff(base_us=SECOND, factor=2.0, max_us=60 * SECOND)
+
+
+@given(n=st.integers(1, 50), rand=st.floats(0, 1, exclude_max=True))
+def test_backoff_is_exponential_capped_with_equal_jitter(n: int, rand: float) -> None:
+    delay = backoff_delay(BACKOFF, n, rand)
+    full = min(SECOND * 2 ** (n - 1), 60 * SECOND)
+    assert full // 2 <= delay <= full
+
+
+def test_backoff_rejects_bad_draws() -> None:
+    with pytest.raises(ValueError):
+        backoff_delay(BACKOFF, 1, 1.0)
+
+
+def test_plan_retry_decisions() -> None:
+    common = {"backoff": BACKOFF, "now": 0, "rand": 0.0, "error_code": "E"}
+    assert (
+        plan_retry(
+            retryable=True, attempts_used=1, max_attempts=3, deadline=None, **common
+        ).retry_at
+        == SECOND // 2
+    )
+    assert (
+        plan_retry(
+            retryable=False, attempts_used=1, max_attempts=3, deadline=None, **common
+        ).final_code
+        == "E"
+    )
+    assert (
+        plan_retry(
+            retryable=True, attempts_used=3, max_attempts=3, deadline=None, **common
+        ).final_code
+        == "E"
+    )
+    assert (
+        plan_retry(
+            retryable=True, attempts_used=1, max_attempts=3, deadline=SECOND // 4, **common
+        ).final_code
+        == "DEADLINE_EXCEEDED"
+    )
+
+
+def test_token_bucket_refills_at_rate_up_to_burst() -> None:
+    q = Queue("q", 10, rate=2.0, burst=4, tokens=0.0, tokens_at=0)
+    assert bucket_refill(q, SECOND) == 2.0
+    assert bucket_refill(q, 10 * SECOND) == 4.0
+    assert bucket_refill(q, -5) == 0.0  # a clock that went backwards grants nothing
+    assert bucket_refill(Queue("u", 1, rate=0, burst=1), 0) == float("inf")
+
+
+def test_occupancy_admits_within_every_cap() -> None:
+    occ = Occupancy(0, {}, {}, {}, 0)
+    caps = {
+        "queue_cap": 2,
+        "tenant_cap": None,
+        "handler_cap": 5,
+        "session_cap": 5,
+        "global_cap": None,
+    }
+    assert occ.admit(queue="q", tenant="t", handler="h", **caps)
+    assert occ.admit(queue="q", tenant="t", handler="h", **caps)
+    assert not occ.admit(queue="q", tenant="t", handler="h", **caps)
+    assert occ.total == 2 and occ.by_queue == {"q": 2}
+
+
+def test_uuid7_is_valid_and_time_ordered() -> None:
+    ids = [uuid7(1_700_000_000_000_000 + i, bytes(8)) for i in range(0, 5000, 7)]
+    assert ids == sorted(ids)
+    parsed = uuid.UUID(ids[0])
+    assert parsed.version == 7 and parsed.variant == uuid.RFC_4122
+
+
+def test_status_codes() -> None:
+    assert status_of(Code.MISSING_CAP) == 400
+    assert status_of(Code.QUEUE_NOT_FOUND) == 404
+    assert status_of(Code.PAYLOAD_TOO_LARGE) == 413
+    assert status_of(Code.STALE_FENCE) == 409
