@@ -13,6 +13,7 @@ from tests.pg import as_url, temporary_database
 
 BACKENDS = ["sqlite", "postgres"]
 TABLES = [
+    "orbit_tokens",
     "orbit_events",
     "orbit_attempts",
     "orbit_tasks",

@@ -51,6 +51,9 @@ class Code(StrEnum):
     # outcomes written by Orbit itself
     ATTEMPT_TIMEOUT = "ATTEMPT_TIMEOUT"
     ATTEMPT_LOST = "ATTEMPT_LOST"
+    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"  # the run lease expired: effects may have happened
+    HANDLER_ERROR = "HANDLER_ERROR"  # a failure reported without a code of its own
+    RESOLVED_FAILED = "RESOLVED_FAILED"  # an operator marked a needs_review task failed
 
 
 _STATUS: dict[Code, int] = {

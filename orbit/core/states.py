@@ -54,15 +54,18 @@ class Transition:
 
 
 _T = TaskState
+_WAIT = (_T.QUEUED, _T.SCHEDULED)
 TRANSITIONS: tuple[Transition, ...] = (
     Transition("submit", (), _T.QUEUED, "-", "queue exists; payload within bounds; key new"),
     Transition("submit", (), _T.SCHEDULED, "-", "as above, run_after in the future"),
+    Transition("reap promote", (_T.SCHEDULED,), _T.QUEUED, "-", "run_after reached"),
     Transition(
         "claim",
-        (_T.QUEUED, _T.SCHEDULED),
+        _WAIT,
         _T.CLAIMED,
         "new attempt claimed",
-        "session live and not draining; handler capable; queue not paused; caps and rate allow",
+        "session live, not draining, current epoch; handler capable; queue not paused; "
+        "run_after and deadline allow; global, queue, tenant, session caps and rate allow",
     ),
     Transition(
         "start",
@@ -70,28 +73,28 @@ TRANSITIONS: tuple[Transition, ...] = (
         _T.RUNNING,
         "claimed -> running",
         "same session, current epoch and fence; claim lease and deadline not passed; "
-        "queue not paused",
+        "queue not paused (attempts_used += 1)",
     ),
     Transition(
         "finish ok",
         (_T.RUNNING,),
         _T.SUCCEEDED,
         "running -> succeeded",
-        "owned, current epoch and fence; lease not expired by the clock",
+        "owned, current epoch and fence; lease and deadline not passed by the clock",
     ),
     Transition(
         "finish error",
         (_T.RUNNING,),
         _T.SCHEDULED,
         "running -> failed",
-        "retryable, attempts left, next run before the deadline",
+        "as above; retryable, attempts left, next run before the deadline",
     ),
     Transition(
         "finish error",
         (_T.RUNNING,),
         _T.FAILED,
         "running -> failed",
-        "not retryable, attempts exhausted, or next run past the deadline",
+        "as above; not retryable, attempts exhausted, or next run past the deadline",
     ),
     Transition(
         "finish",
@@ -102,19 +105,28 @@ TRANSITIONS: tuple[Transition, ...] = (
     ),
     Transition("release", (_T.CLAIMED,), _T.QUEUED, "claimed -> released", "attempt claimed"),
     Transition(
+        "release", (_T.CLAIMED,), _T.FAILED, "claimed -> released", "deadline already passed"
+    ),
+    Transition(
         "cancel",
-        (_T.QUEUED, _T.SCHEDULED, _T.CLAIMED, _T.NEEDS_REVIEW),
+        (_T.QUEUED, _T.SCHEDULED, _T.NEEDS_REVIEW),
         _T.CANCELLED,
-        "claimed -> released",
+        "-",
         "none (idempotent); descendants in the same transaction",
     ),
-    Transition("cancel", (_T.RUNNING,), _T.CANCELLING, "-", "delivered on the next renew"),
+    Transition("cancel", (_T.CLAIMED,), _T.CANCELLED, "claimed -> released", "as above"),
     Transition(
-        "reap claim",
+        "cancel", (_T.RUNNING,), _T.CANCELLING, "-", "as above; delivered on the next renew"
+    ),
+    Transition(
+        "reap claim", (_T.CLAIMED,), _T.QUEUED, "claimed -> released", "claim lease expired"
+    ),
+    Transition(
+        "session expiry",
         (_T.CLAIMED,),
         _T.QUEUED,
         "claimed -> released",
-        "claim lease expired",
+        "the session's heartbeat lapsed (failed instead if the deadline passed)",
     ),
     Transition(
         "reap lease",
@@ -128,7 +140,7 @@ TRANSITIONS: tuple[Transition, ...] = (
         (_T.RUNNING,),
         _T.SCHEDULED,
         "running -> lost | timed_out",
-        "run lease expired, retry_safe, attempts left",
+        "run lease expired, retry_safe, attempts left, next run before the deadline",
     ),
     Transition(
         "reap lease",
@@ -145,8 +157,16 @@ TRANSITIONS: tuple[Transition, ...] = (
         "run lease expired, not retry_safe: effects may have happened",
     ),
     Transition(
+        "reap lease",
+        (_T.RUNNING,),
+        _T.FAILED,
+        "running -> unknown",
+        "run lease expired, not retry_safe, deadline passed (DEADLINE_EXCEEDED)",
+    ),
+    Transition("reap deadline", _WAIT, _T.FAILED, "-", "deadline passed (DEADLINE_EXCEEDED)"),
+    Transition(
         "reap deadline",
-        (_T.QUEUED, _T.SCHEDULED, _T.CLAIMED),
+        (_T.CLAIMED,),
         _T.FAILED,
         "claimed -> released",
         "deadline passed (DEADLINE_EXCEEDED)",
@@ -160,4 +180,11 @@ TRANSITIONS: tuple[Transition, ...] = (
     ),
     Transition("resolve", (_T.NEEDS_REVIEW,), _T.FAILED, "-", "operator decision"),
     Transition("resolve", (_T.NEEDS_REVIEW,), _T.QUEUED, "-", "operator decision: run it again"),
+    Transition(
+        "retry",
+        (_T.FAILED, _T.CANCELLED),
+        _T.QUEUED,
+        "-",
+        "operator decision; parent not cancelled; one more attempt allowed",
+    ),
 )

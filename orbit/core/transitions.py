@@ -520,7 +520,7 @@ def finish(
         attempt_state = A.SUCCEEDED
         kind = "succeeded"
     else:
-        code = outcome.error_code or "HANDLER_ERROR"
+        code = outcome.error_code or str(Code.HANDLER_ERROR)
         decision = plan_retry(
             retryable=outcome.retryable,
             attempts_used=task.attempts_used,
@@ -640,7 +640,12 @@ def cancel(plan: Plan, task: Task, live: Attempt | None, now: int) -> None:
     if task.state == T.RUNNING:
         assert live is not None
         after = replace(task, state=T.CANCELLING, cancel_requested=True, updated_at=now)
-        plan.move(task, after, "cancel_requested", data={"attempt_id": live.id})
+        plan.move(
+            task,
+            after,
+            "cancel_requested",
+            data={"attempt_id": live.id, "session_id": live.session_id},
+        )
         return
     after = replace(task, state=T.CANCELLED, cancel_requested=True, updated_at=now, finished_at=now)
     if task.state == T.CLAIMED:
@@ -661,6 +666,9 @@ def resolve(plan: Plan, task: Task, decision: str, outcome: Outcome | None, now:
             result=result,
             result_digest=digest(result),
             result_version=task.result_version + 1,
+            error_code=None,
+            error_message=None,
+            error_retryable=None,
             updated_at=now,
             finished_at=now,
         )
@@ -668,7 +676,7 @@ def resolve(plan: Plan, task: Task, decision: str, outcome: Outcome | None, now:
         after = replace(
             task,
             state=T.FAILED,
-            error_code=(outcome.error_code if outcome else None) or "RESOLVED_FAILED",
+            error_code=(outcome.error_code if outcome else None) or str(Code.RESOLVED_FAILED),
             error_message=(outcome.error_message if outcome else None)
             or "marked failed by an operator",
             error_retryable=False,
@@ -681,6 +689,9 @@ def resolve(plan: Plan, task: Task, decision: str, outcome: Outcome | None, now:
             state=T.QUEUED,
             run_after=now,
             max_attempts=max(task.max_attempts, task.attempts_used + 1),
+            error_code=None,
+            error_message=None,
+            error_retryable=None,
             updated_at=now,
         )
     return plan.move(task, after, "resolved", data={"decision": decision})
@@ -821,7 +832,7 @@ def _lease_expired(plan: Plan, task: Task, live: Attempt, now: int, rand: float)
     after = replace(
         task,
         state=T.NEEDS_REVIEW,
-        error_code="OUTCOME_UNKNOWN",
+        error_code=str(Code.OUTCOME_UNKNOWN),
         error_message="the run lease expired; the handler may have had effects",
         error_retryable=False,
         updated_at=now,

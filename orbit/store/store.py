@@ -54,6 +54,9 @@ T = TypeVar("T")
 Clock = Callable[[], int]
 
 
+LIVE_TASK_STATES = frozenset({TaskState.CLAIMED, TaskState.RUNNING, TaskState.CANCELLING})
+
+
 class StaleWrite(Exception):
     """A compare-and-set write matched fewer rows than planned; the transaction is retried."""
 
@@ -100,6 +103,9 @@ class ReapReport:
         )
 
 
+TOKEN_SCOPES = frozenset({"admin", "submit", "worker"})
+
+
 def _hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
 
@@ -120,6 +126,13 @@ class Store:
         self._clock = clock
         self._rand = rand
         self._fault: str | None = None
+        #: Called after a commit that made tasks ready or freed permits, with the queues
+        #: concerned: the server wakes its dispatcher with it. On PostgreSQL the same
+        #: transaction also sends NOTIFY orbit_ready, which wakes every other node.
+        self.on_ready: Callable[[set[str]], None] | None = None
+        #: Called after a commit that asked running attempts to stop, with
+        #: ``(session_id, attempt_id)`` pairs (NOTIFY orbit_cancel on PostgreSQL).
+        self.on_cancel: Callable[[list[tuple[str, str]]], None] | None = None
 
     # ------------------------------------------------------------------ plumbing
 
@@ -150,7 +163,16 @@ class Store:
         while True:
             try:
                 with self.driver.transaction() as cx:
-                    result = work(_Tx(cx, self))
+                    tx = _Tx(cx, self)
+                    result = work(tx)
+                    for queue in sorted(tx.ready):
+                        tx.fetch("notify_ready", queue=queue)
+                    for session_id, attempt_id in tx.cancels:
+                        tx.fetch("notify_cancel", target=f"{session_id}:{attempt_id}")
+                if tx.ready and self.on_ready is not None:
+                    self.on_ready(tx.ready)
+                if tx.cancels and self.on_cancel is not None:
+                    self.on_cancel(tx.cancels)
                 return result
             except StaleWrite:
                 attempt += 1
@@ -287,6 +309,45 @@ class Store:
             )
         )
 
+    # ------------------------------------------------------------------ tokens
+
+    def token_create(self, name: str, scopes: Sequence[str]) -> tuple[str, str]:
+        """Create an API token; return its id and the token itself (shown only once)."""
+        check_name("token name", name)
+        bad = set(scopes) - TOKEN_SCOPES
+        if not scopes or bad:
+            raise OrbitError(
+                Code.INVALID_ARGUMENT,
+                f"scopes must be among {sorted(TOKEN_SCOPES)}; got {sorted(bad)}",
+            )
+        secret = secrets.token_urlsafe(32)
+
+        def work(tx: _Tx) -> str:
+            now = tx.now()
+            token_id = self._new_id(now).replace("-", "")
+            tx.execute(
+                "token_insert",
+                id=token_id,
+                name=name,
+                secret_hash=_hash_secret(secret),
+                scopes=",".join(sorted(set(scopes))),
+                now=now,
+            )
+            return token_id
+
+        token_id = self._tx(work)
+        return token_id, f"orbit_{token_id}_{secret}"
+
+    def token_scopes(self, token: str) -> frozenset[str] | None:
+        """The scopes a token grants, or None if it is unknown, revoked or malformed."""
+        parts = token.split("_", 2)
+        if len(parts) != 3 or parts[0] != "orbit" or not parts[1].isalnum():
+            return None
+        found = self._read("token_get", id=parts[1])
+        if not found or not hmac.compare_digest(found[0]["secret_hash"], _hash_secret(parts[2])):
+            return None
+        return frozenset(str(found[0]["scopes"]).split(","))
+
     # ------------------------------------------------------------------ submit
 
     def task_submit(self, spec: TaskSpec) -> Submitted:
@@ -310,7 +371,7 @@ class Store:
             payloads = [check_spec(s, now, self.config.max_payload_bytes)[0] for s in specs]
             queues = {s.queue for s in specs}
             for q in sorted(queues):
-                if not tx.fetch("queue_share", name=q):
+                if not tx.fetch("queue_get", name=q):
                     raise OrbitError(Code.QUEUE_NOT_FOUND, f"no queue named {q!r:.80}")
             for parent_id in sorted({s.parent_id for s in specs if s.parent_id}):
                 found = tx.fetch("task_share", id=parent_id)
@@ -353,6 +414,7 @@ class Store:
                 if inserted != len(fresh):
                     raise StaleWrite("an idempotency key was taken concurrently")
                 tx.events([transitions.submitted_event(t) for t in fresh])
+                tx.ready.update(t.queue for t in fresh if t.state == TaskState.QUEUED)
             return [r for r in results if r is not None]
 
         return self._tx(work)
@@ -387,12 +449,31 @@ class Store:
         *,
         queue: str | None = None,
         state: str | None = None,
+        tenant: str | None = None,
+        handler: str | None = None,
+        created_after: int | None = None,
+        created_before: int | None = None,
         after_id: str | None = None,
         limit: int = 100,
     ) -> list[Task]:
+        """Tasks in id (= creation) order after ``after_id``: keyset pagination."""
         check_int("limit", limit, 1, 1000)
-        rows = self._read("task_list", queue=queue, state=state, after_id=after_id, limit=limit)
+        rows = self._read(
+            "task_list",
+            queue=queue,
+            state=state,
+            tenant=tenant,
+            handler=handler,
+            created_after=created_after,
+            created_before=created_before,
+            after_id=after_id,
+            limit=limit,
+        )
         return [R.task_from_row(r) for r in rows]
+
+    def task_stats(self) -> list[Row]:
+        """Task counts by queue and state, with the oldest queued instant (metrics)."""
+        return self._read("task_stats")
 
     def task_counts(self) -> dict[str, int]:
         return {r["state"]: int(r["n"]) for r in self._read("task_count_by_state")}
@@ -588,7 +669,9 @@ class Store:
             plan = Plan()
             tx.fetch("claim_lock")
             session = tx.session(session_id, lock=False)
-            queues = {q.name: q for q in (R.queue_from_row(r) for r in tx.fetch("queue_lock_all"))}
+            # Claims are serialised by the claim lock, so queue rows need no lock here: only
+            # claims write the token buckets, and a pause racing a claim is caught by start.
+            queues = {q.name: q for q in (R.queue_from_row(r) for r in tx.fetch("queue_list"))}
             now = tx.now()
             reason = transitions.session_usable(session, epoch, now)
             if reason is not None:
@@ -1016,6 +1099,8 @@ class _Tx:
         self.cx = cx
         self._store = store
         self._now: int | None = None
+        self.ready: set[str] = set()
+        self.cancels: list[tuple[str, str]] = []
 
     def _armed(self, name: str) -> None:
         if self._store._fault == name:
@@ -1064,6 +1149,12 @@ class _Tx:
 
     def apply(self, plan: Plan) -> None:
         """Carry a plan out: inserts, guarded writes, then its events."""
+        for before, after in plan.task_writes:
+            if after.state == TaskState.QUEUED or before.state in LIVE_TASK_STATES:
+                self.ready.add(after.queue)  # a task became ready, or a permit was freed
+        for event in plan.events:
+            if event.kind == "cancel_requested" and event.data:
+                self.cancels.append((event.data["session_id"], event.data["attempt_id"]))
         if plan.task_inserts:
             self.write_many(
                 "task_insert_many",

@@ -67,6 +67,7 @@ class PostgresDriver:
     name = "postgres"
 
     def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 8) -> None:
+        self.dsn = dsn
         self.queries = {k: to_psycopg(v) for k, v in load_queries(_HERE / "queries.sql").items()}
         self.migrations = _HERE / "migrations"
         self._pool = ConnectionPool(

@@ -42,9 +42,6 @@ SELECT * FROM orbit_queues WHERE name = :name FOR UPDATE;
 -- name: queue_share
 SELECT * FROM orbit_queues WHERE name = :name FOR SHARE;
 
--- name: queue_lock_all
-SELECT * FROM orbit_queues ORDER BY name FOR UPDATE;
-
 -- name: queue_set_paused
 UPDATE orbit_queues SET paused = :paused WHERE name = :name;
 
@@ -149,6 +146,10 @@ RETURNING t.id;
 SELECT * FROM orbit_tasks
 WHERE (CAST(:queue AS text) IS NULL OR queue = :queue)
   AND (CAST(:state AS text) IS NULL OR state = :state)
+  AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
+  AND (CAST(:handler AS text) IS NULL OR handler = :handler)
+  AND (CAST(:created_after AS bigint) IS NULL OR created_at >= :created_after)
+  AND (CAST(:created_before AS bigint) IS NULL OR created_at < :created_before)
   AND (CAST(:after_id AS text) IS NULL OR id > :after_id)
 ORDER BY id
 LIMIT :limit;
@@ -270,3 +271,21 @@ WHERE deadline <= :now AND state IN ('queued', 'scheduled', 'claimed', 'running'
 UNION
 SELECT id FROM orbit_tasks WHERE state = 'scheduled' AND run_after <= :now
 LIMIT :limit;
+
+-- name: token_insert
+INSERT INTO orbit_tokens (id, name, secret_hash, scopes, created_at)
+VALUES (:id, :name, :secret_hash, :scopes, :now);
+
+-- name: token_get
+SELECT * FROM orbit_tokens WHERE id = :id AND revoked_at IS NULL;
+
+-- name: notify_ready
+-- Wakes the dispatcher of every server node: a task became ready or a permit was freed.
+SELECT pg_notify('orbit_ready', :queue) AS notified;
+
+-- name: task_stats
+SELECT queue, state, count(*) AS n, min(CASE WHEN state = 'queued' THEN run_after END) AS oldest
+FROM orbit_tasks GROUP BY queue, state;
+
+-- name: notify_cancel
+SELECT pg_notify('orbit_cancel', :target) AS notified;

@@ -40,9 +40,6 @@ SELECT * FROM orbit_queues WHERE name = :name;
 -- name: queue_share
 SELECT * FROM orbit_queues WHERE name = :name;
 
--- name: queue_lock_all
-SELECT * FROM orbit_queues ORDER BY name;
-
 -- name: queue_set_paused
 UPDATE orbit_queues SET paused = :paused WHERE name = :name;
 
@@ -128,6 +125,10 @@ WHERE id = :id AND version = :expect_version;
 SELECT * FROM orbit_tasks
 WHERE (:queue IS NULL OR queue = :queue)
   AND (:state IS NULL OR state = :state)
+  AND (:tenant IS NULL OR tenant = :tenant)
+  AND (:handler IS NULL OR handler = :handler)
+  AND (:created_after IS NULL OR created_at >= :created_after)
+  AND (:created_before IS NULL OR created_at < :created_before)
   AND (:after_id IS NULL OR id > :after_id)
 ORDER BY id
 LIMIT :limit;
@@ -227,3 +228,21 @@ WHERE deadline <= :now AND state IN ('queued', 'scheduled', 'claimed', 'running'
 UNION
 SELECT id FROM orbit_tasks WHERE state = 'scheduled' AND run_after <= :now
 LIMIT :limit;
+
+-- name: token_insert
+INSERT INTO orbit_tokens (id, name, secret_hash, scopes, created_at)
+VALUES (:id, :name, :secret_hash, :scopes, :now);
+
+-- name: token_get
+SELECT * FROM orbit_tokens WHERE id = :id AND revoked_at IS NULL;
+
+-- name: notify_ready
+-- SQLite has one server process: it is woken in-process after commit (Store.on_ready).
+SELECT :queue AS notified;
+
+-- name: task_stats
+SELECT queue, state, count(*) AS n, min(CASE WHEN state = 'queued' THEN run_after END) AS oldest
+FROM orbit_tasks GROUP BY queue, state;
+
+-- name: notify_cancel
+SELECT :target AS notified;

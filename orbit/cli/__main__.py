@@ -1,0 +1,3 @@
+from orbit.cli.main import main
+
+main()

@@ -1,0 +1,179 @@
+"""Strict decoding of everything a client or worker sends.
+
+JSON that Python's parser would quietly accept is refused here, each class with its own
+machine-readable code, before any state is touched: duplicate keys, invalid UTF-8, lone
+surrogates, NaN/Infinity, integers beyond 64 bits, unknown fields, case variants of
+field names, nulls where a value is required, and fields that only responses carry.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
+
+MAX_INT = 2**63 - 1
+MIN_INT = -(2**63)
+
+
+class DecodeError(Exception):
+    """A request refused before it was understood; ``code`` says which rule it broke."""
+
+    def __init__(self, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.field = field
+
+    def as_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.field is not None:
+            body["field"] = self.field
+        return {"error": body}
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DecodeError("DUPLICATE_KEY", f"key {key!r:.60} appears twice", key[:60])
+        out[key] = value
+    return out
+
+
+def _constant(name: str) -> Any:
+    raise DecodeError("NON_FINITE_NUMBER", f"{name} is not a JSON number")
+
+
+def _int(text: str) -> int:
+    value = int(text)
+    if not MIN_INT <= value <= MAX_INT:
+        raise DecodeError("NUMBER_OUT_OF_RANGE", "integers must fit in 64 bits")
+    return value
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise DecodeError("NUMBER_OUT_OF_RANGE", f"{text[:40]} overflows a double")
+    return value
+
+
+def _check_strings(value: Any, path: str = "") -> None:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise DecodeError(
+                "LONE_SURROGATE", "a string holds a lone surrogate", path or None
+            ) from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_strings(k, path)
+            _check_strings(v, f"{path}.{k}" if path else k)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_strings(v, f"{path}[{i}]")
+
+
+def decode_json(raw: bytes | str) -> Any:
+    """Parse one JSON document under the strict rules above."""
+    if isinstance(raw, bytes):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise DecodeError("INVALID_UTF8", "the body is not valid UTF-8") from None
+    else:
+        text = raw
+    try:
+        value = json.loads(
+            text,
+            object_pairs_hook=_pairs,
+            parse_constant=_constant,
+            parse_int=_int,
+            parse_float=_float,
+        )
+    except DecodeError:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise DecodeError("INVALID_JSON", f"not a JSON document: {exc}"[:200]) from None
+    _check_strings(value)
+    return value
+
+
+def _field_names(model: type[BaseModel]) -> dict[str, str]:
+    return {name.lower(): name for name in model.model_fields}
+
+
+def _check_fields(model: type[BaseModel], data: Any, path: str) -> None:
+    """Name the precise rule an object breaks: unknown, case variant or response-only."""
+    if not isinstance(data, dict):
+        return
+    known = model.model_fields
+    response_only: frozenset[str] = getattr(model, "response_only_fields", frozenset())
+    lowered = _field_names(model)
+    for key, value in data.items():
+        where = f"{path}.{key}" if path else key
+        if key in known:
+            sub = _submodel(known[key].annotation)
+            if sub is not None:
+                items = value if isinstance(value, list) else [value]
+                for i, item in enumerate(items):
+                    _check_fields(sub, item, f"{where}[{i}]" if isinstance(value, list) else where)
+            continue
+        if key in response_only:
+            raise DecodeError(
+                "RESPONSE_ONLY_FIELD", f"{key} is set by the server, never sent", where
+            )
+        if key.lower() in lowered:
+            raise DecodeError(
+                "FIELD_CASE_MISMATCH", f"{key} must be spelled {lowered[key.lower()]}", where
+            )
+        raise DecodeError("UNKNOWN_FIELD", f"unknown field {key!r:.60}", where[:120])
+
+
+def _submodel(annotation: Any) -> type[BaseModel] | None:
+    """The model inside ``M``, ``M | None`` or ``list[M]``, if any."""
+    candidates = [annotation, *getattr(annotation, "__args__", ())]
+    for c in candidates:
+        for inner in (c, *getattr(c, "__args__", ())):
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                return inner
+    return None
+
+
+_CODES = {
+    "missing": "MISSING_FIELD",
+    "extra_forbidden": "UNKNOWN_FIELD",
+    "less_than_equal": "NUMBER_OUT_OF_RANGE",
+    "greater_than_equal": "NUMBER_OUT_OF_RANGE",
+    "less_than": "NUMBER_OUT_OF_RANGE",
+    "greater_than": "NUMBER_OUT_OF_RANGE",
+    "finite_number": "NON_FINITE_NUMBER",
+    "string_too_long": "VALUE_TOO_LONG",
+    "too_long": "VALUE_TOO_LONG",
+}
+
+
+def decode_model(model: type[M], raw: bytes | str | Any, *, parsed: bool = False) -> M:
+    """Strictly decode bytes (or an already strictly parsed value) into ``model``."""
+    data = raw if parsed else decode_json(raw)
+    if not isinstance(data, dict):
+        raise DecodeError("INVALID_TYPE", "the message must be a JSON object")
+    _check_fields(model, data, "")
+    try:
+        return model.model_validate(data, strict=True)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or None
+        kind = err["type"]
+        if err.get("input", 0) is None and kind != "missing":
+            code = "NULL_NOT_ALLOWED"
+        elif kind.endswith("_type") or kind.endswith("_parsing"):
+            code = "INVALID_TYPE"
+        else:
+            code = _CODES.get(kind, "INVALID_VALUE")
+        raise DecodeError(code, f"{where}: {err['msg']}" if where else err["msg"], where) from None

@@ -1,0 +1,432 @@
+"""Every message of the HTTP API and the worker WebSocket, as pydantic models.
+
+Requests forbid unknown fields and are validated strictly (no coercion: ``"5"`` is not
+5). 64-bit counters (fences, epochs, sequences, versions) travel as canonical decimal
+strings. Instants are RFC 3339 strings with an offset; durations are seconds. The JSON
+Schemas under ``schema/`` are generated from these classes (``orbit.protocol.schema``).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+_COUNTER_RE = re.compile(r"^(0|[1-9][0-9]{0,18})$")
+MAX_SECONDS = 366 * 24 * 3600.0
+
+
+def _counter(value: str) -> str:
+    if not _COUNTER_RE.match(value) or int(value) > 2**63 - 1:
+        raise ValueError("a counter is a decimal string without sign or leading zeros, < 2^63")
+    return value
+
+
+def _instant(value: str) -> str:
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError("an instant is an RFC 3339 timestamp") from None
+    if parsed.tzinfo is None:
+        raise ValueError("an instant needs a UTC offset (e.g. Z or +00:00)")
+    return value
+
+
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+Counter = Annotated[str, Field(examples=["1"]), AfterValidator(_counter)]
+Instant = Annotated[str, Field(examples=["2026-11-29T12:00:00Z"]), AfterValidator(_instant)]
+Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
+ReqId = Annotated[str, Field(min_length=1, max_length=64)]
+Id = Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class Strict(BaseModel):
+    """Base of every request: strict, closed, immutable."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    response_only_fields: ClassVar[frozenset[str]] = frozenset()
+
+
+class Response(BaseModel):
+    """Base of every response."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ----------------------------------------------------------------------------- HTTP
+
+
+class QueueCreate(Strict):
+    name: Name
+    max_concurrency: Annotated[int, Field(ge=1, le=1_000_000)]
+    rate: Annotated[float, Field(ge=0, le=1_000_000)] = Field(
+        description="tasks per second; 0 means unlimited and must be written explicitly"
+    )
+    burst: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    response_only_fields = frozenset({"paused", "created_at"})
+
+
+class QueueView(Response):
+    name: str
+    max_concurrency: int
+    rate: float
+    burst: int
+    paused: bool
+    created_at: str
+
+
+class BackoffSpec(Strict):
+    base: Seconds = 1.0
+    factor: Annotated[float, Field(ge=1, le=100)] = 2.0
+    max: Seconds = 300.0
+
+
+class TaskSubmit(Strict):
+    queue: Name
+    handler: Name
+    payload: Any = None
+    tenant: Name = "default"
+    priority: Annotated[int, Field(ge=-1_000_000, le=1_000_000)] = 0
+    idempotency_key: Annotated[str, Field(min_length=1, max_length=255)] | None = None
+    parent_id: Id | None = None
+    retry_safe: bool = False
+    max_attempts: Annotated[int, Field(ge=1, le=1000)] = 3
+    backoff: BackoffSpec | None = None
+    attempt_timeout: Seconds | None = None
+    deadline: Instant | None = None
+    run_after: Instant | None = None
+    response_only_fields = frozenset(
+        {
+            "id",
+            "state",
+            "attempts_used",
+            "result",
+            "error",
+            "result_digest",
+            "result_version",
+            "created_at",
+            "updated_at",
+            "finished_at",
+            "created",
+        }
+    )
+
+
+class TaskBatch(Strict):
+    tasks: Annotated[list[TaskSubmit], Field(min_length=1, max_length=1000)]
+
+
+class ErrorSpec(Strict):
+    code: Annotated[str, Field(min_length=1, max_length=100)]
+    message: Annotated[str, Field(max_length=10_000)] = ""
+    retryable: bool = True
+
+
+class TaskResolve(Strict):
+    decision: Literal["succeeded", "failed", "retry"]
+    result: Any = None
+    error: ErrorSpec | None = None
+
+
+class TaskError(Response):
+    code: str
+    message: str | None
+    retryable: bool | None
+
+
+class TaskView(Response):
+    id: str
+    queue: str
+    handler: str
+    tenant: str
+    priority: int
+    payload: Any
+    state: str
+    parent_id: str | None
+    idempotency_key: str | None
+    retry_safe: bool
+    attempts_used: int
+    max_attempts: int
+    attempt_timeout: float | None
+    deadline: str | None
+    run_after: str
+    result: Any
+    error: TaskError | None
+    result_digest: str | None
+    result_version: str
+    created_at: str
+    updated_at: str
+    finished_at: str | None
+
+
+class Submitted(Response):
+    task: TaskView
+    created: bool
+
+
+class TaskPage(Response):
+    items: list[TaskView]
+    next_cursor: str | None
+
+
+class AttemptView(Response):
+    id: str
+    task_id: str
+    number: int
+    session_id: str
+    fence: str
+    state: str
+    claimed_at: str
+    started_at: str | None
+    lease_expires_at: str | None
+    ended_at: str | None
+
+
+class EventView(Response):
+    id: str
+    at: str
+    kind: str
+    task_id: str | None
+    attempt_id: str | None
+    session_id: str | None
+    queue: str | None
+    tenant: str | None
+    task_from: str | None
+    task_to: str | None
+    attempt_from: str | None
+    attempt_to: str | None
+    code: str | None
+    data: Any
+
+
+class EventPage(Response):
+    items: list[EventView]
+    next_cursor: str | None
+
+
+class WorkerView(Response):
+    session_id: str
+    name: str
+    node_id: str
+    epoch: str
+    state: str
+    draining: bool
+    max_concurrency: int
+    capabilities: list[dict[str, Any]]
+    expires_at: str
+
+
+class TokenCreate(Strict):
+    name: Name
+    scopes: Annotated[list[Literal["admin", "submit", "worker"]], Field(min_length=1, max_length=3)]
+    response_only_fields = frozenset({"token", "id", "created_at"})
+
+
+class TokenCreated(Response):
+    id: str
+    name: str
+    scopes: list[str]
+    token: str = Field(description="shown once; only its hash is stored")
+
+
+class ErrorBody(Response):
+    code: str
+    message: str
+    field: str | None = None
+
+
+class ErrorReply(Response):
+    error: ErrorBody
+
+
+# ----------------------------------------------------------------------------- worker
+
+
+class CapabilitySpec(Strict):
+    handler: Name
+    capacity: Annotated[int, Field(ge=1, le=100_000)]
+
+
+class Hello(Strict):
+    type: Literal["hello"]
+    req_id: ReqId
+    name: Name
+    capabilities: Annotated[list[CapabilitySpec], Field(min_length=1, max_length=256)]
+    max_concurrency: Annotated[int, Field(ge=1, le=100_000)]
+    push: bool = Field(True, description="let the server push claimed tasks unasked")
+    response_only_fields = frozenset({"session_id", "epoch", "resume_secret"})
+
+
+class Resume(Strict):
+    type: Literal["resume"]
+    req_id: ReqId
+    session_id: Id
+    secret: Annotated[str, Field(min_length=1, max_length=200)]
+    push: bool = True
+    response_only_fields = frozenset({"epoch", "resume_secret"})
+
+
+class Claim(Strict):
+    type: Literal["claim"]
+    req_id: ReqId
+    n: Annotated[int, Field(ge=1, le=1000)]
+
+
+class Start(Strict):
+    type: Literal["start"]
+    req_id: ReqId
+    attempt_id: Id
+    fence: Counter
+    response_only_fields = frozenset({"lease_expires_at", "status"})
+
+
+class Renew(Strict):
+    type: Literal["renew"]
+    req_id: ReqId
+    attempt_ids: Annotated[list[Id], Field(min_length=1, max_length=1000)]
+
+
+class OutcomeSpec(Strict):
+    ok: bool
+    result: Any = None
+    error: ErrorSpec | None = None
+
+
+class Finish(Strict):
+    type: Literal["finish"]
+    req_id: ReqId
+    attempt_id: Id
+    fence: Counter
+    outcome: OutcomeSpec
+    response_only_fields = frozenset({"receipt", "result_version", "result_digest"})
+
+
+class Release(Strict):
+    type: Literal["release"]
+    req_id: ReqId
+    attempt_id: Id
+    fence: Counter
+
+
+class CapacityUpdate(Strict):
+    type: Literal["capacity"]
+    req_id: ReqId
+    seq: Counter
+    capabilities: Annotated[list[CapabilitySpec], Field(min_length=1, max_length=256)]
+    max_concurrency: Annotated[int, Field(ge=1, le=100_000)]
+
+
+class Drain(Strict):
+    type: Literal["drain"]
+    req_id: ReqId
+
+
+WORKER_REQUESTS: dict[str, type[Strict]] = {
+    "hello": Hello,
+    "resume": Resume,
+    "claim": Claim,
+    "start": Start,
+    "renew": Renew,
+    "finish": Finish,
+    "release": Release,
+    "capacity": CapacityUpdate,
+    "drain": Drain,
+}
+
+
+class Welcome(Response):
+    type: Literal["welcome"] = "welcome"
+    req_id: str
+    session_id: str
+    epoch: str
+    resume_secret: str | None = Field(
+        description="sent on hello only; keep it to resume the session on any node"
+    )
+
+
+class Assignment(Response):
+    task_id: str
+    attempt_id: str
+    fence: str
+    handler: str
+    queue: str
+    tenant: str
+    payload: Any
+    attempt: int
+    deadline: str | None
+    attempt_timeout: float | None
+    claim_expires_at: str
+
+
+class TasksMessage(Response):
+    type: Literal["tasks"] = "tasks"
+    req_id: str | None = Field(description="the claim it answers; null when pushed")
+    tasks: list[Assignment]
+
+
+class LeaseView(Response):
+    attempt_id: str
+    status: Literal["ok", "cancel", "lost"]
+    lease_expires_at: str | None
+
+
+class StartedMessage(Response):
+    type: Literal["started"] = "started"
+    req_id: str
+    lease: LeaseView
+
+
+class RenewedMessage(Response):
+    type: Literal["renewed"] = "renewed"
+    req_id: str
+    leases: list[LeaseView]
+
+
+class ReceiptView(Response):
+    task_id: str
+    attempt_id: str
+    fence: str
+    task_state: str
+    attempt_state: str
+    result_digest: str
+    result_version: str
+
+
+class FinishedMessage(Response):
+    type: Literal["finished"] = "finished"
+    req_id: str
+    receipt: ReceiptView
+
+
+class AckMessage(Response):
+    type: Literal["ack"] = "ack"
+    req_id: str
+    op: str
+
+
+class CancelMessage(Response):
+    type: Literal["cancel"] = "cancel"
+    attempt_ids: list[str]
+
+
+class ErrorMessage(Response):
+    type: Literal["error"] = "error"
+    req_id: str | None
+    code: str
+    message: str
+    field: str | None = None
+
+
+WORKER_REPLIES: dict[str, type[Response]] = {
+    "welcome": Welcome,
+    "tasks": TasksMessage,
+    "started": StartedMessage,
+    "renewed": RenewedMessage,
+    "finished": FinishedMessage,
+    "ack": AckMessage,
+    "cancel": CancelMessage,
+    "error": ErrorMessage,
+}

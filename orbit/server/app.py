@@ -1,0 +1,161 @@
+"""The ASGI application: wiring of store, routes, gateway and background duties."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import generate_latest
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from orbit.core.errors import OrbitError
+from orbit.protocol.decode import DecodeError
+from orbit.server import errors
+from orbit.server.auth import TokenCheck
+from orbit.server.errors import ApiError
+from orbit.server.gateway import Dispatcher, worker_endpoint
+from orbit.server.metrics import Metrics
+from orbit.server.routes import router
+from orbit.store import Store, StoreConfig, open_store
+
+log = logging.getLogger("orbit.server")
+SCHEMA_DIR = Path(__file__).resolve().parent.parent.parent / "schema"
+
+
+@dataclass
+class ServerSettings:
+    db_url: str
+    node_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    poll_interval: float = 5.0  # the dispatch fallback; notifications do the real work
+    reap_interval: float = 1.0
+    max_body_bytes: int = 16 * 1024 * 1024
+    store_config: StoreConfig = field(default_factory=StoreConfig)
+
+
+async def _reaper(store: Store, interval: float, metrics: Metrics) -> None:
+    while True:
+        try:
+            report = await run_in_threadpool(store.reap)
+            if report.expired_leases:
+                metrics.lease_expiries.inc(report.expired_leases)
+        except Exception:
+            log.exception("reaper pass failed")
+        await asyncio.sleep(interval)
+
+
+async def _listen(dsn: str, dispatcher: Dispatcher) -> None:
+    """PostgreSQL LISTEN: another node's commit wakes this node's dispatcher."""
+    import psycopg
+
+    delay = 0.5
+    while True:
+        try:
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as cx:
+                await cx.execute("LISTEN orbit_ready")
+                await cx.execute("LISTEN orbit_cancel")
+                delay = 0.5
+                dispatcher.wake_threadsafe()  # catch up on anything missed while away
+                async for note in cx.notifies():
+                    if note.channel == "orbit_ready":
+                        dispatcher.wake_threadsafe()
+                    else:
+                        session_id, _, attempt_id = note.payload.partition(":")
+                        await dispatcher.push_cancel([(session_id, attempt_id)])
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("LISTEN connection lost (%s); retrying", type(exc).__name__)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+
+def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
+    """Build the app. The store is opened (and migrated) at startup unless given."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        nonlocal store
+        own = store is None
+        if store is None:
+            store = await run_in_threadpool(open_store, settings.db_url, settings.store_config)
+        metrics = Metrics(store)
+        dispatcher = Dispatcher(store, settings.poll_interval, metrics)
+        dispatcher.bind(asyncio.get_running_loop())
+        app.state.store = store
+        app.state.tokens = TokenCheck(store)
+        app.state.dispatcher = dispatcher
+        app.state.metrics = metrics
+        if store.backend == "sqlite":  # one process: wake in-process after each commit
+            store.on_ready = dispatcher.wake_threadsafe
+            store.on_cancel = dispatcher.cancel_threadsafe
+        tasks = [
+            asyncio.create_task(dispatcher.run(), name="dispatch"),
+            asyncio.create_task(_reaper(store, settings.reap_interval, metrics), name="reap"),
+        ]
+        if store.backend == "postgres":  # every node, this one included, hears NOTIFY
+            dsn: str = store.driver.dsn  # type: ignore[attr-defined]
+            tasks.append(asyncio.create_task(_listen(dsn, dispatcher), name="listen"))
+        log.info("orbit node %s serving on %s", settings.node_id, store.backend)
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if own:
+                await run_in_threadpool(store.close)
+
+    app = FastAPI(
+        title="Orbit",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Durable job execution: the control plane API.",
+    )
+    app.state.settings = settings
+    app.add_exception_handler(ApiError, errors.on_api_error)
+    app.add_exception_handler(OrbitError, errors.on_orbit_error)
+    app.add_exception_handler(DecodeError, errors.on_decode_error)
+    app.add_exception_handler(RequestValidationError, errors.on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, errors.on_http_error)
+    app.include_router(router)
+    app.add_api_websocket_route("/v1/worker", worker_endpoint)
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> JSONResponse:
+        return JSONResponse({"status": "ok", "node_id": settings.node_id})
+
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz(request: Request) -> JSONResponse:
+        try:
+            await run_in_threadpool(request.app.state.store.queue_list)
+        except Exception as exc:
+            return JSONResponse(
+                {"status": "unavailable", "reason": type(exc).__name__}, status_code=503
+            )
+        return JSONResponse({"status": "ready"})
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics_route(request: Request) -> Response:
+        body = await run_in_threadpool(generate_latest, request.app.state.metrics.registry)
+        return PlainTextResponse(body.decode(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/schema/{name}", include_in_schema=False)
+    async def schema(name: str) -> Response:
+        from orbit.protocol.schema import schemas
+
+        docs = schemas()
+        if name not in docs:
+            raise ApiError(404, "NOT_FOUND", f"no schema named {name!r:.60}")
+        return JSONResponse(docs[name])
+
+    return app

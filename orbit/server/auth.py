@@ -1,0 +1,62 @@
+"""Bearer tokens with scopes. Tokens are stored hashed, checked in constant time, cached
+briefly in memory by their hash, and never written to a log or an error message."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Awaitable, Callable
+
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
+
+from orbit.server.errors import ApiError
+from orbit.store import Store
+
+SCOPES = ("admin", "submit", "worker")
+
+
+class TokenCheck:
+    """Verifies tokens against the store, remembering answers for ``ttl`` seconds."""
+
+    def __init__(self, store: Store, ttl: float = 10.0) -> None:
+        self._store = store
+        self._ttl = ttl
+        self._cache: dict[str, tuple[float, frozenset[str] | None]] = {}
+
+    async def scopes(self, headers: Headers) -> frozenset[str]:
+        header = headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ApiError(401, "UNAUTHENTICATED", "send Authorization: Bearer <token>")
+        key = hashlib.sha256(token.strip().encode()).hexdigest()
+        hit = self._cache.get(key)
+        now = time.monotonic()
+        if hit is not None and hit[0] > now:
+            granted = hit[1]
+        else:
+            granted = await run_in_threadpool(self._store.token_scopes, token.strip())
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            self._cache[key] = (now + self._ttl, granted)
+        if granted is None:
+            raise ApiError(401, "UNAUTHENTICATED", "the token is unknown or revoked")
+        return granted
+
+    async def require(self, headers: Headers, scope: str) -> frozenset[str]:
+        granted = await self.scopes(headers)
+        if scope not in granted and "admin" not in granted:
+            raise ApiError(403, "FORBIDDEN", f"this call needs the {scope!r} scope")
+        return granted
+
+
+def require(scope: str) -> Callable[[Request], Awaitable[None]]:
+    """A route dependency: the request must carry a token with ``scope`` (or admin)."""
+    assert scope in SCOPES
+
+    async def dependency(request: Request) -> None:
+        await request.app.state.tokens.require(request.headers, scope)
+
+    dependency.orbit_scope = scope  # type: ignore[attr-defined]
+    return dependency

@@ -1,0 +1,61 @@
+"""One error shape for every refusal: ``{"error": {"code", "message", "field"?}}``."""
+
+from __future__ import annotations
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from orbit.core.errors import OrbitError
+from orbit.protocol.decode import DecodeError
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    field: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body: dict[str, str] = {"code": code, "message": message}
+    if field is not None:
+        body["field"] = field
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    return error_response(exc.status, exc.code, exc.message, headers=headers)
+
+
+async def on_orbit_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, OrbitError)
+    return error_response(exc.status, str(exc.code), exc.message)
+
+
+async def on_decode_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, DecodeError)
+    return error_response(400, exc.code, exc.message, exc.field)
+
+
+async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    where = ".".join(str(p) for p in first.get("loc", ()))
+    return error_response(400, "INVALID_ARGUMENT", f"{where}: {first.get('msg')}", where)
+
+
+async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status_code, "HTTP_ERROR")
+    return error_response(exc.status_code, code, str(exc.detail))

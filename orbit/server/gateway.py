@@ -1,0 +1,376 @@
+"""The worker WebSocket ``/v1/worker`` and the dispatcher that pushes claims.
+
+A connection starts with ``hello`` (a new session) or ``resume`` (an existing one, from
+any node, with its secret; the epoch is bumped so the old connection is fenced). After
+``welcome`` every request carries a ``req_id`` that its reply echoes. Malformed messages
+are answered with an ``error`` and the connection stays open; nothing is touched.
+
+The dispatcher claims on behalf of connected sessions whenever it is woken — by a commit
+on this node, by NOTIFY from another node on PostgreSQL, or by the slow poll fallback —
+and pushes ``tasks``; the store's caps decide how many each session gets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from functools import partial
+from typing import Any
+
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from orbit.core.errors import Code, OrbitError, Rejected
+from orbit.core.model import Capability, Outcome, Session
+from orbit.protocol.decode import DecodeError, decode_json, decode_model
+from orbit.protocol.messages import (
+    WORKER_REQUESTS,
+    AckMessage,
+    CancelMessage,
+    CapacityUpdate,
+    Claim,
+    Drain,
+    ErrorMessage,
+    Finish,
+    FinishedMessage,
+    Hello,
+    Release,
+    Renew,
+    RenewedMessage,
+    Resume,
+    Start,
+    StartedMessage,
+    TasksMessage,
+    Welcome,
+)
+from orbit.server.metrics import Metrics
+from orbit.server.views import assignment, lease_view, receipt_view
+from orbit.store import Store
+
+log = logging.getLogger("orbit.gateway")
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+
+class WorkerConnection:
+    """One attached worker: its session, epoch, and a lock so replies never interleave."""
+
+    def __init__(self, ws: WebSocket, session: Session, push: bool) -> None:
+        self.ws = ws
+        self.session_id = session.id
+        self.epoch = session.epoch
+        self.max_concurrency = session.max_concurrency
+        self.push = push
+        self.closed = False
+        self._send_lock = asyncio.Lock()
+
+    async def send(self, message: BaseModel) -> None:
+        if self.closed:
+            return
+        async with self._send_lock:
+            try:
+                await self.ws.send_text(message.model_dump_json())
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                self.closed = True
+
+
+class Dispatcher:
+    """Claims for attached sessions when woken, and pushes cancels to their owners."""
+
+    def __init__(self, store: Store, poll_interval: float, metrics: Metrics) -> None:
+        self.store = store
+        self.poll_interval = poll_interval
+        self.metrics = metrics
+        self.connections: dict[str, WorkerConnection] = {}
+        self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def wake_threadsafe(self, *_: Any) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    def cancel_threadsafe(self, pairs: list[tuple[str, str]]) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            asyncio.run_coroutine_threadsafe(self.push_cancel(pairs), self._loop)
+
+    async def push_cancel(self, pairs: list[tuple[str, str]]) -> None:
+        by_session: dict[str, list[str]] = {}
+        for session_id, attempt_id in pairs:
+            by_session.setdefault(session_id, []).append(attempt_id)
+        for session_id, attempt_ids in by_session.items():
+            conn = self.connections.get(session_id)
+            if conn is not None:
+                await conn.send(CancelMessage(attempt_ids=attempt_ids))
+
+    def attach(self, conn: WorkerConnection) -> WorkerConnection | None:
+        previous = self.connections.get(conn.session_id)
+        self.connections[conn.session_id] = conn
+        self._wake.set()
+        return previous
+
+    def detach(self, conn: WorkerConnection) -> None:
+        if self.connections.get(conn.session_id) is conn:
+            del self.connections[conn.session_id]
+
+    async def run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.poll_interval)
+            self._wake.clear()
+            for conn in list(self.connections.values()):
+                if conn.push and not conn.closed:
+                    await self._offer(conn)
+
+    async def _offer(self, conn: WorkerConnection) -> None:
+        try:
+            grants = await run_in_threadpool(
+                self.store.attempt_claim_many, conn.session_id, conn.epoch, conn.max_concurrency
+            )
+        except Rejected as exc:
+            if exc.code == Code.FENCED_EPOCH:
+                conn.closed = True  # superseded by a resume elsewhere
+            return
+        except Exception:  # a database hiccup must not stop dispatch
+            log.exception("dispatch failed")
+            return
+        if grants:
+            self.metrics.claims.inc(len(grants))
+            await conn.send(TasksMessage(req_id=None, tasks=[assignment(g) for g in grants]))
+
+
+def _req_id(raw: Any) -> str | None:
+    if isinstance(raw, dict):
+        rid = raw.get("req_id")
+        if isinstance(rid, str) and 0 < len(rid) <= 64:
+            return rid
+    return None
+
+
+class _Protocol:
+    """Decoding and answering one connection's messages."""
+
+    def __init__(
+        self,
+        ws: WebSocket,
+        store: Store,
+        dispatcher: Dispatcher,
+        node_id: str,
+        max_result_bytes: int,
+    ) -> None:
+        self.ws = ws
+        self.store = store
+        self.dispatcher = dispatcher
+        self.node_id = node_id
+        self.max_result_bytes = max_result_bytes
+        self.conn: WorkerConnection | None = None
+
+    async def error(
+        self, req_id: str | None, code: str, message: str, field: str | None = None
+    ) -> None:
+        msg = ErrorMessage(req_id=req_id, code=code, message=message, field=field)
+        if self.conn is not None:
+            await self.conn.send(msg)
+        else:
+            await self.ws.send_text(msg.model_dump_json())
+
+    async def receive(self) -> tuple[Any, BaseModel] | None:
+        """The next well-formed request, answering malformed ones with an error."""
+        while True:
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                raise WebSocketDisconnect(message.get("code", 1000))
+            text = message.get("text")
+            if text is None:
+                data = message.get("bytes") or b""
+                if len(data) > MAX_MESSAGE_BYTES:
+                    await self.error(None, "MESSAGE_TOO_LARGE", "the message is too large")
+                    continue
+                try:
+                    raw = decode_json(data)
+                except DecodeError as exc:
+                    await self.error(None, exc.code, exc.message, exc.field)
+                    continue
+            else:
+                if len(text) > MAX_MESSAGE_BYTES:
+                    await self.error(None, "MESSAGE_TOO_LARGE", "the message is too large")
+                    continue
+                try:
+                    raw = decode_json(text)
+                except DecodeError as exc:
+                    await self.error(None, exc.code, exc.message, exc.field)
+                    continue
+            rid = _req_id(raw)
+            kind = raw.get("type") if isinstance(raw, dict) else None
+            model = WORKER_REQUESTS.get(kind) if isinstance(kind, str) else None
+            if model is None:
+                await self.error(rid, "UNKNOWN_TYPE", f"unknown message type {kind!r:.40}", "type")
+                continue
+            try:
+                return raw, decode_model(model, raw, parsed=True)
+            except DecodeError as exc:
+                await self.error(rid, exc.code, exc.message, exc.field)
+
+    def _open(self, msg: Hello) -> tuple[Session, str]:
+        return self.store.session_open(
+            name=msg.name,
+            node_id=self.node_id,
+            capabilities=[Capability(c.handler, c.capacity) for c in msg.capabilities],
+            max_concurrency=msg.max_concurrency,
+        )
+
+    async def handshake(self) -> WorkerConnection | None:
+        while True:
+            _, msg = await self.receive()  # type: ignore[misc]
+            try:
+                if isinstance(msg, Hello):
+                    session, secret = await run_in_threadpool(self._open, msg)
+                    welcome = Welcome(
+                        req_id=msg.req_id,
+                        session_id=session.id,
+                        epoch=str(session.epoch),
+                        resume_secret=secret,
+                    )
+                    push = msg.push
+                elif isinstance(msg, Resume):
+                    session = await run_in_threadpool(
+                        partial(self.store.session_resume, node_id=self.node_id),
+                        msg.session_id,
+                        msg.secret,
+                    )
+                    welcome = Welcome(
+                        req_id=msg.req_id,
+                        session_id=session.id,
+                        epoch=str(session.epoch),
+                        resume_secret=None,
+                    )
+                    push = msg.push
+                else:
+                    await self.error(
+                        getattr(msg, "req_id", None), "HELLO_FIRST", "send hello or resume first"
+                    )
+                    continue
+            except OrbitError as exc:
+                await self.error(getattr(msg, "req_id", None), str(exc.code), exc.message)
+                continue
+            await self.ws.send_text(welcome.model_dump_json())
+            conn = WorkerConnection(self.ws, session, push)
+            previous = self.dispatcher.attach(conn)
+            if previous is not None and previous is not conn:
+                previous.closed = True
+                with contextlib.suppress(Exception):
+                    await previous.ws.close(code=4409, reason="session resumed elsewhere")
+            return conn
+
+    async def serve(self) -> None:
+        self.conn = await self.handshake()
+        if self.conn is None:
+            return
+        try:
+            while not self.conn.closed:
+                _, msg = await self.receive()  # type: ignore[misc]
+                await self.handle(msg)
+        finally:
+            self.dispatcher.detach(self.conn)
+
+    async def handle(self, msg: BaseModel) -> None:
+        conn = self.conn
+        assert conn is not None
+        sid, epoch = conn.session_id, conn.epoch
+        rid: str = getattr(msg, "req_id", "")
+        store = self.store
+        metrics = self.dispatcher.metrics
+        try:
+            if isinstance(msg, Claim):
+                grants = await run_in_threadpool(store.attempt_claim_many, sid, epoch, msg.n)
+                metrics.claims.inc(len(grants))
+                await conn.send(TasksMessage(req_id=rid, tasks=[assignment(g) for g in grants]))
+            elif isinstance(msg, Start):
+                lease = await run_in_threadpool(
+                    store.attempt_start, sid, epoch, msg.attempt_id, int(msg.fence)
+                )
+                metrics.starts.inc()
+                await conn.send(StartedMessage(req_id=rid, lease=lease_view(lease)))
+            elif isinstance(msg, Renew):
+                leases = await run_in_threadpool(
+                    store.lease_renew_many, sid, epoch, list(msg.attempt_ids)
+                )
+                await conn.send(RenewedMessage(req_id=rid, leases=[lease_view(x) for x in leases]))
+            elif isinstance(msg, Finish):
+                outcome = _outcome(msg)
+                receipt = await run_in_threadpool(
+                    store.attempt_finish, sid, epoch, msg.attempt_id, int(msg.fence), outcome
+                )
+                metrics.finishes.labels(str(receipt.task_state)).inc()
+                await conn.send(FinishedMessage(req_id=rid, receipt=receipt_view(receipt)))
+            elif isinstance(msg, Release):
+                await run_in_threadpool(
+                    store.attempt_release, sid, epoch, msg.attempt_id, int(msg.fence)
+                )
+                await conn.send(AckMessage(req_id=rid, op="release"))
+            elif isinstance(msg, CapacityUpdate):
+                caps = [Capability(c.handler, c.capacity) for c in msg.capabilities]
+                session = await run_in_threadpool(
+                    lambda: store.session_capacity_set(
+                        sid,
+                        epoch,
+                        seq=int(msg.seq),
+                        capabilities=caps,
+                        max_concurrency=msg.max_concurrency,
+                    )
+                )
+                conn.max_concurrency = session.max_concurrency
+                await conn.send(AckMessage(req_id=rid, op="capacity"))
+                self.dispatcher.wake_threadsafe()
+            elif isinstance(msg, Drain):
+                await run_in_threadpool(store.session_drain, sid)
+                await conn.send(AckMessage(req_id=rid, op="drain"))
+            else:
+                await self.error(rid, "ALREADY_WELCOMED", "the session is already established")
+        except OrbitError as exc:
+            if isinstance(exc, Rejected):
+                metrics.rejected.labels(str(exc.code)).inc()
+            if exc.code == Code.FENCED_EPOCH:
+                await self.error(rid, str(exc.code), exc.message)
+                conn.closed = True
+                with contextlib.suppress(Exception):
+                    await self.ws.close(code=4409, reason="session resumed elsewhere")
+                return
+            await self.error(rid, str(exc.code), exc.message)
+
+
+def _outcome(msg: Finish) -> Outcome:
+    spec = msg.outcome
+    if spec.ok:
+        if spec.error is not None:
+            raise OrbitError(Code.INVALID_ARGUMENT, "a successful outcome carries no error")
+        return Outcome.success(spec.result)
+    if spec.error is None:
+        raise OrbitError(Code.INVALID_ARGUMENT, "a failed outcome needs an error")
+    return Outcome.failure(spec.error.code, spec.error.message, spec.error.retryable)
+
+
+async def worker_endpoint(ws: WebSocket) -> None:
+    app = ws.app
+    try:
+        await app.state.tokens.require(ws.headers, "worker")
+    except Exception as exc:  # refuse the upgrade: 401/403 before any frame
+        status = getattr(exc, "status", 401)
+        await ws.close(code=4401 if status == 401 else 4403, reason=getattr(exc, "code", "AUTH"))
+        return
+    await ws.accept()
+    protocol = _Protocol(
+        ws,
+        app.state.store,
+        app.state.dispatcher,
+        app.state.settings.node_id,
+        app.state.settings.max_body_bytes,
+    )
+    with contextlib.suppress(WebSocketDisconnect):
+        await protocol.serve()
+    if ws.client_state == WebSocketState.CONNECTED:
+        with contextlib.suppress(Exception):
+            await ws.close()

@@ -1,0 +1,50 @@
+"""Logging that cannot leak secrets: every record passes through ``RedactSecrets``.
+
+Libraries under the server (uvicorn, websockets) log request headers and frames at debug
+level; the filter rewrites bearer tokens, Orbit tokens and resume secrets wherever they
+appear, so no log level can print one.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+
+_PATTERNS = [
+    (re.compile(r"(?i)(bearer\s+)[^\s'\",]+"), r"\1[redacted]"),
+    (re.compile(r"orbit_([0-9a-f]{32})_[A-Za-z0-9_\-]+"), r"orbit_\1_[redacted]"),
+    (
+        re.compile(r"(?i)(\\?[\"']?(?:resume_)?secret\\?[\"']?\s*[:=]\s*\\?[\"']?)[^\"'\\\s,}]+"),
+        r"\1[redacted]",
+    ),
+    (re.compile(r"(postgres(?:ql)?://[^:/@\s]+:)[^@\s]+@"), r"\1[redacted]@"),
+]
+
+
+def redact(text: str) -> str:
+    for pattern, replacement in _PATTERNS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+class RedactSecrets(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        cleaned = redact(message)
+        if cleaned != message:
+            record.msg, record.args = cleaned, None
+        if record.exc_info and record.exc_text is None:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+            record.exc_info = None
+        return True
+
+
+def configure(level: str) -> None:
+    """Send every logger to stderr through the redaction filter."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    handler.addFilter(RedactSecrets())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

@@ -1,0 +1,62 @@
+"""Prometheus metrics: counters bumped by the gateway and duties, gauges read from the
+store at scrape time (tasks by queue and state, queue depth, oldest queued age)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from orbit.store import Store
+
+
+class _StoreCollector(Collector):
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        by_state = GaugeMetricFamily(
+            "orbit_tasks", "Tasks by queue and state", labels=["queue", "state"]
+        )
+        depth = GaugeMetricFamily("orbit_queue_depth", "Queued tasks", labels=["queue"])
+        oldest = GaugeMetricFamily(
+            "orbit_oldest_queued_seconds", "Age of the oldest queued task", labels=["queue"]
+        )
+        now_us = time.time_ns() // 1000
+        for row in self._store.task_stats():
+            by_state.add_metric([row["queue"], row["state"]], float(row["n"]))
+            if row["state"] == "queued":
+                depth.add_metric([row["queue"]], float(row["n"]))
+                if row["oldest"] is not None:
+                    oldest.add_metric([row["queue"]], max(0, now_us - int(row["oldest"])) / 1e6)
+        yield by_state
+        yield depth
+        yield oldest
+
+
+class Metrics:
+    def __init__(self, store: Store) -> None:
+        self.registry = CollectorRegistry()
+        self.claims = Counter("orbit_claims_total", "Attempts claimed", registry=self.registry)
+        self.starts = Counter("orbit_starts_total", "Attempts started", registry=self.registry)
+        self.finishes = Counter(
+            "orbit_finishes_total",
+            "Finish reports accepted",
+            ["task_state"],
+            registry=self.registry,
+        )
+        self.rejected = Counter(
+            "orbit_rejected_reports_total",
+            "Worker reports refused",
+            ["code"],
+            registry=self.registry,
+        )
+        self.lease_expiries = Counter(
+            "orbit_lease_expiries_total",
+            "Run leases that expired without a report",
+            registry=self.registry,
+        )
+        self.registry.register(_StoreCollector(store))

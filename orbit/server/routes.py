@@ -1,0 +1,308 @@
+"""The ``/v1`` HTTP API. Every route names the scope it needs; bodies are read raw and
+decoded strictly (orbit.protocol) before the store is touched."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+
+from orbit.core.model import Backoff, Outcome, TaskSpec
+from orbit.protocol.convert import instant_from_wire, seconds_to_us
+from orbit.protocol.decode import DecodeError, decode_model
+from orbit.protocol.messages import (
+    EventPage,
+    QueueCreate,
+    QueueView,
+    Submitted,
+    TaskBatch,
+    TaskPage,
+    TaskResolve,
+    TaskSubmit,
+    TaskView,
+    TokenCreate,
+    TokenCreated,
+    WorkerView,
+)
+from orbit.server.auth import require
+from orbit.server.errors import ApiError
+from orbit.server.views import attempt_view, event_view, queue_view, task_view, worker_view
+from orbit.store import Store
+
+M = TypeVar("M", bound=BaseModel)
+router = APIRouter(prefix="/v1")
+Limit = Annotated[int, Query(ge=1, le=1000)]
+
+
+def _store(request: Request) -> Store:
+    store: Store = request.app.state.store
+    return store
+
+
+async def _body(request: Request, model: type[M]) -> M:
+    limit: int = request.app.state.settings.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, "BODY_TOO_LARGE", f"the body is over {limit} bytes")
+    raw = await request.body()
+    if len(raw) > limit:
+        raise ApiError(413, "BODY_TOO_LARGE", f"the body is over {limit} bytes")
+    return decode_model(model, raw)
+
+
+def _json(model: BaseModel | list[Any], status: int = 200) -> JSONResponse:
+    if isinstance(model, list):
+        content: Any = [m.model_dump(mode="json") for m in model]
+    else:
+        content = model.model_dump(mode="json")
+    return JSONResponse(content, status_code=status)
+
+
+def encode_cursor(value: str) -> str:
+    return base64.urlsafe_b64encode(value.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None) -> str | None:
+    if cursor is None:
+        return None
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise ApiError(400, "INVALID_CURSOR", "the cursor is not one this server issued") from None
+    if not text or len(text) > 64:
+        raise ApiError(400, "INVALID_CURSOR", "the cursor is not one this server issued")
+    return text
+
+
+def spec_from(msg: TaskSubmit) -> TaskSpec:
+    backoff = Backoff()
+    if msg.backoff is not None:
+        backoff = Backoff(
+            seconds_to_us(msg.backoff.base), msg.backoff.factor, seconds_to_us(msg.backoff.max)
+        )
+    return TaskSpec(
+        queue=msg.queue,
+        handler=msg.handler,
+        payload=msg.payload,
+        tenant=msg.tenant,
+        priority=msg.priority,
+        idempotency_key=msg.idempotency_key,
+        parent_id=msg.parent_id,
+        retry_safe=msg.retry_safe,
+        max_attempts=msg.max_attempts,
+        backoff=backoff,
+        attempt_timeout_us=seconds_to_us(msg.attempt_timeout) if msg.attempt_timeout else None,
+        deadline=instant_from_wire(msg.deadline) if msg.deadline else None,
+        run_after=instant_from_wire(msg.run_after) if msg.run_after else None,
+    )
+
+
+# ----------------------------------------------------------------------------- queues
+
+
+@router.post(
+    "/queues", dependencies=[Depends(require("admin"))], status_code=201, response_model=QueueView
+)
+async def queue_create(request: Request) -> JSONResponse:
+    msg = await _body(request, QueueCreate)
+    queue = await run_in_threadpool(
+        _store(request).queue_create,
+        msg.name,
+        max_concurrency=msg.max_concurrency,
+        rate=msg.rate,
+        burst=msg.burst,
+    )
+    return _json(queue_view(queue), 201)
+
+
+@router.get("/queues", dependencies=[Depends(require("submit"))], response_model=list[QueueView])
+async def queue_list(request: Request) -> JSONResponse:
+    return _json([queue_view(q) for q in await run_in_threadpool(_store(request).queue_list)])
+
+
+@router.post(
+    "/queues/{name}/pause", dependencies=[Depends(require("admin"))], response_model=QueueView
+)
+async def queue_pause(request: Request, name: str) -> JSONResponse:
+    return _json(queue_view(await run_in_threadpool(_store(request).queue_pause, name)))
+
+
+@router.post(
+    "/queues/{name}/resume", dependencies=[Depends(require("admin"))], response_model=QueueView
+)
+async def queue_resume(request: Request, name: str) -> JSONResponse:
+    return _json(queue_view(await run_in_threadpool(_store(request).queue_resume, name)))
+
+
+# ----------------------------------------------------------------------------- tasks
+
+
+@router.post(
+    "/tasks", dependencies=[Depends(require("submit"))], status_code=201, response_model=Submitted
+)
+async def task_submit(request: Request) -> JSONResponse:
+    msg = await _body(request, TaskSubmit)
+    done = await run_in_threadpool(_store(request).task_submit, spec_from(msg))
+    return _json(
+        Submitted(task=task_view(done.task), created=done.created), 201 if done.created else 200
+    )
+
+
+@router.post(
+    "/tasks/batch",
+    dependencies=[Depends(require("submit"))],
+    status_code=201,
+    response_model=list[Submitted],
+)
+async def task_submit_batch(request: Request) -> JSONResponse:
+    msg = await _body(request, TaskBatch)
+    done = await run_in_threadpool(
+        _store(request).task_submit_many, [spec_from(t) for t in msg.tasks]
+    )
+    return _json([Submitted(task=task_view(d.task), created=d.created) for d in done], 201)
+
+
+@router.get("/tasks", dependencies=[Depends(require("submit"))], response_model=TaskPage)
+async def task_list(
+    request: Request,
+    state: str | None = None,
+    queue: str | None = None,
+    tenant: str | None = None,
+    handler: str | None = None,
+    created_after: str | None = None,
+    created_before: str | None = None,
+    limit: Limit = 100,
+    cursor: str | None = None,
+) -> JSONResponse:
+    bounds: dict[str, int | None] = {}
+    for name, value in (("created_after", created_after), ("created_before", created_before)):
+        try:
+            bounds[name] = instant_from_wire(value) if value else None
+        except (ValueError, TypeError):
+            raise DecodeError(
+                "INVALID_VALUE", f"{name} must be an RFC 3339 instant", name
+            ) from None
+    tasks = await run_in_threadpool(
+        lambda: _store(request).task_list(
+            state=state,
+            queue=queue,
+            tenant=tenant,
+            handler=handler,
+            after_id=decode_cursor(cursor),
+            limit=limit,
+            **bounds,
+        )
+    )
+    nxt = encode_cursor(tasks[-1].id) if len(tasks) == limit else None
+    return _json(TaskPage(items=[task_view(t) for t in tasks], next_cursor=nxt))
+
+
+@router.get("/tasks/{task_id}", dependencies=[Depends(require("submit"))], response_model=TaskView)
+async def task_get(request: Request, task_id: str) -> JSONResponse:
+    return _json(task_view(await run_in_threadpool(_store(request).task_get, task_id)))
+
+
+@router.post(
+    "/tasks/{task_id}/cancel", dependencies=[Depends(require("submit"))], response_model=TaskView
+)
+async def task_cancel(request: Request, task_id: str) -> JSONResponse:
+    return _json(task_view(await run_in_threadpool(_store(request).task_cancel, task_id)))
+
+
+@router.post(
+    "/tasks/{task_id}/retry", dependencies=[Depends(require("admin"))], response_model=TaskView
+)
+async def task_retry(request: Request, task_id: str) -> JSONResponse:
+    return _json(task_view(await run_in_threadpool(_store(request).task_retry, task_id)))
+
+
+@router.post(
+    "/tasks/{task_id}/resolve", dependencies=[Depends(require("admin"))], response_model=TaskView
+)
+async def task_resolve(request: Request, task_id: str) -> JSONResponse:
+    msg = await _body(request, TaskResolve)
+    outcome = None
+    if msg.decision == "succeeded":
+        outcome = Outcome.success(msg.result)
+    elif msg.error is not None:
+        outcome = Outcome.failure(msg.error.code, msg.error.message, retryable=False)
+    task = await run_in_threadpool(_store(request).task_resolve, task_id, msg.decision, outcome)
+    return _json(task_view(task))
+
+
+@router.get("/tasks/{task_id}/attempts", dependencies=[Depends(require("submit"))])
+async def task_attempts(request: Request, task_id: str) -> JSONResponse:
+    store = _store(request)
+    await run_in_threadpool(store.task_get, task_id)  # 404 for an unknown task
+    return _json([attempt_view(a) for a in await run_in_threadpool(store.attempt_list, task_id)])
+
+
+async def _events(
+    request: Request, task_id: str | None, limit: int, cursor: str | None
+) -> JSONResponse:
+    after = decode_cursor(cursor)
+    if after is not None and not after.isdigit():
+        raise ApiError(400, "INVALID_CURSOR", "the cursor is not one this server issued")
+    rows = await run_in_threadpool(
+        lambda: _store(request).event_list(task_id=task_id, after_id=int(after or 0), limit=limit)
+    )
+    nxt = encode_cursor(str(rows[-1]["id"])) if len(rows) == limit else None
+    return _json(EventPage(items=[event_view(r) for r in rows], next_cursor=nxt))
+
+
+@router.get(
+    "/tasks/{task_id}/events", dependencies=[Depends(require("submit"))], response_model=EventPage
+)
+async def task_events(
+    request: Request, task_id: str, limit: Limit = 100, cursor: str | None = None
+) -> JSONResponse:
+    await run_in_threadpool(_store(request).task_get, task_id)
+    return await _events(request, task_id, limit, cursor)
+
+
+@router.get("/events", dependencies=[Depends(require("admin"))], response_model=EventPage)
+async def events(request: Request, limit: Limit = 100, cursor: str | None = None) -> JSONResponse:
+    return await _events(request, None, limit, cursor)
+
+
+# ----------------------------------------------------------------------------- workers
+
+
+@router.get("/workers", dependencies=[Depends(require("admin"))], response_model=list[WorkerView])
+async def worker_list(request: Request) -> JSONResponse:
+    sessions = await run_in_threadpool(_store(request).session_list)
+    return _json([worker_view(s) for s in sessions])
+
+
+@router.post(
+    "/workers/{session_id}/drain",
+    dependencies=[Depends(require("admin"))],
+    response_model=WorkerView,
+)
+async def worker_drain(request: Request, session_id: str) -> JSONResponse:
+    session = await run_in_threadpool(_store(request).session_drain, session_id)
+    return _json(worker_view(session))
+
+
+# ----------------------------------------------------------------------------- tokens
+
+
+@router.post(
+    "/tokens",
+    dependencies=[Depends(require("admin"))],
+    status_code=201,
+    response_model=TokenCreated,
+)
+async def token_create(request: Request) -> JSONResponse:
+    msg = await _body(request, TokenCreate)
+    token_id, token = await run_in_threadpool(
+        _store(request).token_create, msg.name, list(msg.scopes)
+    )
+    return _json(
+        TokenCreated(id=token_id, name=msg.name, scopes=sorted(set(msg.scopes)), token=token), 201
+    )

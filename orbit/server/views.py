@@ -1,0 +1,153 @@
+"""Store records as wire views."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from orbit.core.model import Attempt, Grant, Lease, Queue, Receipt, Session, Task
+from orbit.protocol.convert import instant_to_wire, json_or_none, us_to_seconds
+from orbit.protocol.messages import (
+    Assignment,
+    AttemptView,
+    EventView,
+    LeaseView,
+    QueueView,
+    ReceiptView,
+    TaskError,
+    TaskView,
+    WorkerView,
+)
+
+
+def _at(us: int) -> str:
+    text = instant_to_wire(us)
+    assert text is not None
+    return text
+
+
+def task_view(t: Task) -> TaskView:
+    error = (
+        TaskError(code=t.error_code, message=t.error_message, retryable=t.error_retryable)
+        if t.error_code
+        else None
+    )
+    return TaskView(
+        id=t.id,
+        queue=t.queue,
+        handler=t.handler,
+        tenant=t.tenant,
+        priority=t.priority,
+        payload=json.loads(t.payload),
+        state=str(t.state),
+        parent_id=t.parent_id,
+        idempotency_key=t.idempotency_key,
+        retry_safe=t.retry_safe,
+        attempts_used=t.attempts_used,
+        max_attempts=t.max_attempts,
+        attempt_timeout=us_to_seconds(t.attempt_timeout_us),
+        deadline=instant_to_wire(t.deadline),
+        run_after=_at(t.run_after),
+        result=json_or_none(t.result),
+        error=error,
+        result_digest=t.result_digest,
+        result_version=str(t.result_version),
+        created_at=_at(t.created_at),
+        updated_at=_at(t.updated_at),
+        finished_at=instant_to_wire(t.finished_at),
+    )
+
+
+def queue_view(q: Queue) -> QueueView:
+    return QueueView(
+        name=q.name,
+        max_concurrency=q.max_concurrency,
+        rate=q.rate,
+        burst=q.burst,
+        paused=q.paused,
+        created_at=_at(q.created_at),
+    )
+
+
+def attempt_view(a: Attempt) -> AttemptView:
+    return AttemptView(
+        id=a.id,
+        task_id=a.task_id,
+        number=a.number,
+        session_id=a.session_id,
+        fence=str(a.fence),
+        state=str(a.state),
+        claimed_at=_at(a.claimed_at),
+        started_at=instant_to_wire(a.started_at),
+        lease_expires_at=instant_to_wire(a.lease_expires_at),
+        ended_at=instant_to_wire(a.ended_at),
+    )
+
+
+def event_view(row: dict[str, Any]) -> EventView:
+    return EventView(
+        id=str(row["id"]),
+        at=_at(int(row["at"])),
+        kind=row["kind"],
+        task_id=row["task_id"],
+        attempt_id=row["attempt_id"],
+        session_id=row["session_id"],
+        queue=row["queue"],
+        tenant=row["tenant"],
+        task_from=row["task_from"],
+        task_to=row["task_to"],
+        attempt_from=row["attempt_from"],
+        attempt_to=row["attempt_to"],
+        code=row["code"],
+        data=json_or_none(row["data"]),
+    )
+
+
+def worker_view(s: Session) -> WorkerView:
+    return WorkerView(
+        session_id=s.id,
+        name=s.name,
+        node_id=s.node_id,
+        epoch=str(s.epoch),
+        state=str(s.state),
+        draining=s.draining,
+        max_concurrency=s.max_concurrency,
+        capabilities=[{"handler": c.handler, "capacity": c.capacity} for c in s.capabilities],
+        expires_at=_at(s.expires_at),
+    )
+
+
+def assignment(g: Grant) -> Assignment:
+    return Assignment(
+        task_id=g.task.id,
+        attempt_id=g.attempt.id,
+        fence=str(g.attempt.fence),
+        handler=g.task.handler,
+        queue=g.task.queue,
+        tenant=g.task.tenant,
+        payload=json.loads(g.task.payload),
+        attempt=g.attempt.number,
+        deadline=instant_to_wire(g.task.deadline),
+        attempt_timeout=us_to_seconds(g.task.attempt_timeout_us),
+        claim_expires_at=_at(g.attempt.claim_expires_at),
+    )
+
+
+def lease_view(lease: Lease) -> LeaseView:
+    return LeaseView(
+        attempt_id=lease.attempt_id,
+        status=lease.status,  # type: ignore[arg-type]
+        lease_expires_at=instant_to_wire(lease.lease_expires_at),
+    )
+
+
+def receipt_view(r: Receipt) -> ReceiptView:
+    return ReceiptView(
+        task_id=r.task_id,
+        attempt_id=r.attempt_id,
+        fence=str(r.fence),
+        task_state=str(r.task_state),
+        attempt_state=str(r.attempt_state),
+        result_digest=r.result_digest,
+        result_version=str(r.result_version),
+    )

@@ -1,0 +1,52 @@
+"""Where SDKs and workers find their token: ``ORBIT_TOKEN`` or ``ORBIT_TOKEN_FILE``.
+
+A token file must not be readable by group or others (like an SSH key); an empty or
+missing token is refused with a message that says exactly which source was wrong. The
+token itself never appears in a message.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+
+
+class TokenError(Exception):
+    """No usable token; the message names the variable or file at fault."""
+
+
+def load_token(env: Mapping[str, str] | None = None) -> str:
+    env = os.environ if env is None else env
+    direct = env.get("ORBIT_TOKEN")
+    path = env.get("ORBIT_TOKEN_FILE")
+    if direct is not None:
+        if not direct.strip():
+            raise TokenError("ORBIT_TOKEN is set but empty")
+        return direct.strip()
+    if path is None:
+        raise TokenError("no token: set ORBIT_TOKEN or ORBIT_TOKEN_FILE")
+    if not path.strip():
+        raise TokenError("ORBIT_TOKEN_FILE is set but empty")
+    file = Path(path)
+    try:
+        mode = file.stat().st_mode
+    except FileNotFoundError:
+        raise TokenError(f"ORBIT_TOKEN_FILE {file} does not exist") from None
+    except PermissionError:
+        raise TokenError(f"ORBIT_TOKEN_FILE {file} cannot be read") from None
+    if not stat.S_ISREG(mode):
+        raise TokenError(f"ORBIT_TOKEN_FILE {file} is not a regular file")
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise TokenError(
+            f"ORBIT_TOKEN_FILE {file} is readable by group or others "
+            f"(mode {stat.S_IMODE(mode):o}); run: chmod 600 {file}"
+        )
+    try:
+        token = file.read_text(encoding="utf-8").strip()
+    except (PermissionError, UnicodeDecodeError) as exc:
+        raise TokenError(f"ORBIT_TOKEN_FILE {file} cannot be read: {type(exc).__name__}") from None
+    if not token:
+        raise TokenError(f"ORBIT_TOKEN_FILE {file} is empty")
+    return token

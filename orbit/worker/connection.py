@@ -1,0 +1,151 @@
+"""The low-level worker connection: one WebSocket, request/reply by ``req_id``, and a
+queue of what the server pushes (``tasks``, ``cancel``).
+
+It does no leasing or retrying on its own; the automatic runner builds on it. The token
+travels in the ``Authorization`` header of the upgrade, never in the URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import ssl
+from typing import Any
+
+import websockets
+from websockets.asyncio.client import ClientConnection
+
+
+class ServerError(Exception):
+    """The server answered a request with ``error``; ``code`` is machine-readable."""
+
+    def __init__(self, code: str, message: str, reply: dict[str, Any]) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.reply = reply
+
+
+class WorkerConnection:
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+        self.pushed: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.session_id: str | None = None
+        self.epoch: str | None = None
+        self.resume_secret: str | None = None
+        self._ids = itertools.count(1)
+        self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._reader = asyncio.create_task(self._read())
+
+    @classmethod
+    async def connect(cls, url: str, token: str, *, cafile: str | None = None) -> WorkerConnection:
+        """Open ``ws(s)://host:port/v1/worker``; certificates are always verified."""
+        ssl_ctx = None
+        if url.startswith("wss://"):
+            ssl_ctx = ssl.create_default_context(cafile=cafile)
+        ws = await websockets.connect(
+            url,
+            additional_headers={"Authorization": f"Bearer {token}"},
+            ssl=ssl_ctx,
+            max_size=8 * 1024 * 1024,
+            open_timeout=10,
+        )
+        return cls(ws)
+
+    async def _read(self) -> None:
+        try:
+            async for frame in self.ws:
+                msg = json.loads(frame)
+                rid = msg.get("req_id")
+                future = self._waiting.pop(rid, None) if isinstance(rid, str) else None
+                if future is not None and not future.done():
+                    future.set_result(msg)
+                else:
+                    await self.pushed.put(msg)
+        except websockets.ConnectionClosed:
+            pass
+        finally:
+            for future in self._waiting.values():
+                if not future.done():
+                    future.set_exception(ConnectionError("the connection closed"))
+            await self.pushed.put({"type": "closed"})
+
+    async def send_raw(self, data: str | bytes) -> None:
+        await self.ws.send(data)
+
+    async def request(self, message: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
+        """Send a request (a ``req_id`` is added) and wait for its reply."""
+        rid = f"r{next(self._ids)}"
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._waiting[rid] = future
+        await self.ws.send(json.dumps({**message, "req_id": rid}))
+        reply = await asyncio.wait_for(future, timeout)
+        if reply.get("type") == "error":
+            raise ServerError(reply["code"], reply.get("message", ""), reply)
+        return reply
+
+    async def hello(
+        self, name: str, capabilities: dict[str, int], max_concurrency: int, push: bool = True
+    ) -> dict[str, Any]:
+        reply = await self.request(
+            {
+                "type": "hello",
+                "name": name,
+                "max_concurrency": max_concurrency,
+                "push": push,
+                "capabilities": [{"handler": h, "capacity": c} for h, c in capabilities.items()],
+            }
+        )
+        self.session_id, self.epoch = reply["session_id"], reply["epoch"]
+        self.resume_secret = reply["resume_secret"]
+        return reply
+
+    async def resume(self, session_id: str, secret: str, push: bool = True) -> dict[str, Any]:
+        reply = await self.request(
+            {"type": "resume", "session_id": session_id, "secret": secret, "push": push}
+        )
+        self.session_id, self.epoch, self.resume_secret = session_id, reply["epoch"], secret
+        return reply
+
+    async def claim(self, n: int) -> list[dict[str, Any]]:
+        return list((await self.request({"type": "claim", "n": n}))["tasks"])
+
+    async def start(self, attempt_id: str, fence: str) -> dict[str, Any]:
+        reply = await self.request({"type": "start", "attempt_id": attempt_id, "fence": fence})
+        return dict(reply["lease"])
+
+    async def renew(self, attempt_ids: list[str]) -> list[dict[str, Any]]:
+        return list((await self.request({"type": "renew", "attempt_ids": attempt_ids}))["leases"])
+
+    async def finish(
+        self,
+        attempt_id: str,
+        fence: str,
+        *,
+        result: Any = None,
+        error: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        outcome: dict[str, Any] = (
+            {"ok": True, "result": result} if error is None else {"ok": False, "error": error}
+        )
+        reply = await self.request(
+            {"type": "finish", "attempt_id": attempt_id, "fence": fence, "outcome": outcome}
+        )
+        return dict(reply["receipt"])
+
+    async def release(self, attempt_id: str, fence: str) -> None:
+        await self.request({"type": "release", "attempt_id": attempt_id, "fence": fence})
+
+    async def drain(self) -> None:
+        await self.request({"type": "drain"})
+
+    async def next_push(self, timeout: float = 30.0) -> dict[str, Any]:
+        return await asyncio.wait_for(self.pushed.get(), timeout)
+
+    async def close(self) -> None:
+        await self.ws.close()
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader

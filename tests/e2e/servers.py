@@ -1,0 +1,122 @@
+"""Real ``orbit server`` processes on loopback ports, for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from orbit.store import open_store
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Tokens:
+    admin: str
+    submit: str
+    worker: str
+
+
+def make_tokens(db_url: str) -> Tokens:
+    store = open_store(db_url)
+    try:
+        return Tokens(*(store.token_create(s, [s])[1] for s in ("admin", "submit", "worker")))
+    finally:
+        store.close()
+
+
+@dataclass
+class Node:
+    """One server process. ``http`` and ``ws`` are its base URLs."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+    scheme: str = "http"
+
+    @property
+    def http(self) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.port}"
+
+    @property
+    def ws(self) -> str:
+        return f"{'wss' if self.scheme == 'https' else 'ws'}://127.0.0.1:{self.port}/v1/worker"
+
+    def kill(self) -> None:
+        """SIGKILL, then confirm the process is gone before anyone asserts anything."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        try:
+            os.kill(self.proc.pid, 0)
+        except ProcessLookupError:
+            return
+        raise AssertionError(f"server {self.proc.pid} survived SIGKILL")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def start_server(
+    db_url: str,
+    log_dir: Path,
+    *,
+    node_id: str = "node-a",
+    args: list[str] | None = None,
+    tls: tuple[Path, Path, Path] | None = None,
+    timeout: float = 30.0,
+) -> Node:
+    """Start a node and wait until it answers /healthz (tls = cert, key, CA file)."""
+    port = free_port()
+    log = log_dir / f"{node_id}-{port}.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "orbit.cli",
+        "server",
+        "--db",
+        db_url,
+        "--port",
+        str(port),
+        "--node-id",
+        node_id,
+        *(args or []),
+    ]
+    if tls is not None:
+        cmd += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    node = Node(proc, port, log, "https" if tls else "http")
+    verify: str | bool = str(tls[2]) if tls else True
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{node.log_text()}")
+        try:
+            if httpx.get(f"{node.http}/healthz", timeout=1, verify=verify).status_code == 200:
+                return node
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            node.stop()
+            raise RuntimeError(f"server did not come up:\n{node.log_text()}")
+        time.sleep(0.05)

@@ -1,0 +1,196 @@
+"""The HTTP API over a real server: auth on every route, no secrets in logs, stable
+pagination under concurrent inserts, size bounds, and errors in one shape."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from typing import Any
+
+import httpx
+import pytest
+import websockets
+from fastapi.routing import APIRoute
+
+from orbit.server import ServerSettings, create_app
+from orbit.worker import WorkerConnection
+from tests.e2e.servers import Node, Tokens
+
+
+def _walk(routes: list[Any], prefix: str = "") -> list[APIRoute]:
+    """Every APIRoute of the app, descending into included routers."""
+    found: list[APIRoute] = []
+    for r in routes:
+        if isinstance(r, APIRoute):
+            found.append(r)
+        elif hasattr(r, "original_router"):
+            found += _walk(r.original_router.routes)
+    return found
+
+
+ROUTES = [
+    r
+    for r in _walk(create_app(ServerSettings(db_url="sqlite:///unused.db")).routes)
+    if r.path.startswith("/v1")
+]
+
+
+def _scope(route: APIRoute) -> str:
+    scopes = [getattr(d.dependency, "orbit_scope", None) for d in route.dependencies]
+    found = [s for s in scopes if s]
+    assert len(found) == 1, f"{route.path} must declare exactly one scope"
+    return str(found[0])
+
+
+def test_every_v1_route_declares_a_scope() -> None:
+    assert len(ROUTES) >= 15
+    for route in ROUTES:
+        _scope(route)
+
+
+def test_every_v1_route_refuses_missing_and_wrong_tokens(node: Node, tokens: Tokens) -> None:
+    others = {"admin": tokens.submit, "submit": tokens.worker}
+    with httpx.Client(base_url=node.http, timeout=10) as http:
+        for route in ROUTES:
+            path = re.sub(r"\{[^}]+\}", "x", route.path)
+            for method in route.methods:
+                missing = http.request(method, path)
+                assert missing.status_code == 401, (method, path, missing.text)
+                assert missing.json()["error"]["code"] == "UNAUTHENTICATED"
+                bad = http.request(method, path, headers={"Authorization": "Bearer nope"})
+                assert bad.status_code == 401, (method, path)
+                wrong = http.request(
+                    method, path, headers={"Authorization": f"Bearer {others[_scope(route)]}"}
+                )
+                assert wrong.status_code == 403, (method, path, wrong.text)
+                assert wrong.json()["error"]["code"] == "FORBIDDEN"
+
+
+@pytest.mark.parametrize("token", ["none", "submit"])
+def test_worker_socket_refuses_missing_and_wrong_tokens(
+    node: Node, tokens: Tokens, token: str
+) -> None:
+    headers = {} if token == "none" else {"Authorization": f"Bearer {tokens.submit}"}
+
+    async def attempt() -> None:
+        async with websockets.connect(node.ws, additional_headers=headers) as ws:
+            await ws.send('{"type":"hello"}')
+            await ws.recv()
+
+    with pytest.raises((websockets.InvalidStatus, websockets.ConnectionClosed)):
+        asyncio.run(attempt())
+
+
+def test_no_token_or_secret_reaches_the_log(nodes: object, tokens: Tokens, db_url: str) -> None:
+    node: Node = nodes(node_id="verbose", args=["--log-level", "debug"])  # type: ignore[operator]
+    admin = httpx.Client(base_url=node.http, headers={"Authorization": f"Bearer {tokens.admin}"})
+    admin.post("/v1/queues", json={"name": "q", "max_concurrency": 2, "rate": 0})
+    admin.post("/v1/tasks", json={"queue": "q", "handler": "h"})
+    httpx.get(f"{node.http}/v1/tasks", headers={"Authorization": "Bearer orbit_x_wrongsecret"})
+
+    async def work() -> str:
+        conn = await WorkerConnection.connect(node.ws, tokens.worker)
+        await conn.hello("w", {"h": 1}, 1)
+        [task] = (await conn.next_push(10))["tasks"]
+        await conn.start(task["attempt_id"], task["fence"])
+        await conn.finish(task["attempt_id"], task["fence"], result=1)
+        secret = conn.resume_secret
+        await conn.close()
+        again = await WorkerConnection.connect(node.ws, tokens.worker)
+        assert conn.session_id is not None and secret is not None
+        await again.resume(conn.session_id, secret)
+        await again.close()
+        return secret
+
+    secret = asyncio.run(work())
+    node.stop()
+    log = node.log_text()
+    assert "DEBUG" in log or "INFO" in log  # the log was really written
+    for value in (tokens.admin, tokens.worker, tokens.submit, secret, "wrongsecret"):
+        assert value not in log
+        assert value.split("_")[-1] not in log
+
+
+def test_pagination_is_stable_while_tasks_are_inserted(admin: httpx.Client) -> None:
+    admin.post("/v1/queues", json={"name": "q", "max_concurrency": 2, "rate": 0})
+    batch = [{"queue": "q", "handler": "h", "payload": i} for i in range(40)]
+    before = {s["task"]["id"] for s in admin.post("/v1/tasks/batch", json={"tasks": batch}).json()}
+    stop = threading.Event()
+
+    def insert() -> None:
+        with httpx.Client(base_url=str(admin.base_url), headers=admin.headers) as other:
+            while not stop.is_set():
+                other.post("/v1/tasks", json={"queue": "q", "handler": "h", "payload": "new"})
+
+    writer = threading.Thread(target=insert)
+    writer.start()
+    seen: list[str] = []
+    cursor = None
+    try:
+        while True:
+            params = {"limit": 7, **({"cursor": cursor} if cursor else {})}
+            page = admin.get("/v1/tasks", params=params).json()
+            seen += [t["id"] for t in page["items"]]
+            cursor = page["next_cursor"]
+            if cursor is None or len(seen) > 400:
+                break
+    finally:
+        stop.set()
+        writer.join()
+    assert len(seen) == len(set(seen)), "a task appeared twice"
+    assert before <= set(seen), "a task that existed before the walk was skipped"
+    assert seen == sorted(seen)
+
+
+def test_list_filters_and_bad_cursor(admin: httpx.Client) -> None:
+    admin.post("/v1/queues", json={"name": "a", "max_concurrency": 2, "rate": 0})
+    admin.post("/v1/queues", json={"name": "b", "max_concurrency": 2, "rate": 0})
+    admin.post("/v1/tasks", json={"queue": "a", "handler": "h", "tenant": "t1"})
+    admin.post("/v1/tasks", json={"queue": "b", "handler": "g", "tenant": "t2"})
+    assert [t["queue"] for t in admin.get("/v1/tasks?queue=b").json()["items"]] == ["b"]
+    assert [t["tenant"] for t in admin.get("/v1/tasks?tenant=t1").json()["items"]] == ["t1"]
+    assert [t["handler"] for t in admin.get("/v1/tasks?handler=g").json()["items"]] == ["g"]
+    assert admin.get("/v1/tasks?state=succeeded").json()["items"] == []
+    assert len(admin.get("/v1/tasks?created_after=2000-01-01T00:00:00Z").json()["items"]) == 2
+    assert admin.get("/v1/tasks?created_before=2000-01-01T00:00:00Z").json()["items"] == []
+    for query in ("cursor=%%%", "limit=0", "limit=1001", "created_after=yesterday"):
+        reply = admin.get(f"/v1/tasks?{query}")
+        assert reply.status_code == 400, query
+        assert reply.json()["error"]["code"] in (
+            "INVALID_CURSOR",
+            "INVALID_ARGUMENT",
+            "INVALID_VALUE",
+        )
+
+
+def test_size_bounds_answer_413(admin: httpx.Client) -> None:
+    admin.post("/v1/queues", json={"name": "q", "max_concurrency": 2, "rate": 0})
+    big = admin.post("/v1/tasks", json={"queue": "q", "handler": "h", "payload": "x" * 300_000})
+    assert big.status_code == 413 and big.json()["error"]["code"] == "PAYLOAD_TOO_LARGE"
+    huge = admin.post(
+        "/v1/tasks",
+        content=b'{"queue":"q","handler":"h","payload":"' + b"x" * (17 * 1024 * 1024) + b'"}',
+    )
+    assert huge.status_code == 413 and huge.json()["error"]["code"] == "BODY_TOO_LARGE"
+    assert admin.get("/v1/tasks").json()["items"] == []
+
+
+def test_operator_routes(admin: httpx.Client, node: Node, tokens: Tokens) -> None:
+    missing = admin.post("/v1/queues", json={"name": "q", "rate": 0})
+    assert missing.status_code == 400 and missing.json()["error"]["field"] == "max_concurrency"
+    admin.post("/v1/queues", json={"name": "q", "max_concurrency": 2, "rate": 0})
+    assert admin.post("/v1/queues/q/pause").json()["paused"] is True
+    assert admin.post("/v1/queues/q/resume").json()["paused"] is False
+    assert admin.post("/v1/queues/nope/pause").status_code == 404
+    task = admin.post("/v1/tasks", json={"queue": "q", "handler": "h"}).json()["task"]
+    assert admin.post(f"/v1/tasks/{task['id']}/cancel").json()["state"] == "cancelled"
+    assert admin.post(f"/v1/tasks/{task['id']}/retry").json()["state"] == "queued"
+    conflict = admin.post(f"/v1/tasks/{task['id']}/resolve", json={"decision": "failed"})
+    assert conflict.status_code == 409 and conflict.json()["error"]["code"] == "INVALID_STATE"
+    made = admin.post("/v1/tokens", json={"name": "ci", "scopes": ["submit"]})
+    assert made.status_code == 201 and made.json()["token"].startswith("orbit_")
+    workers = admin.get("/v1/workers").json()
+    assert workers == []
+    assert admin.get("/v1/nope").status_code == 404
+    assert httpx.get(f"{node.http}/readyz").json() == {"status": "ready"}

@@ -1,0 +1,62 @@
+"""A full task life over real HTTP and a real WebSocket, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from orbit.worker import ServerError, WorkerConnection
+from tests.e2e.servers import Node, Tokens
+
+
+def test_full_task_life_over_the_wire(node: Node, tokens: Tokens, admin: httpx.Client) -> None:
+    assert (
+        admin.post(
+            "/v1/queues", json={"name": "render", "max_concurrency": 4, "rate": 0}
+        ).status_code
+        == 201
+    )
+    submitted = admin.post(
+        "/v1/tasks",
+        json={"queue": "render", "handler": "shot", "payload": {"url": "https://example.test"}},
+    )
+    assert submitted.status_code == 201, submitted.text
+    task_id = submitted.json()["task"]["id"]
+
+    async def work() -> dict[str, object]:
+        conn = await WorkerConnection.connect(node.ws, tokens.worker)
+        try:
+            welcome = await conn.hello("w1", {"shot": 2}, max_concurrency=2)
+            assert welcome["epoch"] == "1" and welcome["resume_secret"]
+            pushed = await conn.next_push(timeout=10)  # the dispatcher pushes the task
+            assert pushed["type"] == "tasks" and pushed["req_id"] is None
+            [task] = pushed["tasks"]
+            assert task["task_id"] == task_id and task["payload"] == {"url": "https://example.test"}
+            lease = await conn.start(task["attempt_id"], task["fence"])
+            assert lease["status"] == "ok"
+            [renewed] = await conn.renew([task["attempt_id"]])
+            assert renewed["status"] == "ok"
+            receipt = await conn.finish(task["attempt_id"], task["fence"], result={"png": "x"})
+            again = await conn.finish(task["attempt_id"], task["fence"], result={"png": "x"})
+            assert again == receipt  # a retried finish gets the same receipt
+            try:
+                await conn.finish(task["attempt_id"], "9", result="stale")
+            except ServerError as exc:
+                assert exc.code == "ALREADY_FINISHED"
+            else:
+                raise AssertionError("a different outcome was accepted")
+            return receipt
+        finally:
+            await conn.close()
+
+    receipt = asyncio.run(work())
+    assert receipt["task_state"] == "succeeded" and receipt["result_version"] == "1"
+    task = admin.get(f"/v1/tasks/{task_id}").json()
+    assert task["state"] == "succeeded" and task["result"] == {"png": "x"}
+    kinds = [e["kind"] for e in admin.get(f"/v1/tasks/{task_id}/events").json()["items"]]
+    assert kinds == ["submitted", "claimed", "started", "succeeded", "rejected"]
+    attempts = admin.get(f"/v1/tasks/{task_id}/attempts").json()
+    assert [a["state"] for a in attempts] == ["succeeded"]
+    metrics = httpx.get(f"{node.http}/metrics").text
+    assert 'orbit_tasks{queue="render",state="succeeded"} 1.0' in metrics

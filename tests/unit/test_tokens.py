@@ -1,0 +1,57 @@
+"""ORBIT_TOKEN / ORBIT_TOKEN_FILE: every refusal says which source was wrong, never the token."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orbit.tokens import TokenError, load_token
+
+SECRET = "orbit_abc_s3cr3t"
+
+
+def test_token_from_env() -> None:
+    assert load_token({"ORBIT_TOKEN": f" {SECRET}\n"}) == SECRET
+
+
+def test_token_from_private_file(tmp_path: Path) -> None:
+    f = tmp_path / "token"
+    f.write_text(SECRET + "\n")
+    f.chmod(0o600)
+    assert load_token({"ORBIT_TOKEN_FILE": str(f)}) == SECRET
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({}, "set ORBIT_TOKEN or ORBIT_TOKEN_FILE"),
+        ({"ORBIT_TOKEN": "  "}, "ORBIT_TOKEN is set but empty"),
+        ({"ORBIT_TOKEN_FILE": ""}, "ORBIT_TOKEN_FILE is set but empty"),
+        ({"ORBIT_TOKEN_FILE": "/nonexistent/token"}, "does not exist"),
+    ],
+)
+def test_missing_or_empty_token_is_refused(env: dict[str, str], says: str) -> None:
+    with pytest.raises(TokenError, match=says):
+        load_token(env)
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o660, 0o644])
+def test_token_file_readable_by_others_is_refused(tmp_path: Path, mode: int) -> None:
+    f = tmp_path / "token"
+    f.write_text(SECRET)
+    f.chmod(mode)
+    with pytest.raises(TokenError, match="readable by group or others") as err:
+        load_token({"ORBIT_TOKEN_FILE": str(f)})
+    assert SECRET not in str(err.value)
+
+
+def test_empty_token_file_and_directory_are_refused(tmp_path: Path) -> None:
+    f = tmp_path / "token"
+    f.write_text("\n")
+    f.chmod(0o600)
+    with pytest.raises(TokenError, match="is empty"):
+        load_token({"ORBIT_TOKEN_FILE": str(f)})
+    tmp_path.chmod(0o700)
+    with pytest.raises(TokenError, match="not a regular file"):
+        load_token({"ORBIT_TOKEN_FILE": str(tmp_path)})
