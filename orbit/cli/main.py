@@ -6,6 +6,7 @@ The database comes from ``--db`` or ``ORBIT_DB``: ``sqlite:///path/orbit.db`` or
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -146,3 +147,36 @@ def server(
 
 def main() -> None:
     app()
+
+
+@app.command("worker")
+def worker_command(
+    target: Annotated[str, typer.Argument(help="MODULE:OBJ, an orbit.Worker to run")],
+    url: Annotated[
+        str | None, typer.Option(envvar="ORBIT_URL", help="server URL (overrides the Worker's)")
+    ] = None,
+) -> None:
+    """Run a worker defined in your code, e.g. ``orbit worker myapp.jobs:worker``.
+
+    The token comes from ORBIT_TOKEN or ORBIT_TOKEN_FILE. SIGTERM or SIGINT drains: no new
+    claims, running handlers finish within the grace period, then are cancelled.
+    """
+    import importlib
+
+    from orbit.server.logs import configure
+    from orbit.worker.runner import Worker
+
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        _fail("give the worker as MODULE:OBJ, e.g. myapp.jobs:worker")
+    sys.path.insert(0, ".")
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        _fail(f"cannot load {target}: {exc}")
+    if not isinstance(obj, Worker):
+        _fail(f"{target} is a {type(obj).__name__}, not an orbit Worker")
+    if url:
+        obj.url = url.rstrip("/")
+    configure("info")
+    raise typer.Exit(obj.run())

@@ -95,4 +95,6 @@ class OrbitError(Exception):
 
 
 class Rejected(OrbitError):
-    """A worker report refused by a guard. The store recorded it as an event (I3)."""
+    """A worker request refused by a guard. A refused report (start, renew, finish,
+    release, capacity) is recorded as an event (I3, I9); a refused claim or heartbeat,
+    which could not have changed anything, is only answered."""

@@ -260,11 +260,17 @@ def _check_owner(
     return None
 
 
+#: After an attempt's timeout its lease lasts this much longer, so that the runner's own
+#: ATTEMPT_TIMEOUT report (sent when it stops the handler) can still be accepted.
+REPORT_GRACE_US = 5_000_000
+
+
 def lease_until(task: Task, started_at: int, session: Session, now: int, lease_ttl: int) -> int:
-    """A run lease: ``now + ttl`` capped by the attempt timeout, deadline and session."""
+    """A run lease: ``now + ttl`` capped by the attempt timeout (plus the report grace),
+    the task deadline and the session's expiry."""
     until = now + lease_ttl
     if task.attempt_timeout_us is not None:
-        until = min(until, started_at + task.attempt_timeout_us)
+        until = min(until, started_at + task.attempt_timeout_us + REPORT_GRACE_US)
     if task.deadline is not None:
         until = min(until, task.deadline)
     return min(until, session.expires_at)
@@ -387,6 +393,8 @@ def renew(
     )
     if until != attempt.lease_expires_at:
         plan.attempt_writes.append((attempt, replace(attempt, lease_expires_at=until)))
+    # Past the attempt timeout the lease is no longer extended (it ends at timeout + the
+    # report grace); the runner stops the handler on its own clock and reports the timeout.
     status = "cancel" if task.state == T.CANCELLING else "ok"
     return Lease(attempt.id, status, until)
 

@@ -324,6 +324,13 @@ class Drain(Strict):
     req_id: ReqId
 
 
+class Heartbeat(Strict):
+    """Keeps an idle session alive (a renew does the same while attempts run)."""
+
+    type: Literal["heartbeat"]
+    req_id: ReqId
+
+
 WORKER_REQUESTS: dict[str, type[Strict]] = {
     "hello": Hello,
     "resume": Resume,
@@ -334,6 +341,7 @@ WORKER_REQUESTS: dict[str, type[Strict]] = {
     "release": Release,
     "capacity": CapacityUpdate,
     "drain": Drain,
+    "heartbeat": Heartbeat,
 }
 
 
@@ -344,6 +352,9 @@ class Welcome(Response):
     epoch: str
     resume_secret: str | None = Field(
         description="sent on hello only; keep it to resume the session on any node"
+    )
+    heartbeat_interval: float = Field(
+        description="seconds between heartbeats that keep the session alive"
     )
 
 

@@ -9,7 +9,6 @@ import os
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -29,7 +28,6 @@ from orbit.server.routes import router
 from orbit.store import Store, StoreConfig, open_store
 
 log = logging.getLogger("orbit.server")
-SCHEMA_DIR = Path(__file__).resolve().parent.parent.parent / "schema"
 
 
 @dataclass

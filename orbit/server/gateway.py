@@ -35,6 +35,7 @@ from orbit.protocol.messages import (
     ErrorMessage,
     Finish,
     FinishedMessage,
+    Heartbeat,
     Hello,
     Release,
     Renew,
@@ -131,8 +132,14 @@ class Dispatcher:
                 self.store.attempt_claim_many, conn.session_id, conn.epoch, conn.max_concurrency
             )
         except Rejected as exc:
-            if exc.code == Code.FENCED_EPOCH:
-                conn.closed = True  # superseded by a resume elsewhere
+            if exc.code == Code.SESSION_DRAINING:
+                conn.push = False  # drained from elsewhere (the HTTP API): stop offering
+            elif exc.code in (Code.FENCED_EPOCH, Code.SESSION_EXPIRED):
+                # Superseded by a resume, or lapsed: the worker must resume on a new
+                # connection, so close this one and stop offering to it.
+                conn.closed = True
+                with contextlib.suppress(Exception):
+                    await conn.ws.close(code=4409, reason=str(exc.code))
             return
         except Exception:  # a database hiccup must not stop dispatch
             log.exception("dispatch failed")
@@ -153,19 +160,12 @@ def _req_id(raw: Any) -> str | None:
 class _Protocol:
     """Decoding and answering one connection's messages."""
 
-    def __init__(
-        self,
-        ws: WebSocket,
-        store: Store,
-        dispatcher: Dispatcher,
-        node_id: str,
-        max_result_bytes: int,
-    ) -> None:
+    def __init__(self, ws: WebSocket, store: Store, dispatcher: Dispatcher, node_id: str) -> None:
         self.ws = ws
         self.store = store
         self.dispatcher = dispatcher
         self.node_id = node_id
-        self.max_result_bytes = max_result_bytes
+        self.heartbeat_interval = store.config.session_ttl_us / 3_000_000
         self.conn: WorkerConnection | None = None
 
     async def error(
@@ -233,6 +233,7 @@ class _Protocol:
                         session_id=session.id,
                         epoch=str(session.epoch),
                         resume_secret=secret,
+                        heartbeat_interval=self.heartbeat_interval,
                     )
                     push = msg.push
                 elif isinstance(msg, Resume):
@@ -246,6 +247,7 @@ class _Protocol:
                         session_id=session.id,
                         epoch=str(session.epoch),
                         resume_secret=None,
+                        heartbeat_interval=self.heartbeat_interval,
                     )
                     push = msg.push
                 else:
@@ -327,7 +329,11 @@ class _Protocol:
                 self.dispatcher.wake_threadsafe()
             elif isinstance(msg, Drain):
                 await run_in_threadpool(store.session_drain, sid)
+                conn.push = False
                 await conn.send(AckMessage(req_id=rid, op="drain"))
+            elif isinstance(msg, Heartbeat):
+                await run_in_threadpool(store.session_heartbeat, sid, epoch)
+                await conn.send(AckMessage(req_id=rid, op="heartbeat"))
             else:
                 await self.error(rid, "ALREADY_WELCOMED", "the session is already established")
         except OrbitError as exc:
@@ -367,7 +373,6 @@ async def worker_endpoint(ws: WebSocket) -> None:
         app.state.store,
         app.state.dispatcher,
         app.state.settings.node_id,
-        app.state.settings.max_body_bytes,
     )
     with contextlib.suppress(WebSocketDisconnect):
         await protocol.serve()

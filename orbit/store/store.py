@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from orbit.core import transitions
-from orbit.core.errors import Code, OrbitError
+from orbit.core.errors import Code, OrbitError, Rejected
 from orbit.core.ids import uuid7
 from orbit.core.limits import Occupancy, bucket_refill
 from orbit.core.model import (
@@ -589,8 +589,7 @@ class Store:
             now = tx.now()
             reason = transitions.session_usable(replace(session, draining=False), epoch, now)
             if reason is not None:
-                plan.reject(reason[0], reason[1], report="heartbeat", session_id=session_id)
-                return plan, session
+                raise Rejected(reason[0], reason[1])  # answered, not logged: see claim
             after = replace(session, expires_at=now + self.config.session_ttl_us)
             plan.session_writes.append((session, after))
             return plan, after
@@ -675,8 +674,9 @@ class Store:
             now = tx.now()
             reason = transitions.session_usable(session, epoch, now)
             if reason is not None:
-                plan.reject(reason[0], reason[1], report="claim", session_id=session_id)
-                return plan, []
+                # A refused claim changes nothing and holds nothing: it is answered, not
+                # logged (an idle worker's dispatcher would otherwise flood the log).
+                raise Rejected(reason[0], reason[1])
             grants = self._claim(tx, plan, session, queues, n, now)
             return plan, grants
 

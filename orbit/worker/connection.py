@@ -35,6 +35,7 @@ class WorkerConnection:
         self.session_id: str | None = None
         self.epoch: str | None = None
         self.resume_secret: str | None = None
+        self.heartbeat_interval: float = 20.0
         self._ids = itertools.count(1)
         self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._reader = asyncio.create_task(self._read())
@@ -100,6 +101,7 @@ class WorkerConnection:
         )
         self.session_id, self.epoch = reply["session_id"], reply["epoch"]
         self.resume_secret = reply["resume_secret"]
+        self.heartbeat_interval = float(reply["heartbeat_interval"])
         return reply
 
     async def resume(self, session_id: str, secret: str, push: bool = True) -> dict[str, Any]:
@@ -107,6 +109,7 @@ class WorkerConnection:
             {"type": "resume", "session_id": session_id, "secret": secret, "push": push}
         )
         self.session_id, self.epoch, self.resume_secret = session_id, reply["epoch"], secret
+        self.heartbeat_interval = float(reply["heartbeat_interval"])
         return reply
 
     async def claim(self, n: int) -> list[dict[str, Any]]:
@@ -140,6 +143,10 @@ class WorkerConnection:
 
     async def drain(self) -> None:
         await self.request({"type": "drain"})
+
+    async def heartbeat(self) -> None:
+        """Keep an idle session alive (renewals do it while attempts run)."""
+        await self.request({"type": "heartbeat"})
 
     async def next_push(self, timeout: float = 30.0) -> dict[str, Any]:
         return await asyncio.wait_for(self.pushed.get(), timeout)

@@ -211,11 +211,19 @@ def test_renew_extends_capped_by_timeout_and_deadline(store: Store, clock: Manua
     a, b = a.attempt, b.attempt
     clock.advance(20)
     leases = {x.attempt_id: x for x in store.lease_renew_many(s.id, s.epoch, [a.id, b.id])}
-    assert leases[a.id].status == "ok" and leases[a.id].lease_expires_at == t0 + 45 * SECOND
+    # the timeout's lease includes the report grace, so the runner's ATTEMPT_TIMEOUT lands
+    assert leases[a.id].status == "ok" and leases[a.id].lease_expires_at == t0 + 50 * SECOND
     assert leases[b.id].status == "ok" and leases[b.id].lease_expires_at == t0 + 40 * SECOND
-    clock.advance(26)  # past the attempt timeout: the server refuses to renew
+    clock.advance(26)  # past the attempt timeout: the lease is no longer extended
     leases = {x.attempt_id: x for x in store.lease_renew_many(s.id, s.epoch, [a.id])}
-    assert leases[a.id].status == "lost"
+    assert leases[a.id].status == "ok" and leases[a.id].lease_expires_at == t0 + 50 * SECOND
+    receipt = store.attempt_finish(
+        s.id, s.epoch, a.id, a.fence, Outcome.failure("ATTEMPT_TIMEOUT", retryable=True)
+    )
+    assert receipt.task_state == "scheduled"  # the runner's timeout report is accepted
+    clock.advance(5)
+    leases = {x.attempt_id: x for x in store.lease_renew_many(s.id, s.epoch, [b.id])}
+    assert leases[b.id].status == "lost"  # b's lease ended at its deadline
 
 
 def test_cancel_cascades_to_descendants_in_one_transaction(store: Store) -> None:
@@ -311,6 +319,8 @@ def test_reaper_marks_timed_out_attempts(store: Store, clock: ManualClock) -> No
     tid = submit(store, retry_safe=True, attempt_timeout_us=5 * SECOND, max_attempts=1)
     s, _ = worker(store)
     g = run_one(store, s)
+    clock.advance(5)
+    assert store.reap().total == 0  # the lease lasts the report grace beyond the timeout
     clock.advance(5)
     store.reap()
     assert store.attempt_get(g.attempt.id).state == "timed_out"

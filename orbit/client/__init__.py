@@ -1,0 +1,28 @@
+"""The Python SDK: ``Client`` (sync) and ``AsyncClient`` over the HTTP API."""
+
+from orbit.client._client import AsyncClient, Client
+from orbit.client._errors import (
+    ApiError,
+    BadRequest,
+    Conflict,
+    Forbidden,
+    NotFound,
+    TaskFailed,
+    TooLarge,
+    Unauthorized,
+    WaitTimeout,
+)
+
+__all__ = [
+    "ApiError",
+    "AsyncClient",
+    "BadRequest",
+    "Client",
+    "Conflict",
+    "Forbidden",
+    "NotFound",
+    "TaskFailed",
+    "TooLarge",
+    "Unauthorized",
+    "WaitTimeout",
+]

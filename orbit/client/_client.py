@@ -1,0 +1,365 @@
+"""Client and AsyncClient. Requests are built once (``_Calls``) and sent by a sync or an
+async transport; certificates are always verified (a custom CA file is accepted)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from datetime import datetime
+from typing import Any
+
+import httpx
+
+from orbit.client._errors import TaskFailed, WaitTimeout, error_from
+from orbit.tokens import load_token
+
+TERMINAL = frozenset({"succeeded", "failed", "cancelled", "needs_review"})
+Request = tuple[str, str, dict[str, Any] | None, dict[str, Any] | list[Any] | None]
+
+
+def _instant(value: datetime | str | None) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if value.tzinfo is None:
+        raise ValueError("deadline and run_after need a timezone (e.g. datetime.now(UTC))")
+    return value.isoformat()
+
+
+def task_body(
+    queue: str,
+    handler: str,
+    payload: Any = None,
+    *,
+    tenant: str | None = None,
+    priority: int | None = None,
+    idempotency_key: str | None = None,
+    parent_id: str | None = None,
+    retry_safe: bool | None = None,
+    max_attempts: int | None = None,
+    backoff: dict[str, float] | None = None,
+    attempt_timeout: float | None = None,
+    deadline: datetime | str | None = None,
+    run_after: datetime | str | None = None,
+) -> dict[str, Any]:
+    """The submit body; options left as None take the server's defaults."""
+    body: dict[str, Any] = {"queue": queue, "handler": handler, "payload": payload}
+    optional = {
+        "tenant": tenant,
+        "priority": priority,
+        "idempotency_key": idempotency_key,
+        "parent_id": parent_id,
+        "retry_safe": retry_safe,
+        "max_attempts": max_attempts,
+        "backoff": backoff,
+        "attempt_timeout": attempt_timeout,
+        "deadline": _instant(deadline),
+        "run_after": _instant(run_after),
+    }
+    body.update({k: v for k, v in optional.items() if v is not None})
+    return body
+
+
+class _Calls:
+    """Every API call as (method, path, query, body): shared by both clients."""
+
+    @staticmethod
+    def queue_create(
+        name: str, max_concurrency: int, rate: float, burst: int | None = None
+    ) -> Request:
+        body: dict[str, Any] = {"name": name, "max_concurrency": max_concurrency, "rate": rate}
+        if burst is not None:
+            body["burst"] = burst
+        return ("POST", "/v1/queues", None, body)
+
+    @staticmethod
+    def tasks_list(
+        state: str | None,
+        queue: str | None,
+        tenant: str | None,
+        handler: str | None,
+        limit: int,
+        cursor: str | None,
+    ) -> Request:
+        query = {
+            "state": state,
+            "queue": queue,
+            "tenant": tenant,
+            "handler": handler,
+            "limit": limit,
+            "cursor": cursor,
+        }
+        return ("GET", "/v1/tasks", {k: v for k, v in query.items() if v is not None}, None)
+
+    @staticmethod
+    def resolve(task_id: str, decision: str, result: Any, error: dict[str, Any] | None) -> Request:
+        body: dict[str, Any] = {"decision": decision}
+        if decision == "succeeded":
+            body["result"] = result
+        if error is not None:
+            body["error"] = error
+        return ("POST", f"/v1/tasks/{task_id}/resolve", None, body)
+
+
+def _base(url: str, token: str | None, cafile: str | None, timeout: float) -> dict[str, Any]:
+    token = token if token is not None else load_token()
+    return {
+        "base_url": url.rstrip("/"),
+        "headers": {"Authorization": f"Bearer {token}", "User-Agent": "orbit-python"},
+        "verify": cafile if cafile else True,
+        "timeout": timeout,
+    }
+
+
+def _unwrap(reply: httpx.Response) -> Any:
+    body = reply.json() if reply.content else None
+    if reply.status_code >= 400:
+        raise error_from(reply.status_code, body)
+    return body
+
+
+class Client:
+    """Synchronous client. The token comes from ``token=`` or ORBIT_TOKEN(_FILE)."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        cafile: str | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self._http = httpx.Client(**_base(url, token, cafile, timeout))
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, request: Request) -> Any:
+        method, path, query, body = request
+        return _unwrap(self._http.request(method, path, params=query, json=body))
+
+    # queues
+    def queue_create(
+        self, name: str, *, max_concurrency: int, rate: float, burst: int | None = None
+    ) -> dict[str, Any]:
+        return dict(self._call(_Calls.queue_create(name, max_concurrency, rate, burst)))
+
+    def queues(self) -> list[dict[str, Any]]:
+        return list(self._call(("GET", "/v1/queues", None, None)))
+
+    def queue_pause(self, name: str) -> dict[str, Any]:
+        return dict(self._call(("POST", f"/v1/queues/{name}/pause", None, None)))
+
+    def queue_resume(self, name: str) -> dict[str, Any]:
+        return dict(self._call(("POST", f"/v1/queues/{name}/resume", None, None)))
+
+    # tasks
+    def submit(
+        self, queue: str, handler: str, payload: Any = None, **options: Any
+    ) -> dict[str, Any]:
+        """Submit a task; returns it (an existing one when the idempotency key matched)."""
+        reply = self._call(
+            ("POST", "/v1/tasks", None, task_body(queue, handler, payload, **options))
+        )
+        return dict(reply["task"])
+
+    def submit_many(self, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Submit up to 1000 tasks atomically (each a ``task_body``-shaped dict)."""
+        reply = self._call(("POST", "/v1/tasks/batch", None, {"tasks": tasks}))
+        return [dict(r["task"]) for r in reply]
+
+    def get(self, task_id: str) -> dict[str, Any]:
+        return dict(self._call(("GET", f"/v1/tasks/{task_id}", None, None)))
+
+    def wait(self, task_id: str, timeout: float = 60.0, poll: float = 0.2) -> dict[str, Any]:
+        """Block until the task ends (or needs review); raise WaitTimeout after ``timeout``."""
+        end = time.monotonic() + timeout
+        delay = min(poll, 0.05)
+        while True:
+            task = self.get(task_id)
+            if task["state"] in TERMINAL:
+                return task
+            if time.monotonic() >= end:
+                raise WaitTimeout(f"task {task_id} is still {task['state']}")
+            time.sleep(min(delay, max(end - time.monotonic(), 0)))
+            delay = min(delay * 2, poll)
+
+    def result(self, task_id: str, timeout: float = 60.0) -> Any:
+        """The task's result; TaskFailed if it ended any other way than succeeded."""
+        task = self.wait(task_id, timeout)
+        if task["state"] != "succeeded":
+            raise TaskFailed(task)
+        return task["result"]
+
+    def cancel(self, task_id: str) -> dict[str, Any]:
+        return dict(self._call(("POST", f"/v1/tasks/{task_id}/cancel", None, None)))
+
+    def retry(self, task_id: str) -> dict[str, Any]:
+        return dict(self._call(("POST", f"/v1/tasks/{task_id}/retry", None, None)))
+
+    def resolve(
+        self,
+        task_id: str,
+        decision: str,
+        *,
+        result: Any = None,
+        error: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        return dict(self._call(_Calls.resolve(task_id, decision, result, error)))
+
+    def list_tasks(
+        self,
+        *,
+        state: str | None = None,
+        queue: str | None = None,
+        tenant: str | None = None,
+        handler: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        """One page: ``{"items": [...], "next_cursor": ...}``."""
+        return dict(self._call(_Calls.tasks_list(state, queue, tenant, handler, limit, cursor)))
+
+    def iter_tasks(self, **filters: Any) -> Iterator[dict[str, Any]]:
+        """Every matching task, page by page (keyset pagination: no duplicates, no gaps)."""
+        cursor = None
+        while True:
+            page = self.list_tasks(cursor=cursor, **filters)
+            yield from page["items"]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
+
+    def attempts(self, task_id: str) -> list[dict[str, Any]]:
+        return list(self._call(("GET", f"/v1/tasks/{task_id}/attempts", None, None)))
+
+    def events(self, task_id: str, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
+        query: dict[str, Any] = {"limit": limit, **({"cursor": cursor} if cursor else {})}
+        return dict(self._call(("GET", f"/v1/tasks/{task_id}/events", query, None)))
+
+    # workers and tokens
+    def workers(self) -> list[dict[str, Any]]:
+        return list(self._call(("GET", "/v1/workers", None, None)))
+
+    def worker_drain(self, session_id: str) -> dict[str, Any]:
+        return dict(self._call(("POST", f"/v1/workers/{session_id}/drain", None, None)))
+
+    def token_create(self, name: str, scopes: list[str]) -> dict[str, Any]:
+        return dict(self._call(("POST", "/v1/tokens", None, {"name": name, "scopes": scopes})))
+
+
+class AsyncClient:
+    """The same calls for asyncio code."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        cafile: str | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self._http = httpx.AsyncClient(**_base(url, token, cafile, timeout))
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _call(self, request: Request) -> Any:
+        method, path, query, body = request
+        return _unwrap(await self._http.request(method, path, params=query, json=body))
+
+    async def queue_create(
+        self, name: str, *, max_concurrency: int, rate: float, burst: int | None = None
+    ) -> dict[str, Any]:
+        return dict(await self._call(_Calls.queue_create(name, max_concurrency, rate, burst)))
+
+    async def queues(self) -> list[dict[str, Any]]:
+        return list(await self._call(("GET", "/v1/queues", None, None)))
+
+    async def submit(
+        self, queue: str, handler: str, payload: Any = None, **options: Any
+    ) -> dict[str, Any]:
+        body = task_body(queue, handler, payload, **options)
+        return dict((await self._call(("POST", "/v1/tasks", None, body)))["task"])
+
+    async def submit_many(self, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        reply = await self._call(("POST", "/v1/tasks/batch", None, {"tasks": tasks}))
+        return [dict(r["task"]) for r in reply]
+
+    async def get(self, task_id: str) -> dict[str, Any]:
+        return dict(await self._call(("GET", f"/v1/tasks/{task_id}", None, None)))
+
+    async def wait(self, task_id: str, timeout: float = 60.0, poll: float = 0.2) -> dict[str, Any]:
+        end = time.monotonic() + timeout
+        delay = min(poll, 0.05)
+        while True:
+            task = await self.get(task_id)
+            if task["state"] in TERMINAL:
+                return task
+            if time.monotonic() >= end:
+                raise WaitTimeout(f"task {task_id} is still {task['state']}")
+            await asyncio.sleep(min(delay, max(end - time.monotonic(), 0)))
+            delay = min(delay * 2, poll)
+
+    async def result(self, task_id: str, timeout: float = 60.0) -> Any:
+        task = await self.wait(task_id, timeout)
+        if task["state"] != "succeeded":
+            raise TaskFailed(task)
+        return task["result"]
+
+    async def cancel(self, task_id: str) -> dict[str, Any]:
+        return dict(await self._call(("POST", f"/v1/tasks/{task_id}/cancel", None, None)))
+
+    async def retry(self, task_id: str) -> dict[str, Any]:
+        return dict(await self._call(("POST", f"/v1/tasks/{task_id}/retry", None, None)))
+
+    async def resolve(
+        self,
+        task_id: str,
+        decision: str,
+        *,
+        result: Any = None,
+        error: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        return dict(await self._call(_Calls.resolve(task_id, decision, result, error)))
+
+    async def list_tasks(
+        self,
+        *,
+        state: str | None = None,
+        queue: str | None = None,
+        tenant: str | None = None,
+        handler: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        call = _Calls.tasks_list(state, queue, tenant, handler, limit, cursor)
+        return dict(await self._call(call))
+
+    async def iter_tasks(self, **filters: Any) -> AsyncIterator[dict[str, Any]]:
+        cursor = None
+        while True:
+            page = await self.list_tasks(cursor=cursor, **filters)
+            for item in page["items"]:
+                yield item
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
+
+    async def workers(self) -> list[dict[str, Any]]:
+        return list(await self._call(("GET", "/v1/workers", None, None)))
+
+    async def worker_drain(self, session_id: str) -> dict[str, Any]:
+        return dict(await self._call(("POST", f"/v1/workers/{session_id}/drain", None, None)))

@@ -1,0 +1,76 @@
+"""Typed exceptions carrying the server's machine-readable code."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ApiError(Exception):
+    """The server refused a call; ``code`` is what to branch on."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.field = field
+
+
+class BadRequest(ApiError):
+    pass
+
+
+class Unauthorized(ApiError):
+    pass
+
+
+class Forbidden(ApiError):
+    pass
+
+
+class NotFound(ApiError):
+    pass
+
+
+class Conflict(ApiError):
+    pass
+
+
+class TooLarge(ApiError):
+    pass
+
+
+_BY_STATUS: dict[int, type[ApiError]] = {
+    400: BadRequest,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    413: TooLarge,
+}
+
+
+def error_from(status: int, body: Any) -> ApiError:
+    err = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(err, dict):
+        return ApiError(status, "HTTP_ERROR", f"unexpected reply with status {status}")
+    cls = _BY_STATUS.get(status, ApiError)
+    return cls(status, str(err.get("code")), str(err.get("message")), err.get("field"))
+
+
+class TaskFailed(Exception):
+    """``result()`` of a task that ended without a result (failed, cancelled, needs_review)."""
+
+    def __init__(self, task: dict[str, Any]) -> None:
+        error = task.get("error") or {}
+        super().__init__(
+            f"task {task['id']} ended {task['state']}: "
+            f"{error.get('code')} {error.get('message') or ''}".rstrip()
+        )
+        self.task = task
+        self.state = task["state"]
+        self.code = error.get("code")
+
+
+class WaitTimeout(TimeoutError):
+    """``wait()`` gave up before the task ended; the task itself goes on."""

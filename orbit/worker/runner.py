@@ -1,0 +1,513 @@
+"""The automatic worker: leases, renewals, cancellation, reconnects and shutdown done
+right, so a handler is just a function.
+
+    worker = Worker("http://127.0.0.1:8000", name="renderer", concurrency=8)
+
+    @worker.handler("render.screenshot", capacity=4)
+    async def screenshot(ctx: Context, payload: dict) -> dict:
+        ...
+
+    worker.run()   # SIGTERM or SIGINT: drain, then exit
+
+Guarantees the runner keeps:
+- a handler's result is sent only while its attempt is still ours: when the server says
+  the lease is lost (or we cannot renew before it runs out), the handler is cancelled and
+  its result is dropped;
+- a finish whose reply was lost is re-sent with the very same outcome after a reconnect
+  and resume; the server answers it with the original receipt, so it commits once;
+- cancellation reaches the handler at once: an async handler's task is cancelled; a plain
+  function sees ``ctx.cancelled`` become true and is waited for a bounded time;
+- shutdown never hangs: after the grace period running handlers are cancelled, and a
+  handler that still ignores it is reported and abandoned (its thread is a daemon).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import signal
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from orbit.tokens import load_token
+from orbit.worker.connection import ServerError, WorkerConnection
+
+log = logging.getLogger("orbit.worker")
+Handler = Callable[..., Any]
+
+
+class Retry(Exception):
+    """Raise from a handler to fail this attempt as retryable (the default for errors)."""
+
+    def __init__(self, message: str = "", code: str = "RETRY") -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Fail(Exception):
+    """Raise from a handler to fail the task for good (no retry)."""
+
+    def __init__(self, message: str = "", code: str = "FAILED") -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Cancelled(Exception):
+    """Raised by ``ctx.check()`` once the attempt must stop."""
+
+
+@dataclass
+class Context:
+    """What a handler knows about its attempt."""
+
+    task_id: str
+    attempt_id: str
+    attempt: int
+    handler: str
+    queue: str
+    tenant: str
+    deadline: datetime | None
+    attempt_timeout: float | None
+    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    reason: str | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the task was cancelled, the lease lost, or the worker is stopping."""
+        return self._cancel.is_set()
+
+    def check(self) -> None:
+        """Raise ``Cancelled`` if the attempt must stop (for plain-function handlers)."""
+        if self._cancel.is_set():
+            raise Cancelled(self.reason or "cancelled")
+
+    def _stop(self, reason: str) -> None:
+        if not self._cancel.is_set():
+            self.reason = reason
+            self._cancel.set()
+
+
+@dataclass
+class _Registered:
+    fn: Handler
+    capacity: int
+    is_async: bool
+
+
+@dataclass
+class _Running:
+    ctx: Context
+    fence: str
+    task: asyncio.Task[Any] | None = None  # the whole attempt: start, handler, finish
+    handler_task: asyncio.Task[Any] | None = None  # just the handler
+    lost: bool = False
+    lease_expires: float = 0.0  # monotonic deadline of the current lease
+
+
+class Worker:
+    """Register handlers, then ``run()``. See the module docstring for the guarantees."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        name: str = "worker",
+        concurrency: int = 10,
+        cafile: str | None = None,
+        grace: float = 30.0,
+        cancel_grace: float = 5.0,
+        renew_interval: float | None = None,
+        reconnect_max: float = 5.0,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.url = url.rstrip("/")
+        self.token = token
+        self.name = name
+        self.concurrency = concurrency
+        self.cafile = cafile
+        self.grace = grace
+        self.cancel_grace = cancel_grace
+        self.renew_interval = renew_interval
+        self.reconnect_max = reconnect_max
+        self.handlers: dict[str, _Registered] = {}
+        self.running: dict[str, _Running] = {}
+        self.abandoned: list[str] = []  # attempts whose handler ignored cancellation
+        self.finished = 0
+        self._conn: WorkerConnection | None = None
+        self._connected = asyncio.Event()
+        self._stop_requested = asyncio.Event()
+        self._lease_changed = asyncio.Event()
+        self._stopping = False
+        #: Fault-test switch: stop sending renewals (leases then run out and are lost).
+        self.pause_renewals = False
+        self._session: tuple[str, str] | None = None  # (session id, resume secret)
+        self.session_id: str | None = None
+
+    # ------------------------------------------------------------------ registration
+
+    def handler(self, name: str, *, capacity: int | None = None) -> Callable[[Handler], Handler]:
+        """Register ``fn(ctx, payload)`` for a handler name. Async functions run on the
+        event loop; plain functions run in a thread of their own."""
+
+        def register(fn: Handler) -> Handler:
+            if name in self.handlers:
+                raise ValueError(f"handler {name} is registered twice")
+            self.handlers[name] = _Registered(
+                fn, capacity or self.concurrency, inspect.iscoroutinefunction(fn)
+            )
+            return fn
+
+        return register
+
+    # ------------------------------------------------------------------ running
+
+    def run(self) -> int:
+        """Run until SIGTERM/SIGINT, then drain. Returns 0, or 1 if a handler was abandoned."""
+        return asyncio.run(self.arun(install_signals=True))
+
+    async def arun(self, *, install_signals: bool = False) -> int:
+        if not self.handlers:
+            raise ValueError("register at least one handler before running")
+        self._connected = asyncio.Event()
+        self._stop_requested = asyncio.Event()
+        self._lease_changed = asyncio.Event()
+        if install_signals:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop)
+        await self._connect(first=True)
+        loops = [
+            asyncio.create_task(self._renew_loop(), name="renew"),
+            asyncio.create_task(self._read_loop(), name="read"),
+            asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
+        ]
+        try:
+            await self._stop_requested.wait()
+            await self._drain()
+        finally:
+            for t in loops:
+                t.cancel()
+            for t in loops:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+            if self._conn is not None:
+                with contextlib.suppress(Exception):
+                    await self._conn.close()
+        return 1 if self.abandoned else 0
+
+    def stop(self) -> None:
+        """Ask the worker to drain and exit (what SIGTERM and SIGINT do)."""
+        log.info("stopping: draining")
+        self._stopping = True
+        self._stop_requested.set()
+
+    # ------------------------------------------------------------------ connection
+
+    def _ws_url(self) -> str:
+        base = self.url.replace("https://", "wss://").replace("http://", "ws://")
+        return f"{base}/v1/worker"
+
+    async def _connect(self, *, first: bool = False) -> None:
+        """Connect and hello (first time) or resume; retry with backoff until it works."""
+        self._connected.clear()
+        token = self.token if self.token is not None else load_token()
+        delay = 0.1
+        caps = {name: reg.capacity for name, reg in self.handlers.items()}
+        while True:
+            try:
+                conn = await WorkerConnection.connect(self._ws_url(), token, cafile=self.cafile)
+                if self._session is None:
+                    await conn.hello(self.name, caps, self.concurrency)
+                    assert conn.session_id and conn.resume_secret
+                    self._session = (conn.session_id, conn.resume_secret)
+                    self.session_id = conn.session_id
+                else:
+                    try:
+                        await conn.resume(*self._session)
+                    except ServerError as exc:
+                        log.warning("resume refused (%s); starting a new session", exc.code)
+                        for running in self.running.values():
+                            self._lose(running, "session lost")
+                        self._session = None
+                        await conn.close()
+                        continue
+                    if self._stopping:
+                        await conn.drain()
+                self._conn = conn
+                self._connected.set()
+                return
+            except (TimeoutError, OSError, ConnectionError, ServerError) as exc:
+                if first and isinstance(exc, ServerError):
+                    raise
+                log.warning("connect failed (%s); retrying in %.1fs", type(exc).__name__, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.reconnect_max)
+            except Exception as exc:  # websockets' handshake errors
+                if first and "40" in str(exc):
+                    raise
+                log.warning("connect failed (%s); retrying", type(exc).__name__)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.reconnect_max)
+
+    async def _read_loop(self) -> None:
+        while True:
+            assert self._conn is not None
+            msg = await self._conn.next_push(timeout=3600)
+            kind = msg.get("type")
+            if kind == "tasks":
+                for assignment in msg["tasks"]:
+                    self._accept(assignment)
+            elif kind == "cancel":
+                for attempt_id in msg["attempt_ids"]:
+                    running = self.running.get(attempt_id)
+                    if running is not None:
+                        self._cancel(running, "task cancelled")
+            elif kind == "closed":
+                if self._stopping and not self.running:
+                    return
+                await self._connect()
+
+    async def _request(self, call: Callable[[WorkerConnection], Awaitable[Any]]) -> Any:
+        """Run a request, riding over reconnects: wait for a live connection, retry once it
+        is back. A ServerError is an answer, not a transport failure: it propagates."""
+        while True:
+            await self._connected.wait()
+            conn = self._conn
+            assert conn is not None
+            try:
+                return await call(conn)
+            except (TimeoutError, ConnectionError, OSError):
+                if self._conn is conn:
+                    self._connected.clear()
+                await asyncio.sleep(0.05)
+
+    # ------------------------------------------------------------------ attempts
+
+    def _accept(self, a: dict[str, Any]) -> None:
+        ctx = Context(
+            task_id=a["task_id"],
+            attempt_id=a["attempt_id"],
+            attempt=int(a["attempt"]),
+            handler=a["handler"],
+            queue=a["queue"],
+            tenant=a["tenant"],
+            deadline=datetime.fromisoformat(a["deadline"]) if a["deadline"] else None,
+            attempt_timeout=a["attempt_timeout"],
+        )
+        running = _Running(ctx=ctx, fence=a["fence"])
+        self.running[ctx.attempt_id] = running
+        running.task = asyncio.create_task(self._attempt(running, a["payload"]))
+
+    async def _attempt(self, running: _Running, payload: Any) -> None:
+        ctx = running.ctx
+        try:
+            if self._stopping or ctx.handler not in self.handlers:
+                await self._request(lambda c: c.release(ctx.attempt_id, running.fence))
+                return
+            try:
+                lease = await self._request(lambda c: c.start(ctx.attempt_id, running.fence))
+            except ServerError as exc:
+                log.info("start of %s refused: %s", ctx.attempt_id, exc.code)
+                if exc.code == "QUEUE_PAUSED":
+                    with contextlib.suppress(ServerError):
+                        await self._request(lambda c: c.release(ctx.attempt_id, running.fence))
+                return
+            running.lease_expires = self._lease_deadline(lease)
+            self._lease_changed.set()
+            outcome = await self._invoke(running, payload)
+            if outcome is None or running.lost:
+                return  # the attempt is no longer ours: its result must not be sent
+            try:
+                await self._request(lambda c: c.finish(ctx.attempt_id, running.fence, **outcome))
+                self.finished += 1
+            except ServerError as exc:
+                log.warning("finish of %s refused: %s", ctx.attempt_id, exc.code)
+        finally:
+            self.running.pop(ctx.attempt_id, None)
+
+    async def _invoke(self, running: _Running, payload: Any) -> dict[str, Any] | None:
+        """Run the handler; return the outcome to report, or None to report nothing."""
+        ctx = running.ctx
+        reg = self.handlers[ctx.handler]
+        limit, by_deadline = self._time_limit(ctx)
+        running.handler_task = asyncio.create_task(self._call(running, reg, payload))
+        try:
+            result = await asyncio.wait_for(running.handler_task, limit)
+            return {"result": result}
+        except TimeoutError:
+            if by_deadline:
+                return None  # past the deadline the server refuses any report
+            return _error("ATTEMPT_TIMEOUT", "the attempt timed out", retryable=True)
+        except (asyncio.CancelledError, Cancelled):
+            if running.lost:
+                return None
+            stopping = ctx.reason == "worker stopping"
+            return _error("CANCELLED", ctx.reason or "cancelled", retryable=stopping)
+        except Fail as exc:
+            return _error(exc.code, exc.message, retryable=False)
+        except Retry as exc:
+            return _error(exc.code, exc.message, retryable=True)
+        except Exception as exc:  # any other error fails the attempt, retryably
+            return _error(type(exc).__name__[:100], str(exc)[:2000], retryable=True)
+
+    def _time_limit(self, ctx: Context) -> tuple[float | None, bool]:
+        """Seconds the handler may run: its attempt timeout or the task deadline."""
+        limit = ctx.attempt_timeout
+        if ctx.deadline is not None:
+            left = ctx.deadline.timestamp() - time.time()
+            if limit is None or left < limit:
+                return max(left, 0.0), True
+        return limit, False
+
+    async def _call(self, running: _Running, reg: _Registered, payload: Any) -> Any:
+        if reg.is_async:
+            return await reg.fn(running.ctx, payload)
+        return await self._in_thread(running, reg.fn, payload)
+
+    async def _in_thread(self, running: _Running, fn: Handler, payload: Any) -> Any:
+        """A plain function in a daemon thread. Cancellation sets ``ctx.cancelled`` and
+        waits ``cancel_grace``; a thread that ignores it is abandoned, never joined."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+
+        def target() -> None:
+            try:
+                value = fn(running.ctx, payload)
+            except BaseException as exc:  # handed to the loop as the outcome
+                loop.call_soon_threadsafe(_settle, done, None, exc)
+            else:
+                loop.call_soon_threadsafe(_settle, done, value, None)
+
+        name = f"orbit-{running.ctx.attempt_id}"
+        threading.Thread(target=target, name=name, daemon=True).start()
+        try:
+            return await asyncio.shield(done)
+        except asyncio.CancelledError:
+            running.ctx._stop(running.ctx.reason or "attempt timeout")
+            try:
+                await asyncio.wait_for(asyncio.shield(done), self.cancel_grace)
+            except TimeoutError:
+                log.error(
+                    "handler %s ignored cancellation for %.1fs; abandoning it",
+                    running.ctx.handler,
+                    self.cancel_grace,
+                )
+                self.abandoned.append(running.ctx.attempt_id)
+            except BaseException:
+                pass
+            raise
+
+    def _cancel(self, running: _Running, reason: str) -> None:
+        running.ctx._stop(reason)
+        if running.handler_task is not None:
+            running.handler_task.cancel()
+
+    def _lose(self, running: _Running, reason: str) -> None:
+        running.lost = True
+        self._cancel(running, reason)
+
+    # ------------------------------------------------------------------ leases
+
+    def _lease_deadline(self, lease: dict[str, Any]) -> float:
+        expires = lease.get("lease_expires_at")
+        if not expires:
+            return time.monotonic()
+        remaining = datetime.fromisoformat(expires).timestamp() - time.time()
+        return time.monotonic() + max(remaining, 0.0)
+
+    def _interval(self) -> float:
+        """Renew when the soonest lease is half spent (or every ``renew_interval``)."""
+        if self.renew_interval is not None:
+            return self.renew_interval
+        now = time.monotonic()
+        remaining = [r.lease_expires - now for r in self.running.values() if r.lease_expires]
+        return min(max(min(remaining, default=20.0) / 2, 0.05), 10.0)
+
+    async def _renew_loop(self) -> None:
+        """Renew every running lease in one message; a lease we could not renew before it
+        ran out is treated as lost (its handler is cancelled, its result dropped)."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._lease_changed.wait(), self._interval())
+            self._lease_changed.clear()
+            live = [r for r in self.running.values() if r.lease_expires and not r.lost]
+            now = time.monotonic()
+            for r in live:
+                if r.lease_expires <= now:  # could not renew in time: it is not ours now
+                    self._lose(r, "lease expired")
+            ids = [r.ctx.attempt_id for r in live if not r.lost]
+            if not ids or self.pause_renewals or self._conn is None:
+                continue
+            if not self._connected.is_set():
+                continue
+            try:
+                leases = await asyncio.wait_for(self._conn.renew(ids), timeout=10)
+            except (TimeoutError, ServerError, ConnectionError, OSError) as exc:
+                log.warning("renew failed: %s", exc)
+                continue
+            for lease in leases:
+                running = self.running.get(lease["attempt_id"])
+                if running is None:
+                    continue
+                if lease["status"] == "lost":
+                    self._lose(running, "lease lost")
+                else:
+                    running.lease_expires = self._lease_deadline(lease)
+                    if lease["status"] == "cancel":
+                        self._cancel(running, "task cancelled")
+
+    async def _heartbeat_loop(self) -> None:
+        """Keep the session alive while idle; a lapsed session is resumed on reconnect."""
+        while True:
+            conn = self._conn
+            await asyncio.sleep(conn.heartbeat_interval if conn is not None else 5.0)
+            if conn is None or not self._connected.is_set() or conn is not self._conn:
+                continue
+            try:
+                await asyncio.wait_for(conn.heartbeat(), timeout=10)
+            except ServerError as exc:
+                log.warning("heartbeat refused (%s); reconnecting", exc.code)
+                with contextlib.suppress(Exception):
+                    await conn.ws.close()
+            except (TimeoutError, ConnectionError, OSError):
+                continue
+
+    # ------------------------------------------------------------------ shutdown
+
+    async def _drain(self) -> None:
+        """No new claims; running handlers get ``grace`` seconds, then are cancelled."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._request(lambda c: c.drain()), timeout=5)
+        pending = [r.task for r in self.running.values() if r.task is not None]
+        if pending:
+            await asyncio.wait(pending, timeout=self.grace)
+        for r in list(self.running.values()):
+            self._cancel(r, "worker stopping")
+        pending = [r.task for r in self.running.values() if r.task is not None]
+        if pending:
+            await asyncio.wait(pending, timeout=self.cancel_grace + 5)
+        if self.abandoned:
+            log.error("%d handler(s) ignored cancellation and were abandoned", len(self.abandoned))
+
+
+def _error(code: str, message: str, *, retryable: bool) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "retryable": retryable}}
+
+
+def _settle(future: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(value)

@@ -1,0 +1,317 @@
+"""The automatic runner against a real server process, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from orbit.worker import connection as connection_module
+from orbit.worker.runner import Context, Fail, Worker
+from tests.e2e.servers import Node, Tokens
+
+FAST = ["--lease-ttl", "1", "--claim-ttl", "2", "--reap-interval", "0.1", "--poll-interval", "0.5"]
+
+
+@pytest.fixture
+def fast(nodes: Callable[..., Node]) -> Node:
+    return nodes(args=FAST)
+
+
+@pytest.fixture
+def api(fast: Node, tokens: Tokens) -> Iterator[httpx.Client]:
+    with httpx.Client(
+        base_url=fast.http, timeout=30, headers={"Authorization": f"Bearer {tokens.admin}"}
+    ) as client:
+        client.post("/v1/queues", json={"name": "q", "max_concurrency": 50, "rate": 0})
+        yield client
+
+
+def submit(api: httpx.Client, handler: str, payload: Any = None, **kw: Any) -> str:
+    reply = api.post("/v1/tasks", json={"queue": "q", "handler": handler, "payload": payload, **kw})
+    assert reply.status_code == 201, reply.text
+    return str(reply.json()["task"]["id"])
+
+
+def wait_state(
+    api: httpx.Client, task_id: str, states: set[str], timeout: float = 30
+) -> dict[str, Any]:
+    end = time.monotonic() + timeout
+    while True:
+        task = api.get(f"/v1/tasks/{task_id}").json()
+        if task["state"] in states:
+            return dict(task)
+        assert time.monotonic() < end, f"task stayed {task['state']}"
+        time.sleep(0.05)
+
+
+async def run_until(worker: Worker, done: Callable[[], bool], timeout: float = 30) -> None:
+    """Run the worker in this loop until ``done()``, then drain it."""
+    runner = asyncio.create_task(worker.arun())
+    end = time.monotonic() + timeout
+    try:
+        while not done():
+            assert not runner.done(), runner.exception()
+            assert time.monotonic() < end, "timed out"
+            await asyncio.sleep(0.02)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(runner, 30)
+
+
+def test_concurrency_limits_are_honoured(fast: Node, tokens: Tokens, api: httpx.Client) -> None:
+    worker = Worker(fast.http, tokens.worker, concurrency=3)
+    live = {"now": 0, "peak": 0, "h": 0, "h_peak": 0}
+
+    @worker.handler("narrow", capacity=2)
+    async def narrow(ctx: Context, payload: Any) -> Any:
+        live["h"] += 1
+        live["h_peak"] = max(live["h_peak"], live["h"])
+        return await wide(
+            ctx, payload, count=False, after=lambda: live.__setitem__("h", live["h"] - 1)
+        )
+
+    @worker.handler("wide")
+    async def wide(
+        ctx: Context, payload: Any, count: bool = True, after: Callable[[], None] | None = None
+    ) -> Any:
+        live["now"] += 1
+        live["peak"] = max(live["peak"], live["now"])
+        await asyncio.sleep(0.1)
+        live["now"] -= 1
+        if after:
+            after()
+        return "ok"
+
+    ids = [submit(api, "narrow") for _ in range(6)] + [submit(api, "wide") for _ in range(6)]
+    asyncio.run(run_until(worker, lambda: worker.finished == len(ids)))
+    assert live["peak"] <= 3 and live["h_peak"] <= 2
+    assert live["peak"] == 3  # the cap was reached, so the limit really held something back
+    assert all(api.get(f"/v1/tasks/{i}").json()["state"] == "succeeded" for i in ids)
+
+
+def test_renewal_keeps_a_three_lease_handler_alive(
+    fast: Node, tokens: Tokens, api: httpx.Client
+) -> None:
+    worker = Worker(fast.http, tokens.worker)
+
+    @worker.handler("slow")
+    async def slow(ctx: Context, payload: Any) -> Any:
+        await asyncio.sleep(3.2)  # the lease is 1 s
+        return "done"
+
+    tid = submit(api, "slow")
+    asyncio.run(run_until(worker, lambda: worker.finished == 1))
+    task = api.get(f"/v1/tasks/{tid}").json()
+    assert task["state"] == "succeeded" and task["attempts_used"] == 1
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_cancel_reaches_the_handler(
+    fast: Node, tokens: Tokens, api: httpx.Client, kind: str
+) -> None:
+    worker = Worker(fast.http, tokens.worker)
+    seen: dict[str, Any] = {}
+    started = threading.Event()
+
+    if kind == "async":
+
+        @worker.handler("wait")
+        async def wait_async(ctx: Context, payload: Any) -> Any:
+            started.set()
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                seen["cancelled"] = ctx.reason
+                raise
+            return "finished anyway"
+    else:
+
+        @worker.handler("wait")
+        def wait_sync(ctx: Context, payload: Any) -> Any:
+            started.set()
+            end = time.monotonic() + 60
+            while not ctx.cancelled and time.monotonic() < end:
+                time.sleep(0.01)
+            seen["cancelled"] = ctx.reason
+            ctx.check()
+            return "finished anyway"
+
+    tid = submit(api, "wait")
+
+    def cancel_when_started() -> None:
+        started.wait(30)
+        api.post(f"/v1/tasks/{tid}/cancel")
+
+    canceller = threading.Thread(target=cancel_when_started)
+    canceller.start()
+    asyncio.run(run_until(worker, lambda: "cancelled" in seen and not worker.running))
+    canceller.join()
+    task = wait_state(api, tid, {"cancelled"})
+    assert seen["cancelled"] == "task cancelled"
+    assert task["result"] is None
+
+
+def test_lease_loss_cancels_the_handler_and_drops_its_result(
+    fast: Node, tokens: Tokens, api: httpx.Client
+) -> None:
+    worker = Worker(fast.http, tokens.worker)
+    worker.pause_renewals = True
+    seen: dict[str, Any] = {}
+
+    @worker.handler("slow")
+    async def slow(ctx: Context, payload: Any) -> Any:
+        try:
+            await asyncio.sleep(3)
+        except asyncio.CancelledError:
+            seen["reason"] = ctx.reason
+            raise
+        return "must not be committed"
+
+    tid = submit(api, "slow", retry_safe=False)
+    asyncio.run(run_until(worker, lambda: "reason" in seen and not worker.running))
+    assert seen["reason"] == "lease expired"
+    task = wait_state(api, tid, {"needs_review"})
+    assert task["result"] is None and task["attempts_used"] == 1
+    kinds = [e["kind"] for e in api.get(f"/v1/tasks/{tid}/events").json()["items"]]
+    assert "succeeded" not in kinds and "rejected" not in kinds  # nothing was even sent
+
+
+def test_ack_loss_on_finish_commits_exactly_once(
+    fast: Node, tokens: Tokens, api: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first finish reaches the server, then the connection is cut before its reply:
+    the runner reconnects, resumes, re-sends the same outcome, and gets the same receipt."""
+    worker = Worker(fast.http, tokens.worker)
+    runs: list[str] = []
+    cut: list[str] = []
+    original = connection_module.WorkerConnection.request
+
+    async def request(self: Any, message: dict[str, Any], timeout: float = 30.0) -> Any:
+        if message.get("type") == "finish" and not cut:
+            cut.append(message["attempt_id"])
+            await self.ws.send(connection_module.json.dumps({**message, "req_id": "lost"}))
+            await asyncio.sleep(0.3)  # let the server commit it
+            await self.ws.close()
+            raise ConnectionError("cut after sending finish")
+        return await original(self, message, timeout)
+
+    monkeypatch.setattr(connection_module.WorkerConnection, "request", request)
+
+    @worker.handler("once")
+    async def once(ctx: Context, payload: Any) -> Any:
+        runs.append(ctx.attempt_id)
+        return {"value": 42}
+
+    tid = submit(api, "once")
+    asyncio.run(run_until(worker, lambda: worker.finished == 1))
+    task = api.get(f"/v1/tasks/{tid}").json()
+    assert cut and runs == cut  # the handler ran once, its finish was cut once
+    assert task["state"] == "succeeded" and task["result"] == {"value": 42}
+    assert task["result_version"] == "1" and task["attempts_used"] == 1
+    events = api.get(f"/v1/tasks/{tid}/events").json()["items"]
+    assert [e["kind"] for e in events].count("succeeded") == 1
+    # The re-sent finish was answered with the receipt, not refused. (A renewal that raced
+    # the first finish may be refused as ATTEMPT_ENDED: the runner keeps renewing until a
+    # finish is confirmed, so the lease cannot lapse while it retries.)
+    refused = [e["data"]["report"] for e in events if e["kind"] == "rejected"]
+    assert "finish" not in refused
+
+
+def test_fail_and_exceptions_choose_the_outcome(
+    fast: Node, tokens: Tokens, api: httpx.Client
+) -> None:
+    worker = Worker(fast.http, tokens.worker)
+
+    @worker.handler("fatal")
+    async def fatal(ctx: Context, payload: Any) -> Any:
+        raise Fail("bad input", code="BAD_INPUT")
+
+    @worker.handler("flaky")
+    def flaky(ctx: Context, payload: Any) -> Any:
+        if ctx.attempt == 1:
+            raise RuntimeError("transient")
+        return "second time lucky"
+
+    fatal_id = submit(api, "fatal")
+    flaky_id = submit(api, "flaky", backoff={"base": 0.05, "factor": 1, "max": 0.05})
+    asyncio.run(run_until(worker, lambda: worker.finished == 3))
+    fatal_task = api.get(f"/v1/tasks/{fatal_id}").json()
+    assert fatal_task["state"] == "failed" and fatal_task["error"]["code"] == "BAD_INPUT"
+    flaky_task = wait_state(api, flaky_id, {"succeeded"})
+    assert flaky_task["attempts_used"] == 2
+
+
+def _worker_process(node: Node, tokens: Tokens, marks: Path, **env: str) -> subprocess.Popen[str]:
+    environment = {
+        **os.environ,
+        "ORBIT_URL": node.http,
+        "ORBIT_TOKEN": tokens.worker,
+        "ORBIT_TEST_MARKS": str(marks),
+        **env,
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "orbit.cli", "worker", "tests.e2e.worker_app:worker"],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+
+
+def _wait_for(path: Path, timeout: float = 30) -> None:
+    end = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < end, f"{path.name} never appeared"
+        time.sleep(0.02)
+
+
+def test_sigterm_drains(fast: Node, tokens: Tokens, api: httpx.Client, tmp_path: Path) -> None:
+    proc = _worker_process(fast, tokens, tmp_path)
+    try:
+        tid = submit(api, "sleep", {"seconds": 1.5})
+        _wait_for(tmp_path / f"start-{tid}")
+        proc.send_signal(signal.SIGTERM)
+        later = submit(api, "sleep", {"seconds": 0})
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert (tmp_path / f"done-{tid}").exists()  # the running handler was allowed to finish
+    assert api.get(f"/v1/tasks/{tid}").json()["state"] == "succeeded"
+    assert not (tmp_path / f"start-{later}").exists()  # no new claims while draining
+    assert api.get(f"/v1/tasks/{later}").json()["state"] == "queued"
+    assert "Bearer" not in out and tokens.worker not in out
+
+
+def test_an_uncooperative_handler_cannot_hang_shutdown(
+    fast: Node, tokens: Tokens, api: httpx.Client, tmp_path: Path
+) -> None:
+    proc = _worker_process(
+        fast, tokens, tmp_path, ORBIT_TEST_GRACE="0.5", ORBIT_TEST_CANCEL_GRACE="0.5"
+    )
+    try:
+        tid = submit(api, "stubborn", {"seconds": 120})
+        _wait_for(tmp_path / f"start-{tid}")
+        stopped_at = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        took = time.monotonic() - stopped_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out  # exit code 1 reports the abandoned handler
+    assert "ignored cancellation" in out
+    assert took < 25  # bounded by grace + cancel grace, far below the handler's 120 s

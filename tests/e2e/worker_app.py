@@ -1,0 +1,43 @@
+"""A worker module run as a real process by the runner tests (``orbit worker``).
+
+Handlers write marker files into ``$ORBIT_TEST_MARKS`` so the test can see what ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from orbit.worker.runner import Context, Worker
+
+worker = Worker(
+    os.environ.get("ORBIT_URL", "http://127.0.0.1:8000"),
+    name="test-worker",
+    concurrency=4,
+    grace=float(os.environ.get("ORBIT_TEST_GRACE", "10")),
+    cancel_grace=float(os.environ.get("ORBIT_TEST_CANCEL_GRACE", "1")),
+)
+MARKS = Path(os.environ.get("ORBIT_TEST_MARKS", "."))
+
+
+def mark(name: str) -> None:
+    (MARKS / name).write_text(str(time.time()))
+
+
+@worker.handler("sleep")
+async def sleep(ctx: Context, payload: Any) -> Any:
+    mark(f"start-{ctx.task_id}")
+    await asyncio.sleep(float(payload["seconds"]))
+    mark(f"done-{ctx.task_id}")
+    return {"slept": payload["seconds"]}
+
+
+@worker.handler("stubborn")
+def stubborn(ctx: Context, payload: Any) -> Any:
+    """Ignores cancellation on purpose: shutdown must still be bounded."""
+    mark(f"start-{ctx.task_id}")
+    time.sleep(float(payload["seconds"]))
+    return "too late"
