@@ -328,7 +328,7 @@ class _Protocol:
                 await conn.send(AckMessage(req_id=rid, op="capacity"))
                 self.dispatcher.wake_threadsafe()
             elif isinstance(msg, Drain):
-                await run_in_threadpool(store.session_drain, sid)
+                await run_in_threadpool(store.session_drain, sid, epoch)
                 conn.push = False
                 await conn.send(AckMessage(req_id=rid, op="drain"))
             elif isinstance(msg, Heartbeat):

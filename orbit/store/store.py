@@ -644,19 +644,33 @@ class Store:
 
         return self._run_plan(build)
 
-    def session_drain(self, session_id: str) -> Session:
-        """Durably stop new claims for the session; running attempts carry on."""
+    def session_drain(self, session_id: str, epoch: int | None = None) -> Session:
+        """Durably stop new claims for the session; running attempts carry on.
 
-        def work(tx: _Tx) -> Session:
+        A worker's own drain carries its epoch and is fenced like any report; an
+        operator's drain (``epoch=None``) applies to whichever epoch is current.
+        """
+
+        def build(tx: _Tx) -> tuple[Plan, Session]:
+            plan = Plan()
             session = tx.session(session_id, lock=True)
+            if epoch is not None and epoch != session.epoch:
+                plan.reject(
+                    Code.FENCED_EPOCH,
+                    "the epoch was fenced by a resume",
+                    report="drain",
+                    session_id=session_id,
+                    data={"epoch": epoch, "current_epoch": session.epoch},
+                )
+                return plan, session
             if session.draining:
-                return session
+                return plan, session
             after = replace(session, draining=True)
-            tx.write_sessions([(session, after)])
-            tx.events([Event(kind="session.draining", session_id=session_id)])
-            return after
+            plan.session_writes.append((session, after))
+            plan.events.append(Event(kind="session.draining", session_id=session_id))
+            return plan, after
 
-        return self._tx(work)
+        return self._run_plan(build)
 
     # ------------------------------------------------------------------ claim
 

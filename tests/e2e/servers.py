@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -106,7 +107,7 @@ def start_server(
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     node = Node(proc, port, log, "https" if tls else "http")
-    verify: str | bool = str(tls[2]) if tls else True
+    verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(tls[2])) if tls else True
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:

@@ -1,0 +1,280 @@
+"""Two or more ``orbit server`` nodes on one PostgreSQL database (PostgreSQL only).
+
+- A task submitted through node A is pushed to a worker attached to node B by
+  LISTEN/NOTIFY alone: both nodes poll only every 60 s.
+- Node A is SIGKILLed while its worker runs an attempt; the worker resumes its session on
+  node B with its secret and finishes the same attempt; reports carrying an older epoch
+  are fenced (FENCED_EPOCH in the store, close code 4409 on the superseded connection)
+  and leave evidence in the event log.
+- A ``drain`` from a fenced epoch is refused too (it once drained the session).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import websockets
+
+from orbit.store import open_store
+from orbit.worker import ServerError, WorkerConnection
+from tests.e2e.servers import Node, Tokens, make_tokens, start_server
+from tests.pg import as_url, temporary_database
+
+pytestmark = pytest.mark.postgres_only
+
+POLL = ["--poll-interval", "60"]  # far beyond any wait below: only NOTIFY can be in time
+PUSH_TIMEOUT = 10.0
+
+
+@dataclass
+class Cluster:
+    """Nodes on one throwaway PostgreSQL database; all stopped when the test ends."""
+
+    db_url: str
+    log_dir: Path
+    tokens: Tokens
+    nodes: list[Node] = field(default_factory=list)
+
+    def start(self, *node_ids: str, args: list[str] | None = None) -> list[Node]:
+        """Start nodes in parallel (each waits for /healthz) and return them in order."""
+        with ThreadPoolExecutor(len(node_ids)) as pool:
+            futures = [
+                pool.submit(start_server, self.db_url, self.log_dir, node_id=n, args=args)
+                for n in node_ids
+            ]
+        started: list[Node] = []
+        errors: list[BaseException] = []
+        for future in futures:
+            exc = future.exception()
+            if exc is None:
+                started.append(future.result())
+            else:
+                errors.append(exc)
+        self.nodes.extend(started)
+        if errors:
+            raise errors[0]
+        return started
+
+    def logs(self) -> str:
+        return "\n".join(f"===== {n.log.name}\n{n.log_text()}" for n in self.nodes)
+
+
+@contextlib.contextmanager
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    with temporary_database("orbit_cluster") as dsn:
+        db_url = as_url(dsn)
+        c = Cluster(db_url, tmp_path, make_tokens(db_url))  # also migrates the schema
+        try:
+            yield c
+        except BaseException:
+            print(c.logs())  # shown by pytest for a failing test only
+            raise
+        finally:
+            for node in c.nodes:
+                node.stop()
+
+
+def client(node: Node, token: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        base_url=node.http, timeout=30, headers={"Authorization": f"Bearer {token}"}
+    )
+
+
+async def submit(http: httpx.AsyncClient, payload: dict[str, Any]) -> str:
+    reply = await http.post("/v1/tasks", json={"queue": "q", "handler": "h", "payload": payload})
+    assert reply.status_code == 201, reply.text
+    return str(reply.json()["task"]["id"])
+
+
+async def next_tasks(conn: WorkerConnection) -> list[dict[str, Any]]:
+    """The next pushed ``tasks`` message (within PUSH_TIMEOUT), as its assignments."""
+    pushed = await conn.next_push(timeout=PUSH_TIMEOUT)
+    assert pushed["type"] == "tasks" and pushed["req_id"] is None, pushed
+    return list(pushed["tasks"])
+
+
+async def closed_with(conn: WorkerConnection) -> int | None:
+    """Wait until the server closes the connection; return its close code."""
+    while (await conn.next_push(timeout=PUSH_TIMEOUT))["type"] != "closed":
+        pass
+    return conn.ws.close_code
+
+
+def test_task_submitted_on_node_a_is_pushed_to_a_worker_on_node_b(tmp_path: Path) -> None:
+    with cluster(tmp_path) as c:
+        a, b = c.start("node-a", "node-b", args=POLL)
+
+        async def scenario() -> None:
+            async with client(a, c.tokens.admin) as http_a:
+                created = await http_a.post(
+                    "/v1/queues", json={"name": "q", "max_concurrency": 10, "rate": 0}
+                )
+                assert created.status_code == 201, created.text
+                worker = await WorkerConnection.connect(b.ws, c.tokens.worker)
+                try:
+                    await worker.hello("w-b", {"h": 4}, max_concurrency=4, push=True)
+                    # Round 1: B's dispatcher may also have been woken by the attach.
+                    first = await submit(http_a, {"n": 1})
+                    [t1] = await next_tasks(worker)
+                    assert t1["task_id"] == first
+                    # Round 2: B has been silent since (a claim notifies nobody), so only
+                    # A's NOTIFY orbit_ready can wake B's dispatcher before its 60 s poll.
+                    second = await submit(http_a, {"n": 2})
+                    [t2] = await next_tasks(worker)
+                    assert t2["task_id"] == second and t2["payload"] == {"n": 2}
+                    for t in (t1, t2):
+                        assert (await worker.start(t["attempt_id"], t["fence"]))["status"] == "ok"
+                        receipt = await worker.finish(
+                            t["attempt_id"], t["fence"], result=t["payload"]
+                        )
+                        assert receipt["task_state"] == "succeeded"
+                finally:
+                    await worker.close()
+                for task_id in (first, second):
+                    task = (await http_a.get(f"/v1/tasks/{task_id}")).json()
+                    assert task["state"] == "succeeded" and task["attempts_used"] == 1
+                    assert task["result"] == task["payload"]
+                [session] = (await http_a.get("/v1/workers")).json()
+                assert session["node_id"] == "node-b"
+
+        asyncio.run(scenario())
+
+
+def test_worker_resumes_on_node_b_after_node_a_is_killed(tmp_path: Path) -> None:
+    # Leases long enough that a slow restart of node A never lets the attempt's lease lapse.
+    args = [*POLL, "--lease-ttl", "120", "--session-ttl", "120"]
+    with cluster(tmp_path) as c:
+        a, b = c.start("node-a", "node-b", args=args)
+
+        async def scenario() -> None:
+            nonlocal a
+            async with client(a, c.tokens.admin) as http_a:
+                created = await http_a.post(
+                    "/v1/queues", json={"name": "q", "max_concurrency": 10, "rate": 0}
+                )
+                assert created.status_code == 201, created.text
+                w0 = await WorkerConnection.connect(a.ws, c.tokens.worker)
+                welcome = await w0.hello("w", {"h": 1}, max_concurrency=1, push=True)
+                assert welcome["epoch"] == "1"
+                session_id, secret = w0.session_id, w0.resume_secret
+                assert session_id is not None and secret is not None
+                task_id = await submit(http_a, {"url": "https://example.test"})
+                [task] = await next_tasks(w0)
+                attempt_id, fence = task["attempt_id"], task["fence"]
+                assert task["task_id"] == task_id
+                assert (await w0.start(attempt_id, fence))["status"] == "ok"
+
+            # Node A dies mid-run; the worker's connection to it is gone.
+            a.kill()
+            assert await closed_with(w0) == 1006  # abnormal closure: no close frame
+            await w0.close()
+
+            # Node A comes back (same node id, new process). A stale twin of the worker
+            # resumes there first (epoch 2) ...
+            [a] = await asyncio.to_thread(c.start, "node-a", args=args)
+            x = await WorkerConnection.connect(a.ws, c.tokens.worker)
+            assert (await x.resume(session_id, secret, push=False))["epoch"] == "2"
+            assert [r["status"] for r in await x.renew([attempt_id])] == ["ok"]
+
+            # ... then the worker resumes on node B (epoch 3) and renews the same attempt.
+            y = await WorkerConnection.connect(b.ws, c.tokens.worker)
+            assert (await y.resume(session_id, secret, push=True))["epoch"] == "3"
+            assert [r["status"] for r in await y.renew([attempt_id])] == ["ok"]
+
+            # X is still open on node A, which never saw the resume on B: the store fences
+            # its epoch-2 reports, and node A then closes X with 4409.
+            assert [r["status"] for r in await x.renew([attempt_id])] == ["lost"]
+            with pytest.raises(ServerError) as fenced:
+                await x.finish(attempt_id, fence, result={"from": "stale epoch 2"})
+            assert fenced.value.code == "FENCED_EPOCH"
+            assert await closed_with(x) == 4409
+            await x.close()
+
+            # A second resume on the same node B (epoch 4, connection Z) supersedes Y:
+            # node B closes Y with 4409 at once, so Y cannot report anything more.
+            z = await WorkerConnection.connect(b.ws, c.tokens.worker)
+            try:
+                assert (await z.resume(session_id, secret, push=True))["epoch"] == "4"
+                assert await closed_with(y) == 4409
+                with pytest.raises((ConnectionError, websockets.ConnectionClosed)):
+                    await y.finish(attempt_id, fence, result={"from": "superseded epoch 3"})
+                await y.close()
+
+                # Z renews and finishes the SAME attempt; a retried finish is idempotent.
+                assert [r["status"] for r in await z.renew([attempt_id])] == ["ok"]
+                receipt = await z.finish(attempt_id, fence, result={"png": "ok"})
+                assert receipt["attempt_id"] == attempt_id and receipt["fence"] == fence
+                assert receipt["task_state"] == "succeeded"
+                assert receipt["attempt_state"] == "succeeded"
+                assert await z.finish(attempt_id, fence, result={"png": "ok"}) == receipt
+            finally:
+                await z.close()
+
+            async with client(b, c.tokens.admin) as http_b:
+                got = (await http_b.get(f"/v1/tasks/{task_id}")).json()
+                assert got["state"] == "succeeded", got
+                assert got["attempts_used"] == 1 and got["result"] == {"png": "ok"}
+                assert got["result_version"] == "1"
+                attempts = (await http_b.get(f"/v1/tasks/{task_id}/attempts")).json()
+                assert [(t["id"], t["state"]) for t in attempts] == [(attempt_id, "succeeded")]
+                events = (await http_b.get(f"/v1/tasks/{task_id}/events")).json()["items"]
+                kinds = [e["kind"] for e in events]
+                assert kinds.count("started") == 1 and kinds.count("succeeded") == 1
+                rejected = [
+                    (e["code"], e["data"]["report"], e["session_id"], e["attempt_id"])
+                    for e in events
+                    if e["kind"] == "rejected"
+                ]
+                assert rejected == [
+                    ("FENCED_EPOCH", "renew", session_id, attempt_id),
+                    ("FENCED_EPOCH", "finish", session_id, attempt_id),
+                ], events
+                stale_finish = next(
+                    e for e in events if e["kind"] == "rejected" and e["data"]["report"] == "finish"
+                )
+                assert stale_finish["data"]["epoch"] == 2
+                assert stale_finish["data"]["current_epoch"] == 3
+                # The stale report is evidence only, recorded before the real success.
+                assert kinds.index("rejected") < kinds.index("succeeded")
+                [session] = (await http_b.get("/v1/workers")).json()
+                assert session["session_id"] == session_id
+                assert session["node_id"] == "node-b" and session["epoch"] == "4"
+
+        asyncio.run(scenario())
+
+
+def test_a_drain_from_a_fenced_epoch_is_refused(tmp_path: Path) -> None:
+    with cluster(tmp_path) as c:
+        [a] = c.start("node-a", args=POLL)
+
+        async def scenario() -> None:
+            x = await WorkerConnection.connect(a.ws, c.tokens.worker)
+            try:
+                await x.hello("w", {"h": 1}, max_concurrency=1, push=False)  # epoch 1 on A
+                assert x.session_id is not None and x.resume_secret is not None
+                # The resume another node would do (one store call) fences epoch 1; node A
+                # never hears of it, so X stays open there.
+                store = open_store(c.db_url)
+                try:
+                    resumed = store.session_resume(x.session_id, x.resume_secret, node_id="b")
+                finally:
+                    store.close()
+                assert resumed.epoch == 2
+                with pytest.raises(ServerError) as fenced:
+                    await x.drain()
+                assert fenced.value.code == "FENCED_EPOCH"
+            finally:
+                await x.close()
+            async with client(a, c.tokens.admin) as http_a:
+                [session] = (await http_a.get("/v1/workers")).json()
+                assert session["epoch"] == "2" and session["draining"] is False
+
+        asyncio.run(scenario())

@@ -1,0 +1,130 @@
+"""A node serving https:// and wss:// with a certificate from a test CA (``trustme``).
+
+Clients verify the certificate: a full task life runs over TLS when the client trusts
+the CA, and both HTTP and WebSocket clients that do not trust it are refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import trustme
+
+from orbit.worker import WorkerConnection
+from tests.e2e.servers import Node, Tokens, make_tokens, start_server
+from tests.pg import as_url, temporary_database
+
+
+@contextlib.contextmanager
+def database(backend: str, tmp_path: Path) -> Iterator[str]:
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path}/orbit.db"
+    else:
+        with temporary_database("orbit_tls") as dsn:
+            yield as_url(dsn)
+
+
+def write_pki(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A fresh test CA and a server certificate for 127.0.0.1: (cert, key, ca) PEM files."""
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    paths = (tmp_path / "server.pem", tmp_path / "server.key", tmp_path / "ca.pem")
+    cert.cert_chain_pems[0].write_to_path(str(paths[0]))
+    for blob in cert.cert_chain_pems[1:]:
+        blob.write_to_path(str(paths[0]), append=True)
+    cert.private_key_pem.write_to_path(str(paths[1]))
+    ca.cert_pem.write_to_path(str(paths[2]))
+    paths[1].chmod(0o600)
+    return paths
+
+
+def trusting(cafile: Path) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(cafile))
+
+
+def task_life(node: Node, tokens: Tokens, cafile: Path) -> None:
+    """Queue, submit, push, start, renew, finish — all over https:// and wss://."""
+    verify = trusting(cafile)
+    headers = {"Authorization": f"Bearer {tokens.admin}"}
+    with httpx.Client(base_url=node.http, timeout=30, verify=verify, headers=headers) as admin:
+        assert admin.get("/healthz").json()["status"] == "ok"
+        created = admin.post("/v1/queues", json={"name": "tls", "max_concurrency": 2, "rate": 0})
+        assert created.status_code == 201, created.text
+        submitted = admin.post(
+            "/v1/tasks", json={"queue": "tls", "handler": "h", "payload": {"over": "tls"}}
+        )
+        assert submitted.status_code == 201, submitted.text
+        task_id = submitted.json()["task"]["id"]
+
+        async def work() -> dict[str, object]:
+            conn = await WorkerConnection.connect(node.ws, tokens.worker, cafile=str(cafile))
+            try:
+                assert conn.ws.transport.get_extra_info("ssl_object") is not None
+                welcome = await conn.hello("tls-worker", {"h": 1}, max_concurrency=1)
+                assert welcome["epoch"] == "1"
+                pushed = await conn.next_push(timeout=10)
+                assert pushed["type"] == "tasks", pushed
+                [task] = pushed["tasks"]
+                assert task["task_id"] == task_id and task["payload"] == {"over": "tls"}
+                assert (await conn.start(task["attempt_id"], task["fence"]))["status"] == "ok"
+                [renewed] = await conn.renew([task["attempt_id"]])
+                assert renewed["status"] == "ok"
+                return await conn.finish(task["attempt_id"], task["fence"], result={"ok": 1})
+            finally:
+                await conn.close()
+
+        receipt = asyncio.run(work())
+        assert receipt["task_state"] == "succeeded"
+        got = admin.get(f"/v1/tasks/{task_id}").json()
+        assert got["state"] == "succeeded" and got["result"] == {"ok": 1}
+        assert got["attempts_used"] == 1
+
+
+def refused_without_trust(node: Node, tokens: Tokens, ca: Path, tmp_path: Path) -> None:
+    """Clients that do not trust the test CA cannot connect, and the host name is checked
+    too: verification is really on."""
+    other_ca = tmp_path / "other-ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(other_ca))
+    for verify in (True, trusting(other_ca)):  # the system store; an unrelated CA
+        with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+            httpx.get(f"{node.http}/healthz", verify=verify, timeout=10)
+
+    async def connect(url: str, cafile: str | None) -> None:
+        conn = await WorkerConnection.connect(url, tokens.worker, cafile=cafile)
+        await conn.close()  # pragma: no cover - only reached if verification is off
+
+    for cafile in (None, str(other_ca)):
+        with pytest.raises(ssl.SSLCertVerificationError):
+            asyncio.run(connect(node.ws, cafile))
+    # The certificate names 127.0.0.1 only: "localhost" fails the host name check even
+    # for a client that trusts the CA.
+    with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+        httpx.get(f"https://localhost:{node.port}/healthz", verify=trusting(ca), timeout=10)
+    with pytest.raises(ssl.SSLCertVerificationError, match=r"[Hh]ostname mismatch"):
+        asyncio.run(connect(f"wss://localhost:{node.port}/v1/worker", str(ca)))
+    # Plain http:// to the TLS port is not served either.
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{node.port}/healthz", timeout=10)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_task_life_over_verified_tls(backend: str, tmp_path: Path) -> None:
+    cert, key, ca = write_pki(tmp_path)
+    with database(backend, tmp_path) as url:
+        tokens = make_tokens(url)
+        node = start_server(url, tmp_path, node_id=f"tls-{backend}", tls=(cert, key, ca))
+        try:
+            assert node.http.startswith("https://") and node.ws.startswith("wss://")
+            task_life(node, tokens, ca)
+            refused_without_trust(node, tokens, ca, tmp_path)
+        except BaseException:
+            print(node.log_text())
+            raise
+        finally:
+            node.stop()
