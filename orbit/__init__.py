@@ -1,7 +1,19 @@
 """Orbit: durable job execution for Python.
 
-The public surface grows issue by issue; today it is the store layer
-(``orbit.store.open_store``) over the pure lifecycle rules in ``orbit.core``.
+``Client``/``AsyncClient`` submit and follow tasks over the HTTP API; ``Worker`` runs
+handlers under leases; ``Retry`` and ``Fail`` let a handler choose its outcome.
 """
 
-__all__: list[str] = []
+from orbit.client import AsyncClient, Client, TaskFailed
+from orbit.worker.runner import Cancelled, Context, Fail, Retry, Worker
+
+__all__ = [
+    "AsyncClient",
+    "Cancelled",
+    "Client",
+    "Context",
+    "Fail",
+    "Retry",
+    "TaskFailed",
+    "Worker",
+]

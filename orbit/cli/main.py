@@ -6,6 +6,7 @@ The database comes from ``--db`` or ``ORBIT_DB``: ``sqlite:///path/orbit.db`` or
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -27,6 +28,18 @@ db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(token_app, name="token")
+
+
+def _add_api_groups() -> None:
+    from orbit.cli.api import queue_app, task_app
+    from orbit.cli.dev import dev
+
+    app.command("dev")(dev)
+    app.add_typer(queue_app, name="queue")
+    app.add_typer(task_app, name="task")
+
+
+_add_api_groups()
 
 DbUrl = Annotated[
     str,
@@ -145,30 +158,51 @@ def server(
     )
 
 
-def main() -> None:
-    app()
-
-
-@app.command("worker")
+@app.command(
+    "worker",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 def worker_command(
-    target: Annotated[str, typer.Argument(help="MODULE:OBJ, an orbit.Worker to run")],
+    args: Annotated[
+        list[str], typer.Argument(help="ls | drain SESSION_ID | MODULE:OBJ", show_default=False)
+    ],
     url: Annotated[
-        str | None, typer.Option(envvar="ORBIT_URL", help="server URL (overrides the Worker's)")
-    ] = None,
+        str, typer.Option("--url", envvar="ORBIT_URL", help="server URL")
+    ] = "http://127.0.0.1:8000",
+    cafile: Annotated[str | None, typer.Option("--cafile", envvar="ORBIT_CAFILE")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON (ls, drain)")] = False,
 ) -> None:
-    """Run a worker defined in your code, e.g. ``orbit worker myapp.jobs:worker``.
+    """Run a worker, or list and drain workers.
 
-    The token comes from ORBIT_TOKEN or ORBIT_TOKEN_FILE. SIGTERM or SIGINT drains: no new
-    claims, running handlers finish within the grace period, then are cancelled.
+    \b
+      orbit worker myapp.jobs:worker     run the orbit.Worker defined in myapp/jobs.py
+      orbit worker ls                    list worker sessions
+      orbit worker drain SESSION_ID      stop new claims for a session (durable)
+
+    The token comes from ORBIT_TOKEN or ORBIT_TOKEN_FILE. A running worker drains on
+    SIGTERM or SIGINT: no new claims, running handlers finish within the grace period,
+    then are cancelled.
     """
+    from orbit.cli import api
+
+    if args == ["ls"]:
+        api.worker_ls(url, cafile, as_json)
+        return
+    if len(args) == 2 and args[0] == "drain":
+        api.worker_drain(args[1], url, cafile, as_json)
+        return
+    if len(args) != 1 or ":" not in args[0]:
+        _fail("give `ls`, `drain SESSION_ID` or MODULE:OBJ (e.g. myapp.jobs:worker)")
+    _run_worker(args[0], url)
+
+
+def _run_worker(target: str, url: str) -> None:
     import importlib
 
     from orbit.server.logs import configure
     from orbit.worker.runner import Worker
 
     module_name, _, attr = target.partition(":")
-    if not module_name or not attr:
-        _fail("give the worker as MODULE:OBJ, e.g. myapp.jobs:worker")
     sys.path.insert(0, ".")
     try:
         obj = getattr(importlib.import_module(module_name), attr)
@@ -176,7 +210,11 @@ def worker_command(
         _fail(f"cannot load {target}: {exc}")
     if not isinstance(obj, Worker):
         _fail(f"{target} is a {type(obj).__name__}, not an orbit Worker")
-    if url:
+    if "ORBIT_URL" in os.environ or url != "http://127.0.0.1:8000":
         obj.url = url.rstrip("/")
     configure("info")
     raise typer.Exit(obj.run())
+
+
+def main() -> None:
+    app()

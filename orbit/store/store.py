@@ -746,6 +746,9 @@ class Store:
                 skip_ids=skip_ids,
                 limit=window,
             )
+            # Read the clock again now that these rows are locked: a release that
+            # committed while we waited must not end after our claim begins.
+            now = tx.now()
             for row in rows:
                 task = R.task_from_row(row)
                 queue = queues[task.queue]

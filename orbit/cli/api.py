@@ -1,0 +1,384 @@
+"""``orbit queue|task|worker …``: the HTTP API from the shell.
+
+Connection: ``--url`` (or ORBIT_URL, default http://127.0.0.1:8000), the token from
+ORBIT_TOKEN or ORBIT_TOKEN_FILE, ``--cafile`` for a private CA. Output: tables for
+people, ``--json`` for scripts. Exit codes: 0 done; 1 the task ended other than
+succeeded; 2 bad arguments; 3 refused by the server; 4 server unreachable; 5 timed out.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from orbit.client import ApiError, Client, WaitTimeout
+from orbit.tokens import TokenError, load_token
+
+EXIT_TASK_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_TIMEOUT = 1, 2, 3, 4, 5
+out = Console()
+err = Console(stderr=True)
+
+Url = Annotated[str, typer.Option("--url", envvar="ORBIT_URL", help="server URL")]
+CaFile = Annotated[
+    str | None,
+    typer.Option("--cafile", envvar="ORBIT_CAFILE", help="CA file for a server with a private CA"),
+]
+AsJson = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+queue_app = typer.Typer(help="Queues: create, list, pause, resume.", no_args_is_help=True)
+task_app = typer.Typer(
+    help="Tasks: submit, list, show, cancel, retry, resolve, wait.", no_args_is_help=True
+)
+
+
+def fail(message: str, code: int) -> None:
+    err.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def client(url: str, cafile: str | None) -> Iterator[Client]:
+    try:
+        token = load_token()
+    except TokenError as exc:
+        fail(str(exc), EXIT_USAGE)
+    try:
+        with Client(url, token, cafile=cafile) as c:
+            yield c
+    except ApiError as exc:
+        fail(f"{exc.code}: {exc.message}", EXIT_REFUSED)
+    except httpx.TransportError as exc:
+        fail(f"cannot reach {url}: {type(exc).__name__}", EXIT_UNREACHABLE)
+
+
+def emit(data: Any, as_json: bool, table: Callable[[Any], Table] | None = None) -> None:
+    if as_json or table is None:
+        sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    else:
+        out.print(table(data))
+
+
+def parse_json(value: str | None, what: str) -> Any:
+    if value is None:
+        return None
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        fail(f"{what} is not JSON: {exc.msg} at column {exc.colno}", EXIT_USAGE)
+
+
+def _queues_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table("queue", "max concurrency", "rate/s", "burst", "paused")
+    for q in rows:
+        rate = "unlimited" if q["rate"] == 0 else f"{q['rate']:g}"
+        table.add_row(
+            q["name"],
+            str(q["max_concurrency"]),
+            rate,
+            str(q["burst"]),
+            "yes" if q["paused"] else "",
+        )
+    return table
+
+
+def _tasks_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table("id", "queue", "handler", "state", "attempts", "created")
+    for t in rows:
+        table.add_row(
+            t["id"],
+            t["queue"],
+            t["handler"],
+            t["state"],
+            f"{t['attempts_used']}/{t['max_attempts']}",
+            t["created_at"][:19],
+        )
+    return table
+
+
+# ----------------------------------------------------------------------------- queue
+
+
+@queue_app.command("create")
+def queue_create(
+    name: str,
+    max_concurrency: Annotated[
+        int | None, typer.Option(help="live attempts at most (>= 1)")
+    ] = None,
+    rate: Annotated[float | None, typer.Option(help="tasks per second; 0 = unlimited")] = None,
+    burst: Annotated[int | None, typer.Option(help="token bucket size")] = None,
+    url: Url = DEFAULT_URL,
+    cafile: CaFile = None,
+    as_json: AsJson = False,
+) -> None:
+    """Create a queue. Both caps are required.
+
+    Example: orbit queue create render --max-concurrency 8 --rate 20
+    """
+    if max_concurrency is None or rate is None:
+        fail(
+            "a queue needs --max-concurrency and --rate (write --rate 0 for unlimited)", EXIT_USAGE
+        )
+    with client(url, cafile) as c:
+        emit(
+            c.queue_create(name, max_concurrency=max_concurrency, rate=rate, burst=burst),
+            as_json,
+            lambda q: _queues_table([q]),
+        )
+
+
+@queue_app.command("ls")
+def queue_ls(url: Url = DEFAULT_URL, cafile: CaFile = None, as_json: AsJson = False) -> None:
+    """List queues."""
+    with client(url, cafile) as c:
+        emit(c.queues(), as_json, _queues_table)
+
+
+@queue_app.command("pause")
+def queue_pause(
+    name: str, url: Url = DEFAULT_URL, cafile: CaFile = None, as_json: AsJson = False
+) -> None:
+    """Pause a queue: nothing new starts; running attempts still finish."""
+    with client(url, cafile) as c:
+        emit(c.queue_pause(name), as_json, lambda q: _queues_table([q]))
+
+
+@queue_app.command("resume")
+def queue_resume(
+    name: str, url: Url = DEFAULT_URL, cafile: CaFile = None, as_json: AsJson = False
+) -> None:
+    """Resume a paused queue."""
+    with client(url, cafile) as c:
+        emit(c.queue_resume(name), as_json, lambda q: _queues_table([q]))
+
+
+# ----------------------------------------------------------------------------- task
+
+
+@task_app.command("submit")
+def task_submit(
+    queue: str,
+    handler: str,
+    payload: Annotated[str | None, typer.Option(help="JSON payload")] = None,
+    tenant: Annotated[str | None, typer.Option()] = None,
+    priority: Annotated[int | None, typer.Option()] = None,
+    key: Annotated[str | None, typer.Option(help="idempotency key")] = None,
+    parent: Annotated[str | None, typer.Option(help="parent task id")] = None,
+    retry_safe: Annotated[
+        bool, typer.Option(help="may be replayed if its outcome is lost")
+    ] = False,
+    max_attempts: Annotated[int | None, typer.Option()] = None,
+    timeout: Annotated[float | None, typer.Option(help="attempt timeout, seconds")] = None,
+    deadline: Annotated[str | None, typer.Option(help="RFC 3339 instant")] = None,
+    run_after: Annotated[str | None, typer.Option(help="RFC 3339 instant")] = None,
+    wait: Annotated[bool, typer.Option(help="wait for the task to end")] = False,
+    url: Url = DEFAULT_URL,
+    cafile: CaFile = None,
+    as_json: AsJson = False,
+) -> None:
+    """Submit a task and print it (its id first).
+
+    Example: orbit task submit render render.screenshot --payload '{"url": "https://x.test"}'
+    """
+    body = parse_json(payload, "--payload")
+    with client(url, cafile) as c:
+        task = c.submit(
+            queue,
+            handler,
+            body,
+            tenant=tenant,
+            priority=priority,
+            idempotency_key=key,
+            parent_id=parent,
+            retry_safe=retry_safe or None,
+            max_attempts=max_attempts,
+            attempt_timeout=timeout,
+            deadline=deadline,
+            run_after=run_after,
+        )
+        if wait:
+            _wait(c, task["id"], 3600.0, as_json)
+            return
+        emit(task, as_json, lambda t: _tasks_table([t]))
+
+
+@task_app.command("ls")
+def task_ls(
+    state: Annotated[str | None, typer.Option()] = None,
+    queue: Annotated[str | None, typer.Option()] = None,
+    tenant: Annotated[str | None, typer.Option()] = None,
+    handler: Annotated[str | None, typer.Option()] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    cursor: Annotated[str | None, typer.Option(help="continue from a previous page")] = None,
+    url: Url = DEFAULT_URL,
+    cafile: CaFile = None,
+    as_json: AsJson = False,
+) -> None:
+    """List tasks, oldest first; prints the cursor of the next page if there is one."""
+    with client(url, cafile) as c:
+        page = c.list_tasks(
+            state=state, queue=queue, tenant=tenant, handler=handler, limit=limit, cursor=cursor
+        )
+    if as_json:
+        emit(page, True)
+        return
+    out.print(_tasks_table(page["items"]))
+    if page["next_cursor"]:
+        out.print(f"next page: --cursor {page['next_cursor']}", highlight=False)
+
+
+@task_app.command("show")
+def task_show(
+    task_id: str, url: Url = DEFAULT_URL, cafile: CaFile = None, as_json: AsJson = False
+) -> None:
+    """A task with its attempts and its history."""
+    with client(url, cafile) as c:
+        task = c.get(task_id)
+        attempts = c.attempts(task_id)
+        events = c.events(task_id, limit=1000)["items"]
+    if as_json:
+        emit({"task": task, "attempts": attempts, "events": events}, True)
+        return
+    out.print(_tasks_table([task]))
+    if task["result"] is not None:
+        out.print(f"result: {json.dumps(task['result'])}", highlight=False)
+    if task["error"]:
+        out.print(
+            f"error: {task['error']['code']} {task['error']['message'] or ''}", highlight=False
+        )
+    history = Table("at", "event", "task", "attempt", "code")
+    for e in events:
+        history.add_row(
+            e["at"][11:23],
+            e["kind"],
+            f"{e['task_from'] or ''} → {e['task_to'] or ''}" if e["task_to"] else "",
+            e["attempt_to"] or "",
+            e["code"] or "",
+        )
+    out.print(history)
+
+
+@task_app.command("cancel")
+def task_cancel(
+    task_id: str, url: Url = DEFAULT_URL, cafile: CaFile = None, as_json: AsJson = False
+) -> None:
+    """Cancel a task and its descendants (running ones stop at their next renewal)."""
+    with client(url, cafile) as c:
+        emit(c.cancel(task_id), as_json, lambda t: _tasks_table([t]))
+
+
+@task_app.command("retry")
+def task_retry(
+    task_id: str, url: Url = DEFAULT_URL, cafile: CaFile = None, as_json: AsJson = False
+) -> None:
+    """Run a failed or cancelled task again."""
+    with client(url, cafile) as c:
+        emit(c.retry(task_id), as_json, lambda t: _tasks_table([t]))
+
+
+@task_app.command("resolve")
+def task_resolve(
+    task_id: str,
+    decision: Annotated[str, typer.Option(help="succeeded, failed or retry")],
+    result: Annotated[str | None, typer.Option(help="JSON result, with succeeded")] = None,
+    error_code: Annotated[str | None, typer.Option(help="with failed")] = None,
+    error_message: Annotated[str, typer.Option(help="with failed")] = "",
+    url: Url = DEFAULT_URL,
+    cafile: CaFile = None,
+    as_json: AsJson = False,
+) -> None:
+    """Decide a needs_review task: its last attempt may or may not have had effects.
+
+    Example: orbit task resolve 01a2… --decision retry
+    """
+    if decision not in ("succeeded", "failed", "retry"):
+        fail("--decision must be succeeded, failed or retry", EXIT_USAGE)
+    value = parse_json(result, "--result")
+    error = {"code": error_code, "message": error_message} if error_code else None
+    with client(url, cafile) as c:
+        emit(
+            c.resolve(task_id, decision, result=value, error=error),
+            as_json,
+            lambda t: _tasks_table([t]),
+        )
+
+
+def _wait(c: Client, task_id: str, timeout: float, as_json: bool) -> None:
+    end = time.monotonic() + timeout
+    shown = 0
+    with err.status(f"waiting for {task_id}") as status:
+        while True:
+            events = c.events(task_id, limit=1000)["items"]
+            for e in events[shown:]:
+                if e["task_to"] and not as_json:
+                    err.print(
+                        f"  {e['at'][11:23]}  {e['kind']:<16} → {e['task_to']}", highlight=False
+                    )
+            shown = len(events)
+            task = c.get(task_id)
+            status.update(
+                f"{task_id}: {task['state']} "
+                f"(attempt {task['attempts_used']}/{task['max_attempts']})"
+            )
+            if task["state"] in ("succeeded", "failed", "cancelled", "needs_review"):
+                break
+            if time.monotonic() > end:
+                fail(f"task {task_id} is still {task['state']}", EXIT_TIMEOUT)
+            time.sleep(0.2)
+    emit(task, as_json, lambda t: _tasks_table([t]))
+    if task["state"] != "succeeded":
+        raise typer.Exit(EXIT_TASK_FAILED)
+
+
+@task_app.command("wait")
+def task_wait(
+    task_id: str,
+    timeout: Annotated[float, typer.Option(min=0.1, help="give up after, seconds")] = 300.0,
+    url: Url = DEFAULT_URL,
+    cafile: CaFile = None,
+    as_json: AsJson = False,
+) -> None:
+    """Follow a task live until it ends; exit 0 if it succeeded, 1 if not, 5 on timeout."""
+    with client(url, cafile) as c:
+        try:
+            _wait(c, task_id, timeout, as_json)
+        except WaitTimeout as exc:
+            fail(str(exc), EXIT_TIMEOUT)
+
+
+# ----------------------------------------------------------------------------- worker
+
+
+def worker_ls(url: str, cafile: str | None, as_json: bool) -> None:
+    with client(url, cafile) as c:
+        rows = c.workers()
+    if as_json:
+        emit(rows, True)
+        return
+    table = Table("session", "name", "node", "epoch", "state", "draining", "capabilities")
+    for w in rows:
+        caps = ", ".join(f"{c['handler']}:{c['capacity']}" for c in w["capabilities"])
+        table.add_row(
+            w["session_id"],
+            w["name"],
+            w["node_id"],
+            w["epoch"],
+            w["state"],
+            "yes" if w["draining"] else "",
+            caps,
+        )
+    out.print(table)
+
+
+def worker_drain(session_id: str, url: str, cafile: str | None, as_json: bool) -> None:
+    with client(url, cafile) as c:
+        emit(c.worker_drain(session_id), as_json or True)

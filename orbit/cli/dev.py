@@ -1,0 +1,195 @@
+"""``orbit dev``: everything on one machine, from nothing to tasks flowing.
+
+It opens SQLite under ``.orbit/``, starts a server and a demo worker in this process,
+runs four demo tasks that show the rules at work (one succeeds, one fails and is retried,
+one is cancelled while running, one times out), prints what happened and what to try
+next, and keeps serving until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import signal
+import socket
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from orbit.client import AsyncClient
+from orbit.core.errors import OrbitError
+from orbit.worker.runner import Context, Worker
+
+console = Console()
+DEMO = {
+    "succeeds": ("demo.echo", {"message": "hello"}, {}),
+    "retries": (
+        "demo.flaky",
+        {"fail_times": 1},
+        {"backoff": {"base": 0.5, "factor": 1, "max": 0.5}, "retry_safe": True},
+    ),
+    "cancelled": ("demo.slow", {"seconds": 60}, {}),
+    "times out": ("demo.slow", {"seconds": 60}, {"attempt_timeout": 1.0, "max_attempts": 1}),
+}
+
+
+def demo_worker(url: str, token: str) -> Worker:
+    worker = Worker(url, token, name="orbit-dev-demo", concurrency=8, grace=2.0)
+
+    @worker.handler("demo.echo")
+    async def echo(ctx: Context, payload: Any) -> Any:
+        return {"echo": payload}
+
+    @worker.handler("demo.flaky")
+    async def flaky(ctx: Context, payload: Any) -> Any:
+        if ctx.attempt <= int(payload.get("fail_times", 1)):
+            raise RuntimeError(f"attempt {ctx.attempt} fails on purpose")
+        return {"succeeded_on_attempt": ctx.attempt}
+
+    @worker.handler("demo.slow")
+    async def slow(ctx: Context, payload: Any) -> Any:
+        await asyncio.sleep(float(payload.get("seconds", 5)))
+        return {"slept": payload.get("seconds")}
+
+    return worker
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise typer.BadParameter(f"port {port} is in use; pass --port 0 or another") from None
+        raise
+    sock.listen(128)
+    return sock
+
+
+def _prepare(data_dir: Path) -> tuple[str, str]:
+    """Create the database, the demo queue and an admin token (saved with mode 600)."""
+    from orbit.store import open_store
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    db_url = f"sqlite:///{data_dir / 'orbit.db'}"
+    store = open_store(db_url)
+    try:
+        with contextlib.suppress(OrbitError):
+            store.queue_create("demo", max_concurrency=8, rate=0)
+        _, token = store.token_create("orbit-dev", ["admin"])
+    finally:
+        store.close()
+    token_file = data_dir / "token"
+    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    os.chmod(token_file, 0o600)
+    return db_url, token
+
+
+async def _demo(client: AsyncClient) -> dict[str, dict[str, Any]]:
+    ids: dict[str, str] = {}
+    for name, (handler, payload, options) in DEMO.items():
+        task = await client.submit("demo", handler, payload, **options)
+        ids[name] = task["id"]
+    # Cancel the slow task once it is really running: cancel wins over its result.
+    for _ in range(300):
+        if (await client.get(ids["cancelled"]))["state"] == "running":
+            break
+        await asyncio.sleep(0.05)
+    await client.cancel(ids["cancelled"])
+    return {name: await client.wait(tid, timeout=60) for name, tid in ids.items()}
+
+
+async def _history(client: AsyncClient, task_id: str) -> str:
+    page = await client._call(("GET", f"/v1/tasks/{task_id}/events", {"limit": 100}, None))
+    return " → ".join(e["task_to"] for e in page["items"] if e["task_to"])
+
+
+async def serve(host: str, port: int, data_dir: Path, once: bool) -> int:
+    import uvicorn
+
+    from orbit.server import ServerSettings, create_app
+    from orbit.server.logs import configure
+
+    configure("warning")
+    db_url, token = _prepare(data_dir)
+    sock = _bind(host, port)
+    url = f"http://{host}:{sock.getsockname()[1]}"
+    settings = ServerSettings(db_url=db_url, node_id="orbit-dev")
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings), log_level="warning", access_log=False, log_config=None)
+    )
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if serving.done():
+            return 1
+        await asyncio.sleep(0.02)
+    console.print(f"Orbit dev server on SQLite ({data_dir / 'orbit.db'}) at {url}")
+    worker = demo_worker(url, token)
+    working = asyncio.create_task(worker.arun())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with AsyncClient(url, token) as client:
+        results = await _demo(client)
+        table = Table("demo task", "state", "attempts", "history", "result / error")
+        for name, task in results.items():
+            outcome = (
+                str(task["result"])
+                if task["result"] is not None
+                else f"{task['error']['code']}"
+                if task["error"]
+                else ""
+            )
+            table.add_row(
+                name,
+                task["state"],
+                f"{task['attempts_used']}/{task['max_attempts']}",
+                await _history(client, task["id"]),
+                outcome,
+            )
+        console.print(table)
+    console.print(
+        f"\nOrbit is running at {url}  (API docs: {url}/docs)\n"
+        "Try, in another shell:\n"
+        f"  export ORBIT_URL={url} ORBIT_TOKEN_FILE={data_dir / 'token'}\n"
+        "  orbit task submit demo demo.echo --payload '{\"hi\": 1}' --wait\n"
+        "  orbit task ls\n"
+        "  orbit worker ls\n"
+        "Press Ctrl-C to stop.",
+        highlight=False,
+    )
+    if not once:
+        await stop.wait()
+    worker.stop()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(working, 10)
+    server.should_exit = True
+    await serving
+    console.print("stopped")
+    return 0
+
+
+def dev(
+    port: Annotated[int, typer.Option(min=0, max=65535, help="port (0 picks a free one)")] = 8000,
+    host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
+    data_dir: Annotated[Path, typer.Option(help="where the SQLite file and token go")] = Path(
+        ".orbit"
+    ),
+    once: Annotated[bool, typer.Option(help="exit after the demo instead of serving")] = False,
+) -> None:
+    """Run a server, a demo worker and demo tasks on SQLite; keep serving until Ctrl-C.
+
+    Example: orbit dev --port 8000
+    """
+    raise typer.Exit(asyncio.run(serve(host, port, data_dir, once)))

@@ -1,0 +1,220 @@
+"""Every ``orbit`` command against a real server, bad arguments included."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.servers import Node, Tokens, make_tokens, start_server
+
+Run = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> tuple[Node, Tokens, str]:
+    tmp = tmp_path_factory.mktemp("cli")
+    db = f"sqlite:///{tmp}/orbit.db"
+    tokens = make_tokens(db)
+    node = start_server(db, tmp, args=["--reap-interval", "0.2"])
+    yield node, tokens, db  # type: ignore[misc]
+    node.stop()
+
+
+@pytest.fixture
+def orbit(cluster: tuple[Node, Tokens, str]) -> Run:
+    node, tokens, _ = cluster
+
+    def run(
+        *args: str, token: str | None = tokens.admin, **env: str
+    ) -> subprocess.CompletedProcess[str]:
+        environment = {
+            k: v for k, v in os.environ.items() if k not in ("ORBIT_TOKEN", "ORBIT_TOKEN_FILE")
+        }
+        environment.update({"ORBIT_URL": node.http, "COLUMNS": "200", **env})
+        if token is not None:
+            environment["ORBIT_TOKEN"] = token
+        return subprocess.run(
+            [sys.executable, "-m", "orbit.cli", *args],
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    return run
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def test_queue_commands(orbit: Run) -> None:
+    made = json.loads(
+        ok(orbit("queue", "create", "cli", "--max-concurrency", "2", "--rate", "0", "--json"))
+    )
+    assert made["name"] == "cli" and made["rate"] == 0
+    assert "cli" in ok(orbit("queue", "ls"))
+    assert json.loads(ok(orbit("queue", "pause", "cli", "--json")))["paused"] is True
+    assert json.loads(ok(orbit("queue", "resume", "cli", "--json")))["paused"] is False
+    missing = orbit("queue", "create", "nocaps")
+    assert missing.returncode == 2 and "--max-concurrency and --rate" in missing.stderr
+    dup = orbit("queue", "create", "cli", "--max-concurrency", "2", "--rate", "0")
+    assert dup.returncode == 3 and "QUEUE_EXISTS" in dup.stderr
+    assert orbit("queue", "pause", "nope").returncode == 3
+
+
+def test_task_commands(orbit: Run) -> None:
+    orbit("queue", "create", "t", "--max-concurrency", "2", "--rate", "0")
+    task = json.loads(
+        ok(
+            orbit(
+                "task",
+                "submit",
+                "t",
+                "h",
+                "--payload",
+                '{"a": 1}',
+                "--key",
+                "k1",
+                "--retry-safe",
+                "--max-attempts",
+                "2",
+                "--timeout",
+                "5",
+                "--json",
+            )
+        )
+    )
+    assert task["payload"] == {"a": 1} and task["retry_safe"] and task["max_attempts"] == 2
+    listed = json.loads(ok(orbit("task", "ls", "--queue", "t", "--json")))
+    assert [t["id"] for t in listed["items"]] == [task["id"]]
+    assert task["id"] in ok(orbit("task", "ls", "--state", "queued"))
+    shown = json.loads(ok(orbit("task", "show", task["id"], "--json")))
+    assert shown["events"][0]["kind"] == "submitted"
+    assert "submitted" in ok(orbit("task", "show", task["id"]))
+    assert json.loads(ok(orbit("task", "cancel", task["id"], "--json")))["state"] == "cancelled"
+    waited = orbit("task", "wait", task["id"], "--json")
+    assert waited.returncode == 1  # ended, but not succeeded
+    assert json.loads(waited.stdout)["state"] == "cancelled"
+    assert json.loads(ok(orbit("task", "retry", task["id"], "--json")))["state"] == "queued"
+    timeout = orbit("task", "wait", task["id"], "--timeout", "0.5")
+    assert timeout.returncode == 5 and "still queued" in timeout.stderr
+    refused = orbit("task", "resolve", task["id"], "--decision", "retry")
+    assert refused.returncode == 3 and "INVALID_STATE" in refused.stderr
+
+
+def test_bad_arguments_get_clear_messages(orbit: Run, tmp_path: Path) -> None:
+    bad_json = orbit("task", "submit", "t", "h", "--payload", "{nope")
+    assert bad_json.returncode == 2 and "--payload is not JSON" in bad_json.stderr
+    decision = orbit("task", "resolve", "x", "--decision", "maybe")
+    assert decision.returncode == 2 and "succeeded, failed or retry" in decision.stderr
+    unknown = orbit("task", "show", "no-such-task")
+    assert unknown.returncode == 3 and "TASK_NOT_FOUND" in unknown.stderr
+    no_token = orbit("queue", "ls", token=None)
+    assert no_token.returncode == 2 and "ORBIT_TOKEN" in no_token.stderr
+    loose = tmp_path / "token"
+    loose.write_text("x")
+    loose.chmod(0o644)
+    exposed = orbit("queue", "ls", token=None, ORBIT_TOKEN_FILE=str(loose))
+    assert exposed.returncode == 2 and "readable by group or others" in exposed.stderr
+    wrong = orbit("queue", "ls", token="orbit_00_bad")
+    assert wrong.returncode == 3 and "UNAUTHENTICATED" in wrong.stderr
+    down = orbit("queue", "ls", ORBIT_URL="http://127.0.0.1:9")
+    assert down.returncode == 4 and "cannot reach" in down.stderr
+    assert orbit("worker", "frobnicate").returncode == 2
+    assert orbit("worker", "nosuchmodule:worker").returncode == 2
+    assert orbit("server", "--db", "mysql://x").returncode == 2
+    assert orbit("task", "ls", "--limit", "0").returncode == 2
+
+
+def test_worker_commands(orbit: Run, cluster: tuple[Node, Tokens, str]) -> None:
+    import asyncio
+
+    from orbit.worker import WorkerConnection
+
+    node, tokens, _ = cluster
+
+    async def attach() -> str:
+        conn = await WorkerConnection.connect(node.ws, tokens.worker)
+        await conn.hello("cli-worker", {"h": 1}, 1, push=False)
+        await conn.close()
+        assert conn.session_id is not None
+        return conn.session_id
+
+    session_id = asyncio.run(attach())
+    assert "cli-worker" in ok(orbit("worker", "ls"))
+    drained = json.loads(ok(orbit("worker", "drain", session_id, "--json")))
+    assert drained["draining"] is True
+    assert json.loads(ok(orbit("worker", "ls", "--json")))[0]["draining"] is True
+
+
+def test_db_and_token_commands(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path}/x.db"
+    env = {**os.environ}
+    migrate = subprocess.run(
+        [sys.executable, "-m", "orbit.cli", "db", "migrate", "--db", db],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert migrate.returncode == 0 and "schema at version 2" in migrate.stdout
+    made = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orbit.cli",
+            "token",
+            "create",
+            "--db",
+            db,
+            "--name",
+            "ci",
+            "--scope",
+            "submit",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert made.returncode == 0 and made.stdout.startswith("orbit_")
+    assert made.stdout.strip() not in made.stderr  # the token only on stdout
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orbit.cli",
+            "token",
+            "create",
+            "--db",
+            db,
+            "--name",
+            "ci",
+            "--scope",
+            "root",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert bad.returncode == 2 and "scopes must be among" in bad.stderr
+    assert make_tokens(db).admin.startswith("orbit_")
+    helps = subprocess.run(
+        [sys.executable, "-m", "orbit.cli", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    for command in ("dev", "server", "worker", "queue", "task", "db", "token"):
+        assert command in helps.stdout
