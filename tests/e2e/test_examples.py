@@ -1,0 +1,79 @@
+"""Every example runs against a real server (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from examples import cancellation, history, low_level, runner
+from examples.webapp.app import make_server
+from tests.e2e.servers import Node, Tokens, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_runner_example(node: Node, tokens: Tokens) -> None:
+    result = asyncio.run(runner.main(node.http, tokens.admin))
+    assert result["add"]["sum"] == 5
+    assert result["divide"]["code"] == "DIVISION_BY_ZERO"
+
+
+def test_low_level_example(node: Node, tokens: Tokens) -> None:
+    result = asyncio.run(low_level.main(node.http, tokens.admin))
+    assert result["lease"] == "ok" and result["renewed"] == "ok"
+    assert result["receipt"]["task_state"] == "succeeded"
+
+
+def test_history_example(node: Node, tokens: Tokens) -> None:
+    result = history.main(node.http, tokens.admin)
+    assert result["first_page"] == 2 and result["total"] == 5
+    assert result["history"] == [("submitted", "queued")]
+
+
+def test_cancellation_example(node: Node, tokens: Tokens) -> None:
+    result = asyncio.run(cancellation.main(node.http, tokens.admin))
+    assert result == {"parent": "cancelled", "child": "cancelled", "reason": "task cancelled"}
+
+
+def test_web_app_with_its_worker(node: Node, tokens: Tokens) -> None:
+    port = free_port()
+    app = make_server(port, node.http, tokens.admin)
+    threading.Thread(target=app.serve_forever, daemon=True).start()
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "orbit.cli", "worker", "examples.webapp.jobs:worker"],
+        env={**os.environ, "ORBIT_URL": node.http, "ORBIT_TOKEN": tokens.worker},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+
+        def call(method: str, path: str, body: object = None) -> dict[str, object]:
+            data = json.dumps(body).encode() if body is not None else None
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}{path}", data=data, method=method
+            )
+            with urllib.request.urlopen(request, timeout=10) as reply:
+                return dict(json.loads(reply.read()))
+
+        first = call("POST", "/thumbnails", {"url": "https://example.test/cat.png"})
+        again = call("POST", "/thumbnails", {"url": "https://example.test/cat.png"})
+        assert first["id"] == again["id"]  # idempotent per URL
+        deadline = time.monotonic() + 30
+        while (status := call("GET", f"/thumbnails/{first['id']}"))["state"] != "succeeded":
+            assert time.monotonic() < deadline, status
+            time.sleep(0.05)
+        assert status["result"]["width"] == 320  # type: ignore[index]
+    finally:
+        app.shutdown()
+        worker.terminate()
+        out, _ = worker.communicate(timeout=30)
+    assert worker.returncode == 0, out
