@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import httpx
 import typer
@@ -41,7 +41,7 @@ task_app = typer.Typer(
 )
 
 
-def fail(message: str, code: int) -> None:
+def fail(message: str, code: int) -> NoReturn:
     err.print(f"[red]error:[/red] {message}", highlight=False)
     raise typer.Exit(code)
 
@@ -312,6 +312,18 @@ def task_resolve(
         )
 
 
+def _show_event(e: dict[str, Any]) -> None:
+    """One line of live progress for ``task wait``."""
+    at = e["at"][11:23]
+    if e["kind"] == "progress":
+        data = e["data"] or {}
+        fraction = data.get("fraction")
+        pct = f"{fraction:.0%}" if fraction is not None else ""
+        err.print(f"  {at}  progress {pct} {data.get('message') or ''}", highlight=False)
+    elif e["task_to"]:
+        err.print(f"  {at}  {e['kind']:<16} → {e['task_to']}", highlight=False)
+
+
 def _wait(c: Client, task_id: str, timeout: float, as_json: bool) -> None:
     end = time.monotonic() + timeout
     shown = 0
@@ -319,10 +331,8 @@ def _wait(c: Client, task_id: str, timeout: float, as_json: bool) -> None:
         while True:
             events = c.events(task_id, limit=1000)["items"]
             for e in events[shown:]:
-                if e["task_to"] and not as_json:
-                    err.print(
-                        f"  {e['at'][11:23]}  {e['kind']:<16} → {e['task_to']}", highlight=False
-                    )
+                if not as_json:
+                    _show_event(e)
             shown = len(events)
             task = c.get(task_id)
             status.update(

@@ -26,7 +26,7 @@ from orbit.core.errors import OrbitError
 from orbit.worker.runner import Context, Worker
 
 console = Console()
-DEMO = {
+DEMO: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "succeeds": ("demo.echo", {"message": "hello"}, {}),
     "retries": (
         "demo.flaky",
@@ -127,7 +127,6 @@ async def serve(host: str, port: int, data_dir: Path, once: bool) -> int:
     server = uvicorn.Server(
         uvicorn.Config(create_app(settings), log_level="warning", access_log=False, log_config=None)
     )
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         if serving.done():

@@ -585,6 +585,54 @@ def finish(
     return receipt
 
 
+def progress(
+    plan: Plan,
+    task: Task,
+    attempt: Attempt,
+    session: Session,
+    *,
+    epoch: int,
+    fence: int,
+    now: int,
+    data: dict[str, JSON],
+) -> bool:
+    """Record a running attempt's progress: an event, never a state change."""
+    if _check_owner(plan, "progress", task, attempt, session, epoch, fence):
+        return False
+    if attempt.state != A.RUNNING or attempt.lease_expires_at is None:
+        plan.reject(
+            Code.ATTEMPT_ENDED,
+            f"the attempt is {attempt.state}",
+            report="progress",
+            task=task,
+            attempt=attempt,
+            session_id=session.id,
+        )
+        return False
+    if now >= attempt.lease_expires_at:
+        plan.reject(
+            Code.LEASE_EXPIRED,
+            "the run lease has expired",
+            report="progress",
+            task=task,
+            attempt=attempt,
+            session_id=session.id,
+        )
+        return False
+    plan.events.append(
+        Event(
+            kind="progress",
+            task_id=task.id,
+            attempt_id=attempt.id,
+            session_id=session.id,
+            queue=task.queue,
+            tenant=task.tenant,
+            data=data,
+        )
+    )
+    return True
+
+
 def release(
     plan: Plan,
     task: Task,

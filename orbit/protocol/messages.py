@@ -319,6 +319,17 @@ class CapacityUpdate(Strict):
     max_concurrency: Annotated[int, Field(ge=1, le=100_000)]
 
 
+class Progress(Strict):
+    """How far a running attempt has got; recorded as a ``progress`` event."""
+
+    type: Literal["progress"]
+    req_id: ReqId
+    attempt_id: Id
+    fence: Counter
+    fraction: Annotated[float, Field(ge=0, le=1)] | None = None
+    message: Annotated[str, Field(max_length=500)] | None = None
+
+
 class Drain(Strict):
     type: Literal["drain"]
     req_id: ReqId
@@ -342,6 +353,7 @@ WORKER_REQUESTS: dict[str, type[Strict]] = {
     "capacity": CapacityUpdate,
     "drain": Drain,
     "heartbeat": Heartbeat,
+    "progress": Progress,
 }
 
 

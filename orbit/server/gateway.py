@@ -37,6 +37,7 @@ from orbit.protocol.messages import (
     FinishedMessage,
     Heartbeat,
     Hello,
+    Progress,
     Release,
     Renew,
     RenewedMessage,
@@ -331,6 +332,15 @@ class _Protocol:
                 await run_in_threadpool(store.session_drain, sid, epoch)
                 conn.push = False
                 await conn.send(AckMessage(req_id=rid, op="drain"))
+            elif isinstance(msg, Progress):
+                await run_in_threadpool(
+                    partial(store.attempt_progress, fraction=msg.fraction, message=msg.message),
+                    sid,
+                    epoch,
+                    msg.attempt_id,
+                    int(msg.fence),
+                )
+                await conn.send(AckMessage(req_id=rid, op="progress"))
             elif isinstance(msg, Heartbeat):
                 await run_in_threadpool(store.session_heartbeat, sid, epoch)
                 await conn.send(AckMessage(req_id=rid, op="heartbeat"))

@@ -939,6 +939,35 @@ class Store:
 
         self._run_plan(build)
 
+    def attempt_progress(
+        self,
+        session_id: str,
+        epoch: int,
+        attempt_id: str,
+        fence: int,
+        *,
+        fraction: float | None = None,
+        message: str | None = None,
+    ) -> None:
+        """Record how far a running attempt has got (an event; no state changes)."""
+        if fraction is not None and not (
+            isinstance(fraction, int | float) and 0.0 <= fraction <= 1.0
+        ):
+            raise OrbitError(Code.INVALID_ARGUMENT, "progress fraction must be in [0, 1]")
+        if message is not None and (not isinstance(message, str) or len(message) > 500):
+            raise OrbitError(Code.INVALID_ARGUMENT, "progress message is at most 500 characters")
+        data: dict[str, Any] = {"fraction": fraction, "message": message}
+
+        def build(tx: _Tx) -> tuple[Plan, None]:
+            plan = Plan()
+            task, attempt, session = self._report_rows(tx, attempt_id, session_id)
+            transitions.progress(
+                plan, task, attempt, session, epoch=epoch, fence=fence, now=tx.now(), data=data
+            )
+            return plan, None
+
+        self._run_plan(build)
+
     # ------------------------------------------------------------------ operator actions
 
     def task_cancel(self, task_id: str) -> Task:

@@ -144,6 +144,24 @@ class WorkerConnection:
     async def drain(self) -> None:
         await self.request({"type": "drain"})
 
+    async def progress(
+        self,
+        attempt_id: str,
+        fence: str,
+        *,
+        fraction: float | None = None,
+        message: str | None = None,
+    ) -> None:
+        await self.request(
+            {
+                "type": "progress",
+                "attempt_id": attempt_id,
+                "fence": fence,
+                "fraction": fraction,
+                "message": message,
+            }
+        )
+
     async def heartbeat(self) -> None:
         """Keep an idle session alive (renewals do it while attempts run)."""
         await self.request({"type": "heartbeat"})

@@ -78,6 +78,7 @@ class Context:
     attempt_timeout: float | None
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     reason: str | None = None
+    _report: Callable[[float | None, str | None], None] | None = field(default=None, repr=False)
 
     @property
     def cancelled(self) -> bool:
@@ -88,6 +89,14 @@ class Context:
         """Raise ``Cancelled`` if the attempt must stop (for plain-function handlers)."""
         if self._cancel.is_set():
             raise Cancelled(self.reason or "cancelled")
+
+    def progress(self, fraction: float | None = None, message: str | None = None) -> None:
+        """Report how far the attempt has got (0..1 and/or a short message). Safe from any
+        thread and cheap: reports are coalesced and sent in the background."""
+        if fraction is not None and not 0.0 <= fraction <= 1.0:
+            raise ValueError("fraction must be in [0, 1]")
+        if self._report is not None:
+            self._report(fraction, None if message is None else message[:500])
 
     def _stop(self, reason: str) -> None:
         if not self._cancel.is_set():
@@ -110,6 +119,8 @@ class _Running:
     handler_task: asyncio.Task[Any] | None = None  # just the handler
     lost: bool = False
     lease_expires: float = 0.0  # monotonic deadline of the current lease
+    pending_progress: tuple[float | None, str | None] | None = None
+    sending_progress: bool = False
 
 
 class Worker:
@@ -148,6 +159,7 @@ class Worker:
         self._stop_requested = asyncio.Event()
         self._lease_changed = asyncio.Event()
         self._stopping = False
+        self._background: set[asyncio.Task[None]] = set()
         #: Fault-test switch: stop sending renewals (leases then run out and are lost).
         self.pause_renewals = False
         self._session: tuple[str, str] | None = None  # (session id, resume secret)
@@ -305,6 +317,13 @@ class Worker:
             attempt_timeout=a["attempt_timeout"],
         )
         running = _Running(ctx=ctx, fence=a["fence"])
+        loop = asyncio.get_running_loop()
+
+        def report(fraction: float | None, message: str | None) -> None:
+            running.pending_progress = (fraction, message)
+            loop.call_soon_threadsafe(self._flush_progress, running)
+
+        ctx._report = report
         self.running[ctx.attempt_id] = running
         running.task = asyncio.create_task(self._attempt(running, a["payload"]))
 
@@ -406,6 +425,37 @@ class Worker:
             except BaseException:
                 pass
             raise
+
+    def _flush_progress(self, running: _Running) -> None:
+        if not running.sending_progress:
+            running.sending_progress = True
+            task = asyncio.create_task(self._send_progress(running))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _send_progress(self, running: _Running) -> None:
+        """Send the latest progress, then any that arrived meanwhile (older ones drop)."""
+        try:
+            while running.pending_progress is not None and not running.lost:
+                fraction, message = running.pending_progress
+                running.pending_progress = None
+                conn = self._conn
+                if conn is None:
+                    return
+                try:
+                    await asyncio.wait_for(
+                        conn.progress(
+                            running.ctx.attempt_id,
+                            running.fence,
+                            fraction=fraction,
+                            message=message,
+                        ),
+                        timeout=10,
+                    )
+                except (TimeoutError, ServerError, ConnectionError, OSError) as exc:
+                    log.debug("progress not recorded: %s", exc)
+        finally:
+            running.sending_progress = False
 
     def _cancel(self, running: _Running, reason: str) -> None:
         running.ctx._stop(reason)

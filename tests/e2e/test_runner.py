@@ -239,6 +239,7 @@ def test_fail_and_exceptions_choose_the_outcome(
 
     @worker.handler("flaky")
     def flaky(ctx: Context, payload: Any) -> Any:
+        ctx.progress(0.5, f"attempt {ctx.attempt} halfway")  # from a thread: safe
         if ctx.attempt == 1:
             raise RuntimeError("transient")
         return "second time lucky"
@@ -250,6 +251,9 @@ def test_fail_and_exceptions_choose_the_outcome(
     assert fatal_task["state"] == "failed" and fatal_task["error"]["code"] == "BAD_INPUT"
     flaky_task = wait_state(api, flaky_id, {"succeeded"})
     assert flaky_task["attempts_used"] == 2
+    events = api.get(f"/v1/tasks/{flaky_id}/events").json()["items"]
+    messages = [e["data"]["message"] for e in events if e["kind"] == "progress"]
+    assert "attempt 2 halfway" in messages  # progress reaches the history
 
 
 def _worker_process(node: Node, tokens: Tokens, marks: Path, **env: str) -> subprocess.Popen[str]:

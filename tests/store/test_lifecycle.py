@@ -556,3 +556,25 @@ def test_config_lease_lengths_are_honoured(make_store: object, clock: ManualCloc
     assert g.attempt.claim_expires_at == clock.now + 2 * SECOND
     lease = store.attempt_start(s.id, s.epoch, g.attempt.id, g.attempt.fence)
     assert lease.lease_expires_at == clock.now + 3 * SECOND
+
+
+def test_progress_is_an_event_of_a_running_attempt(store: Store, clock: ManualClock) -> None:
+    queue(store)
+    tid = submit(store)
+    s, _ = worker(store)
+    g = run_one(store, s)
+    before = store.task_get(tid)
+    store.attempt_progress(
+        s.id, s.epoch, g.attempt.id, g.attempt.fence, fraction=0.5, message="halfway"
+    )
+    assert store.task_get(tid) == before  # no state change
+    [event] = [e for e in store.event_list(task_id=tid) if e["kind"] == "progress"]
+    assert '"fraction": 0.5' in event["data"] and "halfway" in event["data"]
+    with pytest.raises(OrbitError) as err:
+        store.attempt_progress(s.id, s.epoch, g.attempt.id, g.attempt.fence, fraction=1.5)
+    assert err.value.code == Code.INVALID_ARGUMENT
+    store.attempt_finish(s.id, s.epoch, g.attempt.id, g.attempt.fence, Outcome.success())
+    with pytest.raises(Rejected) as late:
+        store.attempt_progress(s.id, s.epoch, g.attempt.id, g.attempt.fence, fraction=1.0)
+    assert late.value.code == Code.ATTEMPT_ENDED
+    assert check_all(store) == []
