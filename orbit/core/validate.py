@@ -70,6 +70,24 @@ def check_backoff(backoff: Backoff) -> None:
         )
 
 
+MAX_JSON_DEPTH = 64
+
+
+def check_json_depth(value: object, what: str) -> None:
+    """Payloads and results nest at most 64 levels, so every view can serialise them."""
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise OrbitError(
+                Code.INVALID_ARGUMENT, f"{what} nests more than {MAX_JSON_DEPTH} levels"
+            )
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend((v, depth + 1) for v in item)
+
+
 def check_spec(spec: TaskSpec, now: int, max_payload_bytes: int) -> tuple[str, int]:
     """Validate a submission; return its canonical payload JSON and its encoded size."""
     check_name("queue", spec.queue)
@@ -107,6 +125,10 @@ def check_spec(spec: TaskSpec, now: int, max_payload_bytes: int) -> tuple[str, i
             raise OrbitError(Code.INVALID_ARGUMENT, "run_after must be an instant")
         if spec.deadline is not None and spec.run_after >= spec.deadline:
             raise OrbitError(Code.INVALID_DEADLINE, "run_after must be before the deadline")
+    for name, text in (("idempotency_key", spec.idempotency_key), ("parent_id", spec.parent_id)):
+        if isinstance(text, str) and "\x00" in text:
+            raise OrbitError(Code.INVALID_ARGUMENT, f"{name} holds a NUL character")
+    check_json_depth(spec.payload, "payload")
     try:
         payload = canonical_json(spec.payload)
     except (TypeError, ValueError) as exc:

@@ -48,7 +48,12 @@ def _constant(name: str) -> Any:
     raise DecodeError("NON_FINITE_NUMBER", f"{name} is not a JSON number")
 
 
+MAX_DEPTH = 64
+
+
 def _int(text: str) -> int:
+    if len(text.lstrip("-")) > 19:  # beyond 64 bits, and int() refuses > 4300 digits
+        raise DecodeError("NUMBER_OUT_OF_RANGE", "integers must fit in 64 bits")
     value = int(text)
     if not MIN_INT <= value <= MAX_INT:
         raise DecodeError("NUMBER_OUT_OF_RANGE", "integers must fit in 64 bits")
@@ -63,6 +68,7 @@ def _float(text: str) -> float:
 
 
 def _check_strings(value: Any, path: str = "") -> None:
+    """Every string valid UTF-8."""
     if isinstance(value, str):
         try:
             value.encode("utf-8")
@@ -77,6 +83,24 @@ def _check_strings(value: Any, path: str = "") -> None:
     elif isinstance(value, list):
         for i, v in enumerate(value):
             _check_strings(v, f"{path}[{i}]")
+
+
+def _check_values(value: Any, path: str, depth: int = 0) -> None:
+    """No NUL in any string (PostgreSQL text cannot hold one) and nesting bounded (so
+    every view can serialise what was stored). Run on a parsed message, so the error can
+    still echo its ``req_id``."""
+    if depth > MAX_DEPTH:
+        raise DecodeError("TOO_DEEP", f"values nest at most {MAX_DEPTH} levels", path or None)
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise DecodeError("NUL_CHARACTER", "a string holds a NUL character", path or None)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_values(k, path, depth + 1)
+            _check_values(v, f"{path}.{k}" if path else k, depth + 1)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_values(v, f"{path}[{i}]", depth + 1)
 
 
 def decode_json(raw: bytes | str) -> Any:
@@ -155,6 +179,7 @@ _CODES = {
     "finite_number": "NON_FINITE_NUMBER",
     "string_too_long": "VALUE_TOO_LONG",
     "too_long": "VALUE_TOO_LONG",
+    "number_out_of_range": "NUMBER_OUT_OF_RANGE",
 }
 
 
@@ -163,6 +188,7 @@ def decode_model(model: type[M], raw: bytes | str | Any, *, parsed: bool = False
     data = raw if parsed else decode_json(raw)
     if not isinstance(data, dict):
         raise DecodeError("INVALID_TYPE", "the message must be a JSON object")
+    _check_values(data, "")
     _check_fields(model, data, "")
     try:
         return model.model_validate(data, strict=True)

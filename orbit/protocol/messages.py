@@ -9,10 +9,11 @@ Schemas under ``schema/`` are generated from these classes (``orbit.protocol.sch
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 _COUNTER_RE = re.compile(r"^(0|[1-9][0-9]{0,18})$")
@@ -20,8 +21,10 @@ MAX_SECONDS = 366 * 24 * 3600.0
 
 
 def _counter(value: str) -> str:
-    if not _COUNTER_RE.match(value) or int(value) > 2**63 - 1:
-        raise ValueError("a counter is a decimal string without sign or leading zeros, < 2^63")
+    if not _COUNTER_RE.match(value):
+        raise ValueError("a counter is a decimal string without sign or leading zeros")
+    if int(value) > 2**63 - 1:
+        raise PydanticCustomError("number_out_of_range", "a counter must be below 2^63")
     return value
 
 
@@ -32,6 +35,14 @@ def _instant(value: str) -> str:
         raise ValueError("an instant is an RFC 3339 timestamp") from None
     if parsed.tzinfo is None:
         raise ValueError("an instant needs a UTC offset (e.g. Z or +00:00)")
+    try:
+        year = parsed.astimezone(UTC).year
+    except OverflowError:
+        year = 10_000
+    if not 1970 <= year <= 9998:
+        raise PydanticCustomError(
+            "number_out_of_range", "an instant must fall between 1970 and 9998 (UTC)"
+        )
     return value
 
 

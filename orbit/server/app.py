@@ -9,6 +9,7 @@ import os
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -125,6 +126,17 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
     app.add_exception_handler(DecodeError, errors.on_decode_error)
     app.add_exception_handler(RequestValidationError, errors.on_validation_error)
     app.add_exception_handler(StarletteHTTPException, errors.on_http_error)
+    app.add_exception_handler(Exception, errors.on_unexpected)
+
+    @app.middleware("http")
+    async def refuse_nul(request: Request, call_next: Any) -> Response:
+        """A NUL in the path or query can reach no database column: refuse it up front."""
+        raw = request.scope.get("raw_path", b"") + b"?" + request.scope.get("query_string", b"")
+        if b"%00" in raw or b"\x00" in raw:
+            return errors.error_response(400, "NUL_CHARACTER", "the URL holds a NUL character")
+        response: Response = await call_next(request)
+        return response
+
     app.include_router(router)
     app.add_api_websocket_route("/v1/worker", worker_endpoint)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -59,3 +61,9 @@ async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status_code, "HTTP_ERROR")
     return error_response(exc.status_code, code, str(exc.detail))
+
+
+async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+    """Anything unforeseen: logged with its traceback, answered in the usual shape."""
+    logging.getLogger("orbit.server").error("request failed", exc_info=exc)
+    return error_response(500, "INTERNAL", "the server could not process this request")

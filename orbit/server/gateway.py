@@ -205,8 +205,14 @@ class _Protocol:
                     await self.error(None, exc.code, exc.message, exc.field)
                     continue
             rid = _req_id(raw)
-            kind = raw.get("type") if isinstance(raw, dict) else None
+            if not isinstance(raw, dict):
+                await self.error(None, "INVALID_TYPE", "the message must be a JSON object")
+                continue
+            kind = raw.get("type")
             model = WORKER_REQUESTS.get(kind) if isinstance(kind, str) else None
+            if "type" not in raw and any(k.lower() == "type" for k in raw):
+                await self.error(rid, "FIELD_CASE_MISMATCH", "type must be spelled type", "type")
+                continue
             if model is None:
                 await self.error(rid, "UNKNOWN_TYPE", f"unknown message type {kind!r:.40}", "type")
                 continue
@@ -258,6 +264,14 @@ class _Protocol:
                     continue
             except OrbitError as exc:
                 await self.error(getattr(msg, "req_id", None), str(exc.code), exc.message)
+                continue
+            except Exception:
+                log.exception("handshake failed")
+                await self.error(
+                    getattr(msg, "req_id", None),
+                    "INTERNAL",
+                    "the server could not process this request",
+                )
                 continue
             await self.ws.send_text(welcome.model_dump_json())
             conn = WorkerConnection(self.ws, session, push)
@@ -346,7 +360,11 @@ class _Protocol:
                 await conn.send(AckMessage(req_id=rid, op="heartbeat"))
             else:
                 await self.error(rid, "ALREADY_WELCOMED", "the session is already established")
-        except OrbitError as exc:
+        except Exception as exc:
+            if not isinstance(exc, OrbitError):
+                log.exception("worker request failed")
+                await self.error(rid, "INTERNAL", "the server could not process this request")
+                return
             if isinstance(exc, Rejected):
                 metrics.rejected.labels(str(exc.code)).inc()
             if exc.code == Code.FENCED_EPOCH:

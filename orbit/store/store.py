@@ -43,6 +43,7 @@ from orbit.core.transitions import Plan
 from orbit.core.validate import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     check_int,
+    check_json_depth,
     check_name,
     check_queue_caps,
     check_spec,
@@ -900,6 +901,7 @@ class Store:
         """Commit an attempt's outcome, or refuse it with a precise code (I2, I3)."""
         if not isinstance(outcome, Outcome):
             raise OrbitError(Code.INVALID_ARGUMENT, "outcome must be an Outcome")
+        check_json_depth(outcome.result, "result")
         try:
             canonical_json(outcome.as_json())
         except (TypeError, ValueError) as exc:
