@@ -13,6 +13,8 @@ from tests.pg import as_url, temporary_database
 
 BACKENDS = ["sqlite", "postgres"]
 TABLES = [
+    "orbit_artifact_chunks",
+    "orbit_artifacts",
     "orbit_tokens",
     "orbit_events",
     "orbit_attempts",

@@ -118,6 +118,9 @@ def server(
     session_ttl: Annotated[
         float, typer.Option(min=0.1, help="session heartbeat TTL, seconds")
     ] = 60.0,
+    max_artifact_bytes: Annotated[
+        int, typer.Option(min=1, help="largest artifact a worker may upload")
+    ] = 256 * 1024 * 1024,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
 ) -> None:
     """Run one control-plane node (any number may share one PostgreSQL)."""
@@ -142,6 +145,7 @@ def server(
             claim_ttl_us=int(claim_ttl * SECOND),
             lease_ttl_us=int(lease_ttl * SECOND),
             session_ttl_us=int(session_ttl * SECOND),
+            max_artifact_bytes=max_artifact_bytes,
         ),
     )
     if node_id:

@@ -240,6 +240,22 @@ class Receipt:
 
 
 @dataclass(frozen=True)
+class Artifact:
+    """A blob attached to an attempt's result, kept until ``expires_at``."""
+
+    id: str
+    task_id: str
+    attempt_id: str
+    name: str
+    content_type: str
+    size: int
+    sha256: str | None
+    state: str  # uploading | ready
+    created_at: int
+    expires_at: int
+
+
+@dataclass(frozen=True)
 class Grant:
     """One claimed attempt handed to a worker."""
 

@@ -585,6 +585,44 @@ def finish(
     return receipt
 
 
+def check_running(
+    plan: Plan,
+    report: str,
+    task: Task,
+    attempt: Attempt,
+    session: Session,
+    *,
+    epoch: int,
+    fence: int,
+    now: int,
+) -> bool:
+    """The guard of every report made while an attempt runs (progress, artifacts): the
+    caller owns it at the current epoch and fence, and its lease has not expired."""
+    if _check_owner(plan, report, task, attempt, session, epoch, fence):
+        return False
+    if attempt.state != A.RUNNING or attempt.lease_expires_at is None:
+        plan.reject(
+            Code.ATTEMPT_ENDED,
+            f"the attempt is {attempt.state}",
+            report=report,
+            task=task,
+            attempt=attempt,
+            session_id=session.id,
+        )
+        return False
+    if now >= attempt.lease_expires_at:
+        plan.reject(
+            Code.LEASE_EXPIRED,
+            "the run lease has expired",
+            report=report,
+            task=task,
+            attempt=attempt,
+            session_id=session.id,
+        )
+        return False
+    return True
+
+
 def progress(
     plan: Plan,
     task: Task,
@@ -597,27 +635,9 @@ def progress(
     data: dict[str, JSON],
 ) -> bool:
     """Record a running attempt's progress: an event, never a state change."""
-    if _check_owner(plan, "progress", task, attempt, session, epoch, fence):
-        return False
-    if attempt.state != A.RUNNING or attempt.lease_expires_at is None:
-        plan.reject(
-            Code.ATTEMPT_ENDED,
-            f"the attempt is {attempt.state}",
-            report="progress",
-            task=task,
-            attempt=attempt,
-            session_id=session.id,
-        )
-        return False
-    if now >= attempt.lease_expires_at:
-        plan.reject(
-            Code.LEASE_EXPIRED,
-            "the run lease has expired",
-            report="progress",
-            task=task,
-            attempt=attempt,
-            session_id=session.id,
-        )
+    if not check_running(
+        plan, "progress", task, attempt, session, epoch=epoch, fence=fence, now=now
+    ):
         return False
     plan.events.append(
         Event(

@@ -230,6 +230,18 @@ class WorkerView(Response):
     expires_at: str
 
 
+class ArtifactView(Response):
+    id: str
+    task_id: str
+    attempt_id: str
+    name: str
+    content_type: str
+    size: int
+    sha256: str | None
+    created_at: str
+    expires_at: str
+
+
 class TokenCreate(Strict):
     name: Name
     scopes: Annotated[list[Literal["admin", "submit", "worker"]], Field(min_length=1, max_length=3)]

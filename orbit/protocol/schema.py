@@ -25,6 +25,7 @@ HTTP_MODELS: tuple[type[BaseModel], ...] = (
     m.TokenCreate,
     m.TokenCreated,
     m.ErrorReply,
+    m.ArtifactView,
 )
 
 

@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from orbit.core.errors import OrbitError
 from orbit.protocol.decode import DecodeError
-from orbit.server import errors
+from orbit.server import artifacts, errors
 from orbit.server.auth import TokenCheck
 from orbit.server.errors import ApiError
 from orbit.server.gateway import Dispatcher, worker_endpoint
@@ -138,6 +138,7 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
         return response
 
     app.include_router(router)
+    app.include_router(artifacts.router)
     app.add_api_websocket_route("/v1/worker", worker_endpoint)
 
     @app.get("/healthz", include_in_schema=False)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from orbit.core.model import Attempt, Grant, Lease, Queue, Receipt, Session, Task
+from orbit.core.model import Artifact, Attempt, Grant, Lease, Queue, Receipt, Session, Task
 from orbit.protocol.convert import instant_to_wire, json_or_none, us_to_seconds
 from orbit.protocol.messages import (
+    ArtifactView,
     Assignment,
     AttemptView,
     EventView,
@@ -150,4 +151,18 @@ def receipt_view(r: Receipt) -> ReceiptView:
         attempt_state=str(r.attempt_state),
         result_digest=r.result_digest,
         result_version=str(r.result_version),
+    )
+
+
+def artifact_view(a: Artifact) -> ArtifactView:
+    return ArtifactView(
+        id=a.id,
+        task_id=a.task_id,
+        attempt_id=a.attempt_id,
+        name=a.name,
+        content_type=a.content_type,
+        size=a.size,
+        sha256=a.sha256,
+        created_at=_at(a.created_at),
+        expires_at=_at(a.expires_at),
     )

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from orbit.core.model import (
+    Artifact,
     Attempt,
     Backoff,
     Capability,
@@ -225,3 +226,18 @@ def event_to_row(e: Event, at: int) -> Row:
         "code": e.code,
         "data": json.dumps(e.data, sort_keys=True) if e.data is not None else None,
     }
+
+
+def artifact_from_row(r: Row) -> Artifact:
+    return Artifact(
+        id=r["id"],
+        task_id=r["task_id"],
+        attempt_id=r["attempt_id"],
+        name=r["name"],
+        content_type=r["content_type"],
+        size=int(r["size"]),
+        sha256=r["sha256"],
+        state=r["state"],
+        created_at=int(r["created_at"]),
+        expires_at=int(r["expires_at"]),
+    )

@@ -25,6 +25,7 @@ from orbit.core.ids import uuid7
 from orbit.core.limits import Occupancy, bucket_refill
 from orbit.core.model import (
     SECOND,
+    Artifact,
     Attempt,
     Capability,
     Event,
@@ -77,6 +78,8 @@ class StoreConfig:
     max_batch: int = 1000
     reap_batch: int = 500
     max_tx_retries: int = 5
+    artifact_ttl_us: int = 7 * 24 * 3600 * SECOND
+    max_artifact_bytes: int = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -92,10 +95,11 @@ class ReapReport:
     deadlines: int = 0
     promoted: int = 0
     sessions_expired: int = 0
+    artifacts_expired: int = 0
 
     @property
     def total(self) -> int:
-        return (
+        return self.artifacts_expired + (
             self.released
             + self.expired_leases
             + self.deadlines
@@ -970,6 +974,144 @@ class Store:
 
         self._run_plan(build)
 
+    # ------------------------------------------------------------------ artifacts
+
+    def artifact_begin(
+        self,
+        session_id: str,
+        epoch: int,
+        attempt_id: str,
+        fence: int,
+        *,
+        name: str,
+        content_type: str,
+        ttl_us: int | None = None,
+    ) -> str:
+        """Open an upload for a running attempt (fenced like any report); return its id."""
+        check_name("artifact name", name)
+        if (
+            not isinstance(content_type, str)
+            or not 3 <= len(content_type) <= 200
+            or "/" not in content_type
+            or any(c in content_type for c in "\x00\r\n")
+        ):
+            raise OrbitError(Code.INVALID_ARGUMENT, "content_type must look like type/subtype")
+        ttl = self.config.artifact_ttl_us if ttl_us is None else ttl_us
+        check_int("ttl", ttl, SECOND, 366 * 24 * 3600 * SECOND)
+
+        def build(tx: _Tx) -> tuple[Plan, str | None]:
+            plan = Plan()
+            task, attempt, session = self._report_rows(tx, attempt_id, session_id)
+            now = tx.now()
+            if not transitions.check_running(
+                plan, "artifact", task, attempt, session, epoch=epoch, fence=fence, now=now
+            ):
+                return plan, None
+            artifact_id = self._new_id(now)
+            made = tx.fetch(
+                "artifact_insert",
+                id=artifact_id,
+                task_id=task.id,
+                attempt_id=attempt.id,
+                name=name,
+                content_type=content_type,
+                now=now,
+                expires_at=now + ttl,
+            )
+            if not made:
+                raise OrbitError(
+                    Code.ARTIFACT_EXISTS, f"the attempt already has an artifact named {name}"
+                )
+            return plan, artifact_id
+
+        artifact_id = self._run_plan(build)
+        assert artifact_id is not None
+        return artifact_id
+
+    def artifact_write(self, artifact_id: str, seq: int, data: bytes) -> None:
+        """Store one chunk of an upload (each chunk its own short transaction)."""
+        written = self._tx(
+            lambda tx: tx.execute(
+                "artifact_chunk_insert", artifact_id=artifact_id, seq=seq, data=data
+            )
+        )
+        if written != 1:
+            raise OrbitError(Code.INVALID_STATE, "the artifact is not being uploaded")
+
+    def artifact_commit(
+        self,
+        session_id: str,
+        epoch: int,
+        attempt_id: str,
+        fence: int,
+        artifact_id: str,
+        *,
+        size: int,
+        sha256: str,
+    ) -> Artifact:
+        """Make an upload visible, if the attempt is still ours; evidence otherwise."""
+
+        def build(tx: _Tx) -> tuple[Plan, Artifact | None]:
+            plan = Plan()
+            task, attempt, session = self._report_rows(tx, attempt_id, session_id)
+            found = tx.fetch("artifact_lock", id=artifact_id)
+            if not found or found[0]["attempt_id"] != attempt_id:
+                raise OrbitError(Code.ARTIFACT_NOT_FOUND, f"no upload {artifact_id!r:.80}")
+            now = tx.now()
+            if not transitions.check_running(
+                plan, "artifact", task, attempt, session, epoch=epoch, fence=fence, now=now
+            ):
+                return plan, None
+            tx.execute("artifact_ready", id=artifact_id, size=size, sha256=sha256)
+            artifact = R.artifact_from_row(
+                {**found[0], "state": "ready", "size": size, "sha256": sha256}
+            )
+            plan.events.append(
+                Event(
+                    kind="artifact",
+                    task_id=task.id,
+                    attempt_id=attempt.id,
+                    session_id=session.id,
+                    queue=task.queue,
+                    tenant=task.tenant,
+                    data={
+                        "artifact_id": artifact_id,
+                        "name": artifact.name,
+                        "size": size,
+                        "sha256": sha256,
+                        "content_type": artifact.content_type,
+                    },
+                )
+            )
+            return plan, artifact
+
+        artifact = self._run_plan(build)
+        assert artifact is not None
+        return artifact
+
+    def artifact_abort(self, artifact_id: str) -> None:
+        """Drop an upload that failed half-way (its chunks go with it)."""
+        self._tx(lambda tx: tx.execute("artifact_delete", id=artifact_id))
+
+    def artifact_get(self, artifact_id: str) -> Artifact:
+        found = self._read("artifact_get", id=artifact_id)
+        if not found or found[0]["state"] != "ready":
+            raise OrbitError(Code.ARTIFACT_NOT_FOUND, f"no artifact {artifact_id!r:.80}")
+        return R.artifact_from_row(found[0])
+
+    def artifact_list(self, task_id: str) -> list[Artifact]:
+        return [R.artifact_from_row(r) for r in self._read("artifact_list", task_id=task_id)]
+
+    def artifact_chunks(self, artifact_id: str) -> Iterator[bytes]:
+        """The artifact's bytes, one stored chunk at a time (never all in memory)."""
+        seq = 0
+        while True:
+            found = self._read("artifact_chunk_get", artifact_id=artifact_id, seq=seq)
+            if not found:
+                return
+            yield bytes(found[0]["data"])
+            seq += 1
+
     # ------------------------------------------------------------------ operator actions
 
     def task_cancel(self, task_id: str) -> Task:
@@ -1049,6 +1191,7 @@ class Store:
         """One pass of every clock-driven duty. Safe on every node at once: rows another
         node holds are skipped (SKIP LOCKED) and every write is a compare-and-set."""
         counts = {
+            "artifacts_expired": 0,
             "released": 0,
             "expired_leases": 0,
             "deadlines": 0,
@@ -1109,6 +1252,12 @@ class Store:
             tx.apply(plan)
             return plan
 
+        def artifacts_pass(tx: _Tx) -> int:
+            return len(
+                tx.fetch("artifact_expired_delete", now=tx.now(), limit=self.config.reap_batch)
+            )
+
+        counts["artifacts_expired"] = self._tx(artifacts_pass)
         for plan in (self._tx(tasks_pass), self._tx(sessions_pass)):
             for event in plan.events:
                 if event.kind == "session.expired":

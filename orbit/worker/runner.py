@@ -28,12 +28,18 @@ import contextlib
 import inspect
 import logging
 import signal
+import ssl
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
+
+import httpx
 
 from orbit.tokens import load_token
 from orbit.worker.connection import ServerError, WorkerConnection
@@ -79,6 +85,8 @@ class Context:
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     reason: str | None = None
     _report: Callable[[float | None, str | None], None] | None = field(default=None, repr=False)
+    _upload: Callable[..., Awaitable[dict[str, Any]]] | None = field(default=None, repr=False)
+    _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
 
     @property
     def cancelled(self) -> bool:
@@ -97,6 +105,38 @@ class Context:
             raise ValueError("fraction must be in [0, 1]")
         if self._report is not None:
             self._report(fraction, None if message is None else message[:500])
+
+    async def upload(
+        self,
+        name: str,
+        data: bytes | Path,
+        content_type: str = "application/octet-stream",
+        *,
+        ttl: int | None = None,
+    ) -> dict[str, Any]:
+        """Attach an artifact to this attempt (bytes, or a file streamed from disk).
+        Returns its metadata: id, size, sha256. Fenced like every report: refused once
+        the attempt is no longer ours."""
+        if self._upload is None:
+            raise RuntimeError("this context is not attached to a running worker")
+        return await self._upload(name, data, content_type, ttl)
+
+    def upload_from_thread(
+        self,
+        name: str,
+        data: bytes | Path,
+        content_type: str = "application/octet-stream",
+        *,
+        ttl: int | None = None,
+        timeout: float = 300.0,
+    ) -> dict[str, Any]:
+        """``upload`` for a plain-function handler (it runs in a thread of its own)."""
+        if self._loop is None:
+            raise RuntimeError("this context is not attached to a running worker")
+        future = asyncio.run_coroutine_threadsafe(
+            self.upload(name, data, content_type, ttl=ttl), self._loop
+        )
+        return future.result(timeout)
 
     def _stop(self, reason: str) -> None:
         if not self._cancel.is_set():
@@ -324,6 +364,8 @@ class Worker:
             loop.call_soon_threadsafe(self._flush_progress, running)
 
         ctx._report = report
+        ctx._loop = loop
+        ctx._upload = partial(self._upload, running)
         self.running[ctx.attempt_id] = running
         running.task = asyncio.create_task(self._attempt(running, a["payload"]))
 
@@ -425,6 +467,49 @@ class Worker:
             except BaseException:
                 pass
             raise
+
+    async def _upload(
+        self,
+        running: _Running,
+        name: str,
+        data: bytes | Path,
+        content_type: str,
+        ttl: int | None,
+    ) -> dict[str, Any]:
+        conn = self._conn
+        if conn is None or conn.session_id is None or conn.epoch is None:
+            raise ConnectionError("not connected")
+        headers = {
+            "Authorization": f"Bearer {self._token()}",
+            "Content-Type": content_type,
+            "X-Orbit-Session": conn.session_id,
+            "X-Orbit-Epoch": conn.epoch,
+            "X-Orbit-Fence": running.fence,
+        }
+        if ttl is not None:
+            headers["X-Orbit-TTL"] = str(int(ttl))
+        body: bytes | AsyncIterator[bytes] = data if isinstance(data, bytes) else _file(data)
+        verify: ssl.SSLContext | bool = (
+            ssl.create_default_context(cafile=self.cafile) if self.cafile else True
+        )
+        name_part = quote(name, safe="")
+        async with httpx.AsyncClient(base_url=self.url, verify=verify, timeout=300) as http:
+            reply = await http.put(
+                f"/v1/attempts/{running.ctx.attempt_id}/artifacts/{name_part}",
+                content=body,
+                headers=headers,
+            )
+        if reply.status_code >= 400:
+            error = reply.json().get("error", {}) if reply.content else {}
+            raise ServerError(
+                str(error.get("code", "HTTP_ERROR")),
+                str(error.get("message", reply.status_code)),
+                error,
+            )
+        return dict(reply.json())
+
+    def _token(self) -> str:
+        return self.token if self.token is not None else load_token()
 
     def _flush_progress(self, running: _Running) -> None:
         if not running.sending_progress:
@@ -548,6 +633,13 @@ class Worker:
             await asyncio.wait(pending, timeout=self.cancel_grace + 5)
         if self.abandoned:
             log.error("%d handler(s) ignored cancellation and were abandoned", len(self.abandoned))
+
+
+async def _file(path: Path) -> AsyncIterator[bytes]:
+    """A file's bytes in chunks, read off the event loop."""
+    with path.open("rb") as f:
+        while chunk := await asyncio.to_thread(f.read, 256 * 1024):
+            yield chunk
 
 
 def _error(code: str, message: str, *, retryable: bool) -> dict[str, Any]:

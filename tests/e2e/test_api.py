@@ -50,7 +50,7 @@ def test_every_v1_route_declares_a_scope() -> None:
 
 
 def test_every_v1_route_refuses_missing_and_wrong_tokens(node: Node, tokens: Tokens) -> None:
-    others = {"admin": tokens.submit, "submit": tokens.worker}
+    others = {"admin": tokens.submit, "submit": tokens.worker, "worker": tokens.submit}
     with httpx.Client(base_url=node.http, timeout=10) as http:
         for route in ROUTES:
             path = re.sub(r"\{[^}]+\}", "x", route.path)

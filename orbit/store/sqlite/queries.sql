@@ -246,3 +246,41 @@ FROM orbit_tasks GROUP BY queue, state;
 
 -- name: notify_cancel
 SELECT :target AS notified;
+
+-- name: artifact_insert
+INSERT INTO orbit_artifacts (id, task_id, attempt_id, name, content_type, size, sha256,
+    state, created_at, expires_at)
+VALUES (:id, :task_id, :attempt_id, :name, :content_type, 0, NULL, 'uploading', :now,
+    :expires_at)
+ON CONFLICT (attempt_id, name) DO NOTHING
+RETURNING id;
+
+-- name: artifact_chunk_insert
+INSERT INTO orbit_artifact_chunks (artifact_id, seq, data)
+SELECT :artifact_id, :seq, :data
+WHERE EXISTS (SELECT 1 FROM orbit_artifacts WHERE id = :artifact_id AND state = 'uploading');
+
+-- name: artifact_get
+SELECT * FROM orbit_artifacts WHERE id = :id;
+
+-- name: artifact_lock
+SELECT * FROM orbit_artifacts WHERE id = :id;
+
+-- name: artifact_ready
+UPDATE orbit_artifacts SET state = 'ready', size = :size, sha256 = :sha256
+WHERE id = :id AND state = 'uploading';
+
+-- name: artifact_delete
+DELETE FROM orbit_artifacts WHERE id = :id;
+
+-- name: artifact_list
+SELECT * FROM orbit_artifacts WHERE task_id = :task_id AND state = 'ready' ORDER BY created_at, id;
+
+-- name: artifact_chunk_get
+SELECT data FROM orbit_artifact_chunks WHERE artifact_id = :artifact_id AND seq = :seq;
+
+-- name: artifact_expired_delete
+DELETE FROM orbit_artifacts
+WHERE id IN (SELECT id FROM orbit_artifacts WHERE expires_at <= :now
+             ORDER BY expires_at LIMIT :limit)
+RETURNING id;

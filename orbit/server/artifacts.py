@@ -1,0 +1,142 @@
+"""Artifact routes: a worker uploads a blob for its running attempt; clients list and
+download them. Bodies are streamed in chunks both ways: a large artifact is never held
+whole in the server's memory."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from functools import partial
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+
+from orbit.core.errors import Code, OrbitError
+from orbit.core.model import SECOND
+from orbit.protocol.messages import ArtifactView
+from orbit.server.auth import require
+from orbit.server.errors import ApiError
+from orbit.server.views import artifact_view
+from orbit.store import Store
+
+router = APIRouter(prefix="/v1")
+CHUNK = 256 * 1024
+_COUNTER = re.compile(r"^(0|[1-9][0-9]{0,18})$")
+_SHA = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _header_counter(request: Request, name: str) -> int:
+    value = request.headers.get(name)
+    if value is None or not _COUNTER.match(value) or int(value) > 2**63 - 1:
+        raise ApiError(400, "INVALID_ARGUMENT", f"header {name} must be a counter (a decimal)")
+    return int(value)
+
+
+@router.put(
+    "/attempts/{attempt_id}/artifacts/{name}",
+    dependencies=[Depends(require("worker"))],
+    status_code=201,
+    response_model=ArtifactView,
+)
+async def artifact_upload(request: Request, attempt_id: str, name: str) -> JSONResponse:
+    """Headers: X-Orbit-Session, X-Orbit-Epoch, X-Orbit-Fence (the attempt's), Content-Type,
+    optional X-Orbit-Sha256 (checked) and X-Orbit-TTL (seconds)."""
+    store: Store = request.app.state.store
+    session_id = request.headers.get("x-orbit-session", "")
+    if not 0 < len(session_id) <= 64:
+        raise ApiError(400, "INVALID_ARGUMENT", "header X-Orbit-Session is required")
+    epoch = _header_counter(request, "x-orbit-epoch")
+    fence = _header_counter(request, "x-orbit-fence")
+    expected = request.headers.get("x-orbit-sha256")
+    if expected is not None and not _SHA.match(expected):
+        raise ApiError(400, "INVALID_ARGUMENT", "X-Orbit-Sha256 must be 64 hex digits")
+    ttl = request.headers.get("x-orbit-ttl")
+    ttl_us = None
+    if ttl is not None:
+        if not ttl.isdigit() or len(ttl) > 9:
+            raise ApiError(400, "INVALID_ARGUMENT", "X-Orbit-TTL must be whole seconds")
+        ttl_us = int(ttl) * SECOND
+    limit = store.config.max_artifact_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, str(Code.ARTIFACT_TOO_LARGE), f"artifacts are at most {limit} bytes")
+    content_type = request.headers.get("content-type", "application/octet-stream")
+    artifact_id = await run_in_threadpool(
+        partial(store.artifact_begin, name=name, content_type=content_type, ttl_us=ttl_us),
+        session_id,
+        epoch,
+        attempt_id,
+        fence,
+    )
+    digest, size, seq, buffer = hashlib.sha256(), 0, 0, bytearray()
+    try:
+        async for piece in request.stream():
+            size += len(piece)
+            if size > limit:
+                raise ApiError(
+                    413, str(Code.ARTIFACT_TOO_LARGE), f"artifacts are at most {limit} bytes"
+                )
+            digest.update(piece)
+            buffer += piece
+            while len(buffer) >= CHUNK:
+                await run_in_threadpool(
+                    store.artifact_write, artifact_id, seq, bytes(buffer[:CHUNK])
+                )
+                del buffer[:CHUNK]
+                seq += 1
+        if buffer or seq == 0:
+            await run_in_threadpool(store.artifact_write, artifact_id, seq, bytes(buffer))
+        sha = digest.hexdigest()
+        if expected is not None and expected != sha:
+            raise OrbitError(Code.DIGEST_MISMATCH, f"the body's sha256 is {sha}, not {expected}")
+        artifact = await run_in_threadpool(
+            partial(store.artifact_commit, size=size, sha256=sha),
+            session_id,
+            epoch,
+            attempt_id,
+            fence,
+            artifact_id,
+        )
+    except BaseException:
+        await run_in_threadpool(store.artifact_abort, artifact_id)
+        raise
+    return JSONResponse(artifact_view(artifact).model_dump(mode="json"), status_code=201)
+
+
+@router.get(
+    "/tasks/{task_id}/artifacts",
+    dependencies=[Depends(require("submit"))],
+    response_model=list[ArtifactView],
+)
+async def artifact_list(request: Request, task_id: str) -> JSONResponse:
+    store: Store = request.app.state.store
+    await run_in_threadpool(store.task_get, task_id)  # 404 for an unknown task
+    items = await run_in_threadpool(store.artifact_list, task_id)
+    return JSONResponse([artifact_view(a).model_dump(mode="json") for a in items])
+
+
+@router.get(
+    "/artifacts/{artifact_id}",
+    dependencies=[Depends(require("submit"))],
+    response_model=ArtifactView,
+)
+async def artifact_get(request: Request, artifact_id: str) -> JSONResponse:
+    artifact = await run_in_threadpool(request.app.state.store.artifact_get, artifact_id)
+    return JSONResponse(artifact_view(artifact).model_dump(mode="json"))
+
+
+@router.get("/artifacts/{artifact_id}/content", dependencies=[Depends(require("submit"))])
+async def artifact_content(request: Request, artifact_id: str) -> StreamingResponse:
+    store: Store = request.app.state.store
+    artifact = await run_in_threadpool(store.artifact_get, artifact_id)
+    headers = {
+        "Content-Length": str(artifact.size),
+        "X-Orbit-Sha256": artifact.sha256 or "",
+        "Content-Disposition": f'attachment; filename="{artifact.name}"',
+    }
+    return StreamingResponse(
+        iterate_in_threadpool(store.artifact_chunks(artifact_id)),
+        media_type=artifact.content_type,
+        headers=headers,
+    )

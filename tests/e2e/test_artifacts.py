@@ -1,0 +1,132 @@
+"""Artifacts over the wire: a handler uploads (bytes and a file), a client downloads."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from orbit.worker import ServerError
+from orbit.worker.runner import Context, Worker
+from tests.e2e.servers import Node, Tokens
+
+LIMIT = 2_000_000
+
+
+@pytest.fixture
+def small(nodes: Callable[..., Node]) -> Node:
+    return nodes(args=["--max-artifact-bytes", str(LIMIT), "--reap-interval", "0.2"])
+
+
+def test_handler_uploads_and_client_downloads(small: Node, tokens: Tokens, tmp_path: Path) -> None:
+    api = httpx.Client(
+        base_url=small.http, timeout=30, headers={"Authorization": f"Bearer {tokens.admin}"}
+    )
+    api.post("/v1/queues", json={"name": "q", "max_concurrency": 4, "rate": 0})
+    picture = os.urandom(700_000)  # three stored chunks
+    on_disk = tmp_path / "report.zip"
+    on_disk.write_bytes(os.urandom(300_000))
+    worker = Worker(small.http, tokens.worker)
+    seen: dict[str, Any] = {}
+
+    @worker.handler("shoot")
+    async def shoot(ctx: Context, payload: Any) -> Any:
+        first = await ctx.upload("shot.png", picture, "image/png")
+        second = await ctx.upload("report.zip", on_disk, "application/zip")
+        try:
+            await ctx.upload("too-big.bin", b"x" * (LIMIT + 1))
+        except ServerError as exc:
+            seen["too_big"] = exc.code
+        return {"png": first["id"], "zip": second["id"]}
+
+    @worker.handler("sync")
+    def sync(ctx: Context, payload: Any) -> Any:
+        return ctx.upload_from_thread("note.txt", b"from a thread", "text/plain")["id"]
+
+    tid = api.post("/v1/tasks", json={"queue": "q", "handler": "shoot"}).json()["task"]["id"]
+    sid = api.post("/v1/tasks", json={"queue": "q", "handler": "sync"}).json()["task"]["id"]
+
+    async def run() -> None:
+        running = asyncio.create_task(worker.arun())
+        while worker.finished < 2:
+            assert not running.done(), running.exception()
+            await asyncio.sleep(0.02)
+        worker.stop()
+        await running
+
+    asyncio.run(run())
+    result = api.get(f"/v1/tasks/{tid}").json()["result"]
+    listed = {a["name"]: a for a in api.get(f"/v1/tasks/{tid}/artifacts").json()}
+    assert set(listed) == {"shot.png", "report.zip"}  # the refused upload left nothing
+    assert seen["too_big"] == "ARTIFACT_TOO_LARGE"
+    png = api.get(f"/v1/artifacts/{result['png']}/content")
+    assert png.status_code == 200 and png.headers["content-type"] == "image/png"
+    assert png.content == picture
+    assert png.headers["x-orbit-sha256"] == hashlib.sha256(picture).hexdigest()
+    assert listed["shot.png"]["size"] == len(picture)
+    zipped = api.get(f"/v1/artifacts/{result['zip']}/content")
+    assert zipped.content == on_disk.read_bytes()
+    note_id = api.get(f"/v1/tasks/{sid}").json()["result"]
+    assert api.get(f"/v1/artifacts/{note_id}/content").content == b"from a thread"
+    assert api.get("/v1/artifacts/nope").status_code == 404
+
+
+def test_uploads_are_fenced_and_validated(small: Node, tokens: Tokens) -> None:
+    api = httpx.Client(
+        base_url=small.http, timeout=30, headers={"Authorization": f"Bearer {tokens.admin}"}
+    )
+    api.post("/v1/queues", json={"name": "q", "max_concurrency": 4, "rate": 0})
+    tid = api.post("/v1/tasks", json={"queue": "q", "handler": "h"}).json()["task"]["id"]
+
+    async def scenario() -> dict[str, Any]:
+        from orbit.worker import WorkerConnection
+
+        conn = await WorkerConnection.connect(small.ws, tokens.worker)
+        await conn.hello("w", {"h": 1}, 1, push=False)
+        [a] = await conn.claim(1)
+        await conn.start(a["attempt_id"], a["fence"])
+        headers = {
+            "Authorization": f"Bearer {tokens.worker}",
+            "Content-Type": "text/plain",
+            "X-Orbit-Session": conn.session_id or "",
+            "X-Orbit-Epoch": conn.epoch or "",
+            "X-Orbit-Fence": a["fence"],
+        }
+        url = f"{small.http}/v1/attempts/{a['attempt_id']}/artifacts"
+        replies: dict[str, Any] = {}
+        async with httpx.AsyncClient(timeout=30) as http:
+            replies["stale"] = await http.put(
+                f"{url}/x", content=b"1", headers={**headers, "X-Orbit-Fence": "2"}
+            )
+            replies["bad_fence"] = await http.put(
+                f"{url}/x", content=b"1", headers={**headers, "X-Orbit-Fence": "01"}
+            )
+            replies["digest"] = await http.put(
+                f"{url}/x", content=b"1", headers={**headers, "X-Orbit-Sha256": "0" * 64}
+            )
+            replies["submit_token"] = await http.put(
+                f"{url}/x",
+                content=b"1",
+                headers={**headers, "Authorization": f"Bearer {tokens.submit}"},
+            )
+            replies["ok"] = await http.put(f"{url}/x", content=b"1", headers=headers)
+        await conn.close()
+        return replies
+
+    replies = asyncio.run(scenario())
+    assert replies["stale"].status_code == 409
+    assert replies["stale"].json()["error"]["code"] == "STALE_FENCE"
+    assert replies["bad_fence"].status_code == 400
+    assert replies["digest"].status_code == 400
+    assert replies["digest"].json()["error"]["code"] == "DIGEST_MISMATCH"
+    assert replies["submit_token"].status_code == 403
+    assert replies["ok"].status_code == 201
+    assert [a["name"] for a in api.get(f"/v1/tasks/{tid}/artifacts").json()] == ["x"]
+    kinds = [(e["kind"], e["code"]) for e in api.get(f"/v1/tasks/{tid}/events").json()["items"]]
+    assert ("rejected", "STALE_FENCE") in kinds and ("artifact", None) in kinds

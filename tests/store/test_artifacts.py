@@ -1,0 +1,179 @@
+"""Artifacts: chunked, fenced like every report, listed once ready, expired by the reaper."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from orbit.core.errors import Code, OrbitError, Rejected
+from orbit.core.model import Outcome
+from orbit.store import Store
+from tests.conftest import ManualClock
+from tests.invariants import check_all
+from tests.store.helpers import queue, run_one, submit, worker
+
+
+def _upload(store: Store, s: object, g: object, name: str, chunks: list[bytes]) -> object:
+    sid, epoch = s.id, s.epoch  # type: ignore[attr-defined]
+    a = g.attempt  # type: ignore[attr-defined]
+    artifact_id = store.artifact_begin(
+        sid, epoch, a.id, a.fence, name=name, content_type="image/png"
+    )
+    for seq, chunk in enumerate(chunks):
+        store.artifact_write(artifact_id, seq, chunk)
+    data = b"".join(chunks)
+    return store.artifact_commit(
+        sid,
+        epoch,
+        a.id,
+        a.fence,
+        artifact_id,
+        size=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+    )
+
+
+def test_upload_list_and_read_back(store: Store) -> None:
+    queue(store)
+    tid = submit(store)
+    s, _ = worker(store)
+    g = run_one(store, s)
+    chunks = [bytes([i]) * 1000 for i in range(3)]
+    artifact = _upload(store, s, g, "shot.png", chunks)
+    assert artifact.size == 3000 and artifact.state == "ready"  # type: ignore[attr-defined]
+    [listed] = store.artifact_list(tid)
+    assert listed.name == "shot.png" and listed.content_type == "image/png"
+    assert b"".join(store.artifact_chunks(listed.id)) == b"".join(chunks)
+    assert [e["kind"] for e in store.event_list(task_id=tid)][-1] == "artifact"
+    with pytest.raises(OrbitError) as err:
+        _upload(store, s, g, "shot.png", [b"x"])
+    assert err.value.code == Code.ARTIFACT_EXISTS
+    assert check_all(store) == []
+
+
+def test_an_upload_is_invisible_until_committed_and_abort_drops_it(store: Store) -> None:
+    queue(store)
+    tid = submit(store)
+    s, _ = worker(store)
+    g = run_one(store, s)
+    artifact_id = store.artifact_begin(
+        s.id, s.epoch, g.attempt.id, g.attempt.fence, name="half", content_type="application/zip"
+    )
+    store.artifact_write(artifact_id, 0, b"part")
+    assert store.artifact_list(tid) == []
+    with pytest.raises(OrbitError):
+        store.artifact_get(artifact_id)
+    store.artifact_abort(artifact_id)
+    with pytest.raises(OrbitError) as err:
+        store.artifact_write(artifact_id, 1, b"more")
+    assert err.value.code == Code.INVALID_STATE
+
+
+@pytest.mark.parametrize("case", ["fence", "finished", "lease"])
+def test_stale_uploads_are_refused_with_evidence(
+    store: Store, clock: ManualClock, case: str
+) -> None:
+    queue(store)
+    tid = submit(store)
+    s, _ = worker(store)
+    g = run_one(store, s)
+    fence = g.attempt.fence
+    if case == "fence":
+        fence += 1
+    elif case == "finished":
+        store.attempt_finish(s.id, s.epoch, g.attempt.id, fence, Outcome.success())
+    else:
+        clock.advance(31)
+    with pytest.raises(Rejected) as err:
+        store.artifact_begin(
+            s.id, s.epoch, g.attempt.id, fence, name="late", content_type="image/png"
+        )
+    expected = {
+        "fence": Code.STALE_FENCE,
+        "finished": Code.ATTEMPT_ENDED,
+        "lease": Code.LEASE_EXPIRED,
+    }[case]
+    assert err.value.code == expected
+    last = store.event_list(task_id=tid)[-1]
+    assert last["kind"] == "rejected" and last["code"] == expected
+    assert store.artifact_list(tid) == []
+
+
+def test_a_commit_after_the_lease_is_lost_is_refused(store: Store, clock: ManualClock) -> None:
+    queue(store)
+    tid = submit(store)
+    s, _ = worker(store)
+    g = run_one(store, s)
+    artifact_id = store.artifact_begin(
+        s.id, s.epoch, g.attempt.id, g.attempt.fence, name="slow", content_type="image/png"
+    )
+    store.artifact_write(artifact_id, 0, b"x")
+    clock.advance(31)
+    with pytest.raises(Rejected) as err:
+        store.artifact_commit(
+            s.id,
+            s.epoch,
+            g.attempt.id,
+            g.attempt.fence,
+            artifact_id,
+            size=1,
+            sha256=hashlib.sha256(b"x").hexdigest(),
+        )
+    assert err.value.code == Code.LEASE_EXPIRED
+    assert store.artifact_list(tid) == []
+
+
+def test_the_reaper_expires_artifacts(store: Store, clock: ManualClock) -> None:
+    queue(store)
+    tid = submit(store)
+    s, _ = worker(store)
+    g = run_one(store, s)
+    artifact_id = store.artifact_begin(
+        s.id,
+        s.epoch,
+        g.attempt.id,
+        g.attempt.fence,
+        name="tmp",
+        content_type="text/plain",
+        ttl_us=10_000_000,
+    )
+    store.artifact_write(artifact_id, 0, b"bye")
+    store.artifact_commit(
+        s.id,
+        s.epoch,
+        g.attempt.id,
+        g.attempt.fence,
+        artifact_id,
+        size=3,
+        sha256=hashlib.sha256(b"bye").hexdigest(),
+    )
+    store.attempt_finish(s.id, s.epoch, g.attempt.id, g.attempt.fence, Outcome.success())
+    clock.advance(9)
+    assert store.reap().artifacts_expired == 0
+    clock.advance(2)
+    assert store.reap().artifacts_expired == 1
+    assert store.artifact_list(tid) == []
+    assert list(store.artifact_chunks(artifact_id)) == []
+
+
+@pytest.mark.parametrize(
+    ("kw", "code"),
+    [
+        ({"name": "bad name"}, Code.INVALID_ARGUMENT),
+        ({"content_type": "png"}, Code.INVALID_ARGUMENT),
+        ({"content_type": "text/plain\r\nX: y"}, Code.INVALID_ARGUMENT),
+        ({"ttl_us": 5}, Code.INVALID_ARGUMENT),
+    ],
+)
+def test_bad_upload_options(store: Store, kw: dict[str, object], code: Code) -> None:
+    queue(store)
+    submit(store)
+    s, _ = worker(store)
+    g = run_one(store, s)
+    args: dict[str, object] = {"name": "ok", "content_type": "image/png", **kw}
+    before = len(store.event_list())
+    with pytest.raises(OrbitError) as err:
+        store.artifact_begin(s.id, s.epoch, g.attempt.id, g.attempt.fence, **args)  # type: ignore[arg-type]
+    assert err.value.code == code
+    assert len(store.event_list()) == before
