@@ -250,6 +250,24 @@ class Client:
     def worker_drain(self, session_id: str) -> dict[str, Any]:
         return dict(self._call(("POST", f"/v1/workers/{session_id}/drain", None, None)))
 
+    def artifacts(self, task_id: str) -> list[dict[str, Any]]:
+        return list(self._call(("GET", f"/v1/tasks/{task_id}/artifacts", None, None)))
+
+    def artifact_content(self, artifact_id: str) -> bytes:
+        """An artifact's bytes (use ``artifact_stream`` for large ones)."""
+        reply = self._http.get(f"/v1/artifacts/{artifact_id}/content")
+        if reply.status_code >= 400:
+            _unwrap(reply)
+        return reply.content
+
+    def artifact_stream(self, artifact_id: str) -> Iterator[bytes]:
+        """An artifact's bytes as they arrive, without holding them all."""
+        with self._http.stream("GET", f"/v1/artifacts/{artifact_id}/content") as reply:
+            if reply.status_code >= 400:
+                reply.read()
+                _unwrap(reply)
+            yield from reply.iter_bytes()
+
     def token_create(self, name: str, scopes: list[str]) -> dict[str, Any]:
         return dict(self._call(("POST", "/v1/tokens", None, {"name": name, "scopes": scopes})))
 
@@ -287,6 +305,28 @@ class AsyncClient:
 
     async def queues(self) -> list[dict[str, Any]]:
         return list(await self._call(("GET", "/v1/queues", None, None)))
+
+    async def queue_pause(self, name: str) -> dict[str, Any]:
+        return dict(await self._call(("POST", f"/v1/queues/{name}/pause", None, None)))
+
+    async def queue_resume(self, name: str) -> dict[str, Any]:
+        return dict(await self._call(("POST", f"/v1/queues/{name}/resume", None, None)))
+
+    async def attempts(self, task_id: str) -> list[dict[str, Any]]:
+        return list(await self._call(("GET", f"/v1/tasks/{task_id}/attempts", None, None)))
+
+    async def events(
+        self, task_id: str, limit: int = 100, cursor: str | None = None
+    ) -> dict[str, Any]:
+        query: dict[str, Any] = {"limit": limit, **({"cursor": cursor} if cursor else {})}
+        return dict(await self._call(("GET", f"/v1/tasks/{task_id}/events", query, None)))
+
+    async def artifacts(self, task_id: str) -> list[dict[str, Any]]:
+        return list(await self._call(("GET", f"/v1/tasks/{task_id}/artifacts", None, None)))
+
+    async def token_create(self, name: str, scopes: list[str]) -> dict[str, Any]:
+        body = {"name": name, "scopes": scopes}
+        return dict(await self._call(("POST", "/v1/tokens", None, body)))
 
     async def submit(
         self, queue: str, handler: str, payload: Any = None, **options: Any

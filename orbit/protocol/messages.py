@@ -402,6 +402,7 @@ class Assignment(Response):
     tenant: str
     payload: Any
     attempt: int
+    retry_safe: bool
     deadline: str | None
     attempt_timeout: float | None
     claim_expires_at: str

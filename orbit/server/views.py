@@ -128,6 +128,7 @@ def assignment(g: Grant) -> Assignment:
         tenant=g.task.tenant,
         payload=json.loads(g.task.payload),
         attempt=g.attempt.number,
+        retry_safe=g.task.retry_safe,
         deadline=instant_to_wire(g.task.deadline),
         attempt_timeout=us_to_seconds(g.task.attempt_timeout_us),
         claim_expires_at=_at(g.attempt.claim_expires_at),

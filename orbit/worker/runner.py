@@ -82,6 +82,7 @@ class Context:
     tenant: str
     deadline: datetime | None
     attempt_timeout: float | None
+    retry_safe: bool = False
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     reason: str | None = None
     _report: Callable[[float | None, str | None], None] | None = field(default=None, repr=False)
@@ -149,6 +150,7 @@ class _Registered:
     fn: Handler
     capacity: int
     is_async: bool
+    retry_safe: bool | None  # None: the handler accepts tasks either way
 
 
 @dataclass
@@ -207,15 +209,23 @@ class Worker:
 
     # ------------------------------------------------------------------ registration
 
-    def handler(self, name: str, *, capacity: int | None = None) -> Callable[[Handler], Handler]:
+    def handler(
+        self, name: str, *, capacity: int | None = None, retry_safe: bool | None = None
+    ) -> Callable[[Handler], Handler]:
         """Register ``fn(ctx, payload)`` for a handler name. Async functions run on the
-        event loop; plain functions run in a thread of their own."""
+        event loop; plain functions run in a thread of their own.
+
+        ``capacity`` caps this handler's concurrent attempts. ``retry_safe=False`` declares
+        that the handler has effects that must not be replayed: a task submitted as
+        ``retry_safe`` (which Orbit would replay after a lost lease) is then refused with a
+        non-retryable ``RETRY_SAFETY_MISMATCH`` instead of being run.
+        """
 
         def register(fn: Handler) -> Handler:
             if name in self.handlers:
                 raise ValueError(f"handler {name} is registered twice")
             self.handlers[name] = _Registered(
-                fn, capacity or self.concurrency, inspect.iscoroutinefunction(fn)
+                fn, capacity or self.concurrency, inspect.iscoroutinefunction(fn), retry_safe
             )
             return fn
 
@@ -355,6 +365,7 @@ class Worker:
             tenant=a["tenant"],
             deadline=datetime.fromisoformat(a["deadline"]) if a["deadline"] else None,
             attempt_timeout=a["attempt_timeout"],
+            retry_safe=bool(a["retry_safe"]),
         )
         running = _Running(ctx=ctx, fence=a["fence"])
         loop = asyncio.get_running_loop()
@@ -400,6 +411,13 @@ class Worker:
         """Run the handler; return the outcome to report, or None to report nothing."""
         ctx = running.ctx
         reg = self.handlers[ctx.handler]
+        if reg.retry_safe is False and ctx.retry_safe:
+            return _error(
+                "RETRY_SAFETY_MISMATCH",
+                f"handler {ctx.handler} has effects that must not be replayed, but "
+                "the task was submitted as retry_safe",
+                retryable=False,
+            )
         limit, by_deadline = self._time_limit(ctx)
         running.handler_task = asyncio.create_task(self._call(running, reg, payload))
         try:

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from orbit import Client
 from orbit.worker import ServerError
 from orbit.worker.runner import Context, Worker
 from tests.e2e.servers import Node, Tokens
@@ -72,6 +73,10 @@ def test_handler_uploads_and_client_downloads(small: Node, tokens: Tokens, tmp_p
     assert listed["shot.png"]["size"] == len(picture)
     zipped = api.get(f"/v1/artifacts/{result['zip']}/content")
     assert zipped.content == on_disk.read_bytes()
+    with Client(small.http, tokens.submit) as client:  # the SDK, buffered and streamed
+        assert client.artifact_content(result["png"]) == picture
+        assert b"".join(client.artifact_stream(result["zip"])) == on_disk.read_bytes()
+        assert {a["name"] for a in client.artifacts(tid)} == {"shot.png", "report.zip"}
     note_id = api.get(f"/v1/tasks/{sid}").json()["result"]
     assert api.get(f"/v1/artifacts/{note_id}/content").content == b"from a thread"
     assert api.get("/v1/artifacts/nope").status_code == 404

@@ -244,9 +244,17 @@ def test_fail_and_exceptions_choose_the_outcome(
             raise RuntimeError("transient")
         return "second time lucky"
 
+    @worker.handler("charge", retry_safe=False)
+    async def charge(ctx: Context, payload: Any) -> Any:
+        raise AssertionError("a replayable task must not reach an unsafe handler")
+
+    mismatch_id = submit(api, "charge", retry_safe=True)
     fatal_id = submit(api, "fatal")
     flaky_id = submit(api, "flaky", backoff={"base": 0.05, "factor": 1, "max": 0.05})
-    asyncio.run(run_until(worker, lambda: worker.finished == 3))
+    asyncio.run(run_until(worker, lambda: worker.finished == 4))
+    mismatch = api.get(f"/v1/tasks/{mismatch_id}").json()
+    assert mismatch["state"] == "failed"
+    assert mismatch["error"]["code"] == "RETRY_SAFETY_MISMATCH"
     fatal_task = api.get(f"/v1/tasks/{fatal_id}").json()
     assert fatal_task["state"] == "failed" and fatal_task["error"]["code"] == "BAD_INPUT"
     flaky_task = wait_state(api, flaky_id, {"succeeded"})

@@ -1,0 +1,86 @@
+"""The SDK clients against a real server: every call, typed errors, both flavours."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from orbit import AsyncClient, Client, TaskFailed
+from orbit.client import BadRequest, Conflict, NotFound, WaitTimeout
+from tests.e2e.servers import Node, Tokens
+
+
+def test_sync_client_calls_and_errors(node: Node, tokens: Tokens) -> None:
+    with Client(node.http, tokens.admin) as c:
+        c.queue_create("q", max_concurrency=2, rate=0)
+        assert [q["name"] for q in c.queues()] == ["q"]
+        assert c.queue_pause("q")["paused"] and not c.queue_resume("q")["paused"]
+        soon = datetime.now(UTC) + timedelta(hours=1)
+        task = c.submit(
+            "q",
+            "h",
+            {"a": 1},
+            tenant="t",
+            priority=3,
+            idempotency_key="k",
+            retry_safe=True,
+            max_attempts=5,
+            attempt_timeout=10,
+            backoff={"base": 0.5, "factor": 2, "max": 10},
+            deadline=soon,
+        )
+        assert task["priority"] == 3 and task["max_attempts"] == 5 and task["retry_safe"]
+        assert c.submit("q", "h", {"a": 1}, tenant="t", idempotency_key="k")["id"] == task["id"]
+        with pytest.raises(Conflict) as conflict:
+            c.submit("q", "h", {"a": 2}, tenant="t", idempotency_key="k")
+        assert conflict.value.code == "IDEMPOTENCY_CONFLICT"
+        many = c.submit_many([{"queue": "q", "handler": "h", "payload": i} for i in range(3)])
+        assert len(many) == 3
+        assert next(t["id"] for t in c.iter_tasks(queue="q", limit=2)) == task["id"]
+        assert len(list(c.iter_tasks(limit=2))) == 4
+        assert c.get(task["id"])["state"] == "queued"
+        with pytest.raises(WaitTimeout):
+            c.wait(task["id"], timeout=0.3)
+        assert c.cancel(task["id"])["state"] == "cancelled"
+        with pytest.raises(TaskFailed) as failed:
+            c.result(task["id"], timeout=5)
+        assert failed.value.state == "cancelled"
+        assert c.retry(task["id"])["state"] == "queued"
+        assert c.events(task["id"])["items"][0]["kind"] == "submitted"
+        assert c.attempts(task["id"]) == [] and c.artifacts(task["id"]) == []
+        assert c.workers() == []
+        with pytest.raises(NotFound) as missing:
+            c.get("nope")
+        assert missing.value.code == "TASK_NOT_FOUND" and missing.value.status == 404
+        with pytest.raises(BadRequest) as bad:
+            c.queue_create("x", max_concurrency=0, rate=0)
+        assert bad.value.code == "NUMBER_OUT_OF_RANGE"
+        with pytest.raises(ValueError, match="timezone"):
+            c.submit("q", "h", deadline=datetime.now())  # naive: refused
+        assert c.token_create("ci", ["submit"])["token"].startswith("orbit_")
+
+
+def test_async_client(node: Node, tokens: Tokens) -> None:
+    async def scenario() -> None:
+        async with AsyncClient(node.http, tokens.admin) as c:
+            await c.queue_create("aq", max_concurrency=2, rate=0)
+            assert (await c.queue_pause("aq"))["paused"]
+            await c.queue_resume("aq")
+            task = await c.submit("aq", "h", None)
+            assert (await c.get(task["id"]))["state"] == "queued"
+            page = await c.list_tasks(queue="aq")
+            assert [t["id"] for t in page["items"]] == [task["id"]]
+            assert [t["id"] async for t in c.iter_tasks(queue="aq", limit=1)] == [task["id"]]
+            await c.cancel(task["id"])
+            with pytest.raises(TaskFailed):
+                await c.result(task["id"], timeout=5)
+            assert (await c.retry(task["id"]))["state"] == "queued"
+            assert (await c.events(task["id"]))["items"][0]["kind"] == "submitted"
+            assert await c.attempts(task["id"]) == []
+            assert await c.workers() == []
+            with pytest.raises(NotFound):
+                await c.get("nope")
+
+    asyncio.run(scenario())
