@@ -906,6 +906,12 @@ class Store:
         if not isinstance(outcome, Outcome):
             raise OrbitError(Code.INVALID_ARGUMENT, "outcome must be an Outcome")
         check_json_depth(outcome.result, "result")
+        for text in (outcome.error_code, outcome.error_message):
+            if text is not None and (not isinstance(text, str) or "\x00" in text):
+                raise OrbitError(
+                    Code.INVALID_ARGUMENT,
+                    "error code and message must be text without NUL characters",
+                )
         try:
             canonical_json(outcome.as_json())
         except (TypeError, ValueError) as exc:
@@ -960,7 +966,9 @@ class Store:
             isinstance(fraction, int | float) and 0.0 <= fraction <= 1.0
         ):
             raise OrbitError(Code.INVALID_ARGUMENT, "progress fraction must be in [0, 1]")
-        if message is not None and (not isinstance(message, str) or len(message) > 500):
+        if message is not None and (
+            not isinstance(message, str) or len(message) > 500 or "\x00" in message
+        ):
             raise OrbitError(Code.INVALID_ARGUMENT, "progress message is at most 500 characters")
         data: dict[str, Any] = {"fraction": fraction, "message": message}
 
