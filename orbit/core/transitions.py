@@ -367,26 +367,9 @@ def renew(
             code, "not the owner", report="renew", task=task, attempt=attempt, session_id=session.id
         )
         return lost
-    if attempt.state != A.RUNNING or attempt.lease_expires_at is None:
-        plan.reject(
-            Code.ATTEMPT_ENDED,
-            f"the attempt is {attempt.state}",
-            report="renew",
-            task=task,
-            attempt=attempt,
-            session_id=session.id,
-        )
+    if not _check_live(plan, "renew", task, attempt, session, now):
         return lost
-    if now >= attempt.lease_expires_at:
-        plan.reject(
-            Code.LEASE_EXPIRED,
-            "the run lease has expired",
-            report="renew",
-            task=task,
-            attempt=attempt,
-            session_id=session.id,
-        )
-        return lost
+    assert attempt.lease_expires_at is not None
     assert attempt.started_at is not None
     until = max(
         lease_until(task, attempt.started_at, session, now, lease_ttl), attempt.lease_expires_at
@@ -600,6 +583,13 @@ def check_running(
     caller owns it at the current epoch and fence, and its lease has not expired."""
     if _check_owner(plan, report, task, attempt, session, epoch, fence):
         return False
+    return _check_live(plan, report, task, attempt, session, now)
+
+
+def _check_live(
+    plan: Plan, report: str, task: Task, attempt: Attempt, session: Session, now: int
+) -> bool:
+    """The attempt is running and its lease has not expired by the clock."""
     if attempt.state != A.RUNNING or attempt.lease_expires_at is None:
         plan.reject(
             Code.ATTEMPT_ENDED,
