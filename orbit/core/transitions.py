@@ -613,6 +613,35 @@ def _check_live(
     return True
 
 
+def check_artifact(
+    plan: Plan,
+    task: Task,
+    attempt: Attempt,
+    session: Session,
+    *,
+    epoch: int,
+    fence: int,
+    now: int,
+) -> bool:
+    """An artifact may be attached by the owner of a live lease, and not once the task
+    is being cancelled: a cancelled task has no result and no artifact (DESIGN §5.1)."""
+    if not check_running(
+        plan, "artifact", task, attempt, session, epoch=epoch, fence=fence, now=now
+    ):
+        return False
+    if task.cancel_requested:
+        plan.reject(
+            Code.TASK_CANCELLED,
+            "the task is being cancelled",
+            report="artifact",
+            task=task,
+            attempt=attempt,
+            session_id=session.id,
+        )
+        return False
+    return True
+
+
 def progress(
     plan: Plan,
     task: Task,

@@ -1011,8 +1011,8 @@ class Store:
             plan = Plan()
             task, attempt, session = self._report_rows(tx, attempt_id, session_id)
             now = tx.now()
-            if not transitions.check_running(
-                plan, "artifact", task, attempt, session, epoch=epoch, fence=fence, now=now
+            if not transitions.check_artifact(
+                plan, task, attempt, session, epoch=epoch, fence=fence, now=now
             ):
                 return plan, None
             artifact_id = self._new_id(now)
@@ -1066,8 +1066,8 @@ class Store:
             if not found or found[0]["attempt_id"] != attempt_id:
                 raise OrbitError(Code.ARTIFACT_NOT_FOUND, f"no upload {artifact_id!r:.80}")
             now = tx.now()
-            if not transitions.check_running(
-                plan, "artifact", task, attempt, session, epoch=epoch, fence=fence, now=now
+            if not transitions.check_artifact(
+                plan, task, attempt, session, epoch=epoch, fence=fence, now=now
             ):
                 return plan, None
             tx.execute("artifact_ready", id=artifact_id, size=size, sha256=sha256)
@@ -1103,7 +1103,7 @@ class Store:
 
     def artifact_get(self, artifact_id: str) -> Artifact:
         found = self._read("artifact_get", id=artifact_id)
-        if not found or found[0]["state"] != "ready":
+        if not found or found[0]["state"] != "ready" or found[0]["attempt_state"] == "cancelled":
             raise OrbitError(Code.ARTIFACT_NOT_FOUND, f"no artifact {artifact_id!r:.80}")
         return R.artifact_from_row(found[0])
 

@@ -304,7 +304,9 @@ SELECT :artifact_id, :seq, :data
 WHERE EXISTS (SELECT 1 FROM orbit_artifacts WHERE id = :artifact_id AND state = 'uploading');
 
 -- name: artifact_get
-SELECT * FROM orbit_artifacts WHERE id = :id;
+SELECT f.*, a.state AS attempt_state FROM orbit_artifacts f
+JOIN orbit_attempts a ON a.id = f.attempt_id
+WHERE f.id = :id;
 
 -- name: artifact_lock
 SELECT * FROM orbit_artifacts WHERE id = :id FOR UPDATE;
@@ -317,7 +319,11 @@ WHERE id = :id AND state = 'uploading';
 DELETE FROM orbit_artifacts WHERE id = :id;
 
 -- name: artifact_list
-SELECT * FROM orbit_artifacts WHERE task_id = :task_id AND state = 'ready' ORDER BY created_at, id;
+-- Artifacts of cancelled attempts are never shown: cancel wins over everything an
+-- attempt produced, its result and its blobs alike.
+SELECT f.* FROM orbit_artifacts f JOIN orbit_attempts a ON a.id = f.attempt_id
+WHERE f.task_id = :task_id AND f.state = 'ready' AND a.state <> 'cancelled'
+ORDER BY f.created_at, f.id;
 
 -- name: artifact_chunk_get
 SELECT data FROM orbit_artifact_chunks WHERE artifact_id = :artifact_id AND seq = :seq;
