@@ -11,10 +11,12 @@ within a few steps, and checks three things:
   nothing, plus monotonicity that ``check_all`` cannot see from one snapshot (fences,
   ``attempts_used`` and row versions never go back; ended attempts and succeeded tasks
   never change);
-* every operation's answer matches an oracle written from DESIGN.md §2 (not from the
-  implementation): where several guards fail at once, any of their codes is accepted;
+* every operation's answer matches an oracle written from DESIGN.md §2 and the documented
+  contract (``Rejected``, ``REPORT_GRACE_US``) rather than from the code paths: where
+  several guards fail at once, any of their codes is accepted;
 * every refused worker report (``Rejected``) changes no row at all and appends exactly one
-  event of kind ``rejected`` with the code it raised (I3, checked directly).
+  event of kind ``rejected`` with the code it raised (I3, checked directly); a refused
+  claim or heartbeat changes nothing and, as ``Rejected`` documents, logs nothing.
 
 Each hypothesis example opens a fresh store: a new SQLite file, or the shared PostgreSQL
 test database emptied with ``tests.conftest._truncate``.
