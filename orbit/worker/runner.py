@@ -353,6 +353,9 @@ class Worker:
                     self._connected.clear()
                 await asyncio.sleep(0.05)
 
+    def _lease_valid(self, running: _Running) -> bool:
+        return not running.lost and time.monotonic() < running.lease_expires
+
     # ------------------------------------------------------------------ attempts
 
     def _accept(self, a: dict[str, Any]) -> None:
@@ -397,9 +400,14 @@ class Worker:
             running.lease_expires = self._lease_deadline(lease)
             self._lease_changed.set()
             outcome = await self._invoke(running, payload)
-            if outcome is None or running.lost:
-                return  # the attempt is no longer ours: its result must not be sent
+            if outcome is None or not self._lease_valid(running):
+                # The attempt is no longer ours (by the server's word or our own clock):
+                # its result is never sent.
+                return
             try:
+                # Sent while the lease is ours. If the reply is lost, the same outcome is
+                # re-sent after a reconnect: the server answers with the original receipt,
+                # or refuses a copy that arrived too late (and keeps it as evidence).
                 await self._request(lambda c: c.finish(ctx.attempt_id, running.fence, **outcome))
                 self.finished += 1
             except ServerError as exc:
@@ -604,7 +612,11 @@ class Worker:
             if not self._connected.is_set():
                 continue
             try:
-                leases = await asyncio.wait_for(self._conn.renew(ids), timeout=10)
+                soonest = min(r.lease_expires for r in live if not r.lost) - time.monotonic()
+                # Never wait on a hung connection past the soonest lease: the expiry check
+                # at the top of the loop must run in time.
+                timeout = min(10.0, max(soonest, 0.05))
+                leases = await asyncio.wait_for(self._conn.renew(ids), timeout=timeout)
             except (TimeoutError, ServerError, ConnectionError, OSError) as exc:
                 log.warning("renew failed: %s", exc)
                 continue
