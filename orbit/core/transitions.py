@@ -91,6 +91,27 @@ class Plan:
         )
         return after
 
+    def refuse(
+        self,
+        code: Code,
+        message: str,
+        report: str,
+        task: Task,
+        attempt: Attempt,
+        session: Session,
+        data: dict[str, JSON] | None = None,
+    ) -> Rejected:
+        """``reject`` for a report about one attempt by one session (the common case)."""
+        return self.reject(
+            code,
+            message,
+            report=report,
+            task=task,
+            attempt=attempt,
+            session_id=session.id,
+            data=data,
+        )
+
     def reject(
         self,
         code: Code,
@@ -229,32 +250,27 @@ def _check_owner(
     fence: int,
 ) -> Rejected | None:
     if attempt.session_id != session.id:
-        return plan.reject(
-            Code.NOT_OWNER,
-            "the attempt belongs to another session",
-            report=report,
-            task=task,
-            attempt=attempt,
-            session_id=session.id,
+        return plan.refuse(
+            Code.NOT_OWNER, "the attempt belongs to another session", report, task, attempt, session
         )
     if epoch != session.epoch:
-        return plan.reject(
+        return plan.refuse(
             Code.FENCED_EPOCH,
             f"epoch {epoch} was fenced by a resume (current epoch {session.epoch})",
-            report=report,
-            task=task,
-            attempt=attempt,
-            session_id=session.id,
+            report,
+            task,
+            attempt,
+            session,
             data={"epoch": epoch, "current_epoch": session.epoch},
         )
     if fence != attempt.fence:
-        return plan.reject(
+        return plan.refuse(
             Code.STALE_FENCE,
             f"fence {fence} is not the attempt's fence {attempt.fence}",
-            report=report,
-            task=task,
-            attempt=attempt,
-            session_id=session.id,
+            report,
+            task,
+            attempt,
+            session,
             data={"fence": fence},
         )
     return None
@@ -296,24 +312,14 @@ def start(
             # A repeated start (its ACK was lost): the same attempt simply continues.
             status = "cancel" if task.state == T.CANCELLING else "ok"
             return Lease(attempt.id, status, attempt.lease_expires_at)
-        plan.reject(
-            Code.LEASE_EXPIRED,
-            "the run lease has expired",
-            report="start",
-            task=task,
-            attempt=attempt,
-            session_id=session.id,
+        plan.refuse(
+            Code.LEASE_EXPIRED, "the run lease has expired", "start", task, attempt, session
         )
         return None
     if attempt.state != A.CLAIMED:
         code = Code.TASK_CANCELLED if task.state == T.CANCELLED else Code.ATTEMPT_ENDED
-        plan.reject(
-            code,
-            f"the attempt is {attempt.state}, not claimed",
-            report="start",
-            task=task,
-            attempt=attempt,
-            session_id=session.id,
+        plan.refuse(
+            code, f"the attempt is {attempt.state}, not claimed", "start", task, attempt, session
         )
         return None
     reason: tuple[Code, str] | None = None
@@ -328,14 +334,7 @@ def start(
     elif session.state != SessionState.LIVE or session.expires_at <= now:
         reason = Code.SESSION_EXPIRED, "the session has expired; resume it first"
     if reason is not None:
-        plan.reject(
-            reason[0],
-            reason[1],
-            report="start",
-            task=task,
-            attempt=attempt,
-            session_id=session.id,
-        )
+        plan.refuse(reason[0], reason[1], "start", task, attempt, session)
         return None
     lease = lease_until(task, now, session, now, lease_ttl)
     running = replace(attempt, state=A.RUNNING, started_at=now, lease_expires_at=lease)
@@ -398,13 +397,13 @@ def finish(
     report_text = canonical_json(outcome.as_json())
     report_digest = digest(report_text)
     if attempt.session_id != session.id:
-        plan.reject(
+        plan.refuse(
             Code.NOT_OWNER,
             "the attempt belongs to another session",
-            report="finish",
-            task=task,
-            attempt=attempt,
-            session_id=session.id,
+            "finish",
+            task,
+            attempt,
+            session,
         )
         return None
     if attempt.finish_digest is not None and attempt.receipt is not None:
@@ -412,13 +411,13 @@ def finish(
             # A lost ACK retried: the very same receipt, nothing written.
             plan.receipt = Receipt.from_json(json.loads(attempt.receipt))
             return plan.receipt
-        plan.reject(
+        plan.refuse(
             Code.ALREADY_FINISHED,
             "the attempt already reported another outcome",
-            report="finish",
-            task=task,
-            attempt=attempt,
-            session_id=session.id,
+            "finish",
+            task,
+            attempt,
+            session,
             data={"digest": report_digest},
         )
         return None
@@ -426,24 +425,24 @@ def finish(
         return None
     evidence = {"digest": report_digest, "ok": outcome.ok}
     if attempt.state == A.CLAIMED:
-        plan.reject(
+        plan.refuse(
             Code.FINISH_WITHOUT_START,
             "the attempt was never started",
-            report="finish",
-            task=task,
-            attempt=attempt,
-            session_id=session.id,
+            "finish",
+            task,
+            attempt,
+            session,
             data=evidence,
         )
         return None
     if attempt.state != A.RUNNING:
-        plan.reject(
+        plan.refuse(
             Code.ATTEMPT_ENDED,
             f"the attempt already ended as {attempt.state}",
-            report="finish",
-            task=task,
-            attempt=attempt,
-            session_id=session.id,
+            "finish",
+            task,
+            attempt,
+            session,
             data=evidence,
         )
         return None
@@ -472,25 +471,25 @@ def finish(
         plan.receipt = receipt
         return receipt
     if task.deadline is not None and now >= task.deadline:
-        plan.reject(
+        plan.refuse(
             Code.DEADLINE_EXCEEDED,
             "the task's deadline has passed",
-            report="finish",
-            task=task,
-            attempt=attempt,
-            session_id=session.id,
+            "finish",
+            task,
+            attempt,
+            session,
             data=evidence,
         )
         return None
     assert attempt.lease_expires_at is not None
     if now >= attempt.lease_expires_at:
-        plan.reject(
+        plan.refuse(
             Code.LEASE_EXPIRED,
             "the run lease expired before the report arrived",
-            report="finish",
-            task=task,
-            attempt=attempt,
-            session_id=session.id,
+            "finish",
+            task,
+            attempt,
+            session,
             data=evidence,
         )
         return None
@@ -591,24 +590,12 @@ def _check_live(
 ) -> bool:
     """The attempt is running and its lease has not expired by the clock."""
     if attempt.state != A.RUNNING or attempt.lease_expires_at is None:
-        plan.reject(
-            Code.ATTEMPT_ENDED,
-            f"the attempt is {attempt.state}",
-            report=report,
-            task=task,
-            attempt=attempt,
-            session_id=session.id,
+        plan.refuse(
+            Code.ATTEMPT_ENDED, f"the attempt is {attempt.state}", report, task, attempt, session
         )
         return False
     if now >= attempt.lease_expires_at:
-        plan.reject(
-            Code.LEASE_EXPIRED,
-            "the run lease has expired",
-            report=report,
-            task=task,
-            attempt=attempt,
-            session_id=session.id,
-        )
+        plan.refuse(Code.LEASE_EXPIRED, "the run lease has expired", report, task, attempt, session)
         return False
     return True
 
@@ -630,13 +617,8 @@ def check_artifact(
     ):
         return False
     if task.cancel_requested:
-        plan.reject(
-            Code.TASK_CANCELLED,
-            "the task is being cancelled",
-            report="artifact",
-            task=task,
-            attempt=attempt,
-            session_id=session.id,
+        plan.refuse(
+            Code.TASK_CANCELLED, "the task is being cancelled", "artifact", task, attempt, session
         )
         return False
     return True
@@ -686,13 +668,13 @@ def release(
     if _check_owner(plan, "release", task, attempt, session, epoch, fence):
         return False
     if attempt.state != A.CLAIMED:
-        plan.reject(
+        plan.refuse(
             Code.NOT_CLAIMED,
             f"the attempt is {attempt.state}, not claimed",
-            report="release",
-            task=task,
-            attempt=attempt,
-            session_id=session.id,
+            "release",
+            task,
+            attempt,
+            session,
         )
         return False
     _release(plan, task, attempt, now, "released")
