@@ -91,6 +91,22 @@ class Plan:
         )
         return after
 
+    def note(
+        self, kind: str, task: Task, attempt: Attempt, session: Session, data: dict[str, JSON]
+    ) -> None:
+        """Record what a running attempt reported (progress, an artifact): history only."""
+        self.events.append(
+            Event(
+                kind=kind,
+                task_id=task.id,
+                attempt_id=attempt.id,
+                session_id=session.id,
+                queue=task.queue,
+                tenant=task.tenant,
+                data=data,
+            )
+        )
+
     def refuse(
         self,
         code: Code,
@@ -640,17 +656,7 @@ def progress(
         plan, "progress", task, attempt, session, epoch=epoch, fence=fence, now=now
     ):
         return False
-    plan.events.append(
-        Event(
-            kind="progress",
-            task_id=task.id,
-            attempt_id=attempt.id,
-            session_id=session.id,
-            queue=task.queue,
-            tenant=task.tenant,
-            data=data,
-        )
-    )
+    plan.note("progress", task, attempt, session, data)
     return True
 
 

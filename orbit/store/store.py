@@ -1074,22 +1074,18 @@ class Store:
             artifact = R.artifact_from_row(
                 {**found[0], "state": "ready", "size": size, "sha256": sha256}
             )
-            plan.events.append(
-                Event(
-                    kind="artifact",
-                    task_id=task.id,
-                    attempt_id=attempt.id,
-                    session_id=session.id,
-                    queue=task.queue,
-                    tenant=task.tenant,
-                    data={
-                        "artifact_id": artifact_id,
-                        "name": artifact.name,
-                        "size": size,
-                        "sha256": sha256,
-                        "content_type": artifact.content_type,
-                    },
-                )
+            plan.note(
+                "artifact",
+                task,
+                attempt,
+                session,
+                {
+                    "artifact_id": artifact_id,
+                    "name": artifact.name,
+                    "size": size,
+                    "sha256": sha256,
+                    "content_type": artifact.content_type,
+                },
             )
             return plan, artifact
 
