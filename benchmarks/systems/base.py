@@ -1,0 +1,116 @@
+"""The one interface every system under test implements.
+
+The harness (``benchmarks/harness.py``) drives a system only through this class, so each
+workload is written once and runs unchanged against Orbit and every peer. A system
+lives in the harness process; its workers are separate OS processes that run the
+shared handler body from :mod:`benchmarks.recorder`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+Job = dict[str, Any]  # the payload described in benchmarks.recorder
+
+
+@dataclass
+class Env:
+    """What the harness hands a system when it prepares it."""
+
+    pg_admin_dsn: str  # a DSN to the local PostgreSQL that may CREATE/DROP DATABASE
+    redis_url: str  # e.g. redis://127.0.0.1:6379/<db>
+    work_dir: Path  # a private scratch directory for this system (SQLite files, logs)
+    ports: list[int] = field(default_factory=list)  # free loopback ports it may use
+
+
+@dataclass
+class WorkerSpec:
+    """How to start worker processes for one workload."""
+
+    processes: int  # number of OS processes
+    concurrency: int  # jobs in flight per process
+    rec_dir: Path  # exported to the workers as BENCH_REC_DIR
+    hold: bool = False  # export BENCH_HOLD=1 (the recovery victim)
+    io_bound: bool = False  # the jobs sleep: use the system's documented I/O-bound mode
+
+
+class System(ABC):
+    """One queue under test. Methods are called in this order:
+    ``prepare`` once; then per run ``reset`` → ``enqueue``/``start_workers`` →
+    ``done_count`` polls → ``stop_workers``; ``close`` once at the end."""
+
+    #: short stable name used in the JSON and the tables, e.g. "orbit-pg"
+    name: str
+    #: "defaults" or "tuned": which settings this instance uses (see ``settings``)
+    profile: str = "defaults"
+    #: the systems that have a PostgreSQL table to measure a claim statement on
+    uses_postgres: bool = True
+
+    @abstractmethod
+    def versions(self) -> dict[str, str]:
+        """Package versions (the system's and its driver's)."""
+
+    @abstractmethod
+    def settings(self) -> dict[str, Any]:
+        """Every setting that affects speed, and where it comes from (defaults / docs)."""
+
+    @abstractmethod
+    def prepare(self, env: Env) -> None:
+        """Create a fresh database (or Redis db) and schema; start any server process."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Remove every job and result, so the next run starts from an empty queue."""
+
+    @abstractmethod
+    def enqueue(self, jobs: list[Job], batch: int) -> None:
+        """Enqueue ``jobs`` through the system's documented client API, ``batch`` at a
+        time (1 = one call per job). Returns when every job is durably queued."""
+
+    def enqueue_one(self, job: Job) -> None:
+        """Enqueue a single job (the latency workload calls this at a fixed rate)."""
+        self.enqueue([job], 1)
+
+    @abstractmethod
+    def start_workers(self, spec: WorkerSpec) -> list[subprocess.Popen[bytes]]:
+        """Start ``spec.processes`` worker processes and return at once (not when they are
+        ready: start-up counts in the "including start-up" figure)."""
+
+    def stop_workers(self, procs: list[subprocess.Popen[bytes]]) -> None:
+        """Stop workers: SIGTERM, wait up to 10 s, then SIGKILL; always reap."""
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    @abstractmethod
+    def done_count(self) -> int:
+        """How many jobs the system itself records as durably completed (succeeded).
+        A system with no durable completion record returns -1, and the harness falls
+        back to the handlers' own records."""
+
+    def claim_statement_ms(self) -> float | None:
+        """Time of one claim statement on the current backlog (EXPLAIN ANALYZE of the
+        system's own claim query), or None where that does not apply."""
+        return None
+
+    def recovery_note(self) -> str:
+        """The system's documented behaviour when a worker dies holding jobs."""
+        return ""
+
+    def recovery_settings(self) -> dict[str, Any]:
+        """Settings the recovery workload uses (e.g. lease TTL); {} if none."""
+        return {}
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop everything started in ``prepare`` and drop the database."""
