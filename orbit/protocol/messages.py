@@ -327,6 +327,34 @@ class Finish(Strict):
     response_only_fields = frozenset({"receipt", "result_version", "result_digest"})
 
 
+class StartItem(Strict):
+    attempt_id: Id
+    fence: Counter
+
+
+class StartMany(Strict):
+    """Start many claimed attempts in one transaction; each is answered on its own."""
+
+    type: Literal["start_many"]
+    req_id: ReqId
+    items: Annotated[list[StartItem], Field(min_length=1, max_length=1000)]
+
+
+class FinishItem(Strict):
+    attempt_id: Id
+    fence: Counter
+    outcome: OutcomeSpec
+
+
+class FinishMany(Strict):
+    """Report many outcomes in one transaction: one commit makes them all durable before
+    any is acknowledged; each is judged (and answered) on its own."""
+
+    type: Literal["finish_many"]
+    req_id: ReqId
+    items: Annotated[list[FinishItem], Field(min_length=1, max_length=1000)]
+
+
 class Release(Strict):
     type: Literal["release"]
     req_id: ReqId
@@ -372,6 +400,8 @@ WORKER_REQUESTS: dict[str, type[Strict]] = {
     "start": Start,
     "renew": Renew,
     "finish": Finish,
+    "start_many": StartMany,
+    "finish_many": FinishMany,
     "release": Release,
     "capacity": CapacityUpdate,
     "drain": Drain,
@@ -448,6 +478,37 @@ class FinishedMessage(Response):
     receipt: ReceiptView
 
 
+class ItemError(Response):
+    """Why one report of a batch was refused (the others are unaffected)."""
+
+    code: str
+    message: str
+
+
+class StartedItem(Response):
+    attempt_id: str
+    lease: LeaseView | None = Field(description="set when the start was accepted")
+    error: ItemError | None = Field(description="set when the start was refused")
+
+
+class StartedManyMessage(Response):
+    type: Literal["started_many"] = "started_many"
+    req_id: str
+    results: list[StartedItem] = Field(description="one per item, in the order sent")
+
+
+class FinishedItem(Response):
+    attempt_id: str
+    receipt: ReceiptView | None = Field(description="set when the outcome was committed")
+    error: ItemError | None = Field(description="set when the report was refused")
+
+
+class FinishedManyMessage(Response):
+    type: Literal["finished_many"] = "finished_many"
+    req_id: str
+    results: list[FinishedItem] = Field(description="one per item, in the order sent")
+
+
 class AckMessage(Response):
     type: Literal["ack"] = "ack"
     req_id: str
@@ -473,6 +534,8 @@ WORKER_REPLIES: dict[str, type[Response]] = {
     "started": StartedMessage,
     "renewed": RenewedMessage,
     "finished": FinishedMessage,
+    "started_many": StartedManyMessage,
+    "finished_many": FinishedManyMessage,
     "ack": AckMessage,
     "cancel": CancelMessage,
     "error": ErrorMessage,

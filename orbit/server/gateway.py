@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -34,16 +35,24 @@ from orbit.protocol.messages import (
     Drain,
     ErrorMessage,
     Finish,
+    FinishedItem,
+    FinishedManyMessage,
     FinishedMessage,
+    FinishItem,
+    FinishMany,
     Heartbeat,
     Hello,
+    ItemError,
     Progress,
     Release,
     Renew,
     RenewedMessage,
     Resume,
     Start,
+    StartedItem,
+    StartedManyMessage,
     StartedMessage,
+    StartMany,
     TasksMessage,
     Welcome,
 )
@@ -293,6 +302,15 @@ class _Protocol:
         finally:
             self.dispatcher.detach(self.conn)
 
+    async def _close_if_fenced(self, answers: Sequence[object]) -> None:
+        """A batch answered FENCED_EPOCH came from a superseded connection: close it, as a
+        single report's FENCED_EPOCH does (the worker must resume elsewhere)."""
+        if any(isinstance(a, OrbitError) and a.code == Code.FENCED_EPOCH for a in answers):
+            assert self.conn is not None
+            self.conn.closed = True
+            with contextlib.suppress(Exception):
+                await self.ws.close(code=4409, reason="session resumed elsewhere")
+
     async def handle(self, msg: BaseModel) -> None:
         conn = self.conn
         assert conn is not None
@@ -311,6 +329,34 @@ class _Protocol:
                 )
                 metrics.starts.inc()
                 await conn.send(StartedMessage(req_id=rid, lease=lease_view(lease)))
+            elif isinstance(msg, StartMany):
+                starts = [(item.attempt_id, int(item.fence)) for item in msg.items]
+                answers = await run_in_threadpool(store.attempt_start_many, sid, epoch, starts)
+                started = [
+                    StartedItem(attempt_id=a, lease=None, error=_item_error(r, metrics))
+                    if isinstance(r, OrbitError)
+                    else StartedItem(attempt_id=a, lease=lease_view(r), error=None)
+                    for (a, _), r in zip(starts, answers, strict=True)
+                ]
+                metrics.starts.inc(sum(1 for x in started if x.error is None))
+                await conn.send(StartedManyMessage(req_id=rid, results=started))
+                await self._close_if_fenced(answers)
+            elif isinstance(msg, FinishMany):
+                finishes = [(i.attempt_id, int(i.fence), _outcome(i)) for i in msg.items]
+                receipts = await run_in_threadpool(store.attempt_finish_many, sid, epoch, finishes)
+                finished: list[FinishedItem] = []
+                for (a, _, _), r in zip(finishes, receipts, strict=True):
+                    if isinstance(r, OrbitError):
+                        finished.append(
+                            FinishedItem(attempt_id=a, receipt=None, error=_item_error(r, metrics))
+                        )
+                    else:
+                        metrics.finishes.labels(str(r.task_state)).inc()
+                        finished.append(
+                            FinishedItem(attempt_id=a, receipt=receipt_view(r), error=None)
+                        )
+                await conn.send(FinishedManyMessage(req_id=rid, results=finished))
+                await self._close_if_fenced(receipts)
             elif isinstance(msg, Renew):
                 leases = await run_in_threadpool(
                     store.lease_renew_many, sid, epoch, list(msg.attempt_ids)
@@ -376,7 +422,13 @@ class _Protocol:
             await self.error(rid, str(exc.code), exc.message)
 
 
-def _outcome(msg: Finish) -> Outcome:
+def _item_error(exc: OrbitError, metrics: Metrics) -> ItemError:
+    if isinstance(exc, Rejected):
+        metrics.rejected.labels(str(exc.code)).inc()
+    return ItemError(code=str(exc.code), message=exc.message)
+
+
+def _outcome(msg: Finish | FinishItem) -> Outcome:
     spec = msg.outcome
     if spec.ok:
         if spec.error is not None:

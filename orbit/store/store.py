@@ -813,30 +813,66 @@ class Store:
         session = tx.session(session_id, lock=False, share=True)
         return task, attempt, session
 
+    def _report_batch(
+        self, tx: _Tx, attempt_ids: Sequence[str], session_id: str
+    ) -> tuple[dict[str, Task], dict[str, Attempt], Session]:
+        """Lock the tasks, then the attempts, of a batch of reports (always in that order
+        and by id, as every transaction does, so batches never deadlock)."""
+        ids = sorted(set(attempt_ids))
+        task_ids = sorted({r["task_id"] for r in tx.fetch("attempt_get_many", ids=ids)})
+        tasks = {r["id"]: R.task_from_row(r) for r in tx.fetch("task_lock_many", ids=task_ids)}
+        attempts = {r["id"]: R.attempt_from_row(r) for r in tx.fetch("attempt_lock_many", ids=ids)}
+        session = tx.session(session_id, lock=False, share=True)
+        return tasks, attempts, session
+
     def attempt_start(self, session_id: str, epoch: int, attempt_id: str, fence: int) -> Lease:
         """claimed -> running. A repeat of an accepted start returns the same lease."""
+        (result,) = self.attempt_start_many(session_id, epoch, [(attempt_id, fence)])
+        if isinstance(result, OrbitError):
+            raise result
+        return result
 
-        def build(tx: _Tx) -> tuple[Plan, Lease | None]:
+    def attempt_start_many(
+        self, session_id: str, epoch: int, items: Sequence[tuple[str, int]]
+    ) -> list[Lease | OrbitError]:
+        """Start many claimed attempts in one transaction (one commit for the batch).
+
+        Each attempt is judged on its own, exactly as a single start would be: the answer
+        for each is its lease or the error that refused it (a refusal is recorded as
+        evidence and changes nothing else), in the order given.
+        """
+        _check_batch([attempt_id for attempt_id, _ in items], self.config.max_batch)
+
+        def build(tx: _Tx) -> tuple[Plan, list[Lease | OrbitError]]:
             plan = Plan()
-            task, attempt, session = self._report_rows(tx, attempt_id, session_id)
-            queue = R.queue_from_row(tx.fetch("queue_share", name=task.queue)[0])
+            tasks, attempts, session = self._report_batch(tx, [i for i, _ in items], session_id)
+            names = sorted({t.queue for t in tasks.values()})
+            paused = {
+                r["name"]: bool(r["paused"]) for r in tx.fetch("queue_share_many", names=names)
+            }
             now = tx.now()
-            lease = transitions.start(
-                plan,
-                task,
-                attempt,
-                session,
-                epoch=epoch,
-                fence=fence,
-                queue_paused=queue.paused,
-                now=now,
-                lease_ttl=self.config.lease_ttl_us,
-            )
-            return plan, lease
+            answers: list[Lease | OrbitError] = []
+            for attempt_id, fence in items:
+                attempt = attempts.get(attempt_id)
+                if attempt is None:
+                    answers.append(_no_attempt(attempt_id))
+                    continue
+                task = tasks[attempt.task_id]
+                lease = transitions.start(
+                    plan,
+                    task,
+                    attempt,
+                    session,
+                    epoch=epoch,
+                    fence=fence,
+                    queue_paused=paused.get(task.queue, False),
+                    now=now,
+                    lease_ttl=self.config.lease_ttl_us,
+                )
+                answers.append(_answer(plan, lease))
+            return plan, answers
 
-        lease = self._run_plan(build)
-        assert lease is not None
-        return lease
+        return self._run_plan(build)
 
     def lease_renew_many(
         self, session_id: str, epoch: int, attempt_ids: Sequence[str]
@@ -903,40 +939,54 @@ class Store:
         self, session_id: str, epoch: int, attempt_id: str, fence: int, outcome: Outcome
     ) -> Receipt:
         """Commit an attempt's outcome, or refuse it with a precise code (I2, I3)."""
-        if not isinstance(outcome, Outcome):
-            raise OrbitError(Code.INVALID_ARGUMENT, "outcome must be an Outcome")
-        check_json_depth(outcome.result, "result")
-        for text in (outcome.error_code, outcome.error_message):
-            if text is not None and (not isinstance(text, str) or "\x00" in text):
-                raise OrbitError(
-                    Code.INVALID_ARGUMENT,
-                    "error code and message must be text without NUL characters",
-                )
-        try:
-            canonical_json(outcome.as_json())
-        except (TypeError, ValueError) as exc:
-            raise OrbitError(Code.INVALID_ARGUMENT, f"result must be JSON: {exc}") from None
+        (result,) = self.attempt_finish_many(session_id, epoch, [(attempt_id, fence, outcome)])
+        if isinstance(result, OrbitError):
+            raise result
+        return result
 
-        def build(tx: _Tx) -> tuple[Plan, Receipt | None]:
+    def attempt_finish_many(
+        self, session_id: str, epoch: int, items: Sequence[tuple[str, int, Outcome]]
+    ) -> list[Receipt | OrbitError]:
+        """Commit many attempts' outcomes in one transaction: nothing is acknowledged
+        before the commit that makes it durable, and a batch costs one commit.
+
+        Each report is judged on its own, exactly as a single finish would be; the answer
+        for each is its receipt or the error that refused it, in the order given.
+        """
+        _check_batch([attempt_id for attempt_id, _, _ in items], self.config.max_batch)
+        invalid = {attempt_id: _outcome_problem(outcome) for attempt_id, _, outcome in items}
+
+        def build(tx: _Tx) -> tuple[Plan, list[Receipt | OrbitError]]:
             plan = Plan()
-            task, attempt, session = self._report_rows(tx, attempt_id, session_id)
+            valid = [i for i, _, _ in items if invalid[i] is None]
+            tasks, attempts, session = self._report_batch(tx, valid, session_id)
             now = tx.now()
-            receipt = transitions.finish(
-                plan,
-                task,
-                attempt,
-                session,
-                epoch=epoch,
-                fence=fence,
-                outcome=outcome,
-                now=now,
-                rand=self._rand(),
-            )
-            return plan, receipt
+            answers: list[Receipt | OrbitError] = []
+            for attempt_id, fence, outcome in items:
+                problem = invalid[attempt_id]
+                attempt = attempts.get(attempt_id)
+                if problem is not None:
+                    answers.append(problem)
+                    continue
+                if attempt is None:
+                    answers.append(_no_attempt(attempt_id))
+                    continue
+                receipt = transitions.finish(
+                    plan,
+                    tasks[attempt.task_id],
+                    attempt,
+                    session,
+                    epoch=epoch,
+                    fence=fence,
+                    outcome=outcome,
+                    now=now,
+                    rand=self._rand(),
+                )
+                answers.append(_answer(plan, receipt))
+            plan.receipt = None
+            return plan, answers
 
-        receipt = self._run_plan(build)
-        assert receipt is not None
-        return receipt
+        return self._run_plan(build)
 
     def attempt_release(self, session_id: str, epoch: int, attempt_id: str, fence: int) -> None:
         """Give back a claimed, never-started attempt."""
@@ -1275,6 +1325,50 @@ class Store:
                 elif event.attempt_from == "claimed":
                     counts["released"] += 1
         return ReapReport(**counts)
+
+
+def _check_batch(attempt_ids: Sequence[str], max_batch: int) -> None:
+    """A batch of reports names each attempt once, and holds at most ``max_batch``."""
+    if not attempt_ids:
+        raise OrbitError(Code.INVALID_ARGUMENT, "a batch needs at least one attempt")
+    if len(attempt_ids) > max_batch:
+        raise OrbitError(Code.INVALID_ARGUMENT, f"a batch holds at most {max_batch} attempts")
+    if len(set(attempt_ids)) != len(attempt_ids):
+        raise OrbitError(Code.INVALID_ARGUMENT, "a batch names an attempt more than once")
+
+
+def _no_attempt(attempt_id: str) -> OrbitError:
+    return OrbitError(Code.ATTEMPT_NOT_FOUND, f"no attempt {attempt_id!r:.80}")
+
+
+def _answer(plan: Plan, value: T | None) -> T | OrbitError:
+    """One report's answer out of a shared plan: its value, or the rejection it recorded
+    (taken off the plan, so the batch commits and answers each report on its own)."""
+    rejection, plan.rejection = plan.rejection, None
+    if value is None:
+        assert rejection is not None
+        return rejection
+    return value
+
+
+def _outcome_problem(outcome: Outcome) -> OrbitError | None:
+    """Why an outcome cannot be stored, checked before any row is touched."""
+    if not isinstance(outcome, Outcome):
+        return OrbitError(Code.INVALID_ARGUMENT, "outcome must be an Outcome")
+    try:
+        check_json_depth(outcome.result, "result")
+    except OrbitError as exc:
+        return exc
+    for text in (outcome.error_code, outcome.error_message):
+        if text is not None and (not isinstance(text, str) or "\x00" in text):
+            return OrbitError(
+                Code.INVALID_ARGUMENT, "error code and message must be text without NUL characters"
+            )
+    try:
+        canonical_json(outcome.as_json())
+    except (TypeError, ValueError) as exc:
+        return OrbitError(Code.INVALID_ARGUMENT, f"result must be JSON: {exc}")
+    return None
 
 
 def _check_capabilities(capabilities: Sequence[Capability]) -> tuple[Capability, ...]:

@@ -28,6 +28,11 @@ class ServerError(Exception):
         self.reply = reply
 
 
+def outcome(*, result: Any = None, error: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The wire form of an attempt's outcome: a result, or an error."""
+    return {"ok": True, "result": result} if error is None else {"ok": False, "error": error}
+
+
 class WorkerConnection:
     def __init__(self, ws: ClientConnection) -> None:
         self.ws = ws
@@ -119,6 +124,29 @@ class WorkerConnection:
         reply = await self.request({"type": "start", "attempt_id": attempt_id, "fence": fence})
         return dict(reply["lease"])
 
+    async def start_many(self, items: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        """Start many attempts in one request. Each result is ``{"attempt_id", "lease"}``
+        or ``{"attempt_id", "error": {"code", "message"}}``, in the order given."""
+        reply = await self.request(
+            {"type": "start_many", "items": [{"attempt_id": a, "fence": f} for a, f in items]}
+        )
+        return list(reply["results"])
+
+    async def finish_many(
+        self, items: list[tuple[str, str, dict[str, Any]]]
+    ) -> list[dict[str, Any]]:
+        """Report many outcomes in one request (``outcome`` as :func:`outcome` builds it).
+        Each result is ``{"attempt_id", "receipt"}`` or ``{"attempt_id", "error"}``."""
+        reply = await self.request(
+            {
+                "type": "finish_many",
+                "items": [
+                    {"attempt_id": a, "fence": f, "outcome": outcome} for a, f, outcome in items
+                ],
+            }
+        )
+        return list(reply["results"])
+
     async def renew(self, attempt_ids: list[str]) -> list[dict[str, Any]]:
         return list((await self.request({"type": "renew", "attempt_ids": attempt_ids}))["leases"])
 
@@ -130,11 +158,14 @@ class WorkerConnection:
         result: Any = None,
         error: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        outcome: dict[str, Any] = (
-            {"ok": True, "result": result} if error is None else {"ok": False, "error": error}
-        )
+        return await self.finish_report(attempt_id, fence, outcome(result=result, error=error))
+
+    async def finish_report(
+        self, attempt_id: str, fence: str, report: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Report an outcome already in wire form (see :func:`outcome`)."""
         reply = await self.request(
-            {"type": "finish", "attempt_id": attempt_id, "fence": fence, "outcome": outcome}
+            {"type": "finish", "attempt_id": attempt_id, "fence": fence, "outcome": report}
         )
         return dict(reply["receipt"])
 

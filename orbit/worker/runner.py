@@ -42,7 +42,8 @@ from urllib.parse import quote
 import httpx
 
 from orbit.tokens import load_token
-from orbit.worker.connection import ServerError, WorkerConnection
+from orbit.worker.batching import Coalescer
+from orbit.worker.connection import ServerError, WorkerConnection, outcome
 
 log = logging.getLogger("orbit.worker")
 Handler = Callable[..., Any]
@@ -205,6 +206,12 @@ class Worker:
         #: Fault-test switch: stop sending renewals (leases then run out and are lost).
         self.pause_renewals = False
         self._session: tuple[str, str] | None = None  # (session id, resume secret)
+        # Starts and finishes of concurrent attempts travel in batches (one transaction
+        # each on the server); see orbit.worker.batching.
+        self._starts: Coalescer[tuple[str, str], dict[str, Any]] = Coalescer(self._send_starts)
+        self._finishes: Coalescer[tuple[str, str, dict[str, Any]], dict[str, Any]] = Coalescer(
+            self._send_finishes
+        )
         self.session_id: str | None = None
 
     # ------------------------------------------------------------------ registration
@@ -353,6 +360,30 @@ class Worker:
                     self._connected.clear()
                 await asyncio.sleep(0.05)
 
+    async def _send_starts(
+        self, items: list[tuple[str, str]]
+    ) -> list[dict[str, Any] | BaseException]:
+        if len(items) == 1:  # a lone report travels as the plain message
+            ((attempt_id, fence),) = items
+            try:
+                return [await self._request(lambda c: c.start(attempt_id, fence))]
+            except ServerError as exc:
+                return [exc]
+        results = await self._request(lambda c: c.start_many(items))
+        return [_item(r, "lease") for r in results]
+
+    async def _send_finishes(
+        self, items: list[tuple[str, str, dict[str, Any]]]
+    ) -> list[dict[str, Any] | BaseException]:
+        if len(items) == 1:
+            ((attempt_id, fence, report),) = items
+            try:
+                return [await self._request(lambda c: c.finish_report(attempt_id, fence, report))]
+            except ServerError as exc:
+                return [exc]
+        results = await self._request(lambda c: c.finish_many(items))
+        return [_item(r, "receipt") for r in results]
+
     def _lease_valid(self, running: _Running) -> bool:
         return not running.lost and time.monotonic() < running.lease_expires
 
@@ -390,7 +421,7 @@ class Worker:
                 await self._request(lambda c: c.release(ctx.attempt_id, running.fence))
                 return
             try:
-                lease = await self._request(lambda c: c.start(ctx.attempt_id, running.fence))
+                lease = await self._starts.submit((ctx.attempt_id, running.fence))
             except ServerError as exc:
                 log.info("start of %s refused: %s", ctx.attempt_id, exc.code)
                 if exc.code == "QUEUE_PAUSED":
@@ -399,8 +430,8 @@ class Worker:
                 return
             running.lease_expires = self._lease_deadline(lease)
             self._lease_changed.set()
-            outcome = await self._invoke(running, payload)
-            if outcome is None or not self._lease_valid(running):
+            report = await self._invoke(running, payload)
+            if report is None or not self._lease_valid(running):
                 # The attempt is no longer ours (by the server's word or our own clock):
                 # its result is never sent.
                 return
@@ -408,7 +439,7 @@ class Worker:
                 # Sent while the lease is ours. If the reply is lost, the same outcome is
                 # re-sent after a reconnect: the server answers with the original receipt,
                 # or refuses a copy that arrived too late (and keeps it as evidence).
-                await self._request(lambda c: c.finish(ctx.attempt_id, running.fence, **outcome))
+                await self._finishes.submit((ctx.attempt_id, running.fence, outcome(**report)))
                 self.finished += 1
             except ServerError as exc:
                 log.warning("finish of %s refused: %s", ctx.attempt_id, exc.code)
@@ -674,6 +705,14 @@ async def _file(path: Path) -> AsyncIterator[bytes]:
 
 def _error(code: str, message: str, *, retryable: bool) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, "retryable": retryable}}
+
+
+def _item(result: dict[str, Any], key: str) -> dict[str, Any] | BaseException:
+    """One answer of a batch reply: its value, or the ServerError that refused it."""
+    error = result.get("error")
+    if error is not None:
+        return ServerError(error["code"], error.get("message", ""), result)
+    return dict(result[key])
 
 
 def _settle(future: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:

@@ -587,6 +587,27 @@ WS_CASES = [
       "UNKNOWN_FIELD", "f1", "outcome.error.retry"),
     w("finish-fence-json-number", "running", finish('{"ok":true}', fence="@F"), "INVALID_TYPE",
       "f1", "fence"),
+    # batches: the whole batch is refused before anything is touched
+    w("start_many-empty", "claimed", '{"type":"start_many","req_id":"b1","items":[]}',
+      "INVALID_VALUE", "b1", "items"),
+    w("start_many-too-many", "claimed", '{"type":"start_many","req_id":"b2","items":['
+      + ",".join(['{"attempt_id":"@A","fence":"@F"}'] * 1001) + "]}", "VALUE_TOO_LONG", "b2",
+      "items"),
+    w("start_many-duplicate", "claimed", '{"type":"start_many","req_id":"b3","items":['
+      '{"attempt_id":"@A","fence":"@F"},{"attempt_id":"@A","fence":"@F"}]}',
+      "INVALID_ARGUMENT", "b3"),
+    w("start_many-missing-fence", "claimed",
+      '{"type":"start_many","req_id":"b4","items":[{"attempt_id":"@A"}]}', "MISSING_FIELD",
+      "b4", "items.0.fence"),
+    w("finish_many-nan", "running", '{"type":"finish_many","req_id":"b5","items":[{'
+      '"attempt_id":"@A","fence":"@F","outcome":{"ok":true,"result":NaN}}]}',
+      "NON_FINITE_NUMBER", None),
+    w("finish_many-duplicate", "running", '{"type":"finish_many","req_id":"b6","items":['
+      + ",".join(['{"attempt_id":"@A","fence":"@F","outcome":{"ok":true}}'] * 2) + "]}",
+      "INVALID_ARGUMENT", "b6"),
+    w("finish_many-ok-with-error", "running", '{"type":"finish_many","req_id":"b7","items":[{'
+      '"attempt_id":"@A","fence":"@F","outcome":{"ok":true,"error":{"code":"E","message":"m",'
+      '"retryable":false}}}]}', "INVALID_ARGUMENT", "b7"),
 ]
 # fmt: on
 
@@ -657,6 +678,47 @@ def test_ws_rejects_with_code_and_stays_open(env: Env, case: Frame) -> None:
         assert reply["code"] == case.code, reply
         if case.where is not None:
             assert reply.get("field") == case.where, reply
+    finally:
+        p.wire.close()
+
+
+def test_ws_batches_answer_each_report_on_its_own(env: Env) -> None:
+    """start_many and finish_many: one reply per item, in order; a refused item carries its
+    code and leaves the others committed."""
+    p = prepare(env, "welcomed")
+    try:
+        for _ in range(2):
+            submit(env, env.queue_ws, p.handler)
+        claimed: list[dict[str, Any]] = []
+        while len(claimed) < 2:
+            claimed += p.wire.claim()
+        a, b = claimed
+        items = [
+            {"attempt_id": a["attempt_id"], "fence": a["fence"]},
+            {"attempt_id": b["attempt_id"], "fence": str(int(b["fence"]) + 1)},
+        ]
+        reply = p.wire.call({"type": "start_many", "items": items})
+        assert reply["type"] == "started_many", reply
+        first, second = reply["results"]
+        assert first["attempt_id"] == a["attempt_id"] and first["error"] is None
+        assert first["lease"]["status"] == "ok"
+        assert second["lease"] is None and second["error"]["code"] == "STALE_FENCE", second
+        done = {"ok": True, "result": {"n": 1}}
+        reply = p.wire.call(
+            {
+                "type": "finish_many",
+                "items": [
+                    {"attempt_id": a["attempt_id"], "fence": a["fence"], "outcome": done},
+                    {"attempt_id": b["attempt_id"], "fence": b["fence"], "outcome": done},
+                ],
+            }
+        )
+        assert reply["type"] == "finished_many", reply
+        ok, refused = reply["results"]
+        assert ok["receipt"]["task_state"] == "succeeded" and ok["error"] is None, ok
+        assert refused["error"]["code"] == "FINISH_WITHOUT_START", refused
+        assert env.admin.get(f"/v1/tasks/{a['task_id']}").json()["state"] == "succeeded"
+        assert env.admin.get(f"/v1/tasks/{b['task_id']}").json()["state"] == "claimed"
     finally:
         p.wire.close()
 

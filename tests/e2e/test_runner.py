@@ -228,6 +228,59 @@ def test_ack_loss_on_finish_commits_exactly_once(
     assert "finish" not in refused
 
 
+def test_concurrent_reports_travel_in_batches_and_survive_ack_loss(
+    fast: Node, tokens: Tokens, api: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Twenty attempts end together: their finishes coalesce into finish_many batches. The
+    first batch reaches the server and its reply is lost: the runner resumes and re-sends
+    the very same outcomes, each committed once, every handler run once."""
+    n = 20
+    worker = Worker(fast.http, tokens.worker, concurrency=n)
+    sent: list[dict[str, Any]] = []
+    runs: list[str] = []
+    original = connection_module.WorkerConnection.request
+
+    async def request(self: Any, message: dict[str, Any], timeout: float = 30.0) -> Any:
+        if message.get("type") == "finish_many" and not any(
+            m.get("req_id") == "lost" for m in sent
+        ):
+            sent.append({**message, "req_id": "lost"})
+            await self.ws.send(connection_module.json.dumps({**message, "req_id": "lost"}))
+            await asyncio.sleep(0.3)  # let the server commit the batch
+            await self.ws.close()
+            raise ConnectionError("cut after sending finish_many")
+        if message.get("type") in ("start_many", "finish_many"):
+            sent.append(message)  # sent normally (a re-sent batch among them)
+        return await original(self, message, timeout)
+
+    monkeypatch.setattr(connection_module.WorkerConnection, "request", request)
+    everyone = asyncio.Event()
+
+    @worker.handler("together")
+    async def together(ctx: Context, payload: Any) -> Any:
+        runs.append(ctx.attempt_id)
+        if len(runs) == n:
+            everyone.set()
+        await asyncio.wait_for(everyone.wait(), 20)
+        return {"task": ctx.task_id}
+
+    tids = [submit(api, "together", retry_safe=False) for _ in range(n)]
+    asyncio.run(run_until(worker, lambda: worker.finished == n))
+    assert sorted(runs) == sorted(set(runs)) and len(runs) == n  # each handler ran once
+    lost = [m for m in sent if m.get("req_id") == "lost"]
+    assert len(lost) == 1 and len(lost[0]["items"]) > 1, "no batched finish was cut"
+    cut_ids = {item["attempt_id"] for item in lost[0]["items"]}
+    resent = [m for m in sent if m["type"] == "finish_many" and m.get("req_id") != "lost"]
+    assert any({i["attempt_id"] for i in m["items"]} == cut_ids for m in resent)
+    for tid in tids:
+        task = api.get(f"/v1/tasks/{tid}").json()
+        assert task["state"] == "succeeded" and task["result"] == {"task": tid}
+        assert task["result_version"] == "1" and task["attempts_used"] == 1
+        events = api.get(f"/v1/tasks/{tid}/events").json()["items"]
+        assert [e["kind"] for e in events].count("succeeded") == 1
+        assert "finish" not in [e["data"]["report"] for e in events if e["kind"] == "rejected"]
+
+
 def test_fail_and_exceptions_choose_the_outcome(
     fast: Node, tokens: Tokens, api: httpx.Client
 ) -> None:

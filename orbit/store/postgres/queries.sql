@@ -42,6 +42,9 @@ SELECT * FROM orbit_queues WHERE name = :name FOR UPDATE;
 -- name: queue_share
 SELECT * FROM orbit_queues WHERE name = :name FOR SHARE;
 
+-- name: queue_share_many
+SELECT * FROM orbit_queues WHERE name = ANY(CAST(:names AS text[])) ORDER BY name FOR SHARE;
+
 -- name: queue_set_paused
 UPDATE orbit_queues SET paused = :paused WHERE name = :name;
 

@@ -40,6 +40,9 @@ SELECT * FROM orbit_queues WHERE name = :name;
 -- name: queue_share
 SELECT * FROM orbit_queues WHERE name = :name;
 
+-- name: queue_share_many
+SELECT * FROM orbit_queues WHERE name IN (SELECT value FROM json_each(:names)) ORDER BY name;
+
 -- name: queue_set_paused
 UPDATE orbit_queues SET paused = :paused WHERE name = :name;
 
