@@ -8,13 +8,38 @@ lease and deadline arithmetic is exact on both backends.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
 
 from orbit.core.states import AttemptState, SessionState, TaskState
 
 SECOND = 1_000_000
 JSON = Any
+
+
+R = TypeVar("R")
+_FIELDS: dict[type, frozenset[str]] = {}
+
+
+def evolve(record: R, **changes: Any) -> R:
+    """``dataclasses.replace`` for these records, about ten times cheaper.
+
+    ``replace`` calls ``__init__`` with every field, and the hot path makes several
+    copies per task per transition. The records here are frozen and have no
+    ``__post_init__``, so copying the instance dictionary is equivalent; the names of
+    the changes are still checked.
+    """
+    cls = type(record)
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = frozenset(f.name for f in fields(cls))  # type: ignore[arg-type]
+    if not changes.keys() <= names:
+        raise TypeError(f"{cls.__name__} has no field {sorted(changes.keys() - names)}")
+    copy = object.__new__(cls)
+    state = copy.__dict__
+    state.update(record.__dict__)
+    state.update(changes)
+    return copy
 
 
 def canonical_json(value: JSON) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from orbit.core.errors import Code, Rejected
 from orbit.core.model import (
@@ -28,6 +28,7 @@ from orbit.core.model import (
     Task,
     TaskSpec,
     canonical_json,
+    evolve,
 )
 from orbit.core.retry import plan_retry
 from orbit.core.states import AttemptState, SessionState, TaskState
@@ -66,7 +67,7 @@ class Plan:
         data: dict[str, JSON] | None = None,
     ) -> Task:
         """Write a task (and optionally its attempt) and record the transition."""
-        after = replace(after, version=before.version + 1)
+        after = evolve(after, version=before.version + 1)
         self.task_writes.append((before, after))
         if attempt_after is not None:
             if attempt_before is None:
@@ -235,7 +236,7 @@ def claim(
     )
     plan.move(
         task,
-        replace(task, state=T.CLAIMED, fence=fence, updated_at=now),
+        evolve(task, state=T.CLAIMED, fence=fence, updated_at=now),
         "claimed",
         attempt_after=attempt,
     )
@@ -353,10 +354,10 @@ def start(
         plan.refuse(reason[0], reason[1], "start", task, attempt, session)
         return None
     lease = lease_until(task, now, session, now, lease_ttl)
-    running = replace(attempt, state=A.RUNNING, started_at=now, lease_expires_at=lease)
+    running = evolve(attempt, state=A.RUNNING, started_at=now, lease_expires_at=lease)
     plan.move(
         task,
-        replace(task, state=T.RUNNING, attempts_used=task.attempts_used + 1, updated_at=now),
+        evolve(task, state=T.RUNNING, attempts_used=task.attempts_used + 1, updated_at=now),
         "started",
         attempt_before=attempt,
         attempt_after=running,
@@ -390,7 +391,7 @@ def renew(
         lease_until(task, attempt.started_at, session, now, lease_ttl), attempt.lease_expires_at
     )
     if until != attempt.lease_expires_at:
-        plan.attempt_writes.append((attempt, replace(attempt, lease_expires_at=until)))
+        plan.attempt_writes.append((attempt, evolve(attempt, lease_expires_at=until)))
     # Past the attempt timeout the lease is no longer extended (it ends at timeout + the
     # report grace); the runner stops the handler on its own clock and reports the timeout.
     status = "cancel" if task.state == T.CANCELLING else "ok"
@@ -464,8 +465,8 @@ def finish(
         return None
     if task.state == T.CANCELLING:
         # Cancel wins the race: the outcome is kept as evidence only.
-        ended = replace(attempt, state=A.CANCELLED, ended_at=now, finish_digest=report_digest)
-        after = replace(task, state=T.CANCELLED, updated_at=now, finished_at=now)
+        ended = evolve(attempt, state=A.CANCELLED, ended_at=now, finish_digest=report_digest)
+        after = evolve(task, state=T.CANCELLED, updated_at=now, finished_at=now)
         receipt = Receipt(
             task.id,
             attempt.id,
@@ -475,7 +476,7 @@ def finish(
             report_digest,
             task.result_version,
         )
-        ended = replace(ended, receipt=canonical_json(receipt.as_json()))
+        ended = evolve(ended, receipt=canonical_json(receipt.as_json()))
         plan.move(
             task,
             after,
@@ -511,7 +512,7 @@ def finish(
         return None
     if outcome.ok:
         result = canonical_json(outcome.result)
-        after = replace(
+        after = evolve(
             task,
             state=T.SUCCEEDED,
             result=result,
@@ -537,7 +538,7 @@ def finish(
             rand=rand,
             error_code=code,
         )
-        base = replace(
+        base = evolve(
             task,
             error_code=code,
             error_message=outcome.error_message,
@@ -546,13 +547,13 @@ def finish(
         )
         attempt_state = A.FAILED
         if decision.retry_at is not None:
-            after = replace(base, state=T.SCHEDULED, run_after=decision.retry_at)
+            after = evolve(base, state=T.SCHEDULED, run_after=decision.retry_at)
             kind = "retry_scheduled"
         else:
             final = decision.final_code or code
-            after = replace(base, state=T.FAILED, error_code=final, finished_at=now)
+            after = evolve(base, state=T.FAILED, error_code=final, finished_at=now)
             if final != code:
-                after = replace(after, error_message=f"{code}: {outcome.error_message or ''}")
+                after = evolve(after, error_message=f"{code}: {outcome.error_message or ''}")
             kind = "failed"
     receipt = Receipt(
         task.id,
@@ -563,7 +564,7 @@ def finish(
         report_digest,
         after.result_version,
     )
-    ended = replace(
+    ended = evolve(
         attempt,
         state=attempt_state,
         ended_at=now,
@@ -690,9 +691,9 @@ def release(
 def _release(
     plan: Plan, task: Task, attempt: Attempt, now: int, kind: str, code: str | None = None
 ) -> Task:
-    released = replace(attempt, state=A.RELEASED, ended_at=now)
+    released = evolve(attempt, state=A.RELEASED, ended_at=now)
     if task.deadline is not None and now >= task.deadline:
-        after = replace(
+        after = evolve(
             task,
             state=T.FAILED,
             error_code=str(Code.DEADLINE_EXCEEDED),
@@ -709,7 +710,7 @@ def _release(
             attempt_after=released,
             code=str(Code.DEADLINE_EXCEEDED),
         )
-    after = replace(task, state=T.QUEUED, run_after=min(task.run_after, now), updated_at=now)
+    after = evolve(task, state=T.QUEUED, run_after=min(task.run_after, now), updated_at=now)
     return plan.move(task, after, kind, attempt_before=attempt, attempt_after=released, code=code)
 
 
@@ -722,7 +723,7 @@ def cancel(plan: Plan, task: Task, live: Attempt | None, now: int) -> None:
         return
     if task.state == T.RUNNING:
         assert live is not None
-        after = replace(task, state=T.CANCELLING, cancel_requested=True, updated_at=now)
+        after = evolve(task, state=T.CANCELLING, cancel_requested=True, updated_at=now)
         plan.move(
             task,
             after,
@@ -730,10 +731,10 @@ def cancel(plan: Plan, task: Task, live: Attempt | None, now: int) -> None:
             data={"attempt_id": live.id, "session_id": live.session_id},
         )
         return
-    after = replace(task, state=T.CANCELLED, cancel_requested=True, updated_at=now, finished_at=now)
+    after = evolve(task, state=T.CANCELLED, cancel_requested=True, updated_at=now, finished_at=now)
     if task.state == T.CLAIMED:
         assert live is not None
-        released = replace(live, state=A.RELEASED, ended_at=now)
+        released = evolve(live, state=A.RELEASED, ended_at=now)
         plan.move(task, after, "cancelled", attempt_before=live, attempt_after=released)
     else:
         plan.move(task, after, "cancelled")
@@ -743,7 +744,7 @@ def resolve(plan: Plan, task: Task, decision: str, outcome: Outcome | None, now:
     """An operator's decision on a ``needs_review`` task (checked by the caller)."""
     if decision == "succeeded":
         result = canonical_json(outcome.result if outcome else None)
-        after = replace(
+        after = evolve(
             task,
             state=T.SUCCEEDED,
             result=result,
@@ -756,7 +757,7 @@ def resolve(plan: Plan, task: Task, decision: str, outcome: Outcome | None, now:
             finished_at=now,
         )
     elif decision == "failed":
-        after = replace(
+        after = evolve(
             task,
             state=T.FAILED,
             error_code=(outcome.error_code if outcome else None) or str(Code.RESOLVED_FAILED),
@@ -767,7 +768,7 @@ def resolve(plan: Plan, task: Task, decision: str, outcome: Outcome | None, now:
             finished_at=now,
         )
     else:
-        after = replace(
+        after = evolve(
             task,
             state=T.QUEUED,
             run_after=now,
@@ -782,7 +783,7 @@ def resolve(plan: Plan, task: Task, decision: str, outcome: Outcome | None, now:
 
 def retry(plan: Plan, task: Task, now: int) -> Task:
     """Run a failed or cancelled task again (an operator decision), with one more attempt."""
-    after = replace(
+    after = evolve(
         task,
         state=T.QUEUED,
         run_after=now,
@@ -823,7 +824,7 @@ def reap(plan: Plan, task: Task, live: Attempt | None, now: int, rand: float) ->
         return
     if live is None and task.state in (T.QUEUED, T.SCHEDULED):
         if task.deadline is not None and now >= task.deadline:
-            after = replace(
+            after = evolve(
                 task,
                 state=T.FAILED,
                 error_code=str(Code.DEADLINE_EXCEEDED),
@@ -834,7 +835,7 @@ def reap(plan: Plan, task: Task, live: Attempt | None, now: int, rand: float) ->
             )
             plan.move(task, after, "failed", code=str(Code.DEADLINE_EXCEEDED))
         elif task.state == T.SCHEDULED and task.run_after <= now:
-            plan.move(task, replace(task, state=T.QUEUED, updated_at=now), "queued")
+            plan.move(task, evolve(task, state=T.QUEUED, updated_at=now), "queued")
 
 
 def _lease_expired(plan: Plan, task: Task, live: Attempt, now: int, rand: float) -> None:
@@ -845,8 +846,8 @@ def _lease_expired(plan: Plan, task: Task, live: Attempt, now: int, rand: float)
     )
     deadline_passed = task.deadline is not None and now >= task.deadline
     if task.state == T.CANCELLING:
-        ended = replace(live, state=A.CANCELLED, ended_at=now)
-        after = replace(task, state=T.CANCELLED, updated_at=now, finished_at=now)
+        ended = evolve(live, state=A.CANCELLED, ended_at=now)
+        after = evolve(task, state=T.CANCELLED, updated_at=now, finished_at=now)
         plan.move(
             task, after, "cancelled", attempt_before=live, attempt_after=ended, code="LEASE_EXPIRED"
         )
@@ -864,8 +865,8 @@ def _lease_expired(plan: Plan, task: Task, live: Attempt, now: int, rand: float)
             rand=rand,
             error_code=code,
         )
-        ended = replace(live, state=attempt_state, ended_at=now)
-        base = replace(
+        ended = evolve(live, state=attempt_state, ended_at=now)
+        base = evolve(
             task,
             error_code=code,
             error_retryable=True,
@@ -875,7 +876,7 @@ def _lease_expired(plan: Plan, task: Task, live: Attempt, now: int, rand: float)
         if decision.retry_at is not None:
             plan.move(
                 task,
-                replace(base, state=T.SCHEDULED, run_after=decision.retry_at),
+                evolve(base, state=T.SCHEDULED, run_after=decision.retry_at),
                 "retry_scheduled",
                 attempt_before=live,
                 attempt_after=ended,
@@ -885,16 +886,16 @@ def _lease_expired(plan: Plan, task: Task, live: Attempt, now: int, rand: float)
             final = decision.final_code or code
             plan.move(
                 task,
-                replace(base, state=T.FAILED, error_code=final, finished_at=now),
+                evolve(base, state=T.FAILED, error_code=final, finished_at=now),
                 "failed",
                 attempt_before=live,
                 attempt_after=ended,
                 code=final,
             )
         return
-    ended = replace(live, state=A.UNKNOWN, ended_at=now)
+    ended = evolve(live, state=A.UNKNOWN, ended_at=now)
     if deadline_passed:
-        after = replace(
+        after = evolve(
             task,
             state=T.FAILED,
             error_code=str(Code.DEADLINE_EXCEEDED),
@@ -912,7 +913,7 @@ def _lease_expired(plan: Plan, task: Task, live: Attempt, now: int, rand: float)
             code=str(Code.DEADLINE_EXCEEDED),
         )
         return
-    after = replace(
+    after = evolve(
         task,
         state=T.NEEDS_REVIEW,
         error_code=str(Code.OUTCOME_UNKNOWN),
@@ -934,7 +935,7 @@ def expire_session(
     plan: Plan, session: Session, claimed: list[tuple[Task, Attempt]], now: int
 ) -> None:
     """A session's heartbeat lapsed: it expires and its claimed attempts go back."""
-    plan.session_writes.append((session, replace(session, state=SessionState.EXPIRED)))
+    plan.session_writes.append((session, evolve(session, state=SessionState.EXPIRED)))
     plan.events.append(Event(kind="session.expired", session_id=session.id))
     for task, attempt in claimed:
         _release(plan, task, attempt, now, "released", code="SESSION_EXPIRED")

@@ -36,11 +36,13 @@ class DecodeError(Exception):
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise DecodeError("DUPLICATE_KEY", f"key {key!r:.60} appears twice", key[:60])
-        out[key] = value
+    out = dict(pairs)
+    if len(out) != len(pairs):  # rare: find the first key seen twice, to name it
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DecodeError("DUPLICATE_KEY", f"key {key!r:.60} appears twice", key[:60])
+            seen.add(key)
     return out
 
 
@@ -124,37 +126,62 @@ def decode_json(raw: bytes | str) -> Any:
         raise
     except (ValueError, RecursionError) as exc:
         raise DecodeError("INVALID_JSON", f"not a JSON document: {exc}"[:200]) from None
-    _check_strings(value)
+    # A lone surrogate can only come from a \uD8xx-\uDFxx escape (strict UTF-8 has
+    # none), or from a str that was never UTF-8: only then is the walk needed.
+    if not text.isascii() or "\\ud" in text or "\\uD" in text:
+        _check_strings(value)
     return value
 
 
-def _field_names(model: type[BaseModel]) -> dict[str, str]:
-    return {name.lower(): name for name in model.model_fields}
+class _Shape:
+    """What ``_check_fields`` needs to know of a model, worked out once per model (the
+    hot path decodes batches of hundreds of items)."""
+
+    def __init__(self, model: type[BaseModel]) -> None:
+        self.known = frozenset(model.model_fields)
+        self.response_only: frozenset[str] = getattr(model, "response_only_fields", frozenset())
+        self.lowered = {name.lower(): name for name in model.model_fields}
+        self.nested = {
+            name: sub
+            for name, info in model.model_fields.items()
+            if (sub := _submodel(info.annotation)) is not None
+        }
+
+
+_SHAPES: dict[type[BaseModel], _Shape] = {}
+
+
+def _shape(model: type[BaseModel]) -> _Shape:
+    shape = _SHAPES.get(model)
+    if shape is None:
+        shape = _SHAPES[model] = _Shape(model)
+    return shape
 
 
 def _check_fields(model: type[BaseModel], data: Any, path: str) -> None:
     """Name the precise rule an object breaks: unknown, case variant or response-only."""
     if not isinstance(data, dict):
         return
-    known = model.model_fields
-    response_only: frozenset[str] = getattr(model, "response_only_fields", frozenset())
-    lowered = _field_names(model)
+    shape = _shape(model)
     for key, value in data.items():
-        where = f"{path}.{key}" if path else key
-        if key in known:
-            sub = _submodel(known[key].annotation)
+        if key in shape.known:
+            sub = shape.nested.get(key)
             if sub is not None:
-                items = value if isinstance(value, list) else [value]
-                for i, item in enumerate(items):
-                    _check_fields(sub, item, f"{where}[{i}]" if isinstance(value, list) else where)
+                where = f"{path}.{key}" if path else key
+                if isinstance(value, list):
+                    for i, item in enumerate(value):
+                        _check_fields(sub, item, f"{where}[{i}]")
+                else:
+                    _check_fields(sub, value, where)
             continue
-        if key in response_only:
+        where = f"{path}.{key}" if path else key
+        if key in shape.response_only:
             raise DecodeError(
                 "RESPONSE_ONLY_FIELD", f"{key} is set by the server, never sent", where
             )
-        if key.lower() in lowered:
+        if key.lower() in shape.lowered:
             raise DecodeError(
-                "FIELD_CASE_MISMATCH", f"{key} must be spelled {lowered[key.lower()]}", where
+                "FIELD_CASE_MISMATCH", f"{key} must be spelled {shape.lowered[key.lower()]}", where
             )
         raise DecodeError("UNKNOWN_FIELD", f"unknown field {key!r:.60}", where[:120])
 

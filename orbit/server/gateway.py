@@ -62,6 +62,12 @@ from orbit.store import Store
 
 log = logging.getLogger("orbit.gateway")
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+#: Reports about distinct attempts that one connection may have in the store at once.
+#: Each is its own transaction; overlapping them keeps the database busy while this
+#: process encodes and decodes (a worker sends a report only after the reply it depends
+#: on, so their order is free; replies are matched by req_id).
+MAX_REPORTS_IN_FLIGHT = 4
+CONCURRENT_REPORTS = (Start, StartMany, Finish, FinishMany, Renew, Progress, Heartbeat)
 
 
 class WorkerConnection:
@@ -295,11 +301,30 @@ class _Protocol:
         self.conn = await self.handshake()
         if self.conn is None:
             return
+        slots = asyncio.Semaphore(MAX_REPORTS_IN_FLIGHT)
+        in_flight: set[asyncio.Task[None]] = set()
+
+        async def report(msg: BaseModel) -> None:
+            try:
+                await self.handle(msg)
+            finally:
+                slots.release()
+
         try:
             while not self.conn.closed:
                 _, msg = await self.receive()  # type: ignore[misc]
+                if isinstance(msg, CONCURRENT_REPORTS):
+                    await slots.acquire()
+                    task = asyncio.create_task(report(msg))
+                    in_flight.add(task)
+                    task.add_done_callback(in_flight.discard)
+                    continue
+                if in_flight:  # anything else is handled after the reports before it
+                    await asyncio.gather(*in_flight, return_exceptions=True)
                 await self.handle(msg)
         finally:
+            if in_flight:
+                await asyncio.gather(*in_flight, return_exceptions=True)
             self.dispatcher.detach(self.conn)
 
     async def _close_if_fenced(self, answers: Sequence[object]) -> None:

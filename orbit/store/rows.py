@@ -96,9 +96,27 @@ def task_to_row(t: Task) -> Row:
 
 
 def task_write_row(before: Task, after: Task) -> Row:
-    row = task_to_row(after)
-    row["expect_version"] = before.version
-    return row
+    """The columns a transition may change (never the payload: it can be large and is
+    written once), guarded by the version the plan was built from."""
+    return {
+        "id": after.id,
+        "expect_version": before.version,
+        "state": str(after.state),
+        "attempts_used": after.attempts_used,
+        "fence": after.fence,
+        "cancel_requested": after.cancel_requested,
+        "run_after": after.run_after,
+        "max_attempts": after.max_attempts,
+        "result": after.result,
+        "error_code": after.error_code,
+        "error_message": after.error_message,
+        "error_retryable": after.error_retryable,
+        "result_digest": after.result_digest,
+        "result_version": after.result_version,
+        "updated_at": after.updated_at,
+        "finished_at": after.finished_at,
+        "version": after.version,
+    }
 
 
 def attempt_from_row(r: Row) -> Attempt:

@@ -16,7 +16,7 @@ import random
 import secrets
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from orbit.core import transitions
@@ -38,6 +38,7 @@ from orbit.core.model import (
     Task,
     TaskSpec,
     canonical_json,
+    evolve,
 )
 from orbit.core.states import LIVE_ATTEMPT_STATES, SessionState, TaskState
 from orbit.core.transitions import Plan
@@ -291,7 +292,7 @@ class Store:
                 tx.execute("queue_set_paused", name=name, paused=paused)
                 kind = "queue.paused" if paused else "queue.resumed"
                 tx.events([Event(kind=kind, queue=name)])
-            return replace(queue, paused=paused)
+            return evolve(queue, paused=paused)
 
         return self._tx(work)
 
@@ -566,7 +567,7 @@ class Store:
             if not hmac.compare_digest(session.secret_hash, _hash_secret(secret)):
                 raise OrbitError(Code.BAD_SECRET, "the resume secret does not match")
             now = tx.now()
-            after = replace(
+            after = evolve(
                 session,
                 epoch=session.epoch + 1,
                 node_id=node_id,
@@ -592,10 +593,10 @@ class Store:
             plan = Plan()
             session = tx.session(session_id, lock=True)
             now = tx.now()
-            reason = transitions.session_usable(replace(session, draining=False), epoch, now)
+            reason = transitions.session_usable(evolve(session, draining=False), epoch, now)
             if reason is not None:
                 raise Rejected(reason[0], reason[1])  # answered, not logged: see claim
-            after = replace(session, expires_at=now + self.config.session_ttl_us)
+            after = evolve(session, expires_at=now + self.config.session_ttl_us)
             plan.session_writes.append((session, after))
             return plan, after
 
@@ -634,7 +635,7 @@ class Store:
                     session_id=session_id,
                 )
                 return plan, session
-            after = replace(
+            after = evolve(
                 session, capabilities=caps, max_concurrency=max_concurrency, capacity_seq=seq
             )
             plan.session_writes.append((session, after))
@@ -670,7 +671,7 @@ class Store:
                 return plan, session
             if session.draining:
                 return plan, session
-            after = replace(session, draining=True)
+            after = evolve(session, draining=True)
             plan.session_writes.append((session, after))
             plan.events.append(Event(kind="session.draining", session_id=session_id))
             return plan, after
@@ -892,11 +893,11 @@ class Store:
             }
             stored = tx.session(session_id, lock=True)
             now = tx.now()
-            reason = transitions.session_usable(replace(stored, draining=False), epoch, now)
+            reason = transitions.session_usable(evolve(stored, draining=False), epoch, now)
             leases: list[Lease] = []
             session = stored
             if reason is None:
-                session = replace(stored, expires_at=now + self.config.session_ttl_us)
+                session = evolve(stored, expires_at=now + self.config.session_ttl_us)
             for attempt_id in ids:
                 attempt = attempts.get(attempt_id)
                 if attempt is None:

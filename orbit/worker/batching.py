@@ -1,10 +1,11 @@
 """Group commit on the worker side: many coroutines' reports, few requests.
 
 Each running attempt awaits its own start and finish, but sending each alone would cost
-the server one transaction (one fsync) per report. A :class:`Coalescer` keeps one request
-of a kind in flight; whatever is submitted meanwhile waits and goes in the next request.
-An idle worker therefore sends at once (no added latency), and a busy one sends batches
-as large as the load, up to ``max_batch``.
+the server one transaction (one fsync) per report. A :class:`Coalescer` keeps at most
+``max_in_flight`` requests of a kind in flight; whatever is submitted meanwhile waits and
+goes in the next request. An idle worker therefore sends at once (no added latency), and
+a busy one sends batches as large as the load, up to ``max_batch`` — with a few batches
+in flight, the server's transactions overlap instead of taking turns.
 """
 
 from __future__ import annotations
@@ -21,24 +22,32 @@ Send = Callable[[list[I]], Awaitable[list[R | BaseException]]]
 
 
 class Coalescer(Generic[I, R]):
-    def __init__(self, send: Send[I, R], *, max_batch: int = 500) -> None:
+    def __init__(self, send: Send[I, R], *, max_batch: int = 200, max_in_flight: int = 2) -> None:
+        if max_batch < 1 or max_in_flight < 1:
+            raise ValueError("max_batch and max_in_flight must be at least 1")
         self._send = send
         self._max_batch = max_batch
+        self._max_in_flight = max_in_flight
         self._pending: list[tuple[I, asyncio.Future[R]]] = []
-        self._runner: asyncio.Task[None] | None = None
+        self._senders: set[asyncio.Task[None]] = set()
 
     async def submit(self, item: I) -> R:
         """Send ``item`` in the next batch and return its own answer (or raise its error)."""
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._pending.append((item, future))
-        if self._runner is None or self._runner.done():
-            self._runner = asyncio.create_task(self._run(), name="coalescer")
+        if len(self._senders) < self._max_in_flight:
+            sender = asyncio.create_task(self._run(), name="coalescer")
+            self._senders.add(sender)
+            sender.add_done_callback(self._senders.discard)
         return await future
 
     async def _run(self) -> None:
         while self._pending:
             batch = self._pending[: self._max_batch]
             del self._pending[: self._max_batch]
+            batch = [(item, future) for item, future in batch if not future.done()]
+            if not batch:
+                continue
             try:
                 answers = await self._send([item for item, _ in batch])
             except BaseException as exc:  # the whole request failed: each caller sees it
@@ -59,11 +68,3 @@ class Coalescer(Generic[I, R]):
                     future.set_exception(answer)
                 else:
                     future.set_result(answer)
-
-    def close(self) -> None:
-        """Stop sending; callers still waiting see CancelledError."""
-        if self._runner is not None:
-            self._runner.cancel()
-        for _, future in self._pending:
-            future.cancel()
-        self._pending.clear()

@@ -57,6 +57,9 @@ class WorkerConnection:
             ssl=ssl_ctx,
             max_size=8 * 1024 * 1024,
             open_timeout=10,
+            # Frames are small JSON on a LAN or loopback: deflating them costs both ends
+            # more CPU than it saves (it was a visible share of a busy worker's profile).
+            compression=None,
         )
         return cls(ws)
 
