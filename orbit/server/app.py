@@ -94,8 +94,12 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
         app.state.tokens = TokenCheck(store)
         app.state.dispatcher = dispatcher
         app.state.metrics = metrics
-        if store.backend == "sqlite":  # one process: wake in-process after each commit
-            store.on_ready = dispatcher.wake_threadsafe
+        # Wake this node's dispatcher in-process after each of its own commits. On
+        # PostgreSQL the same commit also sends NOTIFY, which wakes the other nodes (and
+        # this one a moment later, harmlessly): the local wake saves the round trip
+        # through the LISTEN connection on the submit-to-start path.
+        store.on_ready = dispatcher.wake_threadsafe
+        if store.backend == "sqlite":  # one process: cancels are pushed in-process too
             store.on_cancel = dispatcher.cancel_threadsafe
         tasks = [
             asyncio.create_task(dispatcher.run(), name="dispatch"),

@@ -1,0 +1,327 @@
+"""The physical limit: how many jobs/s PostgreSQL itself can push through Orbit's tables.
+
+The report compares Orbit's throughput with a ceiling measured on the same server: the
+least SQL one task needs in Orbit (submit, claim, start, finish; see
+``benchmarks/pgbench/pipeline.sql``) driven by ``pgbench`` with no Python, no HTTP and no
+bookkeeping in between. Orbit's jobs/s divided by this figure says how much of the
+database's own limit Orbit reaches, and so whether the rest of the gap is worth chasing.
+
+Two pipelines are measured at each client count, each on freshly reset tables:
+
+* ``one_per_tx``: one task per transaction (submit 1; claim 1; start 1; finish 1), the
+  floor of a system that never batches;
+* ``batched``: ``batch`` tasks per transaction at every step, as Orbit's batched hot path
+  does; jobs/s = iterations/s x tasks per iteration.
+
+Each run happens in a database of its own (a unique name, Orbit's own migrations applied),
+dropped afterwards whatever happens. Run it as::
+
+    python -m benchmarks.physical --batch 64 --clients 1,2,4,16 --seconds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from orbit.store import open_store
+
+SCRIPT = Path(__file__).parent / "pgbench" / "pipeline.sql"
+#: The script's SQL commands in order, named as in the result's per-step latencies.
+STEPS = ("submit", "claim", "start", "finish")
+DEFAULT_ADMIN_DSN = os.environ.get(
+    "ORBIT_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+QUEUE = "bench"
+#: Tables the pipeline writes; emptied before every run so runs do not inherit each
+#: other's dead tuples (the server may run with autovacuum off, as this machine's does).
+TABLES = ("orbit_events", "orbit_artifact_chunks", "orbit_artifacts", "orbit_attempts")
+
+_SET_BATCH = re.compile(r"^\\set batch \d+$", re.MULTILINE)
+
+#: The backlog, written exactly as step 1 of pipeline.sql writes a submitted task (keep the
+#: two in step), so that the preloaded tasks and the submitted ones are the same rows.
+_PRELOAD = """
+INSERT INTO orbit_tasks (
+    id, queue, handler, tenant, priority, payload, payload_digest, idempotency_key,
+    parent_id, retry_safe, max_attempts, backoff_base_us, backoff_factor, backoff_max_us,
+    attempt_timeout_us, deadline, run_after, state, attempts_used, fence, cancel_requested,
+    result, error_code, error_message, error_retryable, result_digest, result_version,
+    created_at, updated_at, finished_at, version)
+SELECT
+    lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000000)::bigint), 14, '0')
+        || substr(md5(random()::text), 1, 22),
+    'bench', 'noop', 'default', 0, '{"kind":"noop"}',
+    'sha256:3b3f8e0ad2dfd4d0f4a4e0ef1e6b1b0a3f1d3e2c9d8a7b6c5d4e3f2a1b0c9d8e', NULL,
+    NULL, false, 3, 1000000, 2.0, 300000000,
+    NULL, NULL, c.now, 'queued', 0, 0, false,
+    NULL, NULL, NULL, NULL, NULL, 0,
+    c.now, c.now, NULL, 1
+FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now) AS c,
+     generate_series(1, %(n)s)
+"""
+
+#: Server settings that move the ceiling; recorded so a figure can be read in context.
+_SETTINGS = (
+    "synchronous_commit",
+    "fsync",
+    "wal_sync_method",
+    "commit_delay",
+    "shared_buffers",
+    "autovacuum",
+    "max_connections",
+)
+
+
+def _libpq_dsn(admin_dsn: str, dbname: str) -> str:
+    """The admin connection's parameters with another database: a libpq URI (the form
+    ``open_store`` wants) that psycopg and pgbench read as well, whatever form
+    (URL or key=value) the admin DSN was given in."""
+    params = {k: v for k, v in conninfo_to_dict(admin_dsn).items() if v is not None}
+    params["dbname"] = dbname
+    return "postgresql://?" + urlencode({k: str(v) for k, v in params.items()})
+
+
+def pgbench_path() -> str:
+    """pgbench from ``$PGBENCH``, the PATH or Debian's usual place."""
+    found = os.environ.get("PGBENCH") or shutil.which("pgbench")
+    if found:
+        return found
+    if Path("/usr/bin/pgbench").exists():
+        return "/usr/bin/pgbench"
+    raise FileNotFoundError("pgbench not found: install postgresql-client or set $PGBENCH")
+
+
+def render_script(batch: int, directory: Path) -> Path:
+    """pipeline.sql with its ``\\set batch`` line set to ``batch``.
+
+    pgbench re-runs ``\\set`` at every iteration, so ``-D batch=N`` cannot override it:
+    the one line is rewritten instead, and the checked-in script stays runnable by hand.
+    """
+    text = SCRIPT.read_text(encoding="utf-8")
+    rendered, count = _SET_BATCH.subn(f"\\\\set batch {batch}", text)
+    if count != 1:
+        raise ValueError(f"{SCRIPT} must hold exactly one '\\set batch N' line")
+    path = directory / f"pipeline_b{batch}.sql"
+    path.write_text(rendered, encoding="utf-8")
+    return path
+
+
+def parse_pgbench(output: str) -> dict[str, Any]:
+    """tps, mean latency, iterations and per-step latencies from pgbench's report."""
+
+    def number(pattern: str) -> float:
+        m = re.search(pattern, output, re.MULTILINE)
+        if m is None:
+            raise ValueError(f"pgbench output lacks {pattern!r}:\n{output}")
+        return float(m.group(1))
+
+    steps: list[float] = []
+    in_steps = False
+    for line in output.splitlines():
+        if line.startswith("statement latencies"):
+            in_steps = True
+            continue
+        if in_steps:
+            m = re.match(r"^\s+([\d.]+)\s+(?:\d+\s+)?(.*)$", line)
+            if m is None:
+                break
+            if not m.group(2).startswith("\\"):  # meta-commands (\set) are not SQL
+                steps.append(float(m.group(1)))
+    failed = re.search(r"^number of failed transactions: (\d+)", output, re.MULTILINE)
+    return {
+        "tps": number(r"^tps = ([\d.]+)"),
+        "latency_ms": number(r"^latency average = ([\d.]+) ms"),
+        "iterations": int(number(r"^number of transactions actually processed: (\d+)")),
+        "failed": int(failed.group(1)) if failed else 0,
+        "step_latency_ms": dict(zip(STEPS, steps, strict=False)),
+    }
+
+
+def _reset(dsn: str, backlog: int) -> None:
+    """Empty the pipeline's tables and queue ``backlog`` ready tasks, then vacuum, analyse
+    and checkpoint, so every run starts from the same state and no run pays for the
+    previous one's dead rows or dirty pages."""
+    with psycopg.connect(dsn, autocommit=True) as cx:
+        cx.execute(f"TRUNCATE {', '.join(TABLES)}, orbit_tasks RESTART IDENTITY")
+        if backlog > 0:
+            cx.execute(_PRELOAD, {"n": backlog})
+        cx.execute(f"VACUUM ANALYZE {', '.join(TABLES)}, orbit_tasks")
+        # Best effort: only a superuser (or a member of pg_checkpoint) may checkpoint.
+        with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
+            cx.execute("CHECKPOINT")
+
+
+def _done(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as cx:
+        row = cx.execute("SELECT count(*) FROM orbit_tasks WHERE state = 'succeeded'").fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def run_pipeline(
+    pgbench: str, dsn: str, script: Path, *, batch: int, clients: int, seconds: float
+) -> dict[str, Any]:
+    """One pgbench run of the pipeline; jobs/s from the tasks that actually succeeded.
+
+    jobs/s is tps x tasks per iteration, the latter counted in the database (succeeded
+    tasks / iterations) rather than assumed to be ``batch``: if the queue ran dry a claim
+    would grant fewer, and the figure must say so.
+    """
+    cmd = [
+        pgbench,
+        "-n",
+        "-r",
+        "-M",
+        "prepared",
+        "-f",
+        str(script),
+        "-c",
+        str(clients),
+        "-j",
+        str(clients),
+        "-T",
+        str(max(1, round(seconds))),
+        dsn,
+    ]
+    load = os.getloadavg()[0]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds * 3 + 120)
+    if proc.returncode != 0:
+        raise RuntimeError(f"pgbench failed ({proc.returncode}):\n{proc.stderr}\n{proc.stdout}")
+    parsed = parse_pgbench(proc.stdout)
+    done = _done(dsn)
+    per_iteration = min(float(batch), done / parsed["iterations"]) if parsed["iterations"] else 0.0
+    return {
+        "clients": clients,
+        "jobs_per_s": round(parsed["tps"] * per_iteration, 1),
+        "tps": round(parsed["tps"], 2),
+        "tasks_per_iteration": round(per_iteration, 3),
+        "iterations": parsed["iterations"],
+        "tasks_succeeded": done,
+        "failed": parsed["failed"],
+        "latency_ms": parsed["latency_ms"],
+        "step_latency_ms": parsed["step_latency_ms"],
+        "loadavg_1m_before": round(load, 2),
+    }
+
+
+def _server(dsn: str) -> dict[str, Any]:
+    with psycopg.connect(dsn, autocommit=True) as cx:
+        version = cx.execute("SHOW server_version").fetchone()
+        rows = cx.execute(
+            "SELECT name, setting, unit FROM pg_settings WHERE name = ANY(%s) ORDER BY name",
+            [list(_SETTINGS)],
+        ).fetchall()
+    settings = {name: f"{setting}{unit or ''}" for name, setting, unit in rows}
+    return {"version": version[0] if version else None, "settings": settings}
+
+
+def measure(
+    admin_dsn: str, *, batch: int, clients: list[int], seconds: float, backlog: int
+) -> dict[str, Any]:
+    """Measure both pipelines at every client count in a throwaway database.
+
+    ``backlog`` ready tasks are queued before each run and kept at that depth (each
+    iteration submits what it claims), so claims scan a realistic ready index and never
+    come up short; it should be at least a few times ``batch x max(clients)``.
+    """
+    if batch < 1:
+        raise ValueError("batch must be at least 1")
+    if not clients or any(c < 1 for c in clients):
+        raise ValueError("clients must be a non-empty list of positive counts")
+    if seconds <= 0 or backlog < 0:
+        raise ValueError("seconds must be positive and backlog non-negative")
+    pgbench = pgbench_path()
+    name = f"orbit_physical_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    dsn = _libpq_dsn(admin_dsn, name)
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    started = time.time()
+    try:
+        store = open_store(dsn)  # Orbit's own migrations, as `orbit db migrate` applies them
+        store.close()
+        with psycopg.connect(dsn, autocommit=True) as cx:
+            cx.execute(
+                "INSERT INTO orbit_queues (name, max_concurrency, rate, burst, paused, tokens,"
+                " tokens_at, created_at) VALUES (%s, 1000000, 0, 1, false, 1, 0, 0)",
+                [QUEUE],
+            )
+        pipelines: dict[str, Any] = {}
+        with tempfile.TemporaryDirectory(prefix="orbit_physical_") as tmp:
+            for key, n in (("one_per_tx", 1), ("batched", batch)):
+                script = render_script(n, Path(tmp))
+                runs = []
+                for c in clients:
+                    _reset(dsn, backlog)
+                    runs.append(
+                        run_pipeline(pgbench, dsn, script, batch=n, clients=c, seconds=seconds)
+                    )
+                pipelines[key] = {"batch": n, "runs": runs}
+        server = _server(dsn)
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return {
+        "database": name,
+        "server": server,
+        "cpus": os.cpu_count(),
+        "batch": batch,
+        "clients": list(clients),
+        "seconds": seconds,
+        "backlog": backlog,
+        "elapsed_s": round(time.time() - started, 1),
+        "pipelines": pipelines,
+        "jobs_per_s": {
+            key: {str(r["clients"]): r["jobs_per_s"] for r in p["runs"]}
+            for key, p in pipelines.items()
+        },
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.physical",
+        description="Measure PostgreSQL's own jobs/s ceiling on Orbit's tables with pgbench.",
+    )
+    parser.add_argument("--batch", type=int, default=64, help="tasks per batched transaction")
+    parser.add_argument("--clients", default="1,2,4,16", help="comma-separated client counts")
+    parser.add_argument("--seconds", type=float, default=10.0, help="duration of each run")
+    parser.add_argument("--backlog", type=int, default=10_000, help="ready tasks kept queued")
+    parser.add_argument(
+        "--admin-dsn",
+        default=DEFAULT_ADMIN_DSN,
+        help="a PostgreSQL DSN allowed to create databases (default: $ORBIT_TEST_PG_DSN or "
+        "postgresql://postgres@127.0.0.1:5432/postgres)",
+    )
+    args = parser.parse_args(argv)
+    clients = [int(c) for c in args.clients.split(",") if c.strip()]
+    result = measure(
+        args.admin_dsn,
+        batch=args.batch,
+        clients=clients,
+        seconds=args.seconds,
+        backlog=args.backlog,
+    )
+    json.dump(result, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
