@@ -62,12 +62,14 @@ from orbit.store import Store
 
 log = logging.getLogger("orbit.gateway")
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-#: Reports about distinct attempts that one connection may have in the store at once.
-#: Each is its own transaction; overlapping them keeps the database busy while this
-#: process encodes and decodes (a worker sends a report only after the reply it depends
-#: on, so their order is free; replies are matched by req_id).
+#: Reports that one connection may have in the store at once. Each is its own
+#: transaction; overlapping them keeps the database busy while this process encodes and
+#: decodes. A worker sends a start or finish only after the reply it depends on, so their
+#: order is free (replies are matched by req_id). Every other message — progress above
+#: all, which must land before the finish sent right after it — waits for the reports
+#: before it and holds back the ones after it.
 MAX_REPORTS_IN_FLIGHT = 4
-CONCURRENT_REPORTS = (Start, StartMany, Finish, FinishMany, Renew, Progress, Heartbeat)
+CONCURRENT_REPORTS = (Start, StartMany, Finish, FinishMany, Renew, Heartbeat)
 
 
 class WorkerConnection:

@@ -162,6 +162,7 @@ class _Running:
     handler_task: asyncio.Task[Any] | None = None  # just the handler
     lost: bool = False
     lease_expires: float = 0.0  # monotonic deadline of the current lease
+    renew_at: float = 0.0  # monotonic instant its lease is half spent
     pending_progress: tuple[float | None, str | None] | None = None
     sending_progress: bool = False
 
@@ -428,7 +429,7 @@ class Worker:
                     with contextlib.suppress(ServerError):
                         await self._request(lambda c: c.release(ctx.attempt_id, running.fence))
                 return
-            running.lease_expires = self._lease_deadline(lease)
+            self._set_lease(running, lease)
             self._lease_changed.set()
             report = await self._invoke(running, payload)
             if report is None or not self._lease_valid(running):
@@ -617,13 +618,26 @@ class Worker:
         remaining = datetime.fromisoformat(expires).timestamp() - time.time()
         return time.monotonic() + max(remaining, 0.0)
 
+    def _set_lease(self, running: _Running, lease: dict[str, Any]) -> None:
+        running.lease_expires = self._lease_deadline(lease)
+        now = time.monotonic()
+        running.renew_at = now + (running.lease_expires - now) / 2
+
     def _interval(self) -> float:
-        """Renew when the soonest lease is half spent (or every ``renew_interval``)."""
+        """Seconds until the next renewal is due: when the soonest lease is half spent
+        (or every ``renew_interval``)."""
         if self.renew_interval is not None:
             return self.renew_interval
+        due = [r.renew_at for r in self.running.values() if r.lease_expires and not r.lost]
+        return min(max(min(due, default=time.monotonic() + 10.0) - time.monotonic(), 0.05), 10.0)
+
+    def _renewal_due(self) -> bool:
+        if self.renew_interval is not None:
+            return True
         now = time.monotonic()
-        remaining = [r.lease_expires - now for r in self.running.values() if r.lease_expires]
-        return min(max(min(remaining, default=20.0) / 2, 0.05), 10.0)
+        return any(
+            r.renew_at <= now for r in self.running.values() if r.lease_expires and not r.lost
+        )
 
     async def _renew_loop(self) -> None:
         """Renew every running lease in one message; a lease we could not renew before it
@@ -631,7 +645,12 @@ class Worker:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._lease_changed.wait(), self._interval())
-            self._lease_changed.clear()
+            if self._lease_changed.is_set():
+                # New leases only move the next renewal earlier; renewing everything at
+                # each start would cost a transaction per start batch.
+                self._lease_changed.clear()
+                if not self._renewal_due():
+                    continue
             live = [r for r in self.running.values() if r.lease_expires and not r.lost]
             now = time.monotonic()
             for r in live:
@@ -658,7 +677,7 @@ class Worker:
                 if lease["status"] == "lost":
                     self._lose(running, "lease lost")
                 else:
-                    running.lease_expires = self._lease_deadline(lease)
+                    self._set_lease(running, lease)
                     if lease["status"] == "cancel":
                         self._cancel(running, "task cancelled")
 
