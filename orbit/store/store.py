@@ -1446,8 +1446,11 @@ class _Tx:
     def apply(self, plan: Plan) -> None:
         """Carry a plan out: inserts, guarded writes, then its events."""
         for before, after in plan.task_writes:
-            if after.state == TaskState.QUEUED or before.state in LIVE_TASK_STATES:
-                self.ready.add(after.queue)  # a task became ready, or a permit was freed
+            freed = before.state in LIVE_TASK_STATES and after.state not in LIVE_TASK_STATES
+            if after.state == TaskState.QUEUED or freed:
+                # A task became ready, or a permit was freed: wake the dispatchers. A start
+                # (claimed -> running) or a cancel request changes neither.
+                self.ready.add(after.queue)
         for event in plan.events:
             if event.kind == "cancel_requested" and event.data:
                 self.cancels.append((event.data["session_id"], event.data["attempt_id"]))
