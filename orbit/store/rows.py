@@ -14,9 +14,13 @@ from orbit.core.model import (
     Queue,
     Session,
     Task,
+    build,
 )
 from orbit.core.states import AttemptState, SessionState, TaskState
 from orbit.store.driver import Row
+
+_TASK_STATES = {str(s.value): s for s in TaskState}
+_ATTEMPT_STATES = {str(s.value): s for s in AttemptState}
 
 
 def _opt_bool(value: Any) -> bool | None:
@@ -24,7 +28,8 @@ def _opt_bool(value: Any) -> bool | None:
 
 
 def task_from_row(r: Row) -> Task:
-    return Task(
+    return build(
+        Task,
         id=r["id"],
         queue=r["queue"],
         handler=r["handler"],
@@ -42,7 +47,7 @@ def task_from_row(r: Row) -> Task:
         attempt_timeout_us=r["attempt_timeout_us"],
         deadline=r["deadline"],
         run_after=int(r["run_after"]),
-        state=TaskState(r["state"]),
+        state=_TASK_STATES[r["state"]],
         attempts_used=int(r["attempts_used"]),
         fence=int(r["fence"]),
         cancel_requested=bool(r["cancel_requested"]),
@@ -120,14 +125,15 @@ def task_write_row(before: Task, after: Task) -> Row:
 
 
 def attempt_from_row(r: Row) -> Attempt:
-    return Attempt(
+    return build(
+        Attempt,
         id=r["id"],
         task_id=r["task_id"],
         number=int(r["number"]),
         session_id=r["session_id"],
         session_epoch=int(r["session_epoch"]),
         fence=int(r["fence"]),
-        state=AttemptState(r["state"]),
+        state=_ATTEMPT_STATES[r["state"]],
         claimed_at=int(r["claimed_at"]),
         claim_expires_at=int(r["claim_expires_at"]),
         started_at=r["started_at"],
