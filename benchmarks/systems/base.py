@@ -98,6 +98,14 @@ class System(ABC):
         A system with no durable completion record returns -1, and the harness falls
         back to the handlers' own records."""
 
+    def settle(self) -> None:
+        """Bring the planner's statistics up to date after a bulk enqueue, as autovacuum's
+        ANALYZE would on a default server (this machine's PostgreSQL runs with autovacuum
+        off, and a claim planned without statistics can sort the whole queue). The harness
+        calls it outside every timed phase, for every system alike. Systems without a
+        query planner (Celery on Redis) have nothing to do."""
+        return None
+
     def claim_statement_ms(self) -> float | None:
         """Time of one claim statement on the current backlog (EXPLAIN ANALYZE of the
         system's own claim query), or None where that does not apply."""
@@ -114,3 +122,20 @@ class System(ABC):
     @abstractmethod
     def close(self) -> None:
         """Stop everything started in ``prepare`` and drop the database."""
+
+
+def analyze(url: str) -> None:
+    """ANALYZE a system's whole database (PostgreSQL URL/DSN or ``sqlite:///path``)."""
+    if url.startswith("sqlite:///"):
+        import sqlite3
+
+        cx = sqlite3.connect(url.removeprefix("sqlite:///"))
+        try:
+            cx.execute("ANALYZE")
+        finally:
+            cx.close()
+        return
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as cx:
+        cx.execute("ANALYZE")

@@ -33,7 +33,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from benchmarks.recorder import HOLD_ENV, REC_DIR_ENV
-from benchmarks.systems.base import Env, Job, System, WorkerSpec
+from benchmarks.systems.base import Env, Job, System, WorkerSpec, analyze
 from benchmarks.systems.pgqueuer_worker import DRIVER_ENV, DSN_ENV, ENTRYPOINT, default_driver
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -263,6 +263,9 @@ class PgQueuerSystem(System):
         )
         assert row is not None
         return int(row[0])
+
+    def settle(self) -> None:
+        analyze(self._dsn)
 
     def claim_statement_ms(self) -> float | None:
         """EXPLAIN ANALYZE of the dequeue statement PgQueuer's own query builder renders

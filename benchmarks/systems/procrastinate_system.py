@@ -28,7 +28,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from benchmarks.recorder import HOLD_ENV, REC_DIR_ENV
-from benchmarks.systems.base import Env, Job, System, WorkerSpec
+from benchmarks.systems.base import Env, Job, System, WorkerSpec, analyze
 from benchmarks.systems.procrastinate_worker import (
     DSN_ENV,
     PROFILE_ENV,
@@ -221,6 +221,9 @@ class ProcrastinateSystem(System):
         )
         assert row is not None
         return int(row[0])
+
+    def settle(self) -> None:
+        analyze(self._dsn)
 
     def claim_statement_ms(self) -> float | None:
         """EXPLAIN ANALYZE of Procrastinate's own ``fetch_job`` query as a worker runs it

@@ -1,0 +1,167 @@
+"""Host CPU use during a measurement, sampled with psutil in a background thread.
+
+A throughput figure means little without knowing what else the machine was doing, and
+who spent the CPU: the worker processes, the Orbit server, PostgreSQL, Redis or the
+harness itself. Every ``interval`` seconds the sampler reads system-wide CPU % and the
+cumulative CPU time of every process of interest; at the end it reports, per process and
+per group, the CPU seconds spent inside the window.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+INTERVAL_S = 0.25
+DISCOVER_S = 1.0
+GROUPS = ("harness", "children", "postgres", "redis")
+
+
+@dataclass
+class _Seen:
+    label: str
+    group: str
+    first: float  # CPU seconds at the first sample (0 if born inside the window)
+    last: float
+
+
+def _label(proc: psutil.Process) -> str:
+    """A short, readable command line: ``python -m orbit.cli worker …``."""
+    try:
+        args = proc.cmdline()
+    except (psutil.Error, OSError):
+        return str(proc.name()) if proc.is_running() else "?"
+    if not args:
+        return str(proc.name())
+    args = [os.path.basename(args[0]), *args[1:]]
+    return " ".join(" ".join(args).split())[:120]
+
+
+def _cpu_s(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return float(t.user + t.system)
+
+
+class CpuSampler:
+    """Use as a context manager around one measurement; read ``result`` afterwards."""
+
+    def __init__(self, interval: float = INTERVAL_S) -> None:
+        """``interval`` <= 0: no sampling thread, only readings at the start and the end
+        (what a parallel smoke run uses: cheap, and its numbers mean nothing anyway)."""
+        self.interval = interval
+        self.result: dict[str, Any] = {}
+        self._me = psutil.Process()
+        self._procs: dict[int, psutil.Process] = {}
+        self._seen: dict[int, _Seen] = {}
+        self._system: list[float] = []
+        self._last_times = psutil.cpu_times()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="cpu-sampler", daemon=True)
+        self._t0 = 0.0
+
+    def __enter__(self) -> CpuSampler:
+        self._t0 = time.time()
+        self._last_times = psutil.cpu_times()
+        self._discover(first=True)
+        if self.interval > 0:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._system.append(self._system_percent())
+        self._discover(first=False)
+        self.result = self._summarise(time.time() - self._t0)
+
+    def _system_percent(self) -> float:
+        """System-wide busy % since the previous reading (this sampler's own, unlike
+        ``psutil.cpu_percent``, whose state every caller in the process shares)."""
+        now = psutil.cpu_times()
+        before, self._last_times = self._last_times, now
+        total = sum(now) - sum(before)
+        idle = (now.idle - before.idle) + (
+            getattr(now, "iowait", 0.0) - getattr(before, "iowait", 0.0)
+        )
+        return round(100 * (1 - idle / total), 1) if total > 0 else 0.0
+
+    def _loop(self) -> None:
+        next_discovery = time.monotonic() + DISCOVER_S
+        while not self._stop.wait(self.interval):
+            self._system.append(self._system_percent())
+            if time.monotonic() >= next_discovery:
+                next_discovery = time.monotonic() + DISCOVER_S
+                self._discover(first=False)
+            else:
+                self._update()
+
+    def _discover(self, *, first: bool) -> None:
+        """Find the processes of interest (a full process scan: ~15 ms, hence not every
+        tick) and sample them. A process born since the last scan is seen whole: all its
+        CPU time was spent inside the window."""
+        found: list[tuple[psutil.Process, str]] = [(self._me, "harness")]
+        with contextlib.suppress(psutil.Error):
+            found += [(p, "children") for p in self._me.children(recursive=True)]
+        for p in psutil.process_iter(["name"]):
+            name = p.info.get("name") or ""
+            if name == "postgres":
+                found.append((p, "postgres"))
+            elif name.startswith("redis-server"):
+                found.append((p, "redis"))
+        for proc, group in found:
+            if proc.pid in self._seen:
+                continue
+            try:
+                used = _cpu_s(proc)
+                born_inside = not first and proc.create_time() >= self._t0 - 0.05
+                self._seen[proc.pid] = _Seen(
+                    _label(proc), group, 0.0 if born_inside else used, used
+                )
+                self._procs[proc.pid] = proc
+            except (psutil.Error, OSError):
+                continue
+        self._update()
+
+    def _update(self) -> None:
+        """Read the cumulative CPU time of every known process (cheap: no scan)."""
+        for pid, proc in list(self._procs.items()):
+            try:
+                self._seen[pid].last = _cpu_s(proc)
+            except (psutil.Error, OSError):
+                del self._procs[pid]  # gone: its last reading stands
+
+    def _summarise(self, wall: float) -> dict[str, Any]:
+        groups = dict.fromkeys(GROUPS, 0.0)
+        processes = []
+        for pid, seen in self._seen.items():
+            spent = max(0.0, seen.last - seen.first)
+            groups[seen.group] += spent
+            if seen.group in ("harness", "children"):
+                processes.append(
+                    {"pid": pid, "group": seen.group, "label": seen.label, "cpu_s": round(spent, 3)}
+                )
+        system = self._system or [0.0]
+        return {
+            "interval_s": self.interval,
+            "wall_s": round(wall, 3),
+            "cpu_count": psutil.cpu_count(),
+            "samples": len(self._system),
+            "system_percent": {
+                "mean": round(statistics.fmean(system), 1),
+                "median": round(statistics.median(system), 1),
+                "max": round(max(system), 1),
+            },
+            "cpu_s": {k: round(v, 3) for k, v in groups.items()},
+            "core_percent": {
+                k: round(100 * v / wall, 1) if wall > 0 else 0.0 for k, v in groups.items()
+            },
+            "processes": sorted(processes, key=lambda p: -float(p["cpu_s"])),
+        }

@@ -1,0 +1,363 @@
+"""``python -m benchmarks report DIR``: plots and the results section of docs/benchmarks.md.
+
+Everything is drawn from ``DIR/summary.json`` alone (it carries the latency quantiles
+too), so the committed ``benchmarks/results/latest/summary.json`` is enough to rebuild the
+section exactly. The section is written between ``<!-- results:begin -->`` and
+``<!-- results:end -->``; the rest of the page (the method) is left as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from benchmarks.summary import COLUMNS, CPU_COLUMNS, DASH, cell, fmt, present
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "benchmarks.md"
+IMAGES = REPO / "docs" / "benchmarks"
+BEGIN = "<!-- results:begin -->"
+END = "<!-- results:end -->"
+
+TITLES = {
+    "throughput": "Throughput: pre-enqueued no-op jobs",
+    "enqueue": "Enqueue",
+    "latency": "Latency: enqueue → start, one job at a time at a fixed rate, idle workers",
+    "io": "I/O-bound: jobs that sleep, many at once in one process",
+    "recovery": "Recovery: a worker SIGKILLed while holding jobs",
+    "backlog": "Backlog: 1 worker draining with a small and with a large queue",
+}
+
+
+def write(
+    run_dir: Path, *, docs: Path = DOC, images: Path = IMAGES, latest: Path | None = None
+) -> list[Path]:
+    """Write the plots and the docs section; copy the summary to ``latest`` if given."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    images.mkdir(parents=True, exist_ok=True)
+    written = plots(summary, images)
+    rel = Path(os.path.relpath(images, docs.parent))
+    section = render(summary, {p.stem: rel / p.name for p in written})
+    text = docs.read_text() if docs.exists() else "# Benchmarks\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        _, tail = rest.split(END, 1)
+        text = f"{head}{BEGIN}\n{section}\n{END}{tail}"
+    else:
+        text = f"{text.rstrip()}\n\n{BEGIN}\n{section}\n{END}\n"
+    docs.parent.mkdir(parents=True, exist_ok=True)
+    docs.write_text(text)
+    written.append(docs)
+    if latest is not None and latest.resolve() != run_dir.resolve():
+        latest.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(run_dir / "summary.json", latest / "summary.json")
+        written.append(latest / "summary.json")
+    return written
+
+
+# ---------------------------------------------------------------------- plots
+
+
+def plots(summary: dict[str, Any], images: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    out: list[Path] = []
+    results = summary["results"]
+    bars = [
+        ("throughput", ["w1_tasks_per_s", "w2_tasks_per_s"], "tasks/s", "Throughput"),
+        ("enqueue", ["one_jobs_per_s", "batch_jobs_per_s"], "jobs/s", "Enqueue"),
+        ("io", ["tasks_per_s"], "tasks/s", "I/O-bound"),
+        ("backlog", ["small_tasks_per_s", "large_tasks_per_s"], "tasks/s", "Backlog"),
+        ("recovery", ["recovery_s"], "seconds after the kill", "Recovery"),
+    ]
+    for workload, metrics, unit, title in bars:
+        if workload in results:
+            missing = "not recovered within the cap" if workload == "recovery" else "no result"
+            path = _bar_chart(results[workload], workload, metrics, unit, title, images, missing)
+            if path is not None:
+                out.append(path)
+    if summary.get("latency_quantiles_ms"):
+        out.append(_latency_cdf(summary["latency_quantiles_ms"], images))
+    return out
+
+
+def _labels(workload: str) -> dict[str, str]:
+    return {m: label for m, label, _, _ in COLUMNS.get(workload, [])}
+
+
+def _bar_chart(
+    per_system: dict[str, Any],
+    workload: str,
+    metrics: list[str],
+    unit: str,
+    title: str,
+    images: Path,
+    missing: str = "no result",
+) -> Path | None:
+    """Grouped bars: the median per system and metric, error bars from min to max."""
+    import matplotlib.pyplot as plt
+
+    systems = [s for s, r in per_system.items() if "metrics" in r]
+    if not systems:
+        return None
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(systems) + 2), 4))
+    width = 0.8 / len(metrics)
+    labels = _labels(workload)
+    for i, metric in enumerate(metrics):
+        meds, lo, hi = [], [], []
+        for s in systems:
+            agg = per_system[s]["metrics"].get(metric) or {}
+            m = agg.get("median", 0.0)
+            meds.append(m)
+            lo.append(m - agg.get("min", m))
+            hi.append(agg.get("max", m) - m)
+        xs = [x + (i - (len(metrics) - 1) / 2) * width for x in range(len(systems))]
+        ax.bar(xs, meds, width, yerr=[lo, hi], capsize=3, label=labels.get(metric, metric))
+        for x, s in zip(xs, systems, strict=True):
+            if "median" not in (per_system[s]["metrics"].get(metric) or {}):
+                # no number is not zero: say so where the bar would be
+                ax.annotate(missing, (x, 0), ha="center", va="bottom", rotation=90, fontsize=8)
+    ax.set_xticks(range(len(systems)), systems, rotation=20, ha="right")
+    ax.set_ylabel(unit)
+    ax.set_title(f"{title}: median, error bars min{DASH}max")
+    if len(metrics) > 1:
+        ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    path = images / f"{workload}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _latency_cdf(quantiles: dict[str, list[float]], images: Path) -> Path:
+    """The distribution of enqueue→start per system (every run pooled), log time axis."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    share = [q / 100 for q in range(101)]
+    for system, values in quantiles.items():
+        ax.plot([max(v, 0.01) for v in values], share, label=system, drawstyle="steps-post")
+    ax.set_xscale("log")
+    ax.set_xlabel("enqueue → start (ms, log scale)")
+    ax.set_ylabel("share of jobs")
+    ax.set_title("Latency distribution (all runs pooled)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    path = images / "latency.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------- markdown
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def render(summary: dict[str, Any], images: dict[str, Path]) -> str:
+    meta = summary["meta"]
+    parts = [_header(summary), _systems(summary)]
+    for workload, per_system in summary["results"].items():
+        parts.append(_workload(workload, per_system, summary, images))
+    parts.append(_physical(summary))
+    parts.append(_ratios(summary))
+    parts.append(_cpu(summary))
+    argv = " ".join(["python -m benchmarks", *meta.get("argv", [])[1:]]) or "python -m benchmarks"
+    parts.append(
+        "### Reproduce\n\n"
+        f"This run: `{argv}` then `python -m benchmarks report <its output directory>`.\n"
+        "Everything (5 runs of every workload, every system, then this section): "
+        "`make bench`. The summary these tables were built from is "
+        "`benchmarks/results/latest/summary.json`."
+    )
+    return "\n\n".join(p for p in parts if p)
+
+
+def _header(summary: dict[str, Any]) -> str:
+    meta = summary["meta"]
+    h, pg, git = meta.get("host", {}), meta.get("postgres", {}), meta.get("git", {})
+    pg_settings = ", ".join(f"{k}={v}" for k, v in sorted((pg.get("settings") or {}).items()))
+    dirty = " (uncommitted changes)" if git.get("dirty") else ""
+    started = str(meta.get("started_at", "?"))[:16].replace("T", " ")
+    order = "all systems side by side" if meta.get("parallel") else "alternating run by run"
+    banner = (
+        [
+            "> **A parallel smoke run: the systems ran side by side on a few dozen jobs, so "
+            "these numbers mean nothing.** Publish only a sequential run at full scale.",
+            "",
+        ]
+        if meta.get("parallel") or meta.get("scale", {}).get("name") != "full"
+        else []
+    )
+    return "\n".join(
+        [
+            "## Results",
+            "",
+            *banner,
+            f"Generated by `python -m benchmarks report` from the run started {started} UTC: "
+            f"{meta.get('runs')} run(s) per system and workload at "
+            f"`{meta.get('scale', {}).get('name')}` scale, "
+            f"{order}. "
+            f"Each cell is **median [min{DASH}max]** over the runs.",
+            "",
+            f"- Host: {h.get('cpu_model') or '?'}, {h.get('cpu_count')} CPUs, "
+            f"{h.get('memory_gb')} GB; {h.get('platform')}; Python {h.get('python')}; "
+            f"load average {h.get('load_avg_at_start')} at the start, "
+            f"{meta.get('load_avg_at_end')} at the end (the machine was shared)",
+            f"- PostgreSQL {pg.get('version', '?')} on loopback ({pg_settings})",
+            f"- Redis {meta.get('redis', {}).get('version', '?')} on loopback",
+            f"- Orbit at commit `{(git.get('commit') or '?')[:12]}`{dirty}",
+        ]
+    )
+
+
+def _systems(summary: dict[str, Any]) -> str:
+    rows = []
+    for key, d in summary.get("systems", {}).items():
+        versions = ", ".join(f"{k} {v}" for k, v in (d.get("versions") or {}).items())
+        rows.append([f"`{key}`", str(d.get("profile", "?")), versions or d.get("error", "")[:80]])
+    details = json.dumps(
+        {k: d.get("settings") for k, d in summary.get("systems", {}).items()},
+        indent=1,
+        ensure_ascii=False,
+    )
+    return (
+        "### Systems\n\n"
+        "`defaults`: the system's own defaults; `tuned`: the settings its documentation "
+        "recommends for throughput (the exact values are in each system's settings below).\n\n"
+        + _md_table(["system", "profile", "versions"], rows)
+        + "\n\n<details><summary>Every setting, per system</summary>\n\n```json\n"
+        + details
+        + "\n```\n\n</details>"
+    )
+
+
+def _workload(
+    workload: str, per_system: dict[str, Any], summary: dict[str, Any], images: dict[str, Path]
+) -> str:
+    cols = present(COLUMNS.get(workload, []), per_system)
+    rows, notes = [], []
+    for system, res in per_system.items():
+        if "skipped" in res:
+            rows.append([f"`{system}`", "skipped (below)", *[""] * max(0, len(cols) - 1)])
+            notes.append(f"- `{system}` skipped: {res['skipped']}.")
+            continue
+        row = [f"`{system}`", *[cell(res["metrics"].get(m)) for m, _, _, _ in cols]]
+        if res.get("errors"):
+            row[-1] += f" (failed runs: {', '.join(str(e['run']) for e in res['errors'])})"
+        rows.append(row)
+    labels = [f"{label} ({unit})" for _, label, unit, _ in cols] or ["result"]
+    header = ["system", *labels]
+    text = f"### {TITLES.get(workload, workload)}\n\n{_scale_note(workload, summary)}\n\n"
+    text += _md_table(header, rows)
+    if notes:
+        text += "\n\n" + "\n".join(notes)
+    if workload == "recovery":
+        text += "\n\n" + _recovery_notes(summary)
+    if workload in images:
+        text += f"\n\n![{workload}]({images[workload].as_posix()})"
+    return text
+
+
+def _scale_note(workload: str, summary: dict[str, Any]) -> str:
+    s = summary["meta"].get("scale", {})
+    notes = {
+        "throughput": f"{s.get('throughput_jobs'):,} jobs, {s.get('worker_concurrency')} in "
+        "flight per worker process; from the first job's start to the last finish, and from "
+        "launching the workers (start-up included).",
+        "enqueue": f"{s.get('enqueue_one_jobs'):,} jobs one call each; "
+        f"{s.get('enqueue_batch_jobs'):,} jobs in batches of {s.get('batch'):,}.",
+        "latency": f"{s.get('latency_jobs'):,} jobs at {s.get('latency_rate'):g}/s to one "
+        f"waiting worker process ({s.get('worker_concurrency')} slots).",
+        "io": f"{s.get('io_jobs'):,} jobs sleeping {s.get('io_sleep_ms')} ms, "
+        f"{s.get('io_concurrency')} at once in 1 process (ideal: "
+        f"{s.get('io_concurrency', 0) * 1000 // max(1, s.get('io_sleep_ms', 1)):,} tasks/s).",
+        "recovery": f"{s.get('recovery_jobs')} jobs held; cap {s.get('recovery_cap_s'):g} s "
+        "after the kill (a run that does not finish within it counts as not recovered).",
+        "backlog": f"1 worker drains {s.get('backlog_small'):,} jobs with "
+        f"{s.get('backlog_small'):,} queued (small) and with {s.get('backlog_large'):,} "
+        "queued (large); the claim statement is timed at both sizes.",
+    }
+    return notes.get(workload, "")
+
+
+def _recovery_notes(summary: dict[str, Any]) -> str:
+    lines = []
+    for key, d in summary.get("systems", {}).items():
+        settings = d.get("recovery_settings") or {}
+        extra = f" Settings: `{json.dumps(settings, ensure_ascii=False)}`." if settings else ""
+        if d.get("recovery_note"):
+            lines.append(f"- `{key}`: {d['recovery_note']}{extra}")
+    return "\n".join(lines)
+
+
+def _physical(summary: dict[str, Any]) -> str:
+    physical = summary.get("physical")
+    if not physical:
+        return "### Physical limit\n\nNot measured in this run."
+    if "limit" not in physical:
+        why = physical.get("error", "no jobs/s figure in the result")
+        return f"### Physical limit\n\nNot available: {why}."
+    lim = physical["limit"]
+    args = physical.get("args", {})
+    return (
+        "### Physical limit\n\n"
+        f"`benchmarks.physical.measure` ({', '.join(f'{k}={v}' for k, v in args.items())}): "
+        f"**{fmt(lim['jobs_per_s'])} jobs/s** ({_which(lim['which'])}): Orbit's own SQL for a "
+        "task's life, driven by pgbench with nothing else in between, on the same server "
+        "in the same invocation."
+    )
+
+
+def _which(path: str) -> str:
+    """``"batched, 2"`` (the keys of physical's ``jobs_per_s``) as words."""
+    parts = [p.strip() for p in path.split(",")]
+    if len(parts) == 2 and parts[1].isdigit():
+        return f"the {parts[0]} pipeline, {parts[1]} pgbench client(s)"
+    return path
+
+
+def _ratios(summary: dict[str, Any]) -> str:
+    if not summary.get("ratios"):
+        return ""
+    rows = []
+    for r in summary["ratios"]:
+        of, against = r["of"], r["against"]
+        right = (
+            f"{against['system']} {fmt(against['median'])}"
+            if "system" in against
+            else fmt(against.get("value"))
+        )
+        medians = f"{of['system']} {fmt(of['median'])} / {right}"
+        rows.append([r["name"], f"**{fmt(r['value'])}**", medians, r["note"]])
+    return "### Ratios (medians of this invocation)\n\n" + _md_table(
+        ["ratio", "value", "medians", "reading"], rows
+    )
+
+
+def _cpu(summary: dict[str, Any]) -> str:
+    per = summary["results"].get("throughput", {})
+    rows = []
+    for system, res in per.items():
+        metrics = res.get("metrics", {})
+        rows.append([f"`{system}`", *[cell(metrics.get(m)) for m, _, _ in CPU_COLUMNS]])
+    if not rows:
+        return ""
+    header = ["system", *[f"{label} ({unit})" for _, label, unit in CPU_COLUMNS]]
+    return (
+        "### Host CPU during the throughput runs\n\n"
+        f"Sampled every {summary['meta'].get('scale', {}).get('cpu_interval_s', '?')} s with "
+        "psutil and averaged over the drains; "
+        "every run file holds the per-process figures for every workload.\n\n"
+        + _md_table(header, rows)
+    )

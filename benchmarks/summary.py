@@ -1,0 +1,366 @@
+"""From raw run files to ``summary.json``: median [min-max] per metric, and the ratios.
+
+Every ratio is computed from the medians of one invocation, so the two sides of a ratio
+were measured on the same machine, in the same hour, alternating run by run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+ORBIT = "orbit-pg"
+#: the ratios use Orbit's tuned profile when the run has it (docs/worker.md's advice)
+ORBIT_TUNED = "orbit-pg-tuned"
+DASH = "\u2013"  # an en dash: "12 [10\u201314]"
+PEER_FAMILIES = ("pgqueuer", "procrastinate", "celery")
+
+#: how each workload's metrics are shown: (metric, label, unit, higher is better)
+COLUMNS: dict[str, list[tuple[str, str, str, bool]]] = {
+    "throughput": [
+        ("w1_tasks_per_s", "1 worker", "tasks/s", True),
+        ("w1_tasks_per_s_incl_startup", "1 worker incl. start-up", "tasks/s", True),
+        ("w2_tasks_per_s", "2 workers", "tasks/s", True),
+        ("w2_tasks_per_s_incl_startup", "2 workers incl. start-up", "tasks/s", True),
+    ],
+    "enqueue": [
+        ("one_jobs_per_s", "one per call", "jobs/s", True),
+        ("batch_jobs_per_s", "batches", "jobs/s", True),
+    ],
+    "latency": [
+        ("p50_ms", "p50", "ms", False),
+        ("p99_ms", "p99", "ms", False),
+        ("max_ms", "max", "ms", False),
+    ],
+    "io": [
+        ("tasks_per_s", "sleep jobs", "tasks/s", True),
+        ("tasks_per_s_incl_startup", "incl. start-up", "tasks/s", True),
+    ],
+    "recovery": [
+        ("recovery_s", "recovered after kill", "s", False),
+        ("recovered", "runs recovered", "share", True),
+    ],
+    "backlog": [
+        ("small_tasks_per_s", "small backlog", "tasks/s", True),
+        ("large_tasks_per_s", "large backlog", "tasks/s", True),
+        ("large_over_small", "large / small", "ratio", True),
+        ("small_claim_ms", "claim stmt, small", "ms", False),
+        ("large_claim_ms", "claim stmt, large", "ms", False),
+    ],
+}
+CPU_COLUMNS = [
+    ("host_cpu_percent", "host CPU", "% of all cores"),
+    ("children_core_percent", "servers + workers", "% of one core"),
+    ("postgres_core_percent", "PostgreSQL", "% of one core"),
+    ("redis_core_percent", "Redis", "% of one core"),
+]
+
+
+def aggregate(values: list[float | None]) -> dict[str, Any]:
+    """median [min-max] over the runs that produced a number (``n`` of ``runs``)."""
+    got = [float(v) for v in values if isinstance(v, int | float)]
+    out: dict[str, Any] = {"runs": len(values), "n": len(got), "values": got}
+    if got:
+        out.update(median=statistics.median(got), min=min(got), max=max(got))
+    return out
+
+
+def _cpu_metrics(cpu: dict[str, Any]) -> dict[str, float]:
+    """Means over a run's sampled phases of host CPU % and per-group core %."""
+    phases = [p for p in cpu.values() if isinstance(p, dict) and "system_percent" in p]
+    if not phases:
+        return {}
+    out = {"host_cpu_percent": statistics.fmean(p["system_percent"]["mean"] for p in phases)}
+    for group in ("children", "postgres", "redis"):
+        out[f"{group}_core_percent"] = statistics.fmean(p["core_percent"][group] for p in phases)
+    return out
+
+
+def build(
+    runs_dir: Path,
+    meta: dict[str, Any],
+    physical: dict[str, Any] | None,
+    systems: dict[str, Any],
+) -> dict[str, Any]:
+    per: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for path in sorted(runs_dir.glob("*.json")):
+        record = json.loads(path.read_text())
+        per.setdefault(record["workload"], {}).setdefault(record["system"], []).append(record)
+    results: dict[str, Any] = {}
+    for workload in [w for w in meta.get("workloads", []) if w in per] + sorted(
+        set(per) - set(meta.get("workloads", []))
+    ):
+        results[workload] = {}
+        for system in [s for s in meta.get("systems", []) if s in per[workload]]:
+            records = sorted(per[workload][system], key=lambda r: int(r["run"]))
+            results[workload][system] = _system_result(workload, records)
+    out: dict[str, Any] = {
+        "meta": meta,
+        "systems": systems,
+        "physical": _physical(physical),
+        "results": results,
+        "latency_quantiles_ms": _latency_quantiles(
+            {
+                s: per.get("latency", {})[s]
+                for s in meta.get("systems", [])
+                if s in per.get("latency", {})
+            }
+        ),
+    }
+    out["ratios"] = ratios(out)
+    return out
+
+
+def _system_result(workload: str, records: list[dict[str, Any]]) -> dict[str, Any]:
+    skipped = next((r["skipped"] for r in records if r.get("skipped")), None)
+    if skipped:
+        return {"skipped": skipped}
+    rows: list[dict[str, float | None]] = []
+    for r in records:
+        metrics = dict(r.get("metrics") or {})
+        if workload == "backlog":
+            small, large = metrics.get("small_tasks_per_s"), metrics.get("large_tasks_per_s")
+            metrics["large_over_small"] = large / small if small and large else None
+        metrics.update(_cpu_metrics(r.get("cpu") or {}))
+        rows.append(metrics)
+    names = sorted({k for row in rows for k in row})
+    errors = [
+        {"run": r["run"], "error": r["error"].strip().splitlines()[-1]}
+        for r in records
+        if r.get("error")
+    ]
+    return {
+        "runs": len(records),
+        "errors": errors,
+        "metrics": {m: aggregate([row.get(m) for row in rows]) for m in names},
+    }
+
+
+def _latency_quantiles(per_system: dict[str, list[dict[str, Any]]]) -> dict[str, list[float]]:
+    """Every run's latencies pooled, as 101 nearest-rank quantiles (0, 1, …, 100 %): enough
+    to draw the distribution from summary.json alone."""
+    out: dict[str, list[float]] = {}
+    for system, records in per_system.items():
+        pooled = sorted(
+            float(v) for r in records for v in (r.get("detail") or {}).get("latencies_ms", [])
+        )
+        if pooled:
+            n = len(pooled)
+            out[system] = [pooled[max(0, math.ceil(q / 100 * n) - 1)] for q in range(101)]
+    return out
+
+
+def _physical(physical: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Keep the measurement and name its best figure: the ceiling Orbit is compared with."""
+    if physical is None or "result" not in physical:
+        return physical
+    best: tuple[float, str] | None = None
+
+    def walk(node: Any, path: list[str]) -> None:
+        nonlocal best
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, [*path, str(k)])
+        elif (
+            isinstance(node, int | float)
+            and not isinstance(node, bool)
+            and (best is None or node > best[0])
+        ):
+            best = (float(node), ", ".join(path))
+
+    walk(physical["result"].get("jobs_per_s", {}), [])
+    if best is not None:
+        physical = {**physical, "limit": {"jobs_per_s": best[0], "which": best[1]}}
+    return physical
+
+
+def median(summary: dict[str, Any], workload: str, system: str, metric: str) -> float | None:
+    try:
+        value = summary["results"][workload][system]["metrics"][metric]["median"]
+    except KeyError:
+        return None
+    return float(value)
+
+
+def _ratio(
+    name: str,
+    a: tuple[str, str, str],
+    b: tuple[str, str, str] | float | None,
+    summary: dict[str, Any],
+    note: str = "",
+) -> dict[str, Any] | None:
+    top = median(summary, *a)
+    if isinstance(b, tuple):
+        bottom = median(summary, *b)
+        against: Any = {"workload": b[0], "system": b[1], "metric": b[2], "median": bottom}
+    else:
+        bottom, against = b, {"value": b}
+    if top is None or bottom is None:
+        return None
+    return {
+        "name": name,
+        "value": top / bottom if bottom else None,
+        "of": {"workload": a[0], "system": a[1], "metric": a[2], "median": top},
+        "against": against,
+        "note": note,
+    }
+
+
+def _peers(summary: dict[str, Any], workload: str, family: str | None = None) -> list[str]:
+    found = summary["results"].get(workload, {})
+    return [
+        s
+        for s in found
+        if not s.startswith("orbit") and (family is None or s.split("-")[0] == family)
+    ]
+
+
+def ratios(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The comparisons docs/benchmarks.md states, each from this invocation's medians."""
+    out: list[dict[str, Any] | None] = []
+
+    def pick(workload: str) -> str:
+        found = summary["results"].get(workload, {})
+        tuned = found.get(ORBIT_TUNED)
+        return ORBIT_TUNED if tuned and not tuned.get("skipped") else ORBIT
+
+    for family in ("pgqueuer", "procrastinate"):
+        for peer in _peers(summary, "throughput", family):
+            out.append(
+                _ratio(
+                    f"{pick('throughput')} / {peer}: throughput, 1 worker",
+                    ("throughput", pick("throughput"), "w1_tasks_per_s"),
+                    ("throughput", peer, "w1_tasks_per_s"),
+                    summary,
+                    "> 1: Orbit drains faster",
+                )
+            )
+    found = {s: median(summary, "latency", s, "p99_ms") for s in _peers(summary, "latency")}
+    p99 = {s: v for s, v in found.items() if v is not None}
+    if p99:
+        best = min(p99, key=lambda s: p99[s])
+        out.append(
+            _ratio(
+                f"{pick('latency')} p99 / best peer p99 ({best})",
+                ("latency", pick("latency"), "p99_ms"),
+                ("latency", best, "p99_ms"),
+                summary,
+                "< 1: Orbit starts jobs sooner at the 99th percentile",
+            )
+        )
+    for peer in _peers(summary, "enqueue", "pgqueuer"):
+        out.append(
+            _ratio(
+                f"{pick('enqueue')} / {peer}: batch enqueue",
+                ("enqueue", pick("enqueue"), "batch_jobs_per_s"),
+                ("enqueue", peer, "batch_jobs_per_s"),
+                summary,
+                "> 1: Orbit enqueues faster",
+            )
+        )
+    target = _recovery_target(summary)
+    if target is not None:
+        out.append(
+            _ratio(
+                f"{pick('recovery')} recovery / (lease TTL + 1 s)",
+                ("recovery", pick("recovery"), "recovery_s"),
+                target,
+                summary,
+                "≤ 1: within the target",
+            )
+        )
+    for system in summary["results"].get("backlog", {}):
+        if system.startswith("orbit"):
+            out.append(
+                _ratio(
+                    f"{system}: throughput with the large backlog / with the small one",
+                    ("backlog", system, "large_tasks_per_s"),
+                    ("backlog", system, "small_tasks_per_s"),
+                    summary,
+                    "1 = the backlog size does not matter",
+                )
+            )
+    limit = (summary.get("physical") or {}).get("limit", {}).get("jobs_per_s")
+    for key in ("w1_tasks_per_s", "w2_tasks_per_s"):
+        out.append(
+            _ratio(
+                f"{pick('throughput')} / physical limit: {key.split('_')[0][1:]} worker(s)",
+                ("throughput", pick("throughput"), key),
+                limit,
+                summary,
+                "the share of PostgreSQL's own ceiling Orbit reaches",
+            )
+        )
+    return [r for r in out if r is not None]
+
+
+def _recovery_target(summary: dict[str, Any]) -> float | None:
+    settings = summary.get("systems", {}).get(ORBIT, {}).get("recovery_settings") or {}
+    target = settings.get("target_s")
+    return float(target) if isinstance(target, int | float) else None
+
+
+# ---------------------------------------------------------------------- text
+
+
+def fmt(value: float | None) -> str:
+    if value is None:
+        return DASH
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.3g}"
+
+
+def cell(agg: dict[str, Any] | None) -> str:
+    """``median [min-max]`` (and ``n/runs`` when some runs gave no number)."""
+    if not agg or "median" not in agg:
+        return DASH if not agg else f"{DASH} (0/{agg['runs']})"
+    text = f"{fmt(agg['median'])} [{fmt(agg['min'])}{DASH}{fmt(agg['max'])}]"
+    if agg["n"] < agg["runs"]:
+        text += f" ({agg['n']}/{agg['runs']})"
+    return text
+
+
+def present(cols: list[Any], systems: dict[str, Any]) -> list[Any]:
+    """The columns some system has a number for (a smoke run skips some phases)."""
+    return [c for c in cols if any(c[0] in r.get("metrics", {}) for r in systems.values())]
+
+
+def table(summary: dict[str, Any]) -> str:
+    """Plain-text tables for the terminal: one per workload."""
+    lines: list[str] = []
+    for workload, systems in summary["results"].items():
+        cols = present(COLUMNS.get(workload, []), systems)
+        header = ["system", *[f"{label} ({unit})" for _, label, unit, _ in cols]]
+        rows, notes = [], []
+        for system, res in systems.items():
+            if "skipped" in res:
+                rows.append([system, "skipped"])
+                notes.append(f"  {system} skipped: {res['skipped']}")
+                continue
+            row = [system, *[cell(res["metrics"].get(m)) for m, _, _, _ in cols]]
+            if res["errors"]:
+                row.append(f"errors in runs {[e['run'] for e in res['errors']]}")
+            rows.append(row)
+        widths = [max(len(r[i]) for r in [header, *rows] if i < len(r)) for i in range(len(header))]
+        lines.append(f"\n== {workload}")
+        for r in [header, *rows]:
+            padded = [c.ljust(widths[i]) if i < len(widths) else c for i, c in enumerate(r)]
+            lines.append("  ".join(padded).rstrip())
+        lines.extend(notes)
+    if summary.get("ratios"):
+        lines.append("\n== ratios (medians of this invocation)")
+        for r in summary["ratios"]:
+            lines.append(f"  {r['name']}: {fmt(r['value'])}   ({r['note']})")
+    physical = summary.get("physical") or {}
+    if "limit" in physical:
+        lim = physical["limit"]
+        lines.append(f"\nphysical limit: {fmt(lim['jobs_per_s'])} jobs/s ({lim['which']})")
+    elif physical.get("error"):
+        lines.append(f"\nphysical limit: not measured ({physical['error']})")
+    return "\n".join(lines)

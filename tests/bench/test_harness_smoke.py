@@ -1,0 +1,136 @@
+"""The benchmark harness end to end at smoke scale (a few dozen jobs): every registered
+system runs every workload once, writes its raw JSON, and the summary and the report come
+out of them. It asserts shapes and completeness, never a time: the numbers of a smoke run
+on a shared machine mean nothing.
+
+It runs everything in ``harness.REGISTRY``, which names the peers by module path: a peer
+whose module is missing or broken fails this test (its runs carry the import error), it
+is never skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import harness, report, summary
+from benchmarks.__main__ import main
+from benchmarks.scale import SMOKE
+from benchmarks.workloads import WORKLOADS, percentile
+from tests.pg import ADMIN_DSN
+
+
+def _problems(out: Path) -> list[str]:
+    """Every way the run fell short, as readable lines (so one failure shows them all)."""
+    found: list[str] = []
+    for entry in harness.REGISTRY:
+        for workload in WORKLOADS:
+            path = out / "runs" / f"{workload}-{entry.key}-1.json"
+            if not path.exists():
+                found.append(f"{path.name}: missing")
+                continue
+            record = json.loads(path.read_text())
+            if record.get("error"):
+                found.append(f"{path.name}: {record['error'].strip().splitlines()[-1]}")
+            elif record.get("skipped"):
+                if workload != "backlog" or not entry.backlog_skip:
+                    found.append(f"{path.name}: skipped without a registered reason")
+            else:
+                expected = {m for m, *_ in summary.COLUMNS[workload]} - {"large_over_small"}
+                if workload == "throughput":  # the smoke scale runs only some process counts
+                    expected = {m for m in expected if int(m[1]) in SMOKE.throughput_processes}
+                missing = expected - set(record.get("metrics", {}))
+                if missing:
+                    found.append(f"{path.name}: no {sorted(missing)}")
+                if not record.get("cpu") or not record.get("versions"):
+                    found.append(f"{path.name}: no cpu samples or versions")
+    return found
+
+
+def test_every_registered_system_runs_every_workload(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    lines: list[str] = []
+    opts = harness.Options(
+        runs=1,
+        scale=SMOKE,
+        out=out,
+        pg_dsn=ADMIN_DSN,
+        # Redis dbs 7-14 (Celery gets 13 and 14): clear of a real run's (1-8, Celery 7 and
+        # 8) and of tests/bench/test_peers.py's (15), should they run at the same time
+        redis_db_base=7,
+        parallel=True,
+        log=lines.append,
+    )
+
+    result = harness.Harness(opts).run()
+
+    problems = _problems(out)
+    assert not problems, "\n".join([*problems, "", "harness log:", *lines])
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert on_disk["meta"]["systems"] == [e.key for e in harness.REGISTRY]
+    assert set(on_disk["results"]) == set(WORKLOADS)
+    assert on_disk["physical"] is not None  # measured, or the reason it could not be
+    for key in [e.key for e in harness.REGISTRY]:
+        assert on_disk["systems"][key]["versions"], key
+        assert key in on_disk["latency_quantiles_ms"]
+    assert summary.table(result)
+
+    docs = tmp_path / "docs" / "benchmarks.md"
+    docs.parent.mkdir()
+    docs.write_text(
+        f"# Benchmarks\n\nmethod\n\n{report.BEGIN}\nSTALE-RESULTS\n{report.END}\n\nafter\n"
+    )
+    written = report.write(out, docs=docs, images=tmp_path / "img", latest=tmp_path / "latest")
+
+    text = docs.read_text()
+    assert (
+        "STALE-RESULTS" not in text
+        and text.startswith("# Benchmarks\n\nmethod")
+        and "after" in text
+    )
+    assert "## Results" in text and "![throughput](" in text
+    assert (tmp_path / "img" / "throughput.png").exists()
+    assert (tmp_path / "img" / "latency.png").exists()
+    assert (tmp_path / "latest" / "summary.json").exists()
+    assert docs in written
+
+
+def test_aggregate_and_percentile() -> None:
+    agg = summary.aggregate([3.0, None, 1.0, 2.0])
+    assert (agg["median"], agg["min"], agg["max"], agg["n"], agg["runs"]) == (2.0, 1.0, 3.0, 3, 4)
+    assert summary.cell(agg) == "2 [1\u20133] (3/4)"
+    values = [float(v) for v in range(1, 101)]
+    assert (percentile(values, 50), percentile(values, 99), percentile(values, 100)) == (
+        50.0,
+        99.0,
+        100.0,
+    )
+
+
+def test_plan_alternates_systems_run_by_run() -> None:
+    steps = harness.plan(["throughput", "backlog"], ["a", "b"], 2)
+    assert [(s.workload, s.run, s.key, s.phase) for s in steps] == [
+        ("throughput", 1, "a", ""),
+        ("throughput", 1, "b", ""),
+        ("throughput", 2, "a", ""),
+        ("throughput", 2, "b", ""),
+        ("backlog", 1, "a", "small"),
+        ("backlog", 1, "b", "small"),
+        ("backlog", 2, "a", "small"),
+        ("backlog", 2, "b", "small"),
+        ("backlog", 1, "a", "large"),
+        ("backlog", 1, "b", "large"),
+        ("backlog", 2, "a", "large"),
+        ("backlog", 2, "b", "large"),
+    ]
+
+
+def test_cli_help_names_every_system_and_workload(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    for name in [*(e.key for e in harness.REGISTRY), *WORKLOADS]:
+        assert name in text
