@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from benchmarks.summary import COLUMNS, CPU_COLUMNS, DASH, cell, fmt, present
+from benchmarks.summary import COLUMNS, CPU_COLUMNS, DASH, cell, fmt, present, ratios
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "benchmarks.md"
@@ -37,6 +37,7 @@ def write(
 ) -> list[Path]:
     """Write the plots and the docs section; copy the summary to ``latest`` if given."""
     summary = json.loads((run_dir / "summary.json").read_text())
+    summary["ratios"] = ratios(summary)  # derived from the medians: always today's rules
     images.mkdir(parents=True, exist_ok=True)
     written = plots(summary, images)
     rel = Path(os.path.relpath(images, docs.parent))
@@ -190,15 +191,22 @@ def _header(summary: dict[str, Any]) -> str:
     dirty = " (uncommitted changes)" if git.get("dirty") else ""
     started = str(meta.get("started_at", "?"))[:16].replace("T", " ")
     order = "all systems side by side" if meta.get("parallel") else "alternating run by run"
-    banner = (
-        [
-            "> **A parallel smoke run: the systems ran side by side on a few dozen jobs, so "
-            "these numbers mean nothing.** Publish only a sequential run at full scale.",
+    scale = meta.get("scale", {}).get("name")
+    if meta.get("parallel") or scale == "smoke":
+        banner = [
+            "> **A smoke run (or systems run side by side): these numbers mean nothing.** "
+            "Publish only a sequential run.",
             "",
         ]
-        if meta.get("parallel") or meta.get("scale", {}).get("name") != "full"
-        else []
-    )
+    elif scale != "full":
+        banner = [
+            f"> **Reduced scale (`{scale}`):** the workloads of the method with fewer jobs "
+            "(sizes under *The workloads*). Compare systems within this run; the `full` "
+            "scale (`make bench`) has not been published yet.",
+            "",
+        ]
+    else:
+        banner = []
     return "\n".join(
         [
             "## Results",

@@ -261,7 +261,7 @@ def ratios(summary: dict[str, Any]) -> list[dict[str, Any]]:
                 "> 1: Orbit enqueues faster",
             )
         )
-    target = _recovery_target(summary)
+    target = _recovery_target(summary, pick("recovery"))
     if target is not None:
         out.append(
             _ratio(
@@ -297,8 +297,8 @@ def ratios(summary: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for r in out if r is not None]
 
 
-def _recovery_target(summary: dict[str, Any]) -> float | None:
-    settings = summary.get("systems", {}).get(ORBIT, {}).get("recovery_settings") or {}
+def _recovery_target(summary: dict[str, Any], orbit: str) -> float | None:
+    settings = summary.get("systems", {}).get(orbit, {}).get("recovery_settings") or {}
     target = settings.get("target_s")
     return float(target) if isinstance(target, int | float) else None
 
