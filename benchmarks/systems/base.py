@@ -139,3 +139,34 @@ def analyze(url: str) -> None:
 
     with psycopg.connect(url, autocommit=True) as cx:
         cx.execute("ANALYZE")
+
+
+def create_database(admin_dsn: str, dbname: str) -> str:
+    """Create ``dbname`` on the admin DSN's server; return a ``postgresql://`` URL for it
+    (a URL, because asyncpg, which PgQueuer's workers use, reads nothing else)."""
+    from urllib.parse import quote
+
+    import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict
+
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+    params = conninfo_to_dict(admin_dsn)
+    auth = quote(str(params.get("user", "postgres")), safe="")
+    if params.get("password"):
+        auth += ":" + quote(str(params["password"]), safe="")
+    host = quote(str(params.get("host", "127.0.0.1")), safe="")
+    port = params.get("port", "5432")
+    return f"postgresql://{auth}@{host}:{port}/{quote(dbname, safe='')}"
+
+
+def drop_database(admin_dsn: str, dbname: str) -> None:
+    """Drop ``dbname``, ending any connection a killed worker may have left behind."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname))
+        )

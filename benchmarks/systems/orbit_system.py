@@ -34,9 +34,16 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 
-from benchmarks.systems.base import Env, Job, System, WorkerSpec, analyze
+from benchmarks.systems.base import (
+    Env,
+    Job,
+    System,
+    WorkerSpec,
+    analyze,
+    create_database,
+    drop_database,
+)
 
 QUEUE = "bench"
 HANDLER = "bench"
@@ -56,14 +63,6 @@ JOB_TABLES = [
 ]
 REPO = Path(__file__).resolve().parents[2]
 _PARAM_RE = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
-
-
-def _pg_url(admin_dsn: str, dbname: str) -> str:
-    """A postgresql:// URL (the form ``orbit --db`` takes) for another database."""
-    p = conninfo_to_dict(admin_dsn)
-    user = p.get("user", "postgres")
-    auth = user if not p.get("password") else f"{user}:{p['password']}"
-    return f"postgresql://{auth}@{p.get('host', '127.0.0.1')}:{p.get('port', '5432')}/{dbname}"
 
 
 def _migrate_and_token(db_url: str) -> str:
@@ -204,9 +203,7 @@ class OrbitSystem(System):
         (env.work_dir / "logs").mkdir(exist_ok=True)
         if self.backend == "postgres":
             self._dbname = f"orbit_bench_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-            with psycopg.connect(env.pg_admin_dsn, autocommit=True) as admin:
-                admin.execute(f'CREATE DATABASE "{self._dbname}"')
-            self._db_url = _pg_url(env.pg_admin_dsn, self._dbname)
+            self._db_url = create_database(env.pg_admin_dsn, self._dbname)
             self._pg = psycopg.connect(self._db_url, autocommit=True)
         else:
             self._sqlite_path = (env.work_dir / "orbit.db").resolve()
@@ -282,8 +279,7 @@ class OrbitSystem(System):
             self._pg.close()
             self._pg = None
         if self._dbname and self._env is not None:
-            with psycopg.connect(self._env.pg_admin_dsn, autocommit=True) as admin:
-                admin.execute(f'DROP DATABASE IF EXISTS "{self._dbname}" WITH (FORCE)')
+            drop_database(self._env.pg_admin_dsn, self._dbname)
             self._dbname = ""
         if self._sqlite_path is not None:  # a million-job backlog is worth deleting
             for suffix in ("", "-wal", "-shm"):

@@ -22,7 +22,6 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import psycopg
 from pgqueuer.adapters.persistence.qb import QueryQueueBuilder
@@ -30,10 +29,17 @@ from pgqueuer.db import SyncPsycopgDriver
 from pgqueuer.domain.types import QueueEntrypoint, QueueManagerId
 from pgqueuer.queries import SyncQueries
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
 
 from benchmarks.recorder import HOLD_ENV, REC_DIR_ENV
-from benchmarks.systems.base import Env, Job, System, WorkerSpec, analyze
+from benchmarks.systems.base import (
+    Env,
+    Job,
+    System,
+    WorkerSpec,
+    analyze,
+    create_database,
+    drop_database,
+)
 from benchmarks.systems.pgqueuer_worker import DRIVER_ENV, DSN_ENV, ENTRYPOINT, default_driver
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -183,7 +189,7 @@ class PgQueuerSystem(System):
         env.work_dir.mkdir(parents=True, exist_ok=True)
         self._admin_dsn = env.pg_admin_dsn
         self._dbname = f"bench_pgqueuer_{os.getpid()}_{secrets.token_hex(4)}"
-        self._dsn = _create_database(self._admin_dsn, self._dbname)
+        self._dsn = create_database(self._admin_dsn, self._dbname)
         try:
             self._pgq_cli("install")
             if self.profile == "tuned":
@@ -207,7 +213,7 @@ class PgQueuerSystem(System):
         self._enqueue_cx = self._probe_cx = None
         self._queries = None
         if self._dbname:
-            _drop_database(self._admin_dsn, self._dbname)
+            drop_database(self._admin_dsn, self._dbname)
             self._dbname = ""
 
     # -- jobs -----------------------------------------------------------------------------
@@ -387,25 +393,3 @@ def _worker_env(spec: WorkerSpec, *, recovery: bool) -> dict[str, str]:
     if recovery:
         env[RECOVERY_ENV] = "1"
     return env
-
-
-def _create_database(admin_dsn: str, dbname: str) -> str:
-    """Create ``dbname`` on the admin DSN's server; return a ``postgresql://`` URL for it
-    (asyncpg, which ``pgq`` and the workers use when installed, reads only URLs)."""
-    with psycopg.connect(admin_dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
-    params = conninfo_to_dict(admin_dsn)
-    auth = quote(str(params.get("user", "postgres")), safe="")
-    if params.get("password"):
-        auth += ":" + quote(str(params["password"]), safe="")
-    host = quote(str(params.get("host", "127.0.0.1")), safe="")
-    port = params.get("port", "5432")
-    return f"postgresql://{auth}@{host}:{port}/{quote(dbname, safe='')}"
-
-
-def _drop_database(admin_dsn: str, dbname: str) -> None:
-    """Drop ``dbname``, ending any connection a killed worker may have left behind."""
-    with psycopg.connect(admin_dsn, autocommit=True) as admin:
-        admin.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname))
-        )

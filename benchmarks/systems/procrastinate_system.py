@@ -25,10 +25,17 @@ import psycopg
 from procrastinate import sql as procrastinate_sql
 from procrastinate.types import JSONDict
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from benchmarks.recorder import HOLD_ENV, REC_DIR_ENV
-from benchmarks.systems.base import Env, Job, System, WorkerSpec, analyze
+from benchmarks.systems.base import (
+    Env,
+    Job,
+    System,
+    WorkerSpec,
+    analyze,
+    create_database,
+    drop_database,
+)
 from benchmarks.systems.procrastinate_worker import (
     DSN_ENV,
     PROFILE_ENV,
@@ -140,7 +147,7 @@ class ProcrastinateSystem(System):
         env.work_dir.mkdir(parents=True, exist_ok=True)
         self._admin_dsn = env.pg_admin_dsn
         self._dbname = f"bench_procrastinate_{os.getpid()}_{secrets.token_hex(4)}"
-        self._dsn = _create_database(self._admin_dsn, self._dbname)
+        self._dsn = create_database(self._admin_dsn, self._dbname)
         try:
             app = build_app(procrastinate.SyncPsycopgConnector(conninfo=self._dsn))
             app.open()
@@ -164,7 +171,7 @@ class ProcrastinateSystem(System):
             self._probe_cx.close()
             self._probe_cx = None
         if self._dbname:
-            _drop_database(self._admin_dsn, self._dbname)
+            drop_database(self._admin_dsn, self._dbname)
             self._dbname = ""
 
     # -- jobs -----------------------------------------------------------------------------
@@ -301,20 +308,3 @@ def _base_env() -> dict[str, str]:
     path = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(ROOT) if not path else f"{ROOT}{os.pathsep}{path}"
     return env
-
-
-def _create_database(admin_dsn: str, dbname: str) -> str:
-    """Create ``dbname`` on the admin DSN's server; return a DSN for it."""
-    with psycopg.connect(admin_dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
-    params = conninfo_to_dict(admin_dsn)
-    params["dbname"] = dbname
-    return make_conninfo("", **params)
-
-
-def _drop_database(admin_dsn: str, dbname: str) -> None:
-    """Drop ``dbname``, ending any connection a killed worker may have left behind."""
-    with psycopg.connect(admin_dsn, autocommit=True) as admin:
-        admin.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname))
-        )
