@@ -55,27 +55,15 @@ TABLES = ("orbit_events", "orbit_artifact_chunks", "orbit_artifacts", "orbit_att
 
 _SET_BATCH = re.compile(r"^\\set batch \d+$", re.MULTILINE)
 
-#: The backlog, written exactly as step 1 of pipeline.sql writes a submitted task (keep the
-#: two in step), so that the preloaded tasks and the submitted ones are the same rows.
-_PRELOAD = """
-INSERT INTO orbit_tasks (
-    id, queue, handler, tenant, priority, payload, payload_digest, idempotency_key,
-    parent_id, retry_safe, max_attempts, backoff_base_us, backoff_factor, backoff_max_us,
-    attempt_timeout_us, deadline, run_after, state, attempts_used, fence, cancel_requested,
-    result, error_code, error_message, error_retryable, result_digest, result_version,
-    created_at, updated_at, finished_at, version)
-SELECT
-    lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000000)::bigint), 14, '0')
-        || substr(md5(random()::text), 1, 22),
-    'bench', 'noop', 'default', 0, '{"kind":"noop"}',
-    'sha256:3b3f8e0ad2dfd4d0f4a4e0ef1e6b1b0a3f1d3e2c9d8a7b6c5d4e3f2a1b0c9d8e', NULL,
-    NULL, false, 3, 1000000, 2.0, 300000000,
-    NULL, NULL, c.now, 'queued', 0, 0, false,
-    NULL, NULL, NULL, NULL, NULL, 0,
-    c.now, c.now, NULL, 1
-FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now) AS c,
-     generate_series(1, %(n)s)
-"""
+
+def _preload_sql() -> str:
+    """The backlog insert: step 1 of pipeline.sql itself (its first INSERT), with the
+    batch size as a parameter, so preloaded and submitted tasks are the same rows."""
+    text = SCRIPT.read_text()
+    start = text.index("INSERT INTO orbit_tasks")
+    insert = text[start : text.index(";", start)]
+    return insert.replace("CAST(:batch AS integer)", "%(n)s")
+
 
 #: Server settings that move the ceiling; recorded so a figure can be read in context.
 _SETTINGS = (
@@ -161,7 +149,7 @@ def _reset(dsn: str, backlog: int) -> None:
     with psycopg.connect(dsn, autocommit=True) as cx:
         cx.execute(f"TRUNCATE {', '.join(TABLES)}, orbit_tasks RESTART IDENTITY")
         if backlog > 0:
-            cx.execute(_PRELOAD, {"n": backlog})
+            cx.execute(_preload_sql(), {"n": backlog})
         cx.execute(f"VACUUM ANALYZE {', '.join(TABLES)}, orbit_tasks")
         # Best effort: only a superuser (or a member of pg_checkpoint) may checkpoint.
         with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
