@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -82,6 +83,9 @@ class WorkerConnection:
         self.max_concurrency = session.max_concurrency
         self.push = push
         self.closed = False
+        #: whether the last claim for this worker stopped at a capacity or cap (see
+        #: ``Grants.blocked``): only then is a claim worth making when a permit frees
+        self.blocked = True
         self._send_lock = asyncio.Lock()
 
     async def send(self, message: BaseModel) -> None:
@@ -109,8 +113,18 @@ class Dispatcher:
         self._loop = loop
 
     def wake_threadsafe(self, *_: Any) -> None:
+        """A task became ready: claim for every attached worker."""
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._wake.set)
+
+    def freed_threadsafe(self, *_: Any) -> None:
+        """A permit was freed: claim again if some worker's last claim was held back."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._wake_if_blocked)
+
+    def _wake_if_blocked(self) -> None:
+        if any(conn.blocked for conn in self.connections.values()):
+            self._wake.set()
 
     def cancel_threadsafe(self, pairs: list[tuple[str, str]]) -> None:
         if self._loop is not None and not self._loop.is_closed():
@@ -162,6 +176,7 @@ class Dispatcher:
         except Exception:  # a database hiccup must not stop dispatch
             log.exception("dispatch failed")
             return
+        conn.blocked = grants.blocked
         if grants:
             self.metrics.claims.inc(len(grants))
             await conn.send(TasksMessage(req_id=None, tasks=[assignment(g) for g in grants]))
@@ -372,16 +387,19 @@ class _Protocol:
                 finishes = [(i.attempt_id, int(i.fence), _outcome(i)) for i in msg.items]
                 receipts = await run_in_threadpool(store.attempt_finish_many, sid, epoch, finishes)
                 finished: list[FinishedItem] = []
+                by_state: Counter[str] = Counter()
                 for (a, _, _), r in zip(finishes, receipts, strict=True):
                     if isinstance(r, OrbitError):
                         finished.append(
                             FinishedItem(attempt_id=a, receipt=None, error=_item_error(r, metrics))
                         )
                     else:
-                        metrics.finishes.labels(str(r.task_state)).inc()
+                        by_state[str(r.task_state)] += 1
                         finished.append(
                             FinishedItem(attempt_id=a, receipt=receipt_view(r), error=None)
                         )
+                for state, count in by_state.items():  # one labelled inc per state, not per item
+                    metrics.finishes.labels(state).inc(count)
                 await conn.send(FinishedManyMessage(req_id=rid, results=finished))
                 await self._close_if_fenced(receipts)
             elif isinstance(msg, Renew):

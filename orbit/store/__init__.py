@@ -10,6 +10,7 @@ from pathlib import Path
 
 from orbit.store.store import Clock as Clock
 from orbit.store.store import (
+    Grants,
     InjectedFault,
     ReapReport,
     StaleWrite,
@@ -47,6 +48,7 @@ def open_store(
 
 
 __all__ = [
+    "Grants",
     "InjectedFault",
     "ReapReport",
     "StaleWrite",

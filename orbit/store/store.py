@@ -14,6 +14,7 @@ import hmac
 import os
 import random
 import secrets
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -66,6 +67,18 @@ class StaleWrite(Exception):
 
 class InjectedFault(Exception):
     """Raised by a query armed with ``Store.inject_fault`` (atomicity tests)."""
+
+
+class Grants(list[Grant]):
+    """What a claim handed out, and whether anything held it back.
+
+    ``blocked`` is true when the claim stopped at a capacity, a cap or a rate rather
+    than at the end of the ready tasks: only then can a permit freed later let a new
+    claim find more, so a dispatcher needs to claim again after a finish only if its
+    last claim was blocked (an idle worker's finish would otherwise cost an empty claim).
+    """
+
+    blocked: bool = False
 
 
 @dataclass(frozen=True)
@@ -132,13 +145,21 @@ class Store:
         self._clock = clock
         self._rand = rand
         self._fault: str | None = None
-        #: Called after a commit that made tasks ready or freed permits, with the queues
-        #: concerned: the server wakes its dispatcher with it. On PostgreSQL the same
-        #: transaction also sends NOTIFY orbit_ready, which wakes every other node.
+        #: Called after a commit that made tasks ready, with their queues: the server wakes
+        #: its dispatcher with it. On PostgreSQL the same transaction also sends NOTIFY
+        #: orbit_ready, which wakes every other node.
         self.on_ready: Callable[[set[str]], None] | None = None
+        #: Called after a commit that freed permits (an attempt ended), with the queues
+        #: concerned. A freed permit matters only to a dispatcher whose last claim was held
+        #: back by a cap (see :class:`Grants`); NOTIFY orbit_ready says ``freed`` for it.
+        self.on_freed: Callable[[set[str]], None] | None = None
         #: Called after a commit that asked running attempts to stop, with
         #: ``(session_id, attempt_id)`` pairs (NOTIFY orbit_cancel on PostgreSQL).
         self.on_cancel: Callable[[list[tuple[str, str]]], None] | None = None
+        #: Prefixes this store's ``orbit_ready`` payloads (``<origin>:<kind>:<queue>``), so that
+        #: the node owning it can ignore its own NOTIFY: ``on_ready`` already woke it, and
+        #: a second wake would cost an empty claim transaction per commit.
+        self.origin = uuid.uuid4().hex[:16]
 
     # ------------------------------------------------------------------ plumbing
 
@@ -172,11 +193,15 @@ class Store:
                     tx = _Tx(cx, self)
                     result = work(tx)
                     for queue in sorted(tx.ready):
-                        tx.fetch("notify_ready", queue=queue)
+                        tx.fetch("notify_ready", payload=f"{self.origin}:ready:{queue}")
+                    for queue in sorted(tx.freed - tx.ready):
+                        tx.fetch("notify_ready", payload=f"{self.origin}:freed:{queue}")
                     for session_id, attempt_id in tx.cancels:
                         tx.fetch("notify_cancel", target=f"{session_id}:{attempt_id}")
                 if tx.ready and self.on_ready is not None:
                     self.on_ready(tx.ready)
+                if tx.freed and self.on_freed is not None:
+                    self.on_freed(tx.freed)
                 if tx.cancels and self.on_cancel is not None:
                     self.on_cancel(tx.cancels)
                 return result
@@ -680,11 +705,11 @@ class Store:
 
     # ------------------------------------------------------------------ claim
 
-    def attempt_claim_many(self, session_id: str, epoch: int, n: int) -> list[Grant]:
+    def attempt_claim_many(self, session_id: str, epoch: int, n: int) -> Grants:
         """Claim up to ``n`` ready tasks for a session, within every cap and rate."""
         check_int("n", n, 1, self.config.max_batch)
 
-        def build(tx: _Tx) -> tuple[Plan, list[Grant]]:
+        def build(tx: _Tx) -> tuple[Plan, Grants]:
             plan = Plan()
             tx.fetch("claim_lock")
             session = tx.session(session_id, lock=False)
@@ -704,7 +729,7 @@ class Store:
 
     def _claim(
         self, tx: _Tx, plan: Plan, session: Session, queues: dict[str, Queue], n: int, now: int
-    ) -> list[Grant]:
+    ) -> Grants:
         occ = Occupancy(0, {}, {}, {}, 0)
         for row in tx.fetch("attempt_live_counts"):
             k = int(row["n"])
@@ -723,7 +748,7 @@ class Store:
         )
         tokens = {name: bucket_refill(q, now) for name, q in queues.items()}
         used: dict[str, int] = {}
-        grants: list[Grant] = []
+        grants = Grants()
         skip_ids: list[str] = []
         for _ in range(8):
             want = min(n - len(grants), session.max_concurrency - occ.session_total)
@@ -734,14 +759,19 @@ class Store:
                 for c in session.capabilities
                 if occ.by_handler.get(c.handler, 0) < c.capacity
             ]
+            if want <= 0 or len(handlers) < len(session.capabilities):
+                grants.blocked = True  # a capacity or cap is full: a freed permit matters
             if want <= 0 or not handlers:
                 break
-            skip_queues = [
+            capped = [
                 name
                 for name, q in queues.items()
-                if q.paused or occ.by_queue.get(name, 0) >= q.max_concurrency or tokens[name] < 1.0
+                if occ.by_queue.get(name, 0) >= q.max_concurrency or tokens[name] < 1.0
             ]
+            skip_queues = sorted({*capped, *(name for name, q in queues.items() if q.paused)})
             skip_tenants = [t for t, cap in tenant_caps.items() if occ.by_tenant.get(t, 0) >= cap]
+            if capped or skip_tenants:
+                grants.blocked = True
             window = want * 2 + 8
             rows = tx.fetch(
                 "task_ready_select",
@@ -758,12 +788,12 @@ class Store:
             for row in rows:
                 task = R.task_from_row(row)
                 queue = queues[task.queue]
-                if (
-                    (task.deadline is not None and now >= task.deadline)
-                    or tokens[task.queue] < 1.0
-                    or len(grants) >= n
-                ):
+                if task.deadline is not None and now >= task.deadline:
+                    skip_ids.append(task.id)  # the reaper ends it; no permit involved
+                    continue
+                if tokens[task.queue] < 1.0 or len(grants) >= n:
                     skip_ids.append(task.id)
+                    grants.blocked = True
                     continue
                 admitted = occ.admit(
                     queue=task.queue,
@@ -777,6 +807,7 @@ class Store:
                 )
                 if not admitted:
                     skip_ids.append(task.id)
+                    grants.blocked = True
                     continue
                 skip_ids.append(task.id)
                 tokens[task.queue] -= 1.0
@@ -790,8 +821,13 @@ class Store:
                     claim_ttl=self.config.claim_ttl_us,
                 )
                 grants.append(Grant(plan.task_writes[-1][1], attempt))
-            if len(rows) < window or len(grants) >= n:
+            if len(grants) >= n:
+                grants.blocked = True  # more may be ready than were asked for
                 break
+            if len(rows) < window:
+                break
+        else:
+            grants.blocked = True  # ran out of rounds, not out of ready tasks
         limited = [
             {"name": name, "tokens": tokens[name], "tokens_at": now}
             for name in sorted(used)
@@ -1395,7 +1431,8 @@ class _Tx:
         self.cx = cx
         self._store = store
         self._now: int | None = None
-        self.ready: set[str] = set()
+        self.ready: set[str] = set()  # queues where a task became ready
+        self.freed: set[str] = set()  # queues where an attempt ended (a permit freed)
         self.cancels: list[tuple[str, str]] = []
 
     def _armed(self, name: str) -> None:
@@ -1447,10 +1484,12 @@ class _Tx:
         """Carry a plan out: inserts, guarded writes, then its events."""
         for before, after in plan.task_writes:
             freed = before.state in LIVE_TASK_STATES and after.state not in LIVE_TASK_STATES
-            if after.state == TaskState.QUEUED or freed:
-                # A task became ready, or a permit was freed: wake the dispatchers. A start
-                # (claimed -> running) or a cancel request changes neither.
+            # A task became ready, or a permit was freed: wake the dispatchers. A start
+            # (claimed -> running) or a cancel request changes neither.
+            if after.state == TaskState.QUEUED:
                 self.ready.add(after.queue)
+            elif freed:
+                self.freed.add(after.queue)
         for event in plan.events:
             if event.kind == "cancel_requested" and event.data:
                 self.cancels.append((event.data["session_id"], event.data["attempt_id"]))
@@ -1486,6 +1525,7 @@ class _Tx:
 
 __all__ = [
     "LIVE_ATTEMPT_STATES",
+    "Grants",
     "InjectedFault",
     "ReapReport",
     "StaleWrite",

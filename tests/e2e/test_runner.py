@@ -380,3 +380,31 @@ def test_an_uncooperative_handler_cannot_hang_shutdown(
     assert proc.returncode == 1, out  # exit code 1 reports the abandoned handler
     assert "ignored cancellation" in out
     assert took < 25  # bounded by grace + cancel grace, far below the handler's 120 s
+
+
+@pytest.mark.parametrize("held_by", ["queue cap", "worker capacity"])
+def test_a_freed_permit_wakes_a_worker_that_a_cap_held_back(
+    nodes: Callable[..., Node], tokens: Tokens, held_by: str
+) -> None:
+    """With polling out of the picture (60 s), only the wake a finish sends when it frees
+    a permit can get the next task claimed: a claim held back by a cap says so
+    (``Grants.blocked``), and the dispatcher claims again when a permit frees."""
+    node = nodes(args=[*FAST[:-2], "--poll-interval", "60"])
+    cap, concurrency = (1, 4) if held_by == "queue cap" else (50, 1)
+    worker = Worker(node.http, tokens.worker, concurrency=concurrency)
+    ran: list[float] = []
+
+    @worker.handler("h")
+    async def h(ctx: Context, payload: Any) -> Any:
+        ran.append(time.monotonic())
+        await asyncio.sleep(0.05)
+        return None
+
+    with httpx.Client(
+        base_url=node.http, timeout=30, headers={"Authorization": f"Bearer {tokens.admin}"}
+    ) as api:
+        api.post("/v1/queues", json={"name": "q", "max_concurrency": cap, "rate": 0})
+        ids = [submit(api, "h") for _ in range(3)]
+        asyncio.run(run_until(worker, lambda: worker.finished == 3, timeout=20))
+        assert all(api.get(f"/v1/tasks/{i}").json()["state"] == "succeeded" for i in ids)
+    assert len(ran) == 3

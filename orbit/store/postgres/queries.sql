@@ -284,7 +284,8 @@ SELECT * FROM orbit_tokens WHERE id = :id AND revoked_at IS NULL;
 
 -- name: notify_ready
 -- Wakes the dispatcher of every server node: a task became ready or a permit was freed.
-SELECT pg_notify('orbit_ready', :queue) AS notified;
+-- The payload is `<origin>:<queue>`; a node skips its own store's origin (it woke itself).
+SELECT pg_notify('orbit_ready', :payload) AS notified;
 
 -- name: task_stats
 SELECT queue, state, count(*) AS n, min(CASE WHEN state = 'queued' THEN run_after END) AS oldest

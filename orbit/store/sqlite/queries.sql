@@ -241,7 +241,7 @@ SELECT * FROM orbit_tokens WHERE id = :id AND revoked_at IS NULL;
 
 -- name: notify_ready
 -- SQLite has one server process: it is woken in-process after commit (Store.on_ready).
-SELECT :queue AS notified;
+SELECT :payload AS notified;
 
 -- name: task_stats
 SELECT queue, state, count(*) AS n, min(CASE WHEN state = 'queued' THEN run_after END) AS oldest

@@ -1,0 +1,130 @@
+"""What a commit tells the dispatchers, on SQLite and PostgreSQL.
+
+A task that becomes ready wakes every dispatcher (``on_ready``; NOTIFY ``ready``). An
+attempt that ends frees a permit (``on_freed``; NOTIFY ``freed``), which is worth a new
+claim only to a dispatcher whose last claim was held back: ``Grants.blocked`` says which.
+"""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from orbit.core.model import Outcome
+from orbit.store import Store
+from tests.conftest import store_url
+from tests.store.helpers import queue, submit, worker
+
+
+def _finish(store: Store, session_id: str, epoch: int, attempt_id: str, fence: int) -> None:
+    store.attempt_start(session_id, epoch, attempt_id, fence)
+    store.attempt_finish(session_id, epoch, attempt_id, fence, Outcome.success(None))
+
+
+def test_a_claim_that_empties_the_ready_set_is_not_blocked(store: Store) -> None:
+    queue(store)
+    session, _ = worker(store)
+    submit(store)
+    grants = store.attempt_claim_many(session.id, session.epoch, 10)
+    assert len(grants) == 1 and not grants.blocked
+    assert not store.attempt_claim_many(session.id, session.epoch, 10).blocked
+
+
+def test_a_queue_cap_blocks_a_claim(store: Store) -> None:
+    queue(store, max_concurrency=1)
+    session, _ = worker(store)
+    submit(store)
+    submit(store)
+    grants = store.attempt_claim_many(session.id, session.epoch, 10)
+    assert len(grants) == 1 and grants.blocked
+
+
+def test_the_workers_own_capacity_blocks_a_claim(store: Store) -> None:
+    queue(store)
+    session, _ = worker(store, max_concurrency=1)
+    submit(store)
+    submit(store)
+    assert store.attempt_claim_many(session.id, session.epoch, 10).blocked
+    assert store.attempt_claim_many(session.id, session.epoch, 10).blocked  # full: asks none
+
+
+def test_a_handler_capacity_blocks_a_claim(store: Store) -> None:
+    queue(store)
+    session, _ = worker(store, handlers={"h": 1, "g": 5})
+    submit(store, handler="h")
+    submit(store, handler="h")
+    grants = store.attempt_claim_many(session.id, session.epoch, 10)
+    assert len(grants) == 1
+    assert store.attempt_claim_many(session.id, session.epoch, 10).blocked
+
+
+def test_a_tenant_cap_blocks_a_claim(store: Store) -> None:
+    queue(store)
+    store.tenant_limit_set("t1", 1)
+    session, _ = worker(store)
+    submit(store, tenant="t1")
+    submit(store, tenant="t1")
+    assert len(store.attempt_claim_many(session.id, session.epoch, 10)) == 1
+    assert store.attempt_claim_many(session.id, session.epoch, 10).blocked
+
+
+def test_asking_for_fewer_than_are_ready_blocks_a_claim(store: Store) -> None:
+    queue(store)
+    session, _ = worker(store)
+    submit(store)
+    submit(store)
+    grants = store.attempt_claim_many(session.id, session.epoch, 1)
+    assert len(grants) == 1 and grants.blocked
+
+
+def test_a_rate_limit_blocks_a_claim(store: Store) -> None:
+    queue(store, rate=0.001, burst=1)
+    session, _ = worker(store)
+    submit(store)
+    submit(store)
+    assert len(store.attempt_claim_many(session.id, session.epoch, 10)) == 1
+    assert store.attempt_claim_many(session.id, session.epoch, 10).blocked
+
+
+def test_submits_call_on_ready_and_finishes_call_on_freed(store: Store) -> None:
+    calls: list[tuple[str, set[str]]] = []
+    store.on_ready = lambda queues: calls.append(("ready", set(queues)))
+    store.on_freed = lambda queues: calls.append(("freed", set(queues)))
+    queue(store)
+    session, _ = worker(store)
+    submit(store)
+    assert calls == [("ready", {"q"})]
+    g = store.attempt_claim_many(session.id, session.epoch, 1)[0]
+    store.attempt_start(session.id, session.epoch, g.attempt.id, g.attempt.fence)
+    assert calls == [("ready", {"q"})]  # a claim and a start free nothing and ready nothing
+    store.attempt_finish(
+        session.id, session.epoch, g.attempt.id, g.attempt.fence, Outcome.success(None)
+    )
+    assert calls == [("ready", {"q"}), ("freed", {"q"})]
+
+
+def test_a_retry_readies_the_task_rather_than_only_freeing(store: Store) -> None:
+    calls: list[str] = []
+    store.on_ready = lambda _: calls.append("ready")
+    store.on_freed = lambda _: calls.append("freed")
+    queue(store)
+    session, _ = worker(store)
+    submit(store, retry_safe=True)
+    g = store.attempt_claim_many(session.id, session.epoch, 1)[0]
+    store.attempt_release(session.id, session.epoch, g.attempt.id, g.attempt.fence)
+    assert calls == ["ready", "ready"]
+
+
+def test_notify_names_the_origin_and_the_kind(make_store: object, backend: str) -> None:
+    if backend != "postgres":
+        pytest.skip("NOTIFY is PostgreSQL's; SQLite has one process and calls back in-process")
+    store: Store = make_store()  # type: ignore[operator]
+    with psycopg.connect(store_url(store), autocommit=True) as listener:
+        listener.execute("LISTEN orbit_ready")
+        queue(store, name="a:b")  # a queue name may hold ':' itself
+        session, _ = worker(store)
+        submit(store, queue="a:b")
+        g = store.attempt_claim_many(session.id, session.epoch, 1)[0]
+        _finish(store, session.id, session.epoch, g.attempt.id, g.attempt.fence)
+        payloads = [n.payload for n in listener.notifies(timeout=2, stop_after=2)]
+    assert payloads == [f"{store.origin}:ready:a:b", f"{store.origin}:freed:a:b"]
