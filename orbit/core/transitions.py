@@ -27,6 +27,7 @@ from orbit.core.model import (
     Session,
     Task,
     TaskSpec,
+    build,
     canonical_json,
     evolve,
 )
@@ -162,7 +163,8 @@ class Plan:
 
 def new_task(spec: TaskSpec, *, task_id: str, payload: str, now: int) -> Task:
     run_after = spec.run_after if spec.run_after is not None else now
-    return Task(
+    return build(
+        Task,
         id=task_id,
         queue=spec.queue,
         handler=spec.handler,

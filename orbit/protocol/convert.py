@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -11,14 +13,20 @@ _US = timedelta(microseconds=1)
 
 
 def instant_to_wire(us: int | None) -> str | None:
-    """Microseconds since the epoch as RFC 3339 in UTC, to the microsecond."""
+    """Microseconds since the epoch as RFC 3339 in UTC, to the microsecond.
+
+    The seconds are formatted once and cached: a page or a batch of tasks repeats the
+    same few seconds many times, and views format five instants per task.
+    """
     if us is None:
         return None
-    return (
-        (EPOCH + timedelta(microseconds=us))
-        .isoformat(timespec="microseconds")
-        .replace("+00:00", "Z")
-    )
+    seconds, micros = divmod(us, 1_000_000)
+    return f"{_second_to_wire(seconds)}.{micros:06d}Z"
+
+
+@lru_cache(maxsize=4096)
+def _second_to_wire(seconds: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
 
 
 def instant_from_wire(text: str) -> int:

@@ -8,9 +8,9 @@ import binascii
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
 
 from orbit.core.model import Backoff, Outcome, TaskSpec
 from orbit.protocol.convert import instant_from_wire, seconds_to_us
@@ -31,7 +31,8 @@ from orbit.protocol.messages import (
 )
 from orbit.server.auth import require
 from orbit.server.errors import ApiError
-from orbit.server.views import attempt_view, event_view, queue_view, task_view, worker_view
+from orbit.server.jsonwire import FastJSONResponse
+from orbit.server.views import attempt_view, event_view, queue_view, task_wire, worker_view
 from orbit.store import Store
 
 M = TypeVar("M", bound=BaseModel)
@@ -55,12 +56,16 @@ async def _body(request: Request, model: type[M]) -> M:
     return decode_model(model, raw)
 
 
-def _json(model: BaseModel | list[Any], status: int = 200) -> JSONResponse:
+def _json(model: BaseModel | list[Any] | dict[str, Any], status: int = 200) -> Response:
+    """A view (a model, a plain dict such as ``task_wire``'s, or a list of either) as a
+    JSON response."""
     if isinstance(model, list):
-        content: Any = [m.model_dump(mode="json") for m in model]
-    else:
+        content: Any = [m.model_dump(mode="json") if isinstance(m, BaseModel) else m for m in model]
+    elif isinstance(model, BaseModel):
         content = model.model_dump(mode="json")
-    return JSONResponse(content, status_code=status)
+    else:
+        content = model
+    return FastJSONResponse(content, status_code=status)
 
 
 def encode_cursor(value: str) -> str:
@@ -108,7 +113,7 @@ def spec_from(msg: TaskSubmit) -> TaskSpec:
 @router.post(
     "/queues", dependencies=[Depends(require("admin"))], status_code=201, response_model=QueueView
 )
-async def queue_create(request: Request) -> JSONResponse:
+async def queue_create(request: Request) -> Response:
     msg = await _body(request, QueueCreate)
     queue = await run_in_threadpool(
         _store(request).queue_create,
@@ -121,21 +126,21 @@ async def queue_create(request: Request) -> JSONResponse:
 
 
 @router.get("/queues", dependencies=[Depends(require("submit"))], response_model=list[QueueView])
-async def queue_list(request: Request) -> JSONResponse:
+async def queue_list(request: Request) -> Response:
     return _json([queue_view(q) for q in await run_in_threadpool(_store(request).queue_list)])
 
 
 @router.post(
     "/queues/{name}/pause", dependencies=[Depends(require("admin"))], response_model=QueueView
 )
-async def queue_pause(request: Request, name: str) -> JSONResponse:
+async def queue_pause(request: Request, name: str) -> Response:
     return _json(queue_view(await run_in_threadpool(_store(request).queue_pause, name)))
 
 
 @router.post(
     "/queues/{name}/resume", dependencies=[Depends(require("admin"))], response_model=QueueView
 )
-async def queue_resume(request: Request, name: str) -> JSONResponse:
+async def queue_resume(request: Request, name: str) -> Response:
     return _json(queue_view(await run_in_threadpool(_store(request).queue_resume, name)))
 
 
@@ -145,11 +150,11 @@ async def queue_resume(request: Request, name: str) -> JSONResponse:
 @router.post(
     "/tasks", dependencies=[Depends(require("submit"))], status_code=201, response_model=Submitted
 )
-async def task_submit(request: Request) -> JSONResponse:
+async def task_submit(request: Request) -> Response:
     msg = await _body(request, TaskSubmit)
     done = await run_in_threadpool(_store(request).task_submit, spec_from(msg))
     return _json(
-        Submitted(task=task_view(done.task), created=done.created), 201 if done.created else 200
+        {"task": task_wire(done.task), "created": done.created}, 201 if done.created else 200
     )
 
 
@@ -159,12 +164,12 @@ async def task_submit(request: Request) -> JSONResponse:
     status_code=201,
     response_model=list[Submitted],
 )
-async def task_submit_batch(request: Request) -> JSONResponse:
+async def task_submit_batch(request: Request) -> Response:
     msg = await _body(request, TaskBatch)
     done = await run_in_threadpool(
         _store(request).task_submit_many, [spec_from(t) for t in msg.tasks]
     )
-    return _json([Submitted(task=task_view(d.task), created=d.created) for d in done], 201)
+    return _json([{"task": task_wire(d.task), "created": d.created} for d in done], 201)
 
 
 @router.get("/tasks", dependencies=[Depends(require("submit"))], response_model=TaskPage)
@@ -178,7 +183,7 @@ async def task_list(
     created_before: str | None = None,
     limit: Limit = 100,
     cursor: str | None = None,
-) -> JSONResponse:
+) -> Response:
     bounds: dict[str, int | None] = {}
     for name, value in (("created_after", created_after), ("created_before", created_before)):
         try:
@@ -199,32 +204,32 @@ async def task_list(
         )
     )
     nxt = encode_cursor(tasks[-1].id) if len(tasks) == limit else None
-    return _json(TaskPage(items=[task_view(t) for t in tasks], next_cursor=nxt))
+    return _json({"items": [task_wire(t) for t in tasks], "next_cursor": nxt})
 
 
 @router.get("/tasks/{task_id}", dependencies=[Depends(require("submit"))], response_model=TaskView)
-async def task_get(request: Request, task_id: str) -> JSONResponse:
-    return _json(task_view(await run_in_threadpool(_store(request).task_get, task_id)))
+async def task_get(request: Request, task_id: str) -> Response:
+    return _json(task_wire(await run_in_threadpool(_store(request).task_get, task_id)))
 
 
 @router.post(
     "/tasks/{task_id}/cancel", dependencies=[Depends(require("submit"))], response_model=TaskView
 )
-async def task_cancel(request: Request, task_id: str) -> JSONResponse:
-    return _json(task_view(await run_in_threadpool(_store(request).task_cancel, task_id)))
+async def task_cancel(request: Request, task_id: str) -> Response:
+    return _json(task_wire(await run_in_threadpool(_store(request).task_cancel, task_id)))
 
 
 @router.post(
     "/tasks/{task_id}/retry", dependencies=[Depends(require("admin"))], response_model=TaskView
 )
-async def task_retry(request: Request, task_id: str) -> JSONResponse:
-    return _json(task_view(await run_in_threadpool(_store(request).task_retry, task_id)))
+async def task_retry(request: Request, task_id: str) -> Response:
+    return _json(task_wire(await run_in_threadpool(_store(request).task_retry, task_id)))
 
 
 @router.post(
     "/tasks/{task_id}/resolve", dependencies=[Depends(require("admin"))], response_model=TaskView
 )
-async def task_resolve(request: Request, task_id: str) -> JSONResponse:
+async def task_resolve(request: Request, task_id: str) -> Response:
     msg = await _body(request, TaskResolve)
     outcome = None
     if msg.decision == "succeeded":
@@ -232,11 +237,11 @@ async def task_resolve(request: Request, task_id: str) -> JSONResponse:
     elif msg.error is not None:
         outcome = Outcome.failure(msg.error.code, msg.error.message, retryable=False)
     task = await run_in_threadpool(_store(request).task_resolve, task_id, msg.decision, outcome)
-    return _json(task_view(task))
+    return _json(task_wire(task))
 
 
 @router.get("/tasks/{task_id}/attempts", dependencies=[Depends(require("submit"))])
-async def task_attempts(request: Request, task_id: str) -> JSONResponse:
+async def task_attempts(request: Request, task_id: str) -> Response:
     store = _store(request)
     await run_in_threadpool(store.task_get, task_id)  # 404 for an unknown task
     return _json([attempt_view(a) for a in await run_in_threadpool(store.attempt_list, task_id)])
@@ -244,7 +249,7 @@ async def task_attempts(request: Request, task_id: str) -> JSONResponse:
 
 async def _events(
     request: Request, task_id: str | None, limit: int, cursor: str | None
-) -> JSONResponse:
+) -> Response:
     after = decode_cursor(cursor)
     if after is not None and not after.isdigit():
         raise ApiError(400, "INVALID_CURSOR", "the cursor is not one this server issued")
@@ -260,13 +265,13 @@ async def _events(
 )
 async def task_events(
     request: Request, task_id: str, limit: Limit = 100, cursor: str | None = None
-) -> JSONResponse:
+) -> Response:
     await run_in_threadpool(_store(request).task_get, task_id)
     return await _events(request, task_id, limit, cursor)
 
 
 @router.get("/events", dependencies=[Depends(require("admin"))], response_model=EventPage)
-async def events(request: Request, limit: Limit = 100, cursor: str | None = None) -> JSONResponse:
+async def events(request: Request, limit: Limit = 100, cursor: str | None = None) -> Response:
     return await _events(request, None, limit, cursor)
 
 
@@ -274,7 +279,7 @@ async def events(request: Request, limit: Limit = 100, cursor: str | None = None
 
 
 @router.get("/workers", dependencies=[Depends(require("admin"))], response_model=list[WorkerView])
-async def worker_list(request: Request) -> JSONResponse:
+async def worker_list(request: Request) -> Response:
     sessions = await run_in_threadpool(_store(request).session_list)
     return _json([worker_view(s) for s in sessions])
 
@@ -284,7 +289,7 @@ async def worker_list(request: Request) -> JSONResponse:
     dependencies=[Depends(require("admin"))],
     response_model=WorkerView,
 )
-async def worker_drain(request: Request, session_id: str) -> JSONResponse:
+async def worker_drain(request: Request, session_id: str) -> Response:
     session = await run_in_threadpool(_store(request).session_drain, session_id)
     return _json(worker_view(session))
 
@@ -298,7 +303,7 @@ async def worker_drain(request: Request, session_id: str) -> JSONResponse:
     status_code=201,
     response_model=TokenCreated,
 )
-async def token_create(request: Request) -> JSONResponse:
+async def token_create(request: Request) -> Response:
     msg = await _body(request, TokenCreate)
     token_id, token = await run_in_threadpool(
         _store(request).token_create, msg.name, list(msg.scopes)

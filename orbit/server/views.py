@@ -15,7 +15,6 @@ from orbit.protocol.messages import (
     LeaseView,
     QueueView,
     ReceiptView,
-    TaskError,
     TaskView,
     WorkerView,
 )
@@ -27,36 +26,43 @@ def _at(us: int) -> str:
     return text
 
 
+def task_wire(t: Task) -> dict[str, Any]:
+    """A task as the wire's TaskView, built as a plain dict: the submit, batch and read
+    routes send thousands of these, and a pydantic model per task costs more than the
+    store's work for it. ``task_view`` validates this same dict, and a test holds the two
+    equal."""
+    return {
+        "id": t.id,
+        "queue": t.queue,
+        "handler": t.handler,
+        "tenant": t.tenant,
+        "priority": t.priority,
+        "payload": json.loads(t.payload),
+        "state": str(t.state),
+        "parent_id": t.parent_id,
+        "idempotency_key": t.idempotency_key,
+        "retry_safe": t.retry_safe,
+        "attempts_used": t.attempts_used,
+        "max_attempts": t.max_attempts,
+        "attempt_timeout": us_to_seconds(t.attempt_timeout_us),
+        "deadline": instant_to_wire(t.deadline),
+        "run_after": _at(t.run_after),
+        "result": json_or_none(t.result),
+        "error": (
+            {"code": t.error_code, "message": t.error_message, "retryable": t.error_retryable}
+            if t.error_code
+            else None
+        ),
+        "result_digest": t.result_digest,
+        "result_version": str(t.result_version),
+        "created_at": _at(t.created_at),
+        "updated_at": _at(t.updated_at),
+        "finished_at": instant_to_wire(t.finished_at),
+    }
+
+
 def task_view(t: Task) -> TaskView:
-    error = (
-        TaskError(code=t.error_code, message=t.error_message, retryable=t.error_retryable)
-        if t.error_code
-        else None
-    )
-    return TaskView(
-        id=t.id,
-        queue=t.queue,
-        handler=t.handler,
-        tenant=t.tenant,
-        priority=t.priority,
-        payload=json.loads(t.payload),
-        state=str(t.state),
-        parent_id=t.parent_id,
-        idempotency_key=t.idempotency_key,
-        retry_safe=t.retry_safe,
-        attempts_used=t.attempts_used,
-        max_attempts=t.max_attempts,
-        attempt_timeout=us_to_seconds(t.attempt_timeout_us),
-        deadline=instant_to_wire(t.deadline),
-        run_after=_at(t.run_after),
-        result=json_or_none(t.result),
-        error=error,
-        result_digest=t.result_digest,
-        result_version=str(t.result_version),
-        created_at=_at(t.created_at),
-        updated_at=_at(t.updated_at),
-        finished_at=instant_to_wire(t.finished_at),
-    )
+    return TaskView.model_validate(task_wire(t))
 
 
 def queue_view(q: Queue) -> QueueView:

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
@@ -28,6 +29,17 @@ _PARAM_RE = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
 def to_psycopg(sql: str) -> str:
     """``:name`` -> ``%(name)s``, leaving ``::casts`` and literal ``%`` intact."""
     return _PARAM_RE.sub(r"%(\1)s", sql.replace("%", "%%"))
+
+
+def _rows_json(rows: Sequence[Row]) -> str:
+    """The rows as one JSON array; orjson is several times faster than the standard
+    library, which matters at hundreds of rows per batched write. Row values are column
+    values (64-bit integers, text, booleans), which orjson always encodes; the fallback
+    only keeps the same behaviour if one ever is not."""
+    try:
+        return orjson.dumps(list(rows)).decode("utf-8")
+    except TypeError:
+        return json.dumps(list(rows))
 
 
 class _PostgresConnection:
@@ -44,7 +56,7 @@ class _PostgresConnection:
         if not rows:
             return 0
         with self._cx.cursor() as cur:
-            cur.execute(self._queries[name], {"rows": json.dumps(list(rows))})
+            cur.execute(self._queries[name], {"rows": _rows_json(rows)})
             return len(cur.fetchall()) if cur.description else cur.rowcount
 
     def execute(self, name: str, params: Params) -> int:
