@@ -51,6 +51,16 @@ class Connection(Protocol):
 
     def write_many(self, name: str, rows: Sequence[Row]) -> int: ...
 
+    def fetch_many(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        """Run several read-only named queries (no row locks) and return each one's rows.
+        A backend may send them as one statement, so they see one snapshot."""
+        ...
+
+    def write_batch(self, writes: Sequence[tuple[str, Sequence[Row]]]) -> list[int]:
+        """Run several ``*_many`` writes (each with ``RETURNING``) and return each one's
+        count of rows written. A backend may send them as one statement."""
+        ...
+
     def execute(self, name: str, params: Params) -> int: ...
 
     def now(self) -> int: ...

@@ -441,10 +441,14 @@ class Store:
                 fresh.append(task)
                 results.append(Submitted(task, created=True))
             if fresh:
-                inserted = tx.write_many("task_insert_many", [R.task_to_row(t) for t in fresh])
-                if inserted != len(fresh):
-                    raise StaleWrite("an idempotency key was taken concurrently")
-                tx.events([transitions.submitted_event(t) for t in fresh])
+                # One round trip for the tasks and their events. A short insert means an
+                # idempotency key was taken concurrently: StaleWrite rolls both back and
+                # the retry finds the winner's task.
+                events = [transitions.submitted_event(t) for t in fresh]
+                tx.write_batch(
+                    ("task_insert_many", [R.task_to_row(t) for t in fresh], len(fresh)),
+                    ("event_insert_many", [R.event_to_row(e, now) for e in events], len(events)),
+                )
                 tx.ready.update(t.queue for t in fresh if t.state == TaskState.QUEUED)
             return [r for r in results if r is not None]
 
@@ -712,40 +716,62 @@ class Store:
         def build(tx: _Tx) -> tuple[Plan, Grants]:
             plan = Plan()
             tx.fetch("claim_lock")
-            session = tx.session(session_id, lock=False)
-            # Claims are serialised by the claim lock, so queue rows need no lock here: only
-            # claims write the token buckets, and a pause racing a claim is caught by start.
-            queues = {q.name: q for q in (R.queue_from_row(r) for r in tx.fetch("queue_list"))}
+            # Everything a claim weighs, read after the claim lock in one round trip (one
+            # statement on PostgreSQL). Claims are serialised by that lock, so queue rows
+            # need no lock here: only claims write the token buckets, and a pause racing a
+            # claim is caught by start.
+            found, queue_rows, live, tenant_rows, setting = tx.fetch_many(
+                ("session_get", {"id": session_id}),
+                ("queue_list", {}),
+                ("attempt_live_counts", {}),
+                ("tenant_caps", {}),
+                ("setting_get", {"name": "global_max_concurrency"}),
+            )
+            if not found:
+                raise OrbitError(Code.SESSION_NOT_FOUND, f"no session {session_id!r:.80}")
+            session = R.session_from_row(found[0])
+            queues = {q.name: q for q in (R.queue_from_row(r) for r in queue_rows)}
             now = tx.now()
             reason = transitions.session_usable(session, epoch, now)
             if reason is not None:
                 # A refused claim changes nothing and holds nothing: it is answered, not
                 # logged (an idle worker's dispatcher would otherwise flood the log).
                 raise Rejected(reason[0], reason[1])
-            grants = self._claim(tx, plan, session, queues, n, now)
+            occ = Occupancy(0, {}, {}, {}, 0)
+            for row in live:
+                k = int(row["n"])
+                occ.total += k
+                occ.by_queue[row["queue"]] = occ.by_queue.get(row["queue"], 0) + k
+                occ.by_tenant[row["tenant"]] = occ.by_tenant.get(row["tenant"], 0) + k
+                if row["session_id"] == session.id:
+                    occ.by_handler[row["handler"]] = occ.by_handler.get(row["handler"], 0) + k
+                    occ.session_total += k
+            tenant_caps = {r["name"]: int(r["max_concurrency"]) for r in tenant_rows}
+            global_cap = (
+                int(setting[0]["int_value"])
+                if setting and setting[0]["int_value"] is not None
+                else None
+            )
+            grants = self._claim(
+                tx, plan, session, queues, occ, tenant_caps, global_cap, n=n, now=now
+            )
             return plan, grants
 
         return self._run_plan(build)
 
     def _claim(
-        self, tx: _Tx, plan: Plan, session: Session, queues: dict[str, Queue], n: int, now: int
+        self,
+        tx: _Tx,
+        plan: Plan,
+        session: Session,
+        queues: dict[str, Queue],
+        occ: Occupancy,
+        tenant_caps: dict[str, int],
+        global_cap: int | None,
+        *,
+        n: int,
+        now: int,
     ) -> Grants:
-        occ = Occupancy(0, {}, {}, {}, 0)
-        for row in tx.fetch("attempt_live_counts"):
-            k = int(row["n"])
-            occ.total += k
-            occ.by_queue[row["queue"]] = occ.by_queue.get(row["queue"], 0) + k
-            occ.by_tenant[row["tenant"]] = occ.by_tenant.get(row["tenant"], 0) + k
-            if row["session_id"] == session.id:
-                occ.by_handler[row["handler"]] = occ.by_handler.get(row["handler"], 0) + k
-                occ.session_total += k
-        tenant_caps = {r["name"]: int(r["max_concurrency"]) for r in tx.fetch("tenant_caps")}
-        setting = tx.fetch("setting_get", name="global_max_concurrency")
-        global_cap = (
-            int(setting[0]["int_value"])
-            if setting and setting[0]["int_value"] is not None
-            else None
-        )
         tokens = {name: bucket_refill(q, now) for name, q in queues.items()}
         used: dict[str, int] = {}
         grants = Grants()
@@ -856,8 +882,8 @@ class Store:
         """Lock the tasks, then the attempts, of a batch of reports (always in that order
         and by id, as every transaction does, so batches never deadlock)."""
         ids = sorted(set(attempt_ids))
-        task_ids = sorted({r["task_id"] for r in tx.fetch("attempt_get_many", ids=ids)})
-        tasks = {r["id"]: R.task_from_row(r) for r in tx.fetch("task_lock_many", ids=task_ids)}
+        locked = tx.fetch("task_lock_for_attempts", ids=ids)
+        tasks = {r["id"]: R.task_from_row(r) for r in locked}
         attempts = {r["id"]: R.attempt_from_row(r) for r in tx.fetch("attempt_lock_many", ids=ids)}
         session = tx.session(session_id, lock=False, share=True)
         return tasks, attempts, session
@@ -1456,6 +1482,28 @@ class _Tx:
             raise StaleWrite(f"{name}: {count} of {expect} rows matched their guard")
         return count
 
+    def fetch_many(self, *calls: tuple[str, dict[str, Any]]) -> list[list[Row]]:
+        """Several read-only queries in one round trip (see ``Connection.fetch_many``)."""
+        for name, _ in calls:
+            self._armed(name)
+        return self.cx.fetch_many(calls)
+
+    def write_batch(self, *writes: tuple[str, Sequence[Row], int | None]) -> list[int]:
+        """Several ``*_many`` writes in one round trip; ``(name, rows, expect)`` each, where
+        ``expect`` (if not None) is the count every row's guard must match."""
+        todo = [(name, rows, expect) for name, rows, expect in writes if rows]
+        if not todo:
+            return []
+        counts = self.cx.write_batch([(name, rows) for name, rows, _ in todo])
+        for name, _, _ in todo:
+            # A fault injected in a batched write fires after the whole batch has run:
+            # the harshest case for atomicity, since every write must then be undone.
+            self._armed(name)
+        for (name, _, expect), count in zip(todo, counts, strict=True):
+            if expect is not None and count != expect:
+                raise StaleWrite(f"{name}: {count} of {expect} rows matched their guard")
+        return counts
+
     def now(self) -> int:
         """The clock, read now: call it only after the rows being judged are locked."""
         clock = self._store._clock
@@ -1493,34 +1541,37 @@ class _Tx:
         for event in plan.events:
             if event.kind == "cancel_requested" and event.data:
                 self.cancels.append((event.data["session_id"], event.data["attempt_id"]))
-        if plan.task_inserts:
-            self.write_many(
+        # One round trip for all of them (one statement on PostgreSQL); each write's
+        # guard must match every one of its rows, or the transaction is retried.
+        at = self._now if self._now is not None else self.now()
+        self.write_batch(
+            (
                 "task_insert_many",
                 [R.task_to_row(t) for t in plan.task_inserts],
-                expect=len(plan.task_inserts),
-            )
-        if plan.attempt_writes:
-            self.write_many(
+                len(plan.task_inserts),
+            ),
+            (
                 "attempt_write_many",
                 [R.attempt_write_row(b, a) for b, a in plan.attempt_writes],
-                expect=len(plan.attempt_writes),
-            )
-        if plan.task_writes:
-            self.write_many(
+                len(plan.attempt_writes),
+            ),
+            (
                 "task_write_many",
                 [R.task_write_row(b, a) for b, a in plan.task_writes],
-                expect=len(plan.task_writes),
-            )
-        if plan.attempt_inserts:
-            self.write_many(
+                len(plan.task_writes),
+            ),
+            (
                 "attempt_insert_many",
                 [R.attempt_to_row(a) for a in plan.attempt_inserts],
-                expect=len(plan.attempt_inserts),
-            )
-        if plan.session_writes:
-            self.write_sessions(plan.session_writes)
-        if plan.events:
-            self.events(plan.events)
+                len(plan.attempt_inserts),
+            ),
+            (
+                "session_write_many",
+                [R.session_write_row(b, a) for b, a in plan.session_writes],
+                len(plan.session_writes),
+            ),
+            ("event_insert_many", [R.event_to_row(e, at) for e in plan.events], len(plan.events)),
+        )
 
 
 __all__ = [

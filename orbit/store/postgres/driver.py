@@ -42,10 +42,74 @@ def _rows_json(rows: Sequence[Row]) -> str:
         return json.dumps(list(rows))
 
 
+_PSYCOPG_PARAM_RE = re.compile(r"%\((\w+)\)s")
+
+
+def _scoped(sql: str, i: int) -> str:
+    """Rename a query's parameters ``%(x)s`` -> ``%(p<i>_x)s`` so that several queries
+    can share one statement without their parameters colliding."""
+    return _PSYCOPG_PARAM_RE.sub(lambda m: f"%(p{i}_{m.group(1)})s", sql)
+
+
+def fetch_many_sql(queries: Sequence[str]) -> str:
+    """One statement that runs each read-only query as a subquery and returns its rows
+    as a JSON array, one column per query: one round trip and one snapshot for all."""
+    columns = ",\n".join(
+        f"(SELECT coalesce(json_agg(x), '[]'::json) FROM ({_scoped(q, i)}) AS x) AS r{i}"
+        for i, q in enumerate(queries)
+    )
+    return f"SELECT\n{columns}"
+
+
+def write_batch_sql(queries: Sequence[str]) -> str:
+    """One statement that runs each ``*_many`` write as a data-modifying CTE and returns
+    how many rows each wrote. PostgreSQL runs every such CTE exactly once, and checks
+    foreign keys at the end of the statement, when all of them have run."""
+    for q in queries:
+        if "RETURNING" not in q.upper():
+            raise ValueError("a batched write must end with RETURNING, to count its rows")
+    ctes = ",\n".join(f"w{i} AS ({_scoped(q, i)})" for i, q in enumerate(queries))
+    counts = ", ".join(f"(SELECT count(*) FROM w{i}) AS c{i}" for i in range(len(queries)))
+    return f"WITH {ctes}\nSELECT {counts}"
+
+
 class _PostgresConnection:
-    def __init__(self, cx: psycopg.Connection[Any], queries: dict[str, str]) -> None:
+    def __init__(
+        self, cx: psycopg.Connection[Any], queries: dict[str, str], composed: dict[Any, str]
+    ) -> None:
         self._cx = cx
         self._queries = queries
+        self._composed = composed  # the driver's cache of fetch_many/write_batch statements
+
+    def _compose(self, kind: str, names: tuple[str, ...]) -> str:
+        key = (kind, names)
+        sql = self._composed.get(key)
+        if sql is None:
+            build = fetch_many_sql if kind == "fetch" else write_batch_sql
+            sql = self._composed[key] = build([self._queries[n] for n in names])
+        return sql
+
+    def fetch_many(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        if len(calls) == 1:
+            return [self.fetch(*calls[0])]
+        sql = self._compose("fetch", tuple(name for name, _ in calls))
+        params = {f"p{i}_{k}": v for i, (_, ps) in enumerate(calls) for k, v in ps.items()}
+        with self._cx.cursor() as cur:
+            cur.execute(sql, params)
+            row = cur.fetchone()
+        assert row is not None
+        return [list(rows) for rows in row]
+
+    def write_batch(self, writes: Sequence[tuple[str, Sequence[Row]]]) -> list[int]:
+        if len(writes) == 1:
+            return [self.write_many(*writes[0])]
+        sql = self._compose("write", tuple(name for name, _ in writes))
+        params = {f"p{i}_rows": _rows_json(rows) for i, (_, rows) in enumerate(writes)}
+        with self._cx.cursor() as cur:
+            cur.execute(sql, params)
+            row = cur.fetchone()
+        assert row is not None
+        return [int(n) for n in row]
 
     def fetch(self, name: str, params: Params) -> list[Row]:
         with self._cx.cursor(row_factory=dict_row) as cur:
@@ -81,6 +145,7 @@ class PostgresDriver:
     def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 8) -> None:
         self.dsn = dsn
         self.queries = {k: to_psycopg(v) for k, v in load_queries(_HERE / "queries.sql").items()}
+        self._composed: dict[Any, str] = {}
         self.migrations = _HERE / "migrations"
         self._pool = ConnectionPool(
             dsn,
@@ -94,7 +159,7 @@ class PostgresDriver:
     @contextmanager
     def transaction(self) -> Iterator[_PostgresConnection]:
         with self._pool.connection() as cx, cx.transaction():
-            yield _PostgresConnection(cx, self.queries)
+            yield _PostgresConnection(cx, self.queries, self._composed)
 
     def is_retryable(self, exc: BaseException) -> bool:
         return isinstance(

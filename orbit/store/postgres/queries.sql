@@ -102,6 +102,13 @@ SELECT * FROM orbit_tasks WHERE id = :id FOR SHARE;
 -- name: task_lock_many
 SELECT * FROM orbit_tasks WHERE id = ANY(CAST(:ids AS text[])) ORDER BY id FOR UPDATE;
 
+-- name: task_lock_for_attempts
+-- Lock the tasks of these attempts, by id, in one round trip: workers' reports lock the
+-- tasks first and then the attempts, always in that order (no deadlocks between batches).
+SELECT * FROM orbit_tasks
+WHERE id IN (SELECT task_id FROM orbit_attempts WHERE id = ANY(CAST(:ids AS text[])))
+ORDER BY id FOR UPDATE;
+
 -- name: task_lock_many_skip_locked
 SELECT * FROM orbit_tasks WHERE id = ANY(CAST(:ids AS text[])) ORDER BY id FOR UPDATE SKIP LOCKED;
 

@@ -87,6 +87,13 @@ SELECT * FROM orbit_tasks WHERE id = :id;
 -- name: task_lock_many
 SELECT * FROM orbit_tasks WHERE id IN (SELECT value FROM json_each(:ids)) ORDER BY id;
 
+-- name: task_lock_for_attempts
+-- The tasks of these attempts, as task_lock_many would lock them (SQLite's write lock is
+-- already held by the transaction).
+SELECT * FROM orbit_tasks
+WHERE id IN (SELECT task_id FROM orbit_attempts WHERE id IN (SELECT value FROM json_each(:ids)))
+ORDER BY id;
+
 -- name: task_lock_many_skip_locked
 SELECT * FROM orbit_tasks WHERE id IN (SELECT value FROM json_each(:ids)) ORDER BY id;
 
