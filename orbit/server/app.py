@@ -160,6 +160,10 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
         version="0.1.0",
         lifespan=lifespan,
         description="Durable job execution: the control plane API.",
+        # FastAPI's built-in OpenTelemetry checks the global providers on every request
+        # (about a tenth of a single submit's server time) and would export exception
+        # messages and traces from this process; Orbit exposes /metrics instead.
+        telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
     app.state.settings = settings
     app.add_exception_handler(ApiError, errors.on_api_error)
