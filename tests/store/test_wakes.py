@@ -8,11 +8,10 @@ claim only to a dispatcher whose last claim was held back: ``Grants.blocked`` sa
 from __future__ import annotations
 
 import psycopg
-import pytest
 
 from orbit.core.model import Outcome
-from orbit.store import Store
-from tests.conftest import store_url
+from orbit.store import Store, open_store
+from tests.pg import as_url, temporary_database
 from tests.store.helpers import queue, submit, worker
 
 
@@ -115,16 +114,19 @@ def test_a_retry_readies_the_task_rather_than_only_freeing(store: Store) -> None
     assert calls == ["ready", "ready"]
 
 
-def test_notify_names_the_origin_and_the_kind(make_store: object, backend: str) -> None:
-    if backend != "postgres":
-        pytest.skip("NOTIFY is PostgreSQL's; SQLite has one process and calls back in-process")
-    store: Store = make_store()  # type: ignore[operator]
-    with psycopg.connect(store_url(store), autocommit=True) as listener:
-        listener.execute("LISTEN orbit_ready")
-        queue(store, name="a:b")  # a queue name may hold ':' itself
-        session, _ = worker(store)
-        submit(store, queue="a:b")
-        g = store.attempt_claim_many(session.id, session.epoch, 1)[0]
-        _finish(store, session.id, session.epoch, g.attempt.id, g.attempt.fence)
-        payloads = [n.payload for n in listener.notifies(timeout=2, stop_after=2)]
+def test_notify_names_the_origin_and_the_kind() -> None:
+    """PostgreSQL only: SQLite has one server process and calls back in-process."""
+    with temporary_database("orbit_notify") as dsn:
+        store = open_store(as_url(dsn))
+        try:
+            with psycopg.connect(dsn, autocommit=True) as listener:
+                listener.execute("LISTEN orbit_ready")
+                queue(store, name="a:b")  # a queue name may hold ':' itself
+                session, _ = worker(store)
+                submit(store, queue="a:b")
+                g = store.attempt_claim_many(session.id, session.epoch, 1)[0]
+                _finish(store, session.id, session.epoch, g.attempt.id, g.attempt.fence)
+                payloads = [n.payload for n in listener.notifies(timeout=2, stop_after=2)]
+        finally:
+            store.close()
     assert payloads == [f"{store.origin}:ready:a:b", f"{store.origin}:freed:a:b"]
