@@ -87,10 +87,38 @@ def _check_strings(value: Any, path: str = "") -> None:
             _check_strings(v, f"{path}[{i}]")
 
 
-def _check_values(value: Any, path: str, depth: int = 0) -> None:
+def _values_ok(value: Any, depth: int = 0) -> bool:
+    """``_check_values`` without naming the culprit: the same rules, no path strings built
+    along the way. Every message passes through here (a 200-item finish batch holds
+    thousands of values), so the path is worked out only for a message that fails."""
+    if depth > MAX_DEPTH:
+        return False
+    if isinstance(value, str):
+        return "\x00" not in value
+    if isinstance(value, dict):
+        inner = depth + 1
+        for k, v in value.items():
+            if not (_values_ok(k, inner) and _values_ok(v, inner)):
+                return False
+    elif isinstance(value, list):
+        inner = depth + 1
+        for v in value:
+            if not _values_ok(v, inner):
+                return False
+    return True
+
+
+def _check_values(value: Any, path: str) -> None:
     """No NUL in any string (PostgreSQL text cannot hold one) and nesting bounded (so
     every view can serialise what was stored). Run on a parsed message, so the error can
     still echo its ``req_id``."""
+    if not _values_ok(value):
+        _find_bad_value(value, path)
+
+
+def _find_bad_value(value: Any, path: str, depth: int = 0) -> None:
+    """Raise the error for the first value that breaks ``_check_values``'s rules, naming
+    where it is."""
     if depth > MAX_DEPTH:
         raise DecodeError("TOO_DEEP", f"values nest at most {MAX_DEPTH} levels", path or None)
     if isinstance(value, str):
@@ -98,11 +126,11 @@ def _check_values(value: Any, path: str, depth: int = 0) -> None:
             raise DecodeError("NUL_CHARACTER", "a string holds a NUL character", path or None)
     elif isinstance(value, dict):
         for k, v in value.items():
-            _check_values(k, path, depth + 1)
-            _check_values(v, f"{path}.{k}" if path else k, depth + 1)
+            _find_bad_value(k, path, depth + 1)
+            _find_bad_value(v, f"{path}.{k}" if path else k, depth + 1)
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            _check_values(v, f"{path}[{i}]", depth + 1)
+            _find_bad_value(v, f"{path}[{i}]", depth + 1)
 
 
 def decode_json(raw: bytes | str) -> Any:

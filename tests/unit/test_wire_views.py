@@ -1,9 +1,10 @@
-"""The fast wire paths say exactly what the pydantic views and the standard library say."""
+"""The fast paths say exactly what the slower, plainer paths they replace say."""
 
 from __future__ import annotations
 
 import json
 from datetime import timedelta
+from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -12,6 +13,7 @@ from orbit.core.model import Backoff, Task, TaskSpec, evolve
 from orbit.core.states import TaskState
 from orbit.core.transitions import new_task
 from orbit.protocol.convert import EPOCH, instant_to_wire
+from orbit.protocol.decode import DecodeError, _find_bad_value, _values_ok
 from orbit.server.jsonwire import dumps
 from orbit.server.views import task_view, task_wire
 
@@ -60,3 +62,38 @@ def test_dumps_falls_back_for_integers_orjson_refuses() -> None:
     big = {"n": 2**70, "s": "é"}
     assert json.loads(dumps(big)) == big
     assert json.loads(dumps({"n": 1, "s": "é"})) == {"n": 1, "s": "é"}
+
+
+_LEAVES = st.none() | st.booleans() | st.integers() | st.text(alphabet="ab\x00", max_size=3)
+
+
+def _nested(depth: int, leaf: Any) -> Any:
+    for _ in range(depth):
+        leaf = [leaf]
+    return leaf
+
+
+@given(
+    st.recursive(
+        _LEAVES,
+        lambda kids: (
+            st.lists(kids, max_size=3)
+            | st.dictionaries(st.text(alphabet="k\x00", max_size=2), kids, max_size=3)
+        ),
+        max_leaves=12,
+    ),
+    st.integers(min_value=0, max_value=70),
+)
+def test_the_quick_value_check_agrees_with_the_one_that_names_the_culprit(
+    value: Any, wrap: int
+) -> None:
+    """The fast walk passes exactly the values the path-naming walk passes, and whenever
+    it refuses one, the path-naming walk raises (so nothing bad slips through)."""
+    value = _nested(wrap, value)
+    try:
+        _find_bad_value(value, "")
+        slow_ok = True
+    except DecodeError as exc:
+        slow_ok = False
+        assert exc.code in ("NUL_CHARACTER", "TOO_DEEP")
+    assert _values_ok(value) == slow_ok
