@@ -317,6 +317,8 @@ class Store:
                 tx.execute("queue_set_paused", name=name, paused=paused)
                 kind = "queue.paused" if paused else "queue.resumed"
                 tx.events([Event(kind=kind, queue=name)])
+                if not paused:
+                    tx.ready.add(name)  # its tasks are claimable again: wake the dispatchers
             return evolve(queue, paused=paused)
 
         return self._tx(work)

@@ -102,6 +102,18 @@ def test_submits_call_on_ready_and_finishes_call_on_freed(store: Store) -> None:
     assert calls == [("ready", {"q"}), ("freed", {"q"})]
 
 
+def test_resuming_a_queue_wakes_the_dispatchers(store: Store) -> None:
+    calls: list[set[str]] = []
+    queue(store)
+    store.queue_pause("q")
+    submit(store)
+    store.on_ready = lambda queues: calls.append(set(queues))
+    store.queue_pause("q")  # already paused: nothing changes, nobody is woken
+    assert calls == []
+    store.queue_resume("q")
+    assert calls == [{"q"}]
+
+
 def test_a_retry_readies_the_task_rather_than_only_freeing(store: Store) -> None:
     calls: list[str] = []
     store.on_ready = lambda _: calls.append("ready")
