@@ -328,19 +328,23 @@ class Store:
         check_name("tenant", tenant)
         if max_concurrency is not None:
             check_int("max_concurrency", max_concurrency, 1, 1_000_000)
-        self._tx(
-            lambda tx: tx.execute("tenant_upsert", name=tenant, max_concurrency=max_concurrency)
-        )
+
+        def work(tx: _Tx) -> None:
+            tx.execute("tenant_upsert", name=tenant, max_concurrency=max_concurrency)
+            _limits_changed(tx)
+
+        self._tx(work)
 
     def global_limit_set(self, max_concurrency: int | None) -> None:
         """Cap live attempts across the whole cluster (None removes the cap)."""
         if max_concurrency is not None:
             check_int("max_concurrency", max_concurrency, 1, 100_000_000)
-        self._tx(
-            lambda tx: tx.execute(
-                "setting_upsert", name="global_max_concurrency", int_value=max_concurrency
-            )
-        )
+
+        def work(tx: _Tx) -> None:
+            tx.execute("setting_upsert", name="global_max_concurrency", int_value=max_concurrency)
+            _limits_changed(tx)
+
+        self._tx(work)
 
     # ------------------------------------------------------------------ tokens
 
@@ -1390,6 +1394,13 @@ class Store:
                 elif event.attempt_from == "claimed":
                     counts["released"] += 1
         return ReapReport(**counts)
+
+
+def _limits_changed(tx: _Tx) -> None:
+    """A cap was set, raised or removed: like a freed permit, it can let a claim that a
+    cap held back find more, in any queue (dispatchers whose last claim was not held
+    back ignore it)."""
+    tx.freed.update(str(r["name"]) for r in tx.fetch("queue_list"))
 
 
 def _check_batch(attempt_ids: Sequence[str], max_batch: int) -> None:

@@ -114,6 +114,16 @@ def test_resuming_a_queue_wakes_the_dispatchers(store: Store) -> None:
     assert calls == [{"q"}]
 
 
+def test_changing_a_limit_counts_as_freeing_permits_in_every_queue(store: Store) -> None:
+    calls: list[set[str]] = []
+    queue(store, name="a")
+    queue(store, name="b")
+    store.on_freed = lambda queues: calls.append(set(queues))
+    store.tenant_limit_set("t1", 5)
+    store.global_limit_set(None)
+    assert calls == [{"a", "b"}, {"a", "b"}]
+
+
 def test_a_retry_readies_the_task_rather_than_only_freeing(store: Store) -> None:
     calls: list[str] = []
     store.on_ready = lambda _: calls.append("ready")
