@@ -14,8 +14,9 @@ from orbit.core.states import TaskState
 from orbit.core.transitions import new_task
 from orbit.protocol.convert import EPOCH, instant_to_wire
 from orbit.protocol.decode import DecodeError, _find_bad_value, _values_ok
+from orbit.protocol.messages import TaskView
 from orbit.server.jsonwire import dumps
-from orbit.server.views import task_view, task_wire
+from orbit.server.views import task_wire
 
 LAST_INSTANT = 253_370_764_800_000_000 - 1  # 9998-12-31T23:59:59.999999Z, the last valid
 
@@ -35,6 +36,10 @@ def test_instant_edges() -> None:
 def _task() -> Task:
     spec = TaskSpec(queue="q", handler="h", payload={"b": [1, 2.5, "x"], "a": None})
     return new_task(spec, task_id="t1", payload=json.dumps(spec.payload), now=1_800_000_000_123)
+
+
+def task_view(task: Task) -> TaskView:
+    return TaskView.model_validate(task_wire(task))
 
 
 def test_task_wire_is_task_view_dumped() -> None:
