@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
+import orjson
+
 from orbit.core.states import AttemptState, SessionState, TaskState
 
 SECOND = 1_000_000
@@ -66,6 +68,19 @@ _CANONICAL = json.JSONEncoder(
 def canonical_json(value: JSON) -> str:
     """One spelling per value, so a digest identifies a payload or a result."""
     return _CANONICAL.encode(value)
+
+
+def compact_json(value: JSON) -> bytes:
+    """Compact UTF-8 JSON, fast: orjson, several times quicker than the standard library
+    where it matters (replies of a thousand tasks, batched writes of hundreds of rows).
+    Not canonical (keys keep their order), so never for a digest. Values orjson refuses
+    (integers past 64 bits, which a payload may hold) fall back to the standard library,
+    so every value that was encodable still is."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        return text.encode("utf-8")
 
 
 @dataclass(frozen=True)

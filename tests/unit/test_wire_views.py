@@ -9,13 +9,12 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orbit.core.model import Backoff, Task, TaskSpec, evolve
+from orbit.core.model import Backoff, Task, TaskSpec, compact_json, evolve
 from orbit.core.states import TaskState
 from orbit.core.transitions import new_task
 from orbit.protocol.convert import EPOCH, instant_to_wire
 from orbit.protocol.decode import DecodeError, _find_bad_value, _values_ok
 from orbit.protocol.messages import TaskView
-from orbit.server.jsonwire import dumps
 from orbit.server.views import task_wire
 
 LAST_INSTANT = 253_370_764_800_000_000 - 1  # 9998-12-31T23:59:59.999999Z, the last valid
@@ -60,13 +59,13 @@ def test_task_wire_is_task_view_dumped() -> None:
     )
     for task in (fresh, finished):
         assert task_wire(task) == task_view(task).model_dump(mode="json")
-        assert json.loads(dumps(task_wire(task))) == task_view(task).model_dump(mode="json")
+        assert json.loads(compact_json(task_wire(task))) == task_view(task).model_dump(mode="json")
 
 
-def test_dumps_falls_back_for_integers_orjson_refuses() -> None:
+def test_compact_json_falls_back_for_integers_orjson_refuses() -> None:
     big = {"n": 2**70, "s": "é"}
-    assert json.loads(dumps(big)) == big
-    assert json.loads(dumps({"n": 1, "s": "é"})) == {"n": 1, "s": "é"}
+    assert json.loads(compact_json(big)) == big
+    assert json.loads(compact_json({"n": 1, "s": "é"})) == {"n": 1, "s": "é"}
 
 
 _LEAVES = st.none() | st.booleans() | st.integers() | st.text(alphabet="ab\x00", max_size=3)

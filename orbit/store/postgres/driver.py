@@ -8,18 +8,17 @@ statement unpacks with ``jsonb_to_recordset``: one statement, one round trip. Th
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import orjson
 import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
+from orbit.core.model import compact_json
 from orbit.store.driver import Params, Row, load_queries
 
 _HERE = Path(__file__).parent
@@ -32,14 +31,8 @@ def to_psycopg(sql: str) -> str:
 
 
 def _rows_json(rows: Sequence[Row]) -> str:
-    """The rows as one JSON array; orjson is several times faster than the standard
-    library, which matters at hundreds of rows per batched write. Row values are column
-    values (64-bit integers, text, booleans), which orjson always encodes; the fallback
-    only keeps the same behaviour if one ever is not."""
-    try:
-        return orjson.dumps(list(rows)).decode("utf-8")
-    except TypeError:
-        return json.dumps(list(rows))
+    """The rows as one JSON array (orjson: hundreds of rows per batched write)."""
+    return compact_json(list(rows)).decode("utf-8")
 
 
 _PSYCOPG_PARAM_RE = re.compile(r"%\((\w+)\)s")
