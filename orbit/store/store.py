@@ -453,7 +453,7 @@ class Store:
                 events = [transitions.submitted_event(t) for t in fresh]
                 tx.write_batch(
                     ("task_insert_many", [R.task_to_row(t) for t in fresh], len(fresh)),
-                    ("event_insert_many", [R.event_to_row(e, now) for e in events], len(events)),
+                    ("event_insert_many", tx.event_rows(events), len(events)),
                 )
                 tx.ready.update(t.queue for t in fresh if t.state == TaskState.QUEUED)
             return [r for r in results if r is not None]
@@ -1535,11 +1535,13 @@ class _Tx:
             "session_write_many", [R.session_write_row(b, a) for b, a in pairs], expect=len(pairs)
         )
 
-    def events(self, events: Sequence[Event]) -> None:
+    def event_rows(self, events: Sequence[Event]) -> list[Row]:
+        """Event rows stamped with this transaction's clock (read now if not yet read)."""
         at = self._now if self._now is not None else self.now()
-        self.write_many(
-            "event_insert_many", [R.event_to_row(e, at) for e in events], expect=len(events)
-        )
+        return [R.event_to_row(e, at) for e in events]
+
+    def events(self, events: Sequence[Event]) -> None:
+        self.write_many("event_insert_many", self.event_rows(events), expect=len(events))
 
     def apply(self, plan: Plan) -> None:
         """Carry a plan out: inserts, guarded writes, then its events."""
@@ -1556,7 +1558,6 @@ class _Tx:
                 self.cancels.append((event.data["session_id"], event.data["attempt_id"]))
         # One round trip for all of them (one statement on PostgreSQL); each write's
         # guard must match every one of its rows, or the transaction is retried.
-        at = self._now if self._now is not None else self.now()
         self.write_batch(
             (
                 "task_insert_many",
@@ -1583,7 +1584,7 @@ class _Tx:
                 [R.session_write_row(b, a) for b, a in plan.session_writes],
                 len(plan.session_writes),
             ),
-            ("event_insert_many", [R.event_to_row(e, at) for e in plan.events], len(plan.events)),
+            ("event_insert_many", self.event_rows(plan.events), len(plan.events)),
         )
 
 
