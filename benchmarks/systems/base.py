@@ -124,6 +124,67 @@ class System(ABC):
         """Stop everything started in ``prepare`` and drop the database."""
 
 
+#: every peer runs twice: with its own defaults, and tuned as its docs recommend
+PROFILES = ("defaults", "tuned")
+
+
+class PeerSystem(System):
+    """A peer queue in its ``defaults`` or ``tuned`` profile.
+
+    ``recovery`` switches on the recovery settings the peer's docs describe, and so does
+    starting a hold worker (the recovery workload's victim) in the current run; ``reset``
+    forgets that again (``_forget_hold``).
+    """
+
+    def __init__(self, profile: str = "defaults", recovery: bool = False) -> None:
+        if profile not in PROFILES:
+            raise ValueError(f"profile must be one of {PROFILES}, not {profile!r}")
+        self.profile = profile
+        self.recovery = recovery
+        self._hold_seen = False
+        self._env: Env | None = None
+
+    def _note_workers(self, spec: WorkerSpec) -> None:
+        """Call first in ``start_workers``: a hold worker means recovery mode."""
+        if spec.hold:
+            self._hold_seen = True
+
+    def _forget_hold(self) -> None:
+        self._hold_seen = False
+
+    def _recovery_mode(self) -> bool:
+        return self.recovery or self._hold_seen
+
+    def _require_env(self) -> Env:
+        if self._env is None:
+            raise RuntimeError("prepare() has not been called")
+        return self._env
+
+
+class PostgresPeer(PeerSystem):
+    """A peer that keeps its queue in a PostgreSQL database of its own, created in
+    ``prepare`` (``_create_database``) and dropped in ``close`` (``_drop_database``)."""
+
+    def __init__(self, profile: str = "defaults", recovery: bool = False) -> None:
+        super().__init__(profile, recovery)
+        self._admin_dsn = ""
+        self._dbname = ""
+        self._dsn = ""
+
+    def _create_database(self, env: Env, prefix: str) -> None:
+        import os
+        import secrets
+
+        self._admin_dsn = env.pg_admin_dsn
+        self._dbname = f"{prefix}_{os.getpid()}_{secrets.token_hex(4)}"
+        self._dsn = create_database(self._admin_dsn, self._dbname)
+
+    def _drop_database(self) -> None:
+        if self._dbname:
+            drop_database(self._admin_dsn, self._dbname)
+            self._dbname = ""
+
+
 def analyze(url: str) -> None:
     """ANALYZE a system's whole database (PostgreSQL URL/DSN or ``sqlite:///path``)."""
     if url.startswith("sqlite:///"):

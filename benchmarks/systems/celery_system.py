@@ -26,7 +26,7 @@ import redis
 from celery import Celery, group
 
 from benchmarks.recorder import HOLD_ENV, REC_DIR_ENV
-from benchmarks.systems.base import Env, Job, System, WorkerSpec
+from benchmarks.systems.base import Env, Job, PeerSystem, WorkerSpec
 from benchmarks.systems.celery_app import (
     BROKER_ENV,
     DEFAULT_PREFETCH_MULTIPLIER,
@@ -42,11 +42,10 @@ from benchmarks.systems.celery_app import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-PROFILES = ("defaults", "tuned")
 APP_PATH = "benchmarks.systems.celery_app"
 
 
-class CelerySystem(System):
+class CelerySystem(PeerSystem):
     """Celery over a reserved Redis database.
 
     Worker pools: a no-op workload runs Celery's default prefork pool (with ``defaults``
@@ -68,12 +67,7 @@ class CelerySystem(System):
     uses_postgres = False
 
     def __init__(self, profile: str = "defaults", recovery: bool = False) -> None:
-        if profile not in PROFILES:
-            raise ValueError(f"profile must be one of {PROFILES}, not {profile!r}")
-        self.profile = profile
-        self.recovery = recovery
-        self._hold_seen = False
-        self._env: Env | None = None
+        super().__init__(profile, recovery)
         self._redis: redis.Redis | None = None
         self._app: Celery | None = None
         self._last_worker_args: list[str] | None = None
@@ -155,7 +149,7 @@ class CelerySystem(System):
     def reset(self) -> None:
         """Flush the reserved db and start over with a fresh producer: the flush also
         drops kombu's queue bindings, which a producer declares only once."""
-        self._hold_seen = False
+        self._forget_hold()
         self._require_redis().flushdb()
         if self._app is not None:
             self._app.close()
@@ -185,8 +179,7 @@ class CelerySystem(System):
             group(task.s(job) for job in jobs[start : start + batch]).apply_async()
 
     def start_workers(self, spec: WorkerSpec) -> list[subprocess.Popen[bytes]]:
-        if spec.hold:
-            self._hold_seen = True
+        self._note_workers(spec)
         args = self.worker_args(spec)
         self._last_worker_args = args
         env = dict(os.environ)
@@ -270,14 +263,6 @@ class CelerySystem(System):
         }
 
     # -- helpers --------------------------------------------------------------------------
-
-    def _recovery_mode(self) -> bool:
-        return self.recovery or self._hold_seen
-
-    def _require_env(self) -> Env:
-        if self._env is None:
-            raise RuntimeError("prepare() has not been called")
-        return self._env
 
     def _require_redis(self) -> redis.Redis:
         if self._redis is None:

@@ -15,7 +15,6 @@ import dataclasses
 import importlib.metadata
 import json
 import os
-import secrets
 import subprocess
 import sys
 import uuid
@@ -31,19 +30,10 @@ from pgqueuer.queries import SyncQueries
 from psycopg import sql
 
 from benchmarks.recorder import HOLD_ENV, REC_DIR_ENV
-from benchmarks.systems.base import (
-    Env,
-    Job,
-    System,
-    WorkerSpec,
-    analyze,
-    create_database,
-    drop_database,
-)
+from benchmarks.systems.base import Env, Job, PostgresPeer, WorkerSpec, analyze
 from benchmarks.systems.pgqueuer_worker import DRIVER_ENV, DSN_ENV, ENTRYPOINT, default_driver
 
 ROOT = Path(__file__).resolve().parents[2]
-PROFILES = ("defaults", "tuned")
 #: exported to the workers as "1" in recovery mode (see PgQueuerSystem)
 RECOVERY_ENV = "BENCH_RECOVERY"
 
@@ -83,7 +73,7 @@ class WorkerParams:
         return args
 
 
-class PgQueuerSystem(System):
+class PgQueuerSystem(PostgresPeer):
     """PgQueuer over a private PostgreSQL database.
 
     Recovery mode: the workers are started with the tuned recovery settings (see
@@ -101,15 +91,7 @@ class PgQueuerSystem(System):
     uses_postgres = True
 
     def __init__(self, profile: str = "defaults", recovery: bool = False) -> None:
-        if profile not in PROFILES:
-            raise ValueError(f"profile must be one of {PROFILES}, not {profile!r}")
-        self.profile = profile
-        self.recovery = recovery
-        self._hold_seen = False
-        self._env: Env | None = None
-        self._admin_dsn = ""
-        self._dbname = ""
-        self._dsn = ""
+        super().__init__(profile, recovery)
         self._enqueue_cx: psycopg.Connection[Any] | None = None
         self._probe_cx: psycopg.Connection[Any] | None = None
         self._queries: SyncQueries | None = None
@@ -187,9 +169,7 @@ class PgQueuerSystem(System):
     def prepare(self, env: Env) -> None:
         self._env = env
         env.work_dir.mkdir(parents=True, exist_ok=True)
-        self._admin_dsn = env.pg_admin_dsn
-        self._dbname = f"bench_pgqueuer_{os.getpid()}_{secrets.token_hex(4)}"
-        self._dsn = create_database(self._admin_dsn, self._dbname)
+        self._create_database(env, "bench_pgqueuer")
         try:
             self._pgq_cli("install")
             if self.profile == "tuned":
@@ -202,7 +182,7 @@ class PgQueuerSystem(System):
             raise
 
     def reset(self) -> None:
-        self._hold_seen = False
+        self._forget_hold()
         tables = sql.SQL(", ").join(sql.Identifier(t) for t in TABLES)
         self._probe().execute(sql.SQL("TRUNCATE {} RESTART IDENTITY").format(tables))
 
@@ -212,9 +192,7 @@ class PgQueuerSystem(System):
                 cx.close()
         self._enqueue_cx = self._probe_cx = None
         self._queries = None
-        if self._dbname:
-            drop_database(self._admin_dsn, self._dbname)
-            self._dbname = ""
+        self._drop_database()
 
     # -- jobs -----------------------------------------------------------------------------
 
@@ -234,8 +212,7 @@ class PgQueuerSystem(System):
             )
 
     def start_workers(self, spec: WorkerSpec) -> list[subprocess.Popen[bytes]]:
-        if spec.hold:
-            self._hold_seen = True
+        self._note_workers(spec)
         params = self.worker_params(spec)
         self._last_params = params
         env = _worker_env(spec, recovery=self._recovery_mode())
@@ -321,9 +298,6 @@ class PgQueuerSystem(System):
         }
 
     # -- helpers --------------------------------------------------------------------------
-
-    def _recovery_mode(self) -> bool:
-        return self.recovery or self._hold_seen
 
     def _probe(self) -> psycopg.Connection[Any]:
         if self._probe_cx is None:

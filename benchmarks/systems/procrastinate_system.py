@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
-import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -27,15 +26,7 @@ from procrastinate.types import JSONDict
 from psycopg import sql
 
 from benchmarks.recorder import HOLD_ENV, REC_DIR_ENV
-from benchmarks.systems.base import (
-    Env,
-    Job,
-    System,
-    WorkerSpec,
-    analyze,
-    create_database,
-    drop_database,
-)
+from benchmarks.systems.base import Env, Job, PostgresPeer, WorkerSpec, analyze
 from benchmarks.systems.procrastinate_worker import (
     DSN_ENV,
     PROFILE_ENV,
@@ -48,7 +39,6 @@ from benchmarks.systems.procrastinate_worker import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-PROFILES = ("defaults", "tuned")
 APP_PATH = "benchmarks.systems.procrastinate_worker.app"
 DEFAULT_CONCURRENCY = 1  # procrastinate.worker.WORKER_CONCURRENCY
 TABLES = (
@@ -59,7 +49,7 @@ TABLES = (
 )
 
 
-class ProcrastinateSystem(System):
+class ProcrastinateSystem(PostgresPeer):
     """Procrastinate over a private PostgreSQL database.
 
     Recovery mode: when ``recovery`` is true, or once any worker of the current run was
@@ -74,15 +64,7 @@ class ProcrastinateSystem(System):
     uses_postgres = True
 
     def __init__(self, profile: str = "defaults", recovery: bool = False) -> None:
-        if profile not in PROFILES:
-            raise ValueError(f"profile must be one of {PROFILES}, not {profile!r}")
-        self.profile = profile
-        self.recovery = recovery
-        self._hold_seen = False
-        self._env: Env | None = None
-        self._admin_dsn = ""
-        self._dbname = ""
-        self._dsn = ""
+        super().__init__(profile, recovery)
         self._app: procrastinate.App | None = None
         self._probe_cx: psycopg.Connection[Any] | None = None
         self._last_concurrency: int | None = None
@@ -145,9 +127,7 @@ class ProcrastinateSystem(System):
     def prepare(self, env: Env) -> None:
         self._env = env
         env.work_dir.mkdir(parents=True, exist_ok=True)
-        self._admin_dsn = env.pg_admin_dsn
-        self._dbname = f"bench_procrastinate_{os.getpid()}_{secrets.token_hex(4)}"
-        self._dsn = create_database(self._admin_dsn, self._dbname)
+        self._create_database(env, "bench_procrastinate")
         try:
             app = build_app(procrastinate.SyncPsycopgConnector(conninfo=self._dsn))
             app.open()
@@ -159,7 +139,7 @@ class ProcrastinateSystem(System):
             raise
 
     def reset(self) -> None:
-        self._hold_seen = False
+        self._forget_hold()
         tables = sql.SQL(", ").join(sql.Identifier(t) for t in TABLES)
         self._probe().execute(sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(tables))
 
@@ -170,9 +150,7 @@ class ProcrastinateSystem(System):
         if self._probe_cx is not None:
             self._probe_cx.close()
             self._probe_cx = None
-        if self._dbname:
-            drop_database(self._admin_dsn, self._dbname)
-            self._dbname = ""
+        self._drop_database()
 
     # -- jobs -----------------------------------------------------------------------------
 
@@ -189,8 +167,7 @@ class ProcrastinateSystem(System):
             task.batch_defer(*(cast(JSONDict, {"payload": job}) for job in chunk))
 
     def start_workers(self, spec: WorkerSpec) -> list[subprocess.Popen[bytes]]:
-        if spec.hold:
-            self._hold_seen = True
+        self._note_workers(spec)
         concurrency = self.worker_concurrency(spec)
         self._last_concurrency = concurrency
         env = _base_env()
@@ -275,9 +252,6 @@ class ProcrastinateSystem(System):
         }
 
     # -- helpers --------------------------------------------------------------------------
-
-    def _recovery_mode(self) -> bool:
-        return self.recovery or self._hold_seen
 
     def _probe(self) -> psycopg.Connection[Any]:
         if self._probe_cx is None:
