@@ -75,7 +75,14 @@ class Driver(Protocol):
     queries: dict[str, str]
     migrations: Path
 
-    def transaction(self) -> AbstractContextManager[Connection]: ...
+    def transaction(self, *, durable: bool = True) -> AbstractContextManager[Connection]:
+        """One transaction. ``durable=False`` lets its commit return before the commit is
+        on disk (PostgreSQL ``synchronous_commit = off``, SQLite ``synchronous = NORMAL``):
+        a crash of the database's machine, or of PostgreSQL itself, may then undo it.
+        Only for transactions whose loss is harmless (claims: see ``Store``). Any later
+        durable commit makes every earlier commit durable too: the log is written in
+        order."""
+        ...
 
     def is_retryable(self, exc: BaseException) -> bool: ...
 

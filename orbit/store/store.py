@@ -184,12 +184,13 @@ class Store:
     def _new_id(self, now: int) -> str:
         return uuid7(now, os.urandom(8))
 
-    def _tx(self, work: Callable[[_Tx], T]) -> T:
-        """Run ``work`` in one transaction, retrying on deadlocks and stale writes."""
+    def _tx(self, work: Callable[[_Tx], T], *, durable: bool = True) -> T:
+        """Run ``work`` in one transaction, retrying on deadlocks and stale writes.
+        ``durable=False``: see ``Driver.transaction`` (only claims use it)."""
         attempt = 0
         while True:
             try:
-                with self.driver.transaction() as cx:
+                with self.driver.transaction(durable=durable) as cx:
                     tx = _Tx(cx, self)
                     result = work(tx)
                     for queue in sorted(tx.ready):
@@ -218,7 +219,7 @@ class Store:
         with self.driver.transaction() as cx:
             return _Tx(cx, self).fetch(query, **params)
 
-    def _run_plan(self, build: Callable[[_Tx], tuple[Plan, T]]) -> T:
+    def _run_plan(self, build: Callable[[_Tx], tuple[Plan, T]], *, durable: bool = True) -> T:
         """Build a plan inside a transaction, apply it, commit, then raise a rejection."""
 
         def work(tx: _Tx) -> tuple[Plan, T]:
@@ -226,7 +227,7 @@ class Store:
             tx.apply(plan)
             return plan, value
 
-        plan, value = self._tx(work)
+        plan, value = self._tx(work, durable=durable)
         if plan.rejection is not None:
             raise plan.rejection
         return value
@@ -763,7 +764,14 @@ class Store:
             )
             return plan, grants
 
-        return self._run_plan(build)
+        # A claim commits without waiting for the disk. It only reserves: nothing has run,
+        # no attempt is used, and every report about it (start, finish, release) is a
+        # durable commit that makes the claim durable first. If a database crash undoes
+        # a claim, its task is queued again and the worker's start of the vanished
+        # attempt is refused (NOT_FOUND), so nothing runs on a claim that was lost. What
+        # it buys: no disk flush on the way from submit to start, and the claim lock
+        # (held until commit) no longer waits for one.
+        return self._run_plan(build, durable=False)
 
     def _claim(
         self,

@@ -150,8 +150,10 @@ class PostgresDriver:
         )
 
     @contextmanager
-    def transaction(self) -> Iterator[_PostgresConnection]:
+    def transaction(self, *, durable: bool = True) -> Iterator[_PostgresConnection]:
         with self._pool.connection() as cx, cx.transaction():
+            if not durable:  # SET LOCAL: ends with this transaction, whatever its outcome
+                cx.execute(self.queries["commit_relaxed"])
             yield _PostgresConnection(cx, self.queries, self._composed)
 
     def is_retryable(self, exc: BaseException) -> bool:

@@ -5,6 +5,10 @@
 -- name: clock_now
 SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now;
 
+-- name: commit_relaxed
+-- This transaction's commit returns without waiting for its WAL flush (claims only).
+SET LOCAL synchronous_commit = off;
+
 -- name: claim_lock
 -- Claims are serialised cluster-wide so that caps counted under this lock stay exact (I4).
 SELECT pg_advisory_xact_lock(7270601) AS locked;

@@ -73,19 +73,25 @@ class SqliteDriver:
         self._cx = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._cx.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         self._cx.execute("PRAGMA journal_mode = WAL")
-        self._cx.execute("PRAGMA synchronous = FULL")
+        self._cx.execute(self.queries["commit_durable"])
         self._cx.execute("PRAGMA foreign_keys = ON")
 
     @contextmanager
-    def transaction(self) -> Iterator[_SqliteConnection]:
+    def transaction(self, *, durable: bool = True) -> Iterator[_SqliteConnection]:
         with self._lock:
-            self._cx.execute("BEGIN IMMEDIATE")
+            if not durable:  # the safety level can change only between transactions
+                self._cx.execute(self.queries["commit_relaxed"])
             try:
-                yield _SqliteConnection(self._cx, self.queries)
-            except BaseException:
-                self._cx.execute("ROLLBACK")
-                raise
-            self._cx.execute("COMMIT")
+                self._cx.execute("BEGIN IMMEDIATE")
+                try:
+                    yield _SqliteConnection(self._cx, self.queries)
+                except BaseException:
+                    self._cx.execute("ROLLBACK")
+                    raise
+                self._cx.execute("COMMIT")
+            finally:
+                if not durable:
+                    self._cx.execute(self.queries["commit_durable"])
 
     def is_retryable(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)

@@ -4,6 +4,15 @@
 -- that the store runs with executemany inside the same transaction. There is no row
 -- locking: every write transaction holds the database's write lock (BEGIN IMMEDIATE).
 
+-- name: commit_relaxed
+-- The next commit skips its fsync of the WAL (claims only): a crash of the process
+-- loses nothing, a crash of the machine may undo it.
+PRAGMA synchronous = NORMAL;
+
+-- name: commit_durable
+-- Back to the default: every commit is on disk before it returns.
+PRAGMA synchronous = FULL;
+
 -- name: claim_lock
 SELECT 1 AS locked;
 
