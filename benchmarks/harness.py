@@ -269,6 +269,8 @@ def run_physical(opts: Options) -> dict[str, Any]:
         "clients": list(s.physical_clients),
         "seconds": s.physical_seconds,
         "backlog": s.physical_backlog,
+        "submit_batch": s.physical_submit_batch,
+        "commits": s.physical_commits,
     }
     try:
         physical = importlib.import_module("benchmarks.physical")

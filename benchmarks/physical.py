@@ -13,6 +13,14 @@ Two pipelines are measured at each client count, each on freshly reset tables:
 * ``batched``: ``batch`` tasks per transaction at every step, as Orbit's batched hot path
   does; jobs/s = iterations/s x tasks per iteration.
 
+Two more figures bound the other targets from below, measured on the same server:
+
+* the **submit ceiling** (``benchmarks/pgbench/submit.sql``): ``submit_batch`` tasks and
+  their ``submitted`` events per statement, the least SQL a batch enqueue needs;
+* the **commit latency**: a one-row INSERT and its COMMIT, ``commits`` times, durable
+  (``synchronous_commit = on``, what a submit and a start must wait for) and relaxed
+  (``off``, what a claim waits for), as the client sees it (p50/p99/max ms).
+
 Each run happens in a database of its own (a unique name, Orbit's own migrations applied),
 dropped afterwards whatever happens. Run it as::
 
@@ -43,6 +51,7 @@ from psycopg.conninfo import conninfo_to_dict
 from orbit.store import open_store
 
 SCRIPT = Path(__file__).parent / "pgbench" / "pipeline.sql"
+SUBMIT_SCRIPT = Path(__file__).parent / "pgbench" / "submit.sql"
 #: The script's SQL commands in order, named as in the result's per-step latencies.
 STEPS = ("submit", "claim", "start", "finish")
 DEFAULT_ADMIN_DSN = os.environ.get(
@@ -96,17 +105,17 @@ def pgbench_path() -> str:
     raise FileNotFoundError("pgbench not found: install postgresql-client or set $PGBENCH")
 
 
-def render_script(batch: int, directory: Path) -> Path:
-    """pipeline.sql with its ``\\set batch`` line set to ``batch``.
+def render_script(batch: int, directory: Path, script: Path = SCRIPT) -> Path:
+    """``script`` (pipeline.sql) with its ``\\set batch`` line set to ``batch``.
 
     pgbench re-runs ``\\set`` at every iteration, so ``-D batch=N`` cannot override it:
     the one line is rewritten instead, and the checked-in script stays runnable by hand.
     """
-    text = SCRIPT.read_text(encoding="utf-8")
+    text = script.read_text(encoding="utf-8")
     rendered, count = _SET_BATCH.subn(f"\\\\set batch {batch}", text)
     if count != 1:
-        raise ValueError(f"{SCRIPT} must hold exactly one '\\set batch N' line")
-    path = directory / f"pipeline_b{batch}.sql"
+        raise ValueError(f"{script} must hold exactly one '\\set batch N' line")
+    path = directory / f"{script.stem}_b{batch}.sql"
     path.write_text(rendered, encoding="utf-8")
     return path
 
@@ -156,17 +165,30 @@ def _reset(dsn: str, backlog: int) -> None:
             cx.execute("CHECKPOINT")
 
 
-def _done(dsn: str) -> int:
+#: what a run counts as done: the pipeline's succeeded tasks, the submit script's tasks
+_DONE = "SELECT count(*) FROM orbit_tasks WHERE state = 'succeeded'"
+_SUBMITTED = "SELECT count(*) FROM orbit_tasks"
+
+
+def _count(dsn: str, sql: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as cx:
-        row = cx.execute("SELECT count(*) FROM orbit_tasks WHERE state = 'succeeded'").fetchone()
+        row = cx.execute(sql).fetchone()
         assert row is not None
         return int(row[0])
 
 
 def run_pipeline(
-    pgbench: str, dsn: str, script: Path, *, batch: int, clients: int, seconds: float
+    pgbench: str,
+    dsn: str,
+    script: Path,
+    *,
+    batch: int,
+    clients: int,
+    seconds: float,
+    done_sql: str = _DONE,
 ) -> dict[str, Any]:
-    """One pgbench run of the pipeline; jobs/s from the tasks that actually succeeded.
+    """One pgbench run of the pipeline; jobs/s from the tasks that actually succeeded
+    (``done_sql``: the submit script counts the tasks it inserted).
 
     jobs/s is tps x tasks per iteration, the latter counted in the database (succeeded
     tasks / iterations) rather than assumed to be ``batch``: if the queue ran dry a claim
@@ -193,7 +215,7 @@ def run_pipeline(
     if proc.returncode != 0:
         raise RuntimeError(f"pgbench failed ({proc.returncode}):\n{proc.stderr}\n{proc.stdout}")
     parsed = parse_pgbench(proc.stdout)
-    done = _done(dsn)
+    done = _count(dsn, done_sql)
     per_iteration = min(float(batch), done / parsed["iterations"]) if parsed["iterations"] else 0.0
     return {
         "clients": clients,
@@ -209,6 +231,37 @@ def run_pipeline(
     }
 
 
+def commit_latency(dsn: str, commits: int) -> dict[str, dict[str, float]]:
+    """p50/p99/max ms of a one-row INSERT plus its COMMIT, durable and relaxed.
+
+    The floor under any enqueue-to-start latency: Orbit's path waits for two durable
+    commits by design (the submit, acknowledged to the client; the start, the point of
+    no return, before the handler runs) and one relaxed one (the claim).
+    """
+    out: dict[str, dict[str, float]] = {}
+    with psycopg.connect(dsn) as cx:
+        cx.execute("CREATE TABLE commit_probe (id bigserial PRIMARY KEY, at bigint NOT NULL)")
+        cx.commit()
+        for label, setting in (("durable", "on"), ("relaxed", "off")):
+            cx.execute(f"SET synchronous_commit = {setting}")
+            cx.commit()
+            times: list[float] = []
+            for _ in range(commits):
+                t0 = time.perf_counter()
+                cx.execute("INSERT INTO commit_probe (at) VALUES (1)")
+                cx.commit()
+                times.append((time.perf_counter() - t0) * 1000)
+            times.sort()
+            out[label] = {
+                "p50_ms": round(times[len(times) // 2], 3),
+                "p99_ms": round(times[max(0, -(-99 * len(times) // 100) - 1)], 3),
+                "max_ms": round(times[-1], 3),
+            }
+        cx.execute("DROP TABLE commit_probe")
+        cx.commit()
+    return out
+
+
 def _server(dsn: str) -> dict[str, Any]:
     with psycopg.connect(dsn, autocommit=True) as cx:
         version = cx.execute("SHOW server_version").fetchone()
@@ -221,16 +274,24 @@ def _server(dsn: str) -> dict[str, Any]:
 
 
 def measure(
-    admin_dsn: str, *, batch: int, clients: list[int], seconds: float, backlog: int
+    admin_dsn: str,
+    *,
+    batch: int,
+    clients: list[int],
+    seconds: float,
+    backlog: int,
+    submit_batch: int = 1000,
+    commits: int = 500,
 ) -> dict[str, Any]:
-    """Measure both pipelines at every client count in a throwaway database.
+    """Measure both pipelines and the submit ceiling at every client count, and the
+    commit latency, in a throwaway database.
 
     ``backlog`` ready tasks are queued before each run and kept at that depth (each
     iteration submits what it claims), so claims scan a realistic ready index and never
     come up short; it should be at least a few times ``batch x max(clients)``.
     """
-    if batch < 1:
-        raise ValueError("batch must be at least 1")
+    if batch < 1 or submit_batch < 1 or commits < 1:
+        raise ValueError("batch, submit_batch and commits must be at least 1")
     if not clients or any(c < 1 for c in clients):
         raise ValueError("clients must be a non-empty list of positive counts")
     if seconds <= 0 or backlog < 0:
@@ -261,6 +322,23 @@ def measure(
                         run_pipeline(pgbench, dsn, script, batch=n, clients=c, seconds=seconds)
                     )
                 pipelines[key] = {"batch": n, "runs": runs}
+            script = render_script(submit_batch, Path(tmp), SUBMIT_SCRIPT)
+            submit_runs = []
+            for c in clients:
+                _reset(dsn, 0)
+                submit_runs.append(
+                    run_pipeline(
+                        pgbench,
+                        dsn,
+                        script,
+                        batch=submit_batch,
+                        clients=c,
+                        seconds=seconds,
+                        done_sql=_SUBMITTED,
+                    )
+                )
+        _reset(dsn, 0)
+        commit = commit_latency(dsn, commits)
         server = _server(dsn)
     finally:
         with psycopg.connect(admin_dsn, autocommit=True) as admin:
@@ -279,6 +357,10 @@ def measure(
             key: {str(r["clients"]): r["jobs_per_s"] for r in p["runs"]}
             for key, p in pipelines.items()
         },
+        "submit": {"batch": submit_batch, "runs": submit_runs},
+        "submit_jobs_per_s": {str(r["clients"]): r["jobs_per_s"] for r in submit_runs},
+        "commits": commits,
+        "commit_latency_ms": commit,
     }
 
 
@@ -291,6 +373,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--clients", default="1,2,4,16", help="comma-separated client counts")
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of each run")
     parser.add_argument("--backlog", type=int, default=10_000, help="ready tasks kept queued")
+    parser.add_argument(
+        "--submit-batch", type=int, default=1000, help="tasks per statement, submit ceiling"
+    )
+    parser.add_argument("--commits", type=int, default=500, help="commits timed for latency")
     parser.add_argument(
         "--admin-dsn",
         default=DEFAULT_ADMIN_DSN,
@@ -305,6 +391,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         clients=clients,
         seconds=args.seconds,
         backlog=args.backlog,
+        submit_batch=args.submit_batch,
+        commits=args.commits,
     )
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")

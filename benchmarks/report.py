@@ -318,13 +318,34 @@ def _physical(summary: dict[str, Any]) -> str:
         return f"### Physical limit\n\nNot available: {why}."
     lim = physical["limit"]
     args = physical.get("args", {})
-    return (
+    text = (
         "### Physical limit\n\n"
         f"`benchmarks.physical.measure` ({', '.join(f'{k}={v}' for k, v in args.items())}): "
         f"**{fmt(lim['jobs_per_s'])} jobs/s** ({_which(lim['which'])}): Orbit's own SQL for a "
         "task's life, driven by pgbench with nothing else in between, on the same server "
         "in the same invocation."
     )
+    submit = physical.get("submit_limit")
+    if submit:
+        text += (
+            f"\n\nSubmit ceiling: **{fmt(submit['jobs_per_s'])} jobs/s** "
+            f"({submit['clients']} pgbench client(s), {submit['batch']} tasks and their "
+            "`submitted` events per statement, `benchmarks/pgbench/submit.sql`): the most "
+            "any batch enqueue into Orbit's tables could reach here."
+        )
+    commit = physical.get("commit_latency_ms")
+    if commit:
+        rows = [
+            [label, fmt(v.get("p50_ms")), fmt(v.get("p99_ms")), fmt(v.get("max_ms"))]
+            for label, v in commit.items()
+        ]
+        text += (
+            "\n\nCommit latency, a one-row INSERT and its COMMIT as the client sees it "
+            "(durable: `synchronous_commit = on`, what a submit and a start wait for; "
+            "relaxed: `off`, what a claim waits for):\n\n"
+            + _md_table(["commit", "p50 (ms)", "p99 (ms)", "max (ms)"], rows)
+        )
+    return text
 
 
 def _which(path: str) -> str:
@@ -346,7 +367,8 @@ def _ratios(summary: dict[str, Any]) -> str:
             if "system" in against
             else fmt(against.get("value"))
         )
-        medians = f"{of['system']} {fmt(of['median'])} / {right}"
+        left = f"{of['system']} {fmt(of['median'])}" if "system" in of else fmt(of["median"])
+        medians = f"{left} / {right}"
         rows.append([r["name"], f"**{fmt(r['value'])}**", medians, r["note"]])
     return "### Ratios (medians of this invocation)\n\n" + _md_table(
         ["ratio", "value", "medians", "reading"], rows

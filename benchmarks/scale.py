@@ -53,6 +53,8 @@ class Scale:
     physical_clients: tuple[int, ...]
     physical_seconds: float
     physical_backlog: int
+    physical_submit_batch: int
+    physical_commits: int
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,6 +86,8 @@ FULL = Scale(
     physical_clients=(1, 2),
     physical_seconds=10.0,
     physical_backlog=20_000,
+    physical_submit_batch=1000,
+    physical_commits=500,
 )
 
 #: What one working session can afford on a shared 2-core machine (about 45 minutes for
@@ -116,6 +120,8 @@ SESSION = Scale(
     physical_clients=(1, 2),
     physical_seconds=10.0,
     physical_backlog=20_000,
+    physical_submit_batch=1000,
+    physical_commits=500,
 )
 
 SMOKE = Scale(
@@ -146,6 +152,8 @@ SMOKE = Scale(
     physical_clients=(1,),
     physical_seconds=1.0,
     physical_backlog=200,
+    physical_submit_batch=50,
+    physical_commits=20,
 )
 
 SCALES = {s.name: s for s in (FULL, SESSION, SMOKE)}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -171,9 +172,20 @@ def _physical(physical: dict[str, Any] | None) -> dict[str, Any] | None:
         ):
             best = (float(node), ", ".join(path))
 
-    walk(physical["result"].get("jobs_per_s", {}), [])
+    result = physical["result"]
+    walk(result.get("jobs_per_s", {}), [])
     if best is not None:
         physical = {**physical, "limit": {"jobs_per_s": best[0], "which": best[1]}}
+    submit = {k: float(v) for k, v in result.get("submit_jobs_per_s", {}).items()}
+    if submit:
+        clients = max(submit, key=lambda k: submit[k])
+        physical["submit_limit"] = {
+            "jobs_per_s": submit[clients],
+            "clients": clients,
+            "batch": result.get("submit", {}).get("batch"),
+        }
+    if result.get("commit_latency_ms"):
+        physical["commit_latency_ms"] = result["commit_latency_ms"]
     return physical
 
 
@@ -187,12 +199,19 @@ def median(summary: dict[str, Any], workload: str, system: str, metric: str) -> 
 
 def _ratio(
     name: str,
-    a: tuple[str, str, str],
+    a: tuple[str, str, str] | tuple[str, float | None],
     b: tuple[str, str, str] | float | None,
     summary: dict[str, Any],
     note: str = "",
 ) -> dict[str, Any] | None:
-    top = median(summary, *a)
+    """``a / b``; each a median ``(workload, system, metric)``, or ``a`` a measured
+    figure ``(what, value)`` and ``b`` a plain value."""
+    if len(a) == 2:
+        top = a[1]
+        of: dict[str, Any] = {"what": a[0], "median": top}
+    else:
+        top = median(summary, *a)
+        of = {"workload": a[0], "system": a[1], "metric": a[2], "median": top}
     if isinstance(b, tuple):
         bottom = median(summary, *b)
         against: Any = {"workload": b[0], "system": b[1], "metric": b[2], "median": bottom}
@@ -203,7 +222,7 @@ def _ratio(
     return {
         "name": name,
         "value": top / bottom if bottom else None,
-        "of": {"workload": a[0], "system": a[1], "metric": a[2], "median": top},
+        "of": of,
         "against": against,
         "note": note,
     }
@@ -283,7 +302,8 @@ def ratios(summary: dict[str, Any]) -> list[dict[str, Any]]:
                     "1 = the backlog size does not matter",
                 )
             )
-    limit = (summary.get("physical") or {}).get("limit", {}).get("jobs_per_s")
+    physical = summary.get("physical") or {}
+    limit = physical.get("limit", {}).get("jobs_per_s")
     for key in ("w1_tasks_per_s", "w2_tasks_per_s"):
         out.append(
             _ratio(
@@ -294,7 +314,67 @@ def ratios(summary: dict[str, Any]) -> list[dict[str, Any]]:
                 "the share of PostgreSQL's own ceiling Orbit reaches",
             )
         )
+    out.extend(_bounds(summary, physical, pick))
     return [r for r in out if r is not None]
+
+
+def _bounds(
+    summary: dict[str, Any], physical: dict[str, Any], pick: Callable[[str], str]
+) -> list[dict[str, Any] | None]:
+    """Where a target lies against what PostgreSQL itself allows Orbit's SQL on this
+    server: the physical limit and the submit ceiling as multiples of each peer, and one
+    durable commit's p99 against the best peer's whole enqueue-to-start p99."""
+    out: list[dict[str, Any] | None] = []
+    limit = physical.get("limit", {}).get("jobs_per_s")
+    for family, factor in (("pgqueuer", "1.5"), ("procrastinate", "15")):
+        for peer in _peers(summary, "throughput", family):
+            out.append(
+                _ratio(
+                    f"physical limit / {peer}: throughput, 1 worker",
+                    ("physical limit", limit),
+                    ("throughput", peer, "w1_tasks_per_s"),
+                    summary,
+                    f"the most any Orbit could drain, as a multiple of {peer}; "
+                    f"the target asks for {factor} times",
+                )
+            )
+    submit = physical.get("submit_limit", {}).get("jobs_per_s")
+    out.append(
+        _ratio(
+            f"{pick('enqueue')} / submit ceiling: batch enqueue",
+            ("enqueue", pick("enqueue"), "batch_jobs_per_s"),
+            submit,
+            summary,
+            "the share of PostgreSQL's own insert ceiling Orbit's batch enqueue reaches",
+        )
+    )
+    for peer in _peers(summary, "enqueue", "pgqueuer"):
+        out.append(
+            _ratio(
+                f"submit ceiling / {peer}: batch enqueue",
+                ("submit ceiling", submit),
+                ("enqueue", peer, "batch_jobs_per_s"),
+                summary,
+                f"the most any Orbit could enqueue, as a multiple of {peer}; "
+                "the target asks for 1 time",
+            )
+        )
+    durable = (physical.get("commit_latency_ms") or {}).get("durable", {}).get("p99_ms")
+    found = {s: median(summary, "latency", s, "p99_ms") for s in _peers(summary, "latency")}
+    p99 = {s: v for s, v in found.items() if v is not None}
+    if p99 and durable is not None:
+        best = min(p99, key=lambda s: p99[s])
+        out.append(
+            _ratio(
+                f"durable commit p99 / best peer's enqueue→start p99 ({best})",
+                ("durable commit p99", float(durable)),
+                ("latency", best, "p99_ms"),
+                summary,
+                "> 1: one durable commit alone is slower at p99 than the best peer's whole "
+                "path; Orbit's path waits for two (the submit's and the start's)",
+            )
+        )
+    return out
 
 
 def _recovery_target(summary: dict[str, Any], orbit: str) -> float | None:

@@ -72,6 +72,9 @@ def test_every_registered_system_runs_every_workload(tmp_path: Path) -> None:
     assert on_disk["meta"]["systems"] == [e.key for e in harness.REGISTRY]
     assert set(on_disk["results"]) == set(WORKLOADS)
     assert on_disk["physical"] is not None  # measured, or the reason it could not be
+    if "error" not in on_disk["physical"]:
+        assert on_disk["physical"]["submit_limit"]["jobs_per_s"] > 0
+        assert set(on_disk["physical"]["commit_latency_ms"]) == {"durable", "relaxed"}
     for key in [e.key for e in harness.REGISTRY]:
         assert on_disk["systems"][key]["versions"], key
         assert key in on_disk["latency_quantiles_ms"]
@@ -91,6 +94,8 @@ def test_every_registered_system_runs_every_workload(tmp_path: Path) -> None:
         and "after" in text
     )
     assert "## Results" in text and "![throughput](" in text
+    if "error" not in on_disk["physical"]:
+        assert "Submit ceiling" in text and "Commit latency" in text
     assert (tmp_path / "img" / "throughput.png").exists()
     assert (tmp_path / "img" / "latency.png").exists()
     assert (tmp_path / "latest" / "summary.json").exists()
@@ -134,3 +139,58 @@ def test_cli_help_names_every_system_and_workload(capsys: pytest.CaptureFixture[
     text = capsys.readouterr().out
     for name in [*(e.key for e in harness.REGISTRY), *WORKLOADS]:
         assert name in text
+
+
+def _result(metrics: dict[str, float]) -> dict[str, object]:
+    return {"metrics": {m: {"median": v} for m, v in metrics.items()}}
+
+
+def test_bounds_place_each_target_against_what_postgresql_allows() -> None:
+    """The ratios that say whether a target lies above the database's own ceiling."""
+    made = {
+        "results": {
+            "throughput": {
+                "orbit-pg-tuned": _result({"w1_tasks_per_s": 2000.0}),
+                "pgqueuer": _result({"w1_tasks_per_s": 5000.0}),
+                "procrastinate": _result({"w1_tasks_per_s": 400.0}),
+            },
+            "enqueue": {
+                "orbit-pg-tuned": _result({"batch_jobs_per_s": 10000.0}),
+                "pgqueuer": _result({"batch_jobs_per_s": 40000.0}),
+            },
+            "latency": {
+                "orbit-pg-tuned": _result({"p99_ms": 50.0}),
+                "pgqueuer": _result({"p99_ms": 7.0}),
+                "celery": _result({"p99_ms": 4.0}),
+            },
+        },
+        "physical": summary._physical(
+            {
+                "result": {
+                    "jobs_per_s": {"batched": {"1": 4000.0, "2": 6000.0}},
+                    "submit": {"batch": 1000},
+                    "submit_jobs_per_s": {"1": 30000.0, "2": 48000.0},
+                    "commit_latency_ms": {
+                        "durable": {"p50_ms": 1.0, "p99_ms": 6.0, "max_ms": 9.0},
+                        "relaxed": {"p50_ms": 0.5, "p99_ms": 2.0, "max_ms": 3.0},
+                    },
+                }
+            }
+        ),
+    }
+    assert made["physical"]["limit"]["jobs_per_s"] == 6000.0  # not the submit ceiling
+    assert made["physical"]["submit_limit"] == {
+        "jobs_per_s": 48000.0,
+        "clients": "2",
+        "batch": 1000,
+    }
+    found = {r["name"]: r["value"] for r in summary.ratios(made)}
+    assert found["physical limit / pgqueuer: throughput, 1 worker"] == pytest.approx(1.2)
+    assert found["physical limit / procrastinate: throughput, 1 worker"] == pytest.approx(15.0)
+    assert found["submit ceiling / pgqueuer: batch enqueue"] == pytest.approx(1.2)
+    assert found["orbit-pg-tuned / submit ceiling: batch enqueue"] == pytest.approx(10 / 48)
+    assert found["durable commit p99 / best peer's enqueue→start p99 (celery)"] == pytest.approx(
+        1.5
+    )
+    table = report._ratios(made | {"ratios": summary.ratios(made)})
+    assert "| physical limit / pgqueuer: throughput, 1 worker | **1.2** | 6,000 / pgqueuer" in table

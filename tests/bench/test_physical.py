@@ -27,7 +27,9 @@ def _exists(name: str) -> bool:
 
 
 def test_measure_shape_rates_and_cleanup() -> None:
-    result = physical.measure(ADMIN_DSN, batch=4, clients=[1], seconds=1, backlog=100)
+    result = physical.measure(
+        ADMIN_DSN, batch=4, clients=[1], seconds=1, backlog=100, submit_batch=10, commits=5
+    )
 
     assert result["batch"] == 4
     assert result["clients"] == [1]
@@ -46,8 +48,36 @@ def test_measure_shape_rates_and_cleanup() -> None:
         assert set(run["step_latency_ms"]) == set(physical.STEPS)
         assert all(v > 0 for v in run["step_latency_ms"].values())
         assert result["jobs_per_s"][key] == {"1": run["jobs_per_s"]}
+    # The submit ceiling: whole batches of tasks, each with its event, counted in the table.
+    assert result["submit"]["batch"] == 10
+    (run,) = result["submit"]["runs"]
+    assert run["failed"] == 0 and run["iterations"] > 0
+    assert run["tasks_per_iteration"] == 10
+    assert run["tasks_succeeded"] == run["iterations"] * 10  # here: tasks inserted
+    assert result["submit_jobs_per_s"] == {"1": run["jobs_per_s"]}
+    assert run["jobs_per_s"] > 0
+    assert result["commits"] == 5
+    assert set(result["commit_latency_ms"]) == {"durable", "relaxed"}
+    for latency in result["commit_latency_ms"].values():
+        assert 0 < latency["p50_ms"] <= latency["p99_ms"] <= latency["max_ms"]
     assert result["server"]["version"]
     assert not _exists(result["database"])
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"batch": 0}, {"submit_batch": 0}, {"commits": 0}, {"clients": []}, {"seconds": 0}],
+)
+def test_measure_refuses_bad_arguments_before_creating_anything(
+    bad: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_database(*args: object, **kwargs: object) -> str:
+        raise AssertionError("a database was about to be created")
+
+    monkeypatch.setattr(physical, "_libpq_dsn", no_database)
+    args: dict[str, object] = {"batch": 2, "clients": [1], "seconds": 1, "backlog": 10}
+    with pytest.raises(ValueError):
+        physical.measure(ADMIN_DSN, **{**args, **bad})  # type: ignore[arg-type]
 
 
 def test_measure_drops_the_database_when_a_run_fails(monkeypatch: pytest.MonkeyPatch) -> None:
