@@ -19,7 +19,8 @@ Two more figures bound the other targets from below, measured on the same server
   their ``submitted`` events per statement, the least SQL a batch enqueue needs;
 * the **commit latency**: a one-row INSERT and its COMMIT, ``commits`` times, durable
   (``synchronous_commit = on``, what a submit and a start must wait for) and relaxed
-  (``off``, what a claim waits for), as the client sees it (p50/p99/max ms).
+  (``off``, what a claim waits for), as the client sees it (p50/p99/max ms);
+* the **round trip**: ``SELECT 1`` from Python, wall and client CPU per statement.
 
 Each run happens in a database of its own (a unique name, Orbit's own migrations applied),
 dropped afterwards whatever happens. Run it as::
@@ -262,6 +263,24 @@ def commit_latency(dsn: str, commits: int) -> dict[str, dict[str, float]]:
     return out
 
 
+def round_trip(dsn: str, queries: int) -> dict[str, float]:
+    """The cost of one statement round trip from Python: ``SELECT 1`` through psycopg,
+    ``queries`` times: wall and this process's CPU per query, in µs. Orbit's transactions
+    are a handful of statements each, so on a host where a round trip is dear (syscalls
+    on a small virtual machine) this, not the SQL, sets the cost of a small transaction."""
+    with psycopg.connect(dsn, autocommit=True) as cx:
+        for _ in range(min(queries, 50)):  # warm up: prepared statement, caches
+            cx.execute("SELECT 1").fetchone()
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        for _ in range(queries):
+            cx.execute("SELECT 1").fetchone()
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    return {
+        "wall_us": round(wall / queries * 1e6, 1),
+        "client_cpu_us": round(cpu / queries * 1e6, 1),
+    }
+
+
 def _server(dsn: str) -> dict[str, Any]:
     with psycopg.connect(dsn, autocommit=True) as cx:
         version = cx.execute("SHOW server_version").fetchone()
@@ -339,6 +358,7 @@ def measure(
                 )
         _reset(dsn, 0)
         commit = commit_latency(dsn, commits)
+        trip = round_trip(dsn, commits * 4)
         server = _server(dsn)
     finally:
         with psycopg.connect(admin_dsn, autocommit=True) as admin:
@@ -361,6 +381,7 @@ def measure(
         "submit_jobs_per_s": {str(r["clients"]): r["jobs_per_s"] for r in submit_runs},
         "commits": commits,
         "commit_latency_ms": commit,
+        "round_trip": trip,
     }
 
 

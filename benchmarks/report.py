@@ -345,6 +345,13 @@ def _physical(summary: dict[str, Any]) -> str:
             "relaxed: `off`, what a claim waits for):\n\n"
             + _md_table(["commit", "p50 (ms)", "p99 (ms)", "max (ms)"], rows)
         )
+    trip = physical.get("round_trip")
+    if trip:
+        text += (
+            f"\n\nOne statement round trip (`SELECT 1` through psycopg): "
+            f"{fmt(trip.get('wall_us'))} µs of wall time, {fmt(trip.get('client_cpu_us'))} µs "
+            "of the client's CPU. Each of Orbit's small transactions is a handful of these."
+        )
     return text
 
 

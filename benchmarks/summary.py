@@ -184,8 +184,9 @@ def _physical(physical: dict[str, Any] | None) -> dict[str, Any] | None:
             "clients": clients,
             "batch": result.get("submit", {}).get("batch"),
         }
-    if result.get("commit_latency_ms"):
-        physical["commit_latency_ms"] = result["commit_latency_ms"]
+    for key in ("commit_latency_ms", "round_trip"):
+        if result.get(key):
+            physical[key] = result[key]
     return physical
 
 

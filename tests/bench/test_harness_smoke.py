@@ -95,7 +95,7 @@ def test_every_registered_system_runs_every_workload(tmp_path: Path) -> None:
     )
     assert "## Results" in text and "![throughput](" in text
     if "error" not in on_disk["physical"]:
-        assert "Submit ceiling" in text and "Commit latency" in text
+        assert "Submit ceiling" in text and "Commit latency" in text and "round trip" in text
     assert (tmp_path / "img" / "throughput.png").exists()
     assert (tmp_path / "img" / "latency.png").exists()
     assert (tmp_path / "latest" / "summary.json").exists()

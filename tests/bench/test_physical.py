@@ -60,6 +60,7 @@ def test_measure_shape_rates_and_cleanup() -> None:
     assert set(result["commit_latency_ms"]) == {"durable", "relaxed"}
     for latency in result["commit_latency_ms"].values():
         assert 0 < latency["p50_ms"] <= latency["p99_ms"] <= latency["max_ms"]
+    assert result["round_trip"]["wall_us"] > 0 and result["round_trip"]["client_cpu_us"] >= 0
     assert result["server"]["version"]
     assert not _exists(result["database"])
 
