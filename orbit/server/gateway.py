@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from orbit.core.errors import Code, OrbitError, Rejected
-from orbit.core.model import Capability, Outcome, Session
+from orbit.core.model import Capability, Grant, Outcome, Session, compact_json
 from orbit.protocol.decode import DecodeError, decode_json, decode_model
 from orbit.protocol.messages import (
     WORKER_REQUESTS,
@@ -36,29 +36,20 @@ from orbit.protocol.messages import (
     Drain,
     ErrorMessage,
     Finish,
-    FinishedItem,
-    FinishedManyMessage,
-    FinishedMessage,
     FinishItem,
     FinishMany,
     Heartbeat,
     Hello,
-    ItemError,
     Progress,
     Release,
     Renew,
-    RenewedMessage,
     Resume,
     Start,
-    StartedItem,
-    StartedManyMessage,
-    StartedMessage,
     StartMany,
-    TasksMessage,
     Welcome,
 )
 from orbit.server.metrics import Metrics
-from orbit.server.views import assignment, lease_view, receipt_view
+from orbit.server.views import assignment_wire, lease_wire, receipt_wire
 from orbit.store import Store
 
 log = logging.getLogger("orbit.gateway")
@@ -88,12 +79,18 @@ class WorkerConnection:
         self.blocked = True
         self._send_lock = asyncio.Lock()
 
-    async def send(self, message: BaseModel) -> None:
+    async def send(self, message: BaseModel | dict[str, Any]) -> None:
+        """Send a message: a model, or a wire dict (the hot replies, see views.py)."""
         if self.closed:
             return
+        text = (
+            message.model_dump_json()
+            if isinstance(message, BaseModel)
+            else compact_json(message).decode("utf-8")
+        )
         async with self._send_lock:
             try:
-                await self.ws.send_text(message.model_dump_json())
+                await self.ws.send_text(text)
             except (WebSocketDisconnect, RuntimeError, OSError):
                 self.closed = True
 
@@ -179,7 +176,7 @@ class Dispatcher:
         conn.blocked = grants.blocked
         if grants:
             self.metrics.claims.inc(len(grants))
-            await conn.send(TasksMessage(req_id=None, tasks=[assignment(g) for g in grants]))
+            await conn.send(tasks_wire(None, grants))
 
 
 def _req_id(raw: Any) -> str | None:
@@ -364,56 +361,55 @@ class _Protocol:
             if isinstance(msg, Claim):
                 grants = await run_in_threadpool(store.attempt_claim_many, sid, epoch, msg.n)
                 metrics.claims.inc(len(grants))
-                await conn.send(TasksMessage(req_id=rid, tasks=[assignment(g) for g in grants]))
+                await conn.send(tasks_wire(rid, grants))
             elif isinstance(msg, Start):
                 lease = await run_in_threadpool(
                     store.attempt_start, sid, epoch, msg.attempt_id, int(msg.fence)
                 )
                 metrics.starts.inc()
-                await conn.send(StartedMessage(req_id=rid, lease=lease_view(lease)))
+                await conn.send({"type": "started", "req_id": rid, "lease": lease_wire(lease)})
             elif isinstance(msg, StartMany):
                 starts = [(item.attempt_id, int(item.fence)) for item in msg.items]
                 answers = await run_in_threadpool(store.attempt_start_many, sid, epoch, starts)
                 started = [
-                    StartedItem(attempt_id=a, lease=None, error=_item_error(r, metrics))
+                    {"attempt_id": a, "lease": None, "error": _item_error(r, metrics)}
                     if isinstance(r, OrbitError)
-                    else StartedItem(attempt_id=a, lease=lease_view(r), error=None)
+                    else {"attempt_id": a, "lease": lease_wire(r), "error": None}
                     for (a, _), r in zip(starts, answers, strict=True)
                 ]
-                metrics.starts.inc(sum(1 for x in started if x.error is None))
-                await conn.send(StartedManyMessage(req_id=rid, results=started))
+                metrics.starts.inc(sum(1 for x in started if x["error"] is None))
+                await conn.send({"type": "started_many", "req_id": rid, "results": started})
                 await self._close_if_fenced(answers)
             elif isinstance(msg, FinishMany):
                 finishes = [(i.attempt_id, int(i.fence), _outcome(i)) for i in msg.items]
                 receipts = await run_in_threadpool(store.attempt_finish_many, sid, epoch, finishes)
-                finished: list[FinishedItem] = []
+                finished: list[dict[str, Any]] = []
                 by_state: Counter[str] = Counter()
                 for (a, _, _), r in zip(finishes, receipts, strict=True):
                     if isinstance(r, OrbitError):
-                        finished.append(
-                            FinishedItem(attempt_id=a, receipt=None, error=_item_error(r, metrics))
-                        )
+                        error = _item_error(r, metrics)
+                        finished.append({"attempt_id": a, "receipt": None, "error": error})
                     else:
                         by_state[str(r.task_state)] += 1
-                        finished.append(
-                            FinishedItem(attempt_id=a, receipt=receipt_view(r), error=None)
-                        )
+                        receipt = receipt_wire(r)
+                        finished.append({"attempt_id": a, "receipt": receipt, "error": None})
                 for state, count in by_state.items():  # one labelled inc per state, not per item
                     metrics.finishes.labels(state).inc(count)
-                await conn.send(FinishedManyMessage(req_id=rid, results=finished))
+                await conn.send({"type": "finished_many", "req_id": rid, "results": finished})
                 await self._close_if_fenced(receipts)
             elif isinstance(msg, Renew):
                 leases = await run_in_threadpool(
                     store.lease_renew_many, sid, epoch, list(msg.attempt_ids)
                 )
-                await conn.send(RenewedMessage(req_id=rid, leases=[lease_view(x) for x in leases]))
+                renewed = [lease_wire(x) for x in leases]
+                await conn.send({"type": "renewed", "req_id": rid, "leases": renewed})
             elif isinstance(msg, Finish):
                 outcome = _outcome(msg)
-                receipt = await run_in_threadpool(
+                done = await run_in_threadpool(
                     store.attempt_finish, sid, epoch, msg.attempt_id, int(msg.fence), outcome
                 )
-                metrics.finishes.labels(str(receipt.task_state)).inc()
-                await conn.send(FinishedMessage(req_id=rid, receipt=receipt_view(receipt)))
+                metrics.finishes.labels(str(done.task_state)).inc()
+                await conn.send({"type": "finished", "req_id": rid, "receipt": receipt_wire(done)})
             elif isinstance(msg, Release):
                 await run_in_threadpool(
                     store.attempt_release, sid, epoch, msg.attempt_id, int(msg.fence)
@@ -467,10 +463,16 @@ class _Protocol:
             await self.error(rid, str(exc.code), exc.message)
 
 
-def _item_error(exc: OrbitError, metrics: Metrics) -> ItemError:
+def _item_error(exc: OrbitError, metrics: Metrics) -> dict[str, str]:
+    """One refused item of a batch as the wire's ``ItemError``."""
     if isinstance(exc, Rejected):
         metrics.rejected.labels(str(exc.code)).inc()
-    return ItemError(code=str(exc.code), message=exc.message)
+    return {"code": str(exc.code), "message": exc.message}
+
+
+def tasks_wire(req_id: str | None, grants: Sequence[Grant]) -> dict[str, Any]:
+    """``TasksMessage`` as a wire dict: claimed attempts, pushed (no req_id) or answered."""
+    return {"type": "tasks", "req_id": req_id, "tasks": [assignment_wire(g) for g in grants]}
 
 
 def _outcome(msg: Finish | FinishItem) -> Outcome:

@@ -3,19 +3,33 @@
 from __future__ import annotations
 
 import json
+import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
-from orbit.core.model import Backoff, Task, TaskSpec, compact_json, evolve
+from orbit.core.model import Backoff, Capability, Outcome, Task, TaskSpec, compact_json, evolve
 from orbit.core.states import TaskState
 from orbit.core.transitions import new_task
 from orbit.protocol.convert import EPOCH, instant_to_wire
 from orbit.protocol.decode import DecodeError, _find_bad_value, _values_ok
-from orbit.protocol.messages import TaskView
-from orbit.server.views import task_wire
+from orbit.protocol.messages import (
+    Assignment,
+    FinishedManyMessage,
+    FinishedMessage,
+    RenewedMessage,
+    StartedManyMessage,
+    StartedMessage,
+    TasksMessage,
+    TaskView,
+)
+from orbit.server.gateway import tasks_wire
+from orbit.server.views import assignment_wire, lease_wire, receipt_wire, task_wire
+from orbit.store import open_store
 
 LAST_INSTANT = 253_370_764_800_000_000 - 1  # 9998-12-31T23:59:59.999999Z, the last valid
 
@@ -101,3 +115,57 @@ def test_the_quick_value_check_agrees_with_the_one_that_names_the_culprit(
         slow_ok = False
         assert exc.code in ("NUL_CHARACTER", "TOO_DEEP")
     assert _values_ok(value) == slow_ok
+
+
+def test_worker_replies_are_their_models_dumped(tmp_path: Path) -> None:
+    """The hot worker replies, built as dicts, say what their pydantic models say."""
+    store = open_store(f"sqlite:///{tmp_path}/orbit.db")
+    try:
+        store.queue_create("q", max_concurrency=10, rate=0)
+        plain = store.task_submit(TaskSpec(queue="q", handler="h", payload={"n": [1, 2.5]}))
+        timed = store.task_submit(
+            TaskSpec(
+                queue="q",
+                handler="h",
+                payload=None,
+                retry_safe=True,
+                attempt_timeout_us=1_500_000,
+                deadline=time.time_ns() // 1000 + 3_600_000_000,
+            )
+        )
+        assert plain.task.id and timed.task.id
+        session, _ = store.session_open(
+            name="w", node_id="n", capabilities=[Capability("h", 10)], max_concurrency=10
+        )
+        grants = store.attempt_claim_many(session.id, session.epoch, 10)
+        assert len(grants) == 2
+        starts = [(g.attempt.id, g.attempt.fence) for g in grants]
+        leases = store.attempt_start_many(session.id, session.epoch, starts)
+        outcomes = [Outcome.success({"ok": True}), Outcome.failure("BOOM", "it broke", False)]
+        finishes = [(a, f, o) for (a, f), o in zip(starts, outcomes, strict=True)]
+        receipts = store.attempt_finish_many(session.id, session.epoch, finishes)
+    finally:
+        store.close()
+    refused = {"code": "STALE_FENCE", "message": "the fence is stale"}
+
+    def same(model: type[BaseModel], wire: dict[str, Any]) -> None:
+        assert model.model_validate(wire).model_dump(mode="json") == wire
+        assert json.loads(compact_json(wire)) == wire
+
+    for grant in grants:
+        same(Assignment, assignment_wire(grant))
+    same(TasksMessage, tasks_wire(None, grants))
+    same(TasksMessage, tasks_wire("r1", []))
+    lease_dicts = [lease_wire(x) for x in leases if not isinstance(x, Exception)]
+    assert len(lease_dicts) == 2
+    same(StartedMessage, {"type": "started", "req_id": "r2", "lease": lease_dicts[0]})
+    same(RenewedMessage, {"type": "renewed", "req_id": "r3", "leases": lease_dicts})
+    started = [{"attempt_id": d["attempt_id"], "lease": d, "error": None} for d in lease_dicts]
+    started.append({"attempt_id": "a-refused", "lease": None, "error": refused})
+    same(StartedManyMessage, {"type": "started_many", "req_id": "r4", "results": started})
+    receipt_dicts = [receipt_wire(r) for r in receipts if not isinstance(r, Exception)]
+    assert len(receipt_dicts) == 2
+    same(FinishedMessage, {"type": "finished", "req_id": "r5", "receipt": receipt_dicts[0]})
+    finished = [{"attempt_id": d["attempt_id"], "receipt": d, "error": None} for d in receipt_dicts]
+    finished.append({"attempt_id": "a-refused", "receipt": None, "error": refused})
+    same(FinishedManyMessage, {"type": "finished_many", "req_id": "r6", "results": finished})
