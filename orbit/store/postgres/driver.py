@@ -66,6 +66,13 @@ def write_batch_sql(queries: Sequence[str]) -> str:
     return f"WITH {ctes}\nSELECT {counts}"
 
 
+def _has_rows(cur: psycopg.Cursor[Any]) -> bool:
+    """Whether the statement returned rows. ``cur.description`` would say so too, but it
+    builds an object per column on every call: a row of orbit_tasks has 31."""
+    result = cur.pgresult
+    return result is not None and result.nfields > 0
+
+
 class _PostgresConnection:
     def __init__(
         self, cx: psycopg.Connection[Any], queries: dict[str, str], composed: dict[Any, str]
@@ -107,14 +114,14 @@ class _PostgresConnection:
     def fetch(self, name: str, params: Params) -> list[Row]:
         with self._cx.cursor(row_factory=dict_row) as cur:
             cur.execute(self._queries[name], params)
-            return cur.fetchall() if cur.description else []
+            return cur.fetchall() if _has_rows(cur) else []
 
     def write_many(self, name: str, rows: Sequence[Row]) -> int:
         if not rows:
             return 0
         with self._cx.cursor() as cur:
             cur.execute(self._queries[name], {"rows": _rows_json(rows)})
-            return len(cur.fetchall()) if cur.description else cur.rowcount
+            return len(cur.fetchall()) if _has_rows(cur) else cur.rowcount
 
     def execute(self, name: str, params: Params) -> int:
         with self._cx.cursor() as cur:
