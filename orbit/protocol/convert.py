@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Any
+
+from orbit.core.model import parse_json
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
@@ -42,4 +43,4 @@ def us_to_seconds(us: int | None) -> float | None:
 
 
 def json_or_none(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+    return None if text is None else parse_json(text)

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from orbit.core.model import Artifact, Attempt, Grant, Lease, Queue, Receipt, Session, Task
+from orbit.core.model import (
+    Artifact,
+    Attempt,
+    Grant,
+    Lease,
+    Queue,
+    Receipt,
+    Session,
+    Task,
+    parse_json,
+)
 from orbit.protocol.convert import instant_to_wire, json_or_none, us_to_seconds
 from orbit.protocol.messages import (
     ArtifactView,
@@ -33,7 +42,7 @@ def task_wire(t: Task) -> dict[str, Any]:
         "handler": t.handler,
         "tenant": t.tenant,
         "priority": t.priority,
-        "payload": json.loads(t.payload),
+        "payload": parse_json(t.payload),
         "state": str(t.state),
         "parent_id": t.parent_id,
         "idempotency_key": t.idempotency_key,
@@ -131,7 +140,7 @@ def assignment_wire(g: Grant) -> dict[str, Any]:
         "handler": g.task.handler,
         "queue": g.task.queue,
         "tenant": g.task.tenant,
-        "payload": json.loads(g.task.payload),
+        "payload": parse_json(g.task.payload),
         "attempt": g.attempt.number,
         "retry_safe": g.task.retry_safe,
         "deadline": instant_to_wire(g.task.deadline),

@@ -15,6 +15,7 @@ from orbit.core.model import (
     Session,
     Task,
     build,
+    compact_json,
 )
 from orbit.core.states import AttemptState, SessionState, TaskState
 from orbit.store.driver import Row
@@ -248,7 +249,7 @@ def event_to_row(e: Event, at: int) -> Row:
         "attempt_from": str(e.attempt_from) if e.attempt_from else None,
         "attempt_to": str(e.attempt_to) if e.attempt_to else None,
         "code": e.code,
-        "data": json.dumps(e.data, sort_keys=True) if e.data is not None else None,
+        "data": compact_json(e.data, sort_keys=True).decode() if e.data is not None else None,
     }
 
 

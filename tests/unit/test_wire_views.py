@@ -12,7 +12,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from orbit.core.model import Backoff, Capability, Outcome, Task, TaskSpec, compact_json, evolve
+from orbit.core.model import (
+    Backoff,
+    Capability,
+    Outcome,
+    Task,
+    TaskSpec,
+    canonical_json,
+    compact_json,
+    evolve,
+    parse_json,
+)
 from orbit.core.states import TaskState
 from orbit.core.transitions import new_task
 from orbit.protocol.convert import EPOCH, instant_to_wire
@@ -169,3 +179,43 @@ def test_worker_replies_are_their_models_dumped(tmp_path: Path) -> None:
     finished = [{"attempt_id": d["attempt_id"], "receipt": d, "error": None} for d in receipt_dicts]
     finished.append({"attempt_id": "a-refused", "receipt": None, "error": refused})
     same(FinishedManyMessage, {"type": "finished_many", "req_id": "r6", "results": finished})
+
+
+_JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(_JSON_VALUES)
+def test_parse_json_reads_what_the_standard_library_reads(value: Any) -> None:
+    text = canonical_json(value)
+    assert parse_json(text) == json.loads(text)
+    sorted_text = compact_json(value, sort_keys=True)
+    assert json.loads(sorted_text) == value
+    if not _has_float(value):  # orjson spells some floats its own way (1e16, not 1e+16)
+        assert sorted_text.decode() == json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        )
+
+
+def _has_float(value: Any) -> bool:
+    if isinstance(value, float):
+        return True
+    if isinstance(value, list):
+        return any(_has_float(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_float(v) for v in value.values())
+    return False
+
+
+def test_parse_json_falls_back_where_orjson_refuses() -> None:
+    assert parse_json('{"n": 1180591620717411303424}') == {"n": 2**70}
+    assert parse_json('"\\ud800"') == "\ud800"  # a lone surrogate, as json.loads reads it
+    big = compact_json({"b": 1, "a": 2**70}, sort_keys=True)
+    assert big == b'{"a":1180591620717411303424,"b":1}'
