@@ -17,6 +17,8 @@ from typing import Any
 import websockets
 from websockets.asyncio.client import ClientConnection
 
+from orbit.core.model import parse_json
+
 
 class ServerError(Exception):
     """The server answered a request with ``error``; ``code`` is machine-readable."""
@@ -66,7 +68,7 @@ class WorkerConnection:
     async def _read(self) -> None:
         try:
             async for frame in self.ws:
-                msg = json.loads(frame)
+                msg = parse_json(frame)  # the server's frames: plain JSON, read fast
                 rid = msg.get("req_id")
                 future = self._waiting.pop(rid, None) if isinstance(rid, str) else None
                 if future is not None and not future.done():

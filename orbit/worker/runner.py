@@ -84,7 +84,9 @@ class Context:
     deadline: datetime | None
     attempt_timeout: float | None
     retry_safe: bool = False
-    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    #: set once (by the event loop) and read from handler threads: a plain flag is
+    #: enough under the GIL, and a threading.Event per attempt was a visible cost
+    _stopped: bool = field(default=False, repr=False)
     reason: str | None = None
     _report: Callable[[float | None, str | None], None] | None = field(default=None, repr=False)
     _upload: Callable[..., Awaitable[dict[str, Any]]] | None = field(default=None, repr=False)
@@ -93,11 +95,11 @@ class Context:
     @property
     def cancelled(self) -> bool:
         """True once the task was cancelled, the lease lost, or the worker is stopping."""
-        return self._cancel.is_set()
+        return self._stopped
 
     def check(self) -> None:
         """Raise ``Cancelled`` if the attempt must stop (for plain-function handlers)."""
-        if self._cancel.is_set():
+        if self._stopped:
             raise Cancelled(self.reason or "cancelled")
 
     def progress(self, fraction: float | None = None, message: str | None = None) -> None:
@@ -141,9 +143,9 @@ class Context:
         return future.result(timeout)
 
     def _stop(self, reason: str) -> None:
-        if not self._cancel.is_set():
+        if not self._stopped:
             self.reason = reason
-            self._cancel.set()
+            self._stopped = True
 
 
 @dataclass
