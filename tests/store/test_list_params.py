@@ -1,0 +1,46 @@
+"""Lists of strings reach SQL exactly, whatever they hold.
+
+PostgreSQL receives them as array literals built by the driver (``text_array``), SQLite
+as JSON arrays; either way a query must read back the very strings it was given, in
+order, including the characters an array literal has to escape.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from orbit.store import Store
+from orbit.store.postgres.driver import text_array
+
+ECHO = {
+    "postgres": "SELECT x FROM unnest(CAST(%(items)s AS text[])) WITH ORDINALITY AS u(x, n) "
+    "ORDER BY n",
+    "sqlite": "SELECT value AS x FROM json_each(:items) ORDER BY key",
+}
+AWKWARD = [
+    "plain",
+    'a "quoted" word',
+    "back\\slash",
+    "trailing\\",
+    "comma,separated",
+    "{braces}",
+    "  spaces  ",
+    "NULL",
+    "null",
+    "",
+    "é ünïcödé ✓",
+    "tab\tand\nnewline",
+]
+
+
+@pytest.mark.parametrize("items", [[], ["one"], AWKWARD], ids=["empty", "one", "awkward"])
+def test_a_list_of_strings_reads_back_exactly(store: Store, items: list[str]) -> None:
+    store.driver.queries["test_echo"] = ECHO[store.backend]
+    with store.driver.transaction() as cx:
+        rows = cx.fetch("test_echo", {"items": items})
+    assert [r["x"] for r in rows] == items
+
+
+def test_text_array_quotes_every_element() -> None:
+    assert text_array([]) == "{}"
+    assert text_array(["a", 'b"c', "d\\e"]) == '{"a","b\\"c","d\\\\e"}'
