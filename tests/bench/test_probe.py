@@ -1,0 +1,30 @@
+"""benchmarks.probe: a tiny real drain gives a rate and CPU per process, and bad
+arguments are refused before any database is created."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import probe
+from tests.pg import ADMIN_DSN
+
+
+def test_a_tiny_drain_reports_rate_and_cpu() -> None:
+    result = probe.drain(ADMIN_DSN, tasks=40, concurrency=5, spy=None, spy_worker=False)
+    assert result["tasks"] == 40
+    assert result["tasks_per_s"] > 0
+    assert set(result["cpu_ms_per_task"]) == {"server", "worker", "postgres"}
+    assert all(v >= 0 for v in result["cpu_ms_per_task"].values())
+
+
+@pytest.mark.parametrize("bad", [{"tasks": 0}, {"concurrency": 0}])
+def test_bad_arguments_are_refused_first(
+    bad: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_database(*args: object, **kwargs: object) -> str:
+        raise AssertionError("a database was about to be created")
+
+    monkeypatch.setattr(probe, "create_database", no_database)
+    args = {"tasks": 10, "concurrency": 2, **bad}
+    with pytest.raises(ValueError):
+        probe.drain(ADMIN_DSN, spy=None, spy_worker=False, **args)
