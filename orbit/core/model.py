@@ -46,13 +46,20 @@ def evolve(record: R, **changes: Any) -> R:
 
 def build(cls: type[R], **values: Any) -> R:
     """Construct a record from every one of its fields, without the frozen ``__init__``
-    (which sets each field through ``object.__setattr__``): the store turns hundreds of
-    rows into records per batch. Every field must be given, and no other."""
+    (which sets each field through ``object.__setattr__``). Every field must be given,
+    and no other."""
     names = _FIELDS.get(cls)
     if names is None:
         names = _FIELDS[cls] = frozenset(f.name for f in fields(cls))  # type: ignore[arg-type]
     if values.keys() != names:
         raise TypeError(f"{cls.__name__} fields differ: {sorted(values.keys() ^ names)}")
+    return assemble(cls, values)
+
+
+def assemble(cls: type[R], values: dict[str, Any]) -> R:
+    """``build`` without its check, for the store's hot path (hundreds of rows turned
+    into records per batch): ``values`` must hold every field and no other, which the
+    caller's fixed field list and a test of it guarantee."""
     record = object.__new__(cls)
     record.__dict__.update(values)
     return record

@@ -14,6 +14,7 @@ from orbit.core.model import (
     Queue,
     Session,
     Task,
+    assemble,
     compact_json,
 )
 from orbit.core.states import AttemptState, SessionState, TaskState
@@ -58,13 +59,9 @@ _TASK_AS_IS = (
 
 
 def task_from_row(r: Row) -> Task:
-    """A task from its row. Built field by field into the record's ``__dict__`` (as
-    ``build`` does, without its check: the field list is fixed here and a test holds it
-    to the dataclass), since a batch turns hundreds of rows into tasks."""
-    task = object.__new__(Task)
-    values = task.__dict__
-    for name in _TASK_AS_IS:
-        values[name] = r[name]
+    """A task from its row, unchecked (``assemble``): the field lists here are fixed and
+    a test holds them to the dataclass, since a batch turns hundreds of rows into tasks."""
+    values = {name: r[name] for name in _TASK_AS_IS}
     values["retry_safe"] = bool(r["retry_safe"])  # SQLite stores booleans as 0/1
     values["cancel_requested"] = bool(r["cancel_requested"])
     values["error_retryable"] = _opt_bool(r["error_retryable"])
@@ -72,7 +69,7 @@ def task_from_row(r: Row) -> Task:
     values["backoff"] = Backoff(
         r["backoff_base_us"], float(r["backoff_factor"]), r["backoff_max_us"]
     )
-    return task
+    return assemble(Task, values)
 
 
 def task_to_row(t: Task) -> Row:
@@ -157,12 +154,9 @@ _ATTEMPT_AS_IS = (
 
 def attempt_from_row(r: Row) -> Attempt:
     """An attempt from its row, built as ``task_from_row`` builds a task."""
-    attempt = object.__new__(Attempt)
-    values = attempt.__dict__
-    for name in _ATTEMPT_AS_IS:
-        values[name] = r[name]
+    values = {name: r[name] for name in _ATTEMPT_AS_IS}
     values["state"] = _ATTEMPT_STATES[r["state"]]
-    return attempt
+    return assemble(Attempt, values)
 
 
 def attempt_to_row(a: Attempt) -> Row:
