@@ -49,10 +49,12 @@ def text_array(items: Sequence[str]) -> str:
 
 def _arrays(params: Params) -> Params:
     """Lists of strings as array literals (see ``text_array``); other values as they are."""
-    for key, value in params.items():
-        if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
-            params = {**params, key: text_array(value)}
-    return params
+    return {
+        key: text_array(value)
+        if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
+        else value
+        for key, value in params.items()
+    }
 
 
 def _scoped(sql: str, i: int) -> str:
