@@ -30,9 +30,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import psutil
 import psycopg
 
+from benchmarks.cpu import CpuSampler
 from benchmarks.harness import free_ports
 from benchmarks.systems.base import create_database, drop_database
 from orbit import Client
@@ -50,26 +50,6 @@ def _py_spy() -> str:
     if found is None:
         raise FileNotFoundError("py-spy is not installed (pip install -e '.[dev]')")
     return found
-
-
-def _cpu(procs: Sequence[psutil.Process]) -> dict[int, float]:
-    out = {}
-    for p in procs:
-        try:
-            t = p.cpu_times()
-        except psutil.Error:
-            continue
-        out[p.pid] = t.user + t.system
-    return out
-
-
-def _postgres() -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["name"]) if (p.info["name"] or "") == "postgres"]
-
-
-def _spent(before: dict[int, float], after: dict[int, float]) -> float:
-    """CPU seconds between two samples; a process born in between counts whole."""
-    return sum(t - before.get(pid, 0.0) for pid, t in after.items())
 
 
 @contextmanager
@@ -180,50 +160,51 @@ def drain(
                     if worker.poll() is not None:
                         raise RuntimeError("the worker exited before running a task")
                     time.sleep(0.01)
-                ours = [psutil.Process(server.pid), psutil.Process(worker.pid)]
-                t0, cpu0, pg0 = time.perf_counter(), _cpu(ours), _cpu(_postgres())
-                spying = None
-                if spy is not None and spy_bin is not None:
-                    target = worker.pid if spy_worker else server.pid
-                    spying = subprocess.Popen(
-                        [
-                            spy_bin,
-                            "record",
-                            "-p",
-                            str(target),
-                            "-d",
-                            "6",
-                            "-r",
-                            "250",
-                            "--gil",
-                            "-f",
-                            "raw",
-                            "-o",
-                            spy,
-                        ],
-                        stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL,
-                    )
-                while (n := succeeded()) < tasks:
-                    if worker.poll() is not None or server.poll() is not None:
-                        raise RuntimeError(f"a process exited with {n} of {tasks} done")
-                    time.sleep(0.1)  # a count(*) per poll: cheap enough at this pace
-                elapsed = time.perf_counter() - t0
-                cpu1, pg1 = _cpu(ours), _cpu(_postgres())
+                # readings at the start and the end only: no sampling thread in the way
+                with CpuSampler(interval=0) as sampler:
+                    t0 = time.perf_counter()
+                    spying = None
+                    if spy is not None and spy_bin is not None:
+                        target = worker.pid if spy_worker else server.pid
+                        spying = subprocess.Popen(
+                            [
+                                spy_bin,
+                                "record",
+                                "-p",
+                                str(target),
+                                "-d",
+                                "6",
+                                "-r",
+                                "250",
+                                "--gil",
+                                "-f",
+                                "raw",
+                                "-o",
+                                spy,
+                            ],
+                            stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL,
+                        )
+                    while (n := succeeded()) < tasks:
+                        if worker.poll() is not None or server.poll() is not None:
+                            raise RuntimeError(f"a process exited with {n} of {tasks} done")
+                        time.sleep(0.1)  # a count(*) per poll: cheap enough at this pace
+                    elapsed = time.perf_counter() - t0
             if spying is not None:
                 spying.wait()
         shutil.rmtree(work, ignore_errors=True)
     finally:
         drop_database(admin_dsn, name)
     per_task = 1000 / tasks  # CPU seconds per drain -> ms per task
+    by_pid = {p["pid"]: p["cpu_s"] for p in sampler.result["processes"]}
     return {
         "tasks": tasks,
         "concurrency": concurrency,
         "tasks_per_s": round(tasks / elapsed, 1),
         "cpu_ms_per_task": {
-            "server": round((cpu1[server.pid] - cpu0[server.pid]) * per_task, 4),
-            "worker": round((cpu1[worker.pid] - cpu0[worker.pid]) * per_task, 4),
-            "postgres": round(_spent(pg0, pg1) * per_task, 4),
+            "server": round(by_pid[server.pid] * per_task, 4),
+            "worker": round(by_pid[worker.pid] * per_task, 4),
+            "postgres": round(sampler.result["cpu_s"]["postgres"] * per_task, 4),
         },
     }
 
