@@ -49,6 +49,7 @@ from urllib.parse import urlencode
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from benchmarks.workloads import percentile
 from orbit.store import open_store
 
 SCRIPT = Path(__file__).parent / "pgbench" / "pipeline.sql"
@@ -252,11 +253,10 @@ def commit_latency(dsn: str, commits: int) -> dict[str, dict[str, float]]:
                 cx.execute("INSERT INTO commit_probe (at) VALUES (1)")
                 cx.commit()
                 times.append((time.perf_counter() - t0) * 1000)
-            times.sort()
             out[label] = {
-                "p50_ms": round(times[len(times) // 2], 3),
-                "p99_ms": round(times[max(0, -(-99 * len(times) // 100) - 1)], 3),
-                "max_ms": round(times[-1], 3),
+                "p50_ms": round(percentile(times, 50), 3),
+                "p99_ms": round(percentile(times, 99), 3),
+                "max_ms": round(max(times), 3),
             }
         cx.execute("DROP TABLE commit_probe")
         cx.commit()
