@@ -229,6 +229,13 @@ def _ratio(
     }
 
 
+def _best_latency_peer(summary: dict[str, Any]) -> str | None:
+    """The peer with the lowest median enqueue→start p99 in this invocation, if any."""
+    found = {s: median(summary, "latency", s, "p99_ms") for s in _peers(summary, "latency")}
+    p99 = {s: v for s, v in found.items() if v is not None}
+    return min(p99, key=lambda s: p99[s]) if p99 else None
+
+
 def _peers(summary: dict[str, Any], workload: str, family: str | None = None) -> list[str]:
     found = summary["results"].get(workload, {})
     return [
@@ -258,10 +265,8 @@ def ratios(summary: dict[str, Any]) -> list[dict[str, Any]]:
                     "> 1: Orbit drains faster",
                 )
             )
-    found = {s: median(summary, "latency", s, "p99_ms") for s in _peers(summary, "latency")}
-    p99 = {s: v for s, v in found.items() if v is not None}
-    if p99:
-        best = min(p99, key=lambda s: p99[s])
+    best = _best_latency_peer(summary)
+    if best is not None:
         out.append(
             _ratio(
                 f"{pick('latency')} p99 / best peer p99 ({best})",
@@ -361,10 +366,8 @@ def _bounds(
             )
         )
     durable = (physical.get("commit_latency_ms") or {}).get("durable", {}).get("p99_ms")
-    found = {s: median(summary, "latency", s, "p99_ms") for s in _peers(summary, "latency")}
-    p99 = {s: v for s, v in found.items() if v is not None}
-    if p99 and durable is not None:
-        best = min(p99, key=lambda s: p99[s])
+    best = _best_latency_peer(summary)
+    if best is not None and durable is not None:
         out.append(
             _ratio(
                 f"durable commit p99 / best peer's enqueue→start p99 ({best})",
