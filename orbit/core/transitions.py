@@ -197,17 +197,6 @@ def new_task(spec: TaskSpec, *, task_id: str, payload: str, now: int) -> Task:
     )
 
 
-def submitted_event(task: Task) -> Event:
-    return Event(
-        kind="submitted",
-        task_id=task.id,
-        queue=task.queue,
-        tenant=task.tenant,
-        task_to=task.state,
-        data={"handler": task.handler, "payload_digest": task.payload_digest},
-    )
-
-
 # --------------------------------------------------------------------------- claim
 
 

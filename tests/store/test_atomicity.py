@@ -182,7 +182,7 @@ def _pause(store: Store, clock: ManualClock) -> Callable[[], object]:
 
 
 CASES: dict[str, tuple[Setup, list[str]]] = {
-    "submit": (_submit, ["task_insert_many", "event_insert_many"]),
+    "submit": (_submit, ["task_submit_many"]),
     "claim": (
         _claim,
         ["task_write_many", "attempt_insert_many", "queue_tokens_write_many", "event_insert_many"],

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from orbit.core.errors import Code, OrbitError, Rejected
-from orbit.core.model import SECOND, Backoff, Capability, Outcome, TaskSpec
+from orbit.core.model import SECOND, Backoff, Capability, Outcome, TaskSpec, compact_json
 from orbit.store import Store, StoreConfig
 from tests.conftest import ManualClock
 from tests.invariants import check_all
@@ -579,4 +579,38 @@ def test_progress_is_an_event_of_a_running_attempt(store: Store, clock: ManualCl
     with pytest.raises(Rejected) as late:
         store.attempt_progress(s.id, s.epoch, g.attempt.id, g.attempt.fence, fraction=1.0)
     assert late.value.code == Code.ATTEMPT_ENDED
+    assert check_all(store) == []
+
+
+def test_submitted_events_are_made_from_the_inserted_tasks(
+    store: Store, clock: ManualClock
+) -> None:
+    """The database writes each new task's `submitted` event from the row it inserted
+    (``task_submit_many``): one per task created, in submission order, none for a task an
+    idempotency key answered, spelled exactly as every other event's data."""
+    queue(store)
+    queue(store, "q2")
+    first = submit(store, idempotency_key="k")
+    specs = [
+        TaskSpec(queue="q", handler="h.one", payload={"n": 1}),
+        TaskSpec(queue="q", handler="h", idempotency_key="k"),  # answered by the first
+        TaskSpec(queue="q2", handler="h-2:x", tenant="t1", payload=[1, "two"]),
+        TaskSpec(queue="q", handler="h", run_after=clock.now + 60 * SECOND),  # scheduled
+    ]
+    done = store.task_submit_many(specs)
+    assert [d.created for d in done] == [True, False, True, True]
+    assert done[1].task.id == first
+    fresh = [d.task for d in done if d.created]
+    events = [e for e in store.event_list() if e["kind"] == "submitted" and e["task_id"] != first]
+    assert [e["task_id"] for e in events] == [t.id for t in fresh]
+    for task, event in zip(fresh, events, strict=True):
+        assert event["kind"] == "submitted"
+        assert event["at"] == task.created_at
+        assert (event["queue"], event["tenant"]) == (task.queue, task.tenant)
+        assert (event["task_from"], event["task_to"]) == (None, str(task.state))
+        assert event["attempt_id"] is None and event["session_id"] is None
+        assert event["code"] is None
+        expected = {"handler": task.handler, "payload_digest": task.payload_digest}
+        assert event["data"] == compact_json(expected, sort_keys=True).decode()
+    assert [t.state for t in fresh] == ["queued", "queued", "scheduled"]
     assert check_all(store) == []

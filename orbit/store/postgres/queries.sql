@@ -54,7 +54,7 @@ UPDATE orbit_queues SET paused = :paused WHERE name = :name;
 
 -- name: queue_tokens_write_many
 UPDATE orbit_queues AS q SET tokens = x.tokens, tokens_at = x.tokens_at
-FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS x(name text, tokens double precision, tokens_at bigint)
+FROM json_to_recordset(CAST(:rows AS json)) AS x(name text, tokens double precision, tokens_at bigint)
 WHERE q.name = x.name
 RETURNING q.name;
 
@@ -85,7 +85,7 @@ SELECT
     attempt_timeout_us, deadline, run_after, state, attempts_used, fence, cancel_requested,
     result, error_code, error_message, error_retryable, result_digest, result_version,
     created_at, updated_at, finished_at, version
-FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS x(
+FROM json_to_recordset(CAST(:rows AS json)) AS x(
     id text, queue text, handler text, tenant text, priority integer, payload text,
     payload_digest text, idempotency_key text, parent_id text, retry_safe boolean,
     max_attempts integer, backoff_base_us bigint, backoff_factor double precision,
@@ -95,6 +95,44 @@ FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS x(
     result_version bigint, created_at bigint, updated_at bigint, finished_at bigint,
     version bigint)
 ON CONFLICT (tenant, queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id;
+
+-- name: task_submit_many
+-- New tasks and the `submitted` event of each, in one statement: the events are made from
+-- the rows the insert returns, so a task skipped because its idempotency key was taken
+-- concurrently gets none (the count falls short and the store retries). The event data is
+-- spelled as compact_json(sort_keys=True) spells it: handler names and digests need no
+-- escaping (see check_name).
+WITH t AS (
+    INSERT INTO orbit_tasks (
+        id, queue, handler, tenant, priority, payload, payload_digest, idempotency_key,
+        parent_id, retry_safe, max_attempts, backoff_base_us, backoff_factor, backoff_max_us,
+        attempt_timeout_us, deadline, run_after, state, attempts_used, fence, cancel_requested,
+        result, error_code, error_message, error_retryable, result_digest, result_version,
+        created_at, updated_at, finished_at, version)
+    SELECT
+        id, queue, handler, tenant, priority, payload, payload_digest, idempotency_key,
+        parent_id, retry_safe, max_attempts, backoff_base_us, backoff_factor, backoff_max_us,
+        attempt_timeout_us, deadline, run_after, state, attempts_used, fence, cancel_requested,
+        result, error_code, error_message, error_retryable, result_digest, result_version,
+        created_at, updated_at, finished_at, version
+    FROM json_to_recordset(CAST(:rows AS json)) AS x(
+        id text, queue text, handler text, tenant text, priority integer, payload text,
+        payload_digest text, idempotency_key text, parent_id text, retry_safe boolean,
+        max_attempts integer, backoff_base_us bigint, backoff_factor double precision,
+        backoff_max_us bigint, attempt_timeout_us bigint, deadline bigint, run_after bigint,
+        state text, attempts_used integer, fence bigint, cancel_requested boolean, result text,
+        error_code text, error_message text, error_retryable boolean, result_digest text,
+        result_version bigint, created_at bigint, updated_at bigint, finished_at bigint,
+        version bigint)
+    ON CONFLICT (tenant, queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, tenant, handler, payload_digest, state, created_at
+)
+INSERT INTO orbit_events (at, kind, task_id, attempt_id, session_id, queue, tenant,
+    task_from, task_to, attempt_from, attempt_to, code, data)
+SELECT created_at, 'submitted', id, NULL, NULL, queue, tenant, NULL, state, NULL, NULL, NULL,
+    '{"handler":"' || handler || '","payload_digest":"' || payload_digest || '"}'
+FROM t
 RETURNING id;
 
 -- name: task_get
@@ -148,7 +186,7 @@ UPDATE orbit_tasks AS t SET
     error_message = x.error_message, error_retryable = x.error_retryable,
     result_digest = x.result_digest, result_version = x.result_version,
     updated_at = x.updated_at, finished_at = x.finished_at, version = x.version
-FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS x(
+FROM json_to_recordset(CAST(:rows AS json)) AS x(
     id text, expect_version bigint, state text, attempts_used integer, fence bigint,
     cancel_requested boolean, run_after bigint, max_attempts integer, result text,
     error_code text, error_message text, error_retryable boolean, result_digest text,
@@ -180,7 +218,7 @@ SELECT
     id, task_id, number, session_id, session_epoch, fence, state, claimed_at,
     claim_expires_at, started_at, lease_expires_at, ended_at, finish_digest, receipt,
     queue, tenant, handler
-FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS x(
+FROM json_to_recordset(CAST(:rows AS json)) AS x(
     id text, task_id text, number integer, session_id text, session_epoch bigint,
     fence bigint, state text, claimed_at bigint, claim_expires_at bigint, started_at bigint,
     lease_expires_at bigint, ended_at bigint, finish_digest text, receipt text,
@@ -191,7 +229,7 @@ RETURNING id;
 UPDATE orbit_attempts AS a SET
     state = x.state, started_at = x.started_at, lease_expires_at = x.lease_expires_at,
     ended_at = x.ended_at, finish_digest = x.finish_digest, receipt = x.receipt
-FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS x(
+FROM json_to_recordset(CAST(:rows AS json)) AS x(
     id text, expect_state text, expect_lease bigint, state text, started_at bigint,
     lease_expires_at bigint, ended_at bigint, finish_digest text, receipt text)
 WHERE a.id = x.id AND a.state = x.expect_state
@@ -247,7 +285,7 @@ UPDATE orbit_sessions AS s SET
     capabilities = x.capabilities, max_concurrency = x.max_concurrency,
     capacity_seq = x.capacity_seq, draining = x.draining, state = x.state,
     expires_at = x.expires_at
-FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS x(
+FROM json_to_recordset(CAST(:rows AS json)) AS x(
     id text, expect_epoch bigint, node_id text, epoch bigint, secret_hash text,
     capabilities text, max_concurrency integer, capacity_seq bigint, draining boolean,
     state text, expires_at bigint)
@@ -263,7 +301,7 @@ INSERT INTO orbit_events (at, kind, task_id, attempt_id, session_id, queue, tena
     task_from, task_to, attempt_from, attempt_to, code, data)
 SELECT at, kind, task_id, attempt_id, session_id, queue, tenant, task_from, task_to,
     attempt_from, attempt_to, code, data
-FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS x(
+FROM json_to_recordset(CAST(:rows AS json)) AS x(
     at bigint, kind text, task_id text, attempt_id text, session_id text, queue text,
     tenant text, task_from text, task_to text, attempt_from text, attempt_to text,
     code text, data text)

@@ -5,6 +5,7 @@ is read after that lock is held."""
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import threading
 import time
@@ -16,16 +17,31 @@ from typing import Any
 from orbit.store.driver import Params, Row, load_queries
 
 _HERE = Path(__file__).parent
+#: a named query may be several statements, each ending with ';' at the end of a line
+_STATEMENT_END_RE = re.compile(r";[ \t]*\n")
 
 
 def _encode(params: Params) -> Params:
     return {k: json.dumps(v) if isinstance(v, list | tuple) else v for k, v in params.items()}
 
 
+def statements(queries: dict[str, str]) -> dict[str, list[str]]:
+    """Each named query as its statements, for ``write_many``: SQLite runs one statement
+    per call, and a write such as ``task_submit_many`` (the tasks, then their events)
+    needs two over the same rows."""
+    return {
+        name: [part.strip() for part in _STATEMENT_END_RE.split(sql) if part.strip()]
+        for name, sql in queries.items()
+    }
+
+
 class _SqliteConnection:
-    def __init__(self, cx: sqlite3.Connection, queries: dict[str, str]) -> None:
+    def __init__(
+        self, cx: sqlite3.Connection, queries: dict[str, str], writes: dict[str, list[str]]
+    ) -> None:
         self._cx = cx
         self._queries = queries
+        self._writes = writes
 
     def fetch(self, name: str, params: Params) -> list[Row]:
         cur = self._cx.execute(self._queries[name], _encode(params))
@@ -33,10 +49,15 @@ class _SqliteConnection:
         return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
 
     def write_many(self, name: str, rows: Sequence[Row]) -> int:
+        """Each of the query's statements over every row; the count is the last one's
+        (a multi-statement write makes its later rows from the ones the first wrote)."""
         if not rows:
             return 0
-        cur = self._cx.executemany(self._queries[name], [_encode(r) for r in rows])
-        return cur.rowcount
+        encoded = [_encode(r) for r in rows]
+        count = 0
+        for statement in self._writes[name]:
+            count = self._cx.executemany(statement, encoded).rowcount
+        return count
 
     def fetch_many(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
         # In-process: a statement costs no round trip, and the write lock taken by
@@ -68,6 +89,7 @@ class SqliteDriver:
     def __init__(self, path: str | Path, *, busy_timeout_ms: int = 10_000) -> None:
         self.path = str(path)
         self.queries = load_queries(_HERE / "queries.sql")
+        self._writes = statements(self.queries)
         self.migrations = _HERE / "migrations"
         self._lock = threading.RLock()
         self._cx = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -84,7 +106,7 @@ class SqliteDriver:
             try:
                 self._cx.execute("BEGIN IMMEDIATE")
                 try:
-                    yield _SqliteConnection(self._cx, self.queries)
+                    yield _SqliteConnection(self._cx, self.queries, self._writes)
                 except BaseException:
                     self._cx.execute("ROLLBACK")
                     raise

@@ -87,6 +87,31 @@ VALUES (
     :result_digest, :result_version, :created_at, :updated_at, :finished_at, :version)
 ON CONFLICT (tenant, queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
 
+-- name: task_submit_many
+-- New tasks and the `submitted` event of each: two statements, each run over every row
+-- (the driver splits a query on the ';' that ends a line). The event is made from the row
+-- the first statement wrote, so a task skipped for a taken idempotency key gets none. The
+-- event data is spelled as compact_json(sort_keys=True) spells it: handler names and
+-- digests need no escaping (see check_name).
+INSERT INTO orbit_tasks (
+    id, queue, handler, tenant, priority, payload, payload_digest, idempotency_key,
+    parent_id, retry_safe, max_attempts, backoff_base_us, backoff_factor, backoff_max_us,
+    attempt_timeout_us, deadline, run_after, state, attempts_used, fence, cancel_requested,
+    result, error_code, error_message, error_retryable, result_digest, result_version,
+    created_at, updated_at, finished_at, version)
+VALUES (
+    :id, :queue, :handler, :tenant, :priority, :payload, :payload_digest, :idempotency_key,
+    :parent_id, :retry_safe, :max_attempts, :backoff_base_us, :backoff_factor,
+    :backoff_max_us, :attempt_timeout_us, :deadline, :run_after, :state, :attempts_used,
+    :fence, :cancel_requested, :result, :error_code, :error_message, :error_retryable,
+    :result_digest, :result_version, :created_at, :updated_at, :finished_at, :version)
+ON CONFLICT (tenant, queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
+INSERT INTO orbit_events (at, kind, task_id, attempt_id, session_id, queue, tenant,
+    task_from, task_to, attempt_from, attempt_to, code, data)
+SELECT created_at, 'submitted', id, NULL, NULL, queue, tenant, NULL, state, NULL, NULL, NULL,
+    '{"handler":"' || handler || '","payload_digest":"' || payload_digest || '"}'
+FROM orbit_tasks WHERE id = :id;
+
 -- name: task_get
 SELECT * FROM orbit_tasks WHERE id = :id;
 
