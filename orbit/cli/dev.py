@@ -23,6 +23,7 @@ from rich.table import Table
 
 from orbit.client import AsyncClient
 from orbit.core.errors import OrbitError
+from orbit.gctune import tune_for_throughput
 from orbit.worker.runner import Context, Worker
 
 console = Console()
@@ -191,4 +192,5 @@ def dev(
 
     Example: orbit dev --port 8000
     """
+    tune_for_throughput()
     raise typer.Exit(asyncio.run(serve(host, port, data_dir, once)))

@@ -126,6 +126,7 @@ def server(
     """Run one control-plane node (any number may share one PostgreSQL)."""
     import uvicorn
 
+    from orbit.gctune import tune_for_throughput
     from orbit.server import ServerSettings, create_app
     from orbit.store import StoreConfig
 
@@ -150,8 +151,10 @@ def server(
     )
     if node_id:
         settings.node_id = node_id
+    api = create_app(settings)
+    tune_for_throughput()  # after the imports and the app: see orbit.gctune
     uvicorn.run(
-        create_app(settings),
+        api,
         host=host,
         port=port,
         log_level=log_level,

@@ -41,6 +41,7 @@ from urllib.parse import quote
 
 import httpx
 
+from orbit.gctune import tune_for_throughput
 from orbit.tokens import load_token
 from orbit.worker.batching import Coalescer
 from orbit.worker.connection import ServerError, WorkerConnection, outcome
@@ -244,7 +245,9 @@ class Worker:
     # ------------------------------------------------------------------ running
 
     def run(self) -> int:
-        """Run until SIGTERM/SIGINT, then drain. Returns 0, or 1 if a handler was abandoned."""
+        """Run until SIGTERM/SIGINT, then drain. Returns 0, or 1 if a handler was abandoned.
+        This owns the process, so it also tunes the garbage collector (``orbit.gctune``)."""
+        tune_for_throughput()
         return asyncio.run(self.arun(install_signals=True))
 
     async def arun(self, *, install_signals: bool = False) -> int:
