@@ -56,6 +56,12 @@ class Connection(Protocol):
         A backend may send them as one statement, so they see one snapshot."""
         ...
 
+    def lock_many(self, calls: Sequence[tuple[str, Params]]) -> tuple[list[list[Row]], int]:
+        """Run several locking reads in the order given, then read the clock, and return
+        each one's rows and the clock. A backend may send them as one statement, but the
+        clock is always read after every lock is held."""
+        ...
+
     def write_batch(self, writes: Sequence[tuple[str, Sequence[Row]]]) -> list[int]:
         """Run several ``*_many`` writes (each with ``RETURNING``) and return each one's
         count of rows written. A backend may send them as one statement."""

@@ -890,16 +890,27 @@ class Store:
         return task, attempt, session
 
     def _report_batch(
-        self, tx: _Tx, attempt_ids: Sequence[str], session_id: str
-    ) -> tuple[dict[str, Task], dict[str, Attempt], Session]:
+        self, tx: _Tx, attempt_ids: Sequence[str], session_id: str, *, queues: bool = False
+    ) -> tuple[dict[str, Task], dict[str, Attempt], Session, dict[str, bool]]:
         """Lock the tasks, then the attempts, of a batch of reports (always in that order
-        and by id, as every transaction does, so batches never deadlock)."""
+        and by id, as every transaction does, so batches never deadlock), share their
+        session (and, with ``queues``, their queues: name -> paused), then read the clock:
+        one round trip on PostgreSQL (``Connection.lock_many``)."""
         ids = sorted(set(attempt_ids))
-        locked = tx.fetch("task_lock_for_attempts", ids=ids)
-        tasks = {r["id"]: R.task_from_row(r) for r in locked}
-        attempts = {r["id"]: R.attempt_from_row(r) for r in tx.fetch("attempt_lock_many", ids=ids)}
-        session = tx.session(session_id, lock=False, share=True)
-        return tasks, attempts, session
+        calls: list[tuple[str, dict[str, Any]]] = [
+            ("task_lock_for_attempts", {"ids": ids}),
+            ("attempt_lock_many", {"ids": ids}),
+            ("session_share", {"id": session_id}),
+        ]
+        if queues:
+            calls.append(("queue_share_for_attempts", {"ids": ids}))
+        found = tx.lock_many(*calls)
+        if not found[2]:
+            raise OrbitError(Code.SESSION_NOT_FOUND, f"no session {session_id!r:.80}")
+        tasks = {r["id"]: R.task_from_row(r) for r in found[0]}
+        attempts = {r["id"]: R.attempt_from_row(r) for r in found[1]}
+        paused = {r["name"]: bool(r["paused"]) for r in found[3]} if queues else {}
+        return tasks, attempts, R.session_from_row(found[2][0]), paused
 
     def attempt_start(self, session_id: str, epoch: int, attempt_id: str, fence: int) -> Lease:
         """claimed -> running. A repeat of an accepted start returns the same lease."""
@@ -921,12 +932,10 @@ class Store:
 
         def build(tx: _Tx) -> tuple[Plan, list[Lease | OrbitError]]:
             plan = Plan()
-            tasks, attempts, session = self._report_batch(tx, [i for i, _ in items], session_id)
-            names = sorted({t.queue for t in tasks.values()})
-            paused = {
-                r["name"]: bool(r["paused"]) for r in tx.fetch("queue_share_many", names=names)
-            }
-            now = tx.now()
+            tasks, attempts, session, paused = self._report_batch(
+                tx, [i for i, _ in items], session_id, queues=True
+            )
+            now = tx.clock()
             answers: list[Lease | OrbitError] = []
             for attempt_id, fence in items:
                 attempt = attempts.get(attempt_id)
@@ -1035,8 +1044,8 @@ class Store:
         def build(tx: _Tx) -> tuple[Plan, list[Receipt | OrbitError]]:
             plan = Plan()
             valid = [i for i, _, _ in items if invalid[i] is None]
-            tasks, attempts, session = self._report_batch(tx, valid, session_id)
-            now = tx.now()
+            tasks, attempts, session, _ = self._report_batch(tx, valid, session_id)
+            now = tx.clock()
             answers: list[Receipt | OrbitError] = []
             for attempt_id, fence, outcome in items:
                 problem = invalid[attempt_id]
@@ -1529,6 +1538,21 @@ class _Tx:
         clock = self._store._clock
         self._now = clock() if clock is not None else self.cx.now()
         return self._now
+
+    def clock(self) -> int:
+        """The clock as last read (by ``now`` or ``lock_many``)."""
+        assert self._now is not None, "the clock has not been read in this transaction"
+        return self._now
+
+    def lock_many(self, *calls: tuple[str, dict[str, Any]]) -> list[list[Row]]:
+        """Locking reads in the order given, then the clock (``clock()`` returns it): one
+        round trip on PostgreSQL (see ``Connection.lock_many``)."""
+        for name, _ in calls:
+            self._armed(name)
+        found, now = self.cx.lock_many(calls)
+        clock = self._store._clock
+        self._now = clock() if clock is not None else now
+        return found
 
     def session(self, session_id: str, *, lock: bool, share: bool = False) -> Session:
         name = "session_lock" if lock else ("session_share" if share else "session_get")

@@ -75,6 +75,28 @@ def fetch_many_sql(queries: Sequence[str]) -> str:
     return f"SELECT\n{columns}"
 
 
+def lock_many_sql(queries: Sequence[str], clock: str) -> str:
+    """``fetch_many_sql`` for locking reads, with the clock as a last column: the reads
+    run in a subquery that must produce its row (every lock taken, in order, each one
+    waited for) before the outer query's projection reads the clock."""
+    return f"SELECT s.*, ({clock}) AS now FROM ({fetch_many_sql(queries)} OFFSET 0) AS s"
+
+
+#: ``lock_many`` sends its reads as one statement only for this many ids at most. The
+#: statement saves a round trip per read, which is most of a small report's cost, but
+#: returns the rows as JSON, which costs PostgreSQL and this process more per row than
+#: plain rows do: for a batch of hundreds (a busy worker's starts and finishes) the
+#: separate reads were cheaper (``python -m benchmarks.probe``).
+LOCK_MANY_INLINE_MAX = 16
+
+
+def _largest_list(calls: Sequence[tuple[str, Params]]) -> int:
+    return max(
+        (len(v) for _, params in calls for v in params.values() if isinstance(v, list | tuple)),
+        default=0,
+    )
+
+
 def write_batch_sql(queries: Sequence[str]) -> str:
     """One statement that runs each ``*_many`` write as a data-modifying CTE and returns
     how many rows each wrote. PostgreSQL runs every such CTE exactly once, and checks
@@ -106,8 +128,14 @@ class _PostgresConnection:
         key = (kind, names)
         sql = self._composed.get(key)
         if sql is None:
-            build = fetch_many_sql if kind == "fetch" else write_batch_sql
-            sql = self._composed[key] = build([self._queries[n] for n in names])
+            queries = [self._queries[n] for n in names]
+            if kind == "fetch":
+                sql = fetch_many_sql(queries)
+            elif kind == "lock":
+                sql = lock_many_sql(queries, self._queries["clock_now"])
+            else:
+                sql = write_batch_sql(queries)
+            self._composed[key] = sql
         return sql
 
     def fetch_many(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
@@ -120,6 +148,19 @@ class _PostgresConnection:
             row = cur.fetchone()
         assert row is not None
         return [list(rows) for rows in row]
+
+    def lock_many(self, calls: Sequence[tuple[str, Params]]) -> tuple[list[list[Row]], int]:
+        if _largest_list(calls) > LOCK_MANY_INLINE_MAX:  # see LOCK_MANY_INLINE_MAX
+            found = [self.fetch(name, params) for name, params in calls]
+            return found, self.now()
+        sql = self._compose("lock", tuple(name for name, _ in calls))
+        params = _arrays({f"p{i}_{k}": v for i, (_, ps) in enumerate(calls) for k, v in ps.items()})
+        with self._cx.cursor() as cur:
+            cur.execute(sql, params)
+            row = cur.fetchone()
+        assert row is not None
+        *found, now = row
+        return [list(rows) for rows in found], int(now)
 
     def write_batch(self, writes: Sequence[tuple[str, Sequence[Row]]]) -> list[int]:
         if len(writes) == 1:

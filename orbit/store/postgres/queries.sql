@@ -49,6 +49,15 @@ SELECT * FROM orbit_queues WHERE name = :name FOR SHARE;
 -- name: queue_share_many
 SELECT * FROM orbit_queues WHERE name = ANY(CAST(:names AS text[])) ORDER BY name FOR SHARE;
 
+-- name: queue_share_for_attempts
+-- The queues of these attempts' tasks, shared: read after the tasks are locked (their
+-- queue never changes), in the order every transaction takes queue locks.
+SELECT * FROM orbit_queues
+WHERE name IN (
+    SELECT t.queue FROM orbit_tasks AS t JOIN orbit_attempts AS a ON a.task_id = t.id
+    WHERE a.id = ANY(CAST(:ids AS text[])))
+ORDER BY name FOR SHARE;
+
 -- name: queue_set_paused
 UPDATE orbit_queues SET paused = :paused WHERE name = :name;
 

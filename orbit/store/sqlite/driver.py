@@ -64,6 +64,10 @@ class _SqliteConnection:
         # BEGIN IMMEDIATE already gives every read in the transaction one view.
         return [self.fetch(name, params) for name, params in calls]
 
+    def lock_many(self, calls: Sequence[tuple[str, Params]]) -> tuple[list[list[Row]], int]:
+        # BEGIN IMMEDIATE already holds the write lock: the reads, then the clock.
+        return self.fetch_many(calls), self.now()
+
     def write_batch(self, writes: Sequence[tuple[str, Sequence[Row]]]) -> list[int]:
         return [self.write_many(name, rows) for name, rows in writes]
 

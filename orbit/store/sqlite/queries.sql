@@ -52,6 +52,13 @@ SELECT * FROM orbit_queues WHERE name = :name;
 -- name: queue_share_many
 SELECT * FROM orbit_queues WHERE name IN (SELECT value FROM json_each(:names)) ORDER BY name;
 
+-- name: queue_share_for_attempts
+SELECT * FROM orbit_queues
+WHERE name IN (
+    SELECT t.queue FROM orbit_tasks AS t JOIN orbit_attempts AS a ON a.task_id = t.id
+    WHERE a.id IN (SELECT value FROM json_each(:ids)))
+ORDER BY name;
+
 -- name: queue_set_paused
 UPDATE orbit_queues SET paused = :paused WHERE name = :name;
 
