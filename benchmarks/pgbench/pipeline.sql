@@ -20,7 +20,8 @@
 
 \set batch 64
 
--- 1. submit: `batch` queued tasks in one INSERT (Orbit: task_insert_many).
+-- 1. submit: `batch` queued tasks in one INSERT (Orbit: task_submit_many, which also
+-- writes each task's `submitted` event; submit.sql measures that).
 INSERT INTO orbit_tasks (
     id, queue, handler, tenant, priority, payload, payload_digest, idempotency_key,
     parent_id, retry_safe, max_attempts, backoff_base_us, backoff_factor, backoff_max_us,

@@ -47,7 +47,6 @@ def digest(text: str) -> str:
 class Plan:
     """The writes one transaction must make, in order, plus what to answer."""
 
-    task_inserts: list[Task] = field(default_factory=list)
     task_writes: list[tuple[Task, Task]] = field(default_factory=list)
     attempt_inserts: list[Attempt] = field(default_factory=list)
     attempt_writes: list[tuple[Attempt, Attempt]] = field(default_factory=list)

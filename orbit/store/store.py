@@ -1591,11 +1591,6 @@ class _Tx:
         # guard must match every one of its rows, or the transaction is retried.
         self.write_batch(
             (
-                "task_insert_many",
-                [R.task_to_row(t) for t in plan.task_inserts],
-                len(plan.task_inserts),
-            ),
-            (
                 "attempt_write_many",
                 [R.attempt_write_row(b, a) for b, a in plan.attempt_writes],
                 len(plan.attempt_writes),

@@ -141,26 +141,25 @@ class _PostgresConnection:
     def fetch_many(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
         if len(calls) == 1:
             return [self.fetch(*calls[0])]
-        sql = self._compose("fetch", tuple(name for name, _ in calls))
-        params = _arrays({f"p{i}_{k}": v for i, (_, ps) in enumerate(calls) for k, v in ps.items()})
-        with self._cx.cursor() as cur:
-            cur.execute(sql, params)
-            row = cur.fetchone()
-        assert row is not None
-        return [list(rows) for rows in row]
+        return [list(rows) for rows in self._composed_row("fetch", calls)]
 
     def lock_many(self, calls: Sequence[tuple[str, Params]]) -> tuple[list[list[Row]], int]:
         if _largest_list(calls) > LOCK_MANY_INLINE_MAX:  # see LOCK_MANY_INLINE_MAX
             found = [self.fetch(name, params) for name, params in calls]
             return found, self.now()
-        sql = self._compose("lock", tuple(name for name, _ in calls))
+        *found, now = self._composed_row("lock", calls)
+        return [list(rows) for rows in found], int(now)
+
+    def _composed_row(self, kind: str, calls: Sequence[tuple[str, Params]]) -> tuple[Any, ...]:
+        """Run several reads composed into one statement (``fetch_many_sql`` or
+        ``lock_many_sql``), each query's parameters scoped by its position; its one row."""
+        sql = self._compose(kind, tuple(name for name, _ in calls))
         params = _arrays({f"p{i}_{k}": v for i, (_, ps) in enumerate(calls) for k, v in ps.items()})
         with self._cx.cursor() as cur:
             cur.execute(sql, params)
             row = cur.fetchone()
         assert row is not None
-        *found, now = row
-        return [list(rows) for rows in found], int(now)
+        return tuple(row)
 
     def write_batch(self, writes: Sequence[tuple[str, Sequence[Row]]]) -> list[int]:
         if len(writes) == 1:

@@ -79,21 +79,6 @@ ON CONFLICT (name) DO UPDATE SET int_value = excluded.int_value;
 -- name: setting_get
 SELECT int_value FROM orbit_settings WHERE name = :name;
 
--- name: task_insert_many
-INSERT INTO orbit_tasks (
-    id, queue, handler, tenant, priority, payload, payload_digest, idempotency_key,
-    parent_id, retry_safe, max_attempts, backoff_base_us, backoff_factor, backoff_max_us,
-    attempt_timeout_us, deadline, run_after, state, attempts_used, fence, cancel_requested,
-    result, error_code, error_message, error_retryable, result_digest, result_version,
-    created_at, updated_at, finished_at, version)
-VALUES (
-    :id, :queue, :handler, :tenant, :priority, :payload, :payload_digest, :idempotency_key,
-    :parent_id, :retry_safe, :max_attempts, :backoff_base_us, :backoff_factor,
-    :backoff_max_us, :attempt_timeout_us, :deadline, :run_after, :state, :attempts_used,
-    :fence, :cancel_requested, :result, :error_code, :error_message, :error_retryable,
-    :result_digest, :result_version, :created_at, :updated_at, :finished_at, :version)
-ON CONFLICT (tenant, queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
-
 -- name: task_submit_many
 -- New tasks and the `submitted` event of each: two statements, each run over every row
 -- (the driver splits a query on the ';' that ends a line). The event is made from the row
