@@ -536,7 +536,7 @@ class Store:
     def session_get(self, session_id: str) -> Session:
         found = self._read("session_get", id=session_id)
         if not found:
-            raise OrbitError(Code.SESSION_NOT_FOUND, f"no session {session_id!r:.80}")
+            raise _no_session(session_id)
         return R.session_from_row(found[0])
 
     def session_list(self) -> list[Session]:
@@ -734,7 +734,7 @@ class Store:
                 ("setting_get", {"name": "global_max_concurrency"}),
             )
             if not found:
-                raise OrbitError(Code.SESSION_NOT_FOUND, f"no session {session_id!r:.80}")
+                raise _no_session(session_id)
             session = R.session_from_row(found[0])
             queues = {q.name: q for q in (R.queue_from_row(r) for r in queue_rows)}
             now = tx.now()
@@ -906,7 +906,7 @@ class Store:
             calls.append(("queue_share_for_attempts", {"ids": ids}))
         found = tx.lock_many(*calls)
         if not found[2]:
-            raise OrbitError(Code.SESSION_NOT_FOUND, f"no session {session_id!r:.80}")
+            raise _no_session(session_id)
         tasks = {r["id"]: R.task_from_row(r) for r in found[0]}
         attempts = {r["id"]: R.attempt_from_row(r) for r in found[1]}
         paused = {r["name"]: bool(r["paused"]) for r in found[3]} if queues else {}
@@ -1429,6 +1429,10 @@ def _check_batch(attempt_ids: Sequence[str], max_batch: int) -> None:
         raise OrbitError(Code.INVALID_ARGUMENT, "a batch names an attempt more than once")
 
 
+def _no_session(session_id: str) -> OrbitError:
+    return OrbitError(Code.SESSION_NOT_FOUND, f"no session {session_id!r:.80}")
+
+
 def _no_attempt(attempt_id: str) -> OrbitError:
     return OrbitError(Code.ATTEMPT_NOT_FOUND, f"no attempt {attempt_id!r:.80}")
 
@@ -1535,8 +1539,13 @@ class _Tx:
 
     def now(self) -> int:
         """The clock, read now: call it only after the rows being judged are locked."""
+        return self._stamp(self.cx.now)
+
+    def _stamp(self, database_clock: Callable[[], int]) -> int:
+        """This transaction's clock: the store's test clock if it has one, else the
+        database's (read by ``database_clock``)."""
         clock = self._store._clock
-        self._now = clock() if clock is not None else self.cx.now()
+        self._now = clock() if clock is not None else database_clock()
         return self._now
 
     def clock(self) -> int:
@@ -1550,15 +1559,14 @@ class _Tx:
         for name, _ in calls:
             self._armed(name)
         found, now = self.cx.lock_many(calls)
-        clock = self._store._clock
-        self._now = clock() if clock is not None else now
+        self._stamp(lambda: now)
         return found
 
     def session(self, session_id: str, *, lock: bool, share: bool = False) -> Session:
         name = "session_lock" if lock else ("session_share" if share else "session_get")
         found = self.fetch(name, id=session_id)
         if not found:
-            raise OrbitError(Code.SESSION_NOT_FOUND, f"no session {session_id!r:.80}")
+            raise _no_session(session_id)
         return R.session_from_row(found[0])
 
     def write_sessions(self, pairs: Sequence[tuple[Session, Session]]) -> None:

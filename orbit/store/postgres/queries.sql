@@ -46,9 +46,6 @@ SELECT * FROM orbit_queues WHERE name = :name FOR UPDATE;
 -- name: queue_share
 SELECT * FROM orbit_queues WHERE name = :name FOR SHARE;
 
--- name: queue_share_many
-SELECT * FROM orbit_queues WHERE name = ANY(CAST(:names AS text[])) ORDER BY name FOR SHARE;
-
 -- name: queue_share_for_attempts
 -- The queues of these attempts' tasks, shared: read after the tasks are locked (their
 -- queue never changes), in the order every transaction takes queue locks.

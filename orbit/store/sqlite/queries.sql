@@ -49,9 +49,6 @@ SELECT * FROM orbit_queues WHERE name = :name;
 -- name: queue_share
 SELECT * FROM orbit_queues WHERE name = :name;
 
--- name: queue_share_many
-SELECT * FROM orbit_queues WHERE name IN (SELECT value FROM json_each(:names)) ORDER BY name;
-
 -- name: queue_share_for_attempts
 SELECT * FROM orbit_queues
 WHERE name IN (
