@@ -1,38 +1,110 @@
-"""Every pooled PostgreSQL connection plans each statement for the rows at hand.
+"""Cached plans are remade when Orbit's tables change size (``orbit/store/postgres/plans.py``).
 
-psycopg prepares a statement after its fifth run, and PostgreSQL may then keep one
-generic plan for it. Orbit's tables swing from empty to a large backlog and back, and a
-plan kept from a nearly empty ``orbit_attempts`` once made a 20,000-task drain run at a
-third of its speed (see ``_plan_for_the_rows_at_hand`` in the driver). SQLite has no such
-plan cache, so this is PostgreSQL's own test.
+psycopg prepares a statement after its fifth run, and PostgreSQL then keeps one generic
+plan for it. A plan made while a table was empty scans the whole table once it is large:
+that once made a 20,000-task drain run at a third of its speed. SQLite has no such plan
+cache, so the behaviour test is PostgreSQL's own; the drift rule is plain arithmetic.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
+import psycopg
 import pytest
 
+from orbit.core.model import TaskSpec
 from orbit.store import Store
+from orbit.store.postgres.driver import PostgresDriver
+from orbit.store.postgres.plans import MIN_PAGES, PAGE, SIZES_SQL, PlanWatch, drifted
+
+LOCK_BY_ID = "SELECT * FROM orbit_tasks WHERE id = ANY(%(ids)s::text[]) ORDER BY id FOR UPDATE"
+
+
+def test_a_table_that_doubles_or_halves_drifts() -> None:
+    big = 100 * PAGE
+    assert drifted((0, big), (0, 2 * big + PAGE))  # grew past double
+    assert drifted((0, big), (0, big // 2 - PAGE))  # shrank past half
+    assert drifted((big, 0), (big, MIN_PAGES * PAGE))  # from empty, by MIN_PAGES
+    assert not drifted((0, big), (0, 2 * big))  # exactly double: not yet
+    assert not drifted((0, big), (PAGE, big + big // 2))  # small changes
+    assert not drifted((0, 0), (0, (MIN_PAGES - 1) * PAGE))  # tiny tables plan alike
+
+
+def _plan(driver: PostgresDriver) -> str:
+    """The plan the cached statement runs with now (after any re-planning is due)."""
+    with driver.transaction() as cx:
+        raw = cx._cx  # the psycopg connection under the driver's
+        found = raw.execute(
+            "SELECT name FROM pg_prepared_statements WHERE statement = %s",
+            (LOCK_BY_ID.replace("%(ids)s", "$1"),),
+        ).fetchone()
+        assert found is not None, "the statement was never prepared"
+        rows = raw.execute(f"EXPLAIN EXECUTE {found[0]}('{{x}}')").fetchall()
+    return "\n".join(str(r[0]) for r in rows)
 
 
 @pytest.mark.parametrize("backend", ["postgres"])
-def test_every_pooled_connection_plans_each_run_anew(make_store: Any) -> None:
+def test_a_plan_made_on_an_empty_table_is_remade_once_it_has_grown(make_store: Any) -> None:
     store: Store = make_store()
-    store.driver.queries["test_plan_mode"] = "SHOW plan_cache_mode"
-    modes: list[str] = []
-    inside = threading.Barrier(4)
+    store.queue_create("q", max_concurrency=10, rate=0)
+    dsn: str = store.driver.dsn  # type: ignore[attr-defined]
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("ANALYZE orbit_tasks")  # the planner now knows the table as empty
+    driver = PostgresDriver(dsn, min_size=1, max_size=1)  # one connection: one plan cache
+    try:
+        driver.plans.interval = 3600.0  # the first transaction reads the sizes, then none
+        for _ in range(15):  # prepared after 5 runs, a generic plan after 5 more
+            with driver.transaction() as cx:
+                cx._cx.execute(LOCK_BY_ID, {"ids": "{x}"})
+        for start in range(0, 20_000, 1000):
+            store.task_submit_many(
+                [
+                    TaskSpec(queue="q", handler="h", payload={"i": i})
+                    for i in range(start, start + 1000)
+                ]
+            )
+        # The plan cached while the table was empty is still used: a scan of it all.
+        assert "Seq Scan on orbit_tasks" in _plan(driver)
 
-    def one() -> None:
-        # four transactions open at once: the pool must open new connections for them
-        with store.driver.transaction() as cx:
-            modes.append(str(cx.fetch("test_plan_mode", {})[0]["plan_cache_mode"]))
-            inside.wait(timeout=30)
+        driver.plans.interval = 0.0  # the next transaction reads the sizes again
+        driver.plans._next_check = 0.0
+        plan = _plan(driver)
+        assert "Index Scan using orbit_tasks_pkey" in plan, plan
+        assert driver.plans.epoch == 1
+    finally:
+        driver.close()
 
-    threads = [threading.Thread(target=one) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert modes == ["force_custom_plan"] * 4
+
+class _Recorder:
+    """Stands in for a pooled connection: answers the size read, records every statement."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.sizes = sizes
+        self.sent: list[str] = []
+
+    def execute(self, sql: str) -> _Recorder:
+        self.sent.append("sizes" if sql == SIZES_SQL else sql)
+        return self
+
+    def fetchone(self) -> tuple[int, ...]:
+        return tuple(self.sizes)
+
+
+def test_every_connection_discards_its_plans_once_after_a_drift() -> None:
+    now = [0.0]
+    watch = PlanWatch(interval=1.0, clock=lambda: now[0])
+    sizes = [0, 0, 0, 0]
+    a, b = _Recorder(sizes), _Recorder(sizes)
+    watch.before_transaction(a)  # type: ignore[arg-type]
+    watch.before_transaction(b)  # type: ignore[arg-type]
+    assert a.sent == ["sizes"] and b.sent == []  # one read per interval, by whoever comes
+    sizes[1] = 1000 * PAGE  # orbit_attempts grew from empty
+    watch.before_transaction(b)  # type: ignore[arg-type]
+    assert b.sent == []  # not read again before the interval is over
+    now[0] = 1.5
+    watch.before_transaction(b)  # type: ignore[arg-type]
+    assert b.sent == ["sizes", "DISCARD PLANS"] and watch.epoch == 1
+    watch.before_transaction(a)  # type: ignore[arg-type]
+    watch.before_transaction(a)  # type: ignore[arg-type]
+    assert a.sent == ["sizes", "DISCARD PLANS"]  # once, on its next transaction

@@ -22,6 +22,7 @@ from psycopg_pool import ConnectionPool
 
 from orbit.core.model import compact_json
 from orbit.store.driver import Params, Row, load_queries
+from orbit.store.postgres.plans import PlanWatch
 
 _HERE = Path(__file__).parent
 _PARAM_RE = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
@@ -200,22 +201,6 @@ class _PostgresConnection:
         self._cx.execute(sql.encode("utf-8"))
 
 
-def _plan_for_the_rows_at_hand(cx: psycopg.Connection[Any]) -> None:
-    """Plan every statement for the parameters and table sizes it meets (``configure``
-    of each pooled connection).
-
-    psycopg prepares a statement after its fifth run, and PostgreSQL may then settle on a
-    generic plan and keep it. Orbit's tables swing from empty to a large backlog and
-    back: a plan rebuilt while ``orbit_attempts`` was nearly empty (after a truncate, or
-    early in a drain) was kept for a whole drain of 20,000 tasks, which then ran at a
-    third of the speed (1,150 against 3,070 tasks/s, the same server draining again after
-    a ``TRUNCATE``; a new connection was fast again). ``force_custom_plan`` keeps the
-    prepared statements (no parse per run) and plans each run anew, as PostgreSQL already
-    did for most of Orbit's statements."""
-    cx.execute("SET plan_cache_mode = force_custom_plan")
-    cx.commit()
-
-
 class PostgresDriver:
     name = "postgres"
 
@@ -231,12 +216,13 @@ class PostgresDriver:
             open=True,
             kwargs={"autocommit": False},
             name="orbit",
-            configure=_plan_for_the_rows_at_hand,
         )
+        self.plans = PlanWatch()
 
     @contextmanager
     def transaction(self, *, durable: bool = True) -> Iterator[_PostgresConnection]:
         with self._pool.connection() as cx, cx.transaction():
+            self.plans.before_transaction(cx)
             if not durable:  # SET LOCAL: ends with this transaction, whatever its outcome
                 cx.execute(self.queries["commit_relaxed"])
             yield _PostgresConnection(cx, self.queries, self._composed)
