@@ -57,9 +57,9 @@ class Connection(Protocol):
         ...
 
     def lock_many(self, calls: Sequence[tuple[str, Params]]) -> tuple[list[list[Row]], int]:
-        """Run several locking reads in the order given, then read the clock, and return
-        each one's rows and the clock. A backend may send them as one statement, but the
-        clock is always read after every lock is held."""
+        """Run several reads (locking ones take their locks in the order given), then
+        read the clock, and return each one's rows and the clock. A backend may send them
+        as one statement, but the clock is always read after every lock is held."""
         ...
 
     def write_batch(self, writes: Sequence[tuple[str, Sequence[Row]]]) -> list[int]:

@@ -722,11 +722,11 @@ class Store:
         def build(tx: _Tx) -> tuple[Plan, Grants]:
             plan = Plan()
             tx.fetch("claim_lock")
-            # Everything a claim weighs, read after the claim lock in one round trip (one
-            # statement on PostgreSQL). Claims are serialised by that lock, so queue rows
-            # need no lock here: only claims write the token buckets, and a pause racing a
-            # claim is caught by start.
-            found, queue_rows, live, tenant_rows, setting = tx.fetch_many(
+            # Everything a claim weighs, then the clock, read after the claim lock in one
+            # round trip (one statement on PostgreSQL). Claims are serialised by that lock,
+            # so queue rows need no lock here: only claims write the token buckets, and a
+            # pause racing a claim is caught by start.
+            found, queue_rows, live, tenant_rows, setting = tx.lock_many(
                 ("session_get", {"id": session_id}),
                 ("queue_list", {}),
                 ("attempt_live_counts", {}),
@@ -737,7 +737,7 @@ class Store:
                 raise _no_session(session_id)
             session = R.session_from_row(found[0])
             queues = {q.name: q for q in (R.queue_from_row(r) for r in queue_rows)}
-            now = tx.now()
+            now = tx.clock()
             reason = transitions.session_usable(session, epoch, now)
             if reason is not None:
                 # A refused claim changes nothing and holds nothing: it is answered, not
@@ -1554,8 +1554,8 @@ class _Tx:
         return self._now
 
     def lock_many(self, *calls: tuple[str, dict[str, Any]]) -> list[list[Row]]:
-        """Locking reads in the order given, then the clock (``clock()`` returns it): one
-        round trip on PostgreSQL (see ``Connection.lock_many``)."""
+        """Reads (locking ones take their locks in the order given), then the clock
+        (``clock()`` returns it): one round trip on PostgreSQL (``Connection.lock_many``)."""
         for name, _ in calls:
             self._armed(name)
         found, now = self.cx.lock_many(calls)
