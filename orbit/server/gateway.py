@@ -148,8 +148,11 @@ class Dispatcher:
 
     async def run(self) -> None:
         while True:
+            # asyncio.timeout, not wait_for: wait_for runs the wait as a task of its own,
+            # one more turn of the event loop between a submit's commit and its claim.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.poll_interval)
+                async with asyncio.timeout(self.poll_interval):
+                    await self._wake.wait()
             self._wake.clear()
             for conn in list(self.connections.values()):
                 if conn.push and not conn.closed:
