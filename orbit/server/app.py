@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.routing import APIRoute
 from prometheus_client import generate_latest
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -22,13 +23,17 @@ from orbit.core.errors import OrbitError
 from orbit.protocol.decode import DecodeError
 from orbit.server import artifacts, errors
 from orbit.server.auth import TokenCheck
+from orbit.server.direct import DirectRoutes
 from orbit.server.errors import ApiError
 from orbit.server.gateway import Dispatcher, worker_endpoint
 from orbit.server.metrics import Metrics
-from orbit.server.routes import router
+from orbit.server.routes import router, task_submit, task_submit_batch
 from orbit.store import Store, StoreConfig, open_store
 
 log = logging.getLogger("orbit.server")
+
+#: the endpoints served by DirectRoutes (orbit/server/direct.py): the submits
+DIRECT = (task_submit, task_submit_batch)
 
 
 @dataclass
@@ -173,11 +178,15 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, errors.on_http_error)
     app.add_exception_handler(Exception, errors.on_unexpected)
 
-    app.add_middleware(RefuseNulMiddleware)
-
     app.include_router(router)
     app.include_router(artifacts.router)
     app.add_api_websocket_route("/v1/worker", worker_endpoint)
+
+    # The last added is the outermost: NUL refusal, then the direct submit routes.
+    direct = [r for r in router.routes if isinstance(r, APIRoute) and r.endpoint in DIRECT]
+    assert len(direct) == len(DIRECT), "every direct endpoint is a route of the /v1 router"
+    app.add_middleware(DirectRoutes, routes=direct)
+    app.add_middleware(RefuseNulMiddleware)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> JSONResponse:
