@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
-
 
 def uuid7(now_us: int, random_bytes: bytes) -> str:
     """A UUIDv7 whose 48-bit prefix is the millisecond and whose next 12 bits order
@@ -18,4 +16,7 @@ def uuid7(now_us: int, random_bytes: bytes) -> str:
     value |= rand_a << 64
     value |= 0b10 << 62
     value |= rand_b
-    return str(uuid.UUID(int=value))
+    # str(uuid.UUID(int=value)), without building the UUID object (a tenth of a batch
+    # submit's server time went to ids)
+    h = f"{value:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"

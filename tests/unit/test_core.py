@@ -87,6 +87,13 @@ def test_uuid7_is_valid_and_time_ordered() -> None:
     assert parsed.version == 7 and parsed.variant == uuid.RFC_4122
 
 
+@given(st.integers(0, 2**62), st.binary(min_size=8, max_size=8))
+def test_uuid7_is_spelled_as_the_uuid_module_spells_it(now_us: int, random: bytes) -> None:
+    made = uuid7(now_us, random)
+    assert made == str(uuid.UUID(made)) and len(made) == 36
+    assert uuid.UUID(made).version == 7
+
+
 def test_status_codes() -> None:
     assert status_of(Code.MISSING_CAP) == 400
     assert status_of(Code.QUEUE_NOT_FOUND) == 404
