@@ -74,8 +74,11 @@ class Plan:
                 self.attempt_inserts.append(attempt_after)
             else:
                 self.attempt_writes.append((attempt_before, attempt_after))
+        # build(): every field given, without the frozen __init__ (a move per task per
+        # claim, start and finish: that __init__ was 3.6 % of a drain's server samples)
         self.events.append(
-            Event(
+            build(
+                Event,
                 kind=kind,
                 task_id=after.id,
                 attempt_id=attempt_after.id if attempt_after else None,
