@@ -9,6 +9,7 @@ one must really have been served without FastAPI's routing.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 from fastapi import APIRouter, Depends, Request
 from fastapi.routing import APIRoute
-from fastapi.testclient import TestClient
+from starlette.exceptions import StarletteDeprecationWarning
 from starlette.middleware import Middleware
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -25,6 +26,10 @@ from orbit.server import ServerSettings, create_app
 from orbit.server.auth import require
 from orbit.server.direct import DirectRoutes
 from orbit.store import open_store
+
+with warnings.catch_warnings():  # starlette's TestClient warns at import about httpx
+    warnings.simplefilter("ignore", StarletteDeprecationWarning)
+    from fastapi.testclient import TestClient
 
 TASK = {"queue": "q", "handler": "h", "payload": {"n": 1}}
 
