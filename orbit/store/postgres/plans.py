@@ -16,7 +16,7 @@ So plans are cached, and remade when they may have gone stale: at most once per
 planner itself scales its estimates by); when one has doubled or halved since the plans
 were last remade (and by at least ``MIN_PAGES``), every pooled connection runs ``DISCARD
 PLANS`` before its next transaction, and each statement is planned again for the tables
-as they are. A table growing from empty to a million rows is re-planned about twenty
+as they are. A table growing from empty to a million rows is re-planned about a dozen
 times in all.
 """
 
