@@ -16,7 +16,7 @@ def uuid7(now_us: int, random_bytes: bytes) -> str:
     value |= rand_a << 64
     value |= 0b10 << 62
     value |= rand_b
-    # str(uuid.UUID(int=value)), without building the UUID object (a tenth of a batch
-    # submit's server time went to ids)
+    # str(uuid.UUID(int=value)), without building the UUID object (ids were 6.5 % of a
+    # batch submit's server samples)
     h = f"{value:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"

@@ -17,7 +17,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from fastapi.routing import APIRoute
-from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -56,7 +55,7 @@ class DirectRoutes:
         endpoint, token_scope = hit
         request = Request(scope, receive, send)
         try:
-            await request.app.state.tokens.require(Headers(scope=scope), token_scope)
+            await request.app.state.tokens.require(request.headers, token_scope)
             response = await endpoint(request)
         except Exception as exc:
             handler = _handler(request.app.exception_handlers, exc)

@@ -51,11 +51,6 @@ class Connection(Protocol):
 
     def write_many(self, name: str, rows: Sequence[Row]) -> int: ...
 
-    def fetch_many(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
-        """Run several read-only named queries (no row locks) and return each one's rows.
-        A backend may send them as one statement, so they see one snapshot."""
-        ...
-
     def lock_many(self, calls: Sequence[tuple[str, Params]]) -> tuple[list[list[Row]], int]:
         """Run several reads (locking ones take their locks in the order given), then
         read the clock, and return each one's rows and the clock. A backend may send them

@@ -1515,12 +1515,6 @@ class _Tx:
             raise StaleWrite(f"{name}: {count} of {expect} rows matched their guard")
         return count
 
-    def fetch_many(self, *calls: tuple[str, dict[str, Any]]) -> list[list[Row]]:
-        """Several read-only queries in one round trip (see ``Connection.fetch_many``)."""
-        for name, _ in calls:
-            self._armed(name)
-        return self.cx.fetch_many(calls)
-
     def write_batch(self, *writes: tuple[str, Sequence[Row], int | None]) -> list[int]:
         """Several ``*_many`` writes in one round trip; ``(name, rows, expect)`` each, where
         ``expect`` (if not None) is the count every row's guard must match."""

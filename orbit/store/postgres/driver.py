@@ -66,21 +66,16 @@ def _scoped(sql: str, i: int) -> str:
     return _PSYCOPG_PARAM_RE.sub(lambda m: f"%(p{i}_{m.group(1)})s", sql)
 
 
-def fetch_many_sql(queries: Sequence[str]) -> str:
-    """One statement that runs each read-only query as a subquery and returns its rows
-    as a JSON array, one column per query: one round trip and one snapshot for all."""
+def lock_many_sql(queries: Sequence[str], clock: str) -> str:
+    """One statement for several reads, each a subquery whose rows come back as a JSON
+    array (one column per query, one snapshot for all), and the clock as a last column:
+    the reads run in a subquery that must produce its row (every lock taken, in order,
+    each one waited for) before the outer query's projection reads the clock."""
     columns = ",\n".join(
         f"(SELECT coalesce(json_agg(x), '[]'::json) FROM ({_scoped(q, i)}) AS x) AS r{i}"
         for i, q in enumerate(queries)
     )
-    return f"SELECT\n{columns}"
-
-
-def lock_many_sql(queries: Sequence[str], clock: str) -> str:
-    """``fetch_many_sql`` for locking reads, with the clock as a last column: the reads
-    run in a subquery that must produce its row (every lock taken, in order, each one
-    waited for) before the outer query's projection reads the clock."""
-    return f"SELECT s.*, ({clock}) AS now FROM ({fetch_many_sql(queries)} OFFSET 0) AS s"
+    return f"SELECT s.*, ({clock}) AS now FROM (SELECT\n{columns} OFFSET 0) AS s"
 
 
 #: ``lock_many`` sends its reads as one statement only for this many ids at most. The
@@ -123,44 +118,33 @@ class _PostgresConnection:
     ) -> None:
         self._cx = cx
         self._queries = queries
-        self._composed = composed  # the driver's cache of fetch_many/write_batch statements
+        self._composed = composed  # the driver's cache of lock_many/write_batch statements
 
     def _compose(self, kind: str, names: tuple[str, ...]) -> str:
         key = (kind, names)
         sql = self._composed.get(key)
         if sql is None:
             queries = [self._queries[n] for n in names]
-            if kind == "fetch":
-                sql = fetch_many_sql(queries)
-            elif kind == "lock":
+            if kind == "lock":
                 sql = lock_many_sql(queries, self._queries["clock_now"])
             else:
                 sql = write_batch_sql(queries)
             self._composed[key] = sql
         return sql
 
-    def fetch_many(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
-        if len(calls) == 1:
-            return [self.fetch(*calls[0])]
-        return [list(rows) for rows in self._composed_row("fetch", calls)]
-
     def lock_many(self, calls: Sequence[tuple[str, Params]]) -> tuple[list[list[Row]], int]:
         if _largest_list(calls) > LOCK_MANY_INLINE_MAX:  # see LOCK_MANY_INLINE_MAX
             found = [self.fetch(name, params) for name, params in calls]
             return found, self.now()
-        *found, now = self._composed_row("lock", calls)
-        return [list(rows) for rows in found], int(now)
-
-    def _composed_row(self, kind: str, calls: Sequence[tuple[str, Params]]) -> tuple[Any, ...]:
-        """Run several reads composed into one statement (``fetch_many_sql`` or
-        ``lock_many_sql``), each query's parameters scoped by its position; its one row."""
-        sql = self._compose(kind, tuple(name for name, _ in calls))
+        # One statement (lock_many_sql), each query's parameters scoped by its position.
+        sql = self._compose("lock", tuple(name for name, _ in calls))
         params = _arrays({f"p{i}_{k}": v for i, (_, ps) in enumerate(calls) for k, v in ps.items()})
         with self._cx.cursor() as cur:
             cur.execute(sql, params)
             row = cur.fetchone()
         assert row is not None
-        return tuple(row)
+        *found, now = row
+        return [list(rows) for rows in found], int(now)
 
     def write_batch(self, writes: Sequence[tuple[str, Sequence[Row]]]) -> list[int]:
         if len(writes) == 1:

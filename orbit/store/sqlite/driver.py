@@ -59,14 +59,10 @@ class _SqliteConnection:
             count = self._cx.executemany(statement, encoded).rowcount
         return count
 
-    def fetch_many(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
-        # In-process: a statement costs no round trip, and the write lock taken by
-        # BEGIN IMMEDIATE already gives every read in the transaction one view.
-        return [self.fetch(name, params) for name, params in calls]
-
     def lock_many(self, calls: Sequence[tuple[str, Params]]) -> tuple[list[list[Row]], int]:
-        # BEGIN IMMEDIATE already holds the write lock: the reads, then the clock.
-        return self.fetch_many(calls), self.now()
+        # In-process: a statement costs no round trip, and BEGIN IMMEDIATE already holds
+        # the write lock (one view for every read): the reads, then the clock.
+        return [self.fetch(name, params) for name, params in calls], self.now()
 
     def write_batch(self, writes: Sequence[tuple[str, Sequence[Row]]]) -> list[int]:
         return [self.write_many(name, rows) for name, rows in writes]
