@@ -8,6 +8,7 @@ cache, so the behaviour test is PostgreSQL's own; the drift rule is plain arithm
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import psycopg
@@ -108,3 +109,33 @@ def test_every_connection_discards_its_plans_once_after_a_drift() -> None:
     watch.before_transaction(a)  # type: ignore[arg-type]
     watch.before_transaction(a)  # type: ignore[arg-type]
     assert a.sent == ["sizes", "DISCARD PLANS"]  # once, on its next transaction
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_a_small_batched_write_updates_by_primary_key(make_store: Any) -> None:
+    """A batched write unpacks its rows from JSON, and PostgreSQL guesses that a
+    set-returning function yields 100 rows. Against a table of a few thousand rows that
+    guess made a hash join over the whole table look cheaper than 100 index lookups, and a
+    worker's start or finish of 10 tasks read every task (a drain with 10 slots ran at two
+    thirds of its speed). The statement states its row count (``LIMIT :rows_n``)."""
+    store: Store = make_store()
+    store.queue_create("q", max_concurrency=10, rate=0)
+    for start in range(0, 5000, 1000):
+        store.task_submit_many(
+            [TaskSpec(queue="q", handler="h", payload={"i": i}) for i in range(start, start + 1000)]
+        )
+    driver: PostgresDriver = store.driver  # type: ignore[assignment]
+    with psycopg.connect(driver.dsn, autocommit=True) as admin:
+        admin.execute("ANALYZE orbit_tasks")
+        ids = [r[0] for r in admin.execute("SELECT id FROM orbit_tasks LIMIT 10").fetchall()]
+    rows = [{"id": i, "expect_version": 1, "state": "queued", "version": 2} for i in ids]
+    with driver.transaction() as cx:
+        plan = "\n".join(
+            str(r[0])
+            for r in cx._cx.execute(
+                "EXPLAIN " + driver.queries["task_write_many"],
+                {"rows": json.dumps(rows), "rows_n": len(rows)},
+            ).fetchall()
+        )
+    assert "Index Scan using orbit_tasks_pkey" in plan, plan
+    assert "Seq Scan on orbit_tasks" not in plan, plan

@@ -4,7 +4,10 @@ Named queries are written with ``:name`` parameters and translated once to psyco
 ``%(name)s``. A ``*_many`` write sends all its rows as one JSON document that the
 statement unpacks with ``json_to_recordset``: one statement, one round trip (``json``, not
 ``jsonb``: the rows are read once, so building the binary form would be wasted; it cost
-PostgreSQL a fifth to a quarter more per batch). The clock is
+PostgreSQL a fifth to a quarter more per batch). Every such write is also given its row
+count as ``:rows_n``: an update reads its rows through ``LIMIT :rows_n``, because the
+planner otherwise guesses 100 rows from the function and, on a table of a few thousand
+rows, scans all of it to update ten (docs/operations.md, "Query plans"). The clock is
 ``clock_timestamp()`` read inside the transaction after the rows it judges are locked.
 """
 
@@ -150,7 +153,10 @@ class _PostgresConnection:
         if len(writes) == 1:
             return [self.write_many(*writes[0])]
         sql = self._compose("write", tuple(name for name, _ in writes))
-        params = {f"p{i}_rows": _rows_json(rows) for i, (_, rows) in enumerate(writes)}
+        params: Params = {}
+        for i, (_, rows) in enumerate(writes):
+            params[f"p{i}_rows"] = _rows_json(rows)
+            params[f"p{i}_rows_n"] = len(rows)
         with self._cx.cursor() as cur:
             cur.execute(sql, params)
             row = cur.fetchone()
@@ -166,7 +172,7 @@ class _PostgresConnection:
         if not rows:
             return 0
         with self._cx.cursor() as cur:
-            cur.execute(self._queries[name], {"rows": _rows_json(rows)})
+            cur.execute(self._queries[name], {"rows": _rows_json(rows), "rows_n": len(rows)})
             return len(cur.fetchall()) if _has_rows(cur) else cur.rowcount
 
     def execute(self, name: str, params: Params) -> int:

@@ -60,7 +60,8 @@ UPDATE orbit_queues SET paused = :paused WHERE name = :name;
 
 -- name: queue_tokens_write_many
 UPDATE orbit_queues AS q SET tokens = x.tokens, tokens_at = x.tokens_at
-FROM json_to_recordset(CAST(:rows AS json)) AS x(name text, tokens double precision, tokens_at bigint)
+FROM (SELECT * FROM json_to_recordset(CAST(:rows AS json)) AS x(name text, tokens double precision, tokens_at bigint)
+    LIMIT :rows_n) AS x
 WHERE q.name = x.name
 RETURNING q.name;
 
@@ -167,11 +168,12 @@ UPDATE orbit_tasks AS t SET
     error_message = x.error_message, error_retryable = x.error_retryable,
     result_digest = x.result_digest, result_version = x.result_version,
     updated_at = x.updated_at, finished_at = x.finished_at, version = x.version
-FROM json_to_recordset(CAST(:rows AS json)) AS x(
+FROM (SELECT * FROM json_to_recordset(CAST(:rows AS json)) AS x(
     id text, expect_version bigint, state text, attempts_used integer, fence bigint,
     cancel_requested boolean, run_after bigint, max_attempts integer, result text,
     error_code text, error_message text, error_retryable boolean, result_digest text,
     result_version bigint, updated_at bigint, finished_at bigint, version bigint)
+    LIMIT :rows_n) AS x
 WHERE t.id = x.id AND t.version = x.expect_version
 RETURNING t.id;
 
@@ -210,9 +212,10 @@ RETURNING id;
 UPDATE orbit_attempts AS a SET
     state = x.state, started_at = x.started_at, lease_expires_at = x.lease_expires_at,
     ended_at = x.ended_at, finish_digest = x.finish_digest, receipt = x.receipt
-FROM json_to_recordset(CAST(:rows AS json)) AS x(
+FROM (SELECT * FROM json_to_recordset(CAST(:rows AS json)) AS x(
     id text, expect_state text, expect_lease bigint, state text, started_at bigint,
     lease_expires_at bigint, ended_at bigint, finish_digest text, receipt text)
+    LIMIT :rows_n) AS x
 WHERE a.id = x.id AND a.state = x.expect_state
   AND a.lease_expires_at IS NOT DISTINCT FROM x.expect_lease
 RETURNING a.id;
@@ -266,10 +269,11 @@ UPDATE orbit_sessions AS s SET
     capabilities = x.capabilities, max_concurrency = x.max_concurrency,
     capacity_seq = x.capacity_seq, draining = x.draining, state = x.state,
     expires_at = x.expires_at
-FROM json_to_recordset(CAST(:rows AS json)) AS x(
+FROM (SELECT * FROM json_to_recordset(CAST(:rows AS json)) AS x(
     id text, expect_epoch bigint, node_id text, epoch bigint, secret_hash text,
     capabilities text, max_concurrency integer, capacity_seq bigint, draining boolean,
     state text, expires_at bigint)
+    LIMIT :rows_n) AS x
 WHERE s.id = x.id AND s.epoch = x.expect_epoch
 RETURNING s.id;
 
