@@ -23,7 +23,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from orbit.core.model import compact_json
+from orbit.core.model import compact_json, parse_json
 from orbit.store.driver import Params, Row, load_queries
 from orbit.store.postgres.plans import PlanWatch
 
@@ -73,9 +73,11 @@ def lock_many_sql(queries: Sequence[str], clock: str) -> str:
     """One statement for several reads, each a subquery whose rows come back as a JSON
     array (one column per query, one snapshot for all), and the clock as a last column:
     the reads run in a subquery that must produce its row (every lock taken, in order,
-    each one waited for) before the outer query's projection reads the clock."""
+    each one waited for) before the outer query's projection reads the clock. The arrays
+    come back as text, for ``parse_json`` (orjson) to read: psycopg's own JSON loader is
+    the standard library's, which was a twelfth of a server's time with 10 worker slots."""
     columns = ",\n".join(
-        f"(SELECT coalesce(json_agg(x), '[]'::json) FROM ({_scoped(q, i)}) AS x) AS r{i}"
+        f"(SELECT coalesce(json_agg(x), '[]'::json)::text FROM ({_scoped(q, i)}) AS x) AS r{i}"
         for i, q in enumerate(queries)
     )
     return f"SELECT s.*, ({clock}) AS now FROM (SELECT\n{columns} OFFSET 0) AS s"
@@ -147,7 +149,7 @@ class _PostgresConnection:
             row = cur.fetchone()
         assert row is not None
         *found, now = row
-        return [list(rows) for rows in found], int(now)
+        return [parse_json(rows) for rows in found], int(now)
 
     def write_batch(self, writes: Sequence[tuple[str, Sequence[Row]]]) -> list[int]:
         if len(writes) == 1:
