@@ -9,12 +9,13 @@ cache, so the behaviour test is PostgreSQL's own; the drift rule is plain arithm
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import psycopg
 import pytest
 
-from orbit.core.model import TaskSpec
+from orbit.core.model import Capability, Outcome, TaskSpec
 from orbit.store import Store
 from orbit.store.postgres.driver import PostgresDriver
 from orbit.store.postgres.plans import MIN_PAGES, PAGE, SIZES_SQL, PlanWatch, drifted
@@ -139,3 +140,46 @@ def test_a_small_batched_write_updates_by_primary_key(make_store: Any) -> None:
         )
     assert "Index Scan using orbit_tasks_pkey" in plan, plan
     assert "Seq Scan on orbit_tasks" not in plan, plan
+
+
+LIVE_COUNT = (
+    "SELECT queue, tenant, handler, session_id, count(*) AS n FROM orbit_attempts"
+    " WHERE state IN ('claimed', 'running') GROUP BY queue, tenant, handler, session_id"
+)
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_a_claim_marks_the_dead_entries_of_the_live_attempt_index(make_store: Any) -> None:
+    """Every attempt leaves entries in the live-attempt partial indexes (one per version
+    claimed or running) until VACUUM. A claim counts live attempts through one of them; a
+    bitmap scan would visit every dead entry again on every claim, a plain index scan marks
+    them dead as it passes, so the next reader skips them (``claim_lock``)."""
+    store: Store = make_store()
+    store.queue_create("q", max_concurrency=10_000, rate=0)
+    driver: PostgresDriver = store.driver  # type: ignore[assignment]
+    with psycopg.connect(driver.dsn, autocommit=True) as admin:
+        admin.execute("ANALYZE orbit_attempts")  # statistics of an empty table, as at start
+    session, _ = store.session_open(
+        name="w", node_id="n", capabilities=[Capability("h", 1000)], max_concurrency=1000
+    )
+    for start in range(0, 3000, 1000):
+        store.task_submit_many(
+            [TaskSpec(queue="q", handler="h", payload={"i": i}) for i in range(start, start + 1000)]
+        )
+    for _ in range(15):  # 3,000 attempts claimed, started and finished: 6,000 dead entries
+        grants = store.attempt_claim_many(session.id, session.epoch, 200)
+        done = [(g.attempt.id, g.attempt.fence) for g in grants]
+        store.attempt_start_many(session.id, session.epoch, done)
+        store.attempt_finish_many(
+            session.id, session.epoch, [(a, f, Outcome(ok=True)) for a, f in done]
+        )
+    store.attempt_claim_many(session.id, session.epoch, 1)  # nothing left: counts only
+    with psycopg.connect(driver.dsn, autocommit=True) as cx:
+        cx.execute("SET enable_bitmapscan = off")  # read the index the way a claim does
+        plan = [str(r[0]) for r in cx.execute("EXPLAIN (ANALYZE, BUFFERS) " + LIVE_COUNT)]
+    executed = plan[: next(i for i, line in enumerate(plan) if line.startswith("Planning"))]
+    assert any("Index Scan using orbit_attempts_" in line for line in executed), "\n".join(plan)
+    hits = [int(m.group(1)) for line in executed if (m := re.search(r"shared hit=(\d+)", line))]
+    # Only the index's own pages once the entries are marked; every dead version's heap
+    # page as well (hundreds) if the claims read the index with bitmap scans.
+    assert hits and max(hits) < 100, "\n".join(plan)

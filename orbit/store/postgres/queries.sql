@@ -11,7 +11,13 @@ SET LOCAL synchronous_commit = off;
 
 -- name: claim_lock
 -- Claims are serialised cluster-wide so that caps counted under this lock stay exact (I4).
-SELECT pg_advisory_xact_lock(7270601) AS locked;
+-- A claim counts the live attempts through a partial index that keeps an entry for every
+-- attempt version ever claimed or running until VACUUM removes it. A plain index scan
+-- marks the entries it finds dead, so the next claim skips them; a bitmap scan never
+-- does, and then every claim visits every attempt since the last VACUUM. So the claim's
+-- statements use no bitmap scans (`set_config(..., true)`: this transaction only).
+SELECT pg_advisory_xact_lock(7270601) AS locked,
+       set_config('enable_bitmapscan', 'off', true) AS plain_scans;
 
 -- name: schema_version_create
 CREATE TABLE IF NOT EXISTS orbit_schema_version (
