@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from orbit.core.model import SECOND, Queue
@@ -58,3 +59,28 @@ class Occupancy:
         self.by_handler[handler] = self.by_handler.get(handler, 0) + 1
         self.session_total += 1
         return True
+
+
+def room_for_all(
+    want: int,
+    occ: Occupancy,
+    *,
+    queues: Mapping[str, Queue],
+    tokens: Mapping[str, float],
+    tenant_caps: Mapping[str, int],
+    handler_caps: Mapping[str, int],
+) -> bool:
+    """Whether ``want`` more grants fit every cap a ready row could meet: each queue's
+    concurrency and tokens, each capped tenant, each handler's capacity. Give only the
+    scopes the claim still reads rows from (a queue or tenant already at its cap is left
+    out of the select). The session's and the global cap are in ``want`` already.
+
+    When it holds, every row the select returns is granted (but for a passed deadline),
+    so a claim asks for exactly ``want`` rows instead of a margin it locks and throws
+    away."""
+    return (
+        all(q.max_concurrency - occ.by_queue.get(name, 0) >= want for name, q in queues.items())
+        and all(tokens[name] >= want for name in queues)
+        and all(cap - occ.by_tenant.get(t, 0) >= want for t, cap in tenant_caps.items())
+        and all(cap - occ.by_handler.get(h, 0) >= want for h, cap in handler_caps.items())
+    )

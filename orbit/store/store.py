@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from orbit.core import transitions
 from orbit.core.errors import Code, OrbitError, Rejected
 from orbit.core.ids import uuid7
-from orbit.core.limits import Occupancy, bucket_refill
+from orbit.core.limits import Occupancy, bucket_refill, room_for_all
 from orbit.core.model import (
     SECOND,
     Artifact,
@@ -811,7 +811,18 @@ class Store:
             skip_tenants = [t for t, cap in tenant_caps.items() if occ.by_tenant.get(t, 0) >= cap]
             if capped or skip_tenants:
                 grants.blocked = True
-            window = want * 2 + 8
+            skipped = set(skip_queues)
+            room = room_for_all(
+                want,
+                occ,
+                queues={name: q for name, q in queues.items() if name not in skipped},
+                tokens=tokens,
+                tenant_caps={t: c for t, c in tenant_caps.items() if t not in skip_tenants},
+                handler_caps={h: session.capacity_for(h) for h in handlers},
+            )
+            # With room everywhere every row is granted, so read exactly what is wanted;
+            # otherwise a margin, for the rows a cap will turn away.
+            window = want if room else want * 2 + 8
             rows = tx.fetch(
                 "task_ready_select",
                 now=now,
@@ -825,12 +836,14 @@ class Store:
             # committed while we waited must not end after our claim begins.
             now = tx.now()
             for row in rows:
+                if len(grants) >= n:
+                    break  # the rest stay ready: the round ends below
                 task = R.task_from_row(row)
                 queue = queues[task.queue]
                 if task.deadline is not None and now >= task.deadline:
                     skip_ids.append(task.id)  # the reaper ends it; no permit involved
                     continue
-                if tokens[task.queue] < 1.0 or len(grants) >= n:
+                if tokens[task.queue] < 1.0:
                     skip_ids.append(task.id)
                     grants.blocked = True
                     continue

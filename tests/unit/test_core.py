@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from orbit.core.errors import Code, status_of
 from orbit.core.ids import uuid7
-from orbit.core.limits import Occupancy, bucket_refill
+from orbit.core.limits import Occupancy, bucket_refill, room_for_all
 from orbit.core.model import SECOND, Backoff, Queue
 from orbit.core.retry import backoff_delay, plan_retry
 
@@ -78,6 +78,33 @@ def test_occupancy_admits_within_every_cap() -> None:
     assert occ.admit(queue="q", tenant="t", handler="h", **caps)
     assert not occ.admit(queue="q", tenant="t", handler="h", **caps)
     assert occ.total == 2 and occ.by_queue == {"q": 2}
+
+
+def test_room_for_all_holds_only_when_no_cap_is_within_reach() -> None:
+    occ = Occupancy(3, {"q": 3}, {"t": 3}, {"h": 3}, 3)  # caps of 10: 7 left in each
+
+    def room(
+        want: int,
+        *,
+        tokens: float = float("inf"),
+        tenant_caps: dict[str, int] | None = None,
+        handler_cap: int = 10,
+    ) -> bool:
+        return room_for_all(
+            want,
+            occ,
+            queues={"q": Queue("q", 10, rate=0, burst=1)},
+            tokens={"q": tokens},
+            tenant_caps={"t": 10} if tenant_caps is None else tenant_caps,
+            handler_caps={"h": handler_cap},
+        )
+
+    assert room(6) and room(7)
+    assert not room(8)  # the queue (and the others)
+    assert not room(6, tokens=5.5)  # the queue's tokens
+    assert not room(6, tenant_caps={"t": 8})  # a capped tenant: 5 left
+    assert not room(6, handler_cap=8)  # the handler's capacity in this session
+    assert room(6, tenant_caps={})  # a tenant without a cap never refuses
 
 
 def test_uuid7_is_valid_and_time_ordered() -> None:
