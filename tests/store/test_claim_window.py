@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from orbit.core.model import Session
 from orbit.store import Store
 from orbit.store import store as store_module
 from tests.store.helpers import queue, submit, worker
@@ -33,13 +34,19 @@ def limits_asked(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return asked
 
 
-def test_with_room_everywhere_a_claim_reads_only_what_it_wants(
-    store: Store, limits_asked: list[int]
-) -> None:
-    queue(store, max_concurrency=100)
+def _twenty_ready(store: Store, queue_cap: int) -> Session:
+    """Twenty ready tasks in one queue, and a session with room for fifty."""
+    queue(store, max_concurrency=queue_cap)
     for _ in range(20):
         submit(store)
     session, _ = worker(store, max_concurrency=50, handlers={"h": 50})
+    return session
+
+
+def test_with_room_everywhere_a_claim_reads_only_what_it_wants(
+    store: Store, limits_asked: list[int]
+) -> None:
+    session = _twenty_ready(store, queue_cap=100)
     grants = store.attempt_claim_many(session.id, session.epoch, 5)
     assert len(grants) == 5
     assert limits_asked == [5]
@@ -49,10 +56,7 @@ def test_with_room_everywhere_a_claim_reads_only_what_it_wants(
 def test_near_a_cap_a_claim_reads_a_margin_and_grants_only_what_fits(
     store: Store, limits_asked: list[int]
 ) -> None:
-    queue(store, max_concurrency=4)
-    for _ in range(20):
-        submit(store)
-    session, _ = worker(store, max_concurrency=50, handlers={"h": 50})
+    session = _twenty_ready(store, queue_cap=4)
     grants = store.attempt_claim_many(session.id, session.epoch, 5)
     assert len(grants) == 4 and grants.blocked  # the queue's cap, not the rows read
     assert limits_asked[0] == 5 * 2 + 8  # (a second round finds the queue at its cap)

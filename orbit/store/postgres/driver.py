@@ -75,7 +75,7 @@ def lock_many_sql(queries: Sequence[str], clock: str) -> str:
     the reads run in a subquery that must produce its row (every lock taken, in order,
     each one waited for) before the outer query's projection reads the clock. The arrays
     come back as text, for ``parse_json`` (orjson) to read: psycopg's own JSON loader is
-    the standard library's, which was a twelfth of a server's time with 10 worker slots."""
+    the standard library's, 55 µs for ten task rows where orjson takes 23."""
     columns = ",\n".join(
         f"(SELECT coalesce(json_agg(x), '[]'::json)::text FROM ({_scoped(q, i)}) AS x) AS r{i}"
         for i, q in enumerate(queries)
