@@ -811,11 +811,10 @@ class Store:
             skip_tenants = [t for t, cap in tenant_caps.items() if occ.by_tenant.get(t, 0) >= cap]
             if capped or skip_tenants:
                 grants.blocked = True
-            skipped = set(skip_queues)
             room = room_for_all(
                 want,
                 occ,
-                queues={name: q for name, q in queues.items() if name not in skipped},
+                queues={name: q for name, q in queues.items() if name not in skip_queues},
                 tokens=tokens,
                 tenant_caps={t: c for t, c in tenant_caps.items() if t not in skip_tenants},
                 handler_caps={h: session.capacity_for(h) for h in handlers},

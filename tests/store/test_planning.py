@@ -23,6 +23,14 @@ from orbit.store.postgres.plans import MIN_PAGES, PAGE, SIZES_SQL, PlanWatch, dr
 LOCK_BY_ID = "SELECT * FROM orbit_tasks WHERE id = ANY(%(ids)s::text[]) ORDER BY id FOR UPDATE"
 
 
+def _fill(store: Store, n: int) -> None:
+    """``n`` ready tasks in queue ``q``, submitted a thousand at a time."""
+    for start in range(0, n, 1000):
+        store.task_submit_many(
+            [TaskSpec(queue="q", handler="h", payload={"i": i}) for i in range(start, start + 1000)]
+        )
+
+
 def test_a_table_that_doubles_or_halves_drifts() -> None:
     big = 100 * PAGE
     assert drifted((0, big), (0, 2 * big + PAGE))  # grew past double
@@ -59,13 +67,7 @@ def test_a_plan_made_on_an_empty_table_is_remade_once_it_has_grown(make_store: A
         for _ in range(15):  # prepared after 5 runs, a generic plan after 5 more
             with driver.transaction() as cx:
                 cx._cx.execute(LOCK_BY_ID, {"ids": "{x}"})
-        for start in range(0, 20_000, 1000):
-            store.task_submit_many(
-                [
-                    TaskSpec(queue="q", handler="h", payload={"i": i})
-                    for i in range(start, start + 1000)
-                ]
-            )
+        _fill(store, 20_000)
         # The plan cached while the table was empty is still used: a scan of it all.
         assert "Seq Scan on orbit_tasks" in _plan(driver)
 
@@ -121,10 +123,7 @@ def test_a_small_batched_write_updates_by_primary_key(make_store: Any) -> None:
     thirds of its speed). The statement states its row count (``LIMIT :rows_n``)."""
     store: Store = make_store()
     store.queue_create("q", max_concurrency=10, rate=0)
-    for start in range(0, 5000, 1000):
-        store.task_submit_many(
-            [TaskSpec(queue="q", handler="h", payload={"i": i}) for i in range(start, start + 1000)]
-        )
+    _fill(store, 5000)
     driver: PostgresDriver = store.driver  # type: ignore[assignment]
     with psycopg.connect(driver.dsn, autocommit=True) as admin:
         admin.execute("ANALYZE orbit_tasks")
@@ -162,10 +161,7 @@ def test_a_claim_marks_the_dead_entries_of_the_live_attempt_index(make_store: An
     session, _ = store.session_open(
         name="w", node_id="n", capabilities=[Capability("h", 1000)], max_concurrency=1000
     )
-    for start in range(0, 3000, 1000):
-        store.task_submit_many(
-            [TaskSpec(queue="q", handler="h", payload={"i": i}) for i in range(start, start + 1000)]
-        )
+    _fill(store, 3000)
     for _ in range(15):  # 3,000 attempts claimed, started and finished: 6,000 dead entries
         grants = store.attempt_claim_many(session.id, session.epoch, 200)
         done = [(g.attempt.id, g.attempt.fence) for g in grants]
