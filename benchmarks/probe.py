@@ -2,7 +2,8 @@
 
 The full harness compares systems; this answers a narrower question fast: did a change
 make Orbit's drain cheaper? It prints tasks/s and the CPU each process spent per task
-(server, worker, PostgreSQL), measured from the first success to the last. This
+(server, worker, PostgreSQL), measured from the first success to the last, and the same
+for the fill (``enqueue``: batches of 1,000 through ``Client.submit_many``). This
 machine's speed drifts by the hour, so compare two builds by running the probe on each
 in turn, several times, in both orders (A B B A …), never against an old figure::
 
@@ -119,13 +120,17 @@ def drain(
                 except Exception:
                     time.sleep(0.05)
             client.queue_create("bench", max_concurrency=1_000_000, rate=0)
-            for start in range(0, tasks, 1000):
-                client.submit_many(
-                    [
-                        task_body("bench", "bench", {"id": f"p{i}", "t": 0.0, "kind": "noop"})
-                        for i in range(start, min(tasks, start + 1000))
-                    ]
-                )
+            bodies = [
+                task_body("bench", "bench", {"id": f"p{i}", "t": 0.0, "kind": "noop"})
+                for i in range(tasks)
+            ]
+            # The fill is the batch-enqueue workload: timed, with the CPU of each side
+            # (this process is the client).
+            with CpuSampler(interval=0) as filling:
+                f0 = time.perf_counter()
+                for start in range(0, tasks, 1000):
+                    client.submit_many(bodies[start : start + 1000])
+                fill_s = time.perf_counter() - f0
             with psycopg.connect(url, autocommit=True) as cx:
                 cx.execute("ANALYZE")
             env = {
@@ -205,6 +210,7 @@ def drain(
         drop_database(admin_dsn, name)
     per_task = 1000 / tasks  # CPU seconds per drain -> ms per task
     by_pid = {p["pid"]: p["cpu_s"] for p in sampler.result["processes"]}
+    filled = {p["pid"]: p["cpu_s"] for p in filling.result["processes"]}
     return {
         "tasks": tasks,
         "concurrency": concurrency,
@@ -213,6 +219,15 @@ def drain(
             "server": round(by_pid[server.pid] * per_task, 4),
             "worker": round(by_pid[worker.pid] * per_task, 4),
             "postgres": round(sampler.result["cpu_s"]["postgres"] * per_task, 4),
+        },
+        "enqueue": {
+            "batch": 1000,
+            "tasks_per_s": round(tasks / fill_s, 1),
+            "cpu_ms_per_task": {
+                "server": round(filled.get(server.pid, 0.0) * per_task, 4),
+                "client": round(filling.result["cpu_s"]["harness"] * per_task, 4),
+                "postgres": round(filling.result["cpu_s"]["postgres"] * per_task, 4),
+            },
         },
     }
 

@@ -9,12 +9,16 @@ from benchmarks import probe
 from tests.pg import ADMIN_DSN
 
 
-def test_a_tiny_drain_reports_rate_and_cpu() -> None:
+def test_a_tiny_fill_and_drain_report_rate_and_cpu() -> None:
     result = probe.drain(ADMIN_DSN, tasks=40, concurrency=5, spy=None, spy_worker=False)
     assert result["tasks"] == 40
     assert result["tasks_per_s"] > 0
     assert set(result["cpu_ms_per_task"]) == {"server", "worker", "postgres"}
     assert all(v >= 0 for v in result["cpu_ms_per_task"].values())
+    enqueue = result["enqueue"]
+    assert enqueue["tasks_per_s"] > 0
+    assert set(enqueue["cpu_ms_per_task"]) == {"server", "client", "postgres"}
+    assert all(v >= 0 for v in enqueue["cpu_ms_per_task"].values())
 
 
 @pytest.mark.parametrize("bad", [{"tasks": 0}, {"concurrency": 0}])
