@@ -163,7 +163,11 @@ class Plan:
 # --------------------------------------------------------------------------- submit
 
 
-def new_task(spec: TaskSpec, *, task_id: str, payload: str, now: int) -> Task:
+def new_task(
+    spec: TaskSpec, *, task_id: str, payload: str, now: int, payload_digest: str | None = None
+) -> Task:
+    """A submitted task. ``payload_digest`` is ``digest(payload)``, passed by a caller that
+    already computed it (the submit compares it against an idempotency key's task)."""
     run_after = spec.run_after if spec.run_after is not None else now
     return build(
         Task,
@@ -173,7 +177,7 @@ def new_task(spec: TaskSpec, *, task_id: str, payload: str, now: int) -> Task:
         tenant=spec.tenant,
         priority=spec.priority,
         payload=payload,
-        payload_digest=digest(payload),
+        payload_digest=payload_digest or digest(payload),
         idempotency_key=spec.idempotency_key,
         parent_id=spec.parent_id,
         retry_safe=spec.retry_safe,

@@ -16,11 +16,17 @@ _US = timedelta(microseconds=1)
 def instant_to_wire(us: int | None) -> str | None:
     """Microseconds since the epoch as RFC 3339 in UTC, to the microsecond.
 
-    The seconds are formatted once and cached: a page or a batch of tasks repeats the
-    same few seconds many times, and views format five instants per task.
+    Cached, instants and their seconds both: a transaction stamps every row it writes
+    with one instant, so a batch of a thousand tasks repeats one value three thousand
+    times (a hit costs a fifth of formatting it).
     """
     if us is None:
         return None
+    return _instant_to_wire(us)
+
+
+@lru_cache(maxsize=4096)
+def _instant_to_wire(us: int) -> str:
     seconds, micros = divmod(us, 1_000_000)
     return f"{_second_to_wire(seconds)}.{micros:06d}Z"
 

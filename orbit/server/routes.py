@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from orbit.core.model import Backoff, Outcome, TaskSpec
+from orbit.core.model import Backoff, Outcome, TaskSpec, build
 from orbit.protocol.convert import instant_from_wire, seconds_to_us
 from orbit.protocol.decode import DecodeError, decode_model
 from orbit.protocol.messages import (
@@ -84,13 +84,20 @@ def decode_cursor(cursor: str | None) -> str | None:
     return text
 
 
+_DEFAULT_BACKOFF = Backoff()
+
+
 def spec_from(msg: TaskSubmit) -> TaskSpec:
-    backoff = Backoff()
+    """A decoded submission as the store's spec. Built without the frozen ``__init__``
+    (which sets each of 13 fields through ``object.__setattr__``): a batch makes a
+    thousand of these, and that ``__init__`` was a tenth of a batch submit's server time."""
+    backoff = _DEFAULT_BACKOFF
     if msg.backoff is not None:
         backoff = Backoff(
             seconds_to_us(msg.backoff.base), msg.backoff.factor, seconds_to_us(msg.backoff.max)
         )
-    return TaskSpec(
+    return build(
+        TaskSpec,
         queue=msg.queue,
         handler=msg.handler,
         payload=msg.payload,

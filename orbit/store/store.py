@@ -441,7 +441,7 @@ class Store:
                     results.append(Submitted(prior, created=False))
                     continue
                 task = transitions.new_task(
-                    spec, task_id=self._new_id(now), payload=payload, now=now
+                    spec, task_id=self._new_id(now), payload=payload, now=now, payload_digest=digest
                 )
                 if key:
                     in_batch[key] = task
