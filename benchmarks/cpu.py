@@ -5,6 +5,14 @@ who spent the CPU: the worker processes, the Orbit server, PostgreSQL, Redis or 
 harness itself. Every ``interval`` seconds the sampler reads system-wide CPU % and the
 cumulative CPU time of every process of interest; at the end it reports, per process and
 per group, the CPU seconds spent inside the window.
+
+A process that exits inside the window takes its last moments with it, and one that is
+born and exits between two scans (a peer's worker and its database connections, in a
+drain shorter than a second) is never seen at all. Their time is not lost, though: the
+kernel adds a reaped child's CPU time to its parent's ``children`` times. So the sampler
+also reads the children times of each group's reaper (this process for ``children``, the
+postmaster for ``postgres``) and adds what grew there, less the last reading of every
+process it saw die (already counted up to that reading).
 """
 
 from __future__ import annotations
@@ -30,6 +38,29 @@ class _Seen:
     group: str
     first: float  # CPU seconds at the first sample (0 if born inside the window)
     last: float
+    ppid: int
+    alive: bool = True
+
+
+def _children_cpu_s(proc: psutil.Process) -> float:
+    """CPU seconds of the reaped children of ``proc`` (and of theirs that they reaped)."""
+    t = proc.cpu_times()
+    return float(t.children_user + t.children_system)
+
+
+def _postmasters() -> list[psutil.Process]:
+    """Every PostgreSQL postmaster on this host: a ``postgres`` whose parent is not one."""
+    found = []
+    for p in psutil.process_iter(["name", "ppid"]):
+        if p.info.get("name") != "postgres":
+            continue
+        try:
+            parent = psutil.Process(p.info["ppid"])
+            if parent.name() != "postgres":
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
 
 
 def _label(proc: psutil.Process) -> str:
@@ -65,10 +96,39 @@ class CpuSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="cpu-sampler", daemon=True)
         self._t0 = 0.0
+        self._reapers: dict[str, list[tuple[psutil.Process, float]]] = {}
+
+    def _reaped_s(self) -> dict[str, float]:
+        """Per group, the CPU seconds its reapers' children times grew by since the start."""
+        grown = dict.fromkeys(GROUPS, 0.0)
+        for group, reapers in self._reapers.items():
+            for proc, before in reapers:
+                with contextlib.suppress(psutil.Error, OSError):
+                    grown[group] += max(0.0, _children_cpu_s(proc) - before)
+        return grown
+
+    def _in_reaped(self, seen: _Seen) -> bool:
+        """Whether a process's whole CPU time reached its group's reaper: it died, and so
+        did every ancestor between it and the reaper (each reaped by its parent)."""
+        reapers = {proc.pid for proc, _ in self._reapers.get(seen.group, [])}
+        while not seen.alive:
+            if seen.ppid in reapers:
+                return True
+            parent = self._seen.get(seen.ppid)
+            if parent is None:
+                return False
+            seen = parent
+        return False
 
     def __enter__(self) -> CpuSampler:
         self._t0 = time.time()
         self._last_times = psutil.cpu_times()
+        for group, procs in (("children", [self._me]), ("postgres", _postmasters())):
+            readings = []
+            for proc in procs:
+                with contextlib.suppress(psutil.Error, OSError):
+                    readings.append((proc, _children_cpu_s(proc)))
+            self._reapers[group] = readings
         self._discover(first=True)
         if self.interval > 0:
             self._thread.start()
@@ -123,7 +183,7 @@ class CpuSampler:
                 used = _cpu_s(proc)
                 born_inside = not first and proc.create_time() >= self._t0 - 0.05
                 self._seen[proc.pid] = _Seen(
-                    _label(proc), group, 0.0 if born_inside else used, used
+                    _label(proc), group, 0.0 if born_inside else used, used, proc.ppid()
                 )
                 self._procs[proc.pid] = proc
             except (psutil.Error, OSError):
@@ -137,10 +197,20 @@ class CpuSampler:
                 self._seen[pid].last = _cpu_s(proc)
             except (psutil.Error, OSError):
                 del self._procs[pid]  # gone: its last reading stands
+                self._seen[pid].alive = False
 
     def _summarise(self, wall: float) -> dict[str, Any]:
         groups = dict.fromkeys(GROUPS, 0.0)
         processes = []
+        # What the reapers collected, less what was already counted of the processes
+        # seen to die (their whole life is in the reaper's figure). Never below zero: a
+        # process reaped elsewhere (an orphan adopted by init) is simply not corrected.
+        reaped = self._reaped_s()
+        for seen in self._seen.values():
+            if self._in_reaped(seen):
+                reaped[seen.group] -= seen.last
+        for group, extra in reaped.items():
+            groups[group] += max(0.0, extra)
         for pid, seen in self._seen.items():
             spent = max(0.0, seen.last - seen.first)
             groups[seen.group] += spent

@@ -1,0 +1,80 @@
+"""benchmarks.cpu: CPU spent inside the window is counted once, also for processes that
+exit inside it, seen or not (a short drain's worker and its database connections)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import psutil
+import psycopg
+
+from benchmarks.cpu import CpuSampler
+from tests.pg import ADMIN_DSN
+
+# Burns CPU for the given seconds, then prints its own CPU time and exits.
+BURN = """
+import os, sys, time
+def burn(seconds):
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+burn(float(sys.argv[1]))
+print("ready", flush=True)
+sys.stdin.readline()
+burn(float(sys.argv[2]))
+t = os.times()
+print(t.user + t.system, flush=True)
+"""
+
+
+def _burner(before: float, inside: float) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", BURN, str(before), str(inside)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_a_child_born_and_reaped_between_two_scans_is_counted() -> None:
+    # interval 0: the only scans are at the start and at the end, so the child is never
+    # seen alive; its time reaches this process's children times when it is reaped.
+    with CpuSampler(interval=0) as sampler:
+        child = _burner(0.0, 0.3)
+        out, _ = child.communicate("go\n", timeout=60)
+        total = float(out.split()[-1])
+    assert child.returncode == 0
+    assert sampler.result["cpu_s"]["children"] >= 0.9 * total
+    assert sampler.result["cpu_s"]["children"] <= total + 0.2
+
+
+def test_a_child_seen_before_it_exits_is_not_counted_twice() -> None:
+    child = _burner(0.4, 0.3)  # 0.4 s before the window, 0.3 s inside it
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "ready"
+    with CpuSampler(interval=0) as sampler:
+        out, _ = child.communicate("go\n", timeout=60)
+        total = float(out.split()[-1])
+    assert total >= 0.65
+    spent = sampler.result["cpu_s"]["children"]
+    assert 0.25 <= spent <= total - 0.3  # the window's share, not the whole life
+
+
+def test_a_database_connection_closed_inside_the_window_is_counted() -> None:
+    with CpuSampler(interval=0) as sampler:
+        with psycopg.connect(ADMIN_DSN, autocommit=True) as cx:
+            row = cx.execute("SELECT pg_backend_pid()").fetchone()
+            assert row is not None
+            backend = psutil.Process(row[0])
+            cx.execute("SELECT sum(i) FROM generate_series(1, 3000000) AS i").fetchone()
+            cpu = backend.cpu_times()
+            burned = cpu.user + cpu.system
+        # the postmaster reaps the backend soon after the connection closes
+        deadline = time.monotonic() + 10
+        while psutil.pid_exists(backend.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not psutil.pid_exists(backend.pid)
+    assert burned > 0.05
+    assert sampler.result["cpu_s"]["postgres"] >= 0.9 * burned
