@@ -394,7 +394,9 @@ def _cpu(summary: dict[str, Any]) -> str:
     return (
         "### Host CPU during the throughput runs\n\n"
         f"Sampled every {summary['meta'].get('scale', {}).get('cpu_interval_s', '?')} s with "
-        "psutil and averaged over the drains; "
-        "every run file holds the per-process figures for every workload.\n\n"
+        "psutil and averaged over the drains (a process that exits inside a drain is "
+        "counted through its parent's children times); CPU per task is the one-worker "
+        "drain's CPU seconds over its tasks, from the worker's launch. "
+        "Every run file holds the per-process figures for every workload.\n\n"
         + _md_table(header, rows)
     )

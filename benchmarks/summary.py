@@ -57,6 +57,8 @@ CPU_COLUMNS = [
     ("children_core_percent", "servers + workers", "% of one core"),
     ("postgres_core_percent", "PostgreSQL", "% of one core"),
     ("redis_core_percent", "Redis", "% of one core"),
+    ("w1_children_ms_per_task", "servers + workers, 1 worker", "CPU ms per task"),
+    ("w1_postgres_ms_per_task", "PostgreSQL, 1 worker", "CPU ms per task"),
 ]
 
 
@@ -77,6 +79,20 @@ def _cpu_metrics(cpu: dict[str, Any]) -> dict[str, float]:
     out = {"host_cpu_percent": statistics.fmean(p["system_percent"]["mean"] for p in phases)}
     for group in ("children", "postgres", "redis"):
         out[f"{group}_core_percent"] = statistics.fmean(p["core_percent"][group] for p in phases)
+    return out
+
+
+def _cpu_per_task(record: dict[str, Any]) -> dict[str, float]:
+    """CPU milliseconds per task of each drain (``w1``: one worker process), by group:
+    what each system pays for a task, whatever the drain's length. The window runs from
+    the workers' launch, so a peer's figure includes its workers' start-up (Orbit's
+    server is already up)."""
+    out = {}
+    for key, cpu in (record.get("cpu") or {}).items():
+        jobs = ((record.get("detail") or {}).get(key) or {}).get("jobs")
+        if isinstance(cpu, dict) and "cpu_s" in cpu and jobs:
+            for group in ("children", "postgres"):
+                out[f"{key}_{group}_ms_per_task"] = 1000 * cpu["cpu_s"][group] / jobs
     return out
 
 
@@ -126,6 +142,8 @@ def _system_result(workload: str, records: list[dict[str, Any]]) -> dict[str, An
             small, large = metrics.get("small_tasks_per_s"), metrics.get("large_tasks_per_s")
             metrics["large_over_small"] = large / small if small and large else None
         metrics.update(_cpu_metrics(r.get("cpu") or {}))
+        if workload == "throughput":
+            metrics.update(_cpu_per_task(r))
         rows.append(metrics)
     names = sorted({k for row in rows for k in row})
     errors = [

@@ -78,6 +78,11 @@ def test_every_registered_system_runs_every_workload(tmp_path: Path) -> None:
     for key in [e.key for e in harness.REGISTRY]:
         assert on_disk["systems"][key]["versions"], key
         assert key in on_disk["latency_quantiles_ms"]
+        # CPU per task of each drain: the workers' start-up alone is above zero
+        cpu = on_disk["results"]["throughput"][key]["metrics"]
+        for procs in SMOKE.throughput_processes:
+            assert cpu[f"w{procs}_children_ms_per_task"]["median"] > 0, key
+            assert cpu[f"w{procs}_postgres_ms_per_task"]["n"] == 1, key
     assert summary.table(result)
 
     docs = tmp_path / "docs" / "benchmarks.md"
