@@ -26,6 +26,7 @@ from orbit.server.auth import TokenCheck
 from orbit.server.direct import DirectRoutes
 from orbit.server.errors import ApiError
 from orbit.server.gateway import Dispatcher, worker_endpoint
+from orbit.server.listen import listen
 from orbit.server.metrics import Metrics
 from orbit.server.routes import router, task_submit, task_submit_batch
 from orbit.store import Store, StoreConfig, open_store
@@ -80,44 +81,6 @@ async def _reaper(store: Store, interval: float, metrics: Metrics) -> None:
         await asyncio.sleep(interval)
 
 
-async def _listen(dsn: str, origin: str, dispatcher: Dispatcher) -> None:
-    """PostgreSQL LISTEN: another node's commit wakes this node's dispatcher.
-
-    The payload is ``<origin>:<kind>:<queue>``. A NOTIFY from this node's own store is
-    skipped: its ``on_ready``/``on_freed`` already told the dispatcher. ``ready`` (a task
-    became ready) always wakes it; ``freed`` (a permit freed) only if a worker's last
-    claim was held back by a cap.
-    """
-    own = f"{origin}:"
-    import psycopg
-
-    delay = 0.5
-    while True:
-        try:
-            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as cx:
-                await cx.execute("LISTEN orbit_ready")
-                await cx.execute("LISTEN orbit_cancel")
-                delay = 0.5
-                dispatcher.wake_threadsafe()  # catch up on anything missed while away
-                async for note in cx.notifies():
-                    if note.channel == "orbit_ready":
-                        if note.payload.startswith(own):
-                            continue
-                        if note.payload.split(":", 2)[1:2] == ["freed"]:
-                            dispatcher.freed_threadsafe()
-                        else:
-                            dispatcher.wake_threadsafe()
-                    else:
-                        session_id, _, attempt_id = note.payload.partition(":")
-                        await dispatcher.push_cancel([(session_id, attempt_id)])
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.warning("LISTEN connection lost (%s); retrying", type(exc).__name__)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 10.0)
-
-
 def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
     """Build the app. The store is opened (and migrated) at startup unless given."""
 
@@ -148,8 +111,8 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
         ]
         if store.backend == "postgres":  # every node hears the others' NOTIFY
             dsn: str = store.driver.dsn  # type: ignore[attr-defined]
-            listen = _listen(dsn, store.origin, dispatcher)
-            tasks.append(asyncio.create_task(listen, name="listen"))
+            listening = listen(dsn, store.origin, dispatcher)
+            tasks.append(asyncio.create_task(listening, name="listen"))
         log.info("orbit node %s serving on %s", settings.node_id, store.backend)
         try:
             yield

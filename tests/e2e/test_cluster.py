@@ -7,12 +7,16 @@
   are fenced (FENCED_EPOCH in the store, close code 4409 on the superseded connection)
   and leave evidence in the event log.
 - A ``drain`` from a fenced epoch is refused too (it once drained the session).
+- A cancel requested through node A reaches the worker attached to node B (NOTIFY
+  orbit_cancel), and a node whose LISTEN connection is killed reconnects and hears the
+  other node's NOTIFYs again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -20,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 import websockets
 
@@ -99,6 +104,21 @@ async def next_tasks(conn: WorkerConnection) -> list[dict[str, Any]]:
     pushed = await conn.next_push(timeout=PUSH_TIMEOUT)
     assert pushed["type"] == "tasks" and pushed["req_id"] is None, pushed
     return list(pushed["tasks"])
+
+
+async def make_queue(http: httpx.AsyncClient) -> None:
+    created = await http.post("/v1/queues", json={"name": "q", "max_concurrency": 10, "rate": 0})
+    assert created.status_code == 201, created.text
+
+
+def listener_pids(db_url: str) -> set[int]:
+    """The backends of the nodes' LISTEN connections (idle after ``LISTEN orbit_cancel``)."""
+    with psycopg.connect(db_url, autocommit=True) as cx:
+        rows = cx.execute(
+            "SELECT pid FROM pg_stat_activity"
+            " WHERE datname = current_database() AND query = 'LISTEN orbit_cancel'"
+        ).fetchall()
+    return {int(r[0]) for r in rows}
 
 
 async def closed_with(conn: WorkerConnection) -> int | None:
@@ -276,5 +296,63 @@ def test_a_drain_from_a_fenced_epoch_is_refused(tmp_path: Path) -> None:
             async with client(a, c.tokens.admin) as http_a:
                 [session] = (await http_a.get("/v1/workers")).json()
                 assert session["epoch"] == "2" and session["draining"] is False
+
+        asyncio.run(scenario())
+
+
+def test_a_cancel_on_node_a_reaches_the_worker_on_node_b(tmp_path: Path) -> None:
+    with cluster(tmp_path) as c:
+        a, b = c.start("node-a", "node-b", args=POLL)
+
+        async def scenario() -> None:
+            async with client(a, c.tokens.admin) as http_a:
+                await make_queue(http_a)
+                worker = await WorkerConnection.connect(b.ws, c.tokens.worker)
+                try:
+                    await worker.hello("w-b", {"h": 1}, max_concurrency=1, push=True)
+                    task_id = await submit(http_a, {"n": 1})
+                    [task] = await next_tasks(worker)
+                    assert (await worker.start(task["attempt_id"], task["fence"]))["status"] == "ok"
+                    reply = await http_a.post(f"/v1/tasks/{task_id}/cancel")
+                    assert reply.status_code == 200, reply.text
+                    # Node A's store sent NOTIFY orbit_cancel; only node B holds the worker.
+                    pushed = await worker.next_push(timeout=PUSH_TIMEOUT)
+                    assert pushed["type"] == "cancel", pushed
+                    assert pushed["attempt_ids"] == [task["attempt_id"]]
+                finally:
+                    await worker.close()
+
+        asyncio.run(scenario())
+
+
+def test_a_node_whose_listen_connection_dies_hears_notifies_again(tmp_path: Path) -> None:
+    with cluster(tmp_path) as c:
+        a, b = c.start("node-a", "node-b", args=POLL)
+        old = listener_pids(c.db_url)
+        assert len(old) == 2
+        with psycopg.connect(c.db_url, autocommit=True) as cx:
+            for pid in old:
+                cx.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        # Both nodes reconnect (after half a second's backoff) with new backends.
+        deadline = time.monotonic() + 30
+        while len(listener_pids(c.db_url) - old) < 2:
+            assert time.monotonic() < deadline, "the nodes did not LISTEN again"
+            time.sleep(0.05)
+
+        async def scenario() -> None:
+            async with client(a, c.tokens.admin) as http_a:
+                await make_queue(http_a)
+                worker = await WorkerConnection.connect(b.ws, c.tokens.worker)
+                try:
+                    await worker.hello("w-b", {"h": 4}, max_concurrency=4, push=True)
+                    first = await submit(http_a, {"n": 1})  # B may also be woken by the attach
+                    [t1] = await next_tasks(worker)
+                    assert t1["task_id"] == first
+                    # Only the new LISTEN connection can wake B before its 60 s poll.
+                    second = await submit(http_a, {"n": 2})
+                    [t2] = await next_tasks(worker)
+                    assert t2["task_id"] == second
+                finally:
+                    await worker.close()
 
         asyncio.run(scenario())
