@@ -182,8 +182,9 @@ class OrbitSystem(System):
     def recovery_note(self) -> str:
         return (
             "A worker that dies stops renewing its attempts' run lease. When the lease runs "
-            f"out (--lease-ttl, {LEASE_TTL_S:g} s here) the reaper (every --reap-interval, "
-            f"{REAP_INTERVAL_S:g} s here) marks the attempt lost and, for a task submitted "
+            f"out (--lease-ttl, {LEASE_TTL_S:g} s here) the reaper, which sleeps until the "
+            "soonest lease or claim runs out (at most --reap-interval, "
+            f"{REAP_INTERVAL_S:g} s here), marks the attempt lost and, for a task submitted "
             "retry_safe, schedules the next attempt, which any live worker claims at once. "
             "Target: every job recovered within lease TTL + 1 s of the kill."
         )

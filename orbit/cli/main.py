@@ -112,7 +112,14 @@ def server(
     poll_interval: Annotated[
         float, typer.Option(min=0.05, help="dispatch fallback, seconds")
     ] = 5.0,
-    reap_interval: Annotated[float, typer.Option(min=0.05, help="reaper period, seconds")] = 1.0,
+    reap_interval: Annotated[
+        float,
+        typer.Option(
+            min=0.05,
+            help="longest pause between reaper passes, seconds (it also wakes when a "
+            "claim, lease, deadline or session falls due)",
+        ),
+    ] = 1.0,
     claim_ttl: Annotated[float, typer.Option(min=0.1, help="claim lease, seconds")] = 30.0,
     lease_ttl: Annotated[float, typer.Option(min=0.1, help="run lease, seconds")] = 30.0,
     session_ttl: Annotated[

@@ -70,15 +70,44 @@ class RefuseNulMiddleware:
         await self.app(scope, receive, send)
 
 
+#: the shortest pause between two reaper passes (a pass that left due work behind, such
+#: as more expired leases than one batch holds, runs again after this)
+REAP_MIN_GAP_S = 0.01
+#: how long after a due instant the reaper wakes, so that its pass reads a clock past it
+REAP_MARGIN_S = 0.005
+#: work overdue by more than this that a pass left untouched is held by another node or
+#: transaction: the reaper then waits its whole interval instead of spinning on it
+REAP_STUCK_S = 0.1
+
+
+def reap_delay(interval: float, due_in: float | None, *, did_work: bool) -> float:
+    """How long the reaper sleeps after a pass: until just after the soonest due instant
+    (``due_in`` seconds from now, by the store's clock), at most ``interval``."""
+    if due_in is None:
+        return interval
+    if due_in < -REAP_STUCK_S and not did_work:
+        return interval
+    return min(interval, max(due_in + REAP_MARGIN_S, REAP_MIN_GAP_S))
+
+
 async def _reaper(store: Store, interval: float, metrics: Metrics) -> None:
+    # Never asleep for longer than the shortest claim, lease or session: an expiry made
+    # while the reaper sleeps is at least that far away, so the reaper always reads it
+    # (after its next pass) before it falls due.
+    config = store.config
+    shortest = min(config.claim_ttl_us, config.lease_ttl_us, config.session_ttl_us)
+    interval = min(interval, shortest / 1_000_000)
     while True:
+        delay = interval
         try:
             report = await run_in_threadpool(store.reap)
             if report.expired_leases:
                 metrics.lease_expiries.inc(report.expired_leases)
+            due_in = await run_in_threadpool(store.reap_due_in)
+            delay = reap_delay(interval, due_in, did_work=report.total > 0)
         except Exception:
             log.exception("reaper pass failed")
-        await asyncio.sleep(interval)
+        await asyncio.sleep(delay)
 
 
 def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:

@@ -1338,6 +1338,18 @@ class Store:
 
     # ------------------------------------------------------------------ reaper
 
+    def reap_due_in(self) -> float | None:
+        """Seconds until the soonest instant a :meth:`reap` pass would find work, by the
+        store's clock (zero or less if something is already due), or None if nothing is
+        pending. The server's reaper sleeps until then (at most its interval), so a lease
+        is acted on when it runs out rather than up to an interval later."""
+
+        def read(tx: _Tx) -> float | None:
+            due = tx.fetch("reap_next_due")[0]["due"]
+            return None if due is None else (int(due) - tx.now()) / 1_000_000
+
+        return self._tx(read)
+
     def reap(self) -> ReapReport:
         """One pass of every clock-driven duty. Safe on every node at once: rows another
         node holds are skipped (SKIP LOCKED) and every write is a compare-and-set."""

@@ -441,3 +441,35 @@ def test_a_finished_attempt_is_freed_without_the_garbage_collector(
     assert not alive, f"{len(alive)} finished attempts are only freed by the collector"
     for task_id in ids:
         assert wait_state(api, task_id, {"succeeded"})["state"] == "succeeded"
+
+
+def test_a_lost_lease_is_reaped_when_it_runs_out_not_an_interval_later(
+    nodes: Callable[..., Node], tokens: Tokens
+) -> None:
+    """The reaper sleeps until the soonest lease runs out (at most its interval): with a
+    60 s interval, a lease of 1 s that is never renewed is still acted on within seconds."""
+    node = nodes(args=["--lease-ttl", "1", "--reap-interval", "60", "--poll-interval", "0.5"])
+    with httpx.Client(
+        base_url=node.http, timeout=30, headers={"Authorization": f"Bearer {tokens.admin}"}
+    ) as api:
+        api.post("/v1/queues", json={"name": "q", "max_concurrency": 50, "rate": 0})
+        worker = Worker(node.http, tokens.worker)
+        worker.pause_renewals = True
+        seen: dict[str, Any] = {}
+
+        @worker.handler("slow")
+        async def slow(ctx: Context, payload: Any) -> Any:
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                seen["reason"] = ctx.reason
+                raise
+            return "must not be committed"
+
+        tid = submit(api, "slow", retry_safe=False)
+        asyncio.run(run_until(worker, lambda: "reason" in seen and not worker.running))
+        # Only the reaper moves a lost attempt's task; its passes are 60 s apart.
+        task = wait_state(api, tid, {"needs_review"}, timeout=15)
+        assert task["attempts_used"] == 1
+        events = api.get(f"/v1/tasks/{tid}/events").json()["items"]
+        assert [e["code"] for e in events if e["kind"] == "needs_review"] == ["LEASE_EXPIRED"]

@@ -262,6 +262,26 @@ UNION
 SELECT id FROM orbit_tasks WHERE state = 'scheduled' AND run_after <= :now
 LIMIT :limit;
 
+-- name: reap_next_due
+-- The soonest instant a reaper pass has work, or NULL when nothing is pending: a claim or
+-- a lease running out, a live task's deadline, a scheduled task falling due, a live
+-- session or an artifact expiring (each the head of its partial index, read as
+-- reap_candidates, session_expired_select and artifact_expired_delete read them).
+SELECT min(due) AS due FROM (
+    SELECT min(claim_expires_at) AS due FROM orbit_attempts WHERE state = 'claimed'
+    UNION ALL
+    SELECT min(lease_expires_at) FROM orbit_attempts WHERE state = 'running'
+    UNION ALL
+    SELECT min(deadline) FROM orbit_tasks
+    WHERE deadline IS NOT NULL AND state IN ('queued', 'scheduled', 'claimed', 'running')
+    UNION ALL
+    SELECT min(run_after) FROM orbit_tasks WHERE state = 'scheduled'
+    UNION ALL
+    SELECT min(expires_at) FROM orbit_sessions WHERE state = 'live'
+    UNION ALL
+    SELECT min(expires_at) FROM orbit_artifacts
+) AS heads;
+
 -- name: token_insert
 INSERT INTO orbit_tokens (id, name, secret_hash, scopes, created_at)
 VALUES (:id, :name, :secret_hash, :scopes, :now);
