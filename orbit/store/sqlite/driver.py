@@ -80,6 +80,12 @@ class _SqliteConnection:
                 self._cx.execute(statement)
 
 
+#: SQLite's page cache, per connection (its default is 2 MiB): a queue of tens of thousands
+#: of tasks and their indexes outgrows that, and every claim then reads pages back from the
+#: operating system.
+CACHE_KIB = 64 * 1024
+
+
 class SqliteDriver:
     """One connection shared by the process, serialised by a lock; WAL and full sync,
     so a committed finish survives a crash of the process or the machine."""
@@ -97,6 +103,7 @@ class SqliteDriver:
         self._cx.execute("PRAGMA journal_mode = WAL")
         self._cx.execute(self.queries["commit_durable"])
         self._cx.execute("PRAGMA foreign_keys = ON")
+        self._cx.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
 
     @contextmanager
     def transaction(self, *, durable: bool = True) -> Iterator[_SqliteConnection]:
