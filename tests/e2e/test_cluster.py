@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,6 +109,17 @@ async def next_tasks(conn: WorkerConnection) -> list[dict[str, Any]]:
 async def make_queue(http: httpx.AsyncClient) -> None:
     created = await http.post("/v1/queues", json={"name": "q", "max_concurrency": 10, "rate": 0})
     assert created.status_code == 201, created.text
+
+
+@contextlib.asynccontextmanager
+async def pushed_to(node: Node, token: str, slots: int) -> AsyncIterator[WorkerConnection]:
+    """A worker connection on ``node`` that takes pushed tasks of handler ``h``."""
+    worker = await WorkerConnection.connect(node.ws, token)
+    try:
+        await worker.hello("w-b", {"h": slots}, max_concurrency=slots, push=True)
+        yield worker
+    finally:
+        await worker.close()
 
 
 def listener_pids(db_url: str) -> set[int]:
@@ -307,9 +318,7 @@ def test_a_cancel_on_node_a_reaches_the_worker_on_node_b(tmp_path: Path) -> None
         async def scenario() -> None:
             async with client(a, c.tokens.admin) as http_a:
                 await make_queue(http_a)
-                worker = await WorkerConnection.connect(b.ws, c.tokens.worker)
-                try:
-                    await worker.hello("w-b", {"h": 1}, max_concurrency=1, push=True)
+                async with pushed_to(b, c.tokens.worker, 1) as worker:
                     task_id = await submit(http_a, {"n": 1})
                     [task] = await next_tasks(worker)
                     assert (await worker.start(task["attempt_id"], task["fence"]))["status"] == "ok"
@@ -319,8 +328,6 @@ def test_a_cancel_on_node_a_reaches_the_worker_on_node_b(tmp_path: Path) -> None
                     pushed = await worker.next_push(timeout=PUSH_TIMEOUT)
                     assert pushed["type"] == "cancel", pushed
                     assert pushed["attempt_ids"] == [task["attempt_id"]]
-                finally:
-                    await worker.close()
 
         asyncio.run(scenario())
 
@@ -342,9 +349,7 @@ def test_a_node_whose_listen_connection_dies_hears_notifies_again(tmp_path: Path
         async def scenario() -> None:
             async with client(a, c.tokens.admin) as http_a:
                 await make_queue(http_a)
-                worker = await WorkerConnection.connect(b.ws, c.tokens.worker)
-                try:
-                    await worker.hello("w-b", {"h": 4}, max_concurrency=4, push=True)
+                async with pushed_to(b, c.tokens.worker, 4) as worker:
                     first = await submit(http_a, {"n": 1})  # B may also be woken by the attach
                     [t1] = await next_tasks(worker)
                     assert t1["task_id"] == first
@@ -352,7 +357,5 @@ def test_a_node_whose_listen_connection_dies_hears_notifies_again(tmp_path: Path
                     second = await submit(http_a, {"n": 2})
                     [t2] = await next_tasks(worker)
                     assert t2["task_id"] == second
-                finally:
-                    await worker.close()
 
         asyncio.run(scenario())

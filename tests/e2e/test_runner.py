@@ -164,22 +164,29 @@ def test_cancel_reaches_the_handler(
     assert task["result"] is None
 
 
-def test_lease_loss_cancels_the_handler_and_drops_its_result(
-    fast: Node, tokens: Tokens, api: httpx.Client
-) -> None:
-    worker = Worker(fast.http, tokens.worker)
+def renewal_free_worker(node: Node, token: str, sleep_s: float) -> tuple[Worker, dict[str, Any]]:
+    """A worker that never renews its leases, with a ``slow`` handler that sleeps
+    ``sleep_s`` and records the reason it was cancelled for (in the returned dict)."""
+    worker = Worker(node.http, token)
     worker.pause_renewals = True
     seen: dict[str, Any] = {}
 
     @worker.handler("slow")
     async def slow(ctx: Context, payload: Any) -> Any:
         try:
-            await asyncio.sleep(3)
+            await asyncio.sleep(sleep_s)
         except asyncio.CancelledError:
             seen["reason"] = ctx.reason
             raise
         return "must not be committed"
 
+    return worker, seen
+
+
+def test_lease_loss_cancels_the_handler_and_drops_its_result(
+    fast: Node, tokens: Tokens, api: httpx.Client
+) -> None:
+    worker, seen = renewal_free_worker(fast, tokens.worker, 3)
     tid = submit(api, "slow", retry_safe=False)
     asyncio.run(run_until(worker, lambda: "reason" in seen and not worker.running))
     assert seen["reason"] == "lease expired"
@@ -453,19 +460,7 @@ def test_a_lost_lease_is_reaped_when_it_runs_out_not_an_interval_later(
         base_url=node.http, timeout=30, headers={"Authorization": f"Bearer {tokens.admin}"}
     ) as api:
         api.post("/v1/queues", json={"name": "q", "max_concurrency": 50, "rate": 0})
-        worker = Worker(node.http, tokens.worker)
-        worker.pause_renewals = True
-        seen: dict[str, Any] = {}
-
-        @worker.handler("slow")
-        async def slow(ctx: Context, payload: Any) -> Any:
-            try:
-                await asyncio.sleep(30)
-            except asyncio.CancelledError:
-                seen["reason"] = ctx.reason
-                raise
-            return "must not be committed"
-
+        worker, seen = renewal_free_worker(node, tokens.worker, 30)
         tid = submit(api, "slow", retry_safe=False)
         asyncio.run(run_until(worker, lambda: "reason" in seen and not worker.running))
         # Only the reaper moves a lost attempt's task; its passes are 60 s apart.
