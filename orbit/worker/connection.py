@@ -92,7 +92,10 @@ class WorkerConnection:
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting[rid] = future
         await self.ws.send(json.dumps({**message, "req_id": rid}))
-        reply = await asyncio.wait_for(future, timeout)
+        # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that meets
+        # the reply in one loop iteration, and the worker's loops must stop when told.
+        async with asyncio.timeout(timeout):
+            reply = await future
         if reply.get("type") == "error":
             raise ServerError(reply["code"], reply.get("message", ""), reply)
         return reply
@@ -202,8 +205,10 @@ class WorkerConnection:
         """Keep an idle session alive (renewals do it while attempts run)."""
         await self.request({"type": "heartbeat"})
 
-    async def next_push(self, timeout: float = 30.0) -> dict[str, Any]:
-        return await asyncio.wait_for(self.pushed.get(), timeout)
+    async def next_push(self, timeout: float | None = 30.0) -> dict[str, Any]:
+        """The next message the server pushed (``None``: wait as long as it takes)."""
+        async with asyncio.timeout(timeout):
+            return await self.pushed.get()
 
     async def close(self) -> None:
         await self.ws.close()

@@ -32,7 +32,7 @@ import ssl
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -271,11 +271,7 @@ class Worker:
             await self._stop_requested.wait()
             await self._drain()
         finally:
-            for t in loops:
-                t.cancel()
-            for t in loops:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
+            await stop_tasks(loops)
             if self._conn is not None:
                 with contextlib.suppress(Exception):
                     await self._conn.close()
@@ -338,7 +334,9 @@ class Worker:
     async def _read_loop(self) -> None:
         while True:
             assert self._conn is not None
-            msg = await self._conn.next_push(timeout=3600)
+            # No timeout: an idle worker may hear nothing for hours (a timeout here once
+            # ended this loop after an idle hour, and the worker never heard a push again).
+            msg = await self._conn.next_push(timeout=None)
             kind = msg.get("type")
             if kind == "tasks":
                 for assignment in msg["tasks"]:
@@ -659,7 +657,8 @@ class Worker:
         ran out is treated as lost (its handler is cancelled, its result dropped)."""
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._lease_changed.wait(), self._interval())
+                async with asyncio.timeout(self._interval()):
+                    await self._lease_changed.wait()
             if self._lease_changed.is_set():
                 # New leases only move the next renewal earlier; renewing everything at
                 # each start would cost a transaction per start batch.
@@ -681,7 +680,8 @@ class Worker:
                 # Never wait on a hung connection past the soonest lease: the expiry check
                 # at the top of the loop must run in time.
                 timeout = min(10.0, max(soonest, 0.05))
-                leases = await asyncio.wait_for(self._conn.renew(ids), timeout=timeout)
+                async with asyncio.timeout(timeout):
+                    leases = await self._conn.renew(ids)
             except (TimeoutError, ServerError, ConnectionError, OSError) as exc:
                 log.warning("renew failed: %s", exc)
                 continue
@@ -704,7 +704,8 @@ class Worker:
             if conn is None or not self._connected.is_set() or conn is not self._conn:
                 continue
             try:
-                await asyncio.wait_for(conn.heartbeat(), timeout=10)
+                async with asyncio.timeout(10):
+                    await conn.heartbeat()
             except ServerError as exc:
                 log.warning("heartbeat refused (%s); reconnecting", exc.code)
                 with contextlib.suppress(Exception):
@@ -728,6 +729,27 @@ class Worker:
             await asyncio.wait(pending, timeout=self.cancel_grace + 5)
         if self.abandoned:
             log.error("%d handler(s) ignored cancellation and were abandoned", len(self.abandoned))
+
+
+async def stop_tasks(tasks: Iterable[asyncio.Task[Any]], *, recheck: float = 0.5) -> None:
+    """Cancel ``tasks`` and return once every one has finished.
+
+    One ``cancel()`` and an ``await`` are not enough: on Python 3.11,
+    ``asyncio.wait_for`` returns its result instead of raising when the awaited reply
+    lands in the same loop iteration as the cancel, so a loop built on it runs on and
+    the ``await`` never returns (a worker hung at exit this way). Whatever is still
+    running after ``recheck`` seconds is cancelled again. Their errors are not raised:
+    they are loops being stopped."""
+    pending = set(tasks)
+    finished: list[asyncio.Task[Any]] = []
+    while pending:
+        for task in pending:
+            task.cancel()
+        done, pending = await asyncio.wait(pending, timeout=recheck)
+        finished.extend(done)
+    for task in finished:
+        if not task.cancelled():
+            task.exception()  # retrieved: no "exception was never retrieved" at exit
 
 
 async def _file(path: Path) -> AsyncIterator[bytes]:
