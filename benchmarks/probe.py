@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from benchmarks.cpu import CpuSampler
 from benchmarks.harness import free_ports
 from benchmarks.recorder import RecordReader
 from benchmarks.systems.base import create_database, drop_database
+from benchmarks.workloads import percentile
 from orbit import Client
 from orbit.client._client import task_body
 from orbit.store import open_store
@@ -70,22 +72,31 @@ def _processes() -> Iterator[list[subprocess.Popen[bytes]]]:
                 p.wait()
 
 
-def drain(
-    admin_dsn: str, *, tasks: int, concurrency: int, spy: str | None, spy_worker: bool
-) -> dict[str, Any]:
-    """Fill ``tasks`` no-op tasks, start one worker, and time the drain."""
-    if tasks < 1 or concurrency < 1:
-        raise ValueError("tasks and concurrency must be at least 1")
-    spy_bin = _py_spy() if spy is not None else None
+@dataclass
+class _Orbit:
+    """One probe's server and its client, in a database of the probe's own."""
+
+    url: str  # the database
+    base: str  # the server
+    token_file: Path
+    work: Path  # the handlers' records
+    client: Client
+    server: subprocess.Popen[bytes]
+    procs: list[subprocess.Popen[bytes]]
+
+
+@contextmanager
+def _orbit(admin_dsn: str) -> Iterator[_Orbit]:
+    """A fresh database, a server on it with a ``bench`` queue; all dropped afterwards."""
     name = f"orbit_probe_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     url = create_database(admin_dsn, name)
+    work = Path(tempfile.mkdtemp(prefix="orbit_probe_"))
     try:
         store = open_store(url)
         try:
             _, token = store.token_create("probe", ["admin", "submit", "worker"])
         finally:
             store.close()
-        work = Path(tempfile.mkdtemp(prefix="orbit_probe_"))
         token_file = work / "token"
         token_file.write_text(token)
         token_file.chmod(0o600)
@@ -94,20 +105,9 @@ def drain(
         with _processes() as procs:
             server = subprocess.Popen(
                 [
-                    sys.executable,
-                    "-m",
-                    "orbit.cli",
-                    "server",
-                    "--db",
-                    url,
-                    "--port",
-                    str(port),
-                    "--log-level",
-                    "warning",
-                    "--lease-ttl",
-                    "5",
-                    "--reap-interval",
-                    "0.5",
+                    *(sys.executable, "-m", "orbit.cli", "server", "--db", url),
+                    *("--port", str(port), "--log-level", "warning"),
+                    *("--lease-ttl", "5", "--reap-interval", "0.5"),
                 ],
                 cwd=REPO,
             )
@@ -120,116 +120,186 @@ def drain(
                 except Exception:
                     time.sleep(0.05)
             client.queue_create("bench", max_concurrency=1_000_000, rate=0)
-            bodies = [
-                task_body("bench", "bench", {"id": f"p{i}", "t": 0.0, "kind": "noop"})
-                for i in range(tasks)
-            ]
-            # The fill is the batch-enqueue workload: timed, with the CPU of each side
-            # (this process is the client).
-            with CpuSampler(interval=0) as filling:
-                f0 = time.perf_counter()
-                for start in range(0, tasks, 1000):
-                    client.submit_many(bodies[start : start + 1000])
-                fill_s = time.perf_counter() - f0
-            with psycopg.connect(url, autocommit=True) as cx:
-                cx.execute("ANALYZE")
-            env = {
-                **os.environ,
-                "ORBIT_URL": base,
-                "ORBIT_TOKEN_FILE": str(token_file),
-                "BENCH_CONCURRENCY": str(concurrency),
-                "BENCH_REC_DIR": str(work),
-                "PYTHONPATH": str(REPO),
-            }
-            worker = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "orbit.cli",
-                    "worker",
-                    "benchmarks.systems.orbit_worker:worker",
-                ],
-                env=env,
-                cwd=REPO,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            procs.append(worker)
-            done_sql = "SELECT count(*) FROM orbit_tasks WHERE state = 'succeeded'"
-            with psycopg.connect(url, autocommit=True) as cx:
-
-                def succeeded() -> int:
-                    row = cx.execute(done_sql).fetchone()
-                    return int(row[0]) if row else 0
-
-                while succeeded() == 0:
-                    if worker.poll() is not None:
-                        raise RuntimeError("the worker exited before running a task")
-                    time.sleep(0.01)
-                # readings at the start and the end only: no sampling thread in the way
-                with CpuSampler(interval=0) as sampler:
-                    t0 = time.perf_counter()
-                    spying = None
-                    if spy is not None and spy_bin is not None:
-                        target = worker.pid if spy_worker else server.pid
-                        spying = subprocess.Popen(
-                            [
-                                spy_bin,
-                                "record",
-                                "-p",
-                                str(target),
-                                "-d",
-                                "6",
-                                "-r",
-                                "250",
-                                "--gil",
-                                "-f",
-                                "raw",
-                                "-o",
-                                spy,
-                            ],
-                            stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL,
-                        )
-                    # The handlers' records first (file reads), then the count that says
-                    # the finishes are durable: a count(*) reads the whole table (7 ms a
-                    # poll at 20,000 tasks, a tenth of PostgreSQL's CPU per task when it
-                    # was polled all along). The harness waits the same way (wait_done).
-                    reader = RecordReader(work)
-                    finished = 0
-                    while finished < tasks or succeeded() < tasks:
-                        if worker.poll() is not None or server.poll() is not None:
-                            raise RuntimeError(f"a process exited with {finished} finished")
-                        finished += sum(r.kind == "F" for r in reader.poll())
-                        time.sleep(0.01)
-                    elapsed = time.perf_counter() - t0
-            if spying is not None:
-                spying.wait()
-        shutil.rmtree(work, ignore_errors=True)
+            yield _Orbit(url, base, token_file, work, client, server, procs)
     finally:
+        shutil.rmtree(work, ignore_errors=True)
         drop_database(admin_dsn, name)
-    per_task = 1000 / tasks  # CPU seconds per drain -> ms per task
-    by_pid = {p["pid"]: p["cpu_s"] for p in sampler.result["processes"]}
-    filled = {p["pid"]: p["cpu_s"] for p in filling.result["processes"]}
-    return {
-        "tasks": tasks,
-        "concurrency": concurrency,
-        "tasks_per_s": round(tasks / elapsed, 1),
-        "cpu_ms_per_task": {
-            "server": round(by_pid[server.pid] * per_task, 4),
-            "worker": round(by_pid[worker.pid] * per_task, 4),
-            "postgres": round(sampler.result["cpu_s"]["postgres"] * per_task, 4),
-        },
-        "enqueue": {
-            "batch": 1000,
-            "tasks_per_s": round(tasks / fill_s, 1),
-            "cpu_ms_per_task": {
-                "server": round(filled.get(server.pid, 0.0) * per_task, 4),
-                "client": round(filling.result["cpu_s"]["harness"] * per_task, 4),
-                "postgres": round(filling.result["cpu_s"]["postgres"] * per_task, 4),
-            },
-        },
+
+
+def _start_worker(orbit: _Orbit, concurrency: int) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "ORBIT_URL": orbit.base,
+        "ORBIT_TOKEN_FILE": str(orbit.token_file),
+        "BENCH_CONCURRENCY": str(concurrency),
+        "BENCH_REC_DIR": str(orbit.work),
+        "PYTHONPATH": str(REPO),
     }
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "orbit.cli", "worker", "benchmarks.systems.orbit_worker:worker"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    orbit.procs.append(worker)
+    return worker
+
+
+@contextmanager
+def _spying(spy: str | None, pid: int) -> Iterator[None]:
+    """``py-spy record --gil`` of ``pid`` for the first seconds of the block."""
+    if spy is None:
+        yield
+        return
+    spying = subprocess.Popen(
+        [
+            *(_py_spy(), "record", "-p", str(pid), "-d", "6", "-r", "250"),
+            *("--gil", "-f", "raw", "-o", spy),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield
+    finally:
+        spying.wait()
+
+
+def _cpu_per_task(
+    sampler: CpuSampler,
+    tasks: int,
+    server: subprocess.Popen[bytes],
+    worker: subprocess.Popen[bytes],
+) -> dict[str, float]:
+    per_task = 1000 / tasks  # CPU seconds -> ms per task
+    by_pid = {p["pid"]: p["cpu_s"] for p in sampler.result["processes"]}
+    return {
+        "server": round(by_pid[server.pid] * per_task, 4),
+        "worker": round(by_pid[worker.pid] * per_task, 4),
+        "postgres": round(sampler.result["cpu_s"]["postgres"] * per_task, 4),
+    }
+
+
+def drain(
+    admin_dsn: str, *, tasks: int, concurrency: int, spy: str | None, spy_worker: bool
+) -> dict[str, Any]:
+    """Fill ``tasks`` no-op tasks, start one worker, and time the drain."""
+    if tasks < 1 or concurrency < 1:
+        raise ValueError("tasks and concurrency must be at least 1")
+    if spy is not None:
+        _py_spy()  # refuse before anything starts
+    with _orbit(admin_dsn) as orbit:
+        bodies = [
+            task_body("bench", "bench", {"id": f"p{i}", "t": 0.0, "kind": "noop"})
+            for i in range(tasks)
+        ]
+        # The fill is the batch-enqueue workload: timed, with the CPU of each side
+        # (this process is the client).
+        with CpuSampler(interval=0) as filling:
+            f0 = time.perf_counter()
+            for start in range(0, tasks, 1000):
+                orbit.client.submit_many(bodies[start : start + 1000])
+            fill_s = time.perf_counter() - f0
+        with psycopg.connect(orbit.url, autocommit=True) as cx:
+            cx.execute("ANALYZE")
+        worker = _start_worker(orbit, concurrency)
+        done_sql = "SELECT count(*) FROM orbit_tasks WHERE state = 'succeeded'"
+        with psycopg.connect(orbit.url, autocommit=True) as cx:
+
+            def succeeded() -> int:
+                row = cx.execute(done_sql).fetchone()
+                return int(row[0]) if row else 0
+
+            while succeeded() == 0:
+                if worker.poll() is not None:
+                    raise RuntimeError("the worker exited before running a task")
+                time.sleep(0.01)
+            # readings at the start and the end only: no sampling thread in the way
+            target = worker.pid if spy_worker else orbit.server.pid
+            with CpuSampler(interval=0) as sampler, _spying(spy, target):
+                t0 = time.perf_counter()
+                # The handlers' records first (file reads), then the count that says
+                # the finishes are durable: a count(*) reads the whole table (7 ms a
+                # poll at 20,000 tasks, a tenth of PostgreSQL's CPU per task when it
+                # was polled all along). The harness waits the same way (wait_done).
+                reader = RecordReader(orbit.work)
+                finished = 0
+                while finished < tasks or succeeded() < tasks:
+                    _check_alive(orbit, worker, finished)
+                    finished += sum(r.kind == "F" for r in reader.poll())
+                    time.sleep(0.01)
+                elapsed = time.perf_counter() - t0
+        filled = {p["pid"]: p["cpu_s"] for p in filling.result["processes"]}
+        per_task = 1000 / tasks
+        return {
+            "tasks": tasks,
+            "concurrency": concurrency,
+            "tasks_per_s": round(tasks / elapsed, 1),
+            "cpu_ms_per_task": _cpu_per_task(sampler, tasks, orbit.server, worker),
+            "enqueue": {
+                "batch": 1000,
+                "tasks_per_s": round(tasks / fill_s, 1),
+                "cpu_ms_per_task": {
+                    "server": round(filled.get(orbit.server.pid, 0.0) * per_task, 4),
+                    "client": round(filling.result["cpu_s"]["harness"] * per_task, 4),
+                    "postgres": round(filling.result["cpu_s"]["postgres"] * per_task, 4),
+                },
+            },
+        }
+
+
+def paced(
+    admin_dsn: str, *, tasks: int, rate: float, spy: str | None, spy_worker: bool
+) -> dict[str, Any]:
+    """Submit ``tasks`` one at a time at ``rate`` per second to an idle worker (the
+    latency workload) and report enqueue→start percentiles and CPU per task."""
+    if tasks < 1 or not rate > 0:
+        raise ValueError("tasks must be at least 1 and the rate above 0")
+    if spy is not None:
+        _py_spy()
+    with _orbit(admin_dsn) as orbit:
+        worker = _start_worker(orbit, 10)
+        reader = RecordReader(orbit.work)
+
+        def submit_and_wait(ids: list[str], pace: float | None) -> None:
+            t0 = time.perf_counter()
+            for i, job_id in enumerate(ids):
+                if pace is not None:
+                    delay = t0 + i / pace - time.perf_counter()
+                    if delay > 0:
+                        time.sleep(delay)
+                job = {"id": job_id, "t": time.time(), "kind": "noop"}
+                orbit.client.submit("bench", "bench", job, retry_safe=True)
+            wanted = set(ids)
+            while wanted:
+                _check_alive(orbit, worker, len(ids) - len(wanted))
+                wanted.difference_update(r.job_id for r in reader.poll() if r.kind == "F")
+                time.sleep(0.005)
+
+        submit_and_wait(["warm-up"], None)
+        time.sleep(0.2)  # let the worker settle back into waiting
+        ids = [f"p{i}" for i in range(tasks)]
+        target = worker.pid if spy_worker else orbit.server.pid
+        with CpuSampler(interval=0) as sampler, _spying(spy, target):
+            submit_and_wait(ids, rate)
+        records = {r.job_id: r for r in reader.finished()}
+        lat_ms = [(records[i].started - records[i].enqueued) * 1000 for i in ids]
+        return {
+            "tasks": tasks,
+            "rate": rate,
+            "latency_ms": {
+                "p50": round(percentile(lat_ms, 50), 3),
+                "p99": round(percentile(lat_ms, 99), 3),
+                "max": round(max(lat_ms), 3),
+            },
+            "cpu_ms_per_task": _cpu_per_task(sampler, tasks, orbit.server, worker),
+        }
+
+
+def _check_alive(orbit: _Orbit, worker: subprocess.Popen[bytes], finished: int) -> None:
+    if worker.poll() is not None or orbit.server.poll() is not None:
+        raise RuntimeError(f"a process exited with {finished} finished")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -241,16 +311,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=500, help="the worker's slots")
     parser.add_argument("--py-spy", dest="spy", help="record a GIL profile into this file")
     parser.add_argument("--worker", action="store_true", help="profile the worker instead")
+    parser.add_argument(
+        "--paced",
+        type=float,
+        metavar="RATE",
+        help="submit one at a time at RATE/s to an idle worker; report latency (no fill)",
+    )
     parser.add_argument("--pg-dsn", default=DEFAULT_ADMIN_DSN, help="may CREATE DATABASE")
     args = parser.parse_args(argv)
     try:
-        result = drain(
-            args.pg_dsn,
-            tasks=args.tasks,
-            concurrency=args.concurrency,
-            spy=args.spy,
-            spy_worker=args.worker,
-        )
+        if args.paced is not None:
+            result = paced(
+                args.pg_dsn, tasks=args.tasks, rate=args.paced, spy=args.spy, spy_worker=args.worker
+            )
+        else:
+            result = drain(
+                args.pg_dsn,
+                tasks=args.tasks,
+                concurrency=args.concurrency,
+                spy=args.spy,
+                spy_worker=args.worker,
+            )
     except ValueError as exc:
         parser.error(str(exc))
     json.dump(result, sys.stdout)

@@ -1,5 +1,6 @@
-"""benchmarks.probe: a tiny real drain gives a rate and CPU per process, and bad
-arguments are refused before any database is created."""
+"""benchmarks.probe: a tiny real drain gives a rate and CPU per process, a tiny paced
+run gives latency percentiles, and bad arguments are refused before any database is
+created."""
 
 from __future__ import annotations
 
@@ -21,14 +22,41 @@ def test_a_tiny_fill_and_drain_report_rate_and_cpu() -> None:
     assert all(v >= 0 for v in enqueue["cpu_ms_per_task"].values())
 
 
-@pytest.mark.parametrize("bad", [{"tasks": 0}, {"concurrency": 0}])
-def test_bad_arguments_are_refused_first(
-    bad: dict[str, int], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_tiny_paced_run_reports_latency_and_cpu() -> None:
+    result = probe.paced(ADMIN_DSN, tasks=5, rate=50, spy=None, spy_worker=False)
+    assert (result["tasks"], result["rate"]) == (5, 50)
+    latency = result["latency_ms"]
+    assert 0 < latency["p50"] <= latency["p99"] <= latency["max"]
+    assert set(result["cpu_ms_per_task"]) == {"server", "worker", "postgres"}
+    assert all(v >= 0 for v in result["cpu_ms_per_task"].values())
+
+
+def _no_database(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_database(*args: object, **kwargs: object) -> str:
         raise AssertionError("a database was about to be created")
 
     monkeypatch.setattr(probe, "create_database", no_database)
+
+
+@pytest.mark.parametrize("bad", [{"tasks": 0}, {"concurrency": 0}])
+def test_bad_arguments_are_refused_first(
+    bad: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _no_database(monkeypatch)
     args = {"tasks": 10, "concurrency": 2, **bad}
     with pytest.raises(ValueError):
         probe.drain(ADMIN_DSN, spy=None, spy_worker=False, **args)
+
+
+@pytest.mark.parametrize(
+    "bad", [{"tasks": 0}, {"rate": 0.0}, {"rate": -5.0}, {"rate": float("nan")}]
+)
+def test_bad_paced_arguments_are_refused_first(
+    bad: dict[str, float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _no_database(monkeypatch)
+    args: dict[str, float] = {"tasks": 10, "rate": 100.0, **bad}
+    with pytest.raises(ValueError):
+        probe.paced(
+            ADMIN_DSN, tasks=int(args["tasks"]), rate=args["rate"], spy=None, spy_worker=False
+        )
