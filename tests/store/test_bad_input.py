@@ -164,3 +164,22 @@ def test_unknown_ids(store: Store) -> None:
 def test_limits_validated(store: Store) -> None:
     _rejects(store, Code.INVALID_ARGUMENT, lambda: store.tenant_limit_set("t", 0))
     _rejects(store, Code.INVALID_ARGUMENT, lambda: store.global_limit_set(-1))
+
+
+def test_a_bad_submission_is_refused_before_any_sql(store: Store) -> None:
+    """What can be judged without the database is judged before the transaction: with
+    the queue read armed to fail, the bad spec's own error still comes back."""
+    queue(store)
+    bad = TaskSpec(queue="q", handler="bad handler!")
+    with store.inject_fault("queue_get_many"):
+        _rejects(store, Code.INVALID_ARGUMENT, lambda: store.task_submit_many([bad]))
+
+
+def test_every_queue_of_a_batch_must_exist(store: Store) -> None:
+    queue(store, "a")
+    queue(store, "b")
+    specs = [TaskSpec(queue=q, handler="h") for q in ("b", "a", "b", "c")]
+    err = _rejects(store, Code.QUEUE_NOT_FOUND, lambda: store.task_submit_many(specs))
+    assert "'c'" in err.message
+    created = store.task_submit_many(specs[:3])
+    assert [s.task.queue for s in created] == ["b", "a", "b"]

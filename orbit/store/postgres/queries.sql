@@ -43,6 +43,9 @@ RETURNING name;
 -- name: queue_get
 SELECT * FROM orbit_queues WHERE name = :name;
 
+-- name: queue_get_many
+SELECT * FROM orbit_queues WHERE name = ANY(CAST(:names AS text[]));
+
 -- name: queue_list
 SELECT * FROM orbit_queues ORDER BY name;
 

@@ -40,6 +40,9 @@ RETURNING name;
 -- name: queue_get
 SELECT * FROM orbit_queues WHERE name = :name;
 
+-- name: queue_get_many
+SELECT * FROM orbit_queues WHERE name IN (SELECT value FROM json_each(:names));
+
 -- name: queue_list
 SELECT * FROM orbit_queues ORDER BY name;
 
