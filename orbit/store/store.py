@@ -837,9 +837,12 @@ class Store:
                 skip_ids=skip_ids,
                 limit=window,
             )
-            # Read the clock again now that these rows are locked: a release that
-            # committed while we waited must not end after our claim begins.
-            now = tx.now()
+            # The clock again, now that these rows are locked: a release that committed
+            # while we waited must not end after our claim begins. PostgreSQL read it
+            # with the last row, after every lock (`locked_at`); nothing locked, nothing
+            # to time.
+            if rows:
+                now = tx.now_from(rows[-1]["locked_at"])
             for row in rows:
                 if len(grants) >= n:
                     break  # the rest stay ready: the round ends below
@@ -1564,6 +1567,13 @@ class _Tx:
     def now(self) -> int:
         """The clock, read now: call it only after the rows being judged are locked."""
         return self._stamp(self.cx.now)
+
+    def now_from(self, read: int | None) -> int:
+        """The clock as a statement read it after its locks (``read``), or, where the
+        database did not read it (``None``: SQLite's in-process clock), read now."""
+        if read is None:
+            return self.now()
+        return self._stamp(lambda: int(read))
 
     def _stamp(self, database_clock: Callable[[], int]) -> int:
         """This transaction's clock: the store's test clock if it has one, else the

@@ -158,6 +158,10 @@ WITH RECURSIVE tree(id) AS (
 SELECT id FROM tree;
 
 -- name: task_ready_select
+-- Each row comes with `locked_at`, the clock read as the row leaves the subquery, after
+-- its lock: the last row's is read after every lock this select took, which is the
+-- clock a claim needs (a separate read cost a round trip per claim).
+SELECT r.*, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS locked_at FROM (
 SELECT * FROM orbit_tasks
 WHERE state IN ('queued', 'scheduled')
   AND run_after <= :now
@@ -167,7 +171,7 @@ WHERE state IN ('queued', 'scheduled')
   AND NOT (id = ANY(CAST(:skip_ids AS text[])))
 ORDER BY priority DESC, id
 LIMIT :limit
-FOR UPDATE SKIP LOCKED;
+FOR UPDATE SKIP LOCKED) AS r;
 
 -- name: task_write_many
 UPDATE orbit_tasks AS t SET

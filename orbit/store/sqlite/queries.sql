@@ -137,7 +137,8 @@ WITH RECURSIVE tree(id) AS (
 SELECT id FROM tree;
 
 -- name: task_ready_select
-SELECT * FROM orbit_tasks
+-- `locked_at` is NULL: the store reads the clock in-process (the write lock is held).
+SELECT *, NULL AS locked_at FROM orbit_tasks
 WHERE state IN ('queued', 'scheduled')
   AND run_after <= :now
   AND handler IN (SELECT value FROM json_each(:handlers))
