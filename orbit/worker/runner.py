@@ -599,15 +599,16 @@ class Worker:
                 if conn is None:
                     return
                 try:
-                    await asyncio.wait_for(
-                        conn.progress(
+                    # asyncio.timeout, not wait_for: wait_for runs the request as a task
+                    # whose refusal's traceback holds wait_for's frame, which holds the
+                    # task: a cycle through this attempt's state, left to the collector.
+                    async with asyncio.timeout(10):
+                        await conn.progress(
                             running.ctx.attempt_id,
                             running.fence,
                             fraction=fraction,
                             message=message,
-                        ),
-                        timeout=10,
-                    )
+                        )
                 except (TimeoutError, ServerError, ConnectionError, OSError) as exc:
                     log.debug("progress not recorded: %s", exc)
         finally:

@@ -430,10 +430,11 @@ def test_a_finished_attempt_is_freed_without_the_garbage_collector(
 
     @worker.handler("keep")
     async def keep(ctx: Context, payload: Any) -> Any:
-        # (no progress report here: one that arrives after the finish is refused, and a
-        # refused request's error holds its frames in a cycle of its own, as any caught
-        # exception's traceback does)
         contexts.append(weakref.ref(ctx))
+        # Sent in the background, so it often lands after the finish and is refused:
+        # neither way may leave a cycle (asyncio.wait_for's refusal did: its traceback
+        # held wait_for's frame, which held the request's task).
+        ctx.progress(0.5, "half")
         return payload
 
     ids = [submit(api, "keep", i) for i in range(5)]
