@@ -409,11 +409,11 @@ class Store:
 
         def work(tx: _Tx) -> list[Submitted]:
             # The queues and the clock in one round trip (one statement on PostgreSQL).
-            (found,) = tx.lock_many(("queue_get_many", {"names": queues}))
+            (queue_rows,) = tx.lock_many(("queue_get_many", {"names": queues}))
             now = tx.clock()
             for spec in specs:
                 check_deadline(spec, now)
-            known = {row["name"] for row in found}
+            known = {row["name"] for row in queue_rows}
             for q in queues:
                 if q not in known:
                     raise OrbitError(Code.QUEUE_NOT_FOUND, f"no queue named {q!r:.80}")
