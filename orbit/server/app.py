@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from orbit.aio import stop_tasks
 from orbit.core.errors import OrbitError
 from orbit.protocol.decode import DecodeError
 from orbit.server import artifacts, errors
@@ -146,9 +147,7 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
         try:
             yield
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await stop_tasks(tasks)  # the dispatcher, the reaper and LISTEN, for certain
             if own:
                 await run_in_threadpool(store.close)
 

@@ -32,7 +32,7 @@ import ssl
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -42,6 +42,7 @@ from urllib.parse import quote
 
 import httpx
 
+from orbit.aio import stop_tasks
 from orbit.gctune import tune_for_throughput
 from orbit.tokens import load_token
 from orbit.worker.batching import Coalescer
@@ -730,27 +731,6 @@ class Worker:
             await asyncio.wait(pending, timeout=self.cancel_grace + 5)
         if self.abandoned:
             log.error("%d handler(s) ignored cancellation and were abandoned", len(self.abandoned))
-
-
-async def stop_tasks(tasks: Iterable[asyncio.Task[Any]], *, recheck: float = 0.5) -> None:
-    """Cancel ``tasks`` and return once every one has finished.
-
-    One ``cancel()`` and an ``await`` are not enough: on Python 3.11,
-    ``asyncio.wait_for`` returns its result instead of raising when the awaited reply
-    lands in the same loop iteration as the cancel, so a loop built on it runs on and
-    the ``await`` never returns (a worker hung at exit this way). Whatever is still
-    running after ``recheck`` seconds is cancelled again. Their errors are not raised:
-    they are loops being stopped."""
-    pending = set(tasks)
-    finished: list[asyncio.Task[Any]] = []
-    while pending:
-        for task in pending:
-            task.cancel()
-        done, pending = await asyncio.wait(pending, timeout=recheck)
-        finished.extend(done)
-    for task in finished:
-        if not task.cancelled():
-            task.exception()  # retrieved: no "exception was never retrieved" at exit
 
 
 async def _file(path: Path) -> AsyncIterator[bytes]:

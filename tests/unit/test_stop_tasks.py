@@ -1,4 +1,4 @@
-"""orbit.worker.runner.stop_tasks: the worker's loops stop at exit even when a
+"""orbit.aio.stop_tasks: the worker's (and the server's) loops stop at exit even when a
 cancellation is swallowed (a worker once hung at exit this way, in CI)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from orbit.worker.runner import stop_tasks
+from orbit.aio import stop_tasks
 
 
 async def _stopped_within(tasks: list[asyncio.Task[None]], seconds: float) -> bool:

@@ -1,0 +1,28 @@
+"""asyncio helpers that the server and the worker share."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Any
+
+
+async def stop_tasks(tasks: Iterable[asyncio.Task[Any]], *, recheck: float = 0.5) -> None:
+    """Cancel ``tasks`` and return once every one has finished.
+
+    One ``cancel()`` and an ``await`` are not enough: on Python 3.11,
+    ``asyncio.wait_for`` returns its result instead of raising when the awaited reply
+    lands in the same loop iteration as the cancel, so a loop built on it runs on and
+    the ``await`` never returns (a worker hung at exit this way). Whatever is still
+    running after ``recheck`` seconds is cancelled again. Their errors are not raised:
+    they are loops being stopped."""
+    pending = set(tasks)
+    finished: list[asyncio.Task[Any]] = []
+    while pending:
+        for task in pending:
+            task.cancel()
+        done, pending = await asyncio.wait(pending, timeout=recheck)
+        finished.extend(done)
+    for task in finished:
+        if not task.cancelled():
+            task.exception()  # retrieved: no "exception was never retrieved" at exit
