@@ -1,10 +1,12 @@
 """PostgreSQL driver over a psycopg 3 connection pool.
 
 Named queries are written with ``:name`` parameters and translated once to psycopg's
-``%(name)s``. A ``*_many`` write sends all its rows as one JSON document that the
-statement unpacks with ``json_to_recordset``: one statement, one round trip (``json``, not
-``jsonb``: the rows are read once, so building the binary form would be wasted; it cost
-PostgreSQL a fifth to a quarter more per batch). Every such write is also given its row
+``%(name)s``. A ``*_many`` write reads its rows with ``json_to_recordset(CAST(:rows AS
+json)) AS x(column type, ...)``: one statement, one round trip. The driver sends them
+column by column instead whenever it safely can (``columnar_sql``): one parameter per
+column, the values joined by a separator that ``string_to_array`` splits, a fraction of
+what parsing the rows' JSON costs PostgreSQL (which builds a hash table for every row's
+object: 40 % of a start or finish batch's write). Every such write is also given its row
 count as ``:rows_n``: an update reads its rows through ``LIMIT :rows_n``, because the
 planner otherwise guesses 100 rows from the function and, on a table of a few thousand
 rows, scans all of it to update ten (docs/operations.md, "Query plans"). The clock is
@@ -16,9 +18,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
@@ -34,6 +38,84 @@ _PARAM_RE = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
 def to_psycopg(sql: str) -> str:
     """``:name`` -> ``%(name)s``, leaving ``::casts`` and literal ``%`` intact."""
     return _PARAM_RE.sub(r"%(\1)s", sql.replace("%", "%%"))
+
+
+#: The separator between a column's values and the spelling of NULL in ``string_to_array``
+#: (ASCII unit and record separators: JSON text, ids and names never hold them).
+COLUMN_SEP = "\x1f"
+COLUMN_NULL = "\x1e"
+_RECORDSET_RE = re.compile(r"json_to_recordset\(CAST\(%\(rows\)s AS json\)\) AS x\(([^()]*)\)")
+_NUMBERS = frozenset({"bigint", "integer", "double precision"})
+
+Columns = tuple[tuple[str, str], ...]
+
+
+def columnar_sql(sql: str) -> tuple[str, Columns] | None:
+    """The column-by-column form of a query that reads ``json_to_recordset(CAST(:rows AS
+    json)) AS x(...)``, and its columns; None for any other query. Each column becomes a
+    parameter ``rows__<column>``, split by ``string_to_array`` and cast to its type, and
+    ``unnest`` zips the arrays back into rows, in order."""
+    found = _RECORDSET_RE.search(sql)
+    if found is None:
+        return None
+    columns = tuple(
+        (name, kind.strip())
+        for name, _, kind in (d.strip().partition(" ") for d in found.group(1).split(","))
+    )
+    if len(columns) < 2:  # rows_columns reads each row's columns as a tuple
+        return None
+    for name, kind in columns:
+        if kind not in _NUMBERS | {"text", "boolean"}:
+            raise ValueError(f"no columnar form for a {kind} column ({name})")
+    arrays = ", ".join(
+        f"CAST(string_to_array(%(rows__{name})s, chr(31), chr(30)) AS text[])"
+        if kind == "text"
+        else f"CAST(string_to_array(%(rows__{name})s, ',', 'null') AS {kind}[])"
+        for name, kind in columns
+    )
+    names = ", ".join(name for name, _ in columns)
+    return sql[: found.start()] + f"unnest({arrays}) AS x({names})" + sql[found.end() :], columns
+
+
+def _column(values: tuple[Any, ...], kind: str) -> str | None:
+    """One column's values as ``string_to_array`` reads them, joined in C where it can
+    be (a batch has hundreds of rows); None if a text value could be misread: it holds
+    the separator or the NULL spelling, or it is a lone empty string, which
+    ``string_to_array`` reads as no element at all."""
+    if kind != "text":  # numbers and booleans: orjson spells them as PostgreSQL reads them
+        try:
+            return orjson.dumps(values)[1:-1].decode("ascii")  # "1,null,3"
+        except TypeError:  # an integer past 64 bits
+            return None
+    nulls = values.count(None)
+    try:
+        if nulls:
+            text = COLUMN_SEP.join([COLUMN_NULL if v is None else v for v in values])
+        else:
+            text = COLUMN_SEP.join(values)
+    except TypeError:  # a value that is not a string
+        return None
+    if text.count(COLUMN_SEP) != len(values) - 1 or text.count(COLUMN_NULL) != nulls or not text:
+        return None
+    return text
+
+
+def rows_columns(rows: Sequence[Row], columns: Columns) -> dict[str, str] | None:
+    """The rows as ``columnar_sql``'s parameters, or None if any value must go as JSON
+    (``_column``) or a row lacks a column, or there are no rows."""
+    if not rows:
+        return None
+    try:
+        table = list(zip(*map(itemgetter(*(name for name, _ in columns)), rows), strict=True))
+    except KeyError:
+        return None
+    params: dict[str, str] = {}
+    for (name, kind), values in zip(columns, table, strict=True):
+        text = _column(values, kind)
+        if text is None:
+            return None
+        params[f"rows__{name}"] = text
+    return params
 
 
 def _rows_json(rows: Sequence[Row]) -> str:
@@ -119,23 +201,45 @@ def _has_rows(cur: psycopg.Cursor[Any]) -> bool:
 
 class _PostgresConnection:
     def __init__(
-        self, cx: psycopg.Connection[Any], queries: dict[str, str], composed: dict[Any, str]
+        self,
+        cx: psycopg.Connection[Any],
+        queries: dict[str, str],
+        columnar: dict[str, tuple[str, Columns]],
+        composed: dict[Any, str],
     ) -> None:
         self._cx = cx
         self._queries = queries
+        self._columnar = columnar  # the columnar form of each *_many write
         self._composed = composed  # the driver's cache of lock_many/write_batch statements
 
     def _compose(self, kind: str, names: tuple[str, ...]) -> str:
+        """``names`` are query names; in a write, a name ending in ``#columns`` is that
+        query's columnar form."""
         key = (kind, names)
         sql = self._composed.get(key)
         if sql is None:
-            queries = [self._queries[n] for n in names]
             if kind == "lock":
-                sql = lock_many_sql(queries, self._queries["clock_now"])
+                sql = lock_many_sql([self._queries[n] for n in names], self._queries["clock_now"])
             else:
-                sql = write_batch_sql(queries)
+                sql = write_batch_sql([self._write_sql(n) for n in names])
             self._composed[key] = sql
         return sql
+
+    def _write_sql(self, name: str) -> str:
+        base, _, form = name.partition("#")
+        return self._columnar[base][0] if form else self._queries[base]
+
+    def _write_params(self, name: str, rows: Sequence[Row]) -> tuple[str, Params]:
+        """The form a write's rows travel in (its name, ``#columns`` added for the
+        columnar one) and their parameters."""
+        columnar = self._columnar.get(name)
+        params: Params | None = None
+        if columnar is not None:
+            params = rows_columns(rows, columnar[1])
+        if params is None:
+            return name, {"rows": _rows_json(rows), "rows_n": len(rows)}
+        params["rows_n"] = len(rows)
+        return f"{name}#columns", params
 
     def lock_many(self, calls: Sequence[tuple[str, Params]]) -> tuple[list[list[Row]], int]:
         if _largest_list(calls) > LOCK_MANY_INLINE_MAX:  # see LOCK_MANY_INLINE_MAX
@@ -154,11 +258,13 @@ class _PostgresConnection:
     def write_batch(self, writes: Sequence[tuple[str, Sequence[Row]]]) -> list[int]:
         if len(writes) == 1:
             return [self.write_many(*writes[0])]
-        sql = self._compose("write", tuple(name for name, _ in writes))
+        forms: list[str] = []
         params: Params = {}
-        for i, (_, rows) in enumerate(writes):
-            params[f"p{i}_rows"] = _rows_json(rows)
-            params[f"p{i}_rows_n"] = len(rows)
+        for i, (name, rows) in enumerate(writes):
+            form, own = self._write_params(name, rows)
+            forms.append(form)
+            params.update((f"p{i}_{k}", v) for k, v in own.items())
+        sql = self._compose("write", tuple(forms))
         with self._cx.cursor() as cur:
             cur.execute(sql, params)
             row = cur.fetchone()
@@ -173,8 +279,9 @@ class _PostgresConnection:
     def write_many(self, name: str, rows: Sequence[Row]) -> int:
         if not rows:
             return 0
+        form, params = self._write_params(name, rows)
         with self._cx.cursor() as cur:
-            cur.execute(self._queries[name], {"rows": _rows_json(rows), "rows_n": len(rows)})
+            cur.execute(self._write_sql(form), params)
             return len(cur.fetchall()) if _has_rows(cur) else cur.rowcount
 
     def execute(self, name: str, params: Params) -> int:
@@ -199,6 +306,11 @@ class PostgresDriver:
     def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 8) -> None:
         self.dsn = dsn
         self.queries = {k: to_psycopg(v) for k, v in load_queries(_HERE / "queries.sql").items()}
+        self.columnar = {
+            name: form
+            for name, form in ((n, columnar_sql(q)) for n, q in self.queries.items())
+            if form is not None
+        }
         self._composed: dict[Any, str] = {}
         self.migrations = _HERE / "migrations"
         self._pool = ConnectionPool(
@@ -217,7 +329,7 @@ class PostgresDriver:
             self.plans.before_transaction(cx)
             if not durable:  # SET LOCAL: ends with this transaction, whatever its outcome
                 cx.execute(self.queries["commit_relaxed"])
-            yield _PostgresConnection(cx, self.queries, self._composed)
+            yield _PostgresConnection(cx, self.queries, self.columnar, self._composed)
 
     def is_retryable(self, exc: BaseException) -> bool:
         return isinstance(
