@@ -1,6 +1,6 @@
-"""Batched writes send their rows column by column on PostgreSQL, split by
-``string_to_array`` (see orbit/store/postgres/driver.py), and as JSON whenever a value
-could be misread that way. Whatever a value holds, it must come back exactly, on both
+"""Batched writes of 8 rows or more send their rows column by column on PostgreSQL,
+split by ``string_to_array`` (see orbit/store/postgres/driver.py), and as JSON whenever
+a value could be misread that way. Whatever a value holds, it must come back exactly, on both
 backends."""
 
 from __future__ import annotations
@@ -23,20 +23,27 @@ def test_awkward_text_comes_back_exactly(store: Store) -> None:
     assert [store.task_get(s.task.id).idempotency_key for s in submitted] == AWKWARD
 
 
-def test_one_row_with_an_empty_text_is_not_read_as_none(store: Store) -> None:
-    """``string_to_array('')`` is an empty array: a lone empty value goes as JSON."""
-    queue(store)
-    (s,) = store.task_submit_many([TaskSpec(queue="q", handler="h", max_attempts=1)])
-    session, _ = worker(store)
-    (g,) = store.attempt_claim_many(session.id, session.epoch, 1)
-    store.attempt_start_many(session.id, session.epoch, [(g.attempt.id, g.attempt.fence)])
+def test_empty_messages_are_not_read_as_none(store: Store) -> None:
+    """An empty value between separators is an empty string, not a missing one."""
+    queue(store, max_concurrency=100)
+    messages = ["", "x", "", "", "y", "", "", ""]  # a batch large enough to go by column
+    store.task_submit_many(
+        [TaskSpec(queue="q", handler="h", payload=i, max_attempts=1) for i in range(8)]
+    )
+    session, _ = worker(store, handlers={"h": 100}, max_concurrency=100)
+    grants = store.attempt_claim_many(session.id, session.epoch, 100)
+    store.attempt_start_many(
+        session.id, session.epoch, [(g.attempt.id, g.attempt.fence) for g in grants]
+    )
     store.attempt_finish_many(
         session.id,
         session.epoch,
-        [(g.attempt.id, g.attempt.fence, Outcome.failure("E_X", "", retryable=False))],
+        [
+            (g.attempt.id, g.attempt.fence, Outcome.failure("E_X", m, retryable=False))
+            for g, m in zip(grants, messages, strict=True)
+        ],
     )
-    task = store.task_get(s.task.id)
-    assert (task.error_code, task.error_message) == ("E_X", "")
+    assert [store.task_get(g.task.id).error_message for g in grants] == messages
 
 
 def test_a_batch_of_failures_keeps_each_message(store: Store) -> None:

@@ -49,6 +49,11 @@ _NUMBERS = frozenset({"bigint", "integer", "double precision"})
 
 Columns = tuple[tuple[str, str], ...]
 
+#: Fewer rows than this travel as JSON: for a row or two, PostgreSQL parses the JSON in a
+#: few microseconds, and splitting them into columns costs this process more (25 µs for
+#: a task's 31 columns, against 2 µs for orjson).
+COLUMNAR_MIN_ROWS = 8
+
 
 def columnar_sql(sql: str) -> tuple[str, Columns] | None:
     """The column-by-column form of a query that reads ``json_to_recordset(CAST(:rows AS
@@ -151,6 +156,22 @@ def _scoped(sql: str, i: int) -> str:
     return _PSYCOPG_PARAM_RE.sub(lambda m: f"%(p{i}_{m.group(1)})s", sql)
 
 
+def to_positional(sql: str) -> tuple[str, tuple[str, ...]]:
+    """``%(name)s`` -> ``$n`` (each name numbered once, in order of first use) and the
+    names in that order, for a ``RawCursor``: psycopg parses a named-parameter query on
+    every execution when it is longer than 4 KiB or has more than 50 parameters, as the
+    columnar writes are (about 1 ms of this process's CPU per task one at a time)."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in names:
+            names.append(name)
+        return f"${names.index(name) + 1}"
+
+    return _PSYCOPG_PARAM_RE.sub(number, sql).replace("%%", "%"), tuple(names)
+
+
 def lock_many_sql(queries: Sequence[str], clock: str) -> str:
     """One statement for several reads, each a subquery whose rows come back as a JSON
     array (one column per query, one snapshot for all), and the clock as a last column:
@@ -192,7 +213,7 @@ def write_batch_sql(queries: Sequence[str]) -> str:
     return f"WITH {ctes}\nSELECT {counts}"
 
 
-def _has_rows(cur: psycopg.Cursor[Any]) -> bool:
+def _has_rows(cur: psycopg.Cursor[Any] | psycopg.RawCursor[Any]) -> bool:
     """Whether the statement returned rows. ``cur.description`` would say so too, but it
     builds an object per column on every call: a row of orbit_tasks has 31."""
     result = cur.pgresult
@@ -205,7 +226,7 @@ class _PostgresConnection:
         cx: psycopg.Connection[Any],
         queries: dict[str, str],
         columnar: dict[str, tuple[str, Columns]],
-        composed: dict[Any, str],
+        composed: dict[Any, Any],
     ) -> None:
         self._cx = cx
         self._queries = queries
@@ -213,28 +234,40 @@ class _PostgresConnection:
         self._composed = composed  # the driver's cache of lock_many/write_batch statements
 
     def _compose(self, kind: str, names: tuple[str, ...]) -> str:
-        """``names`` are query names; in a write, a name ending in ``#columns`` is that
-        query's columnar form."""
         key = (kind, names)
         sql = self._composed.get(key)
         if sql is None:
-            if kind == "lock":
-                sql = lock_many_sql([self._queries[n] for n in names], self._queries["clock_now"])
-            else:
-                sql = write_batch_sql([self._write_sql(n) for n in names])
+            sql = lock_many_sql([self._queries[n] for n in names], self._queries["clock_now"])
             self._composed[key] = sql
         return sql
 
-    def _write_sql(self, name: str) -> str:
-        base, _, form = name.partition("#")
-        return self._columnar[base][0] if form else self._queries[base]
+    def _write_sql(self, names: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+        """The positional statement of one write or of several as one (``write_batch_sql``)
+        and its parameters' names; a name ending in ``#columns`` is that query's columnar
+        form."""
+        key = ("write", names)
+        found = self._composed.get(key)
+        if found is None:
+            queries = []
+            for name in names:
+                base, _, form = name.partition("#")
+                queries.append(self._columnar[base][0] if form else self._queries[base])
+            found = to_positional(queries[0] if len(queries) == 1 else write_batch_sql(queries))
+            self._composed[key] = found
+        return found
+
+    def _write(self, names: tuple[str, ...], params: Params) -> psycopg.RawCursor[Any]:
+        sql, order = self._write_sql(names)
+        cur = psycopg.RawCursor(self._cx)
+        cur.execute(sql, [params[name] for name in order])
+        return cur
 
     def _write_params(self, name: str, rows: Sequence[Row]) -> tuple[str, Params]:
         """The form a write's rows travel in (its name, ``#columns`` added for the
         columnar one) and their parameters."""
         columnar = self._columnar.get(name)
         params: Params | None = None
-        if columnar is not None:
+        if columnar is not None and len(rows) >= COLUMNAR_MIN_ROWS:
             params = rows_columns(rows, columnar[1])
         if params is None:
             return name, {"rows": _rows_json(rows), "rows_n": len(rows)}
@@ -264,9 +297,7 @@ class _PostgresConnection:
             form, own = self._write_params(name, rows)
             forms.append(form)
             params.update((f"p{i}_{k}", v) for k, v in own.items())
-        sql = self._compose("write", tuple(forms))
-        with self._cx.cursor() as cur:
-            cur.execute(sql, params)
+        with self._write(tuple(forms), params) as cur:
             row = cur.fetchone()
         assert row is not None
         return [int(n) for n in row]
@@ -280,8 +311,7 @@ class _PostgresConnection:
         if not rows:
             return 0
         form, params = self._write_params(name, rows)
-        with self._cx.cursor() as cur:
-            cur.execute(self._write_sql(form), params)
+        with self._write((form,), params) as cur:
             return len(cur.fetchall()) if _has_rows(cur) else cur.rowcount
 
     def execute(self, name: str, params: Params) -> int:
@@ -311,7 +341,7 @@ class PostgresDriver:
             for name, form in ((n, columnar_sql(q)) for n, q in self.queries.items())
             if form is not None
         }
-        self._composed: dict[Any, str] = {}
+        self._composed: dict[Any, Any] = {}
         self.migrations = _HERE / "migrations"
         self._pool = ConnectionPool(
             dsn,
