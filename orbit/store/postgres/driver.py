@@ -233,8 +233,9 @@ class _PostgresConnection:
         self._columnar = columnar  # the columnar form of each *_many write
         self._composed = composed  # the driver's cache of lock_many/write_batch statements
 
-    def _compose(self, kind: str, names: tuple[str, ...]) -> str:
-        key = (kind, names)
+    def _lock_sql(self, names: tuple[str, ...]) -> str:
+        """The one statement of ``lock_many`` for these reads (``lock_many_sql``), cached."""
+        key = ("lock", names)
         sql = self._composed.get(key)
         if sql is None:
             sql = lock_many_sql([self._queries[n] for n in names], self._queries["clock_now"])
@@ -279,7 +280,7 @@ class _PostgresConnection:
             found = [self.fetch(name, params) for name, params in calls]
             return found, self.now()
         # One statement (lock_many_sql), each query's parameters scoped by its position.
-        sql = self._compose("lock", tuple(name for name, _ in calls))
+        sql = self._lock_sql(tuple(name for name, _ in calls))
         params = _arrays({f"p{i}_{k}": v for i, (_, ps) in enumerate(calls) for k, v in ps.items()})
         with self._cx.cursor() as cur:
             cur.execute(sql, params)
