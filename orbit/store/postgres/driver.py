@@ -161,15 +161,12 @@ def to_positional(sql: str) -> tuple[str, tuple[str, ...]]:
     names in that order, for a ``RawCursor``: psycopg parses a named-parameter query on
     every execution when it is longer than 4 KiB or has more than 50 parameters, as the
     columnar writes are (about 1 ms of this process's CPU per task one at a time)."""
-    names: list[str] = []
+    numbers: dict[str, int] = {}
 
     def number(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name not in names:
-            names.append(name)
-        return f"${names.index(name) + 1}"
+        return f"${numbers.setdefault(match.group(1), len(numbers) + 1)}"
 
-    return _PSYCOPG_PARAM_RE.sub(number, sql).replace("%%", "%"), tuple(names)
+    return _PSYCOPG_PARAM_RE.sub(number, sql).replace("%%", "%"), tuple(numbers)
 
 
 def lock_many_sql(queries: Sequence[str], clock: str) -> str:
@@ -220,60 +217,69 @@ def _has_rows(cur: psycopg.Cursor[Any] | psycopg.RawCursor[Any]) -> bool:
     return result is not None and result.nfields > 0
 
 
+#: A batched write as it travels: the query's name and whether in its columnar form.
+WriteForm = tuple[str, bool]
+
+
+class _Statements:
+    """The driver's composed statements, built once and shared by every connection."""
+
+    def __init__(self) -> None:
+        self.locks: dict[tuple[str, ...], str] = {}
+        # positional SQL and its parameters' names, in order
+        self.writes: dict[tuple[WriteForm, ...], tuple[str, tuple[str, ...]]] = {}
+
+
 class _PostgresConnection:
     def __init__(
         self,
         cx: psycopg.Connection[Any],
         queries: dict[str, str],
         columnar: dict[str, tuple[str, Columns]],
-        composed: dict[Any, Any],
+        statements: _Statements,
     ) -> None:
         self._cx = cx
         self._queries = queries
         self._columnar = columnar  # the columnar form of each *_many write
-        self._composed = composed  # the driver's cache of lock_many/write_batch statements
+        self._statements = statements
 
     def _lock_sql(self, names: tuple[str, ...]) -> str:
-        """The one statement of ``lock_many`` for these reads (``lock_many_sql``), cached."""
-        key = ("lock", names)
-        sql = self._composed.get(key)
+        """The one statement of ``lock_many`` for these reads (``lock_many_sql``)."""
+        sql = self._statements.locks.get(names)
         if sql is None:
             sql = lock_many_sql([self._queries[n] for n in names], self._queries["clock_now"])
-            self._composed[key] = sql
+            self._statements.locks[names] = sql
         return sql
 
-    def _write_sql(self, names: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
-        """The positional statement of one write or of several as one (``write_batch_sql``)
-        and its parameters' names; a name ending in ``#columns`` is that query's columnar
-        form."""
-        key = ("write", names)
-        found = self._composed.get(key)
+    def _write_sql(self, forms: tuple[WriteForm, ...]) -> tuple[str, tuple[str, ...]]:
+        """The positional statement of one write, or of several as one
+        (``write_batch_sql``), and its parameters' names in order."""
+        found = self._statements.writes.get(forms)
         if found is None:
-            queries = []
-            for name in names:
-                base, _, form = name.partition("#")
-                queries.append(self._columnar[base][0] if form else self._queries[base])
+            queries = [
+                self._columnar[name][0] if columnar else self._queries[name]
+                for name, columnar in forms
+            ]
             found = to_positional(queries[0] if len(queries) == 1 else write_batch_sql(queries))
-            self._composed[key] = found
+            self._statements.writes[forms] = found
         return found
 
-    def _write(self, names: tuple[str, ...], params: Params) -> psycopg.RawCursor[Any]:
-        sql, order = self._write_sql(names)
+    def _write(self, forms: tuple[WriteForm, ...], params: Params) -> psycopg.RawCursor[Any]:
+        sql, order = self._write_sql(forms)
         cur = psycopg.RawCursor(self._cx)
         cur.execute(sql, [params[name] for name in order])
         return cur
 
-    def _write_params(self, name: str, rows: Sequence[Row]) -> tuple[str, Params]:
-        """The form a write's rows travel in (its name, ``#columns`` added for the
-        columnar one) and their parameters."""
+    def _write_params(self, name: str, rows: Sequence[Row]) -> tuple[WriteForm, Params]:
+        """The form a write's rows travel in and their parameters."""
         columnar = self._columnar.get(name)
         params: Params | None = None
         if columnar is not None and len(rows) >= COLUMNAR_MIN_ROWS:
             params = rows_columns(rows, columnar[1])
         if params is None:
-            return name, {"rows": _rows_json(rows), "rows_n": len(rows)}
+            return (name, False), {"rows": _rows_json(rows), "rows_n": len(rows)}
         params["rows_n"] = len(rows)
-        return f"{name}#columns", params
+        return (name, True), params
 
     def lock_many(self, calls: Sequence[tuple[str, Params]]) -> tuple[list[list[Row]], int]:
         if _largest_list(calls) > LOCK_MANY_INLINE_MAX:  # see LOCK_MANY_INLINE_MAX
@@ -292,7 +298,7 @@ class _PostgresConnection:
     def write_batch(self, writes: Sequence[tuple[str, Sequence[Row]]]) -> list[int]:
         if len(writes) == 1:
             return [self.write_many(*writes[0])]
-        forms: list[str] = []
+        forms: list[WriteForm] = []
         params: Params = {}
         for i, (name, rows) in enumerate(writes):
             form, own = self._write_params(name, rows)
@@ -342,7 +348,7 @@ class PostgresDriver:
             for name, form in ((n, columnar_sql(q)) for n, q in self.queries.items())
             if form is not None
         }
-        self._composed: dict[Any, Any] = {}
+        self._statements = _Statements()
         self.migrations = _HERE / "migrations"
         self._pool = ConnectionPool(
             dsn,
@@ -360,7 +366,7 @@ class PostgresDriver:
             self.plans.before_transaction(cx)
             if not durable:  # SET LOCAL: ends with this transaction, whatever its outcome
                 cx.execute(self.queries["commit_relaxed"])
-            yield _PostgresConnection(cx, self.queries, self.columnar, self._composed)
+            yield _PostgresConnection(cx, self.queries, self.columnar, self._statements)
 
     def is_retryable(self, exc: BaseException) -> bool:
         return isinstance(
