@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import fields
 
 import pytest
 from hypothesis import given
@@ -11,8 +12,10 @@ from hypothesis import strategies as st
 from orbit.core.errors import Code, status_of
 from orbit.core.ids import uuid7
 from orbit.core.limits import Occupancy, bucket_refill, room_for_all
-from orbit.core.model import SECOND, Backoff, Queue
+from orbit.core.model import SECOND, Backoff, Queue, Task, TaskSpec
 from orbit.core.retry import backoff_delay, plan_retry
+from orbit.core.states import TaskState
+from orbit.core.transitions import digest, new_task
 
 BACKOFF = Backoff(base_us=SECOND, factor=2.0, max_us=60 * SECOND)
 
@@ -126,3 +129,14 @@ def test_status_codes() -> None:
     assert status_of(Code.QUEUE_NOT_FOUND) == 404
     assert status_of(Code.PAYLOAD_TOO_LARGE) == 413
     assert status_of(Code.STALE_FENCE) == 409
+
+
+def test_new_task_fills_every_task_field_and_no_other() -> None:
+    """``new_task`` skips ``build``'s check (a batch submit makes a thousand), so this
+    holds its literal to the dataclass: a field added to ``Task`` must be added there."""
+    spec = TaskSpec(queue="q", handler="h", payload={"a": 1}, run_after=2 * SECOND)
+    task = new_task(spec, task_id="t1", payload='{"a":1}', now=SECOND)
+    assert set(vars(task)) == {f.name for f in fields(Task)}
+    assert (task.state, task.run_after, task.version) == (TaskState.SCHEDULED, 2 * SECOND, 1)
+    assert task.payload_digest == digest('{"a":1}')
+    assert new_task(spec, task_id="t2", payload="{}", now=3 * SECOND).state == TaskState.QUEUED
