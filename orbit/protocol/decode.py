@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, TypeVar
 
+import orjson
 from pydantic import BaseModel, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
@@ -133,8 +134,35 @@ def _find_bad_value(value: Any, path: str, depth: int = 0) -> None:
             _find_bad_value(v, f"{path}[{i}]", depth + 1)
 
 
+def _canonical(raw: bytes | str) -> tuple[bool, Any]:
+    """``(True, value)`` if ``raw`` is exactly what orjson writes for the value it parses
+    to, with no integer beyond 53 bits; else ``(False, None)``. Such a document breaks no
+    rule above: a key seen twice would be missing from the value's spelling, and orjson
+    refuses NaN, invalid UTF-8 and lone surrogates; the one thing it reads that the
+    strict parser refuses, an integer from 2**63 to 2**64 - 1, is past 53 bits, which
+    ``OPT_STRICT_INTEGER`` refuses to write. Compact JSON, as Orbit's worker and client
+    send it, is then read at orjson's speed (the standard library's parser, with a hook
+    per object and per number, took 1.3 ms of a 1,000-task batch's body); anything else,
+    and every document that breaks a rule, takes the strict parser, whose errors say
+    which rule."""
+    try:
+        value = orjson.loads(raw)
+        spelled = orjson.dumps(value, option=orjson.OPT_STRICT_INTEGER)
+        exact = spelled == (raw if isinstance(raw, bytes) else raw.encode("utf-8"))
+    except (orjson.JSONDecodeError, orjson.JSONEncodeError, UnicodeEncodeError):
+        return False, None
+    return (True, value) if exact else (False, None)
+
+
 def decode_json(raw: bytes | str) -> Any:
-    """Parse one JSON document under the strict rules above."""
+    """Parse one JSON document under the strict rules above: orjson for a document in
+    its canonical spelling (``_canonical``), the strict parser for any other."""
+    fast, value = _canonical(raw)
+    return value if fast else _strict_json(raw)
+
+
+def _strict_json(raw: bytes | str) -> Any:
+    """The standard library's parser, with a hook for every rule above."""
     if isinstance(raw, bytes):
         try:
             text = raw.decode("utf-8")

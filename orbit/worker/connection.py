@@ -91,7 +91,10 @@ class WorkerConnection:
         rid = f"r{next(self._ids)}"
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting[rid] = future
-        await self.ws.send(json.dumps({**message, "req_id": rid}))
+        # Compact and unescaped, as orjson writes JSON: the server then reads the frame
+        # with orjson rather than its strict parser (``decode_json``).
+        frame = json.dumps({**message, "req_id": rid}, separators=(",", ":"), ensure_ascii=False)
+        await self.ws.send(frame)
         # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that meets
         # the reply in one loop iteration, and the worker's loops must stop when told.
         async with asyncio.timeout(timeout):
