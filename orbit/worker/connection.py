@@ -91,9 +91,11 @@ class WorkerConnection:
         rid = f"r{next(self._ids)}"
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting[rid] = future
-        # Compact and unescaped, as orjson writes JSON: the server then reads the frame
-        # with orjson rather than its strict parser (``decode_json``).
-        frame = json.dumps({**message, "req_id": rid}, separators=(",", ":"), ensure_ascii=False)
+        # Compact, as orjson writes JSON: the server then reads an ASCII frame with orjson
+        # rather than its strict parser (``decode_json``). Non-ASCII stays escaped, so a
+        # string that is not valid UTF-8 (a lone surrogate in a result) still reaches the
+        # server, which refuses it with its code.
+        frame = json.dumps({**message, "req_id": rid}, separators=(",", ":"))
         await self.ws.send(frame)
         # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that meets
         # the reply in one loop iteration, and the worker's loops must stop when told.
