@@ -8,7 +8,7 @@ once, for every backend (``orbit.store.store.Store``).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
@@ -50,6 +50,13 @@ class Connection(Protocol):
     def fetch(self, name: str, params: Params) -> list[Row]: ...
 
     def write_many(self, name: str, rows: Sequence[Row]) -> int: ...
+
+    def write_stream(self, name: str, chunks: Iterable[Sequence[Row]]) -> int:
+        """``write_many`` over rows made a chunk at a time, in one transaction; the total
+        count. A backend may send each chunk's statement without waiting for the one
+        before (PostgreSQL's pipeline mode), so that the caller's Python making the next
+        chunk runs while the database writes this one."""
+        ...
 
     def lock_many(self, calls: Sequence[tuple[str, Params]]) -> tuple[list[list[Row]], int]:
         """Run several reads (locking ones take their locks in the order given), then

@@ -15,7 +15,7 @@ import os
 import random
 import secrets
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -58,6 +58,12 @@ from orbit.store.driver import Connection, Driver, Row, migration_files
 T = TypeVar("T")
 Clock = Callable[[], int]
 
+
+#: A batch submit's rows go to the database this many tasks at a time, each chunk's
+#: statement sent without waiting for the last (``Connection.write_stream``): PostgreSQL
+#: inserts one chunk while this process makes the next. A batch this size or smaller is
+#: one plain statement.
+SUBMIT_CHUNK = 250
 
 LIVE_TASK_STATES = frozenset({TaskState.CLAIMED, TaskState.RUNNING, TaskState.CANCELLING})
 
@@ -393,7 +399,7 @@ class Store:
         return self.task_submit_many([spec])[0]
 
     def task_submit_many(self, specs: Sequence[TaskSpec]) -> list[Submitted]:
-        """Submit tasks in one transaction and one insert: all of them or none."""
+        """Submit tasks in one transaction: all of them or none."""
         if not specs:
             return []
         if len(specs) > self.config.max_batch:
@@ -425,44 +431,61 @@ class Store:
                 if parent.cancel_requested or parent.state == TaskState.CANCELLED:
                     raise OrbitError(Code.PARENT_CANCELLED, f"parent task {parent_id} is cancelled")
             existing = self._existing_by_key(tx, specs)
-            results: list[Submitted | None] = []
-            fresh: list[Task] = []
+            results: list[Submitted] = []
+            fresh = 0
             in_batch: dict[tuple[str, str, str], Task] = {}
-            for spec, payload in zip(specs, payloads, strict=True):
-                key = (
-                    (spec.tenant, spec.queue, spec.idempotency_key)
-                    if spec.idempotency_key
-                    else None
-                )
-                digest = transitions.digest(payload)
-                prior = existing.get(key) if key else None
-                prior = prior or (in_batch.get(key) if key else None)
-                if prior is not None:
-                    if prior.payload_digest != digest:
-                        raise OrbitError(
-                            Code.IDEMPOTENCY_CONFLICT,
-                            f"idempotency key {spec.idempotency_key!r:.80} was used with a "
-                            "different payload",
+
+            def rows_by_chunk() -> Iterator[list[Row]]:
+                """The new tasks' rows, SUBMIT_CHUNK specs at a time: the driver writes
+                each chunk while this makes the next (``Connection.write_stream``)."""
+                nonlocal fresh
+                for start in range(0, len(specs), SUBMIT_CHUNK):
+                    rows: list[Row] = []
+                    end = start + SUBMIT_CHUNK
+                    for spec, payload in zip(specs[start:end], payloads[start:end], strict=True):
+                        key = (
+                            (spec.tenant, spec.queue, spec.idempotency_key)
+                            if spec.idempotency_key
+                            else None
                         )
-                    results.append(Submitted(prior, created=False))
-                    continue
-                task = transitions.new_task(
-                    spec, task_id=self._new_id(now), payload=payload, now=now, payload_digest=digest
-                )
-                if key:
-                    in_batch[key] = task
-                fresh.append(task)
-                results.append(Submitted(task, created=True))
-            if fresh:
-                # One statement for the tasks and their `submitted` events, which the
-                # database makes from the rows it inserts (two on SQLite). A short insert
-                # means an idempotency key was taken concurrently: StaleWrite rolls it
-                # back and the retry finds the winner's task.
-                tx.write_many(
-                    "task_submit_many", [R.task_to_row(t) for t in fresh], expect=len(fresh)
-                )
-                tx.ready.update(t.queue for t in fresh if t.state == TaskState.QUEUED)
-            return [r for r in results if r is not None]
+                        digest = transitions.digest(payload)
+                        prior = existing.get(key) if key else None
+                        prior = prior or (in_batch.get(key) if key else None)
+                        if prior is not None:
+                            if prior.payload_digest != digest:
+                                raise OrbitError(
+                                    Code.IDEMPOTENCY_CONFLICT,
+                                    f"idempotency key {spec.idempotency_key!r:.80} was used "
+                                    "with a different payload",
+                                )
+                            results.append(Submitted(prior, created=False))
+                            continue
+                        task = transitions.new_task(
+                            spec,
+                            task_id=self._new_id(now),
+                            payload=payload,
+                            now=now,
+                            payload_digest=digest,
+                        )
+                        if key:
+                            in_batch[key] = task
+                        if task.state == TaskState.QUEUED:
+                            tx.ready.add(task.queue)
+                        rows.append(R.task_to_row(task))
+                        results.append(Submitted(task, created=True))
+                    fresh += len(rows)
+                    yield rows
+
+            # One statement per chunk for the tasks and their `submitted` events, which
+            # the database makes from the rows it inserts (two on SQLite). A short count
+            # means an idempotency key was taken concurrently: StaleWrite rolls it all
+            # back and the retry finds the winner's task.
+            if len(specs) > SUBMIT_CHUNK:
+                tx.write_stream("task_submit_many", rows_by_chunk(), expect=lambda: fresh)
+            else:
+                rows = next(rows_by_chunk())
+                tx.write_many("task_submit_many", rows, expect=len(rows))
+            return results
 
         return self._tx(work)
 
@@ -1546,6 +1569,19 @@ class _Tx:
         count = self.cx.write_many(name, rows)
         if expect is not None and count != expect:
             raise StaleWrite(f"{name}: {count} of {expect} rows matched their guard")
+        return count
+
+    def write_stream(
+        self, name: str, chunks: Iterable[Sequence[Row]], *, expect: Callable[[], int]
+    ) -> int:
+        """``write_many`` over rows made a chunk at a time (``Connection.write_stream``);
+        ``expect`` is read once every chunk is made: the count every row's guard must
+        match."""
+        count = self.cx.write_stream(name, chunks)
+        # As in write_batch: a fault fires after every chunk has been written.
+        self._armed(name)
+        if count != expect():
+            raise StaleWrite(f"{name}: {count} of {expect()} rows matched their guard")
         return count
 
     def write_batch(self, *writes: tuple[str, Sequence[Row], int | None]) -> list[int]:

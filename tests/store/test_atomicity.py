@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from orbit.core.model import Outcome
+from orbit.core.model import Outcome, TaskSpec
 from orbit.store import InjectedFault, Store
+from orbit.store.store import SUBMIT_CHUNK
 from tests.conftest import ManualClock
 from tests.invariants import check_all
 from tests.store.helpers import claim_one, queue, run_one, submit, worker
@@ -36,6 +37,13 @@ Setup = Callable[[Store, ManualClock], Callable[[], object]]
 def _submit(store: Store, clock: ManualClock) -> Callable[[], object]:
     queue(store)
     return lambda: submit(store, idempotency_key="k")
+
+
+def _submit_batch(store: Store, clock: ManualClock) -> Callable[[], object]:
+    """A batch of several chunks (SUBMIT_CHUNK): the fault fires once all are written."""
+    queue(store)
+    specs = [TaskSpec(queue="q", handler="h", payload=i) for i in range(2 * SUBMIT_CHUNK + 1)]
+    return lambda: store.task_submit_many(specs)
 
 
 def _claim(store: Store, clock: ManualClock) -> Callable[[], object]:
@@ -183,6 +191,7 @@ def _pause(store: Store, clock: ManualClock) -> Callable[[], object]:
 
 CASES: dict[str, tuple[Setup, list[str]]] = {
     "submit": (_submit, ["task_submit_many"]),
+    "submit_batch": (_submit_batch, ["task_submit_many"]),
     "claim": (
         _claim,
         ["task_write_many", "attempt_insert_many", "queue_tokens_write_many", "event_insert_many"],

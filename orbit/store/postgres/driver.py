@@ -16,7 +16,7 @@ rows, scans all of it to update ten (docs/operations.md, "Query plans"). The clo
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from operator import itemgetter
 from pathlib import Path
@@ -320,6 +320,22 @@ class _PostgresConnection:
         form, params = self._write_params(name, rows)
         with self._write((form,), params) as cur:
             return len(cur.fetchall()) if _has_rows(cur) else cur.rowcount
+
+    def write_stream(self, name: str, chunks: Iterable[Sequence[Row]]) -> int:
+        # Pipeline mode: each execute sends its statement and returns; the server runs it
+        # while the generator makes the next chunk. Leaving the block syncs and reads
+        # every result, raising the first error (the caller's transaction then rolls back).
+        cursors: list[psycopg.RawCursor[Any]] = []
+        try:
+            with self._cx.pipeline():
+                for rows in chunks:
+                    if rows:
+                        form, params = self._write_params(name, rows)
+                        cursors.append(self._write((form,), params))
+            return sum(len(c.fetchall()) if _has_rows(c) else c.rowcount for c in cursors)
+        finally:
+            for cur in cursors:
+                cur.close()
 
     def execute(self, name: str, params: Params) -> int:
         with self._cx.cursor() as cur:

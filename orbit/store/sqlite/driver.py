@@ -9,7 +9,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,10 @@ class _SqliteConnection:
         for statement in self._writes[name]:
             count = self._cx.executemany(statement, encoded).rowcount
         return count
+
+    def write_stream(self, name: str, chunks: Iterable[Sequence[Row]]) -> int:
+        # In-process: nothing to overlap, each chunk is written as it comes.
+        return sum(self.write_many(name, rows) for rows in chunks)
 
     def lock_many(self, calls: Sequence[tuple[str, Params]]) -> tuple[list[list[Row]], int]:
         # In-process: a statement costs no round trip, and BEGIN IMMEDIATE already holds

@@ -1,0 +1,122 @@
+"""A batch submit larger than SUBMIT_CHUNK is written a chunk at a time, each chunk's
+statement sent before the next chunk is made (PostgreSQL's pipeline mode). Whatever
+happens in a later chunk, the batch is still all or nothing, on both backends, and the
+connection is fit for the next transaction."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import psycopg
+import pytest
+
+from orbit.core.errors import Code, OrbitError
+from orbit.core.model import TaskSpec
+from orbit.store import Store
+from orbit.store.store import SUBMIT_CHUNK
+from tests.store.helpers import queue
+
+#: three chunks, the last one short
+N = 2 * SUBMIT_CHUNK + 7
+
+
+def specs(n: int = N) -> list[TaskSpec]:
+    return [TaskSpec(queue="q", handler="h", payload={"i": i}) for i in range(n)]
+
+
+def with_key(batch: list[TaskSpec], i: int, key: str, payload: Any) -> None:
+    batch[i] = TaskSpec(queue="q", handler="h", payload=payload, idempotency_key=key)
+
+
+def stored(store: Store) -> int:
+    return len(store.task_list(limit=1000))
+
+
+def submitted_events(store: Store) -> list[dict[str, Any]]:
+    return [e for e in store.event_list(limit=1000) if e["kind"] == "submitted"]
+
+
+def test_a_batch_of_several_chunks_is_written_whole_and_in_order(store: Store) -> None:
+    queue(store)
+    done = store.task_submit_many(specs())
+    assert [d.task.payload for d in done] == [f'{{"i":{i}}}' for i in range(N)]
+    assert all(d.created for d in done)
+    assert sorted(t.id for t in store.task_list(limit=1000)) == sorted(d.task.id for d in done)
+    assert sorted(e["task_id"] for e in submitted_events(store)) == sorted(d.task.id for d in done)
+
+
+def test_a_key_repeated_in_a_later_chunk_answers_with_the_first_task(store: Store) -> None:
+    queue(store)
+    batch = specs()
+    with_key(batch, 3, "k", "same")
+    with_key(batch, SUBMIT_CHUNK + 3, "k", "same")
+    done = store.task_submit_many(batch)
+    first, again = done[3], done[SUBMIT_CHUNK + 3]
+    assert first.created and not again.created
+    assert again.task.id == first.task.id
+    assert stored(store) == N - 1
+
+
+def test_a_conflict_in_a_later_chunk_writes_nothing(store: Store) -> None:
+    queue(store)
+    batch = specs()
+    with_key(batch, 3, "k", "one")
+    with_key(batch, 2 * SUBMIT_CHUNK + 1, "k", "two")
+    with pytest.raises(OrbitError) as err:
+        store.task_submit_many(batch)
+    assert err.value.code == Code.IDEMPOTENCY_CONFLICT
+    assert stored(store) == 0 and submitted_events(store) == []
+    assert len(store.task_submit_many(specs())) == N  # the connection is fit for more
+    assert stored(store) == N
+
+
+def test_a_database_error_in_a_later_chunk_undoes_the_earlier_ones(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The third chunk's first task reuses the first task's id: the database refuses that
+    statement after the first two chunks' statements have run, and none of them stays."""
+    queue(store)
+    made: list[str] = []
+    new_id = store._new_id
+
+    def clashing(now: int) -> str:
+        made.append(made[0] if len(made) == 2 * SUBMIT_CHUNK else new_id(now))
+        return made[-1]
+
+    monkeypatch.setattr(store, "_new_id", clashing)
+    with pytest.raises((psycopg.errors.UniqueViolation, sqlite3.IntegrityError)):
+        store.task_submit_many(specs())
+    assert len(made) == N  # every chunk was made: the error came from the database
+    assert stored(store) == 0 and submitted_events(store) == []
+    monkeypatch.undo()
+    assert len(store.task_submit_many(specs())) == N
+    assert stored(store) == N
+
+
+def test_a_key_taken_concurrently_is_found_on_the_retry(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first look for existing keys misses a key another submit has just taken: that
+    chunk's insert skips the row, the count falls short, and the retried transaction
+    answers with the other submit's task."""
+    queue(store)
+    winner = store.task_submit(
+        TaskSpec(queue="q", handler="h", payload="same", idempotency_key="k")
+    ).task
+    looks = 0
+    existing = store._existing_by_key
+
+    def blind_once(tx: Any, batch: Any) -> Any:
+        nonlocal looks
+        looks += 1
+        return {} if looks == 1 else existing(tx, batch)
+
+    monkeypatch.setattr(store, "_existing_by_key", blind_once)
+    batch = specs()
+    with_key(batch, SUBMIT_CHUNK + 5, "k", "same")
+    done = store.task_submit_many(batch)
+    assert looks == 2
+    assert done[SUBMIT_CHUNK + 5].task.id == winner.id
+    assert not done[SUBMIT_CHUNK + 5].created
+    assert stored(store) == N
