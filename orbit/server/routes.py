@@ -34,6 +34,7 @@ from orbit.server.errors import ApiError
 from orbit.server.jsonwire import FastJSONResponse
 from orbit.server.views import attempt_view, event_view, queue_view, task_wire, worker_view
 from orbit.store import Store
+from orbit.store import Submitted as Stored
 
 M = TypeVar("M", bound=BaseModel)
 router = APIRouter(prefix="/v1")
@@ -114,6 +115,11 @@ def spec_from(msg: TaskSubmit) -> TaskSpec:
     )
 
 
+def _submitted_view(done: Stored) -> dict[str, Any]:
+    """A batch reply's item: made by the store while it writes the next chunk of rows."""
+    return {"task": task_wire(done.task), "created": done.created}
+
+
 # ----------------------------------------------------------------------------- queues
 
 
@@ -173,10 +179,10 @@ async def task_submit(request: Request) -> Response:
 )
 async def task_submit_batch(request: Request) -> Response:
     msg = await _body(request, TaskBatch)
-    done = await run_in_threadpool(
-        _store(request).task_submit_many, [spec_from(t) for t in msg.tasks]
+    views = await run_in_threadpool(
+        _store(request).task_submit_rendered, [spec_from(t) for t in msg.tasks], _submitted_view
     )
-    return _json([{"task": task_wire(d.task), "created": d.created} for d in done], 201)
+    return _json(views, 201)
 
 
 @router.get("/tasks", dependencies=[Depends(require("submit"))], response_model=TaskPage)

@@ -65,6 +65,11 @@ Clock = Callable[[], int]
 #: one plain statement.
 SUBMIT_CHUNK = 250
 
+
+def _same(value: T) -> T:
+    return value
+
+
 LIVE_TASK_STATES = frozenset({TaskState.CLAIMED, TaskState.RUNNING, TaskState.CANCELLING})
 
 
@@ -400,6 +405,16 @@ class Store:
 
     def task_submit_many(self, specs: Sequence[TaskSpec]) -> list[Submitted]:
         """Submit tasks in one transaction: all of them or none."""
+        return self.task_submit_rendered(specs, _same)
+
+    def task_submit_rendered(
+        self, specs: Sequence[TaskSpec], render: Callable[[Submitted], T]
+    ) -> list[T]:
+        """``task_submit_many``, each result passed through ``render`` while the database
+        writes the chunk after it (or its own, for the last): an HTTP reply's views are
+        made in the shadow of the insert. ``render`` must not use the store; it runs
+        again for every result if the transaction is retried, and its values are
+        returned only once the transaction has committed."""
         if not specs:
             return []
         if len(specs) > self.config.max_batch:
@@ -413,7 +428,7 @@ class Store:
         payloads = [check_spec(s, self.config.max_payload_bytes)[0] for s in specs]
         queues = sorted({s.queue for s in specs})
 
-        def work(tx: _Tx) -> list[Submitted]:
+        def work(tx: _Tx) -> list[T]:
             # The queues and the clock in one round trip (one statement on PostgreSQL).
             (queue_rows,) = tx.lock_many(("queue_get_many", {"names": queues}))
             now = tx.clock()
@@ -432,12 +447,17 @@ class Store:
                     raise OrbitError(Code.PARENT_CANCELLED, f"parent task {parent_id} is cancelled")
             existing = self._existing_by_key(tx, specs)
             results: list[Submitted] = []
+            rendered: list[T] = []
             fresh = 0
             in_batch: dict[tuple[str, str, str], Task] = {}
 
+            def render_made() -> None:
+                rendered.extend(render(r) for r in results[len(rendered) :])
+
             def rows_by_chunk() -> Iterator[list[Row]]:
                 """The new tasks' rows, SUBMIT_CHUNK specs at a time: the driver writes
-                each chunk while this makes the next (``Connection.write_stream``)."""
+                each chunk while this renders it and makes the next
+                (``Connection.write_stream``)."""
                 nonlocal fresh
                 for start in range(0, len(specs), SUBMIT_CHUNK):
                     rows: list[Row] = []
@@ -475,6 +495,7 @@ class Store:
                         results.append(Submitted(task, created=True))
                     fresh += len(rows)
                     yield rows
+                    render_made()
 
             # One statement per chunk for the tasks and their `submitted` events, which
             # the database makes from the rows it inserts (two on SQLite). A short count
@@ -485,7 +506,8 @@ class Store:
             else:
                 rows = next(rows_by_chunk())
                 tx.write_many("task_submit_many", rows, expect=len(rows))
-            return results
+                render_made()
+            return rendered
 
         return self._tx(work)
 

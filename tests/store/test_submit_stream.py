@@ -13,7 +13,7 @@ import pytest
 
 from orbit.core.errors import Code, OrbitError
 from orbit.core.model import TaskSpec
-from orbit.store import Store
+from orbit.store import Store, Submitted
 from orbit.store.store import SUBMIT_CHUNK
 from tests.store.helpers import queue
 
@@ -120,3 +120,37 @@ def test_a_key_taken_concurrently_is_found_on_the_retry(
     assert done[SUBMIT_CHUNK + 5].task.id == winner.id
     assert not done[SUBMIT_CHUNK + 5].created
     assert stored(store) == N
+
+
+@pytest.mark.parametrize("n", [3, N])
+def test_rendered_values_come_back_once_in_order_after_a_retry(
+    store: Store, monkeypatch: pytest.MonkeyPatch, n: int
+) -> None:
+    """``task_submit_rendered`` renders each result as its chunk is written; a retried
+    transaction renders them all again, and the caller gets one value per task."""
+    queue(store)
+    store.task_submit(TaskSpec(queue="q", handler="h", payload="same", idempotency_key="k"))
+    looks = 0
+    existing = store._existing_by_key
+
+    def blind_once(tx: Any, batch: Any) -> Any:
+        nonlocal looks
+        looks += 1
+        return {} if looks == 1 else existing(tx, batch)
+
+    monkeypatch.setattr(store, "_existing_by_key", blind_once)
+    batch = specs(n)
+    with_key(batch, n - 1, "k", "same")
+    calls = 0
+
+    def render(done: Submitted) -> tuple[str, bool]:
+        nonlocal calls
+        calls += 1
+        return done.task.payload, done.created
+
+    views = store.task_submit_rendered(batch, render)
+    assert looks == 2
+    assert views == [(f'{{"i":{i}}}', True) for i in range(n - 1)] + [('"same"', False)]
+    # A streamed batch renders every chunk before the short count is seen, and again on
+    # the retry; a single chunk's count is checked before anything is rendered.
+    assert calls == (2 * n if n > SUBMIT_CHUNK else n)
