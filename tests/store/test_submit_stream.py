@@ -6,6 +6,7 @@ connection is fit for the next transaction."""
 from __future__ import annotations
 
 import sqlite3
+import threading
 from typing import Any
 
 import psycopg
@@ -13,8 +14,9 @@ import pytest
 
 from orbit.core.errors import Code, OrbitError
 from orbit.core.model import TaskSpec
-from orbit.store import Store, Submitted
+from orbit.store import Store, Submitted, open_store
 from orbit.store.store import SUBMIT_CHUNK
+from tests.conftest import ManualClock, store_url
 from tests.store.helpers import queue
 
 #: three chunks, the last one short
@@ -154,3 +156,39 @@ def test_rendered_values_come_back_once_in_order_after_a_retry(
     # A streamed batch renders every chunk before the short count is seen, and again on
     # the retry; a single chunk's count is checked before anything is rendered.
     assert calls == (2 * n if n > SUBMIT_CHUNK else n)
+
+
+def test_two_stores_racing_the_same_keyed_batch_make_each_task_once(
+    store: Store, clock: ManualClock
+) -> None:
+    """Two stores (two nodes' pools) submit the same keyed batch of several chunks at
+    once: each key makes one task, and both callers are answered with the same ids."""
+    queue(store)
+    other = open_store(store_url(store), clock=clock)
+    batch = [
+        TaskSpec(queue="q", handler="h", payload={"i": i}, idempotency_key=f"k{i}")
+        for i in range(N)
+    ]
+    start = threading.Barrier(2)
+    answers: list[list[Submitted]] = [[], []]
+
+    def submit(i: int, s: Store) -> None:
+        start.wait()
+        answers[i] = s.task_submit_many(batch)
+
+    try:
+        racers = [
+            threading.Thread(target=submit, args=(i, s)) for i, s in enumerate([store, other])
+        ]
+        for t in racers:
+            t.start()
+        for t in racers:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in racers)
+    finally:
+        other.close()
+    first, second = answers
+    assert [d.task.id for d in first] == [d.task.id for d in second]
+    assert sum(d.created for d in first + second) == N
+    assert stored(store) == N
+    assert len(submitted_events(store)) == N
