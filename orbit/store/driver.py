@@ -8,7 +8,7 @@ once, for every backend (``orbit.store.store.Store``).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
@@ -95,8 +95,3 @@ class Driver(Protocol):
     def is_retryable(self, exc: BaseException) -> bool: ...
 
     def close(self) -> None: ...
-
-
-def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
