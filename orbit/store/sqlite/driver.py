@@ -60,8 +60,8 @@ class _SqliteConnection:
         return count
 
     def write_stream(self, name: str, chunks: Iterable[Sequence[Row]]) -> int:
-        # In-process: nothing to overlap, each chunk is written as it comes.
-        return sum(self.write_many(name, rows) for rows in chunks)
+        # In-process: nothing to overlap, so the chunks are written as one.
+        return self.write_many(name, [row for rows in chunks for row in rows])
 
     def lock_many(self, calls: Sequence[tuple[str, Params]]) -> tuple[list[list[Row]], int]:
         # In-process: a statement costs no round trip, and BEGIN IMMEDIATE already holds
