@@ -25,7 +25,7 @@ Two more figures bound the other targets from below, measured on the same server
 Each run happens in a database of its own (a unique name, Orbit's own migrations applied),
 dropped afterwards whatever happens. Run it as::
 
-    python -m benchmarks.physical --batch 64 --clients 1,2,4,16 --seconds 10
+    python -m benchmarks.physical --batch 200 --clients 1,2,4,16 --seconds 10
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from urllib.parse import urlencode
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from benchmarks.scale import PHYSICAL_BATCH
 from benchmarks.workloads import percentile
 from orbit.store import open_store
 
@@ -390,7 +391,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m benchmarks.physical",
         description="Measure PostgreSQL's own jobs/s ceiling on Orbit's tables with pgbench.",
     )
-    parser.add_argument("--batch", type=int, default=64, help="tasks per batched transaction")
+    parser.add_argument(
+        "--batch", type=int, default=PHYSICAL_BATCH, help="tasks per batched transaction"
+    )
     parser.add_argument("--clients", default="1,2,4,16", help="comma-separated client counts")
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of each run")
     parser.add_argument("--backlog", type=int, default=10_000, help="ready tasks kept queued")
