@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -37,6 +38,21 @@ def stored(store: Store) -> int:
 
 def submitted_events(store: Store) -> list[dict[str, Any]]:
     return [e for e in store.event_list(limit=1000) if e["kind"] == "submitted"]
+
+
+def blind_first_look(store: Store, monkeypatch: pytest.MonkeyPatch) -> Callable[[], int]:
+    """Make the store's first look for existing keys find none, as if another submit
+    took a key just after it; return how many looks there have been."""
+    looks = 0
+    existing = store._existing_by_key
+
+    def blind_once(tx: Any, batch: Any) -> Any:
+        nonlocal looks
+        looks += 1
+        return {} if looks == 1 else existing(tx, batch)
+
+    monkeypatch.setattr(store, "_existing_by_key", blind_once)
+    return lambda: looks
 
 
 def test_a_batch_of_several_chunks_is_written_whole_and_in_order(store: Store) -> None:
@@ -106,19 +122,11 @@ def test_a_key_taken_concurrently_is_found_on_the_retry(
     winner = store.task_submit(
         TaskSpec(queue="q", handler="h", payload="same", idempotency_key="k")
     ).task
-    looks = 0
-    existing = store._existing_by_key
-
-    def blind_once(tx: Any, batch: Any) -> Any:
-        nonlocal looks
-        looks += 1
-        return {} if looks == 1 else existing(tx, batch)
-
-    monkeypatch.setattr(store, "_existing_by_key", blind_once)
+    looks = blind_first_look(store, monkeypatch)
     batch = specs()
     with_key(batch, SUBMIT_CHUNK + 5, "k", "same")
     done = store.task_submit_many(batch)
-    assert looks == 2
+    assert looks() == 2
     assert done[SUBMIT_CHUNK + 5].task.id == winner.id
     assert not done[SUBMIT_CHUNK + 5].created
     assert stored(store) == N
@@ -132,15 +140,7 @@ def test_rendered_values_come_back_once_in_order_after_a_retry(
     transaction renders them all again, and the caller gets one value per task."""
     queue(store)
     store.task_submit(TaskSpec(queue="q", handler="h", payload="same", idempotency_key="k"))
-    looks = 0
-    existing = store._existing_by_key
-
-    def blind_once(tx: Any, batch: Any) -> Any:
-        nonlocal looks
-        looks += 1
-        return {} if looks == 1 else existing(tx, batch)
-
-    monkeypatch.setattr(store, "_existing_by_key", blind_once)
+    looks = blind_first_look(store, monkeypatch)
     batch = specs(n)
     with_key(batch, n - 1, "k", "same")
     calls = 0
@@ -151,7 +151,7 @@ def test_rendered_values_come_back_once_in_order_after_a_retry(
         return done.task.payload, done.created
 
     views = store.task_submit_rendered(batch, render)
-    assert looks == 2
+    assert looks() == 2
     assert views == [(f'{{"i":{i}}}', True) for i in range(n - 1)] + [('"same"', False)]
     # A streamed batch renders every chunk before the short count is seen, and again on
     # the retry; a single chunk's count is checked before anything is rendered.
