@@ -445,11 +445,12 @@ class Store:
                 parent = R.task_from_row(found[0])
                 if parent.cancel_requested or parent.state == TaskState.CANCELLED:
                     raise OrbitError(Code.PARENT_CANCELLED, f"parent task {parent_id} is cancelled")
-            existing = self._existing_by_key(tx, specs)
+            # The tasks each idempotency key already names: the database's, then this
+            # batch's own as they are made.
+            by_key = self._existing_by_key(tx, specs)
             results: list[Submitted] = []
             rendered: list[T] = []
             fresh = 0
-            in_batch: dict[tuple[str, str, str], Task] = {}
 
             def render_made() -> None:
                 rendered.extend(render(r) for r in results[len(rendered) :])
@@ -463,36 +464,12 @@ class Store:
                     rows: list[Row] = []
                     end = start + SUBMIT_CHUNK
                     for spec, payload in zip(specs[start:end], payloads[start:end], strict=True):
-                        key = (
-                            (spec.tenant, spec.queue, spec.idempotency_key)
-                            if spec.idempotency_key
-                            else None
-                        )
-                        digest = transitions.digest(payload)
-                        prior = existing.get(key) if key else None
-                        prior = prior or (in_batch.get(key) if key else None)
-                        if prior is not None:
-                            if prior.payload_digest != digest:
-                                raise OrbitError(
-                                    Code.IDEMPOTENCY_CONFLICT,
-                                    f"idempotency key {spec.idempotency_key!r:.80} was used "
-                                    "with a different payload",
-                                )
-                            results.append(Submitted(prior, created=False))
-                            continue
-                        task = transitions.new_task(
-                            spec,
-                            task_id=self._new_id(now),
-                            payload=payload,
-                            now=now,
-                            payload_digest=digest,
-                        )
-                        if key:
-                            in_batch[key] = task
-                        if task.state == TaskState.QUEUED:
-                            tx.ready.add(task.queue)
-                        rows.append(R.task_to_row(task))
-                        results.append(Submitted(task, created=True))
+                        done = self._submitted(spec, payload, now, by_key)
+                        results.append(done)
+                        if done.created:
+                            if done.task.state == TaskState.QUEUED:
+                                tx.ready.add(done.task.queue)
+                            rows.append(R.task_to_row(done.task))
                     fresh += len(rows)
                     yield rows
                     render_made()
@@ -510,6 +487,33 @@ class Store:
             return rendered
 
         return self._tx(work)
+
+    def _submitted(
+        self,
+        spec: TaskSpec,
+        payload: str,
+        now: int,
+        by_key: dict[tuple[str, str, str], Task],
+    ) -> Submitted:
+        """One spec of a batch: the task its idempotency key already names in ``by_key``
+        (the same payload, or IDEMPOTENCY_CONFLICT), or a new task, which joins it."""
+        key = (spec.tenant, spec.queue, spec.idempotency_key) if spec.idempotency_key else None
+        digest = transitions.digest(payload)
+        prior = by_key.get(key) if key else None
+        if prior is not None:
+            if prior.payload_digest != digest:
+                raise OrbitError(
+                    Code.IDEMPOTENCY_CONFLICT,
+                    f"idempotency key {spec.idempotency_key!r:.80} was used with a "
+                    "different payload",
+                )
+            return Submitted(prior, created=False)
+        task = transitions.new_task(
+            spec, task_id=self._new_id(now), payload=payload, now=now, payload_digest=digest
+        )
+        if key:
+            by_key[key] = task
+        return Submitted(task, created=True)
 
     def _existing_by_key(
         self, tx: _Tx, specs: Sequence[TaskSpec]

@@ -217,6 +217,11 @@ def _has_rows(cur: psycopg.Cursor[Any] | psycopg.RawCursor[Any]) -> bool:
     return result is not None and result.nfields > 0
 
 
+def _written(cur: psycopg.RawCursor[Any]) -> int:
+    """The rows a ``*_many`` write wrote: those it returned, or else its row count."""
+    return len(cur.fetchall()) if _has_rows(cur) else cur.rowcount
+
+
 #: A batched write as it travels: the query's name and whether in its columnar form.
 WriteForm = tuple[str, bool]
 
@@ -319,7 +324,7 @@ class _PostgresConnection:
             return 0
         form, params = self._write_params(name, rows)
         with self._write((form,), params) as cur:
-            return len(cur.fetchall()) if _has_rows(cur) else cur.rowcount
+            return _written(cur)
 
     def write_stream(self, name: str, chunks: Iterable[Sequence[Row]]) -> int:
         # Pipeline mode: each execute sends its statement and returns; the server runs it
@@ -332,7 +337,7 @@ class _PostgresConnection:
                     if rows:
                         form, params = self._write_params(name, rows)
                         cursors.append(self._write((form,), params))
-            return sum(len(c.fetchall()) if _has_rows(c) else c.rowcount for c in cursors)
+            return sum(_written(c) for c in cursors)
         finally:
             for cur in cursors:
                 cur.close()
