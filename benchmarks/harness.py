@@ -461,6 +461,7 @@ class Harness:
             state=slot.state,
             phase=step.phase,
             keep_records=self.opts.keep_records,
+            pg_dsn=self.opts.pg_dsn if system.uses_postgres else None,
         )
         self.log(f"{label} …")
         t0 = time.time()

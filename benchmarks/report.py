@@ -384,19 +384,28 @@ def _ratios(summary: dict[str, Any]) -> str:
 
 def _cpu(summary: dict[str, Any]) -> str:
     per = summary["results"].get("throughput", {})
+    cols = present(CPU_COLUMNS, per)  # a summary from before the WAL meter has no WAL
     rows = []
     for system, res in per.items():
         metrics = res.get("metrics", {})
-        rows.append([f"`{system}`", *[cell(metrics.get(m)) for m, _, _ in CPU_COLUMNS]])
+        rows.append([f"`{system}`", *[cell(metrics.get(m)) for m, _, _ in cols]])
     if not rows:
         return ""
-    header = ["system", *[f"{label} ({unit})" for _, label, unit in CPU_COLUMNS]]
+    header = ["system", *[f"{label} ({unit})" for _, label, unit in cols]]
+    wal = any(m.endswith("_wal_bytes_per_task") for m, _, _ in cols)
     return (
         "### Host CPU during the throughput runs\n\n"
         f"Sampled every {summary['meta'].get('scale', {}).get('cpu_interval_s', '?')} s with "
         "psutil and averaged over the drains (a process that exits inside a drain is "
         "counted through its parent's children times); CPU per task is the one-worker "
         "drain's CPU seconds over its tasks, from the worker's launch. "
-        "Every run file holds the per-process figures for every workload.\n\n"
+        + (
+            "WAL per task is how far PostgreSQL's WAL insert position moved over the same "
+            "drain (cluster-wide; the systems run one at a time), over its tasks: every row "
+            "version, index entry and row lock a task's life leaves. "
+            if wal
+            else ""
+        )
+        + "Every run file holds the per-process figures for every workload.\n\n"
         + _md_table(header, rows)
     )

@@ -59,6 +59,7 @@ CPU_COLUMNS = [
     ("redis_core_percent", "Redis", "% of one core"),
     ("w1_children_ms_per_task", "servers + workers, 1 worker", "CPU ms per task"),
     ("w1_postgres_ms_per_task", "PostgreSQL, 1 worker", "CPU ms per task"),
+    ("w1_wal_bytes_per_task", "PostgreSQL WAL, 1 worker", "bytes per task"),
 ]
 
 
@@ -93,6 +94,9 @@ def _cpu_per_task(record: dict[str, Any]) -> dict[str, float]:
         if isinstance(cpu, dict) and "cpu_s" in cpu and jobs:
             for group in ("children", "postgres"):
                 out[f"{key}_{group}_ms_per_task"] = 1000 * cpu["cpu_s"][group] / jobs
+            wal = cpu.get("wal") or {}
+            if "bytes" in wal:
+                out[f"{key}_wal_bytes_per_task"] = wal["bytes"] / jobs
     return out
 
 

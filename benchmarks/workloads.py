@@ -34,6 +34,7 @@ from benchmarks.cpu import CpuSampler
 from benchmarks.recorder import Record, RecordReader
 from benchmarks.scale import Scale
 from benchmarks.systems.base import Job, System, WorkerSpec
+from benchmarks.wal import WalMeter
 
 POLL_S = 0.015  # the default; each scale sets its own
 Metrics = dict[str, float | None]
@@ -60,6 +61,8 @@ class RunContext:
     state: dict[str, Any]  # kept across runs of this system (the backlog lives here)
     phase: str = ""  # the backlog workload's "small" or "large" half
     keep_records: bool = False
+    #: PostgreSQL to read the WAL statistics from (None: the system does not use it)
+    pg_dsn: str | None = None
     cpu: dict[str, Any] = field(default_factory=dict)
     _dirs: list[Path] = field(default_factory=list)
 
@@ -73,11 +76,16 @@ class RunContext:
 
     @contextlib.contextmanager
     def sampled(self, name: str) -> Iterator[None]:
-        """Sample host CPU over the block; the result is kept under ``cpu[name]``."""
+        """Sample host CPU over the block, and the WAL PostgreSQL wrote in it (for a system
+        that uses PostgreSQL); the result is kept under ``cpu[name]`` (the WAL under its
+        ``"wal"``)."""
         sampler = CpuSampler(self.scale.cpu_interval_s)
-        with sampler:
+        wal = WalMeter(self.pg_dsn) if self.pg_dsn else contextlib.nullcontext()
+        with wal, sampler:
             yield
         self.cpu[name] = sampler.result
+        if isinstance(wal, WalMeter):
+            self.cpu[name]["wal"] = wal.result
 
     def cleanup(self) -> None:
         if not self.keep_records:

@@ -83,6 +83,12 @@ def test_every_registered_system_runs_every_workload(tmp_path: Path) -> None:
         for procs in SMOKE.throughput_processes:
             assert cpu[f"w{procs}_children_ms_per_task"]["median"] > 0, key
             assert cpu[f"w{procs}_postgres_ms_per_task"]["n"] == 1, key
+            # the WAL a drain wrote, for the systems that keep their queue in PostgreSQL
+            wal = cpu.get(f"w{procs}_wal_bytes_per_task")
+            if key in ("orbit-sqlite", "orbit-sqlite-tuned", "celery", "celery-tuned"):
+                assert wal is None, key
+            else:
+                assert wal is not None and wal["median"] > 0, key
     assert summary.table(result)
 
     docs = tmp_path / "docs" / "benchmarks.md"
