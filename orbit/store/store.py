@@ -450,7 +450,6 @@ class Store:
             by_key = self._existing_by_key(tx, specs)
             results: list[Submitted] = []
             rendered: list[T] = []
-            fresh = 0
 
             def render_made() -> None:
                 rendered.extend(render(r) for r in results[len(rendered) :])
@@ -459,7 +458,6 @@ class Store:
                 """The new tasks' rows, SUBMIT_CHUNK specs at a time: the driver writes
                 each chunk while this renders it and makes the next
                 (``Connection.write_stream``)."""
-                nonlocal fresh
                 for start in range(0, len(specs), SUBMIT_CHUNK):
                     rows: list[Row] = []
                     end = start + SUBMIT_CHUNK
@@ -470,7 +468,6 @@ class Store:
                             if done.task.state == TaskState.QUEUED:
                                 tx.ready.add(done.task.queue)
                             rows.append(R.task_to_row(done.task))
-                    fresh += len(rows)
                     yield rows
                     render_made()
 
@@ -479,7 +476,11 @@ class Store:
             # means an idempotency key was taken concurrently: StaleWrite rolls it all
             # back and the retry finds the winner's task.
             if len(specs) > SUBMIT_CHUNK:
-                tx.write_stream("task_submit_many", rows_by_chunk(), expect=lambda: fresh)
+                tx.write_stream(
+                    "task_submit_many",
+                    rows_by_chunk(),
+                    expect=lambda: sum(r.created for r in results),
+                )
             else:
                 rows = next(rows_by_chunk())
                 tx.write_many("task_submit_many", rows, expect=len(rows))
@@ -1501,6 +1502,14 @@ def _limits_changed(tx: _Tx) -> None:
     tx.freed.update(str(r["name"]) for r in tx.fetch("queue_list"))
 
 
+def _guarded(name: str, count: int, expect: int | None) -> int:
+    """``count``, the rows a batched write wrote, if it is what every row's guard should
+    have matched (``expect``; None: no guard); StaleWrite otherwise."""
+    if expect is not None and count != expect:
+        raise StaleWrite(f"{name}: {count} of {expect} rows matched their guard")
+    return count
+
+
 def _check_batch(attempt_ids: Sequence[str], max_batch: int) -> None:
     """A batch of reports names each attempt once, and holds at most ``max_batch``."""
     if not attempt_ids:
@@ -1592,10 +1601,7 @@ class _Tx:
         if not rows:
             return 0
         self._armed(name)
-        count = self.cx.write_many(name, rows)
-        if expect is not None and count != expect:
-            raise StaleWrite(f"{name}: {count} of {expect} rows matched their guard")
-        return count
+        return _guarded(name, self.cx.write_many(name, rows), expect)
 
     def write_stream(
         self, name: str, chunks: Iterable[Sequence[Row]], *, expect: Callable[[], int]
@@ -1606,9 +1612,7 @@ class _Tx:
         count = self.cx.write_stream(name, chunks)
         # As in write_batch: a fault fires after every chunk has been written.
         self._armed(name)
-        if count != expect():
-            raise StaleWrite(f"{name}: {count} of {expect()} rows matched their guard")
-        return count
+        return _guarded(name, count, expect())
 
     def write_batch(self, *writes: tuple[str, Sequence[Row], int | None]) -> list[int]:
         """Several ``*_many`` writes in one round trip; ``(name, rows, expect)`` each, where
@@ -1622,8 +1626,7 @@ class _Tx:
             # the harshest case for atomicity, since every write must then be undone.
             self._armed(name)
         for (name, _, expect), count in zip(todo, counts, strict=True):
-            if expect is not None and count != expect:
-                raise StaleWrite(f"{name}: {count} of {expect} rows matched their guard")
+            _guarded(name, count, expect)
         return counts
 
     def now(self) -> int:
