@@ -40,17 +40,19 @@ class WalMeter:
         self._start: int | None = None
         self.result: dict[str, Any] = {}
 
-    def _read(self) -> int:
-        with psycopg.connect(self._dsn, autocommit=True) as cx:
-            row = cx.execute(POSITION_SQL).fetchone()
+    def _read(self) -> int | None:
+        """The insert position now, or None (and the error in ``result``)."""
+        try:
+            with psycopg.connect(self._dsn, autocommit=True) as cx:
+                row = cx.execute(POSITION_SQL).fetchone()
+        except psycopg.Error as exc:
+            self.result = {"error": f"{type(exc).__name__}: {exc}"}
+            return None
         assert row is not None
         return lsn_bytes(str(row[0]))
 
     def __enter__(self) -> WalMeter:
-        try:
-            self._start = self._read()
-        except psycopg.Error as exc:
-            self.result = {"error": f"{type(exc).__name__}: {exc}"}
+        self._start = self._read()
         return self
 
     def __exit__(
@@ -61,9 +63,6 @@ class WalMeter:
     ) -> None:
         if self._start is None:
             return
-        try:
-            end = self._read()
-        except psycopg.Error as error:
-            self.result = {"error": f"{type(error).__name__}: {error}"}
-            return
-        self.result = {"bytes": end - self._start}
+        end = self._read()
+        if end is not None:
+            self.result = {"bytes": end - self._start}
