@@ -114,9 +114,13 @@ def compact_json(value: JSON, *, sort_keys: bool = False) -> bytes:
 
 
 def parse_json(text: str | bytes) -> JSON:
-    """JSON text Orbit wrote itself (a stored payload, result or event) back to a value,
-    fast: orjson, falling back to the standard library for what orjson refuses (integers
-    past 64 bits, lone surrogates), so it reads whatever ``json.loads`` reads."""
+    """JSON text Orbit wrote itself (a stored payload, result or event, a server's reply
+    or frame) back to a value, fast: orjson, falling back to the standard library for
+    what orjson refuses (lone surrogates, numbers beyond a double). Only for such text:
+    orjson reads an integer outside 64 bits as a float, silently, and every integer in
+    Orbit's JSON fits in 64 bits, since each request and frame is read strictly on the
+    way in (``orbit.protocol.decode``: NUMBER_OUT_OF_RANGE). Anything else takes
+    ``json.loads`` or the strict decoder."""
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError:

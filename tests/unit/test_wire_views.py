@@ -8,6 +8,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
@@ -26,7 +27,14 @@ from orbit.core.model import (
 from orbit.core.states import TaskState
 from orbit.core.transitions import new_task
 from orbit.protocol.convert import EPOCH, instant_to_wire
-from orbit.protocol.decode import DecodeError, _find_bad_value, _values_ok
+from orbit.protocol.decode import (
+    MAX_INT,
+    MIN_INT,
+    DecodeError,
+    _find_bad_value,
+    _values_ok,
+    decode_json,
+)
 from orbit.protocol.messages import (
     Assignment,
     FinishedManyMessage,
@@ -192,10 +200,34 @@ _JSON_VALUES = st.recursive(
 )
 
 
-@given(_JSON_VALUES)
+#: what Orbit's own JSON holds: every integer in it passed the strict decoder's 64-bit check
+_ORBIT_JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(MIN_INT, MAX_INT)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(_ORBIT_JSON_VALUES)
 def test_parse_json_reads_what_the_standard_library_reads(value: Any) -> None:
     text = canonical_json(value)
     assert parse_json(text) == json.loads(text)
+
+
+def test_an_integer_past_64_bits_never_reaches_parse_json() -> None:
+    """orjson would read it as a float; the strict decoder refuses it on the way in."""
+    for text in ("18446744073709551616", "-9223372036854775809", '{"n": 9223372036854775808}'):
+        with pytest.raises(DecodeError) as refused:
+            decode_json(text)
+        assert refused.value.code == "NUMBER_OUT_OF_RANGE"
+
+
+@given(_JSON_VALUES)
+def test_compact_json_writes_what_the_standard_library_writes(value: Any) -> None:
     sorted_text = compact_json(value, sort_keys=True)
     assert json.loads(sorted_text) == value
     if not _has_float(value):  # orjson spells some floats its own way (1e16, not 1e+16)
