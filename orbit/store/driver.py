@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 Row = dict[str, Any]
 Params = dict[str, Any]
+#: A notification to the other server nodes: ``(channel, payload)``.
+Notice = tuple[str, str]
 
 _NAME_RE = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
 
@@ -64,9 +66,18 @@ class Connection(Protocol):
         as one statement, but the clock is always read after every lock is held."""
         ...
 
-    def write_batch(self, writes: Sequence[tuple[str, Sequence[Row]]]) -> list[int]:
+    def write_batch(
+        self, writes: Sequence[tuple[str, Sequence[Row]]], notify: Sequence[Notice] = ()
+    ) -> list[int]:
         """Run several ``*_many`` writes (each with ``RETURNING``) and return each one's
-        count of rows written. A backend may send them as one statement."""
+        count of rows written, and queue the ``notify`` notices as ``notify`` does. A
+        backend may send them all as one statement."""
+        ...
+
+    def notify(self, notices: Sequence[Notice]) -> None:
+        """Send each ``(channel, payload)`` to the other server nodes once this
+        transaction commits (PostgreSQL ``NOTIFY``; nothing if it rolls back). A backend
+        with one server process (SQLite) has no one to tell and does nothing."""
         ...
 
     def execute(self, name: str, params: Params) -> int: ...

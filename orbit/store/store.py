@@ -53,7 +53,7 @@ from orbit.core.validate import (
     check_spec,
 )
 from orbit.store import rows as R
-from orbit.store.driver import Connection, Driver, Row, migration_files
+from orbit.store.driver import Connection, Driver, Notice, Row, migration_files
 
 T = TypeVar("T")
 Clock = Callable[[], int]
@@ -205,12 +205,7 @@ class Store:
                 with self.driver.transaction(durable=durable) as cx:
                     tx = _Tx(cx, self)
                     result = work(tx)
-                    for queue in sorted(tx.ready):
-                        tx.fetch("notify_ready", payload=f"{self.origin}:ready:{queue}")
-                    for queue in sorted(tx.freed - tx.ready):
-                        tx.fetch("notify_ready", payload=f"{self.origin}:freed:{queue}")
-                    for session_id, attempt_id in tx.cancels:
-                        tx.fetch("notify_cancel", target=f"{session_id}:{attempt_id}")
+                    tx.notify()  # whatever the plans' own writes did not already send
                 if tx.ready and self.on_ready is not None:
                     self.on_ready(tx.ready)
                 if tx.freed and self.on_freed is not None:
@@ -1584,6 +1579,7 @@ class _Tx:
         self.ready: set[str] = set()  # queues where a task became ready
         self.freed: set[str] = set()  # queues where an attempt ended (a permit freed)
         self.cancels: list[tuple[str, str]] = []
+        self._sent: set[Notice] = set()  # the notices already queued in this transaction
 
     def _armed(self, name: str) -> None:
         if self._store._fault == name:
@@ -1614,13 +1610,18 @@ class _Tx:
         self._armed(name)
         return _guarded(name, count, expect())
 
-    def write_batch(self, *writes: tuple[str, Sequence[Row], int | None]) -> list[int]:
+    def write_batch(
+        self, *writes: tuple[str, Sequence[Row], int | None], notify: Sequence[Notice] = ()
+    ) -> list[int]:
         """Several ``*_many`` writes in one round trip; ``(name, rows, expect)`` each, where
-        ``expect`` (if not None) is the count every row's guard must match."""
+        ``expect`` (if not None) is the count every row's guard must match. ``notify``:
+        notices sent with them (``Connection.write_batch``)."""
         todo = [(name, rows, expect) for name, rows, expect in writes if rows]
         if not todo:
+            if notify:
+                self.cx.notify(notify)
             return []
-        counts = self.cx.write_batch([(name, rows) for name, rows, _ in todo])
+        counts = self.cx.write_batch([(name, rows) for name, rows, _ in todo], notify)
         for name, _, _ in todo:
             # A fault injected in a batched write fires after the whole batch has run:
             # the harshest case for atomicity, since every write must then be undone.
@@ -1628,6 +1629,25 @@ class _Tx:
         for (name, _, expect), count in zip(todo, counts, strict=True):
             _guarded(name, count, expect)
         return counts
+
+    def unsent_notices(self) -> list[Notice]:
+        """The notices this transaction owes the other nodes and has not queued yet: a
+        queue whose task became ready, one where a permit was freed (unless it also became
+        ready: one wake serves both), and each running attempt asked to stop. Marked as
+        queued: the caller must send them in this transaction."""
+        origin = self._store.origin
+        owed = [("orbit_ready", f"{origin}:ready:{q}") for q in sorted(self.ready)]
+        owed += [("orbit_ready", f"{origin}:freed:{q}") for q in sorted(self.freed - self.ready)]
+        owed += [("orbit_cancel", f"{s}:{a}") for s, a in self.cancels]
+        unsent = [n for n in owed if n not in self._sent]
+        self._sent.update(unsent)
+        return unsent
+
+    def notify(self) -> None:
+        """Queue the notices not yet queued (``unsent_notices``)."""
+        unsent = self.unsent_notices()
+        if unsent:
+            self.cx.notify(unsent)
 
     def now(self) -> int:
         """The clock, read now: call it only after the rows being judged are locked."""
@@ -1718,6 +1738,7 @@ class _Tx:
                 len(plan.session_writes),
             ),
             ("event_insert_many", self.event_rows(plan.events), len(plan.events)),
+            notify=self.unsent_notices(),
         )
 
 

@@ -43,8 +43,25 @@ def test_a_relaxed_transaction_runs_relaxed_and_the_next_one_is_durable_again(
     backend = store.backend
     assert _level(store, durable=True) == DURABLE[backend]
     assert _level(store, durable=False) == RELAXED[backend]
-    # the same pooled connection (or SQLite's one connection) is durable again
+    # SQLite's one connection is durable again; PostgreSQL's relaxed transactions run on
+    # connections of their own, and no durable transaction ever runs on one of those
     assert _level(store, durable=True) == DURABLE[backend]
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_every_relaxed_connection_is_relaxed_and_no_durable_one_is(store: Store) -> None:
+    """PostgreSQL keeps a few connections set to ``synchronous_commit = off`` for claims
+    (set once when the pool opens each): two held at once are two connections, both
+    relaxed, while the durable pool's are not."""
+    show = "SHOW synchronous_commit"
+    with (
+        store.driver.transaction(durable=False) as a,
+        store.driver.transaction(durable=False) as b,
+        store.driver.transaction() as c,
+    ):
+        levels = [cx._cx.execute(show).fetchone()[0] for cx in (a, b, c)]  # type: ignore[attr-defined]
+        pids = {cx._cx.info.backend_pid for cx in (a, b, c)}  # type: ignore[attr-defined]
+    assert levels == ["off", "off", "on"] and len(pids) == 3
 
 
 def test_a_failed_relaxed_transaction_leaves_the_next_one_durable(store: Store) -> None:

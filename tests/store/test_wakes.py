@@ -8,9 +8,10 @@ claim only to a dispatcher whose last claim was held back: ``Grants.blocked`` sa
 from __future__ import annotations
 
 import psycopg
+import pytest
 
 from orbit.core.model import Outcome
-from orbit.store import Store, open_store
+from orbit.store import InjectedFault, Store, open_store
 from tests.pg import as_url, temporary_database
 from tests.store.helpers import queue, submit, worker
 
@@ -152,3 +153,57 @@ def test_notify_names_the_origin_and_the_kind() -> None:
         finally:
             store.close()
     assert payloads == [f"{store.origin}:ready:a:b", f"{store.origin}:freed:a:b"]
+
+
+def _until_sentinel(listener: psycopg.Connection[object], dsn: str) -> list[str]:
+    """Every orbit_ready payload delivered before a sentinel sent now: what the earlier
+    commits notified, without waiting for a silence."""
+    with psycopg.connect(dsn, autocommit=True) as other:
+        other.execute("SELECT pg_notify('orbit_ready', 'sentinel')")
+    payloads: list[str] = []
+    for n in listener.notifies(timeout=5):
+        if n.payload == "sentinel":
+            return payloads
+        payloads.append(n.payload)
+    raise AssertionError(f"the sentinel never came; heard {payloads}")
+
+
+def test_a_rolled_back_finish_notifies_no_one_and_a_cancel_names_its_attempt() -> None:
+    """PostgreSQL only. A plan's notices travel inside its batched write: a transaction
+    that fails after that write sends none of them; the one that commits sends each once.
+    A cancel of a running task tells the node holding its worker (orbit_cancel)."""
+    with temporary_database("orbit_notify_tx") as dsn:
+        store = open_store(as_url(dsn))
+        try:
+            with psycopg.connect(dsn, autocommit=True) as listener:
+                listener.execute("LISTEN orbit_ready")
+                listener.execute("LISTEN orbit_cancel")
+                queue(store)
+                session, _ = worker(store)
+                submit(store)
+                submit(store)
+                assert _until_sentinel(listener, dsn) == [f"{store.origin}:ready:q"] * 2
+                a, b = store.attempt_claim_many(session.id, session.epoch, 2)
+                store.attempt_start(session.id, session.epoch, a.attempt.id, a.attempt.fence)
+                with store.inject_fault("event_insert_many"), pytest.raises(InjectedFault):
+                    store.attempt_finish(
+                        session.id,
+                        session.epoch,
+                        a.attempt.id,
+                        a.attempt.fence,
+                        Outcome.success(None),
+                    )
+                assert _until_sentinel(listener, dsn) == []
+                store.attempt_finish(
+                    session.id, session.epoch, a.attempt.id, a.attempt.fence, Outcome.success(None)
+                )
+                assert _until_sentinel(listener, dsn) == [f"{store.origin}:freed:q"]
+
+                store.attempt_start(session.id, session.epoch, b.attempt.id, b.attempt.fence)
+                store.task_cancel(b.task.id)
+                cancels = []
+                for n in listener.notifies(timeout=5, stop_after=1):
+                    cancels.append((n.channel, n.payload))
+                assert cancels == [("orbit_cancel", f"{session.id}:{b.attempt.id}")]
+        finally:
+            store.close()

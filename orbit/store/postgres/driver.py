@@ -28,7 +28,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from orbit.core.model import compact_json, parse_json
-from orbit.store.driver import Params, Row, load_queries
+from orbit.store.driver import Notice, Params, Row, load_queries
 from orbit.store.postgres.plans import PlanWatch
 
 _HERE = Path(__file__).parent
@@ -123,6 +123,11 @@ def rows_columns(rows: Sequence[Row], columns: Columns) -> dict[str, str] | None
     return params
 
 
+def _notice_rows(notices: Sequence[Notice]) -> list[Row]:
+    """Notices as the rows ``notify_many`` reads."""
+    return [{"channel": channel, "payload": payload} for channel, payload in notices]
+
+
 def _rows_json(rows: Sequence[Row]) -> str:
     """The rows as one JSON array (orjson: hundreds of rows per batched write)."""
     return compact_json(list(rows)).decode("utf-8")
@@ -201,10 +206,14 @@ def _largest_list(calls: Sequence[tuple[str, Params]]) -> int:
 def write_batch_sql(queries: Sequence[str]) -> str:
     """One statement that runs each ``*_many`` write as a data-modifying CTE and returns
     how many rows each wrote. PostgreSQL runs every such CTE exactly once, and checks
-    foreign keys at the end of the statement, when all of them have run."""
+    foreign keys at the end of the statement, when all of them have run. A ``SELECT``
+    (``notify_many``) may join them: it calls a volatile function, so PostgreSQL does not
+    fold it into the count and reads every row of it once."""
     for q in queries:
-        if "RETURNING" not in q.upper():
-            raise ValueError("a batched write must end with RETURNING, to count its rows")
+        if "RETURNING" not in q.upper() and not q.lstrip().upper().startswith("SELECT"):
+            raise ValueError(
+                "a batched write must end with RETURNING (or be a SELECT), to count its rows"
+            )
     ctes = ",\n".join(f"w{i} AS ({_scoped(q, i)})" for i, q in enumerate(queries))
     counts = ", ".join(f"(SELECT count(*) FROM w{i}) AS c{i}" for i in range(len(queries)))
     return f"WITH {ctes}\nSELECT {counts}"
@@ -300,19 +309,29 @@ class _PostgresConnection:
         *found, now = row
         return [parse_json(rows) for rows in found], int(now)
 
-    def write_batch(self, writes: Sequence[tuple[str, Sequence[Row]]]) -> list[int]:
-        if len(writes) == 1:
-            return [self.write_many(*writes[0])]
+    def write_batch(
+        self, writes: Sequence[tuple[str, Sequence[Row]]], notify: Sequence[Notice] = ()
+    ) -> list[int]:
+        # The notices travel as one more write (notify_many) of the same statement: a
+        # NOTIFY of its own would cost a round trip, in every transaction that wakes a
+        # dispatcher (a submit, a finish).
+        todo = [*writes, ("notify_many", _notice_rows(notify))] if notify else list(writes)
+        if len(todo) == 1:
+            return [self.write_many(*todo[0])]
         forms: list[WriteForm] = []
         params: Params = {}
-        for i, (name, rows) in enumerate(writes):
+        for i, (name, rows) in enumerate(todo):
             form, own = self._write_params(name, rows)
             forms.append(form)
             params.update((f"p{i}_{k}", v) for k, v in own.items())
         with self._write(tuple(forms), params) as cur:
             row = cur.fetchone()
         assert row is not None
-        return [int(n) for n in row]
+        return [int(n) for n in row[: len(writes)]]
+
+    def notify(self, notices: Sequence[Notice]) -> None:
+        if notices:
+            self.write_many("notify_many", _notice_rows(notices))
 
     def fetch(self, name: str, params: Params) -> list[Row]:
         with self._cx.cursor(row_factory=dict_row) as cur:
@@ -358,7 +377,23 @@ class _PostgresConnection:
         self._cx.execute(sql.encode("utf-8"))
 
 
+#: Connections kept for relaxed transactions (claims): claims are serialised cluster-wide
+#: by the claim lock, so a second one would only wait for it.
+RELAXED_MAX = 2
+
+
+def _relax(cx: psycopg.Connection[Any]) -> None:
+    """A relaxed connection's setting, made once when the pool opens it: its commits
+    return before their WAL is flushed (``Driver.transaction(durable=False)``)."""
+    cx.execute("SET synchronous_commit = off")
+    cx.commit()
+
+
 class PostgresDriver:
+    """Two pools over one database: durable connections for every transaction a reply
+    waits on, and a few relaxed ones (``synchronous_commit = off`` for the whole
+    session) for claims, so that a claim need not spend a round trip on ``SET LOCAL``."""
+
     name = "postgres"
 
     def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 8) -> None:
@@ -379,14 +414,22 @@ class PostgresDriver:
             kwargs={"autocommit": False},
             name="orbit",
         )
+        self._relaxed = ConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=RELAXED_MAX,
+            open=True,
+            kwargs={"autocommit": False},
+            configure=_relax,
+            name="orbit-relaxed",
+        )
         self.plans = PlanWatch()
 
     @contextmanager
     def transaction(self, *, durable: bool = True) -> Iterator[_PostgresConnection]:
-        with self._pool.connection() as cx, cx.transaction():
+        pool = self._pool if durable else self._relaxed
+        with pool.connection() as cx, cx.transaction():
             self.plans.before_transaction(cx)
-            if not durable:  # SET LOCAL: ends with this transaction, whatever its outcome
-                cx.execute(self.queries["commit_relaxed"])
             yield _PostgresConnection(cx, self.queries, self.columnar, self._statements)
 
     def is_retryable(self, exc: BaseException) -> bool:
@@ -397,3 +440,4 @@ class PostgresDriver:
 
     def close(self) -> None:
         self._pool.close()
+        self._relaxed.close()

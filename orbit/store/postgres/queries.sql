@@ -5,10 +5,6 @@
 -- name: clock_now
 SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now;
 
--- name: commit_relaxed
--- This transaction's commit returns without waiting for its WAL flush (claims only).
-SET LOCAL synchronous_commit = off;
-
 -- name: claim_lock
 -- Claims are serialised cluster-wide so that caps counted under this lock stay exact (I4).
 -- A claim counts the live attempts through a partial index that keeps an entry for every
@@ -349,17 +345,17 @@ VALUES (:id, :name, :secret_hash, :scopes, :now);
 -- name: token_get
 SELECT * FROM orbit_tokens WHERE id = :id AND revoked_at IS NULL;
 
--- name: notify_ready
--- Wakes the dispatcher of every server node: a task became ready or a permit was freed.
--- The payload is `<origin>:<queue>`; a node skips its own store's origin (it woke itself).
-SELECT pg_notify('orbit_ready', :payload) AS notified;
+-- name: notify_many
+-- Wakes the other server nodes when the transaction commits. Channel orbit_ready: a task
+-- became ready or a permit was freed; the payload is `<origin>:<kind>:<queue>`, and a node
+-- skips its own store's origin (it woke itself). Channel orbit_cancel: `<session>:<attempt>`.
+-- Usually sent inside a plan's batched write (one round trip for both).
+SELECT pg_notify(x.channel, x.payload) AS notified
+FROM json_to_recordset(CAST(:rows AS json)) AS x(channel text, payload text);
 
 -- name: task_stats
 SELECT queue, state, count(*) AS n, min(CASE WHEN state = 'queued' THEN run_after END) AS oldest
 FROM orbit_tasks GROUP BY queue, state;
-
--- name: notify_cancel
-SELECT pg_notify('orbit_cancel', :target) AS notified;
 
 -- name: artifact_insert
 INSERT INTO orbit_artifacts (id, task_id, attempt_id, name, content_type, size, sha256,

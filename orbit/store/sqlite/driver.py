@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from orbit.store.driver import Params, Row, load_queries
+from orbit.store.driver import Notice, Params, Row, load_queries
 
 _HERE = Path(__file__).parent
 #: a named query may be several statements, each ending with ';' at the end of a line
@@ -68,8 +68,13 @@ class _SqliteConnection:
         # the write lock (one view for every read): the reads, then the clock.
         return [self.fetch(name, params) for name, params in calls], self.now()
 
-    def write_batch(self, writes: Sequence[tuple[str, Sequence[Row]]]) -> list[int]:
+    def write_batch(
+        self, writes: Sequence[tuple[str, Sequence[Row]]], notify: Sequence[Notice] = ()
+    ) -> list[int]:
         return [self.write_many(name, rows) for name, rows in writes]
+
+    def notify(self, notices: Sequence[Notice]) -> None:
+        """One server process, woken in-process after the commit (``Store.on_ready``)."""
 
     def execute(self, name: str, params: Params) -> int:
         return self._cx.execute(self._queries[name], _encode(params)).rowcount

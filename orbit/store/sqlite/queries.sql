@@ -293,16 +293,9 @@ VALUES (:id, :name, :secret_hash, :scopes, :now);
 -- name: token_get
 SELECT * FROM orbit_tokens WHERE id = :id AND revoked_at IS NULL;
 
--- name: notify_ready
--- SQLite has one server process: it is woken in-process after commit (Store.on_ready).
-SELECT :payload AS notified;
-
 -- name: task_stats
 SELECT queue, state, count(*) AS n, min(CASE WHEN state = 'queued' THEN run_after END) AS oldest
 FROM orbit_tasks GROUP BY queue, state;
-
--- name: notify_cancel
-SELECT :target AS notified;
 
 -- name: artifact_insert
 INSERT INTO orbit_artifacts (id, task_id, attempt_id, name, content_type, size, sha256,
