@@ -476,9 +476,9 @@ class Store:
                     rows_by_chunk(),
                     expect=lambda: sum(r.created for r in results),
                 )
-            else:
+            else:  # the wake of the other nodes travels with the insert
                 rows = next(rows_by_chunk())
-                tx.write_many("task_submit_many", rows, expect=len(rows))
+                tx.write_batch(("task_submit_many", rows, len(rows)), notify=tx.unsent_notices())
                 render_made()
             return rendered
 

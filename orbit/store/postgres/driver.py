@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
@@ -245,6 +245,15 @@ class _Statements:
 
 
 class _PostgresConnection:
+    """One transaction on an autocommit connection, begun by its first statement.
+
+    psycopg would send ``BEGIN`` alone, a round trip of its own before every transaction:
+    a fifth of the round trips of a submit, claim, start and finish done one at a time.
+    Here the first read travels with it instead, as one simple-protocol query (``BEGIN;``
+    and the read, its parameters bound client-side: ``ClientCursor``), and the driver
+    commits or rolls back itself. A first statement of another kind (a write, a script,
+    a pipeline) sends ``BEGIN`` alone first (``_begin``)."""
+
     def __init__(
         self,
         cx: psycopg.Connection[Any],
@@ -256,6 +265,32 @@ class _PostgresConnection:
         self._queries = queries
         self._columnar = columnar  # the columnar form of each *_many write
         self._statements = statements
+        self.begun = False
+
+    def _begin(self) -> None:
+        """``BEGIN`` alone, unless a statement has already begun the transaction."""
+        if not self.begun:
+            self._cx.execute(b"BEGIN")
+            self.begun = True
+
+    @contextmanager
+    def _reading(
+        self, sql: str, params: Params, row_factory: Any = None
+    ) -> Iterator[psycopg.Cursor[Any]]:
+        """A cursor holding the rows of ``sql``: the transaction's first statement goes
+        behind ``BEGIN`` in one round trip (see the class)."""
+        factory = row_factory if row_factory is not None else self._cx.row_factory
+        if self.begun:
+            with self._cx.cursor(row_factory=factory) as cur:
+                cur.execute(sql, params)
+                yield cur
+            return
+        with psycopg.ClientCursor(self._cx, row_factory=factory) as cur:
+            cur.execute("BEGIN;\n" + sql, params)
+            self.begun = True
+            if not cur.nextset():  # BEGIN's result, then the read's
+                raise psycopg.InterfaceError("no result for the first read of a transaction")
+            yield cur
 
     def _lock_sql(self, names: tuple[str, ...]) -> str:
         """The one statement of ``lock_many`` for these reads (``lock_many_sql``)."""
@@ -280,6 +315,7 @@ class _PostgresConnection:
 
     def _write(self, forms: tuple[WriteForm, ...], params: Params) -> psycopg.RawCursor[Any]:
         sql, order = self._write_sql(forms)
+        self._begin()
         cur = psycopg.RawCursor(self._cx)
         cur.execute(sql, [params[name] for name in order])
         return cur
@@ -302,8 +338,7 @@ class _PostgresConnection:
         # One statement (lock_many_sql), each query's parameters scoped by its position.
         sql = self._lock_sql(tuple(name for name, _ in calls))
         params = _arrays({f"p{i}_{k}": v for i, (_, ps) in enumerate(calls) for k, v in ps.items()})
-        with self._cx.cursor() as cur:
-            cur.execute(sql, params)
+        with self._reading(sql, params) as cur:
             row = cur.fetchone()
         assert row is not None
         *found, now = row
@@ -318,6 +353,10 @@ class _PostgresConnection:
         todo = [*writes, ("notify_many", _notice_rows(notify))] if notify else list(writes)
         if len(todo) == 1:
             return [self.write_many(*todo[0])]
+        if any(self._queries[name].lstrip().upper().startswith("WITH") for name, _ in todo):
+            # A statement with its own data-modifying WITH (a submit's insert of tasks and
+            # their events) cannot be a CTE of another: pipelined, still one round trip.
+            return self._pipelined(todo)[: len(writes)]
         forms: list[WriteForm] = []
         params: Params = {}
         for i, (name, rows) in enumerate(todo):
@@ -334,8 +373,7 @@ class _PostgresConnection:
             self.write_many("notify_many", _notice_rows(notices))
 
     def fetch(self, name: str, params: Params) -> list[Row]:
-        with self._cx.cursor(row_factory=dict_row) as cur:
-            cur.execute(self._queries[name], _arrays(params))
+        with self._reading(self._queries[name], _arrays(params), dict_row) as cur:
             return cur.fetchall() if _has_rows(cur) else []
 
     def write_many(self, name: str, rows: Sequence[Row]) -> int:
@@ -346,34 +384,39 @@ class _PostgresConnection:
             return _written(cur)
 
     def write_stream(self, name: str, chunks: Iterable[Sequence[Row]]) -> int:
-        # Pipeline mode: each execute sends its statement and returns; the server runs it
-        # while the generator makes the next chunk. Leaving the block syncs and reads
-        # every result, raising the first error (the caller's transaction then rolls back).
+        return sum(self._pipelined((name, rows) for rows in chunks if rows))
+
+    def _pipelined(self, writes: Iterable[tuple[str, Sequence[Row]]]) -> list[int]:
+        """Each write its own statement, sent in pipeline mode: each execute sends its
+        statement and returns, so the server runs it while ``writes`` makes the next;
+        leaving the block syncs and reads every result, raising the first error (the
+        caller's transaction then rolls back). One round trip for all of them."""
         cursors: list[psycopg.RawCursor[Any]] = []
+        self._begin()
         try:
             with self._cx.pipeline():
-                for rows in chunks:
-                    if rows:
-                        form, params = self._write_params(name, rows)
-                        cursors.append(self._write((form,), params))
-            return sum(_written(c) for c in cursors)
+                for name, rows in writes:
+                    form, params = self._write_params(name, rows)
+                    cursors.append(self._write((form,), params))
+            return [_written(c) for c in cursors]
         finally:
             for cur in cursors:
                 cur.close()
 
     def execute(self, name: str, params: Params) -> int:
+        self._begin()
         with self._cx.cursor() as cur:
             cur.execute(self._queries[name], _arrays(params))
             return cur.rowcount
 
     def now(self) -> int:
-        with self._cx.cursor() as cur:
-            cur.execute(self._queries["clock_now"])
+        with self._reading(self._queries["clock_now"], {}) as cur:
             row = cur.fetchone()
             assert row is not None
             return int(row[0])
 
     def run_script(self, sql: str) -> None:
+        self._begin()
         self._cx.execute(sql.encode("utf-8"))
 
 
@@ -386,7 +429,23 @@ def _relax(cx: psycopg.Connection[Any]) -> None:
     """A relaxed connection's setting, made once when the pool opens it: its commits
     return before their WAL is flushed (``Driver.transaction(durable=False)``)."""
     cx.execute("SET synchronous_commit = off")
-    cx.commit()
+
+
+def _end(cx: psycopg.Connection[Any], tx: _PostgresConnection, *, failed: bool) -> None:
+    """Commit the transaction ``tx`` began, or roll it back if its work ``failed`` or a
+    statement of it failed (PostgreSQL would answer that ``COMMIT`` with a rollback)."""
+    if not tx.begun:
+        return
+    if failed:
+        with suppress(psycopg.Error):  # a broken connection: the pool discards it
+            cx.execute(b"ROLLBACK")
+        return
+    if cx.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+        cx.execute(b"ROLLBACK")
+        raise psycopg.errors.InFailedSqlTransaction(
+            "a statement of this transaction failed; it was rolled back"
+        )
+    cx.execute(b"COMMIT")
 
 
 class PostgresDriver:
@@ -411,7 +470,7 @@ class PostgresDriver:
             min_size=min_size,
             max_size=max_size,
             open=True,
-            kwargs={"autocommit": False},
+            kwargs={"autocommit": True},  # transactions begun by their first read
             name="orbit",
         )
         self._relaxed = ConnectionPool(
@@ -419,7 +478,7 @@ class PostgresDriver:
             min_size=1,
             max_size=RELAXED_MAX,
             open=True,
-            kwargs={"autocommit": False},
+            kwargs={"autocommit": True},
             configure=_relax,
             name="orbit-relaxed",
         )
@@ -428,9 +487,15 @@ class PostgresDriver:
     @contextmanager
     def transaction(self, *, durable: bool = True) -> Iterator[_PostgresConnection]:
         pool = self._pool if durable else self._relaxed
-        with pool.connection() as cx, cx.transaction():
-            self.plans.before_transaction(cx)
-            yield _PostgresConnection(cx, self.queries, self.columnar, self._statements)
+        with pool.connection() as cx:
+            self.plans.before_transaction(cx)  # before BEGIN: its reads need no transaction
+            tx = _PostgresConnection(cx, self.queries, self.columnar, self._statements)
+            try:
+                yield tx
+            except BaseException:
+                _end(cx, tx, failed=True)
+                raise
+            _end(cx, tx, failed=False)
 
     def is_retryable(self, exc: BaseException) -> bool:
         return isinstance(

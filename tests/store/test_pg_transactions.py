@@ -1,0 +1,99 @@
+"""How the PostgreSQL driver begins and ends a transaction.
+
+Its connections are in autocommit mode and a transaction is begun by its first
+statement: a first read travels behind ``BEGIN`` in one round trip, with its parameters
+bound client-side; anything else sends ``BEGIN`` alone first. The driver then commits, or
+rolls back when the work raised or when one of its statements failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from orbit.store import Store
+from orbit.store.postgres.driver import PostgresDriver
+
+pytestmark = pytest.mark.parametrize("backend", ["postgres"])
+
+#: what a first read must carry exactly, bound client-side into the query's text
+AWKWARD = [
+    "it's",
+    'a "quote"',
+    "back\\slash",
+    "'; DROP TABLE orbit_tasks; --",
+    "snow ☃",
+    "$1 %s %(x)s",
+]
+
+
+@pytest.fixture
+def driver(store: Store) -> Iterator[PostgresDriver]:
+    drv = store.driver
+    assert isinstance(drv, PostgresDriver)
+    drv.queries["test_echo"] = "SELECT CAST(%(v)s AS text) AS v, CAST(%(n)s AS bigint) AS n"
+    drv.queries["test_note"] = "INSERT INTO orbit_settings (name, int_value) VALUES (%(name)s, 1)"
+    drv.queries["test_notes"] = "SELECT name FROM orbit_settings WHERE name LIKE 'test-%%'"
+    yield drv
+
+
+def _notes(driver: PostgresDriver) -> list[str]:
+    with driver.transaction() as cx:
+        return sorted(r["name"] for r in cx.fetch("test_notes", {}))
+
+
+def test_a_first_read_carries_its_parameters_exactly(driver: PostgresDriver) -> None:
+    for value in AWKWARD:
+        for n in (0, -(2**63), 2**63 - 1):
+            with driver.transaction() as cx:
+                first = cx.fetch("test_echo", {"v": value, "n": n})
+                again = cx.fetch("test_echo", {"v": value, "n": n})  # bound server-side
+            assert first == again == [{"v": value, "n": n}]
+
+
+def test_a_first_read_with_a_nul_is_refused_and_nothing_stays_open(
+    driver: PostgresDriver,
+) -> None:
+    with pytest.raises(psycopg.DataError), driver.transaction() as cx:
+        cx.fetch("test_echo", {"v": "a\x00b", "n": 1})
+    with driver.transaction() as cx:  # the connection is usable, outside any transaction
+        assert cx.fetch("test_echo", {"v": "ok", "n": 1}) == [{"v": "ok", "n": 1}]
+
+
+def test_work_that_raises_after_the_first_read_is_rolled_back(driver: PostgresDriver) -> None:
+    with pytest.raises(RuntimeError), driver.transaction() as cx:
+        cx.fetch("test_echo", {"v": "x", "n": 1})
+        cx.execute("test_note", {"name": "test-undone"})
+        raise RuntimeError("the work failed")
+    with driver.transaction() as cx:
+        cx.execute("test_note", {"name": "test-kept"})  # a write first: BEGIN alone
+    assert _notes(driver) == ["test-kept"]
+
+
+def test_a_failed_statement_whose_error_was_swallowed_is_not_committed(
+    driver: PostgresDriver,
+) -> None:
+    """PostgreSQL answers the ``COMMIT`` of a failed transaction with a rollback and no
+    error; the driver must not report such a transaction as committed."""
+    with pytest.raises(psycopg.errors.InFailedSqlTransaction), driver.transaction() as cx:
+        cx.execute("test_note", {"name": "test-lost"})
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            cx.execute("test_note", {"name": "test-lost"})
+    assert _notes(driver) == []
+
+
+def test_a_transaction_that_ran_nothing_leaves_its_connection_idle(
+    driver: PostgresDriver,
+) -> None:
+    raw: Any
+    with driver.transaction() as cx:
+        raw = cx._cx  # type: ignore[attr-defined]
+    assert raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    with driver.transaction() as cx:
+        cx.fetch("test_echo", {"v": "x", "n": 1})
+        raw = cx._cx  # type: ignore[attr-defined]
+        assert raw.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+    assert raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
