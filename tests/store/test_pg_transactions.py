@@ -63,6 +63,22 @@ def test_a_first_read_with_a_nul_is_refused_and_nothing_stays_open(
         assert cx.fetch("test_echo", {"v": "ok", "n": 1}) == [{"v": "ok", "n": 1}]
 
 
+def test_a_first_read_that_fails_on_the_server_leaves_no_transaction_open(
+    driver: PostgresDriver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``BEGIN`` ran, then the read failed: the connection goes back to the pool rolled
+    back (the pool warns when it is handed one still in a transaction)."""
+    statuses: list[psycopg.pq.TransactionStatus] = []
+    with pytest.raises(psycopg.errors.InvalidTextRepresentation), driver.transaction() as cx:
+        raw: Any = cx._cx  # type: ignore[attr-defined]
+        try:
+            cx.fetch("test_echo", {"v": "x", "n": "not a number"})
+        finally:
+            statuses.append(raw.info.transaction_status)
+    assert statuses == [psycopg.pq.TransactionStatus.INERROR]  # BEGIN had run
+    assert not [r for r in caplog.records if r.name.startswith("psycopg")], caplog.records
+
+
 def test_work_that_raises_after_the_first_read_is_rolled_back(driver: PostgresDriver) -> None:
     with pytest.raises(RuntimeError), driver.transaction() as cx:
         cx.fetch("test_echo", {"v": "x", "n": 1})

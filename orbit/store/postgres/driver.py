@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
@@ -270,7 +271,7 @@ class _PostgresConnection:
     def _begin(self) -> None:
         """``BEGIN`` alone, unless a statement has already begun the transaction."""
         if not self.begun:
-            self._cx.execute(b"BEGIN")
+            self._cx.execute(b"BEGIN", prepare=False)
             self.begun = True
 
     @contextmanager
@@ -434,18 +435,20 @@ def _relax(cx: psycopg.Connection[Any]) -> None:
 def _end(cx: psycopg.Connection[Any], tx: _PostgresConnection, *, failed: bool) -> None:
     """Commit the transaction ``tx`` began, or roll it back if its work ``failed`` or a
     statement of it failed (PostgreSQL would answer that ``COMMIT`` with a rollback)."""
+    status = cx.info.transaction_status
+    if failed:  # the server's status, not ``begun``: a first read may fail after BEGIN
+        if status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+            with suppress(psycopg.Error):  # a broken connection: the pool discards it
+                cx.execute(b"ROLLBACK", prepare=False)
+        return
     if not tx.begun:
         return
-    if failed:
-        with suppress(psycopg.Error):  # a broken connection: the pool discards it
-            cx.execute(b"ROLLBACK")
-        return
-    if cx.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
-        cx.execute(b"ROLLBACK")
+    if status == TransactionStatus.INERROR:
+        cx.execute(b"ROLLBACK", prepare=False)
         raise psycopg.errors.InFailedSqlTransaction(
             "a statement of this transaction failed; it was rolled back"
         )
-    cx.execute(b"COMMIT")
+    cx.execute(b"COMMIT", prepare=False)
 
 
 class PostgresDriver:
