@@ -250,10 +250,10 @@ class _PostgresConnection:
 
     psycopg would send ``BEGIN`` alone, a round trip of its own before every transaction:
     a fifth of the round trips of a submit, claim, start and finish done one at a time.
-    Here the first read travels with it instead, as one simple-protocol query (``BEGIN;``
-    and the read, its parameters bound client-side: ``ClientCursor``), and the driver
-    commits or rolls back itself. A first statement of another kind (a write, a script,
-    a pipeline) sends ``BEGIN`` alone first (``_begin``)."""
+    Here the first read travels with it instead, in one pipeline (the read prepared and
+    bound server-side as any other), and the driver commits or rolls back itself. A
+    first statement of another kind (a write, a script, a pipeline of writes) sends
+    ``BEGIN`` alone first (``_begin``)."""
 
     def __init__(
         self,
@@ -279,18 +279,16 @@ class _PostgresConnection:
         self, sql: str, params: Params, row_factory: Any = None
     ) -> Iterator[psycopg.Cursor[Any]]:
         """A cursor holding the rows of ``sql``: the transaction's first statement goes
-        behind ``BEGIN`` in one round trip (see the class)."""
+        behind ``BEGIN`` in one pipeline, one round trip (see the class)."""
         factory = row_factory if row_factory is not None else self._cx.row_factory
-        if self.begun:
-            with self._cx.cursor(row_factory=factory) as cur:
+        with self._cx.cursor(row_factory=factory) as cur:
+            if self.begun:
                 cur.execute(sql, params)
-                yield cur
-            return
-        with psycopg.ClientCursor(self._cx, row_factory=factory) as cur:
-            cur.execute("BEGIN;\n" + sql, params)
-            self.begun = True
-            if not cur.nextset():  # BEGIN's result, then the read's
-                raise psycopg.InterfaceError("no result for the first read of a transaction")
+            else:
+                with self._cx.pipeline():  # leaving it syncs and reads both results
+                    self._cx.execute(b"BEGIN", prepare=False)
+                    self.begun = True
+                    cur.execute(sql, params)
             yield cur
 
     def _lock_sql(self, names: tuple[str, ...]) -> str:
