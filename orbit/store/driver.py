@@ -69,15 +69,11 @@ class Connection(Protocol):
     def write_batch(
         self, writes: Sequence[tuple[str, Sequence[Row]]], notify: Sequence[Notice] = ()
     ) -> list[int]:
-        """Run several ``*_many`` writes (each with ``RETURNING``) and return each one's
-        count of rows written, and queue the ``notify`` notices as ``notify`` does. A
-        backend may send them all as one statement."""
-        ...
-
-    def notify(self, notices: Sequence[Notice]) -> None:
-        """Send each ``(channel, payload)`` to the other server nodes once this
-        transaction commits (PostgreSQL ``NOTIFY``; nothing if it rolls back). A backend
-        with one server process (SQLite) has no one to tell and does nothing."""
+        """Run several ``*_many`` writes (each with ``RETURNING``; there may be none) and
+        return each one's count of rows written. Each ``(channel, payload)`` of ``notify``
+        goes to the other server nodes once this transaction commits (PostgreSQL
+        ``NOTIFY``; nothing if it rolls back); a backend with one server process (SQLite)
+        has no one to tell. A backend may send all of it as one statement."""
         ...
 
     def execute(self, name: str, params: Params) -> int: ...

@@ -1617,9 +1617,7 @@ class _Tx:
         ``expect`` (if not None) is the count every row's guard must match. ``notify``:
         notices sent with them (``Connection.write_batch``)."""
         todo = [(name, rows, expect) for name, rows, expect in writes if rows]
-        if not todo:
-            if notify:
-                self.cx.notify(notify)
+        if not todo and not notify:
             return []
         counts = self.cx.write_batch([(name, rows) for name, rows, _ in todo], notify)
         for name, _, _ in todo:
@@ -1645,9 +1643,7 @@ class _Tx:
 
     def notify(self) -> None:
         """Queue the notices not yet queued (``unsent_notices``)."""
-        unsent = self.unsent_notices()
-        if unsent:
-            self.cx.notify(unsent)
+        self.write_batch(notify=self.unsent_notices())
 
     def now(self) -> int:
         """The clock, read now: call it only after the rows being judged are locked."""

@@ -239,7 +239,12 @@ WriteForm = tuple[str, bool]
 class _Statements:
     """The driver's composed statements, built once and shared by every connection."""
 
-    def __init__(self) -> None:
+    def __init__(self, queries: dict[str, str]) -> None:
+        #: writes with a data-modifying WITH of their own, which cannot be a CTE of another
+        #: statement (a submit's insert of tasks and their events)
+        self.standalone = frozenset(
+            name for name, sql in queries.items() if sql.lstrip().upper().startswith("WITH")
+        )
         self.locks: dict[tuple[str, ...], str] = {}
         # positional SQL and its parameters' names, in order
         self.writes: dict[tuple[WriteForm, ...], tuple[str, tuple[str, ...]]] = {}
@@ -351,11 +356,9 @@ class _PostgresConnection:
         # dispatcher (a submit, a finish).
         todo = [*writes, ("notify_many", _notice_rows(notify))] if notify else list(writes)
         if len(todo) == 1:
-            return [self.write_many(*todo[0])]
-        if any(self._queries[name].lstrip().upper().startswith("WITH") for name, _ in todo):
-            # A statement with its own data-modifying WITH (a submit's insert of tasks and
-            # their events) cannot be a CTE of another: pipelined, still one round trip.
-            return self._pipelined(todo)[: len(writes)]
+            return [self.write_many(*todo[0])][: len(writes)]
+        if any(name in self._statements.standalone for name, _ in todo):
+            return self._pipelined(todo)[: len(writes)]  # still one round trip
         forms: list[WriteForm] = []
         params: Params = {}
         for i, (name, rows) in enumerate(todo):
@@ -366,10 +369,6 @@ class _PostgresConnection:
             row = cur.fetchone()
         assert row is not None
         return [int(n) for n in row[: len(writes)]]
-
-    def notify(self, notices: Sequence[Notice]) -> None:
-        if notices:
-            self.write_many("notify_many", _notice_rows(notices))
 
     def fetch(self, name: str, params: Params) -> list[Row]:
         with self._reading(self._queries[name], _arrays(params), dict_row) as cur:
@@ -464,7 +463,7 @@ class PostgresDriver:
             for name, form in ((n, columnar_sql(q)) for n, q in self.queries.items())
             if form is not None
         }
-        self._statements = _Statements()
+        self._statements = _Statements(self.queries)
         self.migrations = _HERE / "migrations"
         self._pool = ConnectionPool(
             dsn,

@@ -71,10 +71,8 @@ class _SqliteConnection:
     def write_batch(
         self, writes: Sequence[tuple[str, Sequence[Row]]], notify: Sequence[Notice] = ()
     ) -> list[int]:
+        # ``notify``: one server process, woken in-process after the commit (on_ready).
         return [self.write_many(name, rows) for name, rows in writes]
-
-    def notify(self, notices: Sequence[Notice]) -> None:
-        """One server process, woken in-process after the commit (``Store.on_ready``)."""
 
     def execute(self, name: str, params: Params) -> int:
         return self._cx.execute(self._queries[name], _encode(params)).rowcount
