@@ -42,6 +42,7 @@ from urllib.parse import quote
 
 import httpx
 
+from orbit import aio
 from orbit.aio import stop_tasks
 from orbit.gctune import tune_for_throughput
 from orbit.tokens import load_token
@@ -250,7 +251,7 @@ class Worker:
         """Run until SIGTERM/SIGINT, then drain. Returns 0, or 1 if a handler was abandoned.
         This owns the process, so it also tunes the garbage collector (``orbit.gctune``)."""
         tune_for_throughput()
-        return asyncio.run(self.arun(install_signals=True))
+        return aio.run(self.arun(install_signals=True))
 
     async def arun(self, *, install_signals: bool = False) -> int:
         if not self.handlers:
