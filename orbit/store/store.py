@@ -772,7 +772,7 @@ class Store:
 
         def build(tx: _Tx) -> tuple[Plan, Grants]:
             plan = Plan()
-            tx.fetch("claim_lock")
+            tx.execute("claim_lock")
             # Everything a claim weighs, then the clock, read after the claim lock in one
             # round trip (one statement on PostgreSQL). Claims are serialised by that lock,
             # so queue rows need no lock here: only claims write the token buckets, and a

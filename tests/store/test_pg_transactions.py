@@ -1,9 +1,9 @@
 """How the PostgreSQL driver begins and ends a transaction.
 
 Its connections are in autocommit mode and a transaction is begun by its first
-statement: a first read travels behind ``BEGIN`` in one round trip, with its parameters
-bound client-side; anything else sends ``BEGIN`` alone first. The driver then commits, or
-rolls back when the work raised or when one of its statements failed.
+statement: a first ``fetch`` travels behind ``BEGIN`` in one round trip; anything else
+sends ``BEGIN`` alone first. The driver then commits, or rolls back when the work raised
+or when one of its statements failed.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from orbit.store.postgres.driver import PostgresDriver
 
 pytestmark = pytest.mark.parametrize("backend", ["postgres"])
 
-#: what a first read must carry exactly, bound client-side into the query's text
+#: what a first read must carry exactly
 AWKWARD = [
     "it's",
     'a "quote"',
