@@ -27,8 +27,8 @@ from typing import Any, cast
 import orjson
 import psycopg
 from psycopg import pq
+from psycopg.adapt import Transformer
 from psycopg.pq import ExecStatus, TransactionStatus
-from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from orbit.core.model import compact_json, parse_json
@@ -223,7 +223,7 @@ def write_batch_sql(queries: Sequence[str]) -> str:
     return f"WITH {ctes}\nSELECT {counts}"
 
 
-def _has_rows(cur: psycopg.Cursor[Any] | psycopg.RawCursor[Any]) -> bool:
+def _has_rows(cur: psycopg.RawCursor[Any]) -> bool:
     """Whether the statement returned rows. ``cur.description`` would say so too, but it
     builds an object per column on every call: a row of orbit_tasks has 31."""
     result = cur.pgresult
@@ -337,11 +337,9 @@ class _Raw:
 class _PostgresConnection:
     """One transaction on an autocommit connection, begun by its first statement.
 
-    The driver begins, commits and rolls back itself (``_Raw``). A first ``fetch`` (rows
-    as dicts, through psycopg) travels behind ``BEGIN`` in one psycopg pipeline, one round
-    trip; any other first statement sends ``BEGIN`` alone through libpq first
-    (``_begin``), which costs less of this process's CPU than a pipeline saves in wall
-    time (``_Raw``)."""
+    The driver begins, commits and rolls back itself, and sends ``BEGIN`` alone through
+    libpq before the transaction's first statement (``_begin``): a round trip that costs
+    this process less CPU than psycopg's pipeline mode did to save it (``_Raw``)."""
 
     def __init__(
         self,
@@ -362,23 +360,6 @@ class _PostgresConnection:
         if not self.begun:
             self.raw.command(b"BEGIN")
             self.begun = True
-
-    @contextmanager
-    def _reading(
-        self, sql: str, params: Params, row_factory: Any = None
-    ) -> Iterator[psycopg.Cursor[Any]]:
-        """A cursor holding the rows of ``sql``: the transaction's first statement goes
-        behind ``BEGIN`` in one pipeline, one round trip (see the class)."""
-        factory = row_factory if row_factory is not None else self._cx.row_factory
-        with self._cx.cursor(row_factory=factory) as cur:
-            if self.begun:
-                cur.execute(sql, params)
-            else:
-                with self._cx.pipeline():  # leaving it syncs and reads both results
-                    self._cx.execute(b"BEGIN", prepare=False)
-                    self.begun = True
-                    cur.execute(sql, params)
-            yield cur
 
     def _lock_sql(self, names: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
         """The one positional statement of ``lock_many`` for these reads
@@ -462,8 +443,17 @@ class _PostgresConnection:
         return [int(_value(result, i)) for i in range(len(writes))]
 
     def fetch(self, name: str, params: Params) -> list[Row]:
-        with self._reading(self._queries[name], _arrays(params), dict_row) as cur:
-            return cur.fetchall() if _has_rows(cur) else []
+        sql, order = self._positional(name)
+        values = _arrays(params)
+        self._begin()
+        result = self.raw.run(sql, [values[key] for key in order])
+        if not result.nfields:
+            return []
+        # psycopg's own loaders (C) turn the values into Python ones, as its cursor would
+        names = [(result.fname(i) or b"").decode("utf-8") for i in range(result.nfields)]
+        loader = Transformer(self._cx)
+        loader.set_pgresult(result)
+        return loader.load_rows(0, result.ntuples, lambda row: dict(zip(names, row, strict=True)))
 
     def write_many(self, name: str, rows: Sequence[Row]) -> int:
         if not rows:
