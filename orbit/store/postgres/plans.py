@@ -1,7 +1,8 @@
 """Prepared statements re-planned when Orbit's tables change size.
 
-psycopg prepares a statement after its fifth run, and PostgreSQL then builds one generic
-plan for it and keeps it until something invalidates it (DDL, an ``ANALYZE``). A generic
+The driver prepares its hot statements at their first use on a connection (``_Raw``),
+psycopg the others after their fifth run, and PostgreSQL may then build one generic plan
+for each and keep it until something invalidates it (DDL, an ``ANALYZE``). A generic
 plan fits the table sizes of the moment it was made: one made while ``orbit_attempts``
 was nearly empty (after a ``TRUNCATE``, or early in a drain) scanned the whole table for
 every report of the 20,000-task drain that followed, which ran at a third of its speed.
