@@ -309,10 +309,11 @@ class _Raw:
     psycopg's cursor machinery spends 35-80 µs of this process's CPU on each of them
     beyond libpq's own (a read and its ``BEGIN`` and ``COMMIT``: 240-320 µs against
     60-80 µs, measured side by side), more than the loopback round trip it wraps. These
-    statements need none of it: their parameters are strings and numbers, their results
-    a few text or integer columns. So they go as libpq's blocking calls (which release
-    the GIL while they wait), each prepared once per connection; every other statement
-    goes through psycopg as before."""
+    statements need none of it: their parameters are strings and numbers. So they go as
+    libpq's blocking calls (which release the GIL while they wait), each prepared once per
+    connection, and the rows of a ``fetch`` are loaded by psycopg's own C loaders. Only an
+    ``execute`` with a ``bytea`` parameter (sent in binary) and the streamed batch submit
+    (psycopg's pipeline mode) still go through psycopg's cursors."""
 
     def __init__(self, cx: psycopg.Connection[Any], statements: _Statements) -> None:
         self._cx = cx
