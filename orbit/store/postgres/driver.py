@@ -167,9 +167,10 @@ def _scoped(sql: str, i: int) -> str:
 
 def to_positional(sql: str) -> tuple[str, tuple[str, ...]]:
     """``%(name)s`` -> ``$n`` (each name numbered once, in order of first use) and the
-    names in that order, for a ``RawCursor``: psycopg parses a named-parameter query on
+    names in that order: libpq's prepared statements (``_Raw``) and psycopg's
+    ``RawCursor`` take positional parameters (psycopg parses a named-parameter query on
     every execution when it is longer than 4 KiB or has more than 50 parameters, as the
-    columnar writes are (about 1 ms of this process's CPU per task one at a time)."""
+    columnar writes are)."""
     numbers: dict[str, int] = {}
 
     def number(match: re.Match[str]) -> str:
