@@ -1,9 +1,8 @@
 """How the PostgreSQL driver begins and ends a transaction.
 
 Its connections are in autocommit mode and a transaction is begun by its first
-statement: a first ``fetch`` travels behind ``BEGIN`` in one round trip; anything else
-sends ``BEGIN`` alone first. The driver then commits, or rolls back when the work raised
-or when one of its statements failed.
+statement, which sends ``BEGIN`` alone first. The driver then commits, or rolls back when
+the work raised or when one of its statements failed.
 """
 
 from __future__ import annotations

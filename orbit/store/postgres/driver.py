@@ -363,6 +363,13 @@ class _PostgresConnection:
             self.raw.command(b"BEGIN")
             self.begun = True
 
+    def _run(self, statement: tuple[str, tuple[str, ...]], params: Params) -> pq.abc.PGresult:
+        """A positional statement and its parameters' names (``to_positional``), run in
+        this transaction through libpq with ``params`` in that order."""
+        sql, order = statement
+        self._begin()
+        return self.raw.run(sql, [params[name] for name in order])
+
     def _lock_sql(self, names: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
         """The one positional statement of ``lock_many`` for these reads
         (``lock_many_sql``), and its parameters' names in order."""
@@ -388,9 +395,7 @@ class _PostgresConnection:
         return found
 
     def _write(self, forms: tuple[WriteForm, ...], params: Params) -> pq.abc.PGresult:
-        sql, order = self._write_sql(forms)
-        self._begin()
-        return self.raw.run(sql, [params[name] for name in order])
+        return self._run(self._write_sql(forms), params)
 
     def _write_sent(self, forms: tuple[WriteForm, ...], params: Params) -> psycopg.RawCursor[Any]:
         """``_write`` through psycopg, for a write sent in its pipeline mode."""
@@ -415,10 +420,8 @@ class _PostgresConnection:
             found = [self.fetch(name, params) for name, params in calls]
             return found, self.now()
         # One statement (lock_many_sql), each query's parameters scoped by its position.
-        sql, order = self._lock_sql(tuple(name for name, _ in calls))
         params = _arrays({f"p{i}_{k}": v for i, (_, ps) in enumerate(calls) for k, v in ps.items()})
-        self._begin()
-        result = self.raw.run(sql, [params[name] for name in order])
+        result = self._run(self._lock_sql(tuple(name for name, _ in calls)), params)
         *arrays, now = (_value(result, i) for i in range(result.nfields))
         return [parse_json(rows) for rows in arrays], int(now)
 
@@ -445,10 +448,7 @@ class _PostgresConnection:
         return [int(_value(result, i)) for i in range(len(writes))]
 
     def fetch(self, name: str, params: Params) -> list[Row]:
-        sql, order = self._positional(name)
-        values = _arrays(params)
-        self._begin()
-        result = self.raw.run(sql, [values[key] for key in order])
+        result = self._run(self._positional(name), _arrays(params))
         if not result.nfields:
             return []
         # psycopg's own loaders (C) turn the values into Python ones, as its cursor would
@@ -491,8 +491,7 @@ class _PostgresConnection:
             with self._cx.cursor() as cur:
                 cur.execute(self._queries[name], values)
                 return cur.rowcount
-        sql, order = self._positional(name)
-        return self.raw.run(sql, [values[key] for key in order]).command_tuples or 0
+        return self._run(self._positional(name), values).command_tuples or 0
 
     def _positional(self, name: str) -> tuple[str, tuple[str, ...]]:
         """A named query as a positional statement, and its parameters' names in order."""
@@ -502,8 +501,7 @@ class _PostgresConnection:
         return found
 
     def now(self) -> int:
-        self._begin()
-        return int(_value(self.raw.run(self._queries["clock_now"], ()), 0))
+        return int(_value(self._run(self._positional("clock_now"), {}), 0))
 
     def run_script(self, sql: str) -> None:
         self._begin()

@@ -1,8 +1,9 @@
 """Prepared statements re-planned when Orbit's tables change size.
 
-The driver prepares its hot statements at their first use on a connection (``_Raw``),
-psycopg the others after their fifth run, and PostgreSQL may then build one generic plan
-for each and keep it until something invalidates it (DDL, an ``ANALYZE``). A generic
+The driver prepares its statements at their first use on a connection (``_Raw``;
+psycopg, which sends the few others, after their fifth run), and PostgreSQL may then
+build one generic plan for each and keep it until something invalidates it (DDL, an
+``ANALYZE``). A generic
 plan fits the table sizes of the moment it was made: one made while ``orbit_attempts``
 was nearly empty (after a ``TRUNCATE``, or early in a drain) scanned the whole table for
 every report of the 20,000-task drain that followed, which ran at a third of its speed.
