@@ -103,7 +103,7 @@ def test_statements_are_prepared_once_per_connection_and_survive_a_rollback(
         cx.lock_many([("test_pick", params)])  # prepared here, then rolled back
         raise RuntimeError("the work failed")
     (name,) = _prepared(raw)  # PostgreSQL keeps a prepared statement through a rollback
-    sql, _ = driver._statements.locks[("test_pick",)]
+    sql, _ = driver._statements.locks[("test_pick",), False]
     assert driver._statements.statement(raw, sql) == (name.encode(), False)  # and knows it
     for _ in range(5):
         with driver.transaction() as cx:

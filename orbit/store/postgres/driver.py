@@ -179,6 +179,40 @@ def to_positional(sql: str) -> tuple[str, tuple[str, ...]]:
     return _PSYCOPG_PARAM_RE.sub(number, sql).replace("%%", "%"), tuple(numbers)
 
 
+_ANY_RE = re.compile(r"= ANY\(CAST\((%\(\w+\)s) AS ([a-z ]+)\[\]\)\)")
+_ROWS_LIMIT_RE = re.compile(r"LIMIT %\(\w*rows_n\)s")
+
+
+def one_each_sql(sql: str) -> str:
+    """The form of ``sql`` for parameters that each hold one item: ``= ANY(CAST(:ids AS
+    text[]))`` becomes ``= (CAST(:ids AS text[]))[1]`` and ``LIMIT :rows_n`` becomes
+    ``LIMIT 1``, the same statement for one id and one row.
+
+    Why: PostgreSQL's generic plan of a prepared statement guesses ten items for an array
+    parameter and for a ``LIMIT`` parameter, so it costs more than the plan made for one
+    id, and the planner then plans every run afresh. A report one task at a time (a
+    start, a finish) spent more on planning its read than on running it (1.3 against
+    0.36 ms a read, side by side). In this form the generic plan is the plan for one
+    row, which PostgreSQL keeps (``one_each``)."""
+    return _ROWS_LIMIT_RE.sub("LIMIT 1", _ANY_RE.sub(r"= (CAST(\1 AS \2[]))[1]", sql))
+
+
+def one_each(params: Params) -> bool:
+    """Whether ``one_each_sql``'s form fits these parameters: every list holds exactly one
+    item and every row count (``rows_n``) is one, and there is at least one of them."""
+    found = False
+    for key, value in params.items():
+        if isinstance(value, list | tuple):
+            if len(value) != 1:
+                return False
+            found = True
+        elif key.endswith("rows_n"):
+            if value != 1:
+                return False
+            found = True
+    return found
+
+
 def lock_many_sql(queries: Sequence[str], clock: str) -> str:
     """One statement for several reads, each a subquery whose rows come back as a JSON
     array (one column per query, one snapshot for all), and the clock as a last column:
@@ -256,10 +290,11 @@ class _Statements:
         self.standalone = frozenset(
             name for name, sql in queries.items() if sql.lstrip().upper().startswith("WITH")
         )
-        self.locks: dict[tuple[str, ...], tuple[str, tuple[str, ...]]] = {}
-        # positional SQL and its parameters' names, in order
-        self.writes: dict[tuple[WriteForm, ...], tuple[str, tuple[str, ...]]] = {}
-        self.positional: dict[str, tuple[str, tuple[str, ...]]] = {}
+        # positional SQL and its parameters' names, in order; each keyed also by
+        # whether it is the form for one item per parameter (``one_each_sql``)
+        self.locks: dict[tuple[tuple[str, ...], bool], tuple[str, tuple[str, ...]]] = {}
+        self.writes: dict[tuple[tuple[WriteForm, ...], bool], tuple[str, tuple[str, ...]]] = {}
+        self.positional: dict[tuple[str, bool], tuple[str, tuple[str, ...]]] = {}
         self._names: dict[str, bytes] = {}  # positional SQL -> its prepared statement's name
         self._prepared: weakref.WeakKeyDictionary[psycopg.Connection[Any], set[bytes]] = (
             weakref.WeakKeyDictionary()
@@ -370,36 +405,39 @@ class _PostgresConnection:
         self._begin()
         return self.raw.run(sql, [params[name] for name in order])
 
-    def _lock_sql(self, names: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+    def _lock_sql(self, names: tuple[str, ...], one: bool) -> tuple[str, tuple[str, ...]]:
         """The one positional statement of ``lock_many`` for these reads
-        (``lock_many_sql``), and its parameters' names in order."""
-        found = self._statements.locks.get(names)
+        (``lock_many_sql``; ``one``: in ``one_each_sql``'s form), and its parameters'
+        names in order."""
+        found = self._statements.locks.get((names, one))
         if found is None:
-            found = to_positional(
-                lock_many_sql([self._queries[n] for n in names], self._queries["clock_now"])
-            )
-            self._statements.locks[names] = found
+            sql = lock_many_sql([self._queries[n] for n in names], self._queries["clock_now"])
+            found = to_positional(one_each_sql(sql) if one else sql)
+            self._statements.locks[names, one] = found
         return found
 
-    def _write_sql(self, forms: tuple[WriteForm, ...]) -> tuple[str, tuple[str, ...]]:
+    def _write_sql(self, forms: tuple[WriteForm, ...], one: bool) -> tuple[str, tuple[str, ...]]:
         """The positional statement of one write, or of several as one
-        (``write_batch_sql``), and its parameters' names in order."""
-        found = self._statements.writes.get(forms)
+        (``write_batch_sql``; ``one``: in ``one_each_sql``'s form), and its parameters'
+        names in order."""
+        found = self._statements.writes.get((forms, one))
         if found is None:
             queries = [
                 self._columnar[name][0] if columnar else self._queries[name]
                 for name, columnar in forms
             ]
-            found = to_positional(queries[0] if len(queries) == 1 else write_batch_sql(queries))
-            self._statements.writes[forms] = found
+            sql = queries[0] if len(queries) == 1 else write_batch_sql(queries)
+            found = to_positional(one_each_sql(sql) if one else sql)
+            self._statements.writes[forms, one] = found
         return found
 
     def _write(self, forms: tuple[WriteForm, ...], params: Params) -> pq.abc.PGresult:
-        return self._run(self._write_sql(forms), params)
+        return self._run(self._write_sql(forms, one_each(params)), params)
 
     def _write_sent(self, forms: tuple[WriteForm, ...], params: Params) -> psycopg.RawCursor[Any]:
-        """``_write`` through psycopg, for a write sent in its pipeline mode."""
-        sql, order = self._write_sql(forms)
+        """``_write`` through psycopg, for a write sent in its pipeline mode (a batch
+        submit's chunks: never one row each, so always the general form)."""
+        sql, order = self._write_sql(forms, False)
         cur = psycopg.RawCursor(self._cx)
         cur.execute(sql, [params[name] for name in order])
         return cur
@@ -420,8 +458,9 @@ class _PostgresConnection:
             found = [self.fetch(name, params) for name, params in calls]
             return found, self.now()
         # One statement (lock_many_sql), each query's parameters scoped by its position.
-        params = _arrays({f"p{i}_{k}": v for i, (_, ps) in enumerate(calls) for k, v in ps.items()})
-        result = self._run(self._lock_sql(tuple(name for name, _ in calls)), params)
+        scoped = {f"p{i}_{k}": v for i, (_, ps) in enumerate(calls) for k, v in ps.items()}
+        statement = self._lock_sql(tuple(name for name, _ in calls), one_each(scoped))
+        result = self._run(statement, _arrays(scoped))
         *arrays, now = (_value(result, i) for i in range(result.nfields))
         return [parse_json(rows) for rows in arrays], int(now)
 
@@ -448,7 +487,7 @@ class _PostgresConnection:
         return [int(_value(result, i)) for i in range(len(writes))]
 
     def fetch(self, name: str, params: Params) -> list[Row]:
-        result = self._run(self._positional(name), _arrays(params))
+        result = self._run(self._positional(name, one_each(params)), _arrays(params))
         if not result.nfields:
             return []
         # psycopg's own loaders (C) turn the values into Python ones, as its cursor would
@@ -491,13 +530,16 @@ class _PostgresConnection:
             with self._cx.cursor() as cur:
                 cur.execute(self._queries[name], values)
                 return cur.rowcount
-        return self._run(self._positional(name), values).command_tuples or 0
+        return self._run(self._positional(name, one_each(params)), values).command_tuples or 0
 
-    def _positional(self, name: str) -> tuple[str, tuple[str, ...]]:
-        """A named query as a positional statement, and its parameters' names in order."""
-        found = self._statements.positional.get(name)
+    def _positional(self, name: str, one: bool = False) -> tuple[str, tuple[str, ...]]:
+        """A named query as a positional statement (``one``: in ``one_each_sql``'s
+        form), and its parameters' names in order."""
+        found = self._statements.positional.get((name, one))
         if found is None:
-            found = self._statements.positional[name] = to_positional(self._queries[name])
+            sql = self._queries[name]
+            found = to_positional(one_each_sql(sql) if one else sql)
+            self._statements.positional[name, one] = found
         return found
 
     def now(self) -> int:
