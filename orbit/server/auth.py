@@ -8,10 +8,10 @@ import time
 from collections.abc import Awaitable, Callable
 
 from fastapi import Request
-from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 
 from orbit.server.errors import ApiError
+from orbit.server.threads import in_thread
 from orbit.store import Store
 
 SCOPES = ("admin", "submit", "worker")
@@ -36,7 +36,7 @@ class TokenCheck:
         if hit is not None and hit[0] > now:
             granted = hit[1]
         else:
-            granted = await run_in_threadpool(self._store.token_scopes, token.strip())
+            granted = await in_thread(self._store.token_scopes, token.strip())
             if len(self._cache) > 10_000:
                 self._cache.clear()
             self._cache[key] = (now + self._ttl, granted)

@@ -21,7 +21,6 @@ from functools import partial
 from typing import Any
 
 from pydantic import BaseModel
-from starlette.concurrency import run_in_threadpool
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from orbit.core.errors import Code, OrbitError, Rejected
@@ -49,6 +48,7 @@ from orbit.protocol.messages import (
     Welcome,
 )
 from orbit.server.metrics import Metrics
+from orbit.server.threads import in_thread
 from orbit.server.views import assignment_wire, lease_wire, receipt_wire
 from orbit.store import Store
 
@@ -160,7 +160,7 @@ class Dispatcher:
 
     async def _offer(self, conn: WorkerConnection) -> None:
         try:
-            grants = await run_in_threadpool(
+            grants = await in_thread(
                 self.store.attempt_claim_many, conn.session_id, conn.epoch, conn.max_concurrency
             )
         except Rejected as exc:
@@ -266,7 +266,7 @@ class _Protocol:
             _, msg = await self.receive()  # type: ignore[misc]
             try:
                 if isinstance(msg, Hello):
-                    session, secret = await run_in_threadpool(self._open, msg)
+                    session, secret = await in_thread(self._open, msg)
                     welcome = Welcome(
                         req_id=msg.req_id,
                         session_id=session.id,
@@ -276,7 +276,7 @@ class _Protocol:
                     )
                     push = msg.push
                 elif isinstance(msg, Resume):
-                    session = await run_in_threadpool(
+                    session = await in_thread(
                         partial(self.store.session_resume, node_id=self.node_id),
                         msg.session_id,
                         msg.secret,
@@ -362,18 +362,18 @@ class _Protocol:
         metrics = self.dispatcher.metrics
         try:
             if isinstance(msg, Claim):
-                grants = await run_in_threadpool(store.attempt_claim_many, sid, epoch, msg.n)
+                grants = await in_thread(store.attempt_claim_many, sid, epoch, msg.n)
                 metrics.claims.inc(len(grants))
                 await conn.send(tasks_wire(rid, grants))
             elif isinstance(msg, Start):
-                lease = await run_in_threadpool(
+                lease = await in_thread(
                     store.attempt_start, sid, epoch, msg.attempt_id, int(msg.fence)
                 )
                 metrics.starts.inc()
                 await conn.send({"type": "started", "req_id": rid, "lease": lease_wire(lease)})
             elif isinstance(msg, StartMany):
                 starts = [(item.attempt_id, int(item.fence)) for item in msg.items]
-                answers = await run_in_threadpool(store.attempt_start_many, sid, epoch, starts)
+                answers = await in_thread(store.attempt_start_many, sid, epoch, starts)
                 started = [
                     {"attempt_id": a, "lease": None, "error": _item_error(r, metrics)}
                     if isinstance(r, OrbitError)
@@ -385,7 +385,7 @@ class _Protocol:
                 await self._close_if_fenced(answers)
             elif isinstance(msg, FinishMany):
                 finishes = [(i.attempt_id, int(i.fence), _outcome(i)) for i in msg.items]
-                receipts = await run_in_threadpool(store.attempt_finish_many, sid, epoch, finishes)
+                receipts = await in_thread(store.attempt_finish_many, sid, epoch, finishes)
                 finished: list[dict[str, Any]] = []
                 by_state: Counter[str] = Counter()
                 for (a, _, _), r in zip(finishes, receipts, strict=True):
@@ -401,26 +401,22 @@ class _Protocol:
                 await conn.send({"type": "finished_many", "req_id": rid, "results": finished})
                 await self._close_if_fenced(receipts)
             elif isinstance(msg, Renew):
-                leases = await run_in_threadpool(
-                    store.lease_renew_many, sid, epoch, list(msg.attempt_ids)
-                )
+                leases = await in_thread(store.lease_renew_many, sid, epoch, list(msg.attempt_ids))
                 renewed = [lease_wire(x) for x in leases]
                 await conn.send({"type": "renewed", "req_id": rid, "leases": renewed})
             elif isinstance(msg, Finish):
                 outcome = _outcome(msg)
-                done = await run_in_threadpool(
+                done = await in_thread(
                     store.attempt_finish, sid, epoch, msg.attempt_id, int(msg.fence), outcome
                 )
                 metrics.finishes.labels(str(done.task_state)).inc()
                 await conn.send({"type": "finished", "req_id": rid, "receipt": receipt_wire(done)})
             elif isinstance(msg, Release):
-                await run_in_threadpool(
-                    store.attempt_release, sid, epoch, msg.attempt_id, int(msg.fence)
-                )
+                await in_thread(store.attempt_release, sid, epoch, msg.attempt_id, int(msg.fence))
                 await conn.send(AckMessage(req_id=rid, op="release"))
             elif isinstance(msg, CapacityUpdate):
                 caps = [Capability(c.handler, c.capacity) for c in msg.capabilities]
-                session = await run_in_threadpool(
+                session = await in_thread(
                     lambda: store.session_capacity_set(
                         sid,
                         epoch,
@@ -433,11 +429,11 @@ class _Protocol:
                 await conn.send(AckMessage(req_id=rid, op="capacity"))
                 self.dispatcher.wake_threadsafe()
             elif isinstance(msg, Drain):
-                await run_in_threadpool(store.session_drain, sid, epoch)
+                await in_thread(store.session_drain, sid, epoch)
                 conn.push = False
                 await conn.send(AckMessage(req_id=rid, op="drain"))
             elif isinstance(msg, Progress):
-                await run_in_threadpool(
+                await in_thread(
                     partial(store.attempt_progress, fraction=msg.fraction, message=msg.message),
                     sid,
                     epoch,
@@ -446,7 +442,7 @@ class _Protocol:
                 )
                 await conn.send(AckMessage(req_id=rid, op="progress"))
             elif isinstance(msg, Heartbeat):
-                await run_in_threadpool(store.session_heartbeat, sid, epoch)
+                await in_thread(store.session_heartbeat, sid, epoch)
                 await conn.send(AckMessage(req_id=rid, op="heartbeat"))
             else:
                 await self.error(rid, "ALREADY_WELCOMED", "the session is already established")

@@ -9,7 +9,6 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from orbit.core.model import Backoff, Outcome, TaskSpec, build
@@ -32,6 +31,7 @@ from orbit.protocol.messages import (
 from orbit.server.auth import require
 from orbit.server.errors import ApiError
 from orbit.server.jsonwire import FastJSONResponse
+from orbit.server.threads import in_thread
 from orbit.server.views import attempt_view, event_view, queue_view, task_wire, worker_view
 from orbit.store import Store
 from orbit.store import Submitted as Stored
@@ -128,7 +128,7 @@ def _submitted_view(done: Stored) -> dict[str, Any]:
 )
 async def queue_create(request: Request) -> Response:
     msg = await _body(request, QueueCreate)
-    queue = await run_in_threadpool(
+    queue = await in_thread(
         _store(request).queue_create,
         msg.name,
         max_concurrency=msg.max_concurrency,
@@ -140,21 +140,21 @@ async def queue_create(request: Request) -> Response:
 
 @router.get("/queues", dependencies=[Depends(require("submit"))], response_model=list[QueueView])
 async def queue_list(request: Request) -> Response:
-    return _json([queue_view(q) for q in await run_in_threadpool(_store(request).queue_list)])
+    return _json([queue_view(q) for q in await in_thread(_store(request).queue_list)])
 
 
 @router.post(
     "/queues/{name}/pause", dependencies=[Depends(require("admin"))], response_model=QueueView
 )
 async def queue_pause(request: Request, name: str) -> Response:
-    return _json(queue_view(await run_in_threadpool(_store(request).queue_pause, name)))
+    return _json(queue_view(await in_thread(_store(request).queue_pause, name)))
 
 
 @router.post(
     "/queues/{name}/resume", dependencies=[Depends(require("admin"))], response_model=QueueView
 )
 async def queue_resume(request: Request, name: str) -> Response:
-    return _json(queue_view(await run_in_threadpool(_store(request).queue_resume, name)))
+    return _json(queue_view(await in_thread(_store(request).queue_resume, name)))
 
 
 # ----------------------------------------------------------------------------- tasks
@@ -165,7 +165,7 @@ async def queue_resume(request: Request, name: str) -> Response:
 )
 async def task_submit(request: Request) -> Response:
     msg = await _body(request, TaskSubmit)
-    done = await run_in_threadpool(_store(request).task_submit, spec_from(msg))
+    done = await in_thread(_store(request).task_submit, spec_from(msg))
     return _json(
         {"task": task_wire(done.task), "created": done.created}, 201 if done.created else 200
     )
@@ -179,7 +179,7 @@ async def task_submit(request: Request) -> Response:
 )
 async def task_submit_batch(request: Request) -> Response:
     msg = await _body(request, TaskBatch)
-    views = await run_in_threadpool(
+    views = await in_thread(
         _store(request).task_submit_rendered, [spec_from(t) for t in msg.tasks], _submitted_view
     )
     return _json(views, 201)
@@ -205,7 +205,7 @@ async def task_list(
             raise DecodeError(
                 "INVALID_VALUE", f"{name} must be an RFC 3339 instant", name
             ) from None
-    tasks = await run_in_threadpool(
+    tasks = await in_thread(
         lambda: _store(request).task_list(
             state=state,
             queue=queue,
@@ -222,21 +222,21 @@ async def task_list(
 
 @router.get("/tasks/{task_id}", dependencies=[Depends(require("submit"))], response_model=TaskView)
 async def task_get(request: Request, task_id: str) -> Response:
-    return _json(task_wire(await run_in_threadpool(_store(request).task_get, task_id)))
+    return _json(task_wire(await in_thread(_store(request).task_get, task_id)))
 
 
 @router.post(
     "/tasks/{task_id}/cancel", dependencies=[Depends(require("submit"))], response_model=TaskView
 )
 async def task_cancel(request: Request, task_id: str) -> Response:
-    return _json(task_wire(await run_in_threadpool(_store(request).task_cancel, task_id)))
+    return _json(task_wire(await in_thread(_store(request).task_cancel, task_id)))
 
 
 @router.post(
     "/tasks/{task_id}/retry", dependencies=[Depends(require("admin"))], response_model=TaskView
 )
 async def task_retry(request: Request, task_id: str) -> Response:
-    return _json(task_wire(await run_in_threadpool(_store(request).task_retry, task_id)))
+    return _json(task_wire(await in_thread(_store(request).task_retry, task_id)))
 
 
 @router.post(
@@ -249,15 +249,15 @@ async def task_resolve(request: Request, task_id: str) -> Response:
         outcome = Outcome.success(msg.result)
     elif msg.error is not None:
         outcome = Outcome.failure(msg.error.code, msg.error.message, retryable=False)
-    task = await run_in_threadpool(_store(request).task_resolve, task_id, msg.decision, outcome)
+    task = await in_thread(_store(request).task_resolve, task_id, msg.decision, outcome)
     return _json(task_wire(task))
 
 
 @router.get("/tasks/{task_id}/attempts", dependencies=[Depends(require("submit"))])
 async def task_attempts(request: Request, task_id: str) -> Response:
     store = _store(request)
-    await run_in_threadpool(store.task_get, task_id)  # 404 for an unknown task
-    return _json([attempt_view(a) for a in await run_in_threadpool(store.attempt_list, task_id)])
+    await in_thread(store.task_get, task_id)  # 404 for an unknown task
+    return _json([attempt_view(a) for a in await in_thread(store.attempt_list, task_id)])
 
 
 async def _events(
@@ -266,7 +266,7 @@ async def _events(
     after = decode_cursor(cursor)
     if after is not None and not after.isdigit():
         raise ApiError(400, "INVALID_CURSOR", "the cursor is not one this server issued")
-    rows = await run_in_threadpool(
+    rows = await in_thread(
         lambda: _store(request).event_list(task_id=task_id, after_id=int(after or 0), limit=limit)
     )
     nxt = encode_cursor(str(rows[-1]["id"])) if len(rows) == limit else None
@@ -279,7 +279,7 @@ async def _events(
 async def task_events(
     request: Request, task_id: str, limit: Limit = 100, cursor: str | None = None
 ) -> Response:
-    await run_in_threadpool(_store(request).task_get, task_id)
+    await in_thread(_store(request).task_get, task_id)
     return await _events(request, task_id, limit, cursor)
 
 
@@ -293,7 +293,7 @@ async def events(request: Request, limit: Limit = 100, cursor: str | None = None
 
 @router.get("/workers", dependencies=[Depends(require("admin"))], response_model=list[WorkerView])
 async def worker_list(request: Request) -> Response:
-    sessions = await run_in_threadpool(_store(request).session_list)
+    sessions = await in_thread(_store(request).session_list)
     return _json([worker_view(s) for s in sessions])
 
 
@@ -303,7 +303,7 @@ async def worker_list(request: Request) -> Response:
     response_model=WorkerView,
 )
 async def worker_drain(request: Request, session_id: str) -> Response:
-    session = await run_in_threadpool(_store(request).session_drain, session_id)
+    session = await in_thread(_store(request).session_drain, session_id)
     return _json(worker_view(session))
 
 
@@ -318,9 +318,7 @@ async def worker_drain(request: Request, session_id: str) -> Response:
 )
 async def token_create(request: Request) -> Response:
     msg = await _body(request, TokenCreate)
-    token_id, token = await run_in_threadpool(
-        _store(request).token_create, msg.name, list(msg.scopes)
-    )
+    token_id, token = await in_thread(_store(request).token_create, msg.name, list(msg.scopes))
     return _json(
         TokenCreated(id=token_id, name=msg.name, scopes=sorted(set(msg.scopes)), token=token), 201
     )
