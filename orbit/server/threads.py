@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -62,6 +63,15 @@ def _serve() -> None:
         with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
             loop.call_soon_threadsafe(_settle, future, result, error)
         del loop, future, fn, args, kwargs, result, error  # hold nothing while idle
+
+
+def _after_fork() -> None:
+    """A forked child has none of its parent's threads: start its own on first use."""
+    global _calls, _started, _start_lock
+    _calls, _started, _start_lock = queue.SimpleQueue(), 0, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def _ensure_threads() -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 
 import pytest
@@ -70,9 +72,10 @@ def test_calls_run_side_by_side_up_to_the_threads() -> None:
 
 def test_a_result_for_a_closed_loop_does_not_stop_the_threads() -> None:
     release = threading.Event()
+    left: list[asyncio.Future[bool]] = []
 
     async def leave_one_running() -> None:
-        asyncio.ensure_future(in_thread(release.wait, 10))
+        left.append(asyncio.ensure_future(in_thread(release.wait, 10)))
         await asyncio.sleep(0)
 
     loop = asyncio.new_event_loop()
@@ -84,3 +87,23 @@ def test_a_result_for_a_closed_loop_does_not_stop_the_threads() -> None:
         return [await in_thread(lambda i=i: i) for i in range(THREADS * 2)]
 
     assert asyncio.run(main()) == list(range(THREADS * 2))
+
+
+def test_a_forked_child_starts_threads_of_its_own() -> None:
+    async def name() -> str:
+        return await in_thread(lambda: threading.current_thread().name)
+
+    assert asyncio.run(name()).startswith("orbit-store-")  # the parent's threads run
+    pid = os.fork()
+    if pid == 0:  # the child: its parent's threads did not survive the fork
+        code = 1
+        try:
+            # a call no thread serves would wait for ever: the alarm's default action
+            # ends the child (pytest may have a handler of its own for SIGALRM)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            signal.alarm(10)
+            code = 0 if asyncio.run(name()).startswith("orbit-store-") else 1
+        finally:
+            os._exit(code)  # never back into pytest in the child
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
