@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from orbit.store import Store
-from orbit.store.postgres.driver import PostgresDriver
+from orbit.store.postgres.driver import PostgresDriver, one_each_sql
 
 pytestmark = pytest.mark.parametrize("backend", ["postgres"])
 
@@ -98,3 +98,10 @@ def test_postgresql_keeps_the_generic_plan_of_a_one_id_read(driver: PostgresDriv
 def test_a_nul_in_a_one_item_list_is_still_refused(driver: PostgresDriver) -> None:
     with pytest.raises(psycopg.DataError), driver.transaction() as cx:
         cx.lock_many([("test_settings", {"names": ["a\x00b"]})])
+
+
+def test_the_claims_ready_select_keeps_its_general_form(driver: PostgresDriver) -> None:
+    # Its generic plan, blind to LIMIT :limit and run_after <= :now, read the whole table
+    # and sorted it: one handler and one skipped queue, tenant and id must not change it.
+    sql = driver.queries["task_ready_select"]
+    assert "ANY(" in sql and one_each_sql(sql) == sql

@@ -24,14 +24,21 @@ def test_the_one_each_form_reads_one_item_where_the_general_form_reads_a_list() 
     sql = (
         "SELECT * FROM t WHERE id = ANY(CAST(%(ids)s AS text[]))"
         " AND NOT (q = ANY(CAST(%(p1_skip)s AS double precision[])))"
-        " AND x IN (SELECT y FROM u LIMIT %(p0_rows_n)s) LIMIT %(limit)s"
+        " AND x IN (SELECT y FROM u LIMIT %(p0_rows_n)s)"
     )
     assert one_each_sql(sql) == (
         "SELECT * FROM t WHERE id = (CAST(%(ids)s AS text[]))[1]"
         " AND NOT (q = (CAST(%(p1_skip)s AS double precision[]))[1])"
-        " AND x IN (SELECT y FROM u LIMIT 1) LIMIT %(limit)s"  # a LIMIT of its own stays
+        " AND x IN (SELECT y FROM u LIMIT 1)"
     )
     assert one_each_sql("SELECT 1 WHERE a = %(a)s") == "SELECT 1 WHERE a = %(a)s"
+
+
+def test_a_statement_with_a_limit_of_its_own_keeps_its_general_form() -> None:
+    sql = "SELECT * FROM t WHERE id = ANY(CAST(%(ids)s AS text[])) LIMIT %(limit)s"
+    assert one_each_sql(sql) == sql  # its generic plan would be blind to the limit
+    sql = "SELECT * FROM t WHERE id = ANY(CAST(%(ids)s AS text[])) LIMIT %(p2_rows_n)s"
+    assert one_each_sql(sql).endswith("[1] LIMIT 1")
 
 
 def test_the_one_each_form_is_chosen_only_when_every_list_and_row_count_is_one() -> None:
