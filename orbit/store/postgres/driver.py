@@ -18,11 +18,11 @@ from __future__ import annotations
 import re
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import orjson
 import psycopg
@@ -165,7 +165,11 @@ def _scoped(sql: str, i: int) -> str:
     return _PSYCOPG_PARAM_RE.sub(lambda m: f"%(p{i}_{m.group(1)})s", sql)
 
 
-def to_positional(sql: str) -> tuple[str, tuple[str, ...]]:
+#: A statement with ``$n`` parameters and their names in order (``to_positional``).
+Positional = tuple[str, tuple[str, ...]]
+
+
+def to_positional(sql: str) -> Positional:
     """``%(name)s`` -> ``$n`` (each name numbered once, in order of first use) and the
     names in that order: libpq's prepared statements (``_Raw``) and psycopg's
     ``RawCursor`` take positional parameters (psycopg parses a named-parameter query on
@@ -286,6 +290,7 @@ def _written(cur: psycopg.RawCursor[Any]) -> int:
 
 #: A batched write as it travels: the query's name and whether in its columnar form.
 WriteForm = tuple[str, bool]
+K = TypeVar("K")
 
 
 class _Statements:
@@ -299,9 +304,9 @@ class _Statements:
         )
         # positional SQL and its parameters' names, in order; each keyed also by
         # whether it is the form for one item per parameter (``one_each_sql``)
-        self.locks: dict[tuple[tuple[str, ...], bool], tuple[str, tuple[str, ...]]] = {}
-        self.writes: dict[tuple[tuple[WriteForm, ...], bool], tuple[str, tuple[str, ...]]] = {}
-        self.positional: dict[tuple[str, bool], tuple[str, tuple[str, ...]]] = {}
+        self.locks: dict[tuple[tuple[str, ...], bool], Positional] = {}
+        self.writes: dict[tuple[tuple[WriteForm, ...], bool], Positional] = {}
+        self.positional: dict[tuple[str, bool], Positional] = {}
         self._names: dict[str, bytes] = {}  # positional SQL -> its prepared statement's name
         self._prepared: weakref.WeakKeyDictionary[psycopg.Connection[Any], set[bytes]] = (
             weakref.WeakKeyDictionary()
@@ -319,6 +324,18 @@ class _Statements:
     def prepared(self, cx: psycopg.Connection[Any], name: bytes) -> None:
         with self._lock:
             self._prepared.setdefault(cx, set()).add(name)
+
+    @staticmethod
+    def form(
+        cache: dict[tuple[K, bool], Positional], key: K, one: bool, build: Callable[[], str]
+    ) -> Positional:
+        """The positional statement ``cache`` holds for ``key`` (in ``one_each_sql``'s
+        form when ``one``), built from ``build()``'s SQL at its first use."""
+        found = cache.get((key, one))
+        if found is None:
+            sql = build()
+            found = cache[key, one] = to_positional(one_each_sql(sql) if one else sql)
+        return found
 
 
 def _dump(value: Any) -> bytes | None:
@@ -405,38 +422,37 @@ class _PostgresConnection:
             self.raw.command(b"BEGIN")
             self.begun = True
 
-    def _run(self, statement: tuple[str, tuple[str, ...]], params: Params) -> pq.abc.PGresult:
+    def _run(self, statement: Positional, params: Params) -> pq.abc.PGresult:
         """A positional statement and its parameters' names (``to_positional``), run in
         this transaction through libpq with ``params`` in that order."""
         sql, order = statement
         self._begin()
         return self.raw.run(sql, [params[name] for name in order])
 
-    def _lock_sql(self, names: tuple[str, ...], one: bool) -> tuple[str, tuple[str, ...]]:
+    def _lock_sql(self, names: tuple[str, ...], one: bool) -> Positional:
         """The one positional statement of ``lock_many`` for these reads
         (``lock_many_sql``; ``one``: in ``one_each_sql``'s form), and its parameters'
         names in order."""
-        found = self._statements.locks.get((names, one))
-        if found is None:
-            sql = lock_many_sql([self._queries[n] for n in names], self._queries["clock_now"])
-            found = to_positional(one_each_sql(sql) if one else sql)
-            self._statements.locks[names, one] = found
-        return found
+        return self._statements.form(
+            self._statements.locks,
+            names,
+            one,
+            lambda: lock_many_sql([self._queries[n] for n in names], self._queries["clock_now"]),
+        )
 
-    def _write_sql(self, forms: tuple[WriteForm, ...], one: bool) -> tuple[str, tuple[str, ...]]:
+    def _write_sql(self, forms: tuple[WriteForm, ...], one: bool) -> Positional:
         """The positional statement of one write, or of several as one
         (``write_batch_sql``; ``one``: in ``one_each_sql``'s form), and its parameters'
         names in order."""
-        found = self._statements.writes.get((forms, one))
-        if found is None:
+
+        def build() -> str:
             queries = [
                 self._columnar[name][0] if columnar else self._queries[name]
                 for name, columnar in forms
             ]
-            sql = queries[0] if len(queries) == 1 else write_batch_sql(queries)
-            found = to_positional(one_each_sql(sql) if one else sql)
-            self._statements.writes[forms, one] = found
-        return found
+            return queries[0] if len(queries) == 1 else write_batch_sql(queries)
+
+        return self._statements.form(self._statements.writes, forms, one, build)
 
     def _write(self, forms: tuple[WriteForm, ...], params: Params) -> pq.abc.PGresult:
         return self._run(self._write_sql(forms, one_each(params)), params)
@@ -539,15 +555,12 @@ class _PostgresConnection:
                 return cur.rowcount
         return self._run(self._positional(name, one_each(params)), values).command_tuples or 0
 
-    def _positional(self, name: str, one: bool = False) -> tuple[str, tuple[str, ...]]:
+    def _positional(self, name: str, one: bool = False) -> Positional:
         """A named query as a positional statement (``one``: in ``one_each_sql``'s
         form), and its parameters' names in order."""
-        found = self._statements.positional.get((name, one))
-        if found is None:
-            sql = self._queries[name]
-            found = to_positional(one_each_sql(sql) if one else sql)
-            self._statements.positional[name, one] = found
-        return found
+        return self._statements.form(
+            self._statements.positional, name, one, lambda: self._queries[name]
+        )
 
     def now(self) -> int:
         return int(_value(self._run(self._positional("clock_now"), {}), 0))
