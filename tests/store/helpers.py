@@ -6,6 +6,7 @@ from typing import Any
 
 from orbit.core.model import Capability, Grant, Session, TaskSpec
 from orbit.store import Store
+from orbit.store.postgres.driver import PostgresDriver
 
 
 def queue(
@@ -46,3 +47,12 @@ def run_one(store: Store, session: Session) -> Grant:
     g = claim_one(store, session)
     store.attempt_start(session.id, session.epoch, g.attempt.id, g.attempt.fence)
     return g
+
+
+def postgres_driver(store: Store, queries: dict[str, str]) -> PostgresDriver:
+    """The store's PostgreSQL driver, with test queries (psycopg's ``%(name)s`` form)
+    added to the named ones its statements are made from."""
+    drv = store.driver
+    assert isinstance(drv, PostgresDriver)
+    drv.queries.update(queries)
+    return drv

@@ -17,26 +17,25 @@ import pytest
 
 from orbit.store import Store
 from orbit.store.postgres.driver import PostgresDriver, one_each_sql
+from tests.store.helpers import postgres_driver
 
 pytestmark = pytest.mark.parametrize("backend", ["postgres"])
 
 
 @pytest.fixture
 def driver(store: Store) -> Iterator[PostgresDriver]:
-    drv = store.driver
-    assert isinstance(drv, PostgresDriver)
-    drv.queries["test_settings"] = (
-        "SELECT name, int_value FROM orbit_settings"
-        " WHERE name = ANY(CAST(%(names)s AS text[])) ORDER BY name FOR UPDATE"
-    )
-    drv.queries["test_bump_many"] = (
-        "UPDATE orbit_settings AS s SET int_value = x.int_value"
-        " FROM (SELECT * FROM json_to_recordset(CAST(%(rows)s AS json))"
-        " AS x(name text, int_value bigint) LIMIT %(rows_n)s) AS x"
-        " WHERE s.name = x.name RETURNING s.name"
-    )
-    drv.queries["test_note"] = (
-        "INSERT INTO orbit_settings (name, int_value) VALUES (%(name)s, %(value)s)"
+    drv = postgres_driver(
+        store,
+        {
+            "test_settings": "SELECT name, int_value FROM orbit_settings"
+            " WHERE name = ANY(CAST(%(names)s AS text[])) ORDER BY name FOR UPDATE",
+            "test_bump_many": "UPDATE orbit_settings AS s SET int_value = x.int_value"
+            " FROM (SELECT * FROM json_to_recordset(CAST(%(rows)s AS json))"
+            " AS x(name text, int_value bigint) LIMIT %(rows_n)s) AS x"
+            " WHERE s.name = x.name RETURNING s.name",
+            "test_note": "INSERT INTO orbit_settings (name, int_value)"
+            " VALUES (%(name)s, %(value)s)",
+        },
     )
     with drv.transaction() as cx:
         for i, name in enumerate(("one-a", "one-b", "one-c")):

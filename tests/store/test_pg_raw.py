@@ -18,6 +18,7 @@ import pytest
 
 from orbit.store import Store
 from orbit.store.postgres.driver import PostgresDriver
+from tests.store.helpers import postgres_driver
 
 pytestmark = pytest.mark.parametrize("backend", ["postgres"])
 
@@ -26,16 +27,16 @@ AWKWARD = ["it's", 'a "quote"', "back\\slash", "$1 %s %(x)s", "snow ☃", "", "{
 
 @pytest.fixture
 def driver(store: Store) -> Iterator[PostgresDriver]:
-    drv = store.driver
-    assert isinstance(drv, PostgresDriver)
-    drv.queries["test_pick"] = (
-        "SELECT CAST(%(v)s AS text) AS v, CAST(%(n)s AS bigint) AS n,"
-        " CAST(%(f)s AS double precision) AS f, CAST(%(b)s AS boolean) AS b,"
-        " CAST(%(z)s AS text) AS z"
+    yield postgres_driver(
+        store,
+        {
+            "test_pick": "SELECT CAST(%(v)s AS text) AS v, CAST(%(n)s AS bigint) AS n,"
+            " CAST(%(f)s AS double precision) AS f, CAST(%(b)s AS boolean) AS b,"
+            " CAST(%(z)s AS text) AS z",
+            "test_names": "SELECT name FROM orbit_settings WHERE name = ANY(%(names)s)",
+            "test_note": "INSERT INTO orbit_settings (name, int_value) VALUES (%(name)s, 1)",
+        },
     )
-    drv.queries["test_names"] = "SELECT name FROM orbit_settings WHERE name = ANY(%(names)s)"
-    drv.queries["test_note"] = "INSERT INTO orbit_settings (name, int_value) VALUES (%(name)s, 1)"
-    yield drv
 
 
 def _prepared(raw: psycopg.Connection[Any]) -> list[str]:
