@@ -48,15 +48,28 @@ def _children_cpu_s(proc: psutil.Process) -> float:
     return float(t.children_user + t.children_system)
 
 
+def _named() -> list[tuple[psutil.Process, str]]:
+    """Every process on this host and its name (processes that exit meanwhile left out).
+
+    ``psutil.process_iter(attrs)`` would store the names in each process's ``info``, but
+    it hands the same ``Process`` objects to every caller in this process, so a sampler
+    in another thread (``--parallel``) replaces ``info`` with its own attributes between
+    the scan and the read (a ``KeyError: 'ppid'`` in CI). Each name is read here instead."""
+    found = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            found.append((p, p.name()))
+    return found
+
+
 def _postmasters() -> list[psutil.Process]:
     """Every PostgreSQL postmaster on this host: a ``postgres`` whose parent is not one."""
     found = []
-    for p in psutil.process_iter(["name", "ppid"]):
-        if p.info.get("name") != "postgres":
+    for p, name in _named():
+        if name != "postgres":
             continue
         try:
-            parent = psutil.Process(p.info["ppid"])
-            if parent.name() != "postgres":
+            if psutil.Process(p.ppid()).name() != "postgres":
                 found.append(p)
         except (psutil.Error, OSError):
             continue
@@ -170,8 +183,7 @@ class CpuSampler:
         found: list[tuple[psutil.Process, str]] = [(self._me, "harness")]
         with contextlib.suppress(psutil.Error):
             found += [(p, "children") for p in self._me.children(recursive=True)]
-        for p in psutil.process_iter(["name"]):
-            name = p.info.get("name") or ""
+        for p, name in _named():
             if name == "postgres":
                 found.append((p, "postgres"))
             elif name.startswith("redis-server"):

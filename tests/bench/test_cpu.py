@@ -6,10 +6,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import psutil
 import psycopg
+import pytest
 
+from benchmarks import cpu
 from benchmarks.cpu import CpuSampler
 from tests.pg import ADMIN_DSN
 
@@ -78,3 +82,25 @@ def test_a_database_connection_closed_inside_the_window_is_counted() -> None:
         assert not psutil.pid_exists(backend.pid)
     assert burned > 0.05
     assert sampler.result["cpu_s"]["postgres"] >= 0.9 * burned
+
+
+def test_postmasters_are_found_while_another_scan_replaces_psutil_info(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """psutil hands every caller the same ``Process`` objects; a scan with other
+    attributes in another thread (a parallel run's sampler) replaces their ``info``.
+    Here every process is rescanned that way just before it is handed over: finding
+    the postmasters must not depend on ``info``."""
+    scan = psutil.process_iter
+    for _ in scan():  # psutil keeps the Process objects of one scan for the next ones
+        pass
+
+    def interleaved(*args: Any, **kwargs: Any) -> Iterator[psutil.Process]:
+        for proc in scan(*args, **kwargs):
+            for _ in scan(["name"]):  # another caller's scan, between two of ours
+                pass
+            yield proc
+
+    monkeypatch.setattr(psutil, "process_iter", interleaved)
+    names = {p.name() for p in cpu._postmasters()}
+    assert names == {"postgres"}  # the local PostgreSQL the tests run on, found
