@@ -8,7 +8,7 @@ import re
 from orbit.core.errors import Code, OrbitError
 from orbit.core.model import Backoff, TaskSpec, canonical_json
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")  # \Z: $ would pass a final newline
 MAX_PRIORITY = 1_000_000
 MAX_ATTEMPTS_LIMIT = 1_000
 MAX_KEY_LEN = 255

@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
-_COUNTER_RE = re.compile(r"^(0|[1-9][0-9]{0,18})$")
+_COUNTER_RE = re.compile(r"^(0|[1-9][0-9]{0,18})\Z")
 MAX_SECONDS = 366 * 24 * 3600.0
 
 

@@ -22,8 +22,8 @@ from orbit.store import Store
 
 router = APIRouter(prefix="/v1")
 CHUNK = 256 * 1024
-_COUNTER = re.compile(r"^(0|[1-9][0-9]{0,18})$")
-_SHA = re.compile(r"^[0-9a-f]{64}$")
+_COUNTER = re.compile(r"^(0|[1-9][0-9]{0,18})\Z")
+_SHA = re.compile(r"^[0-9a-f]{64}\Z")
 
 
 def _header_counter(request: Request, name: str) -> int:

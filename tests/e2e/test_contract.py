@@ -544,6 +544,8 @@ WS_CASES = [
       "fence"),
     w("start-fence-negative", "claimed", start(',"fence":"-1"'), "INVALID_VALUE", "s1", "fence"),
     w("start-fence-plus", "claimed", start(',"fence":"+1"'), "INVALID_VALUE", "s1", "fence"),
+    w("start-fence-trailing-newline", "claimed", start(',"fence":"1\\n"'), "INVALID_VALUE", "s1",
+      "fence"),
     w("start-fence-2^63-string", "claimed", start(',"fence":"9223372036854775808"'),
       "NUMBER_OUT_OF_RANGE", "s1", "fence"),
     w("start-fence-json-number", "claimed", start(',"fence":@F'), "INVALID_TYPE", "s1", "fence"),

@@ -43,12 +43,18 @@ def test_queue_needs_valid_caps(store: Store, kwargs: dict[str, Any], code: Code
     assert err.status == 400
 
 
-def test_queue_name_and_duplicate(store: Store) -> None:
+@pytest.mark.parametrize("name", ["bad name!", "q\n", "", "x" * 129])
+def test_queue_name_must_be_a_name(store: Store, name: str) -> None:
+    """``q\n`` too: a ``$`` anchor would let the newline through, and names are spelled
+    into event JSON unescaped (``task_submit_many``)."""
     _rejects(
-        store,
-        Code.INVALID_ARGUMENT,
-        lambda: store.queue_create("bad name!", max_concurrency=1, rate=0),
+        store, Code.INVALID_ARGUMENT, lambda: store.queue_create(name, max_concurrency=1, rate=0)
     )
+    queue(store)
+    _rejects(store, Code.INVALID_ARGUMENT, lambda: submit(store, handler=name))
+
+
+def test_queue_duplicate(store: Store) -> None:
     queue(store)
     err = _rejects(
         store, Code.QUEUE_EXISTS, lambda: store.queue_create("q", max_concurrency=1, rate=0)
