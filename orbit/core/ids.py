@@ -1,6 +1,46 @@
-"""Time-ordered identifiers (UUIDv7, RFC 9562) built from values the caller supplies."""
+"""Time-ordered identifiers (UUIDv7, RFC 9562) built from values the caller supplies,
+and the randomness they take, drawn from the OS a page at a time."""
 
 from __future__ import annotations
+
+import os
+import threading
+
+#: Bytes drawn from the OS per refill: 512 ids.
+ENTROPY_POOL_BYTES = 4096
+
+
+class _EntropyPool(threading.local):
+    """One thread's unread OS randomness. Per thread, so store threads never share a
+    slice, and emptied in a forked child, which would otherwise hand out its parent's
+    next ids."""
+
+    data: bytes = b""
+    at: int = 0
+
+
+_pool = _EntropyPool()
+
+
+def _forget_pool() -> None:
+    _pool.data = b""
+    _pool.at = 0
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
+def random8() -> bytes:
+    """Eight bytes of OS randomness (``os.urandom``), read from the OS 4 KiB at a time:
+    one ``getrandom`` call per id cost 2-4 µs in a batch submit with the database
+    driver's threads about, several percent of the server's time for a task."""
+    pool = _pool
+    at = pool.at
+    if at + 8 > len(pool.data):
+        pool.data = os.urandom(ENTROPY_POOL_BYTES)
+        at = 0
+    pool.at = at + 8
+    return pool.data[at : at + 8]
 
 
 def uuid7(now_us: int, random_bytes: bytes) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import random
 import secrets
 import uuid
@@ -22,7 +21,7 @@ from typing import Any, TypeVar
 
 from orbit.core import transitions
 from orbit.core.errors import Code, OrbitError, Rejected
-from orbit.core.ids import uuid7
+from orbit.core.ids import random8, uuid7
 from orbit.core.limits import Occupancy, bucket_refill, room_for_all
 from orbit.core.model import (
     SECOND,
@@ -194,7 +193,7 @@ class Store:
             self._fault = None
 
     def _new_id(self, now: int) -> str:
-        return uuid7(now, os.urandom(8))
+        return uuid7(now, random8())
 
     def _tx(self, work: Callable[[_Tx], T], *, durable: bool = True) -> T:
         """Run ``work`` in one transaction, retrying on deadlocks and stale writes.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 import uuid
 from dataclasses import fields
 
@@ -9,13 +11,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orbit.core.errors import Code, status_of
-from orbit.core.ids import uuid7
+from orbit.core.errors import Code, OrbitError, status_of
+from orbit.core.ids import ENTROPY_POOL_BYTES, random8, uuid7
 from orbit.core.limits import Occupancy, bucket_refill, room_for_all
 from orbit.core.model import SECOND, Backoff, Queue, Task, TaskSpec
 from orbit.core.retry import backoff_delay, plan_retry
 from orbit.core.states import TaskState
 from orbit.core.transitions import digest, new_task
+from orbit.core.validate import check_name
 
 BACKOFF = Backoff(base_us=SECOND, factor=2.0, max_us=60 * SECOND)
 
@@ -122,6 +125,72 @@ def test_uuid7_is_spelled_as_the_uuid_module_spells_it(now_us: int, random: byte
     made = uuid7(now_us, random)
     assert made == str(uuid.UUID(made)) and len(made) == 36
     assert uuid.UUID(made).version == 7
+
+
+def test_random8_never_repeats_across_refills_and_threads() -> None:
+    """Each thread reads its own pool, so no two callers are handed the same slice."""
+    drawn: list[list[bytes]] = [[] for _ in range(4)]
+
+    def draw(into: list[bytes]) -> None:
+        into.extend(random8() for _ in range(3 * ENTROPY_POOL_BYTES // 8))
+
+    threads = [threading.Thread(target=draw, args=(d,)) for d in drawn]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    every = [b for d in drawn for b in d]
+    assert all(len(b) == 8 for b in every)
+    assert len(set(every)) == len(every)
+
+
+def test_a_forked_child_does_not_hand_out_its_parents_next_random_bytes() -> None:
+    """The pool is copied by fork; the child must draw afresh, or the parent's next id
+    and the child's first would share their random bits."""
+    random8()  # the pool now holds unread bytes
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: write its first draw, then leave without cleanup
+        try:
+            os.write(write_end, random8())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    child = os.read(read_end, 8)
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    parent = random8()
+    assert len(child) == 8 and child != parent
+
+
+def test_check_name_remembers_only_names_it_accepted() -> None:
+    """Accepted names are remembered (``_GOOD_NAMES``); a bad one is refused every
+    time, before and after the memory fills and is emptied, and a str subclass, whose
+    equality could lie, is matched afresh."""
+
+    class Liar(str):
+        def __eq__(self, other: object) -> bool:
+            return True
+
+        __hash__ = str.__hash__
+
+    for round_ in range(3):
+        for i in range(3000):  # 9,000 names: more than the memory holds
+            assert check_name("queue", f"q{round_}.{i}") == f"q{round_}.{i}"
+        for bad in (
+            "",
+            "-leading",
+            "has space",
+            "x" * 129,
+            "nul\x00",
+            "trailing\n",
+            7,
+            None,
+            Liar("a b"),
+        ):
+            with pytest.raises(OrbitError) as caught:
+                check_name("queue", bad)
+            assert caught.value.code == Code.INVALID_ARGUMENT
 
 
 def test_status_codes() -> None:
