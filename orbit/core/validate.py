@@ -6,7 +6,7 @@ import math
 import re
 
 from orbit.core.errors import Code, OrbitError
-from orbit.core.model import Backoff, TaskSpec, canonical_json
+from orbit.core.model import Backoff, TaskSpec, canonical_json, is_shallow
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")  # \Z: $ would pass a final newline
 MAX_PRIORITY = 1_000_000
@@ -86,7 +86,10 @@ MAX_JSON_DEPTH = 64
 
 
 def check_json_depth(value: object, what: str) -> None:
-    """Payloads and results nest at most 64 levels, so every view can serialise them."""
+    """Payloads and results nest at most 64 levels, so every view can serialise them.
+    A shallow value (``is_shallow``, the usual shape) is far from the limit: no walk."""
+    if is_shallow(value):
+        return
     stack: list[tuple[object, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()

@@ -189,3 +189,24 @@ def test_every_queue_of_a_batch_must_exist(store: Store) -> None:
     assert "'c'" in err.message
     created = store.task_submit_many(specs[:3])
     assert [s.task.queue for s in created] == ["b", "a", "b"]
+
+
+def _nested(levels: int) -> Any:
+    value: Any = 1
+    for i in range(levels):
+        value = [value] if i % 2 else {"k": value, "flat": 2.5}
+    return value
+
+
+@pytest.mark.parametrize("payload", [_nested(65), {"a": 1, "b": [_nested(64)]}, [0.5, _nested(70)]])
+def test_a_payload_nested_past_64_levels_is_refused(store: Store, payload: Any) -> None:
+    """Beside plain values (which skip the walk), a deep one is still found."""
+    queue(store)
+    err = _rejects(store, Code.INVALID_ARGUMENT, lambda: submit(store, payload=payload))
+    assert "nests more than 64 levels" in err.message
+
+
+def test_a_payload_nested_64_levels_is_taken(store: Store) -> None:
+    queue(store)
+    task = store.task_get(submit(store, payload=_nested(64)))
+    assert task.payload.count("[") + task.payload.count("{") == 64

@@ -5,6 +5,7 @@ stored by earlier versions must still match."""
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 from hypothesis import given, settings
@@ -51,4 +52,47 @@ def test_the_spellings_that_differ_between_encoders() -> None:
         {"a": "\x00\x1f\x7f\u2028\ud7ff\U0001f600"},  # escapes and the edges of UTF-8
         {"é": 1, "Z": 2, "\U0001f600": 3, "ﬀ": 4},  # key order by code point
     ):
+        assert canonical_json(value) == _reference(value), value
+
+
+#: Floats orjson writes exactly as the standard library does (``_plain``): zero, and
+#: magnitudes Python writes without an exponent. The edges first, then random ones.
+_EDGE_FLOATS = (0.0, -0.0, 1e-4, -1e-4, 0.1, 1.0, 2.5, 0.30000000000000004)
+_EDGE_FLOATS += (9999999999999998.0, 1e15, 123456789.123456789, 1.7976931348623157e16 / 2)
+
+
+@given(
+    st.dictionaries(
+        st.text(),
+        st.floats(min_value=1e-4, max_value=9999999999999998.0) | st.just(-0.0),
+        max_size=8,
+    )
+)
+def test_flat_values_with_floats_too(value: dict[str, float]) -> None:
+    assert canonical_json(value) == _reference(value)
+    assert canonical_json([-v for v in value.values()]) == _reference([-v for v in value.values()])
+
+
+def test_floats_across_the_range_orjson_writes_for_them() -> None:
+    """A quarter of a million doubles from every part of the fast path's range (random
+    exponent and mantissa bits), and its edges: orjson's spelling, taken for them, must
+    be the standard library's to the byte, or stored digests would stop matching."""
+    rng = random.Random(20261202)
+    values: list[float] = list(_EDGE_FLOATS)
+    while len(values) < 250_000:
+        x = rng.uniform(-4, 16)  # log-uniform magnitudes, 1e-4 to 1e16
+        value = 10**x * rng.choice((1, -1))
+        values.append(value)
+        values.append(round(value, rng.randint(0, 8)))  # the short decimals people write
+    values = [v for v in values if v == 0.0 or 1e-4 <= abs(v) < 1e16]
+    for start in range(0, len(values), 1000):
+        chunk = values[start : start + 1000]
+        assert canonical_json(chunk) == _reference(chunk)
+    for edge in _EDGE_FLOATS:
+        assert canonical_json({"t": edge}) == _reference({"t": edge})
+
+
+def test_floats_outside_that_range_take_the_standard_library() -> None:
+    for value in (1e16, -1e16, 9.999e-05, 5e-324, 1.7976931348623157e308, 1e-7, 1e22):
+        assert canonical_json([value]) == _reference([value]), value
         assert canonical_json(value) == _reference(value), value
