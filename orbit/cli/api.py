@@ -15,12 +15,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any, NoReturn
 
-import httpx
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from orbit.client import ApiError, Client, WaitTimeout
+from orbit.client import ApiError, Client, Unreachable, WaitTimeout
 from orbit.tokens import TokenError, load_token
 
 EXIT_TASK_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_TIMEOUT = 1, 2, 3, 4, 5
@@ -53,12 +52,16 @@ def client(url: str, cafile: str | None) -> Iterator[Client]:
     except TokenError as exc:
         fail(str(exc), EXIT_USAGE)
     try:
-        with Client(url, token, cafile=cafile) as c:
+        api = Client(url, token, cafile=cafile)
+    except (ValueError, OSError) as exc:  # a URL it cannot use, a CA file it cannot read
+        fail(str(exc), EXIT_USAGE)
+    try:
+        with api as c:
             yield c
     except ApiError as exc:
         fail(f"{exc.code}: {exc.message}", EXIT_REFUSED)
-    except httpx.TransportError as exc:
-        fail(f"cannot reach {url}: {type(exc).__name__}", EXIT_UNREACHABLE)
+    except Unreachable as exc:
+        fail(f"cannot reach {url}: {type(exc.__cause__ or exc).__name__}", EXIT_UNREACHABLE)
 
 
 def emit(data: Any, as_json: bool, table: Callable[[Any], Table] | None = None) -> None:

@@ -12,6 +12,7 @@ from orbit.client._errors import (
     Unauthorized,
     WaitTimeout,
 )
+from orbit.client._http import Unreachable
 
 __all__ = [
     "ApiError",
@@ -24,5 +25,6 @@ __all__ = [
     "TaskFailed",
     "TooLarge",
     "Unauthorized",
+    "Unreachable",
     "WaitTimeout",
 ]

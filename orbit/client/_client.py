@@ -4,6 +4,7 @@ async transport; certificates are always verified (a custom CA file is accepted)
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
@@ -12,7 +13,8 @@ from typing import Any
 import httpx
 
 from orbit.client._errors import TaskFailed, WaitTimeout, error_from
-from orbit.core.model import parse_json
+from orbit.client._http import Reply, Transport, Unreachable
+from orbit.core.model import compact_json, parse_json
 from orbit.tokens import load_token
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "needs_review"})
@@ -102,17 +104,12 @@ class _Calls:
         return ("POST", f"/v1/tasks/{task_id}/resolve", None, body)
 
 
-def _base(url: str, token: str | None, cafile: str | None, timeout: float) -> dict[str, Any]:
+def _headers(token: str | None) -> dict[str, str]:
     token = token if token is not None else load_token()
-    return {
-        "base_url": url.rstrip("/"),
-        "headers": {"Authorization": f"Bearer {token}", "User-Agent": "orbit-python"},
-        "verify": cafile if cafile else True,
-        "timeout": timeout,
-    }
+    return {"Authorization": f"Bearer {token}", "User-Agent": "orbit-python"}
 
 
-def _unwrap(reply: httpx.Response) -> Any:
+def _unwrap(reply: httpx.Response | Reply) -> Any:
     # orjson (falling back to the standard library for what it refuses): a batch reply
     # holds a thousand task views, which json.loads took most of the client's time to read
     body = parse_json(reply.content) if reply.content else None
@@ -132,7 +129,7 @@ class Client:
         cafile: str | None = None,
         timeout: float = 30.0,
     ) -> None:
-        self._http = httpx.Client(**_base(url, token, cafile, timeout))
+        self._http = Transport(url.rstrip("/"), _headers(token), cafile=cafile, timeout=timeout)
 
     def __enter__(self) -> Client:
         return self
@@ -145,7 +142,8 @@ class Client:
 
     def _call(self, request: Request) -> Any:
         method, path, query, body = request
-        return _unwrap(self._http.request(method, path, params=query, json=body))
+        content = None if body is None else compact_json(body)
+        return _unwrap(self._http.request(method, path, query, content))
 
     # queues
     def queue_create(
@@ -258,18 +256,17 @@ class Client:
 
     def artifact_content(self, artifact_id: str) -> bytes:
         """An artifact's bytes (use ``artifact_stream`` for large ones)."""
-        reply = self._http.get(f"/v1/artifacts/{artifact_id}/content")
+        reply = self._http.request("GET", f"/v1/artifacts/{artifact_id}/content", None, None)
         if reply.status_code >= 400:
             _unwrap(reply)
         return reply.content
 
     def artifact_stream(self, artifact_id: str) -> Iterator[bytes]:
         """An artifact's bytes as they arrive, without holding them all."""
-        with self._http.stream("GET", f"/v1/artifacts/{artifact_id}/content") as reply:
-            if reply.status_code >= 400:
-                reply.read()
-                _unwrap(reply)
-            yield from reply.iter_bytes()
+        with self._http.stream("GET", f"/v1/artifacts/{artifact_id}/content") as (status, chunks):
+            if status >= 400:
+                _unwrap(Reply(status, b"".join(chunks)))
+            yield from chunks
 
     def token_create(self, name: str, scopes: list[str]) -> dict[str, Any]:
         return dict(self._call(("POST", "/v1/tokens", None, {"name": name, "scopes": scopes})))
@@ -286,7 +283,12 @@ class AsyncClient:
         cafile: str | None = None,
         timeout: float = 30.0,
     ) -> None:
-        self._http = httpx.AsyncClient(**_base(url, token, cafile, timeout))
+        self._http = httpx.AsyncClient(
+            base_url=url.rstrip("/"),
+            headers=_headers(token),
+            verify=ssl.create_default_context(cafile=cafile) if cafile else True,
+            timeout=timeout,
+        )
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -299,7 +301,15 @@ class AsyncClient:
 
     async def _call(self, request: Request) -> Any:
         method, path, query, body = request
-        return _unwrap(await self._http.request(method, path, params=query, json=body))
+        content = None if body is None else compact_json(body)
+        headers = None if body is None else {"Content-Type": "application/json"}
+        try:
+            reply = await self._http.request(
+                method, path, params=query, content=content, headers=headers
+            )
+        except httpx.TransportError as exc:  # as Client raises it
+            raise Unreachable(f"{type(exc).__name__}: {exc}"[:300]) from exc
+        return _unwrap(reply)
 
     async def queue_create(
         self, name: str, *, max_concurrency: int, rate: float, burst: int | None = None

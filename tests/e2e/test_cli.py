@@ -130,6 +130,13 @@ def test_bad_arguments_get_clear_messages(orbit: Run, tmp_path: Path) -> None:
     assert wrong.returncode == 3 and "UNAUTHENTICATED" in wrong.stderr
     down = orbit("queue", "ls", ORBIT_URL="http://127.0.0.1:9")
     assert down.returncode == 4 and "cannot reach" in down.stderr
+    for url in ("127.0.0.1:8000", "http://ops:hunter2@127.0.0.1:9"):
+        unusable = orbit("queue", "ls", ORBIT_URL=url)
+        assert unusable.returncode == 2 and "server URL must" in unusable.stderr
+        assert "hunter2" not in unusable.stderr + unusable.stdout
+    missing_ca = str(tmp_path / "missing.pem")
+    no_ca = orbit("queue", "ls", "--cafile", missing_ca, ORBIT_URL="https://127.0.0.1:9")
+    assert no_ca.returncode == 2 and "No such file" in no_ca.stderr, no_ca.stderr
     assert orbit("worker", "frobnicate").returncode == 2
     assert orbit("worker", "nosuchmodule:worker").returncode == 2
     assert orbit("server", "--db", "mysql://x").returncode == 2

@@ -16,6 +16,7 @@ import httpx
 import pytest
 import trustme
 
+from orbit.client import AsyncClient, Client, Unreachable
 from orbit.worker import WorkerConnection
 from tests.e2e.servers import Node, Tokens, make_tokens, start_server
 from tests.pg import as_url, temporary_database
@@ -113,6 +114,36 @@ def refused_without_trust(node: Node, tokens: Tokens, ca: Path, tmp_path: Path) 
         httpx.get(f"http://127.0.0.1:{node.port}/healthz", timeout=10)
 
 
+def orbit_clients_over_tls(node: Node, tokens: Tokens, ca: Path) -> None:
+    """Orbit's own clients verify too: with ``cafile`` they work, and without it, or for
+    a name the certificate does not hold, they raise Unreachable with the TLS cause."""
+    with Client(node.http, tokens.admin, cafile=str(ca)) as c:
+        made = c.submit("tls", "h", {"by": "Client"})
+        assert c.get(made["id"])["payload"] == {"by": "Client"}
+        assert [q["name"] for q in c.queues()] == ["tls"]
+
+    async def async_submit() -> str:
+        async with AsyncClient(node.http, tokens.admin, cafile=str(ca)) as c:
+            return str((await c.submit("tls", "h", {"by": "AsyncClient"}))["state"])
+
+    assert asyncio.run(async_submit()) == "queued"
+    for url, cafile in (
+        (node.http, None),
+        (f"https://localhost:{node.port}", str(ca)),
+    ):
+        with Client(url, tokens.admin, cafile=cafile) as c, pytest.raises(Unreachable) as caught:
+            c.queues()
+        assert isinstance(caught.value.__cause__, ssl.SSLCertVerificationError)
+        assert tokens.admin not in str(caught.value)
+
+        async def refused(url: str = url, cafile: str | None = cafile) -> None:
+            async with AsyncClient(url, tokens.admin, cafile=cafile) as c:
+                await c.queues()
+
+        with pytest.raises(Unreachable):
+            asyncio.run(refused())
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_task_life_over_verified_tls(backend: str, tmp_path: Path) -> None:
     cert, key, ca = write_pki(tmp_path)
@@ -122,6 +153,7 @@ def test_task_life_over_verified_tls(backend: str, tmp_path: Path) -> None:
         try:
             assert node.http.startswith("https://") and node.ws.startswith("wss://")
             task_life(node, tokens, ca)
+            orbit_clients_over_tls(node, tokens, ca)
             refused_without_trust(node, tokens, ca, tmp_path)
         except BaseException:
             print(node.log_text())

@@ -1,0 +1,197 @@
+"""The sync client's HTTP/1.1 transport: the standard library's ``http.client`` over a
+small pool of keep-alive connections.
+
+httpx, which this replaced for ``Client``, spent 0.7-1 ms of CPU on a one-task submit
+(request and response models, header validation, two ``send`` calls for the headers and
+the body) against 0.25 ms here, and that time sat in every submit's path to a worker's
+start (``docs/benchmarks.md``). ``AsyncClient`` still uses httpx.
+
+A connection is reused only when it is idle and open: before a request, a readable
+socket means the server closed it (or sent what no request asked for), and it is
+replaced. A request that fails once sent is not retried, since the server may have
+acted on it; the caller sees :class:`Unreachable`, as for a server that is down.
+"""
+
+from __future__ import annotations
+
+import http.client
+import select
+import ssl
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+#: Bytes read at a time from a streamed body.
+STREAM_CHUNK = 64 * 1024
+
+
+class Unreachable(ConnectionError):
+    """The server could not be reached, or the connection failed mid-request (the
+    cause is chained). Whether a request that failed this way took effect is unknown:
+    resubmit with an idempotency key to be sure."""
+
+
+class Reply:
+    """A whole response: its status and body."""
+
+    __slots__ = ("content", "status_code")
+
+    def __init__(self, status_code: int, content: bytes) -> None:
+        self.status_code = status_code
+        self.content = content
+
+
+class Transport:
+    """Requests to one server (``base_url``: scheme, host, port and an optional path
+    prefix), safe to share between threads: each request holds a connection of its own
+    from the pool while it runs."""
+
+    def __init__(
+        self,
+        base_url: str,
+        headers: dict[str, str],
+        *,
+        cafile: str | None,
+        timeout: float,
+    ) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("the server URL must be http://host[:port] or https://host[:port]")
+        if parts.query or parts.fragment:
+            raise ValueError("the server URL must not hold a query or a fragment")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("the server URL must not hold credentials: pass token= instead")
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname
+        self._port = parts.port or (443 if self._https else 80)
+        self._prefix = parts.path.rstrip("/")
+        self._where = f"{self._host}:{self._port}"
+        self._headers = headers
+        self._timeout = timeout
+        self._tls = ssl.create_default_context(cafile=cafile) if self._https else None
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def request(
+        self, method: str, path: str, query: dict[str, Any] | None, body: bytes | None
+    ) -> Reply:
+        conn, response = self._open(method, path, query, body)
+        try:
+            content = response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            raise self._unreachable(exc) from exc
+        except BaseException:
+            conn.close()
+            raise
+        self._done(conn, response)
+        return Reply(response.status, content)
+
+    @contextmanager
+    def stream(self, method: str, path: str) -> Iterator[tuple[int, Iterator[bytes]]]:
+        """The status and the body's chunks as they arrive; a body not read to its end
+        closes the connection rather than go back to the pool."""
+        conn, response = self._open(method, path, None, None)
+        try:
+            yield response.status, self._chunks(response)
+        finally:
+            self._done(conn, response)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+    def _open(
+        self, method: str, path: str, query: dict[str, Any] | None, body: bytes | None
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        target = self._prefix + path + ("?" + urlencode(query) if query else "")
+        headers = self._headers if body is None else {**self._headers, **_JSON}
+        conn = self._take()
+        try:
+            # one send for the headers and a bytes body (http.client joins them)
+            conn.request(method, target, body=body, headers=headers)
+            return conn, conn.getresponse()
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            raise self._unreachable(exc) from exc
+        except BaseException:
+            conn.close()
+            raise
+
+    def _chunks(self, response: http.client.HTTPResponse) -> Iterator[bytes]:
+        while True:
+            try:
+                chunk = response.read(STREAM_CHUNK)
+            except (OSError, http.client.HTTPException) as exc:
+                raise self._unreachable(exc) from exc
+            if not chunk:
+                return
+            yield chunk
+
+    def _done(self, conn: http.client.HTTPConnection, response: http.client.HTTPResponse) -> None:
+        """Back to the pool if the server keeps it open and the body was read out."""
+        if response.will_close or not response.isclosed() or conn.sock is None:
+            conn.close()
+            return
+        with self._lock:
+            if not self._closed and len(self._idle) < MAX_IDLE:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def _unreachable(self, exc: BaseException) -> Unreachable:
+        if isinstance(exc, TimeoutError):
+            return Unreachable(f"no answer from {self._where} within {self._timeout} s")
+        return Unreachable(f"{self._where}: {type(exc).__name__}: {exc}"[:300])
+
+    def _take(self) -> http.client.HTTPConnection:
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise RuntimeError("the client is closed")
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                return self._connect()
+            if _still_open(conn):
+                return conn
+            conn.close()
+
+    def _connect(self) -> http.client.HTTPConnection:
+        conn: http.client.HTTPConnection
+        if self._tls is not None:
+            conn = http.client.HTTPSConnection(
+                self._host, self._port, timeout=self._timeout, context=self._tls
+            )
+        else:
+            conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
+        try:
+            conn.connect()  # which sets TCP_NODELAY
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            raise self._unreachable(exc) from exc
+        return conn
+
+
+#: Idle connections kept per client (one per thread that calls it at once, up to this).
+MAX_IDLE = 8
+
+_JSON = {"Content-Type": "application/json"}
+
+
+def _still_open(conn: http.client.HTTPConnection) -> bool:
+    """An idle keep-alive connection has nothing to read; if its socket is readable, the
+    server closed it (or broke the protocol), and it must not carry a request."""
+    sock = conn.sock
+    if sock is None:
+        return False
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return not readable

@@ -1,0 +1,231 @@
+"""The sync client's transport (``orbit.client._http``) against a real HTTP/1.1 server on
+a loopback port: keep-alive reuse, a connection the server closed while idle, path
+prefixes and queries, streamed bodies, threads, and the errors a caller sees."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from orbit.client import Client, Unreachable
+from orbit.client._http import STREAM_CHUNK, Transport, _still_open
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive
+    server: _Server
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self._answer()
+
+    def do_POST(self) -> None:
+        self._answer()
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        self.server.seen.append(
+            {
+                "port": self.client_address[1],
+                "method": self.command,
+                "path": self.path,
+                "body": body,
+                "headers": dict(self.headers),
+            }
+        )
+        if self.path.startswith("/slow"):
+            time.sleep(1.0)
+        if self.path.startswith("/big"):
+            payload = b"x" * (3 * STREAM_CHUNK + 5)
+        else:
+            payload = json.dumps({"path": self.path}).encode()
+        self.send_response(404 if self.path.startswith("/missing") else 200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        if self.path.startswith("/close"):
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        self.wfile.write(payload)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    seen: list[dict[str, Any]]
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that hangs up mid-body, on purpose
+
+
+@pytest.fixture
+def server() -> Iterator[_Server]:
+    srv = _Server(("127.0.0.1", 0), _Handler)
+    srv.seen = []
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def _url(srv: _Server, path: str = "") -> str:
+    return f"http://127.0.0.1:{srv.server_address[1]}{path}"
+
+
+def _transport(url: str, timeout: float = 5.0) -> Transport:
+    return Transport(url, {"Authorization": "Bearer t0ken"}, cafile=None, timeout=timeout)
+
+
+def test_requests_share_one_keep_alive_connection(server: _Server) -> None:
+    t = _transport(_url(server))
+    for i in range(5):
+        reply = t.request("POST", "/v1/tasks", {"limit": i, "q": "a b&c"}, b'{"n":1}')
+        assert reply.status_code == 200
+    t.close()
+    assert len({s["port"] for s in server.seen}) == 1
+    assert server.seen[3]["path"] == "/v1/tasks?limit=3&q=a+b%26c"
+    assert server.seen[0]["body"] == b'{"n":1}'
+    assert server.seen[0]["headers"]["Content-Type"] == "application/json"
+    assert server.seen[0]["headers"]["Authorization"] == "Bearer t0ken"
+
+
+def test_a_path_prefix_in_the_url_is_kept(server: _Server) -> None:
+    t = _transport(_url(server, "/orbit/"))
+    assert json.loads(t.request("GET", "/v1/queues", None, None).content) == {
+        "path": "/orbit/v1/queues"
+    }
+    t.close()
+
+
+class _IdleTimeoutHandler(_Handler):
+    timeout = 0.2  # the server drops a keep-alive connection idle this long
+
+
+def test_a_connection_the_server_closed_is_replaced_before_the_next_request(
+    server: _Server,
+) -> None:
+    t = _transport(_url(server))
+    assert t.request("GET", "/close", None, None).status_code == 200  # "Connection: close"
+    assert t.request("GET", "/after", None, None).status_code == 200
+    t.close()
+    ports = [s["port"] for s in server.seen]
+    assert ports[0] != ports[1]
+
+
+def test_a_connection_the_server_dropped_while_idle_is_replaced() -> None:
+    srv = _Server(("127.0.0.1", 0), _IdleTimeoutHandler)
+    srv.seen = []
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        t = _transport(_url(srv))
+        assert t.request("GET", "/first", None, None).status_code == 200
+        [idle] = t._idle
+        deadline = time.monotonic() + 10
+        while _still_open(idle):  # the server's idle timeout closes it
+            assert time.monotonic() < deadline, "the server never closed the connection"
+            time.sleep(0.05)
+        assert t.request("GET", "/second", None, None).status_code == 200
+        t.close()
+        assert srv.seen[0]["port"] != srv.seen[1]["port"]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_a_streamed_body_arrives_in_chunks_and_an_unread_one_is_not_reused(
+    server: _Server,
+) -> None:
+    t = _transport(_url(server))
+    with t.stream("GET", "/big") as (status, chunks):
+        got = list(chunks)
+    assert status == 200 and sum(map(len, got)) == 3 * STREAM_CHUNK + 5 and len(got) > 1
+    assert len(t._idle) == 1  # read to its end: back to the pool
+    with t.stream("GET", "/big") as (status, chunks):
+        next(chunks)
+    assert not t._idle  # the same one went out, and was closed rather than returned
+    t.close()
+
+
+def test_threads_each_get_a_connection(server: _Server) -> None:
+    t = _transport(_url(server))
+    errors: list[BaseException] = []
+
+    def calls(n: int) -> None:
+        try:
+            for i in range(20):
+                assert json.loads(t.request("GET", f"/t{n}/{i}", None, None).content) == {
+                    "path": f"/t{n}/{i}"
+                }
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=calls, args=(n,)) for n in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    t.close()
+    assert not errors and len(server.seen) == 120
+
+
+def test_no_server_and_no_answer_raise_unreachable() -> None:
+    with socket.socket() as placeholder:  # a port nobody listens on
+        placeholder.bind(("127.0.0.1", 0))
+        port = placeholder.getsockname()[1]
+    t = _transport(f"http://127.0.0.1:{port}")
+    with pytest.raises(Unreachable, match=f"127.0.0.1:{port}") as caught:
+        t.request("GET", "/v1/queues", None, None)
+    assert isinstance(caught.value.__cause__, ConnectionRefusedError)
+
+
+def test_a_slow_answer_raises_unreachable_after_the_timeout(server: _Server) -> None:
+    t = _transport(_url(server), timeout=0.2)
+    with pytest.raises(Unreachable, match=r"within 0\.2 s"):
+        t.request("GET", "/slow", None, None)
+    assert not t._idle  # the connection that timed out is not reused
+    assert t.request("GET", "/quick", None, None).status_code == 200
+    t.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("ftp://127.0.0.1:1", "must be http"),
+        ("127.0.0.1:8000", "must be http"),
+        ("http://127.0.0.1:1/?x=1", "query"),
+        ("http://user:secret@127.0.0.1:1", "credentials"),
+    ],
+)
+def test_urls_it_cannot_use_are_refused(url: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as caught:
+        _transport(url)
+    assert "secret" not in str(caught.value)
+
+
+def test_a_closed_transport_refuses_requests(server: _Server) -> None:
+    t = _transport(_url(server))
+    t.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        t.request("GET", "/", None, None)
+
+
+def test_client_sends_compact_json_and_reads_errors(server: _Server) -> None:
+    with Client(_url(server), token="t0ken") as c:
+        with pytest.raises(Exception) as caught:  # the fake server's 404 is no ApiError body
+            c._call(("GET", "/missing", None, None))
+        assert not isinstance(caught.value, Unreachable)
+        c._call(("POST", "/v1/tasks", None, {"b": [1, 2.5], "a": "é"}))
+    assert server.seen[-1]["body"] == '{"b":[1,2.5],"a":"é"}'.encode()
+    assert server.seen[-1]["headers"]["User-Agent"] == "orbit-python"
