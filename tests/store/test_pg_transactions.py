@@ -1,12 +1,15 @@
 """How the PostgreSQL driver begins and ends a transaction.
 
 Its connections are in autocommit mode and a transaction is begun by its first
-statement, which sends ``BEGIN`` alone first. The driver then commits, or rolls back when
-the work raised or when one of its statements failed.
+statement, which carries ``BEGIN`` with it in one round trip (libpq's pipeline mode). The
+driver then commits, or rolls back when the work raised or when one of its statements
+failed.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -112,3 +115,66 @@ def test_a_transaction_that_ran_nothing_leaves_its_connection_idle(
         raw = cx._cx  # type: ignore[attr-defined]
         assert raw.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
     assert raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def test_the_first_statement_and_its_begin_form_one_transaction(driver: PostgresDriver) -> None:
+    """The first statement already runs inside the transaction: its clock is the
+    transaction's, and a later statement reads the same ``now()``."""
+    driver.queries["test_clocks"] = "SELECT CAST(now() AS text) AS t, txid_current() AS x"
+    with driver.transaction() as cx:
+        first = cx.fetch("test_clocks", {})
+        time.sleep(0.01)
+        second = cx.fetch("test_clocks", {})
+    assert first == second  # one transaction: the same start and the same id
+
+
+def test_waiting_for_the_first_statement_releases_the_gil(driver: PostgresDriver) -> None:
+    """The pipelined first statement waits on its socket, not inside libpq holding the
+    GIL (which would freeze the server's event loop for a round trip)."""
+    driver.queries["test_sleep"] = "SELECT CAST(pg_sleep(%(s)s) AS text) AS slept"
+    steps = [0]
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            steps[0] += 1
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        before = steps[0]
+        time.sleep(0.3)  # the spinner's pace while this thread waits without the GIL
+        idle = steps[0] - before
+        with driver.transaction() as cx:
+            before = steps[0]
+            cx.fetch("test_sleep", {"s": 0.3})
+            during = steps[0] - before
+    finally:
+        stop.set()
+        spinner.join()
+    assert during > idle / 4, (during, idle)  # held, it barely moves (about 2 %)
+
+
+def test_a_connection_lost_during_the_first_statement_is_replaced(
+    driver: PostgresDriver,
+) -> None:
+    """A connection whose server process is gone fails the one transaction that draws
+    it (a psycopg error, not a hang or a wrong answer) and is then discarded."""
+    driver.queries["test_pid"] = "SELECT pg_backend_pid() AS pid, CAST(%(v)s AS text) AS v"
+    with driver.transaction() as cx:
+        (row,) = cx.fetch("test_pid", {"v": "x"})
+    with psycopg.connect(driver.dsn, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [row["pid"]])
+    outcomes: list[str] = []
+    for i in range(6):  # the pool hands its connections out in turn
+        try:
+            with driver.transaction() as cx:
+                (again,) = cx.fetch("test_pid", {"v": f"y{i}"})
+            assert again["v"] == f"y{i}" and again["pid"] != row["pid"]
+            outcomes.append("ok")
+        except psycopg.DatabaseError:  # "server closed the connection unexpectedly"
+            outcomes.append("lost")
+    assert outcomes.count("lost") <= 1 and outcomes[-3:] == ["ok"] * 3, outcomes
+    with driver.transaction() as cx:
+        cx.execute("test_note", {"name": "test-after"})
+    assert _notes(driver) == ["test-after"]
