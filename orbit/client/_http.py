@@ -79,14 +79,8 @@ class Transport:
         self, method: str, path: str, query: dict[str, Any] | None, body: bytes | None
     ) -> Reply:
         conn, response = self._open(method, path, query, body)
-        try:
+        with self._closed_on_error(conn):
             content = response.read()
-        except (OSError, http.client.HTTPException) as exc:
-            conn.close()
-            raise self._unreachable(exc) from exc
-        except BaseException:
-            conn.close()
-            raise
         self._done(conn, response)
         return Reply(response.status, content)
 
@@ -113,10 +107,17 @@ class Transport:
         target = self._prefix + path + ("?" + urlencode(query) if query else "")
         headers = self._headers if body is None else {**self._headers, **_JSON}
         conn = self._take()
-        try:
+        with self._closed_on_error(conn):
             # one send for the headers and a bytes body (http.client joins them)
             conn.request(method, target, body=body, headers=headers)
             return conn, conn.getresponse()
+
+    @contextmanager
+    def _closed_on_error(self, conn: http.client.HTTPConnection) -> Iterator[None]:
+        """Any error closes ``conn`` (its state is unknown); a transport error is raised
+        as ``Unreachable``."""
+        try:
+            yield
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
             raise self._unreachable(exc) from exc
@@ -170,11 +171,8 @@ class Transport:
             )
         else:
             conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
-        try:
+        with self._closed_on_error(conn):
             conn.connect()  # which sets TCP_NODELAY
-        except (OSError, http.client.HTTPException) as exc:
-            conn.close()
-            raise self._unreachable(exc) from exc
         return conn
 
 

@@ -16,8 +16,12 @@ from typing import Any
 import psycopg
 import pytest
 
+from orbit.core.model import TaskSpec
+from orbit.core.transitions import new_task
 from orbit.store import Store
 from orbit.store.postgres.driver import PostgresDriver
+from orbit.store.rows import task_to_row
+from tests.store.helpers import queue
 
 pytestmark = pytest.mark.parametrize("backend", ["postgres"])
 
@@ -178,3 +182,31 @@ def test_a_connection_lost_during_the_first_statement_is_replaced(
     with driver.transaction() as cx:
         cx.execute("test_note", {"name": "test-after"})
     assert _notes(driver) == ["test-after"]
+
+
+def test_a_write_and_its_notice_share_a_round_trip_and_its_fate(
+    store: Store, driver: PostgresDriver
+) -> None:
+    """A single submit's insert (a statement with its own data-modifying WITH) and its
+    NOTIFY go in one pipeline: when the insert fails on the server, no one is told and
+    nothing is written; when it succeeds, the commit delivers the notice once."""
+    queue(store)
+    good = new_task(TaskSpec(queue="q", handler="h"), task_id="t-good", payload="1", now=1)
+    bad = {**task_to_row(good), "id": "t-bad", "priority": "not a number"}
+    with psycopg.connect(driver.dsn, autocommit=True) as listener:
+        listener.execute("LISTEN orbit_ready")
+        with pytest.raises(psycopg.errors.InvalidTextRepresentation), driver.transaction() as cx:
+            cx.write_batch([("task_submit_many", [bad])], [("orbit_ready", "x:ready:q")])
+        with driver.transaction() as cx:
+            counts = cx.write_batch(
+                [("task_submit_many", [task_to_row(good)])], [("orbit_ready", "y:ready:q")]
+            )
+        with psycopg.connect(driver.dsn, autocommit=True) as other:
+            other.execute("SELECT pg_notify('orbit_ready', 'sentinel')")
+        heard = []
+        for n in listener.notifies(timeout=5):
+            if n.payload == "sentinel":
+                break
+            heard.append(n.payload)
+    assert counts == [1] and heard == ["y:ready:q"]
+    assert [t.id for t in store.task_list()] == ["t-good"]

@@ -390,27 +390,34 @@ class _Raw:
         name, values = self.prepare(sql, params)
         return _checked(self._pg.exec_prepared(name, values))
 
-    def begin_and_run(self, name: bytes, values: list[bytes]) -> pq.abc.PGresult:
-        """``BEGIN`` and the transaction's first statement (as ``run``) in one round trip,
-        through libpq's pipeline mode: a transaction done one at a time (a submit, a
-        claim, a start, a finish) had spent a round trip of its own, about 130 µs here,
-        on ``BEGIN``. The results are read once the socket is readable, so the wait
-        releases the GIL (a blocking ``get_result`` would hold it). Anything but the
-        expected answers closes the connection, which the pool then replaces. ``name``
-        and ``values`` come from ``prepare``."""
+    def pipeline(
+        self, statements: Sequence[tuple[bytes, list[bytes]]], *, begin: bool
+    ) -> list[pq.abc.PGresult]:
+        """Prepared statements (from ``prepare``), after ``BEGIN`` if ``begin``, in one
+        round trip through libpq's pipeline mode; their results, each checked in order.
+        A transaction done one at a time (a submit, a claim, a start, a finish) had spent
+        a round trip of its own, about 50-130 µs here, on ``BEGIN``, and a single submit
+        another on the NOTIFY after its insert. libpq's pipeline costs this process no
+        more CPU than one statement (psycopg's own pipeline mode did, see above). The
+        results are read once the socket is readable, so the wait releases the GIL (a
+        blocking ``get_result`` would hold it). Anything but the expected answers closes
+        the connection, which the pool then replaces. After a failed statement the
+        others are skipped and the transaction is left failed, for the caller's
+        rollback."""
         pg = self._pg
         try:
             pg.enter_pipeline_mode()
-            pg.send_query_params(b"BEGIN", None)
-            pg.send_query_prepared(name, values)
+            if begin:
+                pg.send_query_params(b"BEGIN", None)
+            for name, values in statements:
+                pg.send_query_prepared(name, values)
             pg.pipeline_sync()
-            begun, result = _pipeline_results(pg, 2)
+            results = _pipeline_results(pg, len(statements) + begin)
             pg.exit_pipeline_mode()
         except BaseException:
             self._cx.close()
             raise
-        _checked(begun)
-        return _checked(result)
+        return [_checked(r) for r in results][begin:]
 
     def prepare(self, sql: str, params: Sequence[Any]) -> tuple[bytes, list[bytes]]:
         """The name ``sql`` is prepared under on this connection (preparing it at its
@@ -421,6 +428,11 @@ class _Raw:
             self._statements.prepared(self._cx, name)
         # libpq reads None as NULL; psycopg's stub leaves None out of the values' type
         return name, cast("list[bytes]", [_dump(v) for v in params])
+
+
+def _written_count(result: pq.abc.PGresult) -> int:
+    """The rows a write returned, or else the rows it changed."""
+    return result.ntuples if result.nfields else result.command_tuples or 0
 
 
 def _pipeline_results(pg: pq.abc.PGconn, count: int) -> list[pq.abc.PGresult]:
@@ -448,7 +460,7 @@ class _PostgresConnection:
     """One transaction on an autocommit connection, begun by its first statement.
 
     The driver begins, commits and rolls back itself. ``BEGIN`` travels with the
-    transaction's first statement in libpq's pipeline mode (``_Raw.begin_and_run``), or
+    transaction's first statement in libpq's pipeline mode (``_Raw.pipeline``), or
     alone before a statement sent another way (``_begin``): psycopg's own pipeline mode
     costs this process more CPU than the round trip it saves (``_Raw``)."""
 
@@ -479,9 +491,15 @@ class _PostgresConnection:
         values = [params[name] for name in order]
         if self.begun:
             return self.raw.run(sql, values)
-        name, texts = self.raw.prepare(sql, values)  # a bad value raises before BEGIN
-        self.begun = True  # before the round trip: if the statement fails, a rollback follows
-        return self.raw.begin_and_run(name, texts)
+        return self._pipelined_run([(sql, values)])[0]
+
+    def _pipelined_run(self, statements: Sequence[tuple[str, list[Any]]]) -> list[pq.abc.PGresult]:
+        """Positional statements and their values in one round trip (``_Raw.pipeline``),
+        with ``BEGIN`` first if the transaction has not begun."""
+        prepared = [self.raw.prepare(sql, values) for sql, values in statements]
+        begin = not self.begun  # a bad value raised above, before anything was sent
+        self.begun = True  # before the round trip: if a statement fails, a rollback follows
+        return self.raw.pipeline(prepared, begin=begin)
 
     def _lock_sql(self, names: tuple[str, ...], one: bool) -> Positional:
         """The one positional statement of ``lock_many`` for these reads
@@ -551,9 +569,8 @@ class _PostgresConnection:
         if len(todo) == 1:
             return [self.write_many(*todo[0])][: len(writes)]
         if any(name in self._statements.standalone for name, _ in todo):
-            # one statement each: through libpq, a second round trip costs this process
-            # less than psycopg's pipeline mode does to save it (``_Raw``)
-            return [self.write_many(name, rows) for name, rows in todo][: len(writes)]
+            # one statement each, all in one round trip (``_Raw.pipeline``)
+            return self._write_each(todo)[: len(writes)]
         forms: list[WriteForm] = []
         params: Params = {}
         for i, (name, rows) in enumerate(todo):
@@ -577,8 +594,21 @@ class _PostgresConnection:
         if not rows:
             return 0
         form, params = self._write_params(name, rows)
-        result = self._write((form,), params)
-        return result.ntuples if result.nfields else result.command_tuples or 0
+        return _written_count(self._write((form,), params))
+
+    def _write_each(self, writes: Sequence[tuple[str, Sequence[Row]]]) -> list[int]:
+        """Writes that cannot share one statement, each its own, in one round trip; a
+        write without rows sends nothing and counts 0."""
+        statements: list[tuple[str, list[Any]]] = []
+        for name, rows in writes:
+            if rows:
+                form, params = self._write_params(name, rows)
+                sql, order = self._write_sql((form,), one_each(params))
+                statements.append((sql, [params[k] for k in order]))
+        if not statements:
+            return [0] * len(writes)
+        counts = iter([_written_count(r) for r in self._pipelined_run(statements)])
+        return [next(counts) if rows else 0 for _, rows in writes]
 
     def write_stream(self, name: str, chunks: Iterable[Sequence[Row]]) -> int:
         return sum(self._pipelined((name, rows) for rows in chunks if rows))
