@@ -771,7 +771,7 @@ class Store:
 
         def build(tx: _Tx) -> tuple[Plan, Grants]:
             plan = Plan()
-            tx.execute("claim_lock")
+            tx.prelude("claim_lock")  # sent with the reads below, and held before them
             # Everything a claim weighs, then the clock, read after the claim lock in one
             # round trip (one statement on PostgreSQL). Claims are serialised by that lock,
             # so queue rows need no lock here: only claims write the token buckets, and a
@@ -1591,6 +1591,10 @@ class _Tx:
     def execute(self, query: str, /, **params: Any) -> int:
         self._armed(query)
         return self.cx.execute(query, params)
+
+    def prelude(self, query: str, /, **params: Any) -> None:
+        self._armed(query)
+        self.cx.prelude(query, params)
 
     def write_many(self, name: str, rows: Sequence[Row], *, expect: int | None = None) -> int:
         if not rows:

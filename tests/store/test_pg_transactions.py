@@ -210,3 +210,60 @@ def test_a_write_and_its_notice_share_a_round_trip_and_its_fate(
             heard.append(n.payload)
     assert counts == [1] and heard == ["y:ready:q"]
     assert [t.id for t in store.task_list()] == ["t-good"]
+
+
+def test_a_prelude_is_held_before_the_statement_it_travels_with(driver: PostgresDriver) -> None:
+    driver.queries["test_lock"] = "SELECT pg_advisory_xact_lock(%(k)s) AS locked"
+    driver.queries["test_held"] = (
+        "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND granted"
+        " AND objid = CAST(%(k)s AS bigint) AND pid = pg_backend_pid()"
+    )
+    with driver.transaction() as cx:
+        cx.prelude("test_lock", {"k": 4242})
+        assert cx.fetch("test_held", {"k": 4242}) == [{"n": 1}]
+
+
+def test_a_prelude_with_nothing_after_it_still_runs_and_a_failing_one_rolls_back(
+    driver: PostgresDriver,
+) -> None:
+    with driver.transaction() as cx:
+        cx.prelude("test_note", {"name": "test-prelude"})
+    assert _notes(driver) == ["test-prelude"]
+    with pytest.raises(psycopg.errors.UniqueViolation), driver.transaction() as cx:
+        cx.prelude("test_note", {"name": "test-prelude"})  # a duplicate key
+        cx.execute("test_note", {"name": "test-never"})
+    with pytest.raises(psycopg.errors.UniqueViolation), driver.transaction() as cx:
+        cx.execute("test_note", {"name": "test-undone"})
+        cx.prelude("test_note", {"name": "test-prelude"})  # fails at the commit
+    assert _notes(driver) == ["test-prelude"]
+
+
+def test_the_statement_after_a_lock_prelude_sees_what_the_lock_holder_committed(
+    driver: PostgresDriver,
+) -> None:
+    """Why a claim's lock is a statement of its own: the read after it takes its
+    snapshot once the lock is held, so it sees the previous holder's writes."""
+    driver.queries["test_lock"] = "SELECT pg_advisory_xact_lock(%(k)s) AS locked"
+    seen: list[list[str]] = []
+    with psycopg.connect(driver.dsn) as holder:  # a transaction, not autocommit
+        holder.execute("SELECT pg_advisory_xact_lock(4243)")
+        holder.execute("INSERT INTO orbit_settings (name, int_value) VALUES ('test-held', 1)")
+
+        def claim() -> None:
+            with driver.transaction() as cx:
+                cx.prelude("test_lock", {"k": 4243})
+                seen.append(sorted(r["name"] for r in cx.fetch("test_notes", {})))
+
+        waiter = threading.Thread(target=claim)
+        waiter.start()
+        with psycopg.connect(driver.dsn, autocommit=True) as watch:
+            deadline = time.monotonic() + 10
+            while not watch.execute(
+                "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                " AND objid = 4243"
+            ).fetchall():
+                assert time.monotonic() < deadline, "the claim never waited for the lock"
+                time.sleep(0.01)
+        holder.commit()
+        waiter.join(10)
+    assert seen == [["test-held"]]

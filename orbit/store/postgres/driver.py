@@ -477,10 +477,15 @@ class _PostgresConnection:
         self._statements = statements
         self.raw = _Raw(cx, statements)
         self.begun = False
+        #: preludes (positional SQL and values) waiting to go with the next statement
+        self._preludes: list[tuple[str, list[Any]]] = []
 
     def _begin(self) -> None:
-        """``BEGIN`` alone, unless a statement has already begun the transaction."""
-        if not self.begun:
+        """``BEGIN`` alone, unless a statement has already begun the transaction, and
+        any preludes: before a statement sent another way."""
+        if self._preludes:
+            self._pipelined_run([])
+        elif not self.begun:
             self.raw.command(b"BEGIN")
             self.begun = True
 
@@ -489,17 +494,29 @@ class _PostgresConnection:
         this transaction through libpq with ``params`` in that order."""
         sql, order = statement
         values = [params[name] for name in order]
-        if self.begun:
+        if self.begun and not self._preludes:
             return self.raw.run(sql, values)
         return self._pipelined_run([(sql, values)])[0]
 
     def _pipelined_run(self, statements: Sequence[tuple[str, list[Any]]]) -> list[pq.abc.PGresult]:
         """Positional statements and their values in one round trip (``_Raw.pipeline``),
-        with ``BEGIN`` first if the transaction has not begun."""
-        prepared = [self.raw.prepare(sql, values) for sql, values in statements]
+        after ``BEGIN`` if the transaction has not begun and after any preludes; the
+        statements' results."""
+        preludes, self._preludes = self._preludes, []
+        prepared = [self.raw.prepare(sql, values) for sql, values in [*preludes, *statements]]
         begin = not self.begun  # a bad value raised above, before anything was sent
         self.begun = True  # before the round trip: if a statement fails, a rollback follows
-        return self.raw.pipeline(prepared, begin=begin)
+        return self.raw.pipeline(prepared, begin=begin)[len(preludes) :]
+
+    def prelude(self, name: str, params: Params) -> None:
+        sql, order = self._positional(name, one_each(params))
+        values = _arrays(params)
+        self._preludes.append((sql, [values[k] for k in order]))
+
+    def flush(self) -> None:
+        """Send the preludes still waiting (a transaction that ends after one)."""
+        if self._preludes:
+            self._pipelined_run([])
 
     def _lock_sql(self, names: tuple[str, ...], one: bool) -> Positional:
         """The one positional statement of ``lock_many`` for these reads
@@ -631,9 +648,9 @@ class _PostgresConnection:
                 cur.close()
 
     def execute(self, name: str, params: Params) -> int:
-        self._begin()
         values = _arrays(params)
         if any(isinstance(v, bytes) for v in values.values()):  # bytea: psycopg, in binary
+            self._begin()
             with self._cx.cursor() as cur:
                 cur.execute(self._queries[name], values)
                 return cur.rowcount
@@ -674,8 +691,14 @@ def _end(cx: psycopg.Connection[Any], tx: _PostgresConnection, *, failed: bool) 
             with suppress(psycopg.Error):  # a broken connection: the pool discards it
                 tx.raw.command(b"ROLLBACK")
         return
+    try:
+        tx.flush()  # a prelude the work sent no statement after
+    except BaseException:
+        _end(cx, tx, failed=True)
+        raise
     if not tx.begun:
         return
+    status = cx.pgconn.transaction_status
     if status == TransactionStatus.INERROR:
         tx.raw.command(b"ROLLBACK")
         raise psycopg.errors.InFailedSqlTransaction(

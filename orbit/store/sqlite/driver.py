@@ -77,6 +77,9 @@ class _SqliteConnection:
     def execute(self, name: str, params: Params) -> int:
         return self._cx.execute(self._queries[name], _encode(params)).rowcount
 
+    def prelude(self, name: str, params: Params) -> None:
+        self.execute(name, params)  # in-process: no round trip to save
+
     def now(self) -> int:
         return time.time_ns() // 1000
 
