@@ -267,3 +267,16 @@ def test_the_statement_after_a_lock_prelude_sees_what_the_lock_holder_committed(
         holder.commit()
         waiter.join(10)
     assert seen == [["test-held"]]
+
+
+def test_a_prelude_waits_out_a_statement_refused_before_it_was_sent(
+    driver: PostgresDriver,
+) -> None:
+    """A NUL is refused before anything is sent; the prelude waiting with that statement
+    is neither sent nor dropped, but goes with the next one."""
+    with driver.transaction() as cx:
+        cx.prelude("test_note", {"name": "test-kept-prelude"})
+        with pytest.raises(psycopg.DataError):
+            cx.fetch("test_echo", {"v": "a\x00b", "n": 1})
+        assert cx.fetch("test_echo", {"v": "ok", "n": 1}) == [{"v": "ok", "n": 1}]
+    assert _notes(driver) == ["test-kept-prelude"]

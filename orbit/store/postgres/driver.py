@@ -502,11 +502,13 @@ class _PostgresConnection:
         """Positional statements and their values in one round trip (``_Raw.pipeline``),
         after ``BEGIN`` if the transaction has not begun and after any preludes; the
         statements' results."""
-        preludes, self._preludes = self._preludes, []
-        prepared = [self.raw.prepare(sql, values) for sql, values in [*preludes, *statements]]
-        begin = not self.begun  # a bad value raised above, before anything was sent
+        # a bad value raises here, before anything is sent or any prelude is dropped
+        prepared = [self.raw.prepare(*statement) for statement in [*self._preludes, *statements]]
+        sent_before = len(self._preludes)
+        self._preludes = []
+        begin = not self.begun
         self.begun = True  # before the round trip: if a statement fails, a rollback follows
-        return self.raw.pipeline(prepared, begin=begin)[len(preludes) :]
+        return self.raw.pipeline(prepared, begin=begin)[sent_before:]
 
     def prelude(self, name: str, params: Params) -> None:
         sql, order = self._positional(name, one_each(params))
