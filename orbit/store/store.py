@@ -222,8 +222,14 @@ class Store:
                     raise
 
     def _read(self, query: str, /, **params: Any) -> list[Row]:
-        with self.driver.transaction() as cx:
-            return _Tx(cx, self).fetch(query, **params)
+        """One read, its own transaction (``Driver.read``)."""
+        self._armed(query)
+        return self.driver.read(query, params)
+
+    def _armed(self, query: str) -> None:
+        """Raise the failure ``inject_fault`` armed for this query, if any."""
+        if self._fault == query:
+            raise InjectedFault(f"injected failure in query {query}")
 
     def _run_plan(self, build: Callable[[_Tx], tuple[Plan, T]], *, durable: bool = True) -> T:
         """Build a plan inside a transaction, apply it, commit, then raise a rejection."""
@@ -1581,8 +1587,7 @@ class _Tx:
         self._sent: set[Notice] = set()  # the notices already queued in this transaction
 
     def _armed(self, name: str) -> None:
-        if self._store._fault == name:
-            raise InjectedFault(f"injected failure in query {name}")
+        self._store._armed(name)
 
     def fetch(self, query: str, /, **params: Any) -> list[Row]:
         self._armed(query)

@@ -18,8 +18,8 @@ import pytest
 
 from orbit.core.model import TaskSpec
 from orbit.core.transitions import new_task
-from orbit.store import Store
-from orbit.store.postgres.driver import PostgresDriver
+from orbit.store import InjectedFault, Store
+from orbit.store.postgres.driver import PostgresDriver, _Raw
 from orbit.store.rows import task_to_row
 from tests.store.helpers import queue
 
@@ -280,3 +280,31 @@ def test_a_prelude_waits_out_a_statement_refused_before_it_was_sent(
             cx.fetch("test_echo", {"v": "a\x00b", "n": 1})
         assert cx.fetch("test_echo", {"v": "ok", "n": 1}) == [{"v": "ok", "n": 1}]
     assert _notes(driver) == ["test-kept-prelude"]
+
+
+def test_a_read_of_its_own_runs_without_begin_or_commit(
+    store: Store, driver: PostgresDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Store``'s lone reads (a task, a queue list, a token) are one statement in
+    autocommit: one round trip, no ``BEGIN`` or ``COMMIT`` (the driver's libpq calls,
+    recorded on their way to the real server); an injected fault still fires."""
+    sent: list[str] = []
+    raw: Any = _Raw
+    for name in ("command", "run", "pipeline"):
+        real = getattr(raw, name)
+
+        def spy(self: Any, *args: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
+            sent.append(_name if _name != "command" else args[0].decode())
+            return _real(self, *args, **kw)
+
+        monkeypatch.setattr(raw, name, spy)
+    queue(store, "q2")
+    sent.clear()
+    assert [q.name for q in store.queue_list()] == ["q2"]
+    assert sent == ["run"]
+    sent.clear()
+    with driver.transaction() as cx:  # against a read inside a transaction
+        cx.fetch("test_notes", {})
+    assert sent == ["pipeline", "COMMIT"]
+    with store.inject_fault("queue_list"), pytest.raises(InjectedFault):
+        store.queue_list()

@@ -758,6 +758,14 @@ class PostgresDriver:
                 raise
             _end(cx, tx, failed=False)
 
+    def read(self, name: str, params: Params) -> list[Row]:
+        """The statement alone in autocommit: its own transaction, one round trip."""
+        with self._pool.connection() as cx:
+            self.plans.before_transaction(cx)
+            tx = _PostgresConnection(cx, self.queries, self.columnar, self._statements)
+            tx.begun = True  # autocommit: no BEGIN, and nothing to commit
+            return tx.fetch(name, params)
+
     def is_retryable(self, exc: BaseException) -> bool:
         return isinstance(
             exc,

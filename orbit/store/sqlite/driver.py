@@ -132,6 +132,10 @@ class SqliteDriver:
                 if not durable:
                     self._cx.execute(self.queries["commit_durable"])
 
+    def read(self, name: str, params: Params) -> list[Row]:
+        with self.transaction() as cx:  # in-process: no round trips to save
+            return cx.fetch(name, params)
+
     def is_retryable(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
 
