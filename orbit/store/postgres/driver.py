@@ -430,6 +430,12 @@ class _Raw:
         return name, cast("list[bytes]", [_dump(v) for v in params])
 
 
+def _bound(statement: Positional, params: Params) -> tuple[str, list[Any]]:
+    """A positional statement's SQL and ``params`` in its order."""
+    sql, order = statement
+    return sql, [params[name] for name in order]
+
+
 def _written_count(result: pq.abc.PGresult) -> int:
     """The rows a write returned, or else the rows it changed."""
     return result.ntuples if result.nfields else result.command_tuples or 0
@@ -470,30 +476,30 @@ class _PostgresConnection:
         queries: dict[str, str],
         columnar: dict[str, tuple[str, Columns]],
         statements: _Statements,
+        *,
+        autocommit: bool = False,
     ) -> None:
         self._cx = cx
         self._queries = queries
         self._columnar = columnar  # the columnar form of each *_many write
         self._statements = statements
         self.raw = _Raw(cx, statements)
-        self.begun = False
+        #: whether no BEGIN is owed: one was sent, or each statement is its own
+        #: transaction (``autocommit``, a lone read: nothing to commit either)
+        self.begun = autocommit
         #: preludes (positional SQL and values) waiting to go with the next statement
         self._preludes: list[tuple[str, list[Any]]] = []
 
     def _begin(self) -> None:
-        """``BEGIN`` alone, unless a statement has already begun the transaction, and
-        any preludes: before a statement sent another way."""
-        if self._preludes:
+        """``BEGIN`` (unless a statement has already begun the transaction) and any
+        preludes, in one round trip: before a statement sent through psycopg."""
+        if self._preludes or not self.begun:
             self._pipelined_run([])
-        elif not self.begun:
-            self.raw.command(b"BEGIN")
-            self.begun = True
 
     def _run(self, statement: Positional, params: Params) -> pq.abc.PGresult:
         """A positional statement and its parameters' names (``to_positional``), run in
         this transaction through libpq with ``params`` in that order."""
-        sql, order = statement
-        values = [params[name] for name in order]
+        sql, values = _bound(statement, params)
         if self.begun and not self._preludes:
             return self.raw.run(sql, values)
         return self._pipelined_run([(sql, values)])[0]
@@ -511,9 +517,7 @@ class _PostgresConnection:
         return self.raw.pipeline(prepared, begin=begin)[sent_before:]
 
     def prelude(self, name: str, params: Params) -> None:
-        sql, order = self._positional(name, one_each(params))
-        values = _arrays(params)
-        self._preludes.append((sql, [values[k] for k in order]))
+        self._preludes.append(_bound(self._positional(name, one_each(params)), _arrays(params)))
 
     def flush(self) -> None:
         """Send the preludes still waiting (a transaction that ends after one)."""
@@ -551,9 +555,9 @@ class _PostgresConnection:
     def _write_sent(self, forms: tuple[WriteForm, ...], params: Params) -> psycopg.RawCursor[Any]:
         """``_write`` through psycopg, for a write sent in its pipeline mode (a batch
         submit's chunks: never one row each, so always the general form)."""
-        sql, order = self._write_sql(forms, False)
+        sql, values = _bound(self._write_sql(forms, False), params)
         cur = psycopg.RawCursor(self._cx)
-        cur.execute(sql, [params[name] for name in order])
+        cur.execute(sql, values)
         return cur
 
     def _write_params(self, name: str, rows: Sequence[Row]) -> tuple[WriteForm, Params]:
@@ -622,8 +626,7 @@ class _PostgresConnection:
         for name, rows in writes:
             if rows:
                 form, params = self._write_params(name, rows)
-                sql, order = self._write_sql((form,), one_each(params))
-                statements.append((sql, [params[k] for k in order]))
+                statements.append(_bound(self._write_sql((form,), one_each(params)), params))
         if not statements:
             return [0] * len(writes)
         counts = iter([_written_count(r) for r in self._pipelined_run(statements)])
@@ -693,14 +696,8 @@ def _end(cx: psycopg.Connection[Any], tx: _PostgresConnection, *, failed: bool) 
             with suppress(psycopg.Error):  # a broken connection: the pool discards it
                 tx.raw.command(b"ROLLBACK")
         return
-    try:
-        tx.flush()  # a prelude the work sent no statement after
-    except BaseException:
-        _end(cx, tx, failed=True)
-        raise
     if not tx.begun:
         return
-    status = cx.pgconn.transaction_status
     if status == TransactionStatus.INERROR:
         tx.raw.command(b"ROLLBACK")
         raise psycopg.errors.InFailedSqlTransaction(
@@ -747,23 +744,33 @@ class PostgresDriver:
 
     @contextmanager
     def transaction(self, *, durable: bool = True) -> Iterator[_PostgresConnection]:
-        pool = self._pool if durable else self._relaxed
-        with pool.connection() as cx:
-            self.plans.before_transaction(cx)  # before BEGIN: its reads need no transaction
-            tx = _PostgresConnection(cx, self.queries, self.columnar, self._statements)
+        with self._connection(self._pool if durable else self._relaxed) as (cx, tx):
             try:
                 yield tx
+                tx.flush()  # a prelude the work sent no statement after
             except BaseException:
                 _end(cx, tx, failed=True)
                 raise
             _end(cx, tx, failed=False)
 
+    @contextmanager
+    def _connection(
+        self, pool: ConnectionPool[Any], *, autocommit: bool = False
+    ) -> Iterator[tuple[psycopg.Connection[Any], _PostgresConnection]]:
+        """A pooled connection, its plans checked (before any transaction: those reads
+        need none), and the driver's view of it."""
+        with pool.connection() as cx:
+            self.plans.before_transaction(cx)
+            yield (
+                cx,
+                _PostgresConnection(
+                    cx, self.queries, self.columnar, self._statements, autocommit=autocommit
+                ),
+            )
+
     def read(self, name: str, params: Params) -> list[Row]:
         """The statement alone in autocommit: its own transaction, one round trip."""
-        with self._pool.connection() as cx:
-            self.plans.before_transaction(cx)
-            tx = _PostgresConnection(cx, self.queries, self.columnar, self._statements)
-            tx.begun = True  # autocommit: no BEGIN, and nothing to commit
+        with self._connection(self._pool, autocommit=True) as (_, tx):
             return tx.fetch(name, params)
 
     def is_retryable(self, exc: BaseException) -> bool:
