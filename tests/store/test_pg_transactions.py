@@ -19,9 +19,9 @@ import pytest
 from orbit.core.model import TaskSpec
 from orbit.core.transitions import new_task
 from orbit.store import InjectedFault, Store
-from orbit.store.postgres.driver import PostgresDriver, _Raw
+from orbit.store.postgres.driver import LOCK_MANY_INLINE_MAX, PostgresDriver, _Raw
 from orbit.store.rows import task_to_row
-from tests.store.helpers import queue
+from tests.store.helpers import queue, run_one, submit, worker
 
 pytestmark = pytest.mark.parametrize("backend", ["postgres"])
 
@@ -282,12 +282,9 @@ def test_a_prelude_waits_out_a_statement_refused_before_it_was_sent(
     assert _notes(driver) == ["test-kept-prelude"]
 
 
-def test_a_read_of_its_own_runs_without_begin_or_commit(
-    store: Store, driver: PostgresDriver, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``Store``'s lone reads (a task, a queue list, a token) are one statement in
-    autocommit: one round trip, no ``BEGIN`` or ``COMMIT`` (the driver's libpq calls,
-    recorded on their way to the real server); an injected fault still fires."""
+def _record_round_trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The driver's libpq calls from now on, recorded on their way to the real server:
+    ``run`` (one statement), ``pipeline`` (several, one round trip) or the command sent."""
     sent: list[str] = []
     raw: Any = _Raw
     for name in ("command", "run", "pipeline"):
@@ -298,6 +295,16 @@ def test_a_read_of_its_own_runs_without_begin_or_commit(
             return _real(self, *args, **kw)
 
         monkeypatch.setattr(raw, name, spy)
+    return sent
+
+
+def test_a_read_of_its_own_runs_without_begin_or_commit(
+    store: Store, driver: PostgresDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Store``'s lone reads (a task, a queue list, a token) are one statement in
+    autocommit: one round trip, no ``BEGIN`` or ``COMMIT`` (the driver's libpq calls,
+    recorded on their way to the real server); an injected fault still fires."""
+    sent = _record_round_trips(monkeypatch)
     queue(store, "q2")
     sent.clear()
     assert [q.name for q in store.queue_list()] == ["q2"]
@@ -308,3 +315,28 @@ def test_a_read_of_its_own_runs_without_begin_or_commit(
     assert sent == ["pipeline", "COMMIT"]
     with store.inject_fault("queue_list"), pytest.raises(InjectedFault):
         store.queue_list()
+
+
+def test_a_large_batch_reads_its_rows_and_the_clock_in_one_round_trip(
+    store: Store, driver: PostgresDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past ``LOCK_MANY_INLINE_MAX`` ids each read of a report batch is a statement of
+    its own, and so is the clock: all of them go in one pipeline, after the BEGIN, and
+    come back as the reads one by one would return them."""
+    queue(store)
+    submit(store)
+    s, _ = worker(store)
+    ids = [run_one(store, s).attempt.id] + [f"no-such-{i}" for i in range(LOCK_MANY_INLINE_MAX)]
+    calls: list[tuple[str, dict[str, Any]]] = [
+        ("task_lock_for_attempts", {"ids": ids}),
+        ("attempt_lock_many", {"ids": ids}),
+        ("session_share", {"id": s.id}),
+    ]
+    with driver.transaction() as cx:
+        one_by_one = [cx.fetch(name, params) for name, params in calls]
+    sent = _record_round_trips(monkeypatch)
+    with driver.transaction() as cx:
+        found, now = cx.lock_many(calls)
+    assert sent == ["pipeline", "COMMIT"]
+    assert found == one_by_one and [len(rows) for rows in found] == [1, 1, 1]
+    assert isinstance(now, int) and now > 0

@@ -72,7 +72,13 @@ def test_a_report_from_an_unknown_session_is_refused_and_changes_nothing(store: 
 # PostgreSQL only: SQLite takes its single write lock (BEGIN IMMEDIATE) before any read,
 # so there a report never waits for a lock after it began.
 @pytest.mark.parametrize("backend", ["postgres"])
-def test_a_report_that_waited_for_a_lock_reads_the_clock_after_it(make_store: Any) -> None:
+@pytest.mark.parametrize("padding", [0, LOCK_MANY_INLINE_MAX], ids=["one-statement", "pipelined"])
+def test_a_report_that_waited_for_a_lock_reads_the_clock_after_it(
+    make_store: Any, padding: int
+) -> None:
+    """``padding``: reports of unknown attempts sent along, enough to take the reads out
+    of the one-statement form: each read is then its own statement, the clock the last
+    one, all sent at once (``lock_many``)."""
     store: Store = make_store()  # the database's own clock
     queue(store)
     submit(store)
@@ -83,9 +89,11 @@ def test_a_report_that_waited_for_a_lock_reads_the_clock_after_it(make_store: An
 
     def finish() -> None:
         try:
-            done["receipt"] = store.attempt_finish(
-                s.id, s.epoch, g.attempt.id, g.attempt.fence, Outcome.success(1)
+            unknown = [(f"no-such-attempt-{i}", 1, Outcome.success(1)) for i in range(padding)]
+            done["receipt"], *refused = store.attempt_finish_many(
+                s.id, s.epoch, [(g.attempt.id, g.attempt.fence, Outcome.success(1)), *unknown]
             )
+            assert all(isinstance(r, OrbitError) for r in refused)
         except Exception as exc:  # reported by the assertions below
             done["error"] = exc
 
@@ -108,7 +116,7 @@ def test_a_report_that_waited_for_a_lock_reads_the_clock_after_it(make_store: An
         released_at = int(row[0])
         locker.commit()
     thread.join(30)
-    assert "error" not in done and "receipt" in done
+    assert "error" not in done and not isinstance(done["receipt"], OrbitError)
     task = store.task_get(g.task.id)
     assert task.state == "succeeded"
     assert task.finished_at is not None and task.finished_at >= released_at

@@ -240,10 +240,12 @@ def lock_many_sql(queries: Sequence[str], clock: str) -> str:
 
 
 #: ``lock_many`` sends its reads as one statement only for this many ids at most. The
-#: statement saves a round trip per read, which is most of a small report's cost, but
-#: returns the rows as JSON, which costs PostgreSQL and this process more per row than
-#: plain rows do: for a batch of hundreds (a busy worker's starts and finishes) the
-#: separate reads were cheaper (``python -m benchmarks.probe``).
+#: statement returns the rows as JSON, which costs PostgreSQL and this process more per
+#: row than plain rows do: for a batch of hundreds (a busy worker's starts and finishes)
+#: separate reads were cheaper (``python -m benchmarks.probe``). Those go as statements of
+#: their own, the clock last, in one pipeline: one round trip as well (they had taken one
+#: each). For a few ids the one statement still costs this process less (in process,
+#: batches of 1 and 10 side by side).
 LOCK_MANY_INLINE_MAX = 16
 
 
@@ -573,8 +575,16 @@ class _PostgresConnection:
 
     def lock_many(self, calls: Sequence[tuple[str, Params]]) -> tuple[list[list[Row]], int]:
         if _largest_list(calls) > LOCK_MANY_INLINE_MAX:  # see LOCK_MANY_INLINE_MAX
-            found = [self.fetch(name, params) for name, params in calls]
-            return found, self.now()
+            # Each read its own statement, then the clock, all in one round trip
+            # (``_Raw.pipeline``): PostgreSQL runs them in order, so the clock is read
+            # after every lock was taken, as a separate ``now()`` would be.
+            statements = [
+                _bound(self._positional(name, one_each(params)), _arrays(params))
+                for name, params in calls
+            ]
+            statements.append(_bound(self._positional("clock_now"), {}))
+            *results, clock = self._pipelined_run(statements)
+            return [self._rows(result) for result in results], int(_value(clock, 0))
         # One statement (lock_many_sql), each query's parameters scoped by its position.
         scoped = {f"p{i}_{k}": v for i, (_, ps) in enumerate(calls) for k, v in ps.items()}
         statement = self._lock_sql(tuple(name for name, _ in calls), one_each(scoped))
@@ -604,7 +614,10 @@ class _PostgresConnection:
         return [int(_value(result, i)) for i in range(len(writes))]
 
     def fetch(self, name: str, params: Params) -> list[Row]:
-        result = self._run(self._positional(name, one_each(params)), _arrays(params))
+        return self._rows(self._run(self._positional(name, one_each(params)), _arrays(params)))
+
+    def _rows(self, result: pq.abc.PGresult) -> list[Row]:
+        """A statement's rows as dicts, by column name."""
         if not result.nfields:
             return []
         # psycopg's own loaders (C) turn the values into Python ones, as its cursor would
