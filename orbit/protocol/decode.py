@@ -88,7 +88,7 @@ def _check_strings(value: Any, path: str = "") -> None:
             _check_strings(v, f"{path}[{i}]")
 
 
-def _values_ok(value: Any, depth: int = 0) -> bool:
+def values_ok(value: Any, depth: int = 0) -> bool:
     """``_check_values`` without naming the culprit: the same rules, no path strings built
     along the way. Every message passes through here (a 200-item finish batch holds
     thousands of values), so the path is worked out only for a message that fails."""
@@ -99,12 +99,12 @@ def _values_ok(value: Any, depth: int = 0) -> bool:
     if isinstance(value, dict):
         inner = depth + 1
         for k, v in value.items():
-            if not (_values_ok(k, inner) and _values_ok(v, inner)):
+            if not (values_ok(k, inner) and values_ok(v, inner)):
                 return False
     elif isinstance(value, list):
         inner = depth + 1
         for v in value:
-            if not _values_ok(v, inner):
+            if not values_ok(v, inner):
                 return False
     return True
 
@@ -113,7 +113,7 @@ def _check_values(value: Any, path: str) -> None:
     """No NUL in any string (PostgreSQL text cannot hold one) and nesting bounded (so
     every view can serialise what was stored). Run on a parsed message, so the error can
     still echo its ``req_id``."""
-    if not _values_ok(value):
+    if not values_ok(value):
         _find_bad_value(value, path)
 
 

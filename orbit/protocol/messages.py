@@ -16,12 +16,12 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
-_COUNTER_RE = re.compile(r"^(0|[1-9][0-9]{0,18})\Z")
+COUNTER_RE = re.compile(r"^(0|[1-9][0-9]{0,18})\Z")
 MAX_SECONDS = 366 * 24 * 3600.0
 
 
 def _counter(value: str) -> str:
-    if not _COUNTER_RE.match(value):
+    if not COUNTER_RE.match(value):
         raise ValueError("a counter is a decimal string without sign or leading zeros")
     if int(value) > 2**63 - 1:
         raise PydanticCustomError("number_out_of_range", "a counter must be below 2^63")

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from orbit.core.errors import Code, OrbitError, Rejected
-from orbit.core.model import Capability, Grant, Outcome, Session, compact_json
+from orbit.core.model import Capability, Grant, Session, compact_json
 from orbit.protocol.decode import DecodeError, decode_json, decode_model
 from orbit.protocol.messages import (
     WORKER_REQUESTS,
@@ -35,7 +35,6 @@ from orbit.protocol.messages import (
     Drain,
     ErrorMessage,
     Finish,
-    FinishItem,
     FinishMany,
     Heartbeat,
     Hello,
@@ -46,6 +45,14 @@ from orbit.protocol.messages import (
     Start,
     StartMany,
     Welcome,
+)
+from orbit.protocol.reports import (
+    READERS,
+    FinishBatch,
+    StartBatch,
+    finish_batch,
+    outcome_of,
+    start_batch,
 )
 from orbit.server.metrics import Metrics
 from orbit.server.threads import in_thread
@@ -61,7 +68,19 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 #: all, which must land before the finish sent right after it — waits for the reports
 #: before it and holds back the ones after it.
 MAX_REPORTS_IN_FLIGHT = 4
-CONCURRENT_REPORTS = (Start, StartMany, Finish, FinishMany, Renew, Heartbeat)
+#: a decoded worker message: a model, or a batch of reports read at once (reports.py)
+Request = BaseModel | StartBatch | FinishBatch
+
+CONCURRENT_REPORTS = (
+    Start,
+    StartMany,
+    StartBatch,
+    Finish,
+    FinishMany,
+    FinishBatch,
+    Renew,
+    Heartbeat,
+)
 
 
 class WorkerConnection:
@@ -210,7 +229,7 @@ class _Protocol:
         else:
             await self.ws.send_text(msg.model_dump_json())
 
-    async def receive(self) -> tuple[Any, BaseModel] | None:
+    async def receive(self) -> tuple[Any, Request] | None:
         """The next well-formed request, answering malformed ones with an error."""
         while True:
             message = await self.ws.receive()
@@ -248,6 +267,11 @@ class _Protocol:
             if model is None:
                 await self.error(rid, "UNKNOWN_TYPE", f"unknown message type {kind!r:.40}", "type")
                 continue
+            reader = READERS.get(kind) if isinstance(kind, str) else None
+            if reader is not None:  # a batch of reports in its usual shape: read at once
+                batch = reader(raw)
+                if batch is not None:
+                    return raw, batch
             try:
                 return raw, decode_model(model, raw, parsed=True)
             except DecodeError as exc:
@@ -321,7 +345,7 @@ class _Protocol:
         slots = asyncio.Semaphore(MAX_REPORTS_IN_FLIGHT)
         in_flight: set[asyncio.Task[None]] = set()
 
-        async def report(msg: BaseModel) -> None:
+        async def report(msg: Request) -> None:
             try:
                 await self.handle(msg)
             finally:
@@ -353,7 +377,7 @@ class _Protocol:
             with contextlib.suppress(Exception):
                 await self.ws.close(code=4409, reason="session resumed elsewhere")
 
-    async def handle(self, msg: BaseModel) -> None:
+    async def handle(self, msg: Request) -> None:
         conn = self.conn
         assert conn is not None
         sid, epoch = conn.session_id, conn.epoch
@@ -371,8 +395,8 @@ class _Protocol:
                 )
                 metrics.starts.inc()
                 await conn.send({"type": "started", "req_id": rid, "lease": lease_wire(lease)})
-            elif isinstance(msg, StartMany):
-                starts = [(item.attempt_id, int(item.fence)) for item in msg.items]
+            elif isinstance(msg, StartBatch | StartMany):
+                starts = (msg if isinstance(msg, StartBatch) else start_batch(msg)).items
                 answers = await in_thread(store.attempt_start_many, sid, epoch, starts)
                 started = [
                     {"attempt_id": a, "lease": None, "error": _item_error(r, metrics)}
@@ -383,8 +407,8 @@ class _Protocol:
                 metrics.starts.inc(sum(1 for x in started if x["error"] is None))
                 await conn.send({"type": "started_many", "req_id": rid, "results": started})
                 await self._close_if_fenced(answers)
-            elif isinstance(msg, FinishMany):
-                finishes = [(i.attempt_id, int(i.fence), _outcome(i)) for i in msg.items]
+            elif isinstance(msg, FinishBatch | FinishMany):
+                finishes = (msg if isinstance(msg, FinishBatch) else finish_batch(msg)).items
                 receipts = await in_thread(store.attempt_finish_many, sid, epoch, finishes)
                 finished: list[dict[str, Any]] = []
                 by_state: Counter[str] = Counter()
@@ -405,7 +429,7 @@ class _Protocol:
                 renewed = [lease_wire(x) for x in leases]
                 await conn.send({"type": "renewed", "req_id": rid, "leases": renewed})
             elif isinstance(msg, Finish):
-                outcome = _outcome(msg)
+                outcome = outcome_of(msg)
                 done = await in_thread(
                     store.attempt_finish, sid, epoch, msg.attempt_id, int(msg.fence), outcome
                 )
@@ -472,17 +496,6 @@ def _item_error(exc: OrbitError, metrics: Metrics) -> dict[str, str]:
 def tasks_wire(req_id: str | None, grants: Sequence[Grant]) -> dict[str, Any]:
     """``TasksMessage`` as a wire dict: claimed attempts, pushed (no req_id) or answered."""
     return {"type": "tasks", "req_id": req_id, "tasks": [assignment_wire(g) for g in grants]}
-
-
-def _outcome(msg: Finish | FinishItem) -> Outcome:
-    spec = msg.outcome
-    if spec.ok:
-        if spec.error is not None:
-            raise OrbitError(Code.INVALID_ARGUMENT, "a successful outcome carries no error")
-        return Outcome.success(spec.result)
-    if spec.error is None:
-        raise OrbitError(Code.INVALID_ARGUMENT, "a failed outcome needs an error")
-    return Outcome.failure(spec.error.code, spec.error.message, spec.error.retryable)
 
 
 async def worker_endpoint(ws: WebSocket) -> None:

@@ -32,8 +32,8 @@ from orbit.protocol.decode import (
     MIN_INT,
     DecodeError,
     _find_bad_value,
-    _values_ok,
     decode_json,
+    values_ok,
 )
 from orbit.protocol.messages import (
     Assignment,
@@ -132,7 +132,7 @@ def test_the_quick_value_check_agrees_with_the_one_that_names_the_culprit(
     except DecodeError as exc:
         slow_ok = False
         assert exc.code in ("NUL_CHARACTER", "TOO_DEEP")
-    assert _values_ok(value) == slow_ok
+    assert values_ok(value) == slow_ok
 
 
 def test_worker_replies_are_their_models_dumped(tmp_path: Path) -> None:
