@@ -23,19 +23,27 @@ _GOOD_NAMES: set[str] = set()
 _GOOD_NAMES_MAX = 4096
 
 
-def check_name(kind: str, value: object) -> str:
+def is_name(value: object) -> bool:
+    """Whether ``value`` is a name (``NAME_RE``), remembering the names it accepts."""
     if type(value) is str and value in _GOOD_NAMES:
-        return value
+        return True
     if not isinstance(value, str) or not NAME_RE.match(value):
+        return False
+    if type(value) is str:  # not a subclass, whose __eq__ and __hash__ could differ
+        if len(_GOOD_NAMES) >= _GOOD_NAMES_MAX:
+            _GOOD_NAMES.clear()
+        _GOOD_NAMES.add(value)
+    return True
+
+
+def check_name(kind: str, value: object) -> str:
+    if not is_name(value):
         raise OrbitError(
             Code.INVALID_ARGUMENT,
             f"{kind} must be 1-128 characters of letters, digits, '_', '.', ':' or '-', "
             f"starting with a letter or digit; got {value!r:.80}",
         )
-    if type(value) is str:  # not a subclass, whose __eq__ and __hash__ could differ
-        if len(_GOOD_NAMES) >= _GOOD_NAMES_MAX:
-            _GOOD_NAMES.clear()
-        _GOOD_NAMES.add(value)
+    assert isinstance(value, str)
     return value
 
 

@@ -13,7 +13,7 @@ from starlette.responses import Response
 
 from orbit.core.model import Backoff, Outcome, TaskSpec, build
 from orbit.protocol.convert import instant_from_wire, seconds_to_us
-from orbit.protocol.decode import DecodeError, decode_model
+from orbit.protocol.decode import DecodeError, decode_json, decode_model
 from orbit.protocol.messages import (
     EventPage,
     QueueCreate,
@@ -28,6 +28,7 @@ from orbit.protocol.messages import (
     TokenCreated,
     WorkerView,
 )
+from orbit.protocol.submissions import read_task, read_task_batch
 from orbit.server.auth import require
 from orbit.server.errors import ApiError
 from orbit.server.jsonwire import FastJSONResponse
@@ -46,7 +47,8 @@ def _store(request: Request) -> Store:
     return store
 
 
-async def _body(request: Request, model: type[M]) -> M:
+async def _document(request: Request) -> Any:
+    """The body, within the size limit, parsed under the strict JSON rules."""
     limit: int = request.app.state.settings.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -54,7 +56,11 @@ async def _body(request: Request, model: type[M]) -> M:
     raw = await request.body()
     if len(raw) > limit:
         raise ApiError(413, "BODY_TOO_LARGE", f"the body is over {limit} bytes")
-    return decode_model(model, raw)
+    return decode_json(raw)
+
+
+async def _body(request: Request, model: type[M]) -> M:
+    return decode_model(model, await _document(request), parsed=True)
 
 
 def _json(model: BaseModel | list[Any] | dict[str, Any], status: int = 200) -> Response:
@@ -164,8 +170,11 @@ async def queue_resume(request: Request, name: str) -> Response:
     "/tasks", dependencies=[Depends(require("submit"))], status_code=201, response_model=Submitted
 )
 async def task_submit(request: Request) -> Response:
-    msg = await _body(request, TaskSubmit)
-    done = await in_thread(_store(request).task_submit, spec_from(msg))
+    raw = await _document(request)
+    spec = read_task(raw)  # the usual shape, read at once (orbit.protocol.submissions)
+    if spec is None:
+        spec = spec_from(decode_model(TaskSubmit, raw, parsed=True))
+    done = await in_thread(_store(request).task_submit, spec)
     return _json(
         {"task": task_wire(done.task), "created": done.created}, 201 if done.created else 200
     )
@@ -178,10 +187,11 @@ async def task_submit(request: Request) -> Response:
     response_model=list[Submitted],
 )
 async def task_submit_batch(request: Request) -> Response:
-    msg = await _body(request, TaskBatch)
-    views = await in_thread(
-        _store(request).task_submit_rendered, [spec_from(t) for t in msg.tasks], _submitted_view
-    )
+    raw = await _document(request)
+    specs = read_task_batch(raw)  # the usual shape, read at once (orbit.protocol.submissions)
+    if specs is None:
+        specs = [spec_from(t) for t in decode_model(TaskBatch, raw, parsed=True).tasks]
+    views = await in_thread(_store(request).task_submit_rendered, specs, _submitted_view)
     return _json(views, 201)
 
 

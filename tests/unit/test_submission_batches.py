@@ -1,0 +1,177 @@
+"""The submission readers (``orbit.protocol.submissions``) take only what the strict path
+accepts, and give the store exactly the specs the strict path gives it: for any body,
+either the reader declines (None) or the strict path decodes the same specs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orbit.core.model import Backoff, TaskSpec
+from orbit.protocol.decode import MAX_DEPTH, DecodeError, decode_json, decode_model
+from orbit.protocol.messages import TaskBatch, TaskSubmit
+from orbit.protocol.submissions import read_task, read_task_batch
+from orbit.server.routes import spec_from
+
+#: mostly values the model accepts, and now and then one it refuses
+_names = st.sampled_from(["q", "bench", "a.b:c-d_e", "x" * 128] * 8 + ["", "x" * 129, "-q", "q\n"])
+_texts = st.sampled_from(["k", "x" * 64, "é"] * 8 + ["", "x" * 65, "x" * 256, "a\x00b"])
+_ints = st.sampled_from([0, 1, 3, -5, 1000, 1_000_000] * 6 + [-1_000_001, 1_000_001, 1001, True])
+
+
+def _deep(levels: int) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = {"k": value}
+    return value
+
+
+_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**53), 2**53)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=8,
+) | st.sampled_from([_deep(MAX_DEPTH - 4), _deep(MAX_DEPTH - 3), _deep(MAX_DEPTH), "a\x00"])
+
+_FIELDS = {
+    "payload": _json,
+    "tenant": _names,
+    "priority": _ints,
+    "idempotency_key": st.none() | _texts,
+    "parent_id": st.none() | _texts,
+    "retry_safe": st.sampled_from([True, False, True, 0, None]),
+    "max_attempts": _ints,
+}
+_OTHERS = {
+    "backoff": st.just({"base": 0.5}),
+    "attempt_timeout": st.sampled_from([1.5, 0, None]),
+    "deadline": st.sampled_from(["2030-01-01T00:00:00Z", None]),
+    "run_after": st.sampled_from(["2030-01-01T00:00:00Z", None]),
+    "id": st.just("t1"),
+    "Queue": st.just("q"),
+    "other": st.just(1),
+}
+
+
+@st.composite
+def _task(draw: st.DrawFn) -> Any:
+    task: dict[str, Any] = {}
+    for name in ("queue", "handler"):
+        if draw(st.integers(0, 19)):
+            task[name] = draw(_names)
+    for name, values in _FIELDS.items():
+        if draw(st.booleans()):
+            task[name] = draw(values)
+    if not draw(st.integers(0, 9)):
+        name = draw(st.sampled_from(sorted(_OTHERS)))
+        task[name] = draw(_OTHERS[name])
+    return task if draw(st.integers(0, 29)) else draw(st.sampled_from([[], "task", None]))
+
+
+@st.composite
+def _batch(draw: st.DrawFn) -> Any:
+    tasks = [draw(_task()) for _ in range(draw(st.sampled_from([1, 1, 2, 3, 0])))]
+    body: dict[str, Any] = {"tasks": tasks}
+    if not draw(st.integers(0, 19)):
+        body["extra"] = 1
+    return body
+
+
+def _spelled(specs: list[TaskSpec]) -> bytes:
+    """Specs spelt out, types and all (``==`` would take ``True`` for ``1``)."""
+    return orjson.dumps(specs)
+
+
+def _strict(raw: Any, model: type[TaskBatch] | type[TaskSubmit]) -> tuple[str, Any]:
+    try:
+        msg = decode_model(model, raw, parsed=True)
+    except DecodeError as exc:
+        return "refused", exc.code
+    if isinstance(msg, TaskBatch):
+        return "specs", [spec_from(t) for t in msg.tasks]
+    assert isinstance(msg, TaskSubmit)
+    return "specs", [spec_from(msg)]
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_batch())
+def test_the_batch_reader_reads_what_the_strict_path_decodes_and_declines_the_rest(
+    body: Any,
+) -> None:
+    raw = decode_json(orjson.dumps(body))
+    read = read_task_batch(raw)
+    if read is None:
+        return  # the strict path decides
+    strict = _strict(raw, TaskBatch)
+    assert strict[0] == "specs", f"the reader took what the strict path refuses: {strict}"
+    assert _spelled(read) == _spelled(strict[1])
+
+
+@settings(max_examples=1000, deadline=None)
+@given(_task())
+def test_the_task_reader_reads_what_the_strict_path_decodes_and_declines_the_rest(
+    task: Any,
+) -> None:
+    raw = decode_json(orjson.dumps(task))
+    read = read_task(raw)
+    if read is None:
+        return
+    strict = _strict(raw, TaskSubmit)
+    assert strict[0] == "specs", f"the reader took what the strict path refuses: {strict}"
+    assert _spelled([read]) == _spelled(strict[1])
+
+
+def test_the_usual_submissions_are_read_without_the_strict_path() -> None:
+    task = {
+        "queue": "q",
+        "handler": "h",
+        "payload": {"n": [1, 2.5, None, "x"]},
+        "tenant": "acme",
+        "priority": -3,
+        "idempotency_key": "k1",
+        "parent_id": "p1",
+        "retry_safe": True,
+        "max_attempts": 5,
+    }
+    batch = read_task_batch({"tasks": [task, {"queue": "q", "handler": "h"}]})
+    assert batch is not None and len(batch) == 2
+    assert _spelled(batch) == _spelled(
+        _strict({"tasks": [task, {"queue": "q", "handler": "h"}]}, TaskBatch)[1]
+    )
+    assert batch[1] == TaskSpec(queue="q", handler="h", backoff=Backoff())
+    single = read_task(task)
+    assert single is not None and single == batch[0]
+
+
+@pytest.mark.parametrize(
+    ("change", "code"),
+    [
+        ({"queue": "q\n"}, "INVALID_VALUE"),
+        ({"Queue": "q"}, "FIELD_CASE_MISMATCH"),
+        ({"state": "queued"}, "RESPONSE_ONLY_FIELD"),
+        ({"priority": True}, "INVALID_TYPE"),
+        ({"idempotency_key": ""}, "INVALID_VALUE"),
+        ({"payload": {"a": "b\x00"}}, "NUL_CHARACTER"),
+        ({"payload": _deep(MAX_DEPTH)}, "TOO_DEEP"),
+        ({"max_attempts": 0}, "NUMBER_OUT_OF_RANGE"),
+    ],
+)
+def test_a_submission_out_of_its_usual_shape_is_left_to_the_strict_path(
+    change: dict[str, Any], code: str
+) -> None:
+    task = {"queue": "q", "handler": "h", **change}
+    raw = decode_json(orjson.dumps({"tasks": [task]}))
+    assert read_task_batch(raw) is None
+    assert _strict(raw, TaskBatch) == ("refused", code)
+    single = decode_json(orjson.dumps(task))
+    assert read_task(single) is None
+    assert _strict(single, TaskSubmit) == ("refused", code)
