@@ -102,18 +102,28 @@ def _strict(raw: Any, model: type[TaskBatch] | type[TaskSubmit]) -> tuple[str, A
     return "specs", [spec_from(msg)]
 
 
+def _agrees(document: Any, model: type[TaskBatch] | type[TaskSubmit]) -> None:
+    """The reader for ``model`` declines ``document``, or reads the specs the strict path
+    decodes from it."""
+    raw = decode_json(orjson.dumps(document))
+    if model is TaskBatch:
+        read = read_task_batch(raw)
+    else:
+        one = read_task(raw)
+        read = None if one is None else [one]
+    if read is None:
+        return  # the strict path decides: its refusal, or its specs, are the answer
+    strict = _strict(raw, model)
+    assert strict[0] == "specs", f"the reader took what the strict path refuses: {strict}"
+    assert _spelled(read) == _spelled(strict[1])
+
+
 @settings(max_examples=1500, deadline=None)
 @given(_batch())
 def test_the_batch_reader_reads_what_the_strict_path_decodes_and_declines_the_rest(
     body: Any,
 ) -> None:
-    raw = decode_json(orjson.dumps(body))
-    read = read_task_batch(raw)
-    if read is None:
-        return  # the strict path decides
-    strict = _strict(raw, TaskBatch)
-    assert strict[0] == "specs", f"the reader took what the strict path refuses: {strict}"
-    assert _spelled(read) == _spelled(strict[1])
+    _agrees(body, TaskBatch)
 
 
 @settings(max_examples=1000, deadline=None)
@@ -121,13 +131,7 @@ def test_the_batch_reader_reads_what_the_strict_path_decodes_and_declines_the_re
 def test_the_task_reader_reads_what_the_strict_path_decodes_and_declines_the_rest(
     task: Any,
 ) -> None:
-    raw = decode_json(orjson.dumps(task))
-    read = read_task(raw)
-    if read is None:
-        return
-    strict = _strict(raw, TaskSubmit)
-    assert strict[0] == "specs", f"the reader took what the strict path refuses: {strict}"
-    assert _spelled([read]) == _spelled(strict[1])
+    _agrees(task, TaskSubmit)
 
 
 def test_the_usual_submissions_are_read_without_the_strict_path() -> None:
