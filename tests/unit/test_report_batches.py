@@ -183,3 +183,56 @@ def test_a_batch_out_of_its_usual_shape_is_left_to_the_strict_path(change: Any, 
     raw = decode_json(orjson.dumps(message))
     assert read_finish_many(raw) is None
     assert _strict(raw) == ("refused", code)
+
+
+def _finish_with(item: dict[str, Any], **message: Any) -> dict[str, Any]:
+    base = {"attempt_id": "a", "fence": "1", "outcome": {"ok": True}}
+    return {"type": "finish_many", "req_id": "r", "items": [{**base, **item}], **message}
+
+
+@pytest.mark.parametrize(
+    ("fits", "beyond"),
+    [
+        (_finish_with({}, req_id="x" * 64), _finish_with({}, req_id="x" * 65)),
+        (_finish_with({"attempt_id": "☃" * 64}), _finish_with({"attempt_id": "☃" * 65})),
+        (_finish_with({"fence": str(2**63 - 1)}), _finish_with({"fence": str(2**63)})),
+        (
+            _finish_with({"outcome": {"ok": False, "error": {"code": "c" * 100}}}),
+            _finish_with({"outcome": {"ok": False, "error": {"code": "c" * 101}}}),
+        ),
+        (
+            _finish_with(
+                {"outcome": {"ok": False, "error": {"code": "E", "message": "m" * 10_000}}}
+            ),
+            _finish_with(
+                {"outcome": {"ok": False, "error": {"code": "E", "message": "m" * 10_001}}}
+            ),
+        ),
+        # a result nests as deep as the message's own limit allows, counted from the message
+        (
+            _finish_with({"outcome": {"ok": True, "result": _deep(MAX_DEPTH - 4)}}),
+            _finish_with({"outcome": {"ok": True, "result": _deep(MAX_DEPTH - 3)}}),
+        ),
+        (
+            {
+                "type": "start_many",
+                "req_id": "r",
+                "items": [{"attempt_id": "a", "fence": "1"}] * 1000,
+            },
+            {
+                "type": "start_many",
+                "req_id": "r",
+                "items": [{"attempt_id": "a", "fence": "1"}] * 1001,
+            },
+        ),
+    ],
+)
+def test_the_readers_stop_where_the_models_do(fits: dict[str, Any], beyond: dict[str, Any]) -> None:
+    """Every limit the readers copy from the models, at the limit and one past it."""
+    for message, accepted in ((fits, True), (beyond, False)):
+        raw = decode_json(orjson.dumps(message))
+        read = READERS[raw["type"]](raw)
+        assert (read is not None) is accepted, message
+        assert (_strict(raw)[0] == "batch") is accepted, _strict(raw)
+        if read is not None:
+            assert _spelled(read) == _spelled(_strict(raw)[1])

@@ -179,3 +179,38 @@ def test_a_submission_out_of_its_usual_shape_is_left_to_the_strict_path(
     single = decode_json(orjson.dumps(task))
     assert read_task(single) is None
     assert _strict(single, TaskSubmit) == ("refused", code)
+
+
+@pytest.mark.parametrize(
+    ("fits", "beyond"),
+    [
+        ({"queue": "q" * 128}, {"queue": "q" * 129}),
+        ({"tenant": "t" * 128}, {"tenant": "t" * 129}),
+        ({"priority": 1_000_000}, {"priority": 1_000_001}),
+        ({"priority": -1_000_000}, {"priority": -1_000_001}),
+        ({"max_attempts": 1000}, {"max_attempts": 1001}),
+        ({"max_attempts": 1}, {"max_attempts": 0}),
+        ({"idempotency_key": "☃" * 255}, {"idempotency_key": "☃" * 256}),
+        ({"parent_id": "p" * 64}, {"parent_id": "p" * 65}),
+        # a payload nests as deep as the body's own limit allows, counted from the body
+        ({"payload": _deep(MAX_DEPTH - 1)}, {"payload": _deep(MAX_DEPTH)}),
+    ],
+)
+def test_the_readers_stop_where_the_model_does(
+    fits: dict[str, Any], beyond: dict[str, Any]
+) -> None:
+    """Every limit the readers copy from the model, at the limit and one past it, alone
+    (the payload one level less deep in a batch, where it sits two levels lower)."""
+    for change, accepted in ((fits, True), (beyond, False)):
+        task = {"queue": "q", "handler": "h", **change}
+        assert (read_task(decode_json(orjson.dumps(task))) is not None) is accepted, change
+        assert (_strict(task, TaskSubmit)[0] == "specs") is accepted, change
+        _agrees(task, TaskSubmit)
+        if "payload" in change:
+            change = {"payload": change["payload"]["k"]["k"]}  # two levels deeper in a batch
+        body = {"tasks": [{"queue": "q", "handler": "h", **change}]}
+        assert (read_task_batch(decode_json(orjson.dumps(body))) is not None) is accepted, change
+        assert (_strict(body, TaskBatch)[0] == "specs") is accepted, change
+        _agrees(body, TaskBatch)
+    assert len(read_task_batch({"tasks": [{"queue": "q", "handler": "h"}] * 1000}) or []) == 1000
+    assert read_task_batch({"tasks": [{"queue": "q", "handler": "h"}] * 1001}) is None

@@ -577,7 +577,9 @@ class _PostgresConnection:
         if _largest_list(calls) > LOCK_MANY_INLINE_MAX:  # see LOCK_MANY_INLINE_MAX
             # Each read its own statement, then the clock, all in one round trip
             # (``_Raw.pipeline``): PostgreSQL runs them in order, so the clock is read
-            # after every lock was taken, as a separate ``now()`` would be.
+            # after every lock was taken, as a separate ``now()`` would be. Each read
+            # has its own snapshot (READ COMMITTED), as when they went one by one; the
+            # one-statement form below shares one.
             statements = [
                 _bound(self._positional(name, one_each(params)), _arrays(params))
                 for name, params in calls
