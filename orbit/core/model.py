@@ -164,6 +164,10 @@ class Backoff:
     max_us: int = 300 * SECOND
 
 
+#: the backoff of a submission that names none (records are immutable: one will do)
+DEFAULT_BACKOFF = Backoff()
+
+
 @dataclass(frozen=True)
 class Queue:
     name: str

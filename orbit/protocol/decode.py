@@ -9,7 +9,7 @@ field names, nulls where a value is required, and fields that only responses car
 from __future__ import annotations
 
 import json
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -86,6 +86,12 @@ def _check_strings(value: Any, path: str = "") -> None:
     elif isinstance(value, list):
         for i, v in enumerate(value):
             _check_strings(v, f"{path}[{i}]")
+
+
+def short_text(value: Any, most: int) -> TypeGuard[str]:
+    """A string of 1 to ``most`` characters without NUL: an id, a code, a key, as the
+    models' length limits and ``values_ok`` take it (the one-pass readers' check)."""
+    return type(value) is str and 0 < len(value) <= most and "\x00" not in value
 
 
 def values_ok(value: Any, depth: int = 0) -> bool:

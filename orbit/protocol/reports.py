@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Any
 
 from orbit.core.errors import Code, OrbitError
 from orbit.core.model import Outcome
-from orbit.protocol.decode import values_ok
+from orbit.protocol.decode import MAX_INT, short_text, values_ok
 from orbit.protocol.messages import (
     COUNTER_RE,
     Finish,
@@ -36,7 +36,6 @@ _ID_MAX = 64
 _BATCH_MAX = 1000
 _CODE_MAX = 100
 _MESSAGE_MAX = 10_000
-_COUNTER_MAX = 2**63 - 1
 
 _MESSAGE_KEYS = frozenset({"type", "req_id", "items"})
 _START_KEYS = frozenset({"attempt_id", "fence"})
@@ -69,23 +68,18 @@ class FinishBatch:
     items: list[tuple[str, int, Outcome]]
 
 
-def _text(value: Any, most: int) -> TypeGuard[str]:
-    """A string of 1 to ``most`` characters without NUL."""
-    return type(value) is str and 0 < len(value) <= most and "\x00" not in value
-
-
 def _fence(value: Any) -> int | None:
     """A counter (a canonical decimal string below 2**63) as its integer."""
     if type(value) is not str or not COUNTER_RE.match(value):
         return None
     fence = int(value)
-    return fence if fence <= _COUNTER_MAX else None
+    return fence if fence <= MAX_INT else None
 
 
 def _items(raw: dict[str, Any]) -> list[Any] | None:
     """The message's items, if the message has exactly its three fields and a usual
     ``req_id`` and holds 1 to 1,000 items."""
-    if raw.keys() != _MESSAGE_KEYS or not _text(raw["req_id"], _ID_MAX):
+    if raw.keys() != _MESSAGE_KEYS or not short_text(raw["req_id"], _ID_MAX):
         return None
     items = raw["items"]
     if type(items) is not list or not 0 < len(items) <= _BATCH_MAX:
@@ -104,7 +98,7 @@ def read_start_many(raw: dict[str, Any]) -> StartBatch | None:
             return None
         attempt_id = item["attempt_id"]
         fence = _fence(item["fence"])
-        if fence is None or not _text(attempt_id, _ID_MAX):
+        if fence is None or not short_text(attempt_id, _ID_MAX):
             return None
         starts.append((attempt_id, fence))
     return StartBatch(raw["req_id"], starts)
@@ -131,7 +125,7 @@ def _outcome(spec: Any) -> Outcome | None:
     code = error.get("code")
     message = error.get("message", "")
     retryable = error.get("retryable", True)
-    if not _text(code, _CODE_MAX) or type(retryable) is not bool:
+    if not short_text(code, _CODE_MAX) or type(retryable) is not bool:
         return None
     if type(message) is not str or len(message) > _MESSAGE_MAX or "\x00" in message:
         return None
@@ -150,7 +144,7 @@ def read_finish_many(raw: dict[str, Any]) -> FinishBatch | None:
         attempt_id = item["attempt_id"]
         fence = _fence(item["fence"])
         outcome = _outcome(item["outcome"])
-        if fence is None or outcome is None or not _text(attempt_id, _ID_MAX):
+        if fence is None or outcome is None or not short_text(attempt_id, _ID_MAX):
             return None
         finishes.append((attempt_id, fence, outcome))
     return FinishBatch(raw["req_id"], finishes)

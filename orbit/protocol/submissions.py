@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from orbit.core.model import Backoff, TaskSpec, assemble
-from orbit.core.validate import is_name
-from orbit.protocol.decode import values_ok
+from orbit.core.model import DEFAULT_BACKOFF, TaskSpec, assemble
+from orbit.core.validate import MAX_ATTEMPTS_LIMIT, MAX_KEY_LEN, MAX_PRIORITY, is_name
+from orbit.protocol.decode import short_text, values_ok
 
 #: the fields read here; a task with any other goes the strict way
 _USUAL = frozenset(
@@ -38,11 +38,8 @@ _USUAL = frozenset(
 )
 _REQUIRED = frozenset({"queue", "handler"})
 
-#: the limits TaskSubmit sets (messages.py)
+#: the limits TaskBatch and TaskSubmit set (messages.py) beyond the store's own (validate.py)
 _BATCH_MAX = 1000
-_PRIORITY_MAX = 1_000_000
-_ATTEMPTS_MAX = 1000
-_KEY_MAX = 255
 _ID_MAX = 64
 
 #: how deep a payload sits in a batch's body (body, tasks, task) and in a single task's
@@ -50,12 +47,10 @@ _ID_MAX = 64
 _BATCH_PAYLOAD_DEPTH = 3
 _TASK_PAYLOAD_DEPTH = 1
 
-_DEFAULT_BACKOFF = Backoff()
 
-
-def _text(value: Any, most: int) -> bool:
-    """None, or a string of 1 to ``most`` characters without NUL."""
-    return value is None or (type(value) is str and 0 < len(value) <= most and "\x00" not in value)
+def _optional_text(value: Any, most: int) -> bool:
+    """None, or ``short_text``."""
+    return value is None or short_text(value, most)
 
 
 def _int(value: Any, least: int, most: int) -> bool:
@@ -75,11 +70,11 @@ def _spec(task: Any, payload_depth: int) -> TaskSpec | None:
         is_name(queue)
         and is_name(handler)
         and is_name(tenant)
-        and _int(priority, -_PRIORITY_MAX, _PRIORITY_MAX)
-        and _int(max_attempts, 1, _ATTEMPTS_MAX)
+        and _int(priority, -MAX_PRIORITY, MAX_PRIORITY)
+        and _int(max_attempts, 1, MAX_ATTEMPTS_LIMIT)
         and type(retry_safe) is bool
-        and _text(key, _KEY_MAX)
-        and _text(parent, _ID_MAX)
+        and _optional_text(key, MAX_KEY_LEN)
+        and _optional_text(parent, _ID_MAX)
         and values_ok(payload, payload_depth)
     ):
         return None
@@ -97,7 +92,7 @@ def _spec(task: Any, payload_depth: int) -> TaskSpec | None:
             "parent_id": parent,
             "retry_safe": retry_safe,
             "max_attempts": max_attempts,
-            "backoff": _DEFAULT_BACKOFF,
+            "backoff": DEFAULT_BACKOFF,
             "attempt_timeout_us": None,
             "deadline": None,
             "run_after": None,

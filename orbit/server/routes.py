@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel
 from starlette.responses import Response
 
-from orbit.core.model import Backoff, Outcome, TaskSpec, build
+from orbit.core.model import DEFAULT_BACKOFF, Backoff, Outcome, TaskSpec, build
 from orbit.protocol.convert import instant_from_wire, seconds_to_us
 from orbit.protocol.decode import DecodeError, decode_json, decode_model
 from orbit.protocol.messages import (
@@ -91,14 +91,11 @@ def decode_cursor(cursor: str | None) -> str | None:
     return text
 
 
-_DEFAULT_BACKOFF = Backoff()
-
-
 def spec_from(msg: TaskSubmit) -> TaskSpec:
     """A decoded submission as the store's spec. Built without the frozen ``__init__``
     (which sets each of 13 fields through ``object.__setattr__``): a batch makes a
     thousand of these, and that ``__init__`` was a tenth of a batch submit's server time."""
-    backoff = _DEFAULT_BACKOFF
+    backoff = DEFAULT_BACKOFF
     if msg.backoff is not None:
         backoff = Backoff(
             seconds_to_us(msg.backoff.base), msg.backoff.factor, seconds_to_us(msg.backoff.max)
