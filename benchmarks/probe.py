@@ -9,6 +9,7 @@ in turn, several times, in both orders (A B B A …), never against an old figur
 
     python -m benchmarks.probe --tasks 20000
     python -m benchmarks.probe --tasks 40000 --py-spy /tmp/server.txt  # and a profile
+    python -m benchmarks.probe --tasks 20000 --payload-bytes 8192  # tasks with arguments
 
 ``--py-spy FILE`` records the server (``--worker`` records the worker instead) for the
 first seconds of the drain with ``py-spy record --gil -f raw``: stacks that held the GIL,
@@ -182,16 +183,29 @@ def _cpu_per_task(
 
 
 def drain(
-    admin_dsn: str, *, tasks: int, concurrency: int, spy: str | None, spy_worker: bool
+    admin_dsn: str,
+    *,
+    tasks: int,
+    concurrency: int,
+    spy: str | None,
+    spy_worker: bool,
+    payload_bytes: int = 0,
 ) -> dict[str, Any]:
-    """Fill ``tasks`` no-op tasks, start one worker, and time the drain."""
+    """Fill ``tasks`` no-op tasks, start one worker, and time the drain. With
+    ``payload_bytes``, each payload also carries a string of that many hex digits (random,
+    so that PostgreSQL's compression does not shrink it away), as a real task's
+    arguments would."""
     if tasks < 1 or concurrency < 1:
         raise ValueError("tasks and concurrency must be at least 1")
+    if payload_bytes < 0:
+        raise ValueError("payload bytes must be at least 0")
     if spy is not None:
         _py_spy()  # refuse before anything starts
     with _orbit(admin_dsn) as orbit:
         bodies = [
-            task_body("bench", "bench", {"id": f"p{i}", "t": 0.0, "kind": "noop"})
+            task_body(
+                "bench", "bench", {"id": f"p{i}", "t": 0.0, "kind": "noop", **_pad(payload_bytes)}
+            )
             for i in range(tasks)
         ]
         # The fill is the batch-enqueue workload: timed, with the CPU of each side
@@ -297,6 +311,11 @@ def paced(
         }
 
 
+def _pad(size: int) -> dict[str, str]:
+    """``{"pad": <size hex digits>}``, or nothing for 0."""
+    return {"pad": os.urandom(size // 2 + 1).hex()[:size]} if size else {}
+
+
 def _check_alive(orbit: _Orbit, worker: subprocess.Popen[bytes], finished: int) -> None:
     if worker.poll() is not None or orbit.server.poll() is not None:
         raise RuntimeError(f"a process exited with {finished} finished")
@@ -317,6 +336,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="RATE",
         help="submit one at a time at RATE/s to an idle worker; report latency (no fill)",
     )
+    parser.add_argument(
+        "--payload-bytes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="pad each drained task's payload with N random hex digits (default 0)",
+    )
     parser.add_argument("--pg-dsn", default=DEFAULT_ADMIN_DSN, help="may CREATE DATABASE")
     args = parser.parse_args(argv)
     try:
@@ -331,6 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 concurrency=args.concurrency,
                 spy=args.spy,
                 spy_worker=args.worker,
+                payload_bytes=args.payload_bytes,
             )
     except ValueError as exc:
         parser.error(str(exc))

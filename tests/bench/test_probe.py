@@ -38,7 +38,18 @@ def _no_database(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(probe, "create_database", no_database)
 
 
-@pytest.mark.parametrize("bad", [{"tasks": 0}, {"concurrency": 0}])
+def test_a_padded_drain_carries_payloads_of_the_size_asked() -> None:
+    assert probe._pad(0) == {}
+    (pad,) = probe._pad(4097).values()
+    assert len(pad) == 4097 and int(pad, 16) >= 0  # hex digits, as many as asked
+    assert probe._pad(64) != probe._pad(64)  # random: compression cannot shrink it away
+    result = probe.drain(
+        ADMIN_DSN, tasks=20, concurrency=5, spy=None, spy_worker=False, payload_bytes=3000
+    )
+    assert result["tasks"] == 20 and result["tasks_per_s"] > 0
+
+
+@pytest.mark.parametrize("bad", [{"tasks": 0}, {"concurrency": 0}, {"payload_bytes": -1}])
 def test_bad_arguments_are_refused_first(
     bad: dict[str, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
