@@ -966,7 +966,8 @@ class Store:
         """Lock the tasks, then the attempts, of a batch of reports (always in that order
         and by id, as every transaction does, so batches never deadlock), share their
         session (and, with ``queues``, their queues: name -> paused), then read the clock:
-        one round trip on PostgreSQL (``Connection.lock_many``)."""
+        one round trip on PostgreSQL (``Connection.lock_many``). The tasks come without
+        their payload (an empty string): no report reads it, and it can be large."""
         ids = sorted(set(attempt_ids))
         calls: list[tuple[str, dict[str, Any]]] = [
             ("task_lock_for_attempts", {"ids": ids}),
@@ -1040,9 +1041,9 @@ class Store:
 
         def build(tx: _Tx) -> tuple[Plan, list[Lease]]:
             plan = Plan()
-            attempts_found = {r["id"]: r for r in tx.fetch("attempt_get_many", ids=ids)}
-            task_ids = sorted({r["task_id"] for r in attempts_found.values()})
-            tasks = {r["id"]: R.task_from_row(r) for r in tx.fetch("task_lock_many", ids=task_ids)}
+            tasks = {
+                r["id"]: R.task_from_row(r) for r in tx.fetch("task_lock_for_attempts", ids=ids)
+            }
             attempts = {
                 r["id"]: R.attempt_from_row(r) for r in tx.fetch("attempt_lock_many", ids=ids)
             }

@@ -8,6 +8,7 @@ that ran out during the wait has run out).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Any
@@ -16,7 +17,7 @@ import psycopg
 import pytest
 
 from orbit.core.errors import Code, OrbitError
-from orbit.core.model import Outcome
+from orbit.core.model import Outcome, TaskState
 from orbit.store import Store
 from orbit.store import rows as R
 from orbit.store.postgres.driver import LOCK_MANY_INLINE_MAX
@@ -49,6 +50,48 @@ def test_locked_reads_return_the_rows_single_reads_return(store: Store) -> None:
     assert R.session_from_row(locked[2][0]) == R.session_from_row(single[2][0])
     assert R.queue_from_row(locked[3][0]) == R.queue_from_row(single[3][0])
     assert isinstance(R.task_from_row(locked[0][0]).backoff.factor, float)
+
+
+@pytest.mark.parametrize("padding", [0, LOCK_MANY_INLINE_MAX], ids=["one-statement", "pipelined"])
+def test_report_reads_leave_out_the_payload_and_nothing_else(store: Store, padding: int) -> None:
+    """A report's tasks come without their payload (it can be large and no report reads
+    it), and with every other column exactly as stored, in both of lock_many's forms."""
+    queue(store)
+    task_id = submit(store, payload={"blob": "x" * 5000})
+    s, _ = worker(store)
+    ids = [run_one(store, s).attempt.id] + [f"no-such-attempt-{i}" for i in range(padding)]
+    with store.driver.transaction() as cx:
+        (rows,), _ = cx.lock_many([("task_lock_for_attempts", {"ids": ids})])
+    read = R.task_from_row(rows[0])
+    stored = store.task_get(task_id)
+    assert read.payload == ""
+    assert dataclasses.replace(read, payload=stored.payload) == stored
+
+
+def test_a_large_payload_outlives_every_report(store: Store) -> None:
+    """Starts, renewals and finishes read tasks without their payload: none of them may
+    write that back. A payload near the limit (TOASTed on PostgreSQL, overflow pages on
+    SQLite) is intact after a start, a renewal, a retryable failure and a success."""
+    queue(store)
+    payloads = [{"n": i, "blob": f"{i}" * 200_000} for i in range(2)]
+    task_ids = [submit(store, payload=p, retry_safe=True) for p in payloads]
+    stored = {t: store.task_get(t).payload for t in task_ids}
+    s, _ = worker(store)
+    grants = [run_one(store, s), run_one(store, s)]
+    assert {g.task.id: g.task.payload for g in grants} == stored  # the claim reads it
+    leases = store.lease_renew_many(s.id, s.epoch, [g.attempt.id for g in grants])
+    assert [lease.status for lease in leases] == ["ok", "ok"]
+    failed, succeeded = grants
+    store.attempt_finish(
+        s.id, s.epoch, failed.attempt.id, failed.attempt.fence, Outcome.failure("BOOM")
+    )
+    store.attempt_finish(
+        s.id, s.epoch, succeeded.attempt.id, succeeded.attempt.fence, Outcome.success(1)
+    )
+    after = {t: store.task_get(t) for t in task_ids}
+    assert after[failed.task.id].state == TaskState.SCHEDULED
+    assert after[succeeded.task.id].state == TaskState.SUCCEEDED
+    assert {t: task.payload for t, task in after.items()} == stored
 
 
 def test_a_report_from_an_unknown_session_is_refused_and_changes_nothing(store: Store) -> None:

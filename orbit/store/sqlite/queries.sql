@@ -116,7 +116,15 @@ SELECT * FROM orbit_tasks WHERE id IN (SELECT value FROM json_each(:ids)) ORDER 
 -- name: task_lock_for_attempts
 -- The tasks of these attempts, as task_lock_many would lock them (SQLite's write lock is
 -- already held by the transaction).
-SELECT * FROM orbit_tasks
+-- Every column but the payload, which a report never reads and which can be large (such a
+-- value is read from its overflow pages by every read that selects it):
+-- the tasks come back with an empty payload (Store._report_batch).
+SELECT '' AS payload, id, queue, handler, tenant, priority, payload_digest, idempotency_key,
+    parent_id, retry_safe, max_attempts, backoff_base_us, backoff_factor, backoff_max_us,
+    attempt_timeout_us, deadline, run_after, state, attempts_used, fence, cancel_requested,
+    result, error_code, error_message, error_retryable, result_digest, result_version,
+    created_at, updated_at, finished_at, version
+FROM orbit_tasks
 WHERE id IN (SELECT task_id FROM orbit_attempts WHERE id IN (SELECT value FROM json_each(:ids)))
 ORDER BY id;
 
@@ -191,9 +199,6 @@ WHERE id = :id AND state = :expect_state AND lease_expires_at IS :expect_lease;
 
 -- name: attempt_get
 SELECT * FROM orbit_attempts WHERE id = :id;
-
--- name: attempt_get_many
-SELECT * FROM orbit_attempts WHERE id IN (SELECT value FROM json_each(:ids));
 
 -- name: attempt_lock_many
 SELECT * FROM orbit_attempts WHERE id IN (SELECT value FROM json_each(:ids)) ORDER BY id;
