@@ -134,9 +134,9 @@ SELECT * FROM orbit_tasks WHERE id = ANY(CAST(:ids AS text[])) ORDER BY id FOR U
 -- name: task_lock_for_attempts
 -- Lock the tasks of these attempts, by id, in one round trip: workers' reports lock the
 -- tasks first and then the attempts, always in that order (no deadlocks between batches).
--- Every column but the payload, which a report never reads and which can be large (a TOASTed
--- value is fetched and decompressed by every read that selects it):
--- the tasks come back with an empty payload (Store._report_batch).
+-- Every column but the payload, which no report reads and which can be large: a TOASTed
+-- value is fetched and decompressed by every read that selects it. The tasks come back
+-- with an empty payload (Store._report_batch).
 SELECT '' AS payload, id, queue, handler, tenant, priority, payload_digest, idempotency_key,
     parent_id, retry_safe, max_attempts, backoff_base_us, backoff_factor, backoff_max_us,
     attempt_timeout_us, deadline, run_after, state, attempts_used, fence, cancel_requested,

@@ -116,9 +116,9 @@ SELECT * FROM orbit_tasks WHERE id IN (SELECT value FROM json_each(:ids)) ORDER 
 -- name: task_lock_for_attempts
 -- The tasks of these attempts, as task_lock_many would lock them (SQLite's write lock is
 -- already held by the transaction).
--- Every column but the payload, which a report never reads and which can be large (such a
--- value is read from its overflow pages by every read that selects it):
--- the tasks come back with an empty payload (Store._report_batch).
+-- Every column but the payload, which no report reads and which can be large: such a
+-- value is read from its overflow pages by every read that selects it. The tasks come
+-- back with an empty payload (Store._report_batch).
 SELECT '' AS payload, id, queue, handler, tenant, priority, payload_digest, idempotency_key,
     parent_id, retry_safe, max_attempts, backoff_base_us, backoff_factor, backoff_max_us,
     attempt_timeout_us, deadline, run_after, state, attempts_used, fence, cancel_requested,
