@@ -961,18 +961,25 @@ class Store:
         return task, attempt, session
 
     def _report_batch(
-        self, tx: _Tx, attempt_ids: Sequence[str], session_id: str, *, queues: bool = False
+        self,
+        tx: _Tx,
+        attempt_ids: Sequence[str],
+        session_id: str,
+        *,
+        queues: bool = False,
+        write_session: bool = False,
     ) -> tuple[dict[str, Task], dict[str, Attempt], Session, dict[str, bool]]:
         """Lock the tasks, then the attempts, of a batch of reports (always in that order
         and by id, as every transaction does, so batches never deadlock), share their
-        session (and, with ``queues``, their queues: name -> paused), then read the clock:
-        one round trip on PostgreSQL (``Connection.lock_many``). The tasks come without
+        session (lock it instead with ``write_session``: a renewal extends it) and, with
+        ``queues``, their queues (name -> paused), then read the clock: one round trip on
+        PostgreSQL (``Connection.lock_many``). The tasks come without
         their payload (an empty string): no report reads it, and it can be large."""
         ids = sorted(set(attempt_ids))
         calls: list[tuple[str, dict[str, Any]]] = [
             ("task_lock_for_attempts", {"ids": ids}),
             ("attempt_lock_many", {"ids": ids}),
-            ("session_share", {"id": session_id}),
+            ("session_lock" if write_session else "session_share", {"id": session_id}),
         ]
         if queues:
             calls.append(("queue_share_for_attempts", {"ids": ids}))
@@ -1041,14 +1048,8 @@ class Store:
 
         def build(tx: _Tx) -> tuple[Plan, list[Lease]]:
             plan = Plan()
-            tasks = {
-                r["id"]: R.task_from_row(r) for r in tx.fetch("task_lock_for_attempts", ids=ids)
-            }
-            attempts = {
-                r["id"]: R.attempt_from_row(r) for r in tx.fetch("attempt_lock_many", ids=ids)
-            }
-            stored = tx.session(session_id, lock=True)
-            now = tx.now()
+            tasks, attempts, stored, _ = self._report_batch(tx, ids, session_id, write_session=True)
+            now = tx.clock()
             reason = transitions.session_usable(evolve(stored, draining=False), epoch, now)
             leases: list[Lease] = []
             session = stored

@@ -340,3 +340,19 @@ def test_a_large_batch_reads_its_rows_and_the_clock_in_one_round_trip(
     assert sent == ["pipeline", "COMMIT"]
     assert found == one_by_one and [len(rows) for rows in found] == [1, 1, 1]
     assert isinstance(now, int) and now > 0
+
+
+def test_a_renewal_reads_its_rows_and_the_clock_in_one_round_trip(
+    store: Store, driver: PostgresDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A renewal locks its tasks, its attempts and its session and reads the clock as a
+    start or finish batch does, in one round trip with its BEGIN; then its writes and
+    the COMMIT."""
+    queue(store)
+    submit(store)
+    s, _ = worker(store)
+    g = run_one(store, s)
+    sent = _record_round_trips(monkeypatch)
+    (lease,) = store.lease_renew_many(s.id, s.epoch, [g.attempt.id])
+    assert lease.status == "ok"
+    assert sent == ["pipeline", "run", "COMMIT"]
