@@ -178,10 +178,12 @@ class Dispatcher:
                     await self._offer(conn)
 
     async def _offer(self, conn: WorkerConnection) -> None:
+        # A session may declare more slots than one claim may grant: offer at most a
+        # claim's worth (the claim itself grants no more than the session's free slots),
+        # and the rest on the next wake, which a full grant's finishes bring.
+        n = min(conn.max_concurrency, self.store.config.max_batch)
         try:
-            grants = await in_thread(
-                self.store.attempt_claim_many, conn.session_id, conn.epoch, conn.max_concurrency
-            )
+            grants = await in_thread(self.store.attempt_claim_many, conn.session_id, conn.epoch, n)
         except Rejected as exc:
             if exc.code == Code.SESSION_DRAINING:
                 conn.push = False  # drained from elsewhere (the HTTP API): stop offering
@@ -199,6 +201,8 @@ class Dispatcher:
         if grants:
             self.metrics.claims.inc(len(grants))
             await conn.send(tasks_wire(None, grants))
+        if len(grants) == n < conn.max_concurrency:
+            self._wake.set()  # a full claim's worth, and slots to spare: offer again now
 
 
 def _req_id(raw: Any) -> str | None:

@@ -60,3 +60,39 @@ def test_full_task_life_over_the_wire(node: Node, tokens: Tokens, admin: httpx.C
     assert [a["state"] for a in attempts] == ["succeeded"]
     metrics = httpx.get(f"{node.http}/metrics").text
     assert 'orbit_tasks{queue="render",state="succeeded"} 1.0' in metrics
+
+
+def test_a_worker_with_more_slots_than_one_claim_holds_is_pushed_every_task(
+    node: Node, tokens: Tokens, admin: httpx.Client
+) -> None:
+    """A session may declare up to 100,000 slots but one claim grants at most 1,000: the
+    dispatcher offers a session its free slots capped at that, so a worker declaring more
+    is pushed tasks all the same (it was refused every offer and was never pushed one)."""
+    assert (
+        admin.post("/v1/queues", json={"name": "wide", "max_concurrency": 5000, "rate": 0})
+    ).status_code == 201
+    submitted: set[str] = set()
+    for size in (1000, 200):
+        specs = [{"queue": "wide", "handler": "h"} for _ in range(size)]
+        reply = admin.post("/v1/tasks/batch", json={"tasks": specs})
+        assert reply.status_code == 201, reply.text
+        submitted.update(item["task"]["id"] for item in reply.json())
+
+    async def work() -> tuple[set[str], int]:
+        conn = await WorkerConnection.connect(node.ws, tokens.worker)
+        try:
+            await conn.hello("wide", {"h": 2500}, max_concurrency=2500, push=True)
+            pushed: set[str] = set()
+            largest = 0
+            while len(pushed) < len(submitted):
+                message = await conn.next_push(30)
+                assert message["type"] == "tasks", message
+                largest = max(largest, len(message["tasks"]))
+                pushed.update(t["task_id"] for t in message["tasks"])
+            return pushed, largest
+        finally:
+            await conn.close()
+
+    pushed, largest = asyncio.run(work())
+    assert pushed == submitted
+    assert largest <= 1000
