@@ -39,6 +39,7 @@ from benchmarks.cpu import CpuSampler
 from benchmarks.harness import free_ports
 from benchmarks.recorder import RecordReader
 from benchmarks.systems.base import create_database, drop_database
+from benchmarks.systems.orbit_system import TUNED_CONCURRENCY
 from benchmarks.workloads import percentile
 from orbit import Client
 from orbit.client._client import task_body
@@ -327,7 +328,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Time one Orbit server and worker draining pre-enqueued no-op tasks.",
     )
     parser.add_argument("--tasks", type=int, default=20_000, help="tasks to drain")
-    parser.add_argument("--concurrency", type=int, default=500, help="the worker's slots")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=TUNED_CONCURRENCY,
+        help=f"the worker's slots (default {TUNED_CONCURRENCY}, the tuned profile's)",
+    )
     parser.add_argument("--py-spy", dest="spy", help="record a GIL profile into this file")
     parser.add_argument("--worker", action="store_true", help="profile the worker instead")
     parser.add_argument(

@@ -48,7 +48,7 @@ from benchmarks.systems.base import (
 QUEUE = "bench"
 HANDLER = "bench"
 LEASE_TTL_S = 5.0
-TUNED_CONCURRENCY = 500
+TUNED_CONCURRENCY = 1500
 REAP_INTERVAL_S = 0.5
 SUBMIT_BATCH_MAX = 1000  # the API's batch limit (POST /v1/tasks/batch)
 #: the claim window the store asks for when a worker has 10 free slots (want * 2 + 8)
@@ -303,7 +303,7 @@ class OrbitSystem(System):
             )
 
     def _concurrency(self, spec: WorkerSpec) -> int:
-        """Tuned: docs/worker.md's advice for many short tasks (concurrency 500, so the
+        """Tuned: docs/worker.md's advice for many short tasks (concurrency 1,500, so the
         runner's start/finish batches grow with the load); the workload's own figure where
         it asks for one (I/O-bound, recovery)."""
         if self.profile == "tuned" and not (spec.io_bound or spec.hold):
