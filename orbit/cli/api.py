@@ -13,14 +13,16 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from orbit.client import ApiError, Client, Unreachable, WaitTimeout
 from orbit.tokens import TokenError, load_token
+
+if TYPE_CHECKING:
+    from orbit.client import Client
 
 EXIT_TASK_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_TIMEOUT = 1, 2, 3, 4, 5
 out = Console()
@@ -47,6 +49,9 @@ def fail(message: str, code: int) -> NoReturn:
 
 @contextmanager
 def client(url: str, cafile: str | None) -> Iterator[Client]:
+    # The client (httpx) is imported by the commands that use it, not by every `orbit`.
+    from orbit.client import ApiError, Client, Unreachable
+
     try:
         token = load_token()
     except TokenError as exc:
@@ -361,6 +366,8 @@ def task_wait(
     as_json: AsJson = False,
 ) -> None:
     """Follow a task live until it ends; exit 0 if it succeeded, 1 if not, 5 on timeout."""
+    from orbit.client import WaitTimeout
+
     with client(url, cafile) as c:
         try:
             _wait(c, task_id, timeout, as_json)

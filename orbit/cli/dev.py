@@ -15,16 +15,18 @@ import os
 import signal
 import socket
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from orbit.client import AsyncClient
 from orbit.core.errors import OrbitError
 from orbit.gctune import tune_for_throughput
 from orbit.worker.runner import Context, Worker
+
+if TYPE_CHECKING:
+    from orbit.client import AsyncClient
 
 console = Console()
 DEMO: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
@@ -117,6 +119,7 @@ async def _history(client: AsyncClient, task_id: str) -> str:
 async def serve(host: str, port: int, data_dir: Path, once: bool) -> int:
     import uvicorn
 
+    from orbit.client import AsyncClient
     from orbit.server import ServerSettings, create_app
     from orbit.server.logs import configure
 

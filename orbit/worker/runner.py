@@ -40,8 +40,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import httpx
-
 from orbit import aio
 from orbit.aio import stop_tasks
 from orbit.gctune import tune_for_throughput
@@ -566,6 +564,8 @@ class Worker:
             ssl.create_default_context(cafile=self.cafile) if self.cafile else True
         )
         name_part = quote(name, safe="")
+        import httpx  # here, not at the top: only an upload uses it (see orbit/__init__)
+
         async with httpx.AsyncClient(base_url=self.url, verify=verify, timeout=300) as http:
             reply = await http.put(
                 f"/v1/attempts/{attempt_id}/artifacts/{name_part}",
