@@ -120,8 +120,8 @@ async def serve(host: str, port: int, data_dir: Path, once: bool) -> int:
     import uvicorn
 
     from orbit.client import AsyncClient
+    from orbit.logs import configure
     from orbit.server import ServerSettings, create_app
-    from orbit.server.logs import configure
 
     configure("warning")
     db_url, token = _prepare(data_dir)

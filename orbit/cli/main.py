@@ -142,7 +142,7 @@ def server(
         _fail("--tls-cert and --tls-key go together")
     if log_level not in ("debug", "info", "warning", "error"):
         _fail("--log-level must be debug, info, warning or error")
-    from orbit.server.logs import configure
+    from orbit.logs import configure
 
     configure(log_level)
     settings = ServerSettings(
@@ -213,7 +213,7 @@ def worker_command(
 def _run_worker(target: str, url: str) -> None:
     import importlib
 
-    from orbit.server.logs import configure
+    from orbit.logs import configure
     from orbit.worker.runner import Worker
 
     module_name, _, attr = target.partition(":")

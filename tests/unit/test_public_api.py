@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import orbit
 
@@ -16,14 +17,22 @@ def test_all_is_sorted_and_importable() -> None:
     assert public == set(orbit.__all__)
 
 
-def test_a_worker_process_does_not_import_the_http_client() -> None:
-    """httpx (and the command-line tools it imports when they are installed) was a third
-    of a worker process's start; a worker never calls the HTTP API, so neither
-    ``import orbit`` nor the CLI's worker command may load it. ``orbit.Client`` still does."""
+def test_a_worker_process_imports_neither_the_http_client_nor_the_server() -> None:
+    """httpx (with the command-line tools it imports when they are installed) and the
+    server's HTTP stack were most of a worker process's start; a worker serves no HTTP and
+    never calls the HTTP API, so ``orbit worker`` may load neither before it runs the
+    worker. ``orbit.Client`` still loads httpx."""
+    done = subprocess.run(
+        [sys.executable, "-m", "orbit.cli", "worker", "tests.unit.worker_imports:worker"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert "not an orbit Worker" in done.stderr, done.stderr
+    assert "loaded: \n" in done.stdout, done.stdout
     code = (
-        "import sys, orbit, orbit.cli.main, orbit.worker.runner\n"
-        "loaded = sorted(m for m in ('httpx', 'orbit.client') if m in sys.modules)\n"
-        "assert not loaded, loaded\n"
+        "import sys, orbit\n"
+        "assert 'httpx' not in sys.modules\n"
         "from orbit import AsyncClient, Client, TaskFailed\n"
         "assert 'httpx' in sys.modules and Client.__module__ == 'orbit.client._client'\n"
     )

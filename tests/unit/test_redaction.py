@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from orbit.server.logs import RedactSecrets, redact
+from orbit.logs import RedactSecrets, redact
 
 TOKEN = "orbit_0123456789abcdef0123456789abcdef_S9M0TNbDPerUA6MTaGrz-_x"
 
