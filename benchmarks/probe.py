@@ -265,16 +265,23 @@ def drain(
 
 
 def paced(
-    admin_dsn: str, *, tasks: int, rate: float, spy: str | None, spy_worker: bool
+    admin_dsn: str,
+    *,
+    tasks: int,
+    rate: float,
+    concurrency: int = TUNED_CONCURRENCY,
+    spy: str | None,
+    spy_worker: bool,
 ) -> dict[str, Any]:
-    """Submit ``tasks`` one at a time at ``rate`` per second to an idle worker (the
-    latency workload) and report enqueue→start percentiles and CPU per task."""
-    if tasks < 1 or not rate > 0:
-        raise ValueError("tasks must be at least 1 and the rate above 0")
+    """Submit ``tasks`` one at a time at ``rate`` per second to an idle worker with
+    ``concurrency`` slots (the latency workload; the harness's tuned worker by default)
+    and report enqueue→start percentiles and CPU per task."""
+    if tasks < 1 or not rate > 0 or concurrency < 1:
+        raise ValueError("tasks and concurrency must be at least 1 and the rate above 0")
     if spy is not None:
         _py_spy()
     with _orbit(admin_dsn) as orbit:
-        worker = _start_worker(orbit, 10)
+        worker = _start_worker(orbit, concurrency)
         reader = RecordReader(orbit.work)
 
         def submit_and_wait(ids: list[str], pace: float | None) -> None:
@@ -303,6 +310,7 @@ def paced(
         return {
             "tasks": tasks,
             "rate": rate,
+            "concurrency": concurrency,
             "latency_ms": {
                 "p50": round(percentile(lat_ms, 50), 3),
                 "p99": round(percentile(lat_ms, 99), 3),
@@ -354,7 +362,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.paced is not None:
             result = paced(
-                args.pg_dsn, tasks=args.tasks, rate=args.paced, spy=args.spy, spy_worker=args.worker
+                args.pg_dsn,
+                tasks=args.tasks,
+                rate=args.paced,
+                concurrency=args.concurrency,
+                spy=args.spy,
+                spy_worker=args.worker,
             )
         else:
             result = drain(

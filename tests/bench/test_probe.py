@@ -23,8 +23,8 @@ def test_a_tiny_fill_and_drain_report_rate_and_cpu() -> None:
 
 
 def test_a_tiny_paced_run_reports_latency_and_cpu() -> None:
-    result = probe.paced(ADMIN_DSN, tasks=5, rate=50, spy=None, spy_worker=False)
-    assert (result["tasks"], result["rate"]) == (5, 50)
+    result = probe.paced(ADMIN_DSN, tasks=5, rate=50, concurrency=3, spy=None, spy_worker=False)
+    assert (result["tasks"], result["rate"], result["concurrency"]) == (5, 50, 3)
     latency = result["latency_ms"]
     assert 0 < latency["p50"] <= latency["p99"] <= latency["max"]
     assert set(result["cpu_ms_per_task"]) == {"server", "worker", "postgres"}
@@ -60,14 +60,20 @@ def test_bad_arguments_are_refused_first(
 
 
 @pytest.mark.parametrize(
-    "bad", [{"tasks": 0}, {"rate": 0.0}, {"rate": -5.0}, {"rate": float("nan")}]
+    "bad",
+    [{"tasks": 0}, {"rate": 0.0}, {"rate": -5.0}, {"rate": float("nan")}, {"concurrency": 0}],
 )
 def test_bad_paced_arguments_are_refused_first(
     bad: dict[str, float], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _no_database(monkeypatch)
-    args: dict[str, float] = {"tasks": 10, "rate": 100.0, **bad}
+    args: dict[str, float] = {"tasks": 10, "rate": 100.0, "concurrency": 4, **bad}
     with pytest.raises(ValueError):
         probe.paced(
-            ADMIN_DSN, tasks=int(args["tasks"]), rate=args["rate"], spy=None, spy_worker=False
+            ADMIN_DSN,
+            tasks=int(args["tasks"]),
+            rate=args["rate"],
+            concurrency=int(args["concurrency"]),
+            spy=None,
+            spy_worker=False,
         )
