@@ -180,7 +180,7 @@ class Dispatcher:
     async def _offer(self, conn: WorkerConnection) -> None:
         # A session may declare more slots than one claim may grant: offer at most a
         # claim's worth (the claim itself grants no more than the session's free slots),
-        # and the rest on the next wake, which a full grant's finishes bring.
+        # and offer again at once when that filled (below).
         n = min(conn.max_concurrency, self.store.config.max_batch)
         try:
             grants = await in_thread(self.store.attempt_claim_many, conn.session_id, conn.epoch, n)

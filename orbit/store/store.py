@@ -973,8 +973,8 @@ class Store:
         and by id, as every transaction does, so batches never deadlock), share their
         session (lock it instead with ``write_session``: a renewal extends it) and, with
         ``queues``, their queues (name -> paused), then read the clock: one round trip on
-        PostgreSQL (``Connection.lock_many``). The tasks come without
-        their payload (an empty string): no report reads it, and it can be large."""
+        PostgreSQL (``Connection.lock_many``). The tasks come without their payload (an
+        empty string): no report reads it, and it can be large."""
         ids = sorted(set(attempt_ids))
         calls: list[tuple[str, dict[str, Any]]] = [
             ("task_lock_for_attempts", {"ids": ids}),
