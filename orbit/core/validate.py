@@ -6,7 +6,7 @@ import math
 import re
 
 from orbit.core.errors import Code, OrbitError
-from orbit.core.model import Backoff, TaskSpec, canonical_json, is_shallow
+from orbit.core.model import JSON, Backoff, TaskSpec, canonical_json, is_shallow
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")  # \Z: $ would pass a final newline
 MAX_PRIORITY = 1_000_000
@@ -152,25 +152,33 @@ def check_spec(spec: TaskSpec, max_payload_bytes: int) -> tuple[str, int]:
     for name, text in (("idempotency_key", spec.idempotency_key), ("parent_id", spec.parent_id)):
         if isinstance(text, str) and "\x00" in text:
             raise OrbitError(Code.INVALID_ARGUMENT, f"{name} holds a NUL character")
-    check_json_depth(spec.payload, "payload")
+    return check_payload(spec.payload, max_payload_bytes)
+
+
+def check_payload(value: JSON, max_payload_bytes: int) -> tuple[str, int]:
+    """The part of :func:`check_spec` that reads the payload: its canonical JSON and its
+    encoded size, or the error that refuses it. A batch whose other fields a reader has
+    already checked (``orbit.protocol.submissions``) needs only this."""
+    check_json_depth(value, "payload")
     try:
-        payload = canonical_json(spec.payload)
+        payload = canonical_json(value)
     except (TypeError, ValueError) as exc:
         raise OrbitError(
             Code.INVALID_ARGUMENT, f"payload must be JSON (no NaN or Infinity): {exc}"
         ) from None
-    size = len(payload.encode("utf-8", "surrogatepass"))
+    try:
+        size = len(payload.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate: too large first, if it is
+        size = len(payload.encode("utf-8", "surrogatepass"))
+        if size <= max_payload_bytes:
+            raise OrbitError(
+                Code.INVALID_ARGUMENT, "payload contains a lone surrogate (not valid UTF-8)"
+            ) from None
     if size > max_payload_bytes:
         raise OrbitError(
             Code.PAYLOAD_TOO_LARGE,
             f"payload is {size} bytes; the limit is {max_payload_bytes} bytes",
         )
-    try:
-        payload.encode("utf-8")
-    except UnicodeEncodeError:
-        raise OrbitError(
-            Code.INVALID_ARGUMENT, "payload contains a lone surrogate (not valid UTF-8)"
-        ) from None
     return payload, size
 
 

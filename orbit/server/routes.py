@@ -186,9 +186,11 @@ async def task_submit(request: Request) -> Response:
 async def task_submit_batch(request: Request) -> Response:
     raw = await _document(request)
     specs = read_task_batch(raw)  # the usual shape, read at once (orbit.protocol.submissions)
+    checked = specs is not None  # every field but the payload, by check_spec's rules
     if specs is None:
         specs = [spec_from(t) for t in decode_model(TaskBatch, raw, parsed=True).tasks]
-    views = await in_thread(_store(request).task_submit_rendered, specs, _submitted_view)
+    submit = _store(request).task_submit_rendered
+    views = await in_thread(submit, specs, _submitted_view, fields_checked=checked)
     return _json(views, 201)
 
 

@@ -169,6 +169,11 @@ def test_size_bounds_answer_413(admin: httpx.Client) -> None:
     admin.post("/v1/queues", json={"name": "q", "max_concurrency": 2, "rate": 0})
     big = admin.post("/v1/tasks", json={"queue": "q", "handler": "h", "payload": "x" * 300_000})
     assert big.status_code == 413 and big.json()["error"]["code"] == "PAYLOAD_TOO_LARGE"
+    # a batch in the usual shape (the one-pass reader's) has its payloads checked too
+    usual = [{"queue": "q", "handler": "h", "payload": {"i": i}} for i in range(3)]
+    usual[2]["payload"] = "x" * 300_000
+    batch = admin.post("/v1/tasks/batch", json={"tasks": usual})
+    assert batch.status_code == 413 and batch.json()["error"]["code"] == "PAYLOAD_TOO_LARGE"
     huge = admin.post(
         "/v1/tasks",
         content=b'{"queue":"q","handler":"h","payload":"' + b"x" * (17 * 1024 * 1024) + b'"}',

@@ -210,3 +210,31 @@ def test_a_payload_nested_64_levels_is_taken(store: Store) -> None:
     queue(store)
     task = store.task_get(submit(store, payload=_nested(64)))
     assert task.payload.count("[") + task.payload.count("{") == 64
+
+
+@pytest.mark.parametrize(
+    ("payload", "code"),
+    [("x" * 2000, Code.PAYLOAD_TOO_LARGE), ("\ud800", Code.INVALID_ARGUMENT)],
+)
+def test_a_batch_read_by_the_reader_still_has_its_payloads_checked(
+    make_store: Any, clock: ManualClock, monkeypatch: pytest.MonkeyPatch, payload: Any, code: Code
+) -> None:
+    """``fields_checked`` (a batch the protocol's reader built) skips check_spec's field
+    checks, not the payload's: a payload too large, or not UTF-8, is refused all the
+    same, before any SQL, and nothing is written."""
+    import orbit.store.store as store_module
+
+    store: Store = make_store(clock=clock, config=StoreConfig(max_payload_bytes=1024))
+    queue(store)
+
+    def unexpected(*_: Any) -> None:
+        raise AssertionError("check_spec ran on a batch whose fields were checked")
+
+    monkeypatch.setattr(store_module, "check_spec", unexpected)
+    good = TaskSpec(queue="q", handler="h", payload={"a": 1})
+    bad = TaskSpec(queue="q", handler="h", payload=payload)
+    submit_checked = store.task_submit_rendered
+    with store.inject_fault("queue_get_many"):
+        _rejects(store, code, lambda: submit_checked([good, bad], lambda d: d, fields_checked=True))
+    done = submit_checked([good], lambda d: d.task.payload, fields_checked=True)
+    assert done == ['{"a":1}']

@@ -5,6 +5,7 @@ connection is fit for the next transaction."""
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -16,11 +17,16 @@ import pytest
 from orbit.core.errors import Code, OrbitError
 from orbit.core.model import TaskSpec
 from orbit.store import Store, Submitted, open_store
-from orbit.store.store import SUBMIT_CHUNK
+from orbit.store.store import (
+    SUBMIT_CHUNK,
+    SUBMIT_CHUNK_GROWTH,
+    SUBMIT_FIRST_CHUNK,
+    submit_chunks,
+)
 from tests.conftest import ManualClock, store_url
 from tests.store.helpers import queue
 
-#: three chunks, the last one short
+#: several chunks (submit_chunks), the last one short
 N = 2 * SUBMIT_CHUNK + 7
 
 
@@ -92,14 +98,15 @@ def test_a_conflict_in_a_later_chunk_writes_nothing(store: Store) -> None:
 def test_a_database_error_in_a_later_chunk_undoes_the_earlier_ones(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The third chunk's first task reuses the first task's id: the database refuses that
-    statement after the first two chunks' statements have run, and none of them stays."""
+    """The last chunk's first task reuses the first task's id: the database refuses that
+    statement after the earlier chunks' statements have run, and none of them stays."""
     queue(store)
     made: list[str] = []
     new_id = store._new_id
+    last = submit_chunks(N)[-1][0]
 
     def clashing(now: int) -> str:
-        made.append(made[0] if len(made) == 2 * SUBMIT_CHUNK else new_id(now))
+        made.append(made[0] if len(made) == last else new_id(now))
         return made[-1]
 
     monkeypatch.setattr(store, "_new_id", clashing)
@@ -192,3 +199,17 @@ def test_two_stores_racing_the_same_keyed_batch_make_each_task_once(
     assert sum(d.created for d in first + second) == N
     assert stored(store) == N
     assert len(submitted_events(store)) == N
+
+
+@pytest.mark.parametrize("n", [SUBMIT_CHUNK + 1, N, 1000])
+def test_a_streamed_batch_starts_with_a_small_chunk_that_grows(n: int) -> None:
+    """The database waits while the first chunk is made, so it is small; each next one
+    is at most SUBMIT_CHUNK_GROWTH times the one before, so it is made while that one is
+    written. The chunks cover the batch once, in order."""
+    bounds = submit_chunks(n)
+    assert bounds[0] == (0, SUBMIT_FIRST_CHUNK)
+    assert [start for start, _ in bounds[1:]] == [end for _, end in bounds[:-1]]
+    assert bounds[-1][1] == n
+    sizes = [end - start for start, end in bounds]
+    assert all(0 < b <= a * SUBMIT_CHUNK_GROWTH for a, b in itertools.pairwise(sizes))
+    assert len(bounds) > 2

@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orbit.core.errors import OrbitError
 from orbit.core.model import Backoff, TaskSpec
+from orbit.core.validate import check_payload, check_spec
 from orbit.protocol.decode import MAX_DEPTH, DecodeError, decode_json, decode_model
 from orbit.protocol.messages import TaskBatch, TaskSubmit
 from orbit.protocol.submissions import read_task, read_task_batch
@@ -214,3 +216,24 @@ def test_the_readers_stop_where_the_model_does(
         _agrees(body, TaskBatch)
     assert len(read_task_batch({"tasks": [{"queue": "q", "handler": "h"}] * 1000}) or []) == 1000
     assert read_task_batch({"tasks": [{"queue": "q", "handler": "h"}] * 1001}) is None
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_batch())
+def test_every_field_the_batch_reader_takes_passes_check_spec(body: Any) -> None:
+    """The store checks only the payloads of the reader's specs (``fields_checked``), so
+    the reader must take no field that ``check_spec`` refuses: when it reads a batch,
+    every spec passes ``check_spec``, with the payload check alone giving the same
+    answer."""
+    read = read_task_batch(decode_json(orjson.dumps(body)))
+    if read is None:
+        return
+    for spec in read:
+        try:
+            whole: Any = check_spec(spec, 1 << 20)
+        except OrbitError as exc:  # only the payload may refuse, as check_payload does
+            with pytest.raises(OrbitError) as alone:
+                check_payload(spec.payload, 1 << 20)
+            assert (alone.value.code, alone.value.message) == (exc.code, exc.message)
+        else:
+            assert check_payload(spec.payload, 1 << 20) == whole
