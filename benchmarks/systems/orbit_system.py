@@ -169,7 +169,13 @@ class OrbitSystem(System):
             },
             "submit": {
                 "one": "Client.submit(queue, 'bench', payload, retry_safe=True)",
-                "batch": f"Client.submit_many(≤{SUBMIT_BATCH_MAX} tasks), one call per batch",
+                "batch": f"Client.submit_many(≤{SUBMIT_BATCH_MAX} tasks), one call per batch"
+                + (
+                    ", reply='ids' (each task's id, not its whole view: docs/protocol.md, "
+                    "'Batch submit')"
+                    if self.profile == "tuned"
+                    else " (each task's whole view in the reply, the default)"
+                ),
                 "retry_safe": True,
                 "max_attempts": "default (3)",
             },
@@ -294,12 +300,14 @@ class OrbitSystem(System):
                 self._client.submit(QUEUE, HANDLER, job, retry_safe=True)
             return
         size = min(batch, SUBMIT_BATCH_MAX)
+        reply = "ids" if self.profile == "tuned" else "full"
         for i in range(0, len(jobs), size):
             self._client.submit_many(
                 [
                     {"queue": QUEUE, "handler": HANDLER, "payload": job, "retry_safe": True}
                     for job in jobs[i : i + size]
-                ]
+                ],
+                reply=reply,
             )
 
     def _concurrency(self, spec: WorkerSpec) -> int:

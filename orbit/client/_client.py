@@ -8,7 +8,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -19,6 +19,8 @@ from orbit.tokens import load_token
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "needs_review"})
 Request = tuple[str, str, dict[str, Any] | None, dict[str, Any] | list[Any] | None]
+#: What a batch submit answers with: each task's view, or its id (``submit_many``).
+BatchReply = Literal["full", "ids"]
 
 
 def _instant(value: datetime | str | None) -> str | None:
@@ -93,6 +95,17 @@ class _Calls:
             "cursor": cursor,
         }
         return ("GET", "/v1/tasks", {k: v for k, v in query.items() if v is not None}, None)
+
+    @staticmethod
+    def submit_many(tasks: list[dict[str, Any]], reply: BatchReply) -> Request:
+        query = None if reply == "full" else {"reply": reply}
+        return ("POST", "/v1/tasks/batch", query, {"tasks": tasks})
+
+    @staticmethod
+    def submitted(reply: BatchReply, items: Any) -> list[dict[str, Any]]:
+        """A batch reply's items, in the order submitted: each task's view
+        (``reply="full"``), or each ``{"id", "created"}`` (``reply="ids"``)."""
+        return [dict(r["task"]) for r in items] if reply == "full" else [dict(r) for r in items]
 
     @staticmethod
     def resolve(task_id: str, decision: str, result: Any, error: dict[str, Any] | None) -> Request:
@@ -170,10 +183,13 @@ class Client:
         )
         return dict(reply["task"])
 
-    def submit_many(self, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Submit up to 1000 tasks atomically (each a ``task_body``-shaped dict)."""
-        reply = self._call(("POST", "/v1/tasks/batch", None, {"tasks": tasks}))
-        return [dict(r["task"]) for r in reply]
+    def submit_many(
+        self, tasks: list[dict[str, Any]], *, reply: BatchReply = "full"
+    ) -> list[dict[str, Any]]:
+        """Submit up to 1000 tasks atomically (each a ``task_body``-shaped dict); returns
+        each task's view in order, or with ``reply="ids"`` each ``{"id", "created"}``:
+        a tenth of the bytes, and the quickest way to enqueue many."""
+        return _Calls.submitted(reply, self._call(_Calls.submit_many(tasks, reply)))
 
     def get(self, task_id: str) -> dict[str, Any]:
         return dict(self._call(("GET", f"/v1/tasks/{task_id}", None, None)))
@@ -347,9 +363,10 @@ class AsyncClient:
         body = task_body(queue, handler, payload, **options)
         return dict((await self._call(("POST", "/v1/tasks", None, body)))["task"])
 
-    async def submit_many(self, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        reply = await self._call(("POST", "/v1/tasks/batch", None, {"tasks": tasks}))
-        return [dict(r["task"]) for r in reply]
+    async def submit_many(
+        self, tasks: list[dict[str, Any]], *, reply: BatchReply = "full"
+    ) -> list[dict[str, Any]]:
+        return _Calls.submitted(reply, await self._call(_Calls.submit_many(tasks, reply)))
 
     async def get(self, task_id: str) -> dict[str, Any]:
         return dict(await self._call(("GET", f"/v1/tasks/{task_id}", None, None)))

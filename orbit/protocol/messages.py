@@ -178,6 +178,14 @@ class Submitted(Response):
     created: bool
 
 
+class SubmittedId(Response):
+    """A batch reply's item with ``?reply=ids``: the task's id and whether this request
+    created it (``false``: its idempotency key named an existing task)."""
+
+    id: str
+    created: bool
+
+
 class TaskPage(Response):
     items: list[TaskView]
     next_cursor: str | None

@@ -17,6 +17,7 @@ HTTP_MODELS: tuple[type[BaseModel], ...] = (
     m.TaskResolve,
     m.TaskView,
     m.Submitted,
+    m.SubmittedId,
     m.TaskPage,
     m.AttemptView,
     m.EventView,

@@ -14,11 +14,12 @@ from orbit.protocol.decode import DecodeError
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.field = field  # the query or path parameter at fault, if one is
 
 
 def error_response(
@@ -37,7 +38,7 @@ def error_response(
 async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
     headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-    return error_response(exc.status, exc.code, exc.message, headers=headers)
+    return error_response(exc.status, exc.code, exc.message, exc.field, headers=headers)
 
 
 async def on_orbit_error(_: Request, exc: Exception) -> JSONResponse:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -19,6 +20,7 @@ from orbit.protocol.messages import (
     QueueCreate,
     QueueView,
     Submitted,
+    SubmittedId,
     TaskBatch,
     TaskPage,
     TaskResolve,
@@ -123,6 +125,39 @@ def _submitted_view(done: Stored) -> dict[str, Any]:
     return {"task": task_wire(done.task), "created": done.created}
 
 
+def _submitted_id(done: Stored) -> dict[str, Any]:
+    """A batch reply's item with ``?reply=ids``."""
+    return {"id": done.task.id, "created": done.created}
+
+
+#: ``POST /v1/tasks/batch?reply=…``: each task's whole view (the default), or its id.
+#: The views are nine tenths of the reply's bytes and of the server's and the client's
+#: work on it; a producer that only needs the ids asks for them.
+BATCH_REPLIES: dict[str, Callable[[Stored], dict[str, Any]]] = {
+    "full": _submitted_view,
+    "ids": _submitted_id,
+}
+BATCH_REPLY_QUERY = {
+    "name": "reply",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "string", "enum": list(BATCH_REPLIES), "default": "full"},
+    "description": "`full`: a `Submitted` per task, in order (the default); "
+    "`ids`: a `SubmittedId` per task, in order.",
+}
+
+
+def _batch_reply(request: Request) -> Callable[[Stored], dict[str, Any]]:
+    """The render of each item the ``reply`` query asks for; refused before the body is
+    read, so a bad value changes nothing."""
+    asked = request.query_params.getlist("reply")
+    if not asked:
+        return _submitted_view
+    if len(asked) > 1 or asked[0] not in BATCH_REPLIES:
+        raise ApiError(400, "INVALID_ARGUMENT", "reply: give it once, as full or ids", "reply")
+    return BATCH_REPLIES[asked[0]]
+
+
 # ----------------------------------------------------------------------------- queues
 
 
@@ -181,16 +216,18 @@ async def task_submit(request: Request) -> Response:
     "/tasks/batch",
     dependencies=[Depends(require("submit"))],
     status_code=201,
-    response_model=list[Submitted],
+    response_model=list[Submitted] | list[SubmittedId],
+    openapi_extra={"parameters": [BATCH_REPLY_QUERY]},
 )
 async def task_submit_batch(request: Request) -> Response:
+    render = _batch_reply(request)
     raw = await _document(request)
     specs = read_task_batch(raw)  # the usual shape, read at once (orbit.protocol.submissions)
     checked = specs is not None  # every field but the payload, by check_spec's rules
     if specs is None:
         specs = [spec_from(t) for t in decode_model(TaskBatch, raw, parsed=True).tasks]
     submit = _store(request).task_submit_rendered
-    views = await in_thread(submit, specs, _submitted_view, fields_checked=checked)
+    views = await in_thread(submit, specs, render, fields_checked=checked)
     return _json(views, 201)
 
 

@@ -165,6 +165,36 @@ def test_list_filters_and_bad_cursor(admin: httpx.Client) -> None:
         )
 
 
+def test_batch_reply_of_ids(admin: httpx.Client) -> None:
+    """``?reply=ids``: each task's id and whether this request created it, in order; the
+    tasks are the same as with whole views. A bad ``reply`` is refused before the body is
+    read, so nothing is stored."""
+    admin.post("/v1/queues", json={"name": "q", "max_concurrency": 2, "rate": 0})
+    keyed = {"queue": "q", "handler": "h", "idempotency_key": "k"}
+    first = admin.post("/v1/tasks", json=keyed).json()["task"]
+    batch = [{"queue": "q", "handler": "h", "payload": i} for i in range(3)]
+    reply = admin.post("/v1/tasks/batch?reply=ids", json={"tasks": [*batch, keyed]})
+    assert reply.status_code == 201
+    items = reply.json()
+    assert [set(item) for item in items] == [{"id", "created"}] * 4
+    assert [item["created"] for item in items] == [True, True, True, False]
+    assert items[3]["id"] == first["id"]
+    assert [admin.get(f"/v1/tasks/{i['id']}").json()["payload"] for i in items[:3]] == [0, 1, 2]
+    full = admin.post("/v1/tasks/batch?reply=full", json={"tasks": batch[:1]}).json()
+    assert full[0]["created"] is True and full[0]["task"]["payload"] == 0
+    stored = {t["id"] for t in admin.get("/v1/tasks").json()["items"]}
+    assert len(stored) == 5
+    for query in ("reply=views", "reply=", "reply=IDS", "reply=ids&reply=full"):
+        bad = admin.post(f"/v1/tasks/batch?{query}", json={"tasks": batch})
+        assert bad.status_code == 400, query
+        assert bad.json()["error"]["code"] == "INVALID_ARGUMENT", query
+        assert bad.json()["error"]["field"] == "reply", query
+    # also before an unreadable body: the query is the first thing refused
+    bad = admin.post("/v1/tasks/batch?reply=x", content=b"{")
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "INVALID_ARGUMENT"
+    assert {t["id"] for t in admin.get("/v1/tasks").json()["items"]} == stored
+
+
 def test_size_bounds_answer_413(admin: httpx.Client) -> None:
     admin.post("/v1/queues", json={"name": "q", "max_concurrency": 2, "rate": 0})
     big = admin.post("/v1/tasks", json={"queue": "q", "handler": "h", "payload": "x" * 300_000})

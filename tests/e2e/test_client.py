@@ -37,9 +37,20 @@ def test_sync_client_calls_and_errors(node: Node, tokens: Tokens) -> None:
             c.submit("q", "h", {"a": 2}, tenant="t", idempotency_key="k")
         assert conflict.value.code == "IDEMPOTENCY_CONFLICT"
         many = c.submit_many([{"queue": "q", "handler": "h", "payload": i} for i in range(3)])
-        assert len(many) == 3
+        assert [t["payload"] for t in many] == [0, 1, 2] and many[0]["state"] == "queued"
+        keyed = {"queue": "q", "handler": "h", "payload": {"a": 1}, "tenant": "t"}
+        lean = c.submit_many(
+            [{"queue": "q", "handler": "h", "payload": 3}, {**keyed, "idempotency_key": "k"}],
+            reply="ids",
+        )
+        assert lean[1] == {"id": task["id"], "created": False}  # the key's existing task
+        assert set(lean[0]) == {"id", "created"} and lean[0]["created"] is True
+        assert c.get(lean[0]["id"])["payload"] == 3
+        with pytest.raises(BadRequest) as lean_bad:
+            c.submit_many([{"queue": "q", "handler": "h"}], reply="views")  # type: ignore[arg-type]
+        assert lean_bad.value.code == "INVALID_ARGUMENT"
         assert next(t["id"] for t in c.iter_tasks(queue="q", limit=2)) == task["id"]
-        assert len(list(c.iter_tasks(limit=2))) == 4
+        assert len(list(c.iter_tasks(limit=2))) == 5
         assert c.get(task["id"])["state"] == "queued"
         with pytest.raises(WaitTimeout):
             c.wait(task["id"], timeout=0.3)
@@ -80,6 +91,10 @@ def test_async_client(node: Node, tokens: Tokens) -> None:
             assert (await c.events(task["id"]))["items"][0]["kind"] == "submitted"
             assert await c.attempts(task["id"]) == []
             assert await c.workers() == []
+            [lean] = await c.submit_many([{"queue": "aq", "handler": "g"}], reply="ids")
+            assert lean["created"] is True and (await c.get(lean["id"]))["handler"] == "g"
+            [full] = await c.submit_many([{"queue": "aq", "handler": "g", "payload": 1}])
+            assert full["payload"] == 1 and full["queue"] == "aq"
             with pytest.raises(NotFound):
                 await c.get("nope")
 

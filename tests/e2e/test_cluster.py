@@ -161,7 +161,17 @@ def test_task_submitted_on_node_a_is_pushed_to_a_worker_on_node_b(tmp_path: Path
                     second = await submit(http_a, {"n": 2})
                     [t2] = await next_tasks(worker)
                     assert t2["task_id"] == second and t2["payload"] == {"n": 2}
-                    for t in (t1, t2):
+                    # Round 3: a batch answered with ids only; the id is the pushed task's.
+                    lean = await http_a.post(
+                        "/v1/tasks/batch?reply=ids",
+                        json={"tasks": [{"queue": "q", "handler": "h", "payload": {"n": 3}}]},
+                    )
+                    assert lean.status_code == 201, lean.text
+                    [item] = lean.json()
+                    third = item["id"]
+                    [t3] = await next_tasks(worker)
+                    assert t3["task_id"] == third and t3["payload"] == {"n": 3}
+                    for t in (t1, t2, t3):
                         assert (await worker.start(t["attempt_id"], t["fence"]))["status"] == "ok"
                         receipt = await worker.finish(
                             t["attempt_id"], t["fence"], result=t["payload"]
@@ -169,7 +179,7 @@ def test_task_submitted_on_node_a_is_pushed_to_a_worker_on_node_b(tmp_path: Path
                         assert receipt["task_state"] == "succeeded"
                 finally:
                     await worker.close()
-                for task_id in (first, second):
+                for task_id in (first, second, third):
                     task = (await http_a.get(f"/v1/tasks/{task_id}")).json()
                     assert task["state"] == "succeeded" and task["attempts_used"] == 1
                     assert task["result"] == task["payload"]

@@ -90,6 +90,8 @@ def _requests(tokens: dict[str, str]) -> list[tuple[str, str, dict[str, str], by
         ("/v1/tasks?x=%00", "NUL in the query", submit, body),
         ("/v1/tasks/batch", "batch", submit, json.dumps({"tasks": [TASK, TASK]}).encode()),
         ("/v1/tasks/batch", "bad batch", submit, json.dumps({"tasks": [TASK, {}]}).encode()),
+        ("/v1/tasks/batch?reply=ids", "ids", submit, json.dumps({"tasks": [TASK]}).encode()),
+        ("/v1/tasks/batch?reply=no", "bad reply", submit, json.dumps({"tasks": [TASK]}).encode()),
     ]
 
 
