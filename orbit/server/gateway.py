@@ -201,8 +201,10 @@ class Dispatcher:
         if grants:
             self.metrics.claims.inc(len(grants))
             await conn.send(tasks_wire(None, grants))
-        if len(grants) == n < conn.max_concurrency:
-            self._wake.set()  # a full claim's worth, and slots to spare: offer again now
+        if grants.more or len(grants) == n < conn.max_concurrency:
+            # a claim's worth of tasks or of payload bytes, and maybe slots to spare:
+            # offer again now (a session with none left gets an empty claim)
+            self._wake.set()
 
 
 def _req_id(raw: Any) -> str | None:

@@ -109,6 +109,20 @@ class Grants(list[Grant]):
     """
 
     blocked: bool = False
+    #: The claim stopped at CLAIM_PAYLOAD_BYTES with ready tasks left: claim again now.
+    more: bool = False
+
+
+#: The most payload one claim hands out, in UTF-8 bytes (a claim always grants at least
+#: one task, whatever its size). Its tasks travel to the worker in one WebSocket frame,
+#: and the SDK's connection takes frames of up to 8 MiB: a thousand tasks of 16 KiB were
+#: a 16 MB frame, which the worker refused by closing the connection, so the claim's
+#: tasks waited out their claim lease and were pushed, and refused, again.
+CLAIM_PAYLOAD_BYTES = 4 * 1024 * 1024
+
+
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
 @dataclass(frozen=True)
@@ -878,6 +892,7 @@ class Store:
         used: dict[str, int] = {}
         grants = Grants()
         skip_ids: list[str] = []
+        payload_bytes = 0
         for _ in range(8):
             want = min(n - len(grants), session.max_concurrency - occ.session_total)
             if global_cap is not None:
@@ -927,9 +942,13 @@ class Store:
             if rows:
                 now = tx.now_from(rows[-1]["locked_at"])
             for row in rows:
-                if len(grants) >= n:
+                if len(grants) >= n or grants.more:
                     break  # the rest stay ready: the round ends below
                 task = R.task_from_row(row)
+                size = _utf8_len(task.payload)
+                if grants and payload_bytes + size > CLAIM_PAYLOAD_BYTES:
+                    grants.more = True  # this one and the rest stay ready for the next
+                    break
                 queue = queues[task.queue]
                 if task.deadline is not None and now >= task.deadline:
                     skip_ids.append(task.id)  # the reaper ends it; no permit involved
@@ -964,7 +983,8 @@ class Store:
                     claim_ttl=self.config.claim_ttl_us,
                 )
                 grants.append(Grant(plan.task_writes[-1][1], attempt))
-            if len(grants) >= n:
+                payload_bytes += size
+            if len(grants) >= n or grants.more:
                 grants.blocked = True  # more may be ready than were asked for
                 break
             if len(rows) < window:

@@ -6,6 +6,7 @@ import asyncio
 
 import httpx
 
+from orbit.store.store import CLAIM_PAYLOAD_BYTES
 from orbit.worker import ServerError, WorkerConnection
 from tests.e2e.servers import Node, Tokens
 
@@ -96,3 +97,39 @@ def test_a_worker_with_more_slots_than_one_claim_holds_is_pushed_every_task(
     pushed, largest = asyncio.run(work())
     assert pushed == submitted
     assert largest <= 1000
+
+
+def test_a_push_of_large_payloads_fits_the_workers_frames(
+    node: Node, tokens: Tokens, admin: httpx.Client
+) -> None:
+    """One claim's tasks travel in one frame, and the SDK's connection takes frames of up
+    to 8 MiB: a claim hands out at most CLAIM_PAYLOAD_BYTES of payload, so 45 tasks of
+    200 KB (9 MB) reach a 100-slot worker in several pushes. Before, they went as one
+    frame, the worker refused it by closing its connection, and nothing arrived."""
+    assert (
+        admin.post("/v1/queues", json={"name": "big", "max_concurrency": 100, "rate": 0})
+    ).status_code == 201
+    pad = "x" * 200_000
+    specs = [{"queue": "big", "handler": "h", "payload": {"i": i, "pad": pad}} for i in range(45)]
+    reply = admin.post("/v1/tasks/batch?reply=ids", json={"tasks": specs})
+    assert reply.status_code == 201, reply.text
+    submitted = {item["id"] for item in reply.json()}
+
+    async def work() -> tuple[dict[str, int], list[int]]:
+        conn = await WorkerConnection.connect(node.ws, tokens.worker)
+        try:
+            await conn.hello("big", {"h": 100}, max_concurrency=100, push=True)
+            pushed: dict[str, int] = {}
+            sizes: list[int] = []
+            while len(pushed) < len(submitted):
+                message = await conn.next_push(30)
+                assert message["type"] == "tasks", message
+                sizes.append(sum(len(str(t["payload"]["pad"])) for t in message["tasks"]))
+                pushed.update((t["task_id"], t["payload"]["i"]) for t in message["tasks"])
+            return pushed, sizes
+        finally:
+            await conn.close()
+
+    pushed, sizes = asyncio.run(work())
+    assert set(pushed) == submitted and sorted(pushed.values()) == list(range(45))
+    assert len(sizes) >= 3 and max(sizes) <= CLAIM_PAYLOAD_BYTES

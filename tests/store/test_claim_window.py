@@ -61,3 +61,44 @@ def test_near_a_cap_a_claim_reads_a_margin_and_grants_only_what_fits(
     assert len(grants) == 4 and grants.blocked  # the queue's cap, not the rows read
     assert limits_asked[0] == 5 * 2 + 8  # (a second round finds the queue at its cap)
     assert store.task_counts().get("queued") == 16
+
+
+def _big_tasks(store: Store, count: int, size: int) -> None:
+    """``count`` ready tasks whose payloads are each ``size`` bytes of JSON, one of them
+    spelled with non-ASCII characters (counted in UTF-8 bytes, as the wire carries them)."""
+    for i in range(count):
+        pad = ("é" * ((size - 2) // 2)) if i == 0 else ("x" * (size - 2))
+        submit(store, payload=pad)
+
+
+def test_a_claim_hands_out_at_most_claim_payload_bytes(store: Store) -> None:
+    """One claim's tasks go to the worker in one frame: their payloads stop at
+    CLAIM_PAYLOAD_BYTES, the rest stay ready and ``more`` says to claim again now."""
+    size = 250_000
+    queue(store, max_concurrency=100)
+    _big_tasks(store, 20, size)
+    session, _ = worker(store, max_concurrency=50, handlers={"h": 50})
+    fit = store_module.CLAIM_PAYLOAD_BYTES // size
+    assert fit < 20  # the test means something only if the budget binds
+    first = store.attempt_claim_many(session.id, session.epoch, 20)
+    assert len(first) == fit and first.more
+    assert sum(len(g.task.payload.encode()) for g in first) <= store_module.CLAIM_PAYLOAD_BYTES
+    assert store.task_counts().get("queued") == 20 - fit
+    rest = store.attempt_claim_many(session.id, session.epoch, 20)
+    assert len(rest) == 20 - fit and not rest.more
+    assert store.task_counts().get("queued") is None
+    assert {g.task.id for g in first}.isdisjoint(g.task.id for g in rest)
+
+
+def test_a_claim_grants_one_task_larger_than_the_budget(make_store: Any) -> None:
+    """A payload over the budget (a server allowed such payloads) still goes, alone."""
+    big = store_module.CLAIM_PAYLOAD_BYTES + 1000
+    store = make_store(config=store_module.StoreConfig(max_payload_bytes=2 * big))
+    queue(store, max_concurrency=100)
+    submit(store, payload="y" * big)
+    submit(store, payload="small")
+    session, _ = worker(store, max_concurrency=50, handlers={"h": 50})
+    first = store.attempt_claim_many(session.id, session.epoch, 10)
+    assert len(first) == 1 and first.more and len(first[0].task.payload) > big
+    second = store.attempt_claim_many(session.id, session.epoch, 10)
+    assert [g.task.payload for g in second] == ['"small"'] and not second.more

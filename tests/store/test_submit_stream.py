@@ -213,3 +213,31 @@ def test_a_streamed_batch_starts_with_a_small_chunk_that_grows(n: int) -> None:
     sizes = [end - start for start, end in bounds]
     assert all(0 < b <= a * SUBMIT_CHUNK_GROWTH for a, b in itertools.pairwise(sizes))
     assert len(bounds) > 2
+
+
+@pytest.mark.timeout(120)  # the bug was a wait for ever: fail, do not hang the suite
+@pytest.mark.parametrize("count", [45, 300])  # one write, and a streamed batch of chunks
+def test_a_batch_larger_than_the_sockets_buffer_is_written(store: Store, count: int) -> None:
+    """A batch's statements may be megabytes: 45 tasks of 200 KB went out part way (the
+    connection is nonblocking and nothing sent the rest), and PostgreSQL waited for the
+    rest of the statement while the store waited for its answer. The finishes of such
+    tasks, with results as large, go the same way."""
+    from orbit.core.model import Outcome
+    from tests.store.helpers import worker
+
+    queue(store, max_concurrency=1000)
+    pad = "x" * (200_000 if count == 45 else 30_000)
+    specs = [TaskSpec(queue="q", handler="h", payload={"i": i, "pad": pad}) for i in range(count)]
+    done = store.task_submit_many(specs)
+    assert [d.task.payload for d in done] == [f'{{"i":{i},"pad":"{pad}"}}' for i in range(count)]
+    assert store.task_counts() == {"queued": count}
+    session, _ = worker(store, max_concurrency=1000, handlers={"h": 1000})
+    grants = []
+    while len(grants) < min(count, 45):
+        grants += store.attempt_claim_many(session.id, session.epoch, 45 - len(grants))
+    starts = [(g.attempt.id, g.attempt.fence) for g in grants]
+    store.attempt_start_many(session.id, session.epoch, starts)
+    finishes = [(a, f, Outcome.success({"echo": pad})) for a, f in starts]
+    receipts = store.attempt_finish_many(session.id, session.epoch, finishes)
+    assert all(not isinstance(r, Exception) for r in receipts)
+    assert store.task_counts().get("succeeded") == 45

@@ -443,9 +443,29 @@ def _written_count(result: pq.abc.PGresult) -> int:
     return result.ntuples if result.nfields else result.command_tuples or 0
 
 
+def _send_all(pg: pq.abc.PGconn) -> None:
+    """Send whatever libpq still holds of the statements sent in pipeline mode.
+
+    psycopg's connections are nonblocking, so libpq sends what the socket takes and
+    keeps the rest: a pipeline larger than the socket's buffer (a batch of 45 tasks of
+    200 KB) stopped part way, PostgreSQL waited for the rest of its statement, and a
+    wait for its answer waited for ever. ``flush`` until everything is sent, waiting for
+    the socket to take more (and reading what arrives meanwhile, should PostgreSQL be
+    writing to us while we write to it)."""
+    if pg.flush() == 0:
+        return
+    waiter = select.poll()
+    waiter.register(pg.socket, select.POLLIN | select.POLLOUT)
+    while pg.flush() != 0:
+        for _, events in waiter.poll():
+            if events & select.POLLIN:
+                pg.consume_input()
+
+
 def _pipeline_results(pg: pq.abc.PGconn, count: int) -> list[pq.abc.PGresult]:
     """The results of ``count`` statements sent in pipeline mode and of the sync after
     them, waiting for the socket between reads (``poll`` releases the GIL)."""
+    _send_all(pg)
     results: list[pq.abc.PGresult] = []
     waiter = select.poll()
     waiter.register(pg.socket, select.POLLIN)
