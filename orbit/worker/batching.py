@@ -5,7 +5,10 @@ the server one transaction (one fsync) per report. A :class:`Coalescer` keeps at
 ``max_in_flight`` requests of a kind in flight; whatever is submitted meanwhile waits and
 goes in the next request. An idle worker therefore sends at once (no added latency), and
 a busy one sends batches as large as the load, up to ``max_batch`` — with a few batches
-in flight, the server's transactions overlap instead of taking turns.
+in flight, the server's transactions overlap instead of taking turns. A batch also stops
+before its items' ``size`` passes ``max_bytes`` (always one item at least): it travels as
+one WebSocket frame, which the server takes up to 16 MiB, and 200 finishes with results of
+200 KB each made a 40 MB frame that closed the connection, again after every resume.
 """
 
 from __future__ import annotations
@@ -20,32 +23,56 @@ R = TypeVar("R")  # its answer
 #: sends a batch; returns, per item in order, its answer or the exception to raise for it
 Send = Callable[[list[I]], Awaitable[list[R | BaseException]]]
 
+#: What one batch may carry by its items' ``size``: a quarter of the server's 16 MiB frame.
+MAX_BATCH_BYTES = 4 * 1024 * 1024
+
 
 class Coalescer(Generic[I, R]):
-    def __init__(self, send: Send[I, R], *, max_batch: int = 200, max_in_flight: int = 2) -> None:
-        if max_batch < 1 or max_in_flight < 1:
-            raise ValueError("max_batch and max_in_flight must be at least 1")
+    def __init__(
+        self,
+        send: Send[I, R],
+        *,
+        max_batch: int = 200,
+        max_in_flight: int = 2,
+        max_bytes: int = MAX_BATCH_BYTES,
+        size: Callable[[I], int] | None = None,
+    ) -> None:
+        if max_batch < 1 or max_in_flight < 1 or max_bytes < 1:
+            raise ValueError("max_batch, max_in_flight and max_bytes must be at least 1")
         self._send = send
         self._max_batch = max_batch
         self._max_in_flight = max_in_flight
-        self._pending: list[tuple[I, asyncio.Future[R]]] = []
+        self._max_bytes = max_bytes
+        self._size = size
+        self._pending: list[tuple[I, asyncio.Future[R], int]] = []
         self._senders: set[asyncio.Task[None]] = set()
 
     async def submit(self, item: I) -> R:
         """Send ``item`` in the next batch and return its own answer (or raise its error)."""
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._pending.append((item, future))
+        self._pending.append((item, future, 0 if self._size is None else self._size(item)))
         if len(self._senders) < self._max_in_flight:
             sender = asyncio.create_task(self._run(), name="coalescer")
             self._senders.add(sender)
             sender.add_done_callback(self._senders.discard)
         return await future
 
+    def _take(self) -> list[tuple[I, asyncio.Future[R]]]:
+        """The next batch off the pending list: up to ``max_batch`` items, stopping
+        before their sizes pass ``max_bytes`` (the first item goes whatever its size)."""
+        end, total = 0, 0
+        for _, _, size in self._pending[: self._max_batch]:
+            total += size
+            if end and total > self._max_bytes:
+                break
+            end += 1
+        batch = self._pending[:end]
+        del self._pending[:end]
+        return [(item, future) for item, future, _ in batch if not future.done()]
+
     async def _run(self) -> None:
         while self._pending:
-            batch = self._pending[: self._max_batch]
-            del self._pending[: self._max_batch]
-            batch = [(item, future) for item, future in batch if not future.done()]
+            batch = self._take()
             if not batch:
                 continue
             try:

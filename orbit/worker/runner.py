@@ -42,6 +42,7 @@ from urllib.parse import quote
 
 from orbit import aio
 from orbit.aio import stop_tasks
+from orbit.core.model import compact_json
 from orbit.gctune import tune_for_throughput
 from orbit.tokens import load_token
 from orbit.worker.batching import Coalescer
@@ -215,7 +216,7 @@ class Worker:
         # each on the server); see orbit.worker.batching.
         self._starts: Coalescer[tuple[str, str], dict[str, Any]] = Coalescer(self._send_starts)
         self._finishes: Coalescer[tuple[str, str, dict[str, Any]], dict[str, Any]] = Coalescer(
-            self._send_finishes
+            self._send_finishes, size=_finish_size
         )
         self.session_id: str | None = None
 
@@ -743,6 +744,20 @@ async def _file(path: Path) -> AsyncIterator[bytes]:
 
 def _error(code: str, message: str, *, retryable: bool) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, "retryable": retryable}}
+
+
+def _finish_size(item: tuple[str, str, dict[str, Any]]) -> int:
+    """A finish's bytes on the wire, near enough for ``Coalescer``'s bound: its result or
+    error as JSON (none, a no-op's result, counts nothing; a value JSON cannot hold counts
+    nothing here and fails where it is sent, as before)."""
+    report = item[2]
+    value = report.get("result") if report.get("ok") else report.get("error")
+    if value is None:
+        return 0
+    try:
+        return len(compact_json(value))
+    except (TypeError, ValueError):
+        return 0
 
 
 def _item(result: dict[str, Any], key: str) -> dict[str, Any] | BaseException:

@@ -469,3 +469,32 @@ def test_a_lost_lease_is_reaped_when_it_runs_out_not_an_interval_later(
         assert task["attempts_used"] == 1
         events = api.get(f"/v1/tasks/{tid}/events").json()["items"]
         assert [e["code"] for e in events if e["kind"] == "needs_review"] == ["LEASE_EXPIRED"]
+
+
+def test_finishes_with_large_results_travel_in_frames_the_server_takes(
+    fast: Node, tokens: Tokens, api: httpx.Client
+) -> None:
+    """A hundred handlers that each return 200 KB finish together: their finishes once
+    went as one frame of about 20 MB, past the server's 16 MiB, which closed the
+    connection, and again after each resume. The worker's batches stop at 4 MiB."""
+    api.post("/v1/queues", json={"name": "big", "max_concurrency": 200, "rate": 0})
+    specs = [{"queue": "big", "handler": "large", "payload": i} for i in range(100)]
+    reply = api.post("/v1/tasks/batch?reply=ids", json={"tasks": specs})
+    assert reply.status_code == 201, reply.text
+    ids = [item["id"] for item in reply.json()]
+    worker = Worker(fast.http, tokens.worker, concurrency=100)
+    gate = asyncio.Event()
+    started = {"n": 0}
+
+    @worker.handler("large")
+    async def large(ctx: Context, payload: Any) -> Any:
+        started["n"] += 1
+        if started["n"] == len(ids):
+            gate.set()
+        await gate.wait()  # all hundred finish at once
+        return {"i": payload, "pad": "r" * 200_000}
+
+    asyncio.run(run_until(worker, lambda: worker.finished >= len(ids), timeout=60))
+    for i, task_id in enumerate(ids):
+        task = wait_state(api, task_id, {"succeeded"})
+        assert task["result"] == {"i": i, "pad": "r" * 200_000}

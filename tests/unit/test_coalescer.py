@@ -1,0 +1,55 @@
+"""``orbit.worker.batching.Coalescer``: reports grouped into batches, bounded by count
+and by size, each caller answered with its own item's answer."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from orbit.worker.batching import Coalescer
+
+
+def _batches(sizes: list[int], *, max_batch: int, max_bytes: int) -> list[list[int]]:
+    """The batches ``Coalescer`` sends for items submitted together, one sender in
+    flight; each item is its own size, and each caller gets its item back."""
+    sent: list[list[int]] = []
+
+    async def send(items: list[int]) -> list[int | BaseException]:
+        sent.append(items)
+        await asyncio.sleep(0)
+        return list(items)
+
+    async def main() -> list[int]:
+        coalescer: Coalescer[int, int] = Coalescer(
+            send, max_batch=max_batch, max_in_flight=1, max_bytes=max_bytes, size=lambda i: i
+        )
+        return await asyncio.gather(*(coalescer.submit(s) for s in sizes))
+
+    assert asyncio.run(main()) == sizes
+    return sent
+
+
+def test_a_batch_stops_before_its_items_pass_max_bytes() -> None:
+    assert _batches([40, 40, 40, 40, 40], max_batch=10, max_bytes=100) == [
+        [40, 40],
+        [40, 40],
+        [40],
+    ]
+
+
+def test_an_item_larger_than_max_bytes_goes_alone() -> None:
+    assert _batches([10, 500, 10, 10], max_batch=10, max_bytes=100) == [[10], [500], [10, 10]]
+
+
+def test_the_count_still_bounds_a_batch() -> None:
+    assert _batches([1] * 7, max_batch=3, max_bytes=100) == [[1, 1, 1], [1, 1, 1], [1]]
+
+
+def test_bad_bounds_are_refused() -> None:
+    async def send(items: list[int]) -> list[int | BaseException]:
+        return list(items)
+
+    for kwargs in ({"max_batch": 0}, {"max_in_flight": 0}, {"max_bytes": 0}):
+        with pytest.raises(ValueError, match="at least 1"):
+            Coalescer(send, **kwargs)  # type: ignore[arg-type]
