@@ -150,9 +150,7 @@ BATCH_REPLY_QUERY = {
 def _batch_reply(request: Request) -> Callable[[Stored], dict[str, Any]]:
     """The render of each item the ``reply`` query asks for; refused before the body is
     read, so a bad value changes nothing."""
-    asked = request.query_params.getlist("reply")
-    if not asked:
-        return _submitted_view
+    asked = request.query_params.getlist("reply") or ["full"]
     if len(asked) > 1 or asked[0] not in BATCH_REPLIES:
         raise ApiError(400, "INVALID_ARGUMENT", "reply: give it once, as full or ids", "reply")
     return BATCH_REPLIES[asked[0]]

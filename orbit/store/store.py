@@ -942,7 +942,7 @@ class Store:
             if rows:
                 now = tx.now_from(rows[-1]["locked_at"])
             for row in rows:
-                if len(grants) >= n or grants.more:
+                if len(grants) >= n:
                     break  # the rest stay ready: the round ends below
                 task = R.task_from_row(row)
                 size = _utf8_len(task.payload)

@@ -414,6 +414,7 @@ class _Raw:
             for name, values in statements:
                 pg.send_query_prepared(name, values)
             pg.pipeline_sync()
+            _send_all(pg)
             results = _pipeline_results(pg, len(statements) + begin)
             pg.exit_pipeline_mode()
         except BaseException:
@@ -465,7 +466,6 @@ def _send_all(pg: pq.abc.PGconn) -> None:
 def _pipeline_results(pg: pq.abc.PGconn, count: int) -> list[pq.abc.PGresult]:
     """The results of ``count`` statements sent in pipeline mode and of the sync after
     them, waiting for the socket between reads (``poll`` releases the GIL)."""
-    _send_all(pg)
     results: list[pq.abc.PGresult] = []
     waiter = select.poll()
     waiter.register(pg.socket, select.POLLIN)
