@@ -512,13 +512,21 @@ def test_hard_deadline_exhausts_retries(drill: Drill) -> None:
     used = task["attempts_used"]
     assert 4 <= used < task["max_attempts"], task  # three retries at least; the deadline ended it
     attempts = drill.attempts(api, task_id)
-    states = [a["state"] for a in attempts]
-    # Every attempt failed; the last one may instead have started just before the deadline
-    # and had its lease end there (leases are capped at the deadline): then the runner
-    # reports nothing and the reaper marks it lost. Either way, never a success.
+    # A claim made just before the deadline may never start: its start is refused once
+    # the deadline has passed and the attempt is released there, counting no attempt
+    # (the state table's claimed → released). Only the last attempt can be such a one.
+    started = [a for a in attempts if a["started_at"] is not None]
+    unstarted = attempts[len(started) :]
+    assert attempts[: len(started)] == started, attempts
+    assert [a["state"] for a in unstarted] in ([], ["released"]), attempts
+    assert all(_at(a["ended_at"]) >= deadline.timestamp() for a in unstarted), attempts
+    states = [a["state"] for a in started]
+    # Every started attempt failed; the last one may instead have started just before the
+    # deadline and had its lease end there (leases are capped at the deadline): then the
+    # runner reports nothing and the reaper marks it lost. Either way, never a success.
     assert len(states) == used and states[:-1] == ["failed"] * (used - 1), attempts
     assert states[-1] in ("failed", "lost"), attempts
-    assert all(_at(a["started_at"]) < deadline.timestamp() for a in attempts), attempts
+    assert all(_at(a["started_at"]) < deadline.timestamp() for a in started), attempts
     assert drill.runs(task_id) == sorted(f"run-{task_id}-{n}" for n in range(1, used + 1))
     failed_at = _at(task["finished_at"])
     assert failed_at <= deadline.timestamp() + 1.0, (task, deadline)  # refused at once
