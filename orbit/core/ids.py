@@ -60,3 +60,22 @@ def uuid7(now_us: int, random_bytes: bytes) -> str:
     # batch submit's server samples)
     h = f"{value:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def uuid7_many(now_us: int, count: int) -> list[str]:
+    """``count`` UUIDv7s for one instant, each with its own 62 random bits, drawn from the
+    OS in one read: what ``uuid7(now_us, random8())`` gives ``count`` times (a batch
+    submit's tasks share their transaction's instant), without working out and spelling
+    the same first 64 bits again for each (2.2 µs an id, against 0.9 here)."""
+    if count < 0:
+        raise ValueError("count must not be negative")
+    ms, sub_us = divmod(now_us, 1000)
+    head = f"{(ms & ((1 << 48) - 1)) << 16 | 0x7 << 12 | (sub_us * 4096) // 1000:016x}"
+    prefix = f"{head[:8]}-{head[8:12]}-{head[12:16]}-"
+    data = os.urandom(8 * count)
+    variant, mask, take = 0b10 << 62, (1 << 62) - 1, int.from_bytes
+    ids = []
+    for at in range(0, 8 * count, 8):
+        tail = f"{variant | (take(data[at : at + 8], 'big') & mask):016x}"
+        ids.append(f"{prefix}{tail[:4]}-{tail[4:]}")
+    return ids

@@ -8,15 +8,53 @@ once, for every backend (``orbit.store.store.Store``).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 Row = dict[str, Any]
 Params = dict[str, Any]
 #: A notification to the other server nodes: ``(channel, payload)``.
 Notice = tuple[str, str]
+
+
+class RowColumns(Sequence[Row]):
+    """Rows held column by column, each column a list in row order. A batch submit makes
+    its new tasks' rows so (``rows.tasks_columns``), and the PostgreSQL driver sends a
+    column of them as it is, where a row at a time it made a dict per row and took the
+    dicts apart again (3-4 µs a task); any other reader sees the rows as dicts."""
+
+    __slots__ = ("_count", "columns")
+
+    def __init__(self, columns: dict[str, list[Any]]) -> None:
+        counts = {len(values) for values in columns.values()}
+        if len(counts) > 1:
+            raise ValueError(f"the columns differ in length: {sorted(counts)}")
+        self.columns = columns
+        self._count = counts.pop() if counts else 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> Row: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Row]: ...
+
+    def __getitem__(self, index: int | slice) -> Row | list[Row]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._count))]
+        if not -self._count <= index < self._count:
+            raise IndexError("row index out of range")
+        return {name: values[index] for name, values in self.columns.items()}
+
+    def __iter__(self) -> Iterator[Row]:
+        names = list(self.columns)
+        rows = zip(*self.columns.values(), strict=True)
+        return (dict(zip(names, values, strict=True)) for values in rows)
+
 
 _NAME_RE = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from orbit.core.model import (
@@ -18,7 +19,7 @@ from orbit.core.model import (
     compact_json,
 )
 from orbit.core.states import AttemptState, SessionState, TaskState
-from orbit.store.driver import Row
+from orbit.store.driver import Row, RowColumns
 
 _TASK_STATES = {str(s.value): s for s in TaskState}
 _ATTEMPT_STATES = {str(s.value): s for s in AttemptState}
@@ -106,6 +107,47 @@ def task_to_row(t: Task) -> Row:
         "finished_at": t.finished_at,
         "version": t.version,
     }
+
+
+def tasks_columns(tasks: Sequence[Task]) -> RowColumns:
+    """``task_to_row`` of each task, held column by column (``RowColumns``): a list per
+    column, where a dict per task cost the batch submit more than the columns do (a
+    test holds the two to each other)."""
+    return RowColumns(
+        {
+            "id": [t.id for t in tasks],
+            "queue": [t.queue for t in tasks],
+            "handler": [t.handler for t in tasks],
+            "tenant": [t.tenant for t in tasks],
+            "priority": [t.priority for t in tasks],
+            "payload": [t.payload for t in tasks],
+            "payload_digest": [t.payload_digest for t in tasks],
+            "idempotency_key": [t.idempotency_key for t in tasks],
+            "parent_id": [t.parent_id for t in tasks],
+            "retry_safe": [t.retry_safe for t in tasks],
+            "max_attempts": [t.max_attempts for t in tasks],
+            "backoff_base_us": [t.backoff.base_us for t in tasks],
+            "backoff_factor": [t.backoff.factor for t in tasks],
+            "backoff_max_us": [t.backoff.max_us for t in tasks],
+            "attempt_timeout_us": [t.attempt_timeout_us for t in tasks],
+            "deadline": [t.deadline for t in tasks],
+            "run_after": [t.run_after for t in tasks],
+            "state": [str(t.state) for t in tasks],
+            "attempts_used": [t.attempts_used for t in tasks],
+            "fence": [t.fence for t in tasks],
+            "cancel_requested": [t.cancel_requested for t in tasks],
+            "result": [t.result for t in tasks],
+            "error_code": [t.error_code for t in tasks],
+            "error_message": [t.error_message for t in tasks],
+            "error_retryable": [t.error_retryable for t in tasks],
+            "result_digest": [t.result_digest for t in tasks],
+            "result_version": [t.result_version for t in tasks],
+            "created_at": [t.created_at for t in tasks],
+            "updated_at": [t.updated_at for t in tasks],
+            "finished_at": [t.finished_at for t in tasks],
+            "version": [t.version for t in tasks],
+        }
+    )
 
 
 def task_write_row(before: Task, after: Task) -> Row:

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from orbit.core import transitions
 from orbit.core.errors import Code, OrbitError, Rejected
-from orbit.core.ids import random8, uuid7
+from orbit.core.ids import random8, uuid7, uuid7_many
 from orbit.core.limits import Occupancy, bucket_refill, room_for_all
 from orbit.core.model import (
     SECOND,
@@ -53,7 +53,7 @@ from orbit.core.validate import (
     check_spec,
 )
 from orbit.store import rows as R
-from orbit.store.driver import Connection, Driver, Notice, Row, migration_files
+from orbit.store.driver import Connection, Driver, Notice, Row, RowColumns, migration_files
 
 T = TypeVar("T")
 Clock = Callable[[], int]
@@ -227,6 +227,10 @@ class Store:
 
     def _new_id(self, now: int) -> str:
         return uuid7(now, random8())
+
+    def _new_ids(self, now: int, count: int) -> list[str]:
+        """``count`` new ids at once (a batch submit's chunk): ``uuid7_many``."""
+        return uuid7_many(now, count)
 
     def _tx(self, work: Callable[[_Tx], T], *, durable: bool = True) -> T:
         """Run ``work`` in one transaction, retrying on deadlocks and stale writes.
@@ -502,20 +506,23 @@ class Store:
 
             streamed = len(specs) > SUBMIT_CHUNK
 
-            def rows_by_chunk() -> Iterator[list[Row]]:
+            def rows_by_chunk() -> Iterator[RowColumns]:
                 """The new tasks' rows, a chunk at a time (``submit_chunks``; the whole
                 batch at once if it is not ``streamed``): the driver writes each chunk
                 while this renders it and makes the next (``Connection.write_stream``)."""
                 for start, end in submit_chunks(len(specs)) if streamed else [(0, len(specs))]:
-                    rows: list[Row] = []
-                    for spec, payload in zip(specs[start:end], payloads[start:end], strict=True):
-                        done = self._submitted(spec, payload, now, by_key)
+                    made: list[Task] = []
+                    ids = self._new_ids(now, end - start)
+                    for spec, payload, task_id in zip(
+                        specs[start:end], payloads[start:end], ids, strict=True
+                    ):
+                        done = self._submitted(spec, payload, now, by_key, task_id)
                         results.append(done)
                         if done.created:
                             if done.task.state == TaskState.QUEUED:
                                 tx.ready.add(done.task.queue)
-                            rows.append(R.task_to_row(done.task))
-                    yield rows
+                            made.append(done.task)
+                    yield R.tasks_columns(made)
                     render_made()
 
             # One statement per chunk for the tasks and their `submitted` events, which
@@ -542,9 +549,11 @@ class Store:
         payload: str,
         now: int,
         by_key: dict[tuple[str, str, str], Task],
+        task_id: str,
     ) -> Submitted:
         """One spec of a batch: the task its idempotency key already names in ``by_key``
-        (the same payload, or IDEMPOTENCY_CONFLICT), or a new task, which joins it."""
+        (the same payload, or IDEMPOTENCY_CONFLICT), or a new task with ``task_id``, which
+        joins it."""
         key = (spec.tenant, spec.queue, spec.idempotency_key) if spec.idempotency_key else None
         digest = transitions.digest(payload)
         prior = by_key.get(key) if key else None
@@ -557,7 +566,7 @@ class Store:
                 )
             return Submitted(prior, created=False)
         task = transitions.new_task(
-            spec, task_id=self._new_id(now), payload=payload, now=now, payload_digest=digest
+            spec, task_id=task_id, payload=payload, now=now, payload_digest=digest
         )
         if key:
             by_key[key] = task

@@ -102,14 +102,17 @@ def test_a_database_error_in_a_later_chunk_undoes_the_earlier_ones(
     statement after the earlier chunks' statements have run, and none of them stays."""
     queue(store)
     made: list[str] = []
-    new_id = store._new_id
+    new_ids = store._new_ids
     last = submit_chunks(N)[-1][0]
 
-    def clashing(now: int) -> str:
-        made.append(made[0] if len(made) == last else new_id(now))
-        return made[-1]
+    def clashing(now: int, count: int) -> list[str]:
+        ids = new_ids(now, count)
+        if len(made) <= last < len(made) + count:  # this chunk holds the last's first
+            ids[last - len(made)] = made[0]
+        made.extend(ids)
+        return ids
 
-    monkeypatch.setattr(store, "_new_id", clashing)
+    monkeypatch.setattr(store, "_new_ids", clashing)
     with pytest.raises((psycopg.errors.UniqueViolation, sqlite3.IntegrityError)):
         store.task_submit_many(specs())
     assert len(made) == N  # every chunk was made: the error came from the database

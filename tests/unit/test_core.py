@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orbit.core.errors import Code, OrbitError, status_of
-from orbit.core.ids import ENTROPY_POOL_BYTES, random8, uuid7
+from orbit.core.ids import ENTROPY_POOL_BYTES, random8, uuid7, uuid7_many
 from orbit.core.limits import Occupancy, bucket_refill, room_for_all
 from orbit.core.model import SECOND, Backoff, Queue, Task, TaskSpec
 from orbit.core.retry import backoff_delay, plan_retry
@@ -125,6 +125,22 @@ def test_uuid7_is_spelled_as_the_uuid_module_spells_it(now_us: int, random: byte
     made = uuid7(now_us, random)
     assert made == str(uuid.UUID(made)) and len(made) == 36
     assert uuid.UUID(made).version == 7
+
+
+@given(st.integers(0, 2**62), st.integers(0, 40))
+def test_uuid7_many_is_uuid7_for_each_of_its_random_bits(now_us: int, count: int) -> None:
+    """Each id is the one ``uuid7`` makes at that instant from the random bits it holds
+    (its last 62), and no two of a batch share them."""
+    made = uuid7_many(now_us, count)
+    assert len(made) == count and len(set(made)) == count
+    for one in made:
+        bits = uuid.UUID(one).int & ((1 << 62) - 1)
+        assert one == uuid7(now_us, bits.to_bytes(8, "big"))
+
+
+def test_uuid7_many_refuses_a_negative_count() -> None:
+    with pytest.raises(ValueError, match="count"):
+        uuid7_many(1_700_000_000_000_000, -1)
 
 
 def test_random8_never_repeats_across_refills_and_threads() -> None:

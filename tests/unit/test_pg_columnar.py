@@ -4,7 +4,7 @@ tests (tests/store/test_columnar_writes.py)."""
 
 from __future__ import annotations
 
-from orbit.store.driver import load_queries
+from orbit.store.driver import RowColumns, load_queries
 from orbit.store.postgres.driver import _HERE, columnar_sql, rows_columns, to_psycopg
 
 COLUMNS = (("id", "text"), ("n", "bigint"), ("ok", "boolean"), ("f", "double precision"))
@@ -34,6 +34,8 @@ def test_rows_travel_as_one_string_per_column() -> None:
         "rows__ok": "true,null,false",
         "rows__f": "0.5,null,2",
     }
+    held = RowColumns({name: [r[name] for r in rows] for name, _ in COLUMNS})
+    assert rows_columns(held, COLUMNS) == rows_columns(rows, COLUMNS)
 
 
 def test_rows_that_could_be_misread_go_as_json() -> None:
@@ -51,4 +53,7 @@ def test_rows_that_could_be_misread_go_as_json() -> None:
         [],  # no rows
     ):
         assert rows_columns(bad, COLUMNS) is None, bad
+        if bad and all(r.keys() == bad[0].keys() for r in bad):  # and held by column
+            held = RowColumns({k: [r[k] for r in bad] for k in bad[0]})
+            assert rows_columns(held, COLUMNS) is None, bad
     assert rows_columns([row(id=""), row(id="")], COLUMNS) is not None  # two are fine

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
+
+import pytest
 
 from orbit.core.model import Attempt, Backoff, Task
 from orbit.core.states import AttemptState, TaskState
 from orbit.store import rows as R
+from orbit.store.driver import RowColumns
 
 
 def test_every_task_and_attempt_field_is_filled_from_its_row() -> None:
@@ -15,8 +18,8 @@ def test_every_task_and_attempt_field_is_filled_from_its_row() -> None:
     assert set(R._ATTEMPT_AS_IS) | {"state"} == {f.name for f in fields(Attempt)}
 
 
-def test_a_task_row_round_trips_with_sqlite_style_booleans() -> None:
-    task = Task(
+def _task() -> Task:
+    return Task(
         id="t1",
         queue="q",
         handler="h",
@@ -47,12 +50,53 @@ def test_a_task_row_round_trips_with_sqlite_style_booleans() -> None:
         finished_at=None,
         version=4,
     )
+
+
+def test_a_task_row_round_trips_with_sqlite_style_booleans() -> None:
+    task = _task()
     row = R.task_to_row(task)
     assert R.task_from_row(row) == task
     sqlite_row = {**row, "retry_safe": 1, "cancel_requested": 0, "error_retryable": 0}
     back = R.task_from_row(sqlite_row)
     assert back == Task(**{**task.__dict__, "error_retryable": False})
     assert back.retry_safe is True and back.cancel_requested is False
+
+
+def test_tasks_columns_hold_each_tasks_row() -> None:
+    """The columns a batch submit sends are task_to_row's rows, column by column, for
+    tasks that differ in every kind of field (None and not, each state, each type)."""
+    base = _task()
+    tasks = [
+        base,
+        replace(base, id="t2", idempotency_key="k", parent_id=None, state=TaskState.QUEUED),
+        replace(
+            base,
+            id="t3",
+            attempt_timeout_us=5,
+            deadline=None,
+            result='{"r":1}',
+            error_code="E",
+            error_message="m",
+            error_retryable=True,
+            finished_at=9,
+        ),
+        replace(base, id="t4", backoff=Backoff(1, 1.5, 2), state=TaskState.SCHEDULED),
+    ]
+    columns = R.tasks_columns(tasks)
+    rows = [R.task_to_row(t) for t in tasks]
+    assert set(columns.columns) == set(rows[0])
+    assert len(columns) == 4
+    assert list(columns) == rows
+    assert [columns[i] for i in range(-4, 4)] == rows + rows
+    assert columns[1:3] == rows[1:3]
+    with pytest.raises(IndexError):
+        columns[4]
+    assert list(R.tasks_columns([])) == [] and len(R.tasks_columns([])) == 0
+
+
+def test_row_columns_refuse_columns_of_different_lengths() -> None:
+    with pytest.raises(ValueError, match="differ in length"):
+        RowColumns({"a": [1, 2], "b": [1]})
 
 
 def test_an_attempt_row_round_trips() -> None:

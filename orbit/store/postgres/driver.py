@@ -33,7 +33,7 @@ from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg_pool import ConnectionPool
 
 from orbit.core.model import compact_json, parse_json
-from orbit.store.driver import Notice, Params, Row, load_queries
+from orbit.store.driver import Notice, Params, Row, RowColumns, load_queries
 from orbit.store.postgres.plans import PlanWatch
 
 _HERE = Path(__file__).parent
@@ -87,7 +87,7 @@ def columnar_sql(sql: str) -> tuple[str, Columns] | None:
     return sql[: found.start()] + f"unnest({arrays}) AS x({names})" + sql[found.end() :], columns
 
 
-def _column(values: tuple[Any, ...], kind: str) -> str | None:
+def _column(values: Sequence[Any], kind: str) -> str | None:
     """One column's values as ``string_to_array`` reads them, joined in C where it can
     be (a batch has hundreds of rows); None if a text value could be misread: it holds
     the separator or the NULL spelling, or it is a lone empty string, which
@@ -115,8 +115,12 @@ def rows_columns(rows: Sequence[Row], columns: Columns) -> dict[str, str] | None
     (``_column``) or a row lacks a column, or there are no rows."""
     if not rows:
         return None
+    table: Sequence[Sequence[Any]]
     try:
-        table = list(zip(*map(itemgetter(*(name for name, _ in columns)), rows), strict=True))
+        if isinstance(rows, RowColumns):  # already a list per column
+            table = [rows.columns[name] for name, _ in columns]
+        else:
+            table = list(zip(*map(itemgetter(*(name for name, _ in columns)), rows), strict=True))
     except KeyError:
         return None
     params: dict[str, str] = {}
