@@ -27,7 +27,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
@@ -100,6 +100,25 @@ def _claim_params(now_us: int) -> dict[str, Any]:
         "skip_ids": [],
         "limit": CLAIM_WINDOW,
     }
+
+
+#: How often ``reset`` tries its TRUNCATE before giving up.
+RESET_TRIES = 5
+
+
+def retry_deadlocks(call: Callable[[], object], tries: int = RESET_TRIES) -> None:
+    """Run ``call`` until PostgreSQL does not pick it as a deadlock's victim. The TRUNCATE
+    between runs locks the job tables one by one while the idle server's reaper may read
+    them in another order: PostgreSQL then aborts one of the two, and a run was lost to
+    it (a full-scale enqueue run, 2026-12-03). Nothing was truncated, so trying again is
+    safe; any other error, or a deadlock on the last try, is raised."""
+    for attempt in range(1, tries + 1):
+        try:
+            call()
+            return
+        except psycopg.errors.DeadlockDetected:
+            if attempt == tries:
+                raise
 
 
 class OrbitSystem(System):
@@ -261,8 +280,10 @@ class OrbitSystem(System):
         """Empty every job table in place (TRUNCATE / DELETE): far cheaper than a new
         database, and the server holds no job state of its own between runs."""
         if self._pg is not None:
-            self._pg.execute(f"TRUNCATE {', '.join(JOB_TABLES)} RESTART IDENTITY CASCADE")
-            self._pg.execute("ANALYZE orbit_tasks")
+            pg = self._pg
+            truncate = f"TRUNCATE {', '.join(JOB_TABLES)} RESTART IDENTITY CASCADE"
+            retry_deadlocks(lambda: pg.execute(truncate))
+            pg.execute("ANALYZE orbit_tasks")
             return
         with self._sqlite() as cx:
             cx.execute("BEGIN IMMEDIATE")
