@@ -11,6 +11,11 @@ NUL) makes the reader return None, and the strict path decodes it and names the 
 broke. So the reader only accepts what the strict path accepts, and both give the store
 the same specs: ``tests/unit/test_submission_batches.py`` holds them to each other.
 
+A batch is read in two passes (``UsualBatch``): the first, before the transaction,
+checks each task's field names and the fields the transaction needs first (its queue,
+tenant, key and parent); the second reads the rest a chunk at a time inside it, while the
+database writes the chunk before (``orbit.core.batches``).
+
 The document has already been parsed by ``decode_json``, under the strict JSON rules.
 """
 
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from orbit.core.batches import LazyBatch, UnusualTask
 from orbit.core.model import DEFAULT_BACKOFF, TaskSpec, assemble
 from orbit.core.validate import MAX_ATTEMPTS_LIMIT, MAX_KEY_LEN, MAX_PRIORITY, is_name
 from orbit.protocol.decode import short_text, values_ok
@@ -57,24 +63,31 @@ def _int(value: Any, least: int, most: int) -> bool:
     return type(value) is int and least <= value <= most
 
 
-def _spec(task: Any, payload_depth: int) -> TaskSpec | None:
-    """One task as the store's spec, or None."""
+def _shape_ok(task: Any) -> bool:
+    """A task's first pass: its field names, and the fields a batch's transaction needs
+    before its first chunk (queue, tenant, idempotency key, parent)."""
     if type(task) is not dict or not _REQUIRED <= task.keys() <= _USUAL:
-        return None
+        return False
     get = task.get
-    queue, handler, tenant = task["queue"], task["handler"], get("tenant", "default")
+    return (
+        is_name(task["queue"])
+        and is_name(get("tenant", "default"))
+        and _optional_text(get("idempotency_key"), MAX_KEY_LEN)
+        and _optional_text(get("parent_id"), _ID_MAX)
+    )
+
+
+def _shaped_spec(task: dict[str, Any], payload_depth: int) -> TaskSpec | None:
+    """A task that passed ``_shape_ok`` as the store's spec, or None: its other fields."""
+    get = task.get
+    handler, payload = task["handler"], get("payload")
     priority, max_attempts = get("priority", 0), get("max_attempts", 3)
-    key, parent, retry_safe = get("idempotency_key"), get("parent_id"), get("retry_safe", False)
-    payload = get("payload")
+    retry_safe = get("retry_safe", False)
     if not (
-        is_name(queue)
-        and is_name(handler)
-        and is_name(tenant)
+        is_name(handler)
         and _int(priority, -MAX_PRIORITY, MAX_PRIORITY)
         and _int(max_attempts, 1, MAX_ATTEMPTS_LIMIT)
         and type(retry_safe) is bool
-        and _optional_text(key, MAX_KEY_LEN)
-        and _optional_text(parent, _ID_MAX)
         and values_ok(payload, payload_depth)
     ):
         return None
@@ -83,13 +96,13 @@ def _spec(task: Any, payload_depth: int) -> TaskSpec | None:
     return assemble(
         TaskSpec,
         {
-            "queue": queue,
+            "queue": task["queue"],
             "handler": handler,
             "payload": payload,
-            "tenant": tenant,
+            "tenant": get("tenant", "default"),
             "priority": priority,
-            "idempotency_key": key,
-            "parent_id": parent,
+            "idempotency_key": get("idempotency_key"),
+            "parent_id": get("parent_id"),
             "retry_safe": retry_safe,
             "max_attempts": max_attempts,
             "backoff": DEFAULT_BACKOFF,
@@ -100,21 +113,71 @@ def _spec(task: Any, payload_depth: int) -> TaskSpec | None:
     )
 
 
+def _spec(task: Any, payload_depth: int) -> TaskSpec | None:
+    """One task as the store's spec, or None."""
+    return _shaped_spec(task, payload_depth) if _shape_ok(task) else None
+
+
+class UsualBatch(LazyBatch):
+    """A batch whose tasks are all in the usual shape as far as a first pass sees: the
+    envelope, each task's field names, and the fields the transaction needs before its
+    first chunk (queue, tenant, idempotency key, parent). The other fields and the
+    payload are read a chunk at a time (``read``), while the database inserts the chunk
+    before (``orbit.core.batches``)."""
+
+    def __init__(self, tasks: list[dict[str, Any]]) -> None:
+        """Made by ``of``, which has checked the first pass's fields of every task."""
+        self._tasks = tasks
+        queues: set[str] = set()
+        parents: set[str] = set()
+        keys: set[tuple[str, str, str]] = set()
+        for task in tasks:
+            queue, tenant = task["queue"], task.get("tenant", "default")
+            queues.add(queue)
+            key, parent = task.get("idempotency_key"), task.get("parent_id")
+            if key is not None:
+                keys.add((tenant, queue, key))
+            if parent is not None:
+                parents.add(parent)
+        self.queues, self.parents = frozenset(queues), frozenset(parents)
+        self.keys = frozenset(keys)
+
+    @classmethod
+    def of(cls, raw: Any) -> UsualBatch | None:
+        """The batch if its first pass finds the usual shape, else None (see the class)."""
+        if type(raw) is not dict or raw.keys() != {"tasks"}:
+            return None
+        tasks = raw["tasks"]
+        if type(tasks) is not list or not 0 < len(tasks) <= _BATCH_MAX:
+            return None
+        for task in tasks:
+            if not _shape_ok(task):
+                return None
+        return cls(tasks)
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def read(self, start: int, end: int) -> list[TaskSpec]:
+        specs: list[TaskSpec] = []
+        for index in range(start, min(end, len(self._tasks))):
+            spec = _shaped_spec(self._tasks[index], _BATCH_PAYLOAD_DEPTH)
+            if spec is None:
+                raise UnusualTask(index)
+            specs.append(spec)
+        return specs
+
+
 def read_task_batch(raw: Any) -> list[TaskSpec] | None:
     """The batch's tasks as specs if every one is in the usual shape, else None (see the
-    module's docstring)."""
-    if type(raw) is not dict or raw.keys() != {"tasks"}:
+    module's docstring): ``UsualBatch`` read at once."""
+    batch = UsualBatch.of(raw)
+    if batch is None:
         return None
-    tasks = raw["tasks"]
-    if type(tasks) is not list or not 0 < len(tasks) <= _BATCH_MAX:
+    try:
+        return batch.read(0, len(batch))
+    except UnusualTask:
         return None
-    specs: list[TaskSpec] = []
-    for task in tasks:
-        spec = _spec(task, _BATCH_PAYLOAD_DEPTH)
-        if spec is None:
-            return None
-        specs.append(spec)
-    return specs
 
 
 def read_task(raw: Any) -> TaskSpec | None:

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel
 from starlette.responses import Response
 
+from orbit.core.batches import UnusualTask
 from orbit.core.model import DEFAULT_BACKOFF, Backoff, Outcome, TaskSpec, build
 from orbit.protocol.convert import instant_from_wire, seconds_to_us
 from orbit.protocol.decode import DecodeError, decode_json, decode_model
@@ -30,7 +31,7 @@ from orbit.protocol.messages import (
     TokenCreated,
     WorkerView,
 )
-from orbit.protocol.submissions import read_task, read_task_batch
+from orbit.protocol.submissions import UsualBatch, read_task
 from orbit.server.auth import require
 from orbit.server.errors import ApiError
 from orbit.server.jsonwire import FastJSONResponse
@@ -220,13 +221,15 @@ async def task_submit(request: Request) -> Response:
 async def task_submit_batch(request: Request) -> Response:
     render = _batch_reply(request)
     raw = await _document(request)
-    specs = read_task_batch(raw)  # the usual shape, read at once (orbit.protocol.submissions)
-    checked = specs is not None  # every field but the payload, by check_spec's rules
-    if specs is None:
-        specs = [spec_from(t) for t in decode_model(TaskBatch, raw, parsed=True).tasks]
     submit = _store(request).task_submit_rendered
-    views = await in_thread(submit, specs, render, fields_checked=checked)
-    return _json(views, 201)
+    usual = UsualBatch.of(raw)  # the usual shape, read a chunk at a time in the store
+    if usual is not None:
+        try:
+            return _json(await in_thread(submit, usual, render), 201)
+        except UnusualTask:  # rolled back, nothing written: the strict path says why
+            pass
+    specs = [spec_from(t) for t in decode_model(TaskBatch, raw, parsed=True).tasks]
+    return _json(await in_thread(submit, specs, render), 201)
 
 
 @router.get("/tasks", dependencies=[Depends(require("submit"))], response_model=TaskPage)

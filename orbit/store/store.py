@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from orbit.core import transitions
+from orbit.core.batches import LazyBatch
 from orbit.core.errors import Code, OrbitError, Rejected
 from orbit.core.ids import random8, uuid7, uuid7_many
 from orbit.core.limits import Occupancy, bucket_refill, room_for_all
@@ -446,7 +447,7 @@ class Store:
 
     def task_submit_rendered(
         self,
-        specs: Sequence[TaskSpec],
+        specs: Sequence[TaskSpec] | LazyBatch,
         render: Callable[[Submitted], T],
         *,
         fields_checked: bool = False,
@@ -460,35 +461,64 @@ class Store:
         ``fields_checked``: every spec comes from ``orbit.protocol.submissions``' reader,
         which accepts only what ``check_spec`` accepts (a test holds the two to each
         other), so only the payloads are checked here: half of ``check_spec``'s time,
-        which runs before the transaction begins, while the database waits."""
-        if not specs:
-            return []
+        which runs before the transaction begins, while the database waits.
+
+        A ``LazyBatch`` (the reader's, over HTTP) is read and its payloads checked before
+        the transaction if it is one chunk, else a chunk at a time inside it, each while
+        the database inserts the chunk before (``orbit.core.batches``). Its bad task is
+        then found inside the transaction, which rolls back with nothing written:
+        ``UnusualTask`` for what its reader cannot take, the payload's own error for
+        the rest."""
         if len(specs) > self.config.max_batch:
             raise OrbitError(
                 Code.INVALID_ARGUMENT,
                 f"a batch holds at most {self.config.max_batch} tasks; got {len(specs)}",
             )
-        for spec in specs:
-            if not isinstance(spec, TaskSpec):
-                raise OrbitError(Code.INVALID_ARGUMENT, "each task must be a TaskSpec")
+        lazy = specs if isinstance(specs, LazyBatch) else None
+        if lazy is not None and len(lazy) <= SUBMIT_CHUNK:  # nothing to overlap
+            specs, lazy, fields_checked = lazy.read(0, len(lazy)), None, True
+        if not specs:
+            return []
         most = self.config.max_payload_bytes
-        if fields_checked:
-            payloads = [check_payload(s.payload, most)[0] for s in specs]
+        payloads: list[str] = []
+        if lazy is None:
+            assert not isinstance(specs, LazyBatch)
+            for spec in specs:
+                if not isinstance(spec, TaskSpec):
+                    raise OrbitError(Code.INVALID_ARGUMENT, "each task must be a TaskSpec")
+            if fields_checked:
+                payloads = [check_payload(s.payload, most)[0] for s in specs]
+            else:
+                payloads = [check_spec(s, most)[0] for s in specs]
+            queues = sorted({s.queue for s in specs})
+            parents = sorted({s.parent_id for s in specs if s.parent_id})
+            keys = {(s.tenant, s.queue, s.idempotency_key) for s in specs if s.idempotency_key}
         else:
-            payloads = [check_spec(s, most)[0] for s in specs]
-        queues = sorted({s.queue for s in specs})
+            queues, parents, keys = sorted(lazy.queues), sorted(lazy.parents), set(lazy.keys)
+        count = len(specs)
+
+        def read(start: int, end: int) -> tuple[Sequence[TaskSpec], Sequence[str]]:
+            """Chunk ``start``-``end``'s specs and payloads: read now (a ``LazyBatch``, its
+            payloads checked as ``fields_checked`` would), or as read before."""
+            if lazy is None:
+                assert not isinstance(specs, LazyBatch)
+                return specs[start:end], payloads[start:end]
+            chunk = lazy.read(start, end)
+            return chunk, [check_payload(s.payload, most)[0] for s in chunk]
 
         def work(tx: _Tx) -> list[T]:
             # The queues and the clock in one round trip (one statement on PostgreSQL).
             (queue_rows,) = tx.lock_many(("queue_get_many", {"names": queues}))
             now = tx.clock()
-            for spec in specs:
-                check_deadline(spec, now)
+            if lazy is None:
+                assert not isinstance(specs, LazyBatch)
+                for spec in specs:
+                    check_deadline(spec, now)
             known = {row["name"] for row in queue_rows}
             for q in queues:
                 if q not in known:
                     raise OrbitError(Code.QUEUE_NOT_FOUND, f"no queue named {q!r:.80}")
-            for parent_id in sorted({s.parent_id for s in specs if s.parent_id}):
+            for parent_id in parents:
                 found = tx.fetch("task_share", id=parent_id)
                 if not found:
                     raise OrbitError(Code.PARENT_NOT_FOUND, f"no parent task {parent_id!r:.80}")
@@ -497,25 +527,26 @@ class Store:
                     raise OrbitError(Code.PARENT_CANCELLED, f"parent task {parent_id} is cancelled")
             # The tasks each idempotency key already names: the database's, then this
             # batch's own as they are made.
-            by_key = self._existing_by_key(tx, specs)
+            by_key = self._existing_by_key(tx, keys)
             results: list[Submitted] = []
             rendered: list[T] = []
 
             def render_made() -> None:
                 rendered.extend(render(r) for r in results[len(rendered) :])
 
-            streamed = len(specs) > SUBMIT_CHUNK
+            streamed = count > SUBMIT_CHUNK
 
             def rows_by_chunk() -> Iterator[RowColumns]:
                 """The new tasks' rows, a chunk at a time (``submit_chunks``; the whole
                 batch at once if it is not ``streamed``): the driver writes each chunk
                 while this renders it and makes the next (``Connection.write_stream``)."""
-                for start, end in submit_chunks(len(specs)) if streamed else [(0, len(specs))]:
+                for start, end in submit_chunks(count) if streamed else [(0, count)]:
                     made: list[Task] = []
                     ids = self._new_ids(now, end - start)
-                    for spec, payload, task_id in zip(
-                        specs[start:end], payloads[start:end], ids, strict=True
-                    ):
+                    chunk, chunk_payloads = read(start, end)
+                    for spec, payload, task_id in zip(chunk, chunk_payloads, ids, strict=True):
+                        if lazy is not None:
+                            check_deadline(spec, now)
                         done = self._submitted(spec, payload, now, by_key, task_id)
                         results.append(done)
                         if done.created:
@@ -573,16 +604,16 @@ class Store:
         return Submitted(task, created=True)
 
     def _existing_by_key(
-        self, tx: _Tx, specs: Sequence[TaskSpec]
+        self, tx: _Tx, keys: Iterable[tuple[str, str, str]]
     ) -> dict[tuple[str, str, str], Task]:
+        """The tasks that already hold any of these ``(tenant, queue, key)``s."""
         groups: dict[tuple[str, str], set[str]] = {}
-        for s in specs:
-            if s.idempotency_key:
-                groups.setdefault((s.tenant, s.queue), set()).add(s.idempotency_key)
+        for tenant, queue, key in keys:
+            groups.setdefault((tenant, queue), set()).add(key)
         found: dict[tuple[str, str, str], Task] = {}
-        for (tenant, queue), keys in groups.items():
+        for (tenant, queue), named in sorted(groups.items()):
             for row in tx.fetch(
-                "task_by_idempotency_keys", tenant=tenant, queue=queue, keys=sorted(keys)
+                "task_by_idempotency_keys", tenant=tenant, queue=queue, keys=sorted(named)
             ):
                 t = R.task_from_row(row)
                 assert t.idempotency_key is not None

@@ -212,6 +212,34 @@ def test_size_bounds_answer_413(admin: httpx.Client) -> None:
     assert admin.get("/v1/tasks").json()["items"] == []
 
 
+def test_a_large_batch_with_a_late_bad_task_is_refused_whole(admin: httpx.Client) -> None:
+    """A batch of more than one chunk is read a chunk at a time inside its transaction
+    (orbit.core.batches): a bad task in its last chunk is refused with the error the
+    strict path gives it, naming the task, and nothing of the batch is stored."""
+    admin.post("/v1/queues", json={"name": "q", "max_concurrency": 2, "rate": 0})
+    usual = [{"queue": "q", "handler": "h", "payload": {"i": i}} for i in range(600)]
+    cases: list[tuple[dict[str, Any], int, str, str | None]] = [
+        ({"handler": "a b"}, 400, "INVALID_VALUE", "tasks.550.handler"),
+        ({"retry_safe": 1}, 400, "INVALID_TYPE", "tasks.550.retry_safe"),
+        ({"priority": 1_000_001}, 400, "NUMBER_OUT_OF_RANGE", "tasks.550.priority"),
+        ({"payload": "x" * 300_000}, 413, "PAYLOAD_TOO_LARGE", None),
+        ({"payload": {"nul": "a\u0000b"}}, 400, "NUL_CHARACTER", "tasks[550].payload.nul"),
+    ]
+    for late, status, code, field in cases:
+        bad = [*usual]
+        bad[550] = {**usual[550], **late}
+        reply = admin.post("/v1/tasks/batch", json={"tasks": bad})
+        assert reply.status_code == status, (late, reply.text)
+        assert reply.json()["error"]["code"] == code, late
+        assert reply.json()["error"].get("field") == field, late
+    assert admin.get("/v1/tasks").json()["items"] == []
+    good = admin.post("/v1/tasks/batch?reply=ids", json={"tasks": usual})
+    assert good.status_code == 201 and len(good.json()) == 600
+    ids = [item["id"] for item in good.json()]
+    for i in (0, 404, 405, 599):  # either side of the last chunk's start
+        assert admin.get(f"/v1/tasks/{ids[i]}").json()["payload"] == {"i": i}
+
+
 def test_operator_routes(admin: httpx.Client, node: Node, tokens: Tokens) -> None:
     missing = admin.post("/v1/queues", json={"name": "q", "rate": 0})
     assert missing.status_code == 400 and missing.json()["error"]["field"] == "max_concurrency"
