@@ -43,23 +43,28 @@ def random8() -> bytes:
     return pool.data[at : at + 8]
 
 
+_VARIANT = 0b10 << 62
+_RAND_B = (1 << 62) - 1
+
+
+def _head(now_us: int) -> str:
+    """A UUIDv7's first 64 bits as spelled, dashes included: the millisecond (48 bits),
+    the version, and 12 bits that order sub-millisecond instants. The last 64 are the
+    variant and 62 random bits (``_VARIANT | bits & _RAND_B``)."""
+    ms, sub_us = divmod(now_us, 1000)
+    h = f"{(ms & ((1 << 48) - 1)) << 16 | 0x7 << 12 | (sub_us * 4096) // 1000:016x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-"
+
+
 def uuid7(now_us: int, random_bytes: bytes) -> str:
     """A UUIDv7 whose 48-bit prefix is the millisecond and whose next 12 bits order
-    sub-millisecond instants, so ids sort by creation time at microsecond resolution."""
+    sub-millisecond instants, so ids sort by creation time at microsecond resolution.
+    Spelled as ``str(uuid.UUID(int=…))`` would, without building the UUID object (ids
+    were 6.5 % of a batch submit's server samples)."""
     if len(random_bytes) < 8:
         raise ValueError("need 8 random bytes")
-    ms, sub_us = divmod(now_us, 1000)
-    rand_a = (sub_us * 4096) // 1000
-    rand_b = int.from_bytes(random_bytes[:8], "big") & ((1 << 62) - 1)
-    value = (ms & ((1 << 48) - 1)) << 80
-    value |= 0x7 << 76
-    value |= rand_a << 64
-    value |= 0b10 << 62
-    value |= rand_b
-    # str(uuid.UUID(int=value)), without building the UUID object (ids were 6.5 % of a
-    # batch submit's server samples)
-    h = f"{value:032x}"
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    t = f"{_VARIANT | (int.from_bytes(random_bytes[:8], 'big') & _RAND_B):016x}"
+    return f"{_head(now_us)}{t[:4]}-{t[4:]}"
 
 
 def uuid7_many(now_us: int, count: int) -> list[str]:
@@ -69,13 +74,9 @@ def uuid7_many(now_us: int, count: int) -> list[str]:
     the same first 64 bits again for each (2.2 µs an id, against 0.9 here)."""
     if count < 0:
         raise ValueError("count must not be negative")
-    ms, sub_us = divmod(now_us, 1000)
-    head = f"{(ms & ((1 << 48) - 1)) << 16 | 0x7 << 12 | (sub_us * 4096) // 1000:016x}"
-    prefix = f"{head[:8]}-{head[8:12]}-{head[12:16]}-"
-    data = os.urandom(8 * count)
-    variant, mask, take = 0b10 << 62, (1 << 62) - 1, int.from_bytes
+    head, data, take = _head(now_us), os.urandom(8 * count), int.from_bytes
     ids = []
-    for at in range(0, 8 * count, 8):
-        tail = f"{variant | (take(data[at : at + 8], 'big') & mask):016x}"
-        ids.append(f"{prefix}{tail[:4]}-{tail[4:]}")
+    for at in range(0, 8 * count, 8):  # uuid7's tail, inline: a call per id cost 0.6 µs
+        t = f"{_VARIANT | (take(data[at : at + 8], 'big') & _RAND_B):016x}"
+        ids.append(f"{head}{t[:4]}-{t[4:]}")
     return ids
