@@ -125,22 +125,16 @@ class UsualBatch(LazyBatch):
     payload are read a chunk at a time (``read``), while the database inserts the chunk
     before (``orbit.core.batches``)."""
 
-    def __init__(self, tasks: list[dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        tasks: list[dict[str, Any]],
+        queues: frozenset[str],
+        parents: frozenset[str],
+        keys: frozenset[tuple[str, str, str]],
+    ) -> None:
         """Made by ``of``, which has checked the first pass's fields of every task."""
         self._tasks = tasks
-        queues: set[str] = set()
-        parents: set[str] = set()
-        keys: set[tuple[str, str, str]] = set()
-        for task in tasks:
-            queue, tenant = task["queue"], task.get("tenant", "default")
-            queues.add(queue)
-            key, parent = task.get("idempotency_key"), task.get("parent_id")
-            if key is not None:
-                keys.add((tenant, queue, key))
-            if parent is not None:
-                parents.add(parent)
-        self.queues, self.parents = frozenset(queues), frozenset(parents)
-        self.keys = frozenset(keys)
+        self.queues, self.parents, self.keys = queues, parents, keys
 
     @classmethod
     def of(cls, raw: Any) -> UsualBatch | None:
@@ -150,10 +144,19 @@ class UsualBatch(LazyBatch):
         tasks = raw["tasks"]
         if type(tasks) is not list or not 0 < len(tasks) <= _BATCH_MAX:
             return None
+        queues: set[str] = set()
+        parents: set[str] = set()
+        keys: set[tuple[str, str, str]] = set()
         for task in tasks:
             if not _shape_ok(task):
                 return None
-        return cls(tasks)
+            queue, get = task["queue"], task.get
+            queues.add(queue)
+            if (key := get("idempotency_key")) is not None:
+                keys.add((get("tenant", "default"), queue, key))
+            if (parent := get("parent_id")) is not None:
+                parents.add(parent)
+        return cls(tasks, frozenset(queues), frozenset(parents), frozenset(keys))
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -166,18 +169,6 @@ class UsualBatch(LazyBatch):
                 raise UnusualTask(index)
             specs.append(spec)
         return specs
-
-
-def read_task_batch(raw: Any) -> list[TaskSpec] | None:
-    """The batch's tasks as specs if every one is in the usual shape, else None (see the
-    module's docstring): ``UsualBatch`` read at once."""
-    batch = UsualBatch.of(raw)
-    if batch is None:
-        return None
-    try:
-        return batch.read(0, len(batch))
-    except UnusualTask:
-        return None
 
 
 def read_task(raw: Any) -> TaskSpec | None:
