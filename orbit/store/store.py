@@ -474,46 +474,49 @@ class Store:
                 Code.INVALID_ARGUMENT,
                 f"a batch holds at most {self.config.max_batch} tasks; got {len(specs)}",
             )
-        lazy = specs if isinstance(specs, LazyBatch) else None
-        if lazy is not None and len(lazy) <= SUBMIT_CHUNK:  # nothing to overlap
-            specs, lazy, fields_checked = lazy.read(0, len(lazy)), None, True
-        if not specs:
+        lazy: LazyBatch | None = None
+        eager: Sequence[TaskSpec] = ()  # the specs read and checked before the transaction
+        if not isinstance(specs, LazyBatch):
+            eager = specs
+        elif len(specs) <= SUBMIT_CHUNK:  # nothing to overlap
+            eager, fields_checked = specs.read(0, len(specs)), True
+        else:
+            lazy = specs
+        count = len(specs)
+        if not count:
             return []
         most = self.config.max_payload_bytes
-        payloads: list[str] = []
+        for spec in eager:
+            if not isinstance(spec, TaskSpec):
+                raise OrbitError(Code.INVALID_ARGUMENT, "each task must be a TaskSpec")
+        if fields_checked:
+            payloads = [check_payload(s.payload, most)[0] for s in eager]
+        else:
+            payloads = [check_spec(s, most)[0] for s in eager]
         if lazy is None:
-            assert not isinstance(specs, LazyBatch)
-            for spec in specs:
-                if not isinstance(spec, TaskSpec):
-                    raise OrbitError(Code.INVALID_ARGUMENT, "each task must be a TaskSpec")
-            if fields_checked:
-                payloads = [check_payload(s.payload, most)[0] for s in specs]
-            else:
-                payloads = [check_spec(s, most)[0] for s in specs]
-            queues = sorted({s.queue for s in specs})
-            parents = sorted({s.parent_id for s in specs if s.parent_id})
-            keys = {(s.tenant, s.queue, s.idempotency_key) for s in specs if s.idempotency_key}
+            queues = sorted({s.queue for s in eager})
+            parents = sorted({s.parent_id for s in eager if s.parent_id})
+            keys = {(s.tenant, s.queue, s.idempotency_key) for s in eager if s.idempotency_key}
         else:
             queues, parents, keys = sorted(lazy.queues), sorted(lazy.parents), set(lazy.keys)
-        count = len(specs)
 
-        def read(start: int, end: int) -> tuple[Sequence[TaskSpec], Sequence[str]]:
-            """Chunk ``start``-``end``'s specs and payloads: read now (a ``LazyBatch``, its
-            payloads checked as ``fields_checked`` would), or as read before."""
+        def read(start: int, end: int, now: int) -> tuple[Sequence[TaskSpec], Sequence[str]]:
+            """Chunk ``start``-``end``'s specs and payloads: as read before the
+            transaction, or read now (a ``LazyBatch``: its payloads checked as
+            ``fields_checked`` would, its deadlines as the eager ones were)."""
             if lazy is None:
-                assert not isinstance(specs, LazyBatch)
-                return specs[start:end], payloads[start:end]
+                return eager[start:end], payloads[start:end]
             chunk = lazy.read(start, end)
+            for spec in chunk:
+                check_deadline(spec, now)
             return chunk, [check_payload(s.payload, most)[0] for s in chunk]
 
         def work(tx: _Tx) -> list[T]:
             # The queues and the clock in one round trip (one statement on PostgreSQL).
             (queue_rows,) = tx.lock_many(("queue_get_many", {"names": queues}))
             now = tx.clock()
-            if lazy is None:
-                assert not isinstance(specs, LazyBatch)
-                for spec in specs:
-                    check_deadline(spec, now)
+            for spec in eager:
+                check_deadline(spec, now)
             known = {row["name"] for row in queue_rows}
             for q in queues:
                 if q not in known:
@@ -543,10 +546,8 @@ class Store:
                 for start, end in submit_chunks(count) if streamed else [(0, count)]:
                     made: list[Task] = []
                     ids = self._new_ids(now, end - start)
-                    chunk, chunk_payloads = read(start, end)
+                    chunk, chunk_payloads = read(start, end, now)
                     for spec, payload, task_id in zip(chunk, chunk_payloads, ids, strict=True):
-                        if lazy is not None:
-                            check_deadline(spec, now)
                         done = self._submitted(spec, payload, now, by_key, task_id)
                         results.append(done)
                         if done.created:
