@@ -19,6 +19,10 @@ Params = dict[str, Any]
 Notice = tuple[str, str]
 
 
+class StaleWrite(Exception):
+    """A compare-and-set write matched fewer rows than planned; the transaction is retried."""
+
+
 class RowColumns(Sequence[Row]):
     """Rows held column by column, each column a list in row order. A batch submit makes
     its new tasks' rows so (``rows.tasks_columns``), and the PostgreSQL driver sends a
@@ -105,13 +109,23 @@ class Connection(Protocol):
         ...
 
     def write_batch(
-        self, writes: Sequence[tuple[str, Sequence[Row]]], notify: Sequence[Notice] = ()
+        self,
+        writes: Sequence[tuple[str, Sequence[Row]]],
+        notify: Sequence[Notice] = (),
+        *,
+        commit_with: Sequence[int | None] | None = None,
     ) -> list[int]:
         """Run several ``*_many`` writes (each with ``RETURNING``; there may be none) and
         return each one's count of rows written. Each ``(channel, payload)`` of ``notify``
         goes to the other server nodes once this transaction commits (PostgreSQL
         ``NOTIFY``; nothing if it rolls back); a backend with one server process (SQLite)
-        has no one to tell. A backend may send all of it as one statement."""
+        has no one to tell. A backend may send all of it as one statement.
+
+        ``commit_with``: these writes are the transaction's last statement, and each
+        one's count must be the number given (None: any count). A backend may then check
+        the counts inside the statement and send the ``COMMIT`` with it, in one round
+        trip; a count that differs raises ``StaleWrite`` and nothing of the transaction
+        is committed. After such a commit the transaction takes no other statement."""
         ...
 
     def execute(self, name: str, params: Params) -> int: ...

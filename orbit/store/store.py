@@ -54,7 +54,15 @@ from orbit.core.validate import (
     check_spec,
 )
 from orbit.store import rows as R
-from orbit.store.driver import Connection, Driver, Notice, Row, RowColumns, migration_files
+from orbit.store.driver import (
+    Connection,
+    Driver,
+    Notice,
+    Row,
+    RowColumns,
+    StaleWrite,
+    migration_files,
+)
 
 T = TypeVar("T")
 Clock = Callable[[], int]
@@ -90,10 +98,6 @@ def _same(value: T) -> T:
 
 
 LIVE_TASK_STATES = frozenset({TaskState.CLAIMED, TaskState.RUNNING, TaskState.CANCELLING})
-
-
-class StaleWrite(Exception):
-    """A compare-and-set write matched fewer rows than planned; the transaction is retried."""
 
 
 class InjectedFault(Exception):
@@ -274,7 +278,7 @@ class Store:
 
         def work(tx: _Tx) -> tuple[Plan, T]:
             plan, value = build(tx)
-            tx.apply(plan)
+            tx.apply(plan, final=True)  # the transaction's last statement
             return plan, value
 
         plan, value = self._tx(work, durable=durable)
@@ -1715,15 +1719,27 @@ class _Tx:
         return _guarded(name, count, expect())
 
     def write_batch(
-        self, *writes: tuple[str, Sequence[Row], int | None], notify: Sequence[Notice] = ()
+        self,
+        *writes: tuple[str, Sequence[Row], int | None],
+        notify: Sequence[Notice] = (),
+        final: bool = False,
     ) -> list[int]:
         """Several ``*_many`` writes in one round trip; ``(name, rows, expect)`` each, where
         ``expect`` (if not None) is the count every row's guard must match. ``notify``:
-        notices sent with them (``Connection.write_batch``)."""
+        notices sent with them (``Connection.write_batch``). ``final``: nothing follows
+        them in this transaction, so the driver may commit with them (``commit_with``);
+        not while a fault is armed for one of them, which must fire before the commit."""
         todo = [(name, rows, expect) for name, rows, expect in writes if rows]
         if not todo and not notify:
             return []
-        counts = self.cx.write_batch([(name, rows) for name, rows, _ in todo], notify)
+        armed = self._store._fault is not None and any(
+            self._store._fault == name for name, _, _ in todo
+        )
+        counts = self.cx.write_batch(
+            [(name, rows) for name, rows, _ in todo],
+            notify,
+            commit_with=[expect for _, _, expect in todo] if final and not armed else None,
+        )
         for name, _, _ in todo:
             # A fault injected in a batched write fires after the whole batch has run:
             # the harshest case for atomicity, since every write must then be undone.
@@ -1801,8 +1817,9 @@ class _Tx:
     def events(self, events: Sequence[Event]) -> None:
         self.write_many("event_insert_many", self.event_rows(events), expect=len(events))
 
-    def apply(self, plan: Plan) -> None:
-        """Carry a plan out: inserts, guarded writes, then its events."""
+    def apply(self, plan: Plan, *, final: bool = False) -> None:
+        """Carry a plan out: inserts, guarded writes, then its events. ``final``: this is
+        the transaction's last statement (``write_batch``)."""
         for before, after in plan.task_writes:
             freed = before.state in LIVE_TASK_STATES and after.state not in LIVE_TASK_STATES
             # A task became ready, or a permit was freed: wake the dispatchers. A start
@@ -1839,6 +1856,7 @@ class _Tx:
             ),
             ("event_insert_many", self.event_rows(plan.events), len(plan.events)),
             notify=self.unsent_notices(),
+            final=final,
         )
 
 

@@ -284,14 +284,18 @@ def test_a_prelude_waits_out_a_statement_refused_before_it_was_sent(
 
 def _record_round_trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The driver's libpq calls from now on, recorded on their way to the real server:
-    ``run`` (one statement), ``pipeline`` (several, one round trip) or the command sent."""
+    ``run`` (one statement), ``pipeline`` (several, one round trip; ``pipeline+COMMIT``
+    with the COMMIT in it) or the command sent."""
     sent: list[str] = []
     raw: Any = _Raw
     for name in ("command", "run", "pipeline"):
         real = getattr(raw, name)
 
         def spy(self: Any, *args: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
-            sent.append(_name if _name != "command" else args[0].decode())
+            if _name == "command":
+                sent.append(args[0].decode())
+            else:
+                sent.append(f"{_name}+COMMIT" if kw.get("commit") else _name)
             return _real(self, *args, **kw)
 
         monkeypatch.setattr(raw, name, spy)
@@ -346,8 +350,8 @@ def test_a_renewal_reads_its_rows_and_the_clock_in_one_round_trip(
     store: Store, driver: PostgresDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A renewal locks its tasks, its attempts and its session and reads the clock as a
-    start or finish batch does, in one round trip with its BEGIN; then its writes and
-    the COMMIT."""
+    start or finish batch does, in one round trip with its BEGIN; then its writes go
+    with the COMMIT, in a second."""
     queue(store)
     submit(store)
     s, _ = worker(store)
@@ -355,4 +359,4 @@ def test_a_renewal_reads_its_rows_and_the_clock_in_one_round_trip(
     sent = _record_round_trips(monkeypatch)
     (lease,) = store.lease_renew_many(s.id, s.epoch, [g.attempt.id])
     assert lease.status == "ok"
-    assert sent == ["pipeline", "run", "COMMIT"]
+    assert sent == ["pipeline", "pipeline+COMMIT"]

@@ -33,7 +33,7 @@ from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg_pool import ConnectionPool
 
 from orbit.core.model import compact_json, parse_json
-from orbit.store.driver import Notice, Params, Row, RowColumns, load_queries
+from orbit.store.driver import Notice, Params, Row, RowColumns, StaleWrite, load_queries
 from orbit.store.postgres.plans import PlanWatch
 
 _HERE = Path(__file__).parent
@@ -53,6 +53,10 @@ _RECORDSET_RE = re.compile(r"json_to_recordset\(CAST\(%\(rows\)s AS json\)\) AS 
 _NUMBERS = frozenset({"bigint", "integer", "double precision"})
 
 Columns = tuple[tuple[str, str], ...]
+
+#: The SQLSTATE ``orbit_stale_write`` (migration 6) raises: a guarded write that is a
+#: transaction's last statement matched fewer rows than planned (``commit_with``).
+STALE_WRITE_SQLSTATE = "OR409"
 
 #: Fewer rows than this travel as JSON: for a row or two, PostgreSQL parses the JSON in a
 #: few microseconds, and splitting them into columns costs this process more (25 µs for
@@ -260,12 +264,16 @@ def _largest_list(calls: Sequence[tuple[str, Params]]) -> int:
     )
 
 
-def write_batch_sql(queries: Sequence[str]) -> str:
+def write_batch_sql(queries: Sequence[str], guards: Sequence[bool] = ()) -> str:
     """One statement that runs each ``*_many`` write as a data-modifying CTE and returns
     how many rows each wrote. PostgreSQL runs every such CTE exactly once, and checks
     foreign keys at the end of the statement, when all of them have run. A ``SELECT``
     (``notify_many``) may join them: it calls a volatile function, so PostgreSQL does not
-    fold it into the count and reads every row of it once."""
+    fold it into the count and reads every row of it once.
+
+    ``guards`` (one per write): the statement also checks each guarded write's count
+    against its parameter ``expect_<i>`` and fails (``orbit_stale_write``, migration 6)
+    if one differs, so that a ``COMMIT`` sent behind it is skipped (``commit_with``)."""
     for q in queries:
         if "RETURNING" not in q.upper() and not q.lstrip().upper().startswith("SELECT"):
             raise ValueError(
@@ -273,7 +281,19 @@ def write_batch_sql(queries: Sequence[str]) -> str:
             )
     ctes = ",\n".join(f"w{i} AS ({_scoped(q, i)})" for i, q in enumerate(queries))
     counts = ", ".join(f"(SELECT count(*) FROM w{i}) AS c{i}" for i in range(len(queries)))
-    return f"WITH {ctes}\nSELECT {counts}"
+    if not guards:
+        return f"WITH {ctes}\nSELECT {counts}"
+    if len(guards) != len(queries):
+        raise ValueError("a guard, or None, for each write")
+    checks = " AND ".join(
+        f"c{i} = CAST(%(expect_{i})s AS bigint)" for i, guarded in enumerate(guards) if guarded
+    )
+    names = ", ".join(f"c{i}" for i in range(len(queries)))
+    return (
+        f"WITH {ctes}\nSELECT {names}, CASE WHEN {checks or 'true'} THEN 0 ELSE "
+        f"orbit_stale_write('a batched write matched fewer rows than planned') END AS guard\n"
+        f"FROM (SELECT {counts}) AS counts"
+    )
 
 
 def _has_rows(cur: psycopg.RawCursor[Any]) -> bool:
@@ -309,10 +329,22 @@ class _Statements:
         self.standalone = frozenset(
             name for name, sql in queries.items() if sql.lstrip().upper().startswith("WITH")
         )
+        #: writes that can be a CTE of ``write_batch_sql``, which counts their rows
+        self.countable = frozenset(
+            name
+            for name, sql in queries.items()
+            if name not in self.standalone
+            and ("RETURNING" in sql.upper() or sql.lstrip().upper().startswith("SELECT"))
+        )
         # positional SQL and its parameters' names, in order; each keyed also by
         # whether it is the form for one item per parameter (``one_each_sql``)
         self.locks: dict[tuple[tuple[str, ...], bool], Positional] = {}
         self.writes: dict[tuple[tuple[WriteForm, ...], bool], Positional] = {}
+        #: the last writes of a transaction, guarded (``commit_with``): by their forms
+        #: and which of them is guarded
+        self.final_writes: dict[
+            tuple[tuple[tuple[WriteForm, ...], tuple[bool, ...]], bool], Positional
+        ] = {}
         self.positional: dict[tuple[str, bool], Positional] = {}
         self._names: dict[str, bytes] = {}  # positional SQL -> its prepared statement's name
         self._prepared: weakref.WeakKeyDictionary[psycopg.Connection[Any], set[bytes]] = (
@@ -397,7 +429,7 @@ class _Raw:
         return _checked(self._pg.exec_prepared(name, values))
 
     def pipeline(
-        self, statements: Sequence[tuple[bytes, list[bytes]]], *, begin: bool
+        self, statements: Sequence[tuple[bytes, list[bytes]]], *, begin: bool, commit: bool = False
     ) -> list[pq.abc.PGresult]:
         """Prepared statements (from ``prepare``), after ``BEGIN`` if ``begin``, in one
         round trip through libpq's pipeline mode; their results, each checked in order.
@@ -409,7 +441,8 @@ class _Raw:
         blocking ``get_result`` would hold it). Anything but the expected answers closes
         the connection, which the pool then replaces. After a failed statement the
         others are skipped and the transaction is left failed, for the caller's
-        rollback."""
+        rollback. ``commit``: ``COMMIT`` goes last, in the same round trip; after a failed
+        statement PostgreSQL skips it too, and the transaction is left failed."""
         pg = self._pg
         try:
             pg.enter_pipeline_mode()
@@ -417,14 +450,16 @@ class _Raw:
                 pg.send_query_params(b"BEGIN", None)
             for name, values in statements:
                 pg.send_query_prepared(name, values)
+            if commit:
+                pg.send_query_params(b"COMMIT", None)
             pg.pipeline_sync()
             _send_all(pg)
-            results = _pipeline_results(pg, len(statements) + begin)
+            results = _pipeline_results(pg, len(statements) + begin + commit)
             pg.exit_pipeline_mode()
         except BaseException:
             self._cx.close()
             raise
-        return [_checked(r) for r in results][begin:]
+        return [_checked(r) for r in results][begin : begin + len(statements)]
 
     def prepare(self, sql: str, params: Sequence[Any]) -> tuple[bytes, list[bytes]]:
         """The name ``sql`` is prepared under on this connection (preparing it at its
@@ -515,32 +550,44 @@ class _PostgresConnection:
         self.begun = autocommit
         #: preludes (positional SQL and values) waiting to go with the next statement
         self._preludes: list[tuple[str, list[Any]]] = []
+        #: whether the transaction's last write took its COMMIT with it (``commit_with``)
+        self.committed = False
+
+    def _open(self) -> None:
+        """Refuse a statement after the transaction has committed with its last write."""
+        if self.committed:
+            raise RuntimeError("this transaction committed with its last write")
 
     def _begin(self) -> None:
         """``BEGIN`` (unless a statement has already begun the transaction) and any
         preludes, in one round trip: before a statement sent through psycopg."""
+        self._open()
         if self._preludes or not self.begun:
             self._pipelined_run([])
 
     def _run(self, statement: Positional, params: Params) -> pq.abc.PGresult:
         """A positional statement and its parameters' names (``to_positional``), run in
         this transaction through libpq with ``params`` in that order."""
+        self._open()
         sql, values = _bound(statement, params)
         if self.begun and not self._preludes:
             return self.raw.run(sql, values)
         return self._pipelined_run([(sql, values)])[0]
 
-    def _pipelined_run(self, statements: Sequence[tuple[str, list[Any]]]) -> list[pq.abc.PGresult]:
+    def _pipelined_run(
+        self, statements: Sequence[tuple[str, list[Any]]], *, commit: bool = False
+    ) -> list[pq.abc.PGresult]:
         """Positional statements and their values in one round trip (``_Raw.pipeline``),
-        after ``BEGIN`` if the transaction has not begun and after any preludes; the
-        statements' results."""
+        after ``BEGIN`` if the transaction has not begun and after any preludes, and with
+        ``COMMIT`` after them if ``commit``; the statements' results."""
+        self._open()
         # a bad value raises here, before anything is sent or any prelude is dropped
         prepared = [self.raw.prepare(*statement) for statement in [*self._preludes, *statements]]
         sent_before = len(self._preludes)
         self._preludes = []
         begin = not self.begun
         self.begun = True  # before the round trip: if a statement fails, a rollback follows
-        return self.raw.pipeline(prepared, begin=begin)[sent_before:]
+        return self.raw.pipeline(prepared, begin=begin, commit=commit)[sent_before:]
 
     def prelude(self, name: str, params: Params) -> None:
         self._preludes.append(_bound(self._positional(name, one_each(params)), _arrays(params)))
@@ -619,12 +666,18 @@ class _PostgresConnection:
         return [parse_json(rows) for rows in arrays], int(now)
 
     def write_batch(
-        self, writes: Sequence[tuple[str, Sequence[Row]]], notify: Sequence[Notice] = ()
+        self,
+        writes: Sequence[tuple[str, Sequence[Row]]],
+        notify: Sequence[Notice] = (),
+        *,
+        commit_with: Sequence[int | None] | None = None,
     ) -> list[int]:
         # The notices travel as one more write (notify_many) of the same statement: a
         # NOTIFY of its own would cost a round trip, in every transaction that wakes a
         # dispatcher (a submit, a finish).
         todo = [*writes, ("notify_many", _notice_rows(notify))] if notify else list(writes)
+        if commit_with is not None and all(name in self._statements.countable for name, _ in todo):
+            return self._write_and_commit(todo, [*commit_with, None])[: len(writes)]
         if len(todo) == 1:
             return [self.write_many(*todo[0])][: len(writes)]
         if any(name in self._statements.standalone for name, _ in todo):
@@ -638,6 +691,42 @@ class _PostgresConnection:
             params.update((f"p{i}_{k}", v) for k, v in own.items())
         result = self._write(tuple(forms), params)
         return [int(_value(result, i)) for i in range(len(writes))]
+
+    def _write_and_commit(
+        self, todo: Sequence[tuple[str, Sequence[Row]]], expect: Sequence[int | None]
+    ) -> list[int]:
+        """The transaction's last writes as one statement that checks each guarded count
+        itself (``write_batch_sql``'s guards; ``expect`` holds one per write, extras
+        ignored), sent with ``COMMIT`` in one round trip. A transaction done one task at
+        a time (a claim, a start, a finish) spent a round trip of its own on its
+        ``COMMIT``; the count was checked here, between the two, so it had to be."""
+        forms: list[WriteForm] = []
+        params: Params = {}
+        for i, (name, rows) in enumerate(todo):
+            form, own = self._write_params(name, rows)
+            forms.append(form)
+            params.update((f"p{i}_{k}", v) for k, v in own.items())
+        guards = tuple(expect[i] is not None for i in range(len(todo)))
+        params.update((f"expect_{i}", expect[i]) for i in range(len(todo)) if guards[i])
+
+        def build() -> str:
+            queries = [
+                self._columnar[name][0] if columnar else self._queries[name]
+                for name, columnar in forms
+            ]
+            return write_batch_sql(queries, guards)
+
+        statement = self._statements.form(
+            self._statements.final_writes, (tuple(forms), guards), one_each(params), build
+        )
+        try:
+            (result,) = self._pipelined_run([_bound(statement, params)], commit=True)
+        except psycopg.Error as exc:
+            if exc.sqlstate == STALE_WRITE_SQLSTATE:
+                raise StaleWrite(f"{', '.join(n for n, _ in todo)}: {exc}") from None
+            raise
+        self.committed = True
+        return [int(_value(result, i)) for i in range(len(todo))]
 
     def fetch(self, name: str, params: Params) -> list[Row]:
         return self._rows(self._run(self._positional(name, one_each(params)), _arrays(params)))
@@ -735,7 +824,7 @@ def _end(cx: psycopg.Connection[Any], tx: _PostgresConnection, *, failed: bool) 
             with suppress(psycopg.Error):  # a broken connection: the pool discards it
                 tx.raw.command(b"ROLLBACK")
         return
-    if not tx.begun:
+    if not tx.begun or tx.committed:
         return
     if status == TransactionStatus.INERROR:
         tx.raw.command(b"ROLLBACK")

@@ -69,9 +69,15 @@ class _SqliteConnection:
         return [self.fetch(name, params) for name, params in calls], self.now()
 
     def write_batch(
-        self, writes: Sequence[tuple[str, Sequence[Row]]], notify: Sequence[Notice] = ()
+        self,
+        writes: Sequence[tuple[str, Sequence[Row]]],
+        notify: Sequence[Notice] = (),
+        *,
+        commit_with: Sequence[int | None] | None = None,
     ) -> list[int]:
         # ``notify``: one server process, woken in-process after the commit (on_ready).
+        # ``commit_with``: a commit here is a function call, not a round trip to save;
+        # the transaction commits when it ends, and the store checks the counts.
         return [self.write_many(name, rows) for name, rows in writes]
 
     def execute(self, name: str, params: Params) -> int:

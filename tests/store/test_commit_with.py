@@ -1,0 +1,187 @@
+"""A transaction's last write and its ``COMMIT`` in one round trip (``commit_with``).
+
+Every transition (a claim, a start, a finish, a renewal, ...) ends with one batched
+write of its plan. On PostgreSQL that write now carries the ``COMMIT`` with it, and the
+guards the store checked between the two (each write's count of rows matched) are
+checked inside the statement: a count that differs fails it (``orbit_stale_write``,
+migration 6), PostgreSQL skips the ``COMMIT`` behind it, and nothing of the transaction
+is committed. SQLite commits in process and keeps the store's own check. Both must give
+the same answers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from orbit.core.model import Event, Outcome
+from orbit.store import InjectedFault, StaleWrite, Store
+from orbit.store.postgres.driver import (
+    STALE_WRITE_SQLSTATE,
+    PostgresDriver,
+    write_batch_sql,
+)
+from orbit.store.rows import task_write_row
+from tests.store.helpers import claim_one, queue, submit, worker
+from tests.store.test_pg_transactions import _record_round_trips
+
+
+def _planned_row(store: Store, task_id: str, *, version_off_by: int = 0) -> dict[str, Any]:
+    """A ``task_write_many`` row that raises the task's ``max_attempts`` by one, guarded
+    by the version the task has (plus ``version_off_by``: a guard that misses)."""
+    task = store.task_get(task_id)
+    row = task_write_row(task, task)
+    row["expect_version"] = task.version + version_off_by
+    row["max_attempts"] = task.max_attempts + 1
+    row["version"] = task.version + 1
+    return row
+
+
+def _event(task_id: str) -> Event:
+    return Event(kind="test_marker", task_id=task_id, data={"why": "commit_with"})
+
+
+def _markers(store: Store) -> list[dict[str, Any]]:
+    return [e for e in store.event_list(limit=1000) if e["kind"] == "test_marker"]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_last_write_that_misses_its_guard_commits_nothing(store: Store) -> None:
+    """The transaction's earlier write (an event) and its last one (a task whose guard
+    names a version it no longer has) are both undone, and the store raises StaleWrite
+    once its retries are spent: on PostgreSQL from inside the statement sent with the
+    COMMIT, on SQLite from the store's own count."""
+    queue(store)
+    task_id = submit(store)
+    before = store.task_get(task_id)
+    stale = _planned_row(store, task_id, version_off_by=5)
+
+    def work(tx: Any) -> None:
+        tx.events([_event(task_id)])
+        tx.write_batch(("task_write_many", [stale], 1), final=True)
+
+    with pytest.raises(StaleWrite):
+        store._tx(work)
+    assert store.task_get(task_id) == before
+    assert _markers(store) == []
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_last_write_that_meets_its_guard_commits_everything(store: Store) -> None:
+    queue(store)
+    task_id = submit(store)
+    row = _planned_row(store, task_id)
+
+    def work(tx: Any) -> list[int]:
+        tx.events([_event(task_id)])
+        return tx.write_batch(("task_write_many", [row], 1), final=True)
+
+    assert store._tx(work) == [1]
+    assert store.task_get(task_id).max_attempts == row["max_attempts"]
+    assert len(_markers(store)) == 1
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_an_armed_fault_in_a_last_write_still_undoes_it(store: Store) -> None:
+    """A fault injected in the last write fires after the write has run (the harshest
+    case for atomicity); the write must not have taken its COMMIT with it then."""
+    queue(store)
+    task_id = submit(store)
+    s, _ = worker(store)
+    g = claim_one(store, s)
+    before = (store.task_get(task_id), store.attempt_list(task_id), store.event_list())
+    with store.inject_fault("event_insert_many"), pytest.raises(InjectedFault):
+        store.attempt_start(s.id, s.epoch, g.attempt.id, g.attempt.fence)
+    assert (store.task_get(task_id), store.attempt_list(task_id), store.event_list()) == before
+    store.attempt_start(s.id, s.epoch, g.attempt.id, g.attempt.fence)
+    assert store.task_get(task_id).state == "running"
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_a_transition_sends_its_write_with_its_commit(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim, a start and a finish done one at a time are each two round trips: the
+    reads with their BEGIN, then the write with its COMMIT (they were three)."""
+    queue(store)
+    task_id = submit(store)
+    s, _ = worker(store)
+    sent = _record_round_trips(monkeypatch)
+    g = claim_one(store, s)
+    claim = list(sent)
+    sent.clear()
+    store.attempt_start(s.id, s.epoch, g.attempt.id, g.attempt.fence)
+    start = list(sent)
+    sent.clear()
+    store.attempt_finish(s.id, s.epoch, g.attempt.id, g.attempt.fence, Outcome.success(7))
+    finish = list(sent)
+    assert claim[-1] == start[-1] == finish[-1] == "pipeline+COMMIT"
+    assert "COMMIT" not in claim + start + finish
+    assert start == finish == ["pipeline", "pipeline+COMMIT"]
+    assert store.task_get(task_id).state == "succeeded"
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_the_commit_travels_with_the_write(store: Store) -> None:
+    """Committed as soon as the write returns (another connection sees it before the
+    transaction's block ends), and the transaction then takes no other statement."""
+    driver = store.driver
+    assert isinstance(driver, PostgresDriver)
+    queue(store)
+    task_id = submit(store)
+    row = _planned_row(store, task_id)
+    seen: list[int] = []
+    refused = pytest.raises(RuntimeError, match="committed with its last write")
+    with refused, driver.transaction() as cx:
+        assert cx.write_batch([("task_write_many", [row])], commit_with=[1]) == [1]
+        with psycopg.connect(driver.dsn, autocommit=True) as other:
+            found = other.execute(
+                "SELECT max_attempts FROM orbit_tasks WHERE id = %s", [task_id]
+            ).fetchone()
+            assert found is not None
+            seen.append(found[0])
+        cx.fetch("task_get", {"id": task_id})
+    assert seen == [row["max_attempts"]]
+    assert store.task_get(task_id).max_attempts == row["max_attempts"]
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_a_missed_guard_is_stale_write_and_the_connection_stays_usable(store: Store) -> None:
+    driver = store.driver
+    assert isinstance(driver, PostgresDriver)
+    queue(store)
+    task_id = submit(store)
+    before = store.task_get(task_id)
+    row = _planned_row(store, task_id)
+    with pytest.raises(StaleWrite, match="task_write_many"), driver.transaction() as cx:
+        cx.write_batch([("task_write_many", [row])], commit_with=[2])
+    assert store.task_get(task_id) == before
+    for _ in range(3):  # every pooled connection answers again
+        assert store.task_get(task_id) == before
+    with driver.transaction() as cx:  # a count of None is not checked
+        assert cx.write_batch([("task_write_many", [row])], commit_with=[None]) == [1]
+    assert store.task_get(task_id).max_attempts == row["max_attempts"]
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_the_guard_function_raises_its_own_sqlstate(store: Store) -> None:
+    driver = store.driver
+    assert isinstance(driver, PostgresDriver)
+    with psycopg.connect(driver.dsn, autocommit=True) as cx, pytest.raises(psycopg.Error) as err:
+        cx.execute("SELECT orbit_stale_write('why')")
+    assert err.value.sqlstate == STALE_WRITE_SQLSTATE
+    assert "stale write: why" in str(err.value)
+
+
+def test_the_guarded_form_checks_only_the_guarded_counts() -> None:
+    a = "UPDATE t SET x = 1 WHERE id = %(id)s RETURNING id"
+    b = "SELECT pg_notify('c', 'p')"
+    sql = write_batch_sql([a, b], [True, False])
+    assert "c0 = CAST(%(expect_0)s AS bigint)" in sql and "expect_1" not in sql
+    assert "orbit_stale_write(" in sql
+    assert "orbit_stale_write(" not in write_batch_sql([a, b])
+    assert "WHEN true THEN" in write_batch_sql([a, b], [False, False])
+    with pytest.raises(ValueError, match="a guard, or None, for each write"):
+        write_batch_sql([a, b], [True])
