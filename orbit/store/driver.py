@@ -124,8 +124,11 @@ class Connection(Protocol):
         ``commit_with``: these writes are the transaction's last statement, and each
         one's count must be the number given (None: any count). A backend may then check
         the counts inside the statement and send the ``COMMIT`` with it, in one round
-        trip; a count that differs raises ``StaleWrite`` and nothing of the transaction
-        is committed. After such a commit the transaction takes no other statement."""
+        trip: a count that differs then raises ``StaleWrite`` and nothing of the
+        transaction is committed, and the transaction takes no other statement. A backend
+        that does not (SQLite; PostgreSQL for a write that cannot share a statement)
+        returns the counts for the caller to check, and commits when the transaction
+        ends."""
         ...
 
     def execute(self, name: str, params: Params) -> int: ...

@@ -1542,7 +1542,7 @@ class Store:
             now = tx.now()
             for task in tasks:
                 transitions.reap(plan, task, live.get(task.id), now, self._rand())
-            tx.apply(plan)
+            tx.apply(plan, final=True)
             return plan
 
         def sessions_pass(tx: _Tx) -> Plan:
@@ -1571,7 +1571,7 @@ class Store:
                 transitions.expire_session(
                     plan, session, [(tasks[a.task_id], a) for a in claimed], now
                 )
-            tx.apply(plan)
+            tx.apply(plan, final=True)
             return plan
 
         def artifacts_pass(tx: _Tx) -> int:
@@ -1685,9 +1685,18 @@ class _Tx:
         self.freed: set[str] = set()  # queues where an attempt ended (a permit freed)
         self.cancels: list[tuple[str, str]] = []
         self._sent: set[Notice] = set()  # the notices already queued in this transaction
+        #: a write marked final has been sent: the transaction may have committed with it
+        self._final = False
 
     def _armed(self, name: str) -> None:
+        self._usable()
         self._store._armed(name)
+
+    def _usable(self) -> None:
+        """Refuse a statement after the final write, on every backend alike (on
+        PostgreSQL the transaction has committed by then; SQLite would take it)."""
+        if self._final:
+            raise RuntimeError("a statement after this transaction's final write")
 
     def fetch(self, query: str, /, **params: Any) -> list[Row]:
         self._armed(query)
@@ -1713,6 +1722,7 @@ class _Tx:
         """``write_many`` over rows made a chunk at a time (``Connection.write_stream``);
         ``expect`` is read once every chunk is made: the count every row's guard must
         match."""
+        self._usable()
         count = self.cx.write_stream(name, chunks)
         # As in write_batch: a fault fires after every chunk has been written.
         self._armed(name)
@@ -1732,18 +1742,20 @@ class _Tx:
         todo = [(name, rows, expect) for name, rows, expect in writes if rows]
         if not todo and not notify:
             return []
-        armed = self._store._fault is not None and any(
-            self._store._fault == name for name, _, _ in todo
-        )
+        self._usable()
+        fault = self._store._fault  # read once: another thread may arm one meanwhile
+        commit = final and not any(fault == name for name, _, _ in todo)
         counts = self.cx.write_batch(
             [(name, rows) for name, rows, _ in todo],
             notify,
-            commit_with=[expect for _, _, expect in todo] if final and not armed else None,
+            commit_with=[expect for _, _, expect in todo] if commit else None,
         )
+        self._final = final
         for name, _, _ in todo:
             # A fault injected in a batched write fires after the whole batch has run:
             # the harshest case for atomicity, since every write must then be undone.
-            self._armed(name)
+            if fault == name:
+                raise InjectedFault(f"injected failure in query {name}")
         for (name, _, expect), count in zip(todo, counts, strict=True):
             _guarded(name, count, expect)
         return counts
@@ -1767,6 +1779,7 @@ class _Tx:
 
     def now(self) -> int:
         """The clock, read now: call it only after the rows being judged are locked."""
+        self._usable()
         return self._stamp(self.cx.now)
 
     def now_from(self, read: int | None) -> int:

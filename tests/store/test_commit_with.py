@@ -69,6 +69,43 @@ def test_a_last_write_that_misses_its_guard_commits_nothing(store: Store) -> Non
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_one_missed_guard_among_several_undoes_them_all_and_is_retried(store: Store) -> None:
+    """Two writes in the last statement, the first meeting its guard and the second not:
+    neither is committed, and the transaction was tried ``max_tx_retries + 1`` times."""
+    queue(store)
+    first, second = submit(store), submit(store)
+    before = (store.task_get(first), store.task_get(second))
+    good = _planned_row(store, first)
+    stale = _planned_row(store, second, version_off_by=1)
+    tries: list[int] = []
+
+    def work(tx: Any) -> None:
+        tries.append(1)
+        tx.write_batch(("task_write_many", [good], 1), ("task_write_many", [stale], 1), final=True)
+
+    with pytest.raises(StaleWrite):
+        store._tx(work)
+    assert (store.task_get(first), store.task_get(second)) == before
+    assert len(tries) == store.config.max_tx_retries + 1
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_no_statement_is_taken_after_the_final_write(store: Store) -> None:
+    """On PostgreSQL the transaction has committed with its final write; both backends
+    refuse what a caller would send after it, so a mistake shows on either."""
+    queue(store)
+    task_id = submit(store)
+    row = _planned_row(store, task_id)
+
+    def work(tx: Any) -> None:
+        tx.write_batch(("task_write_many", [row], 1), final=True)
+        tx.fetch("task_get", id=task_id)
+
+    with pytest.raises(RuntimeError, match="after this transaction's final write"):
+        store._tx(work)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_a_last_write_that_meets_its_guard_commits_everything(store: Store) -> None:
     queue(store)
     task_id = submit(store)
@@ -183,5 +220,6 @@ def test_the_guarded_form_checks_only_the_guarded_counts() -> None:
     assert "orbit_stale_write(" in sql
     assert "orbit_stale_write(" not in write_batch_sql([a, b])
     assert "WHEN true THEN" in write_batch_sql([a, b], [False, False])
-    with pytest.raises(ValueError, match="a guard, or None, for each write"):
+    assert "OFFSET 0) AS counts" in sql  # each count computed once, not once per use
+    with pytest.raises(ValueError, match="one guard flag for each write"):
         write_batch_sql([a, b], [True])

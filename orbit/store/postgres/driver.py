@@ -284,7 +284,7 @@ def write_batch_sql(queries: Sequence[str], guards: Sequence[bool] = ()) -> str:
     if not guards:
         return f"WITH {ctes}\nSELECT {counts}"
     if len(guards) != len(queries):
-        raise ValueError("a guard, or None, for each write")
+        raise ValueError("one guard flag for each write")
     checks = " AND ".join(
         f"c{i} = CAST(%(expect_{i})s AS bigint)" for i, guarded in enumerate(guards) if guarded
     )
@@ -292,7 +292,7 @@ def write_batch_sql(queries: Sequence[str], guards: Sequence[bool] = ()) -> str:
     return (
         f"WITH {ctes}\nSELECT {names}, CASE WHEN {checks or 'true'} THEN 0 ELSE "
         f"orbit_stale_write('a batched write matched fewer rows than planned') END AS guard\n"
-        f"FROM (SELECT {counts}) AS counts"
+        f"FROM (SELECT {counts} OFFSET 0) AS counts"  # not flattened: each count runs once
     )
 
 
@@ -329,8 +329,10 @@ class _Statements:
         self.standalone = frozenset(
             name for name, sql in queries.items() if sql.lstrip().upper().startswith("WITH")
         )
-        #: writes that can be a CTE of ``write_batch_sql``, which counts their rows
-        self.countable = frozenset(
+        #: queries that can be a CTE of ``write_batch_sql``, which counts their rows (a
+        #: write with RETURNING, or a SELECT: the reads qualify too, but only writes and
+        #: ``notify_many`` are ever passed)
+        self.batchable = frozenset(
             name
             for name, sql in queries.items()
             if name not in self.standalone
@@ -590,6 +592,7 @@ class _PostgresConnection:
         return self.raw.pipeline(prepared, begin=begin, commit=commit)[sent_before:]
 
     def prelude(self, name: str, params: Params) -> None:
+        self._open()
         self._preludes.append(_bound(self._positional(name, one_each(params)), _arrays(params)))
 
     def flush(self) -> None:
@@ -676,21 +679,31 @@ class _PostgresConnection:
         # NOTIFY of its own would cost a round trip, in every transaction that wakes a
         # dispatcher (a submit, a finish).
         todo = [*writes, ("notify_many", _notice_rows(notify))] if notify else list(writes)
-        if commit_with is not None and all(name in self._statements.countable for name, _ in todo):
+        if not todo:
+            return []
+        if commit_with is not None and all(name in self._statements.batchable for name, _ in todo):
             return self._write_and_commit(todo, [*commit_with, None])[: len(writes)]
         if len(todo) == 1:
             return [self.write_many(*todo[0])][: len(writes)]
         if any(name in self._statements.standalone for name, _ in todo):
             # one statement each, all in one round trip (``_Raw.pipeline``)
             return self._write_each(todo)[: len(writes)]
+        forms, params = self._batch_params(todo)
+        result = self._write(forms, params)
+        return [int(_value(result, i)) for i in range(len(writes))]
+
+    def _batch_params(
+        self, todo: Sequence[tuple[str, Sequence[Row]]]
+    ) -> tuple[tuple[WriteForm, ...], Params]:
+        """The forms of writes sent as one statement, and their parameters, each scoped by
+        its write's position (``write_batch_sql``)."""
         forms: list[WriteForm] = []
         params: Params = {}
         for i, (name, rows) in enumerate(todo):
             form, own = self._write_params(name, rows)
             forms.append(form)
             params.update((f"p{i}_{k}", v) for k, v in own.items())
-        result = self._write(tuple(forms), params)
-        return [int(_value(result, i)) for i in range(len(writes))]
+        return tuple(forms), params
 
     def _write_and_commit(
         self, todo: Sequence[tuple[str, Sequence[Row]]], expect: Sequence[int | None]
@@ -700,12 +713,7 @@ class _PostgresConnection:
         ignored), sent with ``COMMIT`` in one round trip. A transaction done one task at
         a time (a claim, a start, a finish) spent a round trip of its own on its
         ``COMMIT``; the count was checked here, between the two, so it had to be."""
-        forms: list[WriteForm] = []
-        params: Params = {}
-        for i, (name, rows) in enumerate(todo):
-            form, own = self._write_params(name, rows)
-            forms.append(form)
-            params.update((f"p{i}_{k}", v) for k, v in own.items())
+        forms, params = self._batch_params(todo)
         guards = tuple(expect[i] is not None for i in range(len(todo)))
         params.update((f"expect_{i}", expect[i]) for i in range(len(todo)) if guards[i])
 
@@ -717,7 +725,7 @@ class _PostgresConnection:
             return write_batch_sql(queries, guards)
 
         statement = self._statements.form(
-            self._statements.final_writes, (tuple(forms), guards), one_each(params), build
+            self._statements.final_writes, (forms, guards), one_each(params), build
         )
         try:
             (result,) = self._pipelined_run([_bound(statement, params)], commit=True)
