@@ -270,8 +270,7 @@ class Store:
 
     def _armed(self, query: str) -> None:
         """Raise the failure ``inject_fault`` armed for this query, if any."""
-        if self._fault == query:
-            raise InjectedFault(f"injected failure in query {query}")
+        _fire(self._fault, query)
 
     def _run_plan(self, build: Callable[[_Tx], tuple[Plan, T]], *, durable: bool = True) -> T:
         """Build a plan inside a transaction, apply it, commit, then raise a rejection."""
@@ -1602,6 +1601,12 @@ def _limits_changed(tx: _Tx) -> None:
     tx.freed.update(str(r["name"]) for r in tx.fetch("queue_list"))
 
 
+def _fire(fault: str | None, query: str) -> None:
+    """Raise the failure armed as ``fault`` (``Store.inject_fault``) if it is ``query``'s."""
+    if fault == query:
+        raise InjectedFault(f"injected failure in query {query}")
+
+
 def _guarded(name: str, count: int, expect: int | None) -> int:
     """``count``, the rows a batched write wrote, if it is what every row's guard should
     have matched (``expect``; None: no guard); StaleWrite otherwise."""
@@ -1754,8 +1759,7 @@ class _Tx:
         for name, _, _ in todo:
             # A fault injected in a batched write fires after the whole batch has run:
             # the harshest case for atomicity, since every write must then be undone.
-            if fault == name:
-                raise InjectedFault(f"injected failure in query {name}")
+            _fire(fault, name)
         for (name, _, expect), count in zip(todo, counts, strict=True):
             _guarded(name, count, expect)
         return counts

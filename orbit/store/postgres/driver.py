@@ -264,6 +264,12 @@ def _largest_list(calls: Sequence[tuple[str, Params]]) -> int:
     )
 
 
+def _counts_rows(sql: str) -> bool:
+    """Whether ``sql`` can be a CTE of ``write_batch_sql``, which counts its rows: a
+    write with ``RETURNING``, or a ``SELECT``."""
+    return "RETURNING" in sql.upper() or sql.lstrip().upper().startswith("SELECT")
+
+
 def write_batch_sql(queries: Sequence[str], guards: Sequence[bool] = ()) -> str:
     """One statement that runs each ``*_many`` write as a data-modifying CTE and returns
     how many rows each wrote. PostgreSQL runs every such CTE exactly once, and checks
@@ -275,7 +281,7 @@ def write_batch_sql(queries: Sequence[str], guards: Sequence[bool] = ()) -> str:
     against its parameter ``expect_<i>`` and fails (``orbit_stale_write``, migration 6)
     if one differs, so that a ``COMMIT`` sent behind it is skipped (``commit_with``)."""
     for q in queries:
-        if "RETURNING" not in q.upper() and not q.lstrip().upper().startswith("SELECT"):
+        if not _counts_rows(q):
             raise ValueError(
                 "a batched write must end with RETURNING (or be a SELECT), to count its rows"
             )
@@ -335,8 +341,7 @@ class _Statements:
         self.batchable = frozenset(
             name
             for name, sql in queries.items()
-            if name not in self.standalone
-            and ("RETURNING" in sql.upper() or sql.lstrip().upper().startswith("SELECT"))
+            if name not in self.standalone and _counts_rows(sql)
         )
         # positional SQL and its parameters' names, in order; each keyed also by
         # whether it is the form for one item per parameter (``one_each_sql``)
@@ -617,13 +622,16 @@ class _PostgresConnection:
         names in order."""
 
         def build() -> str:
-            queries = [
-                self._columnar[name][0] if columnar else self._queries[name]
-                for name, columnar in forms
-            ]
+            queries = self._form_queries(forms)
             return queries[0] if len(queries) == 1 else write_batch_sql(queries)
 
         return self._statements.form(self._statements.writes, forms, one, build)
+
+    def _form_queries(self, forms: Sequence[WriteForm]) -> list[str]:
+        """Each write's SQL in the form it travels in (columnar or JSON rows)."""
+        return [
+            self._columnar[name][0] if columnar else self._queries[name] for name, columnar in forms
+        ]
 
     def _write(self, forms: tuple[WriteForm, ...], params: Params) -> pq.abc.PGresult:
         return self._run(self._write_sql(forms, one_each(params)), params)
@@ -682,7 +690,8 @@ class _PostgresConnection:
         if not todo:
             return []
         if commit_with is not None and all(name in self._statements.batchable for name, _ in todo):
-            return self._write_and_commit(todo, [*commit_with, None])[: len(writes)]
+            unchecked = [None] * (len(todo) - len(writes))  # the notices: any count
+            return self._write_and_commit(todo, [*commit_with, *unchecked])[: len(writes)]
         if len(todo) == 1:
             return [self.write_many(*todo[0])][: len(writes)]
         if any(name in self._statements.standalone for name, _ in todo):
@@ -709,23 +718,19 @@ class _PostgresConnection:
         self, todo: Sequence[tuple[str, Sequence[Row]]], expect: Sequence[int | None]
     ) -> list[int]:
         """The transaction's last writes as one statement that checks each guarded count
-        itself (``write_batch_sql``'s guards; ``expect`` holds one per write, extras
-        ignored), sent with ``COMMIT`` in one round trip. A transaction done one task at
+        itself (``write_batch_sql``'s guards; ``expect``: one count or None per write),
+        sent with ``COMMIT`` in one round trip. A transaction done one task at
         a time (a claim, a start, a finish) spent a round trip of its own on its
         ``COMMIT``; the count was checked here, between the two, so it had to be."""
         forms, params = self._batch_params(todo)
-        guards = tuple(expect[i] is not None for i in range(len(todo)))
-        params.update((f"expect_{i}", expect[i]) for i in range(len(todo)) if guards[i])
-
-        def build() -> str:
-            queries = [
-                self._columnar[name][0] if columnar else self._queries[name]
-                for name, columnar in forms
-            ]
-            return write_batch_sql(queries, guards)
+        guards = tuple(count is not None for count in expect)
+        params.update((f"expect_{i}", count) for i, count in enumerate(expect) if count is not None)
 
         statement = self._statements.form(
-            self._statements.final_writes, (forms, guards), one_each(params), build
+            self._statements.final_writes,
+            (forms, guards),
+            one_each(params),
+            lambda: write_batch_sql(self._form_queries(forms), guards),
         )
         try:
             (result,) = self._pipelined_run([_bound(statement, params)], commit=True)
