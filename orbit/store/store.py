@@ -570,9 +570,11 @@ class Store:
                     rows_by_chunk(),
                     expect=lambda: sum(r.created for r in results),
                 )
-            else:  # the wake of the other nodes travels with the insert
+            else:  # the wake of the other nodes and the COMMIT travel with the insert
                 rows = next(rows_by_chunk())
-                tx.write_batch(("task_submit_many", rows, len(rows)), notify=tx.unsent_notices())
+                tx.write_batch(
+                    ("task_submit_many", rows, len(rows)), notify=tx.unsent_notices(), final=True
+                )
                 render_made()
             return rendered
 

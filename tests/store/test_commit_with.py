@@ -16,14 +16,16 @@ from typing import Any
 import psycopg
 import pytest
 
-from orbit.core.model import Event, Outcome
+from orbit.core.model import Event, Outcome, TaskSpec
+from orbit.core.transitions import new_task
 from orbit.store import InjectedFault, StaleWrite, Store
 from orbit.store.postgres.driver import (
     STALE_WRITE_SQLSTATE,
     PostgresDriver,
+    split_with,
     write_batch_sql,
 )
-from orbit.store.rows import task_write_row
+from orbit.store.rows import task_to_row, task_write_row
 from tests.store.helpers import claim_one, queue, submit, worker
 from tests.store.test_pg_transactions import _record_round_trips
 
@@ -140,12 +142,14 @@ def test_an_armed_fault_in_a_last_write_still_undoes_it(store: Store) -> None:
 def test_a_transition_sends_its_write_with_its_commit(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A claim, a start and a finish done one at a time are each two round trips: the
-    reads with their BEGIN, then the write with its COMMIT (they were three)."""
+    """A submit, a claim, a start and a finish done one at a time are each two round
+    trips: the reads with their BEGIN, then the write with its COMMIT (they were three)."""
     queue(store)
-    task_id = submit(store)
     s, _ = worker(store)
     sent = _record_round_trips(monkeypatch)
+    task_id = submit(store)
+    assert sent == ["pipeline", "pipeline+COMMIT"]
+    sent.clear()
     g = claim_one(store, s)
     claim = list(sent)
     sent.clear()
@@ -223,3 +227,57 @@ def test_the_guarded_form_checks_only_the_guarded_counts() -> None:
     assert "OFFSET 0) AS counts" in sql  # each count computed once, not once per use
     with pytest.raises(ValueError, match="one guard flag for each write"):
         write_batch_sql([a, b], [True])
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_a_submit_whose_insert_falls_short_commits_nothing(store: Store) -> None:
+    """A single submit's insert makes its tasks' events from the rows it returns, in a
+    statement with a WITH of its own, hoisted into the guarded one: a row skipped for a
+    key another submit took makes the count fall short, and neither the other new task
+    nor any event is committed."""
+    driver = store.driver
+    assert isinstance(driver, PostgresDriver)
+    queue(store)
+    spec = TaskSpec(queue="q", handler="h", payload="same", idempotency_key="k")
+    winner = store.task_submit(spec).task
+    events = store.event_list(limit=1000)
+    loser = new_task(spec, task_id="t-loser", payload='"same"', now=1)
+    fresh = new_task(TaskSpec(queue="q", handler="h"), task_id="t-fresh", payload="1", now=1)
+    rows = [task_to_row(fresh), task_to_row(loser)]
+    with pytest.raises(StaleWrite, match="task_submit_many"), driver.transaction() as cx:
+        cx.write_batch(
+            [("task_submit_many", rows)], [("orbit_ready", "x:ready:q")], commit_with=[2]
+        )
+    assert [t.id for t in store.task_list()] == [winner.id]
+    assert store.event_list(limit=1000) == events
+    with driver.transaction() as cx:  # without the taken key, both rows and their events
+        counts = cx.write_batch([("task_submit_many", rows[:1])], commit_with=[1])
+    assert counts == [1]
+    assert {t.id for t in store.task_list()} == {winner.id, "t-fresh"}
+    assert [e["task_id"] for e in store.event_list(limit=1000) if e["kind"] == "submitted"][
+        -1
+    ] == "t-fresh"
+
+
+def test_a_write_with_its_own_with_list_is_hoisted_into_the_statement() -> None:
+    """PostgreSQL takes a data-modifying WITH only at a statement's top level, so the
+    write's own CTEs join the statement's list, renamed for its position."""
+    own = (
+        "WITH made AS (INSERT INTO a SELECT ')(' || x FROM y RETURNING id), "
+        "kept AS (SELECT id FROM made WHERE id <> 'made') "
+        "INSERT INTO b SELECT id FROM kept RETURNING id"
+    )
+    ctes, main = split_with(own)
+    assert [name for name, _ in ctes] == ["made", "kept"]
+    assert ctes[0][1] == "INSERT INTO a SELECT ')(' || x FROM y RETURNING id"
+    assert main == "INSERT INTO b SELECT id FROM kept RETURNING id"
+    sql = write_batch_sql(["UPDATE t SET x = 1 RETURNING id", own], [False, True])
+    assert "w1_made AS (INSERT INTO a SELECT ')(' || x FROM y RETURNING id)" in sql
+    assert "w1_kept AS (SELECT id FROM w1_made WHERE" in sql
+    assert "w1 AS (INSERT INTO b SELECT id FROM w1_kept RETURNING id)" in sql
+    assert "c1 = CAST(%(expect_1)s AS bigint)" in sql
+    recursive = "WITH RECURSIVE r AS (SELECT 1) SELECT * FROM r"
+    assert split_with(recursive) == ([], recursive)
+    assert split_with("SELECT 1") == ([], "SELECT 1")
+    with pytest.raises(ValueError, match="do not close"):
+        split_with("WITH a AS (SELECT (1) SELECT 2")

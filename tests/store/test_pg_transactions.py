@@ -187,9 +187,10 @@ def test_a_connection_lost_during_the_first_statement_is_replaced(
 def test_a_write_and_its_notice_share_a_round_trip_and_its_fate(
     store: Store, driver: PostgresDriver
 ) -> None:
-    """A single submit's insert (a statement with its own data-modifying WITH) and its
-    NOTIFY go in one pipeline: when the insert fails on the server, no one is told and
-    nothing is written; when it succeeds, the commit delivers the notice once."""
+    """A single submit's insert (a statement with its own data-modifying WITH, hoisted
+    into the batched one) and its NOTIFY go as one statement: when the insert fails on
+    the server, no one is told and nothing is written; when it succeeds, the commit
+    delivers the notice once."""
     queue(store)
     good = new_task(TaskSpec(queue="q", handler="h"), task_id="t-good", payload="1", now=1)
     bad = {**task_to_row(good), "id": "t-bad", "priority": "not a number"}

@@ -52,8 +52,11 @@ def test_a_missing_queue_anywhere_in_a_chunked_batch_writes_nothing(
 
 
 def test_migration_5_keeps_the_tasks_and_drops_only_the_queue_key(tmp_path: Path) -> None:
-    """A database at schema version 4, with a task in it, migrates to 5: the task and
-    its queue are as they were, the queue's foreign key is gone, and submits go on."""
+    """A database at schema version 4, with tasks in it, migrates to 5: the tasks and
+    their queue are as they were, the queue's foreign key is gone, and submits go on.
+
+    The tasks are one streamed batch (more than a chunk): today's store writes a batch
+    of a chunk or less with its COMMIT, whose guard needs migration 6's function."""
     from orbit.store.postgres import driver
 
     four = tmp_path / "migrations-4"
@@ -67,14 +70,17 @@ def test_migration_5_keeps_the_tasks_and_drops_only_the_queue_key(tmp_path: Path
         old.driver.migrations = four  # type: ignore[attr-defined]
         assert old.migrate() == 4
         queue(old)
-        before = old.task_submit(TaskSpec(queue="q", handler="h", payload={"a": 1})).task
+        specs = [
+            TaskSpec(queue="q", handler="h", payload={"i": i}) for i in range(SUBMIT_CHUNK + 1)
+        ]
+        before = [done.task for done in old.task_submit_many(specs)]
         with psycopg.connect(dsn) as cx:
             assert cx.execute(_PG_QUEUE_FKS).fetchall() == [("orbit_tasks_queue_fkey",)]
         old.close()
 
         new = open_store(url)  # migrates
         try:
-            assert new.task_get(before.id) == before
+            assert [new.task_get(task.id) for task in before] == before
             with psycopg.connect(dsn) as cx:
                 assert cx.execute(_PG_QUEUE_FKS).fetchall() == []
                 # the other foreign keys stay (a task's parent, an attempt's task)

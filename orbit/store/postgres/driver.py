@@ -270,6 +270,66 @@ def _counts_rows(sql: str) -> bool:
     return "RETURNING" in sql.upper() or sql.lstrip().upper().startswith("SELECT")
 
 
+_CTE_HEAD_RE = re.compile(r"\s*(\w+)\s+AS\s+\(", re.IGNORECASE)
+_COMMA_RE = re.compile(r"\s*,")
+
+
+def _closing(sql: str, start: int) -> int:
+    """The index of the parenthesis that closes the one just before ``start``, passing
+    over string literals (whose parentheses do not count)."""
+    depth, i = 1, start
+    while i < len(sql):
+        char = sql[i]
+        if char == "'":
+            i = sql.index("'", i + 1)  # a doubled quote is two literals back to back
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+            if not depth:
+                return i
+        i += 1
+    raise ValueError("a WITH query whose parentheses do not close")
+
+
+def split_with(sql: str) -> tuple[list[tuple[str, str]], str]:
+    """A query's own leading ``WITH`` list, as ``(name, body)`` pairs, and the statement
+    after it; no pairs for a query without one. ``WITH RECURSIVE`` is not split."""
+    head = re.match(r"\s*WITH\s", sql, re.IGNORECASE)
+    if head is None or re.match(r"\s*WITH\s+RECURSIVE\s", sql, re.IGNORECASE):
+        return [], sql
+    ctes: list[tuple[str, str]] = []
+    at = head.end()
+    while True:
+        found = _CTE_HEAD_RE.match(sql, at)
+        if found is None:
+            raise ValueError(f"cannot read the WITH list of {sql[:60]!r}")
+        end = _closing(sql, found.end())
+        ctes.append((found.group(1), sql[found.end() : end]))
+        comma = _COMMA_RE.match(sql, end + 1)
+        if comma is None:
+            return ctes, sql[end + 1 :].strip()
+        at = comma.end()
+
+
+def _as_ctes(sql: str, i: int) -> str:
+    """Write ``i`` of ``write_batch_sql`` as its CTE ``w<i>``. A write with a data-modifying
+    ``WITH`` of its own (a submit's tasks, then their events from the rows it returns)
+    cannot be a CTE's body, since PostgreSQL takes such a ``WITH`` only at a statement's
+    top level: its own CTEs join the statement's list instead, each renamed
+    ``w<i>_<name>`` wherever the write names it, and the rest becomes ``w<i>``."""
+    own, main = split_with(_scoped(sql, i))
+    renames = {name: f"w{i}_{name}" for name, _ in own}
+
+    def renamed(text: str) -> str:
+        for name, new in renames.items():
+            text = re.sub(rf"\b{re.escape(name)}\b", new, text)
+        return text
+
+    parts = [f"{renames[name]} AS ({renamed(body)})" for name, body in own]
+    return ",\n".join([*parts, f"w{i} AS ({renamed(main)})"])
+
+
 def write_batch_sql(queries: Sequence[str], guards: Sequence[bool] = ()) -> str:
     """One statement that runs each ``*_many`` write as a data-modifying CTE and returns
     how many rows each wrote. PostgreSQL runs every such CTE exactly once, and checks
@@ -285,7 +345,7 @@ def write_batch_sql(queries: Sequence[str], guards: Sequence[bool] = ()) -> str:
             raise ValueError(
                 "a batched write must end with RETURNING (or be a SELECT), to count its rows"
             )
-    ctes = ",\n".join(f"w{i} AS ({_scoped(q, i)})" for i, q in enumerate(queries))
+    ctes = ",\n".join(_as_ctes(q, i) for i, q in enumerate(queries))
     counts = ", ".join(f"(SELECT count(*) FROM w{i}) AS c{i}" for i in range(len(queries)))
     if not guards:
         return f"WITH {ctes}\nSELECT {counts}"
@@ -330,19 +390,10 @@ class _Statements:
     """The driver's composed statements, built once and shared by every connection."""
 
     def __init__(self, queries: dict[str, str]) -> None:
-        #: writes with a data-modifying WITH of their own, which cannot be a CTE of another
-        #: statement (a submit's insert of tasks and their events)
-        self.standalone = frozenset(
-            name for name, sql in queries.items() if sql.lstrip().upper().startswith("WITH")
-        )
         #: queries that can be a CTE of ``write_batch_sql``, which counts their rows (a
         #: write with RETURNING, or a SELECT: the reads qualify too, but only writes and
         #: ``notify_many`` are ever passed)
-        self.batchable = frozenset(
-            name
-            for name, sql in queries.items()
-            if name not in self.standalone and _counts_rows(sql)
-        )
+        self.batchable = frozenset(name for name, sql in queries.items() if _counts_rows(sql))
         # positional SQL and its parameters' names, in order; each keyed also by
         # whether it is the form for one item per parameter (``one_each_sql``)
         self.locks: dict[tuple[tuple[str, ...], bool], Positional] = {}
@@ -694,9 +745,6 @@ class _PostgresConnection:
             return self._write_and_commit(todo, [*commit_with, *unchecked])[: len(writes)]
         if len(todo) == 1:
             return [self.write_many(*todo[0])][: len(writes)]
-        if any(name in self._statements.standalone for name, _ in todo):
-            # one statement each, all in one round trip (``_Raw.pipeline``)
-            return self._write_each(todo)[: len(writes)]
         forms, params = self._batch_params(todo)
         result = self._write(forms, params)
         return [int(_value(result, i)) for i in range(len(writes))]
@@ -759,19 +807,6 @@ class _PostgresConnection:
             return 0
         form, params = self._write_params(name, rows)
         return _written_count(self._write((form,), params))
-
-    def _write_each(self, writes: Sequence[tuple[str, Sequence[Row]]]) -> list[int]:
-        """Writes that cannot share one statement, each its own, in one round trip; a
-        write without rows sends nothing and counts 0."""
-        statements: list[tuple[str, list[Any]]] = []
-        for name, rows in writes:
-            if rows:
-                form, params = self._write_params(name, rows)
-                statements.append(_bound(self._write_sql((form,), one_each(params)), params))
-        if not statements:
-            return [0] * len(writes)
-        counts = iter([_written_count(r) for r in self._pipelined_run(statements)])
-        return [next(counts) if rows else 0 for _, rows in writes]
 
     def write_stream(self, name: str, chunks: Iterable[Sequence[Row]]) -> int:
         return sum(self._pipelined((name, rows) for rows in chunks if rows))

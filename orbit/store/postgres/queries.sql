@@ -90,7 +90,7 @@ SELECT int_value FROM orbit_settings WHERE name = :name;
 -- concurrently gets none (the count falls short and the store retries). The event data is
 -- spelled as compact_json(sort_keys=True) spells it: handler names and digests need no
 -- escaping (see check_name).
-WITH t AS (
+WITH new_tasks AS (
     INSERT INTO orbit_tasks (
         id, queue, handler, tenant, priority, payload, payload_digest, idempotency_key,
         parent_id, retry_safe, max_attempts, backoff_base_us, backoff_factor, backoff_max_us,
@@ -119,7 +119,7 @@ INSERT INTO orbit_events (at, kind, task_id, attempt_id, session_id, queue, tena
     task_from, task_to, attempt_from, attempt_to, code, data)
 SELECT created_at, 'submitted', id, NULL, NULL, queue, tenant, NULL, state, NULL, NULL, NULL,
     '{"handler":"' || handler || '","payload_digest":"' || payload_digest || '"}'
-FROM t
+FROM new_tasks
 RETURNING id;
 
 -- name: task_get
