@@ -10,6 +10,10 @@ in turn, several times, in both orders (A B B A …), never against an old figur
     python -m benchmarks.probe --tasks 20000
     python -m benchmarks.probe --tasks 40000 --py-spy /tmp/server.txt  # and a profile
     python -m benchmarks.probe --tasks 20000 --payload-bytes 8192  # tasks with arguments
+    python -m benchmarks.probe --paced 100 --tasks 1000  # latency, and its stages
+
+A paced run also splits each task's enqueue→start into its stages (``STAGES``), from the
+times the database recorded for it: where a paced task's time goes, without a profiler.
 
 ``--py-spy FILE`` records the server (``--worker`` records the worker instead) for the
 first seconds of the drain with ``py-spy record --gil -f raw``: stacks that held the GIL,
@@ -30,6 +34,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -275,7 +280,7 @@ def paced(
 ) -> dict[str, Any]:
     """Submit ``tasks`` one at a time at ``rate`` per second to an idle worker with
     ``concurrency`` slots (the latency workload; the harness's tuned worker by default)
-    and report enqueue→start percentiles and CPU per task."""
+    and report enqueue→start percentiles, their stages (``STAGES``) and CPU per task."""
     if tasks < 1 or not rate > 0 or concurrency < 1:
         raise ValueError("tasks and concurrency must be at least 1 and the rate above 0")
     if spy is not None:
@@ -311,13 +316,46 @@ def paced(
             "tasks": tasks,
             "rate": rate,
             "concurrency": concurrency,
-            "latency_ms": {
-                "p50": round(percentile(lat_ms, 50), 3),
-                "p99": round(percentile(lat_ms, 99), 3),
-                "max": round(max(lat_ms), 3),
-            },
+            "latency_ms": _spread(lat_ms, with_max=True),
+            "stages_ms": _stages(orbit.url, {i: records[i] for i in ids}),
             "cpu_ms_per_task": _cpu_per_task(sampler, tasks, orbit.server, worker),
         }
+
+
+#: The stages of a paced task's enqueue→start, each ending at a time the database or the
+#: worker recorded (every clock here is this host's): the submit transaction's clock
+#: (``created_at``, read after its first statement), the claim's (``claimed_at``), the
+#: start's (``started_at``), and the worker's handler.
+STAGES = (
+    ("to_submit_tx", "the HTTP submit, its thread and its first round trip"),
+    ("submit_to_claim", "the insert and its durable COMMIT, the wake, the claim's first read"),
+    ("claim_to_start", "the claim's write, the push, the worker's start and its first read"),
+    ("start_to_handler", "the start's write and durable COMMIT, the reply, the handler"),
+)
+
+
+def _spread(values: Sequence[float], *, with_max: bool = False) -> dict[str, float]:
+    spread = {f"p{p}": round(percentile(values, p), 3) for p in (50, 99)}
+    return {**spread, "max": round(max(values), 3)} if with_max else spread
+
+
+def _stages(url: str, records: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Where each paced task's enqueue→start went (``STAGES``): p50 and p99 of each,
+    from the timestamps the database holds for it (its first attempt)."""
+    with psycopg.connect(url) as cx:
+        rows = cx.execute(
+            "SELECT CAST(t.payload AS json)->>'id', t.created_at, a.claimed_at, a.started_at"
+            " FROM orbit_tasks t JOIN orbit_attempts a ON a.task_id = t.id AND a.number = 1"
+        ).fetchall()
+    spans: dict[str, list[float]] = {name: [] for name, _ in STAGES}
+    for job_id, created, claimed, started in rows:
+        record = records.get(job_id)
+        if record is None:  # the warm-up task, timed while the worker settled
+            continue
+        marks = [record.enqueued * 1e6, created, claimed, started, record.started * 1e6]
+        for (name, _), (begin, end) in zip(STAGES, pairwise(marks), strict=True):
+            spans[name].append((end - begin) / 1000)
+    return {name: _spread(values) for name, values in spans.items()}
 
 
 def _pad(size: int) -> dict[str, str]:
