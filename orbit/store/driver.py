@@ -126,9 +126,8 @@ class Connection(Protocol):
         the counts inside the statement and send the ``COMMIT`` with it, in one round
         trip: a count that differs then raises ``StaleWrite`` and nothing of the
         transaction is committed, and the transaction takes no other statement. A backend
-        that does not (SQLite; PostgreSQL for a write that cannot share a statement)
-        returns the counts for the caller to check, and commits when the transaction
-        ends."""
+        that does not (SQLite) returns the counts for the caller to check, and commits
+        when the transaction ends."""
         ...
 
     def execute(self, name: str, params: Params) -> int: ...

@@ -457,9 +457,11 @@ class Store:
     ) -> list[T]:
         """``task_submit_many``, each result passed through ``render`` while the database
         writes the chunk after it (or its own, for the last): an HTTP reply's views are
-        made in the shadow of the insert. ``render`` must not use the store; it runs
-        again for every result if the transaction is retried, and its values are
-        returned only once the transaction has committed.
+        made in the shadow of the insert. A batch of one chunk is rendered before its
+        write, which carries the ``COMMIT``: a render that raises commits nothing.
+        ``render`` must not use the store; it runs again for every result if the
+        transaction is retried, and its values are returned only once the transaction
+        has committed.
 
         ``fields_checked``: every spec comes from ``orbit.protocol.submissions``' reader,
         which accepts only what ``check_spec`` accepts (a test holds the two to each
@@ -572,10 +574,12 @@ class Store:
                 )
             else:  # the wake of the other nodes and the COMMIT travel with the insert
                 rows = next(rows_by_chunk())
+                # Rendered first: the write commits (on PostgreSQL), and a render that
+                # failed after it would answer an error for tasks that were made.
+                render_made()
                 tx.write_batch(
                     ("task_submit_many", rows, len(rows)), notify=tx.unsent_notices(), final=True
                 )
-                render_made()
             return rendered
 
         return self._tx(work)

@@ -22,6 +22,7 @@ from orbit.store import InjectedFault, StaleWrite, Store
 from orbit.store.postgres.driver import (
     STALE_WRITE_SQLSTATE,
     PostgresDriver,
+    _Statements,
     split_with,
     write_batch_sql,
 )
@@ -142,8 +143,9 @@ def test_an_armed_fault_in_a_last_write_still_undoes_it(store: Store) -> None:
 def test_a_transition_sends_its_write_with_its_commit(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A submit, a claim, a start and a finish done one at a time are each two round
-    trips: the reads with their BEGIN, then the write with its COMMIT (they were three)."""
+    """A submit, a start and a finish done one at a time are each two round trips (they
+    were three): the reads with their BEGIN, then the write with its COMMIT. A claim is
+    three (it was four): its lock and reads, its ready select, its write and COMMIT."""
     queue(store)
     s, _ = worker(store)
     sent = _record_round_trips(monkeypatch)
@@ -158,6 +160,7 @@ def test_a_transition_sends_its_write_with_its_commit(
     sent.clear()
     store.attempt_finish(s.id, s.epoch, g.attempt.id, g.attempt.fence, Outcome.success(7))
     finish = list(sent)
+    assert claim == ["pipeline", "run", "pipeline+COMMIT"]
     assert claim[-1] == start[-1] == finish[-1] == "pipeline+COMMIT"
     assert "COMMIT" not in claim + start + finish
     assert start == finish == ["pipeline", "pipeline+COMMIT"]
@@ -279,5 +282,34 @@ def test_a_write_with_its_own_with_list_is_hoisted_into_the_statement() -> None:
     recursive = "WITH RECURSIVE r AS (SELECT 1) SELECT * FROM r"
     assert split_with(recursive) == ([], recursive)
     assert split_with("SELECT 1") == ([], "SELECT 1")
-    with pytest.raises(ValueError, match="do not close"):
-        split_with("WITH a AS (SELECT (1) SELECT 2")
+
+
+def test_the_hoisting_renames_only_names_and_refuses_what_it_cannot_read() -> None:
+    """A name inside a string literal stays as it is, a new name is never renamed
+    again, and a WITH list it cannot read safely is refused, never guessed at."""
+    own = (
+        "WITH a AS (INSERT INTO t SELECT 'a''s a' RETURNING id), "
+        "w0_a AS (SELECT id FROM a) INSERT INTO u SELECT id FROM w0_a RETURNING id"
+    )
+    sql = write_batch_sql([own])
+    assert "w0_a AS (INSERT INTO t SELECT 'a''s a' RETURNING id)" in sql
+    assert "w0_w0_a AS (SELECT id FROM w0_a)" in sql
+    assert "w0 AS (INSERT INTO u SELECT id FROM w0_w0_a RETURNING id)" in sql
+    for unread in [
+        "WITH a AS (SELECT (1) SELECT 2",  # unclosed
+        "WITH a AS (SELECT 'x) SELECT 2",  # an unclosed literal
+        "WITH a(x) AS (SELECT 1) SELECT x FROM a",  # a column list
+        "WITH a AS MATERIALIZED (SELECT 1) SELECT * FROM a",
+        "WITH a AS (SELECT $$)$$) SELECT * FROM a",
+        "WITH a AS (SELECT E')') SELECT * FROM a",
+        "WITH a AS (SELECT 1 -- )\n) SELECT * FROM a",
+    ]:
+        with pytest.raises(ValueError):
+            split_with(unread)
+    with pytest.raises(ValueError):  # the driver reads every list when it loads them
+        _Statements(
+            {
+                "bad_many": "WITH a(x) AS (INSERT INTO t VALUES (1) RETURNING x) "
+                "INSERT INTO u SELECT x FROM a RETURNING x"
+            }
+        )

@@ -163,9 +163,27 @@ def test_rendered_values_come_back_once_in_order_after_a_retry(
     views = store.task_submit_rendered(batch, render)
     assert looks() == 2
     assert views == [(f'{{"i":{i}}}', True) for i in range(n - 1)] + [('"same"', False)]
-    # A streamed batch renders every chunk before the short count is seen, and again on
-    # the retry; a single chunk's count is checked before anything is rendered.
-    assert calls == (2 * n if n > SUBMIT_CHUNK else n)
+    # Every result is rendered before the short count is seen (a streamed batch's chunks
+    # while the next is written, a single chunk's before its write, which carries the
+    # COMMIT), and again on the retry.
+    assert calls == 2 * n
+
+
+@pytest.mark.parametrize("n", [1, 3, N])
+def test_a_render_that_raises_commits_nothing(store: Store, n: int) -> None:
+    """A render is part of the submit: one that raises leaves no task and no event, also
+    for a batch of one chunk, whose write carries the COMMIT on PostgreSQL."""
+    queue(store)
+
+    def render(done: Submitted) -> str:
+        if done.task.payload == f'{{"i":{n - 1}}}':
+            raise RuntimeError("a view that cannot be made")
+        return done.task.id
+
+    with pytest.raises(RuntimeError, match="cannot be made"):
+        store.task_submit_rendered(specs(n), render)
+    assert stored(store) == 0 and submitted_events(store) == []
+    assert len(store.task_submit_rendered(specs(n), lambda done: done.task.id)) == n
 
 
 def test_two_stores_racing_the_same_keyed_batch_make_each_task_once(

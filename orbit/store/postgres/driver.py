@@ -272,6 +272,8 @@ def _counts_rows(sql: str) -> bool:
 
 _CTE_HEAD_RE = re.compile(r"\s*(\w+)\s+AS\s+\(", re.IGNORECASE)
 _COMMA_RE = re.compile(r"\s*,")
+_LITERAL_RE = re.compile(r"'(?:[^']|'')*'")  # a plain string literal, quotes doubled
+_UNREAD_RE = re.compile(r"\$\$|\bE'|--|/\*", re.IGNORECASE)
 
 
 def _closing(sql: str, start: int) -> int:
@@ -281,7 +283,10 @@ def _closing(sql: str, start: int) -> int:
     while i < len(sql):
         char = sql[i]
         if char == "'":
-            i = sql.index("'", i + 1)  # a doubled quote is two literals back to back
+            literal = _LITERAL_RE.match(sql, i)
+            if literal is None:
+                break
+            i = literal.end() - 1
         elif char == "(":
             depth += 1
         elif char == ")":
@@ -289,15 +294,20 @@ def _closing(sql: str, start: int) -> int:
             if not depth:
                 return i
         i += 1
-    raise ValueError("a WITH query whose parentheses do not close")
+    raise ValueError("a WITH query whose parentheses or quotes do not close")
 
 
 def split_with(sql: str) -> tuple[list[tuple[str, str]], str]:
     """A query's own leading ``WITH`` list, as ``(name, body)`` pairs, and the statement
-    after it; no pairs for a query without one. ``WITH RECURSIVE`` is not split."""
+    after it; no pairs for a query without one. ``WITH RECURSIVE`` is not split, and a
+    list this cannot read safely (column lists, ``MATERIALIZED``, comments, ``E''`` or
+    dollar-quoted strings) is refused: the driver reads every query's list when it
+    loads them (``_Statements``), so such a query fails at start-up."""
     head = re.match(r"\s*WITH\s", sql, re.IGNORECASE)
     if head is None or re.match(r"\s*WITH\s+RECURSIVE\s", sql, re.IGNORECASE):
         return [], sql
+    if _UNREAD_RE.search(sql):
+        raise ValueError(f"comments, E'' or dollar quotes in the WITH query {sql[:60]!r}")
     ctes: list[tuple[str, str]] = []
     at = head.end()
     while True:
@@ -312,6 +322,23 @@ def split_with(sql: str) -> tuple[list[tuple[str, str]], str]:
         at = comma.end()
 
 
+def _renamed(text: str, renames: dict[str, str]) -> str:
+    """``text`` with each name in ``renames`` replaced as a whole word, all at once (a
+    new name is never renamed again), outside string literals. The names must not also
+    name a column or a table of the query: a CTE's name is its own."""
+    if not renames:
+        return text
+    word = re.compile(r"\b(" + "|".join(map(re.escape, renames)) + r")\b")
+    pieces: list[str] = []
+    at = 0
+    for literal in _LITERAL_RE.finditer(text):
+        pieces.append(word.sub(lambda m: renames[m.group(1)], text[at : literal.start()]))
+        pieces.append(literal.group(0))
+        at = literal.end()
+    pieces.append(word.sub(lambda m: renames[m.group(1)], text[at:]))
+    return "".join(pieces)
+
+
 def _as_ctes(sql: str, i: int) -> str:
     """Write ``i`` of ``write_batch_sql`` as its CTE ``w<i>``. A write with a data-modifying
     ``WITH`` of its own (a submit's tasks, then their events from the rows it returns)
@@ -320,14 +347,8 @@ def _as_ctes(sql: str, i: int) -> str:
     ``w<i>_<name>`` wherever the write names it, and the rest becomes ``w<i>``."""
     own, main = split_with(_scoped(sql, i))
     renames = {name: f"w{i}_{name}" for name, _ in own}
-
-    def renamed(text: str) -> str:
-        for name, new in renames.items():
-            text = re.sub(rf"\b{re.escape(name)}\b", new, text)
-        return text
-
-    parts = [f"{renames[name]} AS ({renamed(body)})" for name, body in own]
-    return ",\n".join([*parts, f"w{i} AS ({renamed(main)})"])
+    parts = [f"{renames[name]} AS ({_renamed(body, renames)})" for name, body in own]
+    return ",\n".join([*parts, f"w{i} AS ({_renamed(main, renames)})"])
 
 
 def write_batch_sql(queries: Sequence[str], guards: Sequence[bool] = ()) -> str:
@@ -394,6 +415,8 @@ class _Statements:
         #: write with RETURNING, or a SELECT: the reads qualify too, but only writes and
         #: ``notify_many`` are ever passed)
         self.batchable = frozenset(name for name, sql in queries.items() if _counts_rows(sql))
+        for name in self.batchable:  # a WITH list write_batch_sql cannot read fails here
+            split_with(queries[name])
         # positional SQL and its parameters' names, in order; each keyed also by
         # whether it is the form for one item per parameter (``one_each_sql``)
         self.locks: dict[tuple[tuple[str, ...], bool], Positional] = {}
