@@ -325,13 +325,11 @@ def paced(
 #: The stages of a paced task's enqueue→start, each ending at a time the database or the
 #: worker recorded (every clock here is this host's): the submit transaction's clock
 #: (``created_at``, read after its first statement), the claim's (``claimed_at``), the
-#: start's (``started_at``), and the worker's handler.
-STAGES = (
-    ("to_submit_tx", "the HTTP submit, its thread and its first round trip"),
-    ("submit_to_claim", "the insert and its durable COMMIT, the wake, the claim's first read"),
-    ("claim_to_start", "the claim's write, the push, the worker's start and its first read"),
-    ("start_to_handler", "the start's write and durable COMMIT, the reply, the handler"),
-)
+#: start's (``started_at``), and the worker's handler. In order: the HTTP submit, its
+#: thread and its first round trip; the insert and its durable COMMIT, the wake, the
+#: claim's first read; the claim's write, the push, the worker's start and its first
+#: read; the start's write and durable COMMIT, the reply, the handler.
+STAGES = ("to_submit_tx", "submit_to_claim", "claim_to_start", "start_to_handler")
 
 
 def _spread(values: Sequence[float], *, with_max: bool = False) -> dict[str, float]:
@@ -347,13 +345,13 @@ def _stages(url: str, records: dict[str, Any]) -> dict[str, dict[str, float]]:
             "SELECT CAST(t.payload AS json)->>'id', t.created_at, a.claimed_at, a.started_at"
             " FROM orbit_tasks t JOIN orbit_attempts a ON a.task_id = t.id AND a.number = 1"
         ).fetchall()
-    spans: dict[str, list[float]] = {name: [] for name, _ in STAGES}
+    spans: dict[str, list[float]] = {name: [] for name in STAGES}
     for job_id, created, claimed, started in rows:
         record = records.get(job_id)
         if record is None:  # the warm-up task, timed while the worker settled
             continue
         marks = [record.enqueued * 1e6, created, claimed, started, record.started * 1e6]
-        for (name, _), (begin, end) in zip(STAGES, pairwise(marks), strict=True):
+        for name, (begin, end) in zip(STAGES, pairwise(marks), strict=True):
             spans[name].append((end - begin) / 1000)
     return {name: _spread(values) for name, values in spans.items()}
 

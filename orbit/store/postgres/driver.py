@@ -411,12 +411,8 @@ class _Statements:
     """The driver's composed statements, built once and shared by every connection."""
 
     def __init__(self, queries: dict[str, str]) -> None:
-        #: queries that can be a CTE of ``write_batch_sql``, which counts their rows (a
-        #: write with RETURNING, or a SELECT: the reads qualify too, but only writes and
-        #: ``notify_many`` are ever passed)
-        self.batchable = frozenset(name for name, sql in queries.items() if _counts_rows(sql))
-        for name in self.batchable:  # a WITH list write_batch_sql cannot read fails here
-            split_with(queries[name])
+        for sql in queries.values():  # a WITH list write_batch_sql cannot read fails here
+            split_with(sql)
         # positional SQL and its parameters' names, in order; each keyed also by
         # whether it is the form for one item per parameter (``one_each_sql``)
         self.locks: dict[tuple[tuple[str, ...], bool], Positional] = {}
@@ -763,7 +759,7 @@ class _PostgresConnection:
         todo = [*writes, ("notify_many", _notice_rows(notify))] if notify else list(writes)
         if not todo:
             return []
-        if commit_with is not None and all(name in self._statements.batchable for name, _ in todo):
+        if commit_with is not None:
             unchecked = [None] * (len(todo) - len(writes))  # the notices: any count
             return self._write_and_commit(todo, [*commit_with, *unchecked])[: len(writes)]
         if len(todo) == 1:
