@@ -109,10 +109,33 @@ def task_to_row(t: Task) -> Row:
     }
 
 
+#: The columns every task ``transitions.new_task`` makes starts with, whatever was
+#: submitted. The insert (``task_submit_many``, on both backends) spells them as literals,
+#: and ``updated_at`` as the row's ``created_at``, instead of reading twelve more columns
+#: from each row: on PostgreSQL each such column is an array of a thousand values to
+#: parse per batch (the insert of 1,000 tasks and their events took 8.9 → 8.2 ms without
+#: them, ``EXPLAIN ANALYZE``). A test holds these to ``new_task`` and to the stored rows.
+NEW_TASK_FIXED: dict[str, Any] = {
+    "attempts_used": 0,
+    "fence": 0,
+    "cancel_requested": False,
+    "result": None,
+    "error_code": None,
+    "error_message": None,
+    "error_retryable": None,
+    "result_digest": None,
+    "result_version": 0,
+    "finished_at": None,
+    "version": 1,
+}
+
+
 def tasks_columns(tasks: Sequence[Task]) -> RowColumns:
-    """``task_to_row`` of each task, held column by column (``RowColumns``): a list per
-    column, where a dict per task cost the batch submit more than the columns do (a
-    test holds the two to each other)."""
+    """The new tasks' rows as the insert reads them, held column by column
+    (``RowColumns``): ``task_to_row`` of each task without ``NEW_TASK_FIXED`` and
+    ``updated_at``, which the insert spells itself. A list per column, where a dict per
+    task cost the batch submit more than the columns do (a test holds the two to each
+    other)."""
     return RowColumns(
         {
             "id": [t.id for t in tasks],
@@ -133,19 +156,7 @@ def tasks_columns(tasks: Sequence[Task]) -> RowColumns:
             "deadline": [t.deadline for t in tasks],
             "run_after": [t.run_after for t in tasks],
             "state": [str(t.state) for t in tasks],
-            "attempts_used": [t.attempts_used for t in tasks],
-            "fence": [t.fence for t in tasks],
-            "cancel_requested": [t.cancel_requested for t in tasks],
-            "result": [t.result for t in tasks],
-            "error_code": [t.error_code for t in tasks],
-            "error_message": [t.error_message for t in tasks],
-            "error_retryable": [t.error_retryable for t in tasks],
-            "result_digest": [t.result_digest for t in tasks],
-            "result_version": [t.result_version for t in tasks],
             "created_at": [t.created_at for t in tasks],
-            "updated_at": [t.updated_at for t in tasks],
-            "finished_at": [t.finished_at for t in tasks],
-            "version": [t.version for t in tasks],
         }
     )
 

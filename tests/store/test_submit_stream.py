@@ -70,6 +70,36 @@ def test_a_batch_of_several_chunks_is_written_whole_and_in_order(store: Store) -
     assert sorted(e["task_id"] for e in submitted_events(store)) == sorted(d.task.id for d in done)
 
 
+@pytest.mark.parametrize("n", [1, 3, N])
+def test_each_stored_new_task_is_the_task_submit_answered(store: Store, n: int) -> None:
+    """The insert spells the columns every new task starts with (rows.NEW_TASK_FIXED)
+    instead of reading them from the rows: each stored task, read back, must still be
+    exactly the one submit made and answered, in the JSON form (1, 3) and the columnar
+    streamed one (N), for plain, keyed, scheduled and parented specs alike."""
+    queue(store)
+    parent = store.task_submit(TaskSpec(queue="q", handler="h")).task
+    later = parent.created_at + 10**9
+    batch = [
+        TaskSpec(
+            queue="q",
+            handler="h",
+            payload={"i": i},
+            tenant="t" if i % 2 else "default",
+            priority=i % 5,
+            idempotency_key=f"k{i}" if i % 3 == 0 else None,
+            parent_id=parent.id if i % 4 == 1 else None,
+            retry_safe=bool(i % 2),
+            max_attempts=1 + i % 4,
+            deadline=later + i if i % 5 == 2 else None,
+            run_after=later if i % 2 == 0 else None,
+        )
+        for i in range(n)
+    ]
+    done = store.task_submit_many(batch)
+    assert all(d.created for d in done)
+    assert [store.task_get(d.task.id) for d in done] == [d.task for d in done]
+
+
 def test_a_key_repeated_in_a_later_chunk_answers_with_the_first_task(store: Store) -> None:
     queue(store)
     batch = specs()

@@ -6,8 +6,9 @@ from dataclasses import fields, replace
 
 import pytest
 
-from orbit.core.model import Attempt, Backoff, Task
+from orbit.core.model import Attempt, Backoff, Task, TaskSpec
 from orbit.core.states import AttemptState, TaskState
+from orbit.core.transitions import new_task
 from orbit.store import rows as R
 from orbit.store.driver import RowColumns
 
@@ -62,28 +63,24 @@ def test_a_task_row_round_trips_with_sqlite_style_booleans() -> None:
     assert back.retry_safe is True and back.cancel_requested is False
 
 
+def _inserted(row: dict[str, object]) -> dict[str, object]:
+    """A task's row as the insert reads it: without what the insert spells itself."""
+    return {k: v for k, v in row.items() if k not in R.NEW_TASK_FIXED and k != "updated_at"}
+
+
 def test_tasks_columns_hold_each_tasks_row() -> None:
-    """The columns a batch submit sends are task_to_row's rows, column by column, for
-    tasks that differ in every kind of field (None and not, each state, each type)."""
+    """The columns a batch submit sends are task_to_row's rows, column by column, less
+    the columns the insert spells itself, for tasks that differ in every kind of field
+    it sends (None and not, each state, each type)."""
     base = _task()
     tasks = [
         base,
         replace(base, id="t2", idempotency_key="k", parent_id=None, state=TaskState.QUEUED),
-        replace(
-            base,
-            id="t3",
-            attempt_timeout_us=5,
-            deadline=None,
-            result='{"r":1}',
-            error_code="E",
-            error_message="m",
-            error_retryable=True,
-            finished_at=9,
-        ),
+        replace(base, id="t3", attempt_timeout_us=5, deadline=None, max_attempts=1),
         replace(base, id="t4", backoff=Backoff(1, 1.5, 2), state=TaskState.SCHEDULED),
     ]
     columns = R.tasks_columns(tasks)
-    rows = [R.task_to_row(t) for t in tasks]
+    rows = [_inserted(R.task_to_row(t)) for t in tasks]
     assert set(columns.columns) == set(rows[0])
     assert len(columns) == 4
     assert list(columns) == rows
@@ -92,6 +89,35 @@ def test_tasks_columns_hold_each_tasks_row() -> None:
     with pytest.raises(IndexError):
         columns[4]
     assert list(R.tasks_columns([])) == [] and len(R.tasks_columns([])) == 0
+
+
+def test_every_new_task_starts_with_the_columns_the_insert_spells() -> None:
+    """The insert writes NEW_TASK_FIXED and created_at as updated_at in place of the
+    task's own values: new_task, the only maker of submitted tasks, must agree, for
+    every kind of spec (scheduled or not, keyed, with a parent, a deadline, a backoff)."""
+    specs = [
+        TaskSpec(queue="q", handler="h"),
+        TaskSpec(
+            queue="q",
+            handler="h",
+            payload={"a": [1]},
+            tenant="t",
+            priority=-4,
+            idempotency_key="k",
+            parent_id="p",
+            retry_safe=True,
+            max_attempts=9,
+            backoff=Backoff(5, 3.0, 50),
+            attempt_timeout_us=7,
+            deadline=10**9,
+            run_after=10**8,
+        ),
+    ]
+    for spec in specs:
+        row = R.task_to_row(new_task(spec, task_id="t", payload="{}", now=1_000))
+        assert {k: row[k] for k in R.NEW_TASK_FIXED} == R.NEW_TASK_FIXED
+        assert row["updated_at"] == row["created_at"] == 1_000
+        assert set(R.NEW_TASK_FIXED) | {"updated_at"} | set(R.tasks_columns([]).columns) == set(row)
 
 
 def test_row_columns_refuse_columns_of_different_lengths() -> None:

@@ -89,7 +89,8 @@ SELECT int_value FROM orbit_settings WHERE name = :name;
 -- the rows the insert returns, so a task skipped because its idempotency key was taken
 -- concurrently gets none (the count falls short and the store retries). The event data is
 -- spelled as compact_json(sort_keys=True) spells it: handler names and digests need no
--- escaping (see check_name).
+-- escaping (see check_name). The columns every new task starts with are literals here
+-- (rows.NEW_TASK_FIXED, in this order; updated_at is created_at): the rows carry the rest.
 WITH new_tasks AS (
     INSERT INTO orbit_tasks (
         id, queue, handler, tenant, priority, payload, payload_digest, idempotency_key,
@@ -100,18 +101,15 @@ WITH new_tasks AS (
     SELECT
         id, queue, handler, tenant, priority, payload, payload_digest, idempotency_key,
         parent_id, retry_safe, max_attempts, backoff_base_us, backoff_factor, backoff_max_us,
-        attempt_timeout_us, deadline, run_after, state, attempts_used, fence, cancel_requested,
-        result, error_code, error_message, error_retryable, result_digest, result_version,
-        created_at, updated_at, finished_at, version
+        attempt_timeout_us, deadline, run_after, state, 0, 0, false,
+        NULL, NULL, NULL, NULL, NULL, 0,
+        created_at, created_at, NULL, 1
     FROM json_to_recordset(CAST(:rows AS json)) AS x(
         id text, queue text, handler text, tenant text, priority integer, payload text,
         payload_digest text, idempotency_key text, parent_id text, retry_safe boolean,
         max_attempts integer, backoff_base_us bigint, backoff_factor double precision,
         backoff_max_us bigint, attempt_timeout_us bigint, deadline bigint, run_after bigint,
-        state text, attempts_used integer, fence bigint, cancel_requested boolean, result text,
-        error_code text, error_message text, error_retryable boolean, result_digest text,
-        result_version bigint, created_at bigint, updated_at bigint, finished_at bigint,
-        version bigint)
+        state text, created_at bigint)
     ON CONFLICT (tenant, queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, tenant, handler, payload_digest, state, created_at
 )

@@ -84,7 +84,8 @@ SELECT int_value FROM orbit_settings WHERE name = :name;
 -- (the driver splits a query on the ';' that ends a line). The event is made from the row
 -- the first statement wrote, so a task skipped for a taken idempotency key gets none. The
 -- event data is spelled as compact_json(sort_keys=True) spells it: handler names and
--- digests need no escaping (see check_name).
+-- digests need no escaping (see check_name). The columns every new task starts with are
+-- literals (rows.NEW_TASK_FIXED, in this order; updated_at is created_at).
 INSERT INTO orbit_tasks (
     id, queue, handler, tenant, priority, payload, payload_digest, idempotency_key,
     parent_id, retry_safe, max_attempts, backoff_base_us, backoff_factor, backoff_max_us,
@@ -94,9 +95,9 @@ INSERT INTO orbit_tasks (
 VALUES (
     :id, :queue, :handler, :tenant, :priority, :payload, :payload_digest, :idempotency_key,
     :parent_id, :retry_safe, :max_attempts, :backoff_base_us, :backoff_factor,
-    :backoff_max_us, :attempt_timeout_us, :deadline, :run_after, :state, :attempts_used,
-    :fence, :cancel_requested, :result, :error_code, :error_message, :error_retryable,
-    :result_digest, :result_version, :created_at, :updated_at, :finished_at, :version)
+    :backoff_max_us, :attempt_timeout_us, :deadline, :run_after, :state, 0,
+    0, 0, NULL, NULL, NULL, NULL,
+    NULL, 0, :created_at, :created_at, NULL, 1)
 ON CONFLICT (tenant, queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
 INSERT INTO orbit_events (at, kind, task_id, attempt_id, session_id, queue, tenant,
     task_from, task_to, attempt_from, attempt_to, code, data)
