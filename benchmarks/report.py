@@ -294,7 +294,12 @@ def _scale_note(workload: str, summary: dict[str, Any]) -> str:
         "after the kill (a run that does not finish within it counts as not recovered).",
         "backlog": f"1 worker drains {s.get('backlog_small'):,} jobs with "
         f"{s.get('backlog_small'):,} queued (small) and with {s.get('backlog_large'):,} "
-        "queued (large); the claim statement is timed at both sizes.",
+        "queued (large); the claim statement is timed at both sizes. Jobs taken per job "
+        "counted: how many the worker finished in the large phase, up to its exit, per "
+        "counted job; the excess was claimed ahead (up to the worker's concurrency) and "
+        "its claims and starts fall in the timed window uncounted, so well above 1 the "
+        "ratio of rates reflects that depth against a short drain more than the queue's "
+        "size.",
     }
     return notes.get(workload, "")
 

@@ -50,6 +50,7 @@ COLUMNS: dict[str, list[tuple[str, str, str, bool]]] = {
         ("large_over_small", "large / small", "ratio", True),
         ("small_claim_ms", "claim stmt, small", "ms", False),
         ("large_claim_ms", "claim stmt, large", "ms", False),
+        ("large_taken_per_counted", "large: jobs taken per job counted", "ratio", False),
     ],
 }
 CPU_COLUMNS = [
@@ -100,6 +101,19 @@ def _cpu_per_task(record: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def _taken_per_counted(record: dict[str, Any]) -> float | None:
+    """Jobs the worker finished in the large-backlog phase, up to its exit, per job the
+    clock counted. The clock stops at the counted jobs' last finish. With only those jobs
+    queued nothing else is there to take; with a large queue the worker has by then
+    claimed and started as many more as its concurrency holds, and their claims and
+    starts fall inside the window without being counted. A value well above 1 says the
+    large/small ratio of rates reflects that claim-ahead depth against a short drain, not
+    the queue's size."""
+    large = (record.get("detail") or {}).get("large") or {}
+    drained, jobs = large.get("drained_before_stop"), large.get("jobs")
+    return drained / jobs if isinstance(drained, int) and jobs else None
+
+
 def build(
     runs_dir: Path,
     meta: dict[str, Any],
@@ -145,6 +159,7 @@ def _system_result(workload: str, records: list[dict[str, Any]]) -> dict[str, An
         if workload == "backlog":
             small, large = metrics.get("small_tasks_per_s"), metrics.get("large_tasks_per_s")
             metrics["large_over_small"] = large / small if small and large else None
+            metrics["large_taken_per_counted"] = _taken_per_counted(r)
         metrics.update(_cpu_metrics(r.get("cpu") or {}))
         if workload == "throughput":
             metrics.update(_cpu_per_task(r))

@@ -38,7 +38,8 @@ def _problems(out: Path) -> list[str]:
                 if workload != "backlog" or not entry.backlog_skip:
                     found.append(f"{path.name}: skipped without a registered reason")
             else:
-                expected = {m for m, *_ in summary.COLUMNS[workload]} - {"large_over_small"}
+                derived = {"large_over_small", "large_taken_per_counted"}  # by the summary
+                expected = {m for m, *_ in summary.COLUMNS[workload]} - derived
                 if workload == "throughput":  # the smoke scale runs only some process counts
                     expected = {m for m in expected if int(m[1]) in SMOKE.throughput_processes}
                 missing = expected - set(record.get("metrics", {}))
@@ -89,6 +90,10 @@ def test_every_registered_system_runs_every_workload(tmp_path: Path) -> None:
                 assert wal is None, key
             else:
                 assert wal is not None and wal["median"] > 0, key
+        # the large backlog's drain counts its jobs and takes at least as many
+        backlog = on_disk["results"]["backlog"][key]
+        if "skipped" not in backlog:
+            assert backlog["metrics"]["large_taken_per_counted"]["median"] >= 1, key
     assert summary.table(result)
 
     docs = tmp_path / "docs" / "benchmarks.md"
