@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from orbit.core.errors import Code, Rejected
 from orbit.core.model import (
@@ -164,14 +165,33 @@ class Plan:
 # --------------------------------------------------------------------------- submit
 
 
+#: The fields every submitted task starts with, whatever was submitted (and
+#: ``updated_at`` = ``created_at``). The store's insert spells them as literals instead of
+#: reading them from each row (``orbit.store.rows.tasks_columns``), so they are named once
+#: here for both.
+NEW_TASK_FIXED: dict[str, Any] = {
+    "attempts_used": 0,
+    "fence": 0,
+    "cancel_requested": False,
+    "result": None,
+    "error_code": None,
+    "error_message": None,
+    "error_retryable": None,
+    "result_digest": None,
+    "result_version": 0,
+    "finished_at": None,
+    "version": 1,
+}
+
+
 def new_task(
     spec: TaskSpec, *, task_id: str, payload: str, now: int, payload_digest: str | None = None
 ) -> Task:
     """A submitted task. ``payload_digest`` is ``digest(payload)``, passed by a caller that
     already computed it (the submit compares it against an idempotency key's task).
     Unchecked (``assemble``): a batch submit makes a thousand, and ``build``'s check of
-    thirty keyword arguments took more time than the rest; the literal below names every
-    field of ``Task`` once, which a test holds."""
+    thirty keyword arguments took more time than the rest; the literal below, with
+    ``NEW_TASK_FIXED``, names every field of ``Task`` once, which a test holds."""
     run_after = spec.run_after if spec.run_after is not None else now
     return assemble(
         Task,
@@ -192,19 +212,9 @@ def new_task(
             "deadline": spec.deadline,
             "run_after": run_after,
             "state": T.SCHEDULED if run_after > now else T.QUEUED,
-            "attempts_used": 0,
-            "fence": 0,
-            "cancel_requested": False,
-            "result": None,
-            "error_code": None,
-            "error_message": None,
-            "error_retryable": None,
-            "result_digest": None,
-            "result_version": 0,
             "created_at": now,
             "updated_at": now,
-            "finished_at": None,
-            "version": 1,
+            **NEW_TASK_FIXED,
         },
     )
 

@@ -109,33 +109,14 @@ def task_to_row(t: Task) -> Row:
     }
 
 
-#: The columns every task ``transitions.new_task`` makes starts with, whatever was
-#: submitted. The insert (``task_submit_many``, on both backends) spells them as literals,
-#: and ``updated_at`` as the row's ``created_at``, instead of reading twelve more columns
-#: from each row: on PostgreSQL each such column is an array of a thousand values to
-#: parse per batch (the insert of 1,000 tasks and their events took 8.9 → 8.2 ms without
-#: them, ``EXPLAIN ANALYZE``). A test holds these to ``new_task`` and to the stored rows.
-NEW_TASK_FIXED: dict[str, Any] = {
-    "attempts_used": 0,
-    "fence": 0,
-    "cancel_requested": False,
-    "result": None,
-    "error_code": None,
-    "error_message": None,
-    "error_retryable": None,
-    "result_digest": None,
-    "result_version": 0,
-    "finished_at": None,
-    "version": 1,
-}
-
-
 def tasks_columns(tasks: Sequence[Task]) -> RowColumns:
     """The new tasks' rows as the insert reads them, held column by column
-    (``RowColumns``): ``task_to_row`` of each task without ``NEW_TASK_FIXED`` and
-    ``updated_at``, which the insert spells itself. A list per column, where a dict per
-    task cost the batch submit more than the columns do (a test holds the two to each
-    other)."""
+    (``RowColumns``): ``task_to_row`` of each task without ``transitions.NEW_TASK_FIXED`` and
+    ``updated_at``, which the insert (``task_submit_many``, both backends) spells itself,
+    since on PostgreSQL each column is an array of a thousand values to parse per batch
+    (the insert of 1,000 tasks and their events took 8.9 → 8.2 ms without them,
+    ``EXPLAIN ANALYZE``). A list per column, where a dict per task cost the batch submit
+    more than the columns do (a test holds the two to each other)."""
     return RowColumns(
         {
             "id": [t.id for t in tasks],

@@ -72,7 +72,7 @@ def test_a_batch_of_several_chunks_is_written_whole_and_in_order(store: Store) -
 
 @pytest.mark.parametrize("n", [1, 3, N])
 def test_each_stored_new_task_is_the_task_submit_answered(store: Store, n: int) -> None:
-    """The insert spells the columns every new task starts with (rows.NEW_TASK_FIXED)
+    """The insert spells the columns every new task starts with (transitions.NEW_TASK_FIXED)
     instead of reading them from the rows: each stored task, read back, must still be
     exactly the one submit made and answered, in the JSON form (1, 3) and the columnar
     streamed one (N), for plain, keyed, scheduled and parented specs alike."""

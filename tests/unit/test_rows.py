@@ -8,7 +8,7 @@ import pytest
 
 from orbit.core.model import Attempt, Backoff, Task, TaskSpec
 from orbit.core.states import AttemptState, TaskState
-from orbit.core.transitions import new_task
+from orbit.core.transitions import NEW_TASK_FIXED, new_task
 from orbit.store import rows as R
 from orbit.store.driver import RowColumns
 
@@ -65,7 +65,7 @@ def test_a_task_row_round_trips_with_sqlite_style_booleans() -> None:
 
 def _inserted(row: dict[str, object]) -> dict[str, object]:
     """A task's row as the insert reads it: without what the insert spells itself."""
-    return {k: v for k, v in row.items() if k not in R.NEW_TASK_FIXED and k != "updated_at"}
+    return {k: v for k, v in row.items() if k not in NEW_TASK_FIXED and k != "updated_at"}
 
 
 def test_tasks_columns_hold_each_tasks_row() -> None:
@@ -115,9 +115,9 @@ def test_every_new_task_starts_with_the_columns_the_insert_spells() -> None:
     ]
     for spec in specs:
         row = R.task_to_row(new_task(spec, task_id="t", payload="{}", now=1_000))
-        assert {k: row[k] for k in R.NEW_TASK_FIXED} == R.NEW_TASK_FIXED
+        assert {k: row[k] for k in NEW_TASK_FIXED} == NEW_TASK_FIXED
         assert row["updated_at"] == row["created_at"] == 1_000
-        assert set(R.NEW_TASK_FIXED) | {"updated_at"} | set(R.tasks_columns([]).columns) == set(row)
+        assert set(NEW_TASK_FIXED) | {"updated_at"} | set(R.tasks_columns([]).columns) == set(row)
 
 
 def test_row_columns_refuse_columns_of_different_lengths() -> None:

@@ -90,7 +90,7 @@ SELECT int_value FROM orbit_settings WHERE name = :name;
 -- concurrently gets none (the count falls short and the store retries). The event data is
 -- spelled as compact_json(sort_keys=True) spells it: handler names and digests need no
 -- escaping (see check_name). The columns every new task starts with are literals here
--- (rows.NEW_TASK_FIXED, in this order; updated_at is created_at): the rows carry the rest.
+-- (transitions.NEW_TASK_FIXED, in this order; updated_at is created_at): the rows carry the rest.
 WITH new_tasks AS (
     INSERT INTO orbit_tasks (
         id, queue, handler, tenant, priority, payload, payload_digest, idempotency_key,

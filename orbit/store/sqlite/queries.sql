@@ -85,7 +85,7 @@ SELECT int_value FROM orbit_settings WHERE name = :name;
 -- the first statement wrote, so a task skipped for a taken idempotency key gets none. The
 -- event data is spelled as compact_json(sort_keys=True) spells it: handler names and
 -- digests need no escaping (see check_name). The columns every new task starts with are
--- literals (rows.NEW_TASK_FIXED, in this order; updated_at is created_at).
+-- literals (transitions.NEW_TASK_FIXED, in this order; updated_at is created_at).
 INSERT INTO orbit_tasks (
     id, queue, handler, tenant, priority, payload, payload_digest, idempotency_key,
     parent_id, retry_safe, max_attempts, backoff_base_us, backoff_factor, backoff_max_us,
