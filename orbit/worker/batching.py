@@ -54,6 +54,8 @@ class Coalescer(Generic[I, R]):
         if len(self._senders) < self._max_in_flight:
             sender = asyncio.create_task(self._run(), name="coalescer")
             self._senders.add(sender)
+            # In case it is cancelled before its first step; it normally leaves the set
+            # itself (``_run``).
             sender.add_done_callback(self._senders.discard)
         return await future
 
@@ -71,6 +73,20 @@ class Coalescer(Generic[I, R]):
         return [(item, future) for item, future, _ in batch if not future.done()]
 
     async def _run(self) -> None:
+        """Send batches until nothing is pending, then leave ``_senders`` in the same step
+        as that last look, with no ``await`` between: a done callback would leave it a
+        turn of the loop later, and an item submitted in that turn, while every sender
+        still counted, started no sender and waited for the next ``submit``; at the end
+        of a drain there is none (a start so held its task until its claim lease expired,
+        a finish for as long as its lease was renewed)."""
+        try:
+            await self._send_pending()
+        finally:
+            sender = asyncio.current_task()
+            if sender is not None:
+                self._senders.discard(sender)
+
+    async def _send_pending(self) -> None:
         while self._pending:
             batch = self._take()
             if not batch:

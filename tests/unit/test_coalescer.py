@@ -53,3 +53,36 @@ def test_bad_bounds_are_refused() -> None:
     for kwargs in ({"max_batch": 0}, {"max_in_flight": 0}, {"max_bytes": 0}):
         with pytest.raises(ValueError, match="at least 1"):
             Coalescer(send, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("max_in_flight", [1, 2, 3])
+def test_an_item_submitted_as_every_sender_ends_is_still_sent(max_in_flight: int) -> None:
+    """Every sender's last request answered in one turn of the loop, and an item
+    submitted in that same turn, after the senders have found nothing left to send but
+    before their tasks' done callbacks have run. The item must still be sent: it once
+    waited for the next ``submit`` to start a sender, and at the end of a drain there is
+    none (a start stranded so held its task until the claim lease expired, 30 s)."""
+    sent: list[list[int]] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        replies = [loop.create_future() for _ in range(max_in_flight)]
+
+        async def send(items: list[int]) -> list[int | BaseException]:
+            sent.append(items)
+            if len(sent) <= max_in_flight:  # the first requests wait for their replies
+                await replies[len(sent) - 1]
+            return list(items)
+
+        coalescer: Coalescer[int, int] = Coalescer(send, max_batch=1, max_in_flight=max_in_flight)
+        first = [asyncio.create_task(coalescer.submit(i)) for i in range(max_in_flight)]
+        while len(sent) < max_in_flight:  # every sender is waiting for its reply
+            await asyncio.sleep(0)
+        for reply in replies:  # the replies arrive together: each sender wakes ...
+            reply.set_result(None)
+        late = asyncio.create_task(coalescer.submit(99))  # ... and this runs after them
+        assert await asyncio.wait_for(asyncio.gather(*first), 5) == list(range(max_in_flight))
+        assert await asyncio.wait_for(late, 5) == 99
+
+    asyncio.run(main())
+    assert sent[-1] == [99]
