@@ -1433,10 +1433,8 @@ class Store:
         """Cancel a task and all its descendants in one transaction (I7). Idempotent."""
 
         def build(tx: _Tx) -> tuple[Plan, Task]:
-            ids = [r["id"] for r in tx.fetch("task_descendants", id=task_id)]
-            if not ids:
-                raise OrbitError(Code.TASK_NOT_FOUND, f"no task {task_id!r:.80}")
-            tasks = [R.task_from_row(r) for r in tx.fetch("task_lock_many", ids=sorted(ids))]
+            tasks = _lock_tree(tx, task_id)
+            ids = [t.id for t in tasks]
             live = {
                 a.task_id: a
                 for a in (
@@ -1893,3 +1891,29 @@ __all__ = [
     "StoreConfig",
     "Submitted",
 ]
+
+
+def _lock_tree(tx: _Tx, root_id: str) -> list[Task]:
+    """A task and all its descendants, locked, in id order.
+
+    The tree is read, locked, and read again until no new task appears. A child's
+    submit holds its parent's row FOR SHARE until it commits, so a read of the tree
+    taken before the locks can miss a child committed while this waited for them (on
+    PostgreSQL each statement sees what had committed when it began). Once a parent is
+    locked here, its children's submits have either committed, and the next read sees
+    them, or they wait for this transaction and then find the parent cancel-requested.
+    Locking a late child after its parent breaks the id order the store locks in, so
+    a deadlock is possible; PostgreSQL detects it and the transaction is retried
+    (``Store._tx``). On SQLite a transaction runs alone and the first read is the
+    last."""
+    locked: dict[str, Task] = {}
+    while True:
+        ids = {r["id"] for r in tx.fetch("task_descendants", id=root_id)}
+        if not ids and not locked:
+            raise OrbitError(Code.TASK_NOT_FOUND, f"no task {root_id!r:.80}")
+        new = sorted(ids - locked.keys())
+        if not new:
+            return [locked[i] for i in sorted(locked)]
+        for row in tx.fetch("task_lock_many", ids=new):
+            task = R.task_from_row(row)
+            locked[task.id] = task
