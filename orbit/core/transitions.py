@@ -33,7 +33,7 @@ from orbit.core.model import (
     canonical_json,
     evolve,
 )
-from orbit.core.retry import plan_retry
+from orbit.core.retry import RetryPlan, plan_retry
 from orbit.core.states import AttemptState, SessionState, TaskState
 
 A = AttemptState
@@ -868,23 +868,31 @@ def _lease_expired(plan: Plan, task: Task, live: Attempt, now: int, rand: float)
     if task.retry_safe:
         attempt_state = A.TIMED_OUT if timed_out else A.LOST
         code = str(Code.ATTEMPT_TIMEOUT if timed_out else Code.ATTEMPT_LOST)
-        decision = plan_retry(
-            retryable=True,
-            attempts_used=task.attempts_used,
-            max_attempts=task.max_attempts,
-            deadline=task.deadline,
-            backoff=task.backoff,
-            now=now,
-            rand=rand,
-            error_code=code,
+        # A passed deadline ends the task whatever attempts remain (the reaper row of the
+        # state table), so it is checked before plan_retry, which looks at attempts first.
+        decision = (
+            RetryPlan(None, str(Code.DEADLINE_EXCEEDED))
+            if deadline_passed
+            else plan_retry(
+                retryable=True,
+                attempts_used=task.attempts_used,
+                max_attempts=task.max_attempts,
+                deadline=task.deadline,
+                backoff=task.backoff,
+                now=now,
+                rand=rand,
+                error_code=code,
+            )
         )
         ended = evolve(live, state=attempt_state, ended_at=now)
         base = evolve(
             task,
             error_code=code,
-            error_retryable=True,
+            error_retryable=not deadline_passed,
             updated_at=now,
-            error_message="the run lease expired without a report",
+            error_message="the deadline passed while the attempt ran without a report"
+            if deadline_passed
+            else "the run lease expired without a report",
         )
         if decision.retry_at is not None:
             plan.move(

@@ -330,6 +330,27 @@ def test_reaper_marks_timed_out_attempts(store: Store, clock: ManualClock) -> No
     assert task.state == "failed" and task.error_code == "ATTEMPT_TIMEOUT"
 
 
+@pytest.mark.parametrize("max_attempts", [1, 3])
+def test_reaper_fails_a_lost_attempt_past_its_deadline_with_deadline_exceeded(
+    store: Store, clock: ManualClock, max_attempts: int
+) -> None:
+    # The deadline decides the code whether or not attempts remain: with the one attempt
+    # used, the retry plan alone would have said ATTEMPT_LOST.
+    queue(store)
+    tid = submit(
+        store, retry_safe=True, max_attempts=max_attempts, deadline=clock.now + 10 * SECOND
+    )
+    s, _ = worker(store)
+    g = run_one(store, s)
+    clock.advance(11)
+    assert store.reap().deadlines == 1
+    assert store.attempt_get(g.attempt.id).state == "lost"
+    task = store.task_get(tid)
+    assert task.state == "failed" and task.error_code == "DEADLINE_EXCEEDED"
+    assert not task.error_retryable
+    assert check_all(store) == []
+
+
 def test_reaper_fails_waiting_tasks_past_deadline(store: Store, clock: ManualClock) -> None:
     queue(store)
     queued = submit(store, deadline=clock.now + 10 * SECOND)
