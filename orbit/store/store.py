@@ -505,7 +505,9 @@ class Store:
         else:
             queues, parents, keys = sorted(lazy.queues), sorted(lazy.parents), set(lazy.keys)
 
-        def read(start: int, end: int, now: int) -> tuple[Sequence[TaskSpec], Sequence[str]]:
+        def read(
+            start: int, end: int, now: int, by_key: dict[tuple[str, str, str], Task]
+        ) -> tuple[Sequence[TaskSpec], Sequence[str]]:
             """Chunk ``start``-``end``'s specs and payloads: as read before the
             transaction, or read now (a ``LazyBatch``: its payloads checked as
             ``fields_checked`` would, its deadlines as the eager ones were)."""
@@ -513,19 +515,26 @@ class Store:
                 return eager[start:end], payloads[start:end]
             chunk = lazy.read(start, end)
             for spec in chunk:
-                check_deadline(spec, now)
+                if _key_of(spec) not in by_key:
+                    check_deadline(spec, now)
             return chunk, [check_payload(s.payload, most)[0] for s in chunk]
 
         def work(tx: _Tx) -> list[T]:
             # The queues and the clock in one round trip (one statement on PostgreSQL).
             (queue_rows,) = tx.lock_many(("queue_get_many", {"names": queues}))
             now = tx.clock()
-            for spec in eager:
-                check_deadline(spec, now)
             known = {row["name"] for row in queue_rows}
             for q in queues:
                 if q not in known:
                     raise OrbitError(Code.QUEUE_NOT_FOUND, f"no queue named {q!r:.80}")
+            # The tasks each idempotency key already names: the database's, then this
+            # batch's own as they are made. A spec whose key names a task makes nothing,
+            # so its deadline is not checked: a client retrying a submit after its
+            # deadline gets the task it made, not INVALID_DEADLINE.
+            by_key = self._existing_by_key(tx, keys)
+            for spec in eager:
+                if _key_of(spec) not in by_key:
+                    check_deadline(spec, now)
             for parent_id in parents:
                 found = tx.fetch("task_share", id=parent_id)
                 if not found:
@@ -533,9 +542,6 @@ class Store:
                 parent = R.task_from_row(found[0])
                 if parent.cancel_requested or parent.state == TaskState.CANCELLED:
                     raise OrbitError(Code.PARENT_CANCELLED, f"parent task {parent_id} is cancelled")
-            # The tasks each idempotency key already names: the database's, then this
-            # batch's own as they are made.
-            by_key = self._existing_by_key(tx, keys)
             results: list[Submitted] = []
             rendered: list[T] = []
 
@@ -551,7 +557,7 @@ class Store:
                 for start, end in submit_chunks(count) if streamed else [(0, count)]:
                     made: list[Task] = []
                     ids = self._new_ids(now, end - start)
-                    chunk, chunk_payloads = read(start, end, now)
+                    chunk, chunk_payloads = read(start, end, now, by_key)
                     for spec, payload, task_id in zip(chunk, chunk_payloads, ids, strict=True):
                         done = self._submitted(spec, payload, now, by_key, task_id)
                         results.append(done)
@@ -595,7 +601,7 @@ class Store:
         """One spec of a batch: the task its idempotency key already names in ``by_key``
         (the same payload, or IDEMPOTENCY_CONFLICT), or a new task with ``task_id``, which
         joins it."""
-        key = (spec.tenant, spec.queue, spec.idempotency_key) if spec.idempotency_key else None
+        key = _key_of(spec)
         digest = transitions.digest(payload)
         prior = by_key.get(key) if key else None
         if prior is not None:
@@ -1917,3 +1923,8 @@ def _lock_tree(tx: _Tx, root_id: str) -> list[Task]:
         for row in tx.fetch("task_lock_many", ids=new):
             task = R.task_from_row(row)
             locked[task.id] = task
+
+
+def _key_of(spec: TaskSpec) -> tuple[str, str, str] | None:
+    """The ``(tenant, queue, idempotency_key)`` a spec's task is known by, if it has one."""
+    return (spec.tenant, spec.queue, spec.idempotency_key) if spec.idempotency_key else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -541,6 +542,32 @@ def test_idempotent_submit(store: Store) -> None:
         TaskSpec(queue="q", handler="h", payload={"a": 2}, idempotency_key="k1", tenant="t2")
     )
     assert other_tenant.created
+
+
+def test_an_idempotent_retry_after_the_deadline_returns_the_task(
+    store: Store, clock: ManualClock
+) -> None:
+    """A client that retries a submit once its deadline has passed gets the task its key
+    made (whatever became of it), not INVALID_DEADLINE; a new key still gets the error."""
+    queue(store)
+    spec = TaskSpec(
+        queue="q",
+        handler="h",
+        payload={"a": 1},
+        idempotency_key="k1",
+        deadline=clock.now + 10 * SECOND,
+    )
+    first = store.task_submit(spec)
+    clock.advance(11)
+    for _ in range(2):  # before the reaper fails it, and after
+        again = store.task_submit_many([spec])[0]
+        assert not again.created and again.task.id == first.task.id
+        store.reap()
+    assert store.task_get(first.task.id).error_code == "DEADLINE_EXCEEDED"
+    with pytest.raises(OrbitError) as err:
+        store.task_submit(replace(spec, idempotency_key="k2"))
+    assert err.value.code == Code.INVALID_DEADLINE
+    assert len(store.task_list(limit=10)) == 1
 
 
 def test_submit_many_is_one_batch(store: Store) -> None:
