@@ -67,16 +67,30 @@ def uuid7(now_us: int, random_bytes: bytes) -> str:
     return f"{_head(now_us)}{t[:4]}-{t[4:]}"
 
 
-def uuid7_many(now_us: int, count: int) -> list[str]:
-    """``count`` UUIDv7s for one instant, each with its own 62 random bits, drawn from the
-    OS in one read: what ``uuid7(now_us, random8())`` gives ``count`` times (a batch
-    submit's tasks share their transaction's instant), without working out and spelling
-    the same first 64 bits again for each (2.2 µs an id, against 0.9 here)."""
-    if count < 0:
-        raise ValueError("count must not be negative")
+#: A batch id's tail: 20 bits numbering it within its batch (RFC 9562 §6.2, method 1: a
+#: fixed-length counter), then 42 random bits. Tasks of equal priority are claimed in id
+#: order, so a batch's tasks must sort in the order they were submitted, and all of a
+#: batch's ids share their instant.
+BATCH_INDEX_BITS = 20
+_BATCH_RANDOM = (1 << (62 - BATCH_INDEX_BITS)) - 1
+
+
+def uuid7_many(now_us: int, count: int, first: int = 0) -> list[str]:
+    """``count`` UUIDv7s for one instant (a batch submit's tasks share their transaction's
+    instant) that sort in the order made: ids ``first`` to ``first + count - 1`` of a
+    batch, each numbered so in its tail with 42 random bits after the number, drawn from
+    the OS in one read. The first 64 bits are worked out and spelled once for all of
+    them (2.2 µs an id, against 0.9 here)."""
+    if count < 0 or first < 0:
+        raise ValueError("count and first must not be negative")
+    if first + count > 1 << BATCH_INDEX_BITS:
+        raise ValueError(f"a batch holds at most {1 << BATCH_INDEX_BITS} ids")
     head, data, take = _head(now_us), os.urandom(8 * count), int.from_bytes
+    step = 1 << (62 - BATCH_INDEX_BITS)
+    number = _VARIANT | first * step  # the variant, then this id's number in the batch
     ids = []
-    for at in range(0, 8 * count, 8):  # uuid7's tail, inline: a call per id cost 0.6 µs
-        t = f"{_VARIANT | (take(data[at : at + 8], 'big') & _RAND_B):016x}"
+    for at in range(0, 8 * count, 8):  # inline: a call per id cost 0.6 µs
+        t = f"{number | take(data[at : at + 8], 'big') & _BATCH_RANDOM:016x}"
         ids.append(f"{head}{t[:4]}-{t[4:]}")
+        number += step
     return ids

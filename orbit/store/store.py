@@ -138,7 +138,7 @@ class StoreConfig:
     lease_ttl_us: int = 30 * SECOND
     session_ttl_us: int = 60 * SECOND
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
-    max_batch: int = 1000
+    max_batch: int = 1000  # at most 2**20 (``orbit.core.ids.BATCH_INDEX_BITS``)
     reap_batch: int = 500
     max_tx_retries: int = 5
     artifact_ttl_us: int = 7 * 24 * 3600 * SECOND
@@ -233,9 +233,10 @@ class Store:
     def _new_id(self, now: int) -> str:
         return uuid7(now, random8())
 
-    def _new_ids(self, now: int, count: int) -> list[str]:
-        """``count`` new ids at once (a batch submit's chunk): ``uuid7_many``."""
-        return uuid7_many(now, count)
+    def _new_ids(self, now: int, count: int, first: int) -> list[str]:
+        """A batch submit's ids ``first`` to ``first + count - 1`` (one chunk's):
+        ``uuid7_many``, so they sort in the batch's order."""
+        return uuid7_many(now, count, first)
 
     def _tx(self, work: Callable[[_Tx], T], *, durable: bool = True) -> T:
         """Run ``work`` in one transaction, retrying on deadlocks and stale writes.
@@ -556,7 +557,7 @@ class Store:
                 while this renders it and makes the next (``Connection.write_stream``)."""
                 for start, end in submit_chunks(count) if streamed else [(0, count)]:
                     made: list[Task] = []
-                    ids = self._new_ids(now, end - start)
+                    ids = self._new_ids(now, end - start, start)
                     chunk, chunk_payloads = read(start, end, now, by_key)
                     for spec, payload, task_id in zip(chunk, chunk_payloads, ids, strict=True):
                         done = self._submitted(spec, payload, now, by_key, task_id)

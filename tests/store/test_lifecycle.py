@@ -10,6 +10,7 @@ import pytest
 from orbit.core.errors import Code, OrbitError, Rejected
 from orbit.core.model import SECOND, Backoff, Capability, Outcome, TaskSpec, compact_json
 from orbit.store import Store, StoreConfig
+from orbit.store.store import SUBMIT_CHUNK
 from tests.conftest import ManualClock
 from tests.invariants import check_all
 from tests.store.helpers import claim_one, queue, run_one, submit, worker
@@ -530,6 +531,18 @@ def test_priority_then_fifo(store: Store, clock: ManualClock) -> None:
     s, _ = worker(store)
     order = [g.task.id for g in store.attempt_claim_many(s.id, s.epoch, 3)]
     assert order == [high, low, low2]
+
+
+def test_a_batch_is_claimed_in_the_order_it_was_submitted(store: Store) -> None:
+    """A batch's tasks share their instant; their ids still sort in the batch's order,
+    across the chunks a large batch is written in (SUBMIT_CHUNK), so FIFO holds."""
+    n = 2 * SUBMIT_CHUNK + 7
+    queue(store, max_concurrency=n)
+    specs = [TaskSpec(queue="q", handler="h", payload=i) for i in range(n)]
+    made = [d.task.id for d in store.task_submit_many(specs)]
+    s, _ = worker(store, handlers={"h": n}, max_concurrency=n)
+    claimed = [g.task.payload for g in store.attempt_claim_many(s.id, s.epoch, n)]
+    assert claimed == [str(i) for i in range(n)] and sorted(made) == made
 
 
 def test_idempotent_submit(store: Store) -> None:

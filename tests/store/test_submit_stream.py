@@ -135,8 +135,8 @@ def test_a_database_error_in_a_later_chunk_undoes_the_earlier_ones(
     new_ids = store._new_ids
     last = submit_chunks(N)[-1][0]
 
-    def clashing(now: int, count: int) -> list[str]:
-        ids = new_ids(now, count)
+    def clashing(now: int, count: int, first: int) -> list[str]:
+        ids = new_ids(now, count, first)
         if len(made) <= last < len(made) + count:  # this chunk holds the last's first
             ids[last - len(made)] = made[0]
         made.extend(ids)

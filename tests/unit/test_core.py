@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orbit.core.errors import Code, OrbitError, status_of
-from orbit.core.ids import ENTROPY_POOL_BYTES, random8, uuid7, uuid7_many
+from orbit.core.ids import BATCH_INDEX_BITS, ENTROPY_POOL_BYTES, random8, uuid7, uuid7_many
 from orbit.core.limits import Occupancy, bucket_refill, room_for_all
 from orbit.core.model import SECOND, Backoff, Queue, Task, TaskSpec
 from orbit.core.retry import backoff_delay, plan_retry
@@ -127,15 +127,24 @@ def test_uuid7_is_spelled_as_the_uuid_module_spells_it(now_us: int, random: byte
     assert uuid.UUID(made).version == 7
 
 
-@given(st.integers(0, 2**62), st.integers(0, 40))
-def test_uuid7_many_is_uuid7_for_each_of_its_random_bits(now_us: int, count: int) -> None:
-    """Each id is the one ``uuid7`` makes at that instant from the random bits it holds
-    (its last 62), and no two of a batch share them."""
-    made = uuid7_many(now_us, count)
-    assert len(made) == count and len(set(made)) == count
-    for one in made:
+@given(st.integers(0, 2**62), st.integers(0, 40), st.integers(0, 2**20 - 40))
+def test_uuid7_many_sorts_in_the_order_made(now_us: int, count: int, first: int) -> None:
+    """Each id is a uuid7 of that instant (the one ``uuid7`` makes from its last 62 bits)
+    whose tail starts with its number in the batch, so a batch's ids, and a later chunk's
+    after an earlier one's, sort in the order they were made."""
+    made = uuid7_many(now_us, count, first)
+    later = uuid7_many(now_us, 3, first + count)
+    assert len(made) == count and sorted(made + later) == made + later
+    for index, one in enumerate(made, first):
         bits = uuid.UUID(one).int & ((1 << 62) - 1)
         assert one == uuid7(now_us, bits.to_bytes(8, "big"))
+        assert bits >> (62 - BATCH_INDEX_BITS) == index
+
+
+def test_uuid7_many_refuses_more_than_a_batch_holds() -> None:
+    uuid7_many(1_700_000_000_000_000, 2, 2**BATCH_INDEX_BITS - 2)
+    with pytest.raises(ValueError, match="at most"):
+        uuid7_many(1_700_000_000_000_000, 2, 2**BATCH_INDEX_BITS - 1)
 
 
 def test_uuid7_many_refuses_a_negative_count() -> None:
