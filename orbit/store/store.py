@@ -1558,7 +1558,13 @@ class Store:
         def sessions_pass(tx: _Tx) -> Plan:
             now = tx.now()
             plan = Plan()
-            for row in tx.fetch("session_expired_select", now=now, limit=self.config.reap_batch):
+            expired = tx.fetch("session_expired_select", now=now, limit=self.config.reap_batch)
+            if expired:
+                # A claim in flight may have read one of these sessions live, just before
+                # its expiry. The claim lock waits for it to commit, so the attempts read
+                # below include its and are released with the session's others.
+                tx.fetch("claim_lock")
+            for row in expired:
                 task_ids = sorted(
                     r["task_id"]
                     for r in tx.fetch("attempt_claimed_for_session", session_id=row["id"])
