@@ -56,10 +56,16 @@ async def _document(request: Request) -> Any:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, "BODY_TOO_LARGE", f"the body is over {limit} bytes")
-    raw = await request.body()
-    if len(raw) > limit:
-        raise ApiError(413, "BODY_TOO_LARGE", f"the body is over {limit} bytes")
-    return decode_json(raw)
+    # Read as it arrives and stopped at the limit: a chunked body declares no length,
+    # and reading it whole first would hold all of it in memory before refusing it.
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, "BODY_TOO_LARGE", f"the body is over {limit} bytes")
+        chunks.append(chunk)
+    return decode_json(b"".join(chunks))
 
 
 async def _body(request: Request, model: type[M]) -> M:
