@@ -541,16 +541,7 @@ def finish(
         kind = "succeeded"
     else:
         code = outcome.error_code or str(Code.HANDLER_ERROR)
-        decision = plan_retry(
-            retryable=outcome.retryable,
-            attempts_used=task.attempts_used,
-            max_attempts=task.max_attempts,
-            deadline=task.deadline,
-            backoff=task.backoff,
-            now=now,
-            rand=rand,
-            error_code=code,
-        )
+        decision = _task_retry(task, outcome.retryable, now, rand, code)
         base = evolve(
             task,
             error_code=code,
@@ -851,6 +842,20 @@ def reap(plan: Plan, task: Task, live: Attempt | None, now: int, rand: float) ->
             plan.move(task, evolve(task, state=T.QUEUED, updated_at=now), "queued")
 
 
+def _task_retry(task: Task, retryable: bool, now: int, rand: float, code: str) -> RetryPlan:
+    """``plan_retry`` for a failed attempt of ``task``: its attempts, deadline, backoff."""
+    return plan_retry(
+        retryable=retryable,
+        attempts_used=task.attempts_used,
+        max_attempts=task.max_attempts,
+        deadline=task.deadline,
+        backoff=task.backoff,
+        now=now,
+        rand=rand,
+        error_code=code,
+    )
+
+
 def _lease_expired(plan: Plan, task: Task, live: Attempt, now: int, rand: float) -> None:
     timed_out = (
         task.attempt_timeout_us is not None
@@ -873,16 +878,7 @@ def _lease_expired(plan: Plan, task: Task, live: Attempt, now: int, rand: float)
         decision = (
             RetryPlan(None, str(Code.DEADLINE_EXCEEDED))
             if deadline_passed
-            else plan_retry(
-                retryable=True,
-                attempts_used=task.attempts_used,
-                max_attempts=task.max_attempts,
-                deadline=task.deadline,
-                backoff=task.backoff,
-                now=now,
-                rand=rand,
-                error_code=code,
-            )
+            else _task_retry(task, True, now, rand, code)
         )
         ended = evolve(live, state=attempt_state, ended_at=now)
         base = evolve(
