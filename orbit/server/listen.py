@@ -14,15 +14,34 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
-from psycopg import pq
+from psycopg import conninfo, pq
 
 from orbit.server.gateway import Dispatcher
 
 log = logging.getLogger("orbit.server")
 
 CHANNELS = ("orbit_ready", "orbit_cancel")
+
+#: TCP keepalives on the LISTEN connection (libpq's parameters). It only ever reads, so a
+#: peer gone without a reset (a partition, a dropped NAT entry) would leave it waiting
+#: for ever, the node deaf to other nodes' wakes and cancels until its slow poll; the
+#: kernel's probes find such a peer in 10 + 3 * 5 s, and the read fails and reconnects.
+KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+}
+
+
+async def connect(dsn: str) -> psycopg.AsyncConnection[Any]:
+    """The LISTEN connection: autocommit, with ``KEEPALIVES``."""
+    return await psycopg.AsyncConnection.connect(
+        conninfo.make_conninfo(dsn, **KEEPALIVES), autocommit=True
+    )
 
 
 async def listen(dsn: str, origin: str, dispatcher: Dispatcher) -> None:
@@ -56,7 +75,7 @@ async def listen(dsn: str, origin: str, dispatcher: Dispatcher) -> None:
     delay = 0.5
     while True:
         try:
-            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as cx:
+            async with await connect(dsn) as cx:
                 for channel in CHANNELS:
                     await cx.execute(f"LISTEN {channel}")
                 delay = 0.5
