@@ -400,8 +400,12 @@ class Grant:
 
 @dataclass(frozen=True)
 class Lease:
-    """The answer to a start or a renew for one attempt: ``ok``, ``cancel`` or ``lost``."""
+    """The answer to a start or a renew for one attempt: ``ok``, ``cancel`` or ``lost``.
+    ``lease_left_us`` is the lease's time left by the database's clock when it answered:
+    a worker times its lease from that on its own monotonic clock, so a wall clock that
+    disagrees with the database's cannot make it renew late (or at once)."""
 
     attempt_id: str
     status: str
     lease_expires_at: int | None
+    lease_left_us: int | None = None

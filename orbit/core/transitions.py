@@ -341,7 +341,8 @@ def start(
         if attempt.lease_expires_at > now:
             # A repeated start (its ACK was lost): the same attempt simply continues.
             status = "cancel" if task.state == T.CANCELLING else "ok"
-            return Lease(attempt.id, status, attempt.lease_expires_at)
+            until = attempt.lease_expires_at
+            return Lease(attempt.id, status, until, until - now)
         plan.refuse(
             Code.LEASE_EXPIRED, "the run lease has expired", "start", task, attempt, session
         )
@@ -375,7 +376,7 @@ def start(
         attempt_before=attempt,
         attempt_after=running,
     )
-    return Lease(attempt.id, "ok", lease)
+    return Lease(attempt.id, "ok", lease, lease - now)
 
 
 def renew(
@@ -408,7 +409,7 @@ def renew(
     # Past the attempt timeout the lease is no longer extended (it ends at timeout + the
     # report grace); the runner stops the handler on its own clock and reports the timeout.
     status = "cancel" if task.state == T.CANCELLING else "ok"
-    return Lease(attempt.id, status, until)
+    return Lease(attempt.id, status, until, max(until - now, 0))
 
 
 def finish(

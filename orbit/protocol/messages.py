@@ -442,6 +442,9 @@ class Assignment(Response):
     attempt: int
     retry_safe: bool
     deadline: str | None
+    deadline_left: float | None = Field(
+        description="seconds to the deadline by the server's clock at the claim"
+    )
     attempt_timeout: float | None
     claim_expires_at: str
 
@@ -456,6 +459,10 @@ class LeaseView(Response):
     attempt_id: str
     status: Literal["ok", "cancel", "lost"]
     lease_expires_at: str | None
+    lease_left: float | None = Field(
+        description="seconds of lease left by the server's clock when it answered; "
+        "time the lease from this, not from lease_expires_at and the local clock"
+    )
 
 
 class StartedMessage(Response):

@@ -144,6 +144,9 @@ def assignment_wire(g: Grant) -> dict[str, Any]:
         "attempt": g.attempt.number,
         "retry_safe": g.task.retry_safe,
         "deadline": instant_to_wire(g.task.deadline),
+        "deadline_left": None
+        if g.task.deadline is None
+        else us_to_seconds(g.task.deadline - g.attempt.claimed_at),
         "attempt_timeout": us_to_seconds(g.task.attempt_timeout_us),
         "claim_expires_at": _at(g.attempt.claim_expires_at),
     }
@@ -155,6 +158,7 @@ def lease_wire(lease: Lease) -> dict[str, Any]:
         "attempt_id": lease.attempt_id,
         "status": lease.status,
         "lease_expires_at": instant_to_wire(lease.lease_expires_at),
+        "lease_left": us_to_seconds(lease.lease_left_us),
     }
 
 

@@ -204,6 +204,27 @@ def test_paused_queue_blocks_start_but_not_finish(store: Store) -> None:
     store.attempt_start(s.id, s.epoch, claimed.attempt.id, claimed.attempt.fence)
 
 
+def test_a_lease_says_its_time_left_by_the_stores_clock(store: Store, clock: ManualClock) -> None:
+    """What a worker times its lease from, so its own wall clock never enters."""
+    queue(store)
+    submit(store, deadline=clock.now + 100 * SECOND)
+    s, _ = worker(store)
+    g = claim_one(store, s)
+    clock.advance(1)
+    started = store.attempt_start(s.id, s.epoch, g.attempt.id, g.attempt.fence)
+    assert started.lease_expires_at is not None
+    assert started.lease_left_us == started.lease_expires_at - clock.now == 30 * SECOND
+    clock.advance(4)
+    again = store.attempt_start(s.id, s.epoch, g.attempt.id, g.attempt.fence)  # a lost ACK
+    assert again.lease_left_us == 26 * SECOND
+    for left in (30, 30, 20):  # renewed at 30, 55 and 80 s: the deadline (100 s) caps it
+        clock.advance(25)
+        (renewed,) = store.lease_renew_many(s.id, s.epoch, [g.attempt.id])
+        assert renewed.status == "ok" and renewed.lease_left_us == left * SECOND
+    (lost,) = store.lease_renew_many(s.id, s.epoch, ["01234567-unknown"])
+    assert lost.status == "lost" and lost.lease_left_us is None
+
+
 def test_renew_extends_capped_by_timeout_and_deadline(store: Store, clock: ManualClock) -> None:
     queue(store)
     t0 = clock.now
