@@ -14,6 +14,7 @@ import websockets
 from fastapi.routing import APIRoute
 
 from orbit.server import ServerSettings, create_app
+from orbit.server.routes import encode_cursor
 from orbit.worker import WorkerConnection
 from tests.e2e.servers import Node, Tokens
 
@@ -163,6 +164,39 @@ def test_list_filters_and_bad_cursor(admin: httpx.Client) -> None:
             "INVALID_ARGUMENT",
             "INVALID_VALUE",
         )
+
+
+def test_events_cursor_must_be_a_64_bit_decimal(admin: httpx.Client) -> None:
+    """An events cursor decodes to an event id: anything but plain ASCII digits of at most
+    2^63 - 1 is INVALID_CURSOR, never a 500 from int() or from the database's integer
+    (nor, for other scripts' digits, a page read from a misparsed id)."""
+    admin.post("/v1/queues", json={"name": "q", "max_concurrency": 2, "rate": 0})
+    task_id = admin.post("/v1/tasks", json={"queue": "q", "handler": "h"}).json()["task"]["id"]
+    bad = ["\u0661\u0662", "\u00b2", "+5", " 5", "-1", "1_0", str(2**63), "9" * 40]
+    for path in ("/v1/events", f"/v1/tasks/{task_id}/events"):
+        for text in bad:
+            reply = admin.get(path, params={"cursor": encode_cursor(text)})
+            assert reply.status_code == 400, (path, text, reply.text)
+            assert reply.json()["error"]["code"] == "INVALID_CURSOR", (path, text)
+        for text in ("0", "1", str(2**63 - 1)):
+            reply = admin.get(path, params={"cursor": encode_cursor(text)})
+            assert reply.status_code == 200, (path, text, reply.text)
+        assert admin.get(path, params={"cursor": encode_cursor(str(2**63 - 1))}).json() == {
+            "items": [],
+            "next_cursor": None,
+        }
+
+
+def test_task_list_refuses_an_unknown_state(admin: httpx.Client) -> None:
+    admin.post("/v1/queues", json={"name": "q", "max_concurrency": 2, "rate": 0})
+    admin.post("/v1/tasks", json={"queue": "q", "handler": "h"})
+    for state in ("nope", "QUEUED", "queued ", ""):
+        reply = admin.get("/v1/tasks", params={"state": state})
+        assert reply.status_code == 400, (state, reply.text)
+        error = reply.json()["error"]
+        assert (error["code"], error["field"]) == ("INVALID_ARGUMENT", "state"), state
+    assert len(admin.get("/v1/tasks", params={"state": "queued"}).json()["items"]) == 1
+    assert admin.get("/v1/tasks", params={"state": "needs_review"}).json()["items"] == []
 
 
 def test_batch_reply_of_ids(admin: httpx.Client) -> None:
