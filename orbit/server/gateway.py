@@ -54,6 +54,7 @@ from orbit.protocol.reports import (
     outcome_of,
     start_batch,
 )
+from orbit.server.errors import ApiError, error_response
 from orbit.server.metrics import Metrics
 from orbit.server.threads import in_thread
 from orbit.server.views import assignment_wire, lease_wire, receipt_wire
@@ -504,13 +505,31 @@ def tasks_wire(req_id: str | None, grants: Sequence[Grant]) -> dict[str, Any]:
     return {"type": "tasks", "req_id": req_id, "tasks": [assignment_wire(g) for g in grants]}
 
 
+async def _refuse_internal(ws: WebSocket) -> None:
+    """Refuse an upgrade with HTTP 500 ``INTERNAL`` in the usual error shape (uvicorn
+    supports the denial response extension); failing that, close with 1011."""
+    try:
+        await ws.send_denial_response(
+            error_response(500, "INTERNAL", "the server could not process this request")
+        )
+    except RuntimeError:  # a server without the denial response extension
+        with contextlib.suppress(Exception):
+            await ws.close(code=1011, reason="INTERNAL")
+
+
 async def worker_endpoint(ws: WebSocket) -> None:
     app = ws.app
     try:
         await app.state.tokens.require(ws.headers, "worker")
-    except Exception as exc:  # refuse the upgrade: 401/403 before any frame
-        status = getattr(exc, "status", 401)
-        await ws.close(code=4401 if status == 401 else 4403, reason=getattr(exc, "code", "AUTH"))
+    except ApiError as exc:  # refuse the upgrade: 401/403 before any frame
+        await ws.close(code=4401 if exc.status == 401 else 4403, reason=exc.code)
+        return
+    except Exception:
+        # The check itself failed (the database is down or erred): that says nothing
+        # about the token. Refusing it as bad credentials would make a worker give up as
+        # if its token were wrong; answer 500 INTERNAL, which it retries.
+        log.exception("worker token check failed")
+        await _refuse_internal(ws)
         return
     await ws.accept()
     protocol = _Protocol(

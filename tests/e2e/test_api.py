@@ -4,11 +4,15 @@ pagination under concurrent inserts, size bounds, and errors in one shape."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import re
+import sqlite3
 import threading
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 import websockets
 from fastapi.routing import APIRoute
@@ -81,6 +85,51 @@ def test_worker_socket_refuses_missing_and_wrong_tokens(
 
     with pytest.raises((websockets.InvalidStatus, websockets.ConnectionClosed)):
         asyncio.run(attempt())
+
+
+def _rename_tokens_table(db_url: str, old: str, new: str) -> None:
+    """Take the tokens table away (or give it back) under a running server: its token
+    check then fails in the database, as it would with the database down."""
+    statement = f"ALTER TABLE {old} RENAME TO {new}"
+    if db_url.startswith("sqlite:///"):
+        with contextlib.closing(sqlite3.connect(db_url.removeprefix("sqlite:///"))) as cx:
+            cx.execute(statement)
+            cx.commit()
+    else:
+        with psycopg.connect(db_url, autocommit=True) as cx:
+            cx.execute(statement)
+
+
+def test_worker_socket_answers_500_when_the_token_check_fails(
+    node: Node, tokens: Tokens, db_url: str
+) -> None:
+    """A token check that raises (the database down or erring) is the server's failure,
+    not the token's: the upgrade is answered 500 INTERNAL and the failure logged, never
+    refused as bad credentials (which a worker takes as a wrong token and gives up)."""
+    headers = {"Authorization": f"Bearer {tokens.worker}"}
+
+    async def connect() -> None:
+        async with websockets.connect(node.ws, additional_headers=headers) as ws:
+            await ws.send('{"type":"hello"}')
+            await ws.recv()
+
+    _rename_tokens_table(db_url, "orbit_tokens", "orbit_tokens_away")
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        asyncio.run(connect())
+    response = refused.value.response
+    assert response.status_code == 500
+    assert json.loads(response.body or b"{}")["error"]["code"] == "INTERNAL"
+    assert "worker token check failed" in node.log_text()
+    # the failure was not remembered as a verdict on the token: once the database
+    # answers again, the same token connects
+    _rename_tokens_table(db_url, "orbit_tokens_away", "orbit_tokens")
+
+    async def hello() -> None:
+        conn = await WorkerConnection.connect(node.ws, tokens.worker)
+        await conn.hello("w", {"h": 1}, 1)
+        await conn.close()
+
+    asyncio.run(hello())
 
 
 def test_no_token_or_secret_reaches_the_log(nodes: object, tokens: Tokens, db_url: str) -> None:
