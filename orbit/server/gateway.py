@@ -99,20 +99,48 @@ class WorkerConnection:
         self.blocked = True
         self._send_lock = asyncio.Lock()
 
-    async def send(self, message: BaseModel | dict[str, Any]) -> None:
-        """Send a message: a model, or a wire dict (the hot replies, see views.py)."""
+    async def send(self, message: BaseModel | dict[str, Any]) -> bool:
+        """Send a message: a model, or a wire dict (the hot replies, see views.py).
+        Whether it was handed to the socket: not if the connection is closed or the send
+        failed (which marks it closed)."""
         if self.closed:
-            return
+            return False
         text = (
             message.model_dump_json()
             if isinstance(message, BaseModel)
             else compact_json(message).decode("utf-8")
         )
         async with self._send_lock:
+            if self.closed:  # closed while this send waited for the one before it
+                return False
             try:
                 await self.ws.send_text(text)
             except (WebSocketDisconnect, RuntimeError, OSError):
                 self.closed = True
+                return False
+        return True
+
+    async def send_tasks(self, store: Store, req_id: str | None, grants: Sequence[Grant]) -> None:
+        """Send claimed attempts; if they cannot reach the worker, release them at once
+        (back to queued) rather than leave them to their claim lease."""
+        if await self.send(tasks_wire(req_id, grants)):
+            return
+        await in_thread(release_undelivered, store, self.session_id, self.epoch, grants)
+
+
+def release_undelivered(store: Store, session_id: str, epoch: int, grants: Sequence[Grant]) -> None:
+    """Give back attempts claimed for a connection that closed before they reached it,
+    through the store's release path (claimed -> released, the task queued again). One
+    that cannot be released (the session resumed elsewhere meanwhile, say) is left to its
+    claim lease, as before."""
+    for grant in grants:
+        attempt = grant.attempt
+        try:
+            store.attempt_release(session_id, epoch, attempt.id, attempt.fence)
+        except OrbitError as exc:
+            log.info("undelivered attempt %s not released: %s", attempt.id, exc.code)
+        except Exception:
+            log.exception("releasing undelivered attempt %s failed", attempt.id)
 
 
 class Dispatcher:
@@ -201,7 +229,7 @@ class Dispatcher:
         conn.blocked = grants.blocked
         if grants:
             self.metrics.claims.inc(len(grants))
-            await conn.send(tasks_wire(None, grants))
+            await conn.send_tasks(self.store, None, grants)
         if grants.more or len(grants) == n < conn.max_concurrency:
             # a claim's worth of tasks or of payload bytes, and maybe slots to spare:
             # offer again now (a session with none left gets an empty claim)
@@ -371,6 +399,9 @@ class _Protocol:
                     await asyncio.gather(*in_flight, return_exceptions=True)
                 await self.handle(msg)
         finally:
+            # Closed first, so that a claim the dispatcher has in flight for this
+            # connection, or makes before the detach, is released rather than sent.
+            self.conn.closed = True
             if in_flight:
                 await asyncio.gather(*in_flight, return_exceptions=True)
             self.dispatcher.detach(self.conn)
@@ -395,7 +426,7 @@ class _Protocol:
             if isinstance(msg, Claim):
                 grants = await in_thread(store.attempt_claim_many, sid, epoch, msg.n)
                 metrics.claims.inc(len(grants))
-                await conn.send(tasks_wire(rid, grants))
+                await conn.send_tasks(store, rid, grants)
             elif isinstance(msg, Start):
                 lease = await in_thread(
                     store.attempt_start, sid, epoch, msg.attempt_id, int(msg.fence)

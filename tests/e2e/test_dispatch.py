@@ -1,0 +1,131 @@
+"""The dispatcher against a real store (both backends), served in-process so that the
+test can hold a claim in flight while a worker's connection closes or breaks.
+
+A claim the dispatcher makes for a connection that can no longer take it must be given
+back at once — the attempt released, the task queued again — not left to its claim
+lease (set to ten minutes here, so only a prompt release can pass).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from starlette.exceptions import StarletteDeprecationWarning
+
+from orbit.core.model import SECOND, TaskSpec
+from orbit.server import ServerSettings, create_app
+from orbit.server.gateway import Dispatcher
+from orbit.store import Store, StoreConfig, open_store
+
+with warnings.catch_warnings():  # starlette's TestClient warns at import about httpx
+    warnings.simplefilter("ignore", StarletteDeprecationWarning)
+    from fastapi.testclient import TestClient
+
+WAIT = 30.0  # an upper bound for events that come at once; never reached when they do
+
+
+@dataclass
+class Rig:
+    store: Store
+    client: TestClient
+    dispatcher: Dispatcher
+    token: str
+    claiming: threading.Event  # a dispatcher claim has begun (and waits for `gate`)
+    gate: threading.Event
+    released: threading.Event  # an attempt_release returned
+    detached: threading.Event  # a connection left the dispatcher
+
+    def hello(self, ws: Any) -> str:
+        ws.send_json(
+            {
+                "type": "hello",
+                "req_id": "r1",
+                "name": "w",
+                "max_concurrency": 1,
+                "push": True,
+                "capabilities": [{"handler": "h", "capacity": 1}],
+            }
+        )
+        welcome = ws.receive_json()
+        assert welcome["type"] == "welcome", welcome
+        return str(welcome["session_id"])
+
+    def connect(self) -> Any:
+        return self.client.websocket_connect(
+            "/v1/worker", headers={"Authorization": f"Bearer {self.token}"}
+        )
+
+
+def _observe(fn: Callable[..., Any], after: threading.Event) -> Callable[..., Any]:
+    def observed(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            after.set()
+
+    return observed
+
+
+@pytest.fixture
+def rig(db_url: str) -> Iterator[Rig]:
+    store = open_store(db_url, StoreConfig(claim_ttl_us=600 * SECOND))
+    store.queue_create("q", max_concurrency=10, rate=0)
+    token = store.token_create("w", ["worker"])[1]
+    claiming, gate, released, detached = (threading.Event() for _ in range(4))
+    claim = store.attempt_claim_many
+
+    def gated(*args: Any) -> Any:
+        claiming.set()
+        assert gate.wait(WAIT), "the test never opened the gate"
+        return claim(*args)
+
+    store.attempt_claim_many = gated  # type: ignore[method-assign]
+    store.attempt_release = _observe(store.attempt_release, released)  # type: ignore[method-assign]
+    app = create_app(ServerSettings(db_url=db_url, poll_interval=3600), store=store)
+    try:
+        with TestClient(app) as client:
+            dispatcher: Dispatcher = app.state.dispatcher
+            dispatcher.detach = _observe(dispatcher.detach, detached)  # type: ignore[method-assign]
+            yield Rig(store, client, dispatcher, token, claiming, gate, released, detached)
+            gate.set()
+    finally:
+        store.close()
+
+
+def _assert_released(store: Store, task_id: str) -> None:
+    assert store.task_get(task_id).state == "queued"
+    [attempt] = store.attempt_list(task_id)
+    assert attempt.state == "released"
+
+
+def test_a_claim_for_a_connection_that_closed_meanwhile_is_released(rig: Rig) -> None:
+    task_id = rig.store.task_submit(TaskSpec(queue="q", handler="h")).task.id
+    with rig.connect() as ws:
+        rig.hello(ws)
+        assert rig.claiming.wait(WAIT)  # the dispatcher is claiming for this connection
+    assert rig.detached.wait(WAIT)  # the connection is gone from the server
+    rig.gate.set()  # now the claim completes, for a connection that has closed
+    assert rig.released.wait(WAIT), "the undelivered claim was left to its lease"
+    _assert_released(rig.store, task_id)
+
+
+def test_a_claim_whose_send_fails_is_released(rig: Rig) -> None:
+    task_id = rig.store.task_submit(TaskSpec(queue="q", handler="h")).task.id
+    with rig.connect() as ws:
+        session_id = rig.hello(ws)
+        assert rig.claiming.wait(WAIT)
+        conn = rig.dispatcher.connections[session_id]
+
+        async def broken(_: str) -> None:
+            raise OSError("connection reset by peer")
+
+        conn.ws.send_text = broken  # type: ignore[method-assign]
+        rig.gate.set()
+        assert rig.released.wait(WAIT), "the undelivered claim was left to its lease"
+        _assert_released(rig.store, task_id)
+        assert conn.closed
