@@ -153,6 +153,10 @@ class Dispatcher:
         self.connections: dict[str, WorkerConnection] = {}
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: permits freed so far (by any commit this node hears of). A claim compares it
+        #: before and after: a permit freed while the claim was in flight was judged
+        #: against the worker's previous ``blocked``, so the wake may have been skipped.
+        self.frees = 0
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -168,6 +172,7 @@ class Dispatcher:
             self._loop.call_soon_threadsafe(self._wake_if_blocked)
 
     def _wake_if_blocked(self) -> None:
+        self.frees += 1
         if any(conn.blocked for conn in self.connections.values()):
             self._wake.set()
 
@@ -211,6 +216,7 @@ class Dispatcher:
         # claim's worth (the claim itself grants no more than the session's free slots),
         # and offer again at once when that filled (below).
         n = min(conn.max_concurrency, self.store.config.max_batch)
+        frees = self.frees
         try:
             grants = await in_thread(self.store.attempt_claim_many, conn.session_id, conn.epoch, n)
         except Rejected as exc:
@@ -227,6 +233,11 @@ class Dispatcher:
             log.exception("dispatch failed")
             return
         conn.blocked = grants.blocked
+        if grants.blocked and self.frees != frees:
+            # A permit was freed while this claim was in flight, and its wake was judged
+            # by the worker's last claim, which may not have been blocked: the claim may
+            # have counted the permit as taken, so claim again rather than lose the wake.
+            self._wake.set()
         if grants:
             self.metrics.claims.inc(len(grants))
             await conn.send_tasks(self.store, None, grants)

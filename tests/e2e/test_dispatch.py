@@ -8,19 +8,21 @@ lease (set to ten minutes here, so only a prompt release can pass).
 
 from __future__ import annotations
 
+import queue
 import threading
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 from starlette.exceptions import StarletteDeprecationWarning
 
-from orbit.core.model import SECOND, TaskSpec
+from orbit.core.model import SECOND, Capability, Outcome, TaskSpec
 from orbit.server import ServerSettings, create_app
 from orbit.server.gateway import Dispatcher
-from orbit.store import Store, StoreConfig, open_store
+from orbit.store import Grants, Store, StoreConfig, open_store
 
 with warnings.catch_warnings():  # starlette's TestClient warns at import about httpx
     warnings.simplefilter("ignore", StarletteDeprecationWarning)
@@ -129,3 +131,104 @@ def test_a_claim_whose_send_fails_is_released(rig: Rig) -> None:
         assert rig.released.wait(WAIT), "the undelivered claim was left to its lease"
         _assert_released(rig.store, task_id)
         assert conn.closed
+
+
+class Steps:
+    """Stands in for ``attempt_claim_many``: each dispatcher claim waits at the gate until
+    the test lets it into the store, and again before it returns to the dispatcher."""
+
+    def __init__(self, claim: Callable[..., Grants]) -> None:
+        self.claim = claim
+        self.entered: queue.Queue[None] = queue.Queue()
+        self.go: queue.Queue[None] = queue.Queue()
+        self.done: queue.Queue[Grants] = queue.Queue()
+        self.back: queue.Queue[None] = queue.Queue()
+
+    def __call__(self, *args: Any) -> Grants:
+        self.entered.put(None)
+        self.go.get(timeout=WAIT)
+        grants = self.claim(*args)
+        self.done.put(grants)
+        self.back.get(timeout=WAIT)
+        return grants
+
+    def enter(self) -> None:
+        """Wait for the dispatcher's next claim to reach the gate."""
+        try:
+            self.entered.get(timeout=WAIT)
+        except queue.Empty:
+            raise AssertionError("the dispatcher made no claim: a wake was lost") from None
+
+    def run(self) -> Grants:
+        """Let the claim at the gate into the store; what it found (it then waits)."""
+        self.go.put(None)
+        return self.done.get(timeout=WAIT)
+
+    def step(self) -> Grants:
+        """A whole claim: wait for it, run it, and hand its answer to the dispatcher."""
+        self.enter()
+        grants = self.run()
+        self.back.put(None)
+        return grants
+
+
+def test_a_permit_freed_while_a_claim_is_in_flight_wakes_the_dispatcher(tmp_path: Path) -> None:
+    """The lost wakeup: a permit freed while a claim was in flight used to be judged by
+    the worker's previous claim. If that one was not held back by a cap, the wake was
+    skipped, and the in-flight claim — which had counted the permit as taken — left the
+    worker blocked with a ready task and nothing to wake it until the poll (an hour here).
+
+    SQLite only: on PostgreSQL the LISTEN connection's catch-up wake comes at a moment
+    the test cannot order; the dispatcher's logic under test is the same on both."""
+    url = f"sqlite:///{tmp_path}/orbit.db"
+    store = open_store(url, StoreConfig(claim_ttl_us=600 * SECOND))
+    try:
+        store.queue_create("q", max_concurrency=1, rate=0)
+        token = store.token_create("w", ["worker"])[1]
+        steps = Steps(store.attempt_claim_many)
+        store.attempt_claim_many = steps  # type: ignore[method-assign]
+        app = create_app(ServerSettings(db_url=url, poll_interval=3600), store=store)
+        with (
+            TestClient(app) as client,
+            client.websocket_connect(
+                "/v1/worker", headers={"Authorization": f"Bearer {token}"}
+            ) as ws,
+        ):
+            ws.send_json(
+                {
+                    "type": "hello",
+                    "req_id": "r1",
+                    "name": "a",
+                    "max_concurrency": 2,
+                    "push": True,
+                    "capabilities": [{"handler": "h", "capacity": 2}],
+                }
+            )
+            assert ws.receive_json()["type"] == "welcome"
+            first = steps.step()  # on attach: nothing ready, nothing held back
+            assert not first and not first.blocked
+
+            spec = TaskSpec(queue="q", handler="h")
+            b, _ = store.session_open(
+                name="b", node_id="test", capabilities=[Capability("h", 1)], max_concurrency=1
+            )
+            submitted = [s.task.id for s in store.task_submit_many([spec, spec])]
+            steps.enter()  # the submit's wake: a claim for A waits at the gate
+            [taken] = steps.claim(b.id, b.epoch, 1)  # B takes the queue's only permit
+            store.attempt_start(b.id, b.epoch, taken.attempt.id, taken.attempt.fence)
+            second = steps.run()
+            assert not second and second.blocked  # held back by the queue's cap
+            # B finishes while A's claim is still in flight: the permit is free again
+            done = store.attempt_finish(
+                b.id, b.epoch, taken.attempt.id, taken.attempt.fence, Outcome.success(1)
+            )
+            assert done.task_state == "succeeded"
+            steps.back.put(None)  # now A's blocked claim returns to the dispatcher
+
+            third = steps.step()  # the freed permit's wake was kept: A claims again
+            [left] = [t for t in submitted if t != taken.task.id]
+            assert [g.task.id for g in third] == [left]
+            pushed = ws.receive_json()
+            assert [t["task_id"] for t in pushed["tasks"]] == [left]
+    finally:
+        store.close()
