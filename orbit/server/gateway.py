@@ -69,6 +69,9 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 #: all, which must land before the finish sent right after it — waits for the reports
 #: before it and holds back the ones after it.
 MAX_REPORTS_IN_FLIGHT = 4
+#: how long after a rate-limited queue's next token is due the dispatcher wakes for it,
+#: so that its claim reads a clock past the due instant
+TOKEN_MARGIN_S = 0.002
 #: a decoded worker message: a model, or a batch of reports read at once (reports.py)
 Request = BaseModel | StartBatch | FinishBatch
 
@@ -157,6 +160,9 @@ class Dispatcher:
         #: before and after: a permit freed while the claim was in flight was judged
         #: against the worker's previous ``blocked``, so the wake may have been skipped.
         self.frees = 0
+        #: when (event loop time) a rate-limited queue that held tasks back has a token
+        #: again: the dispatcher wakes by itself then, as no commit announces it
+        self._token_due: float | None = None
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -200,13 +206,18 @@ class Dispatcher:
             del self.connections[conn.session_id]
 
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
+            timeout = self.poll_interval
+            if self._token_due is not None:
+                timeout = min(timeout, max(self._token_due - loop.time(), 0.0))
             # asyncio.timeout, not wait_for: wait_for runs the wait as a task of its own,
             # one more turn of the event loop between a submit's commit and its claim.
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.poll_interval):
+                async with asyncio.timeout(timeout):
                     await self._wake.wait()
             self._wake.clear()
+            self._token_due = None  # this round's claims say again if one is still short
             for conn in list(self.connections.values()):
                 if conn.push and not conn.closed:
                     await self._offer(conn)
@@ -233,6 +244,10 @@ class Dispatcher:
             log.exception("dispatch failed")
             return
         conn.blocked = grants.blocked
+        if grants.token_wait_us is not None:
+            due = asyncio.get_running_loop().time() + grants.token_wait_us / 1e6 + TOKEN_MARGIN_S
+            if self._token_due is None or due < self._token_due:
+                self._token_due = due
         if grants.blocked and self.frees != frees:
             # A permit was freed while this claim was in flight, and its wake was judged
             # by the worker's last claim, which may not have been blocked: the claim may

@@ -8,6 +8,7 @@ lease (set to ten minutes here, so only a prompt release can pass).
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import warnings
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from starlette.exceptions import StarletteDeprecationWarning
 
@@ -23,6 +25,8 @@ from orbit.core.model import SECOND, Capability, Outcome, TaskSpec
 from orbit.server import ServerSettings, create_app
 from orbit.server.gateway import Dispatcher
 from orbit.store import Grants, Store, StoreConfig, open_store
+from orbit.worker import WorkerConnection
+from tests.e2e.servers import Node, Tokens
 
 with warnings.catch_warnings():  # starlette's TestClient warns at import about httpx
     warnings.simplefilter("ignore", StarletteDeprecationWarning)
@@ -232,3 +236,39 @@ def test_a_permit_freed_while_a_claim_is_in_flight_wakes_the_dispatcher(tmp_path
             assert [t["task_id"] for t in pushed["tasks"]] == [left]
     finally:
         store.close()
+
+
+def test_a_rate_limited_queue_drains_with_no_other_traffic(
+    nodes: Callable[..., Node], tokens: Tokens
+) -> None:
+    """A real server whose poll fallback is an hour away (and claim leases ten minutes):
+    a queue allowing 20 tasks a second, burst 1, gets five tasks for one pushed worker
+    that never starts any, so no commit frees a permit or readies a task after the
+    submit. Each claim after the first finds the bucket empty; only the dispatcher
+    waking by itself when the next token is due hands out the rest."""
+    node = nodes(args=["--poll-interval", "3600", "--claim-ttl", "600"])
+    auth = {"Authorization": f"Bearer {tokens.admin}"}
+    with httpx.Client(base_url=node.http, timeout=30, headers=auth) as admin:
+        slow = {"name": "q", "max_concurrency": 10, "rate": 20, "burst": 1}
+        assert admin.post("/v1/queues", json=slow).status_code == 201
+
+    async def work() -> list[str]:
+        conn = await WorkerConnection.connect(node.ws, tokens.worker)
+        try:
+            await conn.hello("w", {"h": 10}, 10)
+            batch = [{"queue": "q", "handler": "h", "payload": i} for i in range(5)]
+            async with httpx.AsyncClient(base_url=node.http, timeout=30, headers=auth) as admin:
+                reply = await admin.post("/v1/tasks/batch", json={"tasks": batch})
+                assert reply.status_code == 201, reply.text
+                submitted = [item["task"]["id"] for item in reply.json()]
+            got: list[str] = []
+            while len(got) < 5:
+                pushed = await conn.next_push(WAIT)  # a bound, never a measurement
+                assert len(pushed["tasks"]) == 1  # one token at a time
+                got += [t["task_id"] for t in pushed["tasks"]]
+            assert sorted(got) == sorted(submitted)
+            return got
+        finally:
+            await conn.close()
+
+    asyncio.run(work())
