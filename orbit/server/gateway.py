@@ -565,13 +565,13 @@ def tasks_wire(req_id: str | None, grants: Sequence[Grant]) -> dict[str, Any]:
 async def _refuse_internal(ws: WebSocket) -> None:
     """Refuse an upgrade with HTTP 500 ``INTERNAL`` in the usual error shape (uvicorn
     supports the denial response extension); failing that, close with 1011."""
-    try:
-        await ws.send_denial_response(
-            error_response(500, "INTERNAL", "the server could not process this request")
-        )
-    except RuntimeError:  # a server without the denial response extension
-        with contextlib.suppress(Exception):
-            await ws.close(code=1011, reason="INTERNAL")
+    refusal = error_response(500, "INTERNAL", "the server could not process this request")
+    if "websocket.http.response" in ws.scope.get("extensions", {}):
+        with contextlib.suppress(Exception):  # the client may be gone already
+            await ws.send_denial_response(refusal)
+        return
+    with contextlib.suppress(Exception):  # a server without the denial response extension
+        await ws.close(code=1011, reason="INTERNAL")
 
 
 async def worker_endpoint(ws: WebSocket) -> None:
