@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -14,6 +15,31 @@ def bucket_refill(queue: Queue, now: int) -> float:
         return float("inf")
     elapsed = max(now - queue.tokens_at, 0)
     return min(float(queue.burst), queue.tokens + queue.rate * elapsed / SECOND)
+
+
+#: the longest wait ``token_wait_us`` reports (a day): a rate so small that the next token
+#: is further off than that is woken by the dispatcher's poll long before
+MAX_TOKEN_WAIT_US = 24 * 3600 * SECOND
+
+
+def token_wait_us(tokens: float, rate: float) -> int | None:
+    """Microseconds until a bucket that holds ``tokens`` now holds a whole token again,
+    refilling at ``rate`` per second: 0 if it holds one already, None for an unlimited
+    queue (rate 0), at most ``MAX_TOKEN_WAIT_US``.
+
+    Rounded up, and checked against ``bucket_refill``'s own arithmetic, so that a claim
+    made that long after the one that left ``tokens`` finds the token there."""
+    if tokens >= 1.0:
+        return 0
+    if rate <= 0:
+        return None
+    need = (1.0 - tokens) * SECOND / rate
+    if not math.isfinite(need) or need >= MAX_TOKEN_WAIT_US:
+        return MAX_TOKEN_WAIT_US
+    wait = max(math.ceil(need), 1)
+    while tokens + rate * wait / SECOND < 1.0:  # float rounding, at most a step or two
+        wait += 1
+    return wait
 
 
 @dataclass

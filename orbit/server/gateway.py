@@ -54,6 +54,7 @@ from orbit.protocol.reports import (
     outcome_of,
     start_batch,
 )
+from orbit.server.errors import ApiError, error_response
 from orbit.server.metrics import Metrics
 from orbit.server.threads import in_thread
 from orbit.server.views import assignment_wire, lease_wire, receipt_wire
@@ -68,6 +69,9 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 #: all, which must land before the finish sent right after it — waits for the reports
 #: before it and holds back the ones after it.
 MAX_REPORTS_IN_FLIGHT = 4
+#: how long after a rate-limited queue's next token is due the dispatcher wakes for it,
+#: so that its claim reads a clock past the due instant
+TOKEN_MARGIN_S = 0.002
 #: a decoded worker message: a model, or a batch of reports read at once (reports.py)
 Request = BaseModel | StartBatch | FinishBatch
 
@@ -98,20 +102,48 @@ class WorkerConnection:
         self.blocked = True
         self._send_lock = asyncio.Lock()
 
-    async def send(self, message: BaseModel | dict[str, Any]) -> None:
-        """Send a message: a model, or a wire dict (the hot replies, see views.py)."""
+    async def send(self, message: BaseModel | dict[str, Any]) -> bool:
+        """Send a message: a model, or a wire dict (the hot replies, see views.py).
+        Whether it was handed to the socket: not if the connection is closed or the send
+        failed (which marks it closed)."""
         if self.closed:
-            return
+            return False
         text = (
             message.model_dump_json()
             if isinstance(message, BaseModel)
             else compact_json(message).decode("utf-8")
         )
         async with self._send_lock:
+            if self.closed:  # closed while this send waited for the one before it
+                return False
             try:
                 await self.ws.send_text(text)
             except (WebSocketDisconnect, RuntimeError, OSError):
                 self.closed = True
+                return False
+        return True
+
+    async def send_tasks(self, store: Store, req_id: str | None, grants: Sequence[Grant]) -> None:
+        """Send claimed attempts; if they cannot reach the worker, release them at once
+        (back to queued) rather than leave them to their claim lease."""
+        if await self.send(tasks_wire(req_id, grants)):
+            return
+        await in_thread(release_undelivered, store, self.session_id, self.epoch, grants)
+
+
+def release_undelivered(store: Store, session_id: str, epoch: int, grants: Sequence[Grant]) -> None:
+    """Give back attempts claimed for a connection that closed before they reached it,
+    through the store's release path (claimed -> released, the task queued again). One
+    that cannot be released (the session resumed elsewhere meanwhile, say) is left to its
+    claim lease, as before."""
+    for grant in grants:
+        attempt = grant.attempt
+        try:
+            store.attempt_release(session_id, epoch, attempt.id, attempt.fence)
+        except OrbitError as exc:
+            log.info("undelivered attempt %s not released: %s", attempt.id, exc.code)
+        except Exception:
+            log.exception("releasing undelivered attempt %s failed", attempt.id)
 
 
 class Dispatcher:
@@ -124,6 +156,13 @@ class Dispatcher:
         self.connections: dict[str, WorkerConnection] = {}
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: permits freed so far (by any commit this node hears of). A claim compares it
+        #: before and after: a permit freed while the claim was in flight was judged
+        #: against the worker's previous ``blocked``, so the wake may have been skipped.
+        self.frees = 0
+        #: when (event loop time) a rate-limited queue that held tasks back has a token
+        #: again: the dispatcher wakes by itself then, as no commit announces it
+        self._token_due: float | None = None
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -139,6 +178,7 @@ class Dispatcher:
             self._loop.call_soon_threadsafe(self._wake_if_blocked)
 
     def _wake_if_blocked(self) -> None:
+        self.frees += 1
         if any(conn.blocked for conn in self.connections.values()):
             self._wake.set()
 
@@ -166,13 +206,18 @@ class Dispatcher:
             del self.connections[conn.session_id]
 
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
+            timeout = self.poll_interval
+            if self._token_due is not None:
+                timeout = min(timeout, max(self._token_due - loop.time(), 0.0))
             # asyncio.timeout, not wait_for: wait_for runs the wait as a task of its own,
             # one more turn of the event loop between a submit's commit and its claim.
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.poll_interval):
+                async with asyncio.timeout(timeout):
                     await self._wake.wait()
             self._wake.clear()
+            self._token_due = None  # this round's claims say again if one is still short
             for conn in list(self.connections.values()):
                 if conn.push and not conn.closed:
                     await self._offer(conn)
@@ -182,6 +227,7 @@ class Dispatcher:
         # claim's worth (the claim itself grants no more than the session's free slots),
         # and offer again at once when that filled (below).
         n = min(conn.max_concurrency, self.store.config.max_batch)
+        frees = self.frees
         try:
             grants = await in_thread(self.store.attempt_claim_many, conn.session_id, conn.epoch, n)
         except Rejected as exc:
@@ -198,9 +244,18 @@ class Dispatcher:
             log.exception("dispatch failed")
             return
         conn.blocked = grants.blocked
+        if grants.token_wait_us is not None:
+            due = asyncio.get_running_loop().time() + grants.token_wait_us / 1e6 + TOKEN_MARGIN_S
+            if self._token_due is None or due < self._token_due:
+                self._token_due = due
+        if grants.blocked and self.frees != frees:
+            # A permit was freed while this claim was in flight, and its wake was judged
+            # by the worker's last claim, which may not have been blocked: the claim may
+            # have counted the permit as taken, so claim again rather than lose the wake.
+            self._wake.set()
         if grants:
             self.metrics.claims.inc(len(grants))
-            await conn.send(tasks_wire(None, grants))
+            await conn.send_tasks(self.store, None, grants)
         if grants.more or len(grants) == n < conn.max_concurrency:
             # a claim's worth of tasks or of payload bytes, and maybe slots to spare:
             # offer again now (a session with none left gets an empty claim)
@@ -370,6 +425,9 @@ class _Protocol:
                     await asyncio.gather(*in_flight, return_exceptions=True)
                 await self.handle(msg)
         finally:
+            # Closed first, so that a claim the dispatcher has in flight for this
+            # connection, or makes before the detach, is released rather than sent.
+            self.conn.closed = True
             if in_flight:
                 await asyncio.gather(*in_flight, return_exceptions=True)
             self.dispatcher.detach(self.conn)
@@ -394,7 +452,7 @@ class _Protocol:
             if isinstance(msg, Claim):
                 grants = await in_thread(store.attempt_claim_many, sid, epoch, msg.n)
                 metrics.claims.inc(len(grants))
-                await conn.send(tasks_wire(rid, grants))
+                await conn.send_tasks(store, rid, grants)
             elif isinstance(msg, Start):
                 lease = await in_thread(
                     store.attempt_start, sid, epoch, msg.attempt_id, int(msg.fence)
@@ -504,13 +562,31 @@ def tasks_wire(req_id: str | None, grants: Sequence[Grant]) -> dict[str, Any]:
     return {"type": "tasks", "req_id": req_id, "tasks": [assignment_wire(g) for g in grants]}
 
 
+async def _refuse_internal(ws: WebSocket) -> None:
+    """Refuse an upgrade with HTTP 500 ``INTERNAL`` in the usual error shape (uvicorn
+    supports the denial response extension); failing that, close with 1011."""
+    refusal = error_response(500, "INTERNAL", "the server could not process this request")
+    if "websocket.http.response" in ws.scope.get("extensions", {}):
+        with contextlib.suppress(Exception):  # the client may be gone already
+            await ws.send_denial_response(refusal)
+        return
+    with contextlib.suppress(Exception):  # a server without the denial response extension
+        await ws.close(code=1011, reason="INTERNAL")
+
+
 async def worker_endpoint(ws: WebSocket) -> None:
     app = ws.app
     try:
         await app.state.tokens.require(ws.headers, "worker")
-    except Exception as exc:  # refuse the upgrade: 401/403 before any frame
-        status = getattr(exc, "status", 401)
-        await ws.close(code=4401 if status == 401 else 4403, reason=getattr(exc, "code", "AUTH"))
+    except ApiError as exc:  # refuse the upgrade: 401/403 before any frame
+        await ws.close(code=4401 if exc.status == 401 else 4403, reason=exc.code)
+        return
+    except Exception:
+        # The check itself failed (the database is down or erred): that says nothing
+        # about the token. Refusing it as bad credentials would make a worker give up as
+        # if its token were wrong; answer 500 INTERNAL, which it retries.
+        log.exception("worker token check failed")
+        await _refuse_internal(ws)
         return
     await ws.accept()
     protocol = _Protocol(

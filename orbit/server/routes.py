@@ -14,6 +14,7 @@ from starlette.responses import Response
 
 from orbit.core.batches import UnusualTask
 from orbit.core.model import DEFAULT_BACKOFF, Backoff, Outcome, TaskSpec, build
+from orbit.core.states import TaskState
 from orbit.protocol.convert import instant_from_wire, seconds_to_us
 from orbit.protocol.decode import DecodeError, decode_json, decode_model
 from orbit.protocol.messages import (
@@ -43,6 +44,8 @@ from orbit.store import Submitted as Stored
 M = TypeVar("M", bound=BaseModel)
 router = APIRouter(prefix="/v1")
 Limit = Annotated[int, Query(ge=1, le=1000)]
+#: the values of the task list's ``state`` filter
+TASK_STATES = tuple(str(s) for s in TaskState)
 
 
 def _store(request: Request) -> Store:
@@ -98,6 +101,21 @@ def decode_cursor(cursor: str | None) -> str | None:
     if not text or len(text) > 64:
         raise ApiError(400, "INVALID_CURSOR", "the cursor is not one this server issued")
     return text
+
+
+#: the largest event id: ids are 64-bit signed integers in both databases
+MAX_EVENT_ID = 2**63 - 1
+
+
+def event_cursor(after: str | None) -> int:
+    """The event id an events cursor resumes after. Only plain ASCII digits of a 64-bit
+    id are one: ``str.isdigit`` also admits other scripts' digits ('١٢') and
+    superscripts ('²'), and an id past 2^63 - 1 overflows the database's integer."""
+    if after is None:
+        return 0
+    if not (after.isascii() and after.isdigit()) or int(after) > MAX_EVENT_ID:
+        raise ApiError(400, "INVALID_CURSOR", "the cursor is not one this server issued")
+    return int(after)
 
 
 def spec_from(msg: TaskSubmit) -> TaskSpec:
@@ -258,6 +276,10 @@ async def task_list(
             raise DecodeError(
                 "INVALID_VALUE", f"{name} must be an RFC 3339 instant", name
             ) from None
+    if state is not None and state not in TASK_STATES:
+        raise ApiError(
+            400, "INVALID_ARGUMENT", f"state must be one of {', '.join(TASK_STATES)}", "state"
+        )
     tasks = await in_thread(
         lambda: _store(request).task_list(
             state=state,
@@ -316,11 +338,9 @@ async def task_attempts(request: Request, task_id: str) -> Response:
 async def _events(
     request: Request, task_id: str | None, limit: int, cursor: str | None
 ) -> Response:
-    after = decode_cursor(cursor)
-    if after is not None and not after.isdigit():
-        raise ApiError(400, "INVALID_CURSOR", "the cursor is not one this server issued")
+    after_id = event_cursor(decode_cursor(cursor))
     rows = await in_thread(
-        lambda: _store(request).event_list(task_id=task_id, after_id=int(after or 0), limit=limit)
+        lambda: _store(request).event_list(task_id=task_id, after_id=after_id, limit=limit)
     )
     nxt = encode_cursor(str(rows[-1]["id"])) if len(rows) == limit else None
     return _json(EventPage(items=[event_view(r) for r in rows], next_cursor=nxt))

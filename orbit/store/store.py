@@ -23,7 +23,7 @@ from orbit.core import transitions
 from orbit.core.batches import LazyBatch
 from orbit.core.errors import Code, OrbitError, Rejected
 from orbit.core.ids import random8, uuid7, uuid7_many
-from orbit.core.limits import Occupancy, bucket_refill, room_for_all
+from orbit.core.limits import Occupancy, bucket_refill, room_for_all, token_wait_us
 from orbit.core.model import (
     SECOND,
     Artifact,
@@ -116,6 +116,11 @@ class Grants(list[Grant]):
     blocked: bool = False
     #: The claim stopped at CLAIM_PAYLOAD_BYTES with ready tasks left: claim again now.
     more: bool = False
+    #: A rate-limited queue held tasks back for want of a token (it was skipped, or ran
+    #: out during the claim): microseconds until the soonest such queue has one again
+    #: (``limits.token_wait_us``), else None. No commit announces a token's arrival, so a
+    #: dispatcher must wake by itself then, or those tasks wait for some other event.
+    token_wait_us: int | None = None
 
 
 #: The most payload one claim hands out, in UTF-8 bytes (a claim always grants at least
@@ -950,6 +955,7 @@ class Store:
         grants = Grants()
         skip_ids: list[str] = []
         payload_bytes = 0
+        short: set[str] = set()  # rate-limited queues that held back for want of a token
         for _ in range(8):
             want = min(n - len(grants), session.max_concurrency - occ.session_total)
             if global_cap is not None:
@@ -968,6 +974,7 @@ class Store:
                 for name, q in queues.items()
                 if occ.by_queue.get(name, 0) >= q.max_concurrency or tokens[name] < 1.0
             ]
+            short.update(name for name in capped if tokens[name] < 1.0)
             skip_queues = sorted({*capped, *(name for name, q in queues.items() if q.paused)})
             skip_tenants = [t for t, cap in tenant_caps.items() if occ.by_tenant.get(t, 0) >= cap]
             if capped or skip_tenants:
@@ -1013,6 +1020,7 @@ class Store:
                 if tokens[task.queue] < 1.0:
                     skip_ids.append(task.id)
                     grants.blocked = True
+                    short.add(task.queue)
                     continue
                 admitted = occ.admit(
                     queue=task.queue,
@@ -1048,6 +1056,12 @@ class Store:
                 break
         else:
             grants.blocked = True  # ran out of rounds, not out of ready tasks
+        waits = [
+            token_wait_us(tokens[name], queues[name].rate)
+            for name in short
+            if not queues[name].paused  # a resume wakes the dispatcher itself
+        ]
+        grants.token_wait_us = min((w for w in waits if w), default=None)
         limited = [
             {"name": name, "tokens": tokens[name], "tokens_at": now}
             for name in sorted(used)

@@ -4,16 +4,21 @@ pagination under concurrent inserts, size bounds, and errors in one shape."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import re
+import sqlite3
 import threading
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 import websockets
 from fastapi.routing import APIRoute
 
 from orbit.server import ServerSettings, create_app
+from orbit.server.routes import encode_cursor
 from orbit.worker import WorkerConnection
 from tests.e2e.servers import Node, Tokens
 
@@ -80,6 +85,51 @@ def test_worker_socket_refuses_missing_and_wrong_tokens(
 
     with pytest.raises((websockets.InvalidStatus, websockets.ConnectionClosed)):
         asyncio.run(attempt())
+
+
+def _rename_tokens_table(db_url: str, old: str, new: str) -> None:
+    """Take the tokens table away (or give it back) under a running server: its token
+    check then fails in the database, as it would with the database down."""
+    statement = f"ALTER TABLE {old} RENAME TO {new}"
+    if db_url.startswith("sqlite:///"):
+        with contextlib.closing(sqlite3.connect(db_url.removeprefix("sqlite:///"))) as cx:
+            cx.execute(statement)
+            cx.commit()
+    else:
+        with psycopg.connect(db_url, autocommit=True) as cx:
+            cx.execute(statement)
+
+
+def test_worker_socket_answers_500_when_the_token_check_fails(
+    node: Node, tokens: Tokens, db_url: str
+) -> None:
+    """A token check that raises (the database down or erring) is the server's failure,
+    not the token's: the upgrade is answered 500 INTERNAL and the failure logged, never
+    refused as bad credentials (which a worker takes as a wrong token and gives up)."""
+    headers = {"Authorization": f"Bearer {tokens.worker}"}
+
+    async def connect() -> None:
+        async with websockets.connect(node.ws, additional_headers=headers) as ws:
+            await ws.send('{"type":"hello"}')
+            await ws.recv()
+
+    _rename_tokens_table(db_url, "orbit_tokens", "orbit_tokens_away")
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        asyncio.run(connect())
+    response = refused.value.response
+    assert response.status_code == 500
+    assert json.loads(response.body or b"{}")["error"]["code"] == "INTERNAL"
+    assert "worker token check failed" in node.log_text()
+    # the failure was not remembered as a verdict on the token: once the database
+    # answers again, the same token connects
+    _rename_tokens_table(db_url, "orbit_tokens_away", "orbit_tokens")
+
+    async def hello() -> None:
+        conn = await WorkerConnection.connect(node.ws, tokens.worker)
+        await conn.hello("w", {"h": 1}, 1)
+        await conn.close()
+
+    asyncio.run(hello())
 
 
 def test_no_token_or_secret_reaches_the_log(nodes: object, tokens: Tokens, db_url: str) -> None:
@@ -163,6 +213,39 @@ def test_list_filters_and_bad_cursor(admin: httpx.Client) -> None:
             "INVALID_ARGUMENT",
             "INVALID_VALUE",
         )
+
+
+def test_events_cursor_must_be_a_64_bit_decimal(admin: httpx.Client) -> None:
+    """An events cursor decodes to an event id: anything but plain ASCII digits of at most
+    2^63 - 1 is INVALID_CURSOR, never a 500 from int() or from the database's integer
+    (nor, for other scripts' digits, a page read from a misparsed id)."""
+    admin.post("/v1/queues", json={"name": "q", "max_concurrency": 2, "rate": 0})
+    task_id = admin.post("/v1/tasks", json={"queue": "q", "handler": "h"}).json()["task"]["id"]
+    bad = ["\u0661\u0662", "\u00b2", "+5", " 5", "-1", "1_0", str(2**63), "9" * 40]
+    for path in ("/v1/events", f"/v1/tasks/{task_id}/events"):
+        for text in bad:
+            reply = admin.get(path, params={"cursor": encode_cursor(text)})
+            assert reply.status_code == 400, (path, text, reply.text)
+            assert reply.json()["error"]["code"] == "INVALID_CURSOR", (path, text)
+        for text in ("0", "1", str(2**63 - 1)):
+            reply = admin.get(path, params={"cursor": encode_cursor(text)})
+            assert reply.status_code == 200, (path, text, reply.text)
+        assert admin.get(path, params={"cursor": encode_cursor(str(2**63 - 1))}).json() == {
+            "items": [],
+            "next_cursor": None,
+        }
+
+
+def test_task_list_refuses_an_unknown_state(admin: httpx.Client) -> None:
+    admin.post("/v1/queues", json={"name": "q", "max_concurrency": 2, "rate": 0})
+    admin.post("/v1/tasks", json={"queue": "q", "handler": "h"})
+    for state in ("nope", "QUEUED", "queued ", ""):
+        reply = admin.get("/v1/tasks", params={"state": state})
+        assert reply.status_code == 400, (state, reply.text)
+        error = reply.json()["error"]
+        assert (error["code"], error["field"]) == ("INVALID_ARGUMENT", "state"), state
+    assert len(admin.get("/v1/tasks", params={"state": "queued"}).json()["items"]) == 1
+    assert admin.get("/v1/tasks", params={"state": "needs_review"}).json()["items"] == []
 
 
 def test_batch_reply_of_ids(admin: httpx.Client) -> None:

@@ -542,6 +542,39 @@ def test_rate_limit_token_bucket(store: Store, clock: ManualClock) -> None:
     assert len(store.attempt_claim_many(s.id, s.epoch, 10)) == 2  # 2 per second
 
 
+def test_a_claim_short_of_tokens_says_when_the_next_is_due(
+    store: Store, clock: ManualClock
+) -> None:
+    """A claim held back by a queue's rate reports how long until that queue has a token
+    again (``Grants.token_wait_us``), and a claim made exactly that much later gets one:
+    what lets a dispatcher wake for it when nothing else happens."""
+    queue(store, "slow", max_concurrency=100, rate=4, burst=2)
+    queue(store, "free", max_concurrency=100, rate=0)
+    for _ in range(5):
+        submit(store, "slow")
+    s, _ = worker(store, max_concurrency=100)
+    first = store.attempt_claim_many(s.id, s.epoch, 10)
+    assert len(first) == 2 and first.blocked  # the burst, then out of tokens
+    assert first.token_wait_us == SECOND // 4
+    clock.advance(0.1)
+    early = store.attempt_claim_many(s.id, s.epoch, 10)
+    assert early == [] and early.token_wait_us == SECOND * 15 // 100  # the rest of it
+    clock.advance(0.15)
+    again = store.attempt_claim_many(s.id, s.epoch, 10)
+    assert len(again) == 1 and again.token_wait_us == SECOND // 4
+    # a claim that stops for another reason, or with tokens to spare, reports no wait
+    submit(store, "free")
+    clock.advance(10)  # the bucket is full again (2 tokens)
+    rest = store.attempt_claim_many(s.id, s.epoch, 10)
+    assert sorted(g.task.queue for g in rest) == ["free", "slow", "slow"]
+    assert rest.token_wait_us is None  # the slow queue is empty, not short
+    store.queue_pause("slow")
+    submit(store, "slow")
+    clock.advance(0.1)
+    paused = store.attempt_claim_many(s.id, s.epoch, 10)
+    assert paused == [] and paused.token_wait_us is None  # its resume wakes a dispatcher
+
+
 def test_priority_then_fifo(store: Store, clock: ManualClock) -> None:
     queue(store)
     low = submit(store, priority=0)

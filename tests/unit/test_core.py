@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 
 from orbit.core.errors import Code, OrbitError, status_of
 from orbit.core.ids import BATCH_INDEX_BITS, ENTROPY_POOL_BYTES, random8, uuid7, uuid7_many
-from orbit.core.limits import Occupancy, bucket_refill, room_for_all
+from orbit.core.limits import (
+    MAX_TOKEN_WAIT_US,
+    Occupancy,
+    bucket_refill,
+    room_for_all,
+    token_wait_us,
+)
 from orbit.core.model import SECOND, Backoff, Queue, Task, TaskSpec
 from orbit.core.retry import backoff_delay, plan_retry
 from orbit.core.states import TaskState
@@ -69,6 +75,37 @@ def test_token_bucket_refills_at_rate_up_to_burst() -> None:
     assert bucket_refill(q, 10 * SECOND) == 4.0
     assert bucket_refill(q, -5) == 0.0  # a clock that went backwards grants nothing
     assert bucket_refill(Queue("u", 1, rate=0, burst=1), 0) == float("inf")
+
+
+def test_token_wait_is_the_time_to_the_next_whole_token() -> None:
+    assert token_wait_us(1.0, 2.0) == 0  # a token is there now
+    assert token_wait_us(3.5, 2.0) == 0
+    assert token_wait_us(0.0, 2.0) == SECOND // 2
+    assert token_wait_us(0.5, 2.0) == SECOND // 4
+    assert token_wait_us(0.0, 1 / 3) == 3 * SECOND
+    assert token_wait_us(0.25, 1_000_000) == 1  # never less than a microsecond
+    assert token_wait_us(0.0, 0) is None  # unlimited: never short of a token
+    assert token_wait_us(0.0, 1e-9) == MAX_TOKEN_WAIT_US
+    assert token_wait_us(0.0, 5e-324) == MAX_TOKEN_WAIT_US  # no overflow
+
+
+@given(
+    tokens=st.floats(min_value=-5.0, max_value=0.999999, allow_nan=False),
+    rate=st.floats(min_value=0.001, max_value=1_000_000, allow_nan=False),
+    start=st.integers(min_value=0, max_value=2**52),
+)
+def test_a_claim_after_the_token_wait_finds_the_token(
+    tokens: float, rate: float, start: int
+) -> None:
+    """``token_wait_us`` agrees with ``bucket_refill``: waiting that long is enough, and
+    (but for a wait of one microsecond, the least it reports) a microsecond less is not."""
+    wait = token_wait_us(tokens, rate)
+    assert wait is not None and 1 <= wait <= MAX_TOKEN_WAIT_US
+    q = Queue("q", 1, rate=rate, burst=1, tokens=tokens, tokens_at=start)
+    if wait < MAX_TOKEN_WAIT_US:
+        assert bucket_refill(q, start + wait) >= 1.0
+    if 1 < wait < MAX_TOKEN_WAIT_US:
+        assert bucket_refill(q, start + wait - 2) < 1.0
 
 
 def test_occupancy_admits_within_every_cap() -> None:
