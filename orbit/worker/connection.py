@@ -45,6 +45,9 @@ class WorkerConnection:
         self.heartbeat_interval: float = 20.0
         self._ids = itertools.count(1)
         self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        #: requests given up on (timed out, or their caller cancelled): a reply that comes
+        #: for one later is dropped, never taken for a message the server pushed
+        self._abandoned: set[str] = set()
         self._reader = asyncio.create_task(self._read())
 
     @classmethod
@@ -73,6 +76,8 @@ class WorkerConnection:
                 future = self._waiting.pop(rid, None) if isinstance(rid, str) else None
                 if future is not None and not future.done():
                     future.set_result(msg)
+                elif isinstance(rid, str) and rid in self._abandoned:
+                    self._abandoned.discard(rid)  # a late reply: its request is over
                 else:
                     await self.pushed.put(msg)
         except websockets.ConnectionClosed:
@@ -81,6 +86,8 @@ class WorkerConnection:
             for future in self._waiting.values():
                 if not future.done():
                     future.set_exception(ConnectionError("the connection closed"))
+            self._waiting.clear()
+            self._abandoned.clear()
             await self.pushed.put({"type": "closed"})
 
     async def send_raw(self, data: str | bytes) -> None:
@@ -96,11 +103,18 @@ class WorkerConnection:
         # string that is not valid UTF-8 (a lone surrogate in a result) still reaches the
         # server, which refuses it with its code.
         frame = json.dumps({**message, "req_id": rid}, separators=(",", ":"))
-        await self.ws.send(frame)
-        # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that meets
-        # the reply in one loop iteration, and the worker's loops must stop when told.
-        async with asyncio.timeout(timeout):
-            reply = await future
+        try:
+            await self.ws.send(frame)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that meets
+            # the reply in one loop iteration, and the worker's loops must stop when told.
+            async with asyncio.timeout(timeout):
+                reply = await future
+        except BaseException:
+            # Timed out, failed or cancelled: nobody waits for this reply any more. Left in
+            # ``_waiting``, it leaked, and a reply arriving late was handed on as a push.
+            if self._waiting.pop(rid, None) is not None:
+                self._abandoned.add(rid)
+            raise
         if reply.get("type") == "error":
             raise ServerError(reply["code"], reply.get("message", ""), reply)
         return reply
