@@ -339,18 +339,31 @@ class Worker:
             # ended this loop after an idle hour, and the worker never heard a push again).
             msg = await self._conn.next_push(timeout=None)
             kind = msg.get("type")
-            if kind == "tasks":
-                for assignment in msg["tasks"]:
-                    self._accept(assignment)
-            elif kind == "cancel":
-                for attempt_id in msg["attempt_ids"]:
-                    running = self.running.get(attempt_id)
-                    if running is not None:
-                        self._cancel(running, "task cancelled")
-            elif kind == "closed":
+            if kind == "closed":
                 if self._stopping and not self.running:
                     return
                 await self._connect()
+                continue
+            try:
+                self._on_push(msg)
+            except Exception:
+                # One message this runner cannot use must not end the loop: with it ended,
+                # the worker heard no task, no cancel and no close again.
+                log.exception("could not handle a pushed %r message; ignoring it", kind)
+
+    def _on_push(self, msg: dict[str, Any]) -> None:
+        kind = msg.get("type")
+        if kind == "tasks":
+            for assignment in msg["tasks"]:
+                try:
+                    self._accept(assignment)
+                except Exception:
+                    log.exception("could not accept a pushed task; ignoring it")
+        elif kind == "cancel":
+            for attempt_id in msg["attempt_ids"]:
+                running = self.running.get(attempt_id)
+                if running is not None:
+                    self._cancel(running, "task cancelled")
 
     async def _request(self, call: Callable[[WorkerConnection], Awaitable[Any]]) -> Any:
         """Run a request, riding over reconnects: wait for a live connection, retry once it
@@ -457,6 +470,12 @@ class Worker:
                 self.finished += 1
             except ServerError as exc:
                 log.warning("finish of %s refused: %s", ctx.attempt_id, exc.code)
+        except ServerError as exc:
+            log.warning("release of %s refused: %s", ctx.attempt_id, exc.code)
+        except Exception:
+            # Never silent: an attempt task's error was otherwise seen by no one (its lease
+            # then runs out, and the server decides what becomes of the task).
+            log.exception("attempt %s failed in the runner", ctx.attempt_id)
         finally:
             self.running.pop(ctx.attempt_id, None)
 
@@ -658,47 +677,54 @@ class Worker:
 
     async def _renew_loop(self) -> None:
         """Renew every running lease in one message; a lease we could not renew before it
-        ran out is treated as lost (its handler is cancelled, its result dropped)."""
+        ran out is treated as lost (its handler is cancelled, its result dropped). No
+        error ends this loop: with it gone, leases ran out under a live worker."""
         while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._interval()):
-                    await self._lease_changed.wait()
-            if self._lease_changed.is_set():
-                # New leases only move the next renewal earlier; renewing everything at
-                # each start would cost a transaction per start batch.
-                self._lease_changed.clear()
-                if not self._renewal_due():
-                    continue
-            live = [r for r in self.running.values() if r.lease_expires and not r.lost]
-            now = time.monotonic()
-            for r in live:
-                if r.lease_expires <= now:  # could not renew in time: it is not ours now
-                    self._lose(r, "lease expired")
-            ids = [r.ctx.attempt_id for r in live if not r.lost]
-            if not ids or self.pause_renewals or self._conn is None:
-                continue
-            if not self._connected.is_set():
-                continue
             try:
-                soonest = min(r.lease_expires for r in live if not r.lost) - time.monotonic()
-                # Never wait on a hung connection past the soonest lease: the expiry check
-                # at the top of the loop must run in time.
-                timeout = min(10.0, max(soonest, 0.05))
-                async with asyncio.timeout(timeout):
-                    leases = await self._conn.renew(ids)
-            except (TimeoutError, ServerError, ConnectionError, OSError) as exc:
-                log.warning("renew failed: %s", exc)
+                await self._renew_once()
+            except Exception:
+                log.exception("renewal failed; renewing again at the next turn")
+
+    async def _renew_once(self) -> None:
+        """One turn of the renew loop: wait until a renewal is due, then send it."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._interval()):
+                await self._lease_changed.wait()
+        if self._lease_changed.is_set():
+            # New leases only move the next renewal earlier; renewing everything at
+            # each start would cost a transaction per start batch.
+            self._lease_changed.clear()
+            if not self._renewal_due():
+                return
+        live = [r for r in self.running.values() if r.lease_expires and not r.lost]
+        now = time.monotonic()
+        for r in live:
+            if r.lease_expires <= now:  # could not renew in time: it is not ours now
+                self._lose(r, "lease expired")
+        ids = [r.ctx.attempt_id for r in live if not r.lost]
+        conn = self._conn
+        if not ids or self.pause_renewals or conn is None or not self._connected.is_set():
+            return
+        try:
+            soonest = min(r.lease_expires for r in live if not r.lost) - time.monotonic()
+            # Never wait on a hung connection past the soonest lease: the expiry check
+            # at the top of the loop must run in time.
+            timeout = min(10.0, max(soonest, 0.05))
+            async with asyncio.timeout(timeout):
+                leases = await conn.renew(ids)
+        except (TimeoutError, ServerError, ConnectionError, OSError) as exc:
+            log.warning("renew failed: %s", exc)
+            return
+        for lease in leases:
+            running = self.running.get(lease["attempt_id"])
+            if running is None:
                 continue
-            for lease in leases:
-                running = self.running.get(lease["attempt_id"])
-                if running is None:
-                    continue
-                if lease["status"] == "lost":
-                    self._lose(running, "lease lost")
-                else:
-                    self._set_lease(running, lease)
-                    if lease["status"] == "cancel":
-                        self._cancel(running, "task cancelled")
+            if lease["status"] == "lost":
+                self._lose(running, "lease lost")
+            else:
+                self._set_lease(running, lease)
+                if lease["status"] == "cancel":
+                    self._cancel(running, "task cancelled")
 
     async def _heartbeat_loop(self) -> None:
         """Keep the session alive while idle; a lapsed session is resumed on reconnect."""
@@ -714,8 +740,11 @@ class Worker:
                 log.warning("heartbeat refused (%s); reconnecting", exc.code)
                 with contextlib.suppress(Exception):
                     await conn.ws.close()
-            except (TimeoutError, ConnectionError, OSError):
-                continue
+            except (TimeoutError, ConnectionError, OSError) as exc:
+                log.warning("heartbeat failed: %r", exc)
+            except Exception:
+                # Any other error must not end the loop: an idle session would lapse.
+                log.exception("heartbeat failed")
 
     # ------------------------------------------------------------------ shutdown
 

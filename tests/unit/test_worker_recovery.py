@@ -5,13 +5,19 @@ Driven against ``FakeGateway``, a real WebSocket server on a loopback port."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.server import ServerConnection
 
 from orbit.worker.connection import WorkerConnection
-from tests.unit.fake_gateway import FakeGateway
+from orbit.worker.runner import Context, Worker
+from tests.unit.fake_gateway import FakeGateway, assignment
 
 
 async def _swallow_heartbeats(gw: FakeGateway, ws: ServerConnection, msg: dict[str, Any]) -> bool:
@@ -51,3 +57,163 @@ def test_a_request_that_times_out_leaves_nothing_waiting() -> None:
                 await conn.close()
 
     asyncio.run(main())
+
+
+# --------------------------------------------------------------------------- the runner
+
+
+def _is(kind: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda m: bool(m["type"] == kind)
+
+
+def _finished(attempt_id: str) -> Callable[[dict[str, Any]], bool]:
+    def match(m: dict[str, Any]) -> bool:
+        if m["type"] == "finish":
+            return bool(m["attempt_id"] == attempt_id)
+        return m["type"] == "finish_many" and any(i["attempt_id"] == attempt_id for i in m["items"])
+
+    return match
+
+
+@contextlib.asynccontextmanager
+async def running(worker: Worker) -> AsyncIterator[asyncio.Task[int]]:
+    """``worker.arun()`` as a task; stopped (drained) and awaited on the way out."""
+    runner = asyncio.create_task(worker.arun())
+    try:
+        yield runner
+    finally:
+        worker.stop()
+        await asyncio.wait_for(runner, 30)
+
+
+def _close_then_send(monkeypatch: pytest.MonkeyPatch, kind: str) -> list[str]:
+    """The first ``kind`` request the worker sends finds its socket closed under it (the
+    socket is closed, then the frame sent): websockets raises ConnectionClosed."""
+    original = ClientConnection.send
+    cut: list[str] = []
+
+    async def send(self: ClientConnection, message: Any, *, text: bool | None = None) -> None:
+        if not cut and isinstance(message, str) and f'"type":"{kind}"' in message:
+            cut.append(message)
+            await self.close()
+        await original(self, message, text=text)
+
+    monkeypatch.setattr(ClientConnection, "send", send)
+    return cut
+
+
+def test_a_renewal_cut_by_a_closed_socket_does_not_end_the_renew_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cut = _close_then_send(monkeypatch, "renew")
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, "token", renew_interval=0.05)
+
+            @worker.handler("h")
+            async def handler(ctx: Context, payload: Any) -> Any:
+                await gw.count(_is("renew"), 2)  # renewals go on after the cut one
+                return "renewed"
+
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+                await gw.wait_for(_finished("a1"), timeout=20)
+            assert cut
+            assert gw.finished["a1"] == {"ok": True, "result": "renewed"}
+
+    asyncio.run(main())
+
+
+def test_a_heartbeat_cut_by_a_closed_socket_does_not_end_the_heartbeat_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cut = _close_then_send(monkeypatch, "heartbeat")
+
+    async def main() -> None:
+        async with FakeGateway(heartbeat_interval=0.05) as gw:
+            worker = Worker(gw.url, "token")
+            worker.handler("h")(_never_called)
+            async with running(worker):
+                await gw.count(_is("heartbeat"), 2)
+            assert cut
+
+    asyncio.run(main())
+
+
+def test_a_start_cut_by_a_closed_socket_is_sent_again_after_the_resume(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cut = _close_then_send(monkeypatch, "start")
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, "token")
+
+            @worker.handler("h")
+            async def handler(ctx: Context, payload: Any) -> Any:
+                return "ran"
+
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+                await gw.wait_for(_finished("a1"), timeout=20)
+            assert cut
+            assert [m["type"] for m in gw.received][:4] == ["hello", "resume", "start", "finish"]
+            assert gw.finished["a1"] == {"ok": True, "result": "ran"}
+
+    asyncio.run(main())
+
+
+def test_a_push_the_runner_cannot_use_does_not_end_the_read_loop(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, "token")
+
+            @worker.handler("h")
+            async def handler(ctx: Context, payload: Any) -> Any:
+                return "ran"
+
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                await gw.push({"type": "cancel"})  # no attempt_ids
+                await gw.push({"type": "tasks", "req_id": None, "tasks": [{"attempt_id": "x"}]})
+                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+                await gw.wait_for(_finished("a1"))
+            assert gw.finished["a1"] == {"ok": True, "result": "ran"}
+
+    with caplog.at_level(logging.ERROR, logger="orbit.worker"):
+        asyncio.run(main())
+    assert "could not handle a pushed 'cancel' message" in caplog.text
+    assert "could not accept a pushed task" in caplog.text
+
+
+def test_an_attempt_that_fails_in_the_runner_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    async def no_lease(gw: FakeGateway, ws: ServerConnection, msg: dict[str, Any]) -> bool:
+        if msg["type"] != "start":
+            return False
+        await ws.send(json.dumps({"type": "started", "req_id": msg["req_id"]}))  # no lease
+        return True
+
+    async def main() -> None:
+        async with FakeGateway(on_request=no_lease) as gw:
+            worker = Worker(gw.url, "token")
+            worker.handler("h")(_never_called)
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+                await gw.wait_for(_is("start"))
+                attempt = worker.running["a1"].task
+                assert attempt is not None
+                await asyncio.wait_for(attempt, 10)  # it ends, with its error logged
+
+    with caplog.at_level(logging.ERROR, logger="orbit.worker"):
+        asyncio.run(main())
+    assert "attempt a1 failed in the runner" in caplog.text
+
+
+async def _never_called(ctx: Context, payload: Any) -> Any:
+    raise AssertionError("this handler must not run")
