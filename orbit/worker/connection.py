@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import ssl
 from typing import Any
 
@@ -18,6 +19,8 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 
 from orbit.core.model import parse_json
+
+log = logging.getLogger("orbit.worker")
 
 
 class ServerError(Exception):
@@ -36,6 +39,11 @@ def outcome(*, result: Any = None, error: dict[str, Any] | None = None) -> dict[
 
 
 class WorkerConnection:
+    #: Seconds a request waits for its reply unless told otherwise. A request that times
+    #: out, or fails to send, closes the connection: a server that stopped answering on
+    #: it is not waited on again, and the runner reconnects and resumes its session.
+    request_timeout: float = 30.0
+
     def __init__(self, ws: ClientConnection) -> None:
         self.ws = ws
         self.pushed: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
@@ -82,6 +90,10 @@ class WorkerConnection:
                     await self.pushed.put(msg)
         except websockets.ConnectionClosed:
             pass
+        except Exception:
+            # A frame we cannot read (not JSON): nothing after it can be trusted either.
+            log.exception("unreadable frame from the server; closing the connection")
+            self._abort()
         finally:
             for future in self._waiting.values():
                 if not future.done():
@@ -102,8 +114,22 @@ class WorkerConnection:
         except websockets.ConnectionClosed as exc:
             raise ConnectionError(f"the connection closed: {exc}") from exc
 
-    async def request(self, message: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
-        """Send a request (a ``req_id`` is added) and wait for its reply."""
+    def _abort(self) -> None:
+        """Drop the connection at once, without the closing handshake: on a connection
+        that stopped answering, that handshake would wait too. The reader then ends, and
+        pushes ``closed``."""
+        transport = self.ws.transport
+        if transport is not None and not transport.is_closing():
+            transport.abort()
+
+    async def request(
+        self, message: dict[str, Any], timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Send a request (a ``req_id`` is added) and wait for its reply, at most
+        ``timeout`` seconds (default: ``request_timeout``). A timeout or a failure to send
+        closes the connection; a ``ServerError`` (the server's answer) does not."""
+        if timeout is None:
+            timeout = self.request_timeout
         rid = f"r{next(self._ids)}"
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting[rid] = future
@@ -118,11 +144,13 @@ class WorkerConnection:
             # the reply in one loop iteration, and the worker's loops must stop when told.
             async with asyncio.timeout(timeout):
                 reply = await future
-        except BaseException:
+        except BaseException as exc:
             # Timed out, failed or cancelled: nobody waits for this reply any more. Left in
             # ``_waiting``, it leaked, and a reply arriving late was handed on as a push.
             if self._waiting.pop(rid, None) is not None:
                 self._abandoned.add(rid)
+            if isinstance(exc, OSError):  # TimeoutError and ConnectionError among them
+                self._abort()
             raise
         if reply.get("type") == "error":
             raise ServerError(reply["code"], reply.get("message", ""), reply)
@@ -183,8 +211,11 @@ class WorkerConnection:
         )
         return list(reply["results"])
 
-    async def renew(self, attempt_ids: list[str]) -> list[dict[str, Any]]:
-        return list((await self.request({"type": "renew", "attempt_ids": attempt_ids}))["leases"])
+    async def renew(
+        self, attempt_ids: list[str], timeout: float | None = None
+    ) -> list[dict[str, Any]]:
+        reply = await self.request({"type": "renew", "attempt_ids": attempt_ids}, timeout)
+        return list(reply["leases"])
 
     async def finish(
         self,
@@ -218,6 +249,7 @@ class WorkerConnection:
         *,
         fraction: float | None = None,
         message: str | None = None,
+        timeout: float | None = None,
     ) -> None:
         await self.request(
             {
@@ -226,12 +258,13 @@ class WorkerConnection:
                 "fence": fence,
                 "fraction": fraction,
                 "message": message,
-            }
+            },
+            timeout,
         )
 
-    async def heartbeat(self) -> None:
+    async def heartbeat(self, timeout: float | None = None) -> None:
         """Keep an idle session alive (renewals do it while attempts run)."""
-        await self.request({"type": "heartbeat"})
+        await self.request({"type": "heartbeat"}, timeout)
 
     async def next_push(self, timeout: float | None = 30.0) -> dict[str, Any]:
         """The next message the server pushed (``None``: wait as long as it takes)."""

@@ -187,6 +187,7 @@ class Worker:
         cancel_grace: float = 5.0,
         renew_interval: float | None = None,
         reconnect_max: float = 5.0,
+        request_timeout: float = 30.0,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -199,6 +200,9 @@ class Worker:
         self.cancel_grace = cancel_grace
         self.renew_interval = renew_interval
         self.reconnect_max = reconnect_max
+        #: seconds a request waits for its reply before the connection is given up and
+        #: the session resumed on a new one (``WorkerConnection.request_timeout``)
+        self.request_timeout = request_timeout
         self.handlers: dict[str, _Registered] = {}
         self.running: dict[str, _Running] = {}
         self.abandoned: list[str] = []  # attempts whose handler ignored cancellation
@@ -297,8 +301,10 @@ class Worker:
         delay = 0.1
         caps = {name: reg.capacity for name, reg in self.handlers.items()}
         while True:
+            conn: WorkerConnection | None = None
             try:
                 conn = await WorkerConnection.connect(self._ws_url(), token, cafile=self.cafile)
+                conn.request_timeout = self.request_timeout
                 if self._session is None:
                     await conn.hello(self.name, caps, self.concurrency)
                     assert conn.session_id and conn.resume_secret
@@ -320,12 +326,14 @@ class Worker:
                 self._connected.set()
                 return
             except (TimeoutError, OSError, ConnectionError, ServerError) as exc:
+                await _close_quietly(conn)
                 if first and isinstance(exc, ServerError):
                     raise
                 log.warning("connect failed (%s); retrying in %.1fs", type(exc).__name__, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.reconnect_max)
             except Exception as exc:  # websockets' handshake errors
+                await _close_quietly(conn)
                 if first and "40" in str(exc):
                     raise
                 log.warning("connect failed (%s); retrying", type(exc).__name__)
@@ -621,16 +629,16 @@ class Worker:
                 if conn is None:
                     return
                 try:
-                    # asyncio.timeout, not wait_for: wait_for runs the request as a task
-                    # whose refusal's traceback holds wait_for's frame, which holds the
-                    # task: a cycle through this attempt's state, left to the collector.
-                    async with asyncio.timeout(10):
-                        await conn.progress(
-                            running.ctx.attempt_id,
-                            running.fence,
-                            fraction=fraction,
-                            message=message,
-                        )
+                    # The request's own timeout, not wait_for: wait_for runs the request as
+                    # a task whose refusal's traceback holds wait_for's frame, which holds
+                    # the task: a cycle through this attempt's state, left to the collector.
+                    await conn.progress(
+                        running.ctx.attempt_id,
+                        running.fence,
+                        fraction=fraction,
+                        message=message,
+                        timeout=min(10.0, self.request_timeout),
+                    )
                 except (TimeoutError, ServerError, ConnectionError, OSError) as exc:
                     log.debug("progress not recorded: %s", exc)
         finally:
@@ -709,9 +717,10 @@ class Worker:
             soonest = min(r.lease_expires for r in live if not r.lost) - time.monotonic()
             # Never wait on a hung connection past the soonest lease: the expiry check
             # at the top of the loop must run in time.
-            timeout = min(10.0, max(soonest, 0.05))
-            async with asyncio.timeout(timeout):
-                leases = await conn.renew(ids)
+            # A renewal not answered in that time closes the connection (as any request
+            # that times out): the runner resumes on a new one rather than wait on it.
+            timeout = min(10.0, self.request_timeout, max(soonest, 0.05))
+            leases = await conn.renew(ids, timeout)
         except (TimeoutError, ServerError, ConnectionError, OSError) as exc:
             log.warning("renew failed: %s", exc)
             return
@@ -734,8 +743,7 @@ class Worker:
             if conn is None or not self._connected.is_set() or conn is not self._conn:
                 continue
             try:
-                async with asyncio.timeout(10):
-                    await conn.heartbeat()
+                await conn.heartbeat(min(10.0, self.request_timeout))
             except ServerError as exc:
                 log.warning("heartbeat refused (%s); reconnecting", exc.code)
                 with contextlib.suppress(Exception):
@@ -762,6 +770,13 @@ class Worker:
             await asyncio.wait(pending, timeout=self.cancel_grace + 5)
         if self.abandoned:
             log.error("%d handler(s) ignored cancellation and were abandoned", len(self.abandoned))
+
+
+async def _close_quietly(conn: WorkerConnection | None) -> None:
+    """Close a connection that failed before it was put to use."""
+    if conn is not None:
+        with contextlib.suppress(Exception):
+            await conn.close()
 
 
 async def _file(path: Path) -> AsyncIterator[bytes]:

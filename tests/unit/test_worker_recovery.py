@@ -217,3 +217,42 @@ def test_an_attempt_that_fails_in_the_runner_is_logged(caplog: pytest.LogCapture
 
 async def _never_called(ctx: Context, payload: Any) -> Any:
     raise AssertionError("this handler must not run")
+
+
+def test_a_request_that_times_out_closes_the_connection() -> None:
+    async def main() -> None:
+        async with FakeGateway(on_request=_swallow_heartbeats) as gw:
+            conn = await WorkerConnection.connect(gw.ws_url, "token")
+            conn.request_timeout = 0.2
+            try:
+                with pytest.raises(TimeoutError):
+                    await conn.heartbeat()
+                assert (await conn.next_push(10))["type"] == "closed"
+            finally:
+                await conn.close()
+
+    asyncio.run(main())
+
+
+def test_a_start_without_a_reply_makes_the_runner_resume_on_a_new_connection() -> None:
+    async def swallow_first_start(gw: FakeGateway, ws: ServerConnection, msg: Any) -> bool:
+        return msg["type"] == "start" and sum(m["type"] == "start" for m in gw.received) == 1
+
+    async def main() -> None:
+        async with FakeGateway(on_request=swallow_first_start) as gw:
+            worker = Worker(gw.url, "token", request_timeout=0.3)
+
+            @worker.handler("h")
+            async def handler(ctx: Context, payload: Any) -> Any:
+                return "ran"
+
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+                await gw.wait_for(_finished("a1"), timeout=20)
+            kinds = [m["type"] for m in gw.received]
+            assert kinds[:5] == ["hello", "start", "resume", "start", "finish"]
+            assert gw.finished["a1"] == {"ok": True, "result": "ran"}
+            assert len(gw.connections) == 2
+
+    asyncio.run(main())
