@@ -499,14 +499,24 @@ class Worker:
                 retryable=False,
             )
         limit, by_deadline = self._time_limit(ctx)
-        running.handler_task = asyncio.create_task(self._call(running, reg, payload))
+        task = running.handler_task = asyncio.create_task(self._call(running, reg, payload))
+        # asyncio.wait, not wait_for: wait_for raises the same TimeoutError for its limit
+        # and for a handler that raised one itself, and a handler's own TimeoutError (a
+        # call of its that timed out) is its failure, not the attempt's timeout.
         try:
-            result = await asyncio.wait_for(running.handler_task, limit)
-            return {"result": result}
-        except TimeoutError:
+            done, _ = await asyncio.wait((task,), timeout=limit)
+        except asyncio.CancelledError:
+            task.cancel()
+            await asyncio.wait((task,))
+            raise
+        if not done:
+            task.cancel()
+            await asyncio.wait((task,))  # a plain function: cancel_grace at most
             if by_deadline:
                 return None  # past the deadline the server refuses any report
             return _error("ATTEMPT_TIMEOUT", "the attempt timed out", retryable=True)
+        try:
+            return {"result": task.result()}
         except (asyncio.CancelledError, Cancelled):
             if running.lost:
                 return None
