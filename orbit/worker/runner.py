@@ -465,6 +465,8 @@ class Worker:
                 return
             self._set_lease(running, lease)
             self._lease_changed.set()
+            if lease.get("status") == "cancel":  # a repeated start, after a cancel
+                self._cancel(running, "task cancelled")
             report = await self._invoke(running, payload)
             if report is None or not self._lease_valid(running):
                 # The attempt is no longer ours (by the server's word or our own clock):
@@ -500,6 +502,12 @@ class Worker:
             )
         limit, by_deadline = self._time_limit(ctx)
         task = running.handler_task = asyncio.create_task(self._call(running, reg, payload))
+        if ctx.cancelled:
+            # Cancelled (a cancel pushed, a drain past its grace) while the start was in
+            # flight, when there was no handler task to cancel: the handler sees it now,
+            # as it would a cancel just after it began (``call_soon``: after its first
+            # step, so that the function is entered and gets CancelledError inside).
+            asyncio.get_running_loop().call_soon(task.cancel)
         # asyncio.wait, not wait_for: wait_for raises the same TimeoutError for its limit
         # and for a handler that raised one itself, and a handler's own TimeoutError (a
         # call of its that timed out) is its failure, not the attempt's timeout.

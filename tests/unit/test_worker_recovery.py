@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -17,7 +18,7 @@ from websockets.asyncio.server import ServerConnection
 
 from orbit.worker.connection import WorkerConnection
 from orbit.worker.runner import Context, Worker
-from tests.unit.fake_gateway import FakeGateway, assignment
+from tests.unit.fake_gateway import FakeGateway, Hook, assignment
 
 
 async def _swallow_heartbeats(gw: FakeGateway, ws: ServerConnection, msg: dict[str, Any]) -> bool:
@@ -254,5 +255,110 @@ def test_a_start_without_a_reply_makes_the_runner_resume_on_a_new_connection() -
             assert kinds[:5] == ["hello", "start", "resume", "start", "finish"]
             assert gw.finished["a1"] == {"ok": True, "result": "ran"}
             assert len(gw.connections) == 2
+
+    asyncio.run(main())
+
+
+def _held_starts(gw: FakeGateway) -> tuple[Hook, asyncio.Queue[tuple[ServerConnection, Any]]]:
+    """A hook that answers no ``start``: each goes on the queue, for the test to answer."""
+    held: asyncio.Queue[tuple[ServerConnection, Any]] = asyncio.Queue()
+
+    async def hold(gw: FakeGateway, ws: ServerConnection, msg: dict[str, Any]) -> bool:
+        if msg["type"] != "start":
+            return False
+        await held.put((ws, msg))
+        return True
+
+    return hold, held
+
+
+def _watch_cancels(worker: Worker) -> asyncio.Queue[str]:
+    """The reasons the runner cancels attempts for, as it does."""
+    reasons: asyncio.Queue[str] = asyncio.Queue()
+    cancel = worker._cancel
+
+    def watched(running: Any, reason: str) -> None:
+        cancel(running, reason)
+        reasons.put_nowait(reason)
+
+    worker._cancel = watched  # type: ignore[method-assign]
+    return reasons
+
+
+def _waiting_handler(worker: Worker, kind: str, seen: dict[str, Any]) -> None:
+    """Register handler ``h``: it waits until cancelled and records the reason."""
+    if kind == "async":
+
+        @worker.handler("h")
+        async def wait_async(ctx: Context, payload: Any) -> Any:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                seen["reason"] = ctx.reason
+                raise
+
+    else:
+        stopped = threading.Event()
+
+        @worker.handler("h")
+        def wait_sync(ctx: Context, payload: Any) -> Any:
+            while not ctx.cancelled:
+                stopped.wait(0.01)
+            seen["reason"] = ctx.reason
+            ctx.check()
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_a_cancel_while_the_start_is_in_flight_reaches_the_handler(kind: str) -> None:
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        gw = FakeGateway()
+        hook, held = _held_starts(gw)
+        gw.on_request = hook
+        async with gw:
+            worker = Worker(gw.url, "token")
+            _waiting_handler(worker, kind, seen)
+            reasons = _watch_cancels(worker)
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+                ws, start = await asyncio.wait_for(held.get(), 10)
+                # The task is cancelled once started: the push overtakes the reply.
+                await gw.push({"type": "cancel", "attempt_ids": ["a1"]})
+                assert await asyncio.wait_for(reasons.get(), 10) == "task cancelled"
+                await ws.send(json.dumps(gw.answer(start)))
+                await gw.wait_for(_finished("a1"))
+            assert seen["reason"] == "task cancelled"
+            error = gw.finished["a1"]["error"]
+            assert error["code"] == "CANCELLED" and error["retryable"] is False
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_a_drain_while_the_start_is_in_flight_reaches_the_handler(kind: str) -> None:
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        gw = FakeGateway()
+        hook, held = _held_starts(gw)
+        gw.on_request = hook
+        async with gw:
+            worker = Worker(gw.url, "token", grace=0, cancel_grace=5)
+            _waiting_handler(worker, kind, seen)
+            reasons = _watch_cancels(worker)
+            async with running(worker) as runner:
+                await gw.wait_for(_is("hello"))
+                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+                ws, start = await asyncio.wait_for(held.get(), 10)
+                worker.stop()  # no grace: running attempts are cancelled at once
+                assert await asyncio.wait_for(reasons.get(), 10) == "worker stopping"
+                await ws.send(json.dumps(gw.answer(start)))
+                await gw.wait_for(_finished("a1"))
+                assert await asyncio.wait_for(runner, 10) == 0
+            assert seen["reason"] == "worker stopping"
+            error = gw.finished["a1"]["error"]
+            assert error["code"] == "CANCELLED" and error["retryable"] is True
 
     asyncio.run(main())
