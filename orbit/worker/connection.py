@@ -93,7 +93,7 @@ class WorkerConnection:
         except Exception:
             # A frame we cannot read (not JSON): nothing after it can be trusted either.
             log.exception("unreadable frame from the server; closing the connection")
-            self._abort()
+            self.abort()
         finally:
             for future in self._waiting.values():
                 if not future.done():
@@ -114,7 +114,7 @@ class WorkerConnection:
         except websockets.ConnectionClosed as exc:
             raise ConnectionError(f"the connection closed: {exc}") from exc
 
-    def _abort(self) -> None:
+    def abort(self) -> None:
         """Drop the connection at once, without the closing handshake: on a connection
         that stopped answering, that handshake would wait too. The reader then ends, and
         pushes ``closed``."""
@@ -150,7 +150,7 @@ class WorkerConnection:
             if self._waiting.pop(rid, None) is not None:
                 self._abandoned.add(rid)
             if isinstance(exc, OSError):  # TimeoutError and ConnectionError among them
-                self._abort()
+                self.abort()
             raise
         if reply.get("type") == "error":
             raise ServerError(reply["code"], reply.get("message", ""), reply)

@@ -259,14 +259,38 @@ class Worker:
     async def arun(self, *, install_signals: bool = False) -> int:
         if not self.handlers:
             raise ValueError("register at least one handler before running")
+        # Fresh events for this loop; a stop() asked for before this run is kept (it was
+        # once dropped with the old event, and the worker then ran until signalled).
         self._connected = asyncio.Event()
         self._stop_requested = asyncio.Event()
         self._lease_changed = asyncio.Event()
+        try:
+            if self._stopping:
+                log.info("stopped before it started: not connecting")
+                return 0
+            return await self._run(install_signals)
+        finally:
+            self._stopping = False  # this run is over; the next one starts afresh
+
+    async def _run(self, install_signals: bool) -> int:
         if install_signals:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
-        await self._connect(first=True)
+        # A stop() while the first connection is still being made (a server that is down
+        # is retried for ever) ends the run there.
+        connecting = asyncio.create_task(self._connect(first=True), name="connect")
+        stopped = asyncio.create_task(self._stop_requested.wait(), name="stopped")
+        try:
+            await asyncio.wait((connecting, stopped), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await stop_tasks([stopped])
+            if not connecting.done():
+                await stop_tasks([connecting])
+        if connecting.cancelled():
+            log.info("stopped before connecting")
+            return 0
+        connecting.result()  # the first connection's fatal errors (bad credentials)
         loops = [
             asyncio.create_task(self._renew_loop(), name="renew"),
             asyncio.create_task(self._read_loop(), name="read"),
@@ -332,6 +356,10 @@ class Worker:
                 log.warning("connect failed (%s); retrying in %.1fs", type(exc).__name__, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.reconnect_max)
+            except asyncio.CancelledError:
+                if conn is not None:
+                    conn.abort()  # not the closing handshake: the cancel is to end now
+                raise
             except Exception as exc:  # websockets' handshake errors
                 await _close_quietly(conn)
                 if first and "40" in str(exc):

@@ -99,8 +99,10 @@ class FakeGateway:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._server.wait_closed(), 10)
 
-    def _upgrade(self, conn: ServerConnection, request: Request) -> Response | None:
-        self.attempts += 1
+    async def _upgrade(self, conn: ServerConnection, request: Request) -> Response | None:
+        async with self._changed:
+            self.attempts += 1
+            self._changed.notify_all()
         if self.reject:
             status = self.reject.pop(0)
             return Response(status, "refused", Headers(), b"refused\n")
@@ -123,6 +125,12 @@ class FakeGateway:
         """Wait until ``n`` requests satisfy ``predicate``."""
         async with asyncio.timeout(timeout), self._changed:
             while sum(1 for m in self.received if predicate(m)) < n:
+                await self._changed.wait()
+
+    async def upgrades(self, n: int, timeout: float = 10.0) -> None:
+        """Wait until ``n`` upgrades were asked for (refused ones included)."""
+        async with asyncio.timeout(timeout), self._changed:
+            while self.attempts < n:
                 await self._changed.wait()
 
     async def push(self, message: dict[str, Any]) -> None:

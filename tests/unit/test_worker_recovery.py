@@ -362,3 +362,28 @@ def test_a_drain_while_the_start_is_in_flight_reaches_the_handler(kind: str) -> 
             assert error["code"] == "CANCELLED" and error["retryable"] is True
 
     asyncio.run(main())
+
+
+def test_a_stop_before_the_run_is_honoured() -> None:
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, "token")
+            worker.handler("h")(_never_called)
+            worker.stop()
+            assert await asyncio.wait_for(worker.arun(), 10) == 0
+            assert gw.attempts == 0  # it did not even connect
+
+    asyncio.run(main())
+
+
+def test_a_stop_while_the_first_connection_is_retried_ends_the_run() -> None:
+    async def main() -> None:
+        async with FakeGateway(reject=[503] * 1000) as gw:
+            worker = Worker(gw.url, "token", reconnect_max=0.1)
+            worker.handler("h")(_never_called)
+            runner = asyncio.create_task(worker.arun())
+            await gw.upgrades(2)  # refused, and retried
+            worker.stop()
+            assert await asyncio.wait_for(runner, 10) == 0
+
+    asyncio.run(main())
