@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from websockets.exceptions import InvalidStatus
+
 from orbit import aio
 from orbit.aio import stop_tasks
 from orbit.core.model import compact_json
@@ -321,7 +323,7 @@ class Worker:
     async def _connect(self, *, first: bool = False) -> None:
         """Connect and hello (first time) or resume; retry with backoff until it works."""
         self._connected.clear()
-        token = self.token if self.token is not None else load_token()
+        token = self._token()
         delay = 0.1
         caps = {name: reg.capacity for name, reg in self.handlers.items()}
         while True:
@@ -362,9 +364,21 @@ class Worker:
                 raise
             except Exception as exc:  # websockets' handshake errors
                 await _close_quietly(conn)
-                if first and "40" in str(exc):
-                    raise
-                log.warning("connect failed (%s); retrying", type(exc).__name__)
+                # Only a refusal of our credentials is final, and by its status code
+                # (once read as "40" in the message: a 404 ended the worker, and any
+                # message with "40" in it would have). A 500 or 503 is a server or proxy
+                # that is not ready yet: retried, as is a refusal after a first success.
+                status = exc.response.status_code if isinstance(exc, InvalidStatus) else None
+                if status in (401, 403):
+                    if first:
+                        raise
+                    log.error("connect refused: HTTP %d (bad credentials?); retrying", status)
+                else:
+                    log.warning(
+                        "connect failed (%s); retrying in %.1fs",
+                        f"HTTP {status}" if status is not None else type(exc).__name__,
+                        delay,
+                    )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.reconnect_max)
 

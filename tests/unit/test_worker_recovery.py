@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import InvalidStatus
 
 from orbit.worker.connection import WorkerConnection
 from orbit.worker.runner import Context, Worker
@@ -385,5 +386,31 @@ def test_a_stop_while_the_first_connection_is_retried_ends_the_run() -> None:
             await gw.upgrades(2)  # refused, and retried
             worker.stop()
             assert await asyncio.wait_for(runner, 10) == 0
+
+    asyncio.run(main())
+
+
+def test_a_refused_upgrade_other_than_bad_credentials_is_retried() -> None:
+    async def main() -> None:
+        async with FakeGateway(reject=[404, 500, 503]) as gw:
+            worker = Worker(gw.url, "token", reconnect_max=0.1)
+            worker.handler("h")(_never_called)
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+            assert gw.attempts == 4
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_bad_credentials_end_the_first_connection(status: int) -> None:
+    async def main() -> None:
+        async with FakeGateway(reject=[status]) as gw:
+            worker = Worker(gw.url, "token")
+            worker.handler("h")(_never_called)
+            with pytest.raises(InvalidStatus) as refused:
+                await asyncio.wait_for(worker.arun(), 10)
+            assert refused.value.response.status_code == status
+            assert gw.attempts == 1
 
     asyncio.run(main())
