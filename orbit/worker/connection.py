@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import ssl
 from typing import Any
 
@@ -18,6 +19,8 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 
 from orbit.core.model import parse_json
+
+log = logging.getLogger("orbit.worker")
 
 
 class ServerError(Exception):
@@ -36,6 +39,11 @@ def outcome(*, result: Any = None, error: dict[str, Any] | None = None) -> dict[
 
 
 class WorkerConnection:
+    #: Seconds a request waits for its reply unless told otherwise. A request that times
+    #: out, or fails to send, closes the connection: a server that stopped answering on
+    #: it is not waited on again, and the runner reconnects and resumes its session.
+    request_timeout: float = 30.0
+
     def __init__(self, ws: ClientConnection) -> None:
         self.ws = ws
         self.pushed: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
@@ -45,6 +53,9 @@ class WorkerConnection:
         self.heartbeat_interval: float = 20.0
         self._ids = itertools.count(1)
         self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        #: requests given up on (timed out, or their caller cancelled): a reply that comes
+        #: for one later is dropped, never taken for a message the server pushed
+        self._abandoned: set[str] = set()
         self._reader = asyncio.create_task(self._read())
 
     @classmethod
@@ -73,21 +84,52 @@ class WorkerConnection:
                 future = self._waiting.pop(rid, None) if isinstance(rid, str) else None
                 if future is not None and not future.done():
                     future.set_result(msg)
+                elif isinstance(rid, str) and rid in self._abandoned:
+                    self._abandoned.discard(rid)  # a late reply: its request is over
                 else:
                     await self.pushed.put(msg)
         except websockets.ConnectionClosed:
             pass
+        except Exception:
+            # A frame we cannot read (not JSON): nothing after it can be trusted either.
+            log.exception("unreadable frame from the server; closing the connection")
+            self.abort()
         finally:
             for future in self._waiting.values():
                 if not future.done():
                     future.set_exception(ConnectionError("the connection closed"))
+            self._waiting.clear()
+            self._abandoned.clear()
             await self.pushed.put({"type": "closed"})
 
     async def send_raw(self, data: str | bytes) -> None:
-        await self.ws.send(data)
+        await self._send(data)
 
-    async def request(self, message: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
-        """Send a request (a ``req_id`` is added) and wait for its reply."""
+    async def _send(self, data: str | bytes) -> None:
+        """Send a frame. A closed socket is a ``ConnectionError``, as for a reply that a
+        close cut off: websockets' ``ConnectionClosed`` is not one, and it escaped every
+        handler that expects transport failures as ``ConnectionError`` or ``OSError``."""
+        try:
+            await self.ws.send(data)
+        except websockets.ConnectionClosed as exc:
+            raise ConnectionError(f"the connection closed: {exc}") from exc
+
+    def abort(self) -> None:
+        """Drop the connection at once, without the closing handshake: on a connection
+        that stopped answering, that handshake would wait too. The reader then ends, and
+        pushes ``closed``."""
+        transport = self.ws.transport
+        if transport is not None and not transport.is_closing():
+            transport.abort()
+
+    async def request(
+        self, message: dict[str, Any], timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Send a request (a ``req_id`` is added) and wait for its reply, at most
+        ``timeout`` seconds (default: ``request_timeout``). A timeout or a failure to send
+        closes the connection; a ``ServerError`` (the server's answer) does not."""
+        if timeout is None:
+            timeout = self.request_timeout
         rid = f"r{next(self._ids)}"
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting[rid] = future
@@ -96,11 +138,20 @@ class WorkerConnection:
         # string that is not valid UTF-8 (a lone surrogate in a result) still reaches the
         # server, which refuses it with its code.
         frame = json.dumps({**message, "req_id": rid}, separators=(",", ":"))
-        await self.ws.send(frame)
-        # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that meets
-        # the reply in one loop iteration, and the worker's loops must stop when told.
-        async with asyncio.timeout(timeout):
-            reply = await future
+        try:
+            await self._send(frame)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that meets
+            # the reply in one loop iteration, and the worker's loops must stop when told.
+            async with asyncio.timeout(timeout):
+                reply = await future
+        except BaseException as exc:
+            # Timed out, failed or cancelled: nobody waits for this reply any more. Left in
+            # ``_waiting``, it leaked, and a reply arriving late was handed on as a push.
+            if self._waiting.pop(rid, None) is not None:
+                self._abandoned.add(rid)
+            if isinstance(exc, OSError):  # TimeoutError and ConnectionError among them
+                self.abort()
+            raise
         if reply.get("type") == "error":
             raise ServerError(reply["code"], reply.get("message", ""), reply)
         return reply
@@ -160,8 +211,11 @@ class WorkerConnection:
         )
         return list(reply["results"])
 
-    async def renew(self, attempt_ids: list[str]) -> list[dict[str, Any]]:
-        return list((await self.request({"type": "renew", "attempt_ids": attempt_ids}))["leases"])
+    async def renew(
+        self, attempt_ids: list[str], timeout: float | None = None
+    ) -> list[dict[str, Any]]:
+        reply = await self.request({"type": "renew", "attempt_ids": attempt_ids}, timeout)
+        return list(reply["leases"])
 
     async def finish(
         self,
@@ -195,6 +249,7 @@ class WorkerConnection:
         *,
         fraction: float | None = None,
         message: str | None = None,
+        timeout: float | None = None,
     ) -> None:
         await self.request(
             {
@@ -203,12 +258,13 @@ class WorkerConnection:
                 "fence": fence,
                 "fraction": fraction,
                 "message": message,
-            }
+            },
+            timeout,
         )
 
-    async def heartbeat(self) -> None:
+    async def heartbeat(self, timeout: float | None = None) -> None:
         """Keep an idle session alive (renewals do it while attempts run)."""
-        await self.request({"type": "heartbeat"})
+        await self.request({"type": "heartbeat"}, timeout)
 
     async def next_push(self, timeout: float | None = 30.0) -> dict[str, Any]:
         """The next message the server pushed (``None``: wait as long as it takes)."""

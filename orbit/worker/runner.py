@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from websockets.exceptions import InvalidStatus
+
 from orbit import aio
 from orbit.aio import stop_tasks
 from orbit.core.model import compact_json
@@ -187,6 +189,7 @@ class Worker:
         cancel_grace: float = 5.0,
         renew_interval: float | None = None,
         reconnect_max: float = 5.0,
+        request_timeout: float = 30.0,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -199,6 +202,9 @@ class Worker:
         self.cancel_grace = cancel_grace
         self.renew_interval = renew_interval
         self.reconnect_max = reconnect_max
+        #: seconds a request waits for its reply before the connection is given up and
+        #: the session resumed on a new one (``WorkerConnection.request_timeout``)
+        self.request_timeout = request_timeout
         self.handlers: dict[str, _Registered] = {}
         self.running: dict[str, _Running] = {}
         self.abandoned: list[str] = []  # attempts whose handler ignored cancellation
@@ -255,14 +261,38 @@ class Worker:
     async def arun(self, *, install_signals: bool = False) -> int:
         if not self.handlers:
             raise ValueError("register at least one handler before running")
+        # Fresh events for this loop; a stop() asked for before this run is kept (it was
+        # once dropped with the old event, and the worker then ran until signalled).
         self._connected = asyncio.Event()
         self._stop_requested = asyncio.Event()
         self._lease_changed = asyncio.Event()
+        try:
+            if self._stopping:
+                log.info("stopped before it started: not connecting")
+                return 0
+            return await self._run(install_signals)
+        finally:
+            self._stopping = False  # this run is over; the next one starts afresh
+
+    async def _run(self, install_signals: bool) -> int:
         if install_signals:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
-        await self._connect(first=True)
+        # A stop() while the first connection is still being made (a server that is down
+        # is retried for ever) ends the run there.
+        connecting = asyncio.create_task(self._connect(first=True), name="connect")
+        stopped = asyncio.create_task(self._stop_requested.wait(), name="stopped")
+        try:
+            await asyncio.wait((connecting, stopped), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await stop_tasks([stopped])
+            if not connecting.done():
+                await stop_tasks([connecting])
+        if connecting.cancelled():
+            log.info("stopped before connecting")
+            return 0
+        connecting.result()  # the first connection's fatal errors (bad credentials)
         loops = [
             asyncio.create_task(self._renew_loop(), name="renew"),
             asyncio.create_task(self._read_loop(), name="read"),
@@ -293,12 +323,14 @@ class Worker:
     async def _connect(self, *, first: bool = False) -> None:
         """Connect and hello (first time) or resume; retry with backoff until it works."""
         self._connected.clear()
-        token = self.token if self.token is not None else load_token()
+        token = self._token()
         delay = 0.1
         caps = {name: reg.capacity for name, reg in self.handlers.items()}
         while True:
+            conn: WorkerConnection | None = None
             try:
                 conn = await WorkerConnection.connect(self._ws_url(), token, cafile=self.cafile)
+                conn.request_timeout = self.request_timeout
                 if self._session is None:
                     await conn.hello(self.name, caps, self.concurrency)
                     assert conn.session_id and conn.resume_secret
@@ -320,15 +352,33 @@ class Worker:
                 self._connected.set()
                 return
             except (TimeoutError, OSError, ConnectionError, ServerError) as exc:
+                await _close_quietly(conn)
                 if first and isinstance(exc, ServerError):
                     raise
                 log.warning("connect failed (%s); retrying in %.1fs", type(exc).__name__, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.reconnect_max)
+            except asyncio.CancelledError:
+                if conn is not None:
+                    conn.abort()  # not the closing handshake: the cancel is to end now
+                raise
             except Exception as exc:  # websockets' handshake errors
-                if first and "40" in str(exc):
-                    raise
-                log.warning("connect failed (%s); retrying", type(exc).__name__)
+                await _close_quietly(conn)
+                # Only a refusal of our credentials is final, and by its status code
+                # (once read as "40" in the message: a 404 ended the worker, and any
+                # message with "40" in it would have). A 500 or 503 is a server or proxy
+                # that is not ready yet: retried, as is a refusal after a first success.
+                status = exc.response.status_code if isinstance(exc, InvalidStatus) else None
+                if status in (401, 403):
+                    if first:
+                        raise
+                    log.error("connect refused: HTTP %d (bad credentials?); retrying", status)
+                else:
+                    log.warning(
+                        "connect failed (%s); retrying in %.1fs",
+                        f"HTTP {status}" if status is not None else type(exc).__name__,
+                        delay,
+                    )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.reconnect_max)
 
@@ -339,18 +389,31 @@ class Worker:
             # ended this loop after an idle hour, and the worker never heard a push again).
             msg = await self._conn.next_push(timeout=None)
             kind = msg.get("type")
-            if kind == "tasks":
-                for assignment in msg["tasks"]:
-                    self._accept(assignment)
-            elif kind == "cancel":
-                for attempt_id in msg["attempt_ids"]:
-                    running = self.running.get(attempt_id)
-                    if running is not None:
-                        self._cancel(running, "task cancelled")
-            elif kind == "closed":
+            if kind == "closed":
                 if self._stopping and not self.running:
                     return
                 await self._connect()
+                continue
+            try:
+                self._on_push(msg)
+            except Exception:
+                # One message this runner cannot use must not end the loop: with it ended,
+                # the worker heard no task, no cancel and no close again.
+                log.exception("could not handle a pushed %r message; ignoring it", kind)
+
+    def _on_push(self, msg: dict[str, Any]) -> None:
+        kind = msg.get("type")
+        if kind == "tasks":
+            for assignment in msg["tasks"]:
+                try:
+                    self._accept(assignment)
+                except Exception:
+                    log.exception("could not accept a pushed task; ignoring it")
+        elif kind == "cancel":
+            for attempt_id in msg["attempt_ids"]:
+                running = self.running.get(attempt_id)
+                if running is not None:
+                    self._cancel(running, "task cancelled")
 
     async def _request(self, call: Callable[[WorkerConnection], Awaitable[Any]]) -> Any:
         """Run a request, riding over reconnects: wait for a live connection, retry once it
@@ -444,6 +507,8 @@ class Worker:
                 return
             self._set_lease(running, lease)
             self._lease_changed.set()
+            if lease.get("status") == "cancel":  # a repeated start, after a cancel
+                self._cancel(running, "task cancelled")
             report = await self._invoke(running, payload)
             if report is None or not self._lease_valid(running):
                 # The attempt is no longer ours (by the server's word or our own clock):
@@ -457,6 +522,12 @@ class Worker:
                 self.finished += 1
             except ServerError as exc:
                 log.warning("finish of %s refused: %s", ctx.attempt_id, exc.code)
+        except ServerError as exc:
+            log.warning("release of %s refused: %s", ctx.attempt_id, exc.code)
+        except Exception:
+            # Never silent: an attempt task's error was otherwise seen by no one (its lease
+            # then runs out, and the server decides what becomes of the task).
+            log.exception("attempt %s failed in the runner", ctx.attempt_id)
         finally:
             self.running.pop(ctx.attempt_id, None)
 
@@ -472,14 +543,30 @@ class Worker:
                 retryable=False,
             )
         limit, by_deadline = self._time_limit(ctx)
-        running.handler_task = asyncio.create_task(self._call(running, reg, payload))
+        task = running.handler_task = asyncio.create_task(self._call(running, reg, payload))
+        if ctx.cancelled:
+            # Cancelled (a cancel pushed, a drain past its grace) while the start was in
+            # flight, when there was no handler task to cancel: the handler sees it now,
+            # as it would a cancel just after it began (``call_soon``: after its first
+            # step, so that the function is entered and gets CancelledError inside).
+            asyncio.get_running_loop().call_soon(task.cancel)
+        # asyncio.wait, not wait_for: wait_for raises the same TimeoutError for its limit
+        # and for a handler that raised one itself, and a handler's own TimeoutError (a
+        # call of its that timed out) is its failure, not the attempt's timeout.
         try:
-            result = await asyncio.wait_for(running.handler_task, limit)
-            return {"result": result}
-        except TimeoutError:
+            done, _ = await asyncio.wait((task,), timeout=limit)
+        except asyncio.CancelledError:
+            task.cancel()
+            await asyncio.wait((task,))
+            raise
+        if not done:
+            task.cancel()
+            await asyncio.wait((task,))  # a plain function: cancel_grace at most
             if by_deadline:
                 return None  # past the deadline the server refuses any report
             return _error("ATTEMPT_TIMEOUT", "the attempt timed out", retryable=True)
+        try:
+            return {"result": task.result()}
         except (asyncio.CancelledError, Cancelled):
             if running.lost:
                 return None
@@ -602,16 +689,16 @@ class Worker:
                 if conn is None:
                     return
                 try:
-                    # asyncio.timeout, not wait_for: wait_for runs the request as a task
-                    # whose refusal's traceback holds wait_for's frame, which holds the
-                    # task: a cycle through this attempt's state, left to the collector.
-                    async with asyncio.timeout(10):
-                        await conn.progress(
-                            running.ctx.attempt_id,
-                            running.fence,
-                            fraction=fraction,
-                            message=message,
-                        )
+                    # The request's own timeout, not wait_for: wait_for runs the request as
+                    # a task whose refusal's traceback holds wait_for's frame, which holds
+                    # the task: a cycle through this attempt's state, left to the collector.
+                    await conn.progress(
+                        running.ctx.attempt_id,
+                        running.fence,
+                        fraction=fraction,
+                        message=message,
+                        timeout=min(10.0, self.request_timeout),
+                    )
                 except (TimeoutError, ServerError, ConnectionError, OSError) as exc:
                     log.debug("progress not recorded: %s", exc)
         finally:
@@ -658,47 +745,55 @@ class Worker:
 
     async def _renew_loop(self) -> None:
         """Renew every running lease in one message; a lease we could not renew before it
-        ran out is treated as lost (its handler is cancelled, its result dropped)."""
+        ran out is treated as lost (its handler is cancelled, its result dropped). No
+        error ends this loop: with it gone, leases ran out under a live worker."""
         while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._interval()):
-                    await self._lease_changed.wait()
-            if self._lease_changed.is_set():
-                # New leases only move the next renewal earlier; renewing everything at
-                # each start would cost a transaction per start batch.
-                self._lease_changed.clear()
-                if not self._renewal_due():
-                    continue
-            live = [r for r in self.running.values() if r.lease_expires and not r.lost]
-            now = time.monotonic()
-            for r in live:
-                if r.lease_expires <= now:  # could not renew in time: it is not ours now
-                    self._lose(r, "lease expired")
-            ids = [r.ctx.attempt_id for r in live if not r.lost]
-            if not ids or self.pause_renewals or self._conn is None:
-                continue
-            if not self._connected.is_set():
-                continue
             try:
-                soonest = min(r.lease_expires for r in live if not r.lost) - time.monotonic()
-                # Never wait on a hung connection past the soonest lease: the expiry check
-                # at the top of the loop must run in time.
-                timeout = min(10.0, max(soonest, 0.05))
-                async with asyncio.timeout(timeout):
-                    leases = await self._conn.renew(ids)
-            except (TimeoutError, ServerError, ConnectionError, OSError) as exc:
-                log.warning("renew failed: %s", exc)
+                await self._renew_once()
+            except Exception:
+                log.exception("renewal failed; renewing again at the next turn")
+
+    async def _renew_once(self) -> None:
+        """One turn of the renew loop: wait until a renewal is due, then send it."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._interval()):
+                await self._lease_changed.wait()
+        if self._lease_changed.is_set():
+            # New leases only move the next renewal earlier; renewing everything at
+            # each start would cost a transaction per start batch.
+            self._lease_changed.clear()
+            if not self._renewal_due():
+                return
+        live = [r for r in self.running.values() if r.lease_expires and not r.lost]
+        now = time.monotonic()
+        for r in live:
+            if r.lease_expires <= now:  # could not renew in time: it is not ours now
+                self._lose(r, "lease expired")
+        ids = [r.ctx.attempt_id for r in live if not r.lost]
+        conn = self._conn
+        if not ids or self.pause_renewals or conn is None or not self._connected.is_set():
+            return
+        try:
+            soonest = min(r.lease_expires for r in live if not r.lost) - time.monotonic()
+            # Never wait on a hung connection past the soonest lease: the expiry check
+            # at the top of the loop must run in time.
+            # A renewal not answered in that time closes the connection (as any request
+            # that times out): the runner resumes on a new one rather than wait on it.
+            timeout = min(10.0, self.request_timeout, max(soonest, 0.05))
+            leases = await conn.renew(ids, timeout)
+        except (TimeoutError, ServerError, ConnectionError, OSError) as exc:
+            log.warning("renew failed: %s", exc)
+            return
+        for lease in leases:
+            running = self.running.get(lease["attempt_id"])
+            if running is None:
                 continue
-            for lease in leases:
-                running = self.running.get(lease["attempt_id"])
-                if running is None:
-                    continue
-                if lease["status"] == "lost":
-                    self._lose(running, "lease lost")
-                else:
-                    self._set_lease(running, lease)
-                    if lease["status"] == "cancel":
-                        self._cancel(running, "task cancelled")
+            if lease["status"] == "lost":
+                self._lose(running, "lease lost")
+            else:
+                self._set_lease(running, lease)
+                if lease["status"] == "cancel":
+                    self._cancel(running, "task cancelled")
 
     async def _heartbeat_loop(self) -> None:
         """Keep the session alive while idle; a lapsed session is resumed on reconnect."""
@@ -708,14 +803,16 @@ class Worker:
             if conn is None or not self._connected.is_set() or conn is not self._conn:
                 continue
             try:
-                async with asyncio.timeout(10):
-                    await conn.heartbeat()
+                await conn.heartbeat(min(10.0, self.request_timeout))
             except ServerError as exc:
                 log.warning("heartbeat refused (%s); reconnecting", exc.code)
                 with contextlib.suppress(Exception):
                     await conn.ws.close()
-            except (TimeoutError, ConnectionError, OSError):
-                continue
+            except (TimeoutError, ConnectionError, OSError) as exc:
+                log.warning("heartbeat failed: %r", exc)
+            except Exception:
+                # Any other error must not end the loop: an idle session would lapse.
+                log.exception("heartbeat failed")
 
     # ------------------------------------------------------------------ shutdown
 
@@ -733,6 +830,13 @@ class Worker:
             await asyncio.wait(pending, timeout=self.cancel_grace + 5)
         if self.abandoned:
             log.error("%d handler(s) ignored cancellation and were abandoned", len(self.abandoned))
+
+
+async def _close_quietly(conn: WorkerConnection | None) -> None:
+    """Close a connection that failed before it was put to use."""
+    if conn is not None:
+        with contextlib.suppress(Exception):
+            await conn.close()
 
 
 async def _file(path: Path) -> AsyncIterator[bytes]:

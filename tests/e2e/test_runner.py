@@ -12,6 +12,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -324,6 +325,36 @@ def test_fail_and_exceptions_choose_the_outcome(
     events = api.get(f"/v1/tasks/{flaky_id}/events").json()["items"]
     messages = [e["data"]["message"] for e in events if e["kind"] == "progress"]
     assert "attempt 2 halfway" in messages  # progress reaches the history
+
+
+def test_a_timeout_error_raised_by_the_handler_is_its_own_failure(
+    fast: Node, tokens: Tokens, api: httpx.Client
+) -> None:
+    """A handler whose own call timed out failed like any handler that raised: it is not
+    the attempt's timeout (ATTEMPT_TIMEOUT), nor, under a deadline, a report dropped."""
+    worker = Worker(fast.http, tokens.worker)
+
+    @worker.handler("upstream.async")
+    async def upstream_async(ctx: Context, payload: Any) -> Any:
+        async with asyncio.timeout(0):
+            await asyncio.sleep(1)
+
+    @worker.handler("upstream.sync")
+    def upstream_sync(ctx: Context, payload: Any) -> Any:
+        raise TimeoutError("the upstream did not answer")
+
+    deadline = (datetime.now(UTC) + timedelta(minutes=10)).isoformat()
+    under_deadline = submit(api, "upstream.async", max_attempts=1, deadline=deadline)
+    timed = submit(api, "upstream.sync", max_attempts=1, attempt_timeout=60)
+    plain = submit(api, "upstream.sync", max_attempts=1)
+    asyncio.run(run_until(worker, lambda: worker.finished == 3))
+    for tid in (under_deadline, timed, plain):
+        task = wait_state(api, tid, {"failed"})
+        assert task["error"]["code"] == "TimeoutError", task["error"]
+        assert task["attempts_used"] == 1
+    assert api.get(f"/v1/tasks/{plain}").json()["error"]["message"] == (
+        "the upstream did not answer"
+    )
 
 
 def _worker_process(node: Node, tokens: Tokens, marks: Path, **env: str) -> subprocess.Popen[str]:

@@ -1,0 +1,416 @@
+"""The worker SDK recovers from what goes wrong on its connection: requests that get no
+reply, sockets that close under a send, and messages that arrive at awkward moments.
+Driven against ``FakeGateway``, a real WebSocket server on a loopback port."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import InvalidStatus
+
+from orbit.worker.connection import WorkerConnection
+from orbit.worker.runner import Context, Worker
+from tests.unit.fake_gateway import FakeGateway, Hook, assignment
+
+
+async def _swallow_heartbeats(gw: FakeGateway, ws: ServerConnection, msg: dict[str, Any]) -> bool:
+    return bool(msg["type"] == "heartbeat")
+
+
+def test_a_request_given_up_leaves_nothing_waiting_and_its_late_reply_is_dropped() -> None:
+    async def main() -> None:
+        async with FakeGateway(on_request=_swallow_heartbeats) as gw:
+            conn = await WorkerConnection.connect(gw.ws_url, "token")
+            try:
+                asking = asyncio.create_task(conn.request({"type": "heartbeat"}))
+                late = await gw.wait_for(lambda m: m["type"] == "heartbeat")
+                asking.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await asking
+                assert conn._waiting == {}
+                # The reply comes after all, then a real push: only the push is handed on.
+                await gw.push({"type": "ack", "req_id": late["req_id"], "op": "heartbeat"})
+                await gw.push({"type": "tasks", "req_id": None, "tasks": []})
+                assert (await conn.next_push(10))["type"] == "tasks"
+            finally:
+                await conn.close()
+
+    asyncio.run(main())
+
+
+def test_a_request_that_times_out_leaves_nothing_waiting() -> None:
+    async def main() -> None:
+        async with FakeGateway(on_request=_swallow_heartbeats) as gw:
+            conn = await WorkerConnection.connect(gw.ws_url, "token")
+            try:
+                with pytest.raises(TimeoutError):
+                    await conn.request({"type": "heartbeat"}, 0.2)
+                assert conn._waiting == {}
+            finally:
+                await conn.close()
+
+    asyncio.run(main())
+
+
+# --------------------------------------------------------------------------- the runner
+
+
+def _is(kind: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda m: bool(m["type"] == kind)
+
+
+def _finished(attempt_id: str) -> Callable[[dict[str, Any]], bool]:
+    def match(m: dict[str, Any]) -> bool:
+        if m["type"] == "finish":
+            return bool(m["attempt_id"] == attempt_id)
+        return m["type"] == "finish_many" and any(i["attempt_id"] == attempt_id for i in m["items"])
+
+    return match
+
+
+@contextlib.asynccontextmanager
+async def running(worker: Worker) -> AsyncIterator[asyncio.Task[int]]:
+    """``worker.arun()`` as a task; stopped (drained) and awaited on the way out."""
+    runner = asyncio.create_task(worker.arun())
+    try:
+        yield runner
+    finally:
+        worker.stop()
+        await asyncio.wait_for(runner, 30)
+
+
+def _close_then_send(monkeypatch: pytest.MonkeyPatch, kind: str) -> list[str]:
+    """The first ``kind`` request the worker sends finds its socket closed under it (the
+    socket is closed, then the frame sent): websockets raises ConnectionClosed."""
+    original = ClientConnection.send
+    cut: list[str] = []
+
+    async def send(self: ClientConnection, message: Any, *, text: bool | None = None) -> None:
+        if not cut and isinstance(message, str) and f'"type":"{kind}"' in message:
+            cut.append(message)
+            await self.close()
+        await original(self, message, text=text)
+
+    monkeypatch.setattr(ClientConnection, "send", send)
+    return cut
+
+
+def test_a_renewal_cut_by_a_closed_socket_does_not_end_the_renew_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cut = _close_then_send(monkeypatch, "renew")
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, "token", renew_interval=0.05)
+
+            @worker.handler("h")
+            async def handler(ctx: Context, payload: Any) -> Any:
+                await gw.count(_is("renew"), 2)  # renewals go on after the cut one
+                return "renewed"
+
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+                await gw.wait_for(_finished("a1"), timeout=20)
+            assert cut
+            assert gw.finished["a1"] == {"ok": True, "result": "renewed"}
+
+    asyncio.run(main())
+
+
+def test_a_heartbeat_cut_by_a_closed_socket_does_not_end_the_heartbeat_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cut = _close_then_send(monkeypatch, "heartbeat")
+
+    async def main() -> None:
+        async with FakeGateway(heartbeat_interval=0.05) as gw:
+            worker = Worker(gw.url, "token")
+            worker.handler("h")(_never_called)
+            async with running(worker):
+                await gw.count(_is("heartbeat"), 2)
+            assert cut
+
+    asyncio.run(main())
+
+
+def test_a_start_cut_by_a_closed_socket_is_sent_again_after_the_resume(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cut = _close_then_send(monkeypatch, "start")
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, "token")
+
+            @worker.handler("h")
+            async def handler(ctx: Context, payload: Any) -> Any:
+                return "ran"
+
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+                await gw.wait_for(_finished("a1"), timeout=20)
+            assert cut
+            assert [m["type"] for m in gw.received][:4] == ["hello", "resume", "start", "finish"]
+            assert gw.finished["a1"] == {"ok": True, "result": "ran"}
+
+    asyncio.run(main())
+
+
+def test_a_push_the_runner_cannot_use_does_not_end_the_read_loop(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, "token")
+
+            @worker.handler("h")
+            async def handler(ctx: Context, payload: Any) -> Any:
+                return "ran"
+
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                await gw.push({"type": "cancel"})  # no attempt_ids
+                await gw.push({"type": "tasks", "req_id": None, "tasks": [{"attempt_id": "x"}]})
+                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+                await gw.wait_for(_finished("a1"))
+            assert gw.finished["a1"] == {"ok": True, "result": "ran"}
+
+    with caplog.at_level(logging.ERROR, logger="orbit.worker"):
+        asyncio.run(main())
+    assert "could not handle a pushed 'cancel' message" in caplog.text
+    assert "could not accept a pushed task" in caplog.text
+
+
+def test_an_attempt_that_fails_in_the_runner_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    async def no_lease(gw: FakeGateway, ws: ServerConnection, msg: dict[str, Any]) -> bool:
+        if msg["type"] != "start":
+            return False
+        await ws.send(json.dumps({"type": "started", "req_id": msg["req_id"]}))  # no lease
+        return True
+
+    async def main() -> None:
+        async with FakeGateway(on_request=no_lease) as gw:
+            worker = Worker(gw.url, "token")
+            worker.handler("h")(_never_called)
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+                await gw.wait_for(_is("start"))
+                attempt = worker.running["a1"].task
+                assert attempt is not None
+                await asyncio.wait_for(attempt, 10)  # it ends, with its error logged
+
+    with caplog.at_level(logging.ERROR, logger="orbit.worker"):
+        asyncio.run(main())
+    assert "attempt a1 failed in the runner" in caplog.text
+
+
+async def _never_called(ctx: Context, payload: Any) -> Any:
+    raise AssertionError("this handler must not run")
+
+
+def test_a_request_that_times_out_closes_the_connection() -> None:
+    async def main() -> None:
+        async with FakeGateway(on_request=_swallow_heartbeats) as gw:
+            conn = await WorkerConnection.connect(gw.ws_url, "token")
+            conn.request_timeout = 0.2
+            try:
+                with pytest.raises(TimeoutError):
+                    await conn.heartbeat()
+                assert (await conn.next_push(10))["type"] == "closed"
+            finally:
+                await conn.close()
+
+    asyncio.run(main())
+
+
+def test_a_start_without_a_reply_makes_the_runner_resume_on_a_new_connection() -> None:
+    async def swallow_first_start(gw: FakeGateway, ws: ServerConnection, msg: Any) -> bool:
+        return msg["type"] == "start" and sum(m["type"] == "start" for m in gw.received) == 1
+
+    async def main() -> None:
+        async with FakeGateway(on_request=swallow_first_start) as gw:
+            worker = Worker(gw.url, "token", request_timeout=0.3)
+
+            @worker.handler("h")
+            async def handler(ctx: Context, payload: Any) -> Any:
+                return "ran"
+
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+                await gw.wait_for(_finished("a1"), timeout=20)
+            kinds = [m["type"] for m in gw.received]
+            assert kinds[:5] == ["hello", "start", "resume", "start", "finish"]
+            assert gw.finished["a1"] == {"ok": True, "result": "ran"}
+            assert len(gw.connections) == 2
+
+    asyncio.run(main())
+
+
+def _held_starts(gw: FakeGateway) -> tuple[Hook, asyncio.Queue[tuple[ServerConnection, Any]]]:
+    """A hook that answers no ``start``: each goes on the queue, for the test to answer."""
+    held: asyncio.Queue[tuple[ServerConnection, Any]] = asyncio.Queue()
+
+    async def hold(gw: FakeGateway, ws: ServerConnection, msg: dict[str, Any]) -> bool:
+        if msg["type"] != "start":
+            return False
+        await held.put((ws, msg))
+        return True
+
+    return hold, held
+
+
+def _watch_cancels(worker: Worker) -> asyncio.Queue[str]:
+    """The reasons the runner cancels attempts for, as it does."""
+    reasons: asyncio.Queue[str] = asyncio.Queue()
+    cancel = worker._cancel
+
+    def watched(running: Any, reason: str) -> None:
+        cancel(running, reason)
+        reasons.put_nowait(reason)
+
+    worker._cancel = watched  # type: ignore[method-assign]
+    return reasons
+
+
+def _waiting_handler(worker: Worker, kind: str, seen: dict[str, Any]) -> None:
+    """Register handler ``h``: it waits until cancelled and records the reason."""
+    if kind == "async":
+
+        @worker.handler("h")
+        async def wait_async(ctx: Context, payload: Any) -> Any:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                seen["reason"] = ctx.reason
+                raise
+
+    else:
+        stopped = threading.Event()
+
+        @worker.handler("h")
+        def wait_sync(ctx: Context, payload: Any) -> Any:
+            while not ctx.cancelled:
+                stopped.wait(0.01)
+            seen["reason"] = ctx.reason
+            ctx.check()
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_a_cancel_while_the_start_is_in_flight_reaches_the_handler(kind: str) -> None:
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        gw = FakeGateway()
+        hook, held = _held_starts(gw)
+        gw.on_request = hook
+        async with gw:
+            worker = Worker(gw.url, "token")
+            _waiting_handler(worker, kind, seen)
+            reasons = _watch_cancels(worker)
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+                ws, start = await asyncio.wait_for(held.get(), 10)
+                # The task is cancelled once started: the push overtakes the reply.
+                await gw.push({"type": "cancel", "attempt_ids": ["a1"]})
+                assert await asyncio.wait_for(reasons.get(), 10) == "task cancelled"
+                await ws.send(json.dumps(gw.answer(start)))
+                await gw.wait_for(_finished("a1"))
+            assert seen["reason"] == "task cancelled"
+            error = gw.finished["a1"]["error"]
+            assert error["code"] == "CANCELLED" and error["retryable"] is False
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_a_drain_while_the_start_is_in_flight_reaches_the_handler(kind: str) -> None:
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        gw = FakeGateway()
+        hook, held = _held_starts(gw)
+        gw.on_request = hook
+        async with gw:
+            worker = Worker(gw.url, "token", grace=0, cancel_grace=5)
+            _waiting_handler(worker, kind, seen)
+            reasons = _watch_cancels(worker)
+            async with running(worker) as runner:
+                await gw.wait_for(_is("hello"))
+                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+                ws, start = await asyncio.wait_for(held.get(), 10)
+                worker.stop()  # no grace: running attempts are cancelled at once
+                assert await asyncio.wait_for(reasons.get(), 10) == "worker stopping"
+                await ws.send(json.dumps(gw.answer(start)))
+                await gw.wait_for(_finished("a1"))
+                assert await asyncio.wait_for(runner, 10) == 0
+            assert seen["reason"] == "worker stopping"
+            error = gw.finished["a1"]["error"]
+            assert error["code"] == "CANCELLED" and error["retryable"] is True
+
+    asyncio.run(main())
+
+
+def test_a_stop_before_the_run_is_honoured() -> None:
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, "token")
+            worker.handler("h")(_never_called)
+            worker.stop()
+            assert await asyncio.wait_for(worker.arun(), 10) == 0
+            assert gw.attempts == 0  # it did not even connect
+
+    asyncio.run(main())
+
+
+def test_a_stop_while_the_first_connection_is_retried_ends_the_run() -> None:
+    async def main() -> None:
+        async with FakeGateway(reject=[503] * 1000) as gw:
+            worker = Worker(gw.url, "token", reconnect_max=0.1)
+            worker.handler("h")(_never_called)
+            runner = asyncio.create_task(worker.arun())
+            await gw.upgrades(2)  # refused, and retried
+            worker.stop()
+            assert await asyncio.wait_for(runner, 10) == 0
+
+    asyncio.run(main())
+
+
+def test_a_refused_upgrade_other_than_bad_credentials_is_retried() -> None:
+    async def main() -> None:
+        async with FakeGateway(reject=[404, 500, 503]) as gw:
+            worker = Worker(gw.url, "token", reconnect_max=0.1)
+            worker.handler("h")(_never_called)
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+            assert gw.attempts == 4
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_bad_credentials_end_the_first_connection(status: int) -> None:
+    async def main() -> None:
+        async with FakeGateway(reject=[status]) as gw:
+            worker = Worker(gw.url, "token")
+            worker.handler("h")(_never_called)
+            with pytest.raises(InvalidStatus) as refused:
+                await asyncio.wait_for(worker.arun(), 10)
+            assert refused.value.response.status_code == status
+            assert gw.attempts == 1
+
+    asyncio.run(main())
