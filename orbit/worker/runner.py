@@ -169,6 +169,7 @@ class _Running:
     handler_task: asyncio.Task[Any] | None = None  # just the handler
     lost: bool = False
     lease_expires: float = 0.0  # monotonic deadline of the current lease
+    deadline_at: float | None = None  # monotonic instant of the task's deadline
     renew_at: float = 0.0  # monotonic instant its lease is half spent
     pending_progress: tuple[float | None, str | None] | None = None
     sending_progress: bool = False
@@ -471,6 +472,8 @@ class Worker:
             retry_safe=bool(a["retry_safe"]),
         )
         running = _Running(ctx=ctx, fence=a["fence"])
+        if a.get("deadline_left") is not None:  # the server's clock, not this host's
+            running.deadline_at = time.monotonic() + a["deadline_left"]
         loop = asyncio.get_running_loop()
         # The context reaches its attempt's state through a weak reference, and uploads
         # through the attempt's id and fence: a strong reference back to ``running`` made
@@ -498,6 +501,7 @@ class Worker:
                 await self._request(lambda c: c.release(ctx.attempt_id, running.fence))
                 return
             try:
+                sent = time.monotonic()
                 lease = await self._starts.submit((ctx.attempt_id, running.fence))
             except ServerError as exc:
                 log.info("start of %s refused: %s", ctx.attempt_id, exc.code)
@@ -505,7 +509,7 @@ class Worker:
                     with contextlib.suppress(ServerError):
                         await self._request(lambda c: c.release(ctx.attempt_id, running.fence))
                 return
-            self._set_lease(running, lease)
+            self._set_lease(running, lease, sent)
             self._lease_changed.set()
             if lease.get("status") == "cancel":  # a repeated start, after a cancel
                 self._cancel(running, "task cancelled")
@@ -542,7 +546,7 @@ class Worker:
                 "the task was submitted as retry_safe",
                 retryable=False,
             )
-        limit, by_deadline = self._time_limit(ctx)
+        limit, by_deadline = self._time_limit(running)
         task = running.handler_task = asyncio.create_task(self._call(running, reg, payload))
         if ctx.cancelled:
             # Cancelled (a cancel pushed, a drain past its grace) while the start was in
@@ -579,11 +583,12 @@ class Worker:
         except Exception as exc:  # any other error fails the attempt, retryably
             return _error(type(exc).__name__[:100], str(exc)[:2000], retryable=True)
 
-    def _time_limit(self, ctx: Context) -> tuple[float | None, bool]:
-        """Seconds the handler may run: its attempt timeout or the task deadline."""
-        limit = ctx.attempt_timeout
-        if ctx.deadline is not None:
-            left = ctx.deadline.timestamp() - time.time()
+    def _time_limit(self, running: _Running) -> tuple[float | None, bool]:
+        """Seconds the handler may run: its attempt timeout or the task deadline, timed
+        from the server's ``deadline_left`` on this host's monotonic clock."""
+        limit = running.ctx.attempt_timeout
+        if running.deadline_at is not None:
+            left = running.deadline_at - time.monotonic()
             if limit is None or left < limit:
                 return max(left, 0.0), True
         return limit, False
@@ -715,15 +720,11 @@ class Worker:
 
     # ------------------------------------------------------------------ leases
 
-    def _lease_deadline(self, lease: dict[str, Any]) -> float:
-        expires = lease.get("lease_expires_at")
-        if not expires:
-            return time.monotonic()
-        remaining = datetime.fromisoformat(expires).timestamp() - time.time()
-        return time.monotonic() + max(remaining, 0.0)
-
-    def _set_lease(self, running: _Running, lease: dict[str, Any]) -> None:
-        running.lease_expires = self._lease_deadline(lease)
+    def _set_lease(self, running: _Running, lease: dict[str, Any], sent: float) -> None:
+        """Time the lease from ``lease_left``, the server's own count, starting from
+        ``sent`` (when the request left, so never later than the server's answer): this
+        host's wall clock, which may disagree with the database's, never enters."""
+        running.lease_expires = sent + max(lease.get("lease_left") or 0.0, 0.0)
         now = time.monotonic()
         running.renew_at = now + (running.lease_expires - now) / 2
 
@@ -780,6 +781,7 @@ class Worker:
             # A renewal not answered in that time closes the connection (as any request
             # that times out): the runner resumes on a new one rather than wait on it.
             timeout = min(10.0, self.request_timeout, max(soonest, 0.05))
+            sent = time.monotonic()
             leases = await conn.renew(ids, timeout)
         except (TimeoutError, ServerError, ConnectionError, OSError) as exc:
             log.warning("renew failed: %s", exc)
@@ -791,7 +793,7 @@ class Worker:
             if lease["status"] == "lost":
                 self._lose(running, "lease lost")
             else:
-                self._set_lease(running, lease)
+                self._set_lease(running, lease, sent)
                 if lease["status"] == "cancel":
                     self._cancel(running, "task cancelled")
 

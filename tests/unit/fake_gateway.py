@@ -42,18 +42,10 @@ def assignment(attempt_id: str, handler: str, payload: Any = None, **kw: Any) ->
         "payload": payload,
         "attempt": 1,
         "deadline": None,
+        "deadline_left": None,
         "attempt_timeout": None,
         "retry_safe": False,
         **kw,
-    }
-
-
-def _lease(attempt_id: str) -> dict[str, Any]:
-    expires = datetime.now(UTC) + timedelta(seconds=60)
-    return {
-        "attempt_id": attempt_id,
-        "status": "ok",
-        "lease_expires_at": expires.isoformat().replace("+00:00", "Z"),
     }
 
 
@@ -64,8 +56,13 @@ class FakeGateway:
         heartbeat_interval: float = 20.0,
         reject: list[int] | None = None,
         on_request: Hook | None = None,
+        lease_left: float = 60.0,
+        clock_offset: float = 0.0,
     ) -> None:
         self.heartbeat_interval = heartbeat_interval
+        #: each lease's length, and how far this server's clock is ahead of the host's
+        self.lease_left = lease_left
+        self.clock_offset = clock_offset
         #: HTTP statuses to refuse the next upgrades with, one per connection attempt
         self.reject = list(reject or [])
         self.on_request = on_request
@@ -163,15 +160,15 @@ class FakeGateway:
                 "heartbeat_interval": self.heartbeat_interval,
             }
         if kind == "start":
-            return {"type": "started", "req_id": rid, "lease": _lease(msg["attempt_id"])}
+            return {"type": "started", "req_id": rid, "lease": self._lease(msg["attempt_id"])}
         if kind == "start_many":
             results = [
-                {"attempt_id": i["attempt_id"], "lease": _lease(i["attempt_id"])}
+                {"attempt_id": i["attempt_id"], "lease": self._lease(i["attempt_id"])}
                 for i in msg["items"]
             ]
             return {"type": "started_many", "req_id": rid, "results": results}
         if kind == "renew":
-            leases = [_lease(a) for a in msg["attempt_ids"]]
+            leases = [self._lease(a) for a in msg["attempt_ids"]]
             return {"type": "renewed", "req_id": rid, "leases": leases}
         if kind == "finish":
             return {"type": "finished", "req_id": rid, "receipt": self._finish(msg)}
@@ -181,6 +178,16 @@ class FakeGateway:
             ]
             return {"type": "finished_many", "req_id": rid, "results": results}
         return {"type": "ack", "req_id": rid, "op": kind}
+
+    def _lease(self, attempt_id: str) -> dict[str, Any]:
+        now = datetime.now(UTC) + timedelta(seconds=self.clock_offset)
+        expires = now + timedelta(seconds=self.lease_left)
+        return {
+            "attempt_id": attempt_id,
+            "status": "ok",
+            "lease_expires_at": expires.isoformat().replace("+00:00", "Z"),
+            "lease_left": self.lease_left,
+        }
 
     def _finish(self, item: dict[str, Any]) -> dict[str, Any]:
         self.finished.setdefault(item["attempt_id"], item["outcome"])

@@ -414,3 +414,55 @@ def test_bad_credentials_end_the_first_connection(status: int) -> None:
             assert gw.attempts == 1
 
     asyncio.run(main())
+
+
+# --------------------------------------------------------------------------- clocks
+
+
+@pytest.mark.parametrize("offset", [-100.0, 100.0])
+def test_leases_are_timed_by_the_servers_count_not_this_hosts_clock(offset: float) -> None:
+    """The server's clock is 100 s behind (or ahead of) this host's, and its leases last
+    a second: the worker renews each at half its ``lease_left`` and keeps the attempt.
+    By the instants alone it would have found every lease over at once (or renewed a
+    minute and a half too late)."""
+
+    async def main() -> None:
+        async with FakeGateway(lease_left=1.0, clock_offset=offset) as gw:
+            worker = Worker(gw.url, "token")
+
+            @worker.handler("h")
+            async def handler(ctx: Context, payload: Any) -> Any:
+                await gw.count(_is("renew"), 3, timeout=20)  # three leases, each renewed
+                return "kept"
+
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+                await gw.wait_for(_finished("a1"), timeout=30)
+            assert gw.finished["a1"] == {"ok": True, "result": "kept"}
+
+    asyncio.run(main())
+
+
+def test_a_deadline_is_timed_by_the_servers_count_not_this_hosts_clock() -> None:
+    """The deadline's instant is already past by this host's clock, but the server
+    says 30 s are left: the handler runs and its result is sent."""
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, "token")
+
+            @worker.handler("h")
+            async def handler(ctx: Context, payload: Any) -> Any:
+                await asyncio.sleep(0.05)  # work that a zero time limit would cut short
+                return "in time"
+
+            past = "2020-01-01T00:00:00Z"
+            task = assignment("a1", "h", deadline=past, deadline_left=30.0)
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                await gw.push({"type": "tasks", "req_id": None, "tasks": [task]})
+                await gw.wait_for(_finished("a1"), timeout=20)
+            assert gw.finished["a1"] == {"ok": True, "result": "in time"}
+
+    asyncio.run(main())
