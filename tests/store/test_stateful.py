@@ -872,7 +872,8 @@ class OrbitMachine(RuleBasedStateMachine):
         elif att.state == A.RUNNING and att.lease_expires_at is not None:
             reasons = set() if att.lease_expires_at > now else {Code.LEASE_EXPIRED}
             status = "cancel" if task.state == S.CANCELLING else "ok"
-            repeat = Lease(att.id, status, att.lease_expires_at) if not reasons else None
+            until = att.lease_expires_at
+            repeat = Lease(att.id, status, until, until - now) if not reasons else None
         elif att.state != A.CLAIMED:
             reasons = {Code.ATTEMPT_ENDED, Code.TASK_CANCELLED}
         else:
@@ -905,7 +906,7 @@ class OrbitMachine(RuleBasedStateMachine):
             caps.append(now + task.attempt_timeout_us + REPORT_GRACE_US)
         if task.deadline is not None:
             caps.append(task.deadline)
-        assert lease == Lease(att.id, "ok", min(caps)), (lease, caps)
+        assert lease == Lease(att.id, "ok", min(caps), min(caps) - now), (lease, caps)
         assert running.state == A.RUNNING and running.started_at == now
         assert running.lease_expires_at == min(caps)
         assert t.state == S.RUNNING and t.attempts_used == task.attempts_used + 1
@@ -964,7 +965,7 @@ class OrbitMachine(RuleBasedStateMachine):
                 caps.append(task.deadline)
             until = max(min(caps), b.lease_expires_at)
             status = "cancel" if task.state == S.CANCELLING else "ok"
-            assert lease == Lease(b.id, status, until), (lease, until)
+            assert lease == Lease(b.id, status, until, until - now), (lease, until)
             assert after.attempts[b.id] == replace(b, lease_expires_at=until)
         self._only_changed(before, after, set(), set(ids), "renew")
         s = after.sessions[worker.id]
