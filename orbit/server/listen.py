@@ -17,31 +17,21 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from psycopg import conninfo, pq
+from psycopg import pq
 
 from orbit.server.gateway import Dispatcher
+from orbit.store.postgres.driver import with_tcp_checks
 
 log = logging.getLogger("orbit.server")
 
 CHANNELS = ("orbit_ready", "orbit_cancel")
 
-#: TCP keepalives on the LISTEN connection (libpq's parameters). It only ever reads, so a
-#: peer gone without a reset (a partition, a dropped NAT entry) would leave it waiting
-#: for ever, the node deaf to other nodes' wakes and cancels until its slow poll; the
-#: kernel's probes find such a peer in 10 + 3 * 5 s, and the read fails and reconnects.
-KEEPALIVES = {
-    "keepalives": 1,
-    "keepalives_idle": 10,
-    "keepalives_interval": 5,
-    "keepalives_count": 3,
-}
-
 
 async def connect(dsn: str) -> psycopg.AsyncConnection[Any]:
-    """The LISTEN connection: autocommit, with ``KEEPALIVES``."""
-    return await psycopg.AsyncConnection.connect(
-        conninfo.make_conninfo(dsn, **KEEPALIVES), autocommit=True
-    )
+    """The LISTEN connection: autocommit, with the store's ``TCP_CHECKS``. It only ever
+    reads, so without keepalive probes a PostgreSQL gone without a reset would leave the
+    node deaf to other nodes' wakes and cancels (but for its slow poll) for hours."""
+    return await psycopg.AsyncConnection.connect(with_tcp_checks(dsn), autocommit=True)
 
 
 async def listen(dsn: str, origin: str, dispatcher: Dispatcher) -> None:

@@ -27,7 +27,7 @@ from typing import Any, TypeVar, cast
 
 import orjson
 import psycopg
-from psycopg import pq
+from psycopg import conninfo, pq
 from psycopg.adapt import Transformer
 from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg_pool import ConnectionPool
@@ -875,6 +875,26 @@ class _PostgresConnection:
 #: by the claim lock, so a second one would only wait for it.
 RELAXED_MAX = 2
 
+#: libpq's TCP settings for every connection Orbit opens. A PostgreSQL gone without a
+#: reset (a partition, a dropped NAT entry) is otherwise noticed only by TCP's own
+#: timers: an idle connection after libpq's default keepalive idle of 2 hours, a request
+#: whose bytes go unacknowledged after about 15 minutes of retransmits, a store call or
+#: a LISTEN read hanging all that while. The keepalive probes find a silent peer in
+#: 10 + 3 * 5 s; ``tcp_user_timeout`` drops a connection whose sent bytes wait 30 s for
+#: an acknowledgement (a long query sends nothing meanwhile, so it is unaffected).
+TCP_CHECKS = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
+
+
+def with_tcp_checks(dsn: str) -> str:
+    """``dsn`` (a URL or key=value conninfo) with ``TCP_CHECKS`` added."""
+    return conninfo.make_conninfo(dsn, **TCP_CHECKS)
+
 
 def _relax(cx: psycopg.Connection[Any]) -> None:
     """A relaxed connection's setting, made once when the pool opens it: its commits
@@ -919,7 +939,7 @@ class PostgresDriver:
         self._statements = _Statements(self.queries)
         self.migrations = _HERE / "migrations"
         self._pool = ConnectionPool(
-            dsn,
+            with_tcp_checks(dsn),
             min_size=min_size,
             max_size=max_size,
             open=True,
@@ -927,7 +947,7 @@ class PostgresDriver:
             name="orbit",
         )
         self._relaxed = ConnectionPool(
-            dsn,
+            with_tcp_checks(dsn),
             min_size=1,
             max_size=RELAXED_MAX,
             open=True,
