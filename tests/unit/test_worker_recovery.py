@@ -88,6 +88,25 @@ async def running(worker: Worker) -> AsyncIterator[asyncio.Task[int]]:
         await asyncio.wait_for(runner, 30)
 
 
+async def _run_one(
+    gw: FakeGateway,
+    worker: Worker,
+    task: dict[str, Any] | None = None,
+    *,
+    first: tuple[dict[str, Any], ...] = (),
+    timeout: float = 20.0,
+) -> None:
+    """Run ``worker``: once it has said hello, push ``first``, then ``task`` (``a1`` for
+    handler ``h`` by default); return, the worker stopped, once the task's finish came."""
+    task = task or assignment("a1", "h")
+    async with running(worker):
+        await gw.wait_for(_is("hello"))
+        for message in first:
+            await gw.push(message)
+        await gw.push({"type": "tasks", "req_id": None, "tasks": [task]})
+        await gw.wait_for(_finished(task["attempt_id"]), timeout=timeout)
+
+
 def _close_then_send(monkeypatch: pytest.MonkeyPatch, kind: str) -> list[str]:
     """The first ``kind`` request the worker sends finds its socket closed under it (the
     socket is closed, then the frame sent): websockets raises ConnectionClosed."""
@@ -118,10 +137,7 @@ def test_a_renewal_cut_by_a_closed_socket_does_not_end_the_renew_loop(
                 await gw.count(_is("renew"), 2)  # renewals go on after the cut one
                 return "renewed"
 
-            async with running(worker):
-                await gw.wait_for(_is("hello"))
-                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
-                await gw.wait_for(_finished("a1"), timeout=20)
+            await _run_one(gw, worker)
             assert cut
             assert gw.finished["a1"] == {"ok": True, "result": "renewed"}
 
@@ -157,10 +173,7 @@ def test_a_start_cut_by_a_closed_socket_is_sent_again_after_the_resume(
             async def handler(ctx: Context, payload: Any) -> Any:
                 return "ran"
 
-            async with running(worker):
-                await gw.wait_for(_is("hello"))
-                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
-                await gw.wait_for(_finished("a1"), timeout=20)
+            await _run_one(gw, worker)
             assert cut
             assert [m["type"] for m in gw.received][:4] == ["hello", "resume", "start", "finish"]
             assert gw.finished["a1"] == {"ok": True, "result": "ran"}
@@ -179,12 +192,14 @@ def test_a_push_the_runner_cannot_use_does_not_end_the_read_loop(
             async def handler(ctx: Context, payload: Any) -> Any:
                 return "ran"
 
-            async with running(worker):
-                await gw.wait_for(_is("hello"))
-                await gw.push({"type": "cancel"})  # no attempt_ids
-                await gw.push({"type": "tasks", "req_id": None, "tasks": [{"attempt_id": "x"}]})
-                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
-                await gw.wait_for(_finished("a1"))
+            await _run_one(
+                gw,
+                worker,
+                first=(
+                    {"type": "cancel"},
+                    {"type": "tasks", "req_id": None, "tasks": [{"attempt_id": "x"}]},
+                ),
+            )
             assert gw.finished["a1"] == {"ok": True, "result": "ran"}
 
     with caplog.at_level(logging.ERROR, logger="orbit.worker"):
@@ -248,10 +263,7 @@ def test_a_start_without_a_reply_makes_the_runner_resume_on_a_new_connection() -
             async def handler(ctx: Context, payload: Any) -> Any:
                 return "ran"
 
-            async with running(worker):
-                await gw.wait_for(_is("hello"))
-                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
-                await gw.wait_for(_finished("a1"), timeout=20)
+            await _run_one(gw, worker)
             kinds = [m["type"] for m in gw.received]
             assert kinds[:5] == ["hello", "start", "resume", "start", "finish"]
             assert gw.finished["a1"] == {"ok": True, "result": "ran"}
@@ -435,10 +447,7 @@ def test_leases_are_timed_by_the_servers_count_not_this_hosts_clock(offset: floa
                 await gw.count(_is("renew"), 3, timeout=20)  # three leases, each renewed
                 return "kept"
 
-            async with running(worker):
-                await gw.wait_for(_is("hello"))
-                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
-                await gw.wait_for(_finished("a1"), timeout=30)
+            await _run_one(gw, worker, timeout=30)
             assert gw.finished["a1"] == {"ok": True, "result": "kept"}
 
     asyncio.run(main())
@@ -459,10 +468,7 @@ def test_a_deadline_is_timed_by_the_servers_count_not_this_hosts_clock() -> None
 
             past = "2020-01-01T00:00:00Z"
             task = assignment("a1", "h", deadline=past, deadline_left=30.0)
-            async with running(worker):
-                await gw.wait_for(_is("hello"))
-                await gw.push({"type": "tasks", "req_id": None, "tasks": [task]})
-                await gw.wait_for(_finished("a1"), timeout=20)
+            await _run_one(gw, worker, task)
             assert gw.finished["a1"] == {"ok": True, "result": "in time"}
 
     asyncio.run(main())
