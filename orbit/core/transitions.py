@@ -409,7 +409,7 @@ def renew(
     # Past the attempt timeout the lease is no longer extended (it ends at timeout + the
     # report grace); the runner stops the handler on its own clock and reports the timeout.
     status = "cancel" if task.state == T.CANCELLING else "ok"
-    return Lease(attempt.id, status, until, max(until - now, 0))
+    return Lease(attempt.id, status, until, until - now)  # a live lease: until > now
 
 
 def finish(

@@ -507,7 +507,7 @@ class Store:
         if lazy is None:
             queues = sorted({s.queue for s in eager})
             parents = sorted({s.parent_id for s in eager if s.parent_id})
-            keys = {(s.tenant, s.queue, s.idempotency_key) for s in eager if s.idempotency_key}
+            keys = {key for s in eager if (key := _key_of(s)) is not None}
         else:
             queues, parents, keys = sorted(lazy.queues), sorted(lazy.parents), set(lazy.keys)
 

@@ -103,9 +103,6 @@ class WorkerConnection:
             await self.pushed.put({"type": "closed"})
 
     async def send_raw(self, data: str | bytes) -> None:
-        await self._send(data)
-
-    async def _send(self, data: str | bytes) -> None:
         """Send a frame. A closed socket is a ``ConnectionError``, as for a reply that a
         close cut off: websockets' ``ConnectionClosed`` is not one, and it escaped every
         handler that expects transport failures as ``ConnectionError`` or ``OSError``."""
@@ -139,7 +136,7 @@ class WorkerConnection:
         # server, which refuses it with its code.
         frame = json.dumps({**message, "req_id": rid}, separators=(",", ":"))
         try:
-            await self._send(frame)
+            await self.send_raw(frame)
             # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that meets
             # the reply in one loop iteration, and the worker's loops must stop when told.
             async with asyncio.timeout(timeout):

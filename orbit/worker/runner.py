@@ -352,27 +352,21 @@ class Worker:
                 self._conn = conn
                 self._connected.set()
                 return
-            except (TimeoutError, OSError, ConnectionError, ServerError) as exc:
-                await _close_quietly(conn)
-                if first and isinstance(exc, ServerError):
-                    raise
-                log.warning("connect failed (%s); retrying in %.1fs", type(exc).__name__, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.reconnect_max)
             except asyncio.CancelledError:
                 if conn is not None:
                     conn.abort()  # not the closing handshake: the cancel is to end now
                 raise
-            except Exception as exc:  # websockets' handshake errors
+            except Exception as exc:  # the network, the server's refusal, the handshake
                 await _close_quietly(conn)
-                # Only a refusal of our credentials is final, and by its status code
-                # (once read as "40" in the message: a 404 ended the worker, and any
+                # Only a refusal of our credentials is final, and only on the first
+                # connection: a hello the server refused, or HTTP 401/403 by its status
+                # code (once read as "40" in the message: a 404 ended the worker, and any
                 # message with "40" in it would have). A 500 or 503 is a server or proxy
                 # that is not ready yet: retried, as is a refusal after a first success.
                 status = exc.response.status_code if isinstance(exc, InvalidStatus) else None
+                if first and (isinstance(exc, ServerError) or status in (401, 403)):
+                    raise
                 if status in (401, 403):
-                    if first:
-                        raise
                     log.error("connect refused: HTTP %d (bad credentials?); retrying", status)
                 else:
                     log.warning(

@@ -169,9 +169,7 @@ def test_a_start_cut_by_a_closed_socket_is_sent_again_after_the_resume(
         async with FakeGateway() as gw:
             worker = Worker(gw.url, "token")
 
-            @worker.handler("h")
-            async def handler(ctx: Context, payload: Any) -> Any:
-                return "ran"
+            worker.handler("h")(_ran)
 
             await _run_one(gw, worker)
             assert cut
@@ -188,9 +186,7 @@ def test_a_push_the_runner_cannot_use_does_not_end_the_read_loop(
         async with FakeGateway() as gw:
             worker = Worker(gw.url, "token")
 
-            @worker.handler("h")
-            async def handler(ctx: Context, payload: Any) -> Any:
-                return "ran"
+            worker.handler("h")(_ran)
 
             await _run_one(
                 gw,
@@ -232,6 +228,10 @@ def test_an_attempt_that_fails_in_the_runner_is_logged(caplog: pytest.LogCapture
     assert "attempt a1 failed in the runner" in caplog.text
 
 
+async def _ran(ctx: Context, payload: Any) -> Any:
+    return "ran"
+
+
 async def _never_called(ctx: Context, payload: Any) -> Any:
     raise AssertionError("this handler must not run")
 
@@ -259,9 +259,7 @@ def test_a_start_without_a_reply_makes_the_runner_resume_on_a_new_connection() -
         async with FakeGateway(on_request=swallow_first_start) as gw:
             worker = Worker(gw.url, "token", request_timeout=0.3)
 
-            @worker.handler("h")
-            async def handler(ctx: Context, payload: Any) -> Any:
-                return "ran"
+            worker.handler("h")(_ran)
 
             await _run_one(gw, worker)
             kinds = [m["type"] for m in gw.received]
