@@ -369,3 +369,55 @@ def test_a_node_whose_listen_connection_dies_hears_notifies_again(tmp_path: Path
                     assert t2["task_id"] == second
 
         asyncio.run(scenario())
+
+
+def terminate_other_backends(db_url: str) -> int:
+    """Close every connection to the database but this one, as a PostgreSQL restart
+    would; return how many, once their backends have exited."""
+    with psycopg.connect(db_url, autocommit=True) as cx:
+        others = "datname = current_database() AND pid <> pg_backend_pid()"
+        row = cx.execute(
+            f"SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE {others}"
+        ).fetchone()
+        assert row is not None
+        deadline = time.monotonic() + 30
+        while cx.execute(f"SELECT count(*) FROM pg_stat_activity WHERE {others}").fetchone() != (
+            0,
+        ):
+            assert time.monotonic() < deadline, "the terminated backends did not exit"
+            time.sleep(0.01)
+        return int(row[0])
+
+
+def test_no_call_fails_after_postgres_closed_every_connection(tmp_path: Path) -> None:
+    """Every node's connections closed at once, as a restart of PostgreSQL closes them:
+    no call afterwards fails for it. Each node passes over its closed pooled connections
+    (each used to fail one call, a 500) and its LISTEN connection reconnects."""
+    with cluster(tmp_path) as c:
+        a, b = c.start("node-a", "node-b", args=POLL)
+
+        async def run_task(http: httpx.AsyncClient, worker: WorkerConnection, n: int) -> str:
+            task_id = await submit(http, {"n": n})
+            [task] = await next_tasks(worker)
+            assert task["task_id"] == task_id
+            assert (await worker.start(task["attempt_id"], task["fence"]))["status"] == "ok"
+            receipt = await worker.finish(task["attempt_id"], task["fence"], result=n)
+            assert receipt["task_state"] == "succeeded"
+            return task_id
+
+        async def scenario() -> None:
+            async with client(a, c.tokens.admin) as http_a, client(b, c.tokens.admin) as http_b:
+                await make_queue(http_a)
+                async with pushed_to(b, c.tokens.worker, 4) as worker:
+                    first = await run_task(http_a, worker, 1)  # both nodes' pools in use
+                    closed = await asyncio.to_thread(terminate_other_backends, c.db_url)
+                    assert closed >= 6  # per node: two pools and the LISTEN connection
+                    for http in (http_a, http_b, http_a, http_b):
+                        reply = await http.get(f"/v1/tasks/{first}")
+                        assert reply.status_code == 200, reply.text
+                    # a submit on A, pushed by B once its LISTEN is back, run through B
+                    await run_task(http_a, worker, 2)
+                    listing = await http_b.get("/v1/tasks")
+                    assert listing.status_code == 200, listing.text
+
+        asyncio.run(scenario())

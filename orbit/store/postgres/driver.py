@@ -29,7 +29,7 @@ import orjson
 import psycopg
 from psycopg import conninfo, pq
 from psycopg.adapt import Transformer
-from psycopg.pq import ExecStatus, TransactionStatus
+from psycopg.pq import ConnStatus, ExecStatus, TransactionStatus
 from psycopg_pool import ConnectionPool
 
 from orbit.core.model import compact_json, parse_json
@@ -896,6 +896,40 @@ def with_tcp_checks(dsn: str) -> str:
     return conninfo.make_conninfo(dsn, **TCP_CHECKS)
 
 
+def close_if_stale(cx: psycopg.Connection[Any]) -> bool:
+    """Whether this idle pooled connection is unfit for a transaction, closing it if so:
+    the server closed it (a restart, or ``pg_terminate_backend``) or spoke on it unasked.
+    A pooled connection LISTENs to nothing and has read every answer to its statements,
+    so an idle one has nothing to read; a readable socket is the server's goodbye (its
+    error, then the end of the stream, which can come a moment later), or one of its rare
+    unprompted messages (a setting's new value), and a new connection costs less than
+    telling them apart. One ``poll`` with no wait: about a microsecond a transaction. A
+    peer that vanished without a word is not seen here; the TCP checks find it."""
+    pg = cx.pgconn
+    if pg.status == ConnStatus.OK:
+        waiter = select.poll()
+        waiter.register(pg.socket, select.POLLIN)
+        if not waiter.poll(0):
+            return False
+    cx.close()
+    return True
+
+
+def _fit_connection(pool: ConnectionPool[Any]) -> psycopg.Connection[Any]:
+    """A connection from ``pool``, passing over those ``close_if_stale`` closes: after
+    PostgreSQL restarts, every idle connection in the pool is closed, and each used to
+    fail one store call (a 500) before the pool replaced it. A failed call is not retried
+    instead, since a lost reply to its ``COMMIT`` may hide a commit."""
+    cx: psycopg.Connection[Any]
+    for _ in range(pool.max_size):
+        cx = pool.getconn()
+        if not close_if_stale(cx):
+            return cx
+        pool.putconn(cx)  # closed: the pool discards it and opens another
+    cx = pool.getconn()  # every one was stale: a new one, as it comes
+    return cx
+
+
 def _relax(cx: psycopg.Connection[Any]) -> None:
     """A relaxed connection's setting, made once when the pool opens it: its commits
     return before their WAL is flushed (``Driver.transaction(durable=False)``)."""
@@ -972,9 +1006,11 @@ class PostgresDriver:
     def _connection(
         self, pool: ConnectionPool[Any], *, autocommit: bool = False
     ) -> Iterator[tuple[psycopg.Connection[Any], _PostgresConnection]]:
-        """A pooled connection, its plans checked (before any transaction: those reads
-        need none), and the driver's view of it."""
-        with pool.connection() as cx:
+        """A pooled connection fit for a transaction (``_fit_connection``), its plans
+        checked (before any transaction: those reads need none), and the driver's view
+        of it."""
+        cx = _fit_connection(pool)
+        try:
             self.plans.before_transaction(cx)
             yield (
                 cx,
@@ -982,6 +1018,8 @@ class PostgresDriver:
                     cx, self.queries, self.columnar, self._statements, autocommit=autocommit
                 ),
             )
+        finally:
+            pool.putconn(cx)
 
     def read(self, name: str, params: Params) -> list[Row]:
         """The statement alone in autocommit: its own transaction, one round trip."""
