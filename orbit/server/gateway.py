@@ -95,6 +95,8 @@ class WorkerConnection:
         self.session_id = session.id
         self.epoch = session.epoch
         self.max_concurrency = session.max_concurrency
+        #: the handlers the session runs: a claim can only find tasks of these
+        self.handlers = frozenset(c.handler for c in session.capabilities)
         self.push = push
         self.closed = False
         #: whether the last claim for this worker stopped at a capacity or cap (see
@@ -218,11 +220,26 @@ class Dispatcher:
                     await self._wake.wait()
             self._wake.clear()
             self._token_due = None  # this round's claims say again if one is still short
-            for conn in list(self.connections.values()):
-                if conn.push and not conn.closed:
-                    await self._offer(conn)
+            await self.offer_all()
 
-    async def _offer(self, conn: WorkerConnection) -> None:
+    async def offer_all(self) -> None:
+        """One round: a claim for each attached connection that takes pushed tasks,
+        except those a claim earlier in the round showed to have nothing to find. A claim
+        that was not held back (``Grants.blocked``: by a cap, a rate, its slots, or the
+        size of one claim) took every ready task of its session's handlers, so a session
+        whose handlers are among them would claim nothing: with ten idle workers, a
+        submit used to cost ten claims, nine of them empty and each holding the claim
+        lock in turn. A task that becomes ready during the round wakes another round."""
+        exhausted: list[frozenset[str]] = []  # handler sets with nothing left ready
+        for conn in list(self.connections.values()):
+            if not conn.push or conn.closed or any(conn.handlers <= h for h in exhausted):
+                continue
+            if await self._offer(conn):
+                exhausted.append(conn.handlers)
+
+    async def _offer(self, conn: WorkerConnection) -> bool:
+        """Claim for ``conn`` and push what it got; whether the claim took every ready
+        task of its handlers (see ``offer_all``)."""
         # A session may declare more slots than one claim may grant: offer at most a
         # claim's worth (the claim itself grants no more than the session's free slots),
         # and offer again at once when that filled (below).
@@ -239,10 +256,10 @@ class Dispatcher:
                 conn.closed = True
                 with contextlib.suppress(Exception):
                     await conn.ws.close(code=4409, reason=str(exc.code))
-            return
+            return False
         except Exception:  # a database hiccup must not stop dispatch
             log.exception("dispatch failed")
-            return
+            return False
         conn.blocked = grants.blocked
         if grants.token_wait_us is not None:
             due = asyncio.get_running_loop().time() + grants.token_wait_us / 1e6 + TOKEN_MARGIN_S
@@ -260,6 +277,7 @@ class Dispatcher:
             # a claim's worth of tasks or of payload bytes, and maybe slots to spare:
             # offer again now (a session with none left gets an empty claim)
             self._wake.set()
+        return not grants.blocked
 
 
 def _req_id(raw: Any) -> str | None:

@@ -1,0 +1,124 @@
+"""Which attached workers one dispatch round claims for, against a real store (both
+backends), the dispatcher driven round by round in-process.
+
+A claim that nothing held back (no cap, rate, full slots or size limit) took every
+ready task of its session's handlers, so the round skips the connections whose handlers
+are among those: one submitted task used to cost a claim per idle worker, all but one
+of them empty, each holding the claim lock in turn. A claim that was held back skips
+nobody.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import cast
+
+from fastapi import WebSocket
+
+from orbit.core.model import TaskSpec
+from orbit.server.gateway import Dispatcher, WorkerConnection
+from orbit.server.metrics import Metrics
+from orbit.store import Grants, Store
+from tests.store.helpers import queue, worker
+
+
+class RecordingSocket:
+    """Stands in for a worker's WebSocket: keeps the tasks pushed to it."""
+
+    def __init__(self) -> None:
+        self.task_ids: list[str] = []
+
+    async def send_text(self, text: str) -> None:
+        message = json.loads(text)
+        assert message["type"] == "tasks", message
+        self.task_ids.extend(t["task_id"] for t in message["tasks"])
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        raise AssertionError(f"closed with {code} {reason}")
+
+
+class Rig:
+    def __init__(self, store: Store, queue_cap: int = 10) -> None:
+        self.store = store
+        self.dispatcher = Dispatcher(store, poll_interval=60, metrics=Metrics(store))
+        self.claims: list[str] = []  # the session of each claim the store was asked for
+        claim = store.attempt_claim_many
+
+        def counted(session_id: str, epoch: int, n: int) -> Grants:
+            self.claims.append(session_id)
+            return claim(session_id, epoch, n)
+
+        store.attempt_claim_many = counted  # type: ignore[method-assign]
+        queue(store, max_concurrency=queue_cap)
+
+    def attach(self, handlers: dict[str, int], slots: int = 10) -> RecordingSocket:
+        session, _ = worker(store=self.store, handlers=handlers, max_concurrency=slots)
+        socket = RecordingSocket()
+        conn = WorkerConnection(cast(WebSocket, socket), session, push=True)
+        assert self.dispatcher.attach(conn) is None
+        return socket
+
+    def submit(self, handler: str = "h") -> str:
+        return self.store.task_submit(TaskSpec(queue="q", handler=handler)).task.id
+
+    def round(self) -> None:
+        asyncio.run(self.dispatcher.offer_all())
+
+
+def _pushed(*sockets: RecordingSocket) -> list[list[str]]:
+    return [s.task_ids for s in sockets]
+
+
+def test_one_ready_task_costs_one_claim_among_idle_workers(store: Store) -> None:
+    rig = Rig(store)
+    sockets = [rig.attach({"h": 10}) for _ in range(5)]
+    task_id = rig.submit()
+    rig.round()
+    assert len(rig.claims) == 1
+    assert _pushed(*sockets) == [[task_id], [], [], [], []]
+    # the next round starts afresh: a new task is claimed again
+    second = rig.submit()
+    rig.round()
+    assert len(rig.claims) == 2
+    assert sockets[0].task_ids == [task_id, second]
+
+
+def test_a_worker_with_other_handlers_is_still_offered(store: Store) -> None:
+    rig = Rig(store)
+    only_h = rig.attach({"h": 10})
+    only_g = rig.attach({"g": 10})
+    also_h = rig.attach({"h": 10})
+    task_id = rig.submit("g")
+    rig.round()
+    assert _pushed(only_h, only_g, also_h) == [[], [task_id], []]
+    assert len(rig.claims) == 2  # the second worker of handler h is skipped
+
+
+def test_a_worker_with_more_handlers_is_still_offered(store: Store) -> None:
+    rig = Rig(store)
+    narrow = rig.attach({"h": 10})
+    wide = rig.attach({"h": 10, "g": 10})
+    for_h, for_g = rig.submit("h"), rig.submit("g")
+    rig.round()
+    assert _pushed(narrow, wide) == [[for_h], [for_g]]
+
+
+def test_a_claim_held_back_by_its_slots_skips_nobody(store: Store) -> None:
+    rig = Rig(store)
+    sockets = [rig.attach({"h": 1}, slots=1) for _ in range(3)]
+    submitted = sorted([rig.submit(), rig.submit()])  # one instant: either order
+    rig.round()
+    assert [len(ids) for ids in _pushed(*sockets)] == [1, 1, 0]
+    assert sorted(sockets[0].task_ids + sockets[1].task_ids) == submitted
+    assert len(rig.claims) == 3  # the second claim was held back too: the third is made
+
+
+def test_a_claim_held_back_by_a_queue_cap_skips_nobody(store: Store) -> None:
+    rig = Rig(store, queue_cap=1)
+    sockets = [rig.attach({"h": 10}) for _ in range(2)]
+    rig.submit()
+    rig.submit()
+    rig.round()
+    assert [len(ids) for ids in _pushed(*sockets)] == [1, 0]
+    assert len(rig.claims) == 2  # held back by the cap, so the next worker was asked
