@@ -763,8 +763,11 @@ class OrbitMachine(RuleBasedStateMachine):
                 assert ended.state == A.CANCELLED and a.state == S.CANCELLED, (ended, a)
             elif b.retry_safe:
                 assert ended.state == (A.TIMED_OUT if timed_out else A.LOST), ended.state
-                code = Code.ATTEMPT_TIMEOUT if timed_out else Code.ATTEMPT_LOST
-                _check_failed_attempt(b, a, now, True, code)
+                if deadline_passed:  # the reaper row: whatever attempts remain
+                    assert a.state == S.FAILED and a.error_code == Code.DEADLINE_EXCEEDED, a
+                else:
+                    code = Code.ATTEMPT_TIMEOUT if timed_out else Code.ATTEMPT_LOST
+                    _check_failed_attempt(b, a, now, True, code)
             else:
                 assert ended.state == A.UNKNOWN, ended.state
                 if deadline_passed:
