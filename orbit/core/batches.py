@@ -41,4 +41,6 @@ class LazyBatch(ABC):
     def read(self, start: int, end: int) -> list[TaskSpec]:
         """The specs of tasks ``start`` to ``end`` (every field checked but the payload,
         which the store spells and checks itself); ``UnusualTask`` for one that cannot
-        be read so."""
+        be read so. The same tasks may be read more than once (a retried transaction; a
+        batch naming a cancelled parent is read whole before its chunks), and must read
+        the same each time."""

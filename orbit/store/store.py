@@ -541,13 +541,28 @@ class Store:
             for spec in eager:
                 if _key_of(spec) not in by_key:
                     check_deadline(spec, now)
+            # Every parent must exist, whatever its children's keys name. A cancelled
+            # one takes no new child, but a spec whose key names a task made before
+            # this batch makes nothing: it is an idempotent retry, and gets its task
+            # back (cancelled with its parent) rather than PARENT_CANCELLED.
+            cancelled: list[str] = []
             for parent_id in parents:
                 found = tx.fetch("task_share", id=parent_id)
                 if not found:
                     raise OrbitError(Code.PARENT_NOT_FOUND, f"no parent task {parent_id!r:.80}")
                 parent = R.task_from_row(found[0])
                 if parent.cancel_requested or parent.state == TaskState.CANCELLED:
-                    raise OrbitError(Code.PARENT_CANCELLED, f"parent task {parent_id} is cancelled")
+                    cancelled.append(parent_id)
+            if cancelled:
+                # Which spec names which parent: a LazyBatch is read whole for it, once
+                # more (as a retried transaction reads it again), before anything is
+                # written. Only a batch naming a cancelled parent pays for it.
+                _refuse_new_children(
+                    eager if lazy is None else lazy.read(0, count),
+                    frozenset(cancelled),
+                    frozenset(by_key),
+                    lambda k: self._existing_by_key(tx, k),
+                )
             results: list[Submitted] = []
             rendered: list[T] = []
 
@@ -1944,6 +1959,24 @@ def _lock_tree(tx: _Tx, root_id: str) -> list[Task]:
         for row in tx.fetch("task_lock_many", ids=new):
             task = R.task_from_row(row)
             locked[task.id] = task
+
+
+def _refuse_new_children(
+    specs: Iterable[TaskSpec],
+    cancelled: frozenset[str],
+    stored: frozenset[tuple[str, str, str]],
+    look: Callable[[list[tuple[str, str, str]]], dict[tuple[str, str, str], Task]],
+) -> None:
+    """PARENT_CANCELLED for the first spec that would make a task under a ``cancelled``
+    parent: one whose key named no task when the batch looked (``stored``). If its key
+    names one now (``look``: a concurrent submit of the same task committed after the
+    look, and then the cancel that cancelled both), StaleWrite: the transaction runs
+    again, finds the task and returns it."""
+    for spec in specs:
+        if spec.parent_id in cancelled and (key := _key_of(spec)) not in stored:
+            if key is not None and look([key]):
+                raise StaleWrite(f"idempotency key {spec.idempotency_key!r:.80} was taken")
+            raise OrbitError(Code.PARENT_CANCELLED, f"parent task {spec.parent_id} is cancelled")
 
 
 def _key_of(spec: TaskSpec) -> tuple[str, str, str] | None:

@@ -492,8 +492,8 @@ class OrbitMachine(RuleBasedStateMachine):
         delay_s: int | None,
         deadline_s: int | None,
     ) -> None:
-        """A task with any mix of the knobs; a cancelled parent or a reused key with another
-        payload is refused before anything is written."""
+        """A task with any mix of the knobs; a new child under a cancelled parent or a
+        reused key with another payload is refused before anything is written."""
         self.clock.now += 1  # distinct instants give distinct, ordered UUIDv7 ids
         now = self.clock.now
         before = self.world
@@ -525,7 +525,7 @@ class OrbitMachine(RuleBasedStateMachine):
         try:
             submitted = self.store.task_submit(spec)
         except OrbitError as exc:
-            if parent_cancelled:
+            if parent_cancelled and prior is None:
                 expected = Code.PARENT_CANCELLED
             elif prior is not None and prior[1] != payload:
                 expected = Code.IDEMPOTENCY_CONFLICT
@@ -533,7 +533,8 @@ class OrbitMachine(RuleBasedStateMachine):
                 raise
             self._expect_refused(before, exc, expected, "submit")
             return
-        assert not parent_cancelled, "a child was accepted under a cancelled parent"
+        # A resubmit whose key names a task is idempotent even under a cancelled parent.
+        assert not parent_cancelled or prior is not None, "a new child under a cancelled parent"
         if prior is not None:
             assert prior[1] == payload, "an idempotency key was reused with another payload"
             assert not submitted.created and submitted.task.id == prior[0]
