@@ -46,7 +46,7 @@ from orbit import aio
 from orbit.aio import stop_tasks
 from orbit.core.model import compact_json
 from orbit.gctune import tune_for_throughput
-from orbit.tokens import load_token
+from orbit.tokens import TokenError, load_token
 from orbit.worker.batching import Coalescer
 from orbit.worker.connection import ServerError, WorkerConnection, outcome
 
@@ -324,12 +324,14 @@ class Worker:
     async def _connect(self, *, first: bool = False) -> None:
         """Connect and hello (first time) or resume; retry with backoff until it works."""
         self._connected.clear()
-        token = self._token()
         delay = 0.1
         caps = {name: reg.capacity for name, reg in self.handlers.items()}
         while True:
             conn: WorkerConnection | None = None
             try:
+                # Read at every try: a token rotated in ORBIT_TOKEN_FILE is taken up by
+                # the next reconnect, without a restart.
+                token = self._token()
                 conn = await WorkerConnection.connect(self._ws_url(), token, cafile=self.cafile)
                 conn.request_timeout = self.request_timeout
                 if self._session is None:
@@ -362,12 +364,17 @@ class Worker:
                 # connection: a hello the server refused, or HTTP 401/403 by its status
                 # code (once read as "40" in the message: a 404 ended the worker, and any
                 # message with "40" in it would have). A 500 or 503 is a server or proxy
-                # that is not ready yet: retried, as is a refusal after a first success.
+                # that is not ready yet: retried, as is a refusal after a first success
+                # (with the token read again: it may have been rotated). No token to read
+                # is final on the first connection too.
                 status = exc.response.status_code if isinstance(exc, InvalidStatus) else None
-                if first and (isinstance(exc, ServerError) or status in (401, 403)):
+                bad_token = isinstance(exc, TokenError)
+                if first and (isinstance(exc, ServerError) or bad_token or status in (401, 403)):
                     raise
                 if status in (401, 403):
                     log.error("connect refused: HTTP %d (bad credentials?); retrying", status)
+                elif bad_token:
+                    log.error("no token to reconnect with (%s); retrying", exc)
                 else:
                     log.warning(
                         "connect failed (%s); retrying in %.1fs",

@@ -65,6 +65,8 @@ class FakeGateway:
         self.clock_offset = clock_offset
         #: HTTP statuses to refuse the next upgrades with, one per connection attempt
         self.reject = list(reject or [])
+        #: if set, the only bearer token an upgrade is let through with (else 401)
+        self.accepted_token: str | None = None
         self.on_request = on_request
         self.received: list[dict[str, Any]] = []
         self.attempts = 0  # upgrades asked for, refused ones included
@@ -103,6 +105,9 @@ class FakeGateway:
         if self.reject:
             status = self.reject.pop(0)
             return Response(status, "refused", Headers(), b"refused\n")
+        token = self.accepted_token
+        if token is not None and request.headers.get("Authorization") != f"Bearer {token}":
+            return Response(401, "Unauthorized", Headers(), b"bad token\n")
         return None
 
     async def wait_for(

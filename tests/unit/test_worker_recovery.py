@@ -10,6 +10,7 @@ import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import InvalidStatus
 
+from orbit.tokens import TokenError
 from orbit.worker.connection import WorkerConnection
 from orbit.worker.runner import Context, Worker
 from tests.unit.fake_gateway import FakeGateway, Hook, assignment
@@ -422,6 +424,51 @@ def test_bad_credentials_end_the_first_connection(status: int) -> None:
                 await asyncio.wait_for(worker.arun(), 10)
             assert refused.value.response.status_code == status
             assert gw.attempts == 1
+
+    asyncio.run(main())
+
+
+def test_a_reconnect_reads_a_rotated_token_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server stops taking the worker's token and drops its connection; the operator
+    writes a new token into ORBIT_TOKEN_FILE. The worker's reconnects, refused with 401
+    meanwhile, pick the new token up and resume the session: no restart."""
+    token_file = tmp_path / "token"
+    token_file.write_text("old-token\n")
+    token_file.chmod(0o600)
+    monkeypatch.delenv("ORBIT_TOKEN", raising=False)
+    monkeypatch.setenv("ORBIT_TOKEN_FILE", str(token_file))
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, reconnect_max=0.1)
+            worker.handler("h")(_never_called)
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                gw.accepted_token = "new-token"
+                await gw.connections[-1].close()
+                await gw.upgrades(3)  # the old token refused, twice
+                token_file.write_text("new-token\n")
+                await gw.wait_for(_is("resume"))
+            assert len(gw.connections) == 2
+
+    asyncio.run(main())
+
+
+def test_no_token_to_read_ends_the_first_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ORBIT_TOKEN", raising=False)
+    monkeypatch.setenv("ORBIT_TOKEN_FILE", str(tmp_path / "missing"))
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url)
+            worker.handler("h")(_never_called)
+            with pytest.raises(TokenError, match="does not exist"):
+                await asyncio.wait_for(worker.arun(), 10)
+            assert gw.attempts == 0
 
     asyncio.run(main())
 
