@@ -341,3 +341,27 @@ def test_operator_routes(admin: httpx.Client, node: Node, tokens: Tokens) -> Non
     assert workers == []
     assert admin.get("/v1/nope").status_code == 404
     assert httpx.get(f"{node.http}/readyz").json() == {"status": "ready"}
+
+
+def test_a_childs_idempotent_resubmit_after_its_parents_cancel_gets_the_child(
+    admin: httpx.Client,
+) -> None:
+    """Over HTTP: the client lost the reply to a child's submit, the parent was cancelled
+    meanwhile, and the retry with the same key gets the (cancelled) child back; a new
+    child under that parent is still refused, and nothing new is stored."""
+    admin.post("/v1/queues", json={"name": "q", "max_concurrency": 2, "rate": 0})
+    parent = admin.post("/v1/tasks", json={"queue": "q", "handler": "h"}).json()["task"]
+    child = {"queue": "q", "handler": "h", "parent_id": parent["id"], "idempotency_key": "c"}
+    first = admin.post("/v1/tasks", json=child)
+    assert first.status_code == 201, first.text
+    assert admin.post(f"/v1/tasks/{parent['id']}/cancel").status_code == 200
+    again = admin.post("/v1/tasks", json=child)
+    assert again.status_code == 200 and again.json()["created"] is False, again.text
+    task = again.json()["task"]
+    assert task["id"] == first.json()["task"]["id"] and task["state"] == "cancelled"
+    batch = admin.post("/v1/tasks/batch?reply=ids", json={"tasks": [child]})
+    assert batch.status_code == 201, batch.text
+    assert batch.json() == [{"id": task["id"], "created": False}]
+    new = admin.post("/v1/tasks", json={**child, "idempotency_key": "other"})
+    assert new.status_code == 409 and new.json()["error"]["code"] == "PARENT_CANCELLED"
+    assert len(admin.get("/v1/tasks").json()["items"]) == 2
