@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 from orbit.core.model import Capability, Grant, Session, TaskSpec
 from orbit.store import Store
@@ -56,3 +59,18 @@ def postgres_driver(store: Store, queries: dict[str, str]) -> PostgresDriver:
     assert isinstance(drv, PostgresDriver)
     drv.queries.update(queries)
     return drv
+
+
+def blind_first_look(store: Store, monkeypatch: pytest.MonkeyPatch) -> Callable[[], int]:
+    """Make the store's first look for existing keys find none, as if another submit
+    took a key just after it; return how many looks there have been."""
+    looks = 0
+    existing = store._existing_by_key
+
+    def blind_once(tx: Any, batch: Any) -> Any:
+        nonlocal looks
+        looks += 1
+        return {} if looks == 1 else existing(tx, batch)
+
+    monkeypatch.setattr(store, "_existing_by_key", blind_once)
+    return lambda: looks

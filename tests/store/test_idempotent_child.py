@@ -17,7 +17,7 @@ from orbit.protocol.submissions import UsualBatch
 from orbit.store import Store, Submitted
 from orbit.store.store import SUBMIT_CHUNK, submit_chunks
 from tests.invariants import check_all
-from tests.store.helpers import queue, submit
+from tests.store.helpers import blind_first_look, queue, submit
 
 #: several chunks (submit_chunks), the last one short
 N = 2 * SUBMIT_CHUNK + 7
@@ -151,16 +151,8 @@ def test_a_key_taken_after_the_look_is_found_under_a_cancelled_parent(
     the cancelled parent is seen, and the retried transaction returns it."""
     parent, made = _cancelled_family(store, n)
     before = _written(store)
-    looks = 0
-    existing = store._existing_by_key
-
-    def blind_once(tx: Any, keys: Any) -> Any:
-        nonlocal looks
-        looks += 1
-        return {} if looks == 1 else existing(tx, keys)
-
-    monkeypatch.setattr(store, "_existing_by_key", blind_once)
+    looks = blind_first_look(store, monkeypatch)
     again = _submit(store, [_child(parent, i) for i in range(n)], form)
-    assert looks == 3  # the blind look, the second one that found the key, the retry's
+    assert looks() == 3  # the blind look, the second one that found the key, the retry's
     assert [(d.created, d.task.id) for d in again] == [(False, d.task.id) for d in made]
     assert _written(store) == before

@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 import sqlite3
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -24,7 +23,7 @@ from orbit.store.store import (
     submit_chunks,
 )
 from tests.conftest import ManualClock, store_url
-from tests.store.helpers import queue
+from tests.store.helpers import blind_first_look, queue
 
 #: several chunks (submit_chunks), the last one short
 N = 2 * SUBMIT_CHUNK + 7
@@ -44,21 +43,6 @@ def stored(store: Store) -> int:
 
 def submitted_events(store: Store) -> list[dict[str, Any]]:
     return [e for e in store.event_list(limit=1000) if e["kind"] == "submitted"]
-
-
-def blind_first_look(store: Store, monkeypatch: pytest.MonkeyPatch) -> Callable[[], int]:
-    """Make the store's first look for existing keys find none, as if another submit
-    took a key just after it; return how many looks there have been."""
-    looks = 0
-    existing = store._existing_by_key
-
-    def blind_once(tx: Any, batch: Any) -> Any:
-        nonlocal looks
-        looks += 1
-        return {} if looks == 1 else existing(tx, batch)
-
-    monkeypatch.setattr(store, "_existing_by_key", blind_once)
-    return lambda: looks
 
 
 def test_a_batch_of_several_chunks_is_written_whole_and_in_order(store: Store) -> None:
