@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Iterable
-from typing import Any, TypeVar
+import inspect
+from collections.abc import Callable, Coroutine, Generator, Iterable
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -46,3 +47,58 @@ async def stop_tasks(tasks: Iterable[asyncio.Task[Any]], *, recheck: float = 0.5
     for task in finished:
         if not task.cancelled():
             task.exception()  # retrieved: no "exception was never retrieved" at exit
+
+
+def start_eagerly(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T] | None:
+    """Run ``coro`` in the caller up to its first suspension, as Python 3.12's eager
+    tasks do. If it finished there, return None (its result is dropped; an exception it
+    raised propagates to the caller). Otherwise return a task that carries it on from
+    where it waits.
+
+    The server's pushes use this: a send to a socket that takes the bytes completes
+    without suspending, so the usual push costs no task and no turn of the event loop,
+    and only a send that would wait for a slow reader is left to run by itself."""
+    try:
+        waiting_on = coro.send(None)
+    except StopIteration:
+        return None
+    task = asyncio.get_running_loop().create_task(_carry_on(coro, waiting_on))
+    task.add_done_callback(lambda _: _close_if_suspended(coro))
+    return task
+
+
+def _close_if_suspended(coro: Coroutine[Any, Any, Any]) -> None:
+    # A task cancelled before its first step never resumes ``coro``: close it, so its
+    # cleanup (a lock's waiter, say) runs now rather than when it is collected.
+    if inspect.getcoroutinestate(coro) == inspect.CORO_SUSPENDED:
+        coro.close()
+
+
+async def _carry_on(coro: Coroutine[Any, Any, T], waiting_on: Any) -> T:
+    return await _Resumed(coro, waiting_on)
+
+
+class _Resumed(Generic[T]):
+    """A coroutine that has already run up to ``waiting_on`` (what it yielded), as an
+    awaitable: the task awaiting it first waits for ``waiting_on``, then resumes the
+    coroutine with what the wait gave, as ``yield from`` would have."""
+
+    def __init__(self, coro: Coroutine[Any, Any, T], waiting_on: Any) -> None:
+        self.coro = coro
+        self.waiting_on = waiting_on
+
+    def __await__(self) -> Generator[Any, Any, T]:
+        coro, waiting_on = self.coro, self.waiting_on
+        while True:
+            try:
+                value = yield waiting_on
+            except BaseException as exc:  # thrown into the task (a cancellation): pass it on
+                try:
+                    waiting_on = coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value  # type: ignore[no-any-return]
+            else:
+                try:
+                    waiting_on = coro.send(value)
+                except StopIteration as stop:
+                    return stop.value  # type: ignore[no-any-return]

@@ -8,6 +8,12 @@ are answered with an ``error`` and the connection stays open; nothing is touched
 The dispatcher claims on behalf of connected sessions whenever it is woken — by a commit
 on this node, by NOTIFY from another node on PostgreSQL, or by the slow poll fallback —
 and pushes ``tasks``; the store's caps decide how many each session gets.
+
+The dispatcher serves every connection on the node from one loop, so it never waits for
+a socket: a push (``tasks``, ``cancel``) goes out at once when the socket takes it, and
+otherwise waits by itself (``WorkerConnection.send_nowait``) while the dispatcher goes on
+to the next worker. A connection with such a push waiting is offered nothing more until
+it has gone out.
 """
 
 from __future__ import annotations
@@ -16,13 +22,14 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from functools import partial
 from typing import Any
 
 from pydantic import BaseModel
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from orbit.aio import start_eagerly
 from orbit.core.errors import Code, OrbitError, Rejected
 from orbit.core.model import Capability, Grant, Session, compact_json
 from orbit.protocol.decode import DecodeError, decode_json, decode_model
@@ -102,6 +109,9 @@ class WorkerConnection:
         #: whether the last claim for this worker stopped at a capacity or cap (see
         #: ``Grants.blocked``): only then is a claim worth making when a permit frees
         self.blocked = True
+        #: pushes still waiting for the socket to take them (``send_nowait``): the worker
+        #: is not reading, or reads slower than pushes come
+        self.backlog: set[asyncio.Task[Any]] = set()
         self._send_lock = asyncio.Lock()
 
     async def send(self, message: BaseModel | dict[str, Any]) -> bool:
@@ -124,6 +134,35 @@ class WorkerConnection:
                 self.closed = True
                 return False
         return True
+
+    def send_nowait(
+        self, sending: Coroutine[Any, Any, Any], then: Callable[[], None] | None = None
+    ) -> None:
+        """Run ``sending`` (a ``send``, ``send_tasks`` or ``close`` of this connection)
+        without waiting for the socket. A socket that takes the bytes takes them at once,
+        so the send usually completes right here, before this returns. One that does not
+        (the worker stopped reading: its process is stopped, or a handler blocks its event
+        loop, and the kernel's and the server's buffers are full) leaves the send waiting
+        in a task of its own, in ``backlog``; ``then`` is called when it is done. Sends
+        keep their order: each waits for the one before it (the send lock)."""
+        task = start_eagerly(sending)
+        if task is None:
+            return
+        self.backlog.add(task)
+        task.add_done_callback(partial(self._sent, then=then))
+
+    def _sent(self, task: asyncio.Task[Any], then: Callable[[], None] | None) -> None:
+        self.backlog.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a push to a worker failed", exc_info=task.exception())
+        if then is not None:
+            then()
+
+    async def close(self, code: int, reason: str) -> None:
+        """Mark the connection closed and close its socket (quietly: it may be gone)."""
+        self.closed = True
+        with contextlib.suppress(Exception):
+            await self.ws.close(code=code, reason=reason)
 
     async def send_tasks(self, store: Store, req_id: str | None, grants: Sequence[Grant]) -> None:
         """Send claimed attempts; if they cannot reach the worker, release them at once
@@ -186,16 +225,19 @@ class Dispatcher:
 
     def cancel_threadsafe(self, pairs: list[tuple[str, str]]) -> None:
         if self._loop is not None and not self._loop.is_closed():
-            asyncio.run_coroutine_threadsafe(self.push_cancel(pairs), self._loop)
+            self._loop.call_soon_threadsafe(self.push_cancel, pairs)
 
-    async def push_cancel(self, pairs: list[tuple[str, str]]) -> None:
+    def push_cancel(self, pairs: list[tuple[str, str]]) -> None:
+        """Push ``cancel`` to the attached owners of these attempts, waiting for none of
+        them: a worker that does not read holds up only its own."""
         by_session: dict[str, list[str]] = {}
         for session_id, attempt_id in pairs:
             by_session.setdefault(session_id, []).append(attempt_id)
         for session_id, attempt_ids in by_session.items():
             conn = self.connections.get(session_id)
             if conn is not None:
-                await conn.send(CancelMessage(attempt_ids=attempt_ids))
+                message = CancelMessage(attempt_ids=attempt_ids)
+                conn.send_nowait(conn.send(message), then=self._wake.set)
 
     def attach(self, conn: WorkerConnection) -> WorkerConnection | None:
         previous = self.connections.get(conn.session_id)
@@ -232,7 +274,12 @@ class Dispatcher:
         lock in turn. A task that becomes ready during the round wakes another round."""
         exhausted: list[frozenset[str]] = []  # handler sets with nothing left ready
         for conn in list(self.connections.values()):
-            if not conn.push or conn.closed or any(conn.handlers <= h for h in exhausted):
+            # A connection with a push still waiting for its socket is offered nothing
+            # more: its worker is not reading. When the push goes out (or fails), the
+            # dispatcher is woken to offer again.
+            if not conn.push or conn.closed or conn.backlog:
+                continue
+            if any(conn.handlers <= h for h in exhausted):
                 continue
             if await self._offer(conn):
                 exhausted.append(conn.handlers)
@@ -252,10 +299,9 @@ class Dispatcher:
                 conn.push = False  # drained from elsewhere (the HTTP API): stop offering
             elif exc.code in (Code.FENCED_EPOCH, Code.SESSION_EXPIRED):
                 # Superseded by a resume, or lapsed: the worker must resume on a new
-                # connection, so close this one and stop offering to it.
-                conn.closed = True
-                with contextlib.suppress(Exception):
-                    await conn.ws.close(code=4409, reason=str(exc.code))
+                # connection, so close this one and stop offering to it. Not waited for:
+                # the close frame waits behind anything the socket has not taken yet.
+                conn.send_nowait(conn.close(4409, str(exc.code)))
             return False
         except Exception:  # a database hiccup must not stop dispatch
             log.exception("dispatch failed")
@@ -272,7 +318,7 @@ class Dispatcher:
             self._wake.set()
         if grants:
             self.metrics.claims.inc(len(grants))
-            await conn.send_tasks(self.store, None, grants)
+            conn.send_nowait(conn.send_tasks(self.store, None, grants), then=self._wake.set)
         if grants.more or len(grants) == n < conn.max_concurrency:
             # a claim's worth of tasks or of payload bytes, and maybe slots to spare:
             # offer again now (a session with none left gets an empty claim)
@@ -412,9 +458,8 @@ class _Protocol:
             conn = WorkerConnection(self.ws, session, push)
             previous = self.dispatcher.attach(conn)
             if previous is not None and previous is not conn:
-                previous.closed = True
-                with contextlib.suppress(Exception):
-                    await previous.ws.close(code=4409, reason="session resumed elsewhere")
+                # Not waited for: the old connection's worker may no longer read it.
+                previous.send_nowait(previous.close(4409, "session resumed elsewhere"))
             return conn
 
     async def serve(self) -> None:

@@ -45,8 +45,6 @@ async def listen(dsn: str, origin: str, dispatcher: Dispatcher) -> None:
     ``<session id>:<attempt id>``, pushed to the session if it is attached here.
     """
     own = f"{origin}:"
-    loop = asyncio.get_running_loop()
-    pushes: set[asyncio.Task[None]] = set()
 
     def deliver(channel: str, payload: str) -> None:
         if channel == "orbit_ready":
@@ -58,9 +56,7 @@ async def listen(dsn: str, origin: str, dispatcher: Dispatcher) -> None:
                 dispatcher.wake_threadsafe()
         elif channel == "orbit_cancel":
             session_id, _, attempt_id = payload.partition(":")
-            push = loop.create_task(dispatcher.push_cancel([(session_id, attempt_id)]))
-            pushes.add(push)
-            push.add_done_callback(pushes.discard)
+            dispatcher.push_cancel([(session_id, attempt_id)])
 
     delay = 0.5
     while True:

@@ -9,8 +9,13 @@ lease (set to ten minutes here, so only a prompt release can pass).
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
+import signal
+import subprocess
+import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -135,6 +140,48 @@ def test_a_claim_whose_send_fails_is_released(rig: Rig) -> None:
         assert rig.released.wait(WAIT), "the undelivered claim was left to its lease"
         _assert_released(rig.store, task_id)
         assert conn.closed
+
+
+def test_a_cancel_for_a_worker_that_does_not_read_holds_up_no_other(db_url: str) -> None:
+    """One batch of cancels for two workers on a node. The first worker's socket takes
+    no bytes (its send waits, as for a worker that stopped reading): the second must
+    get its cancel all the same, and the first gets its own once its socket takes
+    bytes again."""
+    store = open_store(db_url)
+    try:
+        token = store.token_create("w", ["worker"])[1]
+        app = create_app(ServerSettings(db_url=db_url, poll_interval=3600), store=store)
+        with TestClient(app) as client:
+            events = (threading.Event() for _ in range(4))
+            rig = Rig(store, client, app.state.dispatcher, token, *events)
+            with rig.connect() as stuck_ws, rig.connect() as other_ws:
+                stuck, other = rig.hello(stuck_ws), rig.hello(other_ws)
+                conn = rig.dispatcher.connections[stuck]
+                reading = threading.Event()
+                send_text = conn.ws.send_text
+
+                async def not_reading(text: str) -> None:
+                    while not reading.is_set():
+                        await asyncio.sleep(0.01)
+                    await send_text(text)
+
+                conn.ws.send_text = not_reading  # type: ignore[method-assign]
+                rig.dispatcher.cancel_threadsafe([(stuck, "a1"), (other, "a2")])
+                assert _receive(other_ws) == {"type": "cancel", "attempt_ids": ["a2"]}
+                reading.set()
+                assert _receive(stuck_ws) == {"type": "cancel", "attempt_ids": ["a1"]}
+    finally:
+        store.close()
+
+
+def _receive(ws: Any) -> Any:
+    """The next message on a test client's socket, waiting at most WAIT seconds."""
+    got: queue.Queue[Any] = queue.Queue()
+    threading.Thread(target=lambda: got.put(ws.receive_json()), daemon=True).start()
+    try:
+        return got.get(timeout=WAIT)
+    except queue.Empty:
+        raise AssertionError("nothing arrived") from None
 
 
 class Steps:
@@ -272,3 +319,125 @@ def test_a_rate_limited_queue_drains_with_no_other_traffic(
             await conn.close()
 
     asyncio.run(work())
+
+
+#: a payload near the 256 KiB limit (``DEFAULT_MAX_PAYLOAD_BYTES``), so that a stopped
+#: worker's share of pushes fills its socket's kernel buffers and then the server's own
+PAD = "x" * 200_000
+#: The stopped worker's slots: 13 MB of payloads, far more than the loopback buffers and
+#: the server's write buffer take (about 4 MB here), so however the tasks are shared out
+#: while they are submitted, a push to it blocks with tasks still queued.
+STOPPED_SLOTS = 64
+OTHERS = 8  # tasks that only the running worker can take
+
+
+def _start_worker(
+    node: Node, tokens: Tokens, name: str, concurrency: int, marks: Path
+) -> subprocess.Popen[bytes]:
+    """``orbit worker tests.e2e.worker_app:worker``: its ``touch`` handler writes
+    ``done-<task id>`` into ``marks``. Its output goes to a file, not a pipe nobody
+    reads."""
+    marks.mkdir()
+    env = {
+        **os.environ,
+        "ORBIT_URL": node.http,
+        "ORBIT_TOKEN": tokens.worker,
+        "ORBIT_TEST_MARKS": str(marks),
+        "ORBIT_TEST_NAME": name,
+        "ORBIT_TEST_CONCURRENCY": str(concurrency),
+    }
+    with (marks.parent / f"{name}.log").open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "orbit.cli", "worker", "tests.e2e.worker_app:worker"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+
+
+def _proc_state(pid: int) -> str:
+    """The state letter in /proc/<pid>/stat (``T``: stopped by a signal)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0]  # the command name may hold spaces
+
+
+def _until(what: str, done: Callable[[], bool], timeout: float = WAIT) -> None:
+    end = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < end, f"never: {what}"
+        time.sleep(0.05)
+
+
+def test_a_worker_that_stops_reading_does_not_hold_up_dispatch_to_the_others(
+    db_url: str, nodes: Callable[..., Node], tokens: Tokens, tmp_path: Path
+) -> None:
+    """Two real workers on one node and one queue; the first is SIGSTOPped, so it no
+    longer reads its socket. Tasks with large payloads are then submitted one by one
+    (on PostgreSQL through a second node, so the first hears of them by NOTIFY). The
+    dispatcher offers each to the stopped worker first (it attached first) until that
+    worker's socket and the server's write buffer are full. The running worker must
+    still get and finish the tasks the stopped one has no slots for: a push that waits
+    for a worker to read may not hold up the others'. Claim leases and sessions are
+    long (ten minutes) so that only dispatch can hand out a task here. Once the stopped
+    worker continues, it reads what was pushed to it and every task succeeds."""
+    long = ["--claim-ttl", "600", "--session-ttl", "600"]
+    node = nodes(args=long)
+    entry = nodes(node_id="node-b", args=long) if db_url.startswith("postgres") else node
+    auth = {"Authorization": f"Bearer {tokens.admin}"}
+    workers: list[subprocess.Popen[bytes]] = []
+    with httpx.Client(base_url=entry.http, timeout=30, headers=auth) as api:
+        queue_spec = {"name": "q", "max_concurrency": 1000, "rate": 0}
+        assert api.post("/v1/queues", json=queue_spec).status_code == 201
+
+        def submit(payload: Any) -> str:
+            spec = {"queue": "q", "handler": "touch", "payload": payload}
+            reply = api.post("/v1/tasks", json=spec)
+            assert reply.status_code == 201, reply.text
+            return str(reply.json()["task"]["id"])
+
+        def in_state(state: str) -> list[Any]:  # one of them, if any
+            reply = api.get("/v1/tasks", params={"queue": "q", "state": state, "limit": 1})
+            return list(reply.json()["items"])
+
+        def done(marks: Path) -> int:
+            return len(list(marks.glob("done-*")))
+
+        try:
+            stalled_marks, running_marks = tmp_path / "stalled", tmp_path / "running"
+            stalled = _start_worker(node, tokens, "stalled", STOPPED_SLOTS, stalled_marks)
+            workers.append(stalled)
+            first = submit(None)  # ran by the stalled worker: it is attached, and first
+            _until("the first worker ran a task", (stalled_marks / f"done-{first}").exists)
+            running = _start_worker(node, tokens, "running", 4, running_marks)
+            workers.append(running)
+            _until(
+                "the second worker attached",
+                lambda: "running" in {w["name"] for w in api.get("/v1/workers").json()},
+            )
+            stalled.send_signal(signal.SIGSTOP)
+            _until("the first worker is stopped", lambda: _proc_state(stalled.pid) == "T")
+
+            ids = [submit({"i": i, "pad": PAD}) for i in range(STOPPED_SLOTS + OTHERS)]
+            # The stopped worker holds at most its slots; every other task is the running
+            # worker's to claim and finish.
+            _until("no task is left queued", lambda: not in_state("queued"))
+
+            stalled.send_signal(signal.SIGCONT)
+            for task_id in ids:  # nothing was lost: what the stopped worker held, it runs
+                _until(
+                    f"task {task_id} succeeded",
+                    lambda t=task_id: api.get(f"/v1/tasks/{t}").json()["state"] == "succeeded",
+                )
+            assert done(stalled_marks) + done(running_marks) == len(ids) + 1
+        finally:
+            for proc in workers:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGCONT)  # a stopped process cannot act on TERM
+                    proc.terminate()
+            for proc in workers:
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=10)

@@ -15,8 +15,8 @@ from orbit.worker.runner import Context, Worker
 
 worker = Worker(
     os.environ.get("ORBIT_URL", "http://127.0.0.1:8000"),
-    name="test-worker",
-    concurrency=4,
+    name=os.environ.get("ORBIT_TEST_NAME", "test-worker"),
+    concurrency=int(os.environ.get("ORBIT_TEST_CONCURRENCY", "4")),
     grace=float(os.environ.get("ORBIT_TEST_GRACE", "10")),
     cancel_grace=float(os.environ.get("ORBIT_TEST_CANCEL_GRACE", "1")),
 )
@@ -41,3 +41,10 @@ def stubborn(ctx: Context, payload: Any) -> Any:
     mark(f"start-{ctx.task_id}")
     time.sleep(float(payload["seconds"]))
     return "too late"
+
+
+@worker.handler("touch")
+def touch(ctx: Context, payload: Any) -> Any:
+    """Marks that it ran, and returns nothing (the payload may be large)."""
+    mark(f"done-{ctx.task_id}")
+    return None
