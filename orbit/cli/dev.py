@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import os
 import signal
-import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -21,6 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from orbit.cli.listening import bind, url_of
 from orbit.core.errors import OrbitError
 from orbit.gctune import tune_for_throughput
 from orbit.worker.runner import Context, Worker
@@ -60,20 +59,6 @@ def demo_worker(url: str, token: str) -> Worker:
         return {"slept": payload.get("seconds")}
 
     return worker
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        if exc.errno == errno.EADDRINUSE:
-            raise typer.BadParameter(f"port {port} is in use; pass --port 0 or another") from None
-        raise
-    sock.listen(128)
-    return sock
 
 
 def _prepare(data_dir: Path) -> tuple[str, str]:
@@ -125,8 +110,8 @@ async def serve(host: str, port: int, data_dir: Path, once: bool) -> int:
 
     configure("warning")
     db_url, token = _prepare(data_dir)
-    sock = _bind(host, port)
-    url = f"http://{host}:{sock.getsockname()[1]}"
+    sock = bind(host, port)
+    url = url_of(sock, host)
     settings = ServerSettings(db_url=db_url, node_id="orbit-dev")
     server = uvicorn.Server(
         uvicorn.Config(create_app(settings), log_level="warning", access_log=False, log_config=None)

@@ -7,12 +7,14 @@ The database comes from ``--db`` or ``ORBIT_DB``: ``sqlite:///path/orbit.db`` or
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
 
+from orbit.cli.listening import bind, url_of
 from orbit.core.errors import OrbitError
 from orbit.core.model import SECOND
 
@@ -158,18 +160,29 @@ def server(
     )
     if node_id:
         settings.node_id = node_id
+    sock = bind(host, port)  # bound here, so the line below can name a port 0 picked
+    url = url_of(sock, host, "https" if tls_cert else "http")
     api = create_app(settings)
-    tune_for_throughput()  # after the imports and the app: see orbit.gctune
-    uvicorn.run(
+    config = uvicorn.Config(
         api,
-        host=host,
-        port=port,
         log_level=log_level,
         ssl_certfile=str(tls_cert) if tls_cert else None,
         ssl_keyfile=str(tls_key) if tls_key else None,
         access_log=False,  # request lines are not needed and must never carry tokens
         log_config=None,  # keep our handler: it redacts secrets from every record
     )
+
+    class Announced(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started:  # whatever the log level: where to reach this node
+                print(f"orbit server listening on {url}", file=sys.stderr, flush=True)
+
+    server = Announced(config)
+    tune_for_throughput()  # after the imports and the app: see orbit.gctune
+    server.run(sockets=[sock])
+    if not server.started:
+        raise typer.Exit(3)  # uvicorn's code for a failed start-up; it said why
 
 
 @app.command(

@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
-import socket
 import ssl
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 from orbit.store import open_store
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -77,6 +72,10 @@ class Node:
         return self.log.read_text(errors="replace")
 
 
+#: what ``orbit server`` prints once it serves, whatever its log level
+LISTENING = re.compile(rb"orbit server listening on https?://127\.0\.0\.1:(\d+)")
+
+
 def start_server(
     db_url: str,
     log_dir: Path,
@@ -86,9 +85,10 @@ def start_server(
     tls: tuple[Path, Path, Path] | None = None,
     timeout: float = 30.0,
 ) -> Node:
-    """Start a node and wait until it answers /healthz (tls = cert, key, CA file)."""
-    port = free_port()
-    log = log_dir / f"{node_id}-{port}.log"
+    """Start a node on a port it picks itself (``--port 0``: a port chosen here first
+    could be taken by another process before the server binds it) and wait until it
+    says which and answers /healthz there (tls = cert, key, CA file)."""
+    log = log_dir / f"{node_id}-{uuid.uuid4().hex[:8]}.log"
     cmd = [
         sys.executable,
         "-m",
@@ -97,7 +97,7 @@ def start_server(
         "--db",
         db_url,
         "--port",
-        str(port),
+        "0",
         "--node-id",
         node_id,
         *(args or []),
@@ -106,14 +106,16 @@ def start_server(
         cmd += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    node = Node(proc, port, log, "https" if tls else "http")
+    node = Node(proc, 0, log, "https" if tls else "http")
     verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(tls[2])) if tls else True
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}:\n{node.log_text()}")
+        if not node.port and (said := LISTENING.search(log.read_bytes())):
+            node.port = int(said.group(1))
         try:
-            if httpx.get(f"{node.http}/healthz", timeout=1, verify=verify).status_code == 200:
+            if node.port and httpx.get(f"{node.http}/healthz", timeout=1, verify=verify).is_success:
                 return node
         except httpx.TransportError:
             pass

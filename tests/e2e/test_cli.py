@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -227,3 +228,38 @@ def test_db_and_token_commands(tmp_path: Path) -> None:
     )
     for command in ("dev", "server", "worker", "queue", "task", "db", "token"):
         assert command in helps.stdout
+
+
+def test_server_on_a_port_in_use_is_refused_and_touches_nothing(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        db = tmp_path / "orbit.db"
+        command = ["server", "--db", f"sqlite:///{db}", "--port", str(port)]
+        result = subprocess.run(
+            [sys.executable, "-m", "orbit.cli", *command],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode == 2, result.stderr
+    assert f"port {port} is in use; pass --port 0 or another" in result.stderr
+    assert not db.exists()
+
+
+def test_server_says_where_it_listens_whatever_its_log_level(
+    cluster: tuple[Node, Tokens, str],
+) -> None:
+    """``--port 0`` picks a port; the node names it (every e2e node is found so)."""
+    node, _, _ = cluster
+    assert node.port > 0
+    assert f"orbit server listening on http://127.0.0.1:{node.port}" in node.log_text()
+    quiet = start_server(
+        cluster[2], node.log.parent, node_id="quiet", args=["--log-level", "error"]
+    )
+    try:
+        assert f"orbit server listening on http://127.0.0.1:{quiet.port}" in quiet.log_text()
+    finally:
+        quiet.stop()

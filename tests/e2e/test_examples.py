@@ -14,7 +14,7 @@ from pathlib import Path
 
 from examples import cancellation, history, low_level, runner
 from examples.webapp.app import make_server
-from tests.e2e.servers import Node, Tokens, free_port
+from tests.e2e.servers import Node, Tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,8 +43,8 @@ def test_cancellation_example(node: Node, tokens: Tokens) -> None:
 
 
 def test_web_app_with_its_worker(node: Node, tokens: Tokens) -> None:
-    port = free_port()
-    app = make_server(port, node.http, tokens.admin)
+    app = make_server(0, node.http, tokens.admin)  # 0: a port the server picks itself
+    port = app.server_port
     threading.Thread(target=app.serve_forever, daemon=True).start()
     worker = subprocess.Popen(
         [sys.executable, "-m", "orbit.cli", "worker", "examples.webapp.jobs:worker"],

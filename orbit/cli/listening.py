@@ -1,0 +1,37 @@
+"""Binding the server's listening socket in the CLI, before uvicorn starts.
+
+``orbit server --port 0`` and ``orbit dev --port 0`` pick a free port; binding it here
+tells the CLI which, so it can say where it listens (uvicorn, handed a socket, does not).
+A test or supervisor can then read the port from that line instead of guessing a free
+port first, which another process could take before the server binds it.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+import typer
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (IPv6 if the host is an IPv6 address);
+    a port in use is a clear error, not a traceback."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise typer.BadParameter(f"port {port} is in use; pass --port 0 or another") from None
+        raise
+    sock.listen(2048)
+    return sock
+
+
+def url_of(sock: socket.socket, host: str, scheme: str = "http") -> str:
+    """The base URL a bound socket answers on."""
+    port = sock.getsockname()[1]
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
