@@ -17,7 +17,6 @@ import inspect
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import threading
@@ -189,18 +188,6 @@ def plan(workloads: list[str], keys: list[str], runs: int) -> list[Step]:
             for run in range(1, runs + 1):
                 steps.extend(Step(w, run, k, phase) for k in keys)
     return steps
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [int(s.getsockname()[1]) for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 # ---------------------------------------------------------------------- invocation metadata
@@ -389,7 +376,6 @@ class Harness:
             pg_admin_dsn=self.opts.pg_dsn,
             redis_url=f"{self.opts.redis_url.rstrip('/')}/{self._redis_db(i)}",
             work_dir=(self.work_dir / key).resolve(),
-            ports=free_ports(3),
         )
         env.work_dir.mkdir(parents=True, exist_ok=True)
         self.log(f"prepare {key} …")

@@ -41,12 +41,12 @@ from typing import Any
 import psycopg
 
 from benchmarks.cpu import CpuSampler
-from benchmarks.harness import free_ports
 from benchmarks.recorder import RecordReader
 from benchmarks.systems.base import create_database, drop_database
 from benchmarks.systems.orbit_system import TUNED_CONCURRENCY
 from benchmarks.workloads import percentile
 from orbit import Client
+from orbit.cli.listening import listening_port
 from orbit.client._client import task_body
 from orbit.store import open_store
 
@@ -107,18 +107,21 @@ def _orbit(admin_dsn: str) -> Iterator[_Orbit]:
         token_file = work / "token"
         token_file.write_text(token)
         token_file.chmod(0o600)
-        (port,) = free_ports(1)
-        base = f"http://127.0.0.1:{port}"
+        log = work / "server.log"
         with _processes() as procs:
-            server = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "orbit.cli", "server", "--db", url),
-                    *("--port", str(port), "--log-level", "warning"),
-                    *("--lease-ttl", "5", "--reap-interval", "0.5"),
-                ],
-                cwd=REPO,
-            )
+            with log.open("wb") as out:
+                server = subprocess.Popen(
+                    [
+                        *(sys.executable, "-m", "orbit.cli", "server", "--db", url),
+                        *("--port", "0", "--log-level", "warning"),
+                        *("--lease-ttl", "5", "--reap-interval", "0.5"),
+                    ],
+                    cwd=REPO,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
             procs.append(server)
+            base = f"http://127.0.0.1:{_announced_port(server, log)}"
             client = Client(base, token=token)
             for _ in range(300):
                 try:
@@ -127,10 +130,28 @@ def _orbit(admin_dsn: str) -> Iterator[_Orbit]:
                 except Exception:
                     time.sleep(0.05)
             client.queue_create("bench", max_concurrency=1_000_000, rate=0)
-            yield _Orbit(url, base, token_file, work, client, server, procs)
+            try:
+                yield _Orbit(url, base, token_file, work, client, server, procs)
+            finally:  # the server's warnings, if it had any
+                lines = log.read_text(errors="replace").splitlines()
+                said = [line for line in lines if listening_port(line.encode()) is None]
+                if said:
+                    print("\n".join(said), file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         drop_database(admin_dsn, name)
+
+
+def _announced_port(server: subprocess.Popen[bytes], log: Path) -> int:
+    """The port a server started with ``--port 0`` says it listens on (within 60 s)."""
+    deadline = time.monotonic() + 60
+    while (port := listening_port(log.read_bytes())) is None:
+        if server.poll() is not None:
+            raise RuntimeError(f"orbit server exited with {server.returncode}: {log.read_text()}")
+        if time.monotonic() > deadline:
+            raise RuntimeError("orbit server did not say where it listens within 60 s")
+        time.sleep(0.02)
+    return port
 
 
 def _start_worker(orbit: _Orbit, concurrency: int) -> subprocess.Popen[bytes]:

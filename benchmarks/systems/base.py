@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import subprocess
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,6 @@ class Env:
     pg_admin_dsn: str  # a DSN to the local PostgreSQL that may CREATE/DROP DATABASE
     redis_url: str  # e.g. redis://127.0.0.1:6379/<db>
     work_dir: Path  # a private scratch directory for this system (SQLite files, logs)
-    ports: list[int] = field(default_factory=list)  # free loopback ports it may use
 
 
 @dataclass

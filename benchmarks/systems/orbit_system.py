@@ -62,6 +62,16 @@ JOB_TABLES = [
     "orbit_tasks",
 ]
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _ready(url: str) -> bool:
+    """Whether ``url`` answers 200 (urllib, not httpx: each httpx.get builds a TLS
+    context, about 0.1 s of CPU)."""
+    with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as reply:
+        return bool(reply.status == 200)
+    return False
+
+
 _PARAM_RE = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
 
 
@@ -242,7 +252,6 @@ class OrbitSystem(System):
         with os.fdopen(fd, "w") as f:
             f.write(token + "\n")
         os.chmod(self._token_file, 0o600)
-        self._port = env.ports[0]
         self._start_server()
         from orbit import Client
 
@@ -250,12 +259,19 @@ class OrbitSystem(System):
         self._client.queue_create(QUEUE, max_concurrency=1_000_000, rate=0)
 
     def _start_server(self) -> None:
+        """Start ``orbit server`` on a port it picks (``--port 0``; one picked here first
+        could be taken before the server binds it), read that port from the line the
+        server prints once it serves, and wait until it is ready."""
+        from orbit.cli.listening import listening_port
+
         assert self._env is not None
-        log = (self._env.work_dir / "logs" / "server.log").open("ab")
+        log_path = self._env.work_dir / "logs" / "server.log"
+        log = log_path.open("ab")
+        start = log.tell()  # the log is appended to: the line is after this
         cmd = [
             sys.executable, "-m", "orbit.cli", "server",
             "--db", self._db_url,
-            "--port", str(self._port),
+            "--port", "0",
             "--node-id", "bench",
             "--log-level", "warning",
             "--lease-ttl", f"{LEASE_TTL_S:g}",
@@ -264,14 +280,16 @@ class OrbitSystem(System):
         self._server = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.monotonic() + 60
-        url = f"http://127.0.0.1:{self._port}/readyz"
+        self._port = 0
         while True:
             if self._server.poll() is not None:
                 raise RuntimeError(f"orbit server exited with {self._server.returncode}")
-            # urllib, not httpx: each httpx.get builds a TLS context (~0.1 s of CPU)
-            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as reply:
-                if reply.status == 200:
-                    return
+            if not self._port:
+                with log_path.open("rb") as written:
+                    written.seek(start)
+                    self._port = listening_port(written.read()) or 0
+            if self._port and _ready(f"http://127.0.0.1:{self._port}/readyz"):
+                return
             if time.monotonic() > deadline:
                 raise RuntimeError("orbit server did not become ready within 60 s")
             time.sleep(0.05)

@@ -9,6 +9,7 @@ port first, which another process could take before the server binds it.
 from __future__ import annotations
 
 import errno
+import re
 import socket
 
 import typer
@@ -35,3 +36,18 @@ def url_of(sock: socket.socket, host: str, scheme: str = "http") -> str:
     """The base URL a bound socket answers on."""
     port = sock.getsockname()[1]
     return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+
+def announcement(url: str) -> str:
+    """The line ``orbit server`` prints once it serves, whatever its log level."""
+    return f"orbit server listening on {url}"
+
+
+_ANNOUNCED = re.compile(rb"orbit server listening on https?://[^\s]*:(\d+)")
+
+
+def listening_port(output: bytes) -> int | None:
+    """The port the first ``announcement`` in a server's ``output`` names, if any: what a
+    test or a supervisor that started it with ``--port 0`` reads."""
+    said = _ANNOUNCED.search(output)
+    return int(said.group(1)) if said else None

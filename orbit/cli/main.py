@@ -14,7 +14,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from orbit.cli.listening import bind, url_of
+from orbit.cli.listening import announcement, bind, url_of
 from orbit.core.errors import OrbitError
 from orbit.core.model import SECOND
 
@@ -176,7 +176,7 @@ def server(
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
             if self.started:  # whatever the log level: where to reach this node
-                print(f"orbit server listening on {url}", file=sys.stderr, flush=True)
+                print(announcement(url), file=sys.stderr, flush=True)
 
     server = Announced(config)
     tune_for_throughput()  # after the imports and the app: see orbit.gctune

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import ssl
 import subprocess
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from orbit.cli.listening import listening_port
 from orbit.store import open_store
 
 
@@ -72,10 +72,6 @@ class Node:
         return self.log.read_text(errors="replace")
 
 
-#: what ``orbit server`` prints once it serves, whatever its log level
-LISTENING = re.compile(rb"orbit server listening on https?://127\.0\.0\.1:(\d+)")
-
-
 def start_server(
     db_url: str,
     log_dir: Path,
@@ -112,8 +108,8 @@ def start_server(
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}:\n{node.log_text()}")
-        if not node.port and (said := LISTENING.search(log.read_bytes())):
-            node.port = int(said.group(1))
+        if not node.port:
+            node.port = listening_port(log.read_bytes()) or 0
         try:
             if node.port and httpx.get(f"{node.http}/healthz", timeout=1, verify=verify).is_success:
                 return node
