@@ -46,7 +46,7 @@ from benchmarks.systems.base import create_database, drop_database
 from benchmarks.systems.orbit_system import TUNED_CONCURRENCY
 from benchmarks.workloads import percentile
 from orbit import Client
-from orbit.cli.listening import listening_port
+from orbit.cli.listening import announced_port, listening_port
 from orbit.client._client import task_body
 from orbit.store import open_store
 
@@ -121,7 +121,7 @@ def _orbit(admin_dsn: str) -> Iterator[_Orbit]:
                     stderr=subprocess.STDOUT,
                 )
             procs.append(server)
-            base = f"http://127.0.0.1:{_announced_port(server, log)}"
+            base = f"http://127.0.0.1:{announced_port(server, log)}"
             client = Client(base, token=token)
             for _ in range(300):
                 try:
@@ -140,18 +140,6 @@ def _orbit(admin_dsn: str) -> Iterator[_Orbit]:
     finally:
         shutil.rmtree(work, ignore_errors=True)
         drop_database(admin_dsn, name)
-
-
-def _announced_port(server: subprocess.Popen[bytes], log: Path) -> int:
-    """The port a server started with ``--port 0`` says it listens on (within 60 s)."""
-    deadline = time.monotonic() + 60
-    while (port := listening_port(log.read_bytes())) is None:
-        if server.poll() is not None:
-            raise RuntimeError(f"orbit server exited with {server.returncode}: {log.read_text()}")
-        if time.monotonic() > deadline:
-            raise RuntimeError("orbit server did not say where it listens within 60 s")
-        time.sleep(0.02)
-    return port
 
 
 def _start_worker(orbit: _Orbit, concurrency: int) -> subprocess.Popen[bytes]:

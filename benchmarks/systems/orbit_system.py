@@ -262,7 +262,7 @@ class OrbitSystem(System):
         """Start ``orbit server`` on a port it picks (``--port 0``; one picked here first
         could be taken before the server binds it), read that port from the line the
         server prints once it serves, and wait until it is ready."""
-        from orbit.cli.listening import listening_port
+        from orbit.cli.listening import announced_port
 
         assert self._env is not None
         log_path = self._env.work_dir / "logs" / "server.log"
@@ -280,15 +280,11 @@ class OrbitSystem(System):
         self._server = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.monotonic() + 60
-        self._port = 0
+        self._port = announced_port(self._server, log_path, start=start)
         while True:
             if self._server.poll() is not None:
                 raise RuntimeError(f"orbit server exited with {self._server.returncode}")
-            if not self._port:
-                with log_path.open("rb") as written:
-                    written.seek(start)
-                    self._port = listening_port(written.read()) or 0
-            if self._port and _ready(f"http://127.0.0.1:{self._port}/readyz"):
+            if _ready(f"http://127.0.0.1:{self._port}/readyz"):
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError("orbit server did not become ready within 60 s")

@@ -11,6 +11,9 @@ from __future__ import annotations
 import errno
 import re
 import socket
+import subprocess
+import time
+from pathlib import Path
 
 import typer
 
@@ -51,3 +54,25 @@ def listening_port(output: bytes) -> int | None:
     test or a supervisor that started it with ``--port 0`` reads."""
     said = _ANNOUNCED.search(output)
     return int(said.group(1)) if said else None
+
+
+def announced_port(
+    server: subprocess.Popen[bytes], log: Path, *, start: int = 0, timeout: float = 60.0
+) -> int:
+    """The port a server started with ``--port 0`` names in ``log`` (its output, read
+    from byte ``start``: a log appended to by earlier servers), waiting up to ``timeout``
+    seconds. RuntimeError, with the log, if the server exits or says nothing in time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with log.open("rb") as output:
+            output.seek(start)
+            port = listening_port(output.read())
+        if port is not None:
+            return port
+        if server.poll() is not None:
+            said = log.read_text(errors="replace")
+            raise RuntimeError(f"server exited with {server.returncode}:\n{said}")
+        if time.monotonic() > deadline:
+            said = log.read_text(errors="replace")
+            raise RuntimeError(f"server did not say where it listens in {timeout:g} s:\n{said}")
+        time.sleep(0.02)

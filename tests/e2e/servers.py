@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from orbit.cli.listening import listening_port
+from orbit.cli.listening import announced_port
 from orbit.store import open_store
 
 
@@ -102,16 +102,19 @@ def start_server(
         cmd += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    node = Node(proc, 0, log, "https" if tls else "http")
-    verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(tls[2])) if tls else True
     deadline = time.monotonic() + timeout
+    try:
+        port = announced_port(proc, log, timeout=timeout)
+    except RuntimeError:
+        Node(proc, 0, log).stop()
+        raise
+    node = Node(proc, port, log, "https" if tls else "http")
+    verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(tls[2])) if tls else True
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}:\n{node.log_text()}")
-        if not node.port:
-            node.port = listening_port(log.read_bytes()) or 0
         try:
-            if node.port and httpx.get(f"{node.http}/healthz", timeout=1, verify=verify).is_success:
+            if httpx.get(f"{node.http}/healthz", timeout=1, verify=verify).is_success:
                 return node
         except httpx.TransportError:
             pass
