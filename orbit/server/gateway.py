@@ -500,9 +500,7 @@ class _Protocol:
         single report's FENCED_EPOCH does (the worker must resume elsewhere)."""
         if any(isinstance(a, OrbitError) and a.code == Code.FENCED_EPOCH for a in answers):
             assert self.conn is not None
-            self.conn.closed = True
-            with contextlib.suppress(Exception):
-                await self.ws.close(code=4409, reason="session resumed elsewhere")
+            await self.conn.close(4409, "session resumed elsewhere")
 
     async def handle(self, msg: Request) -> None:
         conn = self.conn
@@ -606,9 +604,7 @@ class _Protocol:
                 metrics.rejected.labels(str(exc.code)).inc()
             if exc.code == Code.FENCED_EPOCH:
                 await self.error(rid, str(exc.code), exc.message)
-                conn.closed = True
-                with contextlib.suppress(Exception):
-                    await self.ws.close(code=4409, reason="session resumed elsewhere")
+                await conn.close(4409, "session resumed elsewhere")
                 return
             await self.error(rid, str(exc.code), exc.message)
 
