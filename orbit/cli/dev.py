@@ -21,6 +21,7 @@ from rich.table import Table
 
 from orbit.cli.listening import bind, url_of
 from orbit.core.errors import OrbitError
+from orbit.core.model import SECOND
 from orbit.gctune import tune_for_throughput
 from orbit.worker.runner import Context, Worker
 
@@ -110,9 +111,9 @@ async def serve(host: str, port: int, data_dir: Path, once: bool) -> int:
 
     configure("warning")
     db_url, token = _prepare(data_dir)
-    sock = bind(host, port)
-    url = url_of(sock, host)
     settings = ServerSettings(db_url=db_url, node_id="orbit-dev")
+    sock = bind(host, port, unread_timeout=settings.store_config.session_ttl_us / SECOND)
+    url = url_of(sock, host)
     server = uvicorn.Server(
         uvicorn.Config(create_app(settings), log_level="warning", access_log=False, log_config=None)
     )

@@ -4,6 +4,14 @@
 tells the CLI which, so it can say where it listens (uvicorn, handed a socket, does not).
 A test or supervisor can then read the port from that line instead of guessing a free
 port first, which another process could take before the server binds it.
+
+The socket also bounds how long a peer may leave the server's bytes untaken
+(``TCP_USER_TIMEOUT``, which every accepted connection inherits). A worker whose process
+is stopped, or whose handler blocks its event loop, keeps its kernel acknowledging
+window probes, so TCP never gives up on it: its connection, and the pushes waiting in
+it, stayed open for as long as the process lived, even after the uvicorn keepalive
+closed it (a close waits to flush the buffer first). A peer whose host is gone left the
+server retransmitting for about fifteen minutes.
 """
 
 from __future__ import annotations
@@ -18,12 +26,17 @@ from pathlib import Path
 import typer
 
 
-def bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int, *, unread_timeout: float) -> socket.socket:
     """A listening TCP socket on ``host:port`` (IPv6 if the host is an IPv6 address);
-    a port in use is a clear error, not a traceback."""
+    a port in use is a clear error, not a traceback. The kernel drops a connection whose
+    peer has taken none of its bytes, or acknowledged none, for ``unread_timeout``
+    seconds (Linux; elsewhere TCP's own limits apply)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    user_timeout = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if user_timeout is not None:
+        sock.setsockopt(socket.IPPROTO_TCP, user_timeout, max(1, round(unread_timeout * 1000)))
     try:
         sock.bind((host, port))
     except OSError as exc:

@@ -125,7 +125,12 @@ def server(
     claim_ttl: Annotated[float, typer.Option(min=0.1, help="claim lease, seconds")] = 30.0,
     lease_ttl: Annotated[float, typer.Option(min=0.1, help="run lease, seconds")] = 30.0,
     session_ttl: Annotated[
-        float, typer.Option(min=0.1, help="session heartbeat TTL, seconds")
+        float,
+        typer.Option(
+            min=0.1,
+            help="session heartbeat TTL, seconds; a connection whose peer takes none of "
+            "the server's bytes for this long is also dropped",
+        ),
     ] = 60.0,
     max_artifact_bytes: Annotated[
         int, typer.Option(min=1, help="largest artifact a worker may upload")
@@ -160,7 +165,9 @@ def server(
     )
     if node_id:
         settings.node_id = node_id
-    sock = bind(host, port)  # bound here, so the line below can name a port 0 picked
+    # Bound here, so the line below can name a port 0 picked. A worker that has read
+    # nothing for a session TTL has lost its session anyway: its connection goes too.
+    sock = bind(host, port, unread_timeout=session_ttl)
     url = url_of(sock, host, "https" if tls_cert else "http")
     api = create_app(settings)
     config = uvicorn.Config(

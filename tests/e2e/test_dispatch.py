@@ -441,3 +441,88 @@ def test_a_worker_that_stops_reading_does_not_hold_up_dispatch_to_the_others(
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(timeout=10)
+
+
+def _server_sides(port: int, pid: int) -> dict[int, int]:
+    """The server's established connections to process ``pid``'s sockets (a worker's):
+    for each, the worker's port and the bytes the server has queued for it and not yet
+    had acknowledged (``tx_queue`` in /proc/net/tcp)."""
+    rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+    owned = {
+        target.removeprefix("socket:[").removesuffix("]")
+        for fd in Path(f"/proc/{pid}/fd").iterdir()
+        if (target := os.readlink(fd)).startswith("socket:[")
+    }
+    worker_ports = {
+        int(row[1].split(":")[1], 16)
+        for row in rows
+        if row[9] in owned and int(row[2].split(":")[1], 16) == port
+    }
+    return {
+        int(row[2].split(":")[1], 16): int(row[4].split(":")[0], 16)
+        for row in rows
+        if row[3] == "01"  # ESTABLISHED
+        and int(row[1].split(":")[1], 16) == port
+        and int(row[2].split(":")[1], 16) in worker_ports
+    }
+
+
+def test_a_worker_that_reads_nothing_for_a_session_ttl_is_disconnected(
+    db_url: str, nodes: Callable[..., Node], tokens: Tokens, tmp_path: Path
+) -> None:
+    """A SIGSTOPped worker's kernel keeps acknowledging TCP's window probes, so TCP never
+    gives up on its connection: the server kept it, with the pushes waiting in it, for
+    as long as the process lived (uvicorn's keepalive close waits to flush them first).
+    The node's socket now has a user timeout of one session TTL (5 s here): once the
+    pushes fill the stopped worker's window, the kernel drops the connection after that
+    long. Checked on the server's side of the connection in /proc/net/tcp: first its
+    unacknowledged bytes (the stall), then its absence. After SIGCONT the worker finds
+    its connection reset, starts a new session (its old one expired) and runs every
+    task: nothing pushed into the dropped connection is lost."""
+    ttl = ["--claim-ttl", "600", "--session-ttl", "5"]
+    node = nodes(args=ttl)
+    entry = nodes(node_id="node-b", args=ttl) if db_url.startswith("postgres") else node
+    auth = {"Authorization": f"Bearer {tokens.admin}"}
+    with httpx.Client(base_url=entry.http, timeout=30, headers=auth) as api:
+        queue_spec = {"name": "q", "max_concurrency": 1000, "rate": 0}
+        assert api.post("/v1/queues", json=queue_spec).status_code == 201
+        marks = tmp_path / "stalled"
+        worker = _start_worker(node, tokens, "stalled", STOPPED_SLOTS, marks)
+        try:
+            first = api.post("/v1/tasks", json={"queue": "q", "handler": "touch"})
+            _until("the worker ran a task", (marks / f"done-{first.json()['task']['id']}").exists)
+            [worker_port] = _server_sides(node.port, worker.pid)
+            worker.send_signal(signal.SIGSTOP)
+            _until("the worker is stopped", lambda: _proc_state(worker.pid) == "T")
+
+            batch = [
+                {"queue": "q", "handler": "touch", "payload": {"i": i, "pad": PAD}}
+                for i in range(STOPPED_SLOTS)
+            ]
+            reply = api.post("/v1/tasks/batch", params={"reply": "ids"}, json={"tasks": batch})
+            assert reply.status_code == 201, reply.text
+            ids = [item["id"] for item in reply.json()]
+            _until(
+                "the pushes wait in the stopped worker's connection",
+                lambda: _server_sides(node.port, worker.pid).get(worker_port, 0) > 0,
+            )
+            _until(
+                "the server dropped the connection",
+                lambda: worker_port not in _server_sides(node.port, worker.pid),
+            )
+
+            worker.send_signal(signal.SIGCONT)
+            for task_id in ids:
+                _until(
+                    f"task {task_id} succeeded",
+                    lambda t=task_id: api.get(f"/v1/tasks/{t}").json()["state"] == "succeeded",
+                )
+        finally:
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGCONT)  # a stopped process cannot act on TERM
+                worker.terminate()
+            try:
+                worker.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait(timeout=10)
