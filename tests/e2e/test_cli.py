@@ -120,6 +120,10 @@ def test_bad_arguments_get_clear_messages(orbit: Run, tmp_path: Path) -> None:
     assert decision.returncode == 2 and "succeeded, failed or retry" in decision.stderr
     unknown = orbit("task", "show", "no-such-task")
     assert unknown.returncode == 3 and "TASK_NOT_FOUND" in unknown.stderr
+    for odd in ("a b", "é"):  # refused by the server, not a traceback nor "cannot reach"
+        shown = orbit("task", "show", odd)
+        assert shown.returncode == 3 and "TASK_NOT_FOUND" in shown.stderr, shown.stderr
+        assert "Traceback" not in shown.stderr
     no_token = orbit("queue", "ls", token=None)
     assert no_token.returncode == 2 and "ORBIT_TOKEN" in no_token.stderr
     loose = tmp_path / "token"
