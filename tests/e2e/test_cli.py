@@ -169,6 +169,44 @@ def test_worker_commands(orbit: Run, cluster: tuple[Node, Tokens, str]) -> None:
     assert json.loads(ok(orbit("worker", "ls", "--json")))[0]["draining"] is True
 
 
+def test_task_show_and_wait_read_every_page_of_events(
+    orbit: Run, cluster: tuple[Node, Tokens, str]
+) -> None:
+    """A task's history can outgrow one events page (1,000): a handler that reports
+    progress in a loop does. ``task show`` lists all of it, and ``task wait`` follows it
+    to the end rather than going quiet after the first page."""
+    import asyncio
+
+    from orbit.worker import WorkerConnection
+
+    node, tokens, _ = cluster
+    ok(orbit("queue", "create", "chatty", "--max-concurrency", "1", "--rate", "0"))
+    task = json.loads(ok(orbit("task", "submit", "chatty", "talk", "--json")))
+    steps = 1010
+
+    async def run() -> None:
+        conn = await WorkerConnection.connect(node.ws, tokens.worker)
+        await conn.hello("chatty-worker", {"talk": 1}, 1, push=False)
+        [a] = await conn.claim(1)
+        await conn.start(a["attempt_id"], a["fence"])
+        for i in range(steps):
+            await conn.progress(a["attempt_id"], a["fence"], message=f"step {i}")
+        await conn.finish(a["attempt_id"], a["fence"], result="done")
+        await conn.close()
+
+    asyncio.run(run())
+    shown = json.loads(ok(orbit("task", "show", task["id"], "--json")))
+    kinds = [e["kind"] for e in shown["events"]]
+    assert kinds.count("progress") == steps
+    assert shown["events"][-1]["task_to"] == "succeeded", shown["events"][-1]
+    ids = [int(e["id"]) for e in shown["events"]]
+    assert ids == sorted(set(ids))
+    waited = orbit("task", "wait", task["id"])
+    assert waited.returncode == 0, waited.stderr
+    assert f"step {steps - 1}" in waited.stderr
+    assert "→ succeeded" in waited.stderr
+
+
 def test_db_and_token_commands(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path}/x.db"
     env = {**os.environ}
