@@ -366,6 +366,24 @@ class AsyncClient:
     async def artifacts(self, task_id: str) -> list[dict[str, Any]]:
         return list(await self._call(("GET", f"/v1/tasks/{_seg(task_id)}/artifacts", None, None)))
 
+    async def artifact_content(self, artifact_id: str) -> bytes:
+        """An artifact's bytes (use ``artifact_stream`` for large ones)."""
+        chunks = [chunk async for chunk in self.artifact_stream(artifact_id)]
+        return b"".join(chunks)
+
+    async def artifact_stream(self, artifact_id: str) -> AsyncIterator[bytes]:
+        """An artifact's bytes as they arrive, without holding them all."""
+        path = f"/v1/artifacts/{_seg(artifact_id)}/content"
+        try:
+            async with self._http.stream("GET", path) as reply:
+                if reply.status_code >= 400:
+                    await reply.aread()
+                    _unwrap(reply)
+                async for chunk in reply.aiter_bytes():
+                    yield chunk
+        except httpx.TransportError as exc:  # as Client raises it
+            raise Unreachable(f"{type(exc).__name__}: {exc}"[:300]) from exc
+
     async def token_create(self, name: str, scopes: list[str]) -> dict[str, Any]:
         body = {"name": name, "scopes": scopes}
         return dict(await self._call(("POST", "/v1/tokens", None, body)))

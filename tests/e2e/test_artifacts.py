@@ -185,3 +185,53 @@ def test_a_bad_ttl_header_is_refused_and_writes_nothing(small: Node, tokens: Tok
         assert reply.json()["error"]["field"] == "X-Orbit-TTL", ttl
     assert ok.status_code == 201, ok.text
     assert [a["name"] for a in api.get(f"/v1/tasks/{tid}/artifacts").json()] == ["good"]
+
+
+def test_async_client_downloads_as_the_sync_one_does(small: Node, tokens: Tokens) -> None:
+    """AsyncClient.artifact_content and artifact_stream: the same bytes as Client's, and
+    the same NotFound for an unknown artifact."""
+    from orbit import AsyncClient
+    from orbit.client import NotFound
+
+    api = httpx.Client(
+        base_url=small.http, timeout=30, headers={"Authorization": f"Bearer {tokens.admin}"}
+    )
+    api.post("/v1/queues", json={"name": "q", "max_concurrency": 4, "rate": 0})
+    blob = os.urandom(600_000)  # more than one stored chunk
+    worker = Worker(small.http, tokens.worker)
+
+    @worker.handler("shoot")
+    async def shoot(ctx: Context, payload: Any) -> Any:
+        return (await ctx.upload("blob.bin", blob))["id"]
+
+    tid = api.post("/v1/tasks", json={"queue": "q", "handler": "shoot"}).json()["task"]["id"]
+
+    async def run() -> tuple[bytes, bytes, list[str]]:
+        running = asyncio.create_task(worker.arun())
+        while worker.finished < 1:
+            assert not running.done(), running.exception()
+            await asyncio.sleep(0.02)
+        worker.stop()
+        await running
+        artifact_id = api.get(f"/v1/tasks/{tid}").json()["result"]
+        codes = []
+        async with AsyncClient(small.http, tokens.submit) as client:
+            whole = await client.artifact_content(artifact_id)
+            streamed = b"".join([chunk async for chunk in client.artifact_stream(artifact_id)])
+            try:
+                await client.artifact_content("nope")
+            except NotFound as exc:
+                codes.append(exc.code)
+            try:
+                [chunk async for chunk in client.artifact_stream("nope")]
+            except NotFound as exc:
+                codes.append(exc.code)
+        return whole, streamed, codes
+
+    whole, streamed, codes = asyncio.run(run())
+    assert whole == blob and streamed == blob
+    assert codes == ["ARTIFACT_NOT_FOUND", "ARTIFACT_NOT_FOUND"]
+    with Client(small.http, tokens.submit) as client:
+        with pytest.raises(NotFound) as missing:
+            client.artifact_content("nope")
+        assert missing.value.code == "ARTIFACT_NOT_FOUND"

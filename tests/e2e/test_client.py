@@ -135,3 +135,20 @@ def test_odd_ids_are_sent_as_one_path_segment(node: Node, tokens: Tokens) -> Non
         assert sync[("get", odd)] == ("TASK_NOT_FOUND", f"no task {odd!r}")
         assert sync[("cancel", odd)] == ("TASK_NOT_FOUND", f"no task {odd!r}")
         assert sync[("pause", odd)] == ("QUEUE_NOT_FOUND", f"no queue named {odd!r}")
+
+
+def test_both_clients_have_the_same_calls() -> None:
+    """docs/quickstart.md: "AsyncClient has the same calls for asyncio"."""
+    import inspect
+
+    def calls(cls: type) -> dict[str, inspect.Signature]:
+        return {
+            name: inspect.signature(member)
+            for name, member in vars(cls).items()
+            if not name.startswith("_") and callable(member) and name not in ("close", "aclose")
+        }
+
+    sync, asynchronous = calls(Client), calls(AsyncClient)
+    assert sorted(sync) == sorted(asynchronous)
+    for name, signature in sync.items():
+        assert list(signature.parameters) == list(asynchronous[name].parameters), name
