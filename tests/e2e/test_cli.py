@@ -272,6 +272,31 @@ def test_db_and_token_commands(tmp_path: Path) -> None:
         assert command in helps.stdout
 
 
+def test_db_commands_on_a_file_that_is_no_database_say_so(tmp_path: Path) -> None:
+    """``db migrate`` and ``token create`` on a database they cannot open print one line
+    that says so and exit 1: no traceback, and the file is left as it was."""
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not a database, and it is long enough to have a header")
+    db = f"sqlite:///{junk}"
+    for args in (
+        ["db", "migrate", "--db", db],
+        ["token", "create", "--db", db, "--name", "ci", "--scope", "submit"],
+    ):
+        run = subprocess.run(
+            [sys.executable, "-m", "orbit.cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert run.returncode == 1, (args, run.stderr)
+        assert "Traceback" not in run.stderr, run.stderr
+        assert run.stderr.startswith("error: cannot open the database"), run.stderr
+        assert "file is not a database" in run.stderr
+        assert run.stdout == ""
+    assert junk.read_bytes().startswith(b"this is not a database")
+
+
 def test_server_on_a_port_in_use_is_refused_and_touches_nothing(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
