@@ -252,7 +252,7 @@ def task_show(
     with client(url, cafile) as c:
         task = c.get(task_id)
         attempts = c.attempts(task_id)
-        events = c.events(task_id, limit=1000)["items"]
+        events = _EventFollower(c, task_id).new()
     if as_json:
         emit({"task": task, "attempts": attempts, "events": events}, True)
         return
@@ -332,22 +332,49 @@ def _show_event(e: dict[str, Any]) -> None:
         err.print(f"  {at}  {e['kind']:<16} → {e['task_to']}", highlight=False)
 
 
+class _EventFollower:
+    """A task's events, page after page: ``new()`` returns those not returned before.
+    One page holds at most 1,000, and a task that reports progress in a loop has more:
+    reading only the first page left ``task show`` short and ``task wait`` silent."""
+
+    PAGE = 1000
+
+    def __init__(self, c: Client, task_id: str) -> None:
+        self._c = c
+        self._task_id = task_id
+        self._cursor: str | None = None  # the start of the page not yet read to its end
+        self._last = -1  # the id of the last event returned
+
+    def new(self) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        while True:
+            page = self._c.events(self._task_id, limit=self.PAGE, cursor=self._cursor)
+            for e in page["items"]:
+                if int(e["id"]) > self._last:
+                    found.append(e)
+                    self._last = int(e["id"])
+            if not page["next_cursor"]:
+                return found
+            self._cursor = page["next_cursor"]
+
+
 def _wait(c: Client, task_id: str, timeout: float, as_json: bool) -> None:
     end = time.monotonic() + timeout
-    shown = 0
+    follower = _EventFollower(c, task_id)
     with err.status(f"waiting for {task_id}") as status:
         while True:
-            events = c.events(task_id, limit=1000)["items"]
-            for e in events[shown:]:
+            for e in follower.new():
                 if not as_json:
                     _show_event(e)
-            shown = len(events)
             task = c.get(task_id)
             status.update(
                 f"{task_id}: {task['state']} "
                 f"(attempt {task['attempts_used']}/{task['max_attempts']})"
             )
             if task["state"] in ("succeeded", "failed", "cancelled", "needs_review"):
+                for e in follower.new():  # those written between the two reads above
+                    if not as_json:
+                        _show_event(e)
                 break
             if time.monotonic() > end:
                 fail(f"task {task_id} is still {task['state']}", EXIT_TIMEOUT)

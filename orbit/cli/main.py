@@ -9,8 +9,11 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, NoReturn
+from urllib.parse import urlsplit
 
 import typer
 
@@ -61,15 +64,33 @@ def _check_url(url: str) -> None:
         _fail("--db must start with sqlite:// or postgresql://")
 
 
+@contextmanager
+def _database(db: str) -> Iterator[None]:
+    """A database that cannot be opened or migrated (unreachable, refused, not a
+    database) is one line and exit 1, not a traceback; the URL's password, should the
+    driver's message hold it, is blotted out."""
+    _check_url(db)
+    try:
+        yield
+    except Exception as exc:  # the drivers' errors: sqlite3, psycopg, psycopg_pool, OS
+        reason = f"{type(exc).__name__}: {exc}".strip()
+        password = urlsplit(db).password
+        if password:
+            reason = reason.replace(password, "***")
+        _fail(f"cannot open the database: {reason}", 1)
+
+
 @db_app.command("migrate")
 def db_migrate(db: DbUrl) -> None:
     """Create or upgrade the schema (safe to run on every node at once)."""
     from orbit.store import open_store
 
-    _check_url(db)
-    store = open_store(db, migrate=False)
-    version = store.migrate()
-    store.close()
+    with _database(db):
+        store = open_store(db, migrate=False)
+        try:
+            version = store.migrate()
+        finally:
+            store.close()
     typer.echo(f"schema at version {version}")
 
 
@@ -82,8 +103,8 @@ def token_create(
     """Create a token and print it once; only its hash is stored."""
     from orbit.store import open_store
 
-    _check_url(db)
-    store = open_store(db)
+    with _database(db):
+        store = open_store(db)
     try:
         token_id, token = store.token_create(name, scope)
     except OrbitError as exc:

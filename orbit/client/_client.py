@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 from typing import Any, Literal
+from urllib.parse import quote
 
 import httpx
 
@@ -29,6 +30,15 @@ def _instant(value: datetime | str | None) -> str | None:
     if value.tzinfo is None:
         raise ValueError("deadline and run_after need a timezone (e.g. datetime.now(UTC))")
     return value.isoformat()
+
+
+def _seg(value: str) -> str:
+    """An id or a name as one path segment, percent-encoded, so that the server reads it
+    whole: unencoded, a space made the sync transport refuse the URL (``Unreachable``),
+    a non-ASCII letter raised UnicodeEncodeError, and '?' or '#' cut the id short. A
+    segment of dots is encoded too, which neither transport then folds into its parent."""
+    part = quote(value, safe="")
+    return part.replace(".", "%2E") if part.strip(".") == "" else part
 
 
 def task_body(
@@ -114,7 +124,7 @@ class _Calls:
             body["result"] = result
         if error is not None:
             body["error"] = error
-        return ("POST", f"/v1/tasks/{task_id}/resolve", None, body)
+        return ("POST", f"/v1/tasks/{_seg(task_id)}/resolve", None, body)
 
 
 def _headers(token: str | None) -> dict[str, str]:
@@ -168,10 +178,10 @@ class Client:
         return list(self._call(("GET", "/v1/queues", None, None)))
 
     def queue_pause(self, name: str) -> dict[str, Any]:
-        return dict(self._call(("POST", f"/v1/queues/{name}/pause", None, None)))
+        return dict(self._call(("POST", f"/v1/queues/{_seg(name)}/pause", None, None)))
 
     def queue_resume(self, name: str) -> dict[str, Any]:
-        return dict(self._call(("POST", f"/v1/queues/{name}/resume", None, None)))
+        return dict(self._call(("POST", f"/v1/queues/{_seg(name)}/resume", None, None)))
 
     # tasks
     def submit(
@@ -192,7 +202,7 @@ class Client:
         return _Calls.submitted(reply, self._call(_Calls.submit_many(tasks, reply)))
 
     def get(self, task_id: str) -> dict[str, Any]:
-        return dict(self._call(("GET", f"/v1/tasks/{task_id}", None, None)))
+        return dict(self._call(("GET", f"/v1/tasks/{_seg(task_id)}", None, None)))
 
     def wait(self, task_id: str, timeout: float = 60.0, poll: float = 0.2) -> dict[str, Any]:
         """Block until the task ends (or needs review); raise WaitTimeout after ``timeout``."""
@@ -215,10 +225,10 @@ class Client:
         return task["result"]
 
     def cancel(self, task_id: str) -> dict[str, Any]:
-        return dict(self._call(("POST", f"/v1/tasks/{task_id}/cancel", None, None)))
+        return dict(self._call(("POST", f"/v1/tasks/{_seg(task_id)}/cancel", None, None)))
 
     def retry(self, task_id: str) -> dict[str, Any]:
-        return dict(self._call(("POST", f"/v1/tasks/{task_id}/retry", None, None)))
+        return dict(self._call(("POST", f"/v1/tasks/{_seg(task_id)}/retry", None, None)))
 
     def resolve(
         self,
@@ -254,32 +264,35 @@ class Client:
                 return
 
     def attempts(self, task_id: str) -> list[dict[str, Any]]:
-        return list(self._call(("GET", f"/v1/tasks/{task_id}/attempts", None, None)))
+        return list(self._call(("GET", f"/v1/tasks/{_seg(task_id)}/attempts", None, None)))
 
     def events(self, task_id: str, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
         query: dict[str, Any] = {"limit": limit, **({"cursor": cursor} if cursor else {})}
-        return dict(self._call(("GET", f"/v1/tasks/{task_id}/events", query, None)))
+        return dict(self._call(("GET", f"/v1/tasks/{_seg(task_id)}/events", query, None)))
 
     # workers and tokens
     def workers(self) -> list[dict[str, Any]]:
         return list(self._call(("GET", "/v1/workers", None, None)))
 
     def worker_drain(self, session_id: str) -> dict[str, Any]:
-        return dict(self._call(("POST", f"/v1/workers/{session_id}/drain", None, None)))
+        return dict(self._call(("POST", f"/v1/workers/{_seg(session_id)}/drain", None, None)))
 
     def artifacts(self, task_id: str) -> list[dict[str, Any]]:
-        return list(self._call(("GET", f"/v1/tasks/{task_id}/artifacts", None, None)))
+        return list(self._call(("GET", f"/v1/tasks/{_seg(task_id)}/artifacts", None, None)))
 
     def artifact_content(self, artifact_id: str) -> bytes:
         """An artifact's bytes (use ``artifact_stream`` for large ones)."""
-        reply = self._http.request("GET", f"/v1/artifacts/{artifact_id}/content", None, None)
+        reply = self._http.request("GET", f"/v1/artifacts/{_seg(artifact_id)}/content", None, None)
         if reply.status_code >= 400:
             _unwrap(reply)
         return reply.content
 
     def artifact_stream(self, artifact_id: str) -> Iterator[bytes]:
         """An artifact's bytes as they arrive, without holding them all."""
-        with self._http.stream("GET", f"/v1/artifacts/{artifact_id}/content") as (status, chunks):
+        with self._http.stream("GET", f"/v1/artifacts/{_seg(artifact_id)}/content") as (
+            status,
+            chunks,
+        ):
             if status >= 400:
                 _unwrap(Reply(status, b"".join(chunks)))
             yield from chunks
@@ -336,22 +349,40 @@ class AsyncClient:
         return list(await self._call(("GET", "/v1/queues", None, None)))
 
     async def queue_pause(self, name: str) -> dict[str, Any]:
-        return dict(await self._call(("POST", f"/v1/queues/{name}/pause", None, None)))
+        return dict(await self._call(("POST", f"/v1/queues/{_seg(name)}/pause", None, None)))
 
     async def queue_resume(self, name: str) -> dict[str, Any]:
-        return dict(await self._call(("POST", f"/v1/queues/{name}/resume", None, None)))
+        return dict(await self._call(("POST", f"/v1/queues/{_seg(name)}/resume", None, None)))
 
     async def attempts(self, task_id: str) -> list[dict[str, Any]]:
-        return list(await self._call(("GET", f"/v1/tasks/{task_id}/attempts", None, None)))
+        return list(await self._call(("GET", f"/v1/tasks/{_seg(task_id)}/attempts", None, None)))
 
     async def events(
         self, task_id: str, limit: int = 100, cursor: str | None = None
     ) -> dict[str, Any]:
         query: dict[str, Any] = {"limit": limit, **({"cursor": cursor} if cursor else {})}
-        return dict(await self._call(("GET", f"/v1/tasks/{task_id}/events", query, None)))
+        return dict(await self._call(("GET", f"/v1/tasks/{_seg(task_id)}/events", query, None)))
 
     async def artifacts(self, task_id: str) -> list[dict[str, Any]]:
-        return list(await self._call(("GET", f"/v1/tasks/{task_id}/artifacts", None, None)))
+        return list(await self._call(("GET", f"/v1/tasks/{_seg(task_id)}/artifacts", None, None)))
+
+    async def artifact_content(self, artifact_id: str) -> bytes:
+        """An artifact's bytes (use ``artifact_stream`` for large ones)."""
+        chunks = [chunk async for chunk in self.artifact_stream(artifact_id)]
+        return b"".join(chunks)
+
+    async def artifact_stream(self, artifact_id: str) -> AsyncIterator[bytes]:
+        """An artifact's bytes as they arrive, without holding them all."""
+        path = f"/v1/artifacts/{_seg(artifact_id)}/content"
+        try:
+            async with self._http.stream("GET", path) as reply:
+                if reply.status_code >= 400:
+                    await reply.aread()
+                    _unwrap(reply)
+                async for chunk in reply.aiter_bytes():
+                    yield chunk
+        except httpx.TransportError as exc:  # as Client raises it
+            raise Unreachable(f"{type(exc).__name__}: {exc}"[:300]) from exc
 
     async def token_create(self, name: str, scopes: list[str]) -> dict[str, Any]:
         body = {"name": name, "scopes": scopes}
@@ -369,7 +400,7 @@ class AsyncClient:
         return _Calls.submitted(reply, await self._call(_Calls.submit_many(tasks, reply)))
 
     async def get(self, task_id: str) -> dict[str, Any]:
-        return dict(await self._call(("GET", f"/v1/tasks/{task_id}", None, None)))
+        return dict(await self._call(("GET", f"/v1/tasks/{_seg(task_id)}", None, None)))
 
     async def wait(self, task_id: str, timeout: float = 60.0, poll: float = 0.2) -> dict[str, Any]:
         end = time.monotonic() + timeout
@@ -390,10 +421,10 @@ class AsyncClient:
         return task["result"]
 
     async def cancel(self, task_id: str) -> dict[str, Any]:
-        return dict(await self._call(("POST", f"/v1/tasks/{task_id}/cancel", None, None)))
+        return dict(await self._call(("POST", f"/v1/tasks/{_seg(task_id)}/cancel", None, None)))
 
     async def retry(self, task_id: str) -> dict[str, Any]:
-        return dict(await self._call(("POST", f"/v1/tasks/{task_id}/retry", None, None)))
+        return dict(await self._call(("POST", f"/v1/tasks/{_seg(task_id)}/retry", None, None)))
 
     async def resolve(
         self,
@@ -432,4 +463,4 @@ class AsyncClient:
         return list(await self._call(("GET", "/v1/workers", None, None)))
 
     async def worker_drain(self, session_id: str) -> dict[str, Any]:
-        return dict(await self._call(("POST", f"/v1/workers/{session_id}/drain", None, None)))
+        return dict(await self._call(("POST", f"/v1/workers/{_seg(session_id)}/drain", None, None)))

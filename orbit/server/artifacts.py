@@ -24,6 +24,9 @@ router = APIRouter(prefix="/v1")
 CHUNK = 256 * 1024
 _COUNTER = re.compile(r"^(0|[1-9][0-9]{0,18})\Z")
 _SHA = re.compile(r"^[0-9a-f]{64}\Z")
+_SECONDS = re.compile(r"^[0-9]{1,9}\Z")
+#: the longest X-Orbit-TTL, in seconds (the store keeps an artifact at most 366 days)
+MAX_TTL_S = 366 * 24 * 3600
 
 
 def _header_counter(request: Request, name: str) -> int:
@@ -54,8 +57,14 @@ async def artifact_upload(request: Request, attempt_id: str, name: str) -> JSONR
     ttl = request.headers.get("x-orbit-ttl")
     ttl_us = None
     if ttl is not None:
-        if not ttl.isdigit() or len(ttl) > 9:
-            raise ApiError(400, "INVALID_ARGUMENT", "X-Orbit-TTL must be whole seconds")
+        # ASCII digits only: str.isdigit also admits '²', which int() refuses (a 500)
+        if not _SECONDS.match(ttl) or not 1 <= int(ttl) <= MAX_TTL_S:
+            raise ApiError(
+                400,
+                "INVALID_ARGUMENT",
+                f"X-Orbit-TTL must be whole seconds, from 1 to {MAX_TTL_S}",
+                "X-Orbit-TTL",
+            )
         ttl_us = int(ttl) * SECOND
     limit = store.config.max_artifact_bytes
     declared = request.headers.get("content-length")

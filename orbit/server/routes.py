@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
@@ -91,16 +92,33 @@ def encode_cursor(value: str) -> str:
     return base64.urlsafe_b64encode(value.encode()).decode().rstrip("=")
 
 
+def _bad_cursor() -> ApiError:
+    return ApiError(400, "INVALID_CURSOR", "the cursor is not one this server issued", "cursor")
+
+
 def decode_cursor(cursor: str | None) -> str | None:
     if cursor is None:
         return None
     try:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
     except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise ApiError(400, "INVALID_CURSOR", "the cursor is not one this server issued") from None
+        raise _bad_cursor() from None
     if not text or len(text) > 64:
-        raise ApiError(400, "INVALID_CURSOR", "the cursor is not one this server issued")
+        raise _bad_cursor()
     return text
+
+
+#: a task id as the server spells it (orbit.core.ids.uuid7): lowercase 8-4-4-4-12 hex
+_TASK_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
+
+
+def task_cursor(cursor: str | None) -> str | None:
+    """The task id a task list cursor resumes after. Any other text is refused: 'hello'
+    would read as an empty page (the end of the list) and '0' as its start."""
+    after = decode_cursor(cursor)
+    if after is not None and not _TASK_ID.match(after):
+        raise _bad_cursor()
+    return after
 
 
 #: the largest event id: ids are 64-bit signed integers in both databases
@@ -114,7 +132,7 @@ def event_cursor(after: str | None) -> int:
     if after is None:
         return 0
     if not (after.isascii() and after.isdigit()) or int(after) > MAX_EVENT_ID:
-        raise ApiError(400, "INVALID_CURSOR", "the cursor is not one this server issued")
+        raise _bad_cursor()
     return int(after)
 
 
@@ -286,7 +304,7 @@ async def task_list(
             queue=queue,
             tenant=tenant,
             handler=handler,
-            after_id=decode_cursor(cursor),
+            after_id=task_cursor(cursor),
             limit=limit,
             **bounds,
         )

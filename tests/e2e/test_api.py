@@ -215,6 +215,28 @@ def test_list_filters_and_bad_cursor(admin: httpx.Client) -> None:
         )
 
 
+def test_task_cursor_must_be_a_task_id(admin: httpx.Client) -> None:
+    """A task list cursor decodes to the id of the last task of a page: any other text
+    is INVALID_CURSOR, never an empty page that looks like the end of the list ('hello',
+    '~') nor the list from its start ('0')."""
+    admin.post("/v1/queues", json={"name": "q", "max_concurrency": 2, "rate": 0})
+    batch = [{"queue": "q", "handler": "h", "payload": i} for i in range(3)]
+    ids = [s["task"]["id"] for s in admin.post("/v1/tasks/batch", json={"tasks": batch}).json()]
+    bad = ["hello", "0", "~", "\x01", ids[0].upper(), ids[0] + "0", ids[0][:-1], "1" * 36]
+    for text in bad:
+        reply = admin.get("/v1/tasks", params={"cursor": encode_cursor(text)})
+        assert reply.status_code == 400, (text, reply.text)
+        assert reply.json()["error"] == {
+            "code": "INVALID_CURSOR",
+            "message": "the cursor is not one this server issued",
+            "field": "cursor",
+        }, text
+    first = admin.get("/v1/tasks", params={"limit": 1}).json()
+    assert [t["id"] for t in first["items"]] == ids[:1]
+    rest = admin.get("/v1/tasks", params={"cursor": first["next_cursor"]}).json()
+    assert [t["id"] for t in rest["items"]] == ids[1:]
+
+
 def test_events_cursor_must_be_a_64_bit_decimal(admin: httpx.Client) -> None:
     """An events cursor decodes to an event id: anything but plain ASCII digits of at most
     2^63 - 1 is INVALID_CURSOR, never a 500 from int() or from the database's integer

@@ -135,3 +135,103 @@ def test_uploads_are_fenced_and_validated(small: Node, tokens: Tokens) -> None:
     assert [a["name"] for a in api.get(f"/v1/tasks/{tid}/artifacts").json()] == ["x"]
     kinds = [(e["kind"], e["code"]) for e in api.get(f"/v1/tasks/{tid}/events").json()["items"]]
     assert ("rejected", "STALE_FENCE") in kinds and ("artifact", None) in kinds
+
+
+def test_a_bad_ttl_header_is_refused_and_writes_nothing(small: Node, tokens: Tokens) -> None:
+    """X-Orbit-TTL is whole seconds in ASCII digits, from 1 s to 366 days: anything else
+    is a 400 that names the header, never a 500 (``str.isdigit`` admits '²', which
+    ``int`` refuses), and leaves no artifact behind."""
+    api = httpx.Client(
+        base_url=small.http, timeout=30, headers={"Authorization": f"Bearer {tokens.admin}"}
+    )
+    api.post("/v1/queues", json={"name": "q", "max_concurrency": 4, "rate": 0})
+    tid = api.post("/v1/tasks", json={"queue": "q", "handler": "h"}).json()["task"]["id"]
+    bad: list[bytes] = [b"\xb2", b"\xb9", b"1\xb3", b"", b"-1", b"+5", b"1.5", b"0", b"31622401"]
+
+    async def scenario() -> tuple[list[httpx.Response], httpx.Response]:
+        from orbit.worker import WorkerConnection
+
+        conn = await WorkerConnection.connect(small.ws, tokens.worker)
+        await conn.hello("w", {"h": 1}, 1, push=False)
+        [a] = await conn.claim(1)
+        await conn.start(a["attempt_id"], a["fence"])
+        headers = {
+            "Authorization": f"Bearer {tokens.worker}",
+            "Content-Type": "text/plain",
+            "X-Orbit-Session": conn.session_id or "",
+            "X-Orbit-Epoch": conn.epoch or "",
+            "X-Orbit-Fence": a["fence"],
+        }
+        url = f"{small.http}/v1/attempts/{a['attempt_id']}/artifacts"
+        refused = []
+        for i, ttl in enumerate(bad):
+            async with httpx.AsyncClient(timeout=30) as http:  # a 500 closes the connection
+                refused.append(
+                    await http.put(
+                        f"{url}/bad{i}", content=b"1", headers={**headers, "X-Orbit-TTL": ttl}
+                    )
+                )
+        async with httpx.AsyncClient(timeout=30) as http:
+            ok = await http.put(
+                f"{url}/good", content=b"1", headers={**headers, "X-Orbit-TTL": "31622400"}
+            )
+        await conn.close()
+        return refused, ok
+
+    refused, ok = asyncio.run(scenario())
+    for ttl, reply in zip(bad, refused, strict=True):
+        assert reply.status_code == 400, (ttl, reply.status_code, reply.text)
+        assert reply.json()["error"]["code"] == "INVALID_ARGUMENT", ttl
+        assert reply.json()["error"]["field"] == "X-Orbit-TTL", ttl
+    assert ok.status_code == 201, ok.text
+    assert [a["name"] for a in api.get(f"/v1/tasks/{tid}/artifacts").json()] == ["good"]
+
+
+def test_async_client_downloads_as_the_sync_one_does(small: Node, tokens: Tokens) -> None:
+    """AsyncClient.artifact_content and artifact_stream: the same bytes as Client's, and
+    the same NotFound for an unknown artifact."""
+    from orbit import AsyncClient
+    from orbit.client import NotFound
+
+    api = httpx.Client(
+        base_url=small.http, timeout=30, headers={"Authorization": f"Bearer {tokens.admin}"}
+    )
+    api.post("/v1/queues", json={"name": "q", "max_concurrency": 4, "rate": 0})
+    blob = os.urandom(600_000)  # more than one stored chunk
+    worker = Worker(small.http, tokens.worker)
+
+    @worker.handler("shoot")
+    async def shoot(ctx: Context, payload: Any) -> Any:
+        return (await ctx.upload("blob.bin", blob))["id"]
+
+    tid = api.post("/v1/tasks", json={"queue": "q", "handler": "shoot"}).json()["task"]["id"]
+
+    async def run() -> tuple[bytes, bytes, list[str]]:
+        running = asyncio.create_task(worker.arun())
+        while worker.finished < 1:
+            assert not running.done(), running.exception()
+            await asyncio.sleep(0.02)
+        worker.stop()
+        await running
+        artifact_id = api.get(f"/v1/tasks/{tid}").json()["result"]
+        codes = []
+        async with AsyncClient(small.http, tokens.submit) as client:
+            whole = await client.artifact_content(artifact_id)
+            streamed = b"".join([chunk async for chunk in client.artifact_stream(artifact_id)])
+            try:
+                await client.artifact_content("nope")
+            except NotFound as exc:
+                codes.append(exc.code)
+            try:
+                [chunk async for chunk in client.artifact_stream("nope")]
+            except NotFound as exc:
+                codes.append(exc.code)
+        return whole, streamed, codes
+
+    whole, streamed, codes = asyncio.run(run())
+    assert whole == blob and streamed == blob
+    assert codes == ["ARTIFACT_NOT_FOUND", "ARTIFACT_NOT_FOUND"]
+    with Client(small.http, tokens.submit) as client:
+        with pytest.raises(NotFound) as missing:
+            client.artifact_content("nope")
+        assert missing.value.code == "ARTIFACT_NOT_FOUND"

@@ -120,6 +120,10 @@ def test_bad_arguments_get_clear_messages(orbit: Run, tmp_path: Path) -> None:
     assert decision.returncode == 2 and "succeeded, failed or retry" in decision.stderr
     unknown = orbit("task", "show", "no-such-task")
     assert unknown.returncode == 3 and "TASK_NOT_FOUND" in unknown.stderr
+    for odd in ("a b", "é"):  # refused by the server, not a traceback nor "cannot reach"
+        shown = orbit("task", "show", odd)
+        assert shown.returncode == 3 and "TASK_NOT_FOUND" in shown.stderr, shown.stderr
+        assert "Traceback" not in shown.stderr
     no_token = orbit("queue", "ls", token=None)
     assert no_token.returncode == 2 and "ORBIT_TOKEN" in no_token.stderr
     loose = tmp_path / "token"
@@ -163,6 +167,44 @@ def test_worker_commands(orbit: Run, cluster: tuple[Node, Tokens, str]) -> None:
     drained = json.loads(ok(orbit("worker", "drain", session_id, "--json")))
     assert drained["draining"] is True
     assert json.loads(ok(orbit("worker", "ls", "--json")))[0]["draining"] is True
+
+
+def test_task_show_and_wait_read_every_page_of_events(
+    orbit: Run, cluster: tuple[Node, Tokens, str]
+) -> None:
+    """A task's history can outgrow one events page (1,000): a handler that reports
+    progress in a loop does. ``task show`` lists all of it, and ``task wait`` follows it
+    to the end rather than going quiet after the first page."""
+    import asyncio
+
+    from orbit.worker import WorkerConnection
+
+    node, tokens, _ = cluster
+    ok(orbit("queue", "create", "chatty", "--max-concurrency", "1", "--rate", "0"))
+    task = json.loads(ok(orbit("task", "submit", "chatty", "talk", "--json")))
+    steps = 1010
+
+    async def run() -> None:
+        conn = await WorkerConnection.connect(node.ws, tokens.worker)
+        await conn.hello("chatty-worker", {"talk": 1}, 1, push=False)
+        [a] = await conn.claim(1)
+        await conn.start(a["attempt_id"], a["fence"])
+        for i in range(steps):
+            await conn.progress(a["attempt_id"], a["fence"], message=f"step {i}")
+        await conn.finish(a["attempt_id"], a["fence"], result="done")
+        await conn.close()
+
+    asyncio.run(run())
+    shown = json.loads(ok(orbit("task", "show", task["id"], "--json")))
+    kinds = [e["kind"] for e in shown["events"]]
+    assert kinds.count("progress") == steps
+    assert shown["events"][-1]["task_to"] == "succeeded", shown["events"][-1]
+    ids = [int(e["id"]) for e in shown["events"]]
+    assert ids == sorted(set(ids))
+    waited = orbit("task", "wait", task["id"])
+    assert waited.returncode == 0, waited.stderr
+    assert f"step {steps - 1}" in waited.stderr
+    assert "→ succeeded" in waited.stderr
 
 
 def test_db_and_token_commands(tmp_path: Path) -> None:
@@ -228,6 +270,31 @@ def test_db_and_token_commands(tmp_path: Path) -> None:
     )
     for command in ("dev", "server", "worker", "queue", "task", "db", "token"):
         assert command in helps.stdout
+
+
+def test_db_commands_on_a_file_that_is_no_database_say_so(tmp_path: Path) -> None:
+    """``db migrate`` and ``token create`` on a database they cannot open print one line
+    that says so and exit 1: no traceback, and the file is left as it was."""
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not a database, and it is long enough to have a header")
+    db = f"sqlite:///{junk}"
+    for args in (
+        ["db", "migrate", "--db", db],
+        ["token", "create", "--db", db, "--name", "ci", "--scope", "submit"],
+    ):
+        run = subprocess.run(
+            [sys.executable, "-m", "orbit.cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert run.returncode == 1, (args, run.stderr)
+        assert "Traceback" not in run.stderr, run.stderr
+        assert run.stderr.startswith("error: cannot open the database"), run.stderr
+        assert "file is not a database" in run.stderr
+        assert run.stdout == ""
+    assert junk.read_bytes().startswith(b"this is not a database")
 
 
 def test_server_on_a_port_in_use_is_refused_and_touches_nothing(tmp_path: Path) -> None:

@@ -99,3 +99,56 @@ def test_async_client(node: Node, tokens: Tokens) -> None:
                 await c.get("nope")
 
     asyncio.run(scenario())
+
+
+#: ids and names no server issues: a space (a control character to http.client), a
+#: non-ASCII letter, a URL's query and fragment marks, a dot segment
+ODD_IDS = ["a b", "é", "x?y", "x#y", "..", "%41"]
+
+
+def test_odd_ids_are_sent_as_one_path_segment(node: Node, tokens: Tokens) -> None:
+    """Both clients put an id or a name in the path percent-encoded, so the server sees
+    it whole and answers for it: 404 naming that very id, the same from both flavours,
+    never ``Unreachable`` (the sync transport refusing the URL), a bare
+    UnicodeEncodeError, or the answer for a truncated id ('x' for 'x?y')."""
+    with Client(node.http, tokens.admin) as c:
+        c.queue_create("q", max_concurrency=2, rate=0)
+        sync = {}
+        for odd in ODD_IDS:
+            for name, call in (("get", c.get), ("cancel", c.cancel), ("pause", c.queue_pause)):
+                with pytest.raises(NotFound) as missing:
+                    call(odd)
+                sync[(name, odd)] = (missing.value.code, missing.value.message)
+
+    async def run() -> dict[tuple[str, str], tuple[str, str]]:
+        seen = {}
+        async with AsyncClient(node.http, tokens.admin) as c:
+            for odd in ODD_IDS:
+                for name, call in (("get", c.get), ("cancel", c.cancel), ("pause", c.queue_pause)):
+                    with pytest.raises(NotFound) as missing:
+                        await call(odd)
+                    seen[(name, odd)] = (missing.value.code, missing.value.message)
+        return seen
+
+    assert asyncio.run(run()) == sync
+    for odd in ODD_IDS:
+        assert sync[("get", odd)] == ("TASK_NOT_FOUND", f"no task {odd!r}")
+        assert sync[("cancel", odd)] == ("TASK_NOT_FOUND", f"no task {odd!r}")
+        assert sync[("pause", odd)] == ("QUEUE_NOT_FOUND", f"no queue named {odd!r}")
+
+
+def test_both_clients_have_the_same_calls() -> None:
+    """docs/quickstart.md: "AsyncClient has the same calls for asyncio"."""
+    import inspect
+
+    def calls(cls: type) -> dict[str, inspect.Signature]:
+        return {
+            name: inspect.signature(member)
+            for name, member in vars(cls).items()
+            if not name.startswith("_") and callable(member) and name not in ("close", "aclose")
+        }
+
+    sync, asynchronous = calls(Client), calls(AsyncClient)
+    assert sorted(sync) == sorted(asynchronous)
+    for name, signature in sync.items():
+        assert list(signature.parameters) == list(asynchronous[name].parameters), name
