@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from orbit.core.states import TaskState
 from orbit.tokens import TokenError, load_token
 
 if TYPE_CHECKING:
@@ -221,7 +222,9 @@ def task_submit(
 
 @task_app.command("ls")
 def task_ls(
-    state: Annotated[str | None, typer.Option()] = None,
+    state: Annotated[
+        str | None, typer.Option(help=f"only tasks in this state: {', '.join(TaskState)}")
+    ] = None,
     queue: Annotated[str | None, typer.Option()] = None,
     tenant: Annotated[str | None, typer.Option()] = None,
     handler: Annotated[str | None, typer.Option()] = None,
@@ -405,12 +408,7 @@ def task_wait(
 # ----------------------------------------------------------------------------- worker
 
 
-def worker_ls(url: str, cafile: str | None, as_json: bool) -> None:
-    with client(url, cafile) as c:
-        rows = c.workers()
-    if as_json:
-        emit(rows, True)
-        return
+def _workers_table(rows: list[dict[str, Any]]) -> Table:
     table = Table("session", "name", "node", "epoch", "state", "draining", "capabilities")
     for w in rows:
         caps = ", ".join(f"{c['handler']}:{c['capacity']}" for c in w["capabilities"])
@@ -423,9 +421,14 @@ def worker_ls(url: str, cafile: str | None, as_json: bool) -> None:
             "yes" if w["draining"] else "",
             caps,
         )
-    out.print(table)
+    return table
+
+
+def worker_ls(url: str, cafile: str | None, as_json: bool) -> None:
+    with client(url, cafile) as c:
+        emit(c.workers(), as_json, _workers_table)
 
 
 def worker_drain(session_id: str, url: str, cafile: str | None, as_json: bool) -> None:
     with client(url, cafile) as c:
-        emit(c.worker_drain(session_id), as_json or True)
+        emit(c.worker_drain(session_id), as_json, lambda w: _workers_table([w]))

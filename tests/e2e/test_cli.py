@@ -164,6 +164,8 @@ def test_worker_commands(orbit: Run, cluster: tuple[Node, Tokens, str]) -> None:
 
     session_id = asyncio.run(attach())
     assert "cli-worker" in ok(orbit("worker", "ls"))
+    shown = ok(orbit("worker", "drain", session_id))
+    assert session_id in shown and "yes" in shown  # a table, as `worker ls` prints
     drained = json.loads(ok(orbit("worker", "drain", session_id, "--json")))
     assert drained["draining"] is True
     assert json.loads(ok(orbit("worker", "ls", "--json")))[0]["draining"] is True
