@@ -163,7 +163,7 @@ def server(
 
     from orbit.gctune import tune_for_throughput
     from orbit.server import ServerSettings, create_app
-    from orbit.store import StoreConfig
+    from orbit.store import StoreConfig, open_store
 
     _check_url(db)
     if (tls_cert is None) != (tls_key is None):
@@ -190,7 +190,9 @@ def server(
     # nothing for a session TTL has lost its session anyway: its connection goes too.
     sock = bind(host, port, unread_timeout=session_ttl)
     url = url_of(sock, host, "https" if tls_cert else "http")
-    api = create_app(settings)
+    with _database(db):  # opened here, so a database that cannot be is one clear line
+        store = open_store(db, settings.store_config)
+    api = create_app(settings, store=store)
     config = uvicorn.Config(
         api,
         log_level=log_level,
@@ -208,7 +210,10 @@ def server(
 
     server = Announced(config)
     tune_for_throughput()  # after the imports and the app: see orbit.gctune
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    finally:
+        store.close()
     if not server.started:
         raise typer.Exit(3)  # uvicorn's code for a failed start-up; it said why
 

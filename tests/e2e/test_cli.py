@@ -299,6 +299,36 @@ def test_db_commands_on_a_file_that_is_no_database_say_so(tmp_path: Path) -> Non
     assert junk.read_bytes().startswith(b"this is not a database")
 
 
+def test_a_server_whose_database_cannot_be_opened_says_why_at_once(tmp_path: Path) -> None:
+    """``orbit server`` (and ``db migrate``) on a PostgreSQL that refuses connections, or
+    on a file that is no database, print one line that names the cause and exit 1. On
+    PostgreSQL the line was the pool's ``PoolTimeout`` after 30 s, which named none (the
+    server's was a traceback from uvicorn's start-up)."""
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not a database, and it is long enough to have a header")
+    with socket.socket() as nobody:  # bound and not listening: a connect is refused
+        nobody.bind(("127.0.0.1", 0))
+        refusing = f"postgresql://postgres@127.0.0.1:{nobody.getsockname()[1]}/orbit"
+        for args, cause in (
+            (["server", "--db", refusing, "--port", "0"], "Connection refused"),
+            (["db", "migrate", "--db", refusing], "Connection refused"),
+            (["server", "--db", f"sqlite:///{junk}", "--port", "0"], "file is not a database"),
+        ):
+            run = subprocess.run(
+                [sys.executable, "-m", "orbit.cli", *args],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            assert run.returncode == 1, (args, run.stderr)
+            assert "Traceback" not in run.stderr, run.stderr
+            [said] = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+            assert said.startswith("error: cannot open the database: "), said
+            assert cause in said, said
+    assert junk.read_bytes().startswith(b"this is not a database")
+
+
 def test_server_on_a_port_in_use_is_refused_and_touches_nothing(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -955,6 +955,10 @@ def _end(cx: psycopg.Connection[Any], tx: _PostgresConnection, *, failed: bool) 
     tx.raw.command(b"COMMIT")
 
 
+#: How long opening the store waits for PostgreSQL to answer before it says why not.
+CONNECT_TIMEOUT_S = 10
+
+
 class PostgresDriver:
     """Two pools over one database: durable connections for every transaction a reply
     waits on, and a few relaxed ones (``synchronous_commit = off`` for the whole
@@ -964,6 +968,10 @@ class PostgresDriver:
 
     def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 8) -> None:
         self.dsn = dsn
+        # One connection first, so that a database that cannot be reached, or refuses
+        # us, says why at once: the pools retry in the background, and their first
+        # caller waited 30 s for a PoolTimeout that named no cause.
+        psycopg.connect(with_tcp_checks(dsn), connect_timeout=CONNECT_TIMEOUT_S).close()
         self.queries = {k: to_psycopg(v) for k, v in load_queries(_HERE / "queries.sql").items()}
         self.columnar = {
             name: form
