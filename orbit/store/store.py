@@ -1493,6 +1493,11 @@ class Store:
             raise OrbitError(
                 Code.INVALID_ARGUMENT, "decision must be 'succeeded', 'failed' or 'retry'"
             )
+        # The operator's result or error is stored as a worker's would be, so it passes the
+        # same checks first: nested at most 64 levels, JSON, no NUL (which PostgreSQL's
+        # text refuses and SQLite would have kept).
+        if outcome is not None and (problem := _outcome_problem(outcome)) is not None:
+            raise problem
 
         def build(tx: _Tx) -> tuple[Plan, Task]:
             found = tx.fetch("task_lock_many", ids=[task_id])
