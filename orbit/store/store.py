@@ -327,6 +327,7 @@ class Store:
             burst = max(1, int(rate)) if rate > 0 else 1
 
         def work(tx: _Tx) -> Queue:
+            _wait_for_claims(tx)  # a claim in flight read the queues before this one
             now = tx.now()
             made = tx.fetch(
                 "queue_insert",
@@ -1652,13 +1653,14 @@ class Store:
 
 def _wait_for_claims(tx: _Tx) -> None:
     """Take the claim lock before changing what a claim weighs without locking it: a
-    session's drain, capacity or epoch (a resume), a tenant's or the global cap (as the
-    session expiry does). A claim reads them under that lock, so a claim in flight
-    commits first (its grants were allowed when it read) and any later claim reads the
-    change. Without it, on PostgreSQL, a claim that read them just before such a change
-    committed after it, and granted what the change, already acknowledged, forbade (a
-    drained session, a lowered cap, a fenced epoch). These changes are rare: the claim
-    lock costs the hot path nothing. (A queue's pause needs none: start refuses it.)"""
+    session's drain, capacity or epoch (a resume), a tenant's or the global cap, the set
+    of queues (as the session expiry does). A claim reads them under that lock, so a
+    claim in flight commits first (its grants were allowed when it read) and any later
+    claim reads the change. Without it, on PostgreSQL, a claim that read them just before
+    such a change committed after it, and granted what the change, already acknowledged,
+    forbade (a drained session, a lowered cap, a fenced epoch), or met a ready task of a
+    queue it had not read (a KeyError). These changes are rare: the claim lock costs the
+    hot path nothing. (A queue's pause needs none: start refuses it.)"""
     tx.fetch("claim_lock")
 
 

@@ -1,13 +1,13 @@
 """A claim racing, on another node, a change of what it weighs: its session's drain,
-capacity or epoch (a resume), or a tenant's or the global cap. A claim must honour a
-change that committed before it does: the state table checks "session live, not
-draining" and every cap atomically.
+capacity or epoch (a resume), a tenant's or the global cap, or the set of queues. A
+claim must honour a change that committed before it does: the state table checks
+"session live, not draining" and every cap atomically.
 
 Before the fix, on PostgreSQL the claim read these without a lock: a change that
 committed while the claim was under way was acknowledged first, and the claim then
-committed grants that the drain, the new cap or the new epoch forbade. On SQLite a
-transaction runs alone, so the change waits for the whole claim; the same assertions
-hold."""
+committed grants that the drain, the new cap or the new epoch forbade, or failed with a
+KeyError on a ready task of a queue created meanwhile. On SQLite a transaction runs
+alone, so the change waits for the whole claim; the same assertions hold."""
 
 from __future__ import annotations
 
@@ -40,6 +40,11 @@ CHANGES: dict[str, tuple[str | None, Callable[[Store, Session, str], Any]]] = {
     "resume": (
         "session.resumed",
         lambda store, s, secret: store.session_resume(s.id, secret, node_id="n2"),
+    ),
+    # A queue the claim did not read when it began, with a ready task (it was a KeyError).
+    "queue created": (
+        "queue.created",
+        lambda store, s, _: (queue(store, "q2"), submit(store, queue="q2")),
     ),
     # Cap settings write no event: the check is that the change waits for the claim.
     "tenant cap lowered": (None, lambda store, s, _: store.tenant_limit_set("default", 1)),
@@ -102,7 +107,7 @@ def test_a_claim_racing_a_change_of_its_session_is_ordered_before_it(
         claimed_at = [e["id"] for e in events if e["kind"] == "claimed"]
         assert len(claimed_at) == 3
         if kind is not None:
-            (changed_at,) = [e["id"] for e in events if e["kind"] == kind]
+            changed_at = max(e["id"] for e in events if e["kind"] == kind)  # the last: q2's
             # Every grant was committed before the change: none after a drain, past a
             # capacity already acknowledged, or for an epoch a resume had fenced.
             assert max(claimed_at) < changed_at, (claimed_at, changed_at)
