@@ -72,8 +72,8 @@ TRANSITIONS: tuple[Transition, ...] = (
         (_T.CLAIMED,),
         _T.RUNNING,
         "claimed -> running",
-        "same session, current epoch and fence; claim lease and deadline not passed; "
-        "queue not paused (attempts_used += 1)",
+        "same session, current epoch and fence, session live; claim lease and deadline "
+        "not passed; task not cancel-requested; queue not paused (attempts_used += 1)",
     ),
     Transition(
         "finish ok",
@@ -122,11 +122,25 @@ TRANSITIONS: tuple[Transition, ...] = (
         "reap claim", (_T.CLAIMED,), _T.QUEUED, "claimed -> released", "claim lease expired"
     ),
     Transition(
+        "reap claim",
+        (_T.CLAIMED,),
+        _T.FAILED,
+        "claimed -> released",
+        "claim lease expired, deadline passed (DEADLINE_EXCEEDED)",
+    ),
+    Transition(
         "session expiry",
         (_T.CLAIMED,),
         _T.QUEUED,
         "claimed -> released",
-        "the session's heartbeat lapsed (failed instead if the deadline passed)",
+        "the session's heartbeat lapsed",
+    ),
+    Transition(
+        "session expiry",
+        (_T.CLAIMED,),
+        _T.FAILED,
+        "claimed -> released",
+        "the session's heartbeat lapsed, deadline passed (DEADLINE_EXCEEDED)",
     ),
     Transition(
         "reap lease",

@@ -327,6 +327,7 @@ class Store:
             burst = max(1, int(rate)) if rate > 0 else 1
 
         def work(tx: _Tx) -> Queue:
+            _wait_for_claims(tx)  # a claim in flight read the queues before this one
             now = tx.now()
             made = tx.fetch(
                 "queue_insert",
@@ -390,6 +391,7 @@ class Store:
             check_int("max_concurrency", max_concurrency, 1, 1_000_000)
 
         def work(tx: _Tx) -> None:
+            _wait_for_claims(tx)
             tx.execute("tenant_upsert", name=tenant, max_concurrency=max_concurrency)
             _limits_changed(tx)
 
@@ -401,6 +403,7 @@ class Store:
             check_int("max_concurrency", max_concurrency, 1, 100_000_000)
 
         def work(tx: _Tx) -> None:
+            _wait_for_claims(tx)
             tx.execute("setting_upsert", name="global_max_concurrency", int_value=max_concurrency)
             _limits_changed(tx)
 
@@ -778,6 +781,7 @@ class Store:
         check_name("node id", node_id)
 
         def work(tx: _Tx) -> Session:
+            _wait_for_claims(tx)
             session = tx.session(session_id, lock=True)
             if not hmac.compare_digest(session.secret_hash, _hash_secret(secret)):
                 raise OrbitError(Code.BAD_SECRET, "the resume secret does not match")
@@ -833,6 +837,7 @@ class Store:
 
         def build(tx: _Tx) -> tuple[Plan, Session]:
             plan = Plan()
+            _wait_for_claims(tx)
             session = tx.session(session_id, lock=True)
             if epoch != session.epoch:
                 plan.reject(
@@ -874,6 +879,7 @@ class Store:
 
         def build(tx: _Tx) -> tuple[Plan, Session]:
             plan = Plan()
+            _wait_for_claims(tx)
             session = tx.session(session_id, lock=True)
             if epoch is not None and epoch != session.epoch:
                 plan.reject(
@@ -1493,6 +1499,11 @@ class Store:
             raise OrbitError(
                 Code.INVALID_ARGUMENT, "decision must be 'succeeded', 'failed' or 'retry'"
             )
+        # The operator's result or error is stored as a worker's would be, so it passes the
+        # same checks first: nested at most 64 levels, JSON, no NUL (which PostgreSQL's
+        # text refuses and SQLite would have kept).
+        if outcome is not None and (problem := _outcome_problem(outcome)) is not None:
+            raise problem
 
         def build(tx: _Tx) -> tuple[Plan, Task]:
             found = tx.fetch("task_lock_many", ids=[task_id])
@@ -1638,6 +1649,19 @@ class Store:
                 elif event.attempt_from == "claimed":
                     counts["released"] += 1
         return ReapReport(**counts)
+
+
+def _wait_for_claims(tx: _Tx) -> None:
+    """Take the claim lock before changing what a claim weighs without locking it: a
+    session's drain, capacity or epoch (a resume), a tenant's or the global cap, the set
+    of queues (as the session expiry does). A claim reads them under that lock, so a
+    claim in flight commits first (its grants were allowed when it read) and any later
+    claim reads the change. Without it, on PostgreSQL, a claim that read them just before
+    such a change committed after it, and granted what the change, already acknowledged,
+    forbade (a drained session, a lowered cap, a fenced epoch), or met a ready task of a
+    queue it had not read (a KeyError). These changes are rare: the claim lock costs the
+    hot path nothing. (A queue's pause needs none: start refuses it.)"""
+    tx.fetch("claim_lock")
 
 
 def _limits_changed(tx: _Tx) -> None:

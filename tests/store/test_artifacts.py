@@ -177,3 +177,34 @@ def test_bad_upload_options(store: Store, kw: dict[str, object], code: Code) -> 
         store.artifact_begin(s.id, s.epoch, g.attempt.id, g.attempt.fence, **args)  # type: ignore[arg-type]
     assert err.value.code == code
     assert len(store.event_list()) == before
+
+
+def test_a_cancel_refuses_new_artifacts_and_hides_the_attempts_own(store: Store) -> None:
+    """Cancel wins over artifacts as over results (DESIGN §5.1): once cancel is asked,
+    no artifact is begun or committed (evidence left), and one committed before is no
+    longer listed or read once the attempt ends cancelled."""
+    queue(store)
+    tid = submit(store)
+    s, _ = worker(store)
+    g = run_one(store, s)
+    a = g.attempt
+    before = _upload(store, s, g, "early.png", [b"early"])
+    pending = store.artifact_begin(s.id, s.epoch, a.id, a.fence, name="half", content_type="a/b")
+    store.artifact_write(pending, 0, b"x")
+    store.task_cancel(tid)
+    assert store.task_get(tid).state == "cancelling"
+    with pytest.raises(Rejected) as err:
+        store.artifact_begin(s.id, s.epoch, a.id, a.fence, name="late", content_type="a/b")
+    assert err.value.code == Code.TASK_CANCELLED
+    with pytest.raises(Rejected) as err:
+        store.artifact_commit(s.id, s.epoch, a.id, a.fence, pending, size=1, sha256="0" * 64)
+    assert err.value.code == Code.TASK_CANCELLED
+    last = store.event_list(task_id=tid)[-1]
+    assert last["kind"] == "rejected" and last["code"] == Code.TASK_CANCELLED
+    store.attempt_finish(s.id, s.epoch, a.id, a.fence, Outcome.success({"done": True}))
+    assert store.task_get(tid).state == "cancelled"
+    assert store.artifact_list(tid) == []
+    with pytest.raises(OrbitError) as err:
+        store.artifact_get(before.id)  # type: ignore[attr-defined]
+    assert err.value.code == Code.ARTIFACT_NOT_FOUND
+    assert check_all(store) == []

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 
 from orbit.core.errors import Code, OrbitError
-from orbit.core.model import SECOND, Backoff, Capability, TaskSpec
+from orbit.core.model import SECOND, Backoff, Capability, Outcome, TaskSpec
 from orbit.store import Store, StoreConfig
 from tests.conftest import ManualClock
-from tests.store.helpers import queue, submit, worker
+from tests.store.helpers import queue, run_one, submit, worker
 
 
 def _snapshot(store: Store) -> tuple[Any, ...]:
@@ -238,3 +238,29 @@ def test_a_batch_read_by_the_reader_still_has_its_payloads_checked(
         _rejects(store, code, lambda: submit_checked([good, bad], lambda d: d, fields_checked=True))
     done = submit_checked([good], lambda d: d.task.payload, fields_checked=True)
     assert done == ['{"a":1}']
+
+
+@pytest.mark.parametrize(
+    ("decision", "outcome"),
+    [
+        ("succeeded", Outcome.success(_nested(65))),
+        ("succeeded", Outcome.success({"x": float("nan")})),
+        ("failed", Outcome.failure("E\x00", "a NUL in the code")),
+        ("failed", Outcome.failure("E", "a NUL \x00 in the message")),
+    ],
+)
+def test_a_resolves_outcome_is_checked_as_a_finishs_is(
+    store: Store, clock: ManualClock, decision: str, outcome: Outcome
+) -> None:
+    """An operator's result or error passes the checks a worker's does (depth, JSON, no
+    NUL), before any state is touched: refused alike on both backends, the task left in
+    needs_review, no event written."""
+    queue(store)
+    tid = submit(store)
+    s, _ = worker(store)
+    run_one(store, s)
+    clock.advance(30)
+    store.reap()
+    assert store.task_get(tid).state == "needs_review"
+    _rejects(store, Code.INVALID_ARGUMENT, lambda: store.task_resolve(tid, decision, outcome))
+    assert store.task_get(tid).state == "needs_review"
