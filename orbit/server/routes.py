@@ -337,6 +337,12 @@ async def task_retry(request: Request, task_id: str) -> Response:
 )
 async def task_resolve(request: Request, task_id: str) -> Response:
     msg = await _body(request, TaskResolve)
+    if msg.result is not None and msg.decision != "succeeded":
+        raise ApiError(
+            400, "INVALID_ARGUMENT", "result goes only with decision 'succeeded'", "result"
+        )
+    if msg.error is not None and msg.decision != "failed":
+        raise ApiError(400, "INVALID_ARGUMENT", "error goes only with decision 'failed'", "error")
     outcome = None
     if msg.decision == "succeeded":
         outcome = Outcome.success(msg.result)

@@ -1499,6 +1499,15 @@ class Store:
             raise OrbitError(
                 Code.INVALID_ARGUMENT, "decision must be 'succeeded', 'failed' or 'retry'"
             )
+        # An outcome that the decision would drop is refused, not ignored: a result goes
+        # with succeeded, an error with failed, nothing with retry.
+        if outcome is not None and (decision == "retry" or outcome.ok != (decision == "succeeded")):
+            kind = "a result" if outcome.ok else "an error"
+            raise OrbitError(
+                Code.INVALID_ARGUMENT,
+                f"{kind} does not go with decision {decision!r}: "
+                "a result goes with 'succeeded', an error with 'failed'",
+            )
         # The operator's result or error is stored as a worker's would be, so it passes the
         # same checks first: nested at most 64 levels, JSON, no NUL (which PostgreSQL's
         # text refuses and SQLite would have kept).

@@ -357,6 +357,17 @@ def test_operator_routes(admin: httpx.Client, node: Node, tokens: Tokens) -> Non
     assert admin.post(f"/v1/tasks/{task['id']}/retry").json()["state"] == "queued"
     conflict = admin.post(f"/v1/tasks/{task['id']}/resolve", json={"decision": "failed"})
     assert conflict.status_code == 409 and conflict.json()["error"]["code"] == "INVALID_STATE"
+    for body, field in (  # an outcome the decision would drop is refused, not ignored
+        ({"decision": "failed", "result": {"r": 1}}, "result"),
+        ({"decision": "retry", "result": 0}, "result"),
+        ({"decision": "succeeded", "error": {"code": "E"}}, "error"),
+        ({"decision": "retry", "error": {"code": "E", "message": "m"}}, "error"),
+    ):
+        refused = admin.post(f"/v1/tasks/{task['id']}/resolve", json=body)
+        assert refused.status_code == 400, (body, refused.text)
+        assert refused.json()["error"]["code"] == "INVALID_ARGUMENT", body
+        assert refused.json()["error"]["field"] == field, body
+    assert admin.get(f"/v1/tasks/{task['id']}").json()["state"] == "queued"
     made = admin.post("/v1/tokens", json={"name": "ci", "scopes": ["submit"]})
     assert made.status_code == 201 and made.json()["token"].startswith("orbit_")
     workers = admin.get("/v1/workers").json()

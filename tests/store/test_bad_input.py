@@ -247,6 +247,11 @@ def test_a_batch_read_by_the_reader_still_has_its_payloads_checked(
         ("succeeded", Outcome.success({"x": float("nan")})),
         ("failed", Outcome.failure("E\x00", "a NUL in the code")),
         ("failed", Outcome.failure("E", "a NUL \x00 in the message")),
+        # an outcome the decision would drop, refused rather than ignored
+        ("failed", Outcome.success({"r": 1})),
+        ("succeeded", Outcome.failure("E", "an error with succeeded")),
+        ("retry", Outcome.success(1)),
+        ("retry", Outcome.failure("E")),
     ],
 )
 def test_a_resolves_outcome_is_checked_as_a_finishs_is(
