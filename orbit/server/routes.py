@@ -199,6 +199,18 @@ def _batch_reply(request: Request) -> Callable[[Stored], dict[str, Any]]:
     return BATCH_REPLIES[asked[0]]
 
 
+def each_query_once(request: Request) -> None:
+    """A list route's filters take one value each: ``?state=queued&state=running`` was
+    read as its last value alone, a list of running tasks that looked like an answer."""
+    for name in request.query_params:
+        if len(request.query_params.getlist(name)) > 1:
+            raise ApiError(400, "INVALID_ARGUMENT", f"{name}: give it once", name)
+
+
+#: the dependencies of a route whose query holds filters, a limit and a cursor
+LISTING = [Depends(each_query_once)]
+
+
 # ----------------------------------------------------------------------------- queues
 
 
@@ -274,7 +286,7 @@ async def task_submit_batch(request: Request) -> Response:
     return _json(await in_thread(submit, specs, render), 201)
 
 
-@router.get("/tasks", dependencies=[Depends(require("submit"))], response_model=TaskPage)
+@router.get("/tasks", dependencies=[Depends(require("submit")), *LISTING], response_model=TaskPage)
 async def task_list(
     request: Request,
     state: str | None = None,
@@ -371,7 +383,9 @@ async def _events(
 
 
 @router.get(
-    "/tasks/{task_id}/events", dependencies=[Depends(require("submit"))], response_model=EventPage
+    "/tasks/{task_id}/events",
+    dependencies=[Depends(require("submit")), *LISTING],
+    response_model=EventPage,
 )
 async def task_events(
     request: Request, task_id: str, limit: Limit = 100, cursor: str | None = None
@@ -380,7 +394,7 @@ async def task_events(
     return await _events(request, task_id, limit, cursor)
 
 
-@router.get("/events", dependencies=[Depends(require("admin"))], response_model=EventPage)
+@router.get("/events", dependencies=[Depends(require("admin")), *LISTING], response_model=EventPage)
 async def events(request: Request, limit: Limit = 100, cursor: str | None = None) -> Response:
     return await _events(request, None, limit, cursor)
 

@@ -237,6 +237,30 @@ def test_task_cursor_must_be_a_task_id(admin: httpx.Client) -> None:
     assert [t["id"] for t in rest["items"]] == ids[1:]
 
 
+def test_a_list_filter_given_twice_is_refused(admin: httpx.Client) -> None:
+    """``?state=queued&state=running`` was read as its last value alone: a page of
+    running tasks that looked like an answer to both. A repeated query parameter of a
+    list route is INVALID_ARGUMENT naming it."""
+    admin.post("/v1/queues", json={"name": "q", "max_concurrency": 2, "rate": 0})
+    task_id = admin.post("/v1/tasks", json={"queue": "q", "handler": "h"}).json()["task"]["id"]
+    for path, query in (
+        ("/v1/tasks", [("state", "queued"), ("state", "running")]),
+        ("/v1/tasks", [("queue", "q"), ("limit", "1"), ("limit", "2")]),
+        ("/v1/events", [("limit", "5"), ("limit", "5")]),
+        (f"/v1/tasks/{task_id}/events", [("cursor", "MQ"), ("cursor", "Mg")]),
+    ):
+        reply = admin.get(path, params=query)
+        assert reply.status_code == 400, (path, query, reply.text)
+        twice = query[-1][0]
+        assert reply.json()["error"] == {
+            "code": "INVALID_ARGUMENT",
+            "message": f"{twice}: give it once",
+            "field": twice,
+        }, (path, query)
+    once = admin.get("/v1/tasks", params=[("state", "queued"), ("queue", "q")])
+    assert [t["id"] for t in once.json()["items"]] == [task_id]
+
+
 def test_events_cursor_must_be_a_64_bit_decimal(admin: httpx.Client) -> None:
     """An events cursor decodes to an event id: anything but plain ASCII digits of at most
     2^63 - 1 is INVALID_CURSOR, never a 500 from int() or from the database's integer
