@@ -44,9 +44,9 @@ from websockets.exceptions import InvalidStatus
 
 from orbit import aio
 from orbit.aio import stop_tasks
-from orbit.core.model import compact_json
 from orbit.gctune import tune_for_throughput
 from orbit.tokens import TokenError, load_token
+from orbit.worker import outcomes
 from orbit.worker.batching import Coalescer
 from orbit.worker.connection import ServerError, WorkerConnection, outcome
 
@@ -222,8 +222,11 @@ class Worker:
         # Starts and finishes of concurrent attempts travel in batches (one transaction
         # each on the server); see orbit.worker.batching.
         self._starts: Coalescer[tuple[str, str], dict[str, Any]] = Coalescer(self._send_starts)
+        # A finish batch stops before its frame passes what the server reads (the
+        # outcomes' sizes are their JSON on the wire; see orbit.worker.outcomes).
         self._finishes: Coalescer[tuple[str, str, dict[str, Any]], dict[str, Any]] = Coalescer(
-            self._send_finishes, size=_finish_size
+            self._send_finishes,
+            max_bytes=outcomes.MAX_FRAME_CHARS - outcomes.MESSAGE_ROOM - 200 * outcomes.ITEM_ROOM,
         )
         self.session_id: str | None = None
 
@@ -519,11 +522,13 @@ class Worker:
                 # The attempt is no longer ours (by the server's word or our own clock):
                 # its result is never sent.
                 return
+            report, size = _sendable(report)
             try:
                 # Sent while the lease is ours. If the reply is lost, the same outcome is
                 # re-sent after a reconnect: the server answers with the original receipt,
                 # or refuses a copy that arrived too late (and keeps it as evidence).
-                await self._finishes.submit((ctx.attempt_id, running.fence, outcome(**report)))
+                item = (ctx.attempt_id, running.fence, outcome(**report))
+                await self._finishes.submit(item, size=size)
                 self.finished += 1
             except ServerError as exc:
                 log.warning("finish of %s refused: %s", ctx.attempt_id, exc.code)
@@ -850,21 +855,24 @@ async def _file(path: Path) -> AsyncIterator[bytes]:
 
 
 def _error(code: str, message: str, *, retryable: bool) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message, "retryable": retryable}}
+    """An error outcome, its code and message cleaned to what the server takes."""
+    return outcomes.error(code, message, retryable=retryable)
 
 
-def _finish_size(item: tuple[str, str, dict[str, Any]]) -> int:
-    """A finish's bytes on the wire, near enough for ``Coalescer``'s bound: its result or
-    error as JSON (none, a no-op's result, counts nothing; a value JSON cannot hold counts
-    nothing here and fails where it is sent, as before)."""
-    report = item[2]
-    value = report.get("result") if report.get("ok") else report.get("error")
-    if value is None:
-        return 0
+def _sendable(report: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """The outcome to send for ``report`` and its size on the wire: a result the server
+    would refuse (NaN, a set, a NUL, over the frame limit, ...) becomes the attempt's
+    non-retryable failure instead, so that it can neither wedge the worker (refused
+    unread, it got no reply, and was re-sent for ever) nor sink the finishes batched
+    with it (see orbit.worker.outcomes)."""
+    if "error" in report:
+        return report, outcomes.wire_size(report["error"])
     try:
-        return len(compact_json(value))
-    except (TypeError, ValueError):
-        return 0
+        return report, outcomes.check_result(report["result"])
+    except outcomes.Unsendable as exc:
+        log.error("the handler's result cannot be sent: %s", exc.message)
+        failure = _error(exc.code, exc.message, retryable=False)
+        return failure, outcomes.wire_size(failure["error"])
 
 
 def _item(result: dict[str, Any], key: str) -> dict[str, Any] | BaseException:

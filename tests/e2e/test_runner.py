@@ -529,3 +529,98 @@ def test_finishes_with_large_results_travel_in_frames_the_server_takes(
     for i, task_id in enumerate(ids):
         task = wait_state(api, task_id, {"succeeded"})
         assert task["result"] == {"i": i, "pad": "r" * 200_000}
+
+
+#: results the server cannot take, each returned by a handler (see the test below)
+UNSENDABLE_RESULTS: dict[str, Callable[[], Any]] = {
+    "nan": lambda: {"score": float("nan")},  # refused unread: no req_id in the error
+    "big-int": lambda: [2**64],  # the same
+    "lone-surrogate": lambda: "\udcff.txt",  # the same (a surrogate-escaped file name)
+    "too-large": lambda: "x" * (5 * 1024 * 1024),  # a frame over the server's 4 MiB
+    "nul": lambda: "a\x00b",  # refused with the req_id: the whole batch with it
+    "a-set": lambda: {1, 2},  # not JSON at all: the whole batch failed in the runner
+}
+
+
+def test_a_result_the_server_cannot_take_fails_its_own_task_alone(
+    fast: Node, tokens: Tokens, api: httpx.Client
+) -> None:
+    """A handler's result that JSON or the server's rules refuse (NaN, an integer past 64
+    bits, a lone surrogate, a NUL, over the frame limit, a set) once wedged the worker: the
+    server answered some of them without a req_id, so the finish timed out, was re-sent
+    after the resume and timed out again, for ever, the task renewed and running, and two
+    such finishes held back every later one. Others failed the whole finish batch, and the
+    good results in it were never sent: those tasks waited out their lease and went to
+    needs_review. Each now fails its own task, not retryably, and nothing else."""
+    api.post("/v1/queues", json={"name": "odd", "max_concurrency": 100, "rate": 0})
+    kinds = list(UNSENDABLE_RESULTS)
+    specs = [{"queue": "odd", "handler": "odd", "payload": k, "max_attempts": 1} for k in kinds]
+    specs += [{"queue": "odd", "handler": "odd", "payload": "good", "max_attempts": 1}] * 12
+    reply = api.post("/v1/tasks/batch?reply=ids", json={"tasks": specs})
+    assert reply.status_code == 201, reply.text
+    ids = [item["id"] for item in reply.json()]
+    worker = Worker(fast.http, tokens.worker, concurrency=len(ids))
+    gate = asyncio.Event()
+    started = {"n": 0}
+
+    @worker.handler("odd")
+    async def odd(ctx: Context, payload: Any) -> Any:
+        started["n"] += 1
+        if started["n"] == len(ids):
+            gate.set()
+        await gate.wait()  # all finish at once, in batches
+        return "fine" if payload == "good" else UNSENDABLE_RESULTS[payload]()
+
+    asyncio.run(run_until(worker, lambda: worker.finished >= len(ids), timeout=60))
+    for spec, task_id in zip(specs, ids, strict=True):
+        task = wait_state(api, task_id, {"succeeded", "failed", "needs_review"})
+        if spec["payload"] == "good":
+            assert task["state"] == "succeeded" and task["result"] == "fine", task
+            continue
+        assert task["state"] == "failed", (spec["payload"], task)
+        code = "RESULT_TOO_LARGE" if spec["payload"] == "too-large" else "RESULT_NOT_JSON"
+        assert task["error"]["code"] == code and task["error"]["retryable"] is False, task
+        assert task["attempts_used"] == 1
+
+
+def test_an_error_the_server_cannot_take_is_cleaned_not_lost(
+    fast: Node, tokens: Tokens, api: httpx.Client
+) -> None:
+    """A failure whose code or message breaks the server's limits (an empty or long code,
+    a message past 10,000 characters, a NUL, a lone surrogate from a file name) was sent
+    as it was: refused, or never answered, it wedged or sank its finish like a bad result.
+    The runner now sends it cleaned: codes and messages within their limits."""
+    worker = Worker(fast.http, tokens.worker)
+
+    @worker.handler("fail.empty-code")
+    async def empty_code(ctx: Context, payload: Any) -> Any:
+        raise Fail("no code", code="")
+
+    @worker.handler("fail.long")
+    async def long_fail(ctx: Context, payload: Any) -> Any:
+        raise Fail("m" * 20_000, code="C" * 300)
+
+    @worker.handler("error.nul")
+    def nul(ctx: Context, payload: Any) -> Any:
+        raise ValueError("bad byte \x00 here")
+
+    @worker.handler("error.surrogate")
+    def surrogate(ctx: Context, payload: Any) -> Any:
+        raise FileNotFoundError("no such file: '\udcff.txt'")
+
+    ids = {h: submit(api, h, max_attempts=1) for h in worker.handlers}
+    asyncio.run(run_until(worker, lambda: worker.finished >= len(ids), timeout=60))
+    tasks = {h: wait_state(api, tid, {"failed", "needs_review"}) for h, tid in ids.items()}
+    assert all(t["state"] == "failed" for t in tasks.values()), tasks
+    errors = {h: t["error"] for h, t in tasks.items()}
+    assert errors["fail.empty-code"] == {
+        "code": "FAILED",
+        "message": "no code",
+        "retryable": False,
+    }
+    assert errors["fail.long"]["code"] == "C" * 100
+    assert errors["fail.long"]["message"] == "m" * 10_000
+    assert errors["error.nul"]["code"] == "ValueError"
+    assert errors["error.nul"]["message"] == "bad byte \\x00 here"
+    assert errors["error.surrogate"]["code"] == "FileNotFoundError"
+    assert errors["error.surrogate"]["message"] == "no such file: '\\udcff.txt'"
