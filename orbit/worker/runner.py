@@ -18,7 +18,9 @@ Guarantees the runner keeps:
 - cancellation reaches the handler at once: an async handler's task is cancelled; a plain
   function sees ``ctx.cancelled`` become true and is waited for a bounded time;
 - shutdown never hangs: after the grace period running handlers are cancelled, and a
-  handler that still ignores it is reported and abandoned (its thread is a daemon).
+  handler that still ignores it is reported and abandoned (its thread is a daemon; an
+  async handler's task is left behind when the event loop closes); its attempt reports
+  nothing, and its lease decides.
 """
 
 from __future__ import annotations
@@ -168,6 +170,8 @@ class _Running:
     task: asyncio.Task[Any] | None = None  # the whole attempt: start, handler, finish
     handler_task: asyncio.Task[Any] | None = None  # just the handler
     lost: bool = False
+    abandoned: bool = False  # its handler ignored cancellation: it reports nothing
+    watched: bool = False  # an async handler, cancelled: abandoned unless it ends in time
     lease_expires: float = 0.0  # monotonic deadline of the current lease
     deadline_at: float | None = None  # monotonic instant of the task's deadline
     renew_at: float = 0.0  # monotonic instant its lease is half spent
@@ -260,7 +264,9 @@ class Worker:
         """Run until SIGTERM/SIGINT, then drain. Returns 0, or 1 if a handler was abandoned.
         This owns the process, so it also tunes the garbage collector (``orbit.gctune``)."""
         tune_for_throughput()
-        return aio.run(self.arun(install_signals=True))
+        # An abandoned async handler's task never ends: the loop closes without it rather
+        # than wait for it for ever (as asyncio.run would).
+        return aio.run(self.arun(install_signals=True), leftovers=1.0)
 
     async def arun(self, *, install_signals: bool = False) -> int:
         if not self.handlers:
@@ -559,26 +565,38 @@ class Worker:
             # flight, when there was no handler task to cancel: the handler sees it now,
             # as it would a cancel just after it began (``call_soon``: after its first
             # step, so that the function is entered and gets CancelledError inside).
-            asyncio.get_running_loop().call_soon(task.cancel)
+            asyncio.get_running_loop().call_soon(self._cancel, running, ctx.reason or "cancelled")
         # asyncio.wait, not wait_for: wait_for raises the same TimeoutError for its limit
         # and for a handler that raised one itself, and a handler's own TimeoutError (a
         # call of its that timed out) is its failure, not the attempt's timeout.
         try:
             done, _ = await asyncio.wait((task,), timeout=limit)
         except asyncio.CancelledError:
+            # This attempt's own task: cancelled because its handler was abandoned (see
+            # _abandon_if_running), or by the event loop's close.
             task.cancel()
-            await asyncio.wait((task,))
+            if not running.abandoned:
+                await asyncio.wait((task,))
             raise
         if not done:
+            ctx._stop("attempt timeout")
             task.cancel()
-            await asyncio.wait((task,))  # a plain function: cancel_grace at most
+            if reg.is_async:
+                ended, _ = await asyncio.wait((task,), timeout=self.cancel_grace)
+                if not ended:
+                    self._abandon(running)
+            else:
+                await asyncio.wait((task,))  # a plain function: cancel_grace at most
             if by_deadline:
                 return None  # past the deadline the server refuses any report
             return _error("ATTEMPT_TIMEOUT", "the attempt timed out", retryable=True)
         try:
             return {"result": task.result()}
         except (asyncio.CancelledError, Cancelled):
-            if running.lost:
+            if running.lost or running.abandoned:
+                # Lost: not ours to report. Abandoned: it may still be at work, so its
+                # outcome is unknown: the lease runs out, and the server decides (a task
+                # that is not retry_safe goes to needs_review, never silently replayed).
                 return None
             stopping = ctx.reason == "worker stopping"
             return _error("CANCELLED", ctx.reason or "cancelled", retryable=stopping)
@@ -627,12 +645,7 @@ class Worker:
             try:
                 await asyncio.wait_for(asyncio.shield(done), self.cancel_grace)
             except TimeoutError:
-                log.error(
-                    "handler %s ignored cancellation for %.1fs; abandoning it",
-                    running.ctx.handler,
-                    self.cancel_grace,
-                )
-                self.abandoned.append(running.ctx.attempt_id)
+                self._abandon(running)
             except BaseException:
                 pass
             raise
@@ -717,8 +730,35 @@ class Worker:
 
     def _cancel(self, running: _Running, reason: str) -> None:
         running.ctx._stop(reason)
-        if running.handler_task is not None:
-            running.handler_task.cancel()
+        task = running.handler_task
+        if task is None or task.done():
+            return
+        task.cancel()
+        if not running.watched and self.handlers[running.ctx.handler].is_async:
+            # A plain function's thread is waited for in _in_thread; an async handler
+            # that swallows CancelledError would be waited for for ever.
+            running.watched = True
+            loop = asyncio.get_running_loop()
+            loop.call_later(self.cancel_grace, self._abandon_if_running, running)
+
+    def _abandon_if_running(self, running: _Running) -> None:
+        """An async handler still running ``cancel_grace`` after it was cancelled is
+        abandoned: its attempt stops waiting for it and reports nothing."""
+        task, attempt = running.handler_task, running.task
+        if task is None or task.done() or attempt is None or attempt.done():
+            return
+        self._abandon(running)
+        attempt.cancel()
+
+    def _abandon(self, running: _Running) -> None:
+        if not running.abandoned:
+            running.abandoned = True
+            log.error(
+                "handler %s ignored cancellation for %.1fs; abandoning it",
+                running.ctx.handler,
+                self.cancel_grace,
+            )
+            self.abandoned.append(running.ctx.attempt_id)
 
     def _lose(self, running: _Running, reason: str) -> None:
         running.lost = True

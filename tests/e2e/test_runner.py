@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import signal
@@ -357,6 +358,35 @@ def test_a_timeout_error_raised_by_the_handler_is_its_own_failure(
     )
 
 
+def test_an_async_handler_that_swallows_its_timeout_is_abandoned_and_reported(
+    fast: Node, tokens: Tokens, api: httpx.Client
+) -> None:
+    """An async handler that catches the CancelledError of its attempt timeout once held
+    its attempt for ever: the runner waited for the handler without a bound, so the
+    timeout was never reported. It is now waited for ``cancel_grace``, as a thread is,
+    then abandoned, and the attempt reports ATTEMPT_TIMEOUT."""
+    worker = Worker(fast.http, tokens.worker, cancel_grace=0.2)
+    release = asyncio.Event()
+
+    @worker.handler("stubborn")
+    async def stubborn(ctx: Context, payload: Any) -> Any:
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await release.wait()
+        return "too late"
+
+    def reported() -> bool:
+        if worker.finished:
+            release.set()  # the test is over: let the handler end with the loop
+        return worker.finished == 1
+
+    tid = submit(api, "stubborn", attempt_timeout=1, max_attempts=1)
+    asyncio.run(run_until(worker, reported))
+    task = wait_state(api, tid, {"failed"})
+    assert task["error"]["code"] == "ATTEMPT_TIMEOUT" and task["attempts_used"] == 1
+    assert len(worker.abandoned) == 1
+
+
 def _worker_process(node: Node, tokens: Tokens, marks: Path, **env: str) -> subprocess.Popen[str]:
     environment = {
         **os.environ,
@@ -420,6 +450,36 @@ def test_an_uncooperative_handler_cannot_hang_shutdown(
     assert proc.returncode == 1, out  # exit code 1 reports the abandoned handler
     assert "ignored cancellation" in out
     assert took < 25  # bounded by grace + cancel grace, far below the handler's 120 s
+
+
+@pytest.mark.parametrize("handler", ["stubborn", "stubborn.async"])
+def test_a_handler_abandoned_at_shutdown_is_left_to_its_lease(
+    fast: Node, tokens: Tokens, api: httpx.Client, tmp_path: Path, handler: str
+) -> None:
+    """A handler that ignores the drain's cancellation is abandoned, and its attempt is
+    left to its lease: it may have had effects, so the server decides (a task that is not
+    retry_safe goes to needs_review). The runner once reported it CANCELLED, retryable,
+    for a thread, so the task was queued to run again; and an async handler that swallows
+    every CancelledError kept ``orbit worker`` from ever exiting, because the event loop's
+    close waits for every task it cancels."""
+    proc = _worker_process(
+        fast, tokens, tmp_path, ORBIT_TEST_GRACE="0.5", ORBIT_TEST_CANCEL_GRACE="0.5"
+    )
+    try:
+        tid = submit(api, handler, {"seconds": 120})
+        _wait_for(tmp_path / f"start-{tid}")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out  # exit code 1 reports the abandoned handler
+    assert "ignored cancellation" in out
+    task = wait_state(api, tid, {"needs_review", "queued", "scheduled", "failed"})
+    assert task["state"] == "needs_review", task
+    assert task["attempts_used"] == 1
+    events = api.get(f"/v1/tasks/{tid}/events").json()["items"]
+    assert [e["code"] for e in events if e["kind"] == "needs_review"] == ["LEASE_EXPIRED"]
 
 
 @pytest.mark.parametrize("held_by", ["queue cap", "worker capacity"])
