@@ -115,7 +115,9 @@ class Context:
         if fraction is not None and not 0.0 <= fraction <= 1.0:
             raise ValueError("fraction must be in [0, 1]")
         if self._report is not None:
-            self._report(fraction, None if message is None else message[:500])
+            # Cleaned as the server takes a string: a lone surrogate (a file name that is
+            # not UTF-8) was refused unread, and its report closed the connection.
+            self._report(fraction, None if message is None else outcomes.clean_text(message, 500))
 
     async def upload(
         self,

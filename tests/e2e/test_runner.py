@@ -328,6 +328,41 @@ def test_fail_and_exceptions_choose_the_outcome(
     assert "attempt 2 halfway" in messages  # progress reaches the history
 
 
+def test_a_progress_message_with_a_lone_surrogate_or_a_nul_is_recorded(
+    fast: Node, tokens: Tokens, api: httpx.Client
+) -> None:
+    """A progress message naming a file whose name is not UTF-8 (``os.listdir`` gives
+    it a lone surrogate) was sent as it was: the server refused it unread, without a
+    req_id, so the report waited out its timeout and closed the worker's connection, and
+    it was never recorded; a NUL was refused too. The message is now sent escaped."""
+    worker = Worker(fast.http, tokens.worker)
+    recorded = threading.Event()
+    messages: list[str] = []
+
+    @worker.handler("scan")
+    def scan(ctx: Context, payload: Any) -> Any:
+        ctx.progress(0.5, "reading \udcff.txt\x00")
+        recorded.wait(30)  # the test sees the event in the history, or gives up
+        return "done"
+
+    tid = submit(api, "scan")
+
+    def watch() -> None:
+        end = time.monotonic() + 30
+        while time.monotonic() < end and not messages:
+            events = api.get(f"/v1/tasks/{tid}/events").json()["items"]
+            messages.extend(e["data"]["message"] for e in events if e["kind"] == "progress")
+            time.sleep(0.05)
+        recorded.set()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    asyncio.run(run_until(worker, lambda: worker.finished == 1, timeout=60))
+    watcher.join()
+    assert messages == ["reading \\udcff.txt\\x00"]
+    assert wait_state(api, tid, {"succeeded"})["result"] == "done"
+
+
 def test_a_timeout_error_raised_by_the_handler_is_its_own_failure(
     fast: Node, tokens: Tokens, api: httpx.Client
 ) -> None:
