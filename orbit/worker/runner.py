@@ -174,6 +174,9 @@ class _Running:
     lost: bool = False
     abandoned: bool = False  # its handler ignored cancellation: it reports nothing
     watched: bool = False  # an async handler, cancelled: abandoned unless it ends in time
+    #: the handler is over: progress reported now would reach the server after the finish,
+    #: which refuses it (ATTEMPT_ENDED, a rejected report in the task's history)
+    ended: bool = False
     lease_expires: float = 0.0  # monotonic deadline of the current lease
     deadline_at: float | None = None  # monotonic instant of the task's deadline
     renew_at: float = 0.0  # monotonic instant its lease is half spent
@@ -495,7 +498,7 @@ class Worker:
 
         def report(fraction: float | None, message: str | None) -> None:
             current = attempt_ref()
-            if current is None:
+            if current is None or current.ended:
                 return  # the attempt is over: there is nothing left to report on
             current.pending_progress = (fraction, message)
             loop.call_soon_threadsafe(self._flush_progress, current)
@@ -526,6 +529,7 @@ class Worker:
             if lease.get("status") == "cancel":  # a repeated start, after a cancel
                 self._cancel(running, "task cancelled")
             report = await self._invoke(running, payload)
+            running.ended = True  # progress still pending is dropped, not sent after it
             if report is None or not self._lease_valid(running):
                 # The attempt is no longer ours (by the server's word or our own clock):
                 # its result is never sent.
@@ -547,6 +551,7 @@ class Worker:
             # then runs out, and the server decides what becomes of the task).
             log.exception("attempt %s failed in the runner", ctx.attempt_id)
         finally:
+            running.ended = True  # a thread that outlived it reports nothing more
             self.running.pop(ctx.attempt_id, None)
 
     async def _invoke(self, running: _Running, payload: Any) -> dict[str, Any] | None:
@@ -708,7 +713,7 @@ class Worker:
     async def _send_progress(self, running: _Running) -> None:
         """Send the latest progress, then any that arrived meanwhile (older ones drop)."""
         try:
-            while running.pending_progress is not None and not running.lost:
+            while running.pending_progress is not None and not (running.lost or running.ended):
                 fraction, message = running.pending_progress
                 running.pending_progress = None
                 conn = self._conn

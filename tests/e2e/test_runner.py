@@ -363,6 +363,34 @@ def test_a_progress_message_with_a_lone_surrogate_or_a_nul_is_recorded(
     assert wait_state(api, tid, {"succeeded"})["result"] == "done"
 
 
+def test_progress_pending_when_the_handler_returns_is_not_sent_after_the_finish(
+    fast: Node, tokens: Tokens, api: httpx.Client
+) -> None:
+    """A progress report made while an earlier one was still in flight waited for that
+    one's reply; a handler that returned meanwhile had its finish sent first, and the
+    report then went out after it: the server refused it (ATTEMPT_ENDED) and the task's
+    history held a rejected report for every such handler. It is dropped now."""
+    n = 10
+    worker = Worker(fast.http, tokens.worker, concurrency=n)
+
+    @worker.handler("quick")
+    async def quick(ctx: Context, payload: Any) -> Any:
+        ctx.progress(0.1, "begun")
+        for _ in range(5):  # a few turns of the loop: the first report is on the wire
+            await asyncio.sleep(0)
+        ctx.progress(0.9, "nearly")  # waits for the first one's reply
+        return "done"
+
+    tids = [submit(api, "quick") for _ in range(n)]
+    asyncio.run(run_until(worker, lambda: worker.finished == n))
+    for tid in tids:
+        assert wait_state(api, tid, {"succeeded"})["result"] == "done"
+        events = api.get(f"/v1/tasks/{tid}/events").json()["items"]
+        rejected = [(e["code"], e["data"].get("report")) for e in events if e["kind"] == "rejected"]
+        assert rejected == []
+        assert "begun" in [e["data"]["message"] for e in events if e["kind"] == "progress"]
+
+
 def test_a_timeout_error_raised_by_the_handler_is_its_own_failure(
     fast: Node, tokens: Tokens, api: httpx.Client
 ) -> None:
