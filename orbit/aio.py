@@ -22,10 +22,47 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
-def run(main: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(main)`` on the loop ``loop_factory`` picks."""
-    with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        return runner.run(main)
+def run(main: Coroutine[Any, Any, T], *, leftovers: float | None = None) -> T:
+    """``asyncio.run(main)`` on the loop ``loop_factory`` picks.
+
+    With ``leftovers``, the tasks still running when ``main`` returns are cancelled and
+    given that many seconds to end; one that ignores its cancel is left behind and the
+    loop closes anyway. ``asyncio.run`` waits for every task it cancels, so a task that
+    swallows CancelledError (an abandoned handler) kept it from ever returning."""
+    if leftovers is None:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            return runner.run(main)
+    loop = (loop_factory() or asyncio.new_event_loop)()
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            _end_leftovers(loop, leftovers)
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
+def _end_leftovers(loop: asyncio.AbstractEventLoop, timeout: float) -> None:
+    """Cancel the loop's remaining tasks and wait ``timeout`` seconds at most for them,
+    reporting their errors as ``asyncio.Runner`` does."""
+    tasks = asyncio.all_tasks(loop)
+    if not tasks:
+        return
+    for task in tasks:
+        task.cancel()
+    done, _ = loop.run_until_complete(asyncio.wait(tasks, timeout=timeout))
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            loop.call_exception_handler(
+                {
+                    "message": "unhandled exception during shutdown",
+                    "exception": task.exception(),
+                    "task": task,
+                }
+            )
 
 
 async def stop_tasks(tasks: Iterable[asyncio.Task[Any]], *, recheck: float = 0.5) -> None:

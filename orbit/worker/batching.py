@@ -7,8 +7,9 @@ goes in the next request. An idle worker therefore sends at once (no added laten
 a busy one sends batches as large as the load, up to ``max_batch`` — with a few batches
 in flight, the server's transactions overlap instead of taking turns. A batch also stops
 before its items' ``size`` passes ``max_bytes`` (always one item at least): it travels as
-one WebSocket frame, which the server takes up to 16 MiB, and 200 finishes with results of
-200 KB each made a 40 MB frame that closed the connection, again after every resume.
+one WebSocket frame, which the server reads up to 4 MiB (uvicorn closes the connection on
+one past 16 MiB), and 200 finishes with results of 200 KB each made a 40 MB frame that
+closed the connection, again after every resume.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ R = TypeVar("R")  # its answer
 #: sends a batch; returns, per item in order, its answer or the exception to raise for it
 Send = Callable[[list[I]], Awaitable[list[R | BaseException]]]
 
-#: What one batch may carry by its items' ``size``: a quarter of the server's 16 MiB frame.
+#: What one batch may carry by its items' ``size`` unless told otherwise. The runner's
+#: finishes are bounded by the server's 4 MiB frame (``orbit.worker.outcomes``).
 MAX_BATCH_BYTES = 4 * 1024 * 1024
 
 
@@ -47,10 +49,14 @@ class Coalescer(Generic[I, R]):
         self._pending: list[tuple[I, asyncio.Future[R], int]] = []
         self._senders: set[asyncio.Task[None]] = set()
 
-    async def submit(self, item: I) -> R:
-        """Send ``item`` in the next batch and return its own answer (or raise its error)."""
+    async def submit(self, item: I, *, size: int | None = None) -> R:
+        """Send ``item`` in the next batch and return its own answer (or raise its error).
+        ``size`` counts it against ``max_bytes`` (default: the ``size`` function's, or 0),
+        for a caller that has measured it already."""
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._pending.append((item, future, 0 if self._size is None else self._size(item)))
+        if size is None:
+            size = 0 if self._size is None else self._size(item)
+        self._pending.append((item, future, size))
         if len(self._senders) < self._max_in_flight:
             sender = asyncio.create_task(self._run(), name="coalescer")
             self._senders.add(sender)

@@ -18,7 +18,9 @@ Guarantees the runner keeps:
 - cancellation reaches the handler at once: an async handler's task is cancelled; a plain
   function sees ``ctx.cancelled`` become true and is waited for a bounded time;
 - shutdown never hangs: after the grace period running handlers are cancelled, and a
-  handler that still ignores it is reported and abandoned (its thread is a daemon).
+  handler that still ignores it is reported and abandoned (its thread is a daemon; an
+  async handler's task is left behind when the event loop closes); its attempt reports
+  nothing, and its lease decides.
 """
 
 from __future__ import annotations
@@ -44,9 +46,9 @@ from websockets.exceptions import InvalidStatus
 
 from orbit import aio
 from orbit.aio import stop_tasks
-from orbit.core.model import compact_json
 from orbit.gctune import tune_for_throughput
 from orbit.tokens import TokenError, load_token
+from orbit.worker import outcomes
 from orbit.worker.batching import Coalescer
 from orbit.worker.connection import ServerError, WorkerConnection, outcome
 
@@ -113,7 +115,9 @@ class Context:
         if fraction is not None and not 0.0 <= fraction <= 1.0:
             raise ValueError("fraction must be in [0, 1]")
         if self._report is not None:
-            self._report(fraction, None if message is None else message[:500])
+            # Cleaned as the server takes a string: a lone surrogate (a file name that is
+            # not UTF-8) was refused unread, and its report closed the connection.
+            self._report(fraction, None if message is None else outcomes.clean_text(message, 500))
 
     async def upload(
         self,
@@ -168,6 +172,11 @@ class _Running:
     task: asyncio.Task[Any] | None = None  # the whole attempt: start, handler, finish
     handler_task: asyncio.Task[Any] | None = None  # just the handler
     lost: bool = False
+    abandoned: bool = False  # its handler ignored cancellation: it reports nothing
+    watched: bool = False  # an async handler, cancelled: abandoned unless it ends in time
+    #: the handler is over: progress reported now would reach the server after the finish,
+    #: which refuses it (ATTEMPT_ENDED, a rejected report in the task's history)
+    ended: bool = False
     lease_expires: float = 0.0  # monotonic deadline of the current lease
     deadline_at: float | None = None  # monotonic instant of the task's deadline
     renew_at: float = 0.0  # monotonic instant its lease is half spent
@@ -222,8 +231,11 @@ class Worker:
         # Starts and finishes of concurrent attempts travel in batches (one transaction
         # each on the server); see orbit.worker.batching.
         self._starts: Coalescer[tuple[str, str], dict[str, Any]] = Coalescer(self._send_starts)
+        # A finish batch stops before its frame passes what the server reads (the
+        # outcomes' sizes are their JSON on the wire; see orbit.worker.outcomes).
         self._finishes: Coalescer[tuple[str, str, dict[str, Any]], dict[str, Any]] = Coalescer(
-            self._send_finishes, size=_finish_size
+            self._send_finishes,
+            max_bytes=outcomes.MAX_FRAME_CHARS - outcomes.MESSAGE_ROOM - 200 * outcomes.ITEM_ROOM,
         )
         self.session_id: str | None = None
 
@@ -257,7 +269,9 @@ class Worker:
         """Run until SIGTERM/SIGINT, then drain. Returns 0, or 1 if a handler was abandoned.
         This owns the process, so it also tunes the garbage collector (``orbit.gctune``)."""
         tune_for_throughput()
-        return aio.run(self.arun(install_signals=True))
+        # An abandoned async handler's task never ends: the loop closes without it rather
+        # than wait for it for ever (as asyncio.run would).
+        return aio.run(self.arun(install_signals=True), leftovers=1.0)
 
     async def arun(self, *, install_signals: bool = False) -> int:
         if not self.handlers:
@@ -484,7 +498,7 @@ class Worker:
 
         def report(fraction: float | None, message: str | None) -> None:
             current = attempt_ref()
-            if current is None:
+            if current is None or current.ended:
                 return  # the attempt is over: there is nothing left to report on
             current.pending_progress = (fraction, message)
             loop.call_soon_threadsafe(self._flush_progress, current)
@@ -515,15 +529,18 @@ class Worker:
             if lease.get("status") == "cancel":  # a repeated start, after a cancel
                 self._cancel(running, "task cancelled")
             report = await self._invoke(running, payload)
+            running.ended = True  # progress still pending is dropped, not sent after it
             if report is None or not self._lease_valid(running):
                 # The attempt is no longer ours (by the server's word or our own clock):
                 # its result is never sent.
                 return
+            report, size = _sendable(report)
             try:
                 # Sent while the lease is ours. If the reply is lost, the same outcome is
                 # re-sent after a reconnect: the server answers with the original receipt,
                 # or refuses a copy that arrived too late (and keeps it as evidence).
-                await self._finishes.submit((ctx.attempt_id, running.fence, outcome(**report)))
+                item = (ctx.attempt_id, running.fence, outcome(**report))
+                await self._finishes.submit(item, size=size)
                 self.finished += 1
             except ServerError as exc:
                 log.warning("finish of %s refused: %s", ctx.attempt_id, exc.code)
@@ -534,6 +551,7 @@ class Worker:
             # then runs out, and the server decides what becomes of the task).
             log.exception("attempt %s failed in the runner", ctx.attempt_id)
         finally:
+            running.ended = True  # a thread that outlived it reports nothing more
             self.running.pop(ctx.attempt_id, None)
 
     async def _invoke(self, running: _Running, payload: Any) -> dict[str, Any] | None:
@@ -554,26 +572,38 @@ class Worker:
             # flight, when there was no handler task to cancel: the handler sees it now,
             # as it would a cancel just after it began (``call_soon``: after its first
             # step, so that the function is entered and gets CancelledError inside).
-            asyncio.get_running_loop().call_soon(task.cancel)
+            asyncio.get_running_loop().call_soon(self._cancel, running, ctx.reason or "cancelled")
         # asyncio.wait, not wait_for: wait_for raises the same TimeoutError for its limit
         # and for a handler that raised one itself, and a handler's own TimeoutError (a
         # call of its that timed out) is its failure, not the attempt's timeout.
         try:
             done, _ = await asyncio.wait((task,), timeout=limit)
         except asyncio.CancelledError:
+            # This attempt's own task: cancelled because its handler was abandoned (see
+            # _abandon_if_running), or by the event loop's close.
             task.cancel()
-            await asyncio.wait((task,))
+            if not running.abandoned:
+                await asyncio.wait((task,))
             raise
         if not done:
+            ctx._stop("attempt timeout")
             task.cancel()
-            await asyncio.wait((task,))  # a plain function: cancel_grace at most
+            if reg.is_async:
+                ended, _ = await asyncio.wait((task,), timeout=self.cancel_grace)
+                if not ended:
+                    self._abandon(running)
+            else:
+                await asyncio.wait((task,))  # a plain function: cancel_grace at most
             if by_deadline:
                 return None  # past the deadline the server refuses any report
             return _error("ATTEMPT_TIMEOUT", "the attempt timed out", retryable=True)
         try:
             return {"result": task.result()}
         except (asyncio.CancelledError, Cancelled):
-            if running.lost:
+            if running.lost or running.abandoned:
+                # Lost: not ours to report. Abandoned: it may still be at work, so its
+                # outcome is unknown: the lease runs out, and the server decides (a task
+                # that is not retry_safe goes to needs_review, never silently replayed).
                 return None
             stopping = ctx.reason == "worker stopping"
             return _error("CANCELLED", ctx.reason or "cancelled", retryable=stopping)
@@ -622,12 +652,7 @@ class Worker:
             try:
                 await asyncio.wait_for(asyncio.shield(done), self.cancel_grace)
             except TimeoutError:
-                log.error(
-                    "handler %s ignored cancellation for %.1fs; abandoning it",
-                    running.ctx.handler,
-                    self.cancel_grace,
-                )
-                self.abandoned.append(running.ctx.attempt_id)
+                self._abandon(running)
             except BaseException:
                 pass
             raise
@@ -688,7 +713,7 @@ class Worker:
     async def _send_progress(self, running: _Running) -> None:
         """Send the latest progress, then any that arrived meanwhile (older ones drop)."""
         try:
-            while running.pending_progress is not None and not running.lost:
+            while running.pending_progress is not None and not (running.lost or running.ended):
                 fraction, message = running.pending_progress
                 running.pending_progress = None
                 conn = self._conn
@@ -712,8 +737,35 @@ class Worker:
 
     def _cancel(self, running: _Running, reason: str) -> None:
         running.ctx._stop(reason)
-        if running.handler_task is not None:
-            running.handler_task.cancel()
+        task = running.handler_task
+        if task is None or task.done():
+            return
+        task.cancel()
+        if not running.watched and self.handlers[running.ctx.handler].is_async:
+            # A plain function's thread is waited for in _in_thread; an async handler
+            # that swallows CancelledError would be waited for for ever.
+            running.watched = True
+            loop = asyncio.get_running_loop()
+            loop.call_later(self.cancel_grace, self._abandon_if_running, running)
+
+    def _abandon_if_running(self, running: _Running) -> None:
+        """An async handler still running ``cancel_grace`` after it was cancelled is
+        abandoned: its attempt stops waiting for it and reports nothing."""
+        task, attempt = running.handler_task, running.task
+        if task is None or task.done() or attempt is None or attempt.done():
+            return
+        self._abandon(running)
+        attempt.cancel()
+
+    def _abandon(self, running: _Running) -> None:
+        if not running.abandoned:
+            running.abandoned = True
+            log.error(
+                "handler %s ignored cancellation for %.1fs; abandoning it",
+                running.ctx.handler,
+                self.cancel_grace,
+            )
+            self.abandoned.append(running.ctx.attempt_id)
 
     def _lose(self, running: _Running, reason: str) -> None:
         running.lost = True
@@ -850,21 +902,24 @@ async def _file(path: Path) -> AsyncIterator[bytes]:
 
 
 def _error(code: str, message: str, *, retryable: bool) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message, "retryable": retryable}}
+    """An error outcome, its code and message cleaned to what the server takes."""
+    return outcomes.error(code, message, retryable=retryable)
 
 
-def _finish_size(item: tuple[str, str, dict[str, Any]]) -> int:
-    """A finish's bytes on the wire, near enough for ``Coalescer``'s bound: its result or
-    error as JSON (none, a no-op's result, counts nothing; a value JSON cannot hold counts
-    nothing here and fails where it is sent, as before)."""
-    report = item[2]
-    value = report.get("result") if report.get("ok") else report.get("error")
-    if value is None:
-        return 0
+def _sendable(report: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """The outcome to send for ``report`` and its size on the wire: a result the server
+    would refuse (NaN, a set, a NUL, over the frame limit, ...) becomes the attempt's
+    non-retryable failure instead, so that it can neither wedge the worker (refused
+    unread, it got no reply, and was re-sent for ever) nor sink the finishes batched
+    with it (see orbit.worker.outcomes)."""
+    if "error" in report:
+        return report, outcomes.wire_size(report["error"])
     try:
-        return len(compact_json(value))
-    except (TypeError, ValueError):
-        return 0
+        return report, outcomes.check_result(report["result"])
+    except outcomes.Unsendable as exc:
+        log.error("the handler's result cannot be sent: %s", exc.message)
+        failure = _error(exc.code, exc.message, retryable=False)
+        return failure, outcomes.wire_size(failure["error"])
 
 
 def _item(result: dict[str, Any], key: str) -> dict[str, Any] | BaseException:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import signal
@@ -327,6 +328,69 @@ def test_fail_and_exceptions_choose_the_outcome(
     assert "attempt 2 halfway" in messages  # progress reaches the history
 
 
+def test_a_progress_message_with_a_lone_surrogate_or_a_nul_is_recorded(
+    fast: Node, tokens: Tokens, api: httpx.Client
+) -> None:
+    """A progress message naming a file whose name is not UTF-8 (``os.listdir`` gives
+    it a lone surrogate) was sent as it was: the server refused it unread, without a
+    req_id, so the report waited out its timeout and closed the worker's connection, and
+    it was never recorded; a NUL was refused too. The message is now sent escaped."""
+    worker = Worker(fast.http, tokens.worker)
+    recorded = threading.Event()
+    messages: list[str] = []
+
+    @worker.handler("scan")
+    def scan(ctx: Context, payload: Any) -> Any:
+        ctx.progress(0.5, "reading \udcff.txt\x00")
+        recorded.wait(30)  # the test sees the event in the history, or gives up
+        return "done"
+
+    tid = submit(api, "scan")
+
+    def watch() -> None:
+        end = time.monotonic() + 30
+        while time.monotonic() < end and not messages:
+            events = api.get(f"/v1/tasks/{tid}/events").json()["items"]
+            messages.extend(e["data"]["message"] for e in events if e["kind"] == "progress")
+            time.sleep(0.05)
+        recorded.set()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    asyncio.run(run_until(worker, lambda: worker.finished == 1, timeout=60))
+    watcher.join()
+    assert messages == ["reading \\udcff.txt\\x00"]
+    assert wait_state(api, tid, {"succeeded"})["result"] == "done"
+
+
+def test_progress_pending_when_the_handler_returns_is_not_sent_after_the_finish(
+    fast: Node, tokens: Tokens, api: httpx.Client
+) -> None:
+    """A progress report made while an earlier one was still in flight waited for that
+    one's reply; a handler that returned meanwhile had its finish sent first, and the
+    report then went out after it: the server refused it (ATTEMPT_ENDED) and the task's
+    history held a rejected report for every such handler. It is dropped now."""
+    n = 10
+    worker = Worker(fast.http, tokens.worker, concurrency=n)
+
+    @worker.handler("quick")
+    async def quick(ctx: Context, payload: Any) -> Any:
+        ctx.progress(0.1, "begun")
+        for _ in range(5):  # a few turns of the loop: the first report is on the wire
+            await asyncio.sleep(0)
+        ctx.progress(0.9, "nearly")  # waits for the first one's reply
+        return "done"
+
+    tids = [submit(api, "quick") for _ in range(n)]
+    asyncio.run(run_until(worker, lambda: worker.finished == n))
+    for tid in tids:
+        assert wait_state(api, tid, {"succeeded"})["result"] == "done"
+        events = api.get(f"/v1/tasks/{tid}/events").json()["items"]
+        rejected = [(e["code"], e["data"].get("report")) for e in events if e["kind"] == "rejected"]
+        assert rejected == []
+        assert "begun" in [e["data"]["message"] for e in events if e["kind"] == "progress"]
+
+
 def test_a_timeout_error_raised_by_the_handler_is_its_own_failure(
     fast: Node, tokens: Tokens, api: httpx.Client
 ) -> None:
@@ -355,6 +419,35 @@ def test_a_timeout_error_raised_by_the_handler_is_its_own_failure(
     assert api.get(f"/v1/tasks/{plain}").json()["error"]["message"] == (
         "the upstream did not answer"
     )
+
+
+def test_an_async_handler_that_swallows_its_timeout_is_abandoned_and_reported(
+    fast: Node, tokens: Tokens, api: httpx.Client
+) -> None:
+    """An async handler that catches the CancelledError of its attempt timeout once held
+    its attempt for ever: the runner waited for the handler without a bound, so the
+    timeout was never reported. It is now waited for ``cancel_grace``, as a thread is,
+    then abandoned, and the attempt reports ATTEMPT_TIMEOUT."""
+    worker = Worker(fast.http, tokens.worker, cancel_grace=0.2)
+    release = asyncio.Event()
+
+    @worker.handler("stubborn")
+    async def stubborn(ctx: Context, payload: Any) -> Any:
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await release.wait()
+        return "too late"
+
+    def reported() -> bool:
+        if worker.finished:
+            release.set()  # the test is over: let the handler end with the loop
+        return worker.finished == 1
+
+    tid = submit(api, "stubborn", attempt_timeout=1, max_attempts=1)
+    asyncio.run(run_until(worker, reported))
+    task = wait_state(api, tid, {"failed"})
+    assert task["error"]["code"] == "ATTEMPT_TIMEOUT" and task["attempts_used"] == 1
+    assert len(worker.abandoned) == 1
 
 
 def _worker_process(node: Node, tokens: Tokens, marks: Path, **env: str) -> subprocess.Popen[str]:
@@ -420,6 +513,36 @@ def test_an_uncooperative_handler_cannot_hang_shutdown(
     assert proc.returncode == 1, out  # exit code 1 reports the abandoned handler
     assert "ignored cancellation" in out
     assert took < 25  # bounded by grace + cancel grace, far below the handler's 120 s
+
+
+@pytest.mark.parametrize("handler", ["stubborn", "stubborn.async"])
+def test_a_handler_abandoned_at_shutdown_is_left_to_its_lease(
+    fast: Node, tokens: Tokens, api: httpx.Client, tmp_path: Path, handler: str
+) -> None:
+    """A handler that ignores the drain's cancellation is abandoned, and its attempt is
+    left to its lease: it may have had effects, so the server decides (a task that is not
+    retry_safe goes to needs_review). The runner once reported it CANCELLED, retryable,
+    for a thread, so the task was queued to run again; and an async handler that swallows
+    every CancelledError kept ``orbit worker`` from ever exiting, because the event loop's
+    close waits for every task it cancels."""
+    proc = _worker_process(
+        fast, tokens, tmp_path, ORBIT_TEST_GRACE="0.5", ORBIT_TEST_CANCEL_GRACE="0.5"
+    )
+    try:
+        tid = submit(api, handler, {"seconds": 120})
+        _wait_for(tmp_path / f"start-{tid}")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out  # exit code 1 reports the abandoned handler
+    assert "ignored cancellation" in out
+    task = wait_state(api, tid, {"needs_review", "queued", "scheduled", "failed"})
+    assert task["state"] == "needs_review", task
+    assert task["attempts_used"] == 1
+    events = api.get(f"/v1/tasks/{tid}/events").json()["items"]
+    assert [e["code"] for e in events if e["kind"] == "needs_review"] == ["LEASE_EXPIRED"]
 
 
 @pytest.mark.parametrize("held_by", ["queue cap", "worker capacity"])
@@ -529,3 +652,98 @@ def test_finishes_with_large_results_travel_in_frames_the_server_takes(
     for i, task_id in enumerate(ids):
         task = wait_state(api, task_id, {"succeeded"})
         assert task["result"] == {"i": i, "pad": "r" * 200_000}
+
+
+#: results the server cannot take, each returned by a handler (see the test below)
+UNSENDABLE_RESULTS: dict[str, Callable[[], Any]] = {
+    "nan": lambda: {"score": float("nan")},  # refused unread: no req_id in the error
+    "big-int": lambda: [2**64],  # the same
+    "lone-surrogate": lambda: "\udcff.txt",  # the same (a surrogate-escaped file name)
+    "too-large": lambda: "x" * (5 * 1024 * 1024),  # a frame over the server's 4 MiB
+    "nul": lambda: "a\x00b",  # refused with the req_id: the whole batch with it
+    "a-set": lambda: {1, 2},  # not JSON at all: the whole batch failed in the runner
+}
+
+
+def test_a_result_the_server_cannot_take_fails_its_own_task_alone(
+    fast: Node, tokens: Tokens, api: httpx.Client
+) -> None:
+    """A handler's result that JSON or the server's rules refuse (NaN, an integer past 64
+    bits, a lone surrogate, a NUL, over the frame limit, a set) once wedged the worker: the
+    server answered some of them without a req_id, so the finish timed out, was re-sent
+    after the resume and timed out again, for ever, the task renewed and running, and two
+    such finishes held back every later one. Others failed the whole finish batch, and the
+    good results in it were never sent: those tasks waited out their lease and went to
+    needs_review. Each now fails its own task, not retryably, and nothing else."""
+    api.post("/v1/queues", json={"name": "odd", "max_concurrency": 100, "rate": 0})
+    kinds = list(UNSENDABLE_RESULTS)
+    specs = [{"queue": "odd", "handler": "odd", "payload": k, "max_attempts": 1} for k in kinds]
+    specs += [{"queue": "odd", "handler": "odd", "payload": "good", "max_attempts": 1}] * 12
+    reply = api.post("/v1/tasks/batch?reply=ids", json={"tasks": specs})
+    assert reply.status_code == 201, reply.text
+    ids = [item["id"] for item in reply.json()]
+    worker = Worker(fast.http, tokens.worker, concurrency=len(ids))
+    gate = asyncio.Event()
+    started = {"n": 0}
+
+    @worker.handler("odd")
+    async def odd(ctx: Context, payload: Any) -> Any:
+        started["n"] += 1
+        if started["n"] == len(ids):
+            gate.set()
+        await gate.wait()  # all finish at once, in batches
+        return "fine" if payload == "good" else UNSENDABLE_RESULTS[payload]()
+
+    asyncio.run(run_until(worker, lambda: worker.finished >= len(ids), timeout=60))
+    for spec, task_id in zip(specs, ids, strict=True):
+        task = wait_state(api, task_id, {"succeeded", "failed", "needs_review"})
+        if spec["payload"] == "good":
+            assert task["state"] == "succeeded" and task["result"] == "fine", task
+            continue
+        assert task["state"] == "failed", (spec["payload"], task)
+        code = "RESULT_TOO_LARGE" if spec["payload"] == "too-large" else "RESULT_NOT_JSON"
+        assert task["error"]["code"] == code and task["error"]["retryable"] is False, task
+        assert task["attempts_used"] == 1
+
+
+def test_an_error_the_server_cannot_take_is_cleaned_not_lost(
+    fast: Node, tokens: Tokens, api: httpx.Client
+) -> None:
+    """A failure whose code or message breaks the server's limits (an empty or long code,
+    a message past 10,000 characters, a NUL, a lone surrogate from a file name) was sent
+    as it was: refused, or never answered, it wedged or sank its finish like a bad result.
+    The runner now sends it cleaned: codes and messages within their limits."""
+    worker = Worker(fast.http, tokens.worker)
+
+    @worker.handler("fail.empty-code")
+    async def empty_code(ctx: Context, payload: Any) -> Any:
+        raise Fail("no code", code="")
+
+    @worker.handler("fail.long")
+    async def long_fail(ctx: Context, payload: Any) -> Any:
+        raise Fail("m" * 20_000, code="C" * 300)
+
+    @worker.handler("error.nul")
+    def nul(ctx: Context, payload: Any) -> Any:
+        raise ValueError("bad byte \x00 here")
+
+    @worker.handler("error.surrogate")
+    def surrogate(ctx: Context, payload: Any) -> Any:
+        raise FileNotFoundError("no such file: '\udcff.txt'")
+
+    ids = {h: submit(api, h, max_attempts=1) for h in worker.handlers}
+    asyncio.run(run_until(worker, lambda: worker.finished >= len(ids), timeout=60))
+    tasks = {h: wait_state(api, tid, {"failed", "needs_review"}) for h, tid in ids.items()}
+    assert all(t["state"] == "failed" for t in tasks.values()), tasks
+    errors = {h: t["error"] for h, t in tasks.items()}
+    assert errors["fail.empty-code"] == {
+        "code": "FAILED",
+        "message": "no code",
+        "retryable": False,
+    }
+    assert errors["fail.long"]["code"] == "C" * 100
+    assert errors["fail.long"]["message"] == "m" * 10_000
+    assert errors["error.nul"]["code"] == "ValueError"
+    assert errors["error.nul"]["message"] == "bad byte \\x00 here"
+    assert errors["error.surrogate"]["code"] == "FileNotFoundError"
+    assert errors["error.surrogate"]["message"] == "no such file: '\\udcff.txt'"

@@ -6,6 +6,7 @@ Handlers write marker files into ``$ORBIT_TEST_MARKS`` so the test can see what 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -48,3 +49,15 @@ def touch(ctx: Context, payload: Any) -> Any:
     """Marks that it ran, and returns nothing (the payload may be large)."""
     mark(f"done-{ctx.task_id}")
     return None
+
+
+@worker.handler("stubborn.async")
+async def stubborn_async(ctx: Context, payload: Any) -> Any:
+    """An async handler that swallows every cancellation on purpose (a retry loop that
+    catches CancelledError): shutdown must still be bounded."""
+    mark(f"start-{ctx.task_id}")
+    end = time.monotonic() + float(payload["seconds"])
+    while time.monotonic() < end:
+        with contextlib.suppress(asyncio.CancelledError):  # the point of this handler
+            await asyncio.sleep(0.05)
+    return "too late"

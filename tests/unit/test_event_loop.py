@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 
 import pytest
@@ -37,3 +38,30 @@ def test_run_returns_what_the_coroutine_returns_and_raises_what_it_raises() -> N
     assert aio.run(answer()) == 42
     with pytest.raises(ValueError, match="no"):
         aio.run(fail())
+
+
+def test_run_with_leftovers_closes_the_loop_without_a_task_that_ignores_its_cancel() -> None:
+    """``asyncio.run`` waits for every task it cancels at the end, so one that swallows
+    CancelledError (an abandoned handler) kept it from returning: with ``leftovers`` the
+    loop closes without it."""
+    ended: list[str] = []
+
+    async def stubborn() -> None:
+        while True:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.Event().wait()
+
+    async def polite() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            ended.append("polite")
+
+    async def main() -> int:
+        asyncio.get_running_loop().create_task(stubborn())
+        asyncio.get_running_loop().create_task(polite())
+        await asyncio.sleep(0)  # one turn: both have started
+        return 7
+
+    assert aio.run(main(), leftovers=0.05) == 7
+    assert ended == ["polite"]  # a task that ends when cancelled still ends

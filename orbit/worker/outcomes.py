@@ -1,0 +1,150 @@
+"""What a finish may carry: outcomes the server takes, and their size on the wire.
+
+The server refuses some values before it reads the request they travel in: NaN or
+Infinity, an integer beyond 64 bits, a lone surrogate, a key seen twice, a frame over
+4 MiB (``docs/protocol.md``). Its error then carries no ``req_id``, so the finish timed
+out, was sent again after the resume, and timed out again, for ever: the attempt stayed
+running, its lease renewed, and its sender held back the finishes after it. Other values
+(a NUL, nesting past 64 levels, a code or message past its limit) are refused with the
+``req_id``, which fails the whole ``finish_many`` they travel in; and a value JSON cannot
+hold at all (a set, a datetime) failed the batch in the runner. The runner therefore
+checks a result here, under the server's rules, before it sends it: a result the server
+would refuse becomes the attempt's non-retryable failure (``RESULT_NOT_JSON``,
+``RESULT_TOO_LARGE``), and an error's code and message are cleaned to fit.
+
+No pydantic here (``orbit.protocol.decode`` imports it): a worker process does not load
+it. ``tests/unit/test_worker_outcomes.py`` holds these rules to the server's decoder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+#: the largest frame the server reads, in characters (``gateway.MAX_MESSAGE_BYTES``)
+MAX_FRAME_CHARS = 4 * 1024 * 1024
+#: what a frame holds besides its outcomes: the message's own fields
+MESSAGE_ROOM = 1024
+#: what a ``finish_many`` item holds besides its outcome's value: id, fence, keys
+ITEM_ROOM = 512
+#: the most an outcome's value (a result, or an error) may take as JSON on the wire
+MAX_OUTCOME_CHARS = MAX_FRAME_CHARS - MESSAGE_ROOM - ITEM_ROOM
+
+_MAX_DEPTH = 64  # the server's nesting limit, counted from the message itself
+_RESULT_DEPTH = 4  # where a result sits in a finish_many (message, items, item, outcome)
+_MIN_INT, _MAX_INT = -(2**63), 2**63 - 1
+_CODE_MAX = 100
+_MESSAGE_MAX = 10_000
+
+
+class Unsendable(Exception):
+    """A result the server would refuse; ``code`` is the failure reported instead."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def error(code: str, message: str, *, retryable: bool) -> dict[str, Any]:
+    """An error outcome the server takes: code and message within their limits, with no
+    NUL and no lone surrogate (each written as its escape instead)."""
+    code = clean_text(code, _CODE_MAX) or ("RETRY" if retryable else "FAILED")
+    message = clean_text(message, _MESSAGE_MAX)
+    return {"error": {"code": code, "message": message, "retryable": retryable}}
+
+
+def clean_text(text: str, most: int) -> str:
+    """``text`` as the server takes a string: NULs and lone surrogates escaped, at most
+    ``most`` characters."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text[:most]
+
+
+def wire_size(value: Any) -> int:
+    """Characters ``value`` takes on the wire, as ``WorkerConnection.request`` writes it."""
+    if value is None:
+        return 4
+    return len(json.dumps(value, separators=(",", ":")))
+
+
+def check_result(value: Any) -> int:
+    """Raise ``Unsendable`` if the server would refuse ``value`` as a result; else return
+    its size on the wire."""
+    if value is None or value is True or value is False:
+        return len(json.dumps(value))
+    _check(value, _RESULT_DEPTH, "result")
+    try:
+        size = wire_size(value)
+    except (TypeError, ValueError) as exc:  # a subclass that encodes unlike its base
+        raise Unsendable("RESULT_NOT_JSON", f"the result is not JSON: {exc}"[:2000]) from None
+    if size > MAX_OUTCOME_CHARS:
+        raise Unsendable(
+            "RESULT_TOO_LARGE",
+            f"the result is {size} characters of JSON; at most {MAX_OUTCOME_CHARS} fit in "
+            "a message (attach large outputs with ctx.upload)",
+        )
+    return size
+
+
+def _not_json(path: str, why: str) -> Unsendable:
+    return Unsendable("RESULT_NOT_JSON", f"{path} {why}"[:2000])
+
+
+def _check(value: Any, depth: int, path: str) -> None:
+    """The rules of ``orbit.protocol.decode`` (strict JSON, then ``values_ok``), applied
+    to the value before it is encoded, as ``json.dumps`` would encode it."""
+    if depth > _MAX_DEPTH:
+        raise _not_json(path, f"nests deeper than a result may ({_MAX_DEPTH - _RESULT_DEPTH})")
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        if not _MIN_INT <= value <= _MAX_INT:
+            raise _not_json(path, "is an integer beyond 64 bits")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise _not_json(path, f"is {value!r}, which JSON cannot hold")
+    elif isinstance(value, str):
+        _check_text(value, path)
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check(item, depth + 1, f"{path}[{i}]")
+    elif isinstance(value, dict):
+        seen: set[str] = set()
+        for key, item in value.items():
+            name = _key(key, path)
+            if name in seen:
+                raise _not_json(path, f"has the key {name!r:.60} twice once written as JSON")
+            seen.add(name)
+            _check_text(name, path)
+            if depth + 1 > _MAX_DEPTH:
+                raise _not_json(path, "nests deeper than a result may")
+            _check(item, depth + 1, f"{path}.{name}")
+    else:
+        raise _not_json(path, f"is a {type(value).__name__}, which JSON cannot hold")
+
+
+def _check_text(text: str, path: str) -> None:
+    if "\x00" in text:
+        raise _not_json(path, "holds a NUL character")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _not_json(path, "holds a lone surrogate (not valid UTF-8)") from None
+
+
+def _key(key: Any, path: str) -> str:
+    """A dict key as ``json.dumps`` writes it."""
+    if isinstance(key, str):
+        return key
+    if key is None or isinstance(key, bool | int | float):
+        return json.dumps(key)  # a NaN key too: it is written as the string "NaN"
+    raise _not_json(path, f"has a key of type {type(key).__name__}, which JSON cannot hold")
