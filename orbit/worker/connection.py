@@ -128,13 +128,14 @@ class WorkerConnection:
         if timeout is None:
             timeout = self.request_timeout
         rid = f"r{next(self._ids)}"
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._waiting[rid] = future
         # Compact, as orjson writes JSON: the server then reads an ASCII frame with orjson
         # rather than its strict parser (``decode_json``). Non-ASCII stays escaped, so a
         # string that is not valid UTF-8 (a lone surrogate in a result) still reaches the
-        # server, which refuses it with its code.
+        # server, which refuses it with its code. Encoded before the reply is awaited: a
+        # message that cannot be encoded raises here and leaves nothing waiting.
         frame = json.dumps({**message, "req_id": rid}, separators=(",", ":"))
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._waiting[rid] = future
         try:
             await self.send_raw(frame)
             # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that meets

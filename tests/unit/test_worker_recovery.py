@@ -49,6 +49,24 @@ def test_a_request_given_up_leaves_nothing_waiting_and_its_late_reply_is_dropped
     asyncio.run(main())
 
 
+def test_a_request_that_cannot_be_encoded_leaves_nothing_waiting() -> None:
+    """A message json cannot encode raises at once, and leaves no reply waited for (an
+    entry left in ``_waiting`` was never removed), and the connection stays usable."""
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            conn = await WorkerConnection.connect(gw.ws_url, "token")
+            try:
+                with pytest.raises(TypeError):
+                    await conn.request({"type": "progress", "message": {1, 2}})
+                assert conn._waiting == {}
+                assert (await conn.request({"type": "heartbeat"}))["type"] == "ack"
+            finally:
+                await conn.close()
+
+    asyncio.run(main())
+
+
 def test_a_request_that_times_out_leaves_nothing_waiting() -> None:
     async def main() -> None:
         async with FakeGateway(on_request=_swallow_heartbeats) as gw:
