@@ -135,7 +135,12 @@ async def artifact_get(request: Request, artifact_id: str) -> JSONResponse:
     return JSONResponse(artifact_view(artifact).model_dump(mode="json"))
 
 
-@router.get("/artifacts/{artifact_id}/content", dependencies=[Depends(require("submit"))])
+@router.get(
+    "/artifacts/{artifact_id}/content",
+    dependencies=[Depends(require("submit"))],
+    response_class=StreamingResponse,
+    responses={200: {"description": "the artifact's bytes", "content": {"*/*": {}}}},
+)
 async def artifact_content(request: Request, artifact_id: str) -> StreamingResponse:
     store: Store = request.app.state.store
     artifact = await run_in_threadpool(store.artifact_get, artifact_id)

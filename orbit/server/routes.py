@@ -19,6 +19,7 @@ from orbit.core.states import TaskState
 from orbit.protocol.convert import instant_from_wire, seconds_to_us
 from orbit.protocol.decode import DecodeError, decode_json, decode_model
 from orbit.protocol.messages import (
+    AttemptView,
     EventPage,
     QueueCreate,
     QueueView,
@@ -364,7 +365,11 @@ async def task_resolve(request: Request, task_id: str) -> Response:
     return _json(task_wire(task))
 
 
-@router.get("/tasks/{task_id}/attempts", dependencies=[Depends(require("submit"))])
+@router.get(
+    "/tasks/{task_id}/attempts",
+    dependencies=[Depends(require("submit"))],
+    response_model=list[AttemptView],
+)
 async def task_attempts(request: Request, task_id: str) -> Response:
     store = _store(request)
     await in_thread(store.task_get, task_id)  # 404 for an unknown task

@@ -141,3 +141,24 @@ def test_openapi_covers_every_v1_route(app: FastAPI) -> None:
             assert route.path in documented, route.path
             for method in route.methods or ():
                 assert method.lower() in documented[route.path], f"{method} {route.path}"
+
+
+def test_every_json_route_documents_its_reply() -> None:
+    """Each success reply in the OpenAPI document has a schema (a route without a
+    ``response_model`` showed an empty one), and the one route that answers with bytes
+    says so instead of claiming JSON."""
+    document = openapi()
+    empty = []
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            for status, reply in operation["responses"].items():
+                if not status.startswith("2"):
+                    continue
+                content = reply.get("content", {})
+                if "application/json" in content and not content["application/json"].get("schema"):
+                    empty.append(f"{method.upper()} {path} {status}")
+                if not content and status != "204":
+                    empty.append(f"{method.upper()} {path} {status}: no content")
+    assert empty == []
+    content = document["paths"]["/v1/artifacts/{artifact_id}/content"]["get"]["responses"]
+    assert "application/json" not in content["200"]["content"]
