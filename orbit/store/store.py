@@ -1524,8 +1524,11 @@ class Store:
                     Code.INVALID_STATE,
                     f"only a needs_review task can be resolved; it is {task.state}",
                 )
+            now = tx.now()
+            if decision == "retry":
+                _refuse_past_deadline(task, now)
             plan = Plan()
-            return plan, transitions.resolve(plan, task, decision, outcome, tx.now())
+            return plan, transitions.resolve(plan, task, decision, outcome, now)
 
         return self._run_plan(build)
 
@@ -1549,8 +1552,10 @@ class Store:
                         Code.PARENT_CANCELLED,
                         f"parent task {parent.id} is cancelled; retry it first",
                     )
+            now = tx.now()
+            _refuse_past_deadline(task, now)
             plan = Plan()
-            return plan, transitions.retry(plan, task, tx.now())
+            return plan, transitions.retry(plan, task, now)
 
         return self._run_plan(build)
 
@@ -1658,6 +1663,17 @@ class Store:
                 elif event.attempt_from == "claimed":
                     counts["released"] += 1
         return ReapReport(**counts)
+
+
+def _refuse_past_deadline(task: Task, now: int) -> None:
+    """An operator's retry of a task whose deadline has passed would only queue it for
+    the reaper's next pass to fail ``DEADLINE_EXCEEDED``: it is refused instead, and the
+    task is left as it was (a deadline is fixed at submit; submit the work anew)."""
+    if task.deadline is not None and task.deadline <= now:
+        raise OrbitError(
+            Code.DEADLINE_EXCEEDED,
+            "the task's deadline has passed, so it cannot run again; submit it anew",
+        )
 
 
 def _wait_for_claims(tx: _Tx) -> None:

@@ -441,6 +441,33 @@ def test_operator_retry_of_a_failed_task(store: Store) -> None:
     assert err.value.code == Code.INVALID_STATE
 
 
+def test_an_operator_retry_past_the_deadline_is_refused(store: Store, clock: ManualClock) -> None:
+    """A retry, or a resolve 'retry', of a task whose deadline has passed used to queue
+    it for the reaper's next pass to fail DEADLINE_EXCEEDED: it is refused with that
+    code, and the task is left as it was. Before the deadline both still work."""
+    queue(store)
+    s, _ = worker(store)
+    failed = submit(store, max_attempts=1, deadline=clock.now + 60 * SECOND)
+    g = run_one(store, s)
+    store.attempt_finish(
+        s.id, s.epoch, g.attempt.id, g.attempt.fence, Outcome.failure("E", retryable=False)
+    )
+    review = submit(store, max_attempts=1, deadline=clock.now + 60 * SECOND)
+    run_one(store, s)
+    clock.advance(30)
+    store.reap()
+    assert store.task_get(review).state == "needs_review"
+    clock.advance(31)  # past both deadlines
+    for call in (lambda: store.task_retry(failed), lambda: store.task_resolve(review, "retry")):
+        before = [store.task_get(failed), store.task_get(review)]
+        with pytest.raises(OrbitError) as err:
+            call()
+        assert err.value.code == Code.DEADLINE_EXCEEDED
+        assert [store.task_get(failed), store.task_get(review)] == before
+    assert store.task_resolve(review, "failed").state == "failed"  # other decisions stand
+    assert check_all(store) == []
+
+
 def test_resume_fences_the_old_epoch(store: Store) -> None:
     queue(store)
     tid = submit(store)

@@ -610,12 +610,15 @@ class OrbitMachine(RuleBasedStateMachine):
                 expected = Code.INVALID_STATE
             elif parent is not None and parent.cancel_requested:
                 expected = Code.PARENT_CANCELLED
+            elif task.deadline is not None and task.deadline <= self.clock.now:
+                expected = Code.DEADLINE_EXCEEDED  # it could only be failed again
             else:
                 raise
             self._expect_refused(before, exc, expected, "retry")
             return
         assert task.state in (S.FAILED, S.CANCELLED), f"retried a {task.state} task"
         assert parent is None or not parent.cancel_requested, "retried under a cancelled parent"
+        assert task.deadline is None or task.deadline > self.clock.now, "retried past deadline"
         after = self._after()
         t = after.tasks[tid]
         assert returned == t
@@ -641,10 +644,16 @@ class OrbitMachine(RuleBasedStateMachine):
         try:
             returned = self.store.task_resolve(tid, decision, outcome)
         except OrbitError as exc:
+            past_deadline = task.deadline is not None and task.deadline <= self.clock.now
+            if task.state == S.NEEDS_REVIEW and decision == "retry" and past_deadline:
+                self._expect_refused(before, exc, Code.DEADLINE_EXCEEDED, "resolve")
+                return
             assert task.state != S.NEEDS_REVIEW, f"resolve refused on needs_review: {exc}"
             self._expect_refused(before, exc, Code.INVALID_STATE, "resolve")
             return
         assert task.state == S.NEEDS_REVIEW, f"resolved a {task.state} task"
+        if decision == "retry":
+            assert task.deadline is None or task.deadline > self.clock.now, "retried past it"
         after = self._after()
         t = after.tasks[tid]
         assert returned == t
