@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from orbit import Client
-from orbit.worker import ServerError
+from orbit.worker import ServerError, WorkerConnection
 from orbit.worker.runner import Context, Worker
 from tests.e2e.servers import Node, Tokens
 
@@ -23,6 +23,23 @@ LIMIT = 2_000_000
 @pytest.fixture
 def small(nodes: Callable[..., Node]) -> Node:
     return nodes(args=["--max-artifact-bytes", str(LIMIT), "--reap-interval", "0.2"])
+
+
+async def _started(node: Node, tokens: Tokens) -> tuple[WorkerConnection, str, dict[str, str]]:
+    """A worker connection holding the one queued task's started attempt, the URL its
+    artifacts are uploaded under, and the headers an upload for it needs."""
+    conn = await WorkerConnection.connect(node.ws, tokens.worker)
+    await conn.hello("w", {"h": 1}, 1, push=False)
+    [a] = await conn.claim(1)
+    await conn.start(a["attempt_id"], a["fence"])
+    headers = {
+        "Authorization": f"Bearer {tokens.worker}",
+        "Content-Type": "text/plain",
+        "X-Orbit-Session": conn.session_id or "",
+        "X-Orbit-Epoch": conn.epoch or "",
+        "X-Orbit-Fence": a["fence"],
+    }
+    return conn, f"{node.http}/v1/attempts/{a['attempt_id']}/artifacts", headers
 
 
 def test_handler_uploads_and_client_downloads(small: Node, tokens: Tokens, tmp_path: Path) -> None:
@@ -90,20 +107,7 @@ def test_uploads_are_fenced_and_validated(small: Node, tokens: Tokens) -> None:
     tid = api.post("/v1/tasks", json={"queue": "q", "handler": "h"}).json()["task"]["id"]
 
     async def scenario() -> dict[str, Any]:
-        from orbit.worker import WorkerConnection
-
-        conn = await WorkerConnection.connect(small.ws, tokens.worker)
-        await conn.hello("w", {"h": 1}, 1, push=False)
-        [a] = await conn.claim(1)
-        await conn.start(a["attempt_id"], a["fence"])
-        headers = {
-            "Authorization": f"Bearer {tokens.worker}",
-            "Content-Type": "text/plain",
-            "X-Orbit-Session": conn.session_id or "",
-            "X-Orbit-Epoch": conn.epoch or "",
-            "X-Orbit-Fence": a["fence"],
-        }
-        url = f"{small.http}/v1/attempts/{a['attempt_id']}/artifacts"
+        conn, url, headers = await _started(small, tokens)
         replies: dict[str, Any] = {}
         async with httpx.AsyncClient(timeout=30) as http:
             replies["stale"] = await http.put(
@@ -149,20 +153,7 @@ def test_a_bad_ttl_header_is_refused_and_writes_nothing(small: Node, tokens: Tok
     bad: list[bytes] = [b"\xb2", b"\xb9", b"1\xb3", b"", b"-1", b"+5", b"1.5", b"0", b"31622401"]
 
     async def scenario() -> tuple[list[httpx.Response], httpx.Response]:
-        from orbit.worker import WorkerConnection
-
-        conn = await WorkerConnection.connect(small.ws, tokens.worker)
-        await conn.hello("w", {"h": 1}, 1, push=False)
-        [a] = await conn.claim(1)
-        await conn.start(a["attempt_id"], a["fence"])
-        headers = {
-            "Authorization": f"Bearer {tokens.worker}",
-            "Content-Type": "text/plain",
-            "X-Orbit-Session": conn.session_id or "",
-            "X-Orbit-Epoch": conn.epoch or "",
-            "X-Orbit-Fence": a["fence"],
-        }
-        url = f"{small.http}/v1/attempts/{a['attempt_id']}/artifacts"
+        conn, url, headers = await _started(small, tokens)
         refused = []
         for i, ttl in enumerate(bad):
             async with httpx.AsyncClient(timeout=30) as http:  # a 500 closes the connection

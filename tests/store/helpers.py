@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 import pytest
 
 from orbit.core.model import Capability, Grant, Session, TaskSpec
 from orbit.store import Store
+from orbit.store import store as store_module
 from orbit.store.postgres.driver import PostgresDriver
+
+#: a safety net for the race tests' waits: every one ends on an event long before
+RACE_WAIT = 30.0
 
 
 def queue(
@@ -74,3 +81,38 @@ def blind_first_look(store: Store, monkeypatch: pytest.MonkeyPatch) -> Callable[
 
     monkeypatch.setattr(store, "_existing_by_key", blind_once)
     return lambda: looks
+
+
+def pause_after_the_clock(
+    monkeypatch: pytest.MonkeyPatch, node: Store
+) -> tuple[threading.Event, threading.Event]:
+    """Hold every transaction of ``node`` just after it reads the clock, until the second
+    event is set; the first is set when one gets there. A claim reads the clock after its
+    session and caps, so a claim held here has weighed them and not yet written: the
+    moment a race test makes its other node's change in."""
+    reached, go_on = threading.Event(), threading.Event()
+    read_clock = store_module._Tx.clock
+
+    def pausing_clock(self: Any) -> int:
+        now = read_clock(self)
+        if self._store is node:
+            reached.set()
+            assert go_on.wait(RACE_WAIT)
+        return now
+
+    monkeypatch.setattr(store_module._Tx, "clock", pausing_clock)
+    return reached, go_on
+
+
+def until_done_or_waiting_on_a_lock(thread: threading.Thread, url: str) -> None:
+    """Return once ``thread`` has ended or some session of this database waits for a
+    lock."""
+    query = (
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    deadline = time.monotonic() + RACE_WAIT
+    with psycopg.connect(url, autocommit=True) as watch:
+        while thread.is_alive() and watch.execute(query).fetchone() == (0,):
+            assert time.monotonic() < deadline, "the thread neither ended nor waited"
+            thread.join(0.01)

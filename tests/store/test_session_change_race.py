@@ -19,11 +19,16 @@ import pytest
 
 from orbit.core.model import Capability, Session
 from orbit.store import Store, open_store
-from orbit.store import store as store_module
 from tests.conftest import ManualClock, store_url
 from tests.invariants import check_all
-from tests.store.helpers import queue, submit, worker
-from tests.store.test_session_expiry_race import _WAIT, _until_done_or_waiting_on_a_lock
+from tests.store.helpers import (
+    RACE_WAIT,
+    pause_after_the_clock,
+    queue,
+    submit,
+    until_done_or_waiting_on_a_lock,
+    worker,
+)
 
 CHANGES: dict[str, tuple[str | None, Callable[[Store, Session, str], Any]]] = {
     "operator drain": ("session.draining", lambda store, s, _: store.session_drain(s.id)),
@@ -68,17 +73,8 @@ def test_a_claim_racing_a_change_of_its_session_is_ordered_before_it(
         for _ in range(3):
             submit(node_a)
         session, secret = worker(node_a)
-        read_session, commit = threading.Event(), threading.Event()
-        read_clock = store_module._Tx.clock
-
-        def pausing_clock(self: Any) -> int:
-            now = read_clock(self)
-            if self._store is node_b:
-                read_session.set()  # the claim has read its session: live, not draining
-                assert commit.wait(_WAIT)
-            return now
-
-        monkeypatch.setattr(store_module._Tx, "clock", pausing_clock)
+        # the claim will have read its session: live, not draining
+        read_session, commit = pause_after_the_clock(monkeypatch, node_b)
         out: dict[str, Any] = {}
 
         def claim() -> None:
@@ -89,16 +85,16 @@ def test_a_claim_racing_a_change_of_its_session_is_ordered_before_it(
 
         claiming = threading.Thread(target=claim)
         claiming.start()
-        assert read_session.wait(_WAIT)
+        assert read_session.wait(RACE_WAIT)
         changing = threading.Thread(target=change_session)
         changing.start()
         waited = True
         if backend == "postgres":  # it commits (before the fix) or waits for the claim
-            _until_done_or_waiting_on_a_lock(changing, store_url(node_a))
+            until_done_or_waiting_on_a_lock(changing, store_url(node_a))
             waited = changing.is_alive()
         commit.set()
-        claiming.join(_WAIT)
-        changing.join(_WAIT)
+        claiming.join(RACE_WAIT)
+        changing.join(RACE_WAIT)
         assert not claiming.is_alive() and not changing.is_alive()
         monkeypatch.undo()
 

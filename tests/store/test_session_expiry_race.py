@@ -11,34 +11,22 @@ assertions hold."""
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
-import psycopg
 import pytest
 
 from orbit.core.states import AttemptState, SessionState, TaskState
 from orbit.store import Store, open_store
-from orbit.store import store as store_module
 from tests.conftest import ManualClock, store_url
 from tests.invariants import check_all
-from tests.store.helpers import queue, submit, worker
-
-_WAIT = 30.0  # a safety net: every wait below ends on an event long before
-
-
-def _until_done_or_waiting_on_a_lock(thread: threading.Thread, url: str) -> None:
-    """Return once ``thread`` has ended or some session of this database waits for a
-    lock."""
-    query = (
-        "SELECT count(*) FROM pg_stat_activity "
-        "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-    )
-    deadline = time.monotonic() + _WAIT
-    with psycopg.connect(url, autocommit=True) as watch:
-        while thread.is_alive() and watch.execute(query).fetchone() == (0,):
-            assert time.monotonic() < deadline, "the reaper neither ended nor waited"
-            thread.join(0.01)
+from tests.store.helpers import (
+    RACE_WAIT,
+    pause_after_the_clock,
+    queue,
+    submit,
+    until_done_or_waiting_on_a_lock,
+    worker,
+)
 
 
 def test_a_claim_racing_its_sessions_expiry_is_released_with_it(
@@ -50,17 +38,8 @@ def test_a_claim_racing_its_sessions_expiry_is_released_with_it(
         queue(node_a)
         task_id = submit(node_a)
         session, _ = worker(node_a)
-        read_live, commit = threading.Event(), threading.Event()
-        read_clock = store_module._Tx.clock
-
-        def pausing_clock(self: Any) -> int:
-            now = read_clock(self)
-            if self._store is node_b:
-                read_live.set()  # the claim has read the session, live at this instant
-                assert commit.wait(_WAIT)
-            return now
-
-        monkeypatch.setattr(store_module._Tx, "clock", pausing_clock)
+        # the claim will have read the session, live at this instant
+        read_live, commit = pause_after_the_clock(monkeypatch, node_b)
         out: dict[str, Any] = {}
 
         def claim() -> None:
@@ -71,15 +50,15 @@ def test_a_claim_racing_its_sessions_expiry_is_released_with_it(
 
         claiming = threading.Thread(target=claim)
         claiming.start()
-        assert read_live.wait(_WAIT)
+        assert read_live.wait(RACE_WAIT)
         clock.advance(61)  # past the session's 60 s
         reaping = threading.Thread(target=reap)
         reaping.start()
         if backend == "postgres":  # it finishes (before the fix) or waits for the claim
-            _until_done_or_waiting_on_a_lock(reaping, store_url(node_a))
+            until_done_or_waiting_on_a_lock(reaping, store_url(node_a))
         commit.set()
-        claiming.join(_WAIT)
-        reaping.join(_WAIT)
+        claiming.join(RACE_WAIT)
+        reaping.join(RACE_WAIT)
         assert not claiming.is_alive() and not reaping.is_alive()
         monkeypatch.undo()
 
