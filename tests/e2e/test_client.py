@@ -137,6 +137,27 @@ def test_odd_ids_are_sent_as_one_path_segment(node: Node, tokens: Tokens) -> Non
         assert sync[("pause", odd)] == ("QUEUE_NOT_FOUND", f"no queue named {odd!r}")
 
 
+def test_an_id_holding_a_slash_is_refused_not_routed_elsewhere(node: Node, tokens: Tokens) -> None:
+    """A client sends '/' in an id encoded (%2F), and routes match the decoded path:
+    ``get('<id>/events')`` was answered with that task's events page as if it were a
+    task. No id or name may hold a '/', so the server refuses an encoded one outright,
+    and nothing of the real task is answered or changed."""
+    from orbit.client import BadRequest
+
+    with Client(node.http, tokens.admin) as c:
+        c.queue_create("q", max_concurrency=2, rate=0)
+        task = c.submit("q", "h")
+        for call in (c.get, c.cancel, c.retry):
+            with pytest.raises(BadRequest) as refused:
+                call(f"{task['id']}/events")
+            assert refused.value.code == "INVALID_ARGUMENT"
+            assert "encoded '/'" in refused.value.message
+        with pytest.raises(BadRequest):
+            c.queue_pause("q/")
+        assert c.get(task["id"])["state"] == "queued"
+        assert [q["paused"] for q in c.queues()] == [False]
+
+
 def test_both_clients_have_the_same_calls() -> None:
     """docs/quickstart.md: "AsyncClient has the same calls for asyncio"."""
     import inspect
