@@ -24,6 +24,8 @@ R = TypeVar("R")  # its answer
 #: sends a batch; returns, per item in order, its answer or the exception to raise for it
 Send = Callable[[list[I]], Awaitable[list[R | BaseException]]]
 
+#: The most items one batch carries unless told otherwise.
+MAX_BATCH = 200
 #: What one batch may carry by its items' ``size`` unless told otherwise. The runner's
 #: finishes are bounded by the server's 4 MiB frame (``orbit.worker.outcomes``).
 MAX_BATCH_BYTES = 4 * 1024 * 1024
@@ -34,7 +36,7 @@ class Coalescer(Generic[I, R]):
         self,
         send: Send[I, R],
         *,
-        max_batch: int = 200,
+        max_batch: int = MAX_BATCH,
         max_in_flight: int = 2,
         max_bytes: int = MAX_BATCH_BYTES,
         size: Callable[[I], int] | None = None,

@@ -28,8 +28,15 @@ MAX_FRAME_CHARS = 4 * 1024 * 1024
 MESSAGE_ROOM = 1024
 #: what a ``finish_many`` item holds besides its outcome's value: id, fence, keys
 ITEM_ROOM = 512
+
+
+def frame_room(items: int) -> int:
+    """What ``items`` outcomes' values may take together, as JSON, in one frame."""
+    return MAX_FRAME_CHARS - MESSAGE_ROOM - items * ITEM_ROOM
+
+
 #: the most an outcome's value (a result, or an error) may take as JSON on the wire
-MAX_OUTCOME_CHARS = MAX_FRAME_CHARS - MESSAGE_ROOM - ITEM_ROOM
+MAX_OUTCOME_CHARS = frame_room(1)
 
 _MAX_DEPTH = 64  # the server's nesting limit, counted from the message itself
 _RESULT_DEPTH = 4  # where a result sits in a finish_many (message, items, item, outcome)
@@ -60,12 +67,20 @@ def clean_text(text: str, most: int) -> str:
     ``most`` characters."""
     if "\x00" in text:
         text = text.replace("\x00", "\\x00")
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if _not_utf8(text):
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text[:most]
+
+
+def _not_utf8(text: str) -> bool:
+    """Whether ``text`` holds a lone surrogate, which UTF-8 (and the server) cannot."""
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def wire_size(value: Any) -> int:
@@ -79,7 +94,7 @@ def check_result(value: Any) -> int:
     """Raise ``Unsendable`` if the server would refuse ``value`` as a result; else return
     its size on the wire."""
     if value is None or value is True or value is False:
-        return len(json.dumps(value))
+        return wire_size(value)
     _check(value, _RESULT_DEPTH, "result")
     try:
         size = wire_size(value)
@@ -134,11 +149,8 @@ def _check(value: Any, depth: int, path: str) -> None:
 def _check_text(text: str, path: str) -> None:
     if "\x00" in text:
         raise _not_json(path, "holds a NUL character")
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise _not_json(path, "holds a lone surrogate (not valid UTF-8)") from None
+    if _not_utf8(text):
+        raise _not_json(path, "holds a lone surrogate (not valid UTF-8)")
 
 
 def _key(key: Any, path: str) -> str:

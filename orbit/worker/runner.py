@@ -49,7 +49,7 @@ from orbit.aio import stop_tasks
 from orbit.gctune import tune_for_throughput
 from orbit.tokens import TokenError, load_token
 from orbit.worker import outcomes
-from orbit.worker.batching import Coalescer
+from orbit.worker.batching import MAX_BATCH, Coalescer
 from orbit.worker.connection import ServerError, WorkerConnection, outcome
 
 log = logging.getLogger("orbit.worker")
@@ -234,8 +234,7 @@ class Worker:
         # A finish batch stops before its frame passes what the server reads (the
         # outcomes' sizes are their JSON on the wire; see orbit.worker.outcomes).
         self._finishes: Coalescer[tuple[str, str, dict[str, Any]], dict[str, Any]] = Coalescer(
-            self._send_finishes,
-            max_bytes=outcomes.MAX_FRAME_CHARS - outcomes.MESSAGE_ROOM - 200 * outcomes.ITEM_ROOM,
+            self._send_finishes, max_bytes=outcomes.frame_room(MAX_BATCH)
         )
         self.session_id: str | None = None
 
@@ -559,7 +558,7 @@ class Worker:
         ctx = running.ctx
         reg = self.handlers[ctx.handler]
         if reg.retry_safe is False and ctx.retry_safe:
-            return _error(
+            return outcomes.error(
                 "RETRY_SAFETY_MISMATCH",
                 f"handler {ctx.handler} has effects that must not be replayed, but "
                 "the task was submitted as retry_safe",
@@ -596,7 +595,7 @@ class Worker:
                 await asyncio.wait((task,))  # a plain function: cancel_grace at most
             if by_deadline:
                 return None  # past the deadline the server refuses any report
-            return _error("ATTEMPT_TIMEOUT", "the attempt timed out", retryable=True)
+            return outcomes.error("ATTEMPT_TIMEOUT", "the attempt timed out", retryable=True)
         try:
             return {"result": task.result()}
         except (asyncio.CancelledError, Cancelled):
@@ -606,13 +605,13 @@ class Worker:
                 # that is not retry_safe goes to needs_review, never silently replayed).
                 return None
             stopping = ctx.reason == "worker stopping"
-            return _error("CANCELLED", ctx.reason or "cancelled", retryable=stopping)
+            return outcomes.error("CANCELLED", ctx.reason or "cancelled", retryable=stopping)
         except Fail as exc:
-            return _error(exc.code, exc.message, retryable=False)
+            return outcomes.error(exc.code, exc.message, retryable=False)
         except Retry as exc:
-            return _error(exc.code, exc.message, retryable=True)
+            return outcomes.error(exc.code, exc.message, retryable=True)
         except Exception as exc:  # any other error fails the attempt, retryably
-            return _error(type(exc).__name__[:100], str(exc)[:2000], retryable=True)
+            return outcomes.error(type(exc).__name__[:100], str(exc)[:2000], retryable=True)
 
     def _time_limit(self, running: _Running) -> tuple[float | None, bool]:
         """Seconds the handler may run: its attempt timeout or the task deadline, timed
@@ -901,11 +900,6 @@ async def _file(path: Path) -> AsyncIterator[bytes]:
             yield chunk
 
 
-def _error(code: str, message: str, *, retryable: bool) -> dict[str, Any]:
-    """An error outcome, its code and message cleaned to what the server takes."""
-    return outcomes.error(code, message, retryable=retryable)
-
-
 def _sendable(report: dict[str, Any]) -> tuple[dict[str, Any], int]:
     """The outcome to send for ``report`` and its size on the wire: a result the server
     would refuse (NaN, a set, a NUL, over the frame limit, ...) becomes the attempt's
@@ -918,7 +912,7 @@ def _sendable(report: dict[str, Any]) -> tuple[dict[str, Any], int]:
         return report, outcomes.check_result(report["result"])
     except outcomes.Unsendable as exc:
         log.error("the handler's result cannot be sent: %s", exc.message)
-        failure = _error(exc.code, exc.message, retryable=False)
+        failure = outcomes.error(exc.code, exc.message, retryable=False)
         return failure, outcomes.wire_size(failure["error"])
 
 
