@@ -64,17 +64,18 @@ class RefuseOddUrlsMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            raw = scope.get("raw_path", b"") + b"?" + scope.get("query_string", b"")
+            path = scope.get("raw_path", b"")
+            raw = path + b"?" + scope.get("query_string", b"")
+            refusal = None
             if b"%00" in raw or b"\x00" in raw:
                 refusal = errors.error_response(
                     400, "NUL_CHARACTER", "the URL holds a NUL character"
                 )
-                await refusal(scope, receive, send)
-                return
-            if b"%2f" in scope.get("raw_path", b"").lower():
+            elif b"%2f" in path.lower():
                 refusal = errors.error_response(
                     400, "INVALID_ARGUMENT", "the URL's path holds an encoded '/' (%2F)"
                 )
+            if refusal is not None:
                 await refusal(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -14,6 +14,7 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from orbit.core.errors import Code, OrbitError
 from orbit.core.model import SECOND
+from orbit.core.validate import MAX_DURATION_US
 from orbit.protocol.messages import ArtifactView
 from orbit.server.auth import require
 from orbit.server.errors import ApiError
@@ -25,8 +26,9 @@ CHUNK = 256 * 1024
 _COUNTER = re.compile(r"^(0|[1-9][0-9]{0,18})\Z")
 _SHA = re.compile(r"^[0-9a-f]{64}\Z")
 _SECONDS = re.compile(r"^[0-9]{1,9}\Z")
-#: the longest X-Orbit-TTL, in seconds (the store keeps an artifact at most 366 days)
-MAX_TTL_S = 366 * 24 * 3600
+#: the longest X-Orbit-TTL, in seconds: the store keeps an artifact at most the longest
+#: duration Orbit accepts anywhere
+MAX_TTL_S = MAX_DURATION_US // SECOND
 
 
 def _header_counter(request: Request, name: str) -> int:

@@ -45,6 +45,7 @@ from orbit.core.states import LIVE_ATTEMPT_STATES, SessionState, TaskState
 from orbit.core.transitions import Plan
 from orbit.core.validate import (
     DEFAULT_MAX_PAYLOAD_BYTES,
+    MAX_DURATION_US,
     check_deadline,
     check_int,
     check_json_depth,
@@ -1358,7 +1359,7 @@ class Store:
         ):
             raise OrbitError(Code.INVALID_ARGUMENT, "content_type must look like type/subtype")
         ttl = self.config.artifact_ttl_us if ttl_us is None else ttl_us
-        check_int("ttl", ttl, SECOND, 366 * 24 * 3600 * SECOND)
+        check_int("ttl", ttl, SECOND, MAX_DURATION_US)
 
         def build(tx: _Tx) -> tuple[Plan, str | None]:
             plan = Plan()
