@@ -356,6 +356,21 @@ def _start_worker(
         )
 
 
+def _stop_workers(workers: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each worker still running (after SIGCONT: a stopped process cannot act on
+    TERM), then reap them all, SIGKILL for one that does not end in 30 s."""
+    for proc in workers:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.terminate()
+    for proc in workers:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
 def _proc_state(pid: int) -> str:
     """The state letter in /proc/<pid>/stat (``T``: stopped by a signal)."""
     stat = Path(f"/proc/{pid}/stat").read_text()
@@ -431,16 +446,7 @@ def test_a_worker_that_stops_reading_does_not_hold_up_dispatch_to_the_others(
                 )
             assert done(stalled_marks) + done(running_marks) == len(ids) + 1
         finally:
-            for proc in workers:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGCONT)  # a stopped process cannot act on TERM
-                    proc.terminate()
-            for proc in workers:
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
+            _stop_workers(workers)
 
 
 def _server_sides(port: int, pid: int) -> dict[int, int]:
@@ -518,11 +524,4 @@ def test_a_worker_that_reads_nothing_for_a_session_ttl_is_disconnected(
                     lambda t=task_id: api.get(f"/v1/tasks/{t}").json()["state"] == "succeeded",
                 )
         finally:
-            if worker.poll() is None:
-                worker.send_signal(signal.SIGCONT)  # a stopped process cannot act on TERM
-                worker.terminate()
-            try:
-                worker.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait(timeout=10)
+            _stop_workers([worker])
