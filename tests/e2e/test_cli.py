@@ -274,27 +274,42 @@ def test_db_and_token_commands(tmp_path: Path) -> None:
         assert command in helps.stdout
 
 
+def _junk_database(tmp_path: Path) -> Path:
+    """A file that SQLite cannot open as a database."""
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not a database, and it is long enough to have a header")
+    return junk
+
+
+def _cannot_open(args: list[str], cause: str) -> subprocess.CompletedProcess[str]:
+    """Run ``orbit *args``, which must exit 1 with one ``error:`` line that says the
+    database cannot be opened and names ``cause``, and no traceback."""
+    run = subprocess.run(
+        [sys.executable, "-m", "orbit.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 1, (args, run.stderr)
+    assert "Traceback" not in run.stderr, run.stderr
+    [said] = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert said.startswith("error: cannot open the database: "), said
+    assert cause in said, said
+    return run
+
+
 def test_db_commands_on_a_file_that_is_no_database_say_so(tmp_path: Path) -> None:
     """``db migrate`` and ``token create`` on a database they cannot open print one line
     that says so and exit 1: no traceback, and the file is left as it was."""
-    junk = tmp_path / "junk.db"
-    junk.write_bytes(b"this is not a database, and it is long enough to have a header")
+    junk = _junk_database(tmp_path)
     db = f"sqlite:///{junk}"
     for args in (
         ["db", "migrate", "--db", db],
         ["token", "create", "--db", db, "--name", "ci", "--scope", "submit"],
     ):
-        run = subprocess.run(
-            [sys.executable, "-m", "orbit.cli", *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert run.returncode == 1, (args, run.stderr)
-        assert "Traceback" not in run.stderr, run.stderr
+        run = _cannot_open(args, "file is not a database")
         assert run.stderr.startswith("error: cannot open the database"), run.stderr
-        assert "file is not a database" in run.stderr
         assert run.stdout == ""
     assert junk.read_bytes().startswith(b"this is not a database")
 
@@ -304,28 +319,14 @@ def test_a_server_whose_database_cannot_be_opened_says_why_at_once(tmp_path: Pat
     on a file that is no database, print one line that names the cause and exit 1. On
     PostgreSQL the line was the pool's ``PoolTimeout`` after 30 s, which named none (the
     server's was a traceback from uvicorn's start-up)."""
-    junk = tmp_path / "junk.db"
-    junk.write_bytes(b"this is not a database, and it is long enough to have a header")
+    junk = _junk_database(tmp_path)
     with socket.socket() as nobody:  # bound and not listening: a connect is refused
         nobody.bind(("127.0.0.1", 0))
         refusing = f"postgresql://postgres@127.0.0.1:{nobody.getsockname()[1]}/orbit"
-        for args, cause in (
-            (["server", "--db", refusing, "--port", "0"], "Connection refused"),
-            (["db", "migrate", "--db", refusing], "Connection refused"),
-            (["server", "--db", f"sqlite:///{junk}", "--port", "0"], "file is not a database"),
-        ):
-            run = subprocess.run(
-                [sys.executable, "-m", "orbit.cli", *args],
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=False,
-            )
-            assert run.returncode == 1, (args, run.stderr)
-            assert "Traceback" not in run.stderr, run.stderr
-            [said] = [line for line in run.stderr.splitlines() if line.startswith("error:")]
-            assert said.startswith("error: cannot open the database: "), said
-            assert cause in said, said
+        _cannot_open(["server", "--db", refusing, "--port", "0"], "Connection refused")
+        _cannot_open(["db", "migrate", "--db", refusing], "Connection refused")
+        not_a_database = ["server", "--db", f"sqlite:///{junk}", "--port", "0"]
+        _cannot_open(not_a_database, "file is not a database")
     assert junk.read_bytes().startswith(b"this is not a database")
 
 
