@@ -121,14 +121,8 @@ def _orbit(admin_dsn: str) -> Iterator[_Orbit]:
                     stderr=subprocess.STDOUT,
                 )
             procs.append(server)
-            base = f"http://127.0.0.1:{announced_port(server, log)}"
+            base = f"http://127.0.0.1:{announced_port(server, log)}"  # once it serves
             client = Client(base, token=token)
-            for _ in range(300):
-                try:
-                    client.queues()
-                    break
-                except Exception:
-                    time.sleep(0.05)
             client.queue_create("bench", max_concurrency=1_000_000, rate=0)
             try:
                 yield _Orbit(url, base, token_file, work, client, server, procs)

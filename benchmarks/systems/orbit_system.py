@@ -16,7 +16,6 @@ says so in every result.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -25,7 +24,6 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -62,14 +60,6 @@ JOB_TABLES = [
     "orbit_tasks",
 ]
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _ready(url: str) -> bool:
-    """Whether ``url`` answers 200 (urllib, not httpx: each httpx.get builds a TLS
-    context, about 0.1 s of CPU)."""
-    with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as reply:
-        return bool(reply.status == 200)
-    return False
 
 
 _PARAM_RE = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
@@ -261,7 +251,7 @@ class OrbitSystem(System):
     def _start_server(self) -> None:
         """Start ``orbit server`` on a port it picks (``--port 0``; one picked here first
         could be taken before the server binds it), read that port from the line the
-        server prints once it serves, and wait until it is ready."""
+        server prints once it serves."""
         from orbit.cli.listening import announced_port
 
         assert self._env is not None
@@ -279,16 +269,8 @@ class OrbitSystem(System):
         ]  # fmt: skip
         self._server = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         log.close()
-        deadline = time.monotonic() + 60
+        # Printed once the node serves: its store open, its port accepting.
         self._port = announced_port(self._server, log_path, start=start)
-        while True:
-            if self._server.poll() is not None:
-                raise RuntimeError(f"orbit server exited with {self._server.returncode}")
-            if _ready(f"http://127.0.0.1:{self._port}/readyz"):
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError("orbit server did not become ready within 60 s")
-            time.sleep(0.05)
 
     def reset(self) -> None:
         """Empty every job table in place (TRUNCATE / DELETE): far cheaper than a new
