@@ -6,13 +6,26 @@ the cancelled task itself is."""
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import pytest
 
 from orbit.core.errors import Code, OrbitError
 from orbit.core.model import Outcome, TaskSpec
-from orbit.store import Store
+from orbit.core.states import TaskState
+from orbit.store import Store, open_store
+from orbit.store import store as store_module
+from tests.conftest import store_url
 from tests.invariants import check_all
-from tests.store.helpers import queue, run_one, submit, worker
+from tests.store.helpers import (
+    RACE_WAIT,
+    queue,
+    run_one,
+    submit,
+    until_done_or_waiting_on_a_lock,
+    worker,
+)
 
 
 def _cancelled_grandparent(store: Store) -> tuple[str, str, str]:
@@ -75,3 +88,58 @@ def test_an_ancestors_cancel_that_was_retried_blocks_nothing(store: Store) -> No
     made = store.task_submit(TaskSpec(queue="q", handler="c", parent_id=parent))
     assert made.created and made.task.state == "queued"
     assert check_all(store) == []
+
+
+def test_a_grandchild_submitted_while_its_grandparent_is_cancelled_is_cancelled_too(
+    make_store: Any, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The submit's look at the ancestors is not locked: it is safe because the parent's
+    share lock, held from before that look until commit, is one the grandparent's cancel
+    must take too (it locks the whole subtree). So a cancel that began after the look
+    waits for the submit, then finds the new grandchild and cancels it."""
+    node_a: Store = make_store()  # the database's own clock: two nodes share it
+    url = store_url(node_a)
+    node_b = open_store(url, migrate=False)
+    try:
+        grandparent, parent, _ = _cancelled_grandparent(node_a)
+        node_a.task_retry(grandparent)  # not cancelled any more: a new grandchild is taken
+        looked, insert = threading.Event(), threading.Event()
+        fetch = store_module._Tx.fetch
+
+        def pausing_fetch(self: Any, query: str, /, **params: Any) -> Any:
+            rows = fetch(self, query, **params)
+            if self._store is node_b and query == "task_cancelled_lineage":
+                looked.set()  # no cancelled ancestor seen; the parent held FOR SHARE
+                assert insert.wait(RACE_WAIT)
+            return rows
+
+        monkeypatch.setattr(store_module._Tx, "fetch", pausing_fetch)
+        out: dict[str, Any] = {}
+
+        def grandchild_submit() -> None:
+            spec = TaskSpec(queue="q", handler="c", parent_id=parent)
+            out["child"] = node_b.task_submit(spec).task.id
+
+        def cancel() -> None:
+            out["root"] = node_a.task_cancel(grandparent)
+
+        submitting = threading.Thread(target=grandchild_submit)
+        submitting.start()
+        assert looked.wait(RACE_WAIT)
+        cancelling = threading.Thread(target=cancel)
+        cancelling.start()
+        if backend == "postgres":  # the cancel waits for the parent's lock
+            until_done_or_waiting_on_a_lock(cancelling, url)
+        insert.set()
+        submitting.join(RACE_WAIT)
+        cancelling.join(RACE_WAIT)
+        assert not submitting.is_alive() and not cancelling.is_alive()
+        monkeypatch.undo()
+
+        assert out["root"].state == TaskState.CANCELLED
+        child = node_a.task_get(out["child"])
+        assert child.cancel_requested and child.state == TaskState.CANCELLED
+        assert node_a.task_get(parent).state == TaskState.SUCCEEDED
+        assert check_all(node_a) == []
+    finally:
+        node_b.close()
