@@ -189,16 +189,18 @@ def check_i6(tasks: list[Any], events: list[dict[str, Any]]) -> list[str]:
 
 
 def check_i7(tasks: list[Any]) -> list[str]:
+    """No task waits or runs under a cancelled ancestor: the cancel cascaded down the
+    whole tree, past any task that had ended (which it leaves as it was)."""
     by_id = {t.id: t for t in tasks}
     bad = []
     for t in tasks:
-        parent = by_id.get(t.parent_id) if t.parent_id else None
-        if (
-            parent is not None
-            and parent.cancel_requested
-            and t.state not in ("succeeded", "failed", "cancelled", "cancelling")
-        ):
-            bad.append(f"I7 {t.id}: parent {parent.id} cancelled but child is {t.state}")
+        if t.state in ("succeeded", "failed", "cancelled", "cancelling"):
+            continue
+        ancestor = by_id.get(t.parent_id) if t.parent_id else None
+        while ancestor is not None and not ancestor.cancel_requested:
+            ancestor = by_id.get(ancestor.parent_id) if ancestor.parent_id else None
+        if ancestor is not None:
+            bad.append(f"I7 {t.id}: ancestor {ancestor.id} cancelled but task is {t.state}")
     return bad
 
 

@@ -193,12 +193,18 @@ TRANSITIONS: tuple[Transition, ...] = (
         "operator decision with a result",
     ),
     Transition("resolve", (_T.NEEDS_REVIEW,), _T.FAILED, "-", "operator decision"),
-    Transition("resolve", (_T.NEEDS_REVIEW,), _T.QUEUED, "-", "operator decision: run it again"),
+    Transition(
+        "resolve",
+        (_T.NEEDS_REVIEW,),
+        _T.QUEUED,
+        "-",
+        "operator decision: run it again; no ancestor cancelled",
+    ),
     Transition(
         "retry",
         (_T.FAILED, _T.CANCELLED),
         _T.QUEUED,
         "-",
-        "operator decision; parent not cancelled; one more attempt allowed",
+        "operator decision; no ancestor cancelled; one more attempt allowed",
     ),
 )

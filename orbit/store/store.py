@@ -14,7 +14,7 @@ import hmac
 import random
 import secrets
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -549,21 +549,29 @@ class Store:
             # one takes no new child, but a spec whose key names a task made before
             # this batch makes nothing: it is an idempotent retry, and gets its task
             # back (cancelled with its parent) rather than PARENT_CANCELLED.
-            cancelled: list[str] = []
+            cancelled: dict[str, str] = {}  # parent -> the cancelled task of its lineage
+            nested: list[str] = []  # parents with a parent of their own
             for parent_id in parents:
                 found = tx.fetch("task_share", id=parent_id)
                 if not found:
                     raise OrbitError(Code.PARENT_NOT_FOUND, f"no parent task {parent_id!r:.80}")
                 parent = R.task_from_row(found[0])
                 if parent.cancel_requested or parent.state == TaskState.CANCELLED:
-                    cancelled.append(parent_id)
+                    cancelled[parent_id] = parent_id
+                elif parent.parent_id is not None:
+                    nested.append(parent_id)
+            if nested:
+                # A cancel cascades down the whole tree but leaves a task that had ended
+                # as it was: a finished parent under a cancelled ancestor takes no new
+                # child either. Read after the parents' locks, which that cancel takes.
+                cancelled.update(_cancelled_lineage(tx, nested))
             if cancelled:
                 # Which spec names which parent: a LazyBatch is read whole for it, once
                 # more (as a retried transaction reads it again), before anything is
                 # written. Only a batch naming a cancelled parent pays for it.
                 _refuse_new_children(
                     eager if lazy is None else lazy.read(0, count),
-                    frozenset(cancelled),
+                    cancelled,
                     frozenset(by_key),
                     lambda k: self._existing_by_key(tx, k),
                 )
@@ -1525,6 +1533,8 @@ class Store:
                     Code.INVALID_STATE,
                     f"only a needs_review task can be resolved; it is {task.state}",
                 )
+            if decision == "retry":
+                _refuse_under_cancelled(tx, task)
             now = tx.now()
             if decision == "retry":
                 _refuse_past_deadline(task, now)
@@ -1546,13 +1556,7 @@ class Store:
                     Code.INVALID_STATE,
                     f"only a failed or cancelled task can be retried; it is {task.state}",
                 )
-            if task.parent_id is not None:
-                parent = R.task_from_row(tx.fetch("task_share", id=task.parent_id)[0])
-                if parent.cancel_requested:
-                    raise OrbitError(
-                        Code.PARENT_CANCELLED,
-                        f"parent task {parent.id} is cancelled; retry it first",
-                    )
+            _refuse_under_cancelled(tx, task)
             now = tx.now()
             _refuse_past_deadline(task, now)
             plan = Plan()
@@ -2013,20 +2017,58 @@ def _lock_tree(tx: _Tx, root_id: str) -> list[Task]:
 
 def _refuse_new_children(
     specs: Iterable[TaskSpec],
-    cancelled: frozenset[str],
+    cancelled: Mapping[str, str],
     stored: frozenset[tuple[str, str, str]],
     look: Callable[[list[tuple[str, str, str]]], dict[tuple[str, str, str], Task]],
 ) -> None:
     """PARENT_CANCELLED for the first spec that would make a task under a ``cancelled``
-    parent: one whose key named no task when the batch looked (``stored``). If its key
-    names one now (``look``: a concurrent submit of the same task committed after the
-    look, and then the cancel that cancelled both), StaleWrite: the transaction runs
-    again, finds the task and returns it."""
+    parent (one mapped to itself, or to its cancelled ancestor): one whose key named no
+    task when the batch looked (``stored``). If its key names one now (``look``: a
+    concurrent submit of the same task committed after the look, and then the cancel that
+    cancelled both), StaleWrite: the transaction runs again, finds the task and returns
+    it."""
     for spec in specs:
-        if spec.parent_id in cancelled and (key := _key_of(spec)) not in stored:
+        parent = spec.parent_id
+        if parent is not None and parent in cancelled and (key := _key_of(spec)) not in stored:
             if key is not None and look([key]):
                 raise StaleWrite(f"idempotency key {spec.idempotency_key!r:.80} was taken")
-            raise OrbitError(Code.PARENT_CANCELLED, f"parent task {spec.parent_id} is cancelled")
+            raise _parent_cancelled(parent, cancelled[parent])
+
+
+def _cancelled_lineage(tx: _Tx, ids: Sequence[str]) -> dict[str, str]:
+    """Each of ``ids`` that is cancelled or has a cancelled ancestor, mapped to such a
+    task (itself first). A cancel cascades to every descendant, so a task anywhere under
+    a cancelled one may not be retried or given a child: checking the parent alone missed
+    a grandparent's cancel when the parent had already ended (a cancel leaves an ended
+    task as it was)."""
+    found: dict[str, str] = {}
+    for row in tx.fetch("task_cancelled_lineage", ids=sorted(ids)):
+        start, cancelled = str(row["id"]), str(row["cancelled_id"])
+        if found.get(start) != start:
+            found[start] = cancelled
+    return found
+
+
+def _parent_cancelled(parent_id: str, cancelled_id: str) -> OrbitError:
+    """PARENT_CANCELLED, naming the task whose cancel stands in the way."""
+    if cancelled_id == parent_id:
+        return OrbitError(Code.PARENT_CANCELLED, f"parent task {parent_id} is cancelled")
+    return OrbitError(
+        Code.PARENT_CANCELLED,
+        f"task {cancelled_id}, an ancestor of parent task {parent_id}, is cancelled",
+    )
+
+
+def _refuse_under_cancelled(tx: _Tx, task: Task) -> None:
+    """An operator's retry of a task under a cancelled parent or ancestor is refused:
+    the cancel cascaded to it, and running it again would undo that cancel (I7). The
+    task's own lock serialises this with any such cancel, which locks its whole subtree."""
+    if task.parent_id is None:
+        return
+    cancelled = _cancelled_lineage(tx, [task.parent_id]).get(task.parent_id)
+    if cancelled is not None:
+        error = _parent_cancelled(task.parent_id, cancelled)
+        raise OrbitError(error.code, f"{error.message}; retry it first")
 
 
 def _key_of(spec: TaskSpec) -> tuple[str, str, str] | None:

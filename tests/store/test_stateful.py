@@ -335,6 +335,16 @@ class OrbitMachine(RuleBasedStateMachine):
     def _pick(self, items: Sequence[T], i: int) -> T:
         return items[i % len(items)]
 
+    def _under_cancel(self, world: World, task_id: str | None) -> bool:
+        """The task ``task_id`` or one of its ancestors was cancelled: a cancel cascades
+        down the whole tree, so nothing under it may be retried or take a new child."""
+        while task_id is not None:
+            task = world.tasks[task_id]
+            if task.cancel_requested or task.state == S.CANCELLED:
+                return True
+            task_id = task.parent_id
+        return False
+
     def _worker(self, session_id: str) -> Worker:
         return next(w for w in self.workers if w.id == session_id)
 
@@ -517,10 +527,7 @@ class OrbitMachine(RuleBasedStateMachine):
             deadline=deadline,
             run_after=run_after,
         )
-        parent_task = before.tasks[parent_id] if parent_id else None
-        parent_cancelled = parent_task is not None and (
-            parent_task.cancel_requested or parent_task.state == S.CANCELLED
-        )
+        parent_cancelled = self._under_cancel(before, parent_id)
         prior = self.keys.get((tenant, queue, key)) if key else None
         try:
             submitted = self.store.task_submit(spec)
@@ -602,13 +609,13 @@ class OrbitMachine(RuleBasedStateMachine):
         tid = self._pick(self.task_ids, i)
         before = self.world
         task = before.tasks[tid]
-        parent = before.tasks[task.parent_id] if task.parent_id else None
+        parent_cancelled = self._under_cancel(before, task.parent_id)
         try:
             returned = self.store.task_retry(tid)
         except OrbitError as exc:
             if task.state not in (S.FAILED, S.CANCELLED):
                 expected = Code.INVALID_STATE
-            elif parent is not None and parent.cancel_requested:
+            elif parent_cancelled:
                 expected = Code.PARENT_CANCELLED
             elif task.deadline is not None and task.deadline <= self.clock.now:
                 expected = Code.DEADLINE_EXCEEDED  # it could only be failed again
@@ -617,7 +624,7 @@ class OrbitMachine(RuleBasedStateMachine):
             self._expect_refused(before, exc, expected, "retry")
             return
         assert task.state in (S.FAILED, S.CANCELLED), f"retried a {task.state} task"
-        assert parent is None or not parent.cancel_requested, "retried under a cancelled parent"
+        assert not parent_cancelled, "retried under a cancelled parent or ancestor"
         assert task.deadline is None or task.deadline > self.clock.now, "retried past deadline"
         after = self._after()
         t = after.tasks[tid]
@@ -645,15 +652,20 @@ class OrbitMachine(RuleBasedStateMachine):
             returned = self.store.task_resolve(tid, decision, outcome)
         except OrbitError as exc:
             past_deadline = task.deadline is not None and task.deadline <= self.clock.now
-            if task.state == S.NEEDS_REVIEW and decision == "retry" and past_deadline:
-                self._expect_refused(before, exc, Code.DEADLINE_EXCEEDED, "resolve")
-                return
+            if task.state == S.NEEDS_REVIEW and decision == "retry":
+                if self._under_cancel(before, task.parent_id):
+                    self._expect_refused(before, exc, Code.PARENT_CANCELLED, "resolve")
+                    return
+                if past_deadline:
+                    self._expect_refused(before, exc, Code.DEADLINE_EXCEEDED, "resolve")
+                    return
             assert task.state != S.NEEDS_REVIEW, f"resolve refused on needs_review: {exc}"
             self._expect_refused(before, exc, Code.INVALID_STATE, "resolve")
             return
         assert task.state == S.NEEDS_REVIEW, f"resolved a {task.state} task"
         if decision == "retry":
             assert task.deadline is None or task.deadline > self.clock.now, "retried past it"
+            assert not self._under_cancel(before, task.parent_id), "retried under a cancel"
         after = self._after()
         t = after.tasks[tid]
         assert returned == t

@@ -159,6 +159,21 @@ WITH RECURSIVE tree(id) AS (
 )
 SELECT id FROM tree;
 
+-- name: task_cancelled_lineage
+-- For each of these tasks, the tasks among itself and its ancestors (parent_id, up to
+-- the root) whose cancel was asked: a cancel cascades down a whole tree, so a task
+-- under any of them may not be retried, nor take a new child. Unlocked: the caller
+-- holds a lock on a task of the lineage, which every such cancel also locks.
+WITH RECURSIVE up(start_id, id) AS (
+    SELECT id, id FROM orbit_tasks WHERE id = ANY(CAST(:ids AS text[]))
+    UNION ALL
+    SELECT up.start_id, t.parent_id FROM up JOIN orbit_tasks t ON t.id = up.id
+    WHERE t.parent_id IS NOT NULL
+)
+SELECT up.start_id AS id, t.id AS cancelled_id FROM up JOIN orbit_tasks t ON t.id = up.id
+WHERE t.cancel_requested OR t.state = 'cancelled'
+ORDER BY up.start_id, t.id;
+
 -- name: task_ready_select
 -- Each row comes with `locked_at`, the clock read as the row leaves the subquery, after
 -- its lock: the last row's is read after every lock this select took, which is the
