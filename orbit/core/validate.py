@@ -14,6 +14,10 @@ MAX_ATTEMPTS_LIMIT = 1_000
 MAX_KEY_LEN = 255
 #: The largest duration Orbit accepts anywhere: a year, in microseconds.
 MAX_DURATION_US = 366 * 24 * 3600 * 1_000_000
+#: The first instant Orbit does not accept: 9999-01-01T00:00:00Z, in microseconds. The
+#: wire spells instants from 1970 to 9998 (``orbit.protocol.messages``); the store holds
+#: every caller to the same range, which both databases' 64-bit integers hold.
+MAX_INSTANT_US = 253_402_300_800 * 1_000_000
 DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
 
 
@@ -111,6 +115,14 @@ def check_json_depth(value: object, what: str) -> None:
             stack.extend((v, depth + 1) for v in item)
 
 
+AN_INSTANT = "an instant between 1970 and 9998 (UTC)"
+
+
+def _is_instant(value: object) -> bool:
+    """Microseconds since the epoch, within the range the wire can spell."""
+    return type(value) is int and 0 <= value < MAX_INSTANT_US
+
+
 def check_spec(spec: TaskSpec, max_payload_bytes: int) -> tuple[str, int]:
     """Validate a submission, all but what needs the clock (:func:`check_deadline`);
     return its canonical payload JSON and its encoded size. The store runs it before
@@ -140,13 +152,11 @@ def check_spec(spec: TaskSpec, max_payload_bytes: int) -> tuple[str, int]:
         raise OrbitError(
             Code.INVALID_TIMEOUT, "attempt_timeout must be a positive duration of at most a year"
         )
-    if spec.deadline is not None and (
-        isinstance(spec.deadline, bool) or not isinstance(spec.deadline, int)
-    ):
-        raise OrbitError(Code.INVALID_DEADLINE, "deadline must be an instant")
+    if spec.deadline is not None and not _is_instant(spec.deadline):
+        raise OrbitError(Code.INVALID_DEADLINE, f"deadline must be {AN_INSTANT}")
     if spec.run_after is not None:
-        if isinstance(spec.run_after, bool) or not isinstance(spec.run_after, int):
-            raise OrbitError(Code.INVALID_ARGUMENT, "run_after must be an instant")
+        if not _is_instant(spec.run_after):
+            raise OrbitError(Code.INVALID_ARGUMENT, f"run_after must be {AN_INSTANT}")
         if spec.deadline is not None and spec.run_after >= spec.deadline:
             raise OrbitError(Code.INVALID_DEADLINE, "run_after must be before the deadline")
     for name, text in (("idempotency_key", spec.idempotency_key), ("parent_id", spec.parent_id)):

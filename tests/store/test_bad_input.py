@@ -8,6 +8,7 @@ import pytest
 
 from orbit.core.errors import Code, OrbitError
 from orbit.core.model import SECOND, Backoff, Capability, Outcome, TaskSpec
+from orbit.core.validate import MAX_INSTANT_US
 from orbit.store import Store, StoreConfig
 from tests.conftest import ManualClock
 from tests.store.helpers import queue, run_one, submit, worker
@@ -95,6 +96,12 @@ def test_oversize_payload(make_store: Any, clock: ManualClock) -> None:
         ({"payload": "\ud800"}, Code.INVALID_ARGUMENT),
         ({"retry_safe": "yes"}, Code.INVALID_ARGUMENT),
         ({"parent_id": "no-such-task"}, Code.PARENT_NOT_FOUND),
+        # instants the wire cannot spell (it takes 1970 to 9998): a store caller's
+        # 2**63 raised a raw OverflowError on SQLite
+        ({"deadline": 2**63}, Code.INVALID_DEADLINE),
+        ({"deadline": MAX_INSTANT_US}, Code.INVALID_DEADLINE),
+        ({"run_after": 2**63}, Code.INVALID_ARGUMENT),
+        ({"run_after": -1}, Code.INVALID_ARGUMENT),
     ],
 )
 def test_bad_task_options(store: Store, kwargs: dict[str, Any], code: Code) -> None:
