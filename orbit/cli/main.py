@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, NoReturn
-from urllib.parse import urlsplit
+from urllib.parse import unquote
 
 import typer
 
@@ -64,18 +64,40 @@ def _check_url(url: str) -> None:
         _fail("--db must start with sqlite:// or postgresql://")
 
 
+def _passwords(url: str) -> list[str]:
+    """Every spelling of the password a database URL holds, longest first: in its user
+    part and in a ``password=`` query parameter, as written and percent-decoded.
+
+    Taken apart by hand, as libpq reads it (the user part ends at the first ``@`` before
+    any ``/``), because ``urlsplit`` raises on exactly the malformed URLs that psycopg
+    quotes whole in its error ("... in URI: \"postgresql://orbit:pw@[::1\""), and it
+    never looks in the query, where libpq takes a password too."""
+    rest = url.partition("://")[2]
+    authority = rest.split("/", 1)[0]
+    found: set[str] = set()
+    if "@" in authority:
+        for userinfo in (authority.split("@", 1)[0], authority.rsplit("@", 1)[0]):
+            if ":" in userinfo:
+                found.add(userinfo.partition(":")[2])
+    for param in rest.partition("?")[2].split("&"):
+        key, _, value = param.partition("=")
+        if unquote(key).strip().lower() == "password":
+            found.add(value)
+    found |= {unquote(p) for p in found}
+    return sorted((p for p in found if p), key=len, reverse=True)
+
+
 @contextmanager
 def _database(db: str) -> Iterator[None]:
     """A database that cannot be opened or migrated (unreachable, refused, not a
-    database) is one line and exit 1, not a traceback; the URL's password, should the
-    driver's message hold it, is blotted out."""
+    database, a URL it cannot parse) is one line and exit 1, not a traceback; the URL's
+    password, in whatever spelling the driver's message holds it, is blotted out."""
     _check_url(db)
     try:
         yield
     except Exception as exc:  # the drivers' errors: sqlite3, psycopg, psycopg_pool, OS
         reason = f"{type(exc).__name__}: {exc}".strip()
-        password = urlsplit(db).password
-        if password:
+        for password in _passwords(db):
             reason = reason.replace(password, "***")
         _fail(f"cannot open the database: {reason}", 1)
 

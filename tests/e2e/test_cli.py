@@ -363,3 +363,42 @@ def test_server_says_where_it_listens_whatever_its_log_level(
         assert f"orbit server listening on http://127.0.0.1:{quiet.port}" in quiet.log_text()
     finally:
         quiet.stop()
+
+
+def test_a_database_url_password_is_in_no_error_line() -> None:
+    """Whatever stops ``db migrate``, ``token create`` or ``server`` from opening a
+    PostgreSQL database, the one line that says so never holds the URL's password: not
+    when the driver quotes a URL it cannot parse whole, nor when the password is a query
+    parameter (``?password=``), percent-encoded or not."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from tests.pg import ADMIN_DSN
+
+    pg = conninfo_to_dict(ADMIN_DSN)
+    at = f"{pg.get('host', '127.0.0.1')}:{pg.get('port', '5432')}"
+    user = pg.get("user", "postgres")
+    secret = "hunter2"
+    with socket.socket() as nobody:  # bound and not listening: a connect is refused
+        nobody.bind(("127.0.0.1", 0))
+        refusing = f"127.0.0.1:{nobody.getsockname()[1]}"
+        cases = {  # URL: what the line must still name
+            f"postgresql://{user}:{secret}@[::1:5432/orbit": "IPv6",  # bad syntax
+            f"postgresql://{user}:hun%zzter2@{at}/orbit": "percent-encoded",
+            f"postgresql://{user}@{at}/orbit?password=hun%zzter2": "percent-encoded",
+            f"postgresql://{user}@{at}/orbit?password={secret}&sslmode=bogus": "sslmode",
+            f"postgresql://{user}:{secret}@{refusing}/orbit": "Connection refused",
+            f"postgresql://{user}:{secret}@{at}/orbit_no_such_db": "does not exist",
+            f"postgresql://no_such_role:{secret}@{at}/test": "no_such_role",
+        }
+        runs = [(["db", "migrate", "--db", url], cause, url) for url, cause in cases.items()] + [
+            ([*command, "--db", url], cause, url)
+            for command in (
+                ["token", "create", "--name", "ci", "--scope", "admin"],
+                ["server", "--port", "0"],
+            )
+            for url, cause in list(cases.items())[:2]
+        ]
+        for args, cause, url in runs:
+            run = _cannot_open(args, cause)
+            said = run.stdout + run.stderr
+            assert secret not in said and "hun%zzter2" not in said, (url, said)
