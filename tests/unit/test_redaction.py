@@ -24,3 +24,19 @@ def test_filter_rewrites_records_with_args() -> None:
     )
     assert RedactSecrets().filter(record)
     assert "S9M0" not in record.getMessage() and "[redacted]" in record.getMessage()
+
+
+def test_a_database_password_is_redacted_in_every_place_libpq_reads_one() -> None:
+    """A password after an empty user name, in a URL's ``?password=`` parameter or in a
+    key=value conninfo string (quoted or not) is a database password as much as one
+    after ``user:``."""
+    for text in (
+        "postgresql://:hunter2@db:5432/orbit",
+        "postgresql://orbit@db/orbit?password=hunter2",
+        "postgresql://orbit@db/orbit?sslmode=require&PASSWORD=hunter2&x=1",
+        "host=db user=orbit password=hunter2 dbname=orbit",
+        "host=db password = 'hunter2 and more' dbname=orbit",
+    ):
+        cleaned = redact(text)
+        assert "hunter2" not in cleaned, cleaned
+        assert "[redacted]" in cleaned and "db" in cleaned, cleaned
