@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -46,3 +47,39 @@ def test_orbit_dev_runs_the_demo_and_serves_until_interrupted(tmp_path: Path) ->
         retried = cx.execute("SELECT max(attempts_used) FROM orbit_tasks").fetchone()[0]
     assert states == ["cancelled", "failed", "succeeded", "succeeded"]
     assert retried == 2
+
+
+def _dev(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "orbit.cli", "dev", "--once", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def test_orbit_dev_refuses_what_it_cannot_use_before_writing_anything(tmp_path: Path) -> None:
+    """A port in use or an address it cannot listen on is refused (exit 2, no
+    traceback) before the database and the admin token are made; a ``--data-dir`` that
+    is a file is refused as such and left as it was."""
+    data = tmp_path / "dot-orbit"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        in_use = _dev("--port", str(port), "--data-dir", str(data))
+    assert in_use.returncode == 2 and f"port {port} is in use" in in_use.stderr, in_use.stderr
+    bad_host = _dev("--host", "no-such-host.invalid", "--port", "0", "--data-dir", str(data))
+    assert bad_host.returncode == 2, bad_host.stderr
+    assert "cannot listen on no-such-host.invalid" in bad_host.stderr, bad_host.stderr
+    assert not data.exists()
+    a_file = tmp_path / "a-file"
+    a_file.write_text("mine")
+    not_a_dir = _dev("--port", "0", "--data-dir", str(a_file))
+    assert not_a_dir.returncode == 2, not_a_dir.stderr
+    assert f"--data-dir {a_file} is not a directory" in not_a_dir.stderr, not_a_dir.stderr
+    assert a_file.read_text() == "mine"
+    for run in (in_use, bad_host, not_a_dir):
+        assert "Traceback" not in run.stderr, run.stderr

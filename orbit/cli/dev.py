@@ -63,12 +63,23 @@ def demo_worker(url: str, token: str) -> Worker:
 
 
 def _prepare(data_dir: Path) -> tuple[str, str]:
-    """Create the database, the demo queue and an admin token (saved with mode 600)."""
+    """Create the database, the demo queue and an admin token (saved with mode 600). A
+    ``--data-dir`` that is a file, or that cannot be made, is a usage error, not a
+    traceback."""
+    from orbit.cli.main import database
     from orbit.store import open_store
 
-    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise typer.BadParameter(f"--data-dir {data_dir} is not a directory") from None
+    except OSError as exc:
+        raise typer.BadParameter(
+            f"--data-dir {data_dir} cannot be made: {exc.strerror or exc}"
+        ) from None
     db_url = f"sqlite:///{data_dir / 'orbit.db'}"
-    store = open_store(db_url)
+    with database(db_url):  # a file that is no database: one line, exit 1
+        store = open_store(db_url)
     try:
         with contextlib.suppress(OrbitError):
             store.queue_create("demo", max_concurrency=8, rate=0)
@@ -108,11 +119,18 @@ async def serve(host: str, port: int, data_dir: Path, once: bool) -> int:
     from orbit.client import AsyncClient
     from orbit.logs import configure
     from orbit.server import ServerSettings, create_app
+    from orbit.store import StoreConfig
 
     configure("warning")
-    db_url, token = _prepare(data_dir)
+    # Bound before anything is written: a port in use or a host that cannot be listened
+    # on is refused with no database made and no admin token minted for nothing.
+    sock = bind(host, port, unread_timeout=StoreConfig().session_ttl_us / SECOND)
+    try:
+        db_url, token = _prepare(data_dir)
+    except BaseException:
+        sock.close()
+        raise
     settings = ServerSettings(db_url=db_url, node_id="orbit-dev")
-    sock = bind(host, port, unread_timeout=settings.store_config.session_ttl_us / SECOND)
     url = url_of(sock, host)
     server = uvicorn.Server(
         uvicorn.Config(create_app(settings), log_level="warning", access_log=False, log_config=None)

@@ -88,7 +88,7 @@ def _passwords(url: str) -> list[str]:
 
 
 @contextmanager
-def _database(db: str) -> Iterator[None]:
+def database(db: str) -> Iterator[None]:
     """A database that cannot be opened or migrated (unreachable, refused, not a
     database, a URL it cannot parse) is one line and exit 1, not a traceback; the URL's
     password, in whatever spelling the driver's message holds it, is blotted out."""
@@ -107,7 +107,7 @@ def db_migrate(db: DbUrl) -> None:
     """Create or upgrade the schema (safe to run on every node at once)."""
     from orbit.store import open_store
 
-    with _database(db):
+    with database(db):
         store = open_store(db, migrate=False)
         try:
             version = store.migrate()
@@ -125,7 +125,7 @@ def token_create(
     """Create a token and print it once; only its hash is stored."""
     from orbit.store import open_store
 
-    with _database(db):
+    with database(db):
         store = open_store(db)
     try:
         token_id, token = store.token_create(name, scope)
@@ -212,7 +212,7 @@ def server(
     # nothing for a session TTL has lost its session anyway: its connection goes too.
     sock = bind(host, port, unread_timeout=session_ttl)
     url = url_of(sock, host, "https" if tls_cert else "http")
-    with _database(db):  # opened here, so a database that cannot be is one clear line
+    with database(db):  # opened here, so a database that cannot be is one clear line
         store = open_store(db, settings.store_config)
     api = create_app(settings, store=store)
     config = uvicorn.Config(

@@ -402,3 +402,24 @@ def test_a_database_url_password_is_in_no_error_line() -> None:
             run = _cannot_open(args, cause)
             said = run.stdout + run.stderr
             assert secret not in said and "hun%zzter2" not in said, (url, said)
+
+
+def test_server_on_an_address_it_cannot_listen_on_is_refused_and_touches_nothing(
+    tmp_path: Path,
+) -> None:
+    """A ``--host`` that names no address (or none of this machine's) is a usage error
+    that names it, not a traceback from ``bind``, and no database is created."""
+    db = tmp_path / "orbit.db"
+    for host in ("no-such-host.invalid", "192.0.2.1"):
+        command = ["server", "--db", f"sqlite:///{db}", "--host", host, "--port", "0"]
+        result = subprocess.run(
+            [sys.executable, "-m", "orbit.cli", *command],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 2, result.stderr
+        assert "Traceback" not in result.stderr, result.stderr
+        assert f"cannot listen on {host}" in result.stderr, result.stderr
+    assert not db.exists()
