@@ -14,7 +14,7 @@ from urllib.parse import quote
 import httpx
 
 from orbit.client._errors import TaskFailed, WaitTimeout, error_from
-from orbit.client._http import Reply, Transport, Unreachable
+from orbit.client._http import Reply, Transport, Unreachable, check_server_url
 from orbit.core.model import compact_json, parse_json
 from orbit.tokens import load_token
 
@@ -312,6 +312,7 @@ class AsyncClient:
         cafile: str | None = None,
         timeout: float = 30.0,
     ) -> None:
+        check_server_url(url)  # as Client: a URL it cannot use is a ValueError, at once
         self._http = httpx.AsyncClient(
             base_url=url.rstrip("/"),
             headers=_headers(token),

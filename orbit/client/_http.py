@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import SplitResult, urlencode, urlsplit
 
 #: Bytes read at a time from a streamed body.
 STREAM_CHUNK = 64 * 1024
@@ -43,6 +43,26 @@ class Reply:
         self.content = content
 
 
+def check_server_url(url: str) -> SplitResult:
+    """``url`` taken apart, if it can name an Orbit server; else ValueError, whose message
+    never repeats the URL (it may hold a password). Credentials in it are refused rather
+    than sent: httpx and websockets turn them into a Basic ``Authorization`` header that
+    replaces the bearer token, so the password travelled and the token did not."""
+    usage = "the server URL must be http://host[:port] or https://host[:port]"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - read for its ValueError: a port that is no number, or too big
+    except ValueError:
+        raise ValueError(usage) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(usage)
+    if parts.query or parts.fragment:
+        raise ValueError("the server URL must not hold a query or a fragment")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("the server URL must not hold credentials: pass token= instead")
+    return parts
+
+
 class Transport:
     """Requests to one server (``base_url``: scheme, host, port and an optional path
     prefix), safe to share between threads: each request holds a connection of its own
@@ -56,15 +76,9 @@ class Transport:
         cafile: str | None,
         timeout: float,
     ) -> None:
-        parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("the server URL must be http://host[:port] or https://host[:port]")
-        if parts.query or parts.fragment:
-            raise ValueError("the server URL must not hold a query or a fragment")
-        if parts.username is not None or parts.password is not None:
-            raise ValueError("the server URL must not hold credentials: pass token= instead")
+        parts = check_server_url(base_url)
         self._https = parts.scheme == "https"
-        self._host = parts.hostname
+        self._host: str = parts.hostname or ""  # never empty: check_server_url saw to it
         self._port = parts.port or (443 if self._https else 80)
         self._prefix = parts.path.rstrip("/")
         self._where = f"{self._host}:{self._port}"

@@ -214,6 +214,27 @@ def test_urls_it_cannot_use_are_refused(url: str, message: str) -> None:
     assert "secret" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("ftp://127.0.0.1:1", "must be http"),
+        ("127.0.0.1:8000", "must be http"),
+        ("http://127.0.0.1:99999", "must be http"),
+        ("http://127.0.0.1:1/?x=1", "query"),
+        ("http://user:secret@127.0.0.1:1", "credentials"),
+    ],
+)
+def test_async_client_refuses_the_urls_client_refuses(url: str, message: str) -> None:
+    """At once, as ``ValueError``: httpx took a URL with credentials and sent them as a
+    Basic ``Authorization`` header in place of the bearer token, and a URL with no
+    scheme surfaced only at the first call, as ``Unreachable``."""
+    from orbit.client import AsyncClient
+
+    with pytest.raises(ValueError, match=message) as caught:
+        AsyncClient(url, token="t0ken")
+    assert "secret" not in str(caught.value)
+
+
 def test_a_closed_transport_refuses_requests(server: _Server) -> None:
     t = _transport(_url(server))
     t.close()
