@@ -263,7 +263,8 @@ def worker_command(
 
     The token comes from ORBIT_TOKEN or ORBIT_TOKEN_FILE. A running worker drains on
     SIGTERM or SIGINT: no new claims, running handlers finish within the grace period,
-    then are cancelled.
+    then are cancelled. Exit codes: 0 drained; 1 a handler ignored its cancellation;
+    2 bad arguments, no token or an unusable URL; 3 the server refused the token.
     """
     from orbit.cli import api
 
@@ -279,9 +280,18 @@ def worker_command(
 
 
 def _run_worker(target: str, url: str) -> None:
+    """Load and run the worker. What makes it useless from the start (no token, a token
+    the server refuses, a URL it cannot use) is one line and exit 2 or 3, as for the other
+    commands: the runner raised it as a traceback, or retried a URL it could never use
+    for ever."""
     import importlib
 
+    from websockets.exceptions import InvalidStatus
+
     from orbit.logs import configure
+    from orbit.tokens import TokenError
+    from orbit.urls import check_server_url
+    from orbit.worker.connection import ServerError
     from orbit.worker.runner import Worker
 
     module_name, _, attr = target.partition(":")
@@ -294,8 +304,24 @@ def _run_worker(target: str, url: str) -> None:
         _fail(f"{target} is a {type(obj).__name__}, not an orbit Worker")
     if "ORBIT_URL" in os.environ or url != "http://127.0.0.1:8000":
         obj.url = url.rstrip("/")
+    try:
+        check_server_url(obj.url)
+    except ValueError as exc:
+        _fail(str(exc))
     configure("info")
-    raise typer.Exit(obj.run())
+    try:
+        code = obj.run()
+    except TokenError as exc:
+        _fail(str(exc))
+    except InvalidStatus as exc:  # the runner ends only on 401 or 403, and only at first
+        _fail(
+            f"the server refused the token (HTTP {exc.response.status_code}): it is unknown "
+            "or revoked, or lacks the worker scope",
+            3,
+        )
+    except ServerError as exc:  # the server refused the hello itself
+        _fail(f"the server refused this worker: {exc.code}: {exc.message}", 3)
+    raise typer.Exit(code)
 
 
 def main() -> None:

@@ -14,9 +14,10 @@ from urllib.parse import quote
 import httpx
 
 from orbit.client._errors import TaskFailed, WaitTimeout, error_from
-from orbit.client._http import Reply, Transport, Unreachable, check_server_url
+from orbit.client._http import Reply, Transport, Unreachable
 from orbit.core.model import compact_json, parse_json
 from orbit.tokens import load_token
+from orbit.urls import check_server_url
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "needs_review"})
 Request = tuple[str, str, dict[str, Any] | None, dict[str, Any] | list[Any] | None]

@@ -423,3 +423,29 @@ def test_server_on_an_address_it_cannot_listen_on_is_refused_and_touches_nothing
         assert "Traceback" not in result.stderr, result.stderr
         assert f"cannot listen on {host}" in result.stderr, result.stderr
     assert not db.exists()
+
+
+def test_worker_without_a_usable_token_or_url_says_so(
+    orbit: Run, cluster: tuple[Node, Tokens, str]
+) -> None:
+    """``orbit worker MODULE:OBJ`` with no token, a token the server refuses (unknown, or
+    without the worker scope) or a server URL it cannot use exits at once with one line
+    that says which (2: bad arguments, 3: refused, as the other commands), not with a
+    traceback, and never prints the token or a password in the URL."""
+    _, tokens, _ = cluster
+    app = "tests.e2e.worker_app:worker"
+    unknown = "orbit_0123456789abcdef0123456789abcdef_notavalidsecret"
+    cases = [
+        (orbit("worker", app, token=None), 2, "ORBIT_TOKEN"),
+        (orbit("worker", app, token=unknown), 3, "refused the token"),
+        (orbit("worker", app, token=tokens.submit), 3, "refused the token"),
+        (orbit("worker", app, ORBIT_URL="127.0.0.1:9"), 2, "server URL must"),
+        (orbit("worker", app, ORBIT_URL="http://ops:hunter2@127.0.0.1:9"), 2, "server URL"),
+    ]
+    for run, code, says in cases:
+        assert run.returncode == code, run.stderr
+        assert "Traceback" not in run.stderr, run.stderr
+        [line] = [x for x in run.stderr.splitlines() if x.startswith("error:")]
+        assert says in line, line
+        for secret in ("notavalidsecret", tokens.submit.rsplit("_", 1)[1], "hunter2"):
+            assert secret not in run.stdout + run.stderr
