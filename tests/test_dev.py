@@ -83,3 +83,27 @@ def test_orbit_dev_refuses_what_it_cannot_use_before_writing_anything(tmp_path: 
     assert a_file.read_text() == "mine"
     for run in (in_use, bad_host, not_a_dir):
         assert "Traceback" not in run.stderr, run.stderr
+
+
+def test_the_token_file_is_written_afresh_with_mode_600(tmp_path: Path) -> None:
+    """The admin token goes into a new file made with mode 600 and then renamed into
+    place: never through a ``token`` symlink into whatever it points at, and never into
+    an old token file that others can read, before its mode is changed."""
+    from orbit.cli.dev import _prepare
+
+    data = tmp_path / "dot-orbit"
+    data.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("mine\n")
+    elsewhere.chmod(0o644)
+    (data / "token").symlink_to(elsewhere)
+    _, token = _prepare(data)
+    # Compared first, so that a failure prints no token.
+    untouched = elsewhere.read_text() == "mine\n"
+    assert untouched, "the token was written through the symlink"
+    assert elsewhere.stat().st_mode & 0o777 == 0o644
+    saved = data / "token"
+    holds_it = saved.read_text() == token + "\n"
+    assert not saved.is_symlink() and holds_it
+    assert saved.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in data.iterdir() if "token" in p.name] == ["token"]

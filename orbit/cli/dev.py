@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -86,11 +87,18 @@ def _prepare(data_dir: Path) -> tuple[str, str]:
         _, token = store.token_create("orbit-dev", ["admin"])
     finally:
         store.close()
-    token_file = data_dir / "token"
-    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    os.chmod(token_file, 0o600)
+    # A new file, private from its first byte (mkstemp makes it 600), renamed over the
+    # old one: opened by name, a `token` symlink took the token to wherever it pointed,
+    # and an old token file others could read held it until its mode was changed.
+    fd, temp = tempfile.mkstemp(dir=data_dir, prefix=".token-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        os.replace(temp, data_dir / "token")
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
     return db_url, token
 
 
