@@ -16,7 +16,7 @@ import httpx
 from orbit.client._errors import TaskFailed, WaitTimeout, error_from
 from orbit.client._http import Reply, Transport, Unreachable
 from orbit.core.model import compact_json, parse_json
-from orbit.tokens import load_token
+from orbit.tokens import load_token, token_fault
 from orbit.urls import check_server_url
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "needs_review"})
@@ -130,6 +130,9 @@ class _Calls:
 
 def _headers(token: str | None) -> dict[str, str]:
     token = token if token is not None else load_token()
+    fault = token_fault(token)
+    if fault is not None:  # refused here: sent, the transport's error quoted the token
+        raise ValueError(f"the token {fault}")
     return {"Authorization": f"Bearer {token}", "User-Agent": "orbit-python"}
 
 

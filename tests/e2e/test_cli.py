@@ -131,6 +131,9 @@ def test_bad_arguments_get_clear_messages(orbit: Run, tmp_path: Path) -> None:
     loose.chmod(0o644)
     exposed = orbit("queue", "ls", token=None, ORBIT_TOKEN_FILE=str(loose))
     assert exposed.returncode == 2 and "readable by group or others" in exposed.stderr
+    two_lines = orbit("queue", "ls", token="orbit_00_s3cr3tpart\nsecond line")
+    assert two_lines.returncode == 2 and "ORBIT_TOKEN holds" in two_lines.stderr
+    assert "s3cr3tpart" not in two_lines.stderr + two_lines.stdout
     wrong = orbit("queue", "ls", token="orbit_00_bad")
     assert wrong.returncode == 3 and "UNAUTHENTICATED" in wrong.stderr
     down = orbit("queue", "ls", ORBIT_URL="http://127.0.0.1:9")
