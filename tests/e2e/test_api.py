@@ -87,6 +87,38 @@ def test_worker_socket_refuses_missing_and_wrong_tokens(
         asyncio.run(attempt())
 
 
+@pytest.mark.parametrize(
+    ("token", "status", "code"),
+    [
+        ("none", 401, "UNAUTHENTICATED"),
+        ("unknown", 401, "UNAUTHENTICATED"),
+        ("submit", 403, "FORBIDDEN"),
+    ],
+)
+def test_worker_socket_refusal_says_which_as_the_http_routes_do(
+    node: Node, tokens: Tokens, token: str, status: int, code: str
+) -> None:
+    """A refused upgrade is answered with the status and error body an HTTP route gives
+    the same token: no token or an unknown one 401 (with ``WWW-Authenticate``), a token
+    without the worker scope 403. Closing the socket before accepting it, uvicorn
+    answered a bare 403 to all three, so a worker could not tell a wrong token from a
+    wrong scope."""
+    bearer = {"unknown": "orbit_0123456789abcdef0123456789abcdef_x", "submit": tokens.submit}
+    headers = {"Authorization": f"Bearer {bearer[token]}"} if token in bearer else {}
+
+    async def attempt() -> None:
+        async with websockets.connect(node.ws, additional_headers=headers) as ws:
+            await ws.recv()
+
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        asyncio.run(attempt())
+    response = refused.value.response
+    assert response.status_code == status
+    assert json.loads(response.body or b"{}")["error"]["code"] == code
+    if status == 401:
+        assert response.headers.get("WWW-Authenticate") == "Bearer"
+
+
 def _rename_tokens_table(db_url: str, old: str, new: str) -> None:
     """Take the tokens table away (or give it back) under a running server: its token
     check then fails in the database, as it would with the database down."""
