@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 import httpx
 
-from orbit.client._errors import TaskFailed, WaitTimeout, error_from
+from orbit.client._errors import ApiError, TaskFailed, WaitTimeout, error_from
 from orbit.client._http import Reply, Transport, Unreachable
 from orbit.core.model import compact_json, parse_json
 from orbit.tokens import load_token, token_fault
@@ -139,7 +139,14 @@ def _headers(token: str | None) -> dict[str, str]:
 def _unwrap(reply: httpx.Response | Reply) -> Any:
     # orjson (falling back to the standard library for what it refuses): a batch reply
     # holds a thousand task views, which json.loads took most of the client's time to read
-    body = parse_json(reply.content) if reply.content else None
+    try:
+        body = parse_json(reply.content) if reply.content else None
+    except ValueError:  # a proxy's error page, or a URL that names no Orbit server
+        if reply.status_code >= 400:
+            raise error_from(reply.status_code, None) from None
+        raise ApiError(
+            reply.status_code, "NOT_JSON", "the reply is not JSON: is the URL an Orbit server's?"
+        ) from None
     if reply.status_code >= 400:
         raise error_from(reply.status_code, body)
     return body

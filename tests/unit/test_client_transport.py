@@ -45,12 +45,16 @@ class _Handler(BaseHTTPRequestHandler):
         )
         if self.path.startswith("/slow"):
             time.sleep(1.0)
+        kind = "application/json"
         if self.path.startswith("/big"):
             payload = b"x" * (3 * STREAM_CHUNK + 5)
+        elif self.path.startswith("/html"):  # a proxy's page, or no Orbit server at all
+            payload, kind = b"<html><body>Bad Gateway</body></html>", "text/html"
         else:
             payload = json.dumps({"path": self.path}).encode()
-        self.send_response(404 if self.path.startswith("/missing") else 200)
-        self.send_header("Content-Type", "application/json")
+        status = 404 if self.path.startswith("/missing") else 200
+        self.send_response(502 if self.path.startswith("/html-502") else status)
+        self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(payload)))
         if self.path.startswith("/close"):
             self.send_header("Connection", "close")
@@ -250,3 +254,27 @@ def test_client_sends_compact_json_and_reads_errors(server: _Server) -> None:
         c._call(("POST", "/v1/tasks", None, {"b": [1, 2.5], "a": "é"}))
     assert server.seen[-1]["body"] == '{"b":[1,2.5],"a":"é"}'.encode()
     assert server.seen[-1]["headers"]["User-Agent"] == "orbit-python"
+
+
+def test_a_reply_that_is_not_json_is_an_api_error(server: _Server) -> None:
+    """A page that is no JSON (a proxy's error page, a URL that names some other server)
+    is an ``ApiError`` with the status, as a refusal is, not a JSONDecodeError: the CLI
+    printed that as a traceback."""
+    import asyncio
+
+    from orbit.client import ApiError, AsyncClient
+
+    with Client(_url(server), token="t0ken") as c:
+        for path, status in (("/html", 200), ("/html-502", 502)):
+            with pytest.raises(ApiError) as caught:
+                c._call(("GET", path, None, None))
+            assert caught.value.status == status, caught.value
+
+    async def call(path: str) -> None:
+        async with AsyncClient(_url(server), token="t0ken") as c:
+            await c._call(("GET", path, None, None))
+
+    for path, status in (("/html", 200), ("/html-502", 502)):
+        with pytest.raises(ApiError) as caught:
+            asyncio.run(call(path))
+        assert caught.value.status == status, caught.value
