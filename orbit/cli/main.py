@@ -140,6 +140,22 @@ def token_create(
     )
 
 
+def _check_tls(cert: Path, key: Path) -> None:
+    """Load the certificate and key now, as uvicorn will: one that is no PEM, or a key
+    that does not match, was an SSLError traceback from uvicorn's start-up, after the
+    database had been opened and migrated. An encrypted key is refused too (uvicorn is
+    given no passphrase), rather than prompted for on the terminal."""
+    import ssl
+
+    def no_passphrase() -> str:
+        raise ValueError("the key is encrypted; give an unencrypted one")
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, no_passphrase)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        _fail(f"cannot load --tls-cert and --tls-key: {exc}")
+
+
 @app.command()
 def server(
     db: DbUrl,
@@ -190,6 +206,8 @@ def server(
     _check_url(db)
     if (tls_cert is None) != (tls_key is None):
         _fail("--tls-cert and --tls-key go together")
+    if tls_cert is not None and tls_key is not None:
+        _check_tls(tls_cert, tls_key)
     if log_level not in ("debug", "info", "warning", "error"):
         _fail("--log-level must be debug, info, warning or error")
     from orbit.logs import configure

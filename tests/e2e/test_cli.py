@@ -452,3 +452,27 @@ def test_worker_without_a_usable_token_or_url_says_so(
         assert says in line, line
         for secret in ("notavalidsecret", tokens.submit.rsplit("_", 1)[1], "hunter2"):
             assert secret not in run.stdout + run.stderr
+
+
+def test_server_with_a_certificate_it_cannot_load_is_refused_and_touches_nothing(
+    tmp_path: Path,
+) -> None:
+    """A ``--tls-cert``/``--tls-key`` pair that is no PEM certificate and key is a usage
+    error that says so, before the database is opened: not an SSLError traceback from
+    uvicorn's start-up after the schema was made."""
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    db = tmp_path / "orbit.db"
+    tls = ["--tls-cert", str(junk), "--tls-key", str(junk)]
+    command = ["server", "--db", f"sqlite:///{db}", "--port", "0", *tls]
+    result = subprocess.run(
+        [sys.executable, "-m", "orbit.cli", *command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "cannot load --tls-cert and --tls-key" in result.stderr, result.stderr
+    assert not db.exists()
