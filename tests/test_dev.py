@@ -107,3 +107,27 @@ def test_the_token_file_is_written_afresh_with_mode_600(tmp_path: Path) -> None:
     assert not saved.is_symlink() and holds_it
     assert saved.stat().st_mode & 0o777 == 0o600
     assert [p.name for p in data.iterdir() if "token" in p.name] == ["token"]
+
+
+def test_orbit_dev_keeps_its_admin_token_from_one_run_to_the_next(tmp_path: Path) -> None:
+    """Each run minted another admin token and overwrote the file holding the last one:
+    every earlier token stayed valid for ever, its only copy gone (Orbit has no way to
+    revoke a token). A saved token the database still knows is used again; another is
+    minted only when the saved one is missing or no longer an admin token."""
+    from orbit.cli.dev import _prepare
+
+    def tokens_in(data: Path) -> int:
+        with sqlite3.connect(data / "orbit.db") as cx:
+            return int(cx.execute("SELECT count(*) FROM orbit_tokens").fetchone()[0])
+
+    data = tmp_path / "dot-orbit"
+    _, first = _prepare(data)
+    _, second = _prepare(data)
+    same = first == second  # compared first, so that a failure prints no token
+    assert same and tokens_in(data) == 1
+    (data / "token").write_text("orbit_0123456789abcdef0123456789abcdef_stale\n")
+    _, third = _prepare(data)
+    fresh = third not in (first, "orbit_0123456789abcdef0123456789abcdef_stale")
+    assert fresh and tokens_in(data) == 2
+    saved = (data / "token").read_text() == third + "\n"
+    assert saved

@@ -24,10 +24,12 @@ from orbit.cli.listening import bind, url_of
 from orbit.core.errors import OrbitError
 from orbit.core.model import SECOND
 from orbit.gctune import tune_for_throughput
+from orbit.tokens import TokenError, load_token
 from orbit.worker.runner import Context, Worker
 
 if TYPE_CHECKING:
     from orbit.client import AsyncClient
+    from orbit.store import Store
 
 console = Console()
 DEMO: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
@@ -63,10 +65,21 @@ def demo_worker(url: str, token: str) -> Worker:
     return worker
 
 
+def _saved_admin_token(token_file: Path, store: Store) -> str | None:
+    """The admin token an earlier run saved, if the file is private and the database
+    still takes it: minting one every run left each earlier admin token valid for ever
+    with its only copy overwritten, and Orbit has no way to revoke one."""
+    try:
+        token = load_token({"ORBIT_TOKEN_FILE": str(token_file)})
+    except TokenError:
+        return None
+    return token if "admin" in (store.token_scopes(token) or ()) else None
+
+
 def _prepare(data_dir: Path) -> tuple[str, str]:
-    """Create the database, the demo queue and an admin token (saved with mode 600). A
-    ``--data-dir`` that is a file, or that cannot be made, is a usage error, not a
-    traceback."""
+    """Create the database, the demo queue and an admin token (saved with mode 600), or
+    use the token an earlier run saved. A ``--data-dir`` that is a file, or that cannot
+    be made, is a usage error, not a traceback."""
     from orbit.cli.main import database
     from orbit.store import open_store
 
@@ -84,7 +97,9 @@ def _prepare(data_dir: Path) -> tuple[str, str]:
     try:
         with contextlib.suppress(OrbitError):
             store.queue_create("demo", max_concurrency=8, rate=0)
-        _, token = store.token_create("orbit-dev", ["admin"])
+        token = _saved_admin_token(data_dir / "token", store)
+        if token is None:
+            _, token = store.token_create("orbit-dev", ["admin"])
     finally:
         store.close()
     # A new file, private from its first byte (mkstemp makes it 600), renamed over the
