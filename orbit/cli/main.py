@@ -269,7 +269,12 @@ def worker_command(
     url: Annotated[
         str, typer.Option("--url", envvar="ORBIT_URL", help="server URL")
     ] = "http://127.0.0.1:8000",
-    cafile: Annotated[str | None, typer.Option("--cafile", envvar="ORBIT_CAFILE")] = None,
+    cafile: Annotated[
+        str | None,
+        typer.Option(
+            "--cafile", envvar="ORBIT_CAFILE", help="CA file for a server with a private CA"
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON (ls, drain)")] = False,
 ) -> None:
     """Run a worker, or list and drain workers.
@@ -294,10 +299,10 @@ def worker_command(
         return
     if len(args) != 1 or ":" not in args[0]:
         _fail("give `ls`, `drain SESSION_ID` or MODULE:OBJ (e.g. myapp.jobs:worker)")
-    _run_worker(args[0], url)
+    _run_worker(args[0], url, cafile)
 
 
-def _run_worker(target: str, url: str) -> None:
+def _run_worker(target: str, url: str, cafile: str | None) -> None:
     """Load and run the worker. What makes it useless from the start (no token, a token
     the server refuses, a URL it cannot use) is one line and exit 2 or 3, as for the other
     commands: the runner raised it as a traceback, or retried a URL it could never use
@@ -322,6 +327,8 @@ def _run_worker(target: str, url: str) -> None:
         _fail(f"{target} is a {type(obj).__name__}, not an orbit Worker")
     if "ORBIT_URL" in os.environ or url != "http://127.0.0.1:8000":
         obj.url = url.rstrip("/")
+    if cafile is not None:  # --cafile or ORBIT_CAFILE: it was accepted, then ignored
+        obj.cafile = cafile
     try:
         check_server_url(obj.url)
     except ValueError as exc:
