@@ -62,6 +62,11 @@ def _fail(message: str, code: int = 2) -> NoReturn:
 def _check_url(url: str) -> None:
     if not url.startswith(("sqlite://", "postgresql://", "postgres://")):
         _fail("--db must start with sqlite:// or postgresql://")
+    in_memory = url.removeprefix("sqlite://").lstrip("/") in ("", ":memory:")
+    if url.startswith("sqlite://") and in_memory:
+        # The store opens these in memory: a schema, a token or a server's state that is
+        # gone when the command ends (`token create` printed a token nothing accepts).
+        _fail("--db names no file: give sqlite:///path/orbit.db (or sqlite:////abs/path)")
 
 
 def _passwords(url: str) -> list[str]:

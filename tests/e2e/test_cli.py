@@ -476,3 +476,26 @@ def test_server_with_a_certificate_it_cannot_load_is_refused_and_touches_nothing
     assert "Traceback" not in result.stderr, result.stderr
     assert "cannot load --tls-cert and --tls-key" in result.stderr, result.stderr
     assert not db.exists()
+
+
+def test_db_commands_refuse_a_database_that_is_no_file() -> None:
+    """``sqlite:///`` and ``sqlite:///:memory:`` name an in-memory database, gone when
+    the command ends: ``token create`` printed a token that no server could ever accept,
+    and ``db migrate`` reported a schema nobody would see. They are refused as the bad
+    argument they are."""
+    for db in ("sqlite:///", "sqlite://", "sqlite:///:memory:"):
+        for args in (
+            ["db", "migrate", "--db", db],
+            ["token", "create", "--db", db, "--name", "ci", "--scope", "admin"],
+            ["server", "--db", db, "--port", "0"],
+        ):
+            run = subprocess.run(
+                [sys.executable, "-m", "orbit.cli", *args],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert run.returncode == 2, (args, run.stdout, run.stderr)
+            assert "names no file" in run.stderr, run.stderr
+            assert run.stdout == ""
