@@ -1,7 +1,8 @@
 """``orbit``: run a server node, migrate the database, create tokens.
 
 The database comes from ``--db`` or ``ORBIT_DB``: ``sqlite:///path/orbit.db`` or
-``postgresql://user@host:5432/db``. Its password, if any, is never printed.
+``postgresql://user@host:5432/db``. Its password, if any, is never printed (and belongs in
+``ORBIT_DB`` or ``~/.pgpass``, not on a command line that ``ps`` shows to everyone).
 """
 
 from __future__ import annotations
@@ -49,7 +50,11 @@ _add_api_groups()
 DbUrl = Annotated[
     str,
     typer.Option(
-        "--db", envvar="ORBIT_DB", help="sqlite:///file.db or postgresql://…", show_default=False
+        "--db",
+        envvar="ORBIT_DB",
+        help="sqlite:///file.db or postgresql://…; a password belongs in ORBIT_DB or "
+        "~/.pgpass, not here, where ps shows it",
+        show_default=False,
     ),
 ]
 
