@@ -442,6 +442,7 @@ def test_worker_without_a_usable_token_or_url_says_so(
         (orbit("worker", app, token=None), 2, "ORBIT_TOKEN"),
         (orbit("worker", app, token=unknown), 3, "refused the token"),
         (orbit("worker", app, token=tokens.submit), 3, "refused the token"),
+        (orbit("worker", app, ORBIT_TEST_NAME="no/such name"), 3, "refused this worker"),
         (orbit("worker", app, ORBIT_URL="127.0.0.1:9"), 2, "server URL must"),
         (orbit("worker", app, ORBIT_URL="http://ops:hunter2@127.0.0.1:9"), 2, "server URL"),
     ]
@@ -475,6 +476,42 @@ def test_server_with_a_certificate_it_cannot_load_is_refused_and_touches_nothing
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     assert "cannot load --tls-cert and --tls-key" in result.stderr, result.stderr
+    assert not db.exists()
+    # An encrypted key is refused as such, not prompted for (uvicorn gets no passphrase).
+    import trustme
+    from cryptography.hazmat.primitives import serialization
+
+    issued = trustme.CA().issue_cert("127.0.0.1")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    issued.cert_chain_pems[0].write_to_path(str(cert))
+    private = serialization.load_pem_private_key(issued.private_key_pem.bytes(), None)
+    key.write_bytes(
+        private.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"passphrase"),
+        )
+    )
+    command = ["server", "--db", f"sqlite:///{db}", "--port", "0"]
+    encrypted = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orbit.cli",
+            *command,
+            "--tls-cert",
+            str(cert),
+            "--tls-key",
+            str(key),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+    assert encrypted.returncode == 2, encrypted.stderr
+    assert "the key is encrypted" in encrypted.stderr, encrypted.stderr
     assert not db.exists()
 
 
