@@ -131,3 +131,13 @@ def test_orbit_dev_keeps_its_admin_token_from_one_run_to_the_next(tmp_path: Path
     assert fresh and tokens_in(data) == 2
     saved = (data / "token").read_text() == third + "\n"
     assert saved
+
+
+def test_orbit_dev_prints_a_data_dir_that_looks_like_markup_as_it_is(tmp_path: Path) -> None:
+    """The data dir's path is printed as written: one holding ``[/x]`` was read as rich
+    markup, and its closing tag that matched nothing was a MarkupError traceback once
+    the server was up."""
+    data = tmp_path / "[/x]"
+    run = _dev("--port", "0", "--data-dir", str(data))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"ORBIT_TOKEN_FILE={data / 'token'}" in run.stdout.replace("\n", ""), run.stdout

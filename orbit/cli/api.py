@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from orbit.core.states import TaskState
 from orbit.tokens import TokenError, load_token
@@ -26,8 +27,10 @@ if TYPE_CHECKING:
     from orbit.client import Client
 
 EXIT_TASK_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_TIMEOUT = 1, 2, 3, 4, 5
-out = Console()
-err = Console(stderr=True)
+# What these print is data (results, progress and error messages, ids, paths), never
+# rich markup: a "[/x]" in any of it was a MarkupError traceback, and ":x:" an emoji.
+out = Console(markup=False, emoji=False)
+err = Console(stderr=True, markup=False, emoji=False)
 
 Url = Annotated[str, typer.Option("--url", envvar="ORBIT_URL", help="server URL")]
 CaFile = Annotated[
@@ -44,7 +47,7 @@ task_app = typer.Typer(
 
 
 def fail(message: str, code: int) -> NoReturn:
-    err.print(f"[red]error:[/red] {message}", highlight=False)
+    err.print(Text.assemble(("error:", "red"), " ", message))
     raise typer.Exit(code)
 
 
@@ -364,15 +367,17 @@ class _EventFollower:
 def _wait(c: Client, task_id: str, timeout: float, as_json: bool) -> None:
     end = time.monotonic() + timeout
     follower = _EventFollower(c, task_id)
-    with err.status(f"waiting for {task_id}") as status:
+    with err.status(Text(f"waiting for {task_id}")) as status:  # Text: no markup
         while True:
             for e in follower.new():
                 if not as_json:
                     _show_event(e)
             task = c.get(task_id)
             status.update(
-                f"{task_id}: {task['state']} "
-                f"(attempt {task['attempts_used']}/{task['max_attempts']})"
+                Text(
+                    f"{task_id}: {task['state']} "
+                    f"(attempt {task['attempts_used']}/{task['max_attempts']})"
+                )
             )
             if task["state"] in ("succeeded", "failed", "cancelled", "needs_review"):
                 for e in follower.new():  # those written between the two reads above

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from orbit.client import AsyncClient
     from orbit.store import Store
 
-console = Console()
+console = Console(markup=False, emoji=False)  # paths and results are data, not markup
 DEMO: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "succeeds": ("demo.echo", {"message": "hello"}, {}),
     "retries": (

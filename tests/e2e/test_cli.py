@@ -536,3 +536,46 @@ def test_db_commands_refuse_a_database_that_is_no_file() -> None:
             assert run.returncode == 2, (args, run.stdout, run.stderr)
             assert "names no file" in run.stderr, run.stderr
             assert run.stdout == ""
+
+
+def test_text_that_looks_like_markup_is_printed_as_it_is(
+    orbit: Run, cluster: tuple[Node, Tokens, str], tmp_path: Path
+) -> None:
+    """Results, progress messages, error messages, ids and paths are data: one holding
+    ``[/x]`` is printed as written. The CLI printed them through rich's markup, and a
+    closing tag that matched nothing was a MarkupError traceback (``task show``,
+    ``task wait``, an ORBIT_TOKEN_FILE path in the error line)."""
+    import asyncio
+
+    from orbit.worker import WorkerConnection
+
+    node, tokens, _ = cluster
+    ok(orbit("queue", "create", "marked", "--max-concurrency", "1", "--rate", "0"))
+    done = json.loads(ok(orbit("task", "submit", "marked", "mark", "--json")))
+    failed = json.loads(ok(orbit("task", "submit", "marked", "mark", "--json")))
+
+    async def run() -> None:
+        conn = await WorkerConnection.connect(node.ws, tokens.worker)
+        await conn.hello("marked-worker", {"mark": 1}, 1, push=False)
+        for n, outcome in enumerate(("result", "error")):
+            [a] = await conn.claim(1)
+            await conn.start(a["attempt_id"], a["fence"])
+            await conn.progress(a["attempt_id"], a["fence"], message=f"step [/x] {n}")
+            if outcome == "result":
+                await conn.finish(a["attempt_id"], a["fence"], result={"said": "[/red] ok"})
+            else:
+                error = {"code": "BAD", "message": "no [/b] way", "retryable": False}
+                await conn.finish(a["attempt_id"], a["fence"], error=error)
+        await conn.close()
+
+    asyncio.run(run())
+    shown = ok(orbit("task", "show", done["id"]))
+    assert "[/red] ok" in shown
+    waited = orbit("task", "wait", done["id"])
+    assert waited.returncode == 0 and "step [/x] 0" in waited.stderr, waited.stderr
+    assert "no [/b] way" in ok(orbit("task", "show", failed["id"]))
+    missing = orbit("task", "wait", "[/x]")
+    assert missing.returncode == 3 and "Traceback" not in missing.stderr, missing.stderr
+    odd = tmp_path / "[/x]"
+    gone = orbit("queue", "ls", token=None, ORBIT_TOKEN_FILE=str(odd))
+    assert gone.returncode == 2 and f"{odd} does not exist" in gone.stderr, gone.stderr
