@@ -19,8 +19,15 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 
 from orbit.core.model import parse_json
+from orbit.logs import RedactSecrets
 
 log = logging.getLogger("orbit.worker")
+#: What websockets logs about our connections: every header of the upgrade at debug
+#: level, the Authorization header included. A child of its own logger, so that an
+#: application's settings for "websockets.client" still apply, with the redaction
+#: filter on it, so that the token never reaches the application's handlers.
+ws_log = logging.getLogger("websockets.client.orbit")
+ws_log.addFilter(RedactSecrets())
 
 
 class ServerError(Exception):
@@ -70,6 +77,7 @@ class WorkerConnection:
             ssl=ssl_ctx,
             max_size=8 * 1024 * 1024,
             open_timeout=10,
+            logger=ws_log,
             # Frames are small JSON on a LAN or loopback: deflating them costs both ends
             # more CPU than it saves (it was a visible share of a busy worker's profile).
             compression=None,
