@@ -40,9 +40,19 @@ CaFile = Annotated[
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
 DEFAULT_URL = "http://127.0.0.1:8000"
 
-queue_app = typer.Typer(help="Queues: create, list, pause, resume.", no_args_is_help=True)
+#: What every command of these groups shares, said in their --help.
+CONNECTION_HELP = (
+    "\n\nThe server is --url (or ORBIT_URL); the token comes from ORBIT_TOKEN or "
+    "ORBIT_TOKEN_FILE, never from the command line. Exit codes: 0 done; 1 the task ended "
+    "other than succeeded; 2 bad arguments; 3 refused by the server; 4 server "
+    "unreachable; 5 timed out."
+)
+queue_app = typer.Typer(
+    help="Queues: create, list, pause, resume." + CONNECTION_HELP, no_args_is_help=True
+)
 task_app = typer.Typer(
-    help="Tasks: submit, list, show, cancel, retry, resolve, wait.", no_args_is_help=True
+    help="Tasks: submit, list, show, cancel, retry, resolve, wait." + CONNECTION_HELP,
+    no_args_is_help=True,
 )
 
 

@@ -579,3 +579,21 @@ def test_text_that_looks_like_markup_is_printed_as_it_is(
     odd = tmp_path / "[/x]"
     gone = orbit("queue", "ls", token=None, ORBIT_TOKEN_FILE=str(odd))
     assert gone.returncode == 2 and f"{odd} does not exist" in gone.stderr, gone.stderr
+
+
+def test_the_api_groups_help_says_where_the_token_comes_from_and_the_exit_codes() -> None:
+    """``orbit queue --help`` and ``orbit task --help`` named neither the token's source
+    nor the exit codes that scripts branch on; only docs/quickstart.md did."""
+    for group in ("queue", "task"):
+        helped = subprocess.run(
+            [sys.executable, "-m", "orbit.cli", group, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={**os.environ, "COLUMNS": "300"},
+        )
+        assert helped.returncode == 0, helped.stderr
+        text = " ".join(helped.stdout.split())
+        assert "ORBIT_TOKEN or ORBIT_TOKEN_FILE" in text, text
+        assert "4 server unreachable; 5 timed out" in text, text
