@@ -21,6 +21,7 @@ import typer
 from orbit.cli.listening import announcement, bind, url_of
 from orbit.core.errors import OrbitError
 from orbit.core.model import SECOND
+from orbit.core.validate import is_name
 
 app = typer.Typer(
     help="Orbit: durable job execution. Examples:\n\n"
@@ -216,6 +217,13 @@ def server(
     _check_url(db)
     if (tls_cert is None) != (tls_key is None):
         _fail("--tls-cert and --tls-key go together")
+    if node_id is not None and not is_name(node_id):
+        # The store records it on every session: a node it cannot take refused every
+        # worker's hello with INVALID_ARGUMENT, after starting as if all were well.
+        _fail(
+            "--node-id must be 1-128 characters of letters, digits, '_', '.', ':' or '-', "
+            "starting with a letter or digit"
+        )
     if tls_cert is not None and tls_key is not None:
         _check_tls(tls_cert, tls_key)
     if log_level not in ("debug", "info", "warning", "error"):

@@ -597,3 +597,21 @@ def test_the_api_groups_help_says_where_the_token_comes_from_and_the_exit_codes(
         text = " ".join(helped.stdout.split())
         assert "ORBIT_TOKEN or ORBIT_TOKEN_FILE" in text, text
         assert "4 server unreachable; 5 timed out" in text, text
+
+
+def test_server_with_a_node_id_no_worker_could_attach_to_is_refused(tmp_path: Path) -> None:
+    """A ``--node-id`` outside the names the store takes ("my node") started a node
+    whose every worker hello was then refused with INVALID_ARGUMENT. It is a usage error
+    at start, before the database is made."""
+    db = tmp_path / "orbit.db"
+    command = ["server", "--db", f"sqlite:///{db}", "--port", "0", "--node-id", "my node"]
+    result = subprocess.run(
+        [sys.executable, "-m", "orbit.cli", *command],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "--node-id must be 1-128 characters" in result.stderr, result.stderr
+    assert not db.exists()
