@@ -20,6 +20,7 @@ from websockets.asyncio.client import ClientConnection
 
 from orbit.core.model import parse_json
 from orbit.logs import RedactSecrets
+from orbit.tokens import TokenError, token_fault
 
 log = logging.getLogger("orbit.worker")
 #: What websockets logs about our connections: every header of the upgrade at debug
@@ -67,7 +68,13 @@ class WorkerConnection:
 
     @classmethod
     async def connect(cls, url: str, token: str, *, cafile: str | None = None) -> WorkerConnection:
-        """Open ``ws(s)://host:port/v1/worker``; certificates are always verified."""
+        """Open ``ws(s)://host:port/v1/worker``; certificates are always verified. A
+        token no header can carry is a TokenError, which quotes it not: websockets'
+        InvalidHeaderValue did, and the runner took it for a network failure and
+        retried it for ever."""
+        fault = token_fault(token)
+        if fault is not None:
+            raise TokenError(f"the token {fault}")
         ssl_ctx = None
         if url.startswith("wss://"):
             ssl_ctx = ssl.create_default_context(cafile=cafile)

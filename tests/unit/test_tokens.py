@@ -87,3 +87,29 @@ def test_clients_refuse_a_token_no_header_can_carry_without_echoing_it(token: st
         with pytest.raises(ValueError, match="token") as caught:
             make("http://127.0.0.1:9", token=token)
         assert "s3cr3t" not in str(caught.value)
+
+
+def test_a_worker_connection_refuses_a_token_no_header_can_carry_without_echoing_it() -> None:
+    """websockets refused such a token with ``InvalidHeaderValue("invalid Authorization
+    header: Bearer <the token>")``, and the runner, taking that for a network failure,
+    retried it for ever. It is a TokenError now, before anything is sent, which ends
+    a worker's first connection as a missing token does."""
+    import asyncio
+
+    from orbit.worker import WorkerConnection
+    from orbit.worker.runner import Worker
+
+    bad = f"{SECRET}\nsecond line"
+    with pytest.raises(TokenError, match="the token holds") as caught:
+        asyncio.run(WorkerConnection.connect("ws://127.0.0.1:9/v1/worker", bad))
+    assert "s3cr3t" not in str(caught.value)
+
+    worker = Worker("http://127.0.0.1:9", bad, reconnect_max=0.1)
+
+    @worker.handler("h")
+    async def h(ctx: object, payload: object) -> None:
+        return None
+
+    with pytest.raises(TokenError) as ended:
+        asyncio.run(asyncio.wait_for(worker.arun(), 10))
+    assert "s3cr3t" not in str(ended.value)
