@@ -191,14 +191,20 @@ def task_submit(
     queue: str,
     handler: str,
     payload: Annotated[str | None, typer.Option(help="JSON payload")] = None,
-    tenant: Annotated[str | None, typer.Option()] = None,
-    priority: Annotated[int | None, typer.Option()] = None,
-    key: Annotated[str | None, typer.Option(help="idempotency key")] = None,
+    tenant: Annotated[str | None, typer.Option(help="workspace (default: default)")] = None,
+    priority: Annotated[
+        int | None, typer.Option(help="higher runs first, -1000000..1000000 (default 0)")
+    ] = None,
+    key: Annotated[
+        str | None, typer.Option(help="idempotency key, unique per tenant and queue")
+    ] = None,
     parent: Annotated[str | None, typer.Option(help="parent task id")] = None,
     retry_safe: Annotated[
         bool, typer.Option(help="may be replayed if its outcome is lost")
     ] = False,
-    max_attempts: Annotated[int | None, typer.Option()] = None,
+    max_attempts: Annotated[
+        int | None, typer.Option(help="started attempts at most, 1..1000 (default 3)")
+    ] = None,
     timeout: Annotated[float | None, typer.Option(help="attempt timeout, seconds")] = None,
     deadline: Annotated[str | None, typer.Option(help="RFC 3339 instant")] = None,
     run_after: Annotated[str | None, typer.Option(help="RFC 3339 instant")] = None,
