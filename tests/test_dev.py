@@ -49,14 +49,15 @@ def test_orbit_dev_runs_the_demo_and_serves_until_interrupted(tmp_path: Path) ->
     assert retried == 2
 
 
-def _dev(*args: str) -> subprocess.CompletedProcess[str]:
+def _dev(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "orbit.cli", "dev", "--once", *args],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
-        env={**os.environ, "COLUMNS": "200"},
+        env={**os.environ, "COLUMNS": "300"},
+        cwd=cwd,
     )
 
 
@@ -141,3 +142,13 @@ def test_orbit_dev_prints_a_data_dir_that_looks_like_markup_as_it_is(tmp_path: P
     run = _dev("--port", "0", "--data-dir", str(data))
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"ORBIT_TOKEN_FILE={data / 'token'}" in run.stdout.replace("\n", ""), run.stdout
+
+
+def test_orbit_dev_names_its_token_file_by_an_absolute_path(tmp_path: Path) -> None:
+    """The commands to try "in another shell" named the token file as given, and the
+    default ``--data-dir`` is relative (``.orbit``): pasted into a shell in another
+    directory, ``ORBIT_TOKEN_FILE=.orbit/token`` named no file."""
+    run = _dev("--port", "0", "--data-dir", "rel-dir", cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    token_file = tmp_path.resolve() / "rel-dir" / "token"
+    assert f"ORBIT_TOKEN_FILE={token_file}" in run.stdout, run.stdout

@@ -163,7 +163,9 @@ async def serve(host: str, port: int, data_dir: Path, once: bool) -> int:
         if serving.done():
             return 1
         await asyncio.sleep(0.02)
-    console.print(f"Orbit dev server on SQLite ({data_dir / 'orbit.db'}) at {url}")
+    # Absolute: the commands below are to be pasted into another shell, maybe elsewhere.
+    here = data_dir.resolve()
+    console.print(f"Orbit dev server on SQLite ({here / 'orbit.db'}) at {url}")
     worker = demo_worker(url, token)
     working = asyncio.create_task(worker.arun())
     stop = asyncio.Event()
@@ -192,7 +194,7 @@ async def serve(host: str, port: int, data_dir: Path, once: bool) -> int:
     console.print(
         f"\nOrbit is running at {url}  (API docs: {url}/docs)\n"
         "Try, in another shell:\n"
-        f"  export ORBIT_URL={url} ORBIT_TOKEN_FILE={data_dir / 'token'}\n"
+        f"  export ORBIT_URL={url} ORBIT_TOKEN_FILE={here / 'token'}\n"
         "  orbit task submit demo demo.echo --payload '{\"hi\": 1}' --wait\n"
         "  orbit task ls\n"
         "  orbit worker ls\n"
