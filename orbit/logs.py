@@ -1,8 +1,8 @@
 """Logging that cannot leak secrets: every record passes through ``RedactSecrets``.
 
 Libraries under the server (uvicorn, websockets) log request headers and frames at debug
-level; the filter rewrites bearer tokens, Orbit tokens and resume secrets wherever they
-appear, so no log level can print one.
+level; the filter rewrites bearer tokens, Orbit tokens, resume secrets and database
+passwords wherever they appear, so no log level can print one.
 
 Server and worker processes both configure logging here. It is not part of
 ``orbit.server``, whose import brings FastAPI and the whole HTTP stack (0.37 s): a
@@ -23,7 +23,14 @@ _PATTERNS = [
         re.compile(r"(?i)(\\?[\"']?(?:resume_)?secret\\?[\"']?\s*[:=]\s*\\?[\"']?)[^\"'\\\s,}]+"),
         r"\1[redacted]",
     ),
-    (re.compile(r"(postgres(?:ql)?://[^:/@\s]+:)[^@\s]+@"), r"\1[redacted]@"),
+    # A database password, wherever libpq reads one: after the user name in a URL (which
+    # may be empty), and as a ``password`` parameter of a URL's query or of a key=value
+    # conninfo string, quoted or not.
+    (re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)[^@\s]+@"), r"\1[redacted]@"),
+    (
+        re.compile(r"(?i)(\bpassword\s*=\s*)(?:'(?:[^'\\]|\\.)*'|[^\s&'\",]+)"),
+        r"\1[redacted]",
+    ),
 ]
 
 

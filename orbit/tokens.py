@@ -1,8 +1,9 @@
 """Where SDKs and workers find their token: ``ORBIT_TOKEN`` or ``ORBIT_TOKEN_FILE``.
 
 A token file must not be readable by group or others (like an SSH key); an empty or
-missing token is refused with a message that says exactly which source was wrong. The
-token itself never appears in a message.
+missing token, or one holding a character no HTTP header can carry, is refused with a
+message that says exactly which source was wrong. The token itself never appears in a
+message.
 """
 
 from __future__ import annotations
@@ -17,6 +18,21 @@ class TokenError(Exception):
     """No usable token; the message names the variable or file at fault."""
 
 
+def token_fault(token: str) -> str | None:
+    """Why ``token`` cannot be sent as a bearer token, or None. Only visible ASCII can:
+    a line break, space, control or non-ASCII character inside one (a token file of two
+    lines, a pasted sentence) made http.client raise ``ValueError("Invalid header value
+    b'Bearer <the token>'")``, the token in the message. The answer never quotes it."""
+    if not token:
+        return "is empty"
+    if not all("!" <= c <= "~" for c in token):
+        return (
+            "holds a space, a line break, a control or a non-ASCII character, which no "
+            "token has (is it one line, the token alone?)"
+        )
+    return None
+
+
 def load_token(env: Mapping[str, str] | None = None) -> str:
     env = os.environ if env is None else env
     direct = env.get("ORBIT_TOKEN")
@@ -24,6 +40,9 @@ def load_token(env: Mapping[str, str] | None = None) -> str:
     if direct is not None:
         if not direct.strip():
             raise TokenError("ORBIT_TOKEN is set but empty")
+        fault = token_fault(direct.strip())
+        if fault is not None:
+            raise TokenError(f"ORBIT_TOKEN {fault}")
         return direct.strip()
     if path is None:
         raise TokenError("no token: set ORBIT_TOKEN or ORBIT_TOKEN_FILE")
@@ -49,4 +68,7 @@ def load_token(env: Mapping[str, str] | None = None) -> str:
         raise TokenError(f"ORBIT_TOKEN_FILE {file} cannot be read: {type(exc).__name__}") from None
     if not token:
         raise TokenError(f"ORBIT_TOKEN_FILE {file} is empty")
+    fault = token_fault(token)
+    if fault is not None:
+        raise TokenError(f"ORBIT_TOKEN_FILE {file} {fault}")
     return token

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -46,3 +47,108 @@ def test_orbit_dev_runs_the_demo_and_serves_until_interrupted(tmp_path: Path) ->
         retried = cx.execute("SELECT max(attempts_used) FROM orbit_tasks").fetchone()[0]
     assert states == ["cancelled", "failed", "succeeded", "succeeded"]
     assert retried == 2
+
+
+def _dev(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "orbit.cli", "dev", "--once", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "COLUMNS": "300"},
+        cwd=cwd,
+    )
+
+
+def test_orbit_dev_refuses_what_it_cannot_use_before_writing_anything(tmp_path: Path) -> None:
+    """A port in use or an address it cannot listen on is refused (exit 2, no
+    traceback) before the database and the admin token are made; a ``--data-dir`` that
+    is a file is refused as such and left as it was."""
+    data = tmp_path / "dot-orbit"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        in_use = _dev("--port", str(port), "--data-dir", str(data))
+    assert in_use.returncode == 2 and f"port {port} is in use" in in_use.stderr, in_use.stderr
+    bad_host = _dev("--host", "no-such-host.invalid", "--port", "0", "--data-dir", str(data))
+    assert bad_host.returncode == 2, bad_host.stderr
+    assert "cannot listen on no-such-host.invalid" in bad_host.stderr, bad_host.stderr
+    assert not data.exists()
+    a_file = tmp_path / "a-file"
+    a_file.write_text("mine")
+    not_a_dir = _dev("--port", "0", "--data-dir", str(a_file))
+    assert not_a_dir.returncode == 2, not_a_dir.stderr
+    assert f"--data-dir {a_file} is not a directory" in not_a_dir.stderr, not_a_dir.stderr
+    assert a_file.read_text() == "mine"
+    for run in (in_use, bad_host, not_a_dir):
+        assert "Traceback" not in run.stderr, run.stderr
+
+
+def test_the_token_file_is_written_afresh_with_mode_600(tmp_path: Path) -> None:
+    """The admin token goes into a new file made with mode 600 and then renamed into
+    place: never through a ``token`` symlink into whatever it points at, and never into
+    an old token file that others can read, before its mode is changed."""
+    from orbit.cli.dev import _prepare
+
+    data = tmp_path / "dot-orbit"
+    data.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("mine\n")
+    elsewhere.chmod(0o644)
+    (data / "token").symlink_to(elsewhere)
+    _, token = _prepare(data)
+    # Compared first, so that a failure prints no token.
+    untouched = elsewhere.read_text() == "mine\n"
+    assert untouched, "the token was written through the symlink"
+    assert elsewhere.stat().st_mode & 0o777 == 0o644
+    saved = data / "token"
+    holds_it = saved.read_text() == token + "\n"
+    assert not saved.is_symlink() and holds_it
+    assert saved.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in data.iterdir() if "token" in p.name] == ["token"]
+
+
+def test_orbit_dev_keeps_its_admin_token_from_one_run_to_the_next(tmp_path: Path) -> None:
+    """Each run minted another admin token and overwrote the file holding the last one:
+    every earlier token stayed valid for ever, its only copy gone (Orbit has no way to
+    revoke a token). A saved token the database still knows is used again; another is
+    minted only when the saved one is missing or no longer an admin token."""
+    from orbit.cli.dev import _prepare
+
+    def tokens_in(data: Path) -> int:
+        with sqlite3.connect(data / "orbit.db") as cx:
+            return int(cx.execute("SELECT count(*) FROM orbit_tokens").fetchone()[0])
+
+    data = tmp_path / "dot-orbit"
+    _, first = _prepare(data)
+    _, second = _prepare(data)
+    same = first == second  # compared first, so that a failure prints no token
+    assert same and tokens_in(data) == 1
+    (data / "token").write_text("orbit_0123456789abcdef0123456789abcdef_stale\n")
+    _, third = _prepare(data)
+    fresh = third not in (first, "orbit_0123456789abcdef0123456789abcdef_stale")
+    assert fresh and tokens_in(data) == 2
+    saved = (data / "token").read_text() == third + "\n"
+    assert saved
+
+
+def test_orbit_dev_prints_a_data_dir_that_looks_like_markup_as_it_is(tmp_path: Path) -> None:
+    """The data dir's path is printed as written: one holding ``[/x]`` was read as rich
+    markup, and its closing tag that matched nothing was a MarkupError traceback once
+    the server was up."""
+    data = tmp_path / "[/x]"
+    run = _dev("--port", "0", "--data-dir", str(data))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"ORBIT_TOKEN_FILE={data / 'token'}" in run.stdout.replace("\n", ""), run.stdout
+
+
+def test_orbit_dev_names_its_token_file_by_an_absolute_path(tmp_path: Path) -> None:
+    """The commands to try "in another shell" named the token file as given, and the
+    default ``--data-dir`` is relative (``.orbit``): pasted into a shell in another
+    directory, ``ORBIT_TOKEN_FILE=.orbit/token`` named no file."""
+    run = _dev("--port", "0", "--data-dir", "rel-dir", cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    token_file = tmp_path.resolve() / "rel-dir" / "token"
+    assert f"ORBIT_TOKEN_FILE={token_file}" in run.stdout, run.stdout

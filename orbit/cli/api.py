@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from orbit.core.states import TaskState
 from orbit.tokens import TokenError, load_token
@@ -26,8 +27,10 @@ if TYPE_CHECKING:
     from orbit.client import Client
 
 EXIT_TASK_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_TIMEOUT = 1, 2, 3, 4, 5
-out = Console()
-err = Console(stderr=True)
+# What these print is data (results, progress and error messages, ids, paths), never
+# rich markup: a "[/x]" in any of it was a MarkupError traceback, and ":x:" an emoji.
+out = Console(markup=False, emoji=False)
+err = Console(stderr=True, markup=False, emoji=False)
 
 Url = Annotated[str, typer.Option("--url", envvar="ORBIT_URL", help="server URL")]
 CaFile = Annotated[
@@ -37,14 +40,24 @@ CaFile = Annotated[
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
 DEFAULT_URL = "http://127.0.0.1:8000"
 
-queue_app = typer.Typer(help="Queues: create, list, pause, resume.", no_args_is_help=True)
+#: What every command of these groups shares, said in their --help.
+CONNECTION_HELP = (
+    "\n\nThe server is --url (or ORBIT_URL); the token comes from ORBIT_TOKEN or "
+    "ORBIT_TOKEN_FILE, never from the command line. Exit codes: 0 done; 1 the task ended "
+    "other than succeeded; 2 bad arguments; 3 refused by the server; 4 server "
+    "unreachable; 5 timed out."
+)
+queue_app = typer.Typer(
+    help="Queues: create, list, pause, resume." + CONNECTION_HELP, no_args_is_help=True
+)
 task_app = typer.Typer(
-    help="Tasks: submit, list, show, cancel, retry, resolve, wait.", no_args_is_help=True
+    help="Tasks: submit, list, show, cancel, retry, resolve, wait." + CONNECTION_HELP,
+    no_args_is_help=True,
 )
 
 
 def fail(message: str, code: int) -> NoReturn:
-    err.print(f"[red]error:[/red] {message}", highlight=False)
+    err.print(Text.assemble(("error:", "red"), " ", message))
     raise typer.Exit(code)
 
 
@@ -178,14 +191,20 @@ def task_submit(
     queue: str,
     handler: str,
     payload: Annotated[str | None, typer.Option(help="JSON payload")] = None,
-    tenant: Annotated[str | None, typer.Option()] = None,
-    priority: Annotated[int | None, typer.Option()] = None,
-    key: Annotated[str | None, typer.Option(help="idempotency key")] = None,
+    tenant: Annotated[str | None, typer.Option(help="workspace (default: default)")] = None,
+    priority: Annotated[
+        int | None, typer.Option(help="higher runs first, -1000000..1000000 (default 0)")
+    ] = None,
+    key: Annotated[
+        str | None, typer.Option(help="idempotency key, unique per tenant and queue")
+    ] = None,
     parent: Annotated[str | None, typer.Option(help="parent task id")] = None,
     retry_safe: Annotated[
         bool, typer.Option(help="may be replayed if its outcome is lost")
     ] = False,
-    max_attempts: Annotated[int | None, typer.Option()] = None,
+    max_attempts: Annotated[
+        int | None, typer.Option(help="started attempts at most, 1..1000 (default 3)")
+    ] = None,
     timeout: Annotated[float | None, typer.Option(help="attempt timeout, seconds")] = None,
     deadline: Annotated[str | None, typer.Option(help="RFC 3339 instant")] = None,
     run_after: Annotated[str | None, typer.Option(help="RFC 3339 instant")] = None,
@@ -364,15 +383,17 @@ class _EventFollower:
 def _wait(c: Client, task_id: str, timeout: float, as_json: bool) -> None:
     end = time.monotonic() + timeout
     follower = _EventFollower(c, task_id)
-    with err.status(f"waiting for {task_id}") as status:
+    with err.status(Text(f"waiting for {task_id}")) as status:  # Text: no markup
         while True:
             for e in follower.new():
                 if not as_json:
                     _show_event(e)
             task = c.get(task_id)
             status.update(
-                f"{task_id}: {task['state']} "
-                f"(attempt {task['attempts_used']}/{task['max_attempts']})"
+                Text(
+                    f"{task_id}: {task['state']} "
+                    f"(attempt {task['attempts_used']}/{task['max_attempts']})"
+                )
             )
             if task["state"] in ("succeeded", "failed", "cancelled", "needs_review"):
                 for e in follower.new():  # those written between the two reads above

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -23,12 +24,14 @@ from orbit.cli.listening import bind, url_of
 from orbit.core.errors import OrbitError
 from orbit.core.model import SECOND
 from orbit.gctune import tune_for_throughput
+from orbit.tokens import TokenError, load_token
 from orbit.worker.runner import Context, Worker
 
 if TYPE_CHECKING:
     from orbit.client import AsyncClient
+    from orbit.store import Store
 
-console = Console()
+console = Console(markup=False, emoji=False)  # paths and results are data, not markup
 DEMO: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "succeeds": ("demo.echo", {"message": "hello"}, {}),
     "retries": (
@@ -62,24 +65,55 @@ def demo_worker(url: str, token: str) -> Worker:
     return worker
 
 
+def _saved_admin_token(token_file: Path, store: Store) -> str | None:
+    """The admin token an earlier run saved, if the file is private and the database
+    still takes it: minting one every run left each earlier admin token valid for ever
+    with its only copy overwritten, and Orbit has no way to revoke one."""
+    try:
+        token = load_token({"ORBIT_TOKEN_FILE": str(token_file)})
+    except TokenError:
+        return None
+    return token if "admin" in (store.token_scopes(token) or ()) else None
+
+
 def _prepare(data_dir: Path) -> tuple[str, str]:
-    """Create the database, the demo queue and an admin token (saved with mode 600)."""
+    """Create the database, the demo queue and an admin token (saved with mode 600), or
+    use the token an earlier run saved. A ``--data-dir`` that is a file, or that cannot
+    be made, is a usage error, not a traceback."""
+    from orbit.cli.main import database
     from orbit.store import open_store
 
-    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise typer.BadParameter(f"--data-dir {data_dir} is not a directory") from None
+    except OSError as exc:
+        raise typer.BadParameter(
+            f"--data-dir {data_dir} cannot be made: {exc.strerror or exc}"
+        ) from None
     db_url = f"sqlite:///{data_dir / 'orbit.db'}"
-    store = open_store(db_url)
+    with database(db_url):  # a file that is no database: one line, exit 1
+        store = open_store(db_url)
     try:
         with contextlib.suppress(OrbitError):
             store.queue_create("demo", max_concurrency=8, rate=0)
-        _, token = store.token_create("orbit-dev", ["admin"])
+        token = _saved_admin_token(data_dir / "token", store)
+        if token is None:
+            _, token = store.token_create("orbit-dev", ["admin"])
     finally:
         store.close()
-    token_file = data_dir / "token"
-    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    os.chmod(token_file, 0o600)
+    # A new file, private from its first byte (mkstemp makes it 600), renamed over the
+    # old one: opened by name, a `token` symlink took the token to wherever it pointed,
+    # and an old token file others could read held it until its mode was changed.
+    fd, temp = tempfile.mkstemp(dir=data_dir, prefix=".token-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        os.replace(temp, data_dir / "token")
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
     return db_url, token
 
 
@@ -108,11 +142,18 @@ async def serve(host: str, port: int, data_dir: Path, once: bool) -> int:
     from orbit.client import AsyncClient
     from orbit.logs import configure
     from orbit.server import ServerSettings, create_app
+    from orbit.store import StoreConfig
 
     configure("warning")
-    db_url, token = _prepare(data_dir)
+    # Bound before anything is written: a port in use or a host that cannot be listened
+    # on is refused with no database made and no admin token minted for nothing.
+    sock = bind(host, port, unread_timeout=StoreConfig().session_ttl_us / SECOND)
+    try:
+        db_url, token = _prepare(data_dir)
+    except BaseException:
+        sock.close()
+        raise
     settings = ServerSettings(db_url=db_url, node_id="orbit-dev")
-    sock = bind(host, port, unread_timeout=settings.store_config.session_ttl_us / SECOND)
     url = url_of(sock, host)
     server = uvicorn.Server(
         uvicorn.Config(create_app(settings), log_level="warning", access_log=False, log_config=None)
@@ -122,7 +163,9 @@ async def serve(host: str, port: int, data_dir: Path, once: bool) -> int:
         if serving.done():
             return 1
         await asyncio.sleep(0.02)
-    console.print(f"Orbit dev server on SQLite ({data_dir / 'orbit.db'}) at {url}")
+    # Absolute: the commands below are to be pasted into another shell, maybe elsewhere.
+    here = data_dir.resolve()
+    console.print(f"Orbit dev server on SQLite ({here / 'orbit.db'}) at {url}")
     worker = demo_worker(url, token)
     working = asyncio.create_task(worker.arun())
     stop = asyncio.Event()
@@ -151,7 +194,7 @@ async def serve(host: str, port: int, data_dir: Path, once: bool) -> int:
     console.print(
         f"\nOrbit is running at {url}  (API docs: {url}/docs)\n"
         "Try, in another shell:\n"
-        f"  export ORBIT_URL={url} ORBIT_TOKEN_FILE={data_dir / 'token'}\n"
+        f"  export ORBIT_URL={url} ORBIT_TOKEN_FILE={here / 'token'}\n"
         "  orbit task submit demo demo.echo --payload '{\"hi\": 1}' --wait\n"
         "  orbit task ls\n"
         "  orbit worker ls\n"

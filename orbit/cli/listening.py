@@ -28,22 +28,27 @@ import typer
 
 def bind(host: str, port: int, *, unread_timeout: float) -> socket.socket:
     """A listening TCP socket on ``host:port`` (IPv6 if the host is an IPv6 address);
-    a port in use is a clear error, not a traceback. The kernel drops a connection whose
-    peer has taken none of its bytes, or acknowledged none, for ``unread_timeout``
-    seconds (Linux; elsewhere TCP's own limits apply)."""
+    a port in use, or a host that names no address of this machine, is a clear usage
+    error, not a traceback. The kernel drops a connection whose peer has taken none of
+    its bytes, or acknowledged none, for ``unread_timeout`` seconds (Linux; elsewhere
+    TCP's own limits apply)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:  # no IPv6 on this machine
+        raise typer.BadParameter(f"cannot listen on {host}: {exc.strerror or exc}") from None
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     user_timeout = getattr(socket, "TCP_USER_TIMEOUT", None)
     if user_timeout is not None:
         sock.setsockopt(socket.IPPROTO_TCP, user_timeout, max(1, round(unread_timeout * 1000)))
     try:
         sock.bind((host, port))
-    except OSError as exc:
+    except OSError as exc:  # a socket.gaierror too: a name that resolves to nothing
         sock.close()
         if exc.errno == errno.EADDRINUSE:
             raise typer.BadParameter(f"port {port} is in use; pass --port 0 or another") from None
-        raise
+        reason = exc.strerror or str(exc)
+        raise typer.BadParameter(f"cannot listen on {host} port {port}: {reason}") from None
     sock.listen(2048)
     return sock
 

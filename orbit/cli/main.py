@@ -1,7 +1,8 @@
 """``orbit``: run a server node, migrate the database, create tokens.
 
 The database comes from ``--db`` or ``ORBIT_DB``: ``sqlite:///path/orbit.db`` or
-``postgresql://user@host:5432/db``. Its password, if any, is never printed.
+``postgresql://user@host:5432/db``. Its password, if any, is never printed (and belongs in
+``ORBIT_DB`` or ``~/.pgpass``, not on a command line that ``ps`` shows to everyone).
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, NoReturn
-from urllib.parse import urlsplit
+from urllib.parse import unquote
 
 import typer
 
 from orbit.cli.listening import announcement, bind, url_of
 from orbit.core.errors import OrbitError
 from orbit.core.model import SECOND
+from orbit.core.validate import is_name
 
 app = typer.Typer(
     help="Orbit: durable job execution. Examples:\n\n"
@@ -49,7 +51,11 @@ _add_api_groups()
 DbUrl = Annotated[
     str,
     typer.Option(
-        "--db", envvar="ORBIT_DB", help="sqlite:///file.db or postgresql://…", show_default=False
+        "--db",
+        envvar="ORBIT_DB",
+        help="sqlite:///file.db or postgresql://…; a password belongs in ORBIT_DB or "
+        "~/.pgpass, not here, where ps shows it",
+        show_default=False,
     ),
 ]
 
@@ -62,20 +68,47 @@ def _fail(message: str, code: int = 2) -> NoReturn:
 def _check_url(url: str) -> None:
     if not url.startswith(("sqlite://", "postgresql://", "postgres://")):
         _fail("--db must start with sqlite:// or postgresql://")
+    in_memory = url.removeprefix("sqlite://").lstrip("/") in ("", ":memory:")
+    if url.startswith("sqlite://") and in_memory:
+        # The store opens these in memory: a schema, a token or a server's state that is
+        # gone when the command ends (`token create` printed a token nothing accepts).
+        _fail("--db names no file: give sqlite:///path/orbit.db (or sqlite:////abs/path)")
+
+
+def _passwords(url: str) -> list[str]:
+    """Every spelling of the password a database URL holds, longest first: in its user
+    part and in a ``password=`` query parameter, as written and percent-decoded.
+
+    Taken apart by hand, as libpq reads it (the user part ends at the first ``@`` before
+    any ``/``), because ``urlsplit`` raises on exactly the malformed URLs that psycopg
+    quotes whole in its error ("... in URI: \"postgresql://orbit:pw@[::1\""), and it
+    never looks in the query, where libpq takes a password too."""
+    rest = url.partition("://")[2]
+    authority = rest.split("/", 1)[0]
+    found: set[str] = set()
+    if "@" in authority:
+        for userinfo in (authority.split("@", 1)[0], authority.rsplit("@", 1)[0]):
+            if ":" in userinfo:
+                found.add(userinfo.partition(":")[2])
+    for param in rest.partition("?")[2].split("&"):
+        key, _, value = param.partition("=")
+        if unquote(key).strip().lower() == "password":
+            found.add(value)
+    found |= {unquote(p) for p in found}
+    return sorted((p for p in found if p), key=len, reverse=True)
 
 
 @contextmanager
-def _database(db: str) -> Iterator[None]:
+def database(db: str) -> Iterator[None]:
     """A database that cannot be opened or migrated (unreachable, refused, not a
-    database) is one line and exit 1, not a traceback; the URL's password, should the
-    driver's message hold it, is blotted out."""
+    database, a URL it cannot parse) is one line and exit 1, not a traceback; the URL's
+    password, in whatever spelling the driver's message holds it, is blotted out."""
     _check_url(db)
     try:
         yield
     except Exception as exc:  # the drivers' errors: sqlite3, psycopg, psycopg_pool, OS
         reason = f"{type(exc).__name__}: {exc}".strip()
-        password = urlsplit(db).password
-        if password:
+        for password in _passwords(db):
             reason = reason.replace(password, "***")
         _fail(f"cannot open the database: {reason}", 1)
 
@@ -85,7 +118,7 @@ def db_migrate(db: DbUrl) -> None:
     """Create or upgrade the schema (safe to run on every node at once)."""
     from orbit.store import open_store
 
-    with _database(db):
+    with database(db):
         store = open_store(db, migrate=False)
         try:
             version = store.migrate()
@@ -103,7 +136,7 @@ def token_create(
     """Create a token and print it once; only its hash is stored."""
     from orbit.store import open_store
 
-    with _database(db):
+    with database(db):
         store = open_store(db)
     try:
         token_id, token = store.token_create(name, scope)
@@ -116,6 +149,22 @@ def token_create(
         f"token {token_id} ({', '.join(sorted(set(scope)))}): store it now, it is not shown again",
         err=True,
     )
+
+
+def _check_tls(cert: Path, key: Path) -> None:
+    """Load the certificate and key now, as uvicorn will: one that is no PEM, or a key
+    that does not match, was an SSLError traceback from uvicorn's start-up, after the
+    database had been opened and migrated. An encrypted key is refused too (uvicorn is
+    given no passphrase), rather than prompted for on the terminal."""
+    import ssl
+
+    def no_passphrase() -> str:
+        raise ValueError("the key is encrypted; give an unencrypted one")
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, no_passphrase)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        _fail(f"cannot load --tls-cert and --tls-key: {exc}")
 
 
 @app.command()
@@ -168,6 +217,15 @@ def server(
     _check_url(db)
     if (tls_cert is None) != (tls_key is None):
         _fail("--tls-cert and --tls-key go together")
+    if node_id is not None and not is_name(node_id):
+        # The store records it on every session: a node it cannot take refused every
+        # worker's hello with INVALID_ARGUMENT, after starting as if all were well.
+        _fail(
+            "--node-id must be 1-128 characters of letters, digits, '_', '.', ':' or '-', "
+            "starting with a letter or digit"
+        )
+    if tls_cert is not None and tls_key is not None:
+        _check_tls(tls_cert, tls_key)
     if log_level not in ("debug", "info", "warning", "error"):
         _fail("--log-level must be debug, info, warning or error")
     from orbit.logs import configure
@@ -190,7 +248,7 @@ def server(
     # nothing for a session TTL has lost its session anyway: its connection goes too.
     sock = bind(host, port, unread_timeout=session_ttl)
     url = url_of(sock, host, "https" if tls_cert else "http")
-    with _database(db):  # opened here, so a database that cannot be is one clear line
+    with database(db):  # opened here, so a database that cannot be is one clear line
         store = open_store(db, settings.store_config)
     api = create_app(settings, store=store)
     config = uvicorn.Config(
@@ -229,7 +287,12 @@ def worker_command(
     url: Annotated[
         str, typer.Option("--url", envvar="ORBIT_URL", help="server URL")
     ] = "http://127.0.0.1:8000",
-    cafile: Annotated[str | None, typer.Option("--cafile", envvar="ORBIT_CAFILE")] = None,
+    cafile: Annotated[
+        str | None,
+        typer.Option(
+            "--cafile", envvar="ORBIT_CAFILE", help="CA file for a server with a private CA"
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON (ls, drain)")] = False,
 ) -> None:
     """Run a worker, or list and drain workers.
@@ -241,7 +304,8 @@ def worker_command(
 
     The token comes from ORBIT_TOKEN or ORBIT_TOKEN_FILE. A running worker drains on
     SIGTERM or SIGINT: no new claims, running handlers finish within the grace period,
-    then are cancelled.
+    then are cancelled. Exit codes: 0 drained; 1 a handler ignored its cancellation;
+    2 bad arguments, no token or an unusable URL; 3 the server refused the token.
     """
     from orbit.cli import api
 
@@ -253,13 +317,22 @@ def worker_command(
         return
     if len(args) != 1 or ":" not in args[0]:
         _fail("give `ls`, `drain SESSION_ID` or MODULE:OBJ (e.g. myapp.jobs:worker)")
-    _run_worker(args[0], url)
+    _run_worker(args[0], url, cafile)
 
 
-def _run_worker(target: str, url: str) -> None:
+def _run_worker(target: str, url: str, cafile: str | None) -> None:
+    """Load and run the worker. What makes it useless from the start (no token, a token
+    the server refuses, a URL it cannot use) is one line and exit 2 or 3, as for the other
+    commands: the runner raised it as a traceback, or retried a URL it could never use
+    for ever."""
     import importlib
 
+    from websockets.exceptions import InvalidStatus
+
     from orbit.logs import configure
+    from orbit.tokens import TokenError
+    from orbit.urls import check_server_url
+    from orbit.worker.connection import ServerError
     from orbit.worker.runner import Worker
 
     module_name, _, attr = target.partition(":")
@@ -272,8 +345,26 @@ def _run_worker(target: str, url: str) -> None:
         _fail(f"{target} is a {type(obj).__name__}, not an orbit Worker")
     if "ORBIT_URL" in os.environ or url != "http://127.0.0.1:8000":
         obj.url = url.rstrip("/")
+    if cafile is not None:  # --cafile or ORBIT_CAFILE: it was accepted, then ignored
+        obj.cafile = cafile
+    try:
+        check_server_url(obj.url)
+    except ValueError as exc:
+        _fail(str(exc))
     configure("info")
-    raise typer.Exit(obj.run())
+    try:
+        code = obj.run()
+    except TokenError as exc:
+        _fail(str(exc))
+    except InvalidStatus as exc:  # the runner ends only on 401 or 403, and only at first
+        _fail(
+            f"the server refused the token (HTTP {exc.response.status_code}): it is unknown "
+            "or revoked, or lacks the worker scope",
+            3,
+        )
+    except ServerError as exc:  # the server refused the hello itself
+        _fail(f"the server refused this worker: {exc.code}: {exc.message}", 3)
+    raise typer.Exit(code)
 
 
 def main() -> None:

@@ -13,10 +13,11 @@ from urllib.parse import quote
 
 import httpx
 
-from orbit.client._errors import TaskFailed, WaitTimeout, error_from
+from orbit.client._errors import ApiError, TaskFailed, WaitTimeout, error_from
 from orbit.client._http import Reply, Transport, Unreachable
 from orbit.core.model import compact_json, parse_json
-from orbit.tokens import load_token
+from orbit.tokens import load_token, token_fault
+from orbit.urls import check_server_url
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "needs_review"})
 Request = tuple[str, str, dict[str, Any] | None, dict[str, Any] | list[Any] | None]
@@ -129,13 +130,23 @@ class _Calls:
 
 def _headers(token: str | None) -> dict[str, str]:
     token = token if token is not None else load_token()
+    fault = token_fault(token)
+    if fault is not None:  # refused here: sent, the transport's error quoted the token
+        raise ValueError(f"the token {fault}")
     return {"Authorization": f"Bearer {token}", "User-Agent": "orbit-python"}
 
 
 def _unwrap(reply: httpx.Response | Reply) -> Any:
     # orjson (falling back to the standard library for what it refuses): a batch reply
     # holds a thousand task views, which json.loads took most of the client's time to read
-    body = parse_json(reply.content) if reply.content else None
+    try:
+        body = parse_json(reply.content) if reply.content else None
+    except ValueError:  # a proxy's error page, or a URL that names no Orbit server
+        if reply.status_code >= 400:
+            raise error_from(reply.status_code, None) from None
+        raise ApiError(
+            reply.status_code, "NOT_JSON", "the reply is not JSON: is the URL an Orbit server's?"
+        ) from None
     if reply.status_code >= 400:
         raise error_from(reply.status_code, body)
     return body
@@ -312,6 +323,7 @@ class AsyncClient:
         cafile: str | None = None,
         timeout: float = 30.0,
     ) -> None:
+        check_server_url(url)  # as Client: a URL it cannot use is a ValueError, at once
         self._http = httpx.AsyncClient(
             base_url=url.rstrip("/"),
             headers=_headers(token),

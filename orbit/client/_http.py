@@ -21,7 +21,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
+
+from orbit.urls import check_server_url
 
 #: Bytes read at a time from a streamed body.
 STREAM_CHUNK = 64 * 1024
@@ -56,15 +58,9 @@ class Transport:
         cafile: str | None,
         timeout: float,
     ) -> None:
-        parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("the server URL must be http://host[:port] or https://host[:port]")
-        if parts.query or parts.fragment:
-            raise ValueError("the server URL must not hold a query or a fragment")
-        if parts.username is not None or parts.password is not None:
-            raise ValueError("the server URL must not hold credentials: pass token= instead")
+        parts = check_server_url(base_url)
         self._https = parts.scheme == "https"
-        self._host = parts.hostname
+        self._host: str = parts.hostname or ""  # never empty: check_server_url saw to it
         self._port = parts.port or (443 if self._https else 80)
         self._prefix = parts.path.rstrip("/")
         self._where = f"{self._host}:{self._port}"

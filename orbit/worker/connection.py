@@ -19,8 +19,16 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 
 from orbit.core.model import parse_json
+from orbit.logs import RedactSecrets
+from orbit.tokens import TokenError, token_fault
 
 log = logging.getLogger("orbit.worker")
+#: What websockets logs about our connections: every header of the upgrade at debug
+#: level, the Authorization header included. A child of its own logger, so that an
+#: application's settings for "websockets.client" still apply, with the redaction
+#: filter on it, so that the token never reaches the application's handlers.
+ws_log = logging.getLogger("websockets.client.orbit")
+ws_log.addFilter(RedactSecrets())
 
 
 class ServerError(Exception):
@@ -60,7 +68,13 @@ class WorkerConnection:
 
     @classmethod
     async def connect(cls, url: str, token: str, *, cafile: str | None = None) -> WorkerConnection:
-        """Open ``ws(s)://host:port/v1/worker``; certificates are always verified."""
+        """Open ``ws(s)://host:port/v1/worker``; certificates are always verified. A
+        token no header can carry is a TokenError, which quotes it not: websockets'
+        InvalidHeaderValue did, and the runner took it for a network failure and
+        retried it for ever."""
+        fault = token_fault(token)
+        if fault is not None:
+            raise TokenError(f"the token {fault}")
         ssl_ctx = None
         if url.startswith("wss://"):
             ssl_ctx = ssl.create_default_context(cafile=cafile)
@@ -70,6 +84,7 @@ class WorkerConnection:
             ssl=ssl_ctx,
             max_size=8 * 1024 * 1024,
             open_timeout=10,
+            logger=ws_log,
             # Frames are small JSON on a LAN or loopback: deflating them costs both ends
             # more CPU than it saves (it was a visible share of a busy worker's profile).
             compression=None,

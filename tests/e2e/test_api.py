@@ -87,6 +87,38 @@ def test_worker_socket_refuses_missing_and_wrong_tokens(
         asyncio.run(attempt())
 
 
+@pytest.mark.parametrize(
+    ("token", "status", "code"),
+    [
+        ("none", 401, "UNAUTHENTICATED"),
+        ("unknown", 401, "UNAUTHENTICATED"),
+        ("submit", 403, "FORBIDDEN"),
+    ],
+)
+def test_worker_socket_refusal_says_which_as_the_http_routes_do(
+    node: Node, tokens: Tokens, token: str, status: int, code: str
+) -> None:
+    """A refused upgrade is answered with the status and error body an HTTP route gives
+    the same token: no token or an unknown one 401 (with ``WWW-Authenticate``), a token
+    without the worker scope 403. Closing the socket before accepting it, uvicorn
+    answered a bare 403 to all three, so a worker could not tell a wrong token from a
+    wrong scope."""
+    bearer = {"unknown": "orbit_0123456789abcdef0123456789abcdef_x", "submit": tokens.submit}
+    headers = {"Authorization": f"Bearer {bearer[token]}"} if token in bearer else {}
+
+    async def attempt() -> None:
+        async with websockets.connect(node.ws, additional_headers=headers) as ws:
+            await ws.recv()
+
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        asyncio.run(attempt())
+    response = refused.value.response
+    assert response.status_code == status
+    assert json.loads(response.body or b"{}")["error"]["code"] == code
+    if status == 401:
+        assert response.headers.get("WWW-Authenticate") == "Bearer"
+
+
 def _rename_tokens_table(db_url: str, old: str, new: str) -> None:
     """Take the tokens table away (or give it back) under a running server: its token
     check then fails in the database, as it would with the database down."""
@@ -98,6 +130,43 @@ def _rename_tokens_table(db_url: str, old: str, new: str) -> None:
     else:
         with psycopg.connect(db_url, autocommit=True) as cx:
             cx.execute(statement)
+
+
+def test_a_forged_or_revoked_token_is_refused(node: Node, tokens: Tokens, db_url: str) -> None:
+    """A token is refused unless its id and its secret both match a row that is not
+    revoked: a known id with another secret, an empty or a missing secret, a secret one
+    character short or long, and a token whose row has ``revoked_at`` set (the way
+    docs/operations.md gives to revoke one) are all 401 UNAUTHENTICATED."""
+    token_id = tokens.admin.split("_")[1]
+    forged = [
+        f"orbit_{token_id}_{'A' * 43}",
+        f"orbit_{token_id}_",
+        f"orbit_{token_id}",
+        tokens.admin + "A",
+        tokens.admin[:-1],
+        "ORBIT_" + tokens.admin.removeprefix("orbit_"),
+    ]
+    admin = {"Authorization": f"Bearer {tokens.admin}"}
+    made = httpx.post(
+        f"{node.http}/v1/tokens", json={"name": "doomed", "scopes": ["admin"]}, headers=admin
+    )
+    assert made.status_code == 201, made.text
+    doomed = made.json()
+    statement = f"UPDATE orbit_tokens SET revoked_at = 1 WHERE id = '{doomed['id']}'"
+    if db_url.startswith("sqlite:///"):
+        with contextlib.closing(sqlite3.connect(db_url.removeprefix("sqlite:///"))) as cx:
+            cx.execute(statement)
+            cx.commit()
+    else:
+        with psycopg.connect(db_url, autocommit=True) as cx:
+            cx.execute(statement)
+    for token in [*forged, doomed["token"]]:
+        refused = httpx.get(
+            f"{node.http}/v1/queues", headers={"Authorization": f"Bearer {token}"}, timeout=10
+        )
+        assert refused.status_code == 401, refused.text
+        assert refused.json()["error"]["code"] == "UNAUTHENTICATED"
+    assert httpx.get(f"{node.http}/v1/queues", headers=admin, timeout=10).status_code == 200
 
 
 def test_worker_socket_answers_500_when_the_token_check_fails(

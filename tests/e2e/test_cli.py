@@ -131,6 +131,9 @@ def test_bad_arguments_get_clear_messages(orbit: Run, tmp_path: Path) -> None:
     loose.chmod(0o644)
     exposed = orbit("queue", "ls", token=None, ORBIT_TOKEN_FILE=str(loose))
     assert exposed.returncode == 2 and "readable by group or others" in exposed.stderr
+    two_lines = orbit("queue", "ls", token="orbit_00_s3cr3tpart\nsecond line")
+    assert two_lines.returncode == 2 and "ORBIT_TOKEN holds" in two_lines.stderr
+    assert "s3cr3tpart" not in two_lines.stderr + two_lines.stdout
     wrong = orbit("queue", "ls", token="orbit_00_bad")
     assert wrong.returncode == 3 and "UNAUTHENTICATED" in wrong.stderr
     down = orbit("queue", "ls", ORBIT_URL="http://127.0.0.1:9")
@@ -363,3 +366,252 @@ def test_server_says_where_it_listens_whatever_its_log_level(
         assert f"orbit server listening on http://127.0.0.1:{quiet.port}" in quiet.log_text()
     finally:
         quiet.stop()
+
+
+def test_a_database_url_password_is_in_no_error_line() -> None:
+    """Whatever stops ``db migrate``, ``token create`` or ``server`` from opening a
+    PostgreSQL database, the one line that says so never holds the URL's password: not
+    when the driver quotes a URL it cannot parse whole, nor when the password is a query
+    parameter (``?password=``), percent-encoded or not."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from tests.pg import ADMIN_DSN
+
+    pg = conninfo_to_dict(ADMIN_DSN)
+    at = f"{pg.get('host', '127.0.0.1')}:{pg.get('port', '5432')}"
+    user = pg.get("user", "postgres")
+    secret = "hunter2"
+    with socket.socket() as nobody:  # bound and not listening: a connect is refused
+        nobody.bind(("127.0.0.1", 0))
+        refusing = f"127.0.0.1:{nobody.getsockname()[1]}"
+        cases = {  # URL: what the line must still name
+            f"postgresql://{user}:{secret}@[::1:5432/orbit": "IPv6",  # bad syntax
+            f"postgresql://{user}:hun%zzter2@{at}/orbit": "percent-encoded",
+            f"postgresql://{user}@{at}/orbit?password=hun%zzter2": "percent-encoded",
+            f"postgresql://{user}@{at}/orbit?password={secret}&sslmode=bogus": "sslmode",
+            f"postgresql://{user}:{secret}@{refusing}/orbit": "Connection refused",
+            f"postgresql://{user}:{secret}@{at}/orbit_no_such_db": "does not exist",
+            f"postgresql://no_such_role:{secret}@{at}/test": "no_such_role",
+        }
+        runs = [(["db", "migrate", "--db", url], cause, url) for url, cause in cases.items()] + [
+            ([*command, "--db", url], cause, url)
+            for command in (
+                ["token", "create", "--name", "ci", "--scope", "admin"],
+                ["server", "--port", "0"],
+            )
+            for url, cause in list(cases.items())[:2]
+        ]
+        for args, cause, url in runs:
+            run = _cannot_open(args, cause)
+            said = run.stdout + run.stderr
+            assert secret not in said and "hun%zzter2" not in said, (url, said)
+
+
+def test_server_on_an_address_it_cannot_listen_on_is_refused_and_touches_nothing(
+    tmp_path: Path,
+) -> None:
+    """A ``--host`` that names no address (or none of this machine's) is a usage error
+    that names it, not a traceback from ``bind``, and no database is created."""
+    db = tmp_path / "orbit.db"
+    for host in ("no-such-host.invalid", "192.0.2.1"):
+        command = ["server", "--db", f"sqlite:///{db}", "--host", host, "--port", "0"]
+        result = subprocess.run(
+            [sys.executable, "-m", "orbit.cli", *command],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 2, result.stderr
+        assert "Traceback" not in result.stderr, result.stderr
+        assert f"cannot listen on {host}" in result.stderr, result.stderr
+    assert not db.exists()
+
+
+def test_worker_without_a_usable_token_or_url_says_so(
+    orbit: Run, cluster: tuple[Node, Tokens, str]
+) -> None:
+    """``orbit worker MODULE:OBJ`` with no token, a token the server refuses (unknown, or
+    without the worker scope) or a server URL it cannot use exits at once with one line
+    that says which (2: bad arguments, 3: refused, as the other commands), not with a
+    traceback, and never prints the token or a password in the URL."""
+    _, tokens, _ = cluster
+    app = "tests.e2e.worker_app:worker"
+    unknown = "orbit_0123456789abcdef0123456789abcdef_notavalidsecret"
+    cases = [
+        (orbit("worker", app, token=None), 2, "ORBIT_TOKEN"),
+        (orbit("worker", app, token=unknown), 3, "refused the token"),
+        (orbit("worker", app, token=tokens.submit), 3, "refused the token"),
+        (orbit("worker", app, ORBIT_TEST_NAME="no/such name"), 3, "refused this worker"),
+        (orbit("worker", app, ORBIT_URL="127.0.0.1:9"), 2, "server URL must"),
+        (orbit("worker", app, ORBIT_URL="http://ops:hunter2@127.0.0.1:9"), 2, "server URL"),
+    ]
+    for run, code, says in cases:
+        assert run.returncode == code, run.stderr
+        assert "Traceback" not in run.stderr, run.stderr
+        [line] = [x for x in run.stderr.splitlines() if x.startswith("error:")]
+        assert says in line, line
+        for secret in ("notavalidsecret", tokens.submit.rsplit("_", 1)[1], "hunter2"):
+            assert secret not in run.stdout + run.stderr
+
+
+def test_server_with_a_certificate_it_cannot_load_is_refused_and_touches_nothing(
+    tmp_path: Path,
+) -> None:
+    """A ``--tls-cert``/``--tls-key`` pair that is no PEM certificate and key is a usage
+    error that says so, before the database is opened: not an SSLError traceback from
+    uvicorn's start-up after the schema was made."""
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    db = tmp_path / "orbit.db"
+    tls = ["--tls-cert", str(junk), "--tls-key", str(junk)]
+    command = ["server", "--db", f"sqlite:///{db}", "--port", "0", *tls]
+    result = subprocess.run(
+        [sys.executable, "-m", "orbit.cli", *command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "cannot load --tls-cert and --tls-key" in result.stderr, result.stderr
+    assert not db.exists()
+    # An encrypted key is refused as such, not prompted for (uvicorn gets no passphrase).
+    import trustme
+    from cryptography.hazmat.primitives import serialization
+
+    issued = trustme.CA().issue_cert("127.0.0.1")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    issued.cert_chain_pems[0].write_to_path(str(cert))
+    private = serialization.load_pem_private_key(issued.private_key_pem.bytes(), None)
+    key.write_bytes(
+        private.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"passphrase"),
+        )
+    )
+    command = ["server", "--db", f"sqlite:///{db}", "--port", "0"]
+    encrypted = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orbit.cli",
+            *command,
+            "--tls-cert",
+            str(cert),
+            "--tls-key",
+            str(key),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+    assert encrypted.returncode == 2, encrypted.stderr
+    assert "the key is encrypted" in encrypted.stderr, encrypted.stderr
+    assert not db.exists()
+
+
+def test_db_commands_refuse_a_database_that_is_no_file() -> None:
+    """``sqlite:///`` and ``sqlite:///:memory:`` name an in-memory database, gone when
+    the command ends: ``token create`` printed a token that no server could ever accept,
+    and ``db migrate`` reported a schema nobody would see. They are refused as the bad
+    argument they are."""
+    for db in ("sqlite:///", "sqlite://", "sqlite:///:memory:"):
+        for args in (
+            ["db", "migrate", "--db", db],
+            ["token", "create", "--db", db, "--name", "ci", "--scope", "admin"],
+            ["server", "--db", db, "--port", "0"],
+        ):
+            run = subprocess.run(
+                [sys.executable, "-m", "orbit.cli", *args],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert run.returncode == 2, (args, run.stdout, run.stderr)
+            assert "names no file" in run.stderr, run.stderr
+            assert run.stdout == ""
+
+
+def test_text_that_looks_like_markup_is_printed_as_it_is(
+    orbit: Run, cluster: tuple[Node, Tokens, str], tmp_path: Path
+) -> None:
+    """Results, progress messages, error messages, ids and paths are data: one holding
+    ``[/x]`` is printed as written. The CLI printed them through rich's markup, and a
+    closing tag that matched nothing was a MarkupError traceback (``task show``,
+    ``task wait``, an ORBIT_TOKEN_FILE path in the error line)."""
+    import asyncio
+
+    from orbit.worker import WorkerConnection
+
+    node, tokens, _ = cluster
+    ok(orbit("queue", "create", "marked", "--max-concurrency", "1", "--rate", "0"))
+    done = json.loads(ok(orbit("task", "submit", "marked", "mark", "--json")))
+    failed = json.loads(ok(orbit("task", "submit", "marked", "mark", "--json")))
+
+    async def run() -> None:
+        conn = await WorkerConnection.connect(node.ws, tokens.worker)
+        await conn.hello("marked-worker", {"mark": 1}, 1, push=False)
+        for n, outcome in enumerate(("result", "error")):
+            [a] = await conn.claim(1)
+            await conn.start(a["attempt_id"], a["fence"])
+            await conn.progress(a["attempt_id"], a["fence"], message=f"step [/x] {n}")
+            if outcome == "result":
+                await conn.finish(a["attempt_id"], a["fence"], result={"said": "[/red] ok"})
+            else:
+                error = {"code": "BAD", "message": "no [/b] way", "retryable": False}
+                await conn.finish(a["attempt_id"], a["fence"], error=error)
+        await conn.close()
+
+    asyncio.run(run())
+    shown = ok(orbit("task", "show", done["id"]))
+    assert "[/red] ok" in shown
+    waited = orbit("task", "wait", done["id"])
+    assert waited.returncode == 0 and "step [/x] 0" in waited.stderr, waited.stderr
+    assert "no [/b] way" in ok(orbit("task", "show", failed["id"]))
+    missing = orbit("task", "wait", "[/x]")
+    assert missing.returncode == 3 and "Traceback" not in missing.stderr, missing.stderr
+    odd = tmp_path / "[/x]"
+    gone = orbit("queue", "ls", token=None, ORBIT_TOKEN_FILE=str(odd))
+    assert gone.returncode == 2 and f"{odd} does not exist" in gone.stderr, gone.stderr
+
+
+def test_the_api_groups_help_says_where_the_token_comes_from_and_the_exit_codes() -> None:
+    """``orbit queue --help`` and ``orbit task --help`` named neither the token's source
+    nor the exit codes that scripts branch on; only docs/quickstart.md did."""
+    for group in ("queue", "task"):
+        helped = subprocess.run(
+            [sys.executable, "-m", "orbit.cli", group, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={**os.environ, "COLUMNS": "300"},
+        )
+        assert helped.returncode == 0, helped.stderr
+        text = " ".join(helped.stdout.split())
+        assert "ORBIT_TOKEN or ORBIT_TOKEN_FILE" in text, text
+        assert "4 server unreachable; 5 timed out" in text, text
+
+
+def test_server_with_a_node_id_no_worker_could_attach_to_is_refused(tmp_path: Path) -> None:
+    """A ``--node-id`` outside the names the store takes ("my node") started a node
+    whose every worker hello was then refused with INVALID_ARGUMENT. It is a usage error
+    at start, before the database is made."""
+    db = tmp_path / "orbit.db"
+    command = ["server", "--db", f"sqlite:///{db}", "--port", "0", "--node-id", "my node"]
+    result = subprocess.run(
+        [sys.executable, "-m", "orbit.cli", *command],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "--node-id must be 1-128 characters" in result.stderr, result.stderr
+    assert not db.exists()

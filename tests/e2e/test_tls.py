@@ -160,3 +160,45 @@ def test_task_life_over_verified_tls(backend: str, tmp_path: Path) -> None:
             raise
         finally:
             node.stop()
+
+
+def test_orbit_worker_trusts_the_ca_its_cafile_option_names(tmp_path: Path) -> None:
+    """``orbit worker MODULE:OBJ --cafile ca.pem`` (or ``ORBIT_CAFILE``) runs the worker
+    with that CA, as the other commands use it: the option was accepted and ignored, so
+    a worker of a server with a private CA failed verification and retried for ever."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    cert, key, ca = write_pki(tmp_path)
+    url = f"sqlite:///{tmp_path}/orbit.db"
+    tokens = make_tokens(url)
+    node = start_server(url, tmp_path, node_id="tls-cli", tls=(cert, key, ca))
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "ORBIT_TOKEN": tokens.worker, "ORBIT_TEST_MARKS": str(tmp_path)}
+    env.pop("ORBIT_CAFILE", None)
+    proc = None
+    try:
+        with Client(node.http, tokens.admin, cafile=str(ca)) as c:
+            c.queue_create("q", max_concurrency=1, rate=0)
+            task = c.submit("q", "sleep", {"seconds": 0})
+            command = ["worker", "tests.e2e.worker_app:worker", "--url", node.http]
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "orbit.cli", *command, "--cafile", str(ca)],
+                env=env,
+                cwd=root,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            assert c.wait(task["id"], timeout=30)["state"] == "succeeded"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, out
+        assert "CERTIFICATE_VERIFY_FAILED" not in out and "SSLCert" not in out, out
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            print(proc.communicate()[0])
+        node.stop()

@@ -45,12 +45,16 @@ class _Handler(BaseHTTPRequestHandler):
         )
         if self.path.startswith("/slow"):
             time.sleep(1.0)
+        kind = "application/json"
         if self.path.startswith("/big"):
             payload = b"x" * (3 * STREAM_CHUNK + 5)
+        elif self.path.startswith("/html"):  # a proxy's page, or no Orbit server at all
+            payload, kind = b"<html><body>Bad Gateway</body></html>", "text/html"
         else:
             payload = json.dumps({"path": self.path}).encode()
-        self.send_response(404 if self.path.startswith("/missing") else 200)
-        self.send_header("Content-Type", "application/json")
+        status = 404 if self.path.startswith("/missing") else 200
+        self.send_response(502 if self.path.startswith("/html-502") else status)
+        self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(payload)))
         if self.path.startswith("/close"):
             self.send_header("Connection", "close")
@@ -214,6 +218,27 @@ def test_urls_it_cannot_use_are_refused(url: str, message: str) -> None:
     assert "secret" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("ftp://127.0.0.1:1", "must be http"),
+        ("127.0.0.1:8000", "must be http"),
+        ("http://127.0.0.1:99999", "must be http"),
+        ("http://127.0.0.1:1/?x=1", "query"),
+        ("http://user:secret@127.0.0.1:1", "credentials"),
+    ],
+)
+def test_async_client_refuses_the_urls_client_refuses(url: str, message: str) -> None:
+    """At once, as ``ValueError``: httpx took a URL with credentials and sent them as a
+    Basic ``Authorization`` header in place of the bearer token, and a URL with no
+    scheme surfaced only at the first call, as ``Unreachable``."""
+    from orbit.client import AsyncClient
+
+    with pytest.raises(ValueError, match=message) as caught:
+        AsyncClient(url, token="t0ken")
+    assert "secret" not in str(caught.value)
+
+
 def test_a_closed_transport_refuses_requests(server: _Server) -> None:
     t = _transport(_url(server))
     t.close()
@@ -229,3 +254,27 @@ def test_client_sends_compact_json_and_reads_errors(server: _Server) -> None:
         c._call(("POST", "/v1/tasks", None, {"b": [1, 2.5], "a": "é"}))
     assert server.seen[-1]["body"] == '{"b":[1,2.5],"a":"é"}'.encode()
     assert server.seen[-1]["headers"]["User-Agent"] == "orbit-python"
+
+
+def test_a_reply_that_is_not_json_is_an_api_error(server: _Server) -> None:
+    """A page that is no JSON (a proxy's error page, a URL that names some other server)
+    is an ``ApiError`` with the status, as a refusal is, not a JSONDecodeError: the CLI
+    printed that as a traceback."""
+    import asyncio
+
+    from orbit.client import ApiError, AsyncClient
+
+    with Client(_url(server), token="t0ken") as c:
+        for path, status in (("/html", 200), ("/html-502", 502)):
+            with pytest.raises(ApiError) as caught:
+                c._call(("GET", path, None, None))
+            assert caught.value.status == status, caught.value
+
+    async def call(path: str) -> None:
+        async with AsyncClient(_url(server), token="t0ken") as c:
+            await c._call(("GET", path, None, None))
+
+    for path, status in (("/html", 200), ("/html-502", 502)):
+        with pytest.raises(ApiError) as caught:
+            asyncio.run(call(path))
+        assert caught.value.status == status, caught.value

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+
+import pytest
 
 from orbit.logs import RedactSecrets, redact
 
@@ -24,3 +27,43 @@ def test_filter_rewrites_records_with_args() -> None:
     )
     assert RedactSecrets().filter(record)
     assert "S9M0" not in record.getMessage() and "[redacted]" in record.getMessage()
+
+
+def test_a_database_password_is_redacted_in_every_place_libpq_reads_one() -> None:
+    """A password after an empty user name, in a URL's ``?password=`` parameter or in a
+    key=value conninfo string (quoted or not) is a database password as much as one
+    after ``user:``."""
+    for text in (
+        "postgresql://:hunter2@db:5432/orbit",
+        "postgresql://orbit@db/orbit?password=hunter2",
+        "postgresql://orbit@db/orbit?sslmode=require&PASSWORD=hunter2&x=1",
+        "host=db user=orbit password=hunter2 dbname=orbit",
+        "host=db password = 'hunter2 and more' dbname=orbit",
+    ):
+        cleaned = redact(text)
+        assert "hunter2" not in cleaned, cleaned
+        assert "[redacted]" in cleaned and "db" in cleaned, cleaned
+
+
+def test_a_worker_connection_logs_no_token_even_at_debug(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """websockets logs every header of the upgrade at debug level, the Authorization
+    header included: an application that turned debug logging on to see why its worker
+    would not connect wrote its token into its log. The SDK's connection logs through
+    the redaction filter, whatever logging the application configured."""
+    from orbit.worker import WorkerConnection
+    from tests.unit.fake_gateway import FakeGateway
+
+    async def run() -> None:
+        async with FakeGateway() as gw:
+            conn = await WorkerConnection.connect(gw.ws_url, TOKEN)
+            await conn.hello("w", {"h": 1}, 1)
+            await conn.close()
+
+    with caplog.at_level(logging.DEBUG):
+        asyncio.run(run())
+    # the worker's side only: the fake gateway's own server logs are no part of the SDK
+    ours = [r.getMessage() for r in caplog.records if not r.name.startswith("websockets.server")]
+    assert any("authorization" in m.lower() for m in ours)  # the headers were logged
+    assert not [m for m in ours if "S9M0" in m]

@@ -55,3 +55,61 @@ def test_empty_token_file_and_directory_are_refused(tmp_path: Path) -> None:
     tmp_path.chmod(0o700)
     with pytest.raises(TokenError, match="not a regular file"):
         load_token({"ORBIT_TOKEN_FILE": str(tmp_path)})
+
+
+@pytest.mark.parametrize(
+    "token", [f"{SECRET}\nsecond line", f"{SECRET} trailing words", f"{SECRET}é", f"{SECRET}\x00"]
+)
+def test_a_token_no_header_can_carry_is_refused_without_echoing_it(
+    tmp_path: Path, token: str
+) -> None:
+    """A line break, a space, a control or a non-ASCII character inside a token (a
+    token file of two lines, a pasted sentence) is refused where the token is read,
+    naming the source and not the token: sent on, http.client raised
+    ``ValueError("Invalid header value b'Bearer <the token>'")``, which the CLI printed
+    as a traceback."""
+    with pytest.raises(TokenError, match="ORBIT_TOKEN holds") as direct:
+        load_token({"ORBIT_TOKEN": token})
+    f = tmp_path / "token"
+    f.write_text(token + "\n")
+    f.chmod(0o600)
+    with pytest.raises(TokenError, match=f"ORBIT_TOKEN_FILE {f} holds") as from_file:
+        load_token({"ORBIT_TOKEN_FILE": str(f)})
+    for err in (direct, from_file):
+        assert "s3cr3t" not in str(err.value)
+
+
+@pytest.mark.parametrize("token", [f"{SECRET}\nX-Evil: 1", f"{SECRET} x", "", f"{SECRET}é"])
+def test_clients_refuse_a_token_no_header_can_carry_without_echoing_it(token: str) -> None:
+    from orbit.client import AsyncClient, Client
+
+    for make in (Client, AsyncClient):
+        with pytest.raises(ValueError, match="token") as caught:
+            make("http://127.0.0.1:9", token=token)
+        assert "s3cr3t" not in str(caught.value)
+
+
+def test_a_worker_connection_refuses_a_token_no_header_can_carry_without_echoing_it() -> None:
+    """websockets refused such a token with ``InvalidHeaderValue("invalid Authorization
+    header: Bearer <the token>")``, and the runner, taking that for a network failure,
+    retried it for ever. It is a TokenError now, before anything is sent, which ends
+    a worker's first connection as a missing token does."""
+    import asyncio
+
+    from orbit.worker import WorkerConnection
+    from orbit.worker.runner import Worker
+
+    bad = f"{SECRET}\nsecond line"
+    with pytest.raises(TokenError, match="the token holds") as caught:
+        asyncio.run(WorkerConnection.connect("ws://127.0.0.1:9/v1/worker", bad))
+    assert "s3cr3t" not in str(caught.value)
+
+    worker = Worker("http://127.0.0.1:9", bad, reconnect_max=0.1)
+
+    @worker.handler("h")
+    async def h(ctx: object, payload: object) -> None:
+        return None
+
+    with pytest.raises(TokenError) as ended:
+        asyncio.run(asyncio.wait_for(worker.arun(), 10))
+    assert "s3cr3t" not in str(ended.value)
