@@ -102,8 +102,9 @@ class WorkerConnection:
         self.session_id = session.id
         self.epoch = session.epoch
         self.max_concurrency = session.max_concurrency
-        #: the handlers the session runs: a claim can only find tasks of these
-        self.handlers = frozenset(c.handler for c in session.capabilities)
+        #: the handlers the session runs: a claim can only find tasks of these (kept
+        #: current by ``capacity`` updates)
+        self.handlers = handlers_of(session)
         self.push = push
         self.closed = False
         #: whether the last claim for this worker stopped at a capacity or cap (see
@@ -170,6 +171,11 @@ class WorkerConnection:
         if await self.send(tasks_wire(req_id, grants)):
             return
         await in_thread(release_undelivered, store, self.session_id, self.epoch, grants)
+
+
+def handlers_of(session: Session) -> frozenset[str]:
+    """The handlers a session runs, as the dispatcher compares them."""
+    return frozenset(c.handler for c in session.capabilities)
 
 
 def release_undelivered(store: Store, session_id: str, epoch: int, grants: Sequence[Grant]) -> None:
@@ -574,7 +580,11 @@ class _Protocol:
                         max_concurrency=msg.max_concurrency,
                     )
                 )
+                # The dispatcher's rounds skip a worker by its handlers (offer_all): judged
+                # by those it said at hello, one given a new handler here was skipped after
+                # any empty claim for its old ones, and the new handler's tasks waited.
                 conn.max_concurrency = session.max_concurrency
+                conn.handlers = handlers_of(session)
                 await conn.send(AckMessage(req_id=rid, op="capacity"))
                 self.dispatcher.wake_threadsafe()
             elif isinstance(msg, Drain):

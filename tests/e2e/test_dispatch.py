@@ -525,3 +525,43 @@ def test_a_worker_that_reads_nothing_for_a_session_ttl_is_disconnected(
                 )
         finally:
             _stop_workers([worker])
+
+
+def test_a_handler_added_by_a_capacity_update_is_pushed(
+    nodes: Callable[..., Node], tokens: Tokens
+) -> None:
+    """Two pushed workers of handler ``h``; the second then adds handler ``g`` with a
+    ``capacity`` update. A ``g`` task must be pushed to it. The dispatcher skips, within
+    a round, every worker whose handlers are among those a claim that nothing held back
+    has emptied; it judged the second worker by the handlers it said at ``hello``, so the
+    first worker's empty claim for ``h`` skipped it in every round, and the task stayed
+    queued (the poll fallback is an hour away here, and runs the same rounds)."""
+    node = nodes(args=["--poll-interval", "3600"])
+    auth = {"Authorization": f"Bearer {tokens.admin}"}
+
+    async def work() -> None:
+        narrow = await WorkerConnection.connect(node.ws, tokens.worker)
+        wide = await WorkerConnection.connect(node.ws, tokens.worker)
+        try:
+            await narrow.hello("narrow", {"h": 1}, 1)
+            await wide.hello("wide", {"h": 1}, 1)
+            capacity = {
+                "type": "capacity",
+                "seq": "1",
+                "max_concurrency": 2,
+                "capabilities": [{"handler": "h", "capacity": 1}, {"handler": "g", "capacity": 1}],
+            }
+            assert (await wide.request(capacity))["op"] == "capacity"
+            async with httpx.AsyncClient(base_url=node.http, timeout=30, headers=auth) as api:
+                spec = {"name": "q", "max_concurrency": 10, "rate": 0}
+                assert (await api.post("/v1/queues", json=spec)).status_code == 201
+                reply = await api.post("/v1/tasks", json={"queue": "q", "handler": "g"})
+                assert reply.status_code == 201, reply.text
+                task_id = reply.json()["task"]["id"]
+            pushed = await wide.next_push(WAIT)  # a bound, never a measurement
+            assert [t["task_id"] for t in pushed["tasks"]] == [task_id]
+        finally:
+            await narrow.close()
+            await wide.close()
+
+    asyncio.run(work())
