@@ -226,7 +226,10 @@ class Dispatcher:
 
     def _wake_if_blocked(self) -> None:
         self.frees += 1
-        if any(conn.blocked for conn in self.connections.values()):
+        # Only connections the dispatcher claims for: one that takes no pushes has no
+        # claim made for it, so its ``blocked`` never leaves its first value (True), and
+        # counting it made every freed permit on the node cost a round of claims.
+        if any(c.blocked and c.push and not c.closed for c in self.connections.values()):
             self._wake.set()
 
     def cancel_threadsafe(self, pairs: list[tuple[str, str]]) -> None:
