@@ -565,3 +565,59 @@ def test_a_handler_added_by_a_capacity_update_is_pushed(
             await wide.close()
 
     asyncio.run(work())
+
+
+def test_reports_overlap_and_other_requests_wait_for_them(db_url: str) -> None:
+    """What the req_id echo rule's last point promises (docs/protocol.md): up to four
+    reports of one connection (here a ``start``) are in the store at once and answered
+    as each completes, so a ``heartbeat`` sent after a start still in the store is
+    answered first; any other request (here a ``release``) waits for the reports before
+    it. The docs used to say that every request was handled one at a time, in order."""
+    store = open_store(db_url)
+    try:
+        store.queue_create("q", max_concurrency=10, rate=0)
+        token = store.token_create("w", ["worker"])[1]
+        task_id = store.task_submit(TaskSpec(queue="q", handler="h")).task.id
+        starting, finish_start = threading.Event(), threading.Event()
+        start = store.attempt_start
+
+        def held(*args: Any) -> Any:
+            starting.set()
+            assert finish_start.wait(WAIT), "the test never let the start finish"
+            return start(*args)
+
+        store.attempt_start = held  # type: ignore[method-assign]
+        app = create_app(ServerSettings(db_url=db_url, poll_interval=3600), store=store)
+        with (
+            TestClient(app) as client,
+            client.websocket_connect(
+                "/v1/worker", headers={"Authorization": f"Bearer {token}"}
+            ) as ws,
+        ):
+            ws.send_json(
+                {
+                    "type": "hello",
+                    "req_id": "r1",
+                    "name": "w",
+                    "max_concurrency": 1,
+                    "push": False,
+                    "capabilities": [{"handler": "h", "capacity": 1}],
+                }
+            )
+            assert _receive(ws)["type"] == "welcome"
+            ws.send_json({"type": "claim", "req_id": "r2", "n": 1})
+            [task] = _receive(ws)["tasks"]
+            assert task["task_id"] == task_id
+            attempt = {"attempt_id": task["attempt_id"], "fence": task["fence"]}
+            ws.send_json({"type": "start", "req_id": "r3", **attempt})
+            assert starting.wait(WAIT)
+            ws.send_json({"type": "heartbeat", "req_id": "r4"})
+            assert _receive(ws) == {"type": "ack", "req_id": "r4", "op": "heartbeat"}
+            ws.send_json({"type": "release", "req_id": "r5", **attempt})
+            finish_start.set()
+            started = _receive(ws)
+            assert started["type"] == "started" and started["req_id"] == "r3", started
+            refused = _receive(ws)  # the release came after the start: judged after it
+            assert refused["req_id"] == "r5" and refused["code"] == "NOT_CLAIMED", refused
+    finally:
+        store.close()
