@@ -249,7 +249,14 @@ class Dispatcher:
                 conn.send_nowait(conn.send(message), then=self._wake.set)
 
     def attach(self, conn: WorkerConnection) -> WorkerConnection | None:
+        """Make ``conn`` its session's connection on this node; return the connection it
+        supersedes, which the caller closes: the previous one, or ``conn`` itself when the
+        previous one holds a newer epoch. Two resumes of one session can cross: the one
+        that committed first (the older epoch) may reach here last, and must not push out
+        the session's current connection for one the store already fences."""
         previous = self.connections.get(conn.session_id)
+        if previous is not None and previous.epoch > conn.epoch:
+            return conn
         self.connections[conn.session_id] = conn
         self._wake.set()
         return previous
@@ -465,10 +472,10 @@ class _Protocol:
                 continue
             await self.ws.send_text(welcome.model_dump_json())
             conn = WorkerConnection(self.ws, session, push)
-            previous = self.dispatcher.attach(conn)
-            if previous is not None and previous is not conn:
+            superseded = self.dispatcher.attach(conn)
+            if superseded is not None:
                 # Not waited for: the old connection's worker may no longer read it.
-                previous.send_nowait(previous.close(4409, "session resumed elsewhere"))
+                superseded.send_nowait(superseded.close(4409, "session resumed elsewhere"))
             return conn
 
     async def serve(self) -> None:

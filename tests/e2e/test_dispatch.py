@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 from starlette.exceptions import StarletteDeprecationWarning
+from starlette.websockets import WebSocketDisconnect
 
 from orbit.core.model import SECOND, Capability, Outcome, TaskSpec
 from orbit.server import ServerSettings, create_app
@@ -182,6 +183,26 @@ def _receive(ws: Any) -> Any:
         return got.get(timeout=WAIT)
     except queue.Empty:
         raise AssertionError("nothing arrived") from None
+
+
+def _close_code(ws: Any) -> int:
+    """The code the server closes a test client's socket with (within WAIT seconds);
+    a message arriving first fails the test."""
+    got: queue.Queue[Any] = queue.Queue()
+
+    def read() -> None:
+        try:
+            got.put(ws.receive_json())
+        except WebSocketDisconnect as exc:
+            got.put(exc)
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        outcome = got.get(timeout=WAIT)
+    except queue.Empty:
+        raise AssertionError("the socket was not closed") from None
+    assert isinstance(outcome, WebSocketDisconnect), f"not closed: {outcome}"
+    return int(outcome.code)
 
 
 class Steps:
@@ -619,5 +640,55 @@ def test_reports_overlap_and_other_requests_wait_for_them(db_url: str) -> None:
             assert started["type"] == "started" and started["req_id"] == "r3", started
             refused = _receive(ws)  # the release came after the start: judged after it
             assert refused["req_id"] == "r5" and refused["code"] == "NOT_CLAIMED", refused
+    finally:
+        store.close()
+
+
+def test_two_resumes_that_cross_leave_the_newer_epoch_attached(db_url: str) -> None:
+    """Two connections resume one session on one node at once. The first resume
+    commits (epoch 2) but is slow to attach; the second commits (epoch 3) and attaches
+    first. When the first then attaches, it is the one superseded, and is closed with
+    4409. The node used to close the epoch-3 connection, the session's current one,
+    instead, and keep the fenced epoch-2 connection as the session's: the worker holding
+    the current epoch lost its connection, and nothing attached could work."""
+    store = open_store(db_url)
+    try:
+        token = store.token_create("w", ["worker"])[1]
+        session, secret = store.session_open(
+            name="w", node_id="test", capabilities=[Capability("h", 1)], max_concurrency=1
+        )
+        resumed_slowly, go_on = threading.Event(), threading.Event()
+        resume = store.session_resume
+        calls = 0
+
+        def slow_first(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            first = calls == 1
+            resumed = resume(*args, **kwargs)
+            if first:
+                resumed_slowly.set()
+                assert go_on.wait(WAIT), "the test never let the first resume go on"
+            return resumed
+
+        store.session_resume = slow_first  # type: ignore[method-assign]
+        app = create_app(ServerSettings(db_url=db_url, poll_interval=3600), store=store)
+        auth = {"Authorization": f"Bearer {token}"}
+        resume_msg = {"type": "resume", "session_id": session.id, "secret": secret, "push": False}
+        with (
+            TestClient(app) as client,
+            client.websocket_connect("/v1/worker", headers=auth) as older,
+            client.websocket_connect("/v1/worker", headers=auth) as newer,
+        ):
+            older.send_json({**resume_msg, "req_id": "r1"})
+            assert resumed_slowly.wait(WAIT)
+            newer.send_json({**resume_msg, "req_id": "r1"})
+            assert _receive(newer)["epoch"] == "3"
+            go_on.set()
+            assert _receive(older)["epoch"] == "2"
+            # The epoch-2 connection is the superseded one: it is closed, not the other.
+            assert _close_code(older) == 4409
+            newer.send_json({"type": "heartbeat", "req_id": "r2"})
+            assert _receive(newer) == {"type": "ack", "req_id": "r2", "op": "heartbeat"}
     finally:
         store.close()
