@@ -180,13 +180,26 @@ def handlers_of(session: Session) -> frozenset[str]:
 
 def release_undelivered(store: Store, session_id: str, epoch: int, grants: Sequence[Grant]) -> None:
     """Give back attempts claimed for a connection that closed before they reached it,
-    through the store's release path (claimed -> released, the task queued again). One
-    that cannot be released (the session resumed elsewhere meanwhile, say) is left to its
-    claim lease, as before."""
+    through the store's release path (claimed -> released, the task queued again).
+
+    A failed send wrote nothing, so no connection of the session has these attempts.
+    If the session was resumed meanwhile (the resume is what closed the connection, when
+    it lands on this node), the release in the claim's epoch is fenced: it is made again
+    in the session's current epoch, rather than leave the attempts holding the resumed
+    session's slots until their claim lease runs out. One that still cannot be released
+    (started, or resumed once more meanwhile) is left to its claim lease."""
+    current: int | None = None
     for grant in grants:
         attempt = grant.attempt
         try:
-            store.attempt_release(session_id, epoch, attempt.id, attempt.fence)
+            try:
+                store.attempt_release(session_id, epoch, attempt.id, attempt.fence)
+            except OrbitError as exc:
+                if exc.code != Code.FENCED_EPOCH:
+                    raise
+                if current is None:
+                    current = store.session_get(session_id).epoch
+                store.attempt_release(session_id, current, attempt.id, attempt.fence)
         except OrbitError as exc:
             log.info("undelivered attempt %s not released: %s", attempt.id, exc.code)
         except Exception:

@@ -692,3 +692,66 @@ def test_two_resumes_that_cross_leave_the_newer_epoch_attached(db_url: str) -> N
             assert _receive(newer) == {"type": "ack", "req_id": "r2", "op": "heartbeat"}
     finally:
         store.close()
+
+
+def test_a_claim_undelivered_because_of_a_resume_here_is_released(db_url: str) -> None:
+    """A push worker's claim commits for its connection (epoch 1); before the claim is
+    back in the dispatcher, the worker resumes its session on the same node (epoch 2),
+    which closes the first connection. The claimed tasks cannot be sent, and nobody has
+    them: their release, made in the name of epoch 1, was refused (FENCED_EPOCH), so the
+    attempts stayed claimed for the session, filling its one slot, and the resumed
+    connection got nothing until the claim lease (ten minutes here) ran out. They are
+    released under the session's current epoch instead, and pushed to the resumed
+    connection."""
+    store = open_store(db_url, StoreConfig(claim_ttl_us=600 * SECOND))
+    try:
+        store.queue_create("q", max_concurrency=10, rate=0)
+        token = store.token_create("w", ["worker"])[1]
+        task_id = store.task_submit(TaskSpec(queue="q", handler="h")).task.id
+        claimed, back = threading.Event(), threading.Event()
+        claim = store.attempt_claim_many
+
+        def first_held(*args: Any) -> Grants:
+            grants = claim(*args)
+            if not claimed.is_set():  # the first claim: committed, then held
+                claimed.set()
+                assert back.wait(WAIT), "the test never let the claim return"
+            return grants
+
+        store.attempt_claim_many = first_held  # type: ignore[method-assign]
+        app = create_app(ServerSettings(db_url=db_url, poll_interval=3600), store=store)
+        auth = {"Authorization": f"Bearer {token}"}
+        with (
+            TestClient(app) as client,
+            client.websocket_connect("/v1/worker", headers=auth) as first,
+        ):
+            first.send_json(
+                {
+                    "type": "hello",
+                    "req_id": "r1",
+                    "name": "w",
+                    "max_concurrency": 1,
+                    "push": True,
+                    "capabilities": [{"handler": "h", "capacity": 1}],
+                }
+            )
+            welcome = _receive(first)
+            assert claimed.wait(WAIT)  # the task is claimed for epoch 1
+            assert store.task_get(task_id).state == "claimed"
+            with client.websocket_connect("/v1/worker", headers=auth) as second:
+                resume = {
+                    "type": "resume",
+                    "req_id": "r1",
+                    "session_id": welcome["session_id"],
+                    "secret": welcome["resume_secret"],
+                    "push": True,
+                }
+                second.send_json(resume)
+                assert _receive(second)["epoch"] == "2"
+                assert _close_code(first) == 4409
+                back.set()  # the claim reaches the dispatcher: its connection is closed
+                pushed = _receive(second)
+                assert [t["task_id"] for t in pushed["tasks"]] == [task_id], pushed
+                assert pushed["tasks"][0]["fence"] == "2"  # a new attempt, the first released
+    finally:
+        store.close()
