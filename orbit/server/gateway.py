@@ -102,8 +102,9 @@ class WorkerConnection:
         self.session_id = session.id
         self.epoch = session.epoch
         self.max_concurrency = session.max_concurrency
-        #: the handlers the session runs: a claim can only find tasks of these
-        self.handlers = frozenset(c.handler for c in session.capabilities)
+        #: the handlers the session runs: a claim can only find tasks of these (kept
+        #: current by ``capacity`` updates)
+        self.handlers = handlers_of(session)
         self.push = push
         self.closed = False
         #: whether the last claim for this worker stopped at a capacity or cap (see
@@ -172,15 +173,33 @@ class WorkerConnection:
         await in_thread(release_undelivered, store, self.session_id, self.epoch, grants)
 
 
+def handlers_of(session: Session) -> frozenset[str]:
+    """The handlers a session runs, as the dispatcher compares them."""
+    return frozenset(c.handler for c in session.capabilities)
+
+
 def release_undelivered(store: Store, session_id: str, epoch: int, grants: Sequence[Grant]) -> None:
     """Give back attempts claimed for a connection that closed before they reached it,
-    through the store's release path (claimed -> released, the task queued again). One
-    that cannot be released (the session resumed elsewhere meanwhile, say) is left to its
-    claim lease, as before."""
+    through the store's release path (claimed -> released, the task queued again).
+
+    A failed send wrote nothing, so no connection of the session has these attempts.
+    If the session was resumed meanwhile (the resume is what closed the connection, when
+    it lands on this node), the release in the claim's epoch is fenced: it is made again
+    in the session's current epoch, rather than leave the attempts holding the resumed
+    session's slots until their claim lease runs out. One that still cannot be released
+    (started, or resumed once more meanwhile) is left to its claim lease."""
+    current: int | None = None
     for grant in grants:
         attempt = grant.attempt
         try:
-            store.attempt_release(session_id, epoch, attempt.id, attempt.fence)
+            try:
+                store.attempt_release(session_id, epoch, attempt.id, attempt.fence)
+            except OrbitError as exc:
+                if exc.code != Code.FENCED_EPOCH:
+                    raise
+                if current is None:
+                    current = store.session_get(session_id).epoch
+                store.attempt_release(session_id, current, attempt.id, attempt.fence)
         except OrbitError as exc:
             log.info("undelivered attempt %s not released: %s", attempt.id, exc.code)
         except Exception:
@@ -220,7 +239,10 @@ class Dispatcher:
 
     def _wake_if_blocked(self) -> None:
         self.frees += 1
-        if any(conn.blocked for conn in self.connections.values()):
+        # Only connections the dispatcher claims for: one that takes no pushes has no
+        # claim made for it, so its ``blocked`` never leaves its first value (True), and
+        # counting it made every freed permit on the node cost a round of claims.
+        if any(c.blocked and c.push and not c.closed for c in self.connections.values()):
             self._wake.set()
 
     def cancel_threadsafe(self, pairs: list[tuple[str, str]]) -> None:
@@ -240,7 +262,14 @@ class Dispatcher:
                 conn.send_nowait(conn.send(message), then=self._wake.set)
 
     def attach(self, conn: WorkerConnection) -> WorkerConnection | None:
+        """Make ``conn`` its session's connection on this node; return the connection it
+        supersedes, which the caller closes: the previous one, or ``conn`` itself when the
+        previous one holds a newer epoch. Two resumes of one session can cross: the one
+        that committed first (the older epoch) may reach here last, and must not push out
+        the session's current connection for one the store already fences."""
         previous = self.connections.get(conn.session_id)
+        if previous is not None and previous.epoch > conn.epoch:
+            return conn
         self.connections[conn.session_id] = conn
         self._wake.set()
         return previous
@@ -456,10 +485,10 @@ class _Protocol:
                 continue
             await self.ws.send_text(welcome.model_dump_json())
             conn = WorkerConnection(self.ws, session, push)
-            previous = self.dispatcher.attach(conn)
-            if previous is not None and previous is not conn:
+            superseded = self.dispatcher.attach(conn)
+            if superseded is not None:
                 # Not waited for: the old connection's worker may no longer read it.
-                previous.send_nowait(previous.close(4409, "session resumed elsewhere"))
+                superseded.send_nowait(superseded.close(4409, "session resumed elsewhere"))
             return conn
 
     async def serve(self) -> None:
@@ -574,7 +603,11 @@ class _Protocol:
                         max_concurrency=msg.max_concurrency,
                     )
                 )
+                # The dispatcher's rounds skip a worker by its handlers (offer_all): judged
+                # by those it said at hello, one given a new handler here was skipped after
+                # any empty claim for its old ones, and the new handler's tasks waited.
                 conn.max_concurrency = session.max_concurrency
+                conn.handlers = handlers_of(session)
                 await conn.send(AckMessage(req_id=rid, op="capacity"))
                 self.dispatcher.wake_threadsafe()
             elif isinstance(msg, Drain):

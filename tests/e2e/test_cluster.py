@@ -7,6 +7,8 @@
   are fenced (FENCED_EPOCH in the store, close code 4409 on the superseded connection)
   and leave evidence in the event log.
 - A ``drain`` from a fenced epoch is refused too (it once drained the session).
+- A push worker resumed on node B while its connection to node A is still open: only
+  the new connection gets tasks, and node A's dispatcher closes the old one.
 - A cancel requested through node A reaches the worker attached to node B (NOTIFY
   orbit_cancel), and a node whose LISTEN connection is killed reconnects and hears the
   other node's NOTIFYs again.
@@ -419,5 +421,41 @@ def test_no_call_fails_after_postgres_closed_every_connection(tmp_path: Path) ->
                     await run_task(http_a, worker, 2)
                     listing = await http_b.get("/v1/tasks")
                     assert listing.status_code == 200, listing.text
+
+        asyncio.run(scenario())
+
+
+def test_after_a_resume_on_node_b_only_the_new_connection_gets_pushes(tmp_path: Path) -> None:
+    """A push worker on node A is resumed on node B while its connection to A stays
+    open. A task submitted on A goes to the new connection on B; node A's dispatcher,
+    woken by the same submit, finds the old connection's epoch fenced and closes it
+    (4409, reason FENCED_EPOCH) instead of claiming for it; a cancel reaches B."""
+    with cluster(tmp_path) as c:
+        a, b = c.start("node-a", "node-b", args=POLL)
+
+        async def scenario() -> None:
+            async with client(a, c.tokens.admin) as http_a:
+                await make_queue(http_a)
+                old = await WorkerConnection.connect(a.ws, c.tokens.worker)
+                new = await WorkerConnection.connect(b.ws, c.tokens.worker)
+                try:
+                    await old.hello("w", {"h": 1}, max_concurrency=1, push=True)
+                    assert old.session_id is not None and old.resume_secret is not None
+                    resumed = await new.resume(old.session_id, old.resume_secret, push=True)
+                    assert resumed["epoch"] == "2"
+                    task_id = await submit(http_a, {"n": 1})
+                    [task] = await next_tasks(new)
+                    assert task["task_id"] == task_id
+                    closed = await old.next_push(timeout=PUSH_TIMEOUT)  # nothing before it
+                    assert closed == {"type": "closed"}, closed
+                    assert (old.ws.close_code, old.ws.close_reason) == (4409, "FENCED_EPOCH")
+                    assert (await new.start(task["attempt_id"], task["fence"]))["status"] == "ok"
+                    reply = await http_a.post(f"/v1/tasks/{task_id}/cancel")
+                    assert reply.status_code == 200, reply.text
+                    pushed = await new.next_push(timeout=PUSH_TIMEOUT)
+                    assert pushed == {"type": "cancel", "attempt_ids": [task["attempt_id"]]}
+                finally:
+                    await old.close()
+                    await new.close()
 
         asyncio.run(scenario())

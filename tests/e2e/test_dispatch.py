@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 from starlette.exceptions import StarletteDeprecationWarning
+from starlette.websockets import WebSocketDisconnect
 
 from orbit.core.model import SECOND, Capability, Outcome, TaskSpec
 from orbit.server import ServerSettings, create_app
@@ -182,6 +183,26 @@ def _receive(ws: Any) -> Any:
         return got.get(timeout=WAIT)
     except queue.Empty:
         raise AssertionError("nothing arrived") from None
+
+
+def _close_code(ws: Any) -> int:
+    """The code the server closes a test client's socket with (within WAIT seconds);
+    a message arriving first fails the test."""
+    got: queue.Queue[Any] = queue.Queue()
+
+    def read() -> None:
+        try:
+            got.put(ws.receive_json())
+        except WebSocketDisconnect as exc:
+            got.put(exc)
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        outcome = got.get(timeout=WAIT)
+    except queue.Empty:
+        raise AssertionError("the socket was not closed") from None
+    assert isinstance(outcome, WebSocketDisconnect), f"not closed: {outcome}"
+    return int(outcome.code)
 
 
 class Steps:
@@ -525,3 +546,212 @@ def test_a_worker_that_reads_nothing_for_a_session_ttl_is_disconnected(
                 )
         finally:
             _stop_workers([worker])
+
+
+def test_a_handler_added_by_a_capacity_update_is_pushed(
+    nodes: Callable[..., Node], tokens: Tokens
+) -> None:
+    """Two pushed workers of handler ``h``; the second then adds handler ``g`` with a
+    ``capacity`` update. A ``g`` task must be pushed to it. The dispatcher skips, within
+    a round, every worker whose handlers are among those a claim that nothing held back
+    has emptied; it judged the second worker by the handlers it said at ``hello``, so the
+    first worker's empty claim for ``h`` skipped it in every round, and the task stayed
+    queued (the poll fallback is an hour away here, and runs the same rounds)."""
+    node = nodes(args=["--poll-interval", "3600"])
+    auth = {"Authorization": f"Bearer {tokens.admin}"}
+
+    async def work() -> None:
+        narrow = await WorkerConnection.connect(node.ws, tokens.worker)
+        wide = await WorkerConnection.connect(node.ws, tokens.worker)
+        try:
+            await narrow.hello("narrow", {"h": 1}, 1)
+            await wide.hello("wide", {"h": 1}, 1)
+            capacity = {
+                "type": "capacity",
+                "seq": "1",
+                "max_concurrency": 2,
+                "capabilities": [{"handler": "h", "capacity": 1}, {"handler": "g", "capacity": 1}],
+            }
+            assert (await wide.request(capacity))["op"] == "capacity"
+            async with httpx.AsyncClient(base_url=node.http, timeout=30, headers=auth) as api:
+                spec = {"name": "q", "max_concurrency": 10, "rate": 0}
+                assert (await api.post("/v1/queues", json=spec)).status_code == 201
+                reply = await api.post("/v1/tasks", json={"queue": "q", "handler": "g"})
+                assert reply.status_code == 201, reply.text
+                task_id = reply.json()["task"]["id"]
+            pushed = await wide.next_push(WAIT)  # a bound, never a measurement
+            assert [t["task_id"] for t in pushed["tasks"]] == [task_id]
+        finally:
+            await narrow.close()
+            await wide.close()
+
+    asyncio.run(work())
+
+
+def test_reports_overlap_and_other_requests_wait_for_them(db_url: str) -> None:
+    """What the req_id echo rule's last point promises (docs/protocol.md): up to four
+    reports of one connection (here a ``start``) are in the store at once and answered
+    as each completes, so a ``heartbeat`` sent after a start still in the store is
+    answered first; any other request (here a ``release``) waits for the reports before
+    it. The docs used to say that every request was handled one at a time, in order."""
+    store = open_store(db_url)
+    try:
+        store.queue_create("q", max_concurrency=10, rate=0)
+        token = store.token_create("w", ["worker"])[1]
+        task_id = store.task_submit(TaskSpec(queue="q", handler="h")).task.id
+        starting, finish_start = threading.Event(), threading.Event()
+        start = store.attempt_start
+
+        def held(*args: Any) -> Any:
+            starting.set()
+            assert finish_start.wait(WAIT), "the test never let the start finish"
+            return start(*args)
+
+        store.attempt_start = held  # type: ignore[method-assign]
+        app = create_app(ServerSettings(db_url=db_url, poll_interval=3600), store=store)
+        with (
+            TestClient(app) as client,
+            client.websocket_connect(
+                "/v1/worker", headers={"Authorization": f"Bearer {token}"}
+            ) as ws,
+        ):
+            ws.send_json(
+                {
+                    "type": "hello",
+                    "req_id": "r1",
+                    "name": "w",
+                    "max_concurrency": 1,
+                    "push": False,
+                    "capabilities": [{"handler": "h", "capacity": 1}],
+                }
+            )
+            assert _receive(ws)["type"] == "welcome"
+            ws.send_json({"type": "claim", "req_id": "r2", "n": 1})
+            [task] = _receive(ws)["tasks"]
+            assert task["task_id"] == task_id
+            attempt = {"attempt_id": task["attempt_id"], "fence": task["fence"]}
+            ws.send_json({"type": "start", "req_id": "r3", **attempt})
+            assert starting.wait(WAIT)
+            ws.send_json({"type": "heartbeat", "req_id": "r4"})
+            assert _receive(ws) == {"type": "ack", "req_id": "r4", "op": "heartbeat"}
+            ws.send_json({"type": "release", "req_id": "r5", **attempt})
+            finish_start.set()
+            started = _receive(ws)
+            assert started["type"] == "started" and started["req_id"] == "r3", started
+            refused = _receive(ws)  # the release came after the start: judged after it
+            assert refused["req_id"] == "r5" and refused["code"] == "NOT_CLAIMED", refused
+    finally:
+        store.close()
+
+
+def test_two_resumes_that_cross_leave_the_newer_epoch_attached(db_url: str) -> None:
+    """Two connections resume one session on one node at once. The first resume
+    commits (epoch 2) but is slow to attach; the second commits (epoch 3) and attaches
+    first. When the first then attaches, it is the one superseded, and is closed with
+    4409. The node used to close the epoch-3 connection, the session's current one,
+    instead, and keep the fenced epoch-2 connection as the session's: the worker holding
+    the current epoch lost its connection, and nothing attached could work."""
+    store = open_store(db_url)
+    try:
+        token = store.token_create("w", ["worker"])[1]
+        session, secret = store.session_open(
+            name="w", node_id="test", capabilities=[Capability("h", 1)], max_concurrency=1
+        )
+        resumed_slowly, go_on = threading.Event(), threading.Event()
+        resume = store.session_resume
+        calls = 0
+
+        def slow_first(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            first = calls == 1
+            resumed = resume(*args, **kwargs)
+            if first:
+                resumed_slowly.set()
+                assert go_on.wait(WAIT), "the test never let the first resume go on"
+            return resumed
+
+        store.session_resume = slow_first  # type: ignore[method-assign]
+        app = create_app(ServerSettings(db_url=db_url, poll_interval=3600), store=store)
+        auth = {"Authorization": f"Bearer {token}"}
+        resume_msg = {"type": "resume", "session_id": session.id, "secret": secret, "push": False}
+        with (
+            TestClient(app) as client,
+            client.websocket_connect("/v1/worker", headers=auth) as older,
+            client.websocket_connect("/v1/worker", headers=auth) as newer,
+        ):
+            older.send_json({**resume_msg, "req_id": "r1"})
+            assert resumed_slowly.wait(WAIT)
+            newer.send_json({**resume_msg, "req_id": "r1"})
+            assert _receive(newer)["epoch"] == "3"
+            go_on.set()
+            assert _receive(older)["epoch"] == "2"
+            # The epoch-2 connection is the superseded one: it is closed, not the other.
+            assert _close_code(older) == 4409
+            newer.send_json({"type": "heartbeat", "req_id": "r2"})
+            assert _receive(newer) == {"type": "ack", "req_id": "r2", "op": "heartbeat"}
+    finally:
+        store.close()
+
+
+def test_a_claim_undelivered_because_of_a_resume_here_is_released(db_url: str) -> None:
+    """A push worker's claim commits for its connection (epoch 1); before the claim is
+    back in the dispatcher, the worker resumes its session on the same node (epoch 2),
+    which closes the first connection. The claimed tasks cannot be sent, and nobody has
+    them: their release, made in the name of epoch 1, was refused (FENCED_EPOCH), so the
+    attempts stayed claimed for the session, filling its one slot, and the resumed
+    connection got nothing until the claim lease (ten minutes here) ran out. They are
+    released under the session's current epoch instead, and pushed to the resumed
+    connection."""
+    store = open_store(db_url, StoreConfig(claim_ttl_us=600 * SECOND))
+    try:
+        store.queue_create("q", max_concurrency=10, rate=0)
+        token = store.token_create("w", ["worker"])[1]
+        task_id = store.task_submit(TaskSpec(queue="q", handler="h")).task.id
+        claimed, back = threading.Event(), threading.Event()
+        claim = store.attempt_claim_many
+
+        def first_held(*args: Any) -> Grants:
+            grants = claim(*args)
+            if not claimed.is_set():  # the first claim: committed, then held
+                claimed.set()
+                assert back.wait(WAIT), "the test never let the claim return"
+            return grants
+
+        store.attempt_claim_many = first_held  # type: ignore[method-assign]
+        app = create_app(ServerSettings(db_url=db_url, poll_interval=3600), store=store)
+        auth = {"Authorization": f"Bearer {token}"}
+        with (
+            TestClient(app) as client,
+            client.websocket_connect("/v1/worker", headers=auth) as first,
+        ):
+            first.send_json(
+                {
+                    "type": "hello",
+                    "req_id": "r1",
+                    "name": "w",
+                    "max_concurrency": 1,
+                    "push": True,
+                    "capabilities": [{"handler": "h", "capacity": 1}],
+                }
+            )
+            welcome = _receive(first)
+            assert claimed.wait(WAIT)  # the task is claimed for epoch 1
+            assert store.task_get(task_id).state == "claimed"
+            with client.websocket_connect("/v1/worker", headers=auth) as second:
+                resume = {
+                    "type": "resume",
+                    "req_id": "r1",
+                    "session_id": welcome["session_id"],
+                    "secret": welcome["resume_secret"],
+                    "push": True,
+                }
+                second.send_json(resume)
+                assert _receive(second)["epoch"] == "2"
+                assert _close_code(first) == 4409
+                back.set()  # the claim reaches the dispatcher: its connection is closed
+                pushed = _receive(second)
+                assert [t["task_id"] for t in pushed["tasks"]] == [task_id], pushed
+                assert pushed["tasks"][0]["fence"] == "2"  # a new attempt, the first released
+    finally:
+        store.close()

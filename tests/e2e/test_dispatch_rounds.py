@@ -52,10 +52,12 @@ class Rig:
         store.attempt_claim_many = counted  # type: ignore[method-assign]
         queue(store, max_concurrency=queue_cap)
 
-    def attach(self, handlers: dict[str, int], slots: int = 10) -> RecordingSocket:
+    def attach(
+        self, handlers: dict[str, int], slots: int = 10, *, push: bool = True
+    ) -> RecordingSocket:
         session, _ = worker(store=self.store, handlers=handlers, max_concurrency=slots)
         socket = RecordingSocket()
-        conn = WorkerConnection(cast(WebSocket, socket), session, push=True)
+        conn = WorkerConnection(cast(WebSocket, socket), session, push=push)
         assert self.dispatcher.attach(conn) is None
         return socket
 
@@ -122,3 +124,20 @@ def test_a_claim_held_back_by_a_queue_cap_skips_nobody(store: Store) -> None:
     rig.round()
     assert [len(ids) for ids in _pushed(*sockets)] == [1, 0]
     assert len(rig.claims) == 2  # held back by the cap, so the next worker was asked
+
+
+def test_a_freed_permit_wakes_no_round_for_a_worker_that_takes_no_pushes(store: Store) -> None:
+    """A freed permit wakes the dispatcher only if some worker's last claim was held
+    back. A worker that takes no pushed tasks (``"push": false``) has no claim made for
+    it, and its connection counted as held back for ever: while one was attached, every
+    finish on the node (every freed permit) woke a round of empty claims for the push
+    workers, the cost the rule is there to save."""
+    rig = Rig(store)
+    pushed = rig.attach({"h": 10})
+    rig.attach({"h": 10}, push=False)
+    rig.round()
+    assert rig.claims and pushed.task_ids == []  # nothing ready: nothing held it back
+    dispatcher = rig.dispatcher
+    dispatcher._wake.clear()
+    dispatcher._wake_if_blocked()  # what a finish's freed permit calls
+    assert not dispatcher._wake.is_set()
