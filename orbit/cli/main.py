@@ -335,6 +335,12 @@ def _run_worker(target: str, url: str, cafile: str | None) -> None:
     from orbit.worker.connection import ServerError
     from orbit.worker.runner import Worker
 
+    given = "ORBIT_URL" in os.environ or url != "http://127.0.0.1:8000"
+    if given:  # before the module's import, whose Worker(...) may read ORBIT_URL itself
+        try:
+            check_server_url(url)
+        except ValueError as exc:
+            _fail(str(exc))
     module_name, _, attr = target.partition(":")
     sys.path.insert(0, ".")
     try:
@@ -343,7 +349,7 @@ def _run_worker(target: str, url: str, cafile: str | None) -> None:
         _fail(f"cannot load {target}: {exc}")
     if not isinstance(obj, Worker):
         _fail(f"{target} is a {type(obj).__name__}, not an orbit Worker")
-    if "ORBIT_URL" in os.environ or url != "http://127.0.0.1:8000":
+    if given:
         obj.url = url.rstrip("/")
     if cafile is not None:  # --cafile or ORBIT_CAFILE: it was accepted, then ignored
         obj.cafile = cafile

@@ -48,6 +48,7 @@ from orbit import aio
 from orbit.aio import stop_tasks
 from orbit.gctune import tune_for_throughput
 from orbit.tokens import TokenError, load_token
+from orbit.urls import check_server_url
 from orbit.worker import outcomes
 from orbit.worker.batching import MAX_BATCH, Coalescer
 from orbit.worker.connection import ServerError, WorkerConnection, outcome
@@ -203,6 +204,10 @@ class Worker:
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        # Refused here, as the clients refuse it: a URL the worker cannot use was tried
+        # again and again as if the server were down (credentials in it went as Basic
+        # auth in place of the token; one with no scheme could not be opened at all).
+        check_server_url(url)
         self.url = url.rstrip("/")
         self.token = token
         self.name = name

@@ -203,31 +203,24 @@ def test_a_slow_answer_raises_unreachable_after_the_timeout(server: _Server) -> 
     t.close()
 
 
-@pytest.mark.parametrize(
-    ("url", "message"),
-    [
-        ("ftp://127.0.0.1:1", "must be http"),
-        ("127.0.0.1:8000", "must be http"),
-        ("http://127.0.0.1:1/?x=1", "query"),
-        ("http://user:secret@127.0.0.1:1", "credentials"),
-    ],
-)
+#: Server URLs no client can use, and what the refusal says (never the password).
+UNUSABLE_URLS = [
+    ("ftp://127.0.0.1:1", "must be http"),
+    ("127.0.0.1:8000", "must be http"),
+    ("http://127.0.0.1:99999", "must be http"),
+    ("http://127.0.0.1:1/?x=1", "query"),
+    ("http://user:secret@127.0.0.1:1", "credentials"),
+]
+
+
+@pytest.mark.parametrize(("url", "message"), UNUSABLE_URLS)
 def test_urls_it_cannot_use_are_refused(url: str, message: str) -> None:
     with pytest.raises(ValueError, match=message) as caught:
         _transport(url)
     assert "secret" not in str(caught.value)
 
 
-@pytest.mark.parametrize(
-    ("url", "message"),
-    [
-        ("ftp://127.0.0.1:1", "must be http"),
-        ("127.0.0.1:8000", "must be http"),
-        ("http://127.0.0.1:99999", "must be http"),
-        ("http://127.0.0.1:1/?x=1", "query"),
-        ("http://user:secret@127.0.0.1:1", "credentials"),
-    ],
-)
+@pytest.mark.parametrize(("url", "message"), UNUSABLE_URLS)
 def test_async_client_refuses_the_urls_client_refuses(url: str, message: str) -> None:
     """At once, as ``ValueError``: httpx took a URL with credentials and sent them as a
     Basic ``Authorization`` header in place of the bearer token, and a URL with no
@@ -236,6 +229,18 @@ def test_async_client_refuses_the_urls_client_refuses(url: str, message: str) ->
 
     with pytest.raises(ValueError, match=message) as caught:
         AsyncClient(url, token="t0ken")
+    assert "secret" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("url", "message"), UNUSABLE_URLS)
+def test_a_worker_refuses_the_urls_client_refuses(url: str, message: str) -> None:
+    """At construction: a ``Worker`` given one of these reconnected for ever (a URL with
+    no scheme became a WebSocket URL websockets could not open, and credentials went as
+    Basic auth in place of the token, refused as a network error would be)."""
+    from orbit.worker.runner import Worker
+
+    with pytest.raises(ValueError, match=message) as caught:
+        Worker(url, token="t0ken")
     assert "secret" not in str(caught.value)
 
 
