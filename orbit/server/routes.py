@@ -435,6 +435,8 @@ async def worker_drain(request: Request, session_id: str) -> Response:
 async def token_create(request: Request) -> Response:
     msg = await _body(request, TokenCreate)
     token_id, token = await in_thread(_store(request).token_create, msg.name, list(msg.scopes))
-    return _json(
+    reply = _json(
         TokenCreated(id=token_id, name=msg.name, scopes=sorted(set(msg.scopes)), token=token), 201
     )
+    reply.headers["Cache-Control"] = "no-store"  # the reply holds the token's only copy
+    return reply

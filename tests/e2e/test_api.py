@@ -463,6 +463,7 @@ def test_operator_routes(admin: httpx.Client, node: Node, tokens: Tokens) -> Non
     assert admin.get(f"/v1/tasks/{task['id']}").json()["state"] == "queued"
     made = admin.post("/v1/tokens", json={"name": "ci", "scopes": ["submit"]})
     assert made.status_code == 201 and made.json()["token"].startswith("orbit_")
+    assert made.headers["cache-control"] == "no-store"  # the secret is kept by no cache
     workers = admin.get("/v1/workers").json()
     assert workers == []
     assert admin.get("/v1/nope").status_code == 404
