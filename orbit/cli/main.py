@@ -317,6 +317,8 @@ def worker_command(
         return
     if len(args) != 1 or ":" not in args[0]:
         _fail("give `ls`, `drain SESSION_ID` or MODULE:OBJ (e.g. myapp.jobs:worker)")
+    if as_json:
+        _fail("--json applies to `ls` and `drain`; a running worker logs lines")
     _run_worker(args[0], url, cafile)
 
 

@@ -445,6 +445,7 @@ def test_worker_without_a_usable_token_or_url_says_so(
         (orbit("worker", app, ORBIT_TEST_NAME="no/such name"), 3, "refused this worker"),
         (orbit("worker", app, ORBIT_URL="127.0.0.1:9"), 2, "server URL must"),
         (orbit("worker", app, ORBIT_URL="http://ops:hunter2@127.0.0.1:9"), 2, "server URL"),
+        (orbit("worker", app, "--json"), 2, "--json"),  # was accepted, then ignored
     ]
     for run, code, says in cases:
         assert run.returncode == code, run.stderr
