@@ -112,8 +112,8 @@ def test_the_token_file_is_written_afresh_with_mode_600(tmp_path: Path) -> None:
 
 def test_orbit_dev_keeps_its_admin_token_from_one_run_to_the_next(tmp_path: Path) -> None:
     """Each run minted another admin token and overwrote the file holding the last one:
-    every earlier token stayed valid for ever, its only copy gone (Orbit has no way to
-    revoke a token). A saved token the database still knows is used again; another is
+    every earlier token stayed valid for ever, its only copy gone (Orbit then had no way
+    to revoke a token). A saved token the database still knows is used again; another is
     minted only when the saved one is missing or no longer an admin token."""
     from orbit.cli.dev import _prepare
 

@@ -67,8 +67,8 @@ def demo_worker(url: str, token: str) -> Worker:
 
 def _saved_admin_token(token_file: Path, store: Store) -> str | None:
     """The admin token an earlier run saved, if the file is private and the database
-    still takes it: minting one every run left each earlier admin token valid for ever
-    with its only copy overwritten, and Orbit has no way to revoke one."""
+    still takes it: minting one every run left each earlier admin token valid, its only
+    copy overwritten, until someone listed and revoked it (``orbit token revoke``)."""
     try:
         token = load_token({"ORBIT_TOKEN_FILE": str(token_file)})
     except TokenError:

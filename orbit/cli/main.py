@@ -1,4 +1,4 @@
-"""``orbit``: run a server node, migrate the database, create tokens.
+"""``orbit``: run a server node, migrate the database, create, list and revoke tokens.
 
 The database comes from ``--db`` or ``ORBIT_DB``: ``sqlite:///path/orbit.db`` or
 ``postgresql://user@host:5432/db``. Its password, if any, is never printed (and belongs in
@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 from urllib.parse import unquote
 
 import typer
@@ -22,6 +22,14 @@ from orbit.cli.listening import announcement, bind, url_of
 from orbit.core.errors import OrbitError
 from orbit.core.model import SECOND
 from orbit.core.validate import is_name
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from orbit.core.model import Token
+    from orbit.store import Store
+
+T = TypeVar("T")
 
 app = typer.Typer(
     help="Orbit: durable job execution. Examples:\n\n"
@@ -32,7 +40,11 @@ app = typer.Typer(
     add_completion=False,
 )
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
-token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
+token_app = typer.Typer(
+    help="API tokens: create, list, revoke. They open the database (--db or ORBIT_DB) "
+    "directly, not a server.",
+    no_args_is_help=True,
+)
 app.add_typer(db_app, name="db")
 app.add_typer(token_app, name="token")
 
@@ -149,6 +161,112 @@ def token_create(
         f"token {token_id} ({', '.join(sorted(set(scope)))}): store it now, it is not shown again",
         err=True,
     )
+
+
+def _on_existing_store(db: str, call: Callable[[Store], T]) -> T:
+    """Open the database, run ``call`` on its store and close it. A SQLite file that does
+    not exist is refused, not created: on a mistyped path ``token ls`` would list the
+    tokens of an empty database it had just made, and ``token revoke`` refuse every id
+    while leaving that file behind. A database that fails is ``database``'s one line
+    (exit 1); a refusal from the store is its message (exit 2)."""
+    from orbit.store import open_store
+
+    _check_url(db)
+    if db.startswith("sqlite://"):
+        path = db.removeprefix("sqlite://")
+        path = path[1:] if path.startswith("/") else path  # as open_store reads it
+        if not Path(path).is_file():
+            _fail(f"no database at {path}: check --db (orbit db migrate creates one)")
+    refused: OrbitError | None = None
+    with database(db):
+        store = open_store(db)
+        try:
+            return call(store)
+        except OrbitError as exc:
+            refused = exc
+        finally:
+            store.close()
+    assert refused is not None  # database() ends every other way out with an exit
+    _fail(refused.message)
+
+
+def _token_wire(token: Token) -> dict[str, Any]:
+    """A token as ``--json`` prints it: the API's RFC 3339 instants, no secret, no hash."""
+    from orbit.protocol.convert import instant_to_wire
+
+    return {
+        "id": token.id,
+        "name": token.name,
+        "scopes": list(token.scopes),
+        "created_at": instant_to_wire(token.created_at),
+        "revoked_at": instant_to_wire(token.revoked_at),
+    }
+
+
+def _tokens_table(rows: list[dict[str, Any]]) -> Table:
+    from rich.table import Column, Table
+
+    def when(instant: str | None) -> str:  # a space, where a narrow column may wrap
+        return "" if instant is None else instant[:19].replace("T", " ")
+
+    # The id is what `token revoke` takes: a narrow terminal wraps the other columns
+    # first, rather than cut the id short with an ellipsis.
+    table = Table(Column("id", no_wrap=True), "name", "scopes", "created", "revoked")
+    for t in rows:
+        table.add_row(
+            t["id"], t["name"], ", ".join(t["scopes"]), when(t["created_at"]), when(t["revoked_at"])
+        )
+    return table
+
+
+@token_app.command("ls")
+def token_ls(
+    db: DbUrl,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON for scripts")] = False,
+) -> None:
+    """List tokens, revoked ones too: id, name, scopes, created, revoked.
+
+    Oldest first. A token's secret is never shown: only its hash is stored.
+
+    Example: orbit token ls --db sqlite:///.orbit/orbit.db
+    """
+    from orbit.cli.api import emit
+
+    tokens = _on_existing_store(db, lambda store: store.token_list())
+    emit([_token_wire(t) for t in tokens], as_json, _tokens_table)
+
+
+@token_app.command("revoke")
+def token_revoke(
+    db: DbUrl,
+    token_id: Annotated[
+        str,
+        typer.Argument(
+            metavar="TOKEN_ID",
+            help="the id `orbit token ls` shows: in a token orbit_<id>_<secret>, the <id>",
+            show_default=False,
+        ),
+    ],
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON for scripts")] = False,
+) -> None:
+    """Revoke a token: from now on it is refused. Revoking it again changes nothing.
+
+    A running server still takes it for up to 10 seconds (each node caches token
+    checks). A worker connection already open stays open and keeps working: drain it
+    (orbit worker drain SESSION_ID) and restart the worker with another token.
+
+    Example: orbit token revoke --db sqlite:///.orbit/orbit.db 019ae4c3d2b97f0e8a1c4b5d6e7f8091
+    """
+    from orbit.cli.api import emit
+
+    token = _on_existing_store(db, lambda store: store.token_revoke(token_id))
+    emit(_token_wire(token), as_json, lambda t: _tokens_table([t]))
+    if not as_json:
+        typer.secho(
+            f"token {token.id} is revoked: servers refuse it within 10 seconds; worker "
+            "connections already open stay open until the worker is restarted",
+            err=True,
+        )
 
 
 def _check_tls(cert: Path, key: Path) -> None:

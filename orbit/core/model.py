@@ -391,6 +391,18 @@ class Artifact:
 
 
 @dataclass(frozen=True)
+class Token:
+    """An API token as an operator sees it: never its secret nor the secret's hash, so a
+    listing can be printed or logged without handing out anything that authenticates."""
+
+    id: str  # the part of ``orbit_<id>_<secret>`` between the underscores
+    name: str
+    scopes: tuple[str, ...]  # sorted
+    created_at: int
+    revoked_at: int | None  # None while the token is accepted
+
+
+@dataclass(frozen=True)
 class Grant:
     """One claimed attempt handed to a worker."""
 

@@ -15,12 +15,19 @@ from orbit.server.threads import in_thread
 from orbit.store import Store
 
 SCOPES = ("admin", "submit", "worker")
+#: How long a node remembers a token check, in seconds: a token revoked in the database
+#: is still accepted by a node for at most this long (docs/operations.md, Tokens).
+CACHE_SECONDS = 10.0
 
 
 class TokenCheck:
-    """Verifies tokens against the store, remembering answers for ``ttl`` seconds."""
+    """Verifies tokens against the store, remembering answers for ``ttl`` seconds.
 
-    def __init__(self, store: Store, ttl: float = 10.0) -> None:
+    An answer is remembered from when it was read, not renewed by use: a revoked token
+    is refused by the first check ``ttl`` seconds after the answer that still took it.
+    Only the upgrade of a worker's WebSocket is checked, never its open connection."""
+
+    def __init__(self, store: Store, ttl: float = CACHE_SECONDS) -> None:
         self._store = store
         self._ttl = ttl
         self._cache: dict[str, tuple[float, frozenset[str] | None]] = {}

@@ -15,6 +15,7 @@ from orbit.core.model import (
     Queue,
     Session,
     Task,
+    Token,
     assemble,
     compact_json,
 )
@@ -310,4 +311,15 @@ def artifact_from_row(r: Row) -> Artifact:
         state=r["state"],
         created_at=int(r["created_at"]),
         expires_at=int(r["expires_at"]),
+    )
+
+
+def token_from_row(r: Row) -> Token:
+    revoked_at = r["revoked_at"]
+    return Token(
+        id=r["id"],
+        name=r["name"],
+        scopes=tuple(sorted(str(r["scopes"]).split(","))),
+        created_at=int(r["created_at"]),
+        revoked_at=None if revoked_at is None else int(revoked_at),
     )

@@ -38,6 +38,7 @@ from orbit.core.model import (
     Session,
     Task,
     TaskSpec,
+    Token,
     canonical_json,
     evolve,
 )
@@ -448,6 +449,37 @@ class Store:
         if not found or not hmac.compare_digest(found[0]["secret_hash"], _hash_secret(parts[2])):
             return None
         return frozenset(str(found[0]["scopes"]).split(","))
+
+    def token_list(self) -> list[Token]:
+        """Every token, revoked ones included, oldest first; never a secret or its hash."""
+        return [R.token_from_row(r) for r in self._read("token_list")]
+
+    def token_revoke(self, token_id: str) -> Token:
+        """Refuse a token from now on (``token_scopes`` answers None) and return it.
+
+        Revoking a revoked token changes nothing and returns it with its first
+        ``revoked_at``, so a revoke retried after a lost answer is harmless and the
+        record of when the token stopped working stays true. A server node still
+        accepts the token for as long as it caches checks (``orbit.server.auth``)."""
+        if not (0 < len(token_id) <= 64 and token_id.isascii() and token_id.isalnum()):
+            # Not echoed: what was given may be a whole token, secret included.
+            raise OrbitError(
+                Code.INVALID_ARGUMENT,
+                "a token id is the part of the token between 'orbit_' and the next '_'",
+            )
+
+        def work(tx: _Tx) -> Token:
+            found = tx.fetch("token_lock", id=token_id)
+            if not found:
+                raise OrbitError(Code.TOKEN_NOT_FOUND, f"no token with id {token_id!r:.80}")
+            token = R.token_from_row(found[0])
+            if token.revoked_at is not None:
+                return token
+            now = tx.now()  # after the lock: two revokes in a race keep the first instant
+            _guarded("token_revoke", tx.execute("token_revoke", id=token_id, now=now), 1)
+            return evolve(token, revoked_at=now)
+
+        return self._tx(work)
 
     # ------------------------------------------------------------------ submit
 

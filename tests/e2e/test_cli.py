@@ -277,6 +277,104 @@ def test_db_and_token_commands(tmp_path: Path) -> None:
         assert command in helps.stdout
 
 
+def _orbit(*args: str) -> subprocess.CompletedProcess[str]:
+    """``orbit *args`` in a process of its own, on a wide terminal."""
+    return subprocess.run(
+        [sys.executable, "-m", "orbit.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def test_token_ls_and_revoke(db_url: str) -> None:
+    """``token ls`` lists every token without its secret; ``token revoke`` refuses it from
+    then on, shows it revoked, and a second revoke keeps the first instant."""
+    from orbit.store import open_store
+
+    made = _orbit("token", "create", "--db", db_url, "--name", "leaky", "--scope", "submit")
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.strip()
+    token_id, secret = token.split("_")[1], token.split("_", 2)[2]
+    listed = json.loads(ok(_orbit("token", "ls", "--db", db_url, "--json")))
+    assert listed == [
+        {
+            "id": token_id,
+            "name": "leaky",
+            "scopes": ["submit"],
+            "created_at": listed[0]["created_at"],
+            "revoked_at": None,
+        }
+    ]
+    table = ok(_orbit("token", "ls", "--db", db_url))
+    assert token_id in table and "leaky" in table and secret not in table
+    revoked = _orbit("token", "revoke", "--db", db_url, token_id)
+    assert revoked.returncode == 0, revoked.stderr
+    assert token_id in revoked.stdout and "within 10 seconds" in revoked.stderr
+    [after] = json.loads(ok(_orbit("token", "ls", "--db", db_url, "--json")))
+    assert after["revoked_at"] is not None and after["revoked_at"] >= after["created_at"]
+    again = json.loads(ok(_orbit("token", "revoke", "--db", db_url, token_id, "--json")))
+    assert again == after
+    store = open_store(db_url)
+    try:
+        assert store.token_scopes(token) is None
+    finally:
+        store.close()
+    for run in (made, revoked):
+        assert secret not in run.stderr
+
+
+def test_token_revoke_refuses_what_it_cannot_revoke_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    """An unknown id, a whole token given for its id (its secret is not repeated), no id
+    at all, and a --db that names no database are refused with one line, exit 2, and
+    leave every token (and the file system) as it was."""
+    db = f"sqlite:///{tmp_path}/orbit.db"
+    token = make_tokens(db).admin
+    before = ok(_orbit("token", "ls", "--db", db, "--json"))
+    unknown = _orbit("token", "revoke", "--db", db, "0" * 32)
+    assert unknown.returncode == 2, unknown.stderr
+    assert unknown.stderr.startswith("error: no token with id '" + "0" * 32), unknown.stderr
+    whole = _orbit("token", "revoke", "--db", db, token)
+    assert whole.returncode == 2 and "between 'orbit_' and the next '_'" in whole.stderr
+    assert token.split("_", 2)[2] not in whole.stdout + whole.stderr
+    missing = _orbit("token", "revoke", "--db", db)
+    assert missing.returncode == 2 and "Missing argument 'TOKEN_ID'" in missing.stderr
+    for run in (unknown, whole, missing):
+        assert run.stdout == "" and "Traceback" not in run.stderr, run.stderr
+    assert ok(_orbit("token", "ls", "--db", db, "--json")) == before
+    nowhere = tmp_path / "typo" / "orbit.db"
+    for command in (["token", "ls"], ["token", "revoke", token.split("_")[1]]):
+        absent = _orbit(*command, "--db", f"sqlite:///{nowhere}")
+        assert absent.returncode == 2, absent.stderr
+        assert f"error: no database at {nowhere}" in absent.stderr, absent.stderr
+        scheme = _orbit(*command, "--db", "mysql://db/orbit")
+        assert scheme.returncode == 2, scheme.stderr
+        assert "--db must start with sqlite:// or postgresql://" in scheme.stderr
+    assert not nowhere.parent.exists()
+    assert ok(_orbit("token", "ls", "--db", db, "--json")) == before
+
+
+def test_token_help_gives_an_example_and_the_cache_lifetime() -> None:
+    """``token revoke --help`` says how long a running server still takes a revoked
+    token: the server's cache lifetime, which the text must follow if it changes."""
+    from orbit.server.auth import CACHE_SECONDS
+
+    for command, example in (
+        ("ls", "Example: orbit token ls --db"),
+        ("revoke", "Example: orbit token revoke --db"),
+    ):
+        helped = _orbit("token", command, "--help")
+        assert helped.returncode == 0, helped.stderr
+        text = " ".join(helped.stdout.split())
+        assert example in text, text
+    assert f"for up to {CACHE_SECONDS:g} seconds" in text, text
+    assert "worker connection already open stays open" in text, text
+
+
 def _junk_database(tmp_path: Path) -> Path:
     """A file that SQLite cannot open as a database."""
     junk = tmp_path / "junk.db"
@@ -303,13 +401,15 @@ def _cannot_open(args: list[str], cause: str) -> subprocess.CompletedProcess[str
 
 
 def test_db_commands_on_a_file_that_is_no_database_say_so(tmp_path: Path) -> None:
-    """``db migrate`` and ``token create`` on a database they cannot open print one line
-    that says so and exit 1: no traceback, and the file is left as it was."""
+    """``db migrate`` and the ``token`` commands on a database they cannot open print one
+    line that says so and exit 1: no traceback, and the file is left as it was."""
     junk = _junk_database(tmp_path)
     db = f"sqlite:///{junk}"
     for args in (
         ["db", "migrate", "--db", db],
         ["token", "create", "--db", db, "--name", "ci", "--scope", "submit"],
+        ["token", "ls", "--db", db],
+        ["token", "revoke", "--db", db, "0" * 32],
     ):
         run = _cannot_open(args, "file is not a database")
         assert run.stderr.startswith("error: cannot open the database"), run.stderr
@@ -369,7 +469,7 @@ def test_server_says_where_it_listens_whatever_its_log_level(
 
 
 def test_a_database_url_password_is_in_no_error_line() -> None:
-    """Whatever stops ``db migrate``, ``token create`` or ``server`` from opening a
+    """Whatever stops ``db migrate``, a ``token`` command or ``server`` from opening a
     PostgreSQL database, the one line that says so never holds the URL's password: not
     when the driver quotes a URL it cannot parse whole, nor when the password is a query
     parameter (``?password=``), percent-encoded or not."""
@@ -397,6 +497,8 @@ def test_a_database_url_password_is_in_no_error_line() -> None:
             ([*command, "--db", url], cause, url)
             for command in (
                 ["token", "create", "--name", "ci", "--scope", "admin"],
+                ["token", "ls"],
+                ["token", "revoke", "0" * 32],
                 ["server", "--port", "0"],
             )
             for url, cause in list(cases.items())[:2]
@@ -525,6 +627,8 @@ def test_db_commands_refuse_a_database_that_is_no_file() -> None:
         for args in (
             ["db", "migrate", "--db", db],
             ["token", "create", "--db", db, "--name", "ci", "--scope", "admin"],
+            ["token", "ls", "--db", db],
+            ["token", "revoke", "--db", db, "0" * 32],
             ["server", "--db", db, "--port", "0"],
         ):
             run = subprocess.run(

@@ -314,6 +314,17 @@ VALUES (:id, :name, :secret_hash, :scopes, :now);
 -- name: token_get
 SELECT * FROM orbit_tokens WHERE id = :id AND revoked_at IS NULL;
 
+-- name: token_list
+-- Every column but secret_hash: a listing never carries what a token is checked against.
+SELECT id, name, scopes, created_at, revoked_at FROM orbit_tokens ORDER BY created_at, id;
+
+-- name: token_lock
+SELECT id, name, scopes, created_at, revoked_at FROM orbit_tokens WHERE id = :id;
+
+-- name: token_revoke
+-- Only a token not revoked yet: a second revoke keeps the first revoked_at.
+UPDATE orbit_tokens SET revoked_at = :now WHERE id = :id AND revoked_at IS NULL;
+
 -- name: task_stats
 SELECT queue, state, count(*) AS n, min(CASE WHEN state = 'queued' THEN run_after END) AS oldest
 FROM orbit_tasks GROUP BY queue, state;
