@@ -385,13 +385,7 @@ def _junk_database(tmp_path: Path) -> Path:
 def _cannot_open(args: list[str], cause: str) -> subprocess.CompletedProcess[str]:
     """Run ``orbit *args``, which must exit 1 with one ``error:`` line that says the
     database cannot be opened and names ``cause``, and no traceback."""
-    run = subprocess.run(
-        [sys.executable, "-m", "orbit.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    run = _orbit(*args)
     assert run.returncode == 1, (args, run.stderr)
     assert "Traceback" not in run.stderr, run.stderr
     [said] = [line for line in run.stderr.splitlines() if line.startswith("error:")]
@@ -440,13 +434,7 @@ def test_server_on_a_port_in_use_is_refused_and_touches_nothing(tmp_path: Path) 
         port = taken.getsockname()[1]
         db = tmp_path / "orbit.db"
         command = ["server", "--db", f"sqlite:///{db}", "--port", str(port)]
-        result = subprocess.run(
-            [sys.executable, "-m", "orbit.cli", *command],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        result = _orbit(*command)
     assert result.returncode == 2, result.stderr
     assert f"port {port} is in use; pass --port 0 or another" in result.stderr
     assert not db.exists()
@@ -517,13 +505,7 @@ def test_server_on_an_address_it_cannot_listen_on_is_refused_and_touches_nothing
     db = tmp_path / "orbit.db"
     for host in ("no-such-host.invalid", "192.0.2.1"):
         command = ["server", "--db", f"sqlite:///{db}", "--host", host, "--port", "0"]
-        result = subprocess.run(
-            [sys.executable, "-m", "orbit.cli", *command],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        result = _orbit(*command)
         assert result.returncode == 2, result.stderr
         assert "Traceback" not in result.stderr, result.stderr
         assert f"cannot listen on {host}" in result.stderr, result.stderr
@@ -569,13 +551,7 @@ def test_server_with_a_certificate_it_cannot_load_is_refused_and_touches_nothing
     db = tmp_path / "orbit.db"
     tls = ["--tls-cert", str(junk), "--tls-key", str(junk)]
     command = ["server", "--db", f"sqlite:///{db}", "--port", "0", *tls]
-    result = subprocess.run(
-        [sys.executable, "-m", "orbit.cli", *command],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = _orbit(*command)
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     assert "cannot load --tls-cert and --tls-key" in result.stderr, result.stderr
@@ -631,13 +607,7 @@ def test_db_commands_refuse_a_database_that_is_no_file() -> None:
             ["token", "revoke", "--db", db, "0" * 32],
             ["server", "--db", db, "--port", "0"],
         ):
-            run = subprocess.run(
-                [sys.executable, "-m", "orbit.cli", *args],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
+            run = _orbit(*args)
             assert run.returncode == 2, (args, run.stdout, run.stderr)
             assert "names no file" in run.stderr, run.stderr
             assert run.stdout == ""
@@ -710,13 +680,7 @@ def test_server_with_a_node_id_no_worker_could_attach_to_is_refused(tmp_path: Pa
     at start, before the database is made."""
     db = tmp_path / "orbit.db"
     command = ["server", "--db", f"sqlite:///{db}", "--port", "0", "--node-id", "my node"]
-    result = subprocess.run(
-        [sys.executable, "-m", "orbit.cli", *command],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    result = _orbit(*command)
     assert result.returncode == 2, result.stderr
     assert "--node-id must be 1-128 characters" in result.stderr, result.stderr
     assert not db.exists()
