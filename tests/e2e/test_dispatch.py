@@ -53,24 +53,29 @@ class Rig:
     detached: threading.Event  # a connection left the dispatcher
 
     def hello(self, ws: Any) -> str:
-        ws.send_json(
-            {
-                "type": "hello",
-                "req_id": "r1",
-                "name": "w",
-                "max_concurrency": 1,
-                "push": True,
-                "capabilities": [{"handler": "h", "capacity": 1}],
-            }
-        )
-        welcome = ws.receive_json()
-        assert welcome["type"] == "welcome", welcome
-        return str(welcome["session_id"])
+        return str(_hello(ws)["session_id"])
 
     def connect(self) -> Any:
         return self.client.websocket_connect(
             "/v1/worker", headers={"Authorization": f"Bearer {self.token}"}
         )
+
+
+def _hello(ws: Any, *, name: str = "w", slots: int = 1, push: bool = True) -> dict[str, Any]:
+    """Say hello on ``ws`` as a worker of ``slots`` for handler ``h``; the welcome."""
+    ws.send_json(
+        {
+            "type": "hello",
+            "req_id": "r1",
+            "name": name,
+            "max_concurrency": slots,
+            "push": push,
+            "capabilities": [{"handler": "h", "capacity": slots}],
+        }
+    )
+    welcome = _receive(ws)
+    assert welcome["type"] == "welcome", welcome
+    return dict(welcome)
 
 
 def _observe(fn: Callable[..., Any], after: threading.Event) -> Callable[..., Any]:
@@ -266,17 +271,7 @@ def test_a_permit_freed_while_a_claim_is_in_flight_wakes_the_dispatcher(tmp_path
                 "/v1/worker", headers={"Authorization": f"Bearer {token}"}
             ) as ws,
         ):
-            ws.send_json(
-                {
-                    "type": "hello",
-                    "req_id": "r1",
-                    "name": "a",
-                    "max_concurrency": 2,
-                    "push": True,
-                    "capabilities": [{"handler": "h", "capacity": 2}],
-                }
-            )
-            assert ws.receive_json()["type"] == "welcome"
+            _hello(ws, name="a", slots=2)
             first = steps.step()  # on attach: nothing ready, nothing held back
             assert not first and not first.blocked
 
@@ -615,17 +610,7 @@ def test_reports_overlap_and_other_requests_wait_for_them(db_url: str) -> None:
                 "/v1/worker", headers={"Authorization": f"Bearer {token}"}
             ) as ws,
         ):
-            ws.send_json(
-                {
-                    "type": "hello",
-                    "req_id": "r1",
-                    "name": "w",
-                    "max_concurrency": 1,
-                    "push": False,
-                    "capabilities": [{"handler": "h", "capacity": 1}],
-                }
-            )
-            assert _receive(ws)["type"] == "welcome"
+            _hello(ws, push=False)
             ws.send_json({"type": "claim", "req_id": "r2", "n": 1})
             [task] = _receive(ws)["tasks"]
             assert task["task_id"] == task_id
@@ -725,17 +710,7 @@ def test_a_claim_undelivered_because_of_a_resume_here_is_released(db_url: str) -
             TestClient(app) as client,
             client.websocket_connect("/v1/worker", headers=auth) as first,
         ):
-            first.send_json(
-                {
-                    "type": "hello",
-                    "req_id": "r1",
-                    "name": "w",
-                    "max_concurrency": 1,
-                    "push": True,
-                    "capabilities": [{"handler": "h", "capacity": 1}],
-                }
-            )
-            welcome = _receive(first)
+            welcome = _hello(first)
             assert claimed.wait(WAIT)  # the task is claimed for epoch 1
             assert store.task_get(task_id).state == "claimed"
             with client.websocket_connect("/v1/worker", headers=auth) as second:
