@@ -79,6 +79,9 @@ MAX_REPORTS_IN_FLIGHT = 4
 #: how long after a rate-limited queue's next token is due the dispatcher wakes for it,
 #: so that its claim reads a clock past the due instant
 TOKEN_MARGIN_S = 0.002
+#: Seconds before a round that failed (a bug: a claim's own errors are caught) is tried
+#: again: soon, but not in a loop that would fill the log.
+ROUND_RETRY_S = 1.0
 #: a decoded worker message: a model, or a batch of reports read at once (reports.py)
 Request = BaseModel | StartBatch | FinishBatch
 
@@ -291,7 +294,15 @@ class Dispatcher:
                     await self._wake.wait()
             self._wake.clear()
             self._token_due = None  # this round's claims say again if one is still short
-            await self.offer_all()
+            try:
+                await self.offer_all()
+            except Exception:
+                # A bug in a round must not end dispatch for the node's life (this task
+                # would die unseen, and every later task wait for another node or a
+                # restart): say so, and run another round after a pause.
+                log.exception("dispatch round failed")
+                await asyncio.sleep(ROUND_RETRY_S)
+                self._wake.set()
 
     async def offer_all(self) -> None:
         """One round: a claim for each attached connection that takes pushed tasks,

@@ -131,6 +131,31 @@ def test_a_claim_for_a_connection_that_closed_meanwhile_is_released(rig: Rig) ->
     _assert_released(rig.store, task_id)
 
 
+def test_a_dispatch_round_that_fails_does_not_end_dispatch(rig: Rig) -> None:
+    """A round that raised (here ``offer_all``, once; a claim's own errors are caught
+    inside it) ended the dispatcher's task for the node's life, unseen: every later task
+    waited for another node or a restart, since the poll runs in the same loop. The
+    round is logged and the next one runs."""
+    rig.gate.set()  # claims run freely
+    offer_all = rig.dispatcher.offer_all
+    failed = threading.Event()
+
+    async def failing_once() -> None:
+        if not failed.is_set():
+            failed.set()
+            raise RuntimeError("a bug in a round")
+        await offer_all()
+
+    rig.dispatcher.offer_all = failing_once  # type: ignore[method-assign]
+    with rig.connect() as ws:
+        rig.hello(ws)  # the attach wakes a round, which fails
+        assert failed.wait(WAIT)
+        task_id = rig.store.task_submit(TaskSpec(queue="q", handler="h")).task.id
+        pushed = _receive(ws)
+        assert pushed["type"] == "tasks", pushed
+        assert [t["task_id"] for t in pushed["tasks"]] == [task_id]
+
+
 def test_a_claim_whose_send_fails_is_released(rig: Rig) -> None:
     task_id = rig.store.task_submit(TaskSpec(queue="q", handler="h")).task.id
     with rig.connect() as ws:
