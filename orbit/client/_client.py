@@ -119,6 +119,14 @@ class _Calls:
         return [dict(r["task"]) for r in items] if reply == "full" else [dict(r) for r in items]
 
     @staticmethod
+    def token_list() -> Request:
+        return ("GET", "/v1/tokens", None, None)
+
+    @staticmethod
+    def token_revoke(token_id: str) -> Request:
+        return ("POST", f"/v1/tokens/{_seg(token_id)}/revoke", None, None)
+
+    @staticmethod
     def resolve(task_id: str, decision: str, result: Any, error: dict[str, Any] | None) -> Request:
         body: dict[str, Any] = {"decision": decision}
         if decision == "succeeded":
@@ -311,6 +319,14 @@ class Client:
     def token_create(self, name: str, scopes: list[str]) -> dict[str, Any]:
         return dict(self._call(("POST", "/v1/tokens", None, {"name": name, "scopes": scopes})))
 
+    def token_list(self) -> list[dict[str, Any]]:
+        """Every token, revoked ones too (never a secret): id, name, scopes, instants."""
+        return list(self._call(_Calls.token_list()))
+
+    def token_revoke(self, token_id: str) -> dict[str, Any]:
+        """Refuse the token from now on (each node within its token cache's 10 s)."""
+        return dict(self._call(_Calls.token_revoke(token_id)))
+
 
 class AsyncClient:
     """The same calls for asyncio code."""
@@ -399,6 +415,12 @@ class AsyncClient:
     async def token_create(self, name: str, scopes: list[str]) -> dict[str, Any]:
         body = {"name": name, "scopes": scopes}
         return dict(await self._call(("POST", "/v1/tokens", None, body)))
+
+    async def token_list(self) -> list[dict[str, Any]]:
+        return list(await self._call(_Calls.token_list()))
+
+    async def token_revoke(self, token_id: str) -> dict[str, Any]:
+        return dict(await self._call(_Calls.token_revoke(token_id)))
 
     async def submit(
         self, queue: str, handler: str, payload: Any = None, **options: Any

@@ -263,6 +263,16 @@ class TokenCreated(Response):
     token: str = Field(description="shown once; only its hash is stored")
 
 
+class TokenView(Response):
+    """A token as ``GET /v1/tokens`` lists it: never its secret nor the secret's hash."""
+
+    id: str
+    name: str
+    scopes: list[str]
+    created_at: str
+    revoked_at: str | None = Field(description="null while the token is accepted")
+
+
 class ErrorBody(Response):
     code: str
     message: str

@@ -25,6 +25,7 @@ HTTP_MODELS: tuple[type[BaseModel], ...] = (
     m.WorkerView,
     m.TokenCreate,
     m.TokenCreated,
+    m.TokenView,
     m.ErrorReply,
     m.ArtifactView,
 )

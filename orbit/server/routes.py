@@ -32,6 +32,7 @@ from orbit.protocol.messages import (
     TaskView,
     TokenCreate,
     TokenCreated,
+    TokenView,
     WorkerView,
 )
 from orbit.protocol.submissions import UsualBatch, read_task
@@ -39,7 +40,14 @@ from orbit.server.auth import require
 from orbit.server.errors import ApiError
 from orbit.server.jsonwire import FastJSONResponse
 from orbit.server.threads import in_thread
-from orbit.server.views import attempt_view, event_view, queue_view, task_wire, worker_view
+from orbit.server.views import (
+    attempt_view,
+    event_view,
+    queue_view,
+    task_wire,
+    token_view,
+    worker_view,
+)
 from orbit.store import Store
 from orbit.store import Submitted as Stored
 
@@ -440,3 +448,18 @@ async def token_create(request: Request) -> Response:
     )
     reply.headers["Cache-Control"] = "no-store"  # the reply holds the token's only copy
     return reply
+
+
+@router.get("/tokens", dependencies=[Depends(require("admin"))], response_model=list[TokenView])
+async def token_list(request: Request) -> Response:
+    """Every token, revoked ones too, oldest first: what ``orbit token ls`` prints."""
+    return _json([token_view(t) for t in await in_thread(_store(request).token_list)])
+
+
+@router.post(
+    "/tokens/{token_id}/revoke", dependencies=[Depends(require("admin"))], response_model=TokenView
+)
+async def token_revoke(request: Request, token_id: str) -> Response:
+    """Refuse a token from now on; each node may accept it for as long as it caches
+    token checks (``orbit.server.auth.CACHE_SECONDS``). Idempotent."""
+    return _json(token_view(await in_thread(_store(request).token_revoke, token_id)))

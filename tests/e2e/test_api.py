@@ -170,6 +170,57 @@ def test_a_forged_or_revoked_token_is_refused(node: Node, tokens: Tokens, db_url
     assert httpx.get(f"{node.http}/v1/queues", headers=admin, timeout=10).status_code == 200
 
 
+def test_tokens_are_listed_and_revoked_over_http(node: Node, tokens: Tokens) -> None:
+    """An admin who can make a token with ``POST /v1/tokens`` can list and revoke them
+    too: the listing holds neither a secret nor its hash, a revoke answers the token with
+    its ``revoked_at`` (a second keeps the first), and the token is refused from then on.
+    What cannot be revoked is refused, and changes nothing."""
+    admin = httpx.Client(
+        base_url=node.http, headers={"Authorization": f"Bearer {tokens.admin}"}, timeout=10
+    )
+    submitter = {"Authorization": f"Bearer {tokens.submit}"}
+    with admin:
+        made = admin.post("/v1/tokens", json={"name": "ops", "scopes": ["submit"]}).json()
+        secret = made["token"].rsplit("_", 1)[1]
+        listing = admin.get("/v1/tokens")
+        assert listing.status_code == 200, listing.text
+        assert secret not in listing.text
+        [listed] = [t for t in listing.json() if t["id"] == made["id"]]
+        assert listed == {
+            "id": made["id"],
+            "name": "ops",
+            "scopes": ["submit"],
+            "created_at": listed["created_at"],
+            "revoked_at": None,
+        }
+        for refused, status, code in (
+            (admin.post(f"/v1/tokens/{'0' * 32}/revoke"), 404, "TOKEN_NOT_FOUND"),
+            (admin.post(f"/v1/tokens/{made['token']}/revoke"), 400, "INVALID_ARGUMENT"),
+            (admin.post("/v1/tokens/not%20an%20id/revoke"), 400, "INVALID_ARGUMENT"),
+            (httpx.get(f"{node.http}/v1/tokens", headers=submitter), 403, "FORBIDDEN"),
+            (
+                httpx.post(f"{node.http}/v1/tokens/{made['id']}/revoke", headers=submitter),
+                403,
+                "FORBIDDEN",
+            ),
+        ):
+            assert refused.status_code == status, refused.text
+            assert refused.json()["error"]["code"] == code, refused.text
+            assert secret not in refused.text
+        assert admin.get("/v1/tokens").json() == listing.json()  # nothing changed
+        revoked = admin.post(f"/v1/tokens/{made['id']}/revoke")
+        assert revoked.status_code == 200, revoked.text
+        assert revoked.json()["revoked_at"] is not None
+        assert revoked.json() == {**listed, "revoked_at": revoked.json()["revoked_at"]}
+        again = admin.post(f"/v1/tokens/{made['id']}/revoke")
+        assert again.json() == revoked.json()  # the first revoked_at stands
+        [listed] = [t for t in admin.get("/v1/tokens").json() if t["id"] == made["id"]]
+        assert listed == revoked.json()
+    # never used before, so no node has an answer cached: refused at once
+    used = httpx.get(f"{node.http}/v1/queues", headers={"Authorization": f"Bearer {made['token']}"})
+    assert used.status_code == 401, used.text
+
+
 def test_a_revoked_token_is_refused_within_the_token_cache_lifetime(
     node: Node, db_url: str
 ) -> None:

@@ -70,7 +70,10 @@ def test_sync_client_calls_and_errors(node: Node, tokens: Tokens) -> None:
         assert bad.value.code == "NUMBER_OUT_OF_RANGE"
         with pytest.raises(ValueError, match="timezone"):
             c.submit("q", "h", deadline=datetime.now())  # naive: refused
-        assert c.token_create("ci", ["submit"])["token"].startswith("orbit_")
+        made = c.token_create("ci", ["submit"])
+        assert made["token"].startswith("orbit_")
+        assert made["id"] in [t["id"] for t in c.token_list()]
+        assert c.token_revoke(made["id"])["revoked_at"] is not None
 
 
 def test_async_client(node: Node, tokens: Tokens) -> None:
@@ -97,6 +100,9 @@ def test_async_client(node: Node, tokens: Tokens) -> None:
             assert full["payload"] == 1 and full["queue"] == "aq"
             with pytest.raises(NotFound):
                 await c.get("nope")
+            made = await c.token_create("aci", ["submit"])
+            assert made["id"] in [t["id"] for t in await c.token_list()]
+            assert (await c.token_revoke(made["id"]))["revoked_at"] is not None
 
     asyncio.run(scenario())
 
