@@ -417,6 +417,37 @@ def test_db_commands_on_a_file_that_is_no_database_say_so(tmp_path: Path) -> Non
     assert junk.read_bytes().startswith(b"this is not a database")
 
 
+def test_db_commands_and_server_refuse_a_database_from_a_newer_orbit(tmp_path: Path) -> None:
+    """A database a newer Orbit migrated (its schema version above this one's last
+    migration) is refused by ``db migrate``, the ``token`` commands and ``server``: one
+    line that names the version, exit 1, and the recorded version left as it was."""
+    import sqlite3
+
+    path = tmp_path / "orbit.db"
+    db = f"sqlite:///{path}"
+    done = subprocess.run(
+        [sys.executable, "-m", "orbit.cli", "db", "migrate", "--db", db],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert done.stdout.startswith("schema at version ")
+    with sqlite3.connect(path) as cx:
+        cx.execute("INSERT INTO orbit_schema_version VALUES (999, 0)")
+    cx.close()
+    for args in (
+        ["db", "migrate", "--db", db],
+        ["token", "ls", "--db", db],
+        ["server", "--db", db, "--port", "0"],
+    ):
+        run = _cannot_open(args, "schema is at version 999")
+        assert run.stdout == ""
+    with sqlite3.connect(path) as cx:
+        assert cx.execute("SELECT max(version) FROM orbit_schema_version").fetchone() == (999,)
+    cx.close()
+
+
 def test_a_server_whose_database_cannot_be_opened_says_why_at_once(tmp_path: Path) -> None:
     """``orbit server`` (and ``db migrate``) on a PostgreSQL that refuses connections, or
     on a file that is no database, print one line that names the cause and exit 1. On
