@@ -47,3 +47,37 @@ def test_a_database_from_a_newer_orbit_is_refused_and_left_as_it_was(fresh_url: 
         store.close()
     with pytest.raises(SchemaTooNew):
         open_store(fresh_url)
+
+
+def test_a_migration_that_fails_half_way_leaves_nothing_and_a_rerun_applies_it(
+    fresh_url: str, tmp_path: Path
+) -> None:
+    """A migration and its version record commit together: one whose second statement
+    fails leaves neither its first statement's table nor a version behind, and once it
+    is fixed the same command applies it."""
+    store = open_store(fresh_url)
+    try:
+        shipped = migration_files(store.driver.migrations)
+        latest = shipped[-1][0]
+        folder = tmp_path / "migrations"
+        folder.mkdir()
+        for _, path in shipped:
+            (folder / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+        broken = folder / f"{latest + 1:04d}_probe.sql"
+        broken.write_text(
+            "CREATE TABLE orbit_probe (x integer);\nCREATE TABLE orbit_probe (x integer);\n",
+            encoding="utf-8",
+        )
+        store.driver.migrations = folder
+        with pytest.raises(Exception, match="orbit_probe"):
+            store.migrate()
+        assert _versions(store) == [*range(1, latest + 1)]
+        store.driver.queries["test_probe"] = "SELECT count(*) AS n FROM orbit_probe"
+        with pytest.raises(Exception, match="orbit_probe"):
+            store._read("test_probe")
+        broken.write_text("CREATE TABLE orbit_probe (x integer);\n", encoding="utf-8")
+        assert store.migrate() == latest + 1
+        assert store._read("test_probe") == [{"n": 0}]
+        assert store.migrate() == latest + 1
+    finally:
+        store.close()
