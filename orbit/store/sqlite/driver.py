@@ -5,12 +5,13 @@ is read after that lock is held."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,16 @@ class _SqliteConnection:
 CACHE_KIB = 64 * 1024
 
 
+def _create_private(path: str) -> None:
+    """Create the database file readable and writable by its owner only, if it does not
+    exist yet. It holds token and resume-secret hashes, and ``sqlite3.connect`` would
+    create it with the umask's mode (0644 under the usual 022), readable by every user of
+    the machine; SQLite gives its WAL and shared-memory files the database file's mode.
+    An existing file keeps the mode its operator gave it."""
+    with suppress(FileExistsError):
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+
+
 class SqliteDriver:
     """One connection shared by the process, serialised by a lock; WAL and full sync,
     so a committed finish survives a crash of the process or the machine."""
@@ -114,6 +125,8 @@ class SqliteDriver:
         self._writes = statements(self.queries)
         self.migrations = _HERE / "migrations"
         self._lock = threading.RLock()
+        if self.path != ":memory:":
+            _create_private(self.path)
         self._cx = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._cx.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         self._cx.execute("PRAGMA journal_mode = WAL")
