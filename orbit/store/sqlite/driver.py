@@ -143,10 +143,15 @@ class SqliteDriver:
                 self._cx.execute("BEGIN IMMEDIATE")
                 try:
                     yield _SqliteConnection(self._cx, self.queries, self._writes)
+                    self._cx.execute("COMMIT")
                 except BaseException:
-                    self._cx.execute("ROLLBACK")
+                    # SQLite may have rolled back already (a full disk, an I/O error):
+                    # a second ROLLBACK would raise instead of the error that happened.
+                    # A COMMIT that failed leaves its transaction open, and this one
+                    # connection serves every thread: it must not stay in it.
+                    if self._cx.in_transaction:
+                        self._cx.execute("ROLLBACK")
                     raise
-                self._cx.execute("COMMIT")
             finally:
                 if not durable:
                     self._cx.execute(self.queries["commit_durable"])
