@@ -4,6 +4,7 @@ is read after that lock is held."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -111,6 +112,31 @@ def _create_private(path: str) -> None:
     An existing file keeps the mode its operator gave it."""
     with suppress(FileExistsError):
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+
+
+class DatabaseInUse(Exception):
+    """Another server process serves this SQLite database."""
+
+
+def hold_for_server(path: str) -> int:
+    """Make this process the only server of the SQLite database at ``path``, and return
+    the descriptor that holds it (close it to let go). A second server on one file would
+    be consistent (every write transaction takes the file's write lock) but deaf: on
+    SQLite dispatch and cancels wake only the process that committed, so its workers
+    would wait for the slow poll. The lock is an exclusive ``flock`` of a file beside the
+    database (``<path>-server.lock``), never of the database itself, whose locks are
+    SQLite's; the kernel drops it when the process ends, however it ends, so a server
+    that was killed leaves nothing to clean up."""
+    fd = os.open(f"{path}-server.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DatabaseInUse(
+            f"another orbit server is serving {path}: SQLite takes one server "
+            "(use PostgreSQL for more)"
+        ) from None
+    return fd
 
 
 class SqliteDriver:
