@@ -150,6 +150,11 @@ async def serve(host: str, port: int, data_dir: Path, once: bool) -> int:
     sock = bind(host, port, unread_timeout=StoreConfig().session_ttl_us / SECOND)
     try:
         db_url, token = _prepare(data_dir)
+        from orbit.cli.main import database
+        from orbit.store.sqlite import hold_for_server
+
+        with database(db_url):  # another server on this file: one line, exit 1
+            held = hold_for_server(str(data_dir / "orbit.db"))
     except BaseException:
         sock.close()
         raise
@@ -208,6 +213,7 @@ async def serve(host: str, port: int, data_dir: Path, once: bool) -> int:
         await asyncio.wait_for(working, 10)
     server.should_exit = True
     await serving
+    os.close(held)
     console.print("stopped")
     return 0
 

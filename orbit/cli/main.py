@@ -366,8 +366,18 @@ def server(
     # nothing for a session TTL has lost its session anyway: its connection goes too.
     sock = bind(host, port, unread_timeout=session_ttl)
     url = url_of(sock, host, "https" if tls_cert else "http")
+    held: int | None = None  # SQLite: the lock that keeps a second server off the file
     with database(db):  # opened here, so a database that cannot be is one clear line
         store = open_store(db, settings.store_config)
+        if db.startswith("sqlite://"):
+            from orbit.store.sqlite import hold_for_server
+
+            path = db.removeprefix("sqlite://")
+            try:  # after open_store, which makes the file's directory
+                held = hold_for_server(path[1:] if path.startswith("/") else path)
+            except BaseException:
+                store.close()
+                raise
     api = create_app(settings, store=store)
     config = uvicorn.Config(
         api,
@@ -390,6 +400,8 @@ def server(
         server.run(sockets=[sock])
     finally:
         store.close()
+        if held is not None:
+            os.close(held)
     if not server.started:
         raise typer.Exit(3)  # uvicorn's code for a failed start-up; it said why
 

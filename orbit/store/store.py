@@ -106,6 +106,12 @@ class InjectedFault(Exception):
     """Raised by a query armed with ``Store.inject_fault`` (atomicity tests)."""
 
 
+class SchemaTooNew(Exception):
+    """The database's schema is at a version above this Orbit's last migration: a newer
+    Orbit migrated it. This one does not know what the newer columns and constraints
+    mean, so it refuses to open the database rather than write rows that break them."""
+
+
 class Grants(list[Grant]):
     """What a claim handed out, and whether anything held it back.
 
@@ -296,13 +302,21 @@ class Store:
     # ------------------------------------------------------------------ schema
 
     def migrate(self) -> int:
-        """Apply the numbered migrations not yet applied; return the schema version."""
+        """Apply the numbered migrations not yet applied; return the schema version.
+        Raise ``SchemaTooNew`` (changing nothing) on a database a newer Orbit migrated."""
 
         def work(tx: _Tx) -> int:
             tx.fetch("migrate_lock")
             tx.execute("schema_version_create")
             current = int(tx.fetch("schema_version_get")[0]["version"])
-            for number, path in migration_files(self.driver.migrations):
+            files = migration_files(self.driver.migrations)
+            known = files[-1][0] if files else 0
+            if current > known:
+                raise SchemaTooNew(
+                    f"the database's schema is at version {current}, and this Orbit knows "
+                    f"versions up to {known}: run the Orbit that migrated it, or a newer one"
+                )
+            for number, path in files:
                 if number > current:
                     tx.cx.run_script(path.read_text(encoding="utf-8"))
                     tx.execute("schema_version_insert", version=number, now=tx.now())

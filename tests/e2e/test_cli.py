@@ -411,6 +411,55 @@ def test_db_commands_on_a_file_that_is_no_database_say_so(tmp_path: Path) -> Non
     assert junk.read_bytes().startswith(b"this is not a database")
 
 
+def test_db_commands_and_server_refuse_a_database_from_a_newer_orbit(tmp_path: Path) -> None:
+    """A database a newer Orbit migrated (its schema version above this one's last
+    migration) is refused by ``db migrate``, the ``token`` commands and ``server``: one
+    line that names the version, exit 1, and the recorded version left as it was."""
+    import sqlite3
+
+    path = tmp_path / "orbit.db"
+    db = f"sqlite:///{path}"
+    done = subprocess.run(
+        [sys.executable, "-m", "orbit.cli", "db", "migrate", "--db", db],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert done.stdout.startswith("schema at version ")
+    with sqlite3.connect(path) as cx:
+        cx.execute("INSERT INTO orbit_schema_version VALUES (999, 0)")
+    cx.close()
+    for args in (
+        ["db", "migrate", "--db", db],
+        ["token", "ls", "--db", db],
+        ["server", "--db", db, "--port", "0"],
+    ):
+        run = _cannot_open(args, "schema is at version 999")
+        assert run.stdout == ""
+    with sqlite3.connect(path) as cx:
+        assert cx.execute("SELECT max(version) FROM orbit_schema_version").fetchone() == (999,)
+    cx.close()
+
+
+def test_a_second_server_on_one_sqlite_file_is_refused_until_the_first_is_gone(
+    tmp_path: Path,
+) -> None:
+    """SQLite takes one server (docs/operations.md): a second one on the same file
+    started and served, but each wakes only its own workers (dispatch and cancels are
+    in-process), so a task submitted through one waited for the other's slow poll. It is
+    refused with one line, exit 1; once the first is SIGKILLed (and confirmed gone) its
+    lock is gone with it, and a new server starts on the file."""
+    db = f"sqlite:///{tmp_path / 'orbit.db'}"
+    first = start_server(db, tmp_path, node_id="first")
+    try:
+        _cannot_open(["server", "--db", db, "--port", "0"], "another orbit server")
+    finally:
+        first.kill()
+    second = start_server(db, tmp_path, node_id="second")  # raises unless it serves
+    second.stop()
+
+
 def test_a_server_whose_database_cannot_be_opened_says_why_at_once(tmp_path: Path) -> None:
     """``orbit server`` (and ``db migrate``) on a PostgreSQL that refuses connections, or
     on a file that is no database, print one line that names the cause and exit 1. On
@@ -447,9 +496,9 @@ def test_server_says_where_it_listens_whatever_its_log_level(
     node, _, _ = cluster
     assert node.port > 0
     assert f"orbit server listening on http://127.0.0.1:{node.port}" in node.log_text()
-    quiet = start_server(
-        cluster[2], node.log.parent, node_id="quiet", args=["--log-level", "error"]
-    )
+    # A database of its own: a second server on the cluster's SQLite file is refused.
+    quiet_db = f"sqlite:///{node.log.parent / 'quiet.db'}"
+    quiet = start_server(quiet_db, node.log.parent, node_id="quiet", args=["--log-level", "error"])
     try:
         assert f"orbit server listening on http://127.0.0.1:{quiet.port}" in quiet.log_text()
     finally:

@@ -4,13 +4,15 @@ is read after that lock is held."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import re
 import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +104,41 @@ class _SqliteConnection:
 CACHE_KIB = 64 * 1024
 
 
+def _create_private(path: str) -> None:
+    """Create the database file readable and writable by its owner only, if it does not
+    exist yet. It holds token and resume-secret hashes, and ``sqlite3.connect`` would
+    create it with the umask's mode (0644 under the usual 022), readable by every user of
+    the machine; SQLite gives its WAL and shared-memory files the database file's mode.
+    An existing file keeps the mode its operator gave it."""
+    with suppress(FileExistsError):
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+
+
+class DatabaseInUse(Exception):
+    """Another server process serves this SQLite database."""
+
+
+def hold_for_server(path: str) -> int:
+    """Make this process the only server of the SQLite database at ``path``, and return
+    the descriptor that holds it (close it to let go). A second server on one file would
+    be consistent (every write transaction takes the file's write lock) but deaf: on
+    SQLite dispatch and cancels wake only the process that committed, so its workers
+    would wait for the slow poll. The lock is an exclusive ``flock`` of a file beside the
+    database (``<path>-server.lock``), never of the database itself, whose locks are
+    SQLite's; the kernel drops it when the process ends, however it ends, so a server
+    that was killed leaves nothing to clean up."""
+    fd = os.open(f"{path}-server.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DatabaseInUse(
+            f"another orbit server is serving {path}: SQLite takes one server "
+            "(use PostgreSQL for more)"
+        ) from None
+    return fd
+
+
 class SqliteDriver:
     """One connection shared by the process, serialised by a lock; WAL and full sync,
     so a committed finish survives a crash of the process or the machine."""
@@ -114,6 +151,8 @@ class SqliteDriver:
         self._writes = statements(self.queries)
         self.migrations = _HERE / "migrations"
         self._lock = threading.RLock()
+        if self.path != ":memory:":
+            _create_private(self.path)
         self._cx = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._cx.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         self._cx.execute("PRAGMA journal_mode = WAL")
@@ -130,10 +169,15 @@ class SqliteDriver:
                 self._cx.execute("BEGIN IMMEDIATE")
                 try:
                     yield _SqliteConnection(self._cx, self.queries, self._writes)
+                    self._cx.execute("COMMIT")
                 except BaseException:
-                    self._cx.execute("ROLLBACK")
+                    # SQLite may have rolled back already (a full disk, an I/O error):
+                    # a second ROLLBACK would raise instead of the error that happened.
+                    # A COMMIT that failed leaves its transaction open, and this one
+                    # connection serves every thread: it must not stay in it.
+                    if self._cx.in_transaction:
+                        self._cx.execute("ROLLBACK")
                     raise
-                self._cx.execute("COMMIT")
             finally:
                 if not durable:
                     self._cx.execute(self.queries["commit_durable"])

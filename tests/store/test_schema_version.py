@@ -1,0 +1,83 @@
+"""Opening a database whose schema this Orbit does not know, on both backends."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orbit.store import SchemaTooNew, Store, open_store
+from orbit.store.driver import migration_files
+from tests.pg import as_url, temporary_database
+
+
+@pytest.fixture
+def fresh_url(backend: str, tmp_path: Path) -> Iterator[str]:
+    """A database of its own (not the session's shared PostgreSQL one): these tests
+    write schema versions that would stop every later store from opening."""
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path}/orbit.db"
+    else:
+        with temporary_database() as dsn:
+            yield as_url(dsn)
+
+
+def _versions(store: Store) -> list[int]:
+    store.driver.queries["test_versions"] = (
+        "SELECT version FROM orbit_schema_version ORDER BY version"
+    )
+    return [int(r["version"]) for r in store._read("test_versions")]
+
+
+def test_a_database_from_a_newer_orbit_is_refused_and_left_as_it_was(fresh_url: str) -> None:
+    """An older Orbit on a database a newer one migrated said ``schema at version N+1``
+    and served it, reading and writing rows whose meaning it did not know. Opening it is
+    refused, and the database is not touched."""
+    store = open_store(fresh_url)
+    try:
+        latest = migration_files(store.driver.migrations)[-1][0]
+        store._tx(lambda tx: tx.execute("schema_version_insert", version=latest + 1, now=0))
+        before = _versions(store)
+        with pytest.raises(SchemaTooNew) as refused:
+            store.migrate()
+        assert f"version {latest + 1}" in str(refused.value)
+        assert _versions(store) == before == [*range(1, latest + 2)]
+    finally:
+        store.close()
+    with pytest.raises(SchemaTooNew):
+        open_store(fresh_url)
+
+
+def test_a_migration_that_fails_half_way_leaves_nothing_and_a_rerun_applies_it(
+    fresh_url: str, tmp_path: Path
+) -> None:
+    """A migration and its version record commit together: one whose second statement
+    fails leaves neither its first statement's table nor a version behind, and once it
+    is fixed the same command applies it."""
+    store = open_store(fresh_url)
+    try:
+        shipped = migration_files(store.driver.migrations)
+        latest = shipped[-1][0]
+        folder = tmp_path / "migrations"
+        folder.mkdir()
+        for _, path in shipped:
+            (folder / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+        broken = folder / f"{latest + 1:04d}_probe.sql"
+        broken.write_text(
+            "CREATE TABLE orbit_probe (x integer);\nCREATE TABLE orbit_probe (x integer);\n",
+            encoding="utf-8",
+        )
+        store.driver.migrations = folder
+        with pytest.raises(Exception, match="orbit_probe"):
+            store.migrate()
+        assert _versions(store) == [*range(1, latest + 1)]
+        store.driver.queries["test_probe"] = "SELECT count(*) AS n FROM orbit_probe"
+        with pytest.raises(Exception, match="orbit_probe"):
+            store._read("test_probe")
+        broken.write_text("CREATE TABLE orbit_probe (x integer);\n", encoding="utf-8")
+        assert store.migrate() == latest + 1
+        assert store._read("test_probe") == [{"n": 0}]
+        assert store.migrate() == latest + 1
+    finally:
+        store.close()
