@@ -166,15 +166,21 @@ class ReapReport:
     promoted: int = 0
     sessions_expired: int = 0
     artifacts_expired: int = 0
+    #: unfinished uploads dropped because their attempt has ended
+    uploads_dropped: int = 0
 
     @property
     def total(self) -> int:
-        return self.artifacts_expired + (
-            self.released
-            + self.expired_leases
-            + self.deadlines
-            + self.promoted
-            + self.sessions_expired
+        return (
+            self.artifacts_expired
+            + self.uploads_dropped
+            + (
+                self.released
+                + self.expired_leases
+                + self.deadlines
+                + self.promoted
+                + self.sessions_expired
+            )
         )
 
 
@@ -1410,6 +1416,9 @@ class Store:
             ):
                 return plan, None
             artifact_id = self._new_id(now)
+            # An upload of this name left unfinished would hold the name for the rest of
+            # the attempt: one whose server was killed mid-body is never aborted.
+            tx.execute("artifact_uploading_delete", attempt_id=attempt.id, name=name)
             made = tx.fetch(
                 "artifact_insert",
                 id=artifact_id,
@@ -1615,6 +1624,7 @@ class Store:
         node holds are skipped (SKIP LOCKED) and every write is a compare-and-set."""
         counts = {
             "artifacts_expired": 0,
+            "uploads_dropped": 0,
             "released": 0,
             "expired_leases": 0,
             "deadlines": 0,
@@ -1686,7 +1696,11 @@ class Store:
                 tx.fetch("artifact_expired_delete", now=tx.now(), limit=self.config.reap_batch)
             )
 
+        def uploads_pass(tx: _Tx) -> int:
+            return len(tx.fetch("artifact_abandoned_delete", limit=self.config.reap_batch))
+
         counts["artifacts_expired"] = self._tx(artifacts_pass)
+        counts["uploads_dropped"] = self._tx(uploads_pass)
         for plan in (self._tx(tasks_pass), self._tx(sessions_pass)):
             for event in plan.events:
                 if event.kind == "session.expired":
