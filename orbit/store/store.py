@@ -1501,13 +1501,26 @@ class Store:
         self._tx(lambda tx: tx.execute("artifact_delete", id=artifact_id))
 
     def artifact_get(self, artifact_id: str) -> Artifact:
-        found = self._read("artifact_get", id=artifact_id)
-        if not found or found[0]["state"] != "ready" or found[0]["attempt_state"] == "cancelled":
+        """A ready artifact, not of a cancelled attempt, and not expired by the store's
+        clock: an expired one is gone even before the reaper's pass deletes it."""
+
+        def read(tx: _Tx) -> tuple[list[Row], int]:
+            return tx.fetch("artifact_get", id=artifact_id), tx.now()
+
+        found, now = self._tx(read)
+        if (
+            not found
+            or found[0]["state"] != "ready"
+            or found[0]["attempt_state"] == "cancelled"
+            or int(found[0]["expires_at"]) <= now
+        ):
             raise OrbitError(Code.ARTIFACT_NOT_FOUND, f"no artifact {artifact_id!r:.80}")
         return R.artifact_from_row(found[0])
 
     def artifact_list(self, task_id: str) -> list[Artifact]:
-        return [R.artifact_from_row(r) for r in self._read("artifact_list", task_id=task_id)]
+        """The task's artifacts that ``artifact_get`` would serve."""
+        rows = self._tx(lambda tx: tx.fetch("artifact_list", task_id=task_id, now=tx.now()))
+        return [R.artifact_from_row(r) for r in rows]
 
     def artifact_chunks(self, artifact_id: str) -> Iterator[bytes]:
         """The artifact's bytes, one stored chunk at a time (never all in memory)."""

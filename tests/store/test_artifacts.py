@@ -236,3 +236,30 @@ def test_an_upload_cut_off_half_way_neither_blocks_its_name_nor_stays_stored(
     assert list(store.artifact_chunks(left)) == []
     assert b"".join(store.artifact_chunks(done.id)) == b"all of it"  # type: ignore[attr-defined]
     assert check_all(store) == []
+
+
+def test_an_expired_artifact_is_not_served_before_the_reaper_deletes_it(
+    store: Store, clock: ManualClock
+) -> None:
+    """Past its ``expires_at`` an artifact is gone, whether or not a reaper pass has
+    run yet: a listing or a download between the two used to still serve it."""
+    queue(store)
+    tid = submit(store)
+    s, _ = worker(store)
+    g = run_one(store, s)
+    a = g.attempt
+    artifact_id = store.artifact_begin(
+        s.id, s.epoch, a.id, a.fence, name="tmp", content_type="text/plain", ttl_us=10_000_000
+    )
+    store.artifact_write(artifact_id, 0, b"bye")
+    store.artifact_commit(
+        s.id, s.epoch, a.id, a.fence, artifact_id, size=3, sha256=hashlib.sha256(b"bye").hexdigest()
+    )
+    store.attempt_finish(s.id, s.epoch, a.id, a.fence, Outcome.success())
+    clock.advance(9)
+    assert [x.id for x in store.artifact_list(tid)] == [artifact_id]
+    clock.advance(1)
+    assert store.artifact_list(tid) == []
+    with pytest.raises(OrbitError) as err:
+        store.artifact_get(artifact_id)
+    assert err.value.code == Code.ARTIFACT_NOT_FOUND

@@ -422,9 +422,11 @@ DELETE FROM orbit_artifacts WHERE id = :id;
 
 -- name: artifact_list
 -- Artifacts of cancelled attempts are never shown: cancel wins over everything an
--- attempt produced, its result and its blobs alike.
+-- attempt produced, its result and its blobs alike. An expired one is gone by the
+-- clock, whether or not the reaper has deleted it yet.
 SELECT f.* FROM orbit_artifacts f JOIN orbit_attempts a ON a.id = f.attempt_id
 WHERE f.task_id = :task_id AND f.state = 'ready' AND a.state <> 'cancelled'
+  AND f.expires_at > :now
 ORDER BY f.created_at, f.id;
 
 -- name: artifact_chunk_get
