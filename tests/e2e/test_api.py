@@ -545,3 +545,34 @@ def test_a_childs_idempotent_resubmit_after_its_parents_cancel_gets_the_child(
     new = admin.post("/v1/tasks", json={**child, "idempotency_key": "other"})
     assert new.status_code == 409 and new.json()["error"]["code"] == "PARENT_CANCELLED"
     assert len(admin.get("/v1/tasks").json()["items"]) == 2
+
+
+def _samples(node: Node, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """The samples of metric family ``name`` in ``/metrics``, parsed as Prometheus reads
+    them (so a format error fails here), keyed by their sorted labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    reply = httpx.get(f"{node.http}/metrics")
+    assert reply.status_code == 200
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for family in text_string_to_metric_families(reply.text)
+        if family.name == name
+        for s in family.samples
+    }
+
+
+def test_queue_depth_is_zero_for_a_queue_with_nothing_queued(
+    admin: httpx.Client, node: Node
+) -> None:
+    """Every queue has an ``orbit_queue_depth`` sample, 0 when nothing is queued: a
+    drained queue's series used to vanish, so a dashboard showed a gap and an alert on
+    ``orbit_queue_depth == 0`` (or ``absent``) could not tell empty from unknown."""
+    admin.post("/v1/queues", json={"name": "idle", "max_concurrency": 1, "rate": 0})
+    admin.post("/v1/queues", json={"name": "busy", "max_concurrency": 1, "rate": 0})
+    task = admin.post("/v1/tasks", json={"queue": "busy", "handler": "h"}).json()["task"]
+    depth = _samples(node, "orbit_queue_depth")
+    assert depth == {(("queue", "busy"),): 1.0, (("queue", "idle"),): 0.0}
+    admin.post(f"/v1/tasks/{task['id']}/cancel")
+    depth = _samples(node, "orbit_queue_depth")
+    assert depth == {(("queue", "busy"),): 0.0, (("queue", "idle"),): 0.0}
