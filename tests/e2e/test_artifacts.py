@@ -226,3 +226,39 @@ def test_async_client_downloads_as_the_sync_one_does(small: Node, tokens: Tokens
         with pytest.raises(NotFound) as missing:
             client.artifact_content("nope")
         assert missing.value.code == "ARTIFACT_NOT_FOUND"
+
+
+def test_refused_uploads_are_counted_in_the_metrics(small: Node, tokens: Tokens) -> None:
+    """An upload refused as a stale report leaves a ``rejected`` event like any worker
+    report, and is counted in ``orbit_rejected_reports_total{code}`` like one: the
+    upload route used to count nothing, so the metric missed every refused artifact."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    api = httpx.Client(
+        base_url=small.http, timeout=30, headers={"Authorization": f"Bearer {tokens.admin}"}
+    )
+    api.post("/v1/queues", json={"name": "q", "max_concurrency": 4, "rate": 0})
+    api.post("/v1/tasks", json={"queue": "q", "handler": "h"})
+
+    async def scenario() -> list[int]:
+        conn, url, headers = await _started(small, tokens)
+        async with httpx.AsyncClient(timeout=30) as http:
+            stale = await http.put(
+                f"{url}/x", content=b"1", headers={**headers, "X-Orbit-Fence": "2"}
+            )
+            epoch = str(int(headers["X-Orbit-Epoch"]) + 1)
+            fenced = await http.put(
+                f"{url}/y", content=b"1", headers={**headers, "X-Orbit-Epoch": epoch}
+            )
+        await conn.close()
+        return [stale.status_code, fenced.status_code]
+
+    assert asyncio.run(scenario()) == [409, 409]
+    counted = {
+        s.labels["code"]: s.value
+        for family in text_string_to_metric_families(httpx.get(f"{small.http}/metrics").text)
+        if family.name == "orbit_rejected_reports"
+        for s in family.samples
+        if s.name == "orbit_rejected_reports_total"
+    }
+    assert counted == {"STALE_FENCE": 1.0, "FENCED_EPOCH": 1.0}
