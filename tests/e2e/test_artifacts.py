@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
-from collections.abc import Callable
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from orbit import Client
@@ -262,3 +266,75 @@ def test_refused_uploads_are_counted_in_the_metrics(small: Node, tokens: Tokens)
         if s.name == "orbit_rejected_reports_total"
     }
     assert counted == {"STALE_FENCE": 1.0, "FENCED_EPOCH": 1.0}
+
+
+def _upload_rows(db_url: str) -> list[tuple[str, str, int]]:
+    """Every artifact row, ready or not (name, state, stored chunks), read directly: the
+    API shows only ready ones, and this test is about the others."""
+    sql = (
+        "SELECT f.name, f.state, (SELECT count(*) FROM orbit_artifact_chunks c"
+        " WHERE c.artifact_id = f.id) FROM orbit_artifacts f ORDER BY f.name, f.state"
+    )
+    if db_url.startswith("sqlite:///"):
+        with contextlib.closing(sqlite3.connect(db_url.removeprefix("sqlite:///"))) as cx:
+            return [(str(n), str(s), int(c)) for n, s, c in cx.execute(sql)]
+    with psycopg.connect(db_url, autocommit=True) as cx:
+        return [(str(n), str(s), int(c)) for n, s, c in cx.execute(sql)]
+
+
+def _until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Wait for a state another process reaches (its rows), bounded."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.02)
+
+
+def test_an_upload_cut_off_half_way_leaves_nothing_behind(
+    nodes: Callable[..., Node], tokens: Tokens, db_url: str
+) -> None:
+    """The client gone mid-body: the server aborts the upload, rows and chunks. The
+    server SIGKILLed mid-body: nothing aborts it, and its ``uploading`` row used to hold
+    the name, so the worker's retry on another node was refused ``ARTIFACT_EXISTS``;
+    the retry now replaces it, and only the committed artifact's chunks stay stored."""
+    a = nodes(node_id="a")
+    api = httpx.Client(
+        base_url=a.http, timeout=30, headers={"Authorization": f"Bearer {tokens.admin}"}
+    )
+    api.post("/v1/queues", json={"name": "q", "max_concurrency": 4, "rate": 0})
+    tid = api.post("/v1/tasks", json={"queue": "q", "handler": "h"}).json()["task"]["id"]
+    first = os.urandom(300_000)  # more than one stored chunk: one is written at once
+
+    async def stalled(never: asyncio.Event) -> AsyncIterator[bytes]:
+        yield first
+        await never.wait()
+        yield b"never sent"
+
+    async def cut(url: str, headers: dict[str, str], then: Callable[[], None]) -> None:
+        never = asyncio.Event()
+        async with httpx.AsyncClient(timeout=30) as http:
+            put = asyncio.create_task(http.put(url, content=stalled(never), headers=headers))
+            await asyncio.to_thread(_until, lambda: _upload_rows(db_url) != [], "a chunk")
+            await asyncio.to_thread(then)
+            put.cancel()  # the client side: its connection is closed with it
+            with contextlib.suppress(asyncio.CancelledError, httpx.TransportError):
+                await put
+
+    async def scenario() -> httpx.Response:
+        conn, url, headers = await _started(a, tokens)
+        await cut(f"{url}/gone", headers, lambda: None)  # the client disconnects
+        await asyncio.to_thread(_until, lambda: _upload_rows(db_url) == [], "the abort")
+        await cut(f"{url}/shot", headers, a.kill)  # the server dies
+        assert a.proc.poll() is not None
+        b = nodes(node_id="b")
+        retry_url = url.replace(a.http, b.http)
+        async with httpx.AsyncClient(timeout=30) as http:
+            retried = await http.put(f"{retry_url}/shot", content=first, headers=headers)
+        with contextlib.suppress(Exception):
+            await conn.close()
+        return retried
+
+    retried = asyncio.run(scenario())
+    assert retried.status_code == 201, retried.text
+    assert _upload_rows(db_url) == [("shot", "ready", 2)]
+    assert retried.json()["task_id"] == tid
