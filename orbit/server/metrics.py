@@ -3,7 +3,6 @@ store at scrape time (tasks by queue and state, queue depth, oldest queued age).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter
@@ -25,12 +24,12 @@ class _StoreCollector(Collector):
         oldest = GaugeMetricFamily(
             "orbit_oldest_queued_seconds", "Age of the oldest queued task", labels=["queue"]
         )
-        now_us = time.time_ns() // 1000
         # Every queue has a depth, 0 when nothing is queued: a series that vanished when
         # its queue drained left a dashboard a gap, and no alert could tell empty from
         # unknown. The queues are read first, so one created meanwhile is counted anyway.
         queued = {q.name: 0.0 for q in self._store.queue_list()}
-        for row in self._store.task_stats():
+        rows, now_us = self._store.task_stats()
+        for row in rows:
             by_state.add_metric([row["queue"], row["state"]], float(row["n"]))
             if row["state"] == "queued":
                 queued[row["queue"]] = float(row["n"])

@@ -742,9 +742,11 @@ class Store:
         )
         return [R.task_from_row(r) for r in rows]
 
-    def task_stats(self) -> list[Row]:
-        """Task counts by queue and state, with the oldest queued instant (metrics)."""
-        return self._read("task_stats")
+    def task_stats(self) -> tuple[list[Row], int]:
+        """Task counts by queue and state, with the oldest queued instant (metrics), and
+        the store's clock read with them: an age is measured by the database's clock, as
+        leases and deadlines are, never by the clock of the process that asks."""
+        return self._tx(lambda tx: (tx.fetch("task_stats"), tx.now()))
 
     def task_counts(self) -> dict[str, int]:
         return {r["state"]: int(r["n"]) for r in self._read("task_count_by_state")}
