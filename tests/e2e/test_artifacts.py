@@ -338,3 +338,38 @@ def test_an_upload_cut_off_half_way_leaves_nothing_behind(
     assert retried.status_code == 201, retried.text
     assert _upload_rows(db_url) == [("shot", "ready", 2)]
     assert retried.json()["task_id"] == tid
+
+
+def test_a_download_cut_off_by_a_server_sigkill_is_an_error_not_a_short_artifact(
+    nodes: Callable[..., Node], tokens: Tokens
+) -> None:
+    """``Client.artifact_stream`` reads through http.client, whose ``read(n)`` answers
+    b"" when the connection closes before Content-Length is reached: a download cut off
+    by a server killed mid-body ended quietly, and the caller took the first part for
+    the whole artifact. It is ``Unreachable`` now, as AsyncClient's (httpx's) is."""
+    from orbit.client import Unreachable
+
+    node = nodes(args=["--max-artifact-bytes", str(64 * 2**20)])
+    api = httpx.Client(
+        base_url=node.http, timeout=60, headers={"Authorization": f"Bearer {tokens.admin}"}
+    )
+    api.post("/v1/queues", json={"name": "q", "max_concurrency": 4, "rate": 0})
+    api.post("/v1/tasks", json={"queue": "q", "handler": "h"})
+    blob = os.urandom(24 * 2**20)  # far more than the sockets' buffers hold
+
+    async def upload() -> str:
+        conn, url, headers = await _started(node, tokens)
+        async with httpx.AsyncClient(timeout=60) as http:
+            reply = await http.put(f"{url}/big", content=blob, headers=headers)
+        await conn.close()
+        assert reply.status_code == 201, reply.text
+        return str(reply.json()["id"])
+
+    artifact_id = asyncio.run(upload())
+    received = 0
+    with Client(node.http, tokens.submit) as client, pytest.raises(Unreachable):
+        for chunk in client.artifact_stream(artifact_id):
+            if received == 0:
+                node.kill()  # confirmed gone before the rest is read
+            received += len(chunk)
+    assert 0 < received < len(blob)
