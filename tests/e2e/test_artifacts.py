@@ -373,3 +373,38 @@ def test_a_download_cut_off_by_a_server_sigkill_is_an_error_not_a_short_artifact
                 node.kill()  # confirmed gone before the rest is read
             received += len(chunk)
     assert 0 < received < len(blob)
+
+
+def test_an_upload_refused_by_a_proxy_in_front_is_a_server_error(tmp_path: Path) -> None:
+    """A proxy in front of the server (nginx refuses bodies over 1 MB by default) answers
+    an upload with a page of HTML, not Orbit's JSON error: ``ctx.upload`` raised the
+    JSON decoder's error from inside the runner instead of the ``ServerError`` it
+    documents. It is a ``ServerError`` now, ``HTTP_ERROR`` with the status."""
+    import http.server
+    import threading
+    from types import SimpleNamespace
+
+    class Proxy(http.server.BaseHTTPRequestHandler):
+        def do_PUT(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            page = b"<html><body>413 Request Entity Too Large</body></html>"
+            self.send_response(413)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        worker = Worker(f"http://127.0.0.1:{server.server_address[1]}", "orbit_x")
+        worker._conn = SimpleNamespace(session_id="s", epoch="1")  # type: ignore[assignment]
+        with pytest.raises(ServerError) as err:
+            asyncio.run(worker._upload("a", "1", "big.bin", b"x" * 1000, "a/b", None))
+        assert err.value.code == "HTTP_ERROR" and "413" in err.value.message
+    finally:
+        server.shutdown()
+        server.server_close()
