@@ -128,6 +128,11 @@ class Transport:
             except (OSError, http.client.HTTPException) as exc:
                 raise self._unreachable(exc) from exc
             if not chunk:
+                # http.client's read(n) answers b"" when the connection closes before the
+                # Content-Length is reached (``length`` is what is still owed): a body cut
+                # off, never a whole one.
+                if response.length:
+                    raise self._unreachable(http.client.IncompleteRead(b"", response.length))
                 return
             yield chunk
 

@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from orbit.aio import stop_tasks
 from orbit.core.errors import OrbitError
+from orbit.core.model import Queue
 from orbit.protocol.decode import DecodeError
 from orbit.server import artifacts, errors
 from orbit.server.auth import TokenCheck
@@ -79,6 +80,35 @@ class RefuseOddUrlsMiddleware:
                 await refusal(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+#: how long /readyz waits for the database before it answers 503: longer than a healthy
+#: read takes, shorter than the connection pool's own wait (30 s) or a probe's timeout
+READY_TIMEOUT_S = 2.0
+
+
+class ReadyCheck:
+    """/readyz's database read, bounded by ``READY_TIMEOUT_S``: with the database gone the
+    pool waits 30 s for a connection, far past any probe's patience, and the probe hung.
+    One read at a time: a probe that comes while one still waits shares it rather than
+    tying up another thread of the pool that artifacts and metrics stream through."""
+
+    def __init__(self) -> None:
+        self._read: asyncio.Task[list[Queue]] | None = None
+
+    async def __call__(self, store: Store) -> None:
+        read = self._read
+        if read is None or read.done():
+            read = self._read = asyncio.create_task(run_in_threadpool(store.queue_list))
+            read.add_done_callback(_retrieve)
+        await asyncio.wait_for(asyncio.shield(read), READY_TIMEOUT_S)
+
+
+def _retrieve(future: asyncio.Task[list[Queue]]) -> None:
+    """Mark the failure of a read no probe waits for any more as seen (asyncio would log
+    it as never retrieved)."""
+    if not future.cancelled():
+        future.exception()
 
 
 #: the shortest pause between two reaper passes (a pass that left due work behind, such
@@ -193,11 +223,13 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
     async def healthz() -> JSONResponse:
         return JSONResponse({"status": "ok", "node_id": settings.node_id})
 
+    ready = ReadyCheck()
+
     @app.get("/readyz", include_in_schema=False)
     async def readyz(request: Request) -> JSONResponse:
         try:
-            await run_in_threadpool(request.app.state.store.queue_list)
-        except Exception as exc:
+            await ready(request.app.state.store)
+        except Exception as exc:  # TimeoutError: the database did not answer in time
             return JSONResponse(
                 {"status": "unavailable", "reason": type(exc).__name__}, status_code=503
             )

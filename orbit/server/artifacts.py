@@ -12,8 +12,8 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
-from orbit.core.errors import Code, OrbitError
-from orbit.core.model import SECOND
+from orbit.core.errors import Code, OrbitError, Rejected
+from orbit.core.model import SECOND, Artifact
 from orbit.core.validate import MAX_DURATION_US
 from orbit.protocol.messages import ArtifactView
 from orbit.server.auth import require
@@ -47,6 +47,17 @@ def _header_counter(request: Request, name: str) -> int:
 async def artifact_upload(request: Request, attempt_id: str, name: str) -> JSONResponse:
     """Headers: X-Orbit-Session, X-Orbit-Epoch, X-Orbit-Fence (the attempt's), Content-Type,
     optional X-Orbit-Sha256 (checked) and X-Orbit-TTL (seconds)."""
+    try:
+        artifact = await _receive(request, attempt_id, name)
+    except Rejected as exc:
+        # A refused upload is a refused worker report: counted as the gateway counts one.
+        request.app.state.metrics.rejected.labels(str(exc.code)).inc()
+        raise
+    return JSONResponse(artifact_view(artifact).model_dump(mode="json"), status_code=201)
+
+
+async def _receive(request: Request, attempt_id: str, name: str) -> Artifact:
+    """Stream the body into a fenced upload and commit it; abort it on any failure."""
     store: Store = request.app.state.store
     session_id = request.headers.get("x-orbit-session", "")
     if not 0 < len(session_id) <= 64:
@@ -112,7 +123,7 @@ async def artifact_upload(request: Request, attempt_id: str, name: str) -> JSONR
     except BaseException:
         await run_in_threadpool(store.artifact_abort, artifact_id)
         raise
-    return JSONResponse(artifact_view(artifact).model_dump(mode="json"), status_code=201)
+    return artifact
 
 
 @router.get(

@@ -3,7 +3,6 @@ store at scrape time (tasks by queue and state, queue depth, oldest queued age).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter
@@ -25,13 +24,19 @@ class _StoreCollector(Collector):
         oldest = GaugeMetricFamily(
             "orbit_oldest_queued_seconds", "Age of the oldest queued task", labels=["queue"]
         )
-        now_us = time.time_ns() // 1000
-        for row in self._store.task_stats():
+        # Every queue has a depth, 0 when nothing is queued: a series that vanished when
+        # its queue drained left a dashboard a gap, and no alert could tell empty from
+        # unknown. The queues are read first, so one created meanwhile is counted anyway.
+        queued = {q.name: 0.0 for q in self._store.queue_list()}
+        rows, now_us = self._store.task_stats()
+        for row in rows:
             by_state.add_metric([row["queue"], row["state"]], float(row["n"]))
             if row["state"] == "queued":
-                depth.add_metric([row["queue"]], float(row["n"]))
+                queued[row["queue"]] = float(row["n"])
                 if row["oldest"] is not None:
                     oldest.add_metric([row["queue"]], max(0, now_us - int(row["oldest"])) / 1e6)
+        for name, n in sorted(queued.items()):
+            depth.add_metric([name], n)
         yield by_state
         yield depth
         yield oldest

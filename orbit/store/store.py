@@ -172,15 +172,21 @@ class ReapReport:
     promoted: int = 0
     sessions_expired: int = 0
     artifacts_expired: int = 0
+    #: unfinished uploads dropped because their attempt has ended
+    uploads_dropped: int = 0
 
     @property
     def total(self) -> int:
-        return self.artifacts_expired + (
-            self.released
-            + self.expired_leases
-            + self.deadlines
-            + self.promoted
-            + self.sessions_expired
+        return (
+            self.artifacts_expired
+            + self.uploads_dropped
+            + (
+                self.released
+                + self.expired_leases
+                + self.deadlines
+                + self.promoted
+                + self.sessions_expired
+            )
         )
 
 
@@ -750,9 +756,11 @@ class Store:
         )
         return [R.task_from_row(r) for r in rows]
 
-    def task_stats(self) -> list[Row]:
-        """Task counts by queue and state, with the oldest queued instant (metrics)."""
-        return self._read("task_stats")
+    def task_stats(self) -> tuple[list[Row], int]:
+        """Task counts by queue and state, with the oldest queued instant (metrics), and
+        the store's clock read with them: an age is measured by the database's clock, as
+        leases and deadlines are, never by the clock of the process that asks."""
+        return self._tx(lambda tx: (tx.fetch("task_stats"), tx.now()))
 
     def task_counts(self) -> dict[str, int]:
         return {r["state"]: int(r["n"]) for r in self._read("task_count_by_state")}
@@ -1424,6 +1432,9 @@ class Store:
             ):
                 return plan, None
             artifact_id = self._new_id(now)
+            # An upload of this name left unfinished would hold the name for the rest of
+            # the attempt: one whose server was killed mid-body is never aborted.
+            tx.execute("artifact_uploading_delete", attempt_id=attempt.id, name=name)
             made = tx.fetch(
                 "artifact_insert",
                 id=artifact_id,
@@ -1506,13 +1517,26 @@ class Store:
         self._tx(lambda tx: tx.execute("artifact_delete", id=artifact_id))
 
     def artifact_get(self, artifact_id: str) -> Artifact:
-        found = self._read("artifact_get", id=artifact_id)
-        if not found or found[0]["state"] != "ready" or found[0]["attempt_state"] == "cancelled":
+        """A ready artifact, not of a cancelled attempt, and not expired by the store's
+        clock: an expired one is gone even before the reaper's pass deletes it."""
+
+        def read(tx: _Tx) -> tuple[list[Row], int]:
+            return tx.fetch("artifact_get", id=artifact_id), tx.now()
+
+        found, now = self._tx(read)
+        if (
+            not found
+            or found[0]["state"] != "ready"
+            or found[0]["attempt_state"] == "cancelled"
+            or int(found[0]["expires_at"]) <= now
+        ):
             raise OrbitError(Code.ARTIFACT_NOT_FOUND, f"no artifact {artifact_id!r:.80}")
         return R.artifact_from_row(found[0])
 
     def artifact_list(self, task_id: str) -> list[Artifact]:
-        return [R.artifact_from_row(r) for r in self._read("artifact_list", task_id=task_id)]
+        """The task's artifacts that ``artifact_get`` would serve."""
+        rows = self._tx(lambda tx: tx.fetch("artifact_list", task_id=task_id, now=tx.now()))
+        return [R.artifact_from_row(r) for r in rows]
 
     def artifact_chunks(self, artifact_id: str) -> Iterator[bytes]:
         """The artifact's bytes, one stored chunk at a time (never all in memory)."""
@@ -1629,6 +1653,7 @@ class Store:
         node holds are skipped (SKIP LOCKED) and every write is a compare-and-set."""
         counts = {
             "artifacts_expired": 0,
+            "uploads_dropped": 0,
             "released": 0,
             "expired_leases": 0,
             "deadlines": 0,
@@ -1700,7 +1725,11 @@ class Store:
                 tx.fetch("artifact_expired_delete", now=tx.now(), limit=self.config.reap_batch)
             )
 
+        def uploads_pass(tx: _Tx) -> int:
+            return len(tx.fetch("artifact_abandoned_delete", limit=self.config.reap_batch))
+
         counts["artifacts_expired"] = self._tx(artifacts_pass)
+        counts["uploads_dropped"] = self._tx(uploads_pass)
         for plan in (self._tx(tasks_pass), self._tx(sessions_pass)):
             for event in plan.events:
                 if event.kind == "session.expired":

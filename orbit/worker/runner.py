@@ -696,10 +696,17 @@ class Worker:
                 headers=headers,
             )
         if reply.status_code >= 400:
-            error = reply.json().get("error", {}) if reply.content else {}
+            # A proxy in front (nginx refuses bodies over 1 MB by default) answers with a
+            # page of its own, not Orbit's JSON: still a ServerError, HTTP_ERROR.
+            try:
+                answer = reply.json()
+            except ValueError:
+                answer = None
+            found = answer.get("error") if isinstance(answer, dict) else None
+            error: dict[str, Any] = found if isinstance(found, dict) else {}
             raise ServerError(
                 str(error.get("code", "HTTP_ERROR")),
-                str(error.get("message", reply.status_code)),
+                str(error.get("message", f"HTTP {reply.status_code}")),
                 error,
             )
         return dict(reply.json())

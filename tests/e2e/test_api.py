@@ -7,11 +7,13 @@ import asyncio
 import contextlib
 import json
 import re
+import socket
 import sqlite3
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,13 +21,16 @@ import psycopg
 import pytest
 import websockets
 from fastapi.routing import APIRoute
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from orbit.server import ServerSettings, create_app
+from orbit.server.app import READY_TIMEOUT_S
 from orbit.server.auth import CACHE_SECONDS
 from orbit.server.routes import encode_cursor
 from orbit.store import open_store
 from orbit.worker import WorkerConnection
-from tests.e2e.servers import Node, Tokens
+from tests.e2e.servers import Node, Tokens, start_server
+from tests.pg import as_url, temporary_database
 
 
 def _walk(routes: list[Any], prefix: str = "") -> list[APIRoute]:
@@ -596,3 +601,108 @@ def test_a_childs_idempotent_resubmit_after_its_parents_cancel_gets_the_child(
     new = admin.post("/v1/tasks", json={**child, "idempotency_key": "other"})
     assert new.status_code == 409 and new.json()["error"]["code"] == "PARENT_CANCELLED"
     assert len(admin.get("/v1/tasks").json()["items"]) == 2
+
+
+def _samples(node: Node, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """The samples of metric family ``name`` in ``/metrics``, parsed as Prometheus reads
+    them (so a format error fails here), keyed by their sorted labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    reply = httpx.get(f"{node.http}/metrics")
+    assert reply.status_code == 200
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for family in text_string_to_metric_families(reply.text)
+        if family.name == name
+        for s in family.samples
+    }
+
+
+def test_queue_depth_is_zero_for_a_queue_with_nothing_queued(
+    admin: httpx.Client, node: Node
+) -> None:
+    """Every queue has an ``orbit_queue_depth`` sample, 0 when nothing is queued: a
+    drained queue's series used to vanish, so a dashboard showed a gap and an alert on
+    ``orbit_queue_depth == 0`` (or ``absent``) could not tell empty from unknown."""
+    admin.post("/v1/queues", json={"name": "idle", "max_concurrency": 1, "rate": 0})
+    admin.post("/v1/queues", json={"name": "busy", "max_concurrency": 1, "rate": 0})
+    task = admin.post("/v1/tasks", json={"queue": "busy", "handler": "h"}).json()["task"]
+    depth = _samples(node, "orbit_queue_depth")
+    assert depth == {(("queue", "busy"),): 1.0, (("queue", "idle"),): 0.0}
+    admin.post(f"/v1/tasks/{task['id']}/cancel")
+    depth = _samples(node, "orbit_queue_depth")
+    assert depth == {(("queue", "busy"),): 0.0, (("queue", "idle"),): 0.0}
+
+
+class _Proxy:
+    """A TCP proxy to PostgreSQL that can be cut: the database "gone" for a node whose
+    connections go through it, without touching the shared server. Cut, it closes every
+    connection and stops listening, so a new one is refused."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._target = (host, port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._open: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._cut = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # cut
+            with self._lock:
+                if self._cut:
+                    client.close()
+                    return
+                server = socket.create_connection(self._target)
+                self._open += [client, server]
+            for src, dst in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        with self._lock:
+            self._cut = True
+            # shutdown, not only close: a close leaves the blocked accept() listening
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)
+            self._listener.close()
+            for s in self._open:
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+
+
+@pytest.mark.postgres_only
+def test_readyz_answers_503_promptly_when_the_database_is_gone(tmp_path: Path) -> None:
+    """/readyz is 503 when the database cannot be read, within a probe's patience: it
+    used to wait for the connection pool's own timeout (30 s), far past any probe's, so
+    a caller without one hung and each probe held a worker thread all that while."""
+    with temporary_database("orbit_ready") as dsn:
+        params = conninfo_to_dict(dsn)
+        proxy = _Proxy(str(params.get("host", "127.0.0.1")), int(params.get("port", 5432)))
+        url = as_url(make_conninfo(dsn, host="127.0.0.1", port=str(proxy.port)))
+        node = start_server(url, tmp_path)
+        try:
+            assert httpx.get(f"{node.http}/readyz").json() == {"status": "ready"}
+            proxy.cut()
+            began = time.monotonic()
+            replies = [httpx.get(f"{node.http}/readyz", timeout=60) for _ in range(2)]
+            took = time.monotonic() - began
+            assert [r.status_code for r in replies] == [503, 503], [r.text for r in replies]
+            assert took < 2 * READY_TIMEOUT_S + 2, took
+            assert replies[0].json()["status"] == "unavailable"
+            assert httpx.get(f"{node.http}/healthz").json()["status"] == "ok"
+        finally:
+            node.stop()

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
-from collections.abc import Callable
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from orbit import Client
@@ -226,3 +230,181 @@ def test_async_client_downloads_as_the_sync_one_does(small: Node, tokens: Tokens
         with pytest.raises(NotFound) as missing:
             client.artifact_content("nope")
         assert missing.value.code == "ARTIFACT_NOT_FOUND"
+
+
+def test_refused_uploads_are_counted_in_the_metrics(small: Node, tokens: Tokens) -> None:
+    """An upload refused as a stale report leaves a ``rejected`` event like any worker
+    report, and is counted in ``orbit_rejected_reports_total{code}`` like one: the
+    upload route used to count nothing, so the metric missed every refused artifact."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    api = httpx.Client(
+        base_url=small.http, timeout=30, headers={"Authorization": f"Bearer {tokens.admin}"}
+    )
+    api.post("/v1/queues", json={"name": "q", "max_concurrency": 4, "rate": 0})
+    api.post("/v1/tasks", json={"queue": "q", "handler": "h"})
+
+    async def scenario() -> list[int]:
+        conn, url, headers = await _started(small, tokens)
+        async with httpx.AsyncClient(timeout=30) as http:
+            stale = await http.put(
+                f"{url}/x", content=b"1", headers={**headers, "X-Orbit-Fence": "2"}
+            )
+            epoch = str(int(headers["X-Orbit-Epoch"]) + 1)
+            fenced = await http.put(
+                f"{url}/y", content=b"1", headers={**headers, "X-Orbit-Epoch": epoch}
+            )
+        await conn.close()
+        return [stale.status_code, fenced.status_code]
+
+    assert asyncio.run(scenario()) == [409, 409]
+    counted = {
+        s.labels["code"]: s.value
+        for family in text_string_to_metric_families(httpx.get(f"{small.http}/metrics").text)
+        if family.name == "orbit_rejected_reports"
+        for s in family.samples
+        if s.name == "orbit_rejected_reports_total"
+    }
+    assert counted == {"STALE_FENCE": 1.0, "FENCED_EPOCH": 1.0}
+
+
+def _upload_rows(db_url: str) -> list[tuple[str, str, int]]:
+    """Every artifact row, ready or not (name, state, stored chunks), read directly: the
+    API shows only ready ones, and this test is about the others."""
+    sql = (
+        "SELECT f.name, f.state, (SELECT count(*) FROM orbit_artifact_chunks c"
+        " WHERE c.artifact_id = f.id) FROM orbit_artifacts f ORDER BY f.name, f.state"
+    )
+    if db_url.startswith("sqlite:///"):
+        with contextlib.closing(sqlite3.connect(db_url.removeprefix("sqlite:///"))) as cx:
+            return [(str(n), str(s), int(c)) for n, s, c in cx.execute(sql)]
+    with psycopg.connect(db_url, autocommit=True) as cx:
+        return [(str(n), str(s), int(c)) for n, s, c in cx.execute(sql)]
+
+
+def _until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Wait for a state another process reaches (its rows), bounded."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.02)
+
+
+def test_an_upload_cut_off_half_way_leaves_nothing_behind(
+    nodes: Callable[..., Node], tokens: Tokens, db_url: str
+) -> None:
+    """The client gone mid-body: the server aborts the upload, rows and chunks. The
+    server SIGKILLed mid-body: nothing aborts it, and its ``uploading`` row used to hold
+    the name, so the worker's retry on another node was refused ``ARTIFACT_EXISTS``;
+    the retry now replaces it, and only the committed artifact's chunks stay stored."""
+    a = nodes(node_id="a")
+    api = httpx.Client(
+        base_url=a.http, timeout=30, headers={"Authorization": f"Bearer {tokens.admin}"}
+    )
+    api.post("/v1/queues", json={"name": "q", "max_concurrency": 4, "rate": 0})
+    tid = api.post("/v1/tasks", json={"queue": "q", "handler": "h"}).json()["task"]["id"]
+    first = os.urandom(300_000)  # more than one stored chunk: one is written at once
+
+    async def stalled(never: asyncio.Event) -> AsyncIterator[bytes]:
+        yield first
+        await never.wait()
+        yield b"never sent"
+
+    async def cut(url: str, headers: dict[str, str], then: Callable[[], None]) -> None:
+        never = asyncio.Event()
+        async with httpx.AsyncClient(timeout=30) as http:
+            put = asyncio.create_task(http.put(url, content=stalled(never), headers=headers))
+            await asyncio.to_thread(_until, lambda: _upload_rows(db_url) != [], "a chunk")
+            await asyncio.to_thread(then)
+            put.cancel()  # the client side: its connection is closed with it
+            with contextlib.suppress(asyncio.CancelledError, httpx.TransportError):
+                await put
+
+    async def scenario() -> httpx.Response:
+        conn, url, headers = await _started(a, tokens)
+        await cut(f"{url}/gone", headers, lambda: None)  # the client disconnects
+        await asyncio.to_thread(_until, lambda: _upload_rows(db_url) == [], "the abort")
+        await cut(f"{url}/shot", headers, a.kill)  # the server dies
+        assert a.proc.poll() is not None
+        b = nodes(node_id="b")
+        retry_url = url.replace(a.http, b.http)
+        async with httpx.AsyncClient(timeout=30) as http:
+            retried = await http.put(f"{retry_url}/shot", content=first, headers=headers)
+        with contextlib.suppress(Exception):
+            await conn.close()
+        return retried
+
+    retried = asyncio.run(scenario())
+    assert retried.status_code == 201, retried.text
+    assert _upload_rows(db_url) == [("shot", "ready", 2)]
+    assert retried.json()["task_id"] == tid
+
+
+def test_a_download_cut_off_by_a_server_sigkill_is_an_error_not_a_short_artifact(
+    nodes: Callable[..., Node], tokens: Tokens
+) -> None:
+    """``Client.artifact_stream`` reads through http.client, whose ``read(n)`` answers
+    b"" when the connection closes before Content-Length is reached: a download cut off
+    by a server killed mid-body ended quietly, and the caller took the first part for
+    the whole artifact. It is ``Unreachable`` now, as AsyncClient's (httpx's) is."""
+    from orbit.client import Unreachable
+
+    node = nodes(args=["--max-artifact-bytes", str(64 * 2**20)])
+    api = httpx.Client(
+        base_url=node.http, timeout=60, headers={"Authorization": f"Bearer {tokens.admin}"}
+    )
+    api.post("/v1/queues", json={"name": "q", "max_concurrency": 4, "rate": 0})
+    api.post("/v1/tasks", json={"queue": "q", "handler": "h"})
+    blob = os.urandom(24 * 2**20)  # far more than the sockets' buffers hold
+
+    async def upload() -> str:
+        conn, url, headers = await _started(node, tokens)
+        async with httpx.AsyncClient(timeout=60) as http:
+            reply = await http.put(f"{url}/big", content=blob, headers=headers)
+        await conn.close()
+        assert reply.status_code == 201, reply.text
+        return str(reply.json()["id"])
+
+    artifact_id = asyncio.run(upload())
+    received = 0
+    with Client(node.http, tokens.submit) as client, pytest.raises(Unreachable):
+        for chunk in client.artifact_stream(artifact_id):
+            if received == 0:
+                node.kill()  # confirmed gone before the rest is read
+            received += len(chunk)
+    assert 0 < received < len(blob)
+
+
+def test_an_upload_refused_by_a_proxy_in_front_is_a_server_error(tmp_path: Path) -> None:
+    """A proxy in front of the server (nginx refuses bodies over 1 MB by default) answers
+    an upload with a page of HTML, not Orbit's JSON error: ``ctx.upload`` raised the
+    JSON decoder's error from inside the runner instead of the ``ServerError`` it
+    documents. It is a ``ServerError`` now, ``HTTP_ERROR`` with the status."""
+    import http.server
+    import threading
+    from types import SimpleNamespace
+
+    class Proxy(http.server.BaseHTTPRequestHandler):
+        def do_PUT(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            page = b"<html><body>413 Request Entity Too Large</body></html>"
+            self.send_response(413)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        worker = Worker(f"http://127.0.0.1:{server.server_address[1]}", "orbit_x")
+        worker._conn = SimpleNamespace(session_id="s", epoch="1")  # type: ignore[assignment]
+        with pytest.raises(ServerError) as err:
+            asyncio.run(worker._upload("a", "1", "big.bin", b"x" * 1000, "a/b", None))
+        assert err.value.code == "HTTP_ERROR" and "413" in err.value.message
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -208,3 +208,58 @@ def test_a_cancel_refuses_new_artifacts_and_hides_the_attempts_own(store: Store)
         store.artifact_get(before.id)  # type: ignore[attr-defined]
     assert err.value.code == Code.ARTIFACT_NOT_FOUND
     assert check_all(store) == []
+
+
+def test_an_upload_cut_off_half_way_neither_blocks_its_name_nor_stays_stored(
+    store: Store,
+) -> None:
+    """A server killed in the middle of an upload never aborts it: its ``uploading`` row
+    and chunks stay behind. The worker's retry of the same name is a new begin, which
+    replaces the dead upload (it used to be refused ``ARTIFACT_EXISTS`` for the rest of
+    the attempt), and once the attempt has ended the reaper drops any upload it left
+    unfinished (it used to keep the chunks until the TTL, 7 days by default)."""
+    queue(store)
+    tid = submit(store)
+    s, _ = worker(store)
+    g = run_one(store, s)
+    a = g.attempt
+    cut = store.artifact_begin(s.id, s.epoch, a.id, a.fence, name="shot.png", content_type="a/b")
+    store.artifact_write(cut, 0, b"half of it")
+    done = _upload(store, s, g, "shot.png", [b"all of it"])  # the retry, no abort before
+    assert list(store.artifact_chunks(cut)) == []
+    assert [x.id for x in store.artifact_list(tid)] == [done.id]  # type: ignore[attr-defined]
+    left = store.artifact_begin(s.id, s.epoch, a.id, a.fence, name="left", content_type="a/b")
+    store.artifact_write(left, 0, b"never finished")
+    assert store.reap().uploads_dropped == 0  # its attempt still runs: it may go on
+    store.attempt_finish(s.id, s.epoch, a.id, a.fence, Outcome.success())
+    assert store.reap().uploads_dropped == 1
+    assert list(store.artifact_chunks(left)) == []
+    assert b"".join(store.artifact_chunks(done.id)) == b"all of it"  # type: ignore[attr-defined]
+    assert check_all(store) == []
+
+
+def test_an_expired_artifact_is_not_served_before_the_reaper_deletes_it(
+    store: Store, clock: ManualClock
+) -> None:
+    """Past its ``expires_at`` an artifact is gone, whether or not a reaper pass has
+    run yet: a listing or a download between the two used to still serve it."""
+    queue(store)
+    tid = submit(store)
+    s, _ = worker(store)
+    g = run_one(store, s)
+    a = g.attempt
+    artifact_id = store.artifact_begin(
+        s.id, s.epoch, a.id, a.fence, name="tmp", content_type="text/plain", ttl_us=10_000_000
+    )
+    store.artifact_write(artifact_id, 0, b"bye")
+    store.artifact_commit(
+        s.id, s.epoch, a.id, a.fence, artifact_id, size=3, sha256=hashlib.sha256(b"bye").hexdigest()
+    )
+    store.attempt_finish(s.id, s.epoch, a.id, a.fence, Outcome.success())
+    clock.advance(9)
+    assert [x.id for x in store.artifact_list(tid)] == [artifact_id]
+    clock.advance(1)
+    assert store.artifact_list(tid) == []
+    with pytest.raises(OrbitError) as err:
+        store.artifact_get(artifact_id)
+    assert err.value.code == Code.ARTIFACT_NOT_FOUND

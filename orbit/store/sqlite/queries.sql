@@ -337,6 +337,12 @@ VALUES (:id, :task_id, :attempt_id, :name, :content_type, 0, NULL, 'uploading', 
 ON CONFLICT (attempt_id, name) DO NOTHING
 RETURNING id;
 
+-- name: artifact_uploading_delete
+-- A begin replaces an unfinished upload of its name: the attempt's earlier one was cut
+-- off (its server killed mid-body, so never aborted) or is being given up by its worker.
+DELETE FROM orbit_artifacts
+WHERE attempt_id = :attempt_id AND name = :name AND state = 'uploading';
+
 -- name: artifact_chunk_insert
 INSERT INTO orbit_artifact_chunks (artifact_id, seq, data)
 SELECT :artifact_id, :seq, :data
@@ -359,13 +365,25 @@ DELETE FROM orbit_artifacts WHERE id = :id;
 
 -- name: artifact_list
 -- Artifacts of cancelled attempts are never shown: cancel wins over everything an
--- attempt produced, its result and its blobs alike.
+-- attempt produced, its result and its blobs alike. An expired one is gone by the
+-- clock, whether or not the reaper has deleted it yet.
 SELECT f.* FROM orbit_artifacts f JOIN orbit_attempts a ON a.id = f.attempt_id
 WHERE f.task_id = :task_id AND f.state = 'ready' AND a.state <> 'cancelled'
+  AND f.expires_at > :now
 ORDER BY f.created_at, f.id;
 
 -- name: artifact_chunk_get
 SELECT data FROM orbit_artifact_chunks WHERE artifact_id = :artifact_id AND seq = :seq;
+
+-- name: artifact_abandoned_delete
+-- Uploads whose attempt no longer runs can never be committed (artifact_commit is guarded
+-- like any report): their server died mid-body before it could abort them. A commit in
+-- flight holds its row (and its attempt is running), so it is never dropped here.
+DELETE FROM orbit_artifacts
+WHERE id IN (SELECT f.id FROM orbit_artifacts f JOIN orbit_attempts a ON a.id = f.attempt_id
+             WHERE f.state = 'uploading' AND a.state <> 'running'
+             LIMIT :limit)
+RETURNING id;
 
 -- name: artifact_expired_delete
 DELETE FROM orbit_artifacts
