@@ -80,8 +80,10 @@ def _fail(message: str, code: int = 2) -> NoReturn:
 def _check_url(url: str) -> None:
     if not url.startswith(("sqlite://", "postgresql://", "postgres://")):
         _fail("--db must start with sqlite:// or postgresql://")
-    in_memory = url.removeprefix("sqlite://").lstrip("/") in ("", ":memory:")
-    if url.startswith("sqlite://") and in_memory:
+    from orbit.store import sqlite_path
+
+    path = sqlite_path(url)
+    if path is not None and path.lstrip("/") in ("", ":memory:"):
         # The store opens these in memory: a schema, a token or a server's state that is
         # gone when the command ends (`token create` printed a token nothing accepts).
         _fail("--db names no file: give sqlite:///path/orbit.db (or sqlite:////abs/path)")
@@ -169,14 +171,12 @@ def _on_existing_store(db: str, call: Callable[[Store], T]) -> T:
     tokens of an empty database it had just made, and ``token revoke`` refuse every id
     while leaving that file behind. A database that fails is ``database``'s one line
     (exit 1); a refusal from the store is its message (exit 2)."""
-    from orbit.store import open_store
+    from orbit.store import open_store, sqlite_path
 
     _check_url(db)
-    if db.startswith("sqlite://"):
-        path = db.removeprefix("sqlite://")
-        path = path[1:] if path.startswith("/") else path  # as open_store reads it
-        if not Path(path).is_file():
-            _fail(f"no database at {path}: check --db (orbit db migrate creates one)")
+    path = sqlite_path(db)
+    if path is not None and not Path(path).is_file():
+        _fail(f"no database at {path}: check --db (orbit db migrate creates one)")
     refused: OrbitError | None = None
     with database(db):
         store = open_store(db)
@@ -330,7 +330,7 @@ def server(
 
     from orbit.gctune import tune_for_throughput
     from orbit.server import ServerSettings, create_app
-    from orbit.store import StoreConfig, open_store
+    from orbit.store import StoreConfig, open_store, sqlite_path
 
     _check_url(db)
     if (tls_cert is None) != (tls_key is None):
@@ -369,12 +369,12 @@ def server(
     held: int | None = None  # SQLite: the lock that keeps a second server off the file
     with database(db):  # opened here, so a database that cannot be is one clear line
         store = open_store(db, settings.store_config)
-        if db.startswith("sqlite://"):
+        path = sqlite_path(db)
+        if path is not None:
             from orbit.store.sqlite import hold_for_server
 
-            path = db.removeprefix("sqlite://")
             try:  # after open_store, which makes the file's directory
-                held = hold_for_server(path[1:] if path.startswith("/") else path)
+                held = hold_for_server(path)
             except BaseException:
                 store.close()
                 raise

@@ -21,6 +21,15 @@ from orbit.store.store import (
 )
 
 
+def sqlite_path(url: str) -> str | None:
+    """The file a ``sqlite://`` URL names (``sqlite:///rel``, ``sqlite:////abs``; ``""`` or
+    ``":memory:"`` for none), or None for any other URL."""
+    if not url.startswith("sqlite://"):
+        return None
+    path = url.removeprefix("sqlite://")
+    return path[1:] if path.startswith("/") else path
+
+
 def open_store(
     url: str,
     config: StoreConfig | None = None,
@@ -29,11 +38,10 @@ def open_store(
     migrate: bool = True,
 ) -> Store:
     """Open the store a URL names: ``sqlite:///file.db`` or ``postgresql://…``."""
-    if url.startswith("sqlite://"):
+    path = sqlite_path(url)
+    if path is not None:
         from orbit.store.sqlite import SqliteDriver
 
-        path = url.removeprefix("sqlite://")
-        path = path[1:] if path.startswith("/") else path  # sqlite:///rel, sqlite:////abs
         if path not in ("", ":memory:"):
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         store = Store(SqliteDriver(path or ":memory:"), config, clock=clock)
