@@ -26,7 +26,6 @@ from orbit.core.validate import is_name
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from orbit.core.model import Token
     from orbit.store import Store
 
 T = TypeVar("T")
@@ -190,19 +189,6 @@ def _on_existing_store(db: str, call: Callable[[Store], T]) -> T:
     _fail(refused.message)
 
 
-def _token_wire(token: Token) -> dict[str, Any]:
-    """A token as ``--json`` prints it: the API's RFC 3339 instants, no secret, no hash."""
-    from orbit.protocol.convert import instant_to_wire
-
-    return {
-        "id": token.id,
-        "name": token.name,
-        "scopes": list(token.scopes),
-        "created_at": instant_to_wire(token.created_at),
-        "revoked_at": instant_to_wire(token.revoked_at),
-    }
-
-
 def _tokens_table(rows: list[dict[str, Any]]) -> Table:
     from rich.table import Column, Table
 
@@ -231,9 +217,10 @@ def token_ls(
     Example: orbit token ls --db sqlite:///.orbit/orbit.db
     """
     from orbit.cli.api import emit
+    from orbit.protocol.convert import token_wire
 
     tokens = _on_existing_store(db, lambda store: store.token_list())
-    emit([_token_wire(t) for t in tokens], as_json, _tokens_table)
+    emit([token_wire(t) for t in tokens], as_json, _tokens_table)
 
 
 @token_app.command("revoke")
@@ -258,9 +245,10 @@ def token_revoke(
     Example: orbit token revoke --db sqlite:///.orbit/orbit.db 019ae4c3d2b97f0e8a1c4b5d6e7f8091
     """
     from orbit.cli.api import emit
+    from orbit.protocol.convert import token_wire
 
     token = _on_existing_store(db, lambda store: store.token_revoke(token_id))
-    emit(_token_wire(token), as_json, lambda t: _tokens_table([t]))
+    emit(token_wire(token), as_json, lambda t: _tokens_table([t]))
     if not as_json:
         typer.secho(
             f"token {token.id} is revoked: servers refuse it within 10 seconds; worker "

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
-from orbit.core.model import parse_json
+from orbit.core.model import Token, parse_json
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
@@ -50,3 +50,15 @@ def us_to_seconds(us: int | None) -> float | None:
 
 def json_or_none(text: str | None) -> Any:
     return None if text is None else parse_json(text)
+
+
+def token_wire(token: Token) -> dict[str, Any]:
+    """A token as the API's ``TokenView`` spells it and ``orbit token ls --json`` prints
+    it: RFC 3339 instants, never the secret nor its hash."""
+    return {
+        "id": token.id,
+        "name": token.name,
+        "scopes": list(token.scopes),
+        "created_at": instant_to_wire(token.created_at),
+        "revoked_at": instant_to_wire(token.revoked_at),
+    }

@@ -16,7 +16,7 @@ from starlette.responses import Response
 from orbit.core.batches import UnusualTask
 from orbit.core.model import DEFAULT_BACKOFF, Backoff, Outcome, TaskSpec, build
 from orbit.core.states import TaskState
-from orbit.protocol.convert import instant_from_wire, seconds_to_us
+from orbit.protocol.convert import instant_from_wire, seconds_to_us, token_wire
 from orbit.protocol.decode import DecodeError, decode_json, decode_model
 from orbit.protocol.messages import (
     AttemptView,
@@ -45,7 +45,6 @@ from orbit.server.views import (
     event_view,
     queue_view,
     task_wire,
-    token_view,
     worker_view,
 )
 from orbit.store import Store
@@ -453,7 +452,7 @@ async def token_create(request: Request) -> Response:
 @router.get("/tokens", dependencies=[Depends(require("admin"))], response_model=list[TokenView])
 async def token_list(request: Request) -> Response:
     """Every token, revoked ones too, oldest first: what ``orbit token ls`` prints."""
-    return _json([token_view(t) for t in await in_thread(_store(request).token_list)])
+    return _json([token_wire(t) for t in await in_thread(_store(request).token_list)])
 
 
 @router.post(
@@ -462,4 +461,4 @@ async def token_list(request: Request) -> Response:
 async def token_revoke(request: Request, token_id: str) -> Response:
     """Refuse a token from now on; each node may accept it for as long as it caches
     token checks (``orbit.server.auth.CACHE_SECONDS``). Idempotent."""
-    return _json(token_view(await in_thread(_store(request).token_revoke, token_id)))
+    return _json(token_wire(await in_thread(_store(request).token_revoke, token_id)))

@@ -13,7 +13,6 @@ from orbit.core.model import (
     Receipt,
     Session,
     Task,
-    Token,
     parse_json,
 )
 from orbit.protocol.convert import instant_to_wire, json_or_none, us_to_seconds
@@ -22,7 +21,6 @@ from orbit.protocol.messages import (
     AttemptView,
     EventView,
     QueueView,
-    TokenView,
     WorkerView,
 )
 
@@ -110,16 +108,6 @@ def event_view(row: dict[str, Any]) -> EventView:
         attempt_to=row["attempt_to"],
         code=row["code"],
         data=json_or_none(row["data"]),
-    )
-
-
-def token_view(t: Token) -> TokenView:
-    return TokenView(
-        id=t.id,
-        name=t.name,
-        scopes=list(t.scopes),
-        created_at=_at(t.created_at),
-        revoked_at=None if t.revoked_at is None else _at(t.revoked_at),
     )
 
 
