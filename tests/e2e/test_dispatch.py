@@ -88,11 +88,16 @@ def _observe(fn: Callable[..., Any], after: threading.Event) -> Callable[..., An
     return observed
 
 
+def _worker_store(db_url: str, config: StoreConfig | None = None) -> tuple[Store, str]:
+    """A store with a queue ``q`` (10 permits, no rate) and a worker token for it."""
+    store = open_store(db_url, config)
+    store.queue_create("q", max_concurrency=10, rate=0)
+    return store, store.token_create("w", ["worker"])[1]
+
+
 @pytest.fixture
 def rig(db_url: str) -> Iterator[Rig]:
-    store = open_store(db_url, StoreConfig(claim_ttl_us=600 * SECOND))
-    store.queue_create("q", max_concurrency=10, rate=0)
-    token = store.token_create("w", ["worker"])[1]
+    store, token = _worker_store(db_url, StoreConfig(claim_ttl_us=600 * SECOND))
     claiming, gate, released, detached = (threading.Event() for _ in range(4))
     claim = store.attempt_claim_many
 
@@ -614,10 +619,8 @@ def test_reports_overlap_and_other_requests_wait_for_them(db_url: str) -> None:
     as each completes, so a ``heartbeat`` sent after a start still in the store is
     answered first; any other request (here a ``release``) waits for the reports before
     it. The docs used to say that every request was handled one at a time, in order."""
-    store = open_store(db_url)
+    store, token = _worker_store(db_url)
     try:
-        store.queue_create("q", max_concurrency=10, rate=0)
-        token = store.token_create("w", ["worker"])[1]
         task_id = store.task_submit(TaskSpec(queue="q", handler="h")).task.id
         starting, finish_start = threading.Event(), threading.Event()
         start = store.attempt_start
@@ -713,10 +716,8 @@ def test_a_claim_undelivered_because_of_a_resume_here_is_released(db_url: str) -
     connection got nothing until the claim lease (ten minutes here) ran out. They are
     released under the session's current epoch instead, and pushed to the resumed
     connection."""
-    store = open_store(db_url, StoreConfig(claim_ttl_us=600 * SECOND))
+    store, token = _worker_store(db_url, StoreConfig(claim_ttl_us=600 * SECOND))
     try:
-        store.queue_create("q", max_concurrency=10, rate=0)
-        token = store.token_create("w", ["worker"])[1]
         task_id = store.task_submit(TaskSpec(queue="q", handler="h")).task.id
         claimed, back = threading.Event(), threading.Event()
         claim = store.attempt_claim_many
