@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import re
 from functools import partial
+from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -29,6 +30,18 @@ _SECONDS = re.compile(r"^[0-9]{1,9}\Z")
 #: the longest X-Orbit-TTL, in seconds: the store keeps an artifact at most the longest
 #: duration Orbit accepts anywhere
 MAX_TTL_S = MAX_DURATION_US // SECOND
+
+
+def attachment(name: str) -> str:
+    """A download's Content-Disposition (RFC 6266): ``filename`` holds the name in
+    printable ASCII with a quote, a backslash or any other character replaced by ``_``,
+    so that no name can end the quoted string or the header; ``filename*`` (RFC 5987)
+    holds the exact name, percent-encoded UTF-8, when it differs."""
+    plain = "".join(c if " " <= c <= "~" and c not in '"\\' else "_" for c in name)
+    exact = quote(name, safe="")
+    if exact == plain:
+        return f'attachment; filename="{plain}"'
+    return f"attachment; filename=\"{plain}\"; filename*=UTF-8''{exact}"
 
 
 def _header_counter(request: Request, name: str) -> int:
@@ -160,7 +173,10 @@ async def artifact_content(request: Request, artifact_id: str) -> StreamingRespo
     headers = {
         "Content-Length": str(artifact.size),
         "X-Orbit-Sha256": artifact.sha256 or "",
-        "Content-Disposition": f'attachment; filename="{artifact.name}"',
+        "Content-Disposition": attachment(artifact.name),
+        # The Content-Type is the uploader's word: a browser must not second-guess it
+        # (an uploaded page sniffed as text/html would run as this origin's page).
+        "X-Content-Type-Options": "nosniff",
     }
     return StreamingResponse(
         iterate_in_threadpool(store.artifact_chunks(artifact_id)),
