@@ -401,9 +401,14 @@ DELETE FROM orbit_artifacts
 WHERE attempt_id = :attempt_id AND name = :name AND state = 'uploading';
 
 -- name: artifact_chunk_insert
+-- The upload's row is read FOR SHARE: while a begin replacing it, an abort or a commit
+-- holds it, the insert waits, then re-reads it (gone, or 'ready') and inserts nothing,
+-- which the store answers INVALID_STATE. Unlocked, the insert saw the row whose delete
+-- was not committed yet, and its foreign key check then failed once it was: a 500.
 INSERT INTO orbit_artifact_chunks (artifact_id, seq, data)
 SELECT :artifact_id, :seq, :data
-WHERE EXISTS (SELECT 1 FROM orbit_artifacts WHERE id = :artifact_id AND state = 'uploading');
+WHERE EXISTS (SELECT 1 FROM orbit_artifacts WHERE id = :artifact_id AND state = 'uploading'
+              FOR SHARE);
 
 -- name: artifact_get
 SELECT f.*, a.state AS attempt_state FROM orbit_artifacts f
