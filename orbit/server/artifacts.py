@@ -16,9 +16,10 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from orbit.core.errors import Code, OrbitError, Rejected
 from orbit.core.model import SECOND, Artifact
 from orbit.core.validate import MAX_DURATION_US
-from orbit.protocol.messages import ArtifactView
+from orbit.protocol.messages import ArtifactPage, ArtifactView
 from orbit.server.auth import require
 from orbit.server.errors import ApiError
+from orbit.server.routes import LISTING, Limit, encode_cursor, id_cursor
 from orbit.server.views import artifact_view
 from orbit.store import Store
 
@@ -141,14 +142,23 @@ async def _receive(request: Request, attempt_id: str, name: str) -> Artifact:
 
 @router.get(
     "/tasks/{task_id}/artifacts",
-    dependencies=[Depends(require("submit"))],
-    response_model=list[ArtifactView],
+    dependencies=[Depends(require("submit")), *LISTING],
+    response_model=ArtifactPage,
 )
-async def artifact_list(request: Request, task_id: str) -> JSONResponse:
+async def artifact_list(
+    request: Request, task_id: str, limit: Limit = 100, cursor: str | None = None
+) -> JSONResponse:
+    """A page of the task's artifacts, as ``GET /v1/tasks`` pages tasks: by id (a uuid7,
+    so in the order they were begun), the cursor standing for the last one's id."""
     store: Store = request.app.state.store
+    after_id = id_cursor(cursor)
     await run_in_threadpool(store.task_get, task_id)  # 404 for an unknown task
-    items = await run_in_threadpool(store.artifact_list, task_id)
-    return JSONResponse([artifact_view(a).model_dump(mode="json") for a in items])
+    items = await run_in_threadpool(
+        partial(store.artifact_list, task_id, after_id=after_id, limit=limit)
+    )
+    nxt = encode_cursor(items[-1].id) if len(items) == limit else None
+    page = ArtifactPage(items=[artifact_view(a) for a in items], next_cursor=nxt)
+    return JSONResponse(page.model_dump(mode="json"))
 
 
 @router.get(

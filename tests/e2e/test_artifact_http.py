@@ -16,6 +16,7 @@ from starlette.exceptions import StarletteDeprecationWarning
 
 from orbit.server import ServerSettings, create_app
 from orbit.server.artifacts import attachment
+from orbit.server.routes import encode_cursor
 from orbit.store import Store, open_store
 from tests.store.helpers import run_one, submit, worker
 
@@ -113,3 +114,65 @@ def test_a_name_with_a_quote_or_a_non_ascii_letter_is_refused(served: Served, na
     assert reply.status_code == 400, reply.text
     assert reply.json()["error"]["code"] == "INVALID_ARGUMENT"
     assert served.store.artifact_list(served.task_id) == []
+
+
+def test_a_tasks_artifacts_are_listed_a_page_at_a_time(served: Served) -> None:
+    """``GET /v1/tasks/{id}/artifacts`` pages as ``GET /v1/tasks`` does: ``limit`` (1-1000,
+    100 by default) and an opaque ``cursor``, answered as ``{"items", "next_cursor"}``.
+    It answered a bare list of every artifact, however many."""
+    made = []
+    for i in range(3):
+        reply = _put(served, f"part-{i}", b"x")
+        assert reply.status_code == 201, reply.text
+        made.append(reply.json()["id"])
+    path = f"/v1/tasks/{served.task_id}/artifacts"
+    whole = served.client.get(path, headers=served.submit)
+    assert whole.status_code == 200, whole.text
+    assert {a["id"] for a in whole.json()["items"]} == set(made)
+    assert whole.json()["next_cursor"] is None
+    seen, cursor = [], None
+    for _ in range(4):  # three full pages of one, then the empty page their cursor gives
+        query: dict[str, Any] = {"limit": 1, **({"cursor": cursor} if cursor else {})}
+        page = served.client.get(path, params=query, headers=served.submit).json()
+        seen += [a["id"] for a in page["items"]]
+        cursor = page["next_cursor"]
+    assert seen == [a["id"] for a in whole.json()["items"]] and cursor is None
+
+
+def test_a_bad_artifact_page_request_is_refused(served: Served) -> None:
+    """Every refusal the other listings give, with the same codes and fields: a limit out
+    of 1-1000 or not a number, a cursor this server did not issue (or that does not
+    decode to an artifact id), a parameter given twice, and an unknown task."""
+    made = _put(served, "only", b"x").json()["id"]
+    path = f"/v1/tasks/{served.task_id}/artifacts"
+    bad_cursor = {
+        "code": "INVALID_CURSOR",
+        "message": "the cursor is not one this server issued",
+        "field": "cursor",
+    }
+    cases: list[tuple[Any, dict[str, Any]]] = [
+        ({"limit": "0"}, {"code": "INVALID_ARGUMENT", "field": "query.limit"}),
+        ({"limit": "1001"}, {"code": "INVALID_ARGUMENT", "field": "query.limit"}),
+        ({"limit": "ten"}, {"code": "INVALID_ARGUMENT", "field": "query.limit"}),
+        ({"limit": "-1"}, {"code": "INVALID_ARGUMENT", "field": "query.limit"}),
+        ({"cursor": "%%%"}, bad_cursor),
+        ({"cursor": ""}, bad_cursor),
+        ({"cursor": encode_cursor("hello")}, bad_cursor),
+        ({"cursor": encode_cursor("0")}, bad_cursor),
+        ({"cursor": encode_cursor(made.upper())}, bad_cursor),
+        ({"cursor": encode_cursor(made + "0")}, bad_cursor),
+        ([("limit", "1"), ("limit", "2")], {"code": "INVALID_ARGUMENT", "field": "limit"}),
+        ([("cursor", "MQ"), ("cursor", "Mg")], {"code": "INVALID_ARGUMENT", "field": "cursor"}),
+    ]
+    for query, expected in cases:
+        reply = served.client.get(path, params=query, headers=served.submit)
+        assert reply.status_code == 400, (query, reply.text)
+        error = reply.json()["error"]
+        assert {k: error[k] for k in expected} == expected, (query, error)
+    unknown = served.client.get(
+        "/v1/tasks/01a3185c-5000-7000-8000-000000000000/artifacts", headers=served.submit
+    )
+    assert unknown.status_code == 404, unknown.text
+    assert unknown.json()["error"]["code"] == "TASK_NOT_FOUND"
+    after = served.client.get(path, params={"cursor": encode_cursor(made)}, headers=served.submit)
+    assert after.json() == {"items": [], "next_cursor": None}

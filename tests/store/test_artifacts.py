@@ -344,3 +344,33 @@ def test_a_chunk_written_while_its_upload_is_replaced_is_refused_invalid_state(
     )
     assert [x.id for x in store.artifact_list(tid)] == [new]
     assert check_all(store) == []
+
+
+def test_artifacts_are_listed_a_page_at_a_time(store: Store, clock: ManualClock) -> None:
+    """A task's artifacts come in keyset pages, as its events and the task list do: up to
+    ``limit`` (1-1000, 100 by default) after ``after_id``, in id (= creation) order. The
+    list had no limit at all: a task with thousands of artifacts came back whole."""
+    queue(store)
+    tid = submit(store)
+    s, _ = worker(store)
+    g = run_one(store, s)
+    made = []
+    for i in range(5):
+        made.append(_upload(store, s, g, f"part-{i}", [b"x"]).id)  # type: ignore[attr-defined]
+        clock.advance(0.001)  # ids are time-ordered to the millisecond
+    assert made == sorted(made)
+    assert [x.id for x in store.artifact_list(tid)] == made
+    pages, after = [], None
+    while True:
+        page = [x.id for x in store.artifact_list(tid, after_id=after, limit=2)]
+        pages.append(page)
+        if len(page) < 2:
+            break
+        after = page[-1]
+    assert pages == [made[:2], made[2:4], made[4:]]
+    assert store.artifact_list(tid, after_id=made[-1], limit=1) == []
+    for limit in (0, 1001, -1, True, 2.0, "2"):
+        with pytest.raises(OrbitError) as err:
+            store.artifact_list(tid, limit=limit)  # type: ignore[arg-type]
+        assert err.value.code == Code.INVALID_ARGUMENT, limit
+    assert check_all(store) == []
