@@ -119,8 +119,15 @@ def _retrieve(future: asyncio.Task[Any]) -> None:
 
 def unavailable(exc: Exception) -> JSONResponse:
     """/readyz's and /metrics' answer when the database did not answer in time (a
-    TimeoutError) or failed: the exception's type only, which holds no secret."""
-    return JSONResponse({"status": "unavailable", "reason": type(exc).__name__}, status_code=503)
+    TimeoutError) or failed: the exception's type only, whose text could name a host."""
+    if isinstance(exc, TimeoutError):
+        message = f"the database did not answer within {READY_TIMEOUT_S:g} s"
+    else:
+        message = f"the database could not be read ({type(exc).__name__})"
+    return JSONResponse(
+        {"status": "unavailable", "reason": type(exc).__name__, "message": message},
+        status_code=503,
+    )
 
 
 #: the shortest pause between two reaper passes (a pass that left due work behind, such

@@ -734,5 +734,9 @@ def test_metrics_answers_503_promptly_when_the_database_is_gone(tmp_path: Path) 
         took = time.monotonic() - began
         assert [r.status_code for r in replies] == [503, 503], [r.text for r in replies]
         assert took < READY_TIMEOUT_S + 2, took
-        assert replies[0].json() == {"status": "unavailable", "reason": "TimeoutError"}
+        assert replies[0].json() == {
+            "status": "unavailable",
+            "reason": "TimeoutError",
+            "message": f"the database did not answer within {READY_TIMEOUT_S:g} s",
+        }
         assert httpx.get(f"{node.http}/healthz").json()["status"] == "ok"
