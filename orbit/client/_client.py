@@ -108,6 +108,11 @@ class _Calls:
         return ("GET", "/v1/tasks", {k: v for k, v in query.items() if v is not None}, None)
 
     @staticmethod
+    def artifacts_list(task_id: str, limit: int, cursor: str | None) -> Request:
+        query: dict[str, Any] = {"limit": limit, **({"cursor": cursor} if cursor else {})}
+        return ("GET", f"/v1/tasks/{_seg(task_id)}/artifacts", query, None)
+
+    @staticmethod
     def submit_many(tasks: list[dict[str, Any]], reply: BatchReply) -> Request:
         query = None if reply == "full" else {"reply": reply}
         return ("POST", "/v1/tasks/batch", query, {"tasks": tasks})
@@ -296,8 +301,25 @@ class Client:
     def worker_drain(self, session_id: str) -> dict[str, Any]:
         return dict(self._call(("POST", f"/v1/workers/{_seg(session_id)}/drain", None, None)))
 
+    def list_artifacts(
+        self, task_id: str, *, limit: int = 100, cursor: str | None = None
+    ) -> dict[str, Any]:
+        """One page of the task's artifacts: ``{"items": [...], "next_cursor": ...}``."""
+        return dict(self._call(_Calls.artifacts_list(task_id, limit, cursor)))
+
+    def iter_artifacts(self, task_id: str, *, limit: int = 100) -> Iterator[dict[str, Any]]:
+        """Every artifact of the task, page by page."""
+        cursor = None
+        while True:
+            page = self.list_artifacts(task_id, limit=limit, cursor=cursor)
+            yield from page["items"]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
+
     def artifacts(self, task_id: str) -> list[dict[str, Any]]:
-        return list(self._call(("GET", f"/v1/tasks/{_seg(task_id)}/artifacts", None, None)))
+        """Every artifact of the task (all its pages; ``list_artifacts`` reads one)."""
+        return list(self.iter_artifacts(task_id))
 
     def artifact_content(self, artifact_id: str) -> bytes:
         """An artifact's bytes (use ``artifact_stream`` for large ones)."""
@@ -391,8 +413,25 @@ class AsyncClient:
         query: dict[str, Any] = {"limit": limit, **({"cursor": cursor} if cursor else {})}
         return dict(await self._call(("GET", f"/v1/tasks/{_seg(task_id)}/events", query, None)))
 
+    async def list_artifacts(
+        self, task_id: str, *, limit: int = 100, cursor: str | None = None
+    ) -> dict[str, Any]:
+        return dict(await self._call(_Calls.artifacts_list(task_id, limit, cursor)))
+
+    async def iter_artifacts(
+        self, task_id: str, *, limit: int = 100
+    ) -> AsyncIterator[dict[str, Any]]:
+        cursor = None
+        while True:
+            page = await self.list_artifacts(task_id, limit=limit, cursor=cursor)
+            for item in page["items"]:
+                yield item
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
+
     async def artifacts(self, task_id: str) -> list[dict[str, Any]]:
-        return list(await self._call(("GET", f"/v1/tasks/{_seg(task_id)}/artifacts", None, None)))
+        return [item async for item in self.iter_artifacts(task_id)]
 
     async def artifact_content(self, artifact_id: str) -> bytes:
         """An artifact's bytes (use ``artifact_stream`` for large ones)."""

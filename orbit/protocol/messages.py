@@ -250,6 +250,11 @@ class ArtifactView(Response):
     expires_at: str
 
 
+class ArtifactPage(Response):
+    items: list[ArtifactView]
+    next_cursor: str | None
+
+
 class TokenCreate(Strict):
     name: Name
     scopes: Annotated[list[Literal["admin", "submit", "worker"]], Field(min_length=1, max_length=3)]

@@ -28,6 +28,7 @@ HTTP_MODELS: tuple[type[BaseModel], ...] = (
     m.TokenView,
     m.ErrorReply,
     m.ArtifactView,
+    m.ArtifactPage,
 )
 
 

@@ -7,8 +7,10 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Generic, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -82,33 +84,50 @@ class RefuseOddUrlsMiddleware:
         await self.app(scope, receive, send)
 
 
-#: how long /readyz waits for the database before it answers 503: longer than a healthy
-#: read takes, shorter than the connection pool's own wait (30 s) or a probe's timeout
+#: how long /readyz and /metrics wait for the database before they answer 503: longer
+#: than a healthy read takes, shorter than the connection pool's own wait (30 s) or a
+#: probe's (or a scrape's) timeout
 READY_TIMEOUT_S = 2.0
+T = TypeVar("T")
 
 
-class ReadyCheck:
-    """/readyz's database read, bounded by ``READY_TIMEOUT_S``: with the database gone the
-    pool waits 30 s for a connection, far past any probe's patience, and the probe hung.
-    One read at a time: a probe that comes while one still waits shares it rather than
-    tying up another thread of the pool that artifacts and metrics stream through."""
+class BoundedRead(Generic[T]):
+    """A database read for a probe, bounded by ``READY_TIMEOUT_S``: with the database gone
+    the pool waits 30 s for a connection, far past any probe's patience, and the probe
+    hung (then /metrics answered 500). One read at a time: a probe that comes while one
+    still waits shares it rather than tying up another thread of the pool that artifacts
+    and metrics stream through. /readyz and /metrics each have one."""
 
     def __init__(self) -> None:
-        self._read: asyncio.Task[list[Queue]] | None = None
+        self._read: asyncio.Task[T] | None = None
 
-    async def __call__(self, store: Store) -> None:
-        read = self._read
-        if read is None or read.done():
-            read = self._read = asyncio.create_task(run_in_threadpool(store.queue_list))
-            read.add_done_callback(_retrieve)
-        await asyncio.wait_for(asyncio.shield(read), READY_TIMEOUT_S)
+    async def __call__(self, read: Callable[[], T]) -> T:
+        """``read()``'s value, or TimeoutError (or the read's own error)."""
+        task = self._read
+        if task is None or task.done():
+            task = self._read = asyncio.create_task(run_in_threadpool(read))
+            task.add_done_callback(_retrieve)
+        return await asyncio.wait_for(asyncio.shield(task), READY_TIMEOUT_S)
 
 
-def _retrieve(future: asyncio.Task[list[Queue]]) -> None:
+def _retrieve(future: asyncio.Task[Any]) -> None:
     """Mark the failure of a read no probe waits for any more as seen (asyncio would log
     it as never retrieved)."""
     if not future.cancelled():
         future.exception()
+
+
+def unavailable(exc: Exception) -> JSONResponse:
+    """/readyz's and /metrics' answer when the database did not answer in time (a
+    TimeoutError) or failed: the exception's type only, whose text could name a host."""
+    if isinstance(exc, TimeoutError):
+        message = f"the database did not answer within {READY_TIMEOUT_S:g} s"
+    else:
+        message = f"the database could not be read ({type(exc).__name__})"
+    return JSONResponse(
+        {"status": "unavailable", "reason": type(exc).__name__, "message": message},
+        status_code=503,
+    )
 
 
 #: the shortest pause between two reaper passes (a pass that left due work behind, such
@@ -223,21 +242,24 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
     async def healthz() -> JSONResponse:
         return JSONResponse({"status": "ok", "node_id": settings.node_id})
 
-    ready = ReadyCheck()
+    ready: BoundedRead[list[Queue]] = BoundedRead()
+    scrape: BoundedRead[bytes] = BoundedRead()
 
     @app.get("/readyz", include_in_schema=False)
     async def readyz(request: Request) -> JSONResponse:
         try:
-            await ready(request.app.state.store)
+            await ready(request.app.state.store.queue_list)
         except Exception as exc:  # TimeoutError: the database did not answer in time
-            return JSONResponse(
-                {"status": "unavailable", "reason": type(exc).__name__}, status_code=503
-            )
+            return unavailable(exc)
         return JSONResponse({"status": "ready"})
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics_route(request: Request) -> Response:
-        body = await run_in_threadpool(generate_latest, request.app.state.metrics.registry)
+        # The gauges read the database (orbit.server.metrics): bounded as /readyz is
+        try:
+            body = await scrape(partial(generate_latest, request.app.state.metrics.registry))
+        except Exception as exc:
+            return unavailable(exc)
         return PlainTextResponse(body.decode(), media_type="text/plain; version=0.0.4")
 
     @app.get("/schema/{name}", include_in_schema=False)

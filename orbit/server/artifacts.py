@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import re
 from functools import partial
+from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -15,9 +16,10 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from orbit.core.errors import Code, OrbitError, Rejected
 from orbit.core.model import SECOND, Artifact
 from orbit.core.validate import MAX_DURATION_US
-from orbit.protocol.messages import ArtifactView
+from orbit.protocol.messages import ArtifactPage, ArtifactView
 from orbit.server.auth import require
 from orbit.server.errors import ApiError
+from orbit.server.routes import LISTING, Limit, encode_cursor, id_cursor
 from orbit.server.views import artifact_view
 from orbit.store import Store
 
@@ -29,6 +31,18 @@ _SECONDS = re.compile(r"^[0-9]{1,9}\Z")
 #: the longest X-Orbit-TTL, in seconds: the store keeps an artifact at most the longest
 #: duration Orbit accepts anywhere
 MAX_TTL_S = MAX_DURATION_US // SECOND
+
+
+def attachment(name: str) -> str:
+    """A download's Content-Disposition (RFC 6266): ``filename`` holds the name in
+    printable ASCII with a quote, a backslash or any other character replaced by ``_``,
+    so that no name can end the quoted string or the header; ``filename*`` (RFC 5987)
+    holds the exact name, percent-encoded UTF-8, when it differs."""
+    plain = "".join(c if " " <= c <= "~" and c not in '"\\' else "_" for c in name)
+    exact = quote(name, safe="")
+    if exact == plain:
+        return f'attachment; filename="{plain}"'
+    return f"attachment; filename=\"{plain}\"; filename*=UTF-8''{exact}"
 
 
 def _header_counter(request: Request, name: str) -> int:
@@ -128,14 +142,23 @@ async def _receive(request: Request, attempt_id: str, name: str) -> Artifact:
 
 @router.get(
     "/tasks/{task_id}/artifacts",
-    dependencies=[Depends(require("submit"))],
-    response_model=list[ArtifactView],
+    dependencies=[Depends(require("submit")), *LISTING],
+    response_model=ArtifactPage,
 )
-async def artifact_list(request: Request, task_id: str) -> JSONResponse:
+async def artifact_list(
+    request: Request, task_id: str, limit: Limit = 100, cursor: str | None = None
+) -> JSONResponse:
+    """A page of the task's artifacts, as ``GET /v1/tasks`` pages tasks: by id (a uuid7,
+    so in the order they were begun), the cursor standing for the last one's id."""
     store: Store = request.app.state.store
+    after_id = id_cursor(cursor)
     await run_in_threadpool(store.task_get, task_id)  # 404 for an unknown task
-    items = await run_in_threadpool(store.artifact_list, task_id)
-    return JSONResponse([artifact_view(a).model_dump(mode="json") for a in items])
+    items = await run_in_threadpool(
+        partial(store.artifact_list, task_id, after_id=after_id, limit=limit)
+    )
+    nxt = encode_cursor(items[-1].id) if len(items) == limit else None
+    page = ArtifactPage(items=[artifact_view(a) for a in items], next_cursor=nxt)
+    return JSONResponse(page.model_dump(mode="json"))
 
 
 @router.get(
@@ -160,7 +183,10 @@ async def artifact_content(request: Request, artifact_id: str) -> StreamingRespo
     headers = {
         "Content-Length": str(artifact.size),
         "X-Orbit-Sha256": artifact.sha256 or "",
-        "Content-Disposition": f'attachment; filename="{artifact.name}"',
+        "Content-Disposition": attachment(artifact.name),
+        # The Content-Type is the uploader's word: a browser must not second-guess it
+        # (an uploaded page sniffed as text/html would run as this origin's page).
+        "X-Content-Type-Options": "nosniff",
     }
     return StreamingResponse(
         iterate_in_threadpool(store.artifact_chunks(artifact_id)),

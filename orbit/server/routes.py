@@ -116,13 +116,15 @@ def decode_cursor(cursor: str | None) -> str | None:
     return text
 
 
-#: a task id as the server spells it (orbit.core.ids.uuid7): lowercase 8-4-4-4-12 hex
+#: a task's or an artifact's id as the server spells it (orbit.core.ids.uuid7): lowercase
+#: 8-4-4-4-12 hex
 _TASK_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
 
 
-def task_cursor(cursor: str | None) -> str | None:
-    """The task id a task list cursor resumes after. Any other text is refused: 'hello'
-    would read as an empty page (the end of the list) and '0' as its start."""
+def id_cursor(cursor: str | None) -> str | None:
+    """The id a task list's or an artifact list's cursor resumes after (both are uuid7
+    ids). Any other text is refused: 'hello' would read as an empty page (the end of the
+    list) and '0' as its start."""
     after = decode_cursor(cursor)
     if after is not None and not _TASK_ID.match(after):
         raise _bad_cursor()
@@ -324,7 +326,7 @@ async def task_list(
             queue=queue,
             tenant=tenant,
             handler=handler,
-            after_id=task_cursor(cursor),
+            after_id=id_cursor(cursor),
             limit=limit,
             **bounds,
         )

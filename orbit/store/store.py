@@ -1533,9 +1533,17 @@ class Store:
             raise OrbitError(Code.ARTIFACT_NOT_FOUND, f"no artifact {artifact_id!r:.80}")
         return R.artifact_from_row(found[0])
 
-    def artifact_list(self, task_id: str) -> list[Artifact]:
-        """The task's artifacts that ``artifact_get`` would serve."""
-        rows = self._tx(lambda tx: tx.fetch("artifact_list", task_id=task_id, now=tx.now()))
+    def artifact_list(
+        self, task_id: str, *, after_id: str | None = None, limit: int = 100
+    ) -> list[Artifact]:
+        """The task's artifacts that ``artifact_get`` would serve, in id (= creation)
+        order after ``after_id``: keyset pagination, as ``task_list``."""
+        check_int("limit", limit, 1, 1000)
+        rows = self._tx(
+            lambda tx: tx.fetch(
+                "artifact_list", task_id=task_id, after_id=after_id, limit=limit, now=tx.now()
+            )
+        )
         return [R.artifact_from_row(r) for r in rows]
 
     def artifact_chunks(self, artifact_id: str) -> Iterator[bytes]:

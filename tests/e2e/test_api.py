@@ -13,6 +13,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -684,25 +686,57 @@ class _Proxy:
                 s.close()
 
 
-@pytest.mark.postgres_only
-def test_readyz_answers_503_promptly_when_the_database_is_gone(tmp_path: Path) -> None:
-    """/readyz is 503 when the database cannot be read, within a probe's patience: it
-    used to wait for the connection pool's own timeout (30 s), far past any probe's, so
-    a caller without one hung and each probe held a worker thread all that while."""
+@contextlib.contextmanager
+def _served_through_a_proxy(tmp_path: Path) -> Iterator[tuple[Node, _Proxy]]:
+    """A node on a fresh PostgreSQL database that it reaches through a ``_Proxy``."""
     with temporary_database("orbit_ready") as dsn:
         params = conninfo_to_dict(dsn)
         proxy = _Proxy(str(params.get("host", "127.0.0.1")), int(params.get("port", 5432)))
         url = as_url(make_conninfo(dsn, host="127.0.0.1", port=str(proxy.port)))
         node = start_server(url, tmp_path)
         try:
-            assert httpx.get(f"{node.http}/readyz").json() == {"status": "ready"}
-            proxy.cut()
-            began = time.monotonic()
-            replies = [httpx.get(f"{node.http}/readyz", timeout=60) for _ in range(2)]
-            took = time.monotonic() - began
-            assert [r.status_code for r in replies] == [503, 503], [r.text for r in replies]
-            assert took < 2 * READY_TIMEOUT_S + 2, took
-            assert replies[0].json()["status"] == "unavailable"
-            assert httpx.get(f"{node.http}/healthz").json()["status"] == "ok"
+            yield node, proxy
         finally:
             node.stop()
+
+
+@pytest.mark.postgres_only
+def test_readyz_answers_503_promptly_when_the_database_is_gone(tmp_path: Path) -> None:
+    """/readyz is 503 when the database cannot be read, within a probe's patience: it
+    used to wait for the connection pool's own timeout (30 s), far past any probe's, so
+    a caller without one hung and each probe held a worker thread all that while."""
+    with _served_through_a_proxy(tmp_path) as (node, proxy):
+        assert httpx.get(f"{node.http}/readyz").json() == {"status": "ready"}
+        proxy.cut()
+        began = time.monotonic()
+        replies = [httpx.get(f"{node.http}/readyz", timeout=60) for _ in range(2)]
+        took = time.monotonic() - began
+        assert [r.status_code for r in replies] == [503, 503], [r.text for r in replies]
+        assert took < 2 * READY_TIMEOUT_S + 2, took
+        assert replies[0].json()["status"] == "unavailable"
+        assert httpx.get(f"{node.http}/healthz").json()["status"] == "ok"
+
+
+@pytest.mark.postgres_only
+def test_metrics_answers_503_promptly_when_the_database_is_gone(tmp_path: Path) -> None:
+    """/metrics reads its task gauges from the database: with the database gone it
+    waited for the connection pool's 30 s, then answered 500 (``INTERNAL``), so a
+    scrape timed out and each one held a thread. It is bounded as /readyz is: 503 within
+    ``READY_TIMEOUT_S``, saying why."""
+    with _served_through_a_proxy(tmp_path) as (node, proxy):
+        assert httpx.get(f"{node.http}/metrics").status_code == 200
+        proxy.cut()
+        began = time.monotonic()
+        with ThreadPoolExecutor(2) as scrapers:  # two at once: they share one read
+            replies = list(
+                scrapers.map(lambda _: httpx.get(f"{node.http}/metrics", timeout=60), range(2))
+            )
+        took = time.monotonic() - began
+        assert [r.status_code for r in replies] == [503, 503], [r.text for r in replies]
+        assert took < READY_TIMEOUT_S + 2, took
+        assert replies[0].json() == {
+            "status": "unavailable",
+            "reason": "TimeoutError",
+            "message": f"the database did not answer within {READY_TIMEOUT_S:g} s",
+        }
+        assert httpx.get(f"{node.http}/healthz").json()["status"] == "ok"

@@ -84,7 +84,7 @@ def test_handler_uploads_and_client_downloads(small: Node, tokens: Tokens, tmp_p
 
     asyncio.run(run())
     result = api.get(f"/v1/tasks/{tid}").json()["result"]
-    listed = {a["name"]: a for a in api.get(f"/v1/tasks/{tid}/artifacts").json()}
+    listed = {a["name"]: a for a in api.get(f"/v1/tasks/{tid}/artifacts").json()["items"]}
     assert set(listed) == {"shot.png", "report.zip"}  # the refused upload left nothing
     assert seen["too_big"] == "ARTIFACT_TOO_LARGE"
     png = api.get(f"/v1/artifacts/{result['png']}/content")
@@ -98,6 +98,12 @@ def test_handler_uploads_and_client_downloads(small: Node, tokens: Tokens, tmp_p
         assert client.artifact_content(result["png"]) == picture
         assert b"".join(client.artifact_stream(result["zip"])) == on_disk.read_bytes()
         assert {a["name"] for a in client.artifacts(tid)} == {"shot.png", "report.zip"}
+        first = client.list_artifacts(tid, limit=1)  # a page, as list_tasks reads one
+        assert len(first["items"]) == 1 and first["next_cursor"] is not None
+        second = client.list_artifacts(tid, limit=1, cursor=first["next_cursor"])
+        paged = [a["id"] for a in first["items"] + second["items"]]
+        assert paged == [a["id"] for a in client.iter_artifacts(tid, limit=1)]
+        assert paged == [a["id"] for a in client.artifacts(tid)]
     note_id = api.get(f"/v1/tasks/{sid}").json()["result"]
     assert api.get(f"/v1/artifacts/{note_id}/content").content == b"from a thread"
     assert api.get("/v1/artifacts/nope").status_code == 404
@@ -140,7 +146,7 @@ def test_uploads_are_fenced_and_validated(small: Node, tokens: Tokens) -> None:
     assert replies["digest"].json()["error"]["code"] == "DIGEST_MISMATCH"
     assert replies["submit_token"].status_code == 403
     assert replies["ok"].status_code == 201
-    assert [a["name"] for a in api.get(f"/v1/tasks/{tid}/artifacts").json()] == ["x"]
+    assert [a["name"] for a in api.get(f"/v1/tasks/{tid}/artifacts").json()["items"]] == ["x"]
     kinds = [(e["kind"], e["code"]) for e in api.get(f"/v1/tasks/{tid}/events").json()["items"]]
     assert ("rejected", "STALE_FENCE") in kinds and ("artifact", None) in kinds
 
@@ -179,7 +185,8 @@ def test_a_bad_ttl_header_is_refused_and_writes_nothing(small: Node, tokens: Tok
         assert reply.json()["error"]["code"] == "INVALID_ARGUMENT", ttl
         assert reply.json()["error"]["field"] == "X-Orbit-TTL", ttl
     assert ok.status_code == 201, ok.text
-    assert [a["name"] for a in api.get(f"/v1/tasks/{tid}/artifacts").json()] == ["good"]
+    listed = api.get(f"/v1/tasks/{tid}/artifacts").json()["items"]
+    assert [a["name"] for a in listed] == ["good"]
 
 
 def test_async_client_downloads_as_the_sync_one_does(small: Node, tokens: Tokens) -> None:
@@ -211,6 +218,12 @@ def test_async_client_downloads_as_the_sync_one_does(small: Node, tokens: Tokens
         artifact_id = api.get(f"/v1/tasks/{tid}").json()["result"]
         codes = []
         async with AsyncClient(small.http, tokens.submit) as client:
+            page = await client.list_artifacts(tid, limit=1)
+            assert [a["id"] for a in page["items"]] == [artifact_id]
+            rest = await client.list_artifacts(tid, cursor=page["next_cursor"])
+            assert rest == {"items": [], "next_cursor": None}
+            assert [a["id"] async for a in client.iter_artifacts(tid, limit=1)] == [artifact_id]
+            assert [a["id"] for a in await client.artifacts(tid)] == [artifact_id]
             whole = await client.artifact_content(artifact_id)
             streamed = b"".join([chunk async for chunk in client.artifact_stream(artifact_id)])
             try:

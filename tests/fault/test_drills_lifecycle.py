@@ -250,7 +250,8 @@ class Drill:
     def artifacts(api: httpx.Client, task_id: str) -> list[dict[str, Any]]:
         reply = api.get(f"/v1/tasks/{task_id}/artifacts")
         assert reply.status_code == 200, reply.text
-        return list(reply.json())
+        assert reply.json()["next_cursor"] is None  # one page holds a drill's few
+        return list(reply.json()["items"])
 
     # ------------------------------------------------------------------ markers
 

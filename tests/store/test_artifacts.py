@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import hashlib
+import threading
+from typing import Any
 
 import pytest
 
 from orbit.core.errors import Code, OrbitError, Rejected
 from orbit.core.model import Outcome
-from orbit.store import Store
-from tests.conftest import ManualClock
+from orbit.store import Store, open_store
+from orbit.store import store as store_module
+from tests.conftest import ManualClock, store_url
 from tests.invariants import check_all
-from tests.store.helpers import queue, run_one, submit, worker
+from tests.store.helpers import (
+    RACE_WAIT,
+    queue,
+    run_one,
+    submit,
+    until_done_or_waiting_on_a_lock,
+    worker,
+)
 
 
 def _upload(store: Store, s: object, g: object, name: str, chunks: list[bytes]) -> object:
@@ -263,3 +273,104 @@ def test_an_expired_artifact_is_not_served_before_the_reaper_deletes_it(
     with pytest.raises(OrbitError) as err:
         store.artifact_get(artifact_id)
     assert err.value.code == Code.ARTIFACT_NOT_FOUND
+
+
+def test_a_chunk_written_while_its_upload_is_replaced_is_refused_invalid_state(
+    store: Store, backend: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker retries an upload (a new begin of the same name) while a chunk of the old
+    one is still being written, on another node. The begin deletes the old upload; the
+    chunk must then be refused like any chunk of an upload that is gone,
+    ``INVALID_STATE`` (409). On PostgreSQL the chunk's insert saw the old row (the delete
+    was not committed yet), then waited on its foreign key for the delete, which failed
+    it with ForeignKeyViolation: a 500 from the upload route."""
+    queue(store)
+    tid = submit(store)
+    s, _ = worker(store)
+    g = run_one(store, s)
+    a = g.attempt
+    old = store.artifact_begin(s.id, s.epoch, a.id, a.fence, name="shot.png", content_type="a/b")
+    store.artifact_write(old, 0, b"first chunk")
+    other = open_store(store_url(store), migrate=False, clock=clock)  # another node
+    deleted, go_on = threading.Event(), threading.Event()
+    execute = store_module._Tx.execute
+
+    def pausing(self: Any, query: str, /, **params: Any) -> int:
+        count = execute(self, query, **params)
+        if self._store is other and query == "artifact_uploading_delete":
+            deleted.set()  # the old upload is deleted, not yet committed
+            assert go_on.wait(RACE_WAIT)
+        return count
+
+    monkeypatch.setattr(store_module._Tx, "execute", pausing)
+    out: dict[str, Any] = {}
+
+    def replace() -> None:
+        out["new"] = other.artifact_begin(
+            s.id, s.epoch, a.id, a.fence, name="shot.png", content_type="a/b"
+        )
+
+    def write() -> None:
+        try:
+            store.artifact_write(old, 1, b"second chunk")
+        except Exception as exc:  # the test looks at what it was
+            out["error"] = exc
+
+    try:
+        replacing = threading.Thread(target=replace)
+        replacing.start()
+        assert deleted.wait(RACE_WAIT)
+        writing = threading.Thread(target=write)
+        writing.start()
+        if backend == "postgres":  # the chunk waits for the replacing transaction
+            until_done_or_waiting_on_a_lock(writing, store_url(store))
+            assert writing.is_alive(), "the chunk did not meet the replacing transaction"
+        go_on.set()
+        replacing.join(RACE_WAIT)
+        writing.join(RACE_WAIT)
+        assert not replacing.is_alive() and not writing.is_alive()
+    finally:
+        go_on.set()
+        monkeypatch.undo()
+        other.close()
+    error = out.get("error")
+    assert isinstance(error, OrbitError), repr(error)
+    assert error.code == Code.INVALID_STATE and error.status == 409
+    assert list(store.artifact_chunks(old)) == []
+    new = out["new"]
+    store.artifact_write(new, 0, b"all of it")
+    store.artifact_commit(
+        s.id, s.epoch, a.id, a.fence, new, size=9, sha256=hashlib.sha256(b"all of it").hexdigest()
+    )
+    assert [x.id for x in store.artifact_list(tid)] == [new]
+    assert check_all(store) == []
+
+
+def test_artifacts_are_listed_a_page_at_a_time(store: Store, clock: ManualClock) -> None:
+    """A task's artifacts come in keyset pages, as its events and the task list do: up to
+    ``limit`` (1-1000, 100 by default) after ``after_id``, in id (= creation) order. The
+    list had no limit at all: a task with thousands of artifacts came back whole."""
+    queue(store)
+    tid = submit(store)
+    s, _ = worker(store)
+    g = run_one(store, s)
+    made = []
+    for i in range(5):
+        made.append(_upload(store, s, g, f"part-{i}", [b"x"]).id)  # type: ignore[attr-defined]
+        clock.advance(0.001)  # ids are time-ordered to the millisecond
+    assert made == sorted(made)
+    assert [x.id for x in store.artifact_list(tid)] == made
+    pages, after = [], None
+    while True:
+        page = [x.id for x in store.artifact_list(tid, after_id=after, limit=2)]
+        pages.append(page)
+        if len(page) < 2:
+            break
+        after = page[-1]
+    assert pages == [made[:2], made[2:4], made[4:]]
+    assert store.artifact_list(tid, after_id=made[-1], limit=1) == []
+    for limit in (0, 1001, -1, True, 2.0, "2"):
+        with pytest.raises(OrbitError) as err:
+            store.artifact_list(tid, limit=limit)  # type: ignore[arg-type]
+        assert err.value.code == Code.INVALID_ARGUMENT, limit
+    assert check_all(store) == []

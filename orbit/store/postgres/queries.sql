@@ -401,9 +401,14 @@ DELETE FROM orbit_artifacts
 WHERE attempt_id = :attempt_id AND name = :name AND state = 'uploading';
 
 -- name: artifact_chunk_insert
+-- The upload's row is read FOR SHARE: while a begin replacing it, an abort or a commit
+-- holds it, the insert waits, then re-reads it (gone, or 'ready') and inserts nothing,
+-- which the store answers INVALID_STATE. Unlocked, the insert saw the row whose delete
+-- was not committed yet, and its foreign key check then failed once it was: a 500.
 INSERT INTO orbit_artifact_chunks (artifact_id, seq, data)
 SELECT :artifact_id, :seq, :data
-WHERE EXISTS (SELECT 1 FROM orbit_artifacts WHERE id = :artifact_id AND state = 'uploading');
+WHERE EXISTS (SELECT 1 FROM orbit_artifacts WHERE id = :artifact_id AND state = 'uploading'
+              FOR SHARE);
 
 -- name: artifact_get
 SELECT f.*, a.state AS attempt_state FROM orbit_artifacts f
@@ -423,11 +428,14 @@ DELETE FROM orbit_artifacts WHERE id = :id;
 -- name: artifact_list
 -- Artifacts of cancelled attempts are never shown: cancel wins over everything an
 -- attempt produced, its result and its blobs alike. An expired one is gone by the
--- clock, whether or not the reaper has deleted it yet.
+-- clock, whether or not the reaper has deleted it yet. Keyset pages in id order: ids
+-- are time-ordered (uuid7), so that is the order they were begun in.
 SELECT f.* FROM orbit_artifacts f JOIN orbit_attempts a ON a.id = f.attempt_id
 WHERE f.task_id = :task_id AND f.state = 'ready' AND a.state <> 'cancelled'
   AND f.expires_at > :now
-ORDER BY f.created_at, f.id;
+  AND (CAST(:after_id AS text) IS NULL OR f.id > :after_id)
+ORDER BY f.id
+LIMIT :limit;
 
 -- name: artifact_chunk_get
 SELECT data FROM orbit_artifact_chunks WHERE artifact_id = :artifact_id AND seq = :seq;

@@ -366,11 +366,14 @@ DELETE FROM orbit_artifacts WHERE id = :id;
 -- name: artifact_list
 -- Artifacts of cancelled attempts are never shown: cancel wins over everything an
 -- attempt produced, its result and its blobs alike. An expired one is gone by the
--- clock, whether or not the reaper has deleted it yet.
+-- clock, whether or not the reaper has deleted it yet. Keyset pages in id order: ids
+-- are time-ordered (uuid7), so that is the order they were begun in.
 SELECT f.* FROM orbit_artifacts f JOIN orbit_attempts a ON a.id = f.attempt_id
 WHERE f.task_id = :task_id AND f.state = 'ready' AND a.state <> 'cancelled'
   AND f.expires_at > :now
-ORDER BY f.created_at, f.id;
+  AND (:after_id IS NULL OR f.id > :after_id)
+ORDER BY f.id
+LIMIT :limit;
 
 -- name: artifact_chunk_get
 SELECT data FROM orbit_artifact_chunks WHERE artifact_id = :artifact_id AND seq = :seq;
