@@ -774,6 +774,14 @@ class Store:
             raise OrbitError(Code.ATTEMPT_NOT_FOUND, f"no attempt {attempt_id!r:.80}")
         return R.attempt_from_row(found[0])
 
+    def attempt_cancelling_for_sessions(self, session_ids: Sequence[str]) -> list[tuple[str, str]]:
+        """``(session_id, attempt_id)`` of these sessions' running attempts whose task is
+        `cancelling`: what ``on_cancel`` told, for a node that may have missed it."""
+        if not session_ids:
+            return []
+        rows = self._read("attempt_cancelling_for_sessions", session_ids=sorted(set(session_ids)))
+        return [(str(r["session_id"]), str(r["id"])) for r in rows]
+
     def event_list(
         self, *, task_id: str | None = None, after_id: int = 0, limit: int = 1000
     ) -> list[Row]:
