@@ -42,7 +42,11 @@ async def listen(dsn: str, origin: str, dispatcher: Dispatcher) -> None:
     The payload of ``orbit_ready`` is ``<origin>:<kind>:<queue>``. One from this node's
     own store is skipped: its ``on_ready``/``on_freed`` already told the dispatcher.
     ``ready`` (a task became ready) always wakes it; ``freed`` (a permit was freed) only
-    if a worker's last claim was held back by a cap. ``orbit_cancel`` carries
+    if a worker's last claim was held back by a cap. ``<origin>:fenced:<session
+    id>:<epoch>`` says a session resumed (on the sending node, whose own ``attach``
+    closed its older connection there): a connection of it attached here with an older
+    epoch is closed. A node of an older version takes it for ``ready``, and its next
+    dispatch round closes a fenced connection that takes pushes. ``orbit_cancel`` carries
     ``<session id>:<attempt id>``, pushed to the session if it is attached here.
     """
     own = f"{origin}:"
@@ -51,8 +55,13 @@ async def listen(dsn: str, origin: str, dispatcher: Dispatcher) -> None:
         if channel == "orbit_ready":
             if payload.startswith(own):
                 return
-            if payload.split(":", 2)[1:2] == ["freed"]:
+            kind = payload.split(":", 2)[1:3]
+            if kind[:1] == ["freed"]:
                 dispatcher.freed_threadsafe()
+            elif kind[:1] == ["fenced"] and len(kind) == 2:
+                session_id, _, epoch = kind[1].rpartition(":")
+                if epoch.isdigit():
+                    dispatcher.close_fenced(session_id, int(epoch))
             else:
                 dispatcher.wake_threadsafe()
         elif channel == "orbit_cancel":
