@@ -389,7 +389,8 @@ def renew(
     now: int,
     lease_ttl: int,
 ) -> Lease:
-    """Extend one run lease; the answer is ``ok``, ``cancel`` (stop now) or ``lost``."""
+    """Extend one run lease; the answer is ``ok``, ``cancel`` (stop now: the lease is not
+    extended) or ``lost``."""
     lost = Lease(attempt.id, "lost", None)
     if attempt.session_id != session.id or epoch != session.epoch:
         code = Code.NOT_OWNER if attempt.session_id != session.id else Code.FENCED_EPOCH
@@ -401,6 +402,13 @@ def renew(
         return lost
     assert attempt.lease_expires_at is not None
     assert attempt.started_at is not None
+    if task.state == T.CANCELLING:
+        # Cancel means stop now (DESIGN §2): the worker has what is left of the lease it
+        # held to stop and report. Extending it would let a worker that ignores the cancel
+        # keep the task `cancelling`, and its permit, for as long as it renews; unextended,
+        # the reaper cancels the task once the lease ends.
+        until = attempt.lease_expires_at
+        return Lease(attempt.id, "cancel", until, until - now)
     until = max(
         lease_until(task, attempt.started_at, session, now, lease_ttl), attempt.lease_expires_at
     )
@@ -408,8 +416,7 @@ def renew(
         plan.attempt_writes.append((attempt, evolve(attempt, lease_expires_at=until)))
     # Past the attempt timeout the lease is no longer extended (it ends at timeout + the
     # report grace); the runner stops the handler on its own clock and reports the timeout.
-    status = "cancel" if task.state == T.CANCELLING else "ok"
-    return Lease(attempt.id, status, until, until - now)  # a live lease: until > now
+    return Lease(attempt.id, "ok", until, until - now)  # a live lease: until > now
 
 
 def finish(

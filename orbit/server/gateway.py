@@ -264,6 +264,14 @@ class Dispatcher:
                 message = CancelMessage(attempt_ids=attempt_ids)
                 conn.send_nowait(conn.send(message), then=self._wake.set)
 
+    def close_fenced(self, session_id: str, epoch: int) -> None:
+        """The session resumed elsewhere with ``epoch``: close its connection here if that
+        holds an older one (the store fences it), rather than wait for the worker's next
+        request or a dispatch round to find out. Not waited for, as in ``_offer``."""
+        conn = self.connections.get(session_id)
+        if conn is not None and conn.epoch < epoch and not conn.closed:
+            conn.send_nowait(conn.close(4409, str(Code.FENCED_EPOCH)))
+
     def attach(self, conn: WorkerConnection) -> WorkerConnection | None:
         """Make ``conn`` its session's connection on this node; return the connection it
         supersedes, which the caller closes: the previous one, or ``conn`` itself when the

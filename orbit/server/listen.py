@@ -20,6 +20,7 @@ import psycopg
 from psycopg import pq
 
 from orbit.server.gateway import Dispatcher
+from orbit.server.threads import in_thread
 from orbit.store.postgres.driver import with_tcp_checks
 
 log = logging.getLogger("orbit.server")
@@ -36,12 +37,16 @@ async def connect(dsn: str) -> psycopg.AsyncConnection[Any]:
 
 async def listen(dsn: str, origin: str, dispatcher: Dispatcher) -> None:
     """Run for the server's life, reconnecting (with backoff) whenever the connection
-    fails; a reconnect wakes the dispatcher to catch up on anything missed meanwhile.
+    fails; a reconnect catches up on anything missed meanwhile (``catch_up``).
 
     The payload of ``orbit_ready`` is ``<origin>:<kind>:<queue>``. One from this node's
     own store is skipped: its ``on_ready``/``on_freed`` already told the dispatcher.
     ``ready`` (a task became ready) always wakes it; ``freed`` (a permit was freed) only
-    if a worker's last claim was held back by a cap. ``orbit_cancel`` carries
+    if a worker's last claim was held back by a cap. ``<origin>:fenced:<session
+    id>:<epoch>`` says a session resumed (on the sending node, whose own ``attach``
+    closed its older connection there): a connection of it attached here with an older
+    epoch is closed. A node of an older version takes it for ``ready``, and its next
+    dispatch round closes a fenced connection that takes pushes. ``orbit_cancel`` carries
     ``<session id>:<attempt id>``, pushed to the session if it is attached here.
     """
     own = f"{origin}:"
@@ -50,8 +55,13 @@ async def listen(dsn: str, origin: str, dispatcher: Dispatcher) -> None:
         if channel == "orbit_ready":
             if payload.startswith(own):
                 return
-            if payload.split(":", 2)[1:2] == ["freed"]:
+            kind = payload.split(":", 2)[1:3]
+            if kind[:1] == ["freed"]:
                 dispatcher.freed_threadsafe()
+            elif kind[:1] == ["fenced"] and len(kind) == 2:
+                session_id, _, epoch = kind[1].rpartition(":")
+                if epoch.isdigit():
+                    dispatcher.close_fenced(session_id, int(epoch))
             else:
                 dispatcher.wake_threadsafe()
         elif channel == "orbit_cancel":
@@ -65,7 +75,7 @@ async def listen(dsn: str, origin: str, dispatcher: Dispatcher) -> None:
                 for channel in CHANNELS:
                     await cx.execute(f"LISTEN {channel}")
                 delay = 0.5
-                dispatcher.wake_threadsafe()  # catch up on anything missed while away
+                await catch_up(dispatcher)
                 await read_notifications(cx.pgconn, deliver)
         except asyncio.CancelledError:
             raise
@@ -73,6 +83,26 @@ async def listen(dsn: str, origin: str, dispatcher: Dispatcher) -> None:
             log.warning("LISTEN connection lost (%s); retrying", type(exc).__name__)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
+
+
+async def catch_up(dispatcher: Dispatcher) -> None:
+    """Once LISTEN is (re)established, make up for the notifications missed while it was
+    not: wake the dispatcher (tasks readied, permits freed), and push ``cancel`` for every
+    running attempt of a session attached here whose task is `cancelling` (one query).
+    Without the latter a cancel NOTIFY sent while the connection was away reached the
+    worker only at its next renew. A cancel the worker already heard may be pushed again;
+    one NOTIFY'd meanwhile is delivered as well, since LISTEN came first."""
+    dispatcher.wake_threadsafe()
+    sessions = list(dispatcher.connections)
+    if not sessions:
+        return
+    try:
+        pairs = await in_thread(dispatcher.store.attempt_cancelling_for_sessions, sessions)
+    except Exception as exc:  # the next renew still says `cancel`
+        log.warning("re-checking cancels after LISTEN failed (%s)", type(exc).__name__)
+        return
+    if pairs:
+        dispatcher.push_cancel(pairs)
 
 
 async def read_notifications(pgconn: pq.abc.PGconn, deliver: Callable[[str, str], None]) -> None:

@@ -774,6 +774,14 @@ class Store:
             raise OrbitError(Code.ATTEMPT_NOT_FOUND, f"no attempt {attempt_id!r:.80}")
         return R.attempt_from_row(found[0])
 
+    def attempt_cancelling_for_sessions(self, session_ids: Sequence[str]) -> list[tuple[str, str]]:
+        """``(session_id, attempt_id)`` of these sessions' running attempts whose task is
+        `cancelling`: what ``on_cancel`` told, for a node that may have missed it."""
+        if not session_ids:
+            return []
+        rows = self._read("attempt_cancelling_for_sessions", session_ids=sorted(set(session_ids)))
+        return [(str(r["session_id"]), str(r["id"])) for r in rows]
+
     def event_list(
         self, *, task_id: str | None = None, after_id: int = 0, limit: int = 1000
     ) -> list[Row]:
@@ -857,6 +865,9 @@ class Store:
                 expires_at=now + self.config.session_ttl_us,
             )
             tx.write_sessions([(session, after)])
+            # Tells the node holding the superseded connection to close it now (NOTIFY
+            # orbit_ready `fenced` on PostgreSQL; a node hears none of its own).
+            tx.fenced.append((session_id, after.epoch))
             tx.events(
                 [
                     Event(
@@ -1872,6 +1883,8 @@ class _Tx:
         self.ready: set[str] = set()  # queues where a task became ready
         self.freed: set[str] = set()  # queues where an attempt ended (a permit freed)
         self.cancels: list[tuple[str, str]] = []
+        #: sessions resumed, with their new epoch: their older connections are fenced
+        self.fenced: list[tuple[str, int]] = []
         self._sent: set[Notice] = set()  # the notices already queued in this transaction
         #: a write marked final has been sent: the transaction may have committed with it
         self._final = False
@@ -1950,12 +1963,14 @@ class _Tx:
     def unsent_notices(self) -> list[Notice]:
         """The notices this transaction owes the other nodes and has not queued yet: a
         queue whose task became ready, one where a permit was freed (unless it also became
-        ready: one wake serves both), and each running attempt asked to stop. Marked as
-        queued: the caller must send them in this transaction."""
+        ready: one wake serves both), each running attempt asked to stop, and each session
+        resumed (its older connection, on whichever node, is fenced). Marked as queued: the
+        caller must send them in this transaction."""
         origin = self._store.origin
         owed = [("orbit_ready", f"{origin}:ready:{q}") for q in sorted(self.ready)]
         owed += [("orbit_ready", f"{origin}:freed:{q}") for q in sorted(self.freed - self.ready)]
         owed += [("orbit_cancel", f"{s}:{a}") for s, a in self.cancels]
+        owed += [("orbit_ready", f"{origin}:fenced:{s}:{e}") for s, e in self.fenced]
         unsent = [n for n in owed if n not in self._sent]
         self._sent.update(unsent)
         return unsent

@@ -7,8 +7,10 @@
   are fenced (FENCED_EPOCH in the store, close code 4409 on the superseded connection)
   and leave evidence in the event log.
 - A ``drain`` from a fenced epoch is refused too (it once drained the session).
+- A session resumed on another node has its connection on this node closed at once
+  (NOTIFY orbit_ready ``fenced``), not at its next request or dispatch round.
 - A push worker resumed on node B while its connection to node A is still open: only
-  the new connection gets tasks, and node A's dispatcher closes the old one.
+  the new connection gets tasks, and node A closes the old one.
 - A cancel requested through node A reaches the worker attached to node B (NOTIFY
   orbit_cancel), and a node whose LISTEN connection is killed reconnects and hears the
   other node's NOTIFYs again.
@@ -30,8 +32,10 @@ import psycopg
 import pytest
 import websockets
 
+from orbit.core.errors import Code, OrbitError
+from orbit.core.model import Outcome
 from orbit.store import open_store
-from orbit.worker import ServerError, WorkerConnection
+from orbit.worker import WorkerConnection
 from tests.e2e.servers import Node, Tokens, make_tokens, start_server
 from tests.pg import as_url, temporary_database
 
@@ -232,14 +236,24 @@ def test_worker_resumes_on_node_b_after_node_a_is_killed(tmp_path: Path) -> None
             assert (await y.resume(session_id, secret, push=True))["epoch"] == "3"
             assert [r["status"] for r in await y.renew([attempt_id])] == ["ok"]
 
-            # X is still open on node A, which never saw the resume on B: the store fences
-            # its epoch-2 reports, and node A then closes X with 4409.
-            assert [r["status"] for r in await x.renew([attempt_id])] == ["lost"]
-            with pytest.raises(ServerError) as fenced:
-                await x.finish(attempt_id, fence, result={"from": "stale epoch 2"})
-            assert fenced.value.code == "FENCED_EPOCH"
+            # Node A hears of the resume on B (NOTIFY orbit_ready `fenced`) and closes X
+            # with 4409 at once, though X sent nothing more.
             assert await closed_with(x) == 4409
+            assert x.ws.close_reason == "FENCED_EPOCH"
             await x.close()
+            # Epoch-2 reports that were already on their way (X's twin could have sent
+            # them just before the close) are fenced by the store, and leave evidence.
+            store = open_store(c.db_url)
+            try:
+                [lost] = store.lease_renew_many(session_id, 2, [attempt_id])
+                assert lost.status == "lost"
+                with pytest.raises(OrbitError) as stale:
+                    store.attempt_finish(
+                        session_id, 2, attempt_id, int(fence), Outcome.success({"from": "epoch 2"})
+                    )
+                assert stale.value.code == Code.FENCED_EPOCH
+            finally:
+                store.close()
 
             # A second resume on the same node B (epoch 4, connection Z) supersedes Y:
             # node B closes Y with 4409 at once, so Y cannot report anything more.
@@ -304,16 +318,20 @@ def test_a_drain_from_a_fenced_epoch_is_refused(tmp_path: Path) -> None:
                 await x.hello("w", {"h": 1}, max_concurrency=1, push=False)  # epoch 1 on A
                 assert x.session_id is not None and x.resume_secret is not None
                 # The resume another node would do (one store call) fences epoch 1; node A
-                # never hears of it, so X stays open there.
+                # hears of it (NOTIFY orbit_ready `fenced`) and closes X at once.
                 store = open_store(c.db_url)
                 try:
                     resumed = store.session_resume(x.session_id, x.resume_secret, node_id="b")
+                    assert resumed.epoch == 2
+                    assert await closed_with(x) == 4409
+                    assert x.ws.close_reason == "FENCED_EPOCH"
+                    # A drain X sent just before the close reaches the store with X's epoch
+                    # (the gateway passes its connection's epoch), and is refused there.
+                    with pytest.raises(OrbitError) as fenced:
+                        store.session_drain(x.session_id, 1)
+                    assert fenced.value.code == Code.FENCED_EPOCH
                 finally:
                     store.close()
-                assert resumed.epoch == 2
-                with pytest.raises(ServerError) as fenced:
-                    await x.drain()
-                assert fenced.value.code == "FENCED_EPOCH"
             finally:
                 await x.close()
             async with client(a, c.tokens.admin) as http_a:
@@ -427,9 +445,10 @@ def test_no_call_fails_after_postgres_closed_every_connection(tmp_path: Path) ->
 
 def test_after_a_resume_on_node_b_only_the_new_connection_gets_pushes(tmp_path: Path) -> None:
     """A push worker on node A is resumed on node B while its connection to A stays
-    open. A task submitted on A goes to the new connection on B; node A's dispatcher,
-    woken by the same submit, finds the old connection's epoch fenced and closes it
-    (4409, reason FENCED_EPOCH) instead of claiming for it; a cancel reaches B."""
+    open. A task submitted on A goes to the new connection on B; node A closes the old
+    connection (4409, reason FENCED_EPOCH), on the resume's NOTIFY or, had it missed that,
+    when its dispatcher finds the old epoch fenced, and pushes it nothing; a cancel
+    reaches B."""
     with cluster(tmp_path) as c:
         a, b = c.start("node-a", "node-b", args=POLL)
 

@@ -756,3 +756,32 @@ def test_a_claim_undelivered_because_of_a_resume_here_is_released(db_url: str) -
                 assert pushed["tasks"][0]["fence"] == "2"  # a new attempt, the first released
     finally:
         store.close()
+
+
+def test_a_drain_from_a_connection_still_open_after_a_resume_elsewhere_is_refused(
+    db_url: str,
+) -> None:
+    """A drain a fenced connection sends before its node closes it (the resume's NOTIFY
+    closes it at once; this is the window before) carries the connection's epoch and is
+    refused, leaving the session undrained: a drain once ignored the epoch and drained
+    the session its new connection was using. The resume is made on the node's own store
+    here, whose notices the node skips, so the connection stays open for the drain
+    (tests/e2e/test_cluster.py shows a resume on another node closing it)."""
+    store = open_store(db_url)
+    try:
+        token = store.token_create("w", ["worker"])[1]
+        app = create_app(ServerSettings(db_url=db_url, poll_interval=3600), store=store)
+        auth = {"Authorization": f"Bearer {token}"}
+        with TestClient(app) as client, client.websocket_connect("/v1/worker", headers=auth) as ws:
+            welcome = _hello(ws, push=False)
+            session_id = str(welcome["session_id"])
+            resumed = store.session_resume(session_id, welcome["resume_secret"], node_id="b")
+            assert resumed.epoch == 2
+            ws.send_json({"type": "drain", "req_id": "r2"})
+            refused = _receive(ws)
+            assert (refused["type"], refused["code"]) == ("error", "FENCED_EPOCH"), refused
+            assert _close_code(ws) == 4409
+        session = store.session_get(session_id)
+        assert session.epoch == 2 and not session.draining
+    finally:
+        store.close()

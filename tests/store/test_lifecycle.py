@@ -756,3 +756,33 @@ def test_submitted_events_are_made_from_the_inserted_tasks(
         assert event["data"] == compact_json(expected, sort_keys=True).decode()
     assert [t.state for t in fresh] == ["queued", "queued", "scheduled"]
     assert check_all(store) == []
+
+
+def test_renew_while_cancelling_says_cancel_and_does_not_extend(
+    store: Store, clock: ManualClock
+) -> None:
+    """DESIGN §2: cancel means "stop now", and a silent worker's `cancelling` task ends by
+    lease expiry. A worker that ignored the cancel and kept renewing used to have its
+    lease extended each time, holding the task `cancelling` (and its permit) for as long
+    as it renewed. Now the renew answers `cancel` with the lease it already had."""
+    queue(store)
+    tid = submit(store)
+    s, _ = worker(store)
+    g = run_one(store, s)
+    clock.advance(10)
+    [before] = store.lease_renew_many(s.id, s.epoch, [g.attempt.id])
+    assert before.status == "ok" and before.lease_expires_at == clock.now + 30 * SECOND
+    store.task_cancel(tid)
+    clock.advance(20)
+    [lease] = store.lease_renew_many(s.id, s.epoch, [g.attempt.id])
+    assert lease.status == "cancel"
+    assert lease.lease_expires_at == before.lease_expires_at  # not extended
+    assert lease.lease_left_us == 10 * SECOND
+    assert store.attempt_get(g.attempt.id).lease_expires_at == before.lease_expires_at
+    clock.advance(10)
+    [late] = store.lease_renew_many(s.id, s.epoch, [g.attempt.id])
+    assert late.status == "lost"
+    store.reap()
+    assert store.task_get(tid).state == "cancelled"
+    assert store.attempt_get(g.attempt.id).state == "cancelled"
+    assert check_all(store) == []

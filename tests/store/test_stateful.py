@@ -989,7 +989,9 @@ class OrbitMachine(RuleBasedStateMachine):
             if task.deadline is not None:
                 caps.append(task.deadline)
             until = max(min(caps), b.lease_expires_at)
-            status = "cancel" if task.state == S.CANCELLING else "ok"
+            status = "ok"
+            if task.state == S.CANCELLING:  # told to stop: the lease is not extended
+                until, status = b.lease_expires_at, "cancel"
             assert lease == Lease(b.id, status, until, until - now), (lease, until)
             assert after.attempts[b.id] == replace(b, lease_expires_at=until)
         self._only_changed(before, after, set(), set(ids), "renew")

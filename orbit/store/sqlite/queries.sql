@@ -231,6 +231,15 @@ SELECT queue, tenant, handler, session_id, count(*) AS n FROM orbit_attempts
 WHERE state IN ('claimed', 'running')
 GROUP BY queue, tenant, handler, session_id;
 
+-- name: attempt_cancelling_for_sessions
+-- The running attempts of these sessions whose task is cancelling: the cancels a node
+-- may have missed while its LISTEN connection was away (orbit/server/listen.py). Reads
+-- the partial index orbit_attempts_live_session; no lock, it only decides what to push.
+SELECT a.session_id, a.id FROM orbit_attempts AS a JOIN orbit_tasks AS t ON t.id = a.task_id
+WHERE a.session_id IN (SELECT value FROM json_each(:session_ids))
+    AND a.state = 'running' AND t.state = 'cancelling'
+ORDER BY a.session_id, a.id;
+
 -- name: attempt_claimed_for_session
 SELECT task_id FROM orbit_attempts WHERE session_id = :session_id AND state = 'claimed';
 
