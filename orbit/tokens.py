@@ -13,6 +13,12 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
+#: How long a node remembers a token check, in seconds, unless ``orbit server
+#: --token-cache`` says otherwise: a token revoked in the database is still accepted by
+#: a node for at most this long (docs/operations.md, Tokens). Here, not beside the check
+#: in orbit.server.auth, so that the CLI can name it without importing the server.
+CACHE_SECONDS = 10.0
+
 
 class TokenError(Exception):
     """No usable token; the message names the variable or file at fault."""

@@ -22,6 +22,7 @@ from orbit.cli.listening import announcement, bind, url_of
 from orbit.core.errors import OrbitError
 from orbit.core.model import SECOND
 from orbit.core.validate import is_name
+from orbit.tokens import CACHE_SECONDS
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -239,8 +240,9 @@ def token_revoke(
     """Revoke a token: from now on it is refused. Revoking it again changes nothing.
 
     A running server still takes it for up to 10 seconds (each node caches token
-    checks). A worker connection already open stays open and keeps working: drain it
-    (orbit worker drain SESSION_ID) and restart the worker with another token.
+    checks; orbit server --token-cache sets how long). A worker connection already open
+    stays open and keeps working: drain it (orbit worker drain SESSION_ID) and restart
+    the worker with another token.
 
     Example: orbit token revoke --db sqlite:///.orbit/orbit.db 019ae4c3d2b97f0e8a1c4b5d6e7f8091
     """
@@ -311,6 +313,15 @@ def server(
     max_artifact_bytes: Annotated[
         int, typer.Option(min=1, help="largest artifact a worker may upload")
     ] = 256 * 1024 * 1024,
+    token_cache: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=3600.0,
+            help="how long this node trusts a token check, seconds: a revoked token is "
+            "still taken for up to this long; 0 reads the database on every call",
+        ),
+    ] = CACHE_SECONDS,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
 ) -> None:
     """Run one control-plane node (any number may share one PostgreSQL)."""
@@ -341,6 +352,7 @@ def server(
         db_url=db,
         poll_interval=poll_interval,
         reap_interval=reap_interval,
+        token_cache_s=token_cache,
         store_config=StoreConfig(
             claim_ttl_us=int(claim_ttl * SECOND),
             lease_ttl_us=int(lease_ttl * SECOND),

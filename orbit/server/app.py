@@ -34,6 +34,7 @@ from orbit.server.listen import listen
 from orbit.server.metrics import Metrics
 from orbit.server.routes import router, task_submit, task_submit_batch
 from orbit.store import Store, StoreConfig, open_store
+from orbit.tokens import CACHE_SECONDS
 
 log = logging.getLogger("orbit.server")
 
@@ -48,6 +49,7 @@ class ServerSettings:
     poll_interval: float = 5.0  # the dispatch fallback; notifications do the real work
     reap_interval: float = 1.0
     max_body_bytes: int = 16 * 1024 * 1024
+    token_cache_s: float = CACHE_SECONDS  # how long a token check's answer is trusted
     store_config: StoreConfig = field(default_factory=StoreConfig)
 
 
@@ -183,7 +185,7 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
         dispatcher = Dispatcher(store, settings.poll_interval, metrics)
         dispatcher.bind(asyncio.get_running_loop())
         app.state.store = store
-        app.state.tokens = TokenCheck(store)
+        app.state.tokens = TokenCheck(store, settings.token_cache_s)
         app.state.dispatcher = dispatcher
         app.state.metrics = metrics
         # Wake this node's dispatcher in-process after each of its own commits. On

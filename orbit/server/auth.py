@@ -13,11 +13,9 @@ from starlette.datastructures import Headers
 from orbit.server.errors import ApiError
 from orbit.server.threads import in_thread
 from orbit.store import Store
+from orbit.tokens import CACHE_SECONDS
 
 SCOPES = ("admin", "submit", "worker")
-#: How long a node remembers a token check, in seconds: a token revoked in the database
-#: is still accepted by a node for at most this long (docs/operations.md, Tokens).
-CACHE_SECONDS = 10.0
 
 
 class TokenCheck:

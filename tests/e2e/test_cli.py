@@ -148,6 +148,11 @@ def test_bad_arguments_get_clear_messages(orbit: Run, tmp_path: Path) -> None:
     assert orbit("worker", "frobnicate").returncode == 2
     assert orbit("worker", "nosuchmodule:worker").returncode == 2
     assert orbit("server", "--db", "mysql://x").returncode == 2
+    unused = tmp_path / "unused" / "orbit.db"
+    for cache in ("-1", "3601", "soon"):
+        refused = orbit("server", "--db", f"sqlite:///{unused}", "--token-cache", cache)
+        assert refused.returncode == 2 and "--token-cache" in refused.stderr, refused.stderr
+    assert not unused.parent.exists()
     assert orbit("task", "ls", "--limit", "0").returncode == 2
 
 
