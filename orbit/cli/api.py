@@ -9,6 +9,7 @@ succeeded; 2 bad arguments; 3 refused by the server; 4 server unreachable; 5 tim
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -91,12 +92,25 @@ def emit(data: Any, as_json: bool, table: Callable[[Any], Table] | None = None) 
 
 
 def parse_json(value: str | None, what: str) -> Any:
+    """An option's JSON, read under the server's strict rules (orbit.protocol.decode).
+    Python's ``json`` also reads NaN, Infinity and 1e999, which the client's encoder then
+    sent as ``null``: ``--payload NaN`` submitted a null payload and exited 0."""
+    from orbit.protocol.decode import DecodeError, decode_json
+
     if value is None:
         return None
     try:
-        return json.loads(value)
-    except json.JSONDecodeError as exc:
-        fail(f"{what} is not JSON: {exc.msg} at column {exc.colno}", EXIT_USAGE)
+        return decode_json(value)
+    except DecodeError as exc:
+        fail(f"{what} is not JSON Orbit takes: {exc.message}", EXIT_USAGE)
+
+
+def finite(value: float | None, option: str) -> float | None:
+    """A number option that JSON can carry: ``--timeout nan`` was sent as ``null``, a
+    task with no timeout at all."""
+    if value is not None and not math.isfinite(value):
+        fail(f"{option} must be a finite number", EXIT_USAGE)
+    return value
 
 
 def _queues_table(rows: list[dict[str, Any]]) -> Table:
@@ -150,6 +164,7 @@ def queue_create(
         fail(
             "a queue needs --max-concurrency and --rate (write --rate 0 for unlimited)", EXIT_USAGE
         )
+    finite(rate, "--rate")
     with client(url, cafile) as c:
         emit(
             c.queue_create(name, max_concurrency=max_concurrency, rate=rate, burst=burst),
@@ -218,6 +233,7 @@ def task_submit(
     Example: orbit task submit render render.screenshot --payload '{"url": "https://x.test"}'
     """
     body = parse_json(payload, "--payload")
+    finite(timeout, "--timeout")
     with client(url, cafile) as c:
         task = c.submit(
             queue,

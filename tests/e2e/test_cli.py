@@ -738,3 +738,52 @@ def test_server_with_a_node_id_no_worker_could_attach_to_is_refused(tmp_path: Pa
     assert result.returncode == 2, result.stderr
     assert "--node-id must be 1-128 characters" in result.stderr, result.stderr
     assert not db.exists()
+
+
+@pytest.fixture
+def cli(cluster: tuple[Node, Tokens, str]) -> Run:
+    """``orbit`` run in this process against the module's server: a few milliseconds a
+    command rather than a Python start-up, for the cases that need no separate process."""
+    from typer.testing import CliRunner
+
+    from orbit.cli.main import app
+
+    node, tokens, _ = cluster
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        env = {"ORBIT_URL": node.http, "ORBIT_TOKEN": tokens.admin, "ORBIT_TOKEN_FILE": None}
+        result = CliRunner().invoke(app, list(args), env=env)  # type: ignore[arg-type]
+        assert result.exception is None or isinstance(result.exception, SystemExit), (
+            result.stdout + result.stderr
+        )
+        return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
+
+    return run
+
+
+def test_values_json_cannot_carry_are_refused_not_sent_as_null(cli: Run) -> None:
+    """NaN, Infinity and a number that overflows a double parse in Python's ``json``
+    but are no JSON: the client's encoder (orjson) wrote each as ``null``, so ``--payload
+    NaN`` submitted a null payload, ``--timeout nan`` a task with no timeout, and both
+    exited 0. A lone surrogate was a traceback. Each is now exit 2, nothing submitted."""
+    ok(cli("queue", "create", "finite", "--max-concurrency", "1", "--rate", "0"))
+    for args in (
+        ["--payload", "NaN"],
+        ["--payload", '{"a": Infinity}'],
+        ["--payload", "[1e999]"],
+        ["--payload", '"\\ud800"'],
+        ["--payload", '{"a": 1, "a": 2}'],
+        ["--timeout", "nan"],
+        ["--timeout", "inf"],
+    ):
+        refused = cli("task", "submit", "finite", "h", *args)
+        assert refused.returncode == 2, (args, refused.stdout, refused.stderr)
+        assert "Traceback" not in refused.stderr and refused.stdout == "", args
+        assert args[0] in refused.stderr, (args, refused.stderr)
+    result = cli("task", "resolve", "x", "--decision", "succeeded", "--result", "NaN")
+    assert result.returncode == 2 and "--result" in result.stderr, result.stderr
+    for rate in ("nan", "inf"):
+        made = cli("queue", "create", f"finite-{rate}", "--max-concurrency", "1", "--rate", rate)
+        assert made.returncode == 2 and "--rate" in made.stderr, made.stderr
+    assert json.loads(ok(cli("task", "ls", "--queue", "finite", "--json")))["items"] == []
+    assert "finite-nan" not in ok(cli("queue", "ls"))
