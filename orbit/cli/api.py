@@ -348,6 +348,13 @@ def task_resolve(
     """
     if decision not in ("succeeded", "failed", "retry"):
         fail("--decision must be succeeded, failed or retry", EXIT_USAGE)
+    # Refused here rather than dropped: the client sends a result only with succeeded.
+    if result is not None and decision != "succeeded":
+        fail("--result goes only with --decision succeeded", EXIT_USAGE)
+    if (error_code is not None or error_message) and decision != "failed":
+        fail("--error-code and --error-message go only with --decision failed", EXIT_USAGE)
+    if error_message and error_code is None:
+        fail("--error-message needs --error-code", EXIT_USAGE)
     value = parse_json(result, "--result")
     error = {"code": error_code, "message": error_message} if error_code else None
     with client(url, cafile) as c:

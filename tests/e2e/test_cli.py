@@ -787,3 +787,20 @@ def test_values_json_cannot_carry_are_refused_not_sent_as_null(cli: Run) -> None
         assert made.returncode == 2 and "--rate" in made.stderr, made.stderr
     assert json.loads(ok(cli("task", "ls", "--queue", "finite", "--json")))["items"] == []
     assert "finite-nan" not in ok(cli("queue", "ls"))
+
+
+def test_task_resolve_refuses_options_its_decision_does_not_take(cli: Run) -> None:
+    """``--result`` goes with ``succeeded`` and ``--error-code``/``--error-message`` with
+    ``failed``. The client dropped a result given with any other decision and the CLI an
+    error message given without a code, so ``--decision failed --result …`` resolved
+    the task without the result it was told to keep, and said nothing."""
+    for args in (
+        ["--decision", "failed", "--result", '{"kept": true}'],
+        ["--decision", "retry", "--result", "1"],
+        ["--decision", "failed", "--error-message", "why"],
+        ["--decision", "succeeded", "--error-code", "E"],
+        ["--decision", "retry", "--error-code", "E"],
+    ):
+        refused = cli("task", "resolve", "01a229a4-0000-7000-8000-000000000000", *args)
+        assert refused.returncode == 2, (args, refused.stdout, refused.stderr)
+        assert "TASK_NOT_FOUND" not in refused.stderr, (args, refused.stderr)
