@@ -311,7 +311,9 @@ async def task_list(
     bounds: dict[str, int | None] = {}
     for name, value in (("created_after", created_after), ("created_before", created_before)):
         try:
-            bounds[name] = instant_from_wire(value) if value else None
+            # ``is not None``: an empty value (``?created_after=``) is refused, not read
+            # as no filter at all
+            bounds[name] = instant_from_wire(value) if value is not None else None
         except (ValueError, TypeError):
             raise DecodeError(
                 "INVALID_VALUE", f"{name} must be an RFC 3339 instant", name
