@@ -804,3 +804,20 @@ def test_task_resolve_refuses_options_its_decision_does_not_take(cli: Run) -> No
         refused = cli("task", "resolve", "01a229a4-0000-7000-8000-000000000000", *args)
         assert refused.returncode == 2, (args, refused.stdout, refused.stderr)
         assert "TASK_NOT_FOUND" not in refused.stderr, (args, refused.stderr)
+
+
+def test_worker_help_gives_the_exit_codes_of_ls_and_drain() -> None:
+    """``orbit worker ls`` and ``drain`` exit as the other API commands do (3 refused by
+    the server, 4 unreachable), but ``orbit worker --help`` gave only a running worker's
+    codes: no 4 at all, and 3 as "the server refused the token" alone."""
+    from typer.testing import CliRunner
+
+    from orbit.cli.main import app
+
+    helped = CliRunner().invoke(app, ["worker", "--help"], env={"COLUMNS": "300"})
+    assert helped.exit_code == 0, helped.output
+    text = " ".join(helped.stdout.split())
+    assert (
+        "ls and drain: 0 done; 2 bad arguments; 3 refused by the server; 4 server unreachable"
+        in text
+    ), text
