@@ -468,9 +468,9 @@ def _workers_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
-def worker_ls(url: str, cafile: str | None, as_json: bool) -> None:
+def worker_ls(url: str, cafile: str | None, as_json: bool, state: str | None = None) -> None:
     with client(url, cafile) as c:
-        emit(c.workers(), as_json, _workers_table)
+        emit(c.workers(state), as_json, _workers_table)
 
 
 def worker_drain(session_id: str, url: str, cafile: str | None, as_json: bool) -> None:

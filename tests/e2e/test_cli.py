@@ -821,3 +821,36 @@ def test_worker_help_gives_the_exit_codes_of_ls_and_drain() -> None:
         "ls and drain: 0 done; 2 bad arguments; 3 refused by the server; 4 server unreachable"
         in text
     ), text
+
+
+def test_worker_ls_filters_by_state_and_refuses_an_unknown_one(
+    cli: Run, cluster: tuple[Node, Tokens, str]
+) -> None:
+    """``orbit worker ls`` listed every session ever opened, and an expired one is never
+    deleted: ``--state live`` (``GET /v1/workers?state=live``) lists the live ones
+    alone. An unknown state is refused by the server, as the task list's is."""
+    import asyncio
+
+    from orbit.worker import WorkerConnection
+
+    node, tokens, _ = cluster
+
+    async def attach() -> str:
+        conn = await WorkerConnection.connect(node.ws, tokens.worker)
+        await conn.hello("state-worker", {"h": 1}, 1, push=False)
+        await conn.close()
+        assert conn.session_id is not None
+        return conn.session_id
+
+    session_id = asyncio.run(attach())
+    live = json.loads(ok(cli("worker", "ls", "--state", "live", "--json")))
+    assert session_id in [w["session_id"] for w in live]
+    assert {w["state"] for w in live} == {"live"}
+    expired = json.loads(ok(cli("worker", "ls", "--state", "expired", "--json")))
+    assert session_id not in [w["session_id"] for w in expired]
+    for bad in ("nope", "LIVE", ""):
+        refused = cli("worker", "ls", "--state", bad)
+        assert refused.returncode == 3 and "INVALID_ARGUMENT" in refused.stderr, (bad, refused)
+    misplaced = cli("worker", "drain", session_id, "--state", "live")
+    assert misplaced.returncode == 2 and "--state applies to `ls` only" in misplaced.stderr
+    assert json.loads(ok(cli("worker", "ls", "--json")))[-1]["draining"] is False
