@@ -317,7 +317,9 @@ def task_show(
 def task_cancel(
     task_id: str, url: Url = DEFAULT_URL, cafile: CaFile = None, as_json: AsJson = False
 ) -> None:
-    """Cancel a task and its descendants (running ones stop at their next renewal)."""
+    """Cancel a task and its descendants: a running one's worker is told at once (or at
+    its next renewal, if it was not connected), and it ends cancelled when its handler
+    stops or its lease runs out."""
     with client(url, cafile) as c:
         emit(c.cancel(task_id), as_json, lambda t: _tasks_table([t]))
 

@@ -854,3 +854,18 @@ def test_worker_ls_filters_by_state_and_refuses_an_unknown_one(
     misplaced = cli("worker", "drain", session_id, "--state", "live")
     assert misplaced.returncode == 2 and "--state applies to `ls` only" in misplaced.stderr
     assert json.loads(ok(cli("worker", "ls", "--json")))[-1]["draining"] is False
+
+
+def test_task_cancel_help_says_a_running_task_is_told_at_once() -> None:
+    """A cancel is pushed to the worker that runs the task as it commits (the renewal
+    answers ``cancel`` only if the push could not be sent), but ``orbit task cancel
+    --help`` said running tasks stop "at their next renewal", up to half a lease later."""
+    from typer.testing import CliRunner
+
+    from orbit.cli.main import app
+
+    helped = CliRunner().invoke(app, ["task", "cancel", "--help"], env={"COLUMNS": "300"})
+    assert helped.exit_code == 0, helped.output
+    text = " ".join(helped.stdout.split())
+    assert "running ones stop at their next renewal" not in text, text
+    assert "a running one's worker is told at once" in text, text
