@@ -411,6 +411,12 @@ def test_list_filters_and_bad_cursor(admin: httpx.Client) -> None:
             "INVALID_ARGUMENT",
             "INVALID_VALUE",
         )
+    # the field a refused limit names is the parameter, as for every other parameter
+    # (and for a limit given twice): it was "query.limit", FastAPI's location of it
+    for path, query in (("/v1/tasks", "limit=0"), ("/v1/events", "limit=x")):
+        error = admin.get(f"{path}?{query}").json()["error"]
+        assert (error["code"], error["field"]) == ("INVALID_ARGUMENT", "limit"), error
+        assert error["message"].startswith("limit: "), error
 
 
 def test_task_cursor_must_be_a_task_id(admin: httpx.Client) -> None:
