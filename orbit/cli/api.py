@@ -9,6 +9,7 @@ succeeded; 2 bad arguments; 3 refused by the server; 4 server unreachable; 5 tim
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -91,12 +92,25 @@ def emit(data: Any, as_json: bool, table: Callable[[Any], Table] | None = None) 
 
 
 def parse_json(value: str | None, what: str) -> Any:
+    """An option's JSON, read under the server's strict rules (orbit.protocol.decode).
+    Python's ``json`` also reads NaN, Infinity and 1e999, which the client's encoder then
+    sent as ``null``: ``--payload NaN`` submitted a null payload and exited 0."""
+    from orbit.protocol.decode import DecodeError, decode_json
+
     if value is None:
         return None
     try:
-        return json.loads(value)
-    except json.JSONDecodeError as exc:
-        fail(f"{what} is not JSON: {exc.msg} at column {exc.colno}", EXIT_USAGE)
+        return decode_json(value)
+    except DecodeError as exc:
+        fail(f"{what} is not JSON Orbit takes: {exc.message}", EXIT_USAGE)
+
+
+def finite(value: float | None, option: str) -> float | None:
+    """A number option that JSON can carry: ``--timeout nan`` was sent as ``null``, a
+    task with no timeout at all."""
+    if value is not None and not math.isfinite(value):
+        fail(f"{option} must be a finite number", EXIT_USAGE)
+    return value
 
 
 def _queues_table(rows: list[dict[str, Any]]) -> Table:
@@ -150,6 +164,7 @@ def queue_create(
         fail(
             "a queue needs --max-concurrency and --rate (write --rate 0 for unlimited)", EXIT_USAGE
         )
+    finite(rate, "--rate")
     with client(url, cafile) as c:
         emit(
             c.queue_create(name, max_concurrency=max_concurrency, rate=rate, burst=burst),
@@ -218,6 +233,7 @@ def task_submit(
     Example: orbit task submit render render.screenshot --payload '{"url": "https://x.test"}'
     """
     body = parse_json(payload, "--payload")
+    finite(timeout, "--timeout")
     with client(url, cafile) as c:
         task = c.submit(
             queue,
@@ -301,7 +317,9 @@ def task_show(
 def task_cancel(
     task_id: str, url: Url = DEFAULT_URL, cafile: CaFile = None, as_json: AsJson = False
 ) -> None:
-    """Cancel a task and its descendants (running ones stop at their next renewal)."""
+    """Cancel a task and its descendants: a running one's worker is told at once (or at
+    its next renewal, if it was not connected), and it ends cancelled when its handler
+    stops or its lease runs out."""
     with client(url, cafile) as c:
         emit(c.cancel(task_id), as_json, lambda t: _tasks_table([t]))
 
@@ -332,6 +350,13 @@ def task_resolve(
     """
     if decision not in ("succeeded", "failed", "retry"):
         fail("--decision must be succeeded, failed or retry", EXIT_USAGE)
+    # Refused here rather than dropped: the client sends a result only with succeeded.
+    if result is not None and decision != "succeeded":
+        fail("--result goes only with --decision succeeded", EXIT_USAGE)
+    if (error_code is not None or error_message) and decision != "failed":
+        fail("--error-code and --error-message go only with --decision failed", EXIT_USAGE)
+    if error_message and error_code is None:
+        fail("--error-message needs --error-code", EXIT_USAGE)
     value = parse_json(result, "--result")
     error = {"code": error_code, "message": error_message} if error_code else None
     with client(url, cafile) as c:
@@ -445,9 +470,9 @@ def _workers_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
-def worker_ls(url: str, cafile: str | None, as_json: bool) -> None:
+def worker_ls(url: str, cafile: str | None, as_json: bool, state: str | None = None) -> None:
     with client(url, cafile) as c:
-        emit(c.workers(), as_json, _workers_table)
+        emit(c.workers(state), as_json, _workers_table)
 
 
 def worker_drain(session_id: str, url: str, cafile: str | None, as_json: bool) -> None:

@@ -424,24 +424,32 @@ def worker_command(
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON (ls, drain)")] = False,
+    state: Annotated[
+        str | None,
+        typer.Option(help="(ls) only sessions in this state: live or expired", show_default=False),
+    ] = None,
 ) -> None:
     """Run a worker, or list and drain workers.
 
     \b
       orbit worker myapp.jobs:worker     run the orbit.Worker defined in myapp/jobs.py
-      orbit worker ls                    list worker sessions
+      orbit worker ls [--state live]     list worker sessions (expired ones stay listed)
       orbit worker drain SESSION_ID      stop new claims for a session (durable)
 
     The token comes from ORBIT_TOKEN or ORBIT_TOKEN_FILE. A running worker drains on
     SIGTERM or SIGINT: no new claims, running handlers finish within the grace period,
-    then are cancelled. Exit codes: 0 drained; 1 a handler ignored its cancellation;
-    2 bad arguments, no token or an unusable URL; 3 the server refused the token.
+    then are cancelled. Exit codes of a running worker: 0 drained; 1 a handler ignored
+    its cancellation; 2 bad arguments, no token or an unusable URL; 3 the server refused
+    the token. Of ls and drain: 0 done; 2 bad arguments; 3 refused by the server;
+    4 server unreachable.
     """
     from orbit.cli import api
 
     if args == ["ls"]:
-        api.worker_ls(url, cafile, as_json)
+        api.worker_ls(url, cafile, as_json, state)
         return
+    if state is not None:
+        _fail("--state applies to `ls` only")
     if len(args) == 2 and args[0] == "drain":
         api.worker_drain(args[1], url, cafile, as_json)
         return

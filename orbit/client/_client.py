@@ -124,6 +124,10 @@ class _Calls:
         return [dict(r["task"]) for r in items] if reply == "full" else [dict(r) for r in items]
 
     @staticmethod
+    def workers(state: str | None) -> Request:
+        return ("GET", "/v1/workers", None if state is None else {"state": state}, None)
+
+    @staticmethod
     def token_list() -> Request:
         return ("GET", "/v1/tokens", None, None)
 
@@ -295,8 +299,9 @@ class Client:
         return dict(self._call(("GET", f"/v1/tasks/{_seg(task_id)}/events", query, None)))
 
     # workers and tokens
-    def workers(self) -> list[dict[str, Any]]:
-        return list(self._call(("GET", "/v1/workers", None, None)))
+    def workers(self, state: str | None = None) -> list[dict[str, Any]]:
+        """Worker sessions, oldest first; ``state="live"`` leaves out the expired ones."""
+        return list(self._call(_Calls.workers(state)))
 
     def worker_drain(self, session_id: str) -> dict[str, Any]:
         return dict(self._call(("POST", f"/v1/workers/{_seg(session_id)}/drain", None, None)))
@@ -532,8 +537,8 @@ class AsyncClient:
             if cursor is None:
                 return
 
-    async def workers(self) -> list[dict[str, Any]]:
-        return list(await self._call(("GET", "/v1/workers", None, None)))
+    async def workers(self, state: str | None = None) -> list[dict[str, Any]]:
+        return list(await self._call(_Calls.workers(state)))
 
     async def worker_drain(self, session_id: str) -> dict[str, Any]:
         return dict(await self._call(("POST", f"/v1/workers/{_seg(session_id)}/drain", None, None)))

@@ -54,7 +54,13 @@ async def on_decode_error(_: Request, exc: Exception) -> JSONResponse:
 async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-    where = ".".join(str(p) for p in first.get("loc", ()))
+    loc = tuple(first.get("loc", ()))
+    # Bodies are decoded by orbit.protocol, so what fails here is a query or path
+    # parameter: name it as the other refusals of a parameter do ("limit", never
+    # FastAPI's "query.limit"), so that `field` is one spelling for one parameter.
+    if len(loc) > 1 and loc[0] in ("query", "path", "header", "cookie"):
+        loc = loc[1:]
+    where = ".".join(str(p) for p in loc)
     return error_response(400, "INVALID_ARGUMENT", f"{where}: {first.get('msg')}", where)
 
 

@@ -15,7 +15,7 @@ from starlette.responses import Response
 
 from orbit.core.batches import UnusualTask
 from orbit.core.model import DEFAULT_BACKOFF, Backoff, Outcome, TaskSpec, build
-from orbit.core.states import TaskState
+from orbit.core.states import SessionState, TaskState
 from orbit.protocol.convert import instant_from_wire, seconds_to_us, token_wire
 from orbit.protocol.decode import DecodeError, decode_json, decode_model
 from orbit.protocol.messages import (
@@ -55,6 +55,8 @@ router = APIRouter(prefix="/v1")
 Limit = Annotated[int, Query(ge=1, le=1000)]
 #: the values of the task list's ``state`` filter
 TASK_STATES = tuple(str(s) for s in TaskState)
+#: the values of the worker list's ``state`` filter
+SESSION_STATES = tuple(str(s) for s in SessionState)
 
 
 def _store(request: Request) -> Store:
@@ -311,7 +313,9 @@ async def task_list(
     bounds: dict[str, int | None] = {}
     for name, value in (("created_after", created_after), ("created_before", created_before)):
         try:
-            bounds[name] = instant_from_wire(value) if value else None
+            # ``is not None``: an empty value (``?created_after=``) is refused, not read
+            # as no filter at all
+            bounds[name] = instant_from_wire(value) if value is not None else None
         except (ValueError, TypeError):
             raise DecodeError(
                 "INVALID_VALUE", f"{name} must be an RFC 3339 instant", name
@@ -416,9 +420,17 @@ async def events(request: Request, limit: Limit = 100, cursor: str | None = None
 # ----------------------------------------------------------------------------- workers
 
 
-@router.get("/workers", dependencies=[Depends(require("admin"))], response_model=list[WorkerView])
-async def worker_list(request: Request) -> Response:
-    sessions = await in_thread(_store(request).session_list)
+@router.get(
+    "/workers",
+    dependencies=[Depends(require("admin")), *LISTING],
+    response_model=list[WorkerView],
+)
+async def worker_list(request: Request, state: str | None = None) -> Response:
+    if state is not None and state not in SESSION_STATES:
+        raise ApiError(
+            400, "INVALID_ARGUMENT", f"state must be one of {', '.join(SESSION_STATES)}", "state"
+        )
+    sessions = await in_thread(lambda: _store(request).session_list(state=state))
     return _json([worker_view(s) for s in sessions])
 
 

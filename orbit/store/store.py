@@ -793,8 +793,11 @@ class Store:
             raise _no_session(session_id)
         return R.session_from_row(found[0])
 
-    def session_list(self) -> list[Session]:
-        return [R.session_from_row(r) for r in self._read("session_list")]
+    def session_list(self, *, state: str | None = None) -> list[Session]:
+        """Every session, oldest first, or those in ``state`` (``live``, ``expired``).
+        Sessions are never deleted: an expired one stays, as the evidence its events
+        point at."""
+        return [R.session_from_row(r) for r in self._read("session_list", state=state)]
 
     def live_attempt_counts(self) -> list[Row]:
         """Live attempts grouped by queue, tenant, handler and session (for caps and tests)."""

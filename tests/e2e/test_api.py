@@ -401,7 +401,9 @@ def test_list_filters_and_bad_cursor(admin: httpx.Client) -> None:
     assert admin.get("/v1/tasks?state=succeeded").json()["items"] == []
     assert len(admin.get("/v1/tasks?created_after=2000-01-01T00:00:00Z").json()["items"]) == 2
     assert admin.get("/v1/tasks?created_before=2000-01-01T00:00:00Z").json()["items"] == []
-    for query in ("cursor=%%%", "limit=0", "limit=1001", "created_after=yesterday"):
+    # an empty instant is no instant: it was read as no filter, and listed every task
+    bad = ("created_after=", "created_before=", "created_after=yesterday")
+    for query in ("cursor=%%%", "limit=0", "limit=1001", *bad):
         reply = admin.get(f"/v1/tasks?{query}")
         assert reply.status_code == 400, query
         assert reply.json()["error"]["code"] in (
@@ -409,6 +411,12 @@ def test_list_filters_and_bad_cursor(admin: httpx.Client) -> None:
             "INVALID_ARGUMENT",
             "INVALID_VALUE",
         )
+    # the field a refused limit names is the parameter, as for every other parameter
+    # (and for a limit given twice): it was "query.limit", FastAPI's location of it
+    for path, query in (("/v1/tasks", "limit=0"), ("/v1/events", "limit=x")):
+        error = admin.get(f"{path}?{query}").json()["error"]
+        assert (error["code"], error["field"]) == ("INVALID_ARGUMENT", "limit"), error
+        assert error["message"].startswith("limit: "), error
 
 
 def test_task_cursor_must_be_a_task_id(admin: httpx.Client) -> None:

@@ -151,10 +151,10 @@ def test_a_bad_artifact_page_request_is_refused(served: Served) -> None:
         "field": "cursor",
     }
     cases: list[tuple[Any, dict[str, Any]]] = [
-        ({"limit": "0"}, {"code": "INVALID_ARGUMENT", "field": "query.limit"}),
-        ({"limit": "1001"}, {"code": "INVALID_ARGUMENT", "field": "query.limit"}),
-        ({"limit": "ten"}, {"code": "INVALID_ARGUMENT", "field": "query.limit"}),
-        ({"limit": "-1"}, {"code": "INVALID_ARGUMENT", "field": "query.limit"}),
+        ({"limit": "0"}, {"code": "INVALID_ARGUMENT", "field": "limit"}),
+        ({"limit": "1001"}, {"code": "INVALID_ARGUMENT", "field": "limit"}),
+        ({"limit": "ten"}, {"code": "INVALID_ARGUMENT", "field": "limit"}),
+        ({"limit": "-1"}, {"code": "INVALID_ARGUMENT", "field": "limit"}),
         ({"cursor": "%%%"}, bad_cursor),
         ({"cursor": ""}, bad_cursor),
         ({"cursor": encode_cursor("hello")}, bad_cursor),

@@ -738,3 +738,134 @@ def test_server_with_a_node_id_no_worker_could_attach_to_is_refused(tmp_path: Pa
     assert result.returncode == 2, result.stderr
     assert "--node-id must be 1-128 characters" in result.stderr, result.stderr
     assert not db.exists()
+
+
+@pytest.fixture
+def cli(cluster: tuple[Node, Tokens, str]) -> Run:
+    """``orbit`` run in this process against the module's server: a few milliseconds a
+    command rather than a Python start-up, for the cases that need no separate process."""
+    from typer.testing import CliRunner
+
+    from orbit.cli.main import app
+
+    node, tokens, _ = cluster
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        env = {"ORBIT_URL": node.http, "ORBIT_TOKEN": tokens.admin, "ORBIT_TOKEN_FILE": None}
+        result = CliRunner().invoke(app, list(args), env=env)  # type: ignore[arg-type]
+        assert result.exception is None or isinstance(result.exception, SystemExit), (
+            result.stdout + result.stderr
+        )
+        return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
+
+    return run
+
+
+def test_values_json_cannot_carry_are_refused_not_sent_as_null(cli: Run) -> None:
+    """NaN, Infinity and a number that overflows a double parse in Python's ``json``
+    but are no JSON: the client's encoder (orjson) wrote each as ``null``, so ``--payload
+    NaN`` submitted a null payload, ``--timeout nan`` a task with no timeout, and both
+    exited 0. A lone surrogate was a traceback. Each is now exit 2, nothing submitted."""
+    ok(cli("queue", "create", "finite", "--max-concurrency", "1", "--rate", "0"))
+    for args in (
+        ["--payload", "NaN"],
+        ["--payload", '{"a": Infinity}'],
+        ["--payload", "[1e999]"],
+        ["--payload", '"\\ud800"'],
+        ["--payload", '{"a": 1, "a": 2}'],
+        ["--timeout", "nan"],
+        ["--timeout", "inf"],
+    ):
+        refused = cli("task", "submit", "finite", "h", *args)
+        assert refused.returncode == 2, (args, refused.stdout, refused.stderr)
+        assert "Traceback" not in refused.stderr and refused.stdout == "", args
+        assert args[0] in refused.stderr, (args, refused.stderr)
+    result = cli("task", "resolve", "x", "--decision", "succeeded", "--result", "NaN")
+    assert result.returncode == 2 and "--result" in result.stderr, result.stderr
+    for rate in ("nan", "inf"):
+        made = cli("queue", "create", f"finite-{rate}", "--max-concurrency", "1", "--rate", rate)
+        assert made.returncode == 2 and "--rate" in made.stderr, made.stderr
+    assert json.loads(ok(cli("task", "ls", "--queue", "finite", "--json")))["items"] == []
+    assert "finite-nan" not in ok(cli("queue", "ls"))
+
+
+def test_task_resolve_refuses_options_its_decision_does_not_take(cli: Run) -> None:
+    """``--result`` goes with ``succeeded`` and ``--error-code``/``--error-message`` with
+    ``failed``. The client dropped a result given with any other decision and the CLI an
+    error message given without a code, so ``--decision failed --result …`` resolved
+    the task without the result it was told to keep, and said nothing."""
+    for args in (
+        ["--decision", "failed", "--result", '{"kept": true}'],
+        ["--decision", "retry", "--result", "1"],
+        ["--decision", "failed", "--error-message", "why"],
+        ["--decision", "succeeded", "--error-code", "E"],
+        ["--decision", "retry", "--error-code", "E"],
+    ):
+        refused = cli("task", "resolve", "01a229a4-0000-7000-8000-000000000000", *args)
+        assert refused.returncode == 2, (args, refused.stdout, refused.stderr)
+        assert "TASK_NOT_FOUND" not in refused.stderr, (args, refused.stderr)
+
+
+def test_worker_help_gives_the_exit_codes_of_ls_and_drain() -> None:
+    """``orbit worker ls`` and ``drain`` exit as the other API commands do (3 refused by
+    the server, 4 unreachable), but ``orbit worker --help`` gave only a running worker's
+    codes: no 4 at all, and 3 as "the server refused the token" alone."""
+    from typer.testing import CliRunner
+
+    from orbit.cli.main import app
+
+    helped = CliRunner().invoke(app, ["worker", "--help"], env={"COLUMNS": "300"})
+    assert helped.exit_code == 0, helped.output
+    text = " ".join(helped.stdout.split())
+    assert (
+        "ls and drain: 0 done; 2 bad arguments; 3 refused by the server; 4 server unreachable"
+        in text
+    ), text
+
+
+def test_worker_ls_filters_by_state_and_refuses_an_unknown_one(
+    cli: Run, cluster: tuple[Node, Tokens, str]
+) -> None:
+    """``orbit worker ls`` listed every session ever opened, and an expired one is never
+    deleted: ``--state live`` (``GET /v1/workers?state=live``) lists the live ones
+    alone. An unknown state is refused by the server, as the task list's is."""
+    import asyncio
+
+    from orbit.worker import WorkerConnection
+
+    node, tokens, _ = cluster
+
+    async def attach() -> str:
+        conn = await WorkerConnection.connect(node.ws, tokens.worker)
+        await conn.hello("state-worker", {"h": 1}, 1, push=False)
+        await conn.close()
+        assert conn.session_id is not None
+        return conn.session_id
+
+    session_id = asyncio.run(attach())
+    live = json.loads(ok(cli("worker", "ls", "--state", "live", "--json")))
+    assert session_id in [w["session_id"] for w in live]
+    assert {w["state"] for w in live} == {"live"}
+    expired = json.loads(ok(cli("worker", "ls", "--state", "expired", "--json")))
+    assert session_id not in [w["session_id"] for w in expired]
+    for bad in ("nope", "LIVE", ""):
+        refused = cli("worker", "ls", "--state", bad)
+        assert refused.returncode == 3 and "INVALID_ARGUMENT" in refused.stderr, (bad, refused)
+    misplaced = cli("worker", "drain", session_id, "--state", "live")
+    assert misplaced.returncode == 2 and "--state applies to `ls` only" in misplaced.stderr
+    assert json.loads(ok(cli("worker", "ls", "--json")))[-1]["draining"] is False
+
+
+def test_task_cancel_help_says_a_running_task_is_told_at_once() -> None:
+    """A cancel is pushed to the worker that runs the task as it commits (the renewal
+    answers ``cancel`` only if the push could not be sent), but ``orbit task cancel
+    --help`` said running tasks stop "at their next renewal", up to half a lease later."""
+    from typer.testing import CliRunner
+
+    from orbit.cli.main import app
+
+    helped = CliRunner().invoke(app, ["task", "cancel", "--help"], env={"COLUMNS": "300"})
+    assert helped.exit_code == 0, helped.output
+    text = " ".join(helped.stdout.split())
+    assert "running ones stop at their next renewal" not in text, text
+    assert "a running one's worker is told at once" in text, text

@@ -297,7 +297,9 @@ SELECT * FROM orbit_sessions WHERE id = :id FOR UPDATE;
 SELECT * FROM orbit_sessions WHERE id = :id FOR SHARE;
 
 -- name: session_list
-SELECT * FROM orbit_sessions ORDER BY created_at, id;
+SELECT * FROM orbit_sessions
+WHERE (CAST(:state AS text) IS NULL OR state = :state)
+ORDER BY created_at, id;
 
 -- name: session_write_many
 UPDATE orbit_sessions AS s SET

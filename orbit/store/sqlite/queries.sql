@@ -259,7 +259,9 @@ SELECT * FROM orbit_sessions WHERE id = :id;
 SELECT * FROM orbit_sessions WHERE id = :id;
 
 -- name: session_list
-SELECT * FROM orbit_sessions ORDER BY created_at, id;
+SELECT * FROM orbit_sessions
+WHERE (:state IS NULL OR state = :state)
+ORDER BY created_at, id;
 
 -- name: session_write_many
 UPDATE orbit_sessions SET
