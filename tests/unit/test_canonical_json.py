@@ -101,7 +101,7 @@ def test_floats_outside_that_range_take_the_standard_library() -> None:
         assert canonical_json(value) == _reference(value), value
 
 
-@settings(max_examples=150)
+@settings(max_examples=80)
 @given(_values)
 def test_check_payload_spells_and_measures_as_the_standard_library(value: Any) -> None:
     """``check_payload`` spells a shallow payload once, by the fast path, and measures
