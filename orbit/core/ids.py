@@ -72,25 +72,39 @@ def uuid7(now_us: int, random_bytes: bytes) -> str:
 #: order, so a batch's tasks must sort in the order they were submitted, and all of a
 #: batch's ids share their instant.
 BATCH_INDEX_BITS = 20
-_BATCH_RANDOM = (1 << (62 - BATCH_INDEX_BITS)) - 1
+
+#: Every byte spelled as two hex digits.
+_HEX2 = tuple(f"{b:02x}" for b in range(256))
 
 
 def uuid7_many(now_us: int, count: int, first: int = 0) -> list[str]:
     """``count`` UUIDv7s for one instant (a batch submit's tasks share their transaction's
     instant) that sort in the order made: ids ``first`` to ``first + count - 1`` of a
     batch, each numbered so in its tail with 42 random bits after the number, drawn from
-    the OS in one read. The first 64 bits are worked out and spelled once for all of
-    them (2.2 µs an id, against 0.9 here)."""
+    the OS in one read.
+
+    Spelled from pieces rather than a number per id (0.6 µs an id, against 0.25 here):
+    the tail's 64 bits are the variant (2), the number (20) and the random bits (42), so
+    its first four hex digits are the variant and the number's top 14 bits (one spelling
+    for 64 ids in a row), the next two its low 6 bits and 2 random bits (the low bits of
+    a random byte, through a table), and the last ten are five random bytes in hex."""
     if count < 0 or first < 0:
         raise ValueError("count and first must not be negative")
     if first + count > 1 << BATCH_INDEX_BITS:
         raise ValueError(f"a batch holds at most {1 << BATCH_INDEX_BITS} ids")
-    head, data, take = _head(now_us), os.urandom(8 * count), int.from_bytes
-    step = 1 << (62 - BATCH_INDEX_BITS)
-    number = _VARIANT | first * step  # the variant, then this id's number in the batch
-    ids = []
-    for at in range(0, 8 * count, 8):  # inline: a call per id cost 0.6 µs
-        t = f"{number | take(data[at : at + 8], 'big') & _BATCH_RANDOM:016x}"
-        ids.append(f"{head}{t[:4]}-{t[4:]}")
-        number += step
+    head, data, hex2 = _head(now_us), os.urandom(6 * count), _HEX2
+    hexed = data.hex()  # six bytes an id: the low 2 bits of the first, then five whole
+    ids: list[str] = []
+    index, end, at = first, first + count, 0
+    while index < end:  # a run of ids sharing the number's top 14 bits
+        top = index >> 6
+        stop = min(end, (top + 1) << 6)
+        prefix = f"{head}{_VARIANT >> 48 | top:04x}-"
+        low, many = (index & 63) << 2, stop - index
+        numbers, offsets = range(low, low + 4 * many, 4), range(at, at + 6 * many, 6)
+        ids += [
+            prefix + hex2[n | data[k] & 3] + hexed[2 * k + 2 : 2 * k + 12]
+            for n, k in zip(numbers, offsets, strict=True)
+        ]
+        index, at = stop, at + 6 * many
     return ids

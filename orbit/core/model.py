@@ -118,12 +118,22 @@ def canonical_json(value: JSON) -> str:
     writes it about five times faster for a shallow value (``is_shallow``: a finish
     spells three such, its outcome, its result and its receipt). Anything else, or
     anything orjson refuses, goes the standard way."""
+    encoded = canonical_shallow_utf8(value)
+    if encoded is not None:
+        return encoded.decode("utf-8")
+    return _CANONICAL.encode(value)
+
+
+def canonical_shallow_utf8(value: JSON) -> bytes | None:
+    """``canonical_json``'s fast path: its spelling, UTF-8 encoded, of a shallow value
+    (``is_shallow``) that orjson takes; None for any other, which the standard way
+    spells (or refuses)."""
     if is_shallow(value):
         try:
-            return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode("utf-8")
-        except TypeError:  # a key that is not a string, an integer past 64 bits
-            pass
-    return _CANONICAL.encode(value)
+            return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+        except TypeError:  # a key that is not a string, an integer past 64 bits, a lone
+            pass  # surrogate
+    return None
 
 
 def compact_json(value: JSON, *, sort_keys: bool = False) -> bytes:

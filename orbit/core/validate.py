@@ -6,7 +6,14 @@ import math
 import re
 
 from orbit.core.errors import Code, OrbitError
-from orbit.core.model import JSON, Backoff, TaskSpec, canonical_json, is_shallow
+from orbit.core.model import (
+    JSON,
+    Backoff,
+    TaskSpec,
+    canonical_json,
+    canonical_shallow_utf8,
+    is_shallow,
+)
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")  # \Z: $ would pass a final newline
 MAX_PRIORITY = 1_000_000
@@ -168,7 +175,20 @@ def check_spec(spec: TaskSpec, max_payload_bytes: int) -> tuple[str, int]:
 def check_payload(value: JSON, max_payload_bytes: int) -> tuple[str, int]:
     """The part of :func:`check_spec` that reads the payload: its canonical JSON and its
     encoded size, or the error that refuses it. A batch whose other fields a reader has
-    already checked (``orbit.protocol.submissions``) needs only this."""
+    already checked (``orbit.protocol.submissions``) needs only this.
+
+    A shallow payload (the usual) is spelled once, by ``canonical_json``'s fast path, and
+    measured in the bytes that spell it: a batch submit checks a thousand, and asking
+    ``is_shallow`` twice (for the depth, then for the spelling) and encoding the text
+    again for its size was half of this check's time."""
+    encoded = canonical_shallow_utf8(value)
+    if encoded is not None:  # shallow, so far from the nesting limit, and valid UTF-8
+        if len(encoded) > max_payload_bytes:
+            raise OrbitError(
+                Code.PAYLOAD_TOO_LARGE,
+                f"payload is {len(encoded)} bytes; the limit is {max_payload_bytes} bytes",
+            )
+        return encoded.decode("utf-8"), len(encoded)
     check_json_depth(value, "payload")
     try:
         payload = canonical_json(value)

@@ -8,10 +8,13 @@ import json
 import random
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orbit.core.errors import Code, OrbitError
 from orbit.core.model import canonical_json
+from orbit.core.validate import check_payload
 
 
 def _reference(value: Any) -> str:
@@ -96,3 +99,31 @@ def test_floats_outside_that_range_take_the_standard_library() -> None:
     for value in (1e16, -1e16, 9.999e-05, 5e-324, 1.7976931348623157e308, 1e-7, 1e22):
         assert canonical_json([value]) == _reference([value]), value
         assert canonical_json(value) == _reference(value), value
+
+
+@settings(max_examples=80)
+@given(_values)
+def test_check_payload_spells_and_measures_as_the_standard_library(value: Any) -> None:
+    """``check_payload`` spells a shallow payload once, by the fast path, and measures
+    the bytes: the same text and size as the standard spelling, and a payload is refused
+    as too large exactly when its UTF-8 spelling is over the limit."""
+    text = _reference(value)
+    size = len(text.encode("utf-8"))
+    assert check_payload(value, size) == (text, size)
+    with pytest.raises(OrbitError) as err:
+        check_payload(value, size - 1)
+    assert err.value.code == Code.PAYLOAD_TOO_LARGE
+
+
+def test_check_payload_still_refuses_what_the_fast_path_leaves() -> None:
+    """A lone surrogate, NaN, a float the fast path leaves and an integer past 64 bits
+    take the standard way, with its verdicts."""
+    for bad in ({"s": "\ud800"}, {"f": float("nan")}, [float("inf")]):
+        with pytest.raises(OrbitError) as err:
+            check_payload(bad, 1000)
+        assert err.value.code == Code.INVALID_ARGUMENT
+    with pytest.raises(OrbitError) as err:
+        check_payload({"s": "\ud800" * 10}, 5)
+    assert err.value.code == Code.PAYLOAD_TOO_LARGE
+    wide = '{"f":1e-07,"n":' + str(2**70) + "}"
+    assert check_payload({"n": 2**70, "f": 1e-7}, 1000) == (wide, len(wide))

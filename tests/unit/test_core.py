@@ -164,7 +164,7 @@ def test_uuid7_is_spelled_as_the_uuid_module_spells_it(now_us: int, random: byte
     assert uuid.UUID(made).version == 7
 
 
-@given(st.integers(0, 2**62), st.integers(0, 40), st.integers(0, 2**20 - 43))
+@given(st.integers(0, 2**62), st.integers(0, 200), st.integers(0, 2**20 - 203))
 def test_uuid7_many_sorts_in_the_order_made(now_us: int, count: int, first: int) -> None:
     """Each id is a uuid7 of that instant (the one ``uuid7`` makes from its last 62 bits)
     whose tail starts with its number in the batch, so a batch's ids, and a later chunk's
@@ -176,6 +176,26 @@ def test_uuid7_many_sorts_in_the_order_made(now_us: int, count: int, first: int)
         bits = uuid.UUID(one).int & ((1 << 62) - 1)
         assert one == uuid7(now_us, bits.to_bytes(8, "big"))
         assert bits >> (62 - BATCH_INDEX_BITS) == index
+
+
+def test_uuid7_many_draws_all_42_random_bits_for_every_id() -> None:
+    """Each of the 42 bits after an id's number is random: over a batch, every one of
+    them is set in some id and clear in another (each fails by chance with
+    probability 2**-999), and the ids, valid UUIDv7s of one instant, are distinct."""
+    now_us = 1_700_000_000_123_456
+    made = uuid7_many(now_us, 1000, 40)  # runs that start and end mid-way through 64
+    tails = [uuid.UUID(one).int & ((1 << (62 - BATCH_INDEX_BITS)) - 1) for one in made]
+    ones = (1 << (62 - BATCH_INDEX_BITS)) - 1
+    set_somewhere = clear_somewhere = 0
+    for tail in tails:
+        set_somewhere |= tail
+        clear_somewhere |= ~tail & ones
+    assert set_somewhere == ones and clear_somewhere == ones
+    assert len(set(made)) == len(made) == 1000
+    for one in made:
+        parsed = uuid.UUID(one)
+        assert parsed.version == 7 and parsed.variant == uuid.RFC_4122
+        assert parsed.int >> 80 == now_us // 1000 and str(parsed) == one
 
 
 def test_uuid7_many_refuses_more_than_a_batch_holds() -> None:

@@ -28,6 +28,7 @@ from orbit.core.states import TaskState
 from orbit.core.transitions import new_task
 from orbit.protocol.convert import EPOCH, instant_to_wire
 from orbit.protocol.decode import (
+    MAX_DEPTH,
     MAX_INT,
     MIN_INT,
     DecodeError,
@@ -133,6 +134,49 @@ def test_the_quick_value_check_agrees_with_the_one_that_names_the_culprit(
         slow_ok = False
         assert exc.code in ("NUL_CHARACTER", "TOO_DEEP")
     assert values_ok(value) == slow_ok
+
+
+@given(
+    st.recursive(
+        _LEAVES | st.floats(),
+        lambda kids: (
+            st.lists(kids, max_size=3)
+            | st.dictionaries(st.text(alphabet="k\x00", max_size=2), kids, max_size=3)
+        ),
+        max_leaves=12,
+    ),
+    st.integers(min_value=0, max_value=70),
+    st.integers(min_value=0, max_value=66),
+)
+def test_the_quick_value_check_agrees_under_dicts_and_from_any_depth(
+    value: Any, wrap: int, start: int
+) -> None:
+    """The same agreement with the value wrapped in dicts (whose keys count as a level)
+    and checked from a starting depth, as the readers check a payload inside a body:
+    dicts and lists at and past the nesting limit, floats among the scalars."""
+    for _ in range(wrap):
+        value = {"k": value}
+    try:
+        _find_bad_value(value, "", start)
+        slow_ok = True
+    except DecodeError:
+        slow_ok = False
+    assert values_ok(value, start) == slow_ok
+
+
+def test_the_quick_value_check_at_the_nesting_limit() -> None:
+    """Every container shape at each depth around the limit, as the path-naming walk
+    judges it: the quick walk's loops run only below the limit."""
+    shapes: list[Any] = [{}, [], {"k": 1}, {"k": "a"}, {"k": None}, ["a"], [1.5], [[]], [{}]]
+    shapes += [{"k": [1]}, {"k\x00": 1}, ["a\x00"], {"k": {"j": 2}}]
+    for start in range(MAX_DEPTH - 3, MAX_DEPTH + 3):
+        for value in shapes:
+            try:
+                _find_bad_value(value, "", start)
+                slow_ok = True
+            except DecodeError:
+                slow_ok = False
+            assert values_ok(value, start) == slow_ok, (start, value)
 
 
 def test_worker_replies_are_their_models_dumped(tmp_path: Path) -> None:
