@@ -4,6 +4,7 @@ async transport; certificates are always verified (a custom CA file is accepted)
 from __future__ import annotations
 
 import asyncio
+import math
 import ssl
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -40,6 +41,28 @@ def _seg(value: str) -> str:
     segment of dots is encoded too, which neither transport then folds into its parent."""
     part = quote(value, safe="")
     return part.replace(".", "%2E") if part.strip(".") == "" else part
+
+
+def request_json(body: dict[str, Any] | list[Any]) -> bytes:
+    """A request's body as JSON, refusing NaN and the infinities with ValueError. orjson
+    (``compact_json``) writes them as ``null``: ``submit(payload={"x": float("nan")})``
+    stored ``{"x": null}``, and ``attempt_timeout=float("inf")`` gave a task no timeout
+    at all, without a word. Each of them comes out as ``null``, so the value is walked
+    only when its JSON holds one."""
+    data = compact_json(body)
+    if b"null" in data and _holds_non_finite(body):
+        raise ValueError("JSON cannot carry NaN or an infinity: send a number, or null")
+    return data
+
+
+def _holds_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_holds_non_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_holds_non_finite(v) for v in value)
+    return False
 
 
 def task_body(
@@ -193,7 +216,7 @@ class Client:
 
     def _call(self, request: Request) -> Any:
         method, path, query, body = request
-        content = None if body is None else compact_json(body)
+        content = None if body is None else request_json(body)
         return _unwrap(self._http.request(method, path, query, content))
 
     # queues
@@ -385,7 +408,7 @@ class AsyncClient:
 
     async def _call(self, request: Request) -> Any:
         method, path, query, body = request
-        content = None if body is None else compact_json(body)
+        content = None if body is None else request_json(body)
         headers = None if body is None else {"Content-Type": "application/json"}
         try:
             reply = await self._http.request(

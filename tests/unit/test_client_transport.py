@@ -283,3 +283,34 @@ def test_a_reply_that_is_not_json_is_an_api_error(server: _Server) -> None:
         with pytest.raises(ApiError) as caught:
             asyncio.run(call(path))
         assert caught.value.status == status, caught.value
+
+
+def test_nan_and_the_infinities_are_refused_before_anything_is_sent(server: _Server) -> None:
+    """orjson writes NaN and the infinities as ``null``: a payload ``{"x": nan}`` was
+    stored as ``{"x": null}`` and ``attempt_timeout=inf`` gave a task no timeout, without
+    a word. Both clients refuse them with ValueError and send nothing; a real ``null``
+    beside finite numbers is sent as it is."""
+    import asyncio
+
+    from orbit.client import AsyncClient
+
+    odd = [
+        {"payload": {"x": float("nan")}},
+        {"payload": [1, None, {"deep": [float("inf")]}]},
+        {"attempt_timeout": float("-inf")},
+        {"tasks": [{"payload": None}, {"payload": (0.5, float("nan"))}]},
+    ]
+    with Client(_url(server), token="t0ken") as c:
+        for body in odd:
+            with pytest.raises(ValueError, match="NaN or an infinity"):
+                c._call(("POST", "/v1/tasks", None, body))
+        c._call(("POST", "/v1/tasks", None, {"payload": {"x": None, "y": 1.5}}))
+
+    async def refused(body: dict[str, Any]) -> None:
+        async with AsyncClient(_url(server), token="t0ken") as c:
+            with pytest.raises(ValueError, match="NaN or an infinity"):
+                await c._call(("POST", "/v1/tasks", None, body))
+
+    for body in odd:
+        asyncio.run(refused(body))
+    assert [s["body"] for s in server.seen] == [b'{"payload":{"x":null,"y":1.5}}']
