@@ -790,6 +790,10 @@ class Store:
     def event_list(
         self, *, task_id: str | None = None, after_id: int = 0, limit: int = 1000
     ) -> list[Row]:
+        """Events after ``after_id``, oldest first, at most ``limit`` (1 to 100,000: a
+        limit of -1 read every event on SQLite and was a database error on PostgreSQL)."""
+        check_int("after_id", after_id, 0, 2**63 - 1)
+        check_int("limit", limit, 1, 100_000)
         return self._read("event_list", task_id=task_id, after_id=after_id, limit=limit)
 
     def session_get(self, session_id: str) -> Session:

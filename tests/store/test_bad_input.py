@@ -276,3 +276,15 @@ def test_a_resolves_outcome_is_checked_as_a_finishs_is(
     assert store.task_get(tid).state == "needs_review"
     _rejects(store, Code.INVALID_ARGUMENT, lambda: store.task_resolve(tid, decision, outcome))
     assert store.task_get(tid).state == "needs_review"
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"limit": 0}, {"limit": -1}, {"limit": 100_001}, {"limit": 1.5}, {"after_id": -1}],
+)
+def test_an_event_page_out_of_range_is_refused(store: Store, kwargs: dict[str, Any]) -> None:
+    """``limit=-1`` read every event on SQLite (``LIMIT -1`` is no limit there) and was a
+    database error on PostgreSQL: both refuse it now, as the HTTP route does."""
+    queue(store)
+    submit(store)
+    _rejects(store, Code.INVALID_ARGUMENT, lambda: store.event_list(**kwargs))
