@@ -183,8 +183,13 @@ class SqliteDriver:
                     self._cx.execute(self.queries["commit_durable"])
 
     def read(self, name: str, params: Params) -> list[Row]:
-        with self.transaction() as cx:  # in-process: no round trips to save
-            return cx.fetch(name, params)
+        """The statement alone, outside ``BEGIN``: under WAL it is its own read
+        transaction and takes none of the locks a writer holds, so it reads the last
+        commit while another connection (another process: ``orbit token ls`` beside a
+        server) writes. Through ``transaction`` it took the write lock, waited for every
+        writer and, past ``busy_timeout``, failed with ``database is locked``."""
+        with self._lock:
+            return _SqliteConnection(self._cx, self.queries, self._writes).fetch(name, params)
 
     def is_retryable(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
