@@ -114,6 +114,33 @@ def _create_private(path: str) -> None:
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
 
 
+class DatabaseReadOnly(Exception):
+    """This process cannot write the SQLite database file, or the directory it is in."""
+
+
+def _writable(path: str, mode: int = os.W_OK) -> bool:
+    """Whether this process may write ``path``, by its effective user (what ``open``
+    checks: root may write a file whatever its mode, not on a read-only file system)."""
+    return os.access(path, mode, effective_ids=os.access in os.supports_effective_ids)
+
+
+def _check_writable(path: str) -> None:
+    """Refuse, with one line that names the path and why, a database this process could
+    only read. SQLite says nothing at open: it opens a read-only file read-only, and
+    the first write failed with ``attempt to write a readonly database``, which names
+    neither; in a directory it cannot write in, it cannot make the ``-wal`` and
+    ``-shm`` files, and failed at the first statement with the same words."""
+    where = os.path.dirname(os.path.abspath(path))
+    if not _writable(where, os.W_OK | os.X_OK):
+        raise DatabaseReadOnly(
+            f"cannot write in {where}, the directory of {path}: SQLite makes the "
+            "database's -wal and -shm files beside it"
+        )
+    for name in (path, f"{path}-wal", f"{path}-shm"):
+        if os.path.exists(name) and not _writable(name):
+            raise DatabaseReadOnly(f"{name} is read-only to this user: Orbit writes to it")
+
+
 class DatabaseInUse(Exception):
     """Another server process serves this SQLite database."""
 
@@ -152,6 +179,7 @@ class SqliteDriver:
         self.migrations = _HERE / "migrations"
         self._lock = threading.RLock()
         if self.path != ":memory:":
+            _check_writable(self.path)
             _create_private(self.path)
         self._cx = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._cx.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
