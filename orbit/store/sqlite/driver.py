@@ -153,8 +153,12 @@ def hold_for_server(path: str) -> int:
     would wait for the slow poll. The lock is an exclusive ``flock`` of a file beside the
     database (``<path>-server.lock``), never of the database itself, whose locks are
     SQLite's; the kernel drops it when the process ends, however it ends, so a server
-    that was killed leaves nothing to clean up."""
-    fd = os.open(f"{path}-server.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    that was killed leaves nothing to clean up. The lock file is named from the path
+    with its symlinks resolved, as SQLite resolves them to find the file (and puts its
+    ``-wal`` beside the target): a server given a link to the database must meet the
+    lock of one given the file."""
+    real = os.path.realpath(path)
+    fd = os.open(f"{real}-server.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
