@@ -416,6 +416,65 @@ def test_db_commands_on_a_file_that_is_no_database_say_so(tmp_path: Path) -> Non
     assert junk.read_bytes().startswith(b"this is not a database")
 
 
+def _contents(*dirs: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for d in dirs for p in sorted(d.iterdir())}
+
+
+def test_db_commands_and_server_refuse_a_read_only_database_with_one_line(
+    tmp_path: Path,
+) -> None:
+    """``db migrate``, the ``token`` commands and ``server`` on a SQLite file in a
+    directory they cannot write in, or on a read-only file, exit 1 with one line that
+    names the path and why, and change nothing. They said ``unable to open database
+    file`` in the directory; on the read-only file ``db migrate`` and ``token ls``
+    succeeded, ``token create`` ended in a traceback (``attempt to write a readonly
+    database``) and ``server`` started serving, to fail every write. In-process (with
+    ``CliRunner``): as root only an effective user other than root is stopped by a
+    file's mode, and that user cannot reach this interpreter's files to start another."""
+    # uvicorn and orbit.server: imported before the user changes, since `server` imports
+    # them lazily, from files only root may read.
+    import uvicorn  # noqa: F401
+    from typer.testing import CliRunner
+
+    import orbit.server  # noqa: F401
+    from orbit.cli.main import app
+    from orbit.store import open_store
+    from tests.store.read_only import as_unprivileged, reachable_dir
+
+    with reachable_dir(tmp_path) as base:
+        locked_dir, locked_file = base / "locked-dir", base / "locked-file"
+        for where in (locked_dir, locked_file):
+            where.mkdir()
+            open_store(f"sqlite:///{where / 'orbit.db'}").close()
+        (locked_file / "orbit.db").chmod(0o444)
+        locked_file.chmod(0o777)  # the directory is writable: only the file is not
+        locked_dir.chmod(0o555)
+        before = _contents(locked_dir, locked_file)
+        runs = []
+        with as_unprivileged():
+            for where, cause in (
+                (locked_dir, f"cannot write in {locked_dir}, the directory of "),
+                (locked_file, f"{locked_file / 'orbit.db'} is read-only to this user"),
+            ):
+                db = f"sqlite:///{where / 'orbit.db'}"
+                for args in (
+                    ["db", "migrate", "--db", db],
+                    ["token", "create", "--db", db, "--name", "ci", "--scope", "submit"],
+                    ["token", "ls", "--db", db],
+                    ["token", "revoke", "--db", db, "0" * 32],
+                    ["server", "--db", db, "--port", "0"],
+                ):
+                    runs.append((args, cause, CliRunner().invoke(app, args)))
+        locked_dir.chmod(0o755)  # for the clean-up
+        for args, cause, run in runs:
+            assert run.exit_code == 1, (args, run.output, run.exception)
+            assert run.stdout == "", (args, run.stdout)
+            said = f"error: cannot open the database: DatabaseReadOnly: {cause}"
+            assert run.stderr.startswith(said), (args, run.stderr)
+            assert run.stderr.count("\n") == 1, (args, run.stderr)
+        assert _contents(locked_dir, locked_file) == before
+
+
 def test_db_commands_and_server_refuse_a_database_from_a_newer_orbit(tmp_path: Path) -> None:
     """A database a newer Orbit migrated (its schema version above this one's last
     migration) is refused by ``db migrate``, the ``token`` commands and ``server``: one

@@ -114,6 +114,33 @@ def _create_private(path: str) -> None:
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
 
 
+class DatabaseReadOnly(Exception):
+    """This process cannot write the SQLite database file, or the directory it is in."""
+
+
+def _writable(path: str, mode: int = os.W_OK) -> bool:
+    """Whether this process may write ``path``, by its effective user (what ``open``
+    checks: root may write a file whatever its mode, not on a read-only file system)."""
+    return os.access(path, mode, effective_ids=os.access in os.supports_effective_ids)
+
+
+def _check_writable(path: str) -> None:
+    """Refuse, with one line that names the path and why, a database this process could
+    only read. SQLite says nothing at open: it opens a read-only file read-only, and
+    the first write failed with ``attempt to write a readonly database``, which names
+    neither; in a directory it cannot write in, it cannot make the ``-wal`` and
+    ``-shm`` files, and failed at the first statement with the same words."""
+    where = os.path.dirname(os.path.abspath(path))
+    if not _writable(where, os.W_OK | os.X_OK):
+        raise DatabaseReadOnly(
+            f"cannot write in {where}, the directory of {path}: SQLite makes the "
+            "database's -wal and -shm files beside it"
+        )
+    for name in (path, f"{path}-wal", f"{path}-shm"):
+        if os.path.exists(name) and not _writable(name):
+            raise DatabaseReadOnly(f"{name} is read-only to this user: Orbit writes to it")
+
+
 class DatabaseInUse(Exception):
     """Another server process serves this SQLite database."""
 
@@ -126,8 +153,12 @@ def hold_for_server(path: str) -> int:
     would wait for the slow poll. The lock is an exclusive ``flock`` of a file beside the
     database (``<path>-server.lock``), never of the database itself, whose locks are
     SQLite's; the kernel drops it when the process ends, however it ends, so a server
-    that was killed leaves nothing to clean up."""
-    fd = os.open(f"{path}-server.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    that was killed leaves nothing to clean up. The lock file is named from the path
+    with its symlinks resolved, as SQLite resolves them to find the file (and puts its
+    ``-wal`` beside the target): a server given a link to the database must meet the
+    lock of one given the file."""
+    real = os.path.realpath(path)
+    fd = os.open(f"{real}-server.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -152,6 +183,7 @@ class SqliteDriver:
         self.migrations = _HERE / "migrations"
         self._lock = threading.RLock()
         if self.path != ":memory:":
+            _check_writable(self.path)
             _create_private(self.path)
         self._cx = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._cx.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
@@ -183,8 +215,13 @@ class SqliteDriver:
                     self._cx.execute(self.queries["commit_durable"])
 
     def read(self, name: str, params: Params) -> list[Row]:
-        with self.transaction() as cx:  # in-process: no round trips to save
-            return cx.fetch(name, params)
+        """The statement alone, outside ``BEGIN``: under WAL it is its own read
+        transaction and takes none of the locks a writer holds, so it reads the last
+        commit while another connection (another process: ``orbit token ls`` beside a
+        server) writes. Through ``transaction`` it took the write lock, waited for every
+        writer and, past ``busy_timeout``, failed with ``database is locked``."""
+        with self._lock:
+            return _SqliteConnection(self._cx, self.queries, self._writes).fetch(name, params)
 
     def is_retryable(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
