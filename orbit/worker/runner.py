@@ -79,6 +79,15 @@ class Cancelled(Exception):
     """Raised by ``ctx.check()`` once the attempt must stop."""
 
 
+class _Exited(Exception):
+    """A handler raised a BaseException that is no Exception (SystemExit, ...): its
+    attempt's failure, carried as an Exception so that it ends no more than that."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(type(exc).__name__)
+        self.exc = exc
+
+
 @dataclass
 class Context:
     """What a handler knows about its attempt."""
@@ -257,11 +266,16 @@ class Worker:
         non-retryable ``RETRY_SAFETY_MISMATCH`` instead of being run.
         """
 
+        # Refused here: 0 was taken for "no cap" (the worker's concurrency), and a
+        # negative one went to the server, whose refusal of the hello ended the run.
+        if capacity is not None and capacity < 1:
+            raise ValueError(f"handler {name}: capacity must be at least 1")
+
         def register(fn: Handler) -> Handler:
             if name in self.handlers:
                 raise ValueError(f"handler {name} is registered twice")
             self.handlers[name] = _Registered(
-                fn, capacity or self.concurrency, inspect.iscoroutinefunction(fn), retry_safe
+                fn, capacity or self.concurrency, _is_async(fn), retry_safe
             )
             return fn
 
@@ -611,12 +625,16 @@ class Worker:
                 return None
             stopping = ctx.reason == "worker stopping"
             return outcomes.error("CANCELLED", ctx.reason or "cancelled", retryable=stopping)
+        # Codes and messages as text, whatever the handler gave: ``Fail(exc)`` or
+        # ``Retry(code=503)`` (not strings), or an exception whose own ``str()`` fails,
+        # made the runner's outcome fail instead, and the attempt reported nothing.
         except Fail as exc:
-            return outcomes.error(exc.code, exc.message, retryable=False)
+            return outcomes.error(_text(exc.code), _text(exc.message), retryable=False)
         except Retry as exc:
-            return outcomes.error(exc.code, exc.message, retryable=True)
+            return outcomes.error(_text(exc.code), _text(exc.message), retryable=True)
         except Exception as exc:  # any other error fails the attempt, retryably
-            return outcomes.error(type(exc).__name__[:100], str(exc)[:2000], retryable=True)
+            failed = exc.exc if isinstance(exc, _Exited) else exc
+            return outcomes.error(type(failed).__name__[:100], _text(failed)[:2000], retryable=True)
 
     def _time_limit(self, running: _Running) -> tuple[float | None, bool]:
         """Seconds the handler may run: its attempt timeout or the task deadline, timed
@@ -629,9 +647,16 @@ class Worker:
         return limit, False
 
     async def _call(self, running: _Running, reg: _Registered, payload: Any) -> Any:
-        if reg.is_async:
+        if not reg.is_async:
+            return await self._in_thread(running, reg.fn, payload)
+        try:
             return await reg.fn(running.ctx, payload)
-        return await self._in_thread(running, reg.fn, payload)
+        except (Exception, asyncio.CancelledError, KeyboardInterrupt):
+            raise  # KeyboardInterrupt: Ctrl-C under arun(), the process's, not the handler's
+        except BaseException as exc:
+            # SystemExit (``sys.exit()`` in code lifted from a script) or the like: out of
+            # this task, the event loop re-raised it, and the whole worker exited with it.
+            raise _Exited(exc) from exc
 
     async def _in_thread(self, running: _Running, fn: Handler, payload: Any) -> Any:
         """A plain function in a daemon thread. Cancellation sets ``ctx.cancelled`` and
@@ -643,6 +668,8 @@ class Worker:
             try:
                 value = fn(running.ctx, payload)
             except BaseException as exc:  # handed to the loop as the outcome
+                if not isinstance(exc, Exception | asyncio.CancelledError):
+                    exc = _Exited(exc)  # SystemExit re-raised on the loop ended the worker
                 loop.call_soon_threadsafe(_settle, done, None, exc)
             else:
                 loop.call_soon_threadsafe(_settle, done, value, None)
@@ -926,6 +953,25 @@ def _sendable(report: dict[str, Any]) -> tuple[dict[str, Any], int]:
         log.error("the handler's result cannot be sent: %s", exc.message)
         failure = outcomes.error(exc.code, exc.message, retryable=False)
         return failure, outcomes.wire_size(failure["error"])
+
+
+def _is_async(fn: Handler) -> bool:
+    """Whether ``fn`` is called as a coroutine function: an object whose ``__call__`` is
+    one too (it ran in a thread, and its un-awaited coroutine was its "result")."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - the method itself is asked about
+    )
+
+
+def _text(value: Any) -> str:
+    """``value`` as an error's code or message: a handler may give anything, and an
+    exception's ``str()`` may itself fail."""
+    if isinstance(value, str):
+        return value
+    try:
+        return str(value)
+    except Exception as exc:
+        return f"<{type(value).__name__}: str() raised {type(exc).__name__}>"
 
 
 def _item(result: dict[str, Any], key: str) -> dict[str, Any] | BaseException:

@@ -1,0 +1,127 @@
+"""What the runner makes of what a handler does: the exceptions it raises (whatever they
+are), the kind of callable it is, and how it is registered. Driven against
+``FakeGateway``, a real WebSocket server on a loopback port."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any
+
+import pytest
+
+from orbit.worker.runner import Context, Fail, Retry, Worker
+from tests.unit.fake_gateway import FakeGateway, assignment
+from tests.unit.test_worker_recovery import _run_one
+
+
+def _outcome_of(handler: Any, *, attempt: str = "a1") -> dict[str, Any]:
+    """Run ``handler`` as ``h`` on one task; the outcome its attempt reported."""
+
+    async def main() -> dict[str, Any]:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, "token", cancel_grace=1.0)
+            worker.handler("h")(handler)
+            await _run_one(gw, worker, assignment(attempt, "h"), timeout=5)
+            return gw.finished[attempt]
+
+    return asyncio.run(main())
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text for this one")
+
+
+async def _raises_unprintable(ctx: Context, payload: Any) -> Any:
+    raise _Unprintable()
+
+
+async def _fails_with_an_exception(ctx: Context, payload: Any) -> Any:
+    try:
+        int("x")
+    except ValueError as exc:
+        raise Fail(exc) from exc  # type: ignore[arg-type]
+
+
+def _retries_with_a_number(ctx: Context, payload: Any) -> Any:
+    raise Retry("busy", code=503)  # type: ignore[arg-type]
+
+
+def test_an_exception_that_cannot_be_printed_still_fails_its_attempt() -> None:
+    error = _outcome_of(_raises_unprintable)["error"]
+    assert error["code"] == "_Unprintable"
+    assert error["retryable"] is True
+    assert "_Unprintable" in error["message"]
+
+
+def test_fail_and_retry_given_other_things_than_text_still_report() -> None:
+    assert _outcome_of(_fails_with_an_exception)["error"] == {
+        "code": "FAILED",
+        "message": "invalid literal for int() with base 10: 'x'",
+        "retryable": False,
+    }
+    assert _outcome_of(_retries_with_a_number)["error"] == {
+        "code": "503",
+        "message": "busy",
+        "retryable": True,
+    }
+
+
+def _exits_in_a_thread(ctx: Context, payload: Any) -> Any:
+    sys.exit(3)
+
+
+async def _exits_on_the_loop(ctx: Context, payload: Any) -> Any:
+    sys.exit(3)
+
+
+class _NotAnException(BaseException):
+    pass
+
+
+def _raises_a_base_exception(ctx: Context, payload: Any) -> Any:
+    raise _NotAnException("odd")
+
+
+@pytest.mark.parametrize(
+    ("handler", "code", "message"),
+    [
+        (_exits_in_a_thread, "SystemExit", "3"),
+        (_exits_on_the_loop, "SystemExit", "3"),
+        (_raises_a_base_exception, "_NotAnException", "odd"),
+    ],
+)
+def test_a_handler_that_exits_fails_its_attempt_not_the_worker(
+    handler: Any, code: str, message: str
+) -> None:
+    """``sys.exit()`` in a handler (code lifted from a script) ended the whole worker
+    with that exit code, every other attempt left to its lease."""
+    assert _outcome_of(handler)["error"] == {"code": code, "message": message, "retryable": True}
+
+
+class _AsyncCallable:
+    async def __call__(self, ctx: Context, payload: Any) -> Any:
+        await asyncio.sleep(0)
+        return {"ran": "on the loop"}
+
+
+def test_an_object_with_an_async_call_runs_as_an_async_handler() -> None:
+    """It ran in a thread, which returned an un-awaited coroutine: RESULT_NOT_JSON."""
+    assert _outcome_of(_AsyncCallable()) == {"ok": True, "result": {"ran": "on the loop"}}
+
+
+@pytest.mark.parametrize("capacity", [0, -1])
+def test_a_capacity_below_one_is_refused_at_registration(capacity: int) -> None:
+    """0 was taken for "no cap" (the worker's concurrency), and a negative one was sent
+    to the server, whose refusal of the hello ended the run."""
+    worker = Worker("http://127.0.0.1:1", "token")
+    with pytest.raises(ValueError, match="capacity must be at least 1"):
+        worker.handler("h", capacity=capacity)(_exits_on_the_loop)
+    assert worker.handlers == {}
+
+
+def test_the_worker_takes_a_capacity_of_one() -> None:
+    worker = Worker("http://127.0.0.1:1", "token")
+    worker.handler("h", capacity=1)(_exits_on_the_loop)
+    assert worker.handlers["h"].capacity == 1
