@@ -232,6 +232,11 @@ class Worker:
         self.handlers: dict[str, _Registered] = {}
         self.running: dict[str, _Running] = {}
         self.abandoned: list[str] = []  # attempts whose handler ignored cancellation
+        #: attempts whose outcome the server had not confirmed when the run ended (a
+        #: finish unanswered, the server unreachable): their leases decide
+        self.unreported: list[str] = []
+        #: seconds the drain waits, after ``cancel_grace``, for the last reports to land
+        self._report_grace = 5.0
         self.finished = 0
         self._conn: WorkerConnection | None = None
         self._connected = asyncio.Event()
@@ -284,7 +289,8 @@ class Worker:
     # ------------------------------------------------------------------ running
 
     def run(self) -> int:
-        """Run until SIGTERM/SIGINT, then drain. Returns 0, or 1 if a handler was abandoned.
+        """Run until SIGTERM/SIGINT, then drain. Returns 0, or 1 if an attempt was left
+        without a confirmed outcome (its handler abandoned, or its finish unanswered).
         This owns the process, so it also tunes the garbage collector (``orbit.gctune``)."""
         tune_for_throughput()
         # An abandoned async handler's task never ends: the loop closes without it rather
@@ -335,11 +341,32 @@ class Worker:
             await self._stop_requested.wait()
             await self._drain()
         finally:
+            await self._give_up_reports()
             await stop_tasks(loops)
             if self._conn is not None:
                 with contextlib.suppress(Exception):
                     await self._conn.close()
-        return 1 if self.abandoned else 0
+        return 1 if self.abandoned or self.unreported else 0
+
+    async def _give_up_reports(self) -> None:
+        """The attempts still here once the drain is over had their handler end (or
+        abandoned) but no outcome confirmed: say so, and end their tasks. Left running,
+        each waited for a connection for ever, in the caller's loop under ``arun()``;
+        and the worker exited 0 as if every result had landed."""
+        left = [r for r in self.running.values() if not r.abandoned]
+        for r in left:
+            log.error(
+                "attempt %s (task %s) ended without its outcome confirmed by the server; "
+                "its lease decides what becomes of the task",
+                r.ctx.attempt_id,
+                r.ctx.task_id,
+            )
+            self.unreported.append(r.ctx.attempt_id)
+        tasks = [r.task for r in left if r.task is not None and not r.task.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.cancel_grace + 1.0)
 
     def stop(self) -> None:
         """Ask the worker to drain and exit (what SIGTERM and SIGINT do)."""
@@ -920,7 +947,7 @@ class Worker:
             self._cancel(r, "worker stopping")
         pending = [r.task for r in self.running.values() if r.task is not None]
         if pending:
-            await asyncio.wait(pending, timeout=self.cancel_grace + 5)
+            await asyncio.wait(pending, timeout=self.cancel_grace + self._report_grace)
         if self.abandoned:
             log.error("%d handler(s) ignored cancellation and were abandoned", len(self.abandoned))
 

@@ -5,6 +5,7 @@ are), the kind of callable it is, and how it is registered. Driven against
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 
 from orbit.worker.runner import Context, Fail, Retry, Worker
 from tests.unit.fake_gateway import FakeGateway, assignment
-from tests.unit.test_worker_recovery import _run_one
+from tests.unit.test_worker_recovery import _is, _run_one
 
 
 def _outcome_of(handler: Any, *, attempt: str = "a1") -> dict[str, Any]:
@@ -125,3 +126,42 @@ def test_the_worker_takes_a_capacity_of_one() -> None:
     worker = Worker("http://127.0.0.1:1", "token")
     worker.handler("h", capacity=1)(_exits_on_the_loop)
     assert worker.handlers["h"].capacity == 1
+
+
+# --------------------------------------------------------------------------- shutdown
+
+
+async def _answers_no_finish(gw: FakeGateway, ws: Any, msg: dict[str, Any]) -> bool:
+    return bool(msg["type"] in ("finish", "finish_many"))
+
+
+async def _returns_at_once(ctx: Context, payload: Any) -> Any:
+    return "done"
+
+
+def test_a_result_never_confirmed_by_shutdown_is_reported_and_fails_the_exit_code(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The server never confirms the finish: at the end of the drain the worker exited
+    0, with nothing logged, and under ``arun()`` the attempt's task was left behind in
+    the caller's loop, waiting for a connection for ever."""
+
+    async def main() -> None:
+        async with FakeGateway(on_request=_answers_no_finish) as gw:
+            worker = Worker(gw.url, "token", grace=0.1, cancel_grace=0.1, request_timeout=5)
+            worker._report_grace = 0.1
+            worker.handler("h")(_returns_at_once)
+            runner = asyncio.create_task(worker.arun())
+            await gw.wait_for(_is("hello"))
+            await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+            await gw.wait_for(_is("finish"))
+            attempt = worker.running["a1"].task
+            assert attempt is not None
+            worker.stop()
+            assert await asyncio.wait_for(runner, 10) == 1
+            assert attempt.done()
+            assert worker.unreported == ["a1"]
+
+    with caplog.at_level(logging.ERROR, logger="orbit.worker"):
+        asyncio.run(main())
+    assert "attempt a1 (task t-a1) ended without its outcome confirmed" in caplog.text
