@@ -343,7 +343,9 @@ class AsyncClient:
         self._http = httpx.AsyncClient(
             base_url=url.rstrip("/"),
             headers=_headers(token),
-            verify=ssl.create_default_context(cafile=cafile) if cafile else True,
+            # The system's CAs (or cafile's), as Client and the worker's connection trust:
+            # httpx's verify=True trusts certifi's bundle instead.
+            verify=ssl.create_default_context(cafile=cafile),
             timeout=timeout,
         )
 

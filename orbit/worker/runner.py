@@ -737,9 +737,9 @@ class Worker:
         if ttl is not None:
             headers["X-Orbit-TTL"] = str(int(ttl))
         body: bytes | AsyncIterator[bytes] = data if isinstance(data, bytes) else _file(data)
-        verify: ssl.SSLContext | bool = (
-            ssl.create_default_context(cafile=self.cafile) if self.cafile else True
-        )
+        # The CAs the connection trusts (the system's, or cafile's): httpx's verify=True
+        # trusts certifi's bundle instead.
+        verify = ssl.create_default_context(cafile=self.cafile)
         name_part = quote(name, safe="")
         import httpx  # here, not at the top: only an upload uses it (see orbit/__init__)
 
