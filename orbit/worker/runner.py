@@ -159,7 +159,13 @@ class Context:
         future = asyncio.run_coroutine_threadsafe(
             self.upload(name, data, content_type, ttl=ttl), self._loop
         )
-        return future.result(timeout)
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            # Given up: left to run, the upload held its connection and its file open on
+            # the event loop for as long as the server took.
+            future.cancel()
+            raise
 
     def _stop(self, reason: str) -> None:
         if not self._stopped:
@@ -743,12 +749,20 @@ class Worker:
         name_part = quote(name, safe="")
         import httpx  # here, not at the top: only an upload uses it (see orbit/__init__)
 
-        async with httpx.AsyncClient(base_url=self.url, verify=verify, timeout=300) as http:
-            reply = await http.put(
-                f"/v1/attempts/{attempt_id}/artifacts/{name_part}",
-                content=body,
-                headers=headers,
-            )
+        from orbit.client._http import Unreachable
+
+        try:
+            async with httpx.AsyncClient(base_url=self.url, verify=verify, timeout=300) as http:
+                reply = await http.put(
+                    f"/v1/attempts/{attempt_id}/artifacts/{name_part}",
+                    content=body,
+                    headers=headers,
+                )
+        except httpx.TransportError as exc:
+            # Raised as the clients raise it (a ConnectionError): httpx's own is none, and
+            # a handler that caught transport failures so did not catch this one.
+            where = self.url.split("://", 1)[-1]
+            raise Unreachable(f"upload to {where}: {type(exc).__name__}: {exc}"[:300]) from exc
         if reply.status_code >= 400:
             # A proxy in front (nginx refuses bodies over 1 MB by default) answers with a
             # page of its own, not Orbit's JSON: still a ServerError, HTTP_ERROR.

@@ -99,7 +99,7 @@ def test_a_workers_upload_trusts_what_its_connection_trusts(only_certifi_trusts_
     async def main() -> None:
         worker = Worker(only_certifi_trusts_it, "t0ken")
         worker._conn = SimpleNamespace(session_id="s1", epoch="1")  # type: ignore[assignment]
-        with pytest.raises(Exception) as caught:  # httpx's own error
+        with pytest.raises(ConnectionError) as caught:
             await worker._upload("a1", "1", "out.txt", b"data", "text/plain", None)
         assert "CERTIFICATE_VERIFY_FAILED" in str(caught.value)
 
