@@ -414,8 +414,10 @@ class Worker:
                         self._session = None
                         await conn.close()
                         continue
-                    if self._stopping:
-                        await conn.drain()
+                if self._stopping:
+                    # After a resume, and after the hello of a session made anew (the
+                    # resume refused): undrained, the server pushed it tasks to release.
+                    await conn.drain()
                 self._conn = conn
                 self._connected.set()
                 return

@@ -5,8 +5,10 @@ are), the kind of callable it is, and how it is registered. Driven against
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sys
+import threading
 from typing import Any
 
 import pytest
@@ -165,3 +167,42 @@ def test_a_result_never_confirmed_by_shutdown_is_reported_and_fails_the_exit_cod
     with caplog.at_level(logging.ERROR, logger="orbit.worker"):
         asyncio.run(main())
     assert "attempt a1 (task t-a1) ended without its outcome confirmed" in caplog.text
+
+
+async def _refuses_resumes(gw: FakeGateway, ws: Any, msg: dict[str, Any]) -> bool:
+    if msg["type"] != "resume":
+        return False
+    error = {"type": "error", "req_id": msg["req_id"], "code": "BAD_SECRET", "message": "no"}
+    await ws.send(json.dumps(error))
+    return True
+
+
+def test_a_new_session_made_while_draining_is_drained_too() -> None:
+    """Stopping, the worker lost its connection and its resume was refused: the new
+    session it said hello with was never drained, so the server went on pushing it
+    tasks, each claimed only to be released, until the drain was over."""
+
+    async def main() -> None:
+        async with FakeGateway(on_request=_refuses_resumes) as gw:
+            worker = Worker(gw.url, "token", grace=5.0, cancel_grace=5.0, reconnect_max=0.1)
+            release = threading.Event()
+
+            @worker.handler("h")
+            def waits(ctx: Context, payload: Any) -> Any:
+                release.wait(10)  # cancelled with its session, it goes on for a while
+
+            runner = asyncio.create_task(worker.arun())
+            try:
+                await gw.wait_for(_is("hello"))
+                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+                await gw.wait_for(_is("start"))
+                worker.stop()
+                await gw.wait_for(_is("drain"))
+                await gw.connections[-1].close()
+                await gw.count(_is("hello"), 2)
+                await gw.count(_is("drain"), 2, timeout=2)  # the new session's
+            finally:
+                release.set()
+                await asyncio.wait_for(runner, 10)
+
+    asyncio.run(main())
