@@ -54,6 +54,8 @@ from orbit.worker.batching import MAX_BATCH, Coalescer
 from orbit.worker.connection import ServerError, WorkerConnection, outcome
 
 log = logging.getLogger("orbit.worker")
+#: the most attempt ids one ``renew`` may carry (docs/protocol.md)
+RENEW_MAX = 1000
 Handler = Callable[..., Any]
 
 
@@ -879,9 +881,10 @@ class Worker:
         )
 
     async def _renew_loop(self) -> None:
-        """Renew every running lease in one message; a lease we could not renew before it
-        ran out is treated as lost (its handler is cancelled, its result dropped). No
-        error ends this loop: with it gone, leases ran out under a live worker."""
+        """Renew every running lease in one message (per RENEW_MAX ids); a lease we could
+        not renew before it ran out is treated as lost (its handler is cancelled, its
+        result dropped). No error ends this loop: with it gone, leases ran out under a
+        live worker."""
         while True:
             try:
                 await self._renew_once()
@@ -908,18 +911,29 @@ class Worker:
         conn = self._conn
         if not ids or self.pause_renewals or conn is None or not self._connected.is_set():
             return
-        try:
-            soonest = min(r.lease_expires for r in live if not r.lost) - time.monotonic()
-            # Never wait on a hung connection past the soonest lease: the expiry check
-            # at the top of the loop must run in time.
-            # A renewal not answered in that time closes the connection (as any request
-            # that times out): the runner resumes on a new one rather than wait on it.
-            timeout = min(10.0, self.request_timeout, max(soonest, 0.05))
-            sent = time.monotonic()
-            leases = await conn.renew(ids, timeout)
-        except (TimeoutError, ServerError, ConnectionError, OSError) as exc:
-            log.warning("renew failed: %s", exc)
-            return
+        # At most RENEW_MAX ids a message, as the server reads them: one renew of all of
+        # them, past that, was refused as a whole, and every lease ran out.
+        for start in range(0, len(ids), RENEW_MAX):
+            alive = [r.lease_expires for r in live if not r.lost]
+            if not alive:  # every one lost by the answers so far
+                return
+            try:
+                soonest = min(alive) - time.monotonic()
+                # Never wait on a hung connection past the soonest lease: the expiry check
+                # at the top of the loop must run in time.
+                # A renewal not answered in that time closes the connection (as any
+                # request that times out): the runner resumes on a new one rather than
+                # wait on it.
+                timeout = min(10.0, self.request_timeout, max(soonest, 0.05))
+                sent = time.monotonic()
+                leases = await conn.renew(ids[start : start + RENEW_MAX], timeout)
+            except (TimeoutError, ServerError, ConnectionError, OSError) as exc:
+                log.warning("renew failed: %s", exc)
+                return
+            self._renewed(leases, sent)
+
+    def _renewed(self, leases: list[dict[str, Any]], sent: float) -> None:
+        """Take a renew's answers: new leases, cancels, lost attempts."""
         for lease in leases:
             running = self.running.get(lease["attempt_id"])
             if running is None:

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from orbit.protocol.decode import DecodeError, decode_model
+from orbit.protocol.messages import Renew
 from orbit.worker.runner import Context, Fail, Retry, Worker
 from tests.unit.fake_gateway import FakeGateway, assignment
 from tests.unit.test_worker_recovery import _is, _run_one
@@ -204,5 +206,65 @@ def test_a_new_session_made_while_draining_is_drained_too() -> None:
             finally:
                 release.set()
                 await asyncio.wait_for(runner, 10)
+
+    asyncio.run(main())
+
+
+# --------------------------------------------------------------------------- leases
+
+
+def test_more_running_attempts_than_one_renew_takes_all_keep_their_leases() -> None:
+    """A renew holds at most 1,000 ids (docs/protocol.md); with more attempts running
+    (docs/worker.md advises concurrency=1500), every renewal was refused as a whole,
+    and every lease ran out: each handler cancelled, its result dropped."""
+    n = 1001
+    renewals: dict[str, int] = {}
+    over = asyncio.Event()  # every lease renewed twice, or a handler cancelled
+
+    async def read_as_the_server(gw: FakeGateway, ws: Any, msg: dict[str, Any]) -> bool:
+        """``renew`` read by the server's own decoder: one it refuses is an ``error``."""
+        if msg["type"] != "renew":
+            return False
+        try:
+            decode_model(Renew, msg, parsed=True)
+        except DecodeError as exc:
+            error = {"type": "error", "req_id": msg["req_id"], **exc.as_json()["error"]}
+            await ws.send(json.dumps(error))
+            return True
+        for attempt_id in msg["attempt_ids"]:
+            renewals[attempt_id] = renewals.get(attempt_id, 0) + 1
+        if len(renewals) == n and min(renewals.values()) >= 2:
+            over.set()
+        return False
+
+    async def main() -> None:
+        async with FakeGateway(on_request=read_as_the_server, lease_left=1.0) as gw:
+            worker = Worker(gw.url, "token", concurrency=n, grace=5.0)
+            release = asyncio.Event()
+            cancelled: list[str] = []
+
+            @worker.handler("h")
+            async def waits(ctx: Context, payload: Any) -> Any:
+                try:
+                    await release.wait()
+                except asyncio.CancelledError:
+                    cancelled.append(ctx.reason or "")
+                    over.set()
+                    raise
+                return "ok"
+
+            runner = asyncio.create_task(worker.arun())
+            try:
+                await gw.wait_for(_is("hello"))
+                tasks = [assignment(f"a{i}", "h") for i in range(n)]
+                await gw.push({"type": "tasks", "req_id": None, "tasks": tasks})
+                await asyncio.wait_for(over.wait(), 10)
+                assert cancelled == []
+            finally:
+                release.set()
+                worker.stop()
+                assert await asyncio.wait_for(runner, 10) == 0
+            assert len(gw.finished) == n
+            assert all(o == {"ok": True, "result": "ok"} for o in gw.finished.values())
 
     asyncio.run(main())
