@@ -251,6 +251,7 @@ class Worker:
         self._stop_requested = asyncio.Event()
         self._lease_changed = asyncio.Event()
         self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # the running arun()'s
         self._background: set[asyncio.Task[None]] = set()
         #: Fault-test switch: stop sending renewals (leases then run out and are lost).
         self.pause_renewals = False
@@ -313,12 +314,14 @@ class Worker:
         self._connected = asyncio.Event()
         self._stop_requested = asyncio.Event()
         self._lease_changed = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
         try:
             if self._stopping:
                 log.info("stopped before it started: not connecting")
                 return 0
             return await self._run(install_signals)
         finally:
+            self._loop = None
             self._stopping = False  # this run is over; the next one starts afresh
 
     async def _run(self, install_signals: bool) -> int:
@@ -377,9 +380,21 @@ class Worker:
             await asyncio.wait(tasks, timeout=self.cancel_grace + 1.0)
 
     def stop(self) -> None:
-        """Ask the worker to drain and exit (what SIGTERM and SIGINT do)."""
+        """Ask the worker to drain and exit (what SIGTERM and SIGINT do). Safe from any
+        thread: from one other than the worker's, an asyncio.Event set directly woke
+        nothing, and the run went on until something else woke its loop."""
         log.info("stopping: draining")
         self._stopping = True
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                here = asyncio.get_running_loop()
+            except RuntimeError:
+                here = None
+            if here is not loop:
+                with contextlib.suppress(RuntimeError):  # closed meanwhile: the run is over
+                    loop.call_soon_threadsafe(self._stop_requested.set)
+                return
         self._stop_requested.set()
 
     # ------------------------------------------------------------------ connection

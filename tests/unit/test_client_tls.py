@@ -70,7 +70,7 @@ def only_certifi_trusts_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> I
     ca.issue_cert("127.0.0.1").configure_cert(context)
     srv = _Server(("127.0.0.1", 0), _Handler)
     srv.socket = context.wrap_socket(srv.socket, server_side=True)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
         yield f"https://127.0.0.1:{srv.server_address[1]}"

@@ -268,3 +268,35 @@ def test_more_running_attempts_than_one_renew_takes_all_keep_their_leases() -> N
             assert all(o == {"ok": True, "result": "ok"} for o in gw.finished.values())
 
     asyncio.run(main())
+
+
+def test_a_stop_from_another_thread_ends_the_run_at_once() -> None:
+    """``worker.stop()`` from a thread other than the worker's (a worker run in a thread
+    of its own, stopped by the application) set an asyncio.Event from outside its loop,
+    which woke nothing: the run went on until something else woke the loop (the next
+    renewal turn or heartbeat, 10-20 s on an idle worker)."""
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, "token")
+            worker.handler("h")(_returns_at_once)
+            codes: list[int] = []
+            thread = threading.Thread(target=lambda: codes.append(asyncio.run(worker.arun())))
+            thread.start()
+            try:
+                await gw.wait_for(_is("hello"))
+                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+                await gw.wait_for(_is("finish"))
+                # Its answer taken: the worker's loop now waits on its sockets, idle (read
+                # across threads, hence the polling).
+                async with asyncio.timeout(5):
+                    while worker.finished < 1 or worker.running:
+                        await asyncio.sleep(0.01)
+                worker.stop()
+                await asyncio.to_thread(thread.join, 3)
+                assert codes == [0]
+            finally:
+                worker.stop()
+                await asyncio.to_thread(thread.join, 30)
+
+    asyncio.run(main())
