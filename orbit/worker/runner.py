@@ -378,6 +378,9 @@ class Worker:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=self.cancel_grace + 1.0)
+        # Their reports' senders too (one waits for a connection that will not come).
+        await self._starts.stop()
+        await self._finishes.stop()
 
     def stop(self) -> None:
         """Ask the worker to drain and exit (what SIGTERM and SIGINT do). Safe from any

@@ -165,6 +165,8 @@ def test_a_result_never_confirmed_by_shutdown_is_reported_and_fails_the_exit_cod
             assert await asyncio.wait_for(runner, 10) == 1
             assert attempt.done()
             assert worker.unreported == ["a1"]
+            senders = [t for t in asyncio.all_tasks() if t.get_name() == "coalescer"]
+            assert senders == []  # the finish's sender, waiting for a connection for ever
 
     with caplog.at_level(logging.ERROR, logger="orbit.worker"):
         asyncio.run(main())
