@@ -315,6 +315,10 @@ class Worker:
         self._stop_requested = asyncio.Event()
         self._lease_changed = asyncio.Event()
         self._loop = asyncio.get_running_loop()
+        # A session of its own: the last run's was drained, for good, and resumed it was
+        # offered no work again. Its abandoned and unreported attempts are its own too.
+        self._session = self.session_id = None
+        self.abandoned, self.unreported = [], []
         try:
             if self._stopping:
                 log.info("stopped before it started: not connecting")

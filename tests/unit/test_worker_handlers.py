@@ -17,7 +17,7 @@ from orbit.protocol.decode import DecodeError, decode_model
 from orbit.protocol.messages import Renew
 from orbit.worker.runner import Context, Fail, Retry, Worker
 from tests.unit.fake_gateway import FakeGateway, assignment
-from tests.unit.test_worker_recovery import _is, _run_one
+from tests.unit.test_worker_recovery import _is, _run_one, running
 
 
 def _outcome_of(handler: Any, *, attempt: str = "a1") -> dict[str, Any]:
@@ -300,5 +300,29 @@ def test_a_stop_from_another_thread_ends_the_run_at_once() -> None:
             finally:
                 worker.stop()
                 await asyncio.to_thread(thread.join, 30)
+
+    asyncio.run(main())
+
+
+def test_a_second_run_starts_a_session_of_its_own() -> None:
+    """A Worker run again after a run that drained resumed that run's session, which is
+    draining for good (docs/protocol.md): the server never offered it work again. And
+    the second run's exit code counted the first run's abandoned attempts."""
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, "token")
+            worker.handler("h")(_returns_at_once)
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+            worker.abandoned.append("from-the-first-run")
+            async with running(worker) as second:
+                await gw.count(lambda m: m["type"] in ("hello", "resume"), 2)
+            assert [m["type"] for m in gw.received if m["type"] in ("hello", "resume")] == [
+                "hello",
+                "hello",
+            ]
+            assert second.result() == 0
+            assert worker.abandoned == []
 
     asyncio.run(main())
