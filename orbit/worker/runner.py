@@ -158,6 +158,14 @@ class Context:
         """``upload`` for a plain-function handler (it runs in a thread of its own)."""
         if self._loop is None:
             raise RuntimeError("this context is not attached to a running worker")
+        try:
+            here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # no loop running here: a handler's thread, as meant
+            here = None
+        if here is self._loop:
+            # Waited for here, the upload could never run: the loop it runs on is this
+            # thread's, blocked (every attempt and renewal with it) until the timeout.
+            raise RuntimeError("on the event loop, use await ctx.upload(...) instead")
         future = asyncio.run_coroutine_threadsafe(
             self.upload(name, data, content_type, ttl=ttl), self._loop
         )

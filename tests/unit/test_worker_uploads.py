@@ -94,3 +94,17 @@ def test_an_upload_from_a_thread_that_times_out_is_given_up(silent_server: str) 
         assert all(task.done() for task in left)
 
     asyncio.run(main())
+
+
+def test_an_upload_from_a_thread_called_on_the_event_loop_is_refused(silent_server: str) -> None:
+    """Called from an async handler (on the event loop's own thread), it blocked the
+    loop while it waited for the upload that loop was to run: every attempt of the
+    worker stood still, renewals too, until its timeout (300 s by default)."""
+
+    async def main() -> None:
+        worker = Worker(silent_server, "t0ken")
+        ctx = _context(worker, asyncio.get_running_loop())
+        with pytest.raises(RuntimeError, match=r"await ctx\.upload"):
+            ctx.upload_from_thread("out.txt", b"data", timeout=0.2)
+
+    asyncio.run(main())
