@@ -229,6 +229,18 @@ class Worker:
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        # Refused here: request_timeout=0 timed every request out, the hello first, which
+        # was retried for ever; renew_interval=0 renewed without a pause.
+        for option, value in (
+            ("request_timeout", request_timeout),
+            ("reconnect_max", reconnect_max),
+            ("renew_interval", renew_interval),
+        ):
+            if value is not None and not value > 0:
+                raise ValueError(f"{option} must be more than 0 seconds")
+        for option, value in (("grace", grace), ("cancel_grace", cancel_grace)):
+            if not value >= 0:
+                raise ValueError(f"{option} must be 0 seconds or more")
         # Refused here, as the clients refuse it: a URL the worker cannot use was tried
         # again and again as if the server were down (credentials in it went as Basic
         # auth in place of the token; one with no scheme could not be opened at all).

@@ -326,3 +326,35 @@ def test_a_second_run_starts_a_session_of_its_own() -> None:
             assert worker.abandoned == []
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("request_timeout", 0.0),
+        ("request_timeout", -1.0),
+        ("grace", -1.0),
+        ("cancel_grace", -1.0),
+        ("reconnect_max", 0.0),
+        ("renew_interval", 0.0),
+    ],
+)
+def test_timings_a_worker_cannot_work_with_are_refused(option: str, value: float) -> None:
+    """request_timeout=0 timed out every request, the hello first, which was retried
+    for ever as "connect failed (TimeoutError)"; renew_interval=0 renewed without a
+    pause; a negative grace was taken for none."""
+    with pytest.raises(ValueError, match=option):
+        Worker("http://127.0.0.1:1", "token", **{option: value})
+
+
+def test_the_least_timings_a_worker_works_with_are_taken() -> None:
+    worker = Worker(
+        "http://127.0.0.1:1",
+        "token",
+        request_timeout=0.01,
+        grace=0.0,
+        cancel_grace=0.0,
+        reconnect_max=0.01,
+        renew_interval=0.01,
+    )
+    assert (worker.grace, worker.cancel_grace) == (0.0, 0.0)
