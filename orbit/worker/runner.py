@@ -1064,9 +1064,11 @@ def _is_async(fn: Handler) -> bool:
 
 def _text(value: Any) -> str:
     """``value`` as an error's code or message: a handler may give anything, and an
-    exception's ``str()`` may itself fail."""
+    exception's ``str()`` may itself fail. None is no text (the default code then)."""
     if isinstance(value, str):
         return value
+    if value is None:
+        return ""
     try:
         return str(value)
     except Exception as exc:

@@ -53,6 +53,10 @@ def _retries_with_a_number(ctx: Context, payload: Any) -> Any:
     raise Retry("busy", code=503)  # type: ignore[arg-type]
 
 
+def _fails_with_no_code(ctx: Context, payload: Any) -> Any:
+    raise Fail(None, code=None)  # type: ignore[arg-type]
+
+
 def test_an_exception_that_cannot_be_printed_still_fails_its_attempt() -> None:
     error = _outcome_of(_raises_unprintable)["error"]
     assert error["code"] == "_Unprintable"
@@ -70,6 +74,11 @@ def test_fail_and_retry_given_other_things_than_text_still_report() -> None:
         "code": "503",
         "message": "busy",
         "retryable": True,
+    }
+    assert _outcome_of(_fails_with_no_code)["error"] == {
+        "code": "FAILED",
+        "message": "",
+        "retryable": False,
     }
 
 
