@@ -527,6 +527,15 @@ class Worker:
                 running = self.running.get(attempt_id)
                 if running is not None:
                     self._cancel(running, "task cancelled")
+        elif kind == "error":
+            # A request the server refused unread (not JSON, too large, a req_id it could
+            # not take): it cannot say which, and that request times out. Said here, or
+            # all one saw was the timeout and a new connection.
+            log.warning(
+                "the server refused a request it could not read: %s: %s",
+                msg.get("code"),
+                msg.get("message"),
+            )
 
     async def _request(self, call: Callable[[WorkerConnection], Awaitable[Any]]) -> Any:
         """Run a request, riding over reconnects: wait for a live connection, retry once it

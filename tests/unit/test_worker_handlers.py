@@ -367,3 +367,26 @@ def test_the_least_timings_a_worker_works_with_are_taken() -> None:
         renew_interval=0.01,
     )
     assert (worker.grace, worker.cancel_grace) == (0.0, 0.0)
+
+
+def test_an_error_the_server_could_not_address_to_a_request_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An ``error`` with ``"req_id": null`` (a frame the server could not read, so not
+    match to its request; docs/protocol.md) was dropped without a word: all one saw was
+    the request timing out 30 s later and the connection closing."""
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, "token")
+            worker.handler("h")(_returns_at_once)
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                refusal = {"type": "error", "req_id": None, "code": "INVALID_JSON"}
+                await gw.push({**refusal, "message": "the frame is not valid JSON"})
+                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+                await gw.wait_for(_is("start"))  # pushes are read in order: the error was
+
+    with caplog.at_level(logging.WARNING, logger="orbit.worker"):
+        asyncio.run(main())
+    assert "INVALID_JSON: the frame is not valid JSON" in caplog.text
