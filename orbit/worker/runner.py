@@ -1065,7 +1065,10 @@ def _sendable(report: dict[str, Any]) -> tuple[dict[str, Any], int]:
 
 def _is_async(fn: Handler) -> bool:
     """Whether ``fn`` is called as a coroutine function: an object whose ``__call__`` is
-    one too (it ran in a thread, and its un-awaited coroutine was its "result")."""
+    one too (it ran in a thread, and its un-awaited coroutine was its "result"), also
+    behind ``functools.partial``."""
+    while isinstance(fn, partial):
+        fn = fn.func
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)  # noqa: B004 - the method itself is asked about
     )

@@ -9,6 +9,7 @@ import json
 import logging
 import sys
 import threading
+from functools import partial
 from typing import Any
 
 import pytest
@@ -120,9 +121,10 @@ class _AsyncCallable:
         return {"ran": "on the loop"}
 
 
-def test_an_object_with_an_async_call_runs_as_an_async_handler() -> None:
+@pytest.mark.parametrize("handler", [_AsyncCallable(), partial(_AsyncCallable())])
+def test_an_object_with_an_async_call_runs_as_an_async_handler(handler: Any) -> None:
     """It ran in a thread, which returned an un-awaited coroutine: RESULT_NOT_JSON."""
-    assert _outcome_of(_AsyncCallable()) == {"ok": True, "result": {"ran": "on the loop"}}
+    assert _outcome_of(handler) == {"ok": True, "result": {"ran": "on the loop"}}
 
 
 @pytest.mark.parametrize("capacity", [0, -1])
