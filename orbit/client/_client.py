@@ -15,7 +15,7 @@ from urllib.parse import quote
 import httpx
 
 from orbit.client._errors import ApiError, TaskFailed, WaitTimeout, error_from
-from orbit.client._http import Reply, Transport, Unreachable
+from orbit.client._http import Reply, Transport, Unreachable, unreachable, where
 from orbit.core.model import compact_json, parse_json
 from orbit.tokens import load_token, token_fault
 from orbit.urls import check_server_url
@@ -389,11 +389,15 @@ class AsyncClient:
         cafile: str | None = None,
         timeout: float = 30.0,
     ) -> None:
-        check_server_url(url)  # as Client: a URL it cannot use is a ValueError, at once
+        # As Client: a URL it cannot use is a ValueError, at once.
+        self._where = where(check_server_url(url))
+        self._timeout = timeout
         self._http = httpx.AsyncClient(
             base_url=url.rstrip("/"),
             headers=_headers(token),
-            verify=ssl.create_default_context(cafile=cafile) if cafile else True,
+            # The system's CAs (or cafile's), as Client and the worker's connection trust:
+            # httpx's verify=True trusts certifi's bundle instead.
+            verify=ssl.create_default_context(cafile=cafile),
             timeout=timeout,
         )
 
@@ -415,8 +419,14 @@ class AsyncClient:
                 method, path, params=query, content=content, headers=headers
             )
         except httpx.TransportError as exc:  # as Client raises it
-            raise Unreachable(f"{type(exc).__name__}: {exc}"[:300]) from exc
+            raise self._unreachable(exc) from exc
         return _unwrap(reply)
+
+    def _unreachable(self, exc: httpx.TransportError) -> Unreachable:
+        """As Client raises it: the server's host and port, and the time waited (httpx's
+        own message named neither; a timeout's was empty)."""
+        timed_out = isinstance(exc, httpx.TimeoutException)
+        return unreachable(self._where, self._timeout, exc, timed_out=timed_out)
 
     async def queue_create(
         self, name: str, *, max_concurrency: int, rate: float, burst: int | None = None
@@ -477,7 +487,7 @@ class AsyncClient:
                 async for chunk in reply.aiter_bytes():
                     yield chunk
         except httpx.TransportError as exc:  # as Client raises it
-            raise Unreachable(f"{type(exc).__name__}: {exc}"[:300]) from exc
+            raise self._unreachable(exc) from exc
 
     async def token_create(self, name: str, scopes: list[str]) -> dict[str, Any]:
         body = {"name": name, "scopes": scopes}

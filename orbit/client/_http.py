@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import SplitResult, urlencode
 
 from orbit.urls import check_server_url
 
@@ -63,7 +63,7 @@ class Transport:
         self._host: str = parts.hostname or ""  # never empty: check_server_url saw to it
         self._port = parts.port or (443 if self._https else 80)
         self._prefix = parts.path.rstrip("/")
-        self._where = f"{self._host}:{self._port}"
+        self._where = where(parts)
         self._headers = headers
         self._timeout = timeout
         self._tls = ssl.create_default_context(cafile=cafile) if self._https else None
@@ -148,9 +148,7 @@ class Transport:
         conn.close()
 
     def _unreachable(self, exc: BaseException) -> Unreachable:
-        if isinstance(exc, TimeoutError):
-            return Unreachable(f"no answer from {self._where} within {self._timeout} s")
-        return Unreachable(f"{self._where}: {type(exc).__name__}: {exc}"[:300])
+        return unreachable(self._where, self._timeout, exc, timed_out=isinstance(exc, TimeoutError))
 
     def _take(self) -> http.client.HTTPConnection:
         while True:
@@ -175,6 +173,19 @@ class Transport:
         with self._closed_on_error(conn):
             conn.connect()  # which sets TCP_NODELAY
         return conn
+
+
+def where(parts: SplitResult) -> str:
+    """``host:port`` of a checked server URL, as errors name it."""
+    return f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+
+
+def unreachable(where: str, timeout: float, exc: BaseException, *, timed_out: bool) -> Unreachable:
+    """The error both clients raise for a transport failure: which server, and what
+    happened (or how long it was waited for)."""
+    if timed_out:
+        return Unreachable(f"no answer from {where} within {timeout} s")
+    return Unreachable(f"{where}: {type(exc).__name__}: {exc}"[:300])
 
 
 #: Idle connections kept per client (one per thread that calls it at once, up to this).

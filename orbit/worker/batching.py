@@ -18,6 +18,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
+from orbit.aio import stop_tasks
+
 I = TypeVar("I")  # noqa: E741 - an item sent
 R = TypeVar("R")  # its answer
 
@@ -66,6 +68,15 @@ class Coalescer(Generic[I, R]):
             # itself (``_run``).
             sender.add_done_callback(self._senders.discard)
         return await future
+
+    async def stop(self) -> None:
+        """Give up what is pending and end the senders at work; their callers see
+        CancelledError. A sender waiting for a connection that never comes (the end
+        of a run) was otherwise left in the event loop for ever."""
+        for _, future, _ in self._pending:
+            future.cancel()
+        self._pending.clear()
+        await stop_tasks(list(self._senders))
 
     def _take(self) -> list[tuple[I, asyncio.Future[R]]]:
         """The next batch off the pending list: up to ``max_batch`` items, stopping

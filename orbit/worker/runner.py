@@ -54,6 +54,8 @@ from orbit.worker.batching import MAX_BATCH, Coalescer
 from orbit.worker.connection import ServerError, WorkerConnection, outcome
 
 log = logging.getLogger("orbit.worker")
+#: the most attempt ids one ``renew`` may carry (docs/protocol.md)
+RENEW_MAX = 1000
 Handler = Callable[..., Any]
 
 
@@ -77,6 +79,15 @@ class Fail(Exception):
 
 class Cancelled(Exception):
     """Raised by ``ctx.check()`` once the attempt must stop."""
+
+
+class _Exited(Exception):
+    """A handler raised a BaseException that is no Exception (SystemExit, ...): its
+    attempt's failure, carried as an Exception so that it ends no more than that."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(type(exc).__name__)
+        self.exc = exc
 
 
 @dataclass
@@ -147,10 +158,24 @@ class Context:
         """``upload`` for a plain-function handler (it runs in a thread of its own)."""
         if self._loop is None:
             raise RuntimeError("this context is not attached to a running worker")
+        try:
+            here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # no loop running here: a handler's thread, as meant
+            here = None
+        if here is self._loop:
+            # Waited for here, the upload could never run: the loop it runs on is this
+            # thread's, blocked (every attempt and renewal with it) until the timeout.
+            raise RuntimeError("on the event loop, use await ctx.upload(...) instead")
         future = asyncio.run_coroutine_threadsafe(
             self.upload(name, data, content_type, ttl=ttl), self._loop
         )
-        return future.result(timeout)
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            # Given up: left to run, the upload held its connection and its file open on
+            # the event loop for as long as the server took.
+            future.cancel()
+            raise
 
     def _stop(self, reason: str) -> None:
         if not self._stopped:
@@ -204,6 +229,18 @@ class Worker:
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        # Refused here: request_timeout=0 timed every request out, the hello first, which
+        # was retried for ever; renew_interval=0 renewed without a pause.
+        for option, value in (
+            ("request_timeout", request_timeout),
+            ("reconnect_max", reconnect_max),
+            ("renew_interval", renew_interval),
+        ):
+            if value is not None and not value > 0:
+                raise ValueError(f"{option} must be more than 0 seconds")
+        for option, value in (("grace", grace), ("cancel_grace", cancel_grace)):
+            if not value >= 0:
+                raise ValueError(f"{option} must be 0 seconds or more")
         # Refused here, as the clients refuse it: a URL the worker cannot use was tried
         # again and again as if the server were down (credentials in it went as Basic
         # auth in place of the token; one with no scheme could not be opened at all).
@@ -223,12 +260,18 @@ class Worker:
         self.handlers: dict[str, _Registered] = {}
         self.running: dict[str, _Running] = {}
         self.abandoned: list[str] = []  # attempts whose handler ignored cancellation
+        #: attempts whose outcome the server had not confirmed when the run ended (a
+        #: finish unanswered, the server unreachable): their leases decide
+        self.unreported: list[str] = []
+        #: seconds the drain waits, after ``cancel_grace``, for the last reports to land
+        self._report_grace = 5.0
         self.finished = 0
         self._conn: WorkerConnection | None = None
         self._connected = asyncio.Event()
         self._stop_requested = asyncio.Event()
         self._lease_changed = asyncio.Event()
         self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # the running arun()'s
         self._background: set[asyncio.Task[None]] = set()
         #: Fault-test switch: stop sending renewals (leases then run out and are lost).
         self.pause_renewals = False
@@ -257,11 +300,16 @@ class Worker:
         non-retryable ``RETRY_SAFETY_MISMATCH`` instead of being run.
         """
 
+        # Refused here: 0 was taken for "no cap" (the worker's concurrency), and a
+        # negative one went to the server, whose refusal of the hello ended the run.
+        if capacity is not None and capacity < 1:
+            raise ValueError(f"handler {name}: capacity must be at least 1")
+
         def register(fn: Handler) -> Handler:
             if name in self.handlers:
                 raise ValueError(f"handler {name} is registered twice")
             self.handlers[name] = _Registered(
-                fn, capacity or self.concurrency, inspect.iscoroutinefunction(fn), retry_safe
+                fn, capacity or self.concurrency, _is_async(fn), retry_safe
             )
             return fn
 
@@ -270,7 +318,8 @@ class Worker:
     # ------------------------------------------------------------------ running
 
     def run(self) -> int:
-        """Run until SIGTERM/SIGINT, then drain. Returns 0, or 1 if a handler was abandoned.
+        """Run until SIGTERM/SIGINT, then drain. Returns 0, or 1 if an attempt was left
+        without a confirmed outcome (its handler abandoned, or its finish unanswered).
         This owns the process, so it also tunes the garbage collector (``orbit.gctune``)."""
         tune_for_throughput()
         # An abandoned async handler's task never ends: the loop closes without it rather
@@ -285,12 +334,18 @@ class Worker:
         self._connected = asyncio.Event()
         self._stop_requested = asyncio.Event()
         self._lease_changed = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        # A session of its own: the last run's was drained, for good, and resumed it was
+        # offered no work again. Its abandoned and unreported attempts are its own too.
+        self._session = self.session_id = None
+        self.abandoned, self.unreported = [], []
         try:
             if self._stopping:
                 log.info("stopped before it started: not connecting")
                 return 0
             return await self._run(install_signals)
         finally:
+            self._loop = None
             self._stopping = False  # this run is over; the next one starts afresh
 
     async def _run(self, install_signals: bool) -> int:
@@ -321,16 +376,52 @@ class Worker:
             await self._stop_requested.wait()
             await self._drain()
         finally:
+            await self._give_up_reports()
             await stop_tasks(loops)
             if self._conn is not None:
                 with contextlib.suppress(Exception):
                     await self._conn.close()
-        return 1 if self.abandoned else 0
+        return 1 if self.abandoned or self.unreported else 0
+
+    async def _give_up_reports(self) -> None:
+        """The attempts still here once the drain is over had their handler end (or
+        abandoned) but no outcome confirmed: say so, and end their tasks. Left running,
+        each waited for a connection for ever, in the caller's loop under ``arun()``;
+        and the worker exited 0 as if every result had landed."""
+        left = [r for r in self.running.values() if not r.abandoned]
+        for r in left:
+            log.error(
+                "attempt %s (task %s) ended without its outcome confirmed by the server; "
+                "its lease decides what becomes of the task",
+                r.ctx.attempt_id,
+                r.ctx.task_id,
+            )
+            self.unreported.append(r.ctx.attempt_id)
+        tasks = [r.task for r in left if r.task is not None and not r.task.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.cancel_grace + 1.0)
+        # Their reports' senders too (one waits for a connection that will not come).
+        await self._starts.stop()
+        await self._finishes.stop()
 
     def stop(self) -> None:
-        """Ask the worker to drain and exit (what SIGTERM and SIGINT do)."""
+        """Ask the worker to drain and exit (what SIGTERM and SIGINT do). Safe from any
+        thread: from one other than the worker's, an asyncio.Event set directly woke
+        nothing, and the run went on until something else woke its loop."""
         log.info("stopping: draining")
         self._stopping = True
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                here = asyncio.get_running_loop()
+            except RuntimeError:
+                here = None
+            if here is not loop:
+                with contextlib.suppress(RuntimeError):  # closed meanwhile: the run is over
+                    loop.call_soon_threadsafe(self._stop_requested.set)
+                return
         self._stop_requested.set()
 
     # ------------------------------------------------------------------ connection
@@ -367,8 +458,10 @@ class Worker:
                         self._session = None
                         await conn.close()
                         continue
-                    if self._stopping:
-                        await conn.drain()
+                if self._stopping:
+                    # After a resume, and after the hello of a session made anew (the
+                    # resume refused): undrained, the server pushed it tasks to release.
+                    await conn.drain()
                 self._conn = conn
                 self._connected.set()
                 return
@@ -434,6 +527,15 @@ class Worker:
                 running = self.running.get(attempt_id)
                 if running is not None:
                     self._cancel(running, "task cancelled")
+        elif kind == "error":
+            # A request the server refused unread (not JSON, too large, a req_id it could
+            # not take): it cannot say which, and that request times out. Said here, or
+            # all one saw was the timeout and a new connection.
+            log.warning(
+                "the server refused a request it could not read: %s: %s",
+                msg.get("code"),
+                msg.get("message"),
+            )
 
     async def _request(self, call: Callable[[WorkerConnection], Awaitable[Any]]) -> Any:
         """Run a request, riding over reconnects: wait for a live connection, retry once it
@@ -611,12 +713,16 @@ class Worker:
                 return None
             stopping = ctx.reason == "worker stopping"
             return outcomes.error("CANCELLED", ctx.reason or "cancelled", retryable=stopping)
+        # Codes and messages as text, whatever the handler gave: ``Fail(exc)`` or
+        # ``Retry(code=503)`` (not strings), or an exception whose own ``str()`` fails,
+        # made the runner's outcome fail instead, and the attempt reported nothing.
         except Fail as exc:
-            return outcomes.error(exc.code, exc.message, retryable=False)
+            return outcomes.error(_text(exc.code), _text(exc.message), retryable=False)
         except Retry as exc:
-            return outcomes.error(exc.code, exc.message, retryable=True)
+            return outcomes.error(_text(exc.code), _text(exc.message), retryable=True)
         except Exception as exc:  # any other error fails the attempt, retryably
-            return outcomes.error(type(exc).__name__[:100], str(exc)[:2000], retryable=True)
+            failed = exc.exc if isinstance(exc, _Exited) else exc
+            return outcomes.error(type(failed).__name__[:100], _text(failed)[:2000], retryable=True)
 
     def _time_limit(self, running: _Running) -> tuple[float | None, bool]:
         """Seconds the handler may run: its attempt timeout or the task deadline, timed
@@ -629,9 +735,16 @@ class Worker:
         return limit, False
 
     async def _call(self, running: _Running, reg: _Registered, payload: Any) -> Any:
-        if reg.is_async:
+        if not reg.is_async:
+            return await self._in_thread(running, reg.fn, payload)
+        try:
             return await reg.fn(running.ctx, payload)
-        return await self._in_thread(running, reg.fn, payload)
+        except (Exception, asyncio.CancelledError, KeyboardInterrupt):
+            raise  # KeyboardInterrupt: Ctrl-C under arun(), the process's, not the handler's
+        except BaseException as exc:
+            # SystemExit (``sys.exit()`` in code lifted from a script) or the like: out of
+            # this task, the event loop re-raised it, and the whole worker exited with it.
+            raise _Exited(exc) from exc
 
     async def _in_thread(self, running: _Running, fn: Handler, payload: Any) -> Any:
         """A plain function in a daemon thread. Cancellation sets ``ctx.cancelled`` and
@@ -643,6 +756,8 @@ class Worker:
             try:
                 value = fn(running.ctx, payload)
             except BaseException as exc:  # handed to the loop as the outcome
+                if not isinstance(exc, Exception | asyncio.CancelledError):
+                    exc = _Exited(exc)  # SystemExit re-raised on the loop ended the worker
                 loop.call_soon_threadsafe(_settle, done, None, exc)
             else:
                 loop.call_soon_threadsafe(_settle, done, value, None)
@@ -683,18 +798,26 @@ class Worker:
         if ttl is not None:
             headers["X-Orbit-TTL"] = str(int(ttl))
         body: bytes | AsyncIterator[bytes] = data if isinstance(data, bytes) else _file(data)
-        verify: ssl.SSLContext | bool = (
-            ssl.create_default_context(cafile=self.cafile) if self.cafile else True
-        )
+        # The CAs the connection trusts (the system's, or cafile's): httpx's verify=True
+        # trusts certifi's bundle instead.
+        verify = ssl.create_default_context(cafile=self.cafile)
         name_part = quote(name, safe="")
         import httpx  # here, not at the top: only an upload uses it (see orbit/__init__)
 
-        async with httpx.AsyncClient(base_url=self.url, verify=verify, timeout=300) as http:
-            reply = await http.put(
-                f"/v1/attempts/{attempt_id}/artifacts/{name_part}",
-                content=body,
-                headers=headers,
-            )
+        from orbit.client._http import Unreachable
+
+        try:
+            async with httpx.AsyncClient(base_url=self.url, verify=verify, timeout=300) as http:
+                reply = await http.put(
+                    f"/v1/attempts/{attempt_id}/artifacts/{name_part}",
+                    content=body,
+                    headers=headers,
+                )
+        except httpx.TransportError as exc:
+            # Raised as the clients raise it (a ConnectionError): httpx's own is none, and
+            # a handler that caught transport failures so did not catch this one.
+            where = self.url.split("://", 1)[-1]
+            raise Unreachable(f"upload to {where}: {type(exc).__name__}: {exc}"[:300]) from exc
         if reply.status_code >= 400:
             # A proxy in front (nginx refuses bodies over 1 MB by default) answers with a
             # page of its own, not Orbit's JSON: still a ServerError, HTTP_ERROR.
@@ -809,9 +932,10 @@ class Worker:
         )
 
     async def _renew_loop(self) -> None:
-        """Renew every running lease in one message; a lease we could not renew before it
-        ran out is treated as lost (its handler is cancelled, its result dropped). No
-        error ends this loop: with it gone, leases ran out under a live worker."""
+        """Renew every running lease in one message (per RENEW_MAX ids); a lease we could
+        not renew before it ran out is treated as lost (its handler is cancelled, its
+        result dropped). No error ends this loop: with it gone, leases ran out under a
+        live worker."""
         while True:
             try:
                 await self._renew_once()
@@ -838,18 +962,29 @@ class Worker:
         conn = self._conn
         if not ids or self.pause_renewals or conn is None or not self._connected.is_set():
             return
-        try:
-            soonest = min(r.lease_expires for r in live if not r.lost) - time.monotonic()
-            # Never wait on a hung connection past the soonest lease: the expiry check
-            # at the top of the loop must run in time.
-            # A renewal not answered in that time closes the connection (as any request
-            # that times out): the runner resumes on a new one rather than wait on it.
-            timeout = min(10.0, self.request_timeout, max(soonest, 0.05))
-            sent = time.monotonic()
-            leases = await conn.renew(ids, timeout)
-        except (TimeoutError, ServerError, ConnectionError, OSError) as exc:
-            log.warning("renew failed: %s", exc)
-            return
+        # At most RENEW_MAX ids a message, as the server reads them: one renew of all of
+        # them, past that, was refused as a whole, and every lease ran out.
+        for start in range(0, len(ids), RENEW_MAX):
+            alive = [r.lease_expires for r in live if not r.lost]
+            if not alive:  # every one lost by the answers so far
+                return
+            try:
+                soonest = min(alive) - time.monotonic()
+                # Never wait on a hung connection past the soonest lease: the expiry check
+                # at the top of the loop must run in time.
+                # A renewal not answered in that time closes the connection (as any
+                # request that times out): the runner resumes on a new one rather than
+                # wait on it.
+                timeout = min(10.0, self.request_timeout, max(soonest, 0.05))
+                sent = time.monotonic()
+                leases = await conn.renew(ids[start : start + RENEW_MAX], timeout)
+            except (TimeoutError, ServerError, ConnectionError, OSError) as exc:
+                log.warning("renew failed: %s", exc)
+                return
+            self._renewed(leases, sent)
+
+    def _renewed(self, leases: list[dict[str, Any]], sent: float) -> None:
+        """Take a renew's answers: new leases, cancels, lost attempts."""
         for lease in leases:
             running = self.running.get(lease["attempt_id"])
             if running is None:
@@ -893,7 +1028,7 @@ class Worker:
             self._cancel(r, "worker stopping")
         pending = [r.task for r in self.running.values() if r.task is not None]
         if pending:
-            await asyncio.wait(pending, timeout=self.cancel_grace + 5)
+            await asyncio.wait(pending, timeout=self.cancel_grace + self._report_grace)
         if self.abandoned:
             log.error("%d handler(s) ignored cancellation and were abandoned", len(self.abandoned))
 
@@ -926,6 +1061,30 @@ def _sendable(report: dict[str, Any]) -> tuple[dict[str, Any], int]:
         log.error("the handler's result cannot be sent: %s", exc.message)
         failure = outcomes.error(exc.code, exc.message, retryable=False)
         return failure, outcomes.wire_size(failure["error"])
+
+
+def _is_async(fn: Handler) -> bool:
+    """Whether ``fn`` is called as a coroutine function: an object whose ``__call__`` is
+    one too (it ran in a thread, and its un-awaited coroutine was its "result"), also
+    behind ``functools.partial``."""
+    while isinstance(fn, partial):
+        fn = fn.func
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - the method itself is asked about
+    )
+
+
+def _text(value: Any) -> str:
+    """``value`` as an error's code or message: a handler may give anything, and an
+    exception's ``str()`` may itself fail. None is no text (the default code then)."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    try:
+        return str(value)
+    except Exception as exc:
+        return f"<{type(value).__name__}: str() raised {type(exc).__name__}>"
 
 
 def _item(result: dict[str, Any], key: str) -> dict[str, Any] | BaseException:

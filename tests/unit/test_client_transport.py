@@ -4,6 +4,7 @@ prefixes and queries, streamed bodies, threads, and the errors a caller sees."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from orbit.client import Client, Unreachable
+from orbit.client import AsyncClient, Client, Unreachable
 from orbit.client._http import STREAM_CHUNK, Transport, _still_open
 
 
@@ -201,6 +202,26 @@ def test_a_slow_answer_raises_unreachable_after_the_timeout(server: _Server) -> 
     assert not t._idle  # the connection that timed out is not reused
     assert t.request("GET", "/quick", None, None).status_code == 200
     t.close()
+
+
+def test_async_client_says_which_server_did_not_answer_as_client_does(server: _Server) -> None:
+    """AsyncClient's Unreachable said "ReadTimeout: " and "ConnectError: All connection
+    attempts failed": neither the server nor the time waited."""
+    with socket.socket() as placeholder:  # a port nobody listens on
+        placeholder.bind(("127.0.0.1", 0))
+        port = placeholder.getsockname()[1]
+
+    async def main() -> None:
+        async with AsyncClient(_url(server), "t0ken", timeout=0.2) as c:
+            with pytest.raises(Unreachable) as slow:
+                await c._call(("GET", "/slow", None, None))
+        where = f"127.0.0.1:{server.server_address[1]}"
+        assert str(slow.value) == f"no answer from {where} within 0.2 s"
+        async with AsyncClient(f"http://127.0.0.1:{port}", "t0ken") as c:
+            with pytest.raises(Unreachable, match=f"^127.0.0.1:{port}: ConnectError: "):
+                await c.queues()
+
+    asyncio.run(main())
 
 
 #: Server URLs no client can use, and what the refusal says (never the password).

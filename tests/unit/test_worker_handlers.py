@@ -1,0 +1,394 @@
+"""What the runner makes of what a handler does: the exceptions it raises (whatever they
+are), the kind of callable it is, and how it is registered. Driven against
+``FakeGateway``, a real WebSocket server on a loopback port."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import threading
+from functools import partial
+from typing import Any
+
+import pytest
+
+from orbit.protocol.decode import DecodeError, decode_model
+from orbit.protocol.messages import Renew
+from orbit.worker.runner import Context, Fail, Retry, Worker
+from tests.unit.fake_gateway import FakeGateway, assignment
+from tests.unit.test_worker_recovery import _is, _run_one, running
+
+
+def _outcome_of(handler: Any, *, attempt: str = "a1") -> dict[str, Any]:
+    """Run ``handler`` as ``h`` on one task; the outcome its attempt reported."""
+
+    async def main() -> dict[str, Any]:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, "token", cancel_grace=1.0)
+            worker.handler("h")(handler)
+            await _run_one(gw, worker, assignment(attempt, "h"), timeout=5)
+            return gw.finished[attempt]
+
+    return asyncio.run(main())
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text for this one")
+
+
+async def _raises_unprintable(ctx: Context, payload: Any) -> Any:
+    raise _Unprintable()
+
+
+async def _fails_with_an_exception(ctx: Context, payload: Any) -> Any:
+    try:
+        int("x")
+    except ValueError as exc:
+        raise Fail(exc) from exc  # type: ignore[arg-type]
+
+
+def _retries_with_a_number(ctx: Context, payload: Any) -> Any:
+    raise Retry("busy", code=503)  # type: ignore[arg-type]
+
+
+def _fails_with_no_code(ctx: Context, payload: Any) -> Any:
+    raise Fail(None, code=None)  # type: ignore[arg-type]
+
+
+def test_an_exception_that_cannot_be_printed_still_fails_its_attempt() -> None:
+    error = _outcome_of(_raises_unprintable)["error"]
+    assert error["code"] == "_Unprintable"
+    assert error["retryable"] is True
+    assert "_Unprintable" in error["message"]
+
+
+def test_fail_and_retry_given_other_things_than_text_still_report() -> None:
+    assert _outcome_of(_fails_with_an_exception)["error"] == {
+        "code": "FAILED",
+        "message": "invalid literal for int() with base 10: 'x'",
+        "retryable": False,
+    }
+    assert _outcome_of(_retries_with_a_number)["error"] == {
+        "code": "503",
+        "message": "busy",
+        "retryable": True,
+    }
+    assert _outcome_of(_fails_with_no_code)["error"] == {
+        "code": "FAILED",
+        "message": "",
+        "retryable": False,
+    }
+
+
+def _exits_in_a_thread(ctx: Context, payload: Any) -> Any:
+    sys.exit(3)
+
+
+async def _exits_on_the_loop(ctx: Context, payload: Any) -> Any:
+    sys.exit(3)
+
+
+class _NotAnException(BaseException):
+    pass
+
+
+def _raises_a_base_exception(ctx: Context, payload: Any) -> Any:
+    raise _NotAnException("odd")
+
+
+@pytest.mark.parametrize(
+    ("handler", "code", "message"),
+    [
+        (_exits_in_a_thread, "SystemExit", "3"),
+        (_exits_on_the_loop, "SystemExit", "3"),
+        (_raises_a_base_exception, "_NotAnException", "odd"),
+    ],
+)
+def test_a_handler_that_exits_fails_its_attempt_not_the_worker(
+    handler: Any, code: str, message: str
+) -> None:
+    """``sys.exit()`` in a handler (code lifted from a script) ended the whole worker
+    with that exit code, every other attempt left to its lease."""
+    assert _outcome_of(handler)["error"] == {"code": code, "message": message, "retryable": True}
+
+
+class _AsyncCallable:
+    async def __call__(self, ctx: Context, payload: Any) -> Any:
+        await asyncio.sleep(0)
+        return {"ran": "on the loop"}
+
+
+@pytest.mark.parametrize("handler", [_AsyncCallable(), partial(_AsyncCallable())])
+def test_an_object_with_an_async_call_runs_as_an_async_handler(handler: Any) -> None:
+    """It ran in a thread, which returned an un-awaited coroutine: RESULT_NOT_JSON."""
+    assert _outcome_of(handler) == {"ok": True, "result": {"ran": "on the loop"}}
+
+
+@pytest.mark.parametrize("capacity", [0, -1])
+def test_a_capacity_below_one_is_refused_at_registration(capacity: int) -> None:
+    """0 was taken for "no cap" (the worker's concurrency), and a negative one was sent
+    to the server, whose refusal of the hello ended the run."""
+    worker = Worker("http://127.0.0.1:1", "token")
+    with pytest.raises(ValueError, match="capacity must be at least 1"):
+        worker.handler("h", capacity=capacity)(_exits_on_the_loop)
+    assert worker.handlers == {}
+
+
+def test_the_worker_takes_a_capacity_of_one() -> None:
+    worker = Worker("http://127.0.0.1:1", "token")
+    worker.handler("h", capacity=1)(_exits_on_the_loop)
+    assert worker.handlers["h"].capacity == 1
+
+
+# --------------------------------------------------------------------------- shutdown
+
+
+async def _answers_no_finish(gw: FakeGateway, ws: Any, msg: dict[str, Any]) -> bool:
+    return bool(msg["type"] in ("finish", "finish_many"))
+
+
+async def _returns_at_once(ctx: Context, payload: Any) -> Any:
+    return "done"
+
+
+def test_a_result_never_confirmed_by_shutdown_is_reported_and_fails_the_exit_code(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The server never confirms the finish: at the end of the drain the worker exited
+    0, with nothing logged, and under ``arun()`` the attempt's task was left behind in
+    the caller's loop, waiting for a connection for ever."""
+
+    async def main() -> None:
+        async with FakeGateway(on_request=_answers_no_finish) as gw:
+            worker = Worker(gw.url, "token", grace=0.1, cancel_grace=0.1, request_timeout=5)
+            worker._report_grace = 0.1
+            worker.handler("h")(_returns_at_once)
+            runner = asyncio.create_task(worker.arun())
+            await gw.wait_for(_is("hello"))
+            await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+            await gw.wait_for(_is("finish"))
+            attempt = worker.running["a1"].task
+            assert attempt is not None
+            worker.stop()
+            assert await asyncio.wait_for(runner, 10) == 1
+            assert attempt.done()
+            assert worker.unreported == ["a1"]
+            senders = [t for t in asyncio.all_tasks() if t.get_name() == "coalescer"]
+            assert senders == []  # the finish's sender, waiting for a connection for ever
+
+    with caplog.at_level(logging.ERROR, logger="orbit.worker"):
+        asyncio.run(main())
+    assert "attempt a1 (task t-a1) ended without its outcome confirmed" in caplog.text
+
+
+async def _refuses_resumes(gw: FakeGateway, ws: Any, msg: dict[str, Any]) -> bool:
+    if msg["type"] != "resume":
+        return False
+    error = {"type": "error", "req_id": msg["req_id"], "code": "BAD_SECRET", "message": "no"}
+    await ws.send(json.dumps(error))
+    return True
+
+
+def test_a_new_session_made_while_draining_is_drained_too() -> None:
+    """Stopping, the worker lost its connection and its resume was refused: the new
+    session it said hello with was never drained, so the server went on pushing it
+    tasks, each claimed only to be released, until the drain was over."""
+
+    async def main() -> None:
+        async with FakeGateway(on_request=_refuses_resumes) as gw:
+            worker = Worker(gw.url, "token", grace=5.0, cancel_grace=5.0, reconnect_max=0.1)
+            release = threading.Event()
+
+            @worker.handler("h")
+            def waits(ctx: Context, payload: Any) -> Any:
+                release.wait(10)  # cancelled with its session, it goes on for a while
+
+            runner = asyncio.create_task(worker.arun())
+            try:
+                await gw.wait_for(_is("hello"))
+                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+                await gw.wait_for(_is("start"))
+                worker.stop()
+                await gw.wait_for(_is("drain"))
+                await gw.connections[-1].close()
+                await gw.count(_is("hello"), 2)
+                await gw.count(_is("drain"), 2, timeout=2)  # the new session's
+            finally:
+                release.set()
+                await asyncio.wait_for(runner, 10)
+
+    asyncio.run(main())
+
+
+# --------------------------------------------------------------------------- leases
+
+
+def test_more_running_attempts_than_one_renew_takes_all_keep_their_leases() -> None:
+    """A renew holds at most 1,000 ids (docs/protocol.md); with more attempts running
+    (docs/worker.md advises concurrency=1500), every renewal was refused as a whole,
+    and every lease ran out: each handler cancelled, its result dropped."""
+    n = 1001
+    renewals: dict[str, int] = {}
+    over = asyncio.Event()  # every lease renewed twice, or a handler cancelled
+
+    async def read_as_the_server(gw: FakeGateway, ws: Any, msg: dict[str, Any]) -> bool:
+        """``renew`` read by the server's own decoder: one it refuses is an ``error``."""
+        if msg["type"] != "renew":
+            return False
+        try:
+            decode_model(Renew, msg, parsed=True)
+        except DecodeError as exc:
+            error = {"type": "error", "req_id": msg["req_id"], **exc.as_json()["error"]}
+            await ws.send(json.dumps(error))
+            return True
+        for attempt_id in msg["attempt_ids"]:
+            renewals[attempt_id] = renewals.get(attempt_id, 0) + 1
+        if len(renewals) == n and min(renewals.values()) >= 2:
+            over.set()
+        return False
+
+    async def main() -> None:
+        async with FakeGateway(on_request=read_as_the_server, lease_left=1.0) as gw:
+            worker = Worker(gw.url, "token", concurrency=n, grace=5.0)
+            release = asyncio.Event()
+            cancelled: list[str] = []
+
+            @worker.handler("h")
+            async def waits(ctx: Context, payload: Any) -> Any:
+                try:
+                    await release.wait()
+                except asyncio.CancelledError:
+                    cancelled.append(ctx.reason or "")
+                    over.set()
+                    raise
+                return "ok"
+
+            runner = asyncio.create_task(worker.arun())
+            try:
+                await gw.wait_for(_is("hello"))
+                tasks = [assignment(f"a{i}", "h") for i in range(n)]
+                await gw.push({"type": "tasks", "req_id": None, "tasks": tasks})
+                await asyncio.wait_for(over.wait(), 10)
+                assert cancelled == []
+            finally:
+                release.set()
+                worker.stop()
+                assert await asyncio.wait_for(runner, 10) == 0
+            assert len(gw.finished) == n
+            assert all(o == {"ok": True, "result": "ok"} for o in gw.finished.values())
+
+    asyncio.run(main())
+
+
+def test_a_stop_from_another_thread_ends_the_run_at_once() -> None:
+    """``worker.stop()`` from a thread other than the worker's (a worker run in a thread
+    of its own, stopped by the application) set an asyncio.Event from outside its loop,
+    which woke nothing: the run went on until something else woke the loop (the next
+    renewal turn or heartbeat, 10-20 s on an idle worker)."""
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, "token")
+            worker.handler("h")(_returns_at_once)
+            codes: list[int] = []
+            thread = threading.Thread(target=lambda: codes.append(asyncio.run(worker.arun())))
+            thread.start()
+            try:
+                await gw.wait_for(_is("hello"))
+                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+                await gw.wait_for(_is("finish"))
+                # Its answer taken: the worker's loop now waits on its sockets, idle (read
+                # across threads, hence the polling).
+                async with asyncio.timeout(5):
+                    while worker.finished < 1 or worker.running:
+                        await asyncio.sleep(0.01)
+                worker.stop()
+                await asyncio.to_thread(thread.join, 3)
+                assert codes == [0]
+            finally:
+                worker.stop()
+                await asyncio.to_thread(thread.join, 30)
+
+    asyncio.run(main())
+
+
+def test_a_second_run_starts_a_session_of_its_own() -> None:
+    """A Worker run again after a run that drained resumed that run's session, which is
+    draining for good (docs/protocol.md): the server never offered it work again. And
+    the second run's exit code counted the first run's abandoned attempts."""
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, "token")
+            worker.handler("h")(_returns_at_once)
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+            worker.abandoned.append("from-the-first-run")
+            async with running(worker) as second:
+                await gw.count(lambda m: m["type"] in ("hello", "resume"), 2)
+            assert [m["type"] for m in gw.received if m["type"] in ("hello", "resume")] == [
+                "hello",
+                "hello",
+            ]
+            assert second.result() == 0
+            assert worker.abandoned == []
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("request_timeout", 0.0),
+        ("request_timeout", -1.0),
+        ("grace", -1.0),
+        ("cancel_grace", -1.0),
+        ("reconnect_max", 0.0),
+        ("renew_interval", 0.0),
+    ],
+)
+def test_timings_a_worker_cannot_work_with_are_refused(option: str, value: float) -> None:
+    """request_timeout=0 timed out every request, the hello first, which was retried
+    for ever as "connect failed (TimeoutError)"; renew_interval=0 renewed without a
+    pause; a negative grace was taken for none."""
+    with pytest.raises(ValueError, match=option):
+        Worker("http://127.0.0.1:1", "token", **{option: value})
+
+
+def test_the_least_timings_a_worker_works_with_are_taken() -> None:
+    worker = Worker(
+        "http://127.0.0.1:1",
+        "token",
+        request_timeout=0.01,
+        grace=0.0,
+        cancel_grace=0.0,
+        reconnect_max=0.01,
+        renew_interval=0.01,
+    )
+    assert (worker.grace, worker.cancel_grace) == (0.0, 0.0)
+
+
+def test_an_error_the_server_could_not_address_to_a_request_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An ``error`` with ``"req_id": null`` (a frame the server could not read, so not
+    match to its request; docs/protocol.md) was dropped without a word: all one saw was
+    the request timing out 30 s later and the connection closing."""
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, "token")
+            worker.handler("h")(_returns_at_once)
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                refusal = {"type": "error", "req_id": None, "code": "INVALID_JSON"}
+                await gw.push({**refusal, "message": "the frame is not valid JSON"})
+                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+                await gw.wait_for(_is("start"))  # pushes are read in order: the error was
+
+    with caplog.at_level(logging.WARNING, logger="orbit.worker"):
+        asyncio.run(main())
+    assert "INVALID_JSON: the frame is not valid JSON" in caplog.text
