@@ -12,6 +12,7 @@ import pytest
 
 from orbit.store import SchemaTooNew, Store, open_store, sqlite_path
 from orbit.store.driver import migration_files
+from orbit.store.sqlite import SqliteDriver
 from tests.pg import as_url, temporary_database
 
 
@@ -104,3 +105,43 @@ def test_a_migration_that_fails_half_way_leaves_nothing_and_a_rerun_applies_it(
     finally:
         store.close()
 
+
+@pytest.fixture
+def current_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """A database migrated to this Orbit's schema (PostgreSQL's is the session's)."""
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path}/orbit.db"
+        open_store(url).close()
+        return url
+    return str(request.getfixturevalue("pg_url"))
+
+
+def _impatient(url: str) -> Store:
+    """A store on ``url`` (not migrated yet) that waits at most 200 ms for a lock."""
+    path = sqlite_path(url)
+    if path is not None:
+        return Store(SqliteDriver(path, busy_timeout_ms=200))
+    return open_store(f"{url}?options=-c%20lock_timeout%3D200", migrate=False)
+
+
+def test_a_current_schema_opens_while_another_connection_holds_the_migration_lock(
+    current_url: str,
+) -> None:
+    """Opening a store took the migration's lock and wrote (``BEGIN IMMEDIATE`` on
+    SQLite, an advisory lock and ``CREATE TABLE IF NOT EXISTS`` on PostgreSQL) even when
+    nothing was due: ``orbit token ls`` waited behind a server's long write, and past
+    its busy timeout failed with ``database is locked``. A schema that is current is
+    read, with no lock, and nothing is written."""
+    holder = open_store(current_url, migrate=False)
+    try:
+        with holder.driver.transaction() as cx:
+            cx.fetch("migrate_lock", {})  # SQLite: the write lock, held since BEGIN
+            store = _impatient(current_url)
+            try:
+                latest = migration_files(store.driver.migrations)[-1][0]
+                assert store.migrate() == latest
+                assert store.token_list() is not None
+            finally:
+                store.close()
+    finally:
+        holder.close()
