@@ -19,7 +19,7 @@ from orbit.core.validate import MAX_DURATION_US
 from orbit.protocol.messages import ArtifactPage, ArtifactView
 from orbit.server.auth import require
 from orbit.server.errors import ApiError
-from orbit.server.routes import LISTING, Limit, encode_cursor, id_cursor
+from orbit.server.routes import LISTING, Limit, declares_over, encode_cursor, id_cursor
 from orbit.server.views import artifact_view
 from orbit.store import Store
 
@@ -94,8 +94,7 @@ async def _receive(request: Request, attempt_id: str, name: str) -> Artifact:
             )
         ttl_us = int(ttl) * SECOND
     limit = store.config.max_artifact_bytes
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declares_over(request.headers.get("content-length"), limit):
         raise ApiError(413, str(Code.ARTIFACT_TOO_LARGE), f"artifacts are at most {limit} bytes")
     content_type = request.headers.get("content-type", "application/octet-stream")
     artifact_id = await run_in_threadpool(
