@@ -5,6 +5,7 @@ whole in the server's memory."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from functools import partial
 from urllib.parse import quote
@@ -23,6 +24,7 @@ from orbit.server.routes import LISTING, Limit, declares_over, encode_cursor, id
 from orbit.server.views import artifact_view
 from orbit.store import Store
 
+log = logging.getLogger("orbit.server")
 router = APIRouter(prefix="/v1")
 CHUNK = 256 * 1024
 _COUNTER = re.compile(r"^(0|[1-9][0-9]{0,18})\Z")
@@ -134,7 +136,16 @@ async def _receive(request: Request, attempt_id: str, name: str) -> Artifact:
             artifact_id,
         )
     except BaseException:
-        await run_in_threadpool(store.artifact_abort, artifact_id)
+        try:
+            await run_in_threadpool(store.artifact_abort, artifact_id)
+        except Exception as failed:  # the database went down too: the upload's error stands
+            # Its type only: a driver's message may quote the database's address.
+            log.warning(
+                "could not drop the failed upload %s (%s): the reaper drops it once its "
+                "attempt has ended",
+                artifact_id,
+                type(failed).__name__,
+            )
         raise
     return artifact
 
