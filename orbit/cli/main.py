@@ -367,17 +367,23 @@ def server(
     sock = bind(host, port, unread_timeout=session_ttl)
     url = url_of(sock, host, "https" if tls_cert else "http")
     held: int | None = None  # SQLite: the lock that keeps a second server off the file
-    with database(db):  # opened here, so a database that cannot be is one clear line
-        store = open_store(db, settings.store_config)
-        path = sqlite_path(db)
-        if path is not None:
-            from orbit.store.sqlite import hold_for_server
+    try:
+        with database(db):  # opened here, so a database that cannot be is one clear line
+            store = open_store(db, settings.store_config)
+            path = sqlite_path(db)
+            if path is not None:
+                from orbit.store.sqlite import hold_for_server
 
-            try:  # after open_store, which makes the file's directory
-                held = hold_for_server(path)
-            except BaseException:
-                store.close()
-                raise
+                try:  # after open_store, which makes the file's directory
+                    held = hold_for_server(path)
+                except BaseException:
+                    store.close()
+                    raise
+    except BaseException:
+        # The command ends here (one line, exit 1): the bound socket stayed open while
+        # the error lived, and was collected with a ResourceWarning.
+        sock.close()
+        raise
     api = create_app(settings, store=store)
     config = uvicorn.Config(
         api,

@@ -5,6 +5,7 @@ whole in the server's memory."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from functools import partial
 from urllib.parse import quote
@@ -19,10 +20,11 @@ from orbit.core.validate import MAX_DURATION_US
 from orbit.protocol.messages import ArtifactPage, ArtifactView
 from orbit.server.auth import require
 from orbit.server.errors import ApiError
-from orbit.server.routes import LISTING, Limit, encode_cursor, id_cursor
+from orbit.server.routes import LISTING, Limit, declares_over, encode_cursor, id_cursor
 from orbit.server.views import artifact_view
 from orbit.store import Store
 
+log = logging.getLogger("orbit.server")
 router = APIRouter(prefix="/v1")
 CHUNK = 256 * 1024
 _COUNTER = re.compile(r"^(0|[1-9][0-9]{0,18})\Z")
@@ -94,8 +96,7 @@ async def _receive(request: Request, attempt_id: str, name: str) -> Artifact:
             )
         ttl_us = int(ttl) * SECOND
     limit = store.config.max_artifact_bytes
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declares_over(request.headers.get("content-length"), limit):
         raise ApiError(413, str(Code.ARTIFACT_TOO_LARGE), f"artifacts are at most {limit} bytes")
     content_type = request.headers.get("content-type", "application/octet-stream")
     artifact_id = await run_in_threadpool(
@@ -135,7 +136,16 @@ async def _receive(request: Request, attempt_id: str, name: str) -> Artifact:
             artifact_id,
         )
     except BaseException:
-        await run_in_threadpool(store.artifact_abort, artifact_id)
+        try:
+            await run_in_threadpool(store.artifact_abort, artifact_id)
+        except Exception as failed:  # the database went down too: the upload's error stands
+            # Its type only: a driver's message may quote the database's address.
+            log.warning(
+                "could not drop the failed upload %s (%s): the reaper drops it once its "
+                "attempt has ended",
+                artifact_id,
+                type(failed).__name__,
+            )
         raise
     return artifact
 

@@ -59,6 +59,27 @@ TASK_STATES = tuple(str(s) for s in TaskState)
 SESSION_STATES = tuple(str(s) for s in SessionState)
 
 
+#: a Content-Length: ASCII digits (``str.isdigit`` also admits '²' and other scripts'
+#: digits, which ``int`` refuses)
+_LENGTH = re.compile(r"[0-9]+")
+
+
+def declares_over(declared: str | None, limit: int) -> bool:
+    """Whether a Content-Length value declares more than ``limit`` bytes. A value that is
+    not ASCII digits (around them, spaces or tabs) refuses nothing here, and cannot
+    raise: the body is counted as it arrives and refused at the limit, as a chunked one
+    is. Uvicorn answers such a header with its own 400, but another ASGI server may
+    pass it on; a value longer than the limit's digits is over it without ``int``, which
+    refuses strings of more than 4,300 digits."""
+    if declared is None:
+        return False
+    value = declared.strip(" \t")
+    if not _LENGTH.fullmatch(value):
+        return False
+    digits = value.lstrip("0")
+    return len(digits) > len(str(limit)) or int(digits or "0") > limit
+
+
 def _store(request: Request) -> Store:
     store: Store = request.app.state.store
     return store
@@ -67,8 +88,7 @@ def _store(request: Request) -> Store:
 async def _document(request: Request) -> Any:
     """The body, within the size limit, parsed under the strict JSON rules."""
     limit: int = request.app.state.settings.max_body_bytes
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declares_over(request.headers.get("content-length"), limit):
         raise ApiError(413, "BODY_TOO_LARGE", f"the body is over {limit} bytes")
     # Read as it arrives and stopped at the limit: a chunked body declares no length,
     # and reading it whole first would hold all of it in memory before refusing it.

@@ -6,6 +6,7 @@ migrated store. Tests pass ``clock=`` to control time exactly.
 
 from __future__ import annotations
 
+from contextlib import suppress
 from pathlib import Path
 
 from orbit.store.store import Clock as Clock
@@ -52,7 +53,15 @@ def open_store(
     else:
         raise ValueError("the store URL must start with sqlite:// or postgresql://")
     if migrate:
-        store.migrate()
+        try:
+            store.migrate()
+        except BaseException:
+            # The caller never gets the store: close it here, or its connection (on
+            # PostgreSQL two pools, their connections and threads) lives for as long as
+            # the error does. The error raised is migrate's, not one from closing.
+            with suppress(Exception):
+                store.close()
+            raise
     return store
 
 

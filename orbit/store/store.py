@@ -117,6 +117,15 @@ class SchemaTooNew(Exception):
     mean, so it refuses to open the database rather than write rows that break them."""
 
 
+def _check_schema(current: int, known: int) -> None:
+    """Raise ``SchemaTooNew`` for a database at ``current``, past this Orbit's ``known``."""
+    if current > known:
+        raise SchemaTooNew(
+            f"the database's schema is at version {current}, and this Orbit knows "
+            f"versions up to {known}: run the Orbit that migrated it, or a newer one"
+        )
+
+
 class Grants(list[Grant]):
     """What a claim handed out, and whether anything held it back.
 
@@ -314,19 +323,26 @@ class Store:
 
     def migrate(self) -> int:
         """Apply the numbered migrations not yet applied; return the schema version.
-        Raise ``SchemaTooNew`` (changing nothing) on a database a newer Orbit migrated."""
+        Raise ``SchemaTooNew`` (changing nothing) on a database a newer Orbit migrated.
+
+        The version is read first, with no lock: a schema that is current (every open
+        but the first after an upgrade) takes neither the migration's lock nor, on
+        SQLite, the database's write lock, so ``orbit token ls`` does not wait behind a
+        server's write. Only a database with migrations due takes the lock, and reads
+        the version again under it (another node may have migrated it meanwhile)."""
+        files = migration_files(self.driver.migrations)
+        known = files[-1][0] if files else 0
+        if self._read("schema_version_present")[0]["present"]:
+            current = int(self._read("schema_version_get")[0]["version"])
+            _check_schema(current, known)
+            if current == known:
+                return current
 
         def work(tx: _Tx) -> int:
             tx.fetch("migrate_lock")
             tx.execute("schema_version_create")
             current = int(tx.fetch("schema_version_get")[0]["version"])
-            files = migration_files(self.driver.migrations)
-            known = files[-1][0] if files else 0
-            if current > known:
-                raise SchemaTooNew(
-                    f"the database's schema is at version {current}, and this Orbit knows "
-                    f"versions up to {known}: run the Orbit that migrated it, or a newer one"
-                )
+            _check_schema(current, known)
             for number, path in files:
                 if number > current:
                     tx.cx.run_script(path.read_text(encoding="utf-8"))

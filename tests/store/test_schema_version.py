@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Iterator
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
 
-from orbit.store import SchemaTooNew, Store, open_store
+from orbit.store import SchemaTooNew, Store, open_store, sqlite_path
 from orbit.store.driver import migration_files
+from orbit.store.sqlite import SqliteDriver
 from tests.pg import as_url, temporary_database
 
 
@@ -21,6 +25,20 @@ def fresh_url(backend: str, tmp_path: Path) -> Iterator[str]:
     else:
         with temporary_database() as dsn:
             yield as_url(dsn)
+
+
+def _held(url: str) -> set[object]:
+    """What an open store holds in this process: on SQLite the descriptors open on the
+    database file, on PostgreSQL the threads of its connection pools (named ``orbit``)."""
+    path = sqlite_path(url)
+    if path is None:
+        return {t for t in threading.enumerate() if t.name.startswith("orbit")}
+    real, found = os.path.realpath(path), set()
+    for fd in os.listdir("/proc/self/fd"):
+        with suppress(OSError):  # a descriptor closed since the listing
+            if os.readlink(f"/proc/self/fd/{fd}") == real:
+                found.add(fd)
+    return found
 
 
 def _versions(store: Store) -> list[int]:
@@ -45,8 +63,13 @@ def test_a_database_from_a_newer_orbit_is_refused_and_left_as_it_was(fresh_url: 
         assert _versions(store) == before == [*range(1, latest + 2)]
     finally:
         store.close()
-    with pytest.raises(SchemaTooNew):
+    held = _held(fresh_url)
+    with pytest.raises(SchemaTooNew) as again:
         open_store(fresh_url)
+    # The store it opened to find out is closed: it stayed open for as long as the error
+    # lived (its traceback holds the store), a connection on SQLite, on PostgreSQL two
+    # pools with their connections and threads, in a caller that kept or logged it.
+    assert _held(fresh_url) == held, again.value
 
 
 def test_a_migration_that_fails_half_way_leaves_nothing_and_a_rerun_applies_it(
@@ -81,3 +104,44 @@ def test_a_migration_that_fails_half_way_leaves_nothing_and_a_rerun_applies_it(
         assert store.migrate() == latest + 1
     finally:
         store.close()
+
+
+@pytest.fixture
+def current_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """A database migrated to this Orbit's schema (PostgreSQL's is the session's)."""
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path}/orbit.db"
+        open_store(url).close()
+        return url
+    return str(request.getfixturevalue("pg_url"))
+
+
+def _impatient(url: str) -> Store:
+    """A store on ``url`` (not migrated yet) that waits at most 200 ms for a lock."""
+    path = sqlite_path(url)
+    if path is not None:
+        return Store(SqliteDriver(path, busy_timeout_ms=200))
+    return open_store(f"{url}?options=-c%20lock_timeout%3D200", migrate=False)
+
+
+def test_a_current_schema_opens_while_another_connection_holds_the_migration_lock(
+    current_url: str,
+) -> None:
+    """Opening a store took the migration's lock and wrote (``BEGIN IMMEDIATE`` on
+    SQLite, an advisory lock and ``CREATE TABLE IF NOT EXISTS`` on PostgreSQL) even when
+    nothing was due: ``orbit token ls`` waited behind a server's long write, and past
+    its busy timeout failed with ``database is locked``. A schema that is current is
+    read, with no lock, and nothing is written."""
+    holder = open_store(current_url, migrate=False)
+    try:
+        with holder.driver.transaction() as cx:
+            cx.fetch("migrate_lock", {})  # SQLite: the write lock, held since BEGIN
+            store = _impatient(current_url)
+            try:
+                latest = migration_files(store.driver.migrations)[-1][0]
+                assert store.migrate() == latest
+                assert store.token_list() is not None
+            finally:
+                store.close()
+    finally:
+        holder.close()

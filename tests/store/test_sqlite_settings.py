@@ -3,29 +3,65 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import stat
+from contextlib import closing
 from pathlib import Path
 
+import pytest
+
 from orbit.store import open_store
-from orbit.store.sqlite.driver import CACHE_KIB
+from orbit.store.sqlite.driver import CACHE_KIB, JOURNAL_LIMIT_BYTES, DatabaseNotWal, set_wal
 
 
 def test_the_sqlite_connection_runs_with_wal_full_sync_and_a_large_page_cache(
     tmp_path: Path,
 ) -> None:
+    """... and a limit on the -wal file: past a checkpoint SQLite reuses it from the
+    start but never shrank it, so one large batch (a submit of 100,000 tasks) left a
+    -wal file of its size on disk for as long as the server ran."""
     store = open_store(f"sqlite:///{tmp_path}/orbit.db")
     try:
         store.driver.queries["test_pragmas"] = (
             "SELECT (SELECT journal_mode FROM pragma_journal_mode) AS journal,"
             " (SELECT synchronous FROM pragma_synchronous) AS sync,"
-            " (SELECT cache_size FROM pragma_cache_size) AS cache"
+            " (SELECT cache_size FROM pragma_cache_size) AS cache,"
+            " (SELECT journal_size_limit FROM pragma_journal_size_limit) AS wal_limit"
         )
         with store.driver.transaction() as cx:
             row = cx.fetch("test_pragmas", {})[0]
     finally:
         store.close()
-    assert row == {"journal": "wal", "sync": 2, "cache": -CACHE_KIB}
+    assert row == {
+        "journal": "wal",
+        "sync": 2,
+        "cache": -CACHE_KIB,
+        "wal_limit": JOURNAL_LIMIT_BYTES,
+    }
     assert CACHE_KIB >= 64 * 1024
+    assert JOURNAL_LIMIT_BYTES == 64 * 1024 * 1024
+
+
+def test_a_database_sqlite_cannot_put_in_wal_mode_is_refused(tmp_path: Path) -> None:
+    """``PRAGMA journal_mode = WAL`` answers with the mode in effect, and where WAL
+    cannot be had (a VFS without shared memory, as some network file systems are) it
+    keeps the old one and raises nothing: Orbit ran in rollback mode, where a reader
+    waits for every writer, and said nothing. The connection is a real one through
+    SQLite's ``unix-none`` VFS, which has no shared memory."""
+    path = tmp_path / "orbit.db"
+    with (
+        closing(sqlite3.connect(f"file:{path}?vfs=unix-none", uri=True)) as cx,
+        pytest.raises(DatabaseNotWal) as refused,
+    ):
+        set_wal(cx, str(path))
+    message = str(refused.value)
+    assert message == (
+        f"SQLite cannot use WAL for {path} (its journal mode stays 'delete'): "
+        "put the database on a local file system"
+    )
+    with closing(sqlite3.connect(path)) as cx:  # where it can, it does
+        set_wal(cx, str(path))
+        assert cx.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
 
 def test_a_new_sqlite_database_is_readable_by_its_owner_only(tmp_path: Path) -> None:

@@ -21,6 +21,11 @@ CREATE TABLE IF NOT EXISTS orbit_schema_version (
     applied_at bigint NOT NULL
 );
 
+-- name: schema_version_present
+-- Whether the version table exists (on the search path, where CREATE TABLE puts it):
+-- migrate reads it before it takes any lock.
+SELECT to_regclass('orbit_schema_version') IS NOT NULL AS present;
+
 -- name: schema_version_get
 SELECT coalesce(max(version), 0) AS version FROM orbit_schema_version;
 

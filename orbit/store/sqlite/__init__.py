@@ -1,5 +1,11 @@
 """The SQLite driver: one file, one writer at a time (BEGIN IMMEDIATE), WAL journal."""
 
-from orbit.store.sqlite.driver import DatabaseInUse, DatabaseReadOnly, SqliteDriver, hold_for_server
+from orbit.store.sqlite.driver import (
+    DatabaseInUse,
+    DatabaseNotWal,
+    DatabaseReadOnly,
+    SqliteDriver,
+    hold_for_server,
+)
 
-__all__ = ["DatabaseInUse", "DatabaseReadOnly", "SqliteDriver", "hold_for_server"]
+__all__ = ["DatabaseInUse", "DatabaseNotWal", "DatabaseReadOnly", "SqliteDriver", "hold_for_server"]

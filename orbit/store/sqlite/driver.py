@@ -103,6 +103,14 @@ class _SqliteConnection:
 #: operating system.
 CACHE_KIB = 64 * 1024
 
+#: The size SQLite truncates the ``-wal`` file back to after a checkpoint that emptied it.
+#: Past a checkpoint SQLite writes the file again from its start but never shrinks it (its
+#: default limit is none): one large batch (a submit of 100,000 tasks) left a ``-wal``
+#: file of its size on disk for as long as the server ran. A limit well above what a
+#: usual stretch of commits between checkpoints writes, so the file is not cut and grown
+#: again at every checkpoint.
+JOURNAL_LIMIT_BYTES = 64 * 1024 * 1024
+
 
 def _create_private(path: str) -> None:
     """Create the database file readable and writable by its owner only, if it does not
@@ -139,6 +147,25 @@ def _check_writable(path: str) -> None:
     for name in (path, f"{path}-wal", f"{path}-shm"):
         if os.path.exists(name) and not _writable(name):
             raise DatabaseReadOnly(f"{name} is read-only to this user: Orbit writes to it")
+
+
+class DatabaseNotWal(Exception):
+    """SQLite cannot put this database in WAL mode (its file system, or its VFS)."""
+
+
+def set_wal(cx: sqlite3.Connection, path: str) -> None:
+    """Put the database in WAL mode, or refuse it with one line. The pragma answers with
+    the mode in effect; where WAL cannot be had (a VFS without shared memory, as on some
+    network file systems) it keeps the old mode and raises nothing, and Orbit ran in
+    rollback mode, where a reader waits for every writer (``orbit token ls`` behind a
+    server's writes). An in-memory database has no other connection to wait for: its
+    mode stays ``memory``."""
+    (mode,) = cx.execute("PRAGMA journal_mode = WAL").fetchone()
+    if path != ":memory:" and str(mode).lower() != "wal":
+        raise DatabaseNotWal(
+            f"SQLite cannot use WAL for {path} (its journal mode stays {mode!r}): "
+            "put the database on a local file system"
+        )
 
 
 class DatabaseInUse(Exception):
@@ -186,11 +213,16 @@ class SqliteDriver:
             _check_writable(self.path)
             _create_private(self.path)
         self._cx = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._cx.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-        self._cx.execute("PRAGMA journal_mode = WAL")
-        self._cx.execute(self.queries["commit_durable"])
-        self._cx.execute("PRAGMA foreign_keys = ON")
-        self._cx.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
+        try:
+            self._cx.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            set_wal(self._cx, self.path)
+            self._cx.execute(f"PRAGMA journal_size_limit = {JOURNAL_LIMIT_BYTES}")
+            self._cx.execute(self.queries["commit_durable"])
+            self._cx.execute("PRAGMA foreign_keys = ON")
+            self._cx.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
+        except BaseException:
+            self._cx.close()  # the caller never gets the driver to close
+            raise
 
     @contextmanager
     def transaction(self, *, durable: bool = True) -> Iterator[_SqliteConnection]:

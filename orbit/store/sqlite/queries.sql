@@ -22,6 +22,11 @@ CREATE TABLE IF NOT EXISTS orbit_schema_version (
     applied_at bigint NOT NULL
 );
 
+-- name: schema_version_present
+-- Whether the version table exists: migrate reads it before it takes any lock.
+SELECT count(*) > 0 AS present FROM sqlite_master
+WHERE type = 'table' AND name = 'orbit_schema_version';
+
 -- name: schema_version_get
 SELECT coalesce(max(version), 0) AS version FROM orbit_schema_version;
 
