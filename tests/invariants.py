@@ -129,10 +129,15 @@ def check_i4(store: Store, events: list[dict[str, Any]], caps: dict[str, Any] | 
     limits: dict[str, int] = {f"queue:{q.name}": q.max_concurrency for q in store.queue_list()}
     for s in store.session_list():
         limits[f"session:{s.id}"] = s.max_concurrency
-    for e in events:  # a session's cap may have been lowered: judge by the largest it had
+    for e in events:  # a cap may have been lowered: judge by the largest it had
         if e["kind"] == "session.capacity":
             key = f"session:{e['session_id']}"
             limits[key] = max(limits.get(key, 0), json.loads(e["data"])["max_concurrency"])
+        elif e["kind"] in ("queue.created", "queue.updated"):
+            cap = json.loads(e["data"]).get("max_concurrency")
+            if cap is not None:
+                key = f"queue:{e['queue']}"
+                limits[key] = max(limits.get(key, 0), cap)
     for k, v in (caps or {}).items():
         limits[k] = v
     for scope, n in peak.items():

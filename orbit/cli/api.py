@@ -1,4 +1,4 @@
-"""``orbit queue|task|worker …``: the HTTP API from the shell.
+"""``orbit queue|task|worker|limit …``: the HTTP API from the shell.
 
 Connection: ``--url`` (or ORBIT_URL, default http://127.0.0.1:8000), the token from
 ORBIT_TOKEN or ORBIT_TOKEN_FILE, ``--cafile`` for a private CA. Output: tables for
@@ -49,7 +49,13 @@ CONNECTION_HELP = (
     "unreachable; 5 timed out."
 )
 queue_app = typer.Typer(
-    help="Queues: create, list, pause, resume." + CONNECTION_HELP, no_args_is_help=True
+    help="Queues: create, list, update caps, pause, resume." + CONNECTION_HELP,
+    no_args_is_help=True,
+)
+limit_app = typer.Typer(
+    help="Concurrency caps of tenants and of the whole cluster: list, show, set, remove."
+    + CONNECTION_HELP,
+    no_args_is_help=True,
 )
 task_app = typer.Typer(
     help="Tasks: submit, list, show, cancel, retry, resolve, wait." + CONNECTION_HELP,
@@ -168,6 +174,36 @@ def queue_create(
     with client(url, cafile) as c:
         emit(
             c.queue_create(name, max_concurrency=max_concurrency, rate=rate, burst=burst),
+            as_json,
+            lambda q: _queues_table([q]),
+        )
+
+
+@queue_app.command("update")
+def queue_update(
+    name: str,
+    max_concurrency: Annotated[
+        int | None, typer.Option(help="live attempts at most (>= 1)")
+    ] = None,
+    rate: Annotated[float | None, typer.Option(help="tasks per second; 0 = unlimited")] = None,
+    burst: Annotated[int | None, typer.Option(help="token bucket size")] = None,
+    url: Url = DEFAULT_URL,
+    cafile: CaFile = None,
+    as_json: AsJson = False,
+) -> None:
+    """Change a queue's caps: only the ones given.
+
+    Lowering --max-concurrency stops nothing that runs; new claims wait until fewer are
+    live. A new --rate keeps the burst: give --burst too to change both.
+
+    Example: orbit queue update render --max-concurrency 16 --rate 50 --burst 50
+    """
+    if max_concurrency is None and rate is None and burst is None:
+        fail("give at least one of --max-concurrency, --rate, --burst", EXIT_USAGE)
+    finite(rate, "--rate")
+    with client(url, cafile) as c:
+        emit(
+            c.queue_update(name, max_concurrency=max_concurrency, rate=rate, burst=burst),
             as_json,
             lambda q: _queues_table([q]),
         )
@@ -478,3 +514,74 @@ def worker_ls(url: str, cafile: str | None, as_json: bool, state: str | None = N
 def worker_drain(session_id: str, url: str, cafile: str | None, as_json: bool) -> None:
     with client(url, cafile) as c:
         emit(c.worker_drain(session_id), as_json, lambda w: _workers_table([w]))
+
+
+# ----------------------------------------------------------------------------- limit
+
+#: what `orbit limit tenant|global` takes as the new cap
+CAP_HELP = "the new cap (an integer >= 1), or `none` to remove it; left out: show the cap"
+
+
+def _cap(value: str | None) -> tuple[bool, int | None]:
+    """``(set?, cap)`` from the optional CAP argument: absent shows, ``none`` removes."""
+    if value is None:
+        return False, None
+    if value.strip().lower() == "none":
+        return True, None
+    if not value.isascii() or not value.isdigit() or int(value) < 1:
+        fail(f"the cap must be an integer >= 1 or `none`; got {value!r:.40}", EXIT_USAGE)
+    return True, int(value)
+
+
+def _limits_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table("scope", "max concurrency")
+    for row in rows:
+        scope = "global" if "tenant" not in row else f"tenant {row['tenant']}"
+        cap = row["max_concurrency"]
+        table.add_row(scope, "no cap" if cap is None else str(cap))
+    return table
+
+
+@limit_app.command("ls")
+def limit_ls(url: Url = DEFAULT_URL, cafile: CaFile = None, as_json: AsJson = False) -> None:
+    """Show the global cap and every tenant that has one."""
+    with client(url, cafile) as c:
+        data = {"global": c.global_limit(), "tenants": c.tenant_limits()}
+    emit(data, as_json, lambda d: _limits_table([d["global"], *d["tenants"]]))
+
+
+@limit_app.command("tenant")
+def limit_tenant(
+    tenant: str,
+    cap: Annotated[str | None, typer.Argument(help=CAP_HELP, show_default=False)] = None,
+    url: Url = DEFAULT_URL,
+    cafile: CaFile = None,
+    as_json: AsJson = False,
+) -> None:
+    """Show or set a tenant's cap on live attempts, across all queues.
+
+    Lowering it stops nothing that runs; new claims wait until fewer are live.
+
+    Example: orbit limit tenant acme 20   (orbit limit tenant acme none: no cap)
+    """
+    put, value = _cap(cap)
+    with client(url, cafile) as c:
+        row = c.tenant_limit_set(tenant, value) if put else c.tenant_limit(tenant)
+    emit(row, as_json, lambda r: _limits_table([r]))
+
+
+@limit_app.command("global")
+def limit_global(
+    cap: Annotated[str | None, typer.Argument(help=CAP_HELP, show_default=False)] = None,
+    url: Url = DEFAULT_URL,
+    cafile: CaFile = None,
+    as_json: AsJson = False,
+) -> None:
+    """Show or set the cap on live attempts across the whole cluster.
+
+    Example: orbit limit global 500   (orbit limit global none: no cap)
+    """
+    put, value = _cap(cap)
+    with client(url, cafile) as c:
+        row = c.global_limit_set(value) if put else c.global_limit()
+    emit(row, as_json, lambda r: _limits_table([r]))

@@ -112,6 +112,28 @@ class _Calls:
         return ("POST", "/v1/queues", None, body)
 
     @staticmethod
+    def queue_update(
+        name: str, max_concurrency: int | None, rate: float | None, burst: int | None
+    ) -> Request:
+        """Only the caps given go in the body; the server refuses an empty one."""
+        caps = {"max_concurrency": max_concurrency, "rate": rate, "burst": burst}
+        body = {k: v for k, v in caps.items() if v is not None}
+        return ("PATCH", f"/v1/queues/{_seg(name)}", None, body)
+
+    @staticmethod
+    def tenant_limit(tenant: str, max_concurrency: int | None = None, *, put: bool) -> Request:
+        path = f"/v1/limits/tenants/{_seg(tenant)}"
+        if put:
+            return ("PUT", path, None, {"max_concurrency": max_concurrency})
+        return ("GET", path, None, None)
+
+    @staticmethod
+    def global_limit(max_concurrency: int | None = None, *, put: bool) -> Request:
+        if put:
+            return ("PUT", "/v1/limits/global", None, {"max_concurrency": max_concurrency})
+        return ("GET", "/v1/limits/global", None, None)
+
+    @staticmethod
     def tasks_list(
         state: str | None,
         queue: str | None,
@@ -233,6 +255,36 @@ class Client:
 
     def queue_resume(self, name: str) -> dict[str, Any]:
         return dict(self._call(("POST", f"/v1/queues/{_seg(name)}/resume", None, None)))
+
+    def queue_update(
+        self,
+        name: str,
+        *,
+        max_concurrency: int | None = None,
+        rate: float | None = None,
+        burst: int | None = None,
+    ) -> dict[str, Any]:
+        """Change a queue's caps: only those given (at least one)."""
+        return dict(self._call(_Calls.queue_update(name, max_concurrency, rate, burst)))
+
+    # limits
+    def tenant_limits(self) -> list[dict[str, Any]]:
+        """Every tenant that has a cap: ``[{"tenant", "max_concurrency"}]``."""
+        return list(self._call(("GET", "/v1/limits/tenants", None, None)))
+
+    def tenant_limit(self, tenant: str) -> dict[str, Any]:
+        return dict(self._call(_Calls.tenant_limit(tenant, put=False)))
+
+    def tenant_limit_set(self, tenant: str, max_concurrency: int | None) -> dict[str, Any]:
+        """Cap a tenant's live attempts in all queues; None removes the cap."""
+        return dict(self._call(_Calls.tenant_limit(tenant, max_concurrency, put=True)))
+
+    def global_limit(self) -> dict[str, Any]:
+        return dict(self._call(_Calls.global_limit(put=False)))
+
+    def global_limit_set(self, max_concurrency: int | None) -> dict[str, Any]:
+        """Cap live attempts across the cluster; None removes the cap."""
+        return dict(self._call(_Calls.global_limit(max_concurrency, put=True)))
 
     # tasks
     def submit(
@@ -441,6 +493,35 @@ class AsyncClient:
 
     async def queue_resume(self, name: str) -> dict[str, Any]:
         return dict(await self._call(("POST", f"/v1/queues/{_seg(name)}/resume", None, None)))
+
+    async def queue_update(
+        self,
+        name: str,
+        *,
+        max_concurrency: int | None = None,
+        rate: float | None = None,
+        burst: int | None = None,
+    ) -> dict[str, Any]:
+        """Change a queue's caps: only those given (at least one)."""
+        return dict(await self._call(_Calls.queue_update(name, max_concurrency, rate, burst)))
+
+    async def tenant_limits(self) -> list[dict[str, Any]]:
+        """Every tenant that has a cap: ``[{"tenant", "max_concurrency"}]``."""
+        return list(await self._call(("GET", "/v1/limits/tenants", None, None)))
+
+    async def tenant_limit(self, tenant: str) -> dict[str, Any]:
+        return dict(await self._call(_Calls.tenant_limit(tenant, put=False)))
+
+    async def tenant_limit_set(self, tenant: str, max_concurrency: int | None) -> dict[str, Any]:
+        """Cap a tenant's live attempts in all queues; None removes the cap."""
+        return dict(await self._call(_Calls.tenant_limit(tenant, max_concurrency, put=True)))
+
+    async def global_limit(self) -> dict[str, Any]:
+        return dict(await self._call(_Calls.global_limit(put=False)))
+
+    async def global_limit_set(self, max_concurrency: int | None) -> dict[str, Any]:
+        """Cap live attempts across the cluster; None removes the cap."""
+        return dict(await self._call(_Calls.global_limit(max_concurrency, put=True)))
 
     async def attempts(self, task_id: str) -> list[dict[str, Any]]:
         return list(await self._call(("GET", f"/v1/tasks/{_seg(task_id)}/attempts", None, None)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from orbit.core.model import SECOND, Queue
 
@@ -15,6 +15,46 @@ def bucket_refill(queue: Queue, now: int) -> float:
         return float("inf")
     elapsed = max(now - queue.tokens_at, 0)
     return min(float(queue.burst), queue.tokens + queue.rate * elapsed / SECOND)
+
+
+def queue_with_caps(
+    queue: Queue,
+    *,
+    max_concurrency: int | None,
+    rate: float | None,
+    burst: int | None,
+    now: int,
+) -> Queue:
+    """``queue`` with the caps given (None keeps one as it is), its bucket settled.
+
+    A new rate or burst first settles the bucket: it holds what it held at ``now`` under
+    the old rate (a full bucket if the queue was unlimited), at most the new burst, and
+    refills at the new rate from ``now``. So a raised burst fills at the rate rather than
+    at once, and a lowered one is never exceeded. The same values change nothing."""
+    after = replace(
+        queue,
+        max_concurrency=queue.max_concurrency if max_concurrency is None else max_concurrency,
+        rate=queue.rate if rate is None else float(rate),
+        burst=queue.burst if burst is None else burst,
+    )
+    if (after.rate, after.burst) != (queue.rate, queue.burst):
+        held = bucket_refill(queue, now) if queue.rate > 0 else float(after.burst)
+        after = replace(after, tokens=min(held, float(after.burst)), tokens_at=now)
+    return after
+
+
+def caps_raised(before: Queue, after: Queue) -> bool:
+    """Whether ``after`` may let a claim through that ``before`` held back: more
+    concurrency, a faster rate (0, unlimited, is the fastest), or a larger burst."""
+
+    def speed(rate: float) -> float:
+        return math.inf if rate <= 0 else rate
+
+    return (
+        after.max_concurrency > before.max_concurrency
+        or speed(after.rate) > speed(before.rate)
+        or (after.rate > 0 and after.burst > before.burst)
+    )
 
 
 #: the longest wait ``token_wait_us`` reports (a day): a rate so small that the next token

@@ -74,11 +74,21 @@ def check_queue_caps(max_concurrency: int | None, rate: float | None, burst: int
         raise OrbitError(
             Code.MISSING_CAP, "a queue needs rate (tasks per second; write 0 for unlimited)"
         )
-    check_int("max_concurrency", max_concurrency, 1, 1_000_000)
-    if isinstance(rate, bool) or not isinstance(rate, int | float) or not math.isfinite(rate):
-        raise OrbitError(Code.INVALID_ARGUMENT, f"rate must be a finite number; got {rate!r}")
-    if rate < 0 or rate > 1_000_000:
-        raise OrbitError(Code.INVALID_ARGUMENT, f"rate must be in [0, 1000000]; got {rate!r}")
+    check_queue_cap_values(max_concurrency, rate, burst)
+
+
+def check_queue_cap_values(
+    max_concurrency: int | None, rate: float | None, burst: int | None
+) -> None:
+    """Each cap given (not None) is in its range: what ``queue_create`` and
+    ``queue_update`` both check."""
+    if max_concurrency is not None:
+        check_int("max_concurrency", max_concurrency, 1, 1_000_000)
+    if rate is not None:
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not math.isfinite(rate):
+            raise OrbitError(Code.INVALID_ARGUMENT, f"rate must be a finite number; got {rate!r}")
+        if rate < 0 or rate > 1_000_000:
+            raise OrbitError(Code.INVALID_ARGUMENT, f"rate must be in [0, 1000000]; got {rate!r}")
     if burst is not None:
         check_int("burst", burst, 1, 1_000_000)
 

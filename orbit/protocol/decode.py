@@ -301,6 +301,7 @@ def _submodel(annotation: Any) -> type[BaseModel] | None:
 
 _CODES = {
     "missing": "MISSING_FIELD",
+    "at_least_one": "MISSING_FIELD",
     "extra_forbidden": "UNKNOWN_FIELD",
     "less_than_equal": "NUMBER_OUT_OF_RANGE",
     "greater_than_equal": "NUMBER_OUT_OF_RANGE",

@@ -12,7 +12,7 @@ import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
@@ -80,6 +80,47 @@ class QueueCreate(Strict):
     response_only_fields = frozenset({"paused", "created_at"})
 
 
+def _never_null(schema: dict[str, Any]) -> None:
+    """The schema of a body whose fields may be left out but are never null, with at
+    least one given: each ``anyOf [X, null]`` property becomes X."""
+    for prop in schema.get("properties", {}).values():
+        kinds = prop.pop("anyOf", None)
+        if kinds is not None:
+            prop.update(next(k for k in kinds if k.get("type") != "null"))
+        prop.pop("default", None)
+    schema["minProperties"] = 1
+
+
+class QueueUpdate(Strict):
+    """The caps to change (``PATCH /v1/queues/{name}``): at least one; a field left out
+    keeps its value, and null is refused (there is no cap to remove)."""
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True, frozen=True, json_schema_extra=_never_null
+    )
+    max_concurrency: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    rate: Annotated[float, Field(ge=0, le=1_000_000)] | None = Field(
+        default=None, description="tasks per second; 0 means unlimited"
+    )
+    burst: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    response_only_fields = frozenset({"name", "paused", "created_at"})
+
+    @field_validator("max_concurrency", "rate", "burst", mode="before")
+    @classmethod
+    def _not_null(cls, value: Any) -> Any:
+        if value is None:
+            raise ValueError("null is not allowed: leave the field out to keep its value")
+        return value
+
+    @model_validator(mode="after")
+    def _something(self) -> QueueUpdate:
+        if not self.model_fields_set:
+            raise PydanticCustomError(
+                "at_least_one", "give at least one of max_concurrency, rate, burst"
+            )
+        return self
+
+
 class QueueView(Response):
     name: str
     max_concurrency: int
@@ -87,6 +128,23 @@ class QueueView(Response):
     burst: int
     paused: bool
     created_at: str
+
+
+class LimitSet(Strict):
+    """A tenant's or the global concurrency cap (``PUT /v1/limits/...``); null removes it."""
+
+    max_concurrency: Annotated[int, Field(ge=1, le=100_000_000)] | None = Field(
+        description="live attempts at most (a tenant's: up to 1,000,000); null: no cap"
+    )
+
+
+class TenantLimitView(Response):
+    tenant: str
+    max_concurrency: int | None
+
+
+class GlobalLimitView(Response):
+    max_concurrency: int | None
 
 
 class BackoffSpec(Strict):

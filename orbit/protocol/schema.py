@@ -12,6 +12,10 @@ from orbit.protocol import messages as m
 HTTP_MODELS: tuple[type[BaseModel], ...] = (
     m.QueueCreate,
     m.QueueView,
+    m.QueueUpdate,
+    m.LimitSet,
+    m.TenantLimitView,
+    m.GlobalLimitView,
     m.TaskSubmit,
     m.TaskBatch,
     m.TaskResolve,

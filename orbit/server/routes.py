@@ -21,7 +21,10 @@ from orbit.protocol.decode import DecodeError, decode_json, decode_model
 from orbit.protocol.messages import (
     AttemptView,
     EventPage,
+    GlobalLimitView,
+    LimitSet,
     QueueCreate,
+    QueueUpdate,
     QueueView,
     Submitted,
     SubmittedId,
@@ -30,6 +33,7 @@ from orbit.protocol.messages import (
     TaskResolve,
     TaskSubmit,
     TaskView,
+    TenantLimitView,
     TokenCreate,
     TokenCreated,
     TokenView,
@@ -435,6 +439,74 @@ async def task_events(
 @router.get("/events", dependencies=[Depends(require("admin")), *LISTING], response_model=EventPage)
 async def events(request: Request, limit: Limit = 100, cursor: str | None = None) -> Response:
     return await _events(request, None, limit, cursor)
+
+
+@router.patch("/queues/{name}", dependencies=[Depends(require("admin"))], response_model=QueueView)
+async def queue_update(request: Request, name: str) -> Response:
+    """Change a queue's caps: only the fields given (see QueueUpdate)."""
+    msg = await _body(request, QueueUpdate)
+    queue = await in_thread(
+        _store(request).queue_update,
+        name,
+        max_concurrency=msg.max_concurrency,
+        rate=msg.rate,
+        burst=msg.burst,
+    )
+    return _json(queue_view(queue))
+
+
+# ----------------------------------------------------------------------------- limits
+
+
+@router.get(
+    "/limits/global", dependencies=[Depends(require("admin"))], response_model=GlobalLimitView
+)
+async def limit_global_get(request: Request) -> Response:
+    cap = await in_thread(_store(request).global_limit_get)
+    return _json(GlobalLimitView(max_concurrency=cap))
+
+
+@router.put(
+    "/limits/global", dependencies=[Depends(require("admin"))], response_model=GlobalLimitView
+)
+async def limit_global_set(request: Request) -> Response:
+    """Cap live attempts across the cluster; ``max_concurrency: null`` removes the cap."""
+    msg = await _body(request, LimitSet)
+    await in_thread(_store(request).global_limit_set, msg.max_concurrency)
+    return _json(GlobalLimitView(max_concurrency=msg.max_concurrency))
+
+
+@router.get(
+    "/limits/tenants",
+    dependencies=[Depends(require("admin"))],
+    response_model=list[TenantLimitView],
+)
+async def limit_tenant_list(request: Request) -> Response:
+    """Every tenant that has a cap, by name (a tenant left out has none)."""
+    caps = await in_thread(_store(request).tenant_limit_list)
+    return _json([TenantLimitView(tenant=t, max_concurrency=n) for t, n in caps.items()])
+
+
+@router.get(
+    "/limits/tenants/{tenant}",
+    dependencies=[Depends(require("admin"))],
+    response_model=TenantLimitView,
+)
+async def limit_tenant_get(request: Request, tenant: str) -> Response:
+    cap = await in_thread(_store(request).tenant_limit_get, tenant)
+    return _json(TenantLimitView(tenant=tenant, max_concurrency=cap))
+
+
+@router.put(
+    "/limits/tenants/{tenant}",
+    dependencies=[Depends(require("admin"))],
+    response_model=TenantLimitView,
+)
+async def limit_tenant_set(request: Request, tenant: str) -> Response:
+    """Cap a tenant's live attempts in all queues; ``max_concurrency: null`` removes it."""
+    msg = await _body(request, LimitSet)
+    await in_thread(_store(request).tenant_limit_set, tenant, msg.max_concurrency)
+    return _json(TenantLimitView(tenant=tenant, max_concurrency=msg.max_concurrency))
 
 
 # ----------------------------------------------------------------------------- workers

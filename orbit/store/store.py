@@ -23,7 +23,14 @@ from orbit.core import transitions
 from orbit.core.batches import LazyBatch
 from orbit.core.errors import Code, OrbitError, Rejected
 from orbit.core.ids import random8, uuid7, uuid7_many
-from orbit.core.limits import Occupancy, bucket_refill, room_for_all, token_wait_us
+from orbit.core.limits import (
+    Occupancy,
+    bucket_refill,
+    caps_raised,
+    queue_with_caps,
+    room_for_all,
+    token_wait_us,
+)
 from orbit.core.model import (
     SECOND,
     Artifact,
@@ -53,6 +60,7 @@ from orbit.core.validate import (
     check_json_depth,
     check_name,
     check_payload,
+    check_queue_cap_values,
     check_queue_caps,
     check_spec,
 )
@@ -427,6 +435,67 @@ class Store:
 
         return self._tx(work)
 
+    def queue_update(
+        self,
+        name: str,
+        *,
+        max_concurrency: int | None = None,
+        rate: float | None = None,
+        burst: int | None = None,
+    ) -> Queue:
+        """Change a queue's caps: only the ones given (None keeps a cap as it is).
+
+        Checked as ``queue_create`` checks them, before anything is touched. Nothing
+        running is pre-empted: a ``max_concurrency`` below the live attempts only holds
+        back new claims until enough of them end. A new rate or burst settles the token
+        bucket first: it holds what it held at the old rate until now (a full bucket if
+        the queue was unlimited), at most the new burst, and refills at the new rate from
+        now on. A raised cap wakes the dispatchers that a cap held back."""
+        check_name("queue", name)
+        if max_concurrency is None and rate is None and burst is None:
+            raise OrbitError(
+                Code.INVALID_ARGUMENT, "give at least one of max_concurrency, rate, burst"
+            )
+        check_queue_cap_values(max_concurrency, rate, burst)
+
+        def work(tx: _Tx) -> Queue:
+            _wait_for_claims(tx)  # a claim in flight read the caps (and writes the bucket)
+            found = tx.fetch("queue_lock", name=name)
+            if not found:
+                raise OrbitError(Code.QUEUE_NOT_FOUND, f"no queue named {name!r:.80}")
+            before = R.queue_from_row(found[0])
+            now = tx.now()
+            after = queue_with_caps(
+                before,
+                max_concurrency=max_concurrency,
+                rate=rate,
+                burst=burst,
+                now=now,
+            )
+            if after == before:
+                return before
+            tx.execute(
+                "queue_update_caps",
+                name=name,
+                max_concurrency=after.max_concurrency,
+                rate=after.rate,
+                burst=after.burst,
+                tokens=after.tokens,
+                tokens_at=after.tokens_at,
+            )
+            changed: dict[str, Any] = {}
+            for field in ("max_concurrency", "rate", "burst"):
+                old, new = getattr(before, field), getattr(after, field)
+                if old != new:
+                    changed[field] = new
+                    changed[f"{field}_before"] = old
+            tx.events([Event(kind="queue.updated", queue=name, data=changed)])
+            if caps_raised(before, after):
+                tx.freed.add(name)  # a claim a cap held back may find more now
+            return after
+
+        return self._tx(work)
+
     def tenant_limit_set(self, tenant: str, max_concurrency: int | None) -> None:
         """Cap a tenant's live attempts across all queues (None removes the cap)."""
         check_name("tenant", tenant)
@@ -451,6 +520,26 @@ class Store:
             _limits_changed(tx)
 
         self._tx(work)
+
+    def tenant_limit_get(self, tenant: str) -> int | None:
+        """A tenant's cap (None: no cap, which every tenant has until one is set)."""
+        check_name("tenant", tenant)
+        found = self._read("tenant_get", name=tenant)
+        if not found or found[0]["max_concurrency"] is None:
+            return None
+        return int(found[0]["max_concurrency"])
+
+    def tenant_limit_list(self) -> dict[str, int]:
+        """Every tenant that has a cap, with it, by name."""
+        rows = self._read("tenant_caps")
+        return {str(r["name"]): int(r["max_concurrency"]) for r in sorted(rows, key=_by_name)}
+
+    def global_limit_get(self) -> int | None:
+        """The cluster-wide cap (None: no cap)."""
+        found = self._read("setting_get", name="global_max_concurrency")
+        if not found or found[0]["int_value"] is None:
+            return None
+        return int(found[0]["int_value"])
 
     # ------------------------------------------------------------------ tokens
 
@@ -1814,6 +1903,10 @@ def _wait_for_claims(tx: _Tx) -> None:
     queue it had not read (a KeyError). These changes are rare: the claim lock costs the
     hot path nothing. (A queue's pause needs none: start refuses it.)"""
     tx.fetch("claim_lock")
+
+
+def _by_name(row: Row) -> str:
+    return str(row["name"])
 
 
 def _limits_changed(tx: _Tx) -> None:

@@ -179,6 +179,44 @@ def test_limits_validated(store: Store) -> None:
     _rejects(store, Code.INVALID_ARGUMENT, lambda: store.global_limit_set(-1))
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "code"),
+    [
+        ({}, Code.INVALID_ARGUMENT),  # nothing to change
+        ({"max_concurrency": 0}, Code.INVALID_ARGUMENT),
+        ({"max_concurrency": 1_000_001}, Code.INVALID_ARGUMENT),
+        ({"max_concurrency": True}, Code.INVALID_ARGUMENT),
+        ({"max_concurrency": 2.5}, Code.INVALID_ARGUMENT),
+        ({"rate": -1}, Code.INVALID_ARGUMENT),
+        ({"rate": 1_000_001}, Code.INVALID_ARGUMENT),
+        ({"rate": float("nan")}, Code.INVALID_ARGUMENT),
+        ({"rate": float("inf")}, Code.INVALID_ARGUMENT),
+        ({"rate": "5"}, Code.INVALID_ARGUMENT),
+        ({"burst": 0}, Code.INVALID_ARGUMENT),
+        ({"burst": 1_000_001}, Code.INVALID_ARGUMENT),
+        # one bad cap among good ones changes none of them
+        ({"max_concurrency": 5, "rate": 2, "burst": 0}, Code.INVALID_ARGUMENT),
+    ],
+)
+def test_queue_update_needs_valid_caps(store: Store, kwargs: dict[str, Any], code: Code) -> None:
+    queue(store, max_concurrency=3, rate=1, burst=2)
+    err = _rejects(store, code, lambda: store.queue_update("q", **kwargs))
+    assert err.status == 400
+
+
+def test_queue_update_of_an_unknown_queue(store: Store) -> None:
+    queue(store)
+    err = _rejects(
+        store, Code.QUEUE_NOT_FOUND, lambda: store.queue_update("nope", max_concurrency=2)
+    )
+    assert err.status == 404
+    _rejects(store, Code.INVALID_ARGUMENT, lambda: store.queue_update("bad name!", rate=1))
+
+
+def test_limit_reads_validated(store: Store) -> None:
+    _rejects(store, Code.INVALID_ARGUMENT, lambda: store.tenant_limit_get("bad name!"))
+
+
 def test_a_bad_submission_is_refused_before_any_sql(store: Store) -> None:
     """What can be judged without the database is judged before the transaction: with
     the queue read armed to fail, the bad spec's own error still comes back."""

@@ -1,6 +1,6 @@
 """A claim racing, on another node, a change of what it weighs: its session's drain,
-capacity or epoch (a resume), a tenant's or the global cap, or the set of queues. A
-claim must honour a change that committed before it does: the state table checks
+capacity or epoch (a resume), a queue's, a tenant's or the global cap, or the set of
+queues. A claim must honour a change that committed before it does: the state table checks
 "session live, not draining" and every cap atomically.
 
 Before the fix, on PostgreSQL the claim read these without a lock: a change that
@@ -50,6 +50,10 @@ CHANGES: dict[str, tuple[str | None, Callable[[Store, Session, str], Any]]] = {
     "queue created": (
         "queue.created",
         lambda store, s, _: (queue(store, "q2"), submit(store, queue="q2")),
+    ),
+    "queue cap lowered": (
+        "queue.updated",
+        lambda store, s, _: store.queue_update("q", max_concurrency=1),
     ),
     # Cap settings write no event: the check is that the change waits for the claim.
     "tenant cap lowered": (None, lambda store, s, _: store.tenant_limit_set("default", 1)),

@@ -17,6 +17,8 @@ from orbit.core.limits import (
     MAX_TOKEN_WAIT_US,
     Occupancy,
     bucket_refill,
+    caps_raised,
+    queue_with_caps,
     room_for_all,
     token_wait_us,
 )
@@ -75,6 +77,35 @@ def test_token_bucket_refills_at_rate_up_to_burst() -> None:
     assert bucket_refill(q, 10 * SECOND) == 4.0
     assert bucket_refill(q, -5) == 0.0  # a clock that went backwards grants nothing
     assert bucket_refill(Queue("u", 1, rate=0, burst=1), 0) == float("inf")
+
+
+def test_new_caps_settle_the_bucket_at_the_old_rate_then_clamp_it() -> None:
+    q = Queue("q", 10, rate=2.0, burst=4, tokens=0.0, tokens_at=0)
+    # 1 s at the old rate gave 2 tokens; from now on the new rate applies
+    faster = queue_with_caps(q, max_concurrency=None, rate=100, burst=None, now=SECOND)
+    assert (faster.rate, faster.burst, faster.tokens, faster.tokens_at) == (100.0, 4, 2.0, SECOND)
+    smaller = queue_with_caps(q, max_concurrency=None, rate=None, burst=1, now=SECOND)
+    assert (smaller.burst, smaller.tokens) == (1, 1.0)  # clamped to the new burst
+    larger = queue_with_caps(q, max_concurrency=None, rate=None, burst=50, now=10 * SECOND)
+    assert larger.tokens == 4.0  # full at the old burst; fills to 50 at the rate
+    unlimited = Queue("u", 1, rate=0, burst=1, tokens=0.0, tokens_at=0)
+    limited = queue_with_caps(unlimited, max_concurrency=None, rate=1, burst=3, now=5)
+    assert (limited.tokens, limited.tokens_at) == (3.0, 5)  # starts full, as at create
+    # only the concurrency, or the same values: the bucket is untouched
+    assert queue_with_caps(q, max_concurrency=3, rate=None, burst=None, now=SECOND).tokens_at == 0
+    assert queue_with_caps(q, max_concurrency=10, rate=2, burst=4, now=SECOND) == q
+
+
+def test_caps_raised_knows_unlimited_is_the_fastest_rate() -> None:
+    q = Queue("q", 10, rate=2.0, burst=4)
+    assert caps_raised(q, Queue("q", 11, rate=2.0, burst=4))
+    assert caps_raised(q, Queue("q", 10, rate=3.0, burst=4))
+    assert caps_raised(q, Queue("q", 10, rate=0.0, burst=4))
+    assert caps_raised(q, Queue("q", 10, rate=2.0, burst=5))
+    assert not caps_raised(q, Queue("q", 9, rate=1.0, burst=3))
+    unlimited = Queue("u", 10, rate=0.0, burst=1)
+    assert not caps_raised(unlimited, Queue("u", 10, rate=5.0, burst=1))
+    assert not caps_raised(unlimited, Queue("u", 10, rate=0.0, burst=9))  # burst unused
 
 
 def test_token_wait_is_the_time_to_the_next_whole_token() -> None:

@@ -68,6 +68,16 @@ ORDER BY name FOR SHARE;
 -- name: queue_set_paused
 UPDATE orbit_queues SET paused = :paused WHERE name = :name;
 
+-- name: queue_update_caps
+-- An operator's change of the caps; the bucket is written settled (orbit.core.limits).
+UPDATE orbit_queues
+SET max_concurrency = :max_concurrency, rate = :rate, burst = :burst,
+    tokens = :tokens, tokens_at = :tokens_at
+WHERE name = :name;
+
+-- name: tenant_get
+SELECT name, max_concurrency FROM orbit_tenants WHERE name = :name;
+
 -- name: queue_tokens_write_many
 UPDATE orbit_queues AS q SET tokens = x.tokens, tokens_at = x.tokens_at
 FROM (SELECT * FROM json_to_recordset(CAST(:rows AS json)) AS x(name text, tokens double precision, tokens_at bigint)
