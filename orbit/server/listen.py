@@ -58,10 +58,10 @@ async def listen(dsn: str, origin: str, dispatcher: Dispatcher) -> None:
             kind = payload.split(":", 2)[1:3]
             if kind[:1] == ["freed"]:
                 dispatcher.freed_threadsafe()
-            elif kind[:1] == ["fenced"] and len(kind) == 2:
-                session_id, _, epoch = kind[1].rpartition(":")
-                if epoch.isdigit():
-                    dispatcher.close_fenced(session_id, int(epoch))
+            elif kind[:1] == ["fenced"]:
+                fenced = fenced_notice(kind[1:])
+                if fenced is not None:
+                    dispatcher.close_fenced(*fenced)
             else:
                 dispatcher.wake_threadsafe()
         elif channel == "orbit_cancel":
@@ -83,6 +83,19 @@ async def listen(dsn: str, origin: str, dispatcher: Dispatcher) -> None:
             log.warning("LISTEN connection lost (%s); retrying", type(exc).__name__)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
+
+
+def fenced_notice(rest: list[str]) -> tuple[str, int] | None:
+    """``(session id, epoch)`` from what follows ``<origin>:fenced:`` in a notice, or None
+    for anything else. The epoch must be ASCII digits: ``str.isdigit`` also takes ``²``,
+    whose ``int()`` raised ValueError out of the notification callback, and the node
+    dropped its LISTEN connection (and the notices sent while it reconnected)."""
+    if len(rest) != 1:
+        return None
+    session_id, _, epoch = rest[0].rpartition(":")
+    if not session_id or not epoch.isascii() or not epoch.isdigit() or len(epoch) > 18:
+        return None
+    return session_id, int(epoch)
 
 
 async def catch_up(dispatcher: Dispatcher) -> None:
