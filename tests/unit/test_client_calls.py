@@ -1,0 +1,116 @@
+"""The clients' own logic over a real loopback HTTP server: ``wait`` riding over a server
+that is briefly unreachable, iterations resumed from a cursor, ``TaskFailed``'s message,
+and the sync transport's one retry of a GET on a kept-alive connection the server closed
+as it was reused."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from orbit.client import TaskFailed
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    #: requests answered by hanging up without a word (a server going down mid-deploy)
+    drop_first = 0
+    #: on each connection, its n-th request is met by a hang-up (0: never)
+    drop_on_reuse = 0
+    seen: list[dict[str, Any]]
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+    served = 0  # requests on this connection (one handler per connection)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self._answer()
+
+    def do_POST(self) -> None:
+        self._answer()
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        self.served += 1
+        srv = self.server
+        srv.seen.append({"method": self.command, "path": self.path, "n": self.served})
+        if srv.drop_first > 0 or self.served == srv.drop_on_reuse:
+            srv.drop_first -= 1
+            self.close_connection = True  # not a byte of an answer
+            return
+        status, body = self._reply(urlsplit(self.path))
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _reply(self, url: Any) -> tuple[int, Any]:
+        if url.path.startswith("/v1/tasks/missing"):
+            return 404, {"error": {"code": "NOT_FOUND", "message": "no such task"}}
+        if url.path == "/v1/tasks/t1":
+            return 200, {"id": "t1", "state": "succeeded", "result": 7}
+        # a list of three pages: no cursor, "c1", "c2"
+        cursor = parse_qs(url.query).get("cursor", [""])[0]
+        page = {"": 0, "c1": 1, "c2": 2}[cursor]
+        following = {0: "c1", 1: "c2", 2: None}[page]
+        return 200, {"items": [{"page": page, "path": url.path}], "next_cursor": following}
+
+
+@pytest.fixture
+def server() -> Iterator[_Server]:
+    srv = _Server(("127.0.0.1", 0), _Handler)
+    srv.seen = []
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def _url(srv: _Server) -> str:
+    return f"http://127.0.0.1:{srv.server_address[1]}"
+
+
+def _free_port() -> int:
+    with socket.socket() as placeholder:  # a port nobody listens on
+        placeholder.bind(("127.0.0.1", 0))
+        return int(placeholder.getsockname()[1])
+
+
+# --------------------------------------------------------------------------- TaskFailed
+
+
+def test_a_task_that_ended_without_an_error_says_so() -> None:
+    """A task cancelled before it ran has no error: the message ended in ": None"."""
+    assert str(TaskFailed({"id": "t1", "state": "cancelled", "error": None})) == (
+        "task t1 ended cancelled (no error recorded)"
+    )
+    failed = TaskFailed(
+        {"id": "t2", "state": "failed", "error": {"code": "BOOM", "message": "it broke"}}
+    )
+    assert str(failed) == "task t2 ended failed: BOOM it broke"
+    assert failed.code == "BOOM"
+    assert str(TaskFailed({"id": "t3", "state": "failed", "error": {"code": "X"}})) == (
+        "task t3 ended failed: X"
+    )
