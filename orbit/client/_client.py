@@ -136,6 +136,11 @@ class _Calls:
         return ("GET", f"/v1/tasks/{_seg(task_id)}/artifacts", query, None)
 
     @staticmethod
+    def events(task_id: str, limit: int, cursor: str | None) -> Request:
+        query: dict[str, Any] = {"limit": limit, **({"cursor": cursor} if cursor else {})}
+        return ("GET", f"/v1/tasks/{_seg(task_id)}/events", query, None)
+
+    @staticmethod
     def submit_many(tasks: list[dict[str, Any]], reply: BatchReply) -> Request:
         query = None if reply == "full" else {"reply": reply}
         return ("POST", "/v1/tasks/batch", query, {"tasks": tasks})
@@ -304,9 +309,9 @@ class Client:
         """One page: ``{"items": [...], "next_cursor": ...}``."""
         return dict(self._call(_Calls.tasks_list(state, queue, tenant, handler, limit, cursor)))
 
-    def iter_tasks(self, **filters: Any) -> Iterator[dict[str, Any]]:
-        """Every matching task, page by page (keyset pagination: no duplicates, no gaps)."""
-        cursor = None
+    def iter_tasks(self, *, cursor: str | None = None, **filters: Any) -> Iterator[dict[str, Any]]:
+        """Every matching task, page by page (keyset pagination: no duplicates, no gaps),
+        from the start or from ``cursor`` (a page's ``next_cursor``)."""
         while True:
             page = self.list_tasks(cursor=cursor, **filters)
             yield from page["items"]
@@ -318,8 +323,18 @@ class Client:
         return list(self._call(("GET", f"/v1/tasks/{_seg(task_id)}/attempts", None, None)))
 
     def events(self, task_id: str, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
-        query: dict[str, Any] = {"limit": limit, **({"cursor": cursor} if cursor else {})}
-        return dict(self._call(("GET", f"/v1/tasks/{_seg(task_id)}/events", query, None)))
+        return dict(self._call(_Calls.events(task_id, limit, cursor)))
+
+    def iter_events(
+        self, task_id: str, *, limit: int = 100, cursor: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Every event of the task, page by page, from the start or from ``cursor``."""
+        while True:
+            page = self.events(task_id, limit=limit, cursor=cursor)
+            yield from page["items"]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
 
     # workers and tokens
     def workers(self, state: str | None = None) -> list[dict[str, Any]]:
@@ -335,9 +350,10 @@ class Client:
         """One page of the task's artifacts: ``{"items": [...], "next_cursor": ...}``."""
         return dict(self._call(_Calls.artifacts_list(task_id, limit, cursor)))
 
-    def iter_artifacts(self, task_id: str, *, limit: int = 100) -> Iterator[dict[str, Any]]:
-        """Every artifact of the task, page by page."""
-        cursor = None
+    def iter_artifacts(
+        self, task_id: str, *, limit: int = 100, cursor: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Every artifact of the task, page by page, from the start or from ``cursor``."""
         while True:
             page = self.list_artifacts(task_id, limit=limit, cursor=cursor)
             yield from page["items"]
@@ -448,8 +464,18 @@ class AsyncClient:
     async def events(
         self, task_id: str, limit: int = 100, cursor: str | None = None
     ) -> dict[str, Any]:
-        query: dict[str, Any] = {"limit": limit, **({"cursor": cursor} if cursor else {})}
-        return dict(await self._call(("GET", f"/v1/tasks/{_seg(task_id)}/events", query, None)))
+        return dict(await self._call(_Calls.events(task_id, limit, cursor)))
+
+    async def iter_events(
+        self, task_id: str, *, limit: int = 100, cursor: str | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        while True:
+            page = await self.events(task_id, limit=limit, cursor=cursor)
+            for item in page["items"]:
+                yield item
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
 
     async def list_artifacts(
         self, task_id: str, *, limit: int = 100, cursor: str | None = None
@@ -457,9 +483,8 @@ class AsyncClient:
         return dict(await self._call(_Calls.artifacts_list(task_id, limit, cursor)))
 
     async def iter_artifacts(
-        self, task_id: str, *, limit: int = 100
+        self, task_id: str, *, limit: int = 100, cursor: str | None = None
     ) -> AsyncIterator[dict[str, Any]]:
-        cursor = None
         while True:
             page = await self.list_artifacts(task_id, limit=limit, cursor=cursor)
             for item in page["items"]:
@@ -560,8 +585,9 @@ class AsyncClient:
         call = _Calls.tasks_list(state, queue, tenant, handler, limit, cursor)
         return dict(await self._call(call))
 
-    async def iter_tasks(self, **filters: Any) -> AsyncIterator[dict[str, Any]]:
-        cursor = None
+    async def iter_tasks(
+        self, *, cursor: str | None = None, **filters: Any
+    ) -> AsyncIterator[dict[str, Any]]:
         while True:
             page = await self.list_tasks(cursor=cursor, **filters)
             for item in page["items"]:

@@ -5,6 +5,7 @@ as it was reused."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -15,7 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from orbit.client import TaskFailed
+from orbit.client import AsyncClient, Client, TaskFailed
 
 
 class _Server(ThreadingHTTPServer):
@@ -96,6 +97,33 @@ def _free_port() -> int:
     with socket.socket() as placeholder:  # a port nobody listens on
         placeholder.bind(("127.0.0.1", 0))
         return int(placeholder.getsockname()[1])
+
+
+# --------------------------------------------------------------------------- cursors
+
+
+def test_iterations_resume_from_a_cursor(server: _Server) -> None:
+    """``iter_tasks(cursor=...)`` raised TypeError (``cursor`` given twice), and neither
+    ``iter_artifacts`` nor an ``iter_events`` took one."""
+    with Client(_url(server), "t0ken") as c:
+        assert [t["page"] for t in c.iter_tasks(cursor="c1", state="queued")] == [1, 2]
+        assert [t["page"] for t in c.iter_tasks()] == [0, 1, 2]
+        assert [a["page"] for a in c.iter_artifacts("t1", cursor="c2")] == [2]
+        assert [e["page"] for e in c.iter_events("t1", cursor="c1", limit=5)] == [1, 2]
+        assert [e["page"] for e in c.iter_events("t1")] == [0, 1, 2]
+    assert server.seen[0]["path"] == "/v1/tasks?state=queued&limit=100&cursor=c1"
+    assert server.seen[-5]["path"] == "/v1/tasks/t1/events?limit=5&cursor=c1"
+
+    async def main() -> list[list[int]]:
+        async with AsyncClient(_url(server), "t0ken") as c:
+            return [
+                [t["page"] async for t in c.iter_tasks(cursor="c1", state="queued")],
+                [a["page"] async for a in c.iter_artifacts("t1", cursor="c2")],
+                [e["page"] async for e in c.iter_events("t1", cursor="c1", limit=5)],
+                [e["page"] async for e in c.iter_events("t1")],
+            ]
+
+    assert asyncio.run(main()) == [[1, 2], [2], [1, 2], [0, 1, 2]]
 
 
 # --------------------------------------------------------------------------- TaskFailed
