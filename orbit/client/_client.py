@@ -181,6 +181,20 @@ def _headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}", "User-Agent": "orbit-python"}
 
 
+def _still_down(task_id: str, since: float | None, end: float, exc: Unreachable) -> float:
+    """A ``wait``'s poll that found the server unreachable: when it has been so since
+    (it is asked again), or Unreachable if the wait is over. Once, the first such poll
+    ended the wait: a server restarting (a rolling deploy) failed every waiting caller."""
+    now = time.monotonic()
+    since = now if since is None else since
+    if now >= end:
+        raise Unreachable(
+            f"task {task_id}: the server was unreachable for the last {now - since:.1f} s "
+            f"of the wait ({exc})"
+        ) from exc
+    return since
+
+
 def _unwrap(reply: httpx.Response | Reply) -> Any:
     # orjson (falling back to the standard library for what it refuses): a batch reply
     # holds a thousand task views, which json.loads took most of the client's time to read
@@ -261,15 +275,24 @@ class Client:
         return dict(self._call(("GET", f"/v1/tasks/{_seg(task_id)}", None, None)))
 
     def wait(self, task_id: str, timeout: float = 60.0, poll: float = 0.2) -> dict[str, Any]:
-        """Block until the task ends (or needs review); raise WaitTimeout after ``timeout``."""
+        """Block until the task ends (or needs review); raise WaitTimeout after ``timeout``.
+        A server that cannot be reached (a restart, a rolling deploy) is asked again until
+        then: Unreachable only if it still cannot be at the end. A refusal (ApiError, such
+        as NotFound) is raised at once."""
         end = time.monotonic() + timeout
         delay = min(poll, 0.05)
+        down_since: float | None = None
         while True:
-            task = self.get(task_id)
-            if task["state"] in TERMINAL:
-                return task
-            if time.monotonic() >= end:
-                raise WaitTimeout(f"task {task_id} is still {task['state']}")
+            try:
+                task = self.get(task_id)
+            except Unreachable as exc:
+                down_since = _still_down(task_id, down_since, end, exc)
+            else:
+                down_since = None
+                if task["state"] in TERMINAL:
+                    return task
+                if time.monotonic() >= end:
+                    raise WaitTimeout(f"task {task_id} is still {task['state']}")
             time.sleep(min(delay, max(end - time.monotonic(), 0)))
             delay = min(delay * 2, poll)
 
@@ -541,12 +564,18 @@ class AsyncClient:
     async def wait(self, task_id: str, timeout: float = 60.0, poll: float = 0.2) -> dict[str, Any]:
         end = time.monotonic() + timeout
         delay = min(poll, 0.05)
+        down_since: float | None = None
         while True:
-            task = await self.get(task_id)
-            if task["state"] in TERMINAL:
-                return task
-            if time.monotonic() >= end:
-                raise WaitTimeout(f"task {task_id} is still {task['state']}")
+            try:
+                task = await self.get(task_id)
+            except Unreachable as exc:
+                down_since = _still_down(task_id, down_since, end, exc)
+            else:
+                down_since = None
+                if task["state"] in TERMINAL:
+                    return task
+                if time.monotonic() >= end:
+                    raise WaitTimeout(f"task {task_id} is still {task['state']}")
             await asyncio.sleep(min(delay, max(end - time.monotonic(), 0)))
             delay = min(delay * 2, poll)
 

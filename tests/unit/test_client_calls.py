@@ -9,6 +9,7 @@ import asyncio
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -16,7 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from orbit.client import AsyncClient, Client, TaskFailed
+from orbit.client import AsyncClient, Client, NotFound, TaskFailed, Unreachable
 
 
 class _Server(ThreadingHTTPServer):
@@ -80,7 +81,7 @@ class _Handler(BaseHTTPRequestHandler):
 def server() -> Iterator[_Server]:
     srv = _Server(("127.0.0.1", 0), _Handler)
     srv.seen = []
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
         yield srv
@@ -97,6 +98,55 @@ def _free_port() -> int:
     with socket.socket() as placeholder:  # a port nobody listens on
         placeholder.bind(("127.0.0.1", 0))
         return int(placeholder.getsockname()[1])
+
+
+# --------------------------------------------------------------------------- wait
+
+
+def test_wait_rides_over_a_server_that_is_briefly_unreachable(server: _Server) -> None:
+    """A rolling deploy: the first polls find the server hanging up. ``wait`` raised the
+    first Unreachable at once; it polls on until its timeout."""
+    server.drop_first = 3
+    with Client(_url(server), "t0ken") as c:
+        assert c.wait("t1", timeout=10, poll=0.05)["state"] == "succeeded"
+    server.drop_first = 3
+
+    async def main() -> dict[str, Any]:
+        async with AsyncClient(_url(server), "t0ken") as c:
+            return await c.wait("t1", timeout=10, poll=0.05)
+
+    assert asyncio.run(main())["state"] == "succeeded"
+    assert len(server.seen) == 8
+
+
+def test_wait_raises_unreachable_when_the_server_stays_unreachable() -> None:
+    port = _free_port()
+    with Client(f"http://127.0.0.1:{port}", "t0ken") as c:
+        started = time.monotonic()
+        with pytest.raises(Unreachable, match=r"unreachable for the last 0\.\d s") as caught:
+            c.wait("t1", timeout=0.3, poll=0.05)
+    assert time.monotonic() - started >= 0.3
+    assert isinstance(caught.value.__cause__, Unreachable)
+
+    async def main() -> None:
+        async with AsyncClient(f"http://127.0.0.1:{port}", "t0ken") as c:
+            with pytest.raises(Unreachable, match=r"unreachable for the last 0\.\d s"):
+                await c.wait("t1", timeout=0.3, poll=0.05)
+
+    asyncio.run(main())
+
+
+def test_wait_raises_a_refusal_at_once(server: _Server) -> None:
+    with Client(_url(server), "t0ken") as c, pytest.raises(NotFound):
+        c.wait("missing", timeout=10)
+
+    async def main() -> None:
+        async with AsyncClient(_url(server), "t0ken") as c:
+            with pytest.raises(NotFound):
+                await c.wait("missing", timeout=10)
+
+    asyncio.run(main())
+    assert len(server.seen) == 2
 
 
 # --------------------------------------------------------------------------- cursors
