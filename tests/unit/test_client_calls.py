@@ -18,6 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from orbit.client import AsyncClient, Client, NotFound, TaskFailed, Unreachable
+from orbit.client._http import Transport
 
 
 class _Server(ThreadingHTTPServer):
@@ -192,3 +193,41 @@ def test_a_task_that_ended_without_an_error_says_so() -> None:
     assert str(TaskFailed({"id": "t3", "state": "failed", "error": {"code": "X"}})) == (
         "task t3 ended failed: X"
     )
+
+
+# --------------------------------------------------------------------------- keep-alive
+
+
+def test_a_get_on_a_connection_closed_as_it_was_reused_is_sent_again_once(
+    server: _Server,
+) -> None:
+    """The server closes a kept-alive connection just as the next request goes out on it
+    (its idle timeout, a restart): not a byte of an answer came, and the GET is sent
+    once more on a fresh connection. It raised Unreachable (RemoteDisconnected)."""
+    server.drop_on_reuse = 2  # each connection's second request is met by a hang-up
+    t = Transport(_url(server), {}, cafile=None, timeout=5.0)
+    assert t.request("GET", "/v1/tasks/t1", None, None).status_code == 200
+    assert t.request("GET", "/v1/tasks/t1", None, None).status_code == 200
+    with t.stream("GET", "/v1/tasks/t1") as (status, chunks):
+        assert status == 200 and b"".join(chunks)
+    t.close()
+    assert [s["n"] for s in server.seen] == [1, 2, 1, 2, 1]
+
+
+def test_a_post_is_never_sent_twice(server: _Server) -> None:
+    server.drop_on_reuse = 2
+    t = Transport(_url(server), {}, cafile=None, timeout=5.0)
+    assert t.request("POST", "/v1/tasks", None, b"{}").status_code == 200
+    with pytest.raises(Unreachable, match="RemoteDisconnected"):
+        t.request("POST", "/v1/tasks", None, b"{}")
+    t.close()
+    assert [s["method"] for s in server.seen] == ["POST", "POST"]
+
+
+def test_a_get_on_a_fresh_connection_is_not_sent_again(server: _Server) -> None:
+    server.drop_first = 1
+    t = Transport(_url(server), {}, cafile=None, timeout=5.0)
+    with pytest.raises(Unreachable, match="RemoteDisconnected"):
+        t.request("GET", "/v1/tasks/t1", None, None)
+    t.close()
+    assert len(server.seen) == 1
