@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import numbers
 import signal
 import ssl
 import threading
@@ -124,8 +125,18 @@ class Context:
     def progress(self, fraction: float | None = None, message: str | None = None) -> None:
         """Report how far the attempt has got (0..1 and/or a short message). Safe from any
         thread and cheap: reports are coalesced and sent in the background."""
-        if fraction is not None and not 0.0 <= fraction <= 1.0:
-            raise ValueError("fraction must be in [0, 1]")
+        # Refused here, by name: a message that is no string raised TypeError from deep in
+        # the text cleaning ("argument of type 'int' is not iterable"), a fraction that is
+        # no number one about '<=', and True was taken for 1.
+        if fraction is not None:
+            if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real):
+                kind = type(fraction).__name__
+                raise TypeError(f"fraction must be a number in [0, 1] or None, not {kind}")
+            fraction = float(fraction)  # a numpy float goes out as JSON too
+            if not 0.0 <= fraction <= 1.0:
+                raise ValueError("fraction must be in [0, 1]")
+        if message is not None and not isinstance(message, str):
+            raise TypeError(f"message must be a string or None, not {type(message).__name__}")
         if self._report is not None:
             # Cleaned as the server takes a string: a lone surrogate (a file name that is
             # not UTF-8) was refused unread, and its report closed the connection.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import sys
 import threading
 from functools import partial
@@ -392,3 +393,44 @@ def test_an_error_the_server_could_not_address_to_a_request_is_logged(
     with caplog.at_level(logging.WARNING, logger="orbit.worker"):
         asyncio.run(main())
     assert "INVALID_JSON: the frame is not valid JSON" in caplog.text
+
+
+# --------------------------------------------------------------------------- progress
+
+
+def _context() -> tuple[Context, list[tuple[Any, Any]]]:
+    reports: list[tuple[Any, Any]] = []
+    ctx = Context("t1", "a1", 1, "h", "q", "default", None, None)
+    ctx._report = lambda fraction, message: reports.append((fraction, message))
+    return ctx, reports
+
+
+@pytest.mark.parametrize(
+    ("fraction", "message", "error"),
+    [
+        (None, 42, "message must be a string or None, not int"),
+        (0.5, b"bytes", "message must be a string or None, not bytes"),
+        ("half", None, "fraction must be a number in [0, 1] or None, not str"),
+        (True, None, "fraction must be a number in [0, 1] or None, not bool"),
+    ],
+)
+def test_progress_of_the_wrong_type_is_refused_clearly(
+    fraction: Any, message: Any, error: str
+) -> None:
+    """``ctx.progress(message=42)`` raised "TypeError: argument of type 'int' is not
+    iterable" from deep in the text cleaning, ``fraction="half"`` one about '<=' between
+    float and str, and ``fraction=True`` was reported as 1."""
+    ctx, reports = _context()
+    with pytest.raises(TypeError, match=re.escape(error)):
+        ctx.progress(fraction, message)
+    assert reports == []
+
+
+def test_progress_takes_what_it_should() -> None:
+    ctx, reports = _context()
+    ctx.progress(0, "start")
+    ctx.progress(1)
+    ctx.progress(message="only words")
+    with pytest.raises(ValueError, match=r"fraction must be in \[0, 1\]"):
+        ctx.progress(float("nan"))
+    assert reports == [(0, "start"), (1, None), (None, "only words")]
