@@ -47,6 +47,13 @@ from websockets.exceptions import InvalidStatus
 
 from orbit import aio
 from orbit.aio import stop_tasks
+from orbit.core.errors import OrbitError
+from orbit.core.validate import (
+    MAX_HANDLER_CAPACITY,
+    MAX_WORKER_CONCURRENCY,
+    MAX_WORKER_HANDLERS,
+    check_name,
+)
 from orbit.gctune import tune_for_throughput
 from orbit.tokens import TokenError, load_token
 from orbit.urls import check_server_url
@@ -240,6 +247,14 @@ class Worker:
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        # Refused here, by the hello's own bounds: the server's refusal of the hello
+        # ended the run (``orbit worker`` exited 3) once it had started.
+        if concurrency > MAX_WORKER_CONCURRENCY:
+            raise ValueError(
+                f"concurrency must be at most {MAX_WORKER_CONCURRENCY} "
+                "(the most attempts a worker session holds)"
+            )
+        _check_name("name", name)
         # Refused here: request_timeout=0 timed every request out, the hello first, which
         # was retried for ever; renew_interval=0 renewed without a pause.
         for option, value in (
@@ -315,10 +330,19 @@ class Worker:
         # negative one went to the server, whose refusal of the hello ended the run.
         if capacity is not None and capacity < 1:
             raise ValueError(f"handler {name}: capacity must be at least 1")
+        # As the hello takes them: refused by the server, they ended the run.
+        if capacity is not None and capacity > MAX_HANDLER_CAPACITY:
+            raise ValueError(f"handler {name}: capacity must be at most {MAX_HANDLER_CAPACITY}")
+        _check_name("handler name", name)
 
         def register(fn: Handler) -> Handler:
             if name in self.handlers:
                 raise ValueError(f"handler {name} is registered twice")
+            if len(self.handlers) >= MAX_WORKER_HANDLERS:
+                raise ValueError(
+                    f"handler {name}: a worker serves at most {MAX_WORKER_HANDLERS} handlers "
+                    "(the most one hello declares); run another worker for the rest"
+                )
             self.handlers[name] = _Registered(
                 fn, capacity or self.concurrency, _is_async(fn), retry_safe
             )
@@ -1072,6 +1096,14 @@ def _sendable(report: dict[str, Any]) -> tuple[dict[str, Any], int]:
         log.error("the handler's result cannot be sent: %s", exc.message)
         failure = outcomes.error(exc.code, exc.message, retryable=False)
         return failure, outcomes.wire_size(failure["error"])
+
+
+def _check_name(kind: str, value: object) -> None:
+    """``value`` as the hello takes a name, or ValueError (the server's own words)."""
+    try:
+        check_name(kind, value)
+    except OrbitError as exc:
+        raise ValueError(exc.message) from None
 
 
 def _is_async(fn: Handler) -> bool:

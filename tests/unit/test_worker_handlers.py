@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
+from orbit.core import validate
 from orbit.protocol.decode import DecodeError, decode_model
-from orbit.protocol.messages import Renew
+from orbit.protocol.messages import Hello, Renew
 from orbit.worker.runner import Context, Fail, Retry, Worker
 from tests.unit.fake_gateway import FakeGateway, assignment
 from tests.unit.test_worker_recovery import _is, _run_one, running
@@ -434,3 +435,52 @@ def test_progress_takes_what_it_should() -> None:
     with pytest.raises(ValueError, match=r"fraction must be in \[0, 1\]"):
         ctx.progress(float("nan"))
     assert reports == [(0, "start"), (1, None), (None, "only words")]
+
+
+# --------------------------------------------------------------------------- hello bounds
+
+
+def test_what_the_hello_would_refuse_is_refused_at_construction_and_registration() -> None:
+    """A concurrency over the hello's bound, more handlers than a hello declares, a
+    capacity over its bound, or a name it does not take, was refused only by the
+    server's answer to the hello: the run ended there (``orbit worker`` exited 3)."""
+    too_many = validate.MAX_WORKER_CONCURRENCY + 1
+    with pytest.raises(ValueError, match=f"concurrency must be at most {too_many - 1}"):
+        Worker("http://127.0.0.1:1", "token", concurrency=too_many)
+    with pytest.raises(ValueError, match="name must be 1-128 characters"):
+        Worker("http://127.0.0.1:1", "token", name="my worker")
+    worker = Worker("http://127.0.0.1:1", "token", concurrency=validate.MAX_WORKER_CONCURRENCY)
+    with pytest.raises(ValueError, match="capacity must be at most"):
+        worker.handler("h", capacity=validate.MAX_HANDLER_CAPACITY + 1)(_returns_at_once)
+    with pytest.raises(ValueError, match="handler name must be 1-128 characters"):
+        worker.handler("render page")(_returns_at_once)
+    for i in range(validate.MAX_WORKER_HANDLERS):
+        worker.handler(f"h{i}")(_returns_at_once)
+    with pytest.raises(ValueError, match=f"at most {validate.MAX_WORKER_HANDLERS} handlers"):
+        worker.handler("one.more")(_returns_at_once)
+    assert len(worker.handlers) == validate.MAX_WORKER_HANDLERS
+
+
+def test_the_hello_of_a_worker_at_every_bound_is_one_the_server_reads() -> None:
+    """The bounds the worker checks are the ones the server's decoder holds it to."""
+    worker = Worker(
+        "http://127.0.0.1:1", "token", name="w", concurrency=validate.MAX_WORKER_CONCURRENCY
+    )
+    for i in range(validate.MAX_WORKER_HANDLERS):
+        worker.handler(f"h{i}", capacity=validate.MAX_HANDLER_CAPACITY)(_returns_at_once)
+    hello = {
+        "type": "hello",
+        "req_id": "r1",
+        "name": worker.name,
+        "max_concurrency": worker.concurrency,
+        "capabilities": [
+            {"handler": name, "capacity": reg.capacity} for name, reg in worker.handlers.items()
+        ],
+    }
+    decode_model(Hello, hello, parsed=True)
+    for field, over in (
+        ("max_concurrency", worker.concurrency + 1),
+        ("capabilities", [*hello["capabilities"], {"handler": "x", "capacity": 1}]),
+    ):
+        with pytest.raises(DecodeError):
+            decode_model(Hello, {**hello, field: over}, parsed=True)
