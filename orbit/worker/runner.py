@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from pathlib import Path
+from types import CoroutineType
 from typing import Any
 from urllib.parse import quote
 
@@ -218,6 +219,8 @@ class _Running:
     lost: bool = False
     abandoned: bool = False  # its handler ignored cancellation: it reports nothing
     watched: bool = False  # an async handler, cancelled: abandoned unless it ends in time
+    #: a plain handler that returned a coroutine: it runs on the loop, as an async one
+    on_loop: bool = False
     #: the handler is over: progress reported now would reach the server after the finish,
     #: which refuses it (ATTEMPT_ENDED, a rejected report in the task's history)
     ended: bool = False
@@ -318,7 +321,8 @@ class Worker:
         self, name: str, *, capacity: int | None = None, retry_safe: bool | None = None
     ) -> Callable[[Handler], Handler]:
         """Register ``fn(ctx, payload)`` for a handler name. Async functions run on the
-        event loop; plain functions run in a thread of their own.
+        event loop; plain functions run in a thread of their own (a coroutine one
+        returns is then awaited on the event loop, as an async handler).
 
         ``capacity`` caps this handler's concurrent attempts. ``retry_safe=False`` declares
         that the handler has effects that must not be replayed: a task submitted as
@@ -729,7 +733,7 @@ class Worker:
         if not done:
             ctx._stop("attempt timeout")
             task.cancel()
-            if reg.is_async:
+            if reg.is_async or running.on_loop:
                 ended, _ = await asyncio.wait((task,), timeout=self.cancel_grace)
                 if not ended:
                     self._abandon(running)
@@ -770,9 +774,16 @@ class Worker:
         return limit, False
 
     async def _call(self, running: _Running, reg: _Registered, payload: Any) -> Any:
-        if not reg.is_async:
-            return await self._in_thread(running, reg.fn, payload)
         try:
+            if not reg.is_async:
+                value = await self._in_thread(running, reg.fn, payload)
+                if not isinstance(value, CoroutineType):
+                    return value
+                # A plain function that returned a coroutine (a sync decorator around an
+                # async handler): awaited here, on the loop, as an async handler is; its
+                # un-awaited coroutine was reported as the result (RESULT_NOT_JSON).
+                running.on_loop = True
+                return await value
             return await reg.fn(running.ctx, payload)
         except (Exception, asyncio.CancelledError, KeyboardInterrupt):
             raise  # KeyboardInterrupt: Ctrl-C under arun(), the process's, not the handler's
@@ -910,7 +921,7 @@ class Worker:
         if task is None or task.done():
             return
         task.cancel()
-        if not running.watched and self.handlers[running.ctx.handler].is_async:
+        if not running.watched and (running.on_loop or self.handlers[running.ctx.handler].is_async):
             # A plain function's thread is waited for in _in_thread; an async handler
             # that swallows CancelledError would be waited for for ever.
             running.watched = True

@@ -5,6 +5,7 @@ are), the kind of callable it is, and how it is registered. Driven against
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
@@ -127,6 +128,55 @@ class _AsyncCallable:
 def test_an_object_with_an_async_call_runs_as_an_async_handler(handler: Any) -> None:
     """It ran in a thread, which returned an un-awaited coroutine: RESULT_NOT_JSON."""
     assert _outcome_of(handler) == {"ok": True, "result": {"ran": "on the loop"}}
+
+
+def _sync_decorator(fn: Any) -> Any:
+    """A decorator written for plain functions: its wrapper is no coroutine function."""
+
+    @functools.wraps(fn)
+    def wrapper(ctx: Context, payload: Any) -> Any:
+        return fn(ctx, payload)
+
+    return wrapper
+
+
+@_sync_decorator
+async def _wrapped_async(ctx: Context, payload: Any) -> Any:
+    await asyncio.sleep(0)
+    return {"ran": "on the loop", "thread": threading.current_thread().name}
+
+
+def test_a_plain_handler_that_returns_a_coroutine_has_it_awaited_on_the_loop() -> None:
+    """A sync decorator around an async handler: the wrapper ran in a thread and its
+    "result" was the un-awaited coroutine, reported as RESULT_NOT_JSON."""
+    thread = threading.current_thread().name
+    assert _outcome_of(_wrapped_async) == {
+        "ok": True,
+        "result": {"ran": "on the loop", "thread": thread},
+    }
+
+
+def test_a_returned_coroutine_is_timed_and_abandoned_as_an_async_handler_is() -> None:
+    """Its coroutine runs on the loop: past the attempt timeout it is cancelled, and one
+    that ignores that is abandoned after ``cancel_grace`` (waited for, it held the
+    attempt for ever)."""
+
+    @_sync_decorator
+    async def stubborn(ctx: Context, payload: Any) -> Any:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await asyncio.Event().wait()  # ignores the cancel, for good
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, "token", cancel_grace=0.1, grace=0.1)
+            worker.handler("h")(stubborn)
+            await _run_one(gw, worker, assignment("a1", "h", attempt_timeout=0.1))
+            assert gw.finished["a1"]["error"]["code"] == "ATTEMPT_TIMEOUT"
+            assert worker.abandoned == ["a1"]
+
+    asyncio.run(main())
 
 
 @pytest.mark.parametrize("capacity", [0, -1])
