@@ -65,6 +65,10 @@ from orbit.worker.connection import ServerError, WorkerConnection, outcome
 log = logging.getLogger("orbit.worker")
 #: the most attempt ids one ``renew`` may carry (docs/protocol.md)
 RENEW_MAX = 1000
+#: seconds before a failed renewal is tried again, doubled at each failure up to the
+#: most, and never past half of what is left of a lease (``Worker._defer_renewals``)
+RENEW_RETRY_FIRST = 0.25
+RENEW_RETRY_MAX = 10.0
 Handler = Callable[..., Any]
 
 
@@ -305,6 +309,7 @@ class Worker:
         #: Fault-test switch: stop sending renewals (leases then run out and are lost).
         self.pause_renewals = False
         self._session: tuple[str, str] | None = None  # (session id, resume secret)
+        self._renew_retry = RENEW_RETRY_FIRST  # the wait after the next failed renewal
         # Starts and finishes of concurrent attempts travel in batches (one transaction
         # each on the server); see orbit.worker.batching.
         self._starts: Coalescer[tuple[str, str], dict[str, Any]] = Coalescer(self._send_starts)
@@ -1004,7 +1009,8 @@ class Worker:
         for r in live:
             if r.lease_expires <= now:  # could not renew in time: it is not ours now
                 self._lose(r, "lease expired")
-        ids = [r.ctx.attempt_id for r in live if not r.lost]
+        pending = [r for r in live if not r.lost]
+        ids = [r.ctx.attempt_id for r in pending]
         conn = self._conn
         if not ids or self.pause_renewals or conn is None or not self._connected.is_set():
             return
@@ -1026,8 +1032,22 @@ class Worker:
                 leases = await conn.renew(ids[start : start + RENEW_MAX], timeout)
             except (TimeoutError, ServerError, ConnectionError, OSError) as exc:
                 log.warning("renew failed: %s", exc)
+                self._defer_renewals(pending[start:])
                 return
+            self._renew_retry = RENEW_RETRY_FIRST
             self._renewed(leases, sent)
+
+    def _defer_renewals(self, failed: list[_Running]) -> None:
+        """Try the renewal of leases whose renew failed again later, not at the next turn:
+        after a server's refusal of a whole renew (a database failure), renewals went out
+        every 50 ms for as long as it lasted. The wait doubles at each failure, from
+        RENEW_RETRY_FIRST to RENEW_RETRY_MAX, but never passes half of what is left of a
+        lease: a server that recovers in time still renews it."""
+        now = time.monotonic()
+        delay = self._renew_retry
+        self._renew_retry = min(delay * 2, RENEW_RETRY_MAX)
+        for r in failed:
+            r.renew_at = now + min(delay, max(r.lease_expires - now, 0.0) / 2)
 
     def _renewed(self, leases: list[dict[str, Any]], sent: float) -> None:
         """Take a renew's answers: new leases, cancels, lost attempts."""

@@ -11,6 +11,7 @@ import logging
 import re
 import sys
 import threading
+import time
 from functools import partial
 from typing import Any
 
@@ -534,3 +535,46 @@ def test_the_hello_of_a_worker_at_every_bound_is_one_the_server_reads() -> None:
     ):
         with pytest.raises(DecodeError):
             decode_model(Hello, {**hello, field: over}, parsed=True)
+
+
+def test_a_refused_renewal_is_retried_with_backoff_within_the_lease() -> None:
+    """The server refuses a renew as a whole (an ``error`` with its req_id, such as a
+    database failure): renewals were retried every 50 ms while it lasted. They back off
+    now (0.25 s, then twice as long each time), but never past half of what is left of
+    the soonest lease, so that a server that recovers in time still renews it."""
+    renewed_at: list[float] = []
+    third = asyncio.Event()
+
+    async def refuses_two(gw: FakeGateway, ws: Any, msg: dict[str, Any]) -> bool:
+        if msg["type"] != "renew":
+            return False
+        renewed_at.append(time.monotonic())
+        if len(renewed_at) > 2:
+            third.set()
+            return False
+        error = {"type": "error", "req_id": msg["req_id"], "code": "INTERNAL", "message": "db"}
+        await ws.send(json.dumps(error))
+        return True
+
+    async def main() -> None:
+        async with FakeGateway(on_request=refuses_two, lease_left=1.0) as gw:
+            worker = Worker(gw.url, "token", grace=5.0)
+            cancelled: list[str] = []
+
+            @worker.handler("h")
+            async def waits(ctx: Context, payload: Any) -> Any:
+                try:
+                    await third.wait()
+                except asyncio.CancelledError:
+                    cancelled.append(ctx.reason or "")
+                    raise
+                return "ok"
+
+            await _run_one(gw, worker, timeout=5)
+            assert cancelled == []
+            assert gw.finished["a1"] == {"ok": True, "result": "ok"}
+        first, second, last = renewed_at[:3]
+        assert second - first >= 0.2  # 0.25 s, not 50 ms
+        assert last - second < 0.45  # half of what was left of the lease (0.125), not 0.5 s
+
+    asyncio.run(main())
