@@ -158,6 +158,11 @@ class _Calls:
         return ("GET", f"/v1/tasks/{_seg(task_id)}/artifacts", query, None)
 
     @staticmethod
+    def events(task_id: str, limit: int, cursor: str | None) -> Request:
+        query: dict[str, Any] = {"limit": limit, **({"cursor": cursor} if cursor else {})}
+        return ("GET", f"/v1/tasks/{_seg(task_id)}/events", query, None)
+
+    @staticmethod
     def submit_many(tasks: list[dict[str, Any]], reply: BatchReply) -> Request:
         query = None if reply == "full" else {"reply": reply}
         return ("POST", "/v1/tasks/batch", query, {"tasks": tasks})
@@ -196,6 +201,20 @@ def _headers(token: str | None) -> dict[str, str]:
     if fault is not None:  # refused here: sent, the transport's error quoted the token
         raise ValueError(f"the token {fault}")
     return {"Authorization": f"Bearer {token}", "User-Agent": "orbit-python"}
+
+
+def _still_down(task_id: str, since: float | None, end: float, exc: Unreachable) -> float:
+    """A ``wait``'s poll that found the server unreachable: when it has been so since
+    (it is asked again), or Unreachable if the wait is over. Once, the first such poll
+    ended the wait: a server restarting (a rolling deploy) failed every waiting caller."""
+    now = time.monotonic()
+    since = now if since is None else since
+    if now >= end:
+        raise Unreachable(
+            f"task {task_id}: the server was unreachable for the last {now - since:.1f} s "
+            f"of the wait ({exc})"
+        ) from exc
+    return since
 
 
 def _unwrap(reply: httpx.Response | Reply) -> Any:
@@ -308,15 +327,24 @@ class Client:
         return dict(self._call(("GET", f"/v1/tasks/{_seg(task_id)}", None, None)))
 
     def wait(self, task_id: str, timeout: float = 60.0, poll: float = 0.2) -> dict[str, Any]:
-        """Block until the task ends (or needs review); raise WaitTimeout after ``timeout``."""
+        """Block until the task ends (or needs review); raise WaitTimeout after ``timeout``.
+        A server that cannot be reached (a restart, a rolling deploy) is asked again until
+        then: Unreachable only if it still cannot be at the end. A refusal (ApiError, such
+        as NotFound) is raised at once."""
         end = time.monotonic() + timeout
         delay = min(poll, 0.05)
+        down_since: float | None = None
         while True:
-            task = self.get(task_id)
-            if task["state"] in TERMINAL:
-                return task
-            if time.monotonic() >= end:
-                raise WaitTimeout(f"task {task_id} is still {task['state']}")
+            try:
+                task = self.get(task_id)
+            except Unreachable as exc:
+                down_since = _still_down(task_id, down_since, end, exc)
+            else:
+                down_since = None
+                if task["state"] in TERMINAL:
+                    return task
+                if time.monotonic() >= end:
+                    raise WaitTimeout(f"task {task_id} is still {task['state']}")
             time.sleep(min(delay, max(end - time.monotonic(), 0)))
             delay = min(delay * 2, poll)
 
@@ -356,9 +384,9 @@ class Client:
         """One page: ``{"items": [...], "next_cursor": ...}``."""
         return dict(self._call(_Calls.tasks_list(state, queue, tenant, handler, limit, cursor)))
 
-    def iter_tasks(self, **filters: Any) -> Iterator[dict[str, Any]]:
-        """Every matching task, page by page (keyset pagination: no duplicates, no gaps)."""
-        cursor = None
+    def iter_tasks(self, *, cursor: str | None = None, **filters: Any) -> Iterator[dict[str, Any]]:
+        """Every matching task, page by page (keyset pagination: no duplicates, no gaps),
+        from the start or from ``cursor`` (a page's ``next_cursor``)."""
         while True:
             page = self.list_tasks(cursor=cursor, **filters)
             yield from page["items"]
@@ -370,8 +398,18 @@ class Client:
         return list(self._call(("GET", f"/v1/tasks/{_seg(task_id)}/attempts", None, None)))
 
     def events(self, task_id: str, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
-        query: dict[str, Any] = {"limit": limit, **({"cursor": cursor} if cursor else {})}
-        return dict(self._call(("GET", f"/v1/tasks/{_seg(task_id)}/events", query, None)))
+        return dict(self._call(_Calls.events(task_id, limit, cursor)))
+
+    def iter_events(
+        self, task_id: str, *, limit: int = 100, cursor: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Every event of the task, page by page, from the start or from ``cursor``."""
+        while True:
+            page = self.events(task_id, limit=limit, cursor=cursor)
+            yield from page["items"]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
 
     # workers and tokens
     def workers(self, state: str | None = None) -> list[dict[str, Any]]:
@@ -387,9 +425,10 @@ class Client:
         """One page of the task's artifacts: ``{"items": [...], "next_cursor": ...}``."""
         return dict(self._call(_Calls.artifacts_list(task_id, limit, cursor)))
 
-    def iter_artifacts(self, task_id: str, *, limit: int = 100) -> Iterator[dict[str, Any]]:
-        """Every artifact of the task, page by page."""
-        cursor = None
+    def iter_artifacts(
+        self, task_id: str, *, limit: int = 100, cursor: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Every artifact of the task, page by page, from the start or from ``cursor``."""
         while True:
             page = self.list_artifacts(task_id, limit=limit, cursor=cursor)
             yield from page["items"]
@@ -529,8 +568,18 @@ class AsyncClient:
     async def events(
         self, task_id: str, limit: int = 100, cursor: str | None = None
     ) -> dict[str, Any]:
-        query: dict[str, Any] = {"limit": limit, **({"cursor": cursor} if cursor else {})}
-        return dict(await self._call(("GET", f"/v1/tasks/{_seg(task_id)}/events", query, None)))
+        return dict(await self._call(_Calls.events(task_id, limit, cursor)))
+
+    async def iter_events(
+        self, task_id: str, *, limit: int = 100, cursor: str | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        while True:
+            page = await self.events(task_id, limit=limit, cursor=cursor)
+            for item in page["items"]:
+                yield item
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
 
     async def list_artifacts(
         self, task_id: str, *, limit: int = 100, cursor: str | None = None
@@ -538,9 +587,8 @@ class AsyncClient:
         return dict(await self._call(_Calls.artifacts_list(task_id, limit, cursor)))
 
     async def iter_artifacts(
-        self, task_id: str, *, limit: int = 100
+        self, task_id: str, *, limit: int = 100, cursor: str | None = None
     ) -> AsyncIterator[dict[str, Any]]:
-        cursor = None
         while True:
             page = await self.list_artifacts(task_id, limit=limit, cursor=cursor)
             for item in page["items"]:
@@ -597,12 +645,18 @@ class AsyncClient:
     async def wait(self, task_id: str, timeout: float = 60.0, poll: float = 0.2) -> dict[str, Any]:
         end = time.monotonic() + timeout
         delay = min(poll, 0.05)
+        down_since: float | None = None
         while True:
-            task = await self.get(task_id)
-            if task["state"] in TERMINAL:
-                return task
-            if time.monotonic() >= end:
-                raise WaitTimeout(f"task {task_id} is still {task['state']}")
+            try:
+                task = await self.get(task_id)
+            except Unreachable as exc:
+                down_since = _still_down(task_id, down_since, end, exc)
+            else:
+                down_since = None
+                if task["state"] in TERMINAL:
+                    return task
+                if time.monotonic() >= end:
+                    raise WaitTimeout(f"task {task_id} is still {task['state']}")
             await asyncio.sleep(min(delay, max(end - time.monotonic(), 0)))
             delay = min(delay * 2, poll)
 
@@ -641,8 +695,9 @@ class AsyncClient:
         call = _Calls.tasks_list(state, queue, tenant, handler, limit, cursor)
         return dict(await self._call(call))
 
-    async def iter_tasks(self, **filters: Any) -> AsyncIterator[dict[str, Any]]:
-        cursor = None
+    async def iter_tasks(
+        self, *, cursor: str | None = None, **filters: Any
+    ) -> AsyncIterator[dict[str, Any]]:
         while True:
             page = await self.list_tasks(cursor=cursor, **filters)
             for item in page["items"]:

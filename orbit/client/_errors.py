@@ -63,10 +63,10 @@ class TaskFailed(Exception):
 
     def __init__(self, task: dict[str, Any]) -> None:
         error = task.get("error") or {}
-        super().__init__(
-            f"task {task['id']} ended {task['state']}: "
-            f"{error.get('code')} {error.get('message') or ''}".rstrip()
-        )
+        # A task cancelled before it ran has no error: it said "...: None".
+        detail = " ".join(str(p) for p in (error.get("code"), error.get("message")) if p)
+        said = f": {detail}" if detail else " (no error recorded)"
+        super().__init__(f"task {task['id']} ended {task['state']}{said}")
         self.task = task
         self.state = task["state"]
         self.code = error.get("code")

@@ -9,7 +9,10 @@ start (``docs/benchmarks.md``). ``AsyncClient`` still uses httpx.
 A connection is reused only when it is idle and open: before a request, a readable
 socket means the server closed it (or sent what no request asked for), and it is
 replaced. A request that fails once sent is not retried, since the server may have
-acted on it; the caller sees :class:`Unreachable`, as for a server that is down.
+acted on it; the caller sees :class:`Unreachable`, as for a server that is down. The one
+exception is a GET on a reused connection that the server closed as the request went
+out (its idle timeout met the request on the wire): not a byte of an answer came, a GET
+changes nothing, and it is sent once more on a fresh connection.
 """
 
 from __future__ import annotations
@@ -102,9 +105,26 @@ class Transport:
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         target = self._prefix + path + ("?" + urlencode(query) if query else "")
         headers = self._headers if body is None else {**self._headers, **_JSON}
-        conn = self._take()
-        with self._closed_on_error(conn):
+        conn, reused = self._take()
+        try:
             # one send for the headers and a bytes body (http.client joins them)
+            conn.request(method, target, body=body, headers=headers)
+            return conn, conn.getresponse()
+        except _CLOSED_UNANSWERED as exc:
+            conn.close()
+            if not reused or method not in _IDEMPOTENT:
+                raise self._unreachable(exc) from exc
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            raise self._unreachable(exc) from exc
+        except BaseException:
+            conn.close()
+            raise
+        # A kept-alive connection the server closed just as it was reused: the request
+        # met the close, and no answer had begun. A GET raised Unreachable here, though a
+        # server that was up and well had merely timed the connection out.
+        conn = self._connect()
+        with self._closed_on_error(conn):
             conn.request(method, target, body=body, headers=headers)
             return conn, conn.getresponse()
 
@@ -150,16 +170,17 @@ class Transport:
     def _unreachable(self, exc: BaseException) -> Unreachable:
         return unreachable(self._where, self._timeout, exc, timed_out=isinstance(exc, TimeoutError))
 
-    def _take(self) -> http.client.HTTPConnection:
+    def _take(self) -> tuple[http.client.HTTPConnection, bool]:
+        """A connection, and whether it is a kept-alive one (it served a request)."""
         while True:
             with self._lock:
                 if self._closed:
                     raise RuntimeError("the client is closed")
                 conn = self._idle.pop() if self._idle else None
             if conn is None:
-                return self._connect()
+                return self._connect(), False
             if _still_open(conn):
-                return conn
+                return conn, True
             conn.close()
 
     def _connect(self) -> http.client.HTTPConnection:
@@ -192,6 +213,16 @@ def unreachable(where: str, timeout: float, exc: BaseException, *, timed_out: bo
 MAX_IDLE = 8
 
 _JSON = {"Content-Type": "application/json"}
+#: the methods sent again after a kept-alive connection's close met them
+_IDEMPOTENT = frozenset({"GET", "HEAD"})
+#: how that close shows, before any byte of the answer (RemoteDisconnected: the status
+#: line's read found the connection closed; a reset or a broken pipe: the send met it)
+_CLOSED_UNANSWERED = (
+    http.client.RemoteDisconnected,
+    ConnectionResetError,
+    BrokenPipeError,
+    ConnectionAbortedError,
+)
 
 
 def _still_open(conn: http.client.HTTPConnection) -> bool:

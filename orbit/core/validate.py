@@ -26,6 +26,12 @@ MAX_DURATION_US = 366 * 24 * 3600 * 1_000_000
 #: every caller to the same range, which both databases' 64-bit integers hold.
 MAX_INSTANT_US = 253_402_300_800 * 1_000_000
 DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
+#: A worker's hello (``orbit.protocol.messages.Hello``): the most attempts a session may
+#: hold at once, the most handlers it may declare, and the most attempts of one handler.
+#: ``orbit.worker.runner.Worker`` checks them as it is built, before any connection.
+MAX_WORKER_CONCURRENCY = 100_000
+MAX_WORKER_HANDLERS = 256
+MAX_HANDLER_CAPACITY = 100_000
 
 
 #: Names that passed ``NAME_RE`` lately: a batch repeats one queue, handler and tenant a

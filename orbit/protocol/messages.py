@@ -15,6 +15,8 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from orbit.core.validate import MAX_HANDLER_CAPACITY, MAX_WORKER_CONCURRENCY, MAX_WORKER_HANDLERS
+
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 COUNTER_RE = re.compile(r"^(0|[1-9][0-9]{0,18})\Z")
 MAX_SECONDS = 366 * 24 * 3600.0
@@ -351,15 +353,17 @@ class ErrorReply(Response):
 
 class CapabilitySpec(Strict):
     handler: Name
-    capacity: Annotated[int, Field(ge=1, le=100_000)]
+    capacity: Annotated[int, Field(ge=1, le=MAX_HANDLER_CAPACITY)]
 
 
 class Hello(Strict):
     type: Literal["hello"]
     req_id: ReqId
     name: Name
-    capabilities: Annotated[list[CapabilitySpec], Field(min_length=1, max_length=256)]
-    max_concurrency: Annotated[int, Field(ge=1, le=100_000)]
+    capabilities: Annotated[
+        list[CapabilitySpec], Field(min_length=1, max_length=MAX_WORKER_HANDLERS)
+    ]
+    max_concurrency: Annotated[int, Field(ge=1, le=MAX_WORKER_CONCURRENCY)]
     push: bool = Field(True, description="let the server push claimed tasks unasked")
     response_only_fields = frozenset({"session_id", "epoch", "resume_secret"})
 
@@ -447,8 +451,10 @@ class CapacityUpdate(Strict):
     type: Literal["capacity"]
     req_id: ReqId
     seq: Counter
-    capabilities: Annotated[list[CapabilitySpec], Field(min_length=1, max_length=256)]
-    max_concurrency: Annotated[int, Field(ge=1, le=100_000)]
+    capabilities: Annotated[
+        list[CapabilitySpec], Field(min_length=1, max_length=MAX_WORKER_HANDLERS)
+    ]
+    max_concurrency: Annotated[int, Field(ge=1, le=MAX_WORKER_CONCURRENCY)]
 
 
 class Progress(Strict):

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import numbers
 import signal
 import ssl
 import threading
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from pathlib import Path
+from types import CoroutineType
 from typing import Any
 from urllib.parse import quote
 
@@ -46,6 +48,13 @@ from websockets.exceptions import InvalidStatus
 
 from orbit import aio
 from orbit.aio import stop_tasks
+from orbit.core.errors import OrbitError
+from orbit.core.validate import (
+    MAX_HANDLER_CAPACITY,
+    MAX_WORKER_CONCURRENCY,
+    MAX_WORKER_HANDLERS,
+    check_name,
+)
 from orbit.gctune import tune_for_throughput
 from orbit.tokens import TokenError, load_token
 from orbit.urls import check_server_url
@@ -56,6 +65,10 @@ from orbit.worker.connection import ServerError, WorkerConnection, outcome
 log = logging.getLogger("orbit.worker")
 #: the most attempt ids one ``renew`` may carry (docs/protocol.md)
 RENEW_MAX = 1000
+#: seconds before a failed renewal is tried again, doubled at each failure up to the
+#: most, and never past half of what is left of a lease (``Worker._defer_renewals``)
+RENEW_RETRY_FIRST = 0.25
+RENEW_RETRY_MAX = 10.0
 Handler = Callable[..., Any]
 
 
@@ -124,8 +137,18 @@ class Context:
     def progress(self, fraction: float | None = None, message: str | None = None) -> None:
         """Report how far the attempt has got (0..1 and/or a short message). Safe from any
         thread and cheap: reports are coalesced and sent in the background."""
-        if fraction is not None and not 0.0 <= fraction <= 1.0:
-            raise ValueError("fraction must be in [0, 1]")
+        # Refused here, by name: a message that is no string raised TypeError from deep in
+        # the text cleaning ("argument of type 'int' is not iterable"), a fraction that is
+        # no number one about '<=', and True was taken for 1.
+        if fraction is not None:
+            if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real):
+                kind = type(fraction).__name__
+                raise TypeError(f"fraction must be a number in [0, 1] or None, not {kind}")
+            fraction = float(fraction)  # a numpy float goes out as JSON too
+            if not 0.0 <= fraction <= 1.0:
+                raise ValueError("fraction must be in [0, 1]")
+        if message is not None and not isinstance(message, str):
+            raise TypeError(f"message must be a string or None, not {type(message).__name__}")
         if self._report is not None:
             # Cleaned as the server takes a string: a lone surrogate (a file name that is
             # not UTF-8) was refused unread, and its report closed the connection.
@@ -200,6 +223,8 @@ class _Running:
     lost: bool = False
     abandoned: bool = False  # its handler ignored cancellation: it reports nothing
     watched: bool = False  # an async handler, cancelled: abandoned unless it ends in time
+    #: a plain handler that returned a coroutine: it runs on the loop, as an async one
+    on_loop: bool = False
     #: the handler is over: progress reported now would reach the server after the finish,
     #: which refuses it (ATTEMPT_ENDED, a rejected report in the task's history)
     ended: bool = False
@@ -229,6 +254,14 @@ class Worker:
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        # Refused here, by the hello's own bounds: the server's refusal of the hello
+        # ended the run (``orbit worker`` exited 3) once it had started.
+        if concurrency > MAX_WORKER_CONCURRENCY:
+            raise ValueError(
+                f"concurrency must be at most {MAX_WORKER_CONCURRENCY} "
+                "(the most attempts a worker session holds)"
+            )
+        _check_name("name", name)
         # Refused here: request_timeout=0 timed every request out, the hello first, which
         # was retried for ever; renew_interval=0 renewed without a pause.
         for option, value in (
@@ -276,6 +309,7 @@ class Worker:
         #: Fault-test switch: stop sending renewals (leases then run out and are lost).
         self.pause_renewals = False
         self._session: tuple[str, str] | None = None  # (session id, resume secret)
+        self._renew_retry = RENEW_RETRY_FIRST  # the wait after the next failed renewal
         # Starts and finishes of concurrent attempts travel in batches (one transaction
         # each on the server); see orbit.worker.batching.
         self._starts: Coalescer[tuple[str, str], dict[str, Any]] = Coalescer(self._send_starts)
@@ -292,7 +326,8 @@ class Worker:
         self, name: str, *, capacity: int | None = None, retry_safe: bool | None = None
     ) -> Callable[[Handler], Handler]:
         """Register ``fn(ctx, payload)`` for a handler name. Async functions run on the
-        event loop; plain functions run in a thread of their own.
+        event loop; plain functions run in a thread of their own (a coroutine one
+        returns is then awaited on the event loop, as an async handler).
 
         ``capacity`` caps this handler's concurrent attempts. ``retry_safe=False`` declares
         that the handler has effects that must not be replayed: a task submitted as
@@ -304,10 +339,19 @@ class Worker:
         # negative one went to the server, whose refusal of the hello ended the run.
         if capacity is not None and capacity < 1:
             raise ValueError(f"handler {name}: capacity must be at least 1")
+        # As the hello takes them: refused by the server, they ended the run.
+        if capacity is not None and capacity > MAX_HANDLER_CAPACITY:
+            raise ValueError(f"handler {name}: capacity must be at most {MAX_HANDLER_CAPACITY}")
+        _check_name("handler name", name)
 
         def register(fn: Handler) -> Handler:
             if name in self.handlers:
                 raise ValueError(f"handler {name} is registered twice")
+            if len(self.handlers) >= MAX_WORKER_HANDLERS:
+                raise ValueError(
+                    f"handler {name}: a worker serves at most {MAX_WORKER_HANDLERS} handlers "
+                    "(the most one hello declares); run another worker for the rest"
+                )
             self.handlers[name] = _Registered(
                 fn, capacity or self.concurrency, _is_async(fn), retry_safe
             )
@@ -694,7 +738,7 @@ class Worker:
         if not done:
             ctx._stop("attempt timeout")
             task.cancel()
-            if reg.is_async:
+            if reg.is_async or running.on_loop:
                 ended, _ = await asyncio.wait((task,), timeout=self.cancel_grace)
                 if not ended:
                     self._abandon(running)
@@ -735,9 +779,16 @@ class Worker:
         return limit, False
 
     async def _call(self, running: _Running, reg: _Registered, payload: Any) -> Any:
-        if not reg.is_async:
-            return await self._in_thread(running, reg.fn, payload)
         try:
+            if not reg.is_async:
+                value = await self._in_thread(running, reg.fn, payload)
+                if not isinstance(value, CoroutineType):
+                    return value
+                # A plain function that returned a coroutine (a sync decorator around an
+                # async handler): awaited here, on the loop, as an async handler is; its
+                # un-awaited coroutine was reported as the result (RESULT_NOT_JSON).
+                running.on_loop = True
+                return await value
             return await reg.fn(running.ctx, payload)
         except (Exception, asyncio.CancelledError, KeyboardInterrupt):
             raise  # KeyboardInterrupt: Ctrl-C under arun(), the process's, not the handler's
@@ -875,7 +926,7 @@ class Worker:
         if task is None or task.done():
             return
         task.cancel()
-        if not running.watched and self.handlers[running.ctx.handler].is_async:
+        if not running.watched and (running.on_loop or self.handlers[running.ctx.handler].is_async):
             # A plain function's thread is waited for in _in_thread; an async handler
             # that swallows CancelledError would be waited for for ever.
             running.watched = True
@@ -958,7 +1009,8 @@ class Worker:
         for r in live:
             if r.lease_expires <= now:  # could not renew in time: it is not ours now
                 self._lose(r, "lease expired")
-        ids = [r.ctx.attempt_id for r in live if not r.lost]
+        pending = [r for r in live if not r.lost]
+        ids = [r.ctx.attempt_id for r in pending]
         conn = self._conn
         if not ids or self.pause_renewals or conn is None or not self._connected.is_set():
             return
@@ -980,8 +1032,22 @@ class Worker:
                 leases = await conn.renew(ids[start : start + RENEW_MAX], timeout)
             except (TimeoutError, ServerError, ConnectionError, OSError) as exc:
                 log.warning("renew failed: %s", exc)
+                self._defer_renewals(pending[start:])
                 return
+            self._renew_retry = RENEW_RETRY_FIRST
             self._renewed(leases, sent)
+
+    def _defer_renewals(self, failed: list[_Running]) -> None:
+        """Try the renewal of leases whose renew failed again later, not at the next turn:
+        after a server's refusal of a whole renew (a database failure), renewals went out
+        every 50 ms for as long as it lasted. The wait doubles at each failure, from
+        RENEW_RETRY_FIRST to RENEW_RETRY_MAX, but never passes half of what is left of a
+        lease: a server that recovers in time still renews it."""
+        now = time.monotonic()
+        delay = self._renew_retry
+        self._renew_retry = min(delay * 2, RENEW_RETRY_MAX)
+        for r in failed:
+            r.renew_at = now + min(delay, max(r.lease_expires - now, 0.0) / 2)
 
     def _renewed(self, leases: list[dict[str, Any]], sent: float) -> None:
         """Take a renew's answers: new leases, cancels, lost attempts."""
@@ -1061,6 +1127,14 @@ def _sendable(report: dict[str, Any]) -> tuple[dict[str, Any], int]:
         log.error("the handler's result cannot be sent: %s", exc.message)
         failure = outcomes.error(exc.code, exc.message, retryable=False)
         return failure, outcomes.wire_size(failure["error"])
+
+
+def _check_name(kind: str, value: object) -> None:
+    """``value`` as the hello takes a name, or ValueError (the server's own words)."""
+    try:
+        check_name(kind, value)
+    except OrbitError as exc:
+        raise ValueError(exc.message) from None
 
 
 def _is_async(fn: Handler) -> bool:

@@ -5,17 +5,21 @@ are), the kind of callable it is, and how it is registered. Driven against
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
+import re
 import sys
 import threading
+import time
 from functools import partial
 from typing import Any
 
 import pytest
 
+from orbit.core import validate
 from orbit.protocol.decode import DecodeError, decode_model
-from orbit.protocol.messages import Renew
+from orbit.protocol.messages import Hello, Renew
 from orbit.worker.runner import Context, Fail, Retry, Worker
 from tests.unit.fake_gateway import FakeGateway, assignment
 from tests.unit.test_worker_recovery import _is, _run_one, running
@@ -125,6 +129,55 @@ class _AsyncCallable:
 def test_an_object_with_an_async_call_runs_as_an_async_handler(handler: Any) -> None:
     """It ran in a thread, which returned an un-awaited coroutine: RESULT_NOT_JSON."""
     assert _outcome_of(handler) == {"ok": True, "result": {"ran": "on the loop"}}
+
+
+def _sync_decorator(fn: Any) -> Any:
+    """A decorator written for plain functions: its wrapper is no coroutine function."""
+
+    @functools.wraps(fn)
+    def wrapper(ctx: Context, payload: Any) -> Any:
+        return fn(ctx, payload)
+
+    return wrapper
+
+
+@_sync_decorator
+async def _wrapped_async(ctx: Context, payload: Any) -> Any:
+    await asyncio.sleep(0)
+    return {"ran": "on the loop", "thread": threading.current_thread().name}
+
+
+def test_a_plain_handler_that_returns_a_coroutine_has_it_awaited_on_the_loop() -> None:
+    """A sync decorator around an async handler: the wrapper ran in a thread and its
+    "result" was the un-awaited coroutine, reported as RESULT_NOT_JSON."""
+    thread = threading.current_thread().name
+    assert _outcome_of(_wrapped_async) == {
+        "ok": True,
+        "result": {"ran": "on the loop", "thread": thread},
+    }
+
+
+def test_a_returned_coroutine_is_timed_and_abandoned_as_an_async_handler_is() -> None:
+    """Its coroutine runs on the loop: past the attempt timeout it is cancelled, and one
+    that ignores that is abandoned after ``cancel_grace`` (waited for, it held the
+    attempt for ever)."""
+
+    @_sync_decorator
+    async def stubborn(ctx: Context, payload: Any) -> Any:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await asyncio.Event().wait()  # ignores the cancel, for good
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, "token", cancel_grace=0.1, grace=0.1)
+            worker.handler("h")(stubborn)
+            await _run_one(gw, worker, assignment("a1", "h", attempt_timeout=0.1))
+            assert gw.finished["a1"]["error"]["code"] == "ATTEMPT_TIMEOUT"
+            assert worker.abandoned == ["a1"]
+
+    asyncio.run(main())
 
 
 @pytest.mark.parametrize("capacity", [0, -1])
@@ -392,3 +445,136 @@ def test_an_error_the_server_could_not_address_to_a_request_is_logged(
     with caplog.at_level(logging.WARNING, logger="orbit.worker"):
         asyncio.run(main())
     assert "INVALID_JSON: the frame is not valid JSON" in caplog.text
+
+
+# --------------------------------------------------------------------------- progress
+
+
+def _context() -> tuple[Context, list[tuple[Any, Any]]]:
+    reports: list[tuple[Any, Any]] = []
+    ctx = Context("t1", "a1", 1, "h", "q", "default", None, None)
+    ctx._report = lambda fraction, message: reports.append((fraction, message))
+    return ctx, reports
+
+
+@pytest.mark.parametrize(
+    ("fraction", "message", "error"),
+    [
+        (None, 42, "message must be a string or None, not int"),
+        (0.5, b"bytes", "message must be a string or None, not bytes"),
+        ("half", None, "fraction must be a number in [0, 1] or None, not str"),
+        (True, None, "fraction must be a number in [0, 1] or None, not bool"),
+    ],
+)
+def test_progress_of_the_wrong_type_is_refused_clearly(
+    fraction: Any, message: Any, error: str
+) -> None:
+    """``ctx.progress(message=42)`` raised "TypeError: argument of type 'int' is not
+    iterable" from deep in the text cleaning, ``fraction="half"`` one about '<=' between
+    float and str, and ``fraction=True`` was reported as 1."""
+    ctx, reports = _context()
+    with pytest.raises(TypeError, match=re.escape(error)):
+        ctx.progress(fraction, message)
+    assert reports == []
+
+
+def test_progress_takes_what_it_should() -> None:
+    ctx, reports = _context()
+    ctx.progress(0, "start")
+    ctx.progress(1)
+    ctx.progress(message="only words")
+    with pytest.raises(ValueError, match=r"fraction must be in \[0, 1\]"):
+        ctx.progress(float("nan"))
+    assert reports == [(0, "start"), (1, None), (None, "only words")]
+
+
+# --------------------------------------------------------------------------- hello bounds
+
+
+def test_what_the_hello_would_refuse_is_refused_at_construction_and_registration() -> None:
+    """A concurrency over the hello's bound, more handlers than a hello declares, a
+    capacity over its bound, or a name it does not take, was refused only by the
+    server's answer to the hello: the run ended there (``orbit worker`` exited 3)."""
+    too_many = validate.MAX_WORKER_CONCURRENCY + 1
+    with pytest.raises(ValueError, match=f"concurrency must be at most {too_many - 1}"):
+        Worker("http://127.0.0.1:1", "token", concurrency=too_many)
+    with pytest.raises(ValueError, match="name must be 1-128 characters"):
+        Worker("http://127.0.0.1:1", "token", name="my worker")
+    worker = Worker("http://127.0.0.1:1", "token", concurrency=validate.MAX_WORKER_CONCURRENCY)
+    with pytest.raises(ValueError, match="capacity must be at most"):
+        worker.handler("h", capacity=validate.MAX_HANDLER_CAPACITY + 1)(_returns_at_once)
+    with pytest.raises(ValueError, match="handler name must be 1-128 characters"):
+        worker.handler("render page")(_returns_at_once)
+    for i in range(validate.MAX_WORKER_HANDLERS):
+        worker.handler(f"h{i}")(_returns_at_once)
+    with pytest.raises(ValueError, match=f"at most {validate.MAX_WORKER_HANDLERS} handlers"):
+        worker.handler("one.more")(_returns_at_once)
+    assert len(worker.handlers) == validate.MAX_WORKER_HANDLERS
+
+
+def test_the_hello_of_a_worker_at_every_bound_is_one_the_server_reads() -> None:
+    """The bounds the worker checks are the ones the server's decoder holds it to."""
+    worker = Worker(
+        "http://127.0.0.1:1", "token", name="w", concurrency=validate.MAX_WORKER_CONCURRENCY
+    )
+    for i in range(validate.MAX_WORKER_HANDLERS):
+        worker.handler(f"h{i}", capacity=validate.MAX_HANDLER_CAPACITY)(_returns_at_once)
+    hello = {
+        "type": "hello",
+        "req_id": "r1",
+        "name": worker.name,
+        "max_concurrency": worker.concurrency,
+        "capabilities": [
+            {"handler": name, "capacity": reg.capacity} for name, reg in worker.handlers.items()
+        ],
+    }
+    decode_model(Hello, hello, parsed=True)
+    for field, over in (
+        ("max_concurrency", worker.concurrency + 1),
+        ("capabilities", [*hello["capabilities"], {"handler": "x", "capacity": 1}]),
+    ):
+        with pytest.raises(DecodeError):
+            decode_model(Hello, {**hello, field: over}, parsed=True)
+
+
+def test_a_refused_renewal_is_retried_with_backoff_within_the_lease() -> None:
+    """The server refuses a renew as a whole (an ``error`` with its req_id, such as a
+    database failure): renewals were retried every 50 ms while it lasted. They back off
+    now (0.25 s, then twice as long each time), but never past half of what is left of
+    the soonest lease, so that a server that recovers in time still renews it."""
+    renewed_at: list[float] = []
+    third = asyncio.Event()
+
+    async def refuses_two(gw: FakeGateway, ws: Any, msg: dict[str, Any]) -> bool:
+        if msg["type"] != "renew":
+            return False
+        renewed_at.append(time.monotonic())
+        if len(renewed_at) > 2:
+            third.set()
+            return False
+        error = {"type": "error", "req_id": msg["req_id"], "code": "INTERNAL", "message": "db"}
+        await ws.send(json.dumps(error))
+        return True
+
+    async def main() -> None:
+        async with FakeGateway(on_request=refuses_two, lease_left=1.0) as gw:
+            worker = Worker(gw.url, "token", grace=5.0)
+            cancelled: list[str] = []
+
+            @worker.handler("h")
+            async def waits(ctx: Context, payload: Any) -> Any:
+                try:
+                    await third.wait()
+                except asyncio.CancelledError:
+                    cancelled.append(ctx.reason or "")
+                    raise
+                return "ok"
+
+            await _run_one(gw, worker, timeout=5)
+            assert cancelled == []
+            assert gw.finished["a1"] == {"ok": True, "result": "ok"}
+        first, second, last = renewed_at[:3]
+        assert second - first >= 0.2  # 0.25 s, not 50 ms
+        assert last - second < 0.45  # half of what was left of the lease (0.125), not 0.5 s
+
+    asyncio.run(main())

@@ -1,0 +1,233 @@
+"""The clients' own logic over a real loopback HTTP server: ``wait`` riding over a server
+that is briefly unreachable, iterations resumed from a cursor, ``TaskFailed``'s message,
+and the sync transport's one retry of a GET on a kept-alive connection the server closed
+as it was reused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from orbit.client import AsyncClient, Client, NotFound, TaskFailed, Unreachable
+from orbit.client._http import Transport
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    #: requests answered by hanging up without a word (a server going down mid-deploy)
+    drop_first = 0
+    #: on each connection, its n-th request is met by a hang-up (0: never)
+    drop_on_reuse = 0
+    seen: list[dict[str, Any]]
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+    served = 0  # requests on this connection (one handler per connection)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self._answer()
+
+    def do_POST(self) -> None:
+        self._answer()
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        self.served += 1
+        srv = self.server
+        srv.seen.append({"method": self.command, "path": self.path, "n": self.served})
+        if srv.drop_first > 0 or self.served == srv.drop_on_reuse:
+            srv.drop_first -= 1
+            self.close_connection = True  # not a byte of an answer
+            return
+        status, body = self._reply(urlsplit(self.path))
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _reply(self, url: Any) -> tuple[int, Any]:
+        if url.path.startswith("/v1/tasks/missing"):
+            return 404, {"error": {"code": "NOT_FOUND", "message": "no such task"}}
+        if url.path == "/v1/tasks/t1":
+            return 200, {"id": "t1", "state": "succeeded", "result": 7}
+        # a list of three pages: no cursor, "c1", "c2"
+        cursor = parse_qs(url.query).get("cursor", [""])[0]
+        page = {"": 0, "c1": 1, "c2": 2}[cursor]
+        following = {0: "c1", 1: "c2", 2: None}[page]
+        return 200, {"items": [{"page": page, "path": url.path}], "next_cursor": following}
+
+
+@pytest.fixture
+def server() -> Iterator[_Server]:
+    srv = _Server(("127.0.0.1", 0), _Handler)
+    srv.seen = []
+    thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def _url(srv: _Server) -> str:
+    return f"http://127.0.0.1:{srv.server_address[1]}"
+
+
+def _free_port() -> int:
+    with socket.socket() as placeholder:  # a port nobody listens on
+        placeholder.bind(("127.0.0.1", 0))
+        return int(placeholder.getsockname()[1])
+
+
+# --------------------------------------------------------------------------- wait
+
+
+def test_wait_rides_over_a_server_that_is_briefly_unreachable(server: _Server) -> None:
+    """A rolling deploy: the first polls find the server hanging up. ``wait`` raised the
+    first Unreachable at once; it polls on until its timeout."""
+    server.drop_first = 3
+    with Client(_url(server), "t0ken") as c:
+        assert c.wait("t1", timeout=10, poll=0.05)["state"] == "succeeded"
+    server.drop_first = 3
+
+    async def main() -> dict[str, Any]:
+        async with AsyncClient(_url(server), "t0ken") as c:
+            return await c.wait("t1", timeout=10, poll=0.05)
+
+    assert asyncio.run(main())["state"] == "succeeded"
+    assert len(server.seen) == 8
+
+
+def test_wait_raises_unreachable_when_the_server_stays_unreachable() -> None:
+    port = _free_port()
+    with Client(f"http://127.0.0.1:{port}", "t0ken") as c:
+        started = time.monotonic()
+        with pytest.raises(Unreachable, match=r"unreachable for the last 0\.\d s") as caught:
+            c.wait("t1", timeout=0.3, poll=0.05)
+    assert time.monotonic() - started >= 0.3
+    assert isinstance(caught.value.__cause__, Unreachable)
+
+    async def main() -> None:
+        async with AsyncClient(f"http://127.0.0.1:{port}", "t0ken") as c:
+            with pytest.raises(Unreachable, match=r"unreachable for the last 0\.\d s"):
+                await c.wait("t1", timeout=0.3, poll=0.05)
+
+    asyncio.run(main())
+
+
+def test_wait_raises_a_refusal_at_once(server: _Server) -> None:
+    with Client(_url(server), "t0ken") as c, pytest.raises(NotFound):
+        c.wait("missing", timeout=10)
+
+    async def main() -> None:
+        async with AsyncClient(_url(server), "t0ken") as c:
+            with pytest.raises(NotFound):
+                await c.wait("missing", timeout=10)
+
+    asyncio.run(main())
+    assert len(server.seen) == 2
+
+
+# --------------------------------------------------------------------------- cursors
+
+
+def test_iterations_resume_from_a_cursor(server: _Server) -> None:
+    """``iter_tasks(cursor=...)`` raised TypeError (``cursor`` given twice), and neither
+    ``iter_artifacts`` nor an ``iter_events`` took one."""
+    with Client(_url(server), "t0ken") as c:
+        assert [t["page"] for t in c.iter_tasks(cursor="c1", state="queued")] == [1, 2]
+        assert [t["page"] for t in c.iter_tasks()] == [0, 1, 2]
+        assert [a["page"] for a in c.iter_artifacts("t1", cursor="c2")] == [2]
+        assert [e["page"] for e in c.iter_events("t1", cursor="c1", limit=5)] == [1, 2]
+        assert [e["page"] for e in c.iter_events("t1")] == [0, 1, 2]
+    assert server.seen[0]["path"] == "/v1/tasks?state=queued&limit=100&cursor=c1"
+    assert server.seen[-5]["path"] == "/v1/tasks/t1/events?limit=5&cursor=c1"
+
+    async def main() -> list[list[int]]:
+        async with AsyncClient(_url(server), "t0ken") as c:
+            return [
+                [t["page"] async for t in c.iter_tasks(cursor="c1", state="queued")],
+                [a["page"] async for a in c.iter_artifacts("t1", cursor="c2")],
+                [e["page"] async for e in c.iter_events("t1", cursor="c1", limit=5)],
+                [e["page"] async for e in c.iter_events("t1")],
+            ]
+
+    assert asyncio.run(main()) == [[1, 2], [2], [1, 2], [0, 1, 2]]
+
+
+# --------------------------------------------------------------------------- TaskFailed
+
+
+def test_a_task_that_ended_without_an_error_says_so() -> None:
+    """A task cancelled before it ran has no error: the message ended in ": None"."""
+    assert str(TaskFailed({"id": "t1", "state": "cancelled", "error": None})) == (
+        "task t1 ended cancelled (no error recorded)"
+    )
+    failed = TaskFailed(
+        {"id": "t2", "state": "failed", "error": {"code": "BOOM", "message": "it broke"}}
+    )
+    assert str(failed) == "task t2 ended failed: BOOM it broke"
+    assert failed.code == "BOOM"
+    assert str(TaskFailed({"id": "t3", "state": "failed", "error": {"code": "X"}})) == (
+        "task t3 ended failed: X"
+    )
+
+
+# --------------------------------------------------------------------------- keep-alive
+
+
+def test_a_get_on_a_connection_closed_as_it_was_reused_is_sent_again_once(
+    server: _Server,
+) -> None:
+    """The server closes a kept-alive connection just as the next request goes out on it
+    (its idle timeout, a restart): not a byte of an answer came, and the GET is sent
+    once more on a fresh connection. It raised Unreachable (RemoteDisconnected)."""
+    server.drop_on_reuse = 2  # each connection's second request is met by a hang-up
+    t = Transport(_url(server), {}, cafile=None, timeout=5.0)
+    assert t.request("GET", "/v1/tasks/t1", None, None).status_code == 200
+    assert t.request("GET", "/v1/tasks/t1", None, None).status_code == 200
+    with t.stream("GET", "/v1/tasks/t1") as (status, chunks):
+        assert status == 200 and b"".join(chunks)
+    t.close()
+    assert [s["n"] for s in server.seen] == [1, 2, 1, 2, 1]
+
+
+def test_a_post_is_never_sent_twice(server: _Server) -> None:
+    server.drop_on_reuse = 2
+    t = Transport(_url(server), {}, cafile=None, timeout=5.0)
+    assert t.request("POST", "/v1/tasks", None, b"{}").status_code == 200
+    with pytest.raises(Unreachable, match="RemoteDisconnected"):
+        t.request("POST", "/v1/tasks", None, b"{}")
+    t.close()
+    assert [s["method"] for s in server.seen] == ["POST", "POST"]
+
+
+def test_a_get_on_a_fresh_connection_is_not_sent_again(server: _Server) -> None:
+    server.drop_first = 1
+    t = Transport(_url(server), {}, cafile=None, timeout=5.0)
+    with pytest.raises(Unreachable, match="RemoteDisconnected"):
+        t.request("GET", "/v1/tasks/t1", None, None)
+    t.close()
+    assert len(server.seen) == 1
