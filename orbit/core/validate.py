@@ -32,6 +32,9 @@ DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
 MAX_WORKER_CONCURRENCY = 100_000
 MAX_WORKER_HANDLERS = 256
 MAX_HANDLER_CAPACITY = 100_000
+#: The most attempt ids one ``renew`` carries (``orbit.protocol.messages.Renew``): the
+#: runner sends a larger set in messages of this many.
+MAX_RENEW_IDS = 1000
 
 
 #: Names that passed ``NAME_RE`` lately: a batch repeats one queue, handler and tenant a

@@ -15,7 +15,12 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from orbit.core.validate import MAX_HANDLER_CAPACITY, MAX_WORKER_CONCURRENCY, MAX_WORKER_HANDLERS
+from orbit.core.validate import (
+    MAX_HANDLER_CAPACITY,
+    MAX_RENEW_IDS,
+    MAX_WORKER_CONCURRENCY,
+    MAX_WORKER_HANDLERS,
+)
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 COUNTER_RE = re.compile(r"^(0|[1-9][0-9]{0,18})\Z")
@@ -394,7 +399,7 @@ class Start(Strict):
 class Renew(Strict):
     type: Literal["renew"]
     req_id: ReqId
-    attempt_ids: Annotated[list[Id], Field(min_length=1, max_length=1000)]
+    attempt_ids: Annotated[list[Id], Field(min_length=1, max_length=MAX_RENEW_IDS)]
 
 
 class OutcomeSpec(Strict):

@@ -51,6 +51,7 @@ from orbit.aio import stop_tasks
 from orbit.core.errors import OrbitError
 from orbit.core.validate import (
     MAX_HANDLER_CAPACITY,
+    MAX_RENEW_IDS,
     MAX_WORKER_CONCURRENCY,
     MAX_WORKER_HANDLERS,
     check_name,
@@ -63,8 +64,6 @@ from orbit.worker.batching import MAX_BATCH, Coalescer
 from orbit.worker.connection import ServerError, WorkerConnection, outcome
 
 log = logging.getLogger("orbit.worker")
-#: the most attempt ids one ``renew`` may carry (docs/protocol.md)
-RENEW_MAX = 1000
 #: seconds before a failed renewal is tried again, doubled at each failure up to the
 #: most, and never past half of what is left of a lease (``Worker._defer_renewals``)
 RENEW_RETRY_FIRST = 0.25
@@ -983,7 +982,7 @@ class Worker:
         )
 
     async def _renew_loop(self) -> None:
-        """Renew every running lease in one message (per RENEW_MAX ids); a lease we could
+        """Renew every running lease in one message (per MAX_RENEW_IDS ids); a lease we could
         not renew before it ran out is treated as lost (its handler is cancelled, its
         result dropped). No error ends this loop: with it gone, leases ran out under a
         live worker."""
@@ -1014,9 +1013,9 @@ class Worker:
         conn = self._conn
         if not ids or self.pause_renewals or conn is None or not self._connected.is_set():
             return
-        # At most RENEW_MAX ids a message, as the server reads them: one renew of all of
+        # At most MAX_RENEW_IDS ids a message, as the server reads them: one renew of all of
         # them, past that, was refused as a whole, and every lease ran out.
-        for start in range(0, len(ids), RENEW_MAX):
+        for start in range(0, len(ids), MAX_RENEW_IDS):
             alive = [r.lease_expires for r in live if not r.lost]
             if not alive:  # every one lost by the answers so far
                 return
@@ -1029,7 +1028,7 @@ class Worker:
                 # wait on it.
                 timeout = min(10.0, self.request_timeout, max(soonest, 0.05))
                 sent = time.monotonic()
-                leases = await conn.renew(ids[start : start + RENEW_MAX], timeout)
+                leases = await conn.renew(ids[start : start + MAX_RENEW_IDS], timeout)
             except (TimeoutError, ServerError, ConnectionError, OSError) as exc:
                 log.warning("renew failed: %s", exc)
                 self._defer_renewals(pending[start:])
