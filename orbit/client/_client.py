@@ -132,7 +132,7 @@ class _Calls:
 
     @staticmethod
     def artifacts_list(task_id: str, limit: int, cursor: str | None) -> Request:
-        query: dict[str, Any] = {"limit": limit, **({"cursor": cursor} if cursor else {})}
+        query: dict[str, Any] = {"limit": limit, **({} if cursor is None else {"cursor": cursor})}
         return ("GET", f"/v1/tasks/{_seg(task_id)}/artifacts", query, None)
 
     @staticmethod
@@ -318,7 +318,7 @@ class Client:
         return list(self._call(("GET", f"/v1/tasks/{_seg(task_id)}/attempts", None, None)))
 
     def events(self, task_id: str, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
-        query: dict[str, Any] = {"limit": limit, **({"cursor": cursor} if cursor else {})}
+        query: dict[str, Any] = {"limit": limit, **({} if cursor is None else {"cursor": cursor})}
         return dict(self._call(("GET", f"/v1/tasks/{_seg(task_id)}/events", query, None)))
 
     # workers and tokens
@@ -448,7 +448,7 @@ class AsyncClient:
     async def events(
         self, task_id: str, limit: int = 100, cursor: str | None = None
     ) -> dict[str, Any]:
-        query: dict[str, Any] = {"limit": limit, **({"cursor": cursor} if cursor else {})}
+        query: dict[str, Any] = {"limit": limit, **({} if cursor is None else {"cursor": cursor})}
         return dict(await self._call(("GET", f"/v1/tasks/{_seg(task_id)}/events", query, None)))
 
     async def list_artifacts(

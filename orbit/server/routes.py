@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request
-from pydantic import BaseModel
+from pydantic import BaseModel, BeforeValidator
 from starlette.responses import Response
 
 from orbit.core.batches import UnusualTask
@@ -52,7 +52,17 @@ from orbit.store import Submitted as Stored
 
 M = TypeVar("M", bound=BaseModel)
 router = APIRouter(prefix="/v1")
-Limit = Annotated[int, Query(ge=1, le=1000)]
+
+
+def _plain_digits(value: Any) -> Any:
+    """A limit as the query spells it must be ASCII digits: pydantic's lax int read
+    ``" 1"``, ``"1.0"``, ``"+1"`` and ``"1_0"`` as numbers, while ``"x"`` was refused."""
+    if isinstance(value, str) and not (value.isascii() and value.isdigit()):
+        raise ValueError("give a whole number in plain digits")
+    return value
+
+
+Limit = Annotated[int, Query(ge=1, le=1000), BeforeValidator(_plain_digits)]
 #: the values of the task list's ``state`` filter
 TASK_STATES = tuple(str(s) for s in TaskState)
 #: the values of the worker list's ``state`` filter

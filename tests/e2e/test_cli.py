@@ -7,9 +7,10 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.e2e.servers import Node, Tokens, make_tokens, start_server
@@ -928,3 +929,82 @@ def test_task_cancel_help_says_a_running_task_is_told_at_once() -> None:
     text = " ".join(helped.stdout.split())
     assert "running ones stop at their next renewal" not in text, text
     assert "a running one's worker is told at once" in text, text
+
+
+# ------------------------------------------------- the list routes, over the module's server
+
+
+@pytest.fixture
+def api(cluster: tuple[Node, Tokens, str]) -> Iterator[httpx.Client]:
+    """An admin ``httpx.Client`` on the module's server: the list routes' checks need no
+    server of their own."""
+    node, tokens, _ = cluster
+    headers = {"Authorization": f"Bearer {tokens.admin}"}
+    with httpx.Client(base_url=node.http, timeout=30, headers=headers) as http:
+        yield http
+
+
+def test_a_limit_is_plain_digits_on_every_list_route(api: httpx.Client) -> None:
+    """``limit=" 1"`` and ``limit=1.0`` were read as 1 (pydantic's lax int) while
+    ``limit=x`` was refused: each list route now refuses anything but ASCII digits, as
+    INVALID_ARGUMENT naming ``limit``, and still takes a plain number."""
+    api.post("/v1/queues", json={"name": "strict", "max_concurrency": 1, "rate": 0})
+    task_id = api.post("/v1/tasks", json={"queue": "strict", "handler": "h"}).json()["task"]["id"]
+    paths = (
+        "/v1/tasks",
+        "/v1/events",
+        f"/v1/tasks/{task_id}/events",
+        f"/v1/tasks/{task_id}/artifacts",
+    )
+    for path in paths:
+        for bad in (" 1", "1 ", "1.0", "+1", "1_0", "\u0661", "1e1", ""):
+            reply = api.get(path, params={"limit": bad})
+            assert reply.status_code == 400, (path, bad, reply.text)
+            error = reply.json()["error"]
+            assert (error["code"], error["field"]) == ("INVALID_ARGUMENT", "limit"), (path, bad)
+            assert error["message"].startswith("limit: "), error
+        assert api.get(path, params={"limit": "1"}).status_code == 200, path
+
+
+def test_an_empty_cursor_is_refused_by_the_routes_and_the_clients(
+    api: httpx.Client, cluster: tuple[Node, Tokens, str]
+) -> None:
+    """The task list refuses ``cursor=`` (INVALID_CURSOR), but ``Client.events(cursor="")``
+    dropped the empty cursor and read the events from the start, a page that looked like
+    an answer. The routes and both clients now refuse it alike."""
+    import asyncio
+
+    from orbit import AsyncClient, Client
+    from orbit.client import BadRequest
+
+    node, tokens, _ = cluster
+    api.post("/v1/queues", json={"name": "cursors", "max_concurrency": 1, "rate": 0})
+    task_id = api.post("/v1/tasks", json={"queue": "cursors", "handler": "h"}).json()["task"]["id"]
+    for path in ("/v1/tasks", "/v1/events", f"/v1/tasks/{task_id}/events"):
+        reply = api.get(path, params={"cursor": ""})
+        assert reply.status_code == 400, (path, reply.text)
+        assert reply.json()["error"]["code"] == "INVALID_CURSOR", path
+    with Client(node.http, tokens.admin) as c:
+        for call in (
+            lambda: c.events(task_id, cursor=""),
+            lambda: c.list_tasks(cursor=""),
+            lambda: c.list_artifacts(task_id, cursor=""),
+        ):
+            with pytest.raises(BadRequest) as refused:
+                call()
+            assert refused.value.code == "INVALID_CURSOR"
+
+    async def refused_async() -> list[str]:
+        codes = []
+        async with AsyncClient(node.http, tokens.admin) as c:
+            for call in (
+                lambda: c.events(task_id, cursor=""),
+                lambda: c.list_tasks(cursor=""),
+                lambda: c.list_artifacts(task_id, cursor=""),
+            ):
+                with pytest.raises(BadRequest) as refused:
+                    await call()
+                codes.append(refused.value.code)
+        return codes
+
+    assert asyncio.run(refused_async()) == ["INVALID_CURSOR"] * 3
