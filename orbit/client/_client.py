@@ -22,6 +22,8 @@ from orbit.urls import check_server_url
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "needs_review"})
 Request = tuple[str, str, dict[str, Any] | None, dict[str, Any] | list[Any] | None]
+#: The page size ``workers()`` walks the worker list with: the most a page may hold.
+WORKER_PAGE = 1000
 #: What a batch submit answers with: each task's view, or its id (``submit_many``).
 BatchReply = Literal["full", "ids"]
 
@@ -147,8 +149,9 @@ class _Calls:
         return [dict(r["task"]) for r in items] if reply == "full" else [dict(r) for r in items]
 
     @staticmethod
-    def workers(state: str | None) -> Request:
-        return ("GET", "/v1/workers", None if state is None else {"state": state}, None)
+    def workers_list(state: str | None, limit: int, cursor: str | None) -> Request:
+        query = {"state": state, "limit": limit, "cursor": cursor}
+        return ("GET", "/v1/workers", {k: v for k, v in query.items() if v is not None}, None)
 
     @staticmethod
     def token_list() -> Request:
@@ -323,8 +326,25 @@ class Client:
 
     # workers and tokens
     def workers(self, state: str | None = None) -> list[dict[str, Any]]:
-        """Worker sessions, oldest first; ``state="live"`` leaves out the expired ones."""
-        return list(self._call(_Calls.workers(state)))
+        """Every worker session (all its pages), oldest first; ``state="live"`` leaves out
+        the expired ones, which are never deleted."""
+        return list(self.iter_workers(state=state, limit=WORKER_PAGE))
+
+    def list_workers(
+        self, *, state: str | None = None, limit: int = 100, cursor: str | None = None
+    ) -> dict[str, Any]:
+        """One page of worker sessions: ``{"items": [...], "next_cursor": ...}``."""
+        return dict(self._call(_Calls.workers_list(state, limit, cursor)))
+
+    def iter_workers(self, **filters: Any) -> Iterator[dict[str, Any]]:
+        """Every matching worker session, page by page (keyset, as ``iter_tasks``)."""
+        cursor = None
+        while True:
+            page = self.list_workers(cursor=cursor, **filters)
+            yield from page["items"]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
 
     def worker_drain(self, session_id: str) -> dict[str, Any]:
         return dict(self._call(("POST", f"/v1/workers/{_seg(session_id)}/drain", None, None)))
@@ -571,7 +591,22 @@ class AsyncClient:
                 return
 
     async def workers(self, state: str | None = None) -> list[dict[str, Any]]:
-        return list(await self._call(_Calls.workers(state)))
+        return [w async for w in self.iter_workers(state=state, limit=WORKER_PAGE)]
+
+    async def list_workers(
+        self, *, state: str | None = None, limit: int = 100, cursor: str | None = None
+    ) -> dict[str, Any]:
+        return dict(await self._call(_Calls.workers_list(state, limit, cursor)))
+
+    async def iter_workers(self, **filters: Any) -> AsyncIterator[dict[str, Any]]:
+        cursor = None
+        while True:
+            page = await self.list_workers(cursor=cursor, **filters)
+            for item in page["items"]:
+                yield item
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
 
     async def worker_drain(self, session_id: str) -> dict[str, Any]:
         return dict(await self._call(("POST", f"/v1/workers/{_seg(session_id)}/drain", None, None)))

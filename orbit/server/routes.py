@@ -33,6 +33,7 @@ from orbit.protocol.messages import (
     TokenCreate,
     TokenCreated,
     TokenView,
+    WorkerPage,
     WorkerView,
 )
 from orbit.protocol.submissions import UsualBatch, read_task
@@ -433,15 +434,24 @@ async def events(request: Request, limit: Limit = 100, cursor: str | None = None
 @router.get(
     "/workers",
     dependencies=[Depends(require("admin")), *LISTING],
-    response_model=list[WorkerView],
+    response_model=WorkerPage,
 )
-async def worker_list(request: Request, state: str | None = None) -> Response:
+async def worker_list(
+    request: Request, state: str | None = None, limit: Limit = 100, cursor: str | None = None
+) -> Response:
+    """Worker sessions a page at a time, as the task list pages tasks: by id (a uuid7, so
+    in the order they were opened), the cursor standing for the last one's id. Sessions
+    are never deleted, so the whole list grows with every worker process ever started."""
     if state is not None and state not in SESSION_STATES:
         raise ApiError(
             400, "INVALID_ARGUMENT", f"state must be one of {', '.join(SESSION_STATES)}", "state"
         )
-    sessions = await in_thread(lambda: _store(request).session_list(state=state))
-    return _json([worker_view(s) for s in sessions])
+    after_id = id_cursor(cursor)
+    sessions = await in_thread(
+        lambda: _store(request).session_list(state=state, after_id=after_id, limit=limit)
+    )
+    nxt = encode_cursor(sessions[-1].id) if len(sessions) == limit else None
+    return _json(WorkerPage(items=[worker_view(s) for s in sessions], next_cursor=nxt))
 
 
 @router.post(

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from orbit.server.routes import encode_cursor
 from tests.e2e.servers import Node, Tokens, make_tokens, start_server
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
@@ -953,6 +954,7 @@ def test_a_limit_is_plain_digits_on_every_list_route(api: httpx.Client) -> None:
     paths = (
         "/v1/tasks",
         "/v1/events",
+        "/v1/workers",
         f"/v1/tasks/{task_id}/events",
         f"/v1/tasks/{task_id}/artifacts",
     )
@@ -980,7 +982,7 @@ def test_an_empty_cursor_is_refused_by_the_routes_and_the_clients(
     node, tokens, _ = cluster
     api.post("/v1/queues", json={"name": "cursors", "max_concurrency": 1, "rate": 0})
     task_id = api.post("/v1/tasks", json={"queue": "cursors", "handler": "h"}).json()["task"]["id"]
-    for path in ("/v1/tasks", "/v1/events", f"/v1/tasks/{task_id}/events"):
+    for path in ("/v1/tasks", "/v1/events", f"/v1/tasks/{task_id}/events", "/v1/workers"):
         reply = api.get(path, params={"cursor": ""})
         assert reply.status_code == 400, (path, reply.text)
         assert reply.json()["error"]["code"] == "INVALID_CURSOR", path
@@ -1008,3 +1010,72 @@ def test_an_empty_cursor_is_refused_by_the_routes_and_the_clients(
         return codes
 
     assert asyncio.run(refused_async()) == ["INVALID_CURSOR"] * 3
+
+
+def test_the_worker_list_is_paged_and_the_clients_and_cli_walk_it(
+    api: httpx.Client, cli: Run, cluster: tuple[Node, Tokens, str]
+) -> None:
+    """Sessions are never deleted, and ``GET /v1/workers`` answered every one ever opened
+    in one bare list. It is now a page (``{items, next_cursor}``, keyset by id as the task
+    list is), with ``state`` still a filter; ``Client.workers()`` and ``orbit worker ls``
+    walk every page, and ``list_workers``/``iter_workers`` read one or all."""
+    import asyncio
+
+    from orbit import AsyncClient, Client
+    from orbit.worker import WorkerConnection
+
+    node, tokens, _ = cluster
+
+    async def attach(n: int) -> list[str]:
+        ids = []
+        for i in range(n):
+            conn = await WorkerConnection.connect(node.ws, tokens.worker)
+            await conn.hello(f"paged-{i}", {"h": 1}, 1, push=False)
+            await conn.close()
+            assert conn.session_id is not None
+            ids.append(conn.session_id)
+        return ids
+
+    opened = asyncio.run(attach(3))
+    pages, cursor = [], None
+    while True:
+        reply = api.get(
+            "/v1/workers", params={"limit": 1, **({"cursor": cursor} if cursor else {})}
+        )
+        assert reply.status_code == 200, reply.text
+        page = reply.json()
+        assert set(page) == {"items", "next_cursor"} and len(page["items"]) <= 1
+        pages.append(page)
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    walked = [w["session_id"] for p in pages for w in p["items"]]
+    assert walked == sorted(walked) and len(walked) == len(set(walked))
+    assert walked[-3:] == opened
+    live = api.get("/v1/workers", params={"state": "live", "limit": 1000}).json()
+    assert set(opened) <= {w["session_id"] for w in live["items"]}
+    assert {w["state"] for w in live["items"]} == {"live"}
+    for bad in ("hello", "0", opened[0].upper()):
+        refused = api.get("/v1/workers", params={"cursor": encode_cursor(bad)})
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "INVALID_CURSOR"
+    with Client(node.http, tokens.admin) as c:
+        assert [w["session_id"] for w in c.workers()] == walked
+        one = c.list_workers(limit=1)
+        assert [w["session_id"] for w in one["items"]] == walked[:1] and one["next_cursor"]
+        assert [w["session_id"] for w in c.iter_workers(limit=2)] == walked
+        assert [w["session_id"] for w in c.iter_workers(state="live", limit=1)] == [
+            w["session_id"] for w in live["items"]
+        ]
+
+    async def walk_async() -> tuple[list[str], list[str], list[str]]:
+        async with AsyncClient(node.http, tokens.admin) as c:
+            every = [w["session_id"] for w in await c.workers()]
+            first = [w["session_id"] for w in (await c.list_workers(limit=1))["items"]]
+            paged = [w["session_id"] async for w in c.iter_workers(limit=2)]
+            return every, first, paged
+
+    assert asyncio.run(walk_async()) == (walked, walked[:1], walked)
+    listed = json.loads(ok(cli("worker", "ls", "--json")))
+    assert [w["session_id"] for w in listed] == walked
+    live_listed = json.loads(ok(cli("worker", "ls", "--state", "live", "--json")))
+    assert [w["session_id"] for w in live_listed] == [w["session_id"] for w in live["items"]]

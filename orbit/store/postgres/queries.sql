@@ -297,9 +297,14 @@ SELECT * FROM orbit_sessions WHERE id = :id FOR UPDATE;
 SELECT * FROM orbit_sessions WHERE id = :id FOR SHARE;
 
 -- name: session_list
+-- In id order, which is the order sessions were opened in (uuid7 ids made from the
+-- instant written as created_at), so a page is a walk of the primary key. A NULL limit
+-- is LIMIT ALL: every session.
 SELECT * FROM orbit_sessions
 WHERE (CAST(:state AS text) IS NULL OR state = :state)
-ORDER BY created_at, id;
+  AND (CAST(:after_id AS text) IS NULL OR id > :after_id)
+ORDER BY id
+LIMIT CAST(:limit AS bigint);
 
 -- name: session_write_many
 UPDATE orbit_sessions AS s SET

@@ -259,9 +259,14 @@ SELECT * FROM orbit_sessions WHERE id = :id;
 SELECT * FROM orbit_sessions WHERE id = :id;
 
 -- name: session_list
+-- In id order, which is the order sessions were opened in (uuid7 ids made from the
+-- instant written as created_at), so a page is a walk of the primary key. A NULL limit
+-- is every session (SQLite refuses LIMIT NULL, and reads a negative one as no limit).
 SELECT * FROM orbit_sessions
 WHERE (:state IS NULL OR state = :state)
-ORDER BY created_at, id;
+  AND (:after_id IS NULL OR id > :after_id)
+ORDER BY id
+LIMIT coalesce(:limit, -1);
 
 -- name: session_write_many
 UPDATE orbit_sessions SET
