@@ -263,6 +263,7 @@ def task_ls(
     queue: Annotated[str | None, typer.Option()] = None,
     tenant: Annotated[str | None, typer.Option()] = None,
     handler: Annotated[str | None, typer.Option()] = None,
+    parent: Annotated[str | None, typer.Option(help="only the children of this task")] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
     cursor: Annotated[str | None, typer.Option(help="continue from a previous page")] = None,
     url: Url = DEFAULT_URL,
@@ -272,7 +273,13 @@ def task_ls(
     """List tasks, oldest first; prints the cursor of the next page if there is one."""
     with client(url, cafile) as c:
         page = c.list_tasks(
-            state=state, queue=queue, tenant=tenant, handler=handler, limit=limit, cursor=cursor
+            state=state,
+            queue=queue,
+            tenant=tenant,
+            handler=handler,
+            parent_id=parent,
+            limit=limit,
+            cursor=cursor,
         )
     if as_json:
         emit(page, True)

@@ -114,23 +114,13 @@ class _Calls:
         return ("POST", "/v1/queues", None, body)
 
     @staticmethod
-    def tasks_list(
-        state: str | None,
-        queue: str | None,
-        tenant: str | None,
-        handler: str | None,
-        limit: int,
-        cursor: str | None,
-    ) -> Request:
-        query = {
-            "state": state,
-            "queue": queue,
-            "tenant": tenant,
-            "handler": handler,
-            "limit": limit,
-            "cursor": cursor,
-        }
-        return ("GET", "/v1/tasks", {k: v for k, v in query.items() if v is not None}, None)
+    def tasks_list(limit: int, cursor: str | None, **filters: str | None) -> Request:
+        """``filters``: state, queue, tenant, handler, parent_id (None: not filtered)."""
+        query: dict[str, Any] = {k: v for k, v in filters.items() if v is not None}
+        query["limit"] = limit
+        if cursor is not None:
+            query["cursor"] = cursor
+        return ("GET", "/v1/tasks", query, None)
 
     @staticmethod
     def artifacts_list(task_id: str, limit: int, cursor: str | None) -> Request:
@@ -301,11 +291,22 @@ class Client:
         queue: str | None = None,
         tenant: str | None = None,
         handler: str | None = None,
+        parent_id: str | None = None,
         limit: int = 100,
         cursor: str | None = None,
     ) -> dict[str, Any]:
-        """One page: ``{"items": [...], "next_cursor": ...}``."""
-        return dict(self._call(_Calls.tasks_list(state, queue, tenant, handler, limit, cursor)))
+        """One page: ``{"items": [...], "next_cursor": ...}``. ``parent_id``: that task's
+        children only."""
+        call = _Calls.tasks_list(
+            limit,
+            cursor,
+            state=state,
+            queue=queue,
+            tenant=tenant,
+            handler=handler,
+            parent_id=parent_id,
+        )
+        return dict(self._call(call))
 
     def iter_tasks(self, **filters: Any) -> Iterator[dict[str, Any]]:
         """Every matching task, page by page (keyset pagination: no duplicates, no gaps)."""
@@ -574,10 +575,19 @@ class AsyncClient:
         queue: str | None = None,
         tenant: str | None = None,
         handler: str | None = None,
+        parent_id: str | None = None,
         limit: int = 100,
         cursor: str | None = None,
     ) -> dict[str, Any]:
-        call = _Calls.tasks_list(state, queue, tenant, handler, limit, cursor)
+        call = _Calls.tasks_list(
+            limit,
+            cursor,
+            state=state,
+            queue=queue,
+            tenant=tenant,
+            handler=handler,
+            parent_id=parent_id,
+        )
         return dict(await self._call(call))
 
     async def iter_tasks(self, **filters: Any) -> AsyncIterator[dict[str, Any]]:

@@ -318,6 +318,7 @@ async def task_list(
     handler: str | None = None,
     created_after: str | None = None,
     created_before: str | None = None,
+    parent_id: str | None = None,
     limit: Limit = 100,
     cursor: str | None = None,
 ) -> Response:
@@ -335,12 +336,16 @@ async def task_list(
         raise ApiError(
             400, "INVALID_ARGUMENT", f"state must be one of {', '.join(TASK_STATES)}", "state"
         )
+    if parent_id is not None and not _TASK_ID.match(parent_id):
+        # an empty or mistyped id would list nothing, which reads as "no children"
+        raise ApiError(400, "INVALID_ARGUMENT", "parent_id must be a task id", "parent_id")
     tasks = await in_thread(
         lambda: _store(request).task_list(
             state=state,
             queue=queue,
             tenant=tenant,
             handler=handler,
+            parent_id=parent_id,
             after_id=id_cursor(cursor),
             limit=limit,
             **bounds,

@@ -743,13 +743,17 @@ class Store:
         handler: str | None = None,
         created_after: int | None = None,
         created_before: int | None = None,
+        parent_id: str | None = None,
         after_id: str | None = None,
         limit: int = 100,
     ) -> list[Task]:
-        """Tasks in id (= creation) order after ``after_id``: keyset pagination."""
+        """Tasks in id (= creation) order after ``after_id``: keyset pagination. With
+        ``parent_id``, that task's children only (not their descendants)."""
         check_int("limit", limit, 1, 1000)
+        by_parent = {} if parent_id is None else {"parent_id": parent_id}
         rows = self._read(
-            "task_list",
+            "task_list" if parent_id is None else "task_list_by_parent",
+            **by_parent,
             queue=queue,
             state=state,
             tenant=tenant,

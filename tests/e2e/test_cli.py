@@ -1079,3 +1079,48 @@ def test_the_worker_list_is_paged_and_the_clients_and_cli_walk_it(
     assert [w["session_id"] for w in listed] == walked
     live_listed = json.loads(ok(cli("worker", "ls", "--state", "live", "--json")))
     assert [w["session_id"] for w in live_listed] == [w["session_id"] for w in live["items"]]
+
+
+def test_the_task_list_filters_by_parent_in_the_api_the_clients_and_the_cli(
+    api: httpx.Client, cli: Run, cluster: tuple[Node, Tokens, str]
+) -> None:
+    """``GET /v1/tasks`` had no ``parent_id`` filter (an unknown query parameter is
+    ignored, so ``?parent_id=`` listed every task): it lists that task's children, and
+    ``list_tasks``/``iter_tasks`` and ``orbit task ls --parent`` pass it. A value that is
+    no task id is refused rather than read as "no children"."""
+    import asyncio
+
+    from orbit import AsyncClient, Client
+    from orbit.client import BadRequest
+
+    node, tokens, _ = cluster
+    api.post("/v1/queues", json={"name": "family", "max_concurrency": 1, "rate": 0})
+    parent = api.post("/v1/tasks", json={"queue": "family", "handler": "h"}).json()["task"]
+    kids = [{"queue": "family", "handler": "h", "parent_id": parent["id"]}] * 3
+    made = api.post("/v1/tasks/batch?reply=ids", json={"tasks": kids}).json()
+    children = [m["id"] for m in made]
+    page = api.get("/v1/tasks", params={"parent_id": parent["id"]}).json()
+    assert [t["id"] for t in page["items"]] == children
+    for bad in ("", "nope", parent["id"].upper()):
+        refused = api.get("/v1/tasks", params={"parent_id": bad})
+        assert refused.status_code == 400, (bad, refused.text)
+        assert refused.json()["error"]["field"] == "parent_id", bad
+        assert refused.json()["error"]["code"] == "INVALID_ARGUMENT", bad
+    with Client(node.http, tokens.admin) as c:
+        one = c.list_tasks(parent_id=parent["id"], limit=1)
+        assert [t["id"] for t in one["items"]] == children[:1]
+        assert [t["id"] for t in c.iter_tasks(parent_id=parent["id"], limit=2)] == children
+        with pytest.raises(BadRequest):
+            c.list_tasks(parent_id="nope")
+
+    async def listed_async() -> list[str]:
+        async with AsyncClient(node.http, tokens.admin) as c:
+            first = await c.list_tasks(parent_id=parent["id"], limit=1)
+            rest = [t["id"] async for t in c.iter_tasks(parent_id=parent["id"], limit=2)]
+            return [t["id"] for t in first["items"]] + rest
+
+    assert asyncio.run(listed_async()) == children[:1] + children
+    shown = json.loads(ok(cli("task", "ls", "--parent", parent["id"], "--json")))
+    assert [t["id"] for t in shown["items"]] == children
+    refused = cli("task", "ls", "--parent", "nope")
+    assert refused.returncode == 3 and "INVALID_ARGUMENT" in refused.stderr, refused

@@ -194,6 +194,21 @@ WHERE (:queue IS NULL OR queue = :queue)
 ORDER BY id
 LIMIT :limit;
 
+-- name: task_list_by_parent
+-- task_list with parent_id: its own query, because the equality must stand alone for the
+-- partial index orbit_tasks_parent to be used (an ":x IS NULL OR" form walks every task).
+SELECT * FROM orbit_tasks
+WHERE parent_id = :parent_id
+  AND (:queue IS NULL OR queue = :queue)
+  AND (:state IS NULL OR state = :state)
+  AND (:tenant IS NULL OR tenant = :tenant)
+  AND (:handler IS NULL OR handler = :handler)
+  AND (:created_after IS NULL OR created_at >= :created_after)
+  AND (:created_before IS NULL OR created_at < :created_before)
+  AND (:after_id IS NULL OR id > :after_id)
+ORDER BY id
+LIMIT :limit;
+
 -- name: task_count_by_state
 SELECT state, count(*) AS n FROM orbit_tasks GROUP BY state;
 
