@@ -28,12 +28,24 @@ WORKER_PAGE = 1000
 BatchReply = Literal["full", "ids"]
 
 
-def _instant(value: datetime | str | None) -> str | None:
+def _instant(value: datetime | str | None, what: str = "deadline and run_after") -> str | None:
     if value is None or isinstance(value, str):
         return value
     if value.tzinfo is None:
-        raise ValueError("deadline and run_after need a timezone (e.g. datetime.now(UTC))")
+        raise ValueError(f"{what} need a timezone (e.g. datetime.now(UTC))")
     return value.isoformat()
+
+
+def _window(
+    created_after: datetime | str | None, created_before: datetime | str | None
+) -> dict[str, str | None]:
+    """The task list's time window as query values (an aware datetime or RFC 3339 text;
+    a naive datetime is a ValueError, nothing sent)."""
+    what = "created_after and created_before"
+    return {
+        "created_after": _instant(created_after, what),
+        "created_before": _instant(created_before, what),
+    }
 
 
 def _seg(value: str) -> str:
@@ -115,7 +127,8 @@ class _Calls:
 
     @staticmethod
     def tasks_list(limit: int, cursor: str | None, **filters: str | None) -> Request:
-        """``filters``: state, queue, tenant, handler, parent_id (None: not filtered)."""
+        """``filters``: state, queue, tenant, handler, parent_id, created_after,
+        created_before (None: not filtered)."""
         query: dict[str, Any] = {k: v for k, v in filters.items() if v is not None}
         query["limit"] = limit
         if cursor is not None:
@@ -292,11 +305,14 @@ class Client:
         tenant: str | None = None,
         handler: str | None = None,
         parent_id: str | None = None,
+        created_after: datetime | str | None = None,
+        created_before: datetime | str | None = None,
         limit: int = 100,
         cursor: str | None = None,
     ) -> dict[str, Any]:
         """One page: ``{"items": [...], "next_cursor": ...}``. ``parent_id``: that task's
-        children only."""
+        children only; ``created_after`` (inclusive) and ``created_before`` (exclusive):
+        aware datetimes or RFC 3339 strings."""
         call = _Calls.tasks_list(
             limit,
             cursor,
@@ -305,6 +321,7 @@ class Client:
             tenant=tenant,
             handler=handler,
             parent_id=parent_id,
+            **_window(created_after, created_before),
         )
         return dict(self._call(call))
 
@@ -576,6 +593,8 @@ class AsyncClient:
         tenant: str | None = None,
         handler: str | None = None,
         parent_id: str | None = None,
+        created_after: datetime | str | None = None,
+        created_before: datetime | str | None = None,
         limit: int = 100,
         cursor: str | None = None,
     ) -> dict[str, Any]:
@@ -587,6 +606,7 @@ class AsyncClient:
             tenant=tenant,
             handler=handler,
             parent_id=parent_id,
+            **_window(created_after, created_before),
         )
         return dict(await self._call(call))
 

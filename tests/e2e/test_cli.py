@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -1124,3 +1125,62 @@ def test_the_task_list_filters_by_parent_in_the_api_the_clients_and_the_cli(
     assert [t["id"] for t in shown["items"]] == children
     refused = cli("task", "ls", "--parent", "nope")
     assert refused.returncode == 3 and "INVALID_ARGUMENT" in refused.stderr, refused
+
+
+def test_the_task_list_time_window_in_the_clients_and_the_cli(
+    api: httpx.Client, cli: Run, cluster: tuple[Node, Tokens, str]
+) -> None:
+    """``created_after``/``created_before`` were API filters that neither
+    ``Client.list_tasks``/``AsyncClient.list_tasks`` nor ``orbit task ls`` could pass.
+    The clients take an aware datetime or an RFC 3339 string (a naive datetime is a
+    ValueError, nothing sent); the CLI takes ISO 8601 with a timezone, and anything else
+    is exit 2 with one line."""
+    import asyncio
+    from datetime import datetime, timedelta, timezone
+
+    from orbit import AsyncClient, Client
+
+    node, tokens, _ = cluster
+    api.post("/v1/queues", json={"name": "window", "max_concurrency": 1, "rate": 0})
+    batch = [{"queue": "window", "handler": "h"}] * 2
+    first = api.post("/v1/tasks/batch", json={"tasks": batch[:1]}).json()[0]["task"]
+    second = api.post("/v1/tasks/batch", json={"tasks": batch[1:]}).json()[0]["task"]
+    at = second["created_at"]
+    aware = datetime.fromisoformat(at)
+    assert aware > datetime.fromisoformat(first["created_at"])
+
+    def ids(page: dict[str, Any]) -> list[str]:
+        return [t["id"] for t in page["items"]]
+
+    with Client(node.http, tokens.admin) as c:
+        assert ids(c.list_tasks(queue="window", created_after=at)) == [second["id"]]
+        assert ids(c.list_tasks(queue="window", created_after=aware)) == [second["id"]]
+        assert ids(c.list_tasks(queue="window", created_before=aware)) == [first["id"]]
+        walked = c.iter_tasks(queue="window", created_before=aware + timedelta(seconds=1))
+        assert [t["id"] for t in walked] == [first["id"], second["id"]]
+        with pytest.raises(ValueError, match="timezone"):
+            c.list_tasks(created_after=aware.replace(tzinfo=None))
+
+    async def listed_async() -> tuple[list[str], list[str]]:
+        async with AsyncClient(node.http, tokens.admin) as c:
+            after = await c.list_tasks(queue="window", created_after=aware)
+            before = await c.list_tasks(queue="window", created_before=at)
+            with pytest.raises(ValueError, match="timezone"):
+                await c.list_tasks(created_before=aware.replace(tzinfo=None))
+            return ids(after), ids(before)
+
+    assert asyncio.run(listed_async()) == ([second["id"]], [first["id"]])
+    shown = json.loads(ok(cli("task", "ls", "--queue", "window", "--created-after", at, "--json")))
+    assert ids(shown) == [second["id"]]
+    offset = aware.astimezone(timezone(timedelta(hours=2))).isoformat()
+    shown = json.loads(
+        ok(cli("task", "ls", "--queue", "window", "--created-before", offset, "--json"))
+    )
+    assert ids(shown) == [first["id"]]
+    for option in ("--created-after", "--created-before"):
+        for bad in ("yesterday", "2026-01-01", "2026-01-01T00:00:00", "", "2026-13-01T00:00Z\nx"):
+            refused = cli("task", "ls", option, bad)
+            assert refused.returncode == 2, (option, bad, refused.stdout, refused.stderr)
+            assert refused.stdout == "" and "Traceback" not in refused.stderr, (option, bad)
+            assert len(refused.stderr.strip().splitlines()) == 1, (option, bad, refused.stderr)
+            assert option in refused.stderr, (option, bad, refused.stderr)
