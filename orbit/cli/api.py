@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
@@ -64,7 +65,9 @@ task_app = typer.Typer(
 
 
 def fail(message: str, code: int) -> NoReturn:
-    err.print(Text.assemble(("error:", "red"), " ", message))
+    # soft_wrap: one line, however long; rich broke a message at the console's width
+    # (80 columns when stderr is no terminal), so a script read half of it
+    err.print(Text.assemble(("error:", "red"), " ", message), soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -117,6 +120,23 @@ def finite(value: float | None, option: str) -> float | None:
     if value is not None and not math.isfinite(value):
         fail(f"{option} must be a finite number", EXIT_USAGE)
     return value
+
+
+def instant_option(value: str | None, option: str) -> datetime | None:
+    """An ISO 8601 instant with a timezone (``2026-01-01T00:00:00Z``, ``…+02:00``). A
+    date alone or a time without a zone names no one instant: refused, exit 2."""
+    if value is None:
+        return None
+    try:
+        instant = datetime.fromisoformat(value)
+    except ValueError:
+        instant = None
+    if instant is None or instant.tzinfo is None:
+        fail(
+            f"{option} must be an ISO 8601 instant with a timezone, e.g. 2026-01-01T00:00:00Z",
+            EXIT_USAGE,
+        )
+    return instant
 
 
 def _queues_table(rows: list[dict[str, Any]]) -> Table:
@@ -299,16 +319,38 @@ def task_ls(
     queue: Annotated[str | None, typer.Option()] = None,
     tenant: Annotated[str | None, typer.Option()] = None,
     handler: Annotated[str | None, typer.Option()] = None,
+    parent: Annotated[str | None, typer.Option(help="only the children of this task")] = None,
+    created_after: Annotated[
+        str | None,
+        typer.Option(help="only tasks created at or after this ISO 8601 instant (with a zone)"),
+    ] = None,
+    created_before: Annotated[
+        str | None,
+        typer.Option(help="only tasks created before this ISO 8601 instant (with a zone)"),
+    ] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
     cursor: Annotated[str | None, typer.Option(help="continue from a previous page")] = None,
     url: Url = DEFAULT_URL,
     cafile: CaFile = None,
     as_json: AsJson = False,
 ) -> None:
-    """List tasks, oldest first; prints the cursor of the next page if there is one."""
+    """List tasks, oldest first; prints the cursor of the next page if there is one.
+
+    Example: orbit task ls --state failed --created-after 2026-01-01T00:00:00Z
+    """
+    after = instant_option(created_after, "--created-after")
+    before = instant_option(created_before, "--created-before")
     with client(url, cafile) as c:
         page = c.list_tasks(
-            state=state, queue=queue, tenant=tenant, handler=handler, limit=limit, cursor=cursor
+            state=state,
+            queue=queue,
+            tenant=tenant,
+            handler=handler,
+            parent_id=parent,
+            created_after=after,
+            created_before=before,
+            limit=limit,
+            cursor=cursor,
         )
     if as_json:
         emit(page, True)

@@ -440,7 +440,7 @@ def worker_command(
 
     \b
       orbit worker myapp.jobs:worker     run the orbit.Worker defined in myapp/jobs.py
-      orbit worker ls [--state live]     list worker sessions (expired ones stay listed)
+      orbit worker ls [--state live]     list every worker session (expired ones stay listed)
       orbit worker drain SESSION_ID      stop new claims for a session (durable)
 
     The token comes from ORBIT_TOKEN or ORBIT_TOKEN_FILE. A running worker drains on

@@ -22,16 +22,30 @@ from orbit.urls import check_server_url
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "needs_review"})
 Request = tuple[str, str, dict[str, Any] | None, dict[str, Any] | list[Any] | None]
+#: The page size ``workers()`` walks the worker list with: the most a page may hold.
+WORKER_PAGE = 1000
 #: What a batch submit answers with: each task's view, or its id (``submit_many``).
 BatchReply = Literal["full", "ids"]
 
 
-def _instant(value: datetime | str | None) -> str | None:
+def _instant(value: datetime | str | None, what: str = "deadline and run_after") -> str | None:
     if value is None or isinstance(value, str):
         return value
     if value.tzinfo is None:
-        raise ValueError("deadline and run_after need a timezone (e.g. datetime.now(UTC))")
+        raise ValueError(f"{what} need a timezone (e.g. datetime.now(UTC))")
     return value.isoformat()
+
+
+def _window(
+    created_after: datetime | str | None, created_before: datetime | str | None
+) -> dict[str, str | None]:
+    """The task list's time window as query values (an aware datetime or RFC 3339 text;
+    a naive datetime is a ValueError, nothing sent)."""
+    what = "created_after and created_before"
+    return {
+        "created_after": _instant(created_after, what),
+        "created_before": _instant(created_before, what),
+    }
 
 
 def _seg(value: str) -> str:
@@ -134,32 +148,25 @@ class _Calls:
         return ("GET", "/v1/limits/global", None, None)
 
     @staticmethod
-    def tasks_list(
-        state: str | None,
-        queue: str | None,
-        tenant: str | None,
-        handler: str | None,
-        limit: int,
-        cursor: str | None,
-    ) -> Request:
-        query = {
-            "state": state,
-            "queue": queue,
-            "tenant": tenant,
-            "handler": handler,
-            "limit": limit,
-            "cursor": cursor,
-        }
-        return ("GET", "/v1/tasks", {k: v for k, v in query.items() if v is not None}, None)
+    def tasks_list(limit: int, cursor: str | None, **filters: str | None) -> Request:
+        """``filters``: state, queue, tenant, handler, parent_id, created_after,
+        created_before (None: not filtered)."""
+        query: dict[str, Any] = {k: v for k, v in filters.items() if v is not None}
+        query["limit"] = limit
+        if cursor is not None:
+            query["cursor"] = cursor
+        return ("GET", "/v1/tasks", query, None)
 
     @staticmethod
     def artifacts_list(task_id: str, limit: int, cursor: str | None) -> Request:
-        query: dict[str, Any] = {"limit": limit, **({"cursor": cursor} if cursor else {})}
+        query: dict[str, Any] = {"limit": limit, **({} if cursor is None else {"cursor": cursor})}
         return ("GET", f"/v1/tasks/{_seg(task_id)}/artifacts", query, None)
 
     @staticmethod
     def events(task_id: str, limit: int, cursor: str | None) -> Request:
-        query: dict[str, Any] = {"limit": limit, **({"cursor": cursor} if cursor else {})}
+        # An empty cursor is sent, and refused, as the task list's is: dropped, it read
+        # from the start
+        query: dict[str, Any] = {"limit": limit, **({} if cursor is None else {"cursor": cursor})}
         return ("GET", f"/v1/tasks/{_seg(task_id)}/events", query, None)
 
     @staticmethod
@@ -174,8 +181,9 @@ class _Calls:
         return [dict(r["task"]) for r in items] if reply == "full" else [dict(r) for r in items]
 
     @staticmethod
-    def workers(state: str | None) -> Request:
-        return ("GET", "/v1/workers", None if state is None else {"state": state}, None)
+    def workers_list(state: str | None, limit: int, cursor: str | None) -> Request:
+        query = {"state": state, "limit": limit, "cursor": cursor}
+        return ("GET", "/v1/workers", {k: v for k, v in query.items() if v is not None}, None)
 
     @staticmethod
     def token_list() -> Request:
@@ -378,11 +386,26 @@ class Client:
         queue: str | None = None,
         tenant: str | None = None,
         handler: str | None = None,
+        parent_id: str | None = None,
+        created_after: datetime | str | None = None,
+        created_before: datetime | str | None = None,
         limit: int = 100,
         cursor: str | None = None,
     ) -> dict[str, Any]:
-        """One page: ``{"items": [...], "next_cursor": ...}``."""
-        return dict(self._call(_Calls.tasks_list(state, queue, tenant, handler, limit, cursor)))
+        """One page: ``{"items": [...], "next_cursor": ...}``. ``parent_id``: that task's
+        children only; ``created_after`` (inclusive) and ``created_before`` (exclusive):
+        aware datetimes or RFC 3339 strings."""
+        call = _Calls.tasks_list(
+            limit,
+            cursor,
+            state=state,
+            queue=queue,
+            tenant=tenant,
+            handler=handler,
+            parent_id=parent_id,
+            **_window(created_after, created_before),
+        )
+        return dict(self._call(call))
 
     def iter_tasks(self, *, cursor: str | None = None, **filters: Any) -> Iterator[dict[str, Any]]:
         """Every matching task, page by page (keyset pagination: no duplicates, no gaps),
@@ -413,8 +436,25 @@ class Client:
 
     # workers and tokens
     def workers(self, state: str | None = None) -> list[dict[str, Any]]:
-        """Worker sessions, oldest first; ``state="live"`` leaves out the expired ones."""
-        return list(self._call(_Calls.workers(state)))
+        """Every worker session (all its pages), oldest first; ``state="live"`` leaves out
+        the expired ones, which are never deleted."""
+        return list(self.iter_workers(state=state, limit=WORKER_PAGE))
+
+    def list_workers(
+        self, *, state: str | None = None, limit: int = 100, cursor: str | None = None
+    ) -> dict[str, Any]:
+        """One page of worker sessions: ``{"items": [...], "next_cursor": ...}``."""
+        return dict(self._call(_Calls.workers_list(state, limit, cursor)))
+
+    def iter_workers(self, **filters: Any) -> Iterator[dict[str, Any]]:
+        """Every matching worker session, page by page (keyset, as ``iter_tasks``)."""
+        cursor = None
+        while True:
+            page = self.list_workers(cursor=cursor, **filters)
+            yield from page["items"]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
 
     def worker_drain(self, session_id: str) -> dict[str, Any]:
         return dict(self._call(("POST", f"/v1/workers/{_seg(session_id)}/drain", None, None)))
@@ -689,10 +729,22 @@ class AsyncClient:
         queue: str | None = None,
         tenant: str | None = None,
         handler: str | None = None,
+        parent_id: str | None = None,
+        created_after: datetime | str | None = None,
+        created_before: datetime | str | None = None,
         limit: int = 100,
         cursor: str | None = None,
     ) -> dict[str, Any]:
-        call = _Calls.tasks_list(state, queue, tenant, handler, limit, cursor)
+        call = _Calls.tasks_list(
+            limit,
+            cursor,
+            state=state,
+            queue=queue,
+            tenant=tenant,
+            handler=handler,
+            parent_id=parent_id,
+            **_window(created_after, created_before),
+        )
         return dict(await self._call(call))
 
     async def iter_tasks(
@@ -707,7 +759,22 @@ class AsyncClient:
                 return
 
     async def workers(self, state: str | None = None) -> list[dict[str, Any]]:
-        return list(await self._call(_Calls.workers(state)))
+        return [w async for w in self.iter_workers(state=state, limit=WORKER_PAGE)]
+
+    async def list_workers(
+        self, *, state: str | None = None, limit: int = 100, cursor: str | None = None
+    ) -> dict[str, Any]:
+        return dict(await self._call(_Calls.workers_list(state, limit, cursor)))
+
+    async def iter_workers(self, **filters: Any) -> AsyncIterator[dict[str, Any]]:
+        cursor = None
+        while True:
+            page = await self.list_workers(cursor=cursor, **filters)
+            for item in page["items"]:
+                yield item
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
 
     async def worker_drain(self, session_id: str) -> dict[str, Any]:
         return dict(await self._call(("POST", f"/v1/workers/{_seg(session_id)}/drain", None, None)))

@@ -303,6 +303,11 @@ class WorkerView(Response):
     expires_at: str
 
 
+class WorkerPage(Response):
+    items: list[WorkerView]
+    next_cursor: str | None
+
+
 class ArtifactView(Response):
     id: str
     task_id: str

@@ -27,6 +27,7 @@ HTTP_MODELS: tuple[type[BaseModel], ...] = (
     m.EventView,
     m.EventPage,
     m.WorkerView,
+    m.WorkerPage,
     m.TokenCreate,
     m.TokenCreated,
     m.TokenView,

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request
-from pydantic import BaseModel
+from pydantic import BaseModel, BeforeValidator
 from starlette.responses import Response
 
 from orbit.core.batches import UnusualTask
@@ -37,6 +37,7 @@ from orbit.protocol.messages import (
     TokenCreate,
     TokenCreated,
     TokenView,
+    WorkerPage,
     WorkerView,
 )
 from orbit.protocol.submissions import UsualBatch, read_task
@@ -56,7 +57,17 @@ from orbit.store import Submitted as Stored
 
 M = TypeVar("M", bound=BaseModel)
 router = APIRouter(prefix="/v1")
-Limit = Annotated[int, Query(ge=1, le=1000)]
+
+
+def _plain_digits(value: Any) -> Any:
+    """A limit as the query spells it must be ASCII digits: pydantic's lax int read
+    ``" 1"``, ``"1.0"``, ``"+1"`` and ``"1_0"`` as numbers, while ``"x"`` was refused."""
+    if isinstance(value, str) and not (value.isascii() and value.isdigit()):
+        raise ValueError("give a whole number in plain digits")
+    return value
+
+
+Limit = Annotated[int, Query(ge=1, le=1000), BeforeValidator(_plain_digits)]
 #: the values of the task list's ``state`` filter
 TASK_STATES = tuple(str(s) for s in TaskState)
 #: the values of the worker list's ``state`` filter
@@ -331,6 +342,7 @@ async def task_list(
     handler: str | None = None,
     created_after: str | None = None,
     created_before: str | None = None,
+    parent_id: str | None = None,
     limit: Limit = 100,
     cursor: str | None = None,
 ) -> Response:
@@ -348,12 +360,16 @@ async def task_list(
         raise ApiError(
             400, "INVALID_ARGUMENT", f"state must be one of {', '.join(TASK_STATES)}", "state"
         )
+    if parent_id is not None and not _TASK_ID.match(parent_id):
+        # an empty or mistyped id would list nothing, which reads as "no children"
+        raise ApiError(400, "INVALID_ARGUMENT", "parent_id must be a task id", "parent_id")
     tasks = await in_thread(
         lambda: _store(request).task_list(
             state=state,
             queue=queue,
             tenant=tenant,
             handler=handler,
+            parent_id=parent_id,
             after_id=id_cursor(cursor),
             limit=limit,
             **bounds,
@@ -515,15 +531,24 @@ async def limit_tenant_set(request: Request, tenant: str) -> Response:
 @router.get(
     "/workers",
     dependencies=[Depends(require("admin")), *LISTING],
-    response_model=list[WorkerView],
+    response_model=WorkerPage,
 )
-async def worker_list(request: Request, state: str | None = None) -> Response:
+async def worker_list(
+    request: Request, state: str | None = None, limit: Limit = 100, cursor: str | None = None
+) -> Response:
+    """Worker sessions a page at a time, as the task list pages tasks: by id (a uuid7, so
+    in the order they were opened), the cursor standing for the last one's id. Sessions
+    are never deleted, so the whole list grows with every worker process ever started."""
     if state is not None and state not in SESSION_STATES:
         raise ApiError(
             400, "INVALID_ARGUMENT", f"state must be one of {', '.join(SESSION_STATES)}", "state"
         )
-    sessions = await in_thread(lambda: _store(request).session_list(state=state))
-    return _json([worker_view(s) for s in sessions])
+    after_id = id_cursor(cursor)
+    sessions = await in_thread(
+        lambda: _store(request).session_list(state=state, after_id=after_id, limit=limit)
+    )
+    nxt = encode_cursor(sessions[-1].id) if len(sessions) == limit else None
+    return _json(WorkerPage(items=[worker_view(s) for s in sessions], next_cursor=nxt))
 
 
 @router.post(

@@ -848,13 +848,17 @@ class Store:
         handler: str | None = None,
         created_after: int | None = None,
         created_before: int | None = None,
+        parent_id: str | None = None,
         after_id: str | None = None,
         limit: int = 100,
     ) -> list[Task]:
-        """Tasks in id (= creation) order after ``after_id``: keyset pagination."""
+        """Tasks in id (= creation) order after ``after_id``: keyset pagination. With
+        ``parent_id``, that task's children only (not their descendants)."""
         check_int("limit", limit, 1, 1000)
+        by_parent = {} if parent_id is None else {"parent_id": parent_id}
         rows = self._read(
-            "task_list",
+            "task_list" if parent_id is None else "task_list_by_parent",
+            **by_parent,
             queue=queue,
             state=state,
             tenant=tenant,
@@ -907,11 +911,21 @@ class Store:
             raise _no_session(session_id)
         return R.session_from_row(found[0])
 
-    def session_list(self, *, state: str | None = None) -> list[Session]:
-        """Every session, oldest first, or those in ``state`` (``live``, ``expired``).
-        Sessions are never deleted: an expired one stays, as the evidence its events
-        point at."""
-        return [R.session_from_row(r) for r in self._read("session_list", state=state)]
+    def session_list(
+        self,
+        *,
+        state: str | None = None,
+        after_id: str | None = None,
+        limit: int | None = None,
+    ) -> list[Session]:
+        """Sessions in id (= opening) order after ``after_id``, at most ``limit`` (1 to
+        1,000; None: all), or only those in ``state`` (``live``, ``expired``): keyset
+        pagination, as ``task_list``. Sessions are never deleted: an expired one stays,
+        as the evidence its events point at, so the API reads them a page at a time."""
+        if limit is not None:
+            check_int("limit", limit, 1, 1000)
+        rows = self._read("session_list", state=state, after_id=after_id, limit=limit)
+        return [R.session_from_row(r) for r in rows]
 
     def live_attempt_counts(self) -> list[Row]:
         """Live attempts grouped by queue, tenant, handler and session (for caps and tests)."""

@@ -600,7 +600,7 @@ def test_operator_routes(admin: httpx.Client, node: Node, tokens: Tokens) -> Non
     assert made.status_code == 201 and made.json()["token"].startswith("orbit_")
     assert made.headers["cache-control"] == "no-store"  # the secret is kept by no cache
     workers = admin.get("/v1/workers").json()
-    assert workers == []
+    assert workers == {"items": [], "next_cursor": None}
     assert admin.get("/v1/nope").status_code == 404
     assert httpx.get(f"{node.http}/readyz").json() == {"status": "ready"}
 

@@ -7,11 +7,14 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
+from orbit.server.routes import encode_cursor
 from tests.e2e.servers import Node, Tokens, make_tokens, start_server
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
@@ -1042,3 +1045,256 @@ def test_queue_caps_and_limits_over_http_the_clients_and_the_cli(
             c.tenant_limit_set("caps-t", None)
     code, out = cli("limit", "global", "none", "--json")
     assert (code, json.loads(out)) == (0, {"max_concurrency": None})
+
+
+# ------------------------------------------------- the list routes, over the module's server
+
+
+@pytest.fixture
+def api(cluster: tuple[Node, Tokens, str]) -> Iterator[httpx.Client]:
+    """An admin ``httpx.Client`` on the module's server: the list routes' checks need no
+    server of their own."""
+    node, tokens, _ = cluster
+    headers = {"Authorization": f"Bearer {tokens.admin}"}
+    with httpx.Client(base_url=node.http, timeout=30, headers=headers) as http:
+        yield http
+
+
+def test_a_limit_is_plain_digits_on_every_list_route(api: httpx.Client) -> None:
+    """``limit=" 1"`` and ``limit=1.0`` were read as 1 (pydantic's lax int) while
+    ``limit=x`` was refused: each list route now refuses anything but ASCII digits, as
+    INVALID_ARGUMENT naming ``limit``, and still takes a plain number."""
+    api.post("/v1/queues", json={"name": "strict", "max_concurrency": 1, "rate": 0})
+    task_id = api.post("/v1/tasks", json={"queue": "strict", "handler": "h"}).json()["task"]["id"]
+    paths = (
+        "/v1/tasks",
+        "/v1/events",
+        "/v1/workers",
+        f"/v1/tasks/{task_id}/events",
+        f"/v1/tasks/{task_id}/artifacts",
+    )
+    for path in paths:
+        for bad in (" 1", "1 ", "1.0", "+1", "1_0", "\u0661", "1e1", ""):
+            reply = api.get(path, params={"limit": bad})
+            assert reply.status_code == 400, (path, bad, reply.text)
+            error = reply.json()["error"]
+            assert (error["code"], error["field"]) == ("INVALID_ARGUMENT", "limit"), (path, bad)
+            assert error["message"].startswith("limit: "), error
+        assert api.get(path, params={"limit": "1"}).status_code == 200, path
+
+
+def test_an_empty_cursor_is_refused_by_the_routes_and_the_clients(
+    api: httpx.Client, cluster: tuple[Node, Tokens, str]
+) -> None:
+    """The task list refuses ``cursor=`` (INVALID_CURSOR), but ``Client.events(cursor="")``
+    dropped the empty cursor and read the events from the start, a page that looked like
+    an answer. The routes and both clients now refuse it alike."""
+    import asyncio
+
+    from orbit import AsyncClient, Client
+    from orbit.client import BadRequest
+
+    node, tokens, _ = cluster
+    api.post("/v1/queues", json={"name": "cursors", "max_concurrency": 1, "rate": 0})
+    task_id = api.post("/v1/tasks", json={"queue": "cursors", "handler": "h"}).json()["task"]["id"]
+    for path in ("/v1/tasks", "/v1/events", f"/v1/tasks/{task_id}/events", "/v1/workers"):
+        reply = api.get(path, params={"cursor": ""})
+        assert reply.status_code == 400, (path, reply.text)
+        assert reply.json()["error"]["code"] == "INVALID_CURSOR", path
+    with Client(node.http, tokens.admin) as c:
+        for call in (
+            lambda: c.events(task_id, cursor=""),
+            lambda: c.list_tasks(cursor=""),
+            lambda: c.list_artifacts(task_id, cursor=""),
+        ):
+            with pytest.raises(BadRequest) as refused:
+                call()
+            assert refused.value.code == "INVALID_CURSOR"
+
+    async def refused_async() -> list[str]:
+        codes = []
+        async with AsyncClient(node.http, tokens.admin) as c:
+            for call in (
+                lambda: c.events(task_id, cursor=""),
+                lambda: c.list_tasks(cursor=""),
+                lambda: c.list_artifacts(task_id, cursor=""),
+            ):
+                with pytest.raises(BadRequest) as refused:
+                    await call()
+                codes.append(refused.value.code)
+        return codes
+
+    assert asyncio.run(refused_async()) == ["INVALID_CURSOR"] * 3
+
+
+def test_the_worker_list_is_paged_and_the_clients_and_cli_walk_it(
+    api: httpx.Client, cli: Run, cluster: tuple[Node, Tokens, str]
+) -> None:
+    """Sessions are never deleted, and ``GET /v1/workers`` answered every one ever opened
+    in one bare list. It is now a page (``{items, next_cursor}``, keyset by id as the task
+    list is), with ``state`` still a filter; ``Client.workers()`` and ``orbit worker ls``
+    walk every page, and ``list_workers``/``iter_workers`` read one or all."""
+    import asyncio
+
+    from orbit import AsyncClient, Client
+    from orbit.worker import WorkerConnection
+
+    node, tokens, _ = cluster
+
+    async def attach(n: int) -> list[str]:
+        ids = []
+        for i in range(n):
+            conn = await WorkerConnection.connect(node.ws, tokens.worker)
+            await conn.hello(f"paged-{i}", {"h": 1}, 1, push=False)
+            await conn.close()
+            assert conn.session_id is not None
+            ids.append(conn.session_id)
+        return ids
+
+    opened = asyncio.run(attach(3))
+    pages, cursor = [], None
+    while True:
+        reply = api.get(
+            "/v1/workers", params={"limit": 1, **({"cursor": cursor} if cursor else {})}
+        )
+        assert reply.status_code == 200, reply.text
+        page = reply.json()
+        assert set(page) == {"items", "next_cursor"} and len(page["items"]) <= 1
+        pages.append(page)
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    walked = [w["session_id"] for p in pages for w in p["items"]]
+    assert walked == sorted(walked) and len(walked) == len(set(walked))
+    assert walked[-3:] == opened
+    live = api.get("/v1/workers", params={"state": "live", "limit": 1000}).json()
+    assert set(opened) <= {w["session_id"] for w in live["items"]}
+    assert {w["state"] for w in live["items"]} == {"live"}
+    for bad in ("hello", "0", opened[0].upper()):
+        refused = api.get("/v1/workers", params={"cursor": encode_cursor(bad)})
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "INVALID_CURSOR"
+    with Client(node.http, tokens.admin) as c:
+        assert [w["session_id"] for w in c.workers()] == walked
+        one = c.list_workers(limit=1)
+        assert [w["session_id"] for w in one["items"]] == walked[:1] and one["next_cursor"]
+        assert [w["session_id"] for w in c.iter_workers(limit=2)] == walked
+        assert [w["session_id"] for w in c.iter_workers(state="live", limit=1)] == [
+            w["session_id"] for w in live["items"]
+        ]
+
+    async def walk_async() -> tuple[list[str], list[str], list[str]]:
+        async with AsyncClient(node.http, tokens.admin) as c:
+            every = [w["session_id"] for w in await c.workers()]
+            first = [w["session_id"] for w in (await c.list_workers(limit=1))["items"]]
+            paged = [w["session_id"] async for w in c.iter_workers(limit=2)]
+            return every, first, paged
+
+    assert asyncio.run(walk_async()) == (walked, walked[:1], walked)
+    listed = json.loads(ok(cli("worker", "ls", "--json")))
+    assert [w["session_id"] for w in listed] == walked
+    live_listed = json.loads(ok(cli("worker", "ls", "--state", "live", "--json")))
+    assert [w["session_id"] for w in live_listed] == [w["session_id"] for w in live["items"]]
+
+
+def test_the_task_list_filters_by_parent_in_the_api_the_clients_and_the_cli(
+    api: httpx.Client, cli: Run, cluster: tuple[Node, Tokens, str]
+) -> None:
+    """``GET /v1/tasks`` had no ``parent_id`` filter (an unknown query parameter is
+    ignored, so ``?parent_id=`` listed every task): it lists that task's children, and
+    ``list_tasks``/``iter_tasks`` and ``orbit task ls --parent`` pass it. A value that is
+    no task id is refused rather than read as "no children"."""
+    import asyncio
+
+    from orbit import AsyncClient, Client
+    from orbit.client import BadRequest
+
+    node, tokens, _ = cluster
+    api.post("/v1/queues", json={"name": "family", "max_concurrency": 1, "rate": 0})
+    parent = api.post("/v1/tasks", json={"queue": "family", "handler": "h"}).json()["task"]
+    kids = [{"queue": "family", "handler": "h", "parent_id": parent["id"]}] * 3
+    made = api.post("/v1/tasks/batch?reply=ids", json={"tasks": kids}).json()
+    children = [m["id"] for m in made]
+    page = api.get("/v1/tasks", params={"parent_id": parent["id"]}).json()
+    assert [t["id"] for t in page["items"]] == children
+    for bad in ("", "nope", parent["id"].upper()):
+        refused = api.get("/v1/tasks", params={"parent_id": bad})
+        assert refused.status_code == 400, (bad, refused.text)
+        assert refused.json()["error"]["field"] == "parent_id", bad
+        assert refused.json()["error"]["code"] == "INVALID_ARGUMENT", bad
+    with Client(node.http, tokens.admin) as c:
+        one = c.list_tasks(parent_id=parent["id"], limit=1)
+        assert [t["id"] for t in one["items"]] == children[:1]
+        assert [t["id"] for t in c.iter_tasks(parent_id=parent["id"], limit=2)] == children
+        with pytest.raises(BadRequest):
+            c.list_tasks(parent_id="nope")
+
+    async def listed_async() -> list[str]:
+        async with AsyncClient(node.http, tokens.admin) as c:
+            first = await c.list_tasks(parent_id=parent["id"], limit=1)
+            rest = [t["id"] async for t in c.iter_tasks(parent_id=parent["id"], limit=2)]
+            return [t["id"] for t in first["items"]] + rest
+
+    assert asyncio.run(listed_async()) == children[:1] + children
+    shown = json.loads(ok(cli("task", "ls", "--parent", parent["id"], "--json")))
+    assert [t["id"] for t in shown["items"]] == children
+    refused = cli("task", "ls", "--parent", "nope")
+    assert refused.returncode == 3 and "INVALID_ARGUMENT" in refused.stderr, refused
+
+
+def test_the_task_list_time_window_in_the_clients_and_the_cli(
+    api: httpx.Client, cli: Run, cluster: tuple[Node, Tokens, str]
+) -> None:
+    """``created_after``/``created_before`` were API filters that neither
+    ``Client.list_tasks``/``AsyncClient.list_tasks`` nor ``orbit task ls`` could pass.
+    The clients take an aware datetime or an RFC 3339 string (a naive datetime is a
+    ValueError, nothing sent); the CLI takes ISO 8601 with a timezone, and anything else
+    is exit 2 with one line."""
+    import asyncio
+    from datetime import datetime, timedelta, timezone
+
+    from orbit import AsyncClient, Client
+
+    node, tokens, _ = cluster
+    api.post("/v1/queues", json={"name": "window", "max_concurrency": 1, "rate": 0})
+    batch = [{"queue": "window", "handler": "h"}] * 2
+    first = api.post("/v1/tasks/batch", json={"tasks": batch[:1]}).json()[0]["task"]
+    second = api.post("/v1/tasks/batch", json={"tasks": batch[1:]}).json()[0]["task"]
+    at = second["created_at"]
+    aware = datetime.fromisoformat(at)
+    assert aware > datetime.fromisoformat(first["created_at"])
+
+    def ids(page: dict[str, Any]) -> list[str]:
+        return [t["id"] for t in page["items"]]
+
+    with Client(node.http, tokens.admin) as c:
+        assert ids(c.list_tasks(queue="window", created_after=at)) == [second["id"]]
+        assert ids(c.list_tasks(queue="window", created_after=aware)) == [second["id"]]
+        assert ids(c.list_tasks(queue="window", created_before=aware)) == [first["id"]]
+        walked = c.iter_tasks(queue="window", created_before=aware + timedelta(seconds=1))
+        assert [t["id"] for t in walked] == [first["id"], second["id"]]
+        with pytest.raises(ValueError, match="timezone"):
+            c.list_tasks(created_after=aware.replace(tzinfo=None))
+
+    async def listed_async() -> tuple[list[str], list[str]]:
+        async with AsyncClient(node.http, tokens.admin) as c:
+            after = await c.list_tasks(queue="window", created_after=aware)
+            before = await c.list_tasks(queue="window", created_before=at)
+            with pytest.raises(ValueError, match="timezone"):
+                await c.list_tasks(created_before=aware.replace(tzinfo=None))
+            return ids(after), ids(before)
+
+    assert asyncio.run(listed_async()) == ([second["id"]], [first["id"]])
+    shown = json.loads(ok(cli("task", "ls", "--queue", "window", "--created-after", at, "--json")))
+    assert ids(shown) == [second["id"]]
+    offset = aware.astimezone(timezone(timedelta(hours=2))).isoformat()
+    shown = json.loads(
+        ok(cli("task", "ls", "--queue", "window", "--created-before", offset, "--json"))
+    )
+    assert ids(shown) == [first["id"]]
+    for option in ("--created-after", "--created-before"):
+        for bad in ("yesterday", "2026-01-01", "2026-01-01T00:00:00", "", "2026-13-01T00:00Z\nx"):
+            refused = cli("task", "ls", option, bad)
+            assert refused.returncode == 2, (option, bad, refused.stdout, refused.stderr)
+            assert refused.stdout == "" and "Traceback" not in refused.stderr, (option, bad)
+            assert len(refused.stderr.strip().splitlines()) == 1, (option, bad, refused.stderr)
+            assert option in refused.stderr, (option, bad, refused.stderr)

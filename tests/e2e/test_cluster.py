@@ -189,7 +189,7 @@ def test_task_submitted_on_node_a_is_pushed_to_a_worker_on_node_b(tmp_path: Path
                     task = (await http_a.get(f"/v1/tasks/{task_id}")).json()
                     assert task["state"] == "succeeded" and task["attempts_used"] == 1
                     assert task["result"] == task["payload"]
-                [session] = (await http_a.get("/v1/workers")).json()
+                [session] = (await http_a.get("/v1/workers")).json()["items"]
                 assert session["node_id"] == "node-b"
 
         asyncio.run(scenario())
@@ -301,7 +301,7 @@ def test_worker_resumes_on_node_b_after_node_a_is_killed(tmp_path: Path) -> None
                 assert stale_finish["data"]["current_epoch"] == 3
                 # The stale report is evidence only, recorded before the real success.
                 assert kinds.index("rejected") < kinds.index("succeeded")
-                [session] = (await http_b.get("/v1/workers")).json()
+                [session] = (await http_b.get("/v1/workers")).json()["items"]
                 assert session["session_id"] == session_id
                 assert session["node_id"] == "node-b" and session["epoch"] == "4"
 
@@ -335,7 +335,7 @@ def test_a_drain_from_a_fenced_epoch_is_refused(tmp_path: Path) -> None:
             finally:
                 await x.close()
             async with client(a, c.tokens.admin) as http_a:
-                [session] = (await http_a.get("/v1/workers")).json()
+                [session] = (await http_a.get("/v1/workers")).json()["items"]
                 assert session["epoch"] == "2" and session["draining"] is False
 
         asyncio.run(scenario())

@@ -79,6 +79,17 @@ class Watch:
         assert r.status_code == 200, f"GET {path}: {r.status_code} {r.text[:300]}"
         return r.json()
 
+    def workers(self) -> dict[str, dict[str, Any]]:
+        """Every worker session, page by page (a page holds at most 1,000)."""
+        found: dict[str, dict[str, Any]] = {}
+        cursor = None
+        while True:
+            page = self._get("/v1/workers", limit=1000, **({"cursor": cursor} if cursor else {}))
+            found.update((w["session_id"], w) for w in page["items"])
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return found
+
     def events(self) -> list[dict[str, Any]]:
         while True:
             params: dict[str, Any] = {"limit": EVENT_PAGE}
@@ -107,7 +118,7 @@ class Watch:
         return State(
             tasks=self.tasks(),
             events=self.events(),
-            workers={w["session_id"]: w for w in self._get("/v1/workers")} if workers else None,
+            workers=self.workers() if workers else None,
             queues={q["name"]: q for q in self._get("/v1/queues")} if queues else None,
         )
 

@@ -474,7 +474,7 @@ def test_a_worker_that_stops_reading_does_not_hold_up_dispatch_to_the_others(
             workers.append(running)
             _until(
                 "the second worker attached",
-                lambda: "running" in {w["name"] for w in api.get("/v1/workers").json()},
+                lambda: "running" in {w["name"] for w in api.get("/v1/workers").json()["items"]},
             )
             stalled.send_signal(signal.SIGSTOP)
             _until("the first worker is stopped", lambda: _proc_state(stalled.pid) == "T")

@@ -267,7 +267,8 @@ class _Chaos:
             for slot in self.slots:
                 if slot.proc is not None and slot.proc.poll() is not None:
                     raise AssertionError(f"worker {slot.name} exited: {self.worker_log(slot)}")
-            live = {s["name"] for s in self.api("GET", "/v1/workers") if s["state"] == "live"}
+            page = self.api("GET", "/v1/workers?state=live&limit=1000")
+            live = {s["name"] for s in page["items"]}
             if names <= live:
                 return
             if time.monotonic() > end:

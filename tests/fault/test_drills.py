@@ -189,8 +189,8 @@ class Drill:
     # ------------------------------------------------------------------ the API
 
     def session(self, name: str) -> dict[str, Any] | None:
-        sessions = self.api.get("/v1/workers").json()
-        live = [s for s in sessions if s["name"] == name and s["state"] == "live"]
+        sessions = self.api.get("/v1/workers", params={"state": "live", "limit": 1000}).json()
+        live = [s for s in sessions["items"] if s["name"] == name]
         return live[-1] if live else None
 
     def submit(self, payload: dict[str, Any], **kw: Any) -> str:

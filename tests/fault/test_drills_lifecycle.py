@@ -177,8 +177,8 @@ class Drill:
 
         def live() -> bool:
             assert proc.poll() is None, self.worker_log(proc)
-            sessions = api.get("/v1/workers").json()
-            return any(s["name"] == name and s["state"] == "live" for s in sessions)
+            sessions = api.get("/v1/workers", params={"state": "live", "limit": 1000}).json()
+            return any(s["name"] == name for s in sessions["items"])
 
         _until(f"worker {name} to connect", live, 30)
         return proc

@@ -234,6 +234,21 @@ WHERE (CAST(:queue AS text) IS NULL OR queue = :queue)
 ORDER BY id
 LIMIT :limit;
 
+-- name: task_list_by_parent
+-- task_list with parent_id: its own query, because the equality must stand alone for the
+-- partial index orbit_tasks_parent to be used by a prepared statement's generic plan.
+SELECT * FROM orbit_tasks
+WHERE parent_id = :parent_id
+  AND (CAST(:queue AS text) IS NULL OR queue = :queue)
+  AND (CAST(:state AS text) IS NULL OR state = :state)
+  AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
+  AND (CAST(:handler AS text) IS NULL OR handler = :handler)
+  AND (CAST(:created_after AS bigint) IS NULL OR created_at >= :created_after)
+  AND (CAST(:created_before AS bigint) IS NULL OR created_at < :created_before)
+  AND (CAST(:after_id AS text) IS NULL OR id > :after_id)
+ORDER BY id
+LIMIT :limit;
+
 -- name: task_count_by_state
 SELECT state, count(*) AS n FROM orbit_tasks GROUP BY state;
 
@@ -312,9 +327,14 @@ SELECT * FROM orbit_sessions WHERE id = :id FOR UPDATE;
 SELECT * FROM orbit_sessions WHERE id = :id FOR SHARE;
 
 -- name: session_list
+-- In id order, which is the order sessions were opened in (uuid7 ids made from the
+-- instant written as created_at), so a page is a walk of the primary key. A NULL limit
+-- is LIMIT ALL: every session.
 SELECT * FROM orbit_sessions
 WHERE (CAST(:state AS text) IS NULL OR state = :state)
-ORDER BY created_at, id;
+  AND (CAST(:after_id AS text) IS NULL OR id > :after_id)
+ORDER BY id
+LIMIT CAST(:limit AS bigint);
 
 -- name: session_write_many
 UPDATE orbit_sessions AS s SET

@@ -209,6 +209,21 @@ WHERE (:queue IS NULL OR queue = :queue)
 ORDER BY id
 LIMIT :limit;
 
+-- name: task_list_by_parent
+-- task_list with parent_id: its own query, because the equality must stand alone for the
+-- partial index orbit_tasks_parent to be used (an ":x IS NULL OR" form walks every task).
+SELECT * FROM orbit_tasks
+WHERE parent_id = :parent_id
+  AND (:queue IS NULL OR queue = :queue)
+  AND (:state IS NULL OR state = :state)
+  AND (:tenant IS NULL OR tenant = :tenant)
+  AND (:handler IS NULL OR handler = :handler)
+  AND (:created_after IS NULL OR created_at >= :created_after)
+  AND (:created_before IS NULL OR created_at < :created_before)
+  AND (:after_id IS NULL OR id > :after_id)
+ORDER BY id
+LIMIT :limit;
+
 -- name: task_count_by_state
 SELECT state, count(*) AS n FROM orbit_tasks GROUP BY state;
 
@@ -274,9 +289,14 @@ SELECT * FROM orbit_sessions WHERE id = :id;
 SELECT * FROM orbit_sessions WHERE id = :id;
 
 -- name: session_list
+-- In id order, which is the order sessions were opened in (uuid7 ids made from the
+-- instant written as created_at), so a page is a walk of the primary key. A NULL limit
+-- is every session (SQLite refuses LIMIT NULL, and reads a negative one as no limit).
 SELECT * FROM orbit_sessions
 WHERE (:state IS NULL OR state = :state)
-ORDER BY created_at, id;
+  AND (:after_id IS NULL OR id > :after_id)
+ORDER BY id
+LIMIT coalesce(:limit, -1);
 
 -- name: session_write_many
 UPDATE orbit_sessions SET
