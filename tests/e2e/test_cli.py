@@ -634,7 +634,8 @@ def test_worker_without_a_usable_token_or_url_says_so(
     """``orbit worker MODULE:OBJ`` with no token, a token the server refuses (unknown, or
     without the worker scope) or a server URL it cannot use exits at once with one line
     that says which (2: bad arguments, 3: refused, as the other commands), not with a
-    traceback, and never prints the token or a password in the URL."""
+    traceback, and never prints the token or a password in the URL. A Worker(...) the
+    module cannot build (a name the protocol refuses) is one line and exit 2 as well."""
     _, tokens, _ = cluster
     app = "tests.e2e.worker_app:worker"
     unknown = "orbit_0123456789abcdef0123456789abcdef_notavalidsecret"
@@ -642,7 +643,8 @@ def test_worker_without_a_usable_token_or_url_says_so(
         (orbit("worker", app, token=None), 2, "ORBIT_TOKEN"),
         (orbit("worker", app, token=unknown), 3, "refused the token"),
         (orbit("worker", app, token=tokens.submit), 3, "refused the token"),
-        (orbit("worker", app, ORBIT_TEST_NAME="no/such name"), 3, "refused this worker"),
+        (orbit("worker", app, ORBIT_TEST_NAME="no/such name"), 2, "name must be"),
+        (orbit("worker", app, ORBIT_TEST_RENAME="no/such name"), 3, "refused this worker"),
         (orbit("worker", app, ORBIT_URL="127.0.0.1:9"), 2, "server URL must"),
         (orbit("worker", app, ORBIT_URL="http://ops:hunter2@127.0.0.1:9"), 2, "server URL"),
         (orbit("worker", app, "--json"), 2, "--json"),  # was accepted, then ignored

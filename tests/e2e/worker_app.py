@@ -21,6 +21,10 @@ worker = Worker(
     grace=float(os.environ.get("ORBIT_TEST_GRACE", "10")),
     cancel_grace=float(os.environ.get("ORBIT_TEST_CANCEL_GRACE", "1")),
 )
+if "ORBIT_TEST_RENAME" in os.environ:
+    # A name set past the constructor's check, as an older SDK would send it: what only
+    # the server's hello then refuses
+    worker.name = os.environ["ORBIT_TEST_RENAME"]
 MARKS = Path(os.environ.get("ORBIT_TEST_MARKS", "."))
 
 
