@@ -7,7 +7,7 @@ import asyncio
 import math
 import ssl
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import datetime
 from typing import Any, Literal
 from urllib.parse import quote
@@ -77,6 +77,30 @@ def _holds_non_finite(value: Any) -> bool:
     if isinstance(value, list | tuple):
         return any(_holds_non_finite(v) for v in value)
     return False
+
+
+def _walk(read: Callable[[str | None], dict[str, Any]], cursor: str | None) -> Iterator[Any]:
+    """Every item of a keyset-paged list, page after page from ``cursor`` (None: the
+    start) until a page names no next one."""
+    while True:
+        page = read(cursor)
+        yield from page["items"]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return
+
+
+async def _awalk(
+    read: Callable[[str | None], Awaitable[dict[str, Any]]], cursor: str | None
+) -> AsyncIterator[Any]:
+    """``_walk`` for AsyncClient."""
+    while True:
+        page = await read(cursor)
+        for item in page["items"]:
+            yield item
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return
 
 
 def task_body(
@@ -410,12 +434,7 @@ class Client:
     def iter_tasks(self, *, cursor: str | None = None, **filters: Any) -> Iterator[dict[str, Any]]:
         """Every matching task, page by page (keyset pagination: no duplicates, no gaps),
         from the start or from ``cursor`` (a page's ``next_cursor``)."""
-        while True:
-            page = self.list_tasks(cursor=cursor, **filters)
-            yield from page["items"]
-            cursor = page["next_cursor"]
-            if cursor is None:
-                return
+        yield from _walk(lambda c: self.list_tasks(cursor=c, **filters), cursor)
 
     def attempts(self, task_id: str) -> list[dict[str, Any]]:
         return list(self._call(("GET", f"/v1/tasks/{_seg(task_id)}/attempts", None, None)))
@@ -427,12 +446,7 @@ class Client:
         self, task_id: str, *, limit: int = 100, cursor: str | None = None
     ) -> Iterator[dict[str, Any]]:
         """Every event of the task, page by page, from the start or from ``cursor``."""
-        while True:
-            page = self.events(task_id, limit=limit, cursor=cursor)
-            yield from page["items"]
-            cursor = page["next_cursor"]
-            if cursor is None:
-                return
+        yield from _walk(lambda c: self.events(task_id, limit=limit, cursor=c), cursor)
 
     # workers and tokens
     def workers(self, state: str | None = None) -> list[dict[str, Any]]:
@@ -448,13 +462,7 @@ class Client:
 
     def iter_workers(self, **filters: Any) -> Iterator[dict[str, Any]]:
         """Every matching worker session, page by page (keyset, as ``iter_tasks``)."""
-        cursor = None
-        while True:
-            page = self.list_workers(cursor=cursor, **filters)
-            yield from page["items"]
-            cursor = page["next_cursor"]
-            if cursor is None:
-                return
+        yield from _walk(lambda c: self.list_workers(cursor=c, **filters), None)
 
     def worker_drain(self, session_id: str) -> dict[str, Any]:
         return dict(self._call(("POST", f"/v1/workers/{_seg(session_id)}/drain", None, None)))
@@ -469,12 +477,7 @@ class Client:
         self, task_id: str, *, limit: int = 100, cursor: str | None = None
     ) -> Iterator[dict[str, Any]]:
         """Every artifact of the task, page by page, from the start or from ``cursor``."""
-        while True:
-            page = self.list_artifacts(task_id, limit=limit, cursor=cursor)
-            yield from page["items"]
-            cursor = page["next_cursor"]
-            if cursor is None:
-                return
+        yield from _walk(lambda c: self.list_artifacts(task_id, limit=limit, cursor=c), cursor)
 
     def artifacts(self, task_id: str) -> list[dict[str, Any]]:
         """Every artifact of the task (all its pages; ``list_artifacts`` reads one)."""
@@ -613,13 +616,8 @@ class AsyncClient:
     async def iter_events(
         self, task_id: str, *, limit: int = 100, cursor: str | None = None
     ) -> AsyncIterator[dict[str, Any]]:
-        while True:
-            page = await self.events(task_id, limit=limit, cursor=cursor)
-            for item in page["items"]:
-                yield item
-            cursor = page["next_cursor"]
-            if cursor is None:
-                return
+        async for item in _awalk(lambda c: self.events(task_id, limit=limit, cursor=c), cursor):
+            yield item
 
     async def list_artifacts(
         self, task_id: str, *, limit: int = 100, cursor: str | None = None
@@ -629,13 +627,10 @@ class AsyncClient:
     async def iter_artifacts(
         self, task_id: str, *, limit: int = 100, cursor: str | None = None
     ) -> AsyncIterator[dict[str, Any]]:
-        while True:
-            page = await self.list_artifacts(task_id, limit=limit, cursor=cursor)
-            for item in page["items"]:
-                yield item
-            cursor = page["next_cursor"]
-            if cursor is None:
-                return
+        async for item in _awalk(
+            lambda c: self.list_artifacts(task_id, limit=limit, cursor=c), cursor
+        ):
+            yield item
 
     async def artifacts(self, task_id: str) -> list[dict[str, Any]]:
         return [item async for item in self.iter_artifacts(task_id)]
@@ -750,13 +745,8 @@ class AsyncClient:
     async def iter_tasks(
         self, *, cursor: str | None = None, **filters: Any
     ) -> AsyncIterator[dict[str, Any]]:
-        while True:
-            page = await self.list_tasks(cursor=cursor, **filters)
-            for item in page["items"]:
-                yield item
-            cursor = page["next_cursor"]
-            if cursor is None:
-                return
+        async for item in _awalk(lambda c: self.list_tasks(cursor=c, **filters), cursor):
+            yield item
 
     async def workers(self, state: str | None = None) -> list[dict[str, Any]]:
         return [w async for w in self.iter_workers(state=state, limit=WORKER_PAGE)]
@@ -767,14 +757,8 @@ class AsyncClient:
         return dict(await self._call(_Calls.workers_list(state, limit, cursor)))
 
     async def iter_workers(self, **filters: Any) -> AsyncIterator[dict[str, Any]]:
-        cursor = None
-        while True:
-            page = await self.list_workers(cursor=cursor, **filters)
-            for item in page["items"]:
-                yield item
-            cursor = page["next_cursor"]
-            if cursor is None:
-                return
+        async for item in _awalk(lambda c: self.list_workers(cursor=c, **filters), None):
+            yield item
 
     async def worker_drain(self, session_id: str) -> dict[str, Any]:
         return dict(await self._call(("POST", f"/v1/workers/{_seg(session_id)}/drain", None, None)))
