@@ -40,6 +40,10 @@ CaFile = Annotated[
     typer.Option("--cafile", envvar="ORBIT_CAFILE", help="CA file for a server with a private CA"),
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
+#: a queue's caps, as ``queue create`` and ``queue update`` take them
+MaxConcurrency = Annotated[int | None, typer.Option(help="live attempts at most (>= 1)")]
+Rate = Annotated[float | None, typer.Option(help="tasks per second; 0 = unlimited")]
+Burst = Annotated[int | None, typer.Option(help="token bucket size")]
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 #: What every command of these groups shares, said in their --help.
@@ -173,11 +177,9 @@ def _tasks_table(rows: list[dict[str, Any]]) -> Table:
 @queue_app.command("create")
 def queue_create(
     name: str,
-    max_concurrency: Annotated[
-        int | None, typer.Option(help="live attempts at most (>= 1)")
-    ] = None,
-    rate: Annotated[float | None, typer.Option(help="tasks per second; 0 = unlimited")] = None,
-    burst: Annotated[int | None, typer.Option(help="token bucket size")] = None,
+    max_concurrency: MaxConcurrency = None,
+    rate: Rate = None,
+    burst: Burst = None,
     url: Url = DEFAULT_URL,
     cafile: CaFile = None,
     as_json: AsJson = False,
@@ -202,11 +204,9 @@ def queue_create(
 @queue_app.command("update")
 def queue_update(
     name: str,
-    max_concurrency: Annotated[
-        int | None, typer.Option(help="live attempts at most (>= 1)")
-    ] = None,
-    rate: Annotated[float | None, typer.Option(help="tasks per second; 0 = unlimited")] = None,
-    burst: Annotated[int | None, typer.Option(help="token bucket size")] = None,
+    max_concurrency: MaxConcurrency = None,
+    rate: Rate = None,
+    burst: Burst = None,
     url: Url = DEFAULT_URL,
     cafile: CaFile = None,
     as_json: AsJson = False,
