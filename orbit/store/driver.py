@@ -7,6 +7,7 @@ once, for every backend (``orbit.store.store.Store``).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -64,7 +65,16 @@ _NAME_RE = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
 
 
 def load_queries(path: Path) -> dict[str, str]:
-    """Split a ``queries.sql`` file on its ``-- name: x`` headers into named queries."""
+    """Split a ``queries.sql`` file on its ``-- name: x`` headers into named queries: a
+    copy of what the process read the first time, which the caller may change. Read
+    once: every store a process opens took the file apart again, and a process that
+    gives up its user's rights (a test of a read-only database, as ``nobody``) could not
+    reach the file any more."""
+    return dict(_read_queries(path))
+
+
+@functools.cache
+def _read_queries(path: Path) -> dict[str, str]:
     text = path.read_text(encoding="utf-8")
     parts = _NAME_RE.split(text)
     queries: dict[str, str] = {}

@@ -453,6 +453,25 @@ def test_db_commands_and_server_refuse_a_read_only_database_with_one_line(
         locked_file.chmod(0o777)  # the directory is writable: only the file is not
         locked_dir.chmod(0o555)
         before = _contents(locked_dir, locked_file)
+
+        def commands(db: str) -> list[list[str]]:
+            return [
+                ["db", "migrate", "--db", db],
+                ["token", "create", "--db", db, "--name", "ci", "--scope", "submit"],
+                ["token", "ls", "--db", db],
+                ["token", "revoke", "--db", db, "0" * 32],
+                ["server", "--db", db, "--port", "0"],
+            ]
+
+        # Each command once as root, on a path that cannot be opened (its directory is a
+        # file): what they import lazily on the way to the same one-line error is loaded
+        # before the user changes, from a checkout (a fresh clone in a 0700 temporary
+        # directory) that `nobody` may not reach.
+        blocked = base / "not-a-directory"
+        blocked.write_text("")
+        for args in commands(f"sqlite:///{blocked / 'orbit.db'}"):
+            warm = CliRunner().invoke(app, args)
+            assert warm.exit_code in (1, 2), (args, warm.output, warm.exception)
         runs = []
         with as_unprivileged():
             for where, cause in (
@@ -460,13 +479,7 @@ def test_db_commands_and_server_refuse_a_read_only_database_with_one_line(
                 (locked_file, f"{locked_file / 'orbit.db'} is read-only to this user"),
             ):
                 db = f"sqlite:///{where / 'orbit.db'}"
-                for args in (
-                    ["db", "migrate", "--db", db],
-                    ["token", "create", "--db", db, "--name", "ci", "--scope", "submit"],
-                    ["token", "ls", "--db", db],
-                    ["token", "revoke", "--db", db, "0" * 32],
-                    ["server", "--db", db, "--port", "0"],
-                ):
+                for args in commands(db):
                     runs.append((args, cause, CliRunner().invoke(app, args)))
         locked_dir.chmod(0o755)  # for the clean-up
         for args, cause, run in runs:
