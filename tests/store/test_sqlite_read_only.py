@@ -52,3 +52,43 @@ def test_a_database_in_a_read_only_directory_or_file_is_refused_at_open(
         assert {where: _contents(where) for where in before} == before
         for where in (locked_dir, empty):
             where.chmod(0o755)  # for the clean-up
+
+
+def test_the_check_follows_a_symlink_to_the_database_as_sqlite_does(tmp_path: Path) -> None:
+    """SQLite resolves a symlink to the database and makes the -wal and -shm files beside
+    the file it points at, not beside the link. Old code checked the link's directory: a
+    link in a read-only directory to a database in a writable one (which SQLite serves)
+    was refused, "cannot write in .../links", and a link in a writable directory to a
+    database in a read-only one passed the check and failed at the first statement with
+    ``attempt to write a readonly database``, the error the check is there to replace."""
+    with reachable_dir(tmp_path) as base:
+        data, links = base / "data", base / "links"
+        for where in (data, links):
+            where.mkdir()
+            where.chmod(0o777)
+        open_store(f"sqlite:///{data / 'orbit.db'}").close()
+        (data / "orbit.db").chmod(0o666)
+        (links / "to-data.db").symlink_to(data / "orbit.db")
+        locked = base / "locked"
+        locked.mkdir()
+        open_store(f"sqlite:///{locked / 'orbit.db'}").close()
+        (locked / "orbit.db").chmod(0o666)
+        (data / "to-locked.db").symlink_to(locked / "orbit.db")
+        links.chmod(0o555)
+        locked.chmod(0o555)
+        with as_unprivileged():
+            store = open_store(f"sqlite:///{links / 'to-data.db'}")
+            try:
+                store.queue_create("q", max_concurrency=1, rate=0)
+                assert [q.name for q in store.queue_list()] == ["q"]
+            finally:
+                store.close()
+            with pytest.raises(DatabaseReadOnly) as caught:
+                open_store(f"sqlite:///{data / 'to-locked.db'}")
+        assert str(caught.value) == (
+            f"cannot write in {locked.resolve()}, the directory of {data / 'to-locked.db'}"
+            f" (a link to {(locked / 'orbit.db').resolve()}): SQLite makes the database's "
+            "-wal and -shm files beside it"
+        )
+        for where in (links, locked):
+            where.chmod(0o755)  # for the clean-up

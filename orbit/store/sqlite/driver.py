@@ -137,14 +137,19 @@ def _check_writable(path: str) -> None:
     only read. SQLite says nothing at open: it opens a read-only file read-only, and
     the first write failed with ``attempt to write a readonly database``, which names
     neither; in a directory it cannot write in, it cannot make the ``-wal`` and
-    ``-shm`` files, and failed at the first statement with the same words."""
-    where = os.path.dirname(os.path.abspath(path))
+    ``-shm`` files, and failed at the first statement with the same words.
+
+    A symlink is followed, as SQLite follows it: the ``-wal`` and ``-shm`` files are made
+    beside the file it points at, so that is the directory that must be writable."""
+    real = os.path.realpath(path)
+    where = os.path.dirname(real)
     if not _writable(where, os.W_OK | os.X_OK):
+        link = "" if real == os.path.abspath(path) else f" (a link to {real})"
         raise DatabaseReadOnly(
-            f"cannot write in {where}, the directory of {path}: SQLite makes the "
+            f"cannot write in {where}, the directory of {path}{link}: SQLite makes the "
             "database's -wal and -shm files beside it"
         )
-    for name in (path, f"{path}-wal", f"{path}-shm"):
+    for name in (path, f"{real}-wal", f"{real}-shm"):
         if os.path.exists(name) and not _writable(name):
             raise DatabaseReadOnly(f"{name} is read-only to this user: Orbit writes to it")
 
