@@ -4,6 +4,8 @@ async transport; certificates are always verified (a custom CA file is accepted)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import enum
 import math
 import ssl
 import time
@@ -70,12 +72,19 @@ def request_json(body: dict[str, Any] | list[Any]) -> bytes:
 
 
 def _holds_non_finite(value: Any) -> bool:
+    """Whether a NaN or an infinity is anywhere in what orjson writes of ``value``: in
+    a dataclass instance's fields and an enum member's value too, which it writes as it
+    writes a dict and the value (they were not looked into, and their NaN went as null)."""
     if isinstance(value, float):
         return not math.isfinite(value)
     if isinstance(value, dict):
         return any(_holds_non_finite(v) for v in value.values())
     if isinstance(value, list | tuple):
         return any(_holds_non_finite(v) for v in value)
+    if isinstance(value, enum.Enum):
+        return _holds_non_finite(value.value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return any(_holds_non_finite(getattr(value, f.name)) for f in dataclasses.fields(value))
     return False
 
 
