@@ -446,9 +446,9 @@ def worker_command(
     The token comes from ORBIT_TOKEN or ORBIT_TOKEN_FILE. A running worker drains on
     SIGTERM or SIGINT: no new claims, running handlers finish within the grace period,
     then are cancelled. Exit codes of a running worker: 0 drained; 1 a handler ignored
-    its cancellation; 2 bad arguments, no token or an unusable URL; 3 the server refused
-    the token. Of ls and drain: 0 done; 2 bad arguments; 3 refused by the server;
-    4 server unreachable.
+    its cancellation, or an outcome the server never confirmed (its lease decides); 2 bad
+    arguments, no token or an unusable URL; 3 the server refused the token. Of ls and
+    drain: 0 done; 2 bad arguments; 3 refused by the server; 4 server unreachable.
     """
     from orbit.cli import api
 

@@ -887,6 +887,22 @@ def test_worker_help_gives_the_exit_codes_of_ls_and_drain() -> None:
     ), text
 
 
+def test_worker_help_says_an_unconfirmed_outcome_also_exits_1() -> None:
+    """``run()`` returns 1 when an attempt's outcome was never confirmed by the server (a
+    finish unanswered at shutdown), as for an abandoned handler; ``orbit worker --help``
+    named only the abandoned handler, so an operator read exit 1 as a stuck handler."""
+    from typer.testing import CliRunner
+
+    from orbit.cli.main import app
+
+    helped = CliRunner().invoke(app, ["worker", "--help"], env={"COLUMNS": "300"})
+    assert helped.exit_code == 0, helped.output
+    text = " ".join(helped.stdout.split())
+    assert (
+        "1 a handler ignored its cancellation, or an outcome the server never confirmed" in text
+    ), text
+
+
 def test_worker_ls_filters_by_state_and_refuses_an_unknown_one(
     cli: Run, cluster: tuple[Node, Tokens, str]
 ) -> None:
