@@ -498,6 +498,8 @@ def _run_worker(target: str, url: str, cafile: str | None) -> None:
         _fail(f"cannot load {target}: {exc}")
     if not isinstance(obj, Worker):
         _fail(f"{target} is a {type(obj).__name__}, not an orbit Worker")
+    if not obj.handlers:  # run() refuses it with ValueError, which was a traceback
+        _fail(f"{target} has no handler: register one with @worker.handler(NAME)")
     if given:
         obj.url = url.rstrip("/")
     if cafile is not None:  # --cafile or ORBIT_CAFILE: it was accepted, then ignored
