@@ -446,9 +446,9 @@ def worker_command(
     The token comes from ORBIT_TOKEN or ORBIT_TOKEN_FILE. A running worker drains on
     SIGTERM or SIGINT: no new claims, running handlers finish within the grace period,
     then are cancelled. Exit codes of a running worker: 0 drained; 1 a handler ignored
-    its cancellation; 2 bad arguments, no token or an unusable URL; 3 the server refused
-    the token. Of ls and drain: 0 done; 2 bad arguments; 3 refused by the server;
-    4 server unreachable.
+    its cancellation, or an outcome the server never confirmed (its lease decides); 2 bad
+    arguments, no token or an unusable URL; 3 the server refused the token. Of ls and
+    drain: 0 done; 2 bad arguments; 3 refused by the server; 4 server unreachable.
     """
     from orbit.cli import api
 
@@ -498,6 +498,8 @@ def _run_worker(target: str, url: str, cafile: str | None) -> None:
         _fail(f"cannot load {target}: {exc}")
     if not isinstance(obj, Worker):
         _fail(f"{target} is a {type(obj).__name__}, not an orbit Worker")
+    if not obj.handlers:  # run() refuses it with ValueError, which was a traceback
+        _fail(f"{target} has no handler: register one with @worker.handler(NAME)")
     if given:
         obj.url = url.rstrip("/")
     if cafile is not None:  # --cafile or ORBIT_CAFILE: it was accepted, then ignored

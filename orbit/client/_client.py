@@ -4,6 +4,8 @@ async transport; certificates are always verified (a custom CA file is accepted)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import enum
 import math
 import ssl
 import time
@@ -70,12 +72,19 @@ def request_json(body: dict[str, Any] | list[Any]) -> bytes:
 
 
 def _holds_non_finite(value: Any) -> bool:
+    """Whether a NaN or an infinity is anywhere in what orjson writes of ``value``: in
+    a dataclass instance's fields and an enum member's value too, which it writes as it
+    writes a dict and the value (they were not looked into, and their NaN went as null)."""
     if isinstance(value, float):
         return not math.isfinite(value)
     if isinstance(value, dict):
         return any(_holds_non_finite(v) for v in value.values())
     if isinstance(value, list | tuple):
         return any(_holds_non_finite(v) for v in value)
+    if isinstance(value, enum.Enum):
+        return _holds_non_finite(value.value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return any(_holds_non_finite(getattr(value, f.name)) for f in dataclasses.fields(value))
     return False
 
 
@@ -235,10 +244,26 @@ def _headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}", "User-Agent": "orbit-python"}
 
 
-def _still_down(task_id: str, since: float | None, end: float, exc: Unreachable) -> float:
+#: what a proxy in front answers, with a page of its own, when it cannot reach the server
+_GATEWAY_DOWN = frozenset({502, 503, 504})
+
+
+def _down(exc: Unreachable | ApiError) -> bool:
+    """Whether a ``wait``'s poll failed because the server could not be reached: directly
+    (Unreachable), or through a proxy that says so with its own page (502, 503 or 504
+    that is not Orbit's JSON: ``HTTP_ERROR``). Anything else is the server's refusal."""
+    if isinstance(exc, Unreachable):
+        return True
+    return exc.status in _GATEWAY_DOWN and exc.code == "HTTP_ERROR"
+
+
+def _still_down(
+    task_id: str, since: float | None, end: float, exc: Unreachable | ApiError
+) -> float:
     """A ``wait``'s poll that found the server unreachable: when it has been so since
     (it is asked again), or Unreachable if the wait is over. Once, the first such poll
-    ended the wait: a server restarting (a rolling deploy) failed every waiting caller."""
+    ended the wait: a server restarting (a rolling deploy) failed every waiting caller;
+    behind a proxy, its 502 ended it until it was taken as the same outage."""
     now = time.monotonic()
     since = now if since is None else since
     if now >= end:
@@ -360,16 +385,18 @@ class Client:
 
     def wait(self, task_id: str, timeout: float = 60.0, poll: float = 0.2) -> dict[str, Any]:
         """Block until the task ends (or needs review); raise WaitTimeout after ``timeout``.
-        A server that cannot be reached (a restart, a rolling deploy) is asked again until
-        then: Unreachable only if it still cannot be at the end. A refusal (ApiError, such
-        as NotFound) is raised at once."""
+        A server that cannot be reached (a restart, a rolling deploy; behind a proxy, its
+        own 502, 503 or 504 page) is asked again until then: Unreachable only if it still
+        cannot be at the end. A refusal (ApiError, such as NotFound) is raised at once."""
         end = time.monotonic() + timeout
         delay = min(poll, 0.05)
         down_since: float | None = None
         while True:
             try:
                 task = self.get(task_id)
-            except Unreachable as exc:
+            except (Unreachable, ApiError) as exc:
+                if not _down(exc):
+                    raise  # a refusal: NotFound, Forbidden, ...
                 down_since = _still_down(task_id, down_since, end, exc)
             else:
                 down_since = None
@@ -684,7 +711,9 @@ class AsyncClient:
         while True:
             try:
                 task = await self.get(task_id)
-            except Unreachable as exc:
+            except (Unreachable, ApiError) as exc:
+                if not _down(exc):
+                    raise  # a refusal: NotFound, Forbidden, ...
                 down_since = _still_down(task_id, down_since, end, exc)
             else:
                 down_since = None

@@ -883,6 +883,27 @@ def test_task_resolve_refuses_options_its_decision_does_not_take(cli: Run) -> No
         assert "TASK_NOT_FOUND" not in refused.stderr, (args, refused.stderr)
 
 
+def test_a_worker_with_no_handler_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """``orbit worker mod:worker`` for a Worker the module registered no handler on:
+    ``run()`` refuses it with ValueError, which came out as a traceback and exit 1, where
+    a Worker(...) the module cannot build is one line and exit 2. No server is needed:
+    the run never starts."""
+    (tmp_path / "nohandlers.py").write_text(
+        'from orbit import Worker\nworker = Worker("http://127.0.0.1:9", "t0ken")\n'
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "orbit.cli", "worker", "nohandlers:worker"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=30,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    [line] = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+    assert "nohandlers:worker has no handler" in line, line
+
+
 def test_worker_help_gives_the_exit_codes_of_ls_and_drain() -> None:
     """``orbit worker ls`` and ``drain`` exit as the other API commands do (3 refused by
     the server, 4 unreachable), but ``orbit worker --help`` gave only a running worker's
@@ -897,6 +918,22 @@ def test_worker_help_gives_the_exit_codes_of_ls_and_drain() -> None:
     assert (
         "ls and drain: 0 done; 2 bad arguments; 3 refused by the server; 4 server unreachable"
         in text
+    ), text
+
+
+def test_worker_help_says_an_unconfirmed_outcome_also_exits_1() -> None:
+    """``run()`` returns 1 when an attempt's outcome was never confirmed by the server (a
+    finish unanswered at shutdown), as for an abandoned handler; ``orbit worker --help``
+    named only the abandoned handler, so an operator read exit 1 as a stuck handler."""
+    from typer.testing import CliRunner
+
+    from orbit.cli.main import app
+
+    helped = CliRunner().invoke(app, ["worker", "--help"], env={"COLUMNS": "300"})
+    assert helped.exit_code == 0, helped.output
+    text = " ".join(helped.stdout.split())
+    assert (
+        "1 a handler ignored its cancellation, or an outcome the server never confirmed" in text
     ), text
 
 

@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from orbit.client import AsyncClient, Client, NotFound, TaskFailed, Unreachable
+from orbit.client import ApiError, AsyncClient, Client, NotFound, TaskFailed, Unreachable
 from orbit.client._http import Transport
 
 
@@ -27,6 +27,8 @@ class _Server(ThreadingHTTPServer):
     drop_first = 0
     #: on each connection, its n-th request is met by a hang-up (0: never)
     drop_on_reuse = 0
+    #: requests answered by a proxy in front whose server is away: (status, how many)
+    gateway_first = (502, 0)
     seen: list[dict[str, Any]]
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -60,8 +62,13 @@ class _Handler(BaseHTTPRequestHandler):
             return
         status, body = self._reply(urlsplit(self.path))
         data = json.dumps(body).encode()
+        kind = "application/json"
+        if srv.gateway_first[1] > 0:  # nginx's own page: the upstream is restarting
+            status, left = srv.gateway_first
+            srv.gateway_first = (status, left - 1)
+            data, kind = b"<html><body>502 Bad Gateway</body></html>", "text/html"
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -118,6 +125,38 @@ def test_wait_rides_over_a_server_that_is_briefly_unreachable(server: _Server) -
 
     assert asyncio.run(main())["state"] == "succeeded"
     assert len(server.seen) == 8
+
+
+@pytest.mark.parametrize("status", [502, 503, 504])
+def test_wait_rides_over_a_proxy_whose_server_is_briefly_away(server: _Server, status: int) -> None:
+    """A rolling deploy behind a proxy (nginx, a load balancer): the server cannot be
+    reached, and the proxy says so with its own 502, 503 or 504 page, not Orbit's JSON.
+    ``wait`` raised that ApiError (HTTP_ERROR) at the first poll, as if the server had
+    refused the call, though it rode over the same outage seen directly."""
+    server.gateway_first = (status, 3)
+    with Client(_url(server), "t0ken") as c:
+        assert c.wait("t1", timeout=10, poll=0.05)["state"] == "succeeded"
+    server.gateway_first = (status, 3)
+
+    async def main() -> dict[str, Any]:
+        async with AsyncClient(_url(server), "t0ken") as c:
+            return await c.wait("t1", timeout=10, poll=0.05)
+
+    assert asyncio.run(main())["state"] == "succeeded"
+    assert len(server.seen) == 8
+
+
+def test_wait_raises_unreachable_when_the_proxy_never_reaches_the_server(
+    server: _Server,
+) -> None:
+    server.gateway_first = (502, 1000)
+    with (
+        Client(_url(server), "t0ken") as c,
+        pytest.raises(Unreachable, match=r"unreachable for the last 0\.\d s") as caught,
+    ):
+        c.wait("t1", timeout=0.3, poll=0.05)
+    assert isinstance(caught.value.__cause__, ApiError)
+    assert caught.value.__cause__.status == 502
 
 
 def test_wait_raises_unreachable_when_the_server_stays_unreachable() -> None:

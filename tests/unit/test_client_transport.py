@@ -335,3 +335,41 @@ def test_nan_and_the_infinities_are_refused_before_anything_is_sent(server: _Ser
     for body in odd:
         asyncio.run(refused(body))
     assert [s["body"] for s in server.seen] == [b'{"payload":{"x":null,"y":1.5}}']
+
+
+def test_nan_inside_a_dataclass_or_an_enum_is_refused_too(server: _Server) -> None:
+    """orjson writes a dataclass instance (and an enum member's value) natively, so a
+    payload may be one: its NaN went out as ``null`` while a dict's was refused, since
+    only dicts, lists and tuples were looked into."""
+    import dataclasses
+    import enum
+
+    from orbit.client import AsyncClient
+
+    @dataclasses.dataclass
+    class Point:
+        x: float
+        tags: list[float]
+
+    class Level(enum.Enum):
+        UNKNOWN = float("nan")
+
+    odd = [
+        {"payload": Point(float("nan"), [])},
+        {"payload": [Point(1.0, [2.0, float("inf")])]},
+        {"payload": {"level": Level.UNKNOWN}},
+    ]
+    with Client(_url(server), token="t0ken") as c:
+        for body in odd:
+            with pytest.raises(ValueError, match="NaN or an infinity"):
+                c._call(("POST", "/v1/tasks", None, body))
+        c._call(("POST", "/v1/tasks", None, {"payload": Point(0.5, [1.0]), "p": None}))
+
+    async def refused(body: dict[str, Any]) -> None:
+        async with AsyncClient(_url(server), token="t0ken") as c:
+            with pytest.raises(ValueError, match="NaN or an infinity"):
+                await c._call(("POST", "/v1/tasks", None, body))
+
+    for body in odd:
+        asyncio.run(refused(body))
+    assert [s["body"] for s in server.seen] == [b'{"payload":{"x":0.5,"tags":[1.0]},"p":null}']
