@@ -253,8 +253,22 @@ def _down(exc: Unreachable | ApiError) -> bool:
     (Unreachable), or through a proxy that says so with its own page (502, 503 or 504
     that is not Orbit's JSON: ``HTTP_ERROR``). Anything else is the server's refusal."""
     if isinstance(exc, Unreachable):
-        return True
+        return not _untrusted(exc)
     return exc.status in _GATEWAY_DOWN and exc.code == "HTTP_ERROR"
+
+
+def _untrusted(exc: BaseException) -> bool:
+    """Whether the server's certificate failed verification somewhere in ``exc``'s
+    chain: a client set up wrong (its CA, the host name), which no waiting mends. Taken
+    for an outage, a ``wait`` said so only when its whole timeout had run out."""
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return False
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _still_down(

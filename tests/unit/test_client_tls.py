@@ -104,3 +104,23 @@ def test_a_workers_upload_trusts_what_its_connection_trusts(only_certifi_trusts_
         assert "CERTIFICATE_VERIFY_FAILED" in str(caught.value)
 
     asyncio.run(main())
+
+
+def test_wait_raises_an_untrusted_certificate_at_once(only_certifi_trusts_it: str) -> None:
+    """``wait`` rides over an outage, but a certificate that fails verification is a
+    client set up wrong: it is raised at the first poll on both clients, not as an
+    outage once the whole timeout has run out."""
+    with Client(only_certifi_trusts_it, "t0ken") as c, pytest.raises(Unreachable) as caught:
+        c.wait("t1", timeout=30)
+    # the first poll's own error, not the one a wait raises at its end after an outage
+    assert "CERTIFICATE_VERIFY_FAILED" in str(caught.value)
+    assert "was unreachable for the last" not in str(caught.value)
+
+    async def main() -> None:
+        async with AsyncClient(only_certifi_trusts_it, "t0ken") as c:
+            with pytest.raises(Unreachable) as caught:
+                await c.wait("t1", timeout=30)
+        assert "CERTIFICATE_VERIFY_FAILED" in str(caught.value)
+        assert "was unreachable for the last" not in str(caught.value)
+
+    asyncio.run(main())
