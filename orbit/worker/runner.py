@@ -251,6 +251,9 @@ class Worker:
         reconnect_max: float = 5.0,
         request_timeout: float = 30.0,
     ) -> None:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int):
+            # 1.5 passed the bounds below, and the server refused the hello
+            raise ValueError(f"concurrency must be a whole number; got {concurrency!r}")
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         # Refused here, by the hello's own bounds: the server's refusal of the hello
@@ -336,6 +339,8 @@ class Worker:
 
         # Refused here: 0 was taken for "no cap" (the worker's concurrency), and a
         # negative one went to the server, whose refusal of the hello ended the run.
+        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)):
+            raise ValueError(f"handler {name}: capacity must be a whole number; got {capacity!r}")
         if capacity is not None and capacity < 1:
             raise ValueError(f"handler {name}: capacity must be at least 1")
         # As the hello takes them: refused by the server, they ended the run.

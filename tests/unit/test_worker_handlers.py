@@ -512,6 +512,20 @@ def test_what_the_hello_would_refuse_is_refused_at_construction_and_registration
     assert len(worker.handlers) == validate.MAX_WORKER_HANDLERS
 
 
+@pytest.mark.parametrize("number", [1.5, 2.0, True, "4"])
+def test_a_concurrency_or_capacity_that_is_no_whole_number_is_refused_at_once(
+    number: object,
+) -> None:
+    """1.5 passed the construction's bounds, and the server refused the hello at run
+    time (``orbit worker`` exited 3); the hello takes integers only."""
+    with pytest.raises(ValueError, match="concurrency must be a whole number"):
+        Worker("http://127.0.0.1:1", "token", concurrency=number)  # type: ignore[arg-type]
+    worker = Worker("http://127.0.0.1:1", "token")
+    with pytest.raises(ValueError, match="capacity must be a whole number"):
+        worker.handler("h", capacity=number)  # type: ignore[arg-type]
+    assert worker.handlers == {}
+
+
 def test_the_hello_of_a_worker_at_every_bound_is_one_the_server_reads() -> None:
     """The bounds the worker checks are the ones the server's decoder holds it to."""
     worker = Worker(
