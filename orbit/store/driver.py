@@ -87,7 +87,14 @@ def _read_queries(path: Path) -> dict[str, str]:
 
 
 def migration_files(directory: Path) -> list[tuple[int, Path]]:
-    """Numbered migrations (``0001_name.sql``) in order."""
+    """Numbered migrations (``0001_name.sql``) in order: listed once per process, as the
+    queries are read once (``load_queries``); a store opened on a current schema reads
+    no file of them."""
+    return list(_list_migrations(directory))
+
+
+@functools.cache
+def _list_migrations(directory: Path) -> list[tuple[int, Path]]:
     found = []
     for path in sorted(directory.glob("*.sql")):
         number = int(path.name.split("_", 1)[0])
