@@ -468,30 +468,50 @@ class _EventFollower:
         self._c = c
         self._task_id = task_id
         self._cursor: str | None = None  # the start of the page not yet read to its end
-        self._last = -1  # the id of the last event returned
+        self._last = -1  # the id of the last event read
+        self._pending: list[dict[str, Any]] = []  # read, not yet returned
 
     def new(self) -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = []
+        """The events not returned before. A read that fails part way (the server gone
+        between two pages) loses none: those read are returned by the next call."""
         while True:
             page = self._c.events(self._task_id, limit=self.PAGE, cursor=self._cursor)
             for e in page["items"]:
                 if int(e["id"]) > self._last:
-                    found.append(e)
+                    self._pending.append(e)
                     self._last = int(e["id"])
             if not page["next_cursor"]:
+                found, self._pending = self._pending, []
                 return found
             self._cursor = page["next_cursor"]
 
 
 def _wait(c: Client, task_id: str, timeout: float, as_json: bool) -> None:
+    """Follow the task until it ends, asking again while the server cannot be reached
+    (a restart, a rolling deploy), as ``Client.wait`` does: the first such poll ended the
+    command (exit 4) though the task went on. Unreachable to the end is still exit 4."""
+    from orbit.client import ApiError, Unreachable
+    from orbit.client._client import server_down, still_down
+
     end = time.monotonic() + timeout
     follower = _EventFollower(c, task_id)
+    down_since: float | None = None
     with err.status(Text(f"waiting for {task_id}")) as status:  # Text: no markup
         while True:
-            for e in follower.new():
+            try:
+                fresh = follower.new()
+                task = c.get(task_id)
+            except (Unreachable, ApiError) as exc:
+                if not server_down(exc):
+                    raise  # a refusal: exit 3
+                down_since = still_down(task_id, down_since, end, exc)
+                status.update(Text(f"{task_id}: the server cannot be reached; asking again"))
+                time.sleep(0.2)
+                continue
+            down_since = None
+            for e in fresh:
                 if not as_json:
                     _show_event(e)
-            task = c.get(task_id)
             status.update(
                 Text(
                     f"{task_id}: {task['state']} "

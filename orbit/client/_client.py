@@ -248,7 +248,7 @@ def _headers(token: str | None) -> dict[str, str]:
 _GATEWAY_DOWN = frozenset({502, 503, 504})
 
 
-def _down(exc: Unreachable | ApiError) -> bool:
+def server_down(exc: Unreachable | ApiError) -> bool:
     """Whether a ``wait``'s poll failed because the server could not be reached: directly
     (Unreachable), or through a proxy that says so with its own page (502, 503 or 504
     that is not Orbit's JSON: ``HTTP_ERROR``). Anything else is the server's refusal."""
@@ -271,9 +271,7 @@ def _untrusted(exc: BaseException) -> bool:
     return False
 
 
-def _still_down(
-    task_id: str, since: float | None, end: float, exc: Unreachable | ApiError
-) -> float:
+def still_down(task_id: str, since: float | None, end: float, exc: Unreachable | ApiError) -> float:
     """A ``wait``'s poll that found the server unreachable: when it has been so since
     (it is asked again), or Unreachable if the wait is over. Once, the first such poll
     ended the wait: a server restarting (a rolling deploy) failed every waiting caller;
@@ -409,9 +407,9 @@ class Client:
             try:
                 task = self.get(task_id)
             except (Unreachable, ApiError) as exc:
-                if not _down(exc):
+                if not server_down(exc):
                     raise  # a refusal: NotFound, Forbidden, ...
-                down_since = _still_down(task_id, down_since, end, exc)
+                down_since = still_down(task_id, down_since, end, exc)
             else:
                 down_since = None
                 if task["state"] in TERMINAL:
@@ -726,9 +724,9 @@ class AsyncClient:
             try:
                 task = await self.get(task_id)
             except (Unreachable, ApiError) as exc:
-                if not _down(exc):
+                if not server_down(exc):
                     raise  # a refusal: NotFound, Forbidden, ...
-                down_since = _still_down(task_id, down_since, end, exc)
+                down_since = still_down(task_id, down_since, end, exc)
             else:
                 down_since = None
                 if task["state"] in TERMINAL:
