@@ -107,22 +107,17 @@ class Transport:
         headers = self._headers if body is None else {**self._headers, **_JSON}
         conn, reused = self._take()
         try:
-            # one send for the headers and a bytes body (http.client joins them)
-            conn.request(method, target, body=body, headers=headers)
-            return conn, conn.getresponse()
-        except _CLOSED_UNANSWERED as exc:
-            conn.close()
-            if not reused or method not in _IDEMPOTENT:
-                raise self._unreachable(exc) from exc
-        except (OSError, http.client.HTTPException) as exc:
-            conn.close()
-            raise self._unreachable(exc) from exc
-        except BaseException:
-            conn.close()
-            raise
-        # A kept-alive connection the server closed just as it was reused: the request
-        # met the close, and no answer had begun. A GET raised Unreachable here, though a
-        # server that was up and well had merely timed the connection out.
+            with self._closed_on_error(conn):
+                # one send for the headers and a bytes body (http.client joins them)
+                conn.request(method, target, body=body, headers=headers)
+                return conn, conn.getresponse()
+        except Unreachable as exc:
+            # A kept-alive connection the server closed just as it was reused: the
+            # request met the close, and no answer had begun. A GET raised Unreachable
+            # here, though a server that was up and well had merely timed it out.
+            closed = isinstance(exc.__cause__, _CLOSED_UNANSWERED)
+            if not (closed and reused and method in _IDEMPOTENT):
+                raise
         conn = self._connect()
         with self._closed_on_error(conn):
             conn.request(method, target, body=body, headers=headers)
