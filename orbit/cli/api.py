@@ -490,25 +490,21 @@ def _wait(c: Client, task_id: str, timeout: float, as_json: bool) -> None:
     """Follow the task until it ends, asking again while the server cannot be reached
     (a restart, a rolling deploy), as ``Client.wait`` does: the first such poll ended the
     command (exit 4) though the task went on. Unreachable to the end is still exit 4."""
-    from orbit.client import ApiError, Unreachable
-    from orbit.client._client import server_down, still_down
+    from orbit.client import ApiError, Unreachable, WaitTimeout
+    from orbit.client._client import Waiting
 
-    end = time.monotonic() + timeout
+    waiting = Waiting(task_id, timeout)
     follower = _EventFollower(c, task_id)
-    down_since: float | None = None
     with err.status(Text(f"waiting for {task_id}")) as status:  # Text: no markup
         while True:
             try:
                 fresh = follower.new()
                 task = c.get(task_id)
             except (Unreachable, ApiError) as exc:
-                if not server_down(exc):
-                    raise  # a refusal: exit 3
-                down_since = still_down(task_id, down_since, end, exc)
+                waiting.failed(exc)  # a refusal is raised: exit 3; an outage to the end: 4
                 status.update(Text(f"{task_id}: the server cannot be reached; asking again"))
                 time.sleep(0.2)
                 continue
-            down_since = None
             for e in fresh:
                 if not as_json:
                     _show_event(e)
@@ -518,13 +514,14 @@ def _wait(c: Client, task_id: str, timeout: float, as_json: bool) -> None:
                     f"(attempt {task['attempts_used']}/{task['max_attempts']})"
                 )
             )
-            if task["state"] in ("succeeded", "failed", "cancelled", "needs_review"):
-                for e in follower.new():  # those written between the two reads above
-                    if not as_json:
-                        _show_event(e)
-                break
-            if time.monotonic() > end:
-                fail(f"task {task_id} is still {task['state']}", EXIT_TIMEOUT)
+            try:
+                if waiting.ended(task):
+                    for e in follower.new():  # those written between the two reads above
+                        if not as_json:
+                            _show_event(e)
+                    break
+            except WaitTimeout as exc:
+                fail(str(exc), EXIT_TIMEOUT)
             time.sleep(0.2)
     emit(task, as_json, lambda t: _tasks_table([t]))
     if task["state"] != "succeeded":
@@ -540,13 +537,8 @@ def task_wait(
     as_json: AsJson = False,
 ) -> None:
     """Follow a task live until it ends; exit 0 if it succeeded, 1 if not, 5 on timeout."""
-    from orbit.client import WaitTimeout
-
     with client(url, cafile) as c:
-        try:
-            _wait(c, task_id, timeout, as_json)
-        except WaitTimeout as exc:
-            fail(str(exc), EXIT_TIMEOUT)
+        _wait(c, task_id, timeout, as_json)
 
 
 # ----------------------------------------------------------------------------- worker

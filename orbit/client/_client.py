@@ -248,10 +248,58 @@ def _headers(token: str | None) -> dict[str, str]:
 _GATEWAY_DOWN = frozenset({502, 503, 504})
 
 
-def server_down(exc: Unreachable | ApiError) -> bool:
-    """Whether a ``wait``'s poll failed because the server could not be reached: directly
-    (Unreachable), or through a proxy that says so with its own page (502, 503 or 504
-    that is not Orbit's JSON: ``HTTP_ERROR``). Anything else is the server's refusal."""
+class Waiting:
+    """A wait for one task, from poll to poll: when it is over, how long to pause, and
+    since when the server has been unreachable. ``Client.wait``, ``AsyncClient.wait``
+    and ``orbit task wait`` poll their own way and share these rules."""
+
+    def __init__(self, task_id: str, timeout: float, poll: float = 0.2) -> None:
+        self.task_id = task_id
+        self._end = time.monotonic() + timeout
+        self._poll = poll
+        self._delay = min(poll, 0.05)
+        self._down_since: float | None = None
+
+    def ended(self, task: dict[str, Any]) -> bool:
+        """A poll that answered: whether the task has ended (or needs review);
+        WaitTimeout if not and the wait is over."""
+        self._down_since = None
+        if task["state"] in TERMINAL:
+            return True
+        if time.monotonic() >= self._end:
+            raise WaitTimeout(f"task {self.task_id} is still {task['state']}")
+        return False
+
+    def failed(self, exc: Unreachable | ApiError) -> None:
+        """A poll that raised. A refusal (NotFound, Forbidden, an untrusted certificate)
+        is raised again. The server out of reach, directly or behind a proxy's own 502,
+        503 or 504 page, is asked again, until the wait is over: Unreachable then, saying
+        for how long. Once, the first such poll ended the wait, and a server restarting (a
+        rolling deploy) failed every waiting caller."""
+        if not _server_down(exc):
+            raise exc
+        now = time.monotonic()
+        if self._down_since is None:
+            self._down_since = now
+        if now >= self._end:
+            raise Unreachable(
+                f"task {self.task_id}: the server was unreachable for the last "
+                f"{now - self._down_since:.1f} s of the wait ({exc})"
+            ) from exc
+
+    def pause(self) -> float:
+        """Seconds until the next poll: short at first, doubling up to ``poll``, never
+        past the end of the wait."""
+        pause = min(self._delay, max(self._end - time.monotonic(), 0))
+        self._delay = min(self._delay * 2, self._poll)
+        return pause
+
+
+def _server_down(exc: Unreachable | ApiError) -> bool:
+    """Whether a poll failed because the server could not be reached: directly
+    (Unreachable, but for a certificate that fails verification), or through a proxy that
+    says so with its own page (502, 503 or 504 that is not Orbit's JSON: ``HTTP_ERROR``).
+    Anything else is the server's refusal."""
     if isinstance(exc, Unreachable):
         return not _untrusted(exc)
     return exc.status in _GATEWAY_DOWN and exc.code == "HTTP_ERROR"
@@ -269,21 +317,6 @@ def _untrusted(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
-
-
-def still_down(task_id: str, since: float | None, end: float, exc: Unreachable | ApiError) -> float:
-    """A ``wait``'s poll that found the server unreachable: when it has been so since
-    (it is asked again), or Unreachable if the wait is over. Once, the first such poll
-    ended the wait: a server restarting (a rolling deploy) failed every waiting caller;
-    behind a proxy, its 502 ended it until it was taken as the same outage."""
-    now = time.monotonic()
-    since = now if since is None else since
-    if now >= end:
-        raise Unreachable(
-            f"task {task_id}: the server was unreachable for the last {now - since:.1f} s "
-            f"of the wait ({exc})"
-        ) from exc
-    return since
 
 
 def _unwrap(reply: httpx.Response | Reply) -> Any:
@@ -400,24 +433,16 @@ class Client:
         A server that cannot be reached (a restart, a rolling deploy; behind a proxy, its
         own 502, 503 or 504 page) is asked again until then: Unreachable only if it still
         cannot be at the end. A refusal (ApiError, such as NotFound) is raised at once."""
-        end = time.monotonic() + timeout
-        delay = min(poll, 0.05)
-        down_since: float | None = None
+        waiting = Waiting(task_id, timeout, poll)
         while True:
             try:
                 task = self.get(task_id)
             except (Unreachable, ApiError) as exc:
-                if not server_down(exc):
-                    raise  # a refusal: NotFound, Forbidden, ...
-                down_since = still_down(task_id, down_since, end, exc)
+                waiting.failed(exc)
             else:
-                down_since = None
-                if task["state"] in TERMINAL:
+                if waiting.ended(task):
                     return task
-                if time.monotonic() >= end:
-                    raise WaitTimeout(f"task {task_id} is still {task['state']}")
-            time.sleep(min(delay, max(end - time.monotonic(), 0)))
-            delay = min(delay * 2, poll)
+            time.sleep(waiting.pause())
 
     def result(self, task_id: str, timeout: float = 60.0) -> Any:
         """The task's result; TaskFailed if it ended any other way than succeeded."""
@@ -717,24 +742,16 @@ class AsyncClient:
         return dict(await self._call(("GET", f"/v1/tasks/{_seg(task_id)}", None, None)))
 
     async def wait(self, task_id: str, timeout: float = 60.0, poll: float = 0.2) -> dict[str, Any]:
-        end = time.monotonic() + timeout
-        delay = min(poll, 0.05)
-        down_since: float | None = None
+        waiting = Waiting(task_id, timeout, poll)
         while True:
             try:
                 task = await self.get(task_id)
             except (Unreachable, ApiError) as exc:
-                if not server_down(exc):
-                    raise  # a refusal: NotFound, Forbidden, ...
-                down_since = still_down(task_id, down_since, end, exc)
+                waiting.failed(exc)
             else:
-                down_since = None
-                if task["state"] in TERMINAL:
+                if waiting.ended(task):
                     return task
-                if time.monotonic() >= end:
-                    raise WaitTimeout(f"task {task_id} is still {task['state']}")
-            await asyncio.sleep(min(delay, max(end - time.monotonic(), 0)))
-            delay = min(delay * 2, poll)
+            await asyncio.sleep(waiting.pause())
 
     async def result(self, task_id: str, timeout: float = 60.0) -> Any:
         task = await self.wait(task_id, timeout)
