@@ -1,7 +1,7 @@
-"""The clients' own logic over a real loopback HTTP server: ``wait`` riding over a server
-that is briefly unreachable, iterations resumed from a cursor, ``TaskFailed``'s message,
-and the sync transport's one retry of a GET on a kept-alive connection the server closed
-as it was reused."""
+"""The clients' own logic over a real loopback HTTP server: ``wait`` (and ``orbit task
+wait``) riding over a server that is briefly unreachable, iterations resumed from a
+cursor, ``TaskFailed``'s message, and the sync transport's one retry of a GET on a
+kept-alive connection the server closed as it was reused."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from orbit.cli.api import _wait
 from orbit.client import ApiError, AsyncClient, Client, NotFound, TaskFailed, Unreachable
 from orbit.client._http import Transport
 
@@ -77,12 +78,19 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path.startswith("/v1/tasks/missing"):
             return 404, {"error": {"code": "NOT_FOUND", "message": "no such task"}}
         if url.path == "/v1/tasks/t1":
-            return 200, {"id": "t1", "state": "succeeded", "result": 7}
+            return 200, {
+                "id": "t1",
+                "state": "succeeded",
+                "result": 7,
+                "attempts_used": 1,
+                "max_attempts": 3,
+            }
         # a list of three pages: no cursor, "c1", "c2"
         cursor = parse_qs(url.query).get("cursor", [""])[0]
         page = {"": 0, "c1": 1, "c2": 2}[cursor]
         following = {0: "c1", 1: "c2", 2: None}[page]
-        return 200, {"items": [{"page": page, "path": url.path}], "next_cursor": following}
+        item = {"id": page, "page": page, "path": url.path}  # an event's id, too
+        return 200, {"items": [item], "next_cursor": following}
 
 
 @pytest.fixture
@@ -109,6 +117,25 @@ def _free_port() -> int:
 
 
 # --------------------------------------------------------------------------- wait
+
+
+def test_task_wait_rides_over_a_server_that_is_briefly_unreachable(
+    server: _Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``orbit task wait`` (its ``_wait``, in process) asks again, as ``Client.wait``
+    does: it ended with exit 4 at the first poll that found the server gone."""
+    server.drop_first = 3
+    with Client(_url(server), "t0ken") as c:
+        _wait(c, "t1", timeout=10, as_json=True)  # succeeded: returns, exit 0
+    assert json.loads(capsys.readouterr().out)["state"] == "succeeded"
+    assert len(server.seen) > 3
+
+
+def test_task_wait_says_unreachable_when_the_server_stays_away() -> None:
+    url = f"http://127.0.0.1:{_free_port()}"
+    with Client(url, "t0ken") as c, pytest.raises(Unreachable) as caught:
+        _wait(c, "t1", timeout=0.5, as_json=True)
+    assert "was unreachable for the last" in str(caught.value)
 
 
 def test_wait_rides_over_a_server_that_is_briefly_unreachable(server: _Server) -> None:
