@@ -591,5 +591,6 @@ async def token_list(request: Request) -> Response:
 )
 async def token_revoke(request: Request, token_id: str) -> Response:
     """Refuse a token from now on; each node may accept it for as long as it caches
-    token checks (``orbit.server.auth.CACHE_SECONDS``). Idempotent."""
+    token checks (``orbit server --token-cache``, default ``orbit.tokens.CACHE_SECONDS``).
+    Idempotent."""
     return _json(token_wire(await in_thread(_store(request).token_revoke, token_id)))
