@@ -191,7 +191,7 @@ def test_tokens_are_listed_and_revoked_over_http(node: Node, tokens: Tokens) -> 
         listing = admin.get("/v1/tokens")
         assert listing.status_code == 200, listing.text
         assert secret not in listing.text
-        [listed] = [t for t in listing.json() if t["id"] == made["id"]]
+        [listed] = [t for t in listing.json()["items"] if t["id"] == made["id"]]
         assert listed == {
             "id": made["id"],
             "name": "ops",
@@ -220,7 +220,7 @@ def test_tokens_are_listed_and_revoked_over_http(node: Node, tokens: Tokens) -> 
         assert revoked.json() == {**listed, "revoked_at": revoked.json()["revoked_at"]}
         again = admin.post(f"/v1/tokens/{made['id']}/revoke")
         assert again.json() == revoked.json()  # the first revoked_at stands
-        [listed] = [t for t in admin.get("/v1/tokens").json() if t["id"] == made["id"]]
+        [listed] = [t for t in admin.get("/v1/tokens").json()["items"] if t["id"] == made["id"]]
         assert listed == revoked.json()
     # never used before, so no node has an answer cached: refused at once
     used = httpx.get(f"{node.http}/v1/queues", headers={"Authorization": f"Bearer {made['token']}"})
