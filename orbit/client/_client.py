@@ -559,9 +559,12 @@ class Client:
         """One page of worker sessions: ``{"items": [...], "next_cursor": ...}``."""
         return dict(self._call(_Calls.workers_list(state, limit, cursor)))
 
-    def iter_workers(self, **filters: Any) -> Iterator[dict[str, Any]]:
-        """Every matching worker session, page by page (keyset, as ``iter_tasks``)."""
-        yield from _walk(lambda c: self.list_workers(cursor=c, **filters), None)
+    def iter_workers(
+        self, *, cursor: str | None = None, **filters: Any
+    ) -> Iterator[dict[str, Any]]:
+        """Every matching worker session, page by page (keyset, as ``iter_tasks``), from
+        the start or from ``cursor`` (a page's ``next_cursor``)."""
+        yield from _walk(lambda c: self.list_workers(cursor=c, **filters), cursor)
 
     def worker_drain(self, session_id: str) -> dict[str, Any]:
         return dict(self._call(("POST", f"/v1/workers/{_seg(session_id)}/drain", None, None)))
@@ -891,8 +894,10 @@ class AsyncClient:
     ) -> dict[str, Any]:
         return dict(await self._call(_Calls.workers_list(state, limit, cursor)))
 
-    async def iter_workers(self, **filters: Any) -> AsyncIterator[dict[str, Any]]:
-        async for item in _awalk(lambda c: self.list_workers(cursor=c, **filters), None):
+    async def iter_workers(
+        self, *, cursor: str | None = None, **filters: Any
+    ) -> AsyncIterator[dict[str, Any]]:
+        async for item in _awalk(lambda c: self.list_workers(cursor=c, **filters), cursor):
             yield item
 
     async def worker_drain(self, session_id: str) -> dict[str, Any]:

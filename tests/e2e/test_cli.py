@@ -1254,15 +1254,20 @@ def test_the_worker_list_is_paged_and_the_clients_and_cli_walk_it(
         assert [w["session_id"] for w in c.iter_workers(state="live", limit=1)] == [
             w["session_id"] for w in live["items"]
         ]
+        resumed = c.iter_workers(limit=2, cursor=one["next_cursor"])
+        assert [w["session_id"] for w in resumed] == walked[1:]
 
-    async def walk_async() -> tuple[list[str], list[str], list[str]]:
+    async def walk_async() -> tuple[list[str], list[str], list[str], list[str]]:
         async with AsyncClient(node.http, tokens.admin) as c:
             every = [w["session_id"] for w in await c.workers()]
-            first = [w["session_id"] for w in (await c.list_workers(limit=1))["items"]]
+            one = await c.list_workers(limit=1)
+            first = [w["session_id"] for w in one["items"]]
             paged = [w["session_id"] async for w in c.iter_workers(limit=2)]
-            return every, first, paged
+            cursor = one["next_cursor"]
+            resumed = [w["session_id"] async for w in c.iter_workers(limit=2, cursor=cursor)]
+            return every, first, paged, resumed
 
-    assert asyncio.run(walk_async()) == (walked, walked[:1], walked)
+    assert asyncio.run(walk_async()) == (walked, walked[:1], walked, walked[1:])
     listed = json.loads(ok(cli("worker", "ls", "--json")))
     assert [w["session_id"] for w in listed] == walked
     live_listed = json.loads(ok(cli("worker", "ls", "--state", "live", "--json")))
