@@ -231,7 +231,7 @@ def queue_update(
 
 @queue_app.command("ls")
 def queue_ls(url: Url = DEFAULT_URL, cafile: CaFile = None, as_json: AsJson = False) -> None:
-    """List queues."""
+    """List every queue, in name order (the command reads every page of the list)."""
     with client(url, cafile) as c:
         emit(c.queues(), as_json, _queues_table)
 
@@ -364,7 +364,7 @@ def task_ls(
 def task_show(
     task_id: str, url: Url = DEFAULT_URL, cafile: CaFile = None, as_json: AsJson = False
 ) -> None:
-    """A task with its attempts and its history."""
+    """A task with all its attempts and its whole history (every page of each)."""
     with client(url, cafile) as c:
         task = c.get(task_id)
         attempts = c.attempts(task_id)

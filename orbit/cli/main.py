@@ -212,7 +212,7 @@ def token_ls(
     db: DbUrl,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON for scripts")] = False,
 ) -> None:
-    """List tokens, revoked ones too: id, name, scopes, created, revoked.
+    """List every token, revoked ones too: id, name, scopes, created, revoked.
 
     Oldest first. A token's secret is never shown: only its hash is stored.
 

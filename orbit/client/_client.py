@@ -24,8 +24,9 @@ from orbit.urls import check_server_url
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "needs_review"})
 Request = tuple[str, str, dict[str, Any] | None, dict[str, Any] | list[Any] | None]
-#: The page size ``workers()`` walks the worker list with: the most a page may hold.
-WORKER_PAGE = 1000
+#: The page size the calls that return a whole list (``workers()``, ``queues()``,
+#: ``attempts()``, ``token_list()``) walk its pages with: the most a page may hold.
+FULL_PAGE = 1000
 #: What a batch submit answers with: each task's view, or its id (``submit_many``).
 BatchReply = Literal["full", "ids"]
 
@@ -112,6 +113,12 @@ async def _awalk(
             return
 
 
+def _page(limit: int, cursor: str | None) -> dict[str, Any]:
+    """A paged list's query. An empty cursor is sent, and refused, as the task list's
+    is: dropped, it read from the start."""
+    return {"limit": limit, **({} if cursor is None else {"cursor": cursor})}
+
+
 def task_body(
     queue: str,
     handler: str,
@@ -192,15 +199,23 @@ class _Calls:
 
     @staticmethod
     def artifacts_list(task_id: str, limit: int, cursor: str | None) -> Request:
-        query: dict[str, Any] = {"limit": limit, **({} if cursor is None else {"cursor": cursor})}
-        return ("GET", f"/v1/tasks/{_seg(task_id)}/artifacts", query, None)
+        return ("GET", f"/v1/tasks/{_seg(task_id)}/artifacts", _page(limit, cursor), None)
+
+    @staticmethod
+    def attempts_list(task_id: str, limit: int, cursor: str | None) -> Request:
+        return ("GET", f"/v1/tasks/{_seg(task_id)}/attempts", _page(limit, cursor), None)
+
+    @staticmethod
+    def queues_list(limit: int, cursor: str | None) -> Request:
+        return ("GET", "/v1/queues", _page(limit, cursor), None)
+
+    @staticmethod
+    def tokens_list(limit: int, cursor: str | None) -> Request:
+        return ("GET", "/v1/tokens", _page(limit, cursor), None)
 
     @staticmethod
     def events(task_id: str, limit: int, cursor: str | None) -> Request:
-        # An empty cursor is sent, and refused, as the task list's is: dropped, it read
-        # from the start
-        query: dict[str, Any] = {"limit": limit, **({} if cursor is None else {"cursor": cursor})}
-        return ("GET", f"/v1/tasks/{_seg(task_id)}/events", query, None)
+        return ("GET", f"/v1/tasks/{_seg(task_id)}/events", _page(limit, cursor), None)
 
     @staticmethod
     def submit_many(tasks: list[dict[str, Any]], reply: BatchReply) -> Request:
@@ -217,10 +232,6 @@ class _Calls:
     def workers_list(state: str | None, limit: int, cursor: str | None) -> Request:
         query = {"state": state, "limit": limit, "cursor": cursor}
         return ("GET", "/v1/workers", {k: v for k, v in query.items() if v is not None}, None)
-
-    @staticmethod
-    def token_list() -> Request:
-        return ("GET", "/v1/tokens", None, None)
 
     @staticmethod
     def token_revoke(token_id: str) -> Request:
@@ -369,7 +380,18 @@ class Client:
         return dict(self._call(_Calls.queue_create(name, max_concurrency, rate, burst)))
 
     def queues(self) -> list[dict[str, Any]]:
-        return list(self._call(("GET", "/v1/queues", None, None)))
+        """Every queue (all its pages), in name order."""
+        return list(self.iter_queues(limit=FULL_PAGE))
+
+    def list_queues(self, *, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
+        """One page of queues, in name order: ``{"items": [...], "next_cursor": ...}``."""
+        return dict(self._call(_Calls.queues_list(limit, cursor)))
+
+    def iter_queues(
+        self, *, limit: int = 100, cursor: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Every queue, page by page, from the start or from ``cursor``."""
+        yield from _walk(lambda c: self.list_queues(limit=limit, cursor=c), cursor)
 
     def queue_pause(self, name: str) -> dict[str, Any]:
         return dict(self._call(("POST", f"/v1/queues/{_seg(name)}/pause", None, None)))
@@ -501,7 +523,20 @@ class Client:
         yield from _walk(lambda c: self.list_tasks(cursor=c, **filters), cursor)
 
     def attempts(self, task_id: str) -> list[dict[str, Any]]:
-        return list(self._call(("GET", f"/v1/tasks/{_seg(task_id)}/attempts", None, None)))
+        """Every attempt of the task (all its pages), in number order."""
+        return list(self.iter_attempts(task_id, limit=FULL_PAGE))
+
+    def list_attempts(
+        self, task_id: str, *, limit: int = 100, cursor: str | None = None
+    ) -> dict[str, Any]:
+        """One page of the task's attempts: ``{"items": [...], "next_cursor": ...}``."""
+        return dict(self._call(_Calls.attempts_list(task_id, limit, cursor)))
+
+    def iter_attempts(
+        self, task_id: str, *, limit: int = 100, cursor: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Every attempt of the task, page by page, from the start or from ``cursor``."""
+        yield from _walk(lambda c: self.list_attempts(task_id, limit=limit, cursor=c), cursor)
 
     def events(self, task_id: str, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
         return dict(self._call(_Calls.events(task_id, limit, cursor)))
@@ -516,7 +551,7 @@ class Client:
     def workers(self, state: str | None = None) -> list[dict[str, Any]]:
         """Every worker session (all its pages), oldest first; ``state="live"`` leaves out
         the expired ones, which are never deleted."""
-        return list(self.iter_workers(state=state, limit=WORKER_PAGE))
+        return list(self.iter_workers(state=state, limit=FULL_PAGE))
 
     def list_workers(
         self, *, state: str | None = None, limit: int = 100, cursor: str | None = None
@@ -524,9 +559,12 @@ class Client:
         """One page of worker sessions: ``{"items": [...], "next_cursor": ...}``."""
         return dict(self._call(_Calls.workers_list(state, limit, cursor)))
 
-    def iter_workers(self, **filters: Any) -> Iterator[dict[str, Any]]:
-        """Every matching worker session, page by page (keyset, as ``iter_tasks``)."""
-        yield from _walk(lambda c: self.list_workers(cursor=c, **filters), None)
+    def iter_workers(
+        self, *, cursor: str | None = None, **filters: Any
+    ) -> Iterator[dict[str, Any]]:
+        """Every matching worker session, page by page (keyset, as ``iter_tasks``), from
+        the start or from ``cursor`` (a page's ``next_cursor``)."""
+        yield from _walk(lambda c: self.list_workers(cursor=c, **filters), cursor)
 
     def worker_drain(self, session_id: str) -> dict[str, Any]:
         return dict(self._call(("POST", f"/v1/workers/{_seg(session_id)}/drain", None, None)))
@@ -568,8 +606,19 @@ class Client:
         return dict(self._call(("POST", "/v1/tokens", None, {"name": name, "scopes": scopes})))
 
     def token_list(self) -> list[dict[str, Any]]:
-        """Every token, revoked ones too (never a secret): id, name, scopes, instants."""
-        return list(self._call(_Calls.token_list()))
+        """Every token (all its pages), oldest first, revoked ones too (never a secret):
+        id, name, scopes, instants."""
+        return list(self.iter_tokens(limit=FULL_PAGE))
+
+    def list_tokens(self, *, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
+        """One page of tokens, oldest first: ``{"items": [...], "next_cursor": ...}``."""
+        return dict(self._call(_Calls.tokens_list(limit, cursor)))
+
+    def iter_tokens(
+        self, *, limit: int = 100, cursor: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Every token, page by page, from the start or from ``cursor``."""
+        yield from _walk(lambda c: self.list_tokens(limit=limit, cursor=c), cursor)
 
     def token_revoke(self, token_id: str) -> dict[str, Any]:
         """Refuse the token from now on (each node within its token cache's 10 s)."""
@@ -632,7 +681,16 @@ class AsyncClient:
         return dict(await self._call(_Calls.queue_create(name, max_concurrency, rate, burst)))
 
     async def queues(self) -> list[dict[str, Any]]:
-        return list(await self._call(("GET", "/v1/queues", None, None)))
+        return [q async for q in self.iter_queues(limit=FULL_PAGE)]
+
+    async def list_queues(self, *, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
+        return dict(await self._call(_Calls.queues_list(limit, cursor)))
+
+    async def iter_queues(
+        self, *, limit: int = 100, cursor: str | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        async for item in _awalk(lambda c: self.list_queues(limit=limit, cursor=c), cursor):
+            yield item
 
     async def queue_pause(self, name: str) -> dict[str, Any]:
         return dict(await self._call(("POST", f"/v1/queues/{_seg(name)}/pause", None, None)))
@@ -670,7 +728,20 @@ class AsyncClient:
         return dict(await self._call(_Calls.global_limit(max_concurrency, put=True)))
 
     async def attempts(self, task_id: str) -> list[dict[str, Any]]:
-        return list(await self._call(("GET", f"/v1/tasks/{_seg(task_id)}/attempts", None, None)))
+        return [a async for a in self.iter_attempts(task_id, limit=FULL_PAGE)]
+
+    async def list_attempts(
+        self, task_id: str, *, limit: int = 100, cursor: str | None = None
+    ) -> dict[str, Any]:
+        return dict(await self._call(_Calls.attempts_list(task_id, limit, cursor)))
+
+    async def iter_attempts(
+        self, task_id: str, *, limit: int = 100, cursor: str | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        async for item in _awalk(
+            lambda c: self.list_attempts(task_id, limit=limit, cursor=c), cursor
+        ):
+            yield item
 
     async def events(
         self, task_id: str, limit: int = 100, cursor: str | None = None
@@ -722,7 +793,16 @@ class AsyncClient:
         return dict(await self._call(("POST", "/v1/tokens", None, body)))
 
     async def token_list(self) -> list[dict[str, Any]]:
-        return list(await self._call(_Calls.token_list()))
+        return [t async for t in self.iter_tokens(limit=FULL_PAGE)]
+
+    async def list_tokens(self, *, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
+        return dict(await self._call(_Calls.tokens_list(limit, cursor)))
+
+    async def iter_tokens(
+        self, *, limit: int = 100, cursor: str | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        async for item in _awalk(lambda c: self.list_tokens(limit=limit, cursor=c), cursor):
+            yield item
 
     async def token_revoke(self, token_id: str) -> dict[str, Any]:
         return dict(await self._call(_Calls.token_revoke(token_id)))
@@ -807,15 +887,17 @@ class AsyncClient:
             yield item
 
     async def workers(self, state: str | None = None) -> list[dict[str, Any]]:
-        return [w async for w in self.iter_workers(state=state, limit=WORKER_PAGE)]
+        return [w async for w in self.iter_workers(state=state, limit=FULL_PAGE)]
 
     async def list_workers(
         self, *, state: str | None = None, limit: int = 100, cursor: str | None = None
     ) -> dict[str, Any]:
         return dict(await self._call(_Calls.workers_list(state, limit, cursor)))
 
-    async def iter_workers(self, **filters: Any) -> AsyncIterator[dict[str, Any]]:
-        async for item in _awalk(lambda c: self.list_workers(cursor=c, **filters), None):
+    async def iter_workers(
+        self, *, cursor: str | None = None, **filters: Any
+    ) -> AsyncIterator[dict[str, Any]]:
+        async for item in _awalk(lambda c: self.list_workers(cursor=c, **filters), cursor):
             yield item
 
     async def worker_drain(self, session_id: str) -> dict[str, Any]:

@@ -19,6 +19,8 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")  # \Z: $ would pas
 MAX_PRIORITY = 1_000_000
 MAX_ATTEMPTS_LIMIT = 1_000
 MAX_KEY_LEN = 255
+#: The largest attempt number: ``orbit_attempts.number`` is a 32-bit integer in PostgreSQL.
+MAX_ATTEMPT_NUMBER = 2**31 - 1
 #: The largest duration Orbit accepts anywhere: a year, in microseconds.
 MAX_DURATION_US = 366 * 24 * 3600 * 1_000_000
 #: The first instant Orbit does not accept: 9999-01-01T00:00:00Z, in microseconds. The

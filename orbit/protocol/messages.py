@@ -137,6 +137,11 @@ class QueueView(Response):
     created_at: str
 
 
+class QueuePage(Response):
+    items: list[QueueView]
+    next_cursor: str | None
+
+
 class LimitSet(Strict):
     """A tenant's or the global concurrency cap (``PUT /v1/limits/...``); null removes it."""
 
@@ -269,6 +274,11 @@ class AttemptView(Response):
     ended_at: str | None
 
 
+class AttemptPage(Response):
+    items: list[AttemptView]
+    next_cursor: str | None
+
+
 class EventView(Response):
     id: str
     at: str
@@ -346,6 +356,11 @@ class TokenView(Response):
     scopes: list[str]
     created_at: str
     revoked_at: str | None = Field(description="null while the token is accepted")
+
+
+class TokenPage(Response):
+    items: list[TokenView]
+    next_cursor: str | None
 
 
 class ErrorBody(Response):

@@ -12,6 +12,7 @@ from orbit.protocol import messages as m
 HTTP_MODELS: tuple[type[BaseModel], ...] = (
     m.QueueCreate,
     m.QueueView,
+    m.QueuePage,
     m.QueueUpdate,
     m.LimitSet,
     m.TenantLimitView,
@@ -24,6 +25,7 @@ HTTP_MODELS: tuple[type[BaseModel], ...] = (
     m.SubmittedId,
     m.TaskPage,
     m.AttemptView,
+    m.AttemptPage,
     m.EventView,
     m.EventPage,
     m.WorkerView,
@@ -31,6 +33,7 @@ HTTP_MODELS: tuple[type[BaseModel], ...] = (
     m.TokenCreate,
     m.TokenCreated,
     m.TokenView,
+    m.TokenPage,
     m.ErrorReply,
     m.ArtifactView,
     m.ArtifactPage,

@@ -16,14 +16,16 @@ from starlette.responses import Response
 from orbit.core.batches import UnusualTask
 from orbit.core.model import DEFAULT_BACKOFF, Backoff, Outcome, TaskSpec, build
 from orbit.core.states import SessionState, TaskState
+from orbit.core.validate import MAX_ATTEMPT_NUMBER, is_name
 from orbit.protocol.convert import instant_from_wire, seconds_to_us, token_wire
 from orbit.protocol.decode import DecodeError, decode_json, decode_model
 from orbit.protocol.messages import (
-    AttemptView,
+    AttemptPage,
     EventPage,
     GlobalLimitView,
     LimitSet,
     QueueCreate,
+    QueuePage,
     QueueUpdate,
     QueueView,
     Submitted,
@@ -36,6 +38,7 @@ from orbit.protocol.messages import (
     TenantLimitView,
     TokenCreate,
     TokenCreated,
+    TokenPage,
     TokenView,
     WorkerPage,
     WorkerView,
@@ -141,14 +144,16 @@ def _bad_cursor() -> ApiError:
     return ApiError(400, "INVALID_CURSOR", "the cursor is not one this server issued", "cursor")
 
 
-def decode_cursor(cursor: str | None) -> str | None:
+def decode_cursor(cursor: str | None, longest: int = 64) -> str | None:
+    """The text a cursor stands for, at most ``longest`` characters (a queue name's
+    cursor may be 128)."""
     if cursor is None:
         return None
     try:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise _bad_cursor() from None
-    if not text or len(text) > 64:
+    if not text or len(text) > longest:
         raise _bad_cursor()
     return text
 
@@ -166,6 +171,45 @@ def id_cursor(cursor: str | None) -> str | None:
     if after is not None and not _TASK_ID.match(after):
         raise _bad_cursor()
     return after
+
+
+def name_cursor(cursor: str | None) -> str | None:
+    """The queue name a queue list's cursor resumes after: only a name a queue can have
+    (``orbit.core.validate.NAME_RE``, up to 128 characters). Any other text would be read
+    as a place in the list ('' its start, '~' its end), a page that looks like an answer."""
+    after = decode_cursor(cursor, longest=128)
+    if after is not None and not is_name(after):
+        raise _bad_cursor()
+    return after
+
+
+#: a token's id as the server spells it: a uuid7's 32 lowercase hex digits, no dashes
+_TOKEN_ID = re.compile(r"^[0-9a-f]{32}\Z")
+
+
+def token_cursor(cursor: str | None) -> str | None:
+    """The token id a token list's cursor resumes after; any other text is refused, as a
+    task list's cursor that is not a task id is."""
+    after = decode_cursor(cursor)
+    if after is not None and not _TOKEN_ID.match(after):
+        raise _bad_cursor()
+    return after
+
+
+#: an attempt number as the server spells it: ASCII digits, no sign, no leading zero
+_ATTEMPT_NUMBER = re.compile(r"^[1-9][0-9]*\Z")
+
+
+def attempt_cursor(cursor: str | None) -> int:
+    """The attempt number an attempt list's cursor resumes after (0: from the first).
+    Only a number the server could have issued is one: 1 to 2^31 - 1 (PostgreSQL's
+    integer column), spelled in plain ASCII digits; '0' would read as the start."""
+    after = decode_cursor(cursor)
+    if after is None:
+        return 0
+    if not _ATTEMPT_NUMBER.match(after) or int(after) > MAX_ATTEMPT_NUMBER:
+        raise _bad_cursor()
+    return int(after)
 
 
 #: the largest event id: ids are 64-bit signed integers in both databases
@@ -276,9 +320,16 @@ async def queue_create(request: Request) -> Response:
     return _json(queue_view(queue), 201)
 
 
-@router.get("/queues", dependencies=[Depends(require("submit"))], response_model=list[QueueView])
-async def queue_list(request: Request) -> Response:
-    return _json([queue_view(q) for q in await in_thread(_store(request).queue_list)])
+@router.get(
+    "/queues", dependencies=[Depends(require("submit")), *LISTING], response_model=QueuePage
+)
+async def queue_list(request: Request, limit: Limit = 100, cursor: str | None = None) -> Response:
+    """Queues a page at a time in name order, the cursor standing for the last one's
+    name: keyset, as the task list pages tasks."""
+    after = name_cursor(cursor)
+    queues = await in_thread(lambda: _store(request).queue_list(after_name=after, limit=limit))
+    nxt = encode_cursor(queues[-1].name) if len(queues) == limit else None
+    return _json(QueuePage(items=[queue_view(q) for q in queues], next_cursor=nxt))
 
 
 @router.post(
@@ -420,13 +471,21 @@ async def task_resolve(request: Request, task_id: str) -> Response:
 
 @router.get(
     "/tasks/{task_id}/attempts",
-    dependencies=[Depends(require("submit"))],
-    response_model=list[AttemptView],
+    dependencies=[Depends(require("submit")), *LISTING],
+    response_model=AttemptPage,
 )
-async def task_attempts(request: Request, task_id: str) -> Response:
+async def task_attempts(
+    request: Request, task_id: str, limit: Limit = 100, cursor: str | None = None
+) -> Response:
+    """A task's attempts a page at a time in number order, the cursor standing for the
+    last one's number. Released claims do not count against ``max_attempts``, so a task
+    can gather any number of attempts."""
+    after = attempt_cursor(cursor)
     store = _store(request)
     await in_thread(store.task_get, task_id)  # 404 for an unknown task
-    return _json([attempt_view(a) for a in await in_thread(store.attempt_list, task_id)])
+    attempts = await in_thread(lambda: store.attempt_list(task_id, after_number=after, limit=limit))
+    nxt = encode_cursor(str(attempts[-1].number)) if len(attempts) == limit else None
+    return _json(AttemptPage(items=[attempt_view(a) for a in attempts], next_cursor=nxt))
 
 
 async def _events(
@@ -580,10 +639,15 @@ async def token_create(request: Request) -> Response:
     return reply
 
 
-@router.get("/tokens", dependencies=[Depends(require("admin"))], response_model=list[TokenView])
-async def token_list(request: Request) -> Response:
-    """Every token, revoked ones too, oldest first: what ``orbit token ls`` prints."""
-    return _json([token_wire(t) for t in await in_thread(_store(request).token_list)])
+@router.get("/tokens", dependencies=[Depends(require("admin")), *LISTING], response_model=TokenPage)
+async def token_list(request: Request, limit: Limit = 100, cursor: str | None = None) -> Response:
+    """Tokens, revoked ones too, oldest first, a page at a time: in id order (a token's
+    id is the uuid7 of its creation), the cursor standing for the last one's id. Never a
+    secret: the cursor is the id ``orbit token ls`` shows anyway."""
+    after = token_cursor(cursor)
+    tokens = await in_thread(lambda: _store(request).token_list(after_id=after, limit=limit))
+    nxt = encode_cursor(tokens[-1].id) if len(tokens) == limit else None
+    return _json({"items": [token_wire(t) for t in tokens], "next_cursor": nxt})
 
 
 @router.post(

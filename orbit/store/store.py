@@ -54,6 +54,7 @@ from orbit.core.states import LIVE_ATTEMPT_STATES, SessionState, TaskState
 from orbit.core.transitions import Plan
 from orbit.core.validate import (
     DEFAULT_MAX_PAYLOAD_BYTES,
+    MAX_ATTEMPT_NUMBER,
     MAX_DURATION_US,
     check_deadline,
     check_int,
@@ -410,8 +411,13 @@ class Store:
             raise OrbitError(Code.QUEUE_NOT_FOUND, f"no queue named {name!r:.80}")
         return R.queue_from_row(found[0])
 
-    def queue_list(self) -> list[Queue]:
-        return [R.queue_from_row(r) for r in self._read("queue_list")]
+    def queue_list(self, *, after_name: str | None = None, limit: int | None = None) -> list[Queue]:
+        """Queues in name order after ``after_name``, at most ``limit`` (1 to 1,000; None:
+        all): keyset pagination on the primary key, as ``task_list`` pages by id."""
+        if limit is not None:
+            check_int("limit", limit, 1, 1000)
+        rows = self._read("queue_list", after_name=after_name or "", limit=limit)
+        return [R.queue_from_row(r) for r in rows]
 
     def queue_pause(self, name: str) -> Queue:
         return self._queue_set_paused(name, True)
@@ -580,9 +586,15 @@ class Store:
             return None
         return frozenset(str(found[0]["scopes"]).split(","))
 
-    def token_list(self) -> list[Token]:
-        """Every token, revoked ones included, oldest first; never a secret or its hash."""
-        return [R.token_from_row(r) for r in self._read("token_list")]
+    def token_list(self, *, after_id: str | None = None, limit: int | None = None) -> list[Token]:
+        """Tokens, revoked ones included, oldest first (in id order, which is creation
+        order: a token's id is the uuid7 of its ``created_at``) after ``after_id``, at
+        most ``limit`` (1 to 1,000; None: all): keyset pagination on the primary key.
+        Never a secret or its hash."""
+        if limit is not None:
+            check_int("limit", limit, 1, 1000)
+        rows = self._read("token_list", after_id=after_id or "", limit=limit)
+        return [R.token_from_row(r) for r in rows]
 
     def token_revoke(self, token_id: str) -> Token:
         """Refuse a token from now on (``token_scopes`` answers None) and return it.
@@ -879,8 +891,18 @@ class Store:
     def task_counts(self) -> dict[str, int]:
         return {r["state"]: int(r["n"]) for r in self._read("task_count_by_state")}
 
-    def attempt_list(self, task_id: str) -> list[Attempt]:
-        return [R.attempt_from_row(r) for r in self._read("attempt_list", task_id=task_id)]
+    def attempt_list(
+        self, task_id: str, *, after_number: int = 0, limit: int | None = None
+    ) -> list[Attempt]:
+        """The task's attempts in number order after ``after_number`` (0: from the first),
+        at most ``limit`` (1 to 1,000; None: all): keyset pagination on the (task_id,
+        number) index. A task's attempts are bounded by claims, not by ``max_attempts``
+        (a released claim counts for nothing), so the API reads them a page at a time."""
+        check_int("after_number", after_number, 0, MAX_ATTEMPT_NUMBER)
+        if limit is not None:
+            check_int("limit", limit, 1, 1000)
+        rows = self._read("attempt_list", task_id=task_id, after_number=after_number, limit=limit)
+        return [R.attempt_from_row(r) for r in rows]
 
     def attempt_get(self, attempt_id: str) -> Attempt:
         found = self._read("attempt_get", id=attempt_id)
@@ -1119,7 +1141,7 @@ class Store:
             # pause racing a claim is caught by start.
             found, queue_rows, live, tenant_rows, setting = tx.lock_many(
                 ("session_get", {"id": session_id}),
-                ("queue_list", {}),
+                ("queue_all", {}),
                 ("attempt_live_counts", {}),
                 ("tenant_caps", {}),
                 ("setting_get", {"name": "global_max_concurrency"}),
@@ -1927,7 +1949,7 @@ def _limits_changed(tx: _Tx) -> None:
     """A cap was set, raised or removed: like a freed permit, it can let a claim that a
     cap held back find more, in any queue (dispatchers whose last claim was not held
     back ignore it)."""
-    tx.freed.update(str(r["name"]) for r in tx.fetch("queue_list"))
+    tx.freed.update(str(r["name"]) for r in tx.fetch("queue_all"))
 
 
 def _fire(fault: str | None, query: str) -> None:

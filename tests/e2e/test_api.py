@@ -191,7 +191,7 @@ def test_tokens_are_listed_and_revoked_over_http(node: Node, tokens: Tokens) -> 
         listing = admin.get("/v1/tokens")
         assert listing.status_code == 200, listing.text
         assert secret not in listing.text
-        [listed] = [t for t in listing.json() if t["id"] == made["id"]]
+        [listed] = [t for t in listing.json()["items"] if t["id"] == made["id"]]
         assert listed == {
             "id": made["id"],
             "name": "ops",
@@ -220,7 +220,7 @@ def test_tokens_are_listed_and_revoked_over_http(node: Node, tokens: Tokens) -> 
         assert revoked.json() == {**listed, "revoked_at": revoked.json()["revoked_at"]}
         again = admin.post(f"/v1/tokens/{made['id']}/revoke")
         assert again.json() == revoked.json()  # the first revoked_at stands
-        [listed] = [t for t in admin.get("/v1/tokens").json() if t["id"] == made["id"]]
+        [listed] = [t for t in admin.get("/v1/tokens").json()["items"] if t["id"] == made["id"]]
         assert listed == revoked.json()
     # never used before, so no node has an answer cached: refused at once
     used = httpx.get(f"{node.http}/v1/queues", headers={"Authorization": f"Bearer {made['token']}"})
@@ -484,6 +484,66 @@ def test_events_cursor_must_be_a_64_bit_decimal(admin: httpx.Client) -> None:
             "items": [],
             "next_cursor": None,
         }
+
+
+def _walk_pages(admin: httpx.Client, path: str, limit: int) -> list[list[dict[str, Any]]]:
+    """Every page of a list route, ``limit`` items at a time, by its ``next_cursor``."""
+    pages, cursor = [], None
+    while True:
+        params = {"limit": limit, **({"cursor": cursor} if cursor else {})}
+        reply = admin.get(path, params=params)
+        assert reply.status_code == 200, (path, reply.text)
+        pages.append(reply.json()["items"])
+        cursor = reply.json()["next_cursor"]
+        if cursor is None:
+            return pages
+
+
+def test_the_queue_token_and_attempt_lists_page_on_each_backend(
+    admin: httpx.Client, node: Node, tokens: Tokens
+) -> None:
+    """The three lists that came whole are pages on both databases: each row on exactly
+    one page, in the list's order (queues by name in code-point order, tokens oldest
+    first, attempts by number), and a cursor the server did not issue refused with 400,
+    before the database sees it (past 2^31 - 1, an attempt number overflows PostgreSQL's
+    integer)."""
+    for name in ("b", "B", "a-1", "a", "a.1", "0"):
+        admin.post("/v1/queues", json={"name": name, "max_concurrency": 1, "rate": 0})
+    queues = [q["name"] for p in _walk_pages(admin, "/v1/queues", 2) for q in p]
+    assert queues == ["0", "B", "a", "a-1", "a.1", "b"]
+    for i in range(3):
+        admin.post("/v1/tokens", json={"name": f"t{i}", "scopes": ["submit"]})
+    listed = [t for p in _walk_pages(admin, "/v1/tokens", 2) for t in p]
+    assert [t["id"] for t in listed] == sorted({t["id"] for t in listed})
+    assert [t["created_at"] for t in listed] == sorted(t["created_at"] for t in listed)
+    assert [t["name"] for t in listed][-3:] == ["t0", "t1", "t2"]
+    task_id = admin.post("/v1/tasks", json={"queue": "a", "handler": "h"}).json()["task"]["id"]
+
+    async def claim_and_release(times: int) -> None:
+        conn = await WorkerConnection.connect(node.ws, tokens.worker)
+        try:
+            await conn.hello("w", {"h": 1}, 1, push=False)
+            for _ in range(times):
+                [granted] = await conn.claim(1)
+                await conn.release(granted["attempt_id"], granted["fence"])
+        finally:
+            await conn.close()
+
+    asyncio.run(claim_and_release(3))
+    pages = _walk_pages(admin, f"/v1/tasks/{task_id}/attempts", 2)
+    assert [[a["number"] for a in p] for p in pages] == [[1, 2], [3]]
+    for path, text in (
+        ("/v1/queues", "~"),
+        ("/v1/tokens", "Z" * 32),
+        (f"/v1/tasks/{task_id}/attempts", str(2**31)),
+        (f"/v1/tasks/{task_id}/attempts", "0"),
+    ):
+        reply = admin.get(path, params={"cursor": encode_cursor(text)})
+        assert reply.status_code == 400, (path, text, reply.text)
+        assert reply.json()["error"]["code"] == "INVALID_CURSOR", (path, text)
+    last = encode_cursor(str(2**31 - 1))  # the largest number is a cursor: an empty page
+    reply = admin.get(f"/v1/tasks/{task_id}/attempts", params={"cursor": last})
+    assert reply.json() == {"items": [], "next_cursor": None}
 
 
 def test_task_list_refuses_an_unknown_state(admin: httpx.Client) -> None:

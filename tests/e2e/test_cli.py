@@ -1034,7 +1034,8 @@ def test_queue_caps_and_limits_over_http_the_clients_and_the_cli(
             ).status_code
             == 403
         )
-        queue = next(q for q in http.get("/v1/queues").json() if q["name"] == "caps")
+        queues = http.get("/v1/queues", params={"limit": 1000}).json()["items"]
+        queue = next(q for q in queues if q["name"] == "caps")
         assert (queue["max_concurrency"], queue["rate"], queue["burst"]) == (3, 5, 5)  # unchanged
 
         put = http.put("/v1/limits/tenants/caps-t", json={"max_concurrency": 4})
@@ -1122,8 +1123,11 @@ def test_a_limit_is_plain_digits_on_every_list_route(api: httpx.Client) -> None:
         "/v1/tasks",
         "/v1/events",
         "/v1/workers",
+        "/v1/queues",
+        "/v1/tokens",
         f"/v1/tasks/{task_id}/events",
         f"/v1/tasks/{task_id}/artifacts",
+        f"/v1/tasks/{task_id}/attempts",
     )
     for path in paths:
         for bad in (" 1", "1 ", "1.0", "+1", "1_0", "\u0661", "1e1", ""):
@@ -1149,7 +1153,16 @@ def test_an_empty_cursor_is_refused_by_the_routes_and_the_clients(
     node, tokens, _ = cluster
     api.post("/v1/queues", json={"name": "cursors", "max_concurrency": 1, "rate": 0})
     task_id = api.post("/v1/tasks", json={"queue": "cursors", "handler": "h"}).json()["task"]["id"]
-    for path in ("/v1/tasks", "/v1/events", f"/v1/tasks/{task_id}/events", "/v1/workers"):
+    paths = (
+        "/v1/tasks",
+        "/v1/events",
+        f"/v1/tasks/{task_id}/events",
+        "/v1/workers",
+        "/v1/queues",
+        "/v1/tokens",
+        f"/v1/tasks/{task_id}/attempts",
+    )
+    for path in paths:
         reply = api.get(path, params={"cursor": ""})
         assert reply.status_code == 400, (path, reply.text)
         assert reply.json()["error"]["code"] == "INVALID_CURSOR", path
@@ -1158,6 +1171,10 @@ def test_an_empty_cursor_is_refused_by_the_routes_and_the_clients(
             lambda: c.events(task_id, cursor=""),
             lambda: c.list_tasks(cursor=""),
             lambda: c.list_artifacts(task_id, cursor=""),
+            lambda: c.list_workers(cursor=""),
+            lambda: c.list_queues(cursor=""),
+            lambda: c.list_tokens(cursor=""),
+            lambda: c.list_attempts(task_id, cursor=""),
         ):
             with pytest.raises(BadRequest) as refused:
                 call()
@@ -1170,13 +1187,17 @@ def test_an_empty_cursor_is_refused_by_the_routes_and_the_clients(
                 lambda: c.events(task_id, cursor=""),
                 lambda: c.list_tasks(cursor=""),
                 lambda: c.list_artifacts(task_id, cursor=""),
+                lambda: c.list_workers(cursor=""),
+                lambda: c.list_queues(cursor=""),
+                lambda: c.list_tokens(cursor=""),
+                lambda: c.list_attempts(task_id, cursor=""),
             ):
                 with pytest.raises(BadRequest) as refused:
                     await call()
                 codes.append(refused.value.code)
         return codes
 
-    assert asyncio.run(refused_async()) == ["INVALID_CURSOR"] * 3
+    assert asyncio.run(refused_async()) == ["INVALID_CURSOR"] * 7
 
 
 def test_the_worker_list_is_paged_and_the_clients_and_cli_walk_it(
@@ -1233,15 +1254,20 @@ def test_the_worker_list_is_paged_and_the_clients_and_cli_walk_it(
         assert [w["session_id"] for w in c.iter_workers(state="live", limit=1)] == [
             w["session_id"] for w in live["items"]
         ]
+        resumed = c.iter_workers(limit=2, cursor=one["next_cursor"])
+        assert [w["session_id"] for w in resumed] == walked[1:]
 
-    async def walk_async() -> tuple[list[str], list[str], list[str]]:
+    async def walk_async() -> tuple[list[str], list[str], list[str], list[str]]:
         async with AsyncClient(node.http, tokens.admin) as c:
             every = [w["session_id"] for w in await c.workers()]
-            first = [w["session_id"] for w in (await c.list_workers(limit=1))["items"]]
+            one = await c.list_workers(limit=1)
+            first = [w["session_id"] for w in one["items"]]
             paged = [w["session_id"] async for w in c.iter_workers(limit=2)]
-            return every, first, paged
+            cursor = one["next_cursor"]
+            resumed = [w["session_id"] async for w in c.iter_workers(limit=2, cursor=cursor)]
+            return every, first, paged, resumed
 
-    assert asyncio.run(walk_async()) == (walked, walked[:1], walked)
+    assert asyncio.run(walk_async()) == (walked, walked[:1], walked, walked[1:])
     listed = json.loads(ok(cli("worker", "ls", "--json")))
     assert [w["session_id"] for w in listed] == walked
     live_listed = json.loads(ok(cli("worker", "ls", "--state", "live", "--json")))
@@ -1350,3 +1376,229 @@ def test_the_task_list_time_window_in_the_clients_and_the_cli(
             assert refused.stdout == "" and "Traceback" not in refused.stderr, (option, bad)
             assert len(refused.stderr.strip().splitlines()) == 1, (option, bad, refused.stderr)
             assert option in refused.stderr, (option, bad, refused.stderr)
+
+
+# ------------------------------------- the queue, token and attempt lists, a page at a time
+
+
+def _raw_pages(api: httpx.Client, path: str, limit: int) -> list[dict[str, Any]]:
+    """Every page of a list route, read ``limit`` items at a time by its ``next_cursor``;
+    each page's shape is checked on the way."""
+    pages, cursor = [], None
+    while True:
+        reply = api.get(path, params={"limit": limit, **({"cursor": cursor} if cursor else {})})
+        assert reply.status_code == 200, reply.text
+        page = reply.json()
+        assert set(page) == {"items", "next_cursor"} and len(page["items"]) <= limit, page
+        assert (page["next_cursor"] is not None) == (len(page["items"]) == limit), page
+        pages.append(page)
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return pages
+
+
+def test_the_queue_list_is_paged_and_the_clients_and_cli_walk_it(
+    api: httpx.Client, cli: Run, cluster: tuple[Node, Tokens, str]
+) -> None:
+    """``GET /v1/queues`` answered every queue in one bare list. It is now a page
+    (``{items, next_cursor}``, keyset by name); ``Client.queues()`` and ``orbit queue ls``
+    walk every page, ``list_queues`` reads one and ``iter_queues`` all, from the start or
+    from a cursor."""
+    import asyncio
+
+    from orbit import AsyncClient, Client
+
+    node, tokens, _ = cluster
+    made = [f"paged-q{i}" for i in range(3)]
+    for name in made:
+        assert api.post("/v1/queues", json={"name": name, "max_concurrency": 1, "rate": 0})
+    pages = _raw_pages(api, "/v1/queues", 2)
+    walked = [q["name"] for p in pages for q in p["items"]]
+    assert walked == sorted(walked) and len(walked) == len(set(walked)) and len(pages) >= 2
+    assert set(made) <= set(walked)
+    with Client(node.http, tokens.submit) as c:  # a submit token may list queues
+        assert [q["name"] for q in c.queues()] == walked
+        one = c.list_queues(limit=1)
+        assert [q["name"] for q in one["items"]] == walked[:1] and one["next_cursor"]
+        assert [q["name"] for q in c.iter_queues(limit=2)] == walked
+        resumed = c.iter_queues(limit=1, cursor=one["next_cursor"])
+        assert [q["name"] for q in resumed] == walked[1:]
+
+    async def walk_async() -> tuple[list[str], list[str], list[str]]:
+        async with AsyncClient(node.http, tokens.submit) as c:
+            every = [q["name"] for q in await c.queues()]
+            first = await c.list_queues(limit=1)
+            rest = [q["name"] async for q in c.iter_queues(limit=2, cursor=first["next_cursor"])]
+            return every, [q["name"] for q in first["items"]], rest
+
+    assert asyncio.run(walk_async()) == (walked, walked[:1], walked[1:])
+    listed = json.loads(ok(cli("queue", "ls", "--json")))
+    assert [q["name"] for q in listed] == walked
+
+
+def test_the_token_list_is_paged_and_the_clients_and_cli_walk_it(
+    api: httpx.Client, cli: Run, cluster: tuple[Node, Tokens, str]
+) -> None:
+    """``GET /v1/tokens`` answered every token ever made in one bare list. It is now a
+    page, oldest first (keyset by id, a uuid7 of the creation), never a secret; the
+    clients read one page or walk them all, from the start or from a cursor."""
+    import asyncio
+
+    from orbit import AsyncClient, Client
+
+    node, tokens, db = cluster
+    made = [
+        api.post("/v1/tokens", json={"name": f"paged-t{i}", "scopes": ["submit"]}).json()
+        for i in range(3)
+    ]
+    api.post(f"/v1/tokens/{made[1]['id']}/revoke")  # a revoked token is listed too
+    pages = _raw_pages(api, "/v1/tokens", 2)
+    listed = [t for p in pages for t in p["items"]]
+    walked = [t["id"] for t in listed]
+    assert walked == sorted(walked) and len(walked) == len(set(walked)) and len(pages) >= 2
+    assert walked[-3:] == [m["id"] for m in made]  # the newest last
+    created = [t["created_at"] for t in listed]
+    assert created == sorted(created)
+    for page in pages:
+        assert not any(m["token"].split("_", 2)[2] in json.dumps(page) for m in made)
+    fields = {"id", "name", "scopes", "created_at", "revoked_at"}
+    assert all(set(t) == fields for t in listed)
+    assert [t["revoked_at"] is not None for t in listed[-3:]] == [False, True, False]
+    with Client(node.http, tokens.admin) as c:
+        assert [t["id"] for t in c.token_list()] == walked
+        one = c.list_tokens(limit=1)
+        assert [t["id"] for t in one["items"]] == walked[:1] and one["next_cursor"]
+        assert [t["id"] for t in c.iter_tokens(limit=3)] == walked
+        resumed = c.iter_tokens(limit=1, cursor=one["next_cursor"])
+        assert [t["id"] for t in resumed] == walked[1:]
+
+    async def walk_async() -> tuple[list[str], list[str], list[str]]:
+        async with AsyncClient(node.http, tokens.admin) as c:
+            every = [t["id"] for t in await c.token_list()]
+            first = await c.list_tokens(limit=1)
+            rest = [t["id"] async for t in c.iter_tokens(limit=2, cursor=first["next_cursor"])]
+            return every, [t["id"] for t in first["items"]], rest
+
+    assert asyncio.run(walk_async()) == (walked, walked[:1], walked[1:])
+    # orbit token ls reads the database itself: the same tokens in the same order
+    assert [t["id"] for t in json.loads(ok(cli("token", "ls", "--db", db, "--json")))] == walked
+
+
+def test_a_tasks_attempts_are_paged_and_the_clients_and_cli_walk_them(
+    api: httpx.Client, cli: Run, cluster: tuple[Node, Tokens, str]
+) -> None:
+    """A released claim does not count against ``max_attempts``, so a task can gather
+    any number of attempts, and ``GET /v1/tasks/{id}/attempts`` answered them in one bare
+    list. It is now a page (keyset by attempt number); ``Client.attempts()`` and ``orbit
+    task show`` walk every page, ``list_attempts``/``iter_attempts`` read one or all."""
+    import asyncio
+
+    from orbit import AsyncClient, Client
+    from orbit.worker import WorkerConnection
+
+    node, tokens, _ = cluster
+    api.post("/v1/queues", json={"name": "paged-a", "max_concurrency": 1, "rate": 0})
+    task_id = api.post("/v1/tasks", json={"queue": "paged-a", "handler": "paged.a"}).json()["task"][
+        "id"
+    ]
+
+    async def claim_and_release(times: int) -> None:
+        conn = await WorkerConnection.connect(node.ws, tokens.worker)
+        try:
+            await conn.hello("paged-a", {"paged.a": 1}, 1, push=False)
+            for _ in range(times):
+                [granted] = await conn.claim(1)
+                assert granted["task_id"] == task_id, granted
+                await conn.release(granted["attempt_id"], granted["fence"])
+        finally:
+            await conn.close()
+
+    asyncio.run(claim_and_release(5))
+    pages = _raw_pages(api, f"/v1/tasks/{task_id}/attempts", 2)
+    assert [len(p["items"]) for p in pages] == [2, 2, 1]
+    walked = [a["number"] for p in pages for a in p["items"]]
+    assert walked == [1, 2, 3, 4, 5]
+    assert {(a["task_id"], a["state"]) for p in pages for a in p["items"]} == {
+        (task_id, "released")
+    }
+    exact = _raw_pages(api, f"/v1/tasks/{task_id}/attempts", 5)  # a full last page
+    assert [len(p["items"]) for p in exact] == [5, 0]
+    with Client(node.http, tokens.submit) as c:
+        assert [a["number"] for a in c.attempts(task_id)] == walked
+        one = c.list_attempts(task_id, limit=1)
+        assert [a["number"] for a in one["items"]] == [1] and one["next_cursor"]
+        assert [a["number"] for a in c.iter_attempts(task_id, limit=2)] == walked
+        resumed = c.iter_attempts(task_id, limit=3, cursor=one["next_cursor"])
+        assert [a["number"] for a in resumed] == walked[1:]
+
+    async def walk_async() -> tuple[list[int], list[int], list[int]]:
+        async with AsyncClient(node.http, tokens.submit) as c:
+            every = [a["number"] for a in await c.attempts(task_id)]
+            first = await c.list_attempts(task_id, limit=1)
+            cursor = first["next_cursor"]
+            rest = [a["number"] async for a in c.iter_attempts(task_id, limit=2, cursor=cursor)]
+            return every, [a["number"] for a in first["items"]], rest
+
+    assert asyncio.run(walk_async()) == (walked, [1], walked[1:])
+    shown = json.loads(ok(cli("task", "show", task_id, "--json")))
+    assert [a["number"] for a in shown["attempts"]] == walked
+
+
+def test_a_bad_page_request_is_refused_on_the_queue_token_and_attempt_lists(
+    api: httpx.Client,
+) -> None:
+    """Each of the three lists refuses what it would otherwise read as a place in the
+    list: a cursor that is not one the server issues for that list (a queue name, a
+    token id, an attempt number), a limit out of 1-1,000, and a parameter given twice.
+    An attempt list's cursor is checked before its task is looked up."""
+    api.post("/v1/queues", json={"name": "paged-bad", "max_concurrency": 1, "rate": 0})
+    task_id = api.post("/v1/tasks", json={"queue": "paged-bad", "handler": "h"}).json()["task"][
+        "id"
+    ]
+    unknown_task = "01a229a4-0000-7000-8000-000000000000"
+    bad_cursors = {
+        "/v1/queues": ["~", "-a", "a b", "a\n", "é", "a" * 129, "café"],
+        "/v1/tokens": ["hello", "0" * 31, "A" * 32, "0" * 33, task_id, "orbit_" + "0" * 32],
+        f"/v1/tasks/{task_id}/attempts": [
+            "0",
+            "01",
+            "-1",
+            "+1",
+            "1.0",
+            " 1",
+            "\u0661",
+            "1e3",
+            str(2**31),
+            "9" * 40,
+            "x",
+        ],
+        f"/v1/tasks/{unknown_task}/attempts": ["0", "x"],
+    }
+    for path, cursors in bad_cursors.items():
+        for bad in [encode_cursor(c) for c in cursors] + ["%%%", "!!", "YQ=x"]:
+            reply = api.get(path, params={"cursor": bad})
+            assert reply.status_code == 400, (path, bad, reply.text)
+            error = reply.json()["error"]
+            assert (error["code"], error["field"]) == ("INVALID_CURSOR", "cursor"), (path, bad)
+        for limit in ("0", "1001", "-1"):
+            reply = api.get(path, params={"limit": limit})
+            assert reply.status_code == 400, (path, limit, reply.text)
+            error = reply.json()["error"]
+            assert (error["code"], error["field"]) == ("INVALID_ARGUMENT", "limit"), (path, limit)
+        for twice in ("limit=1&limit=2", "cursor=YQ&cursor=Yg"):
+            reply = api.get(f"{path}?{twice}")
+            assert reply.status_code == 400, (path, twice, reply.text)
+            error = reply.json()["error"]
+            assert error["code"] == "INVALID_ARGUMENT", (path, twice)
+            assert error["message"].endswith("give it once"), (path, twice)
+    # the longest name a queue can have is a cursor, as the page that ends with it says
+    longest = "q" * 128
+    assert api.post("/v1/queues", json={"name": longest, "max_concurrency": 1, "rate": 0})
+    names = [q["name"] for q in api.get("/v1/queues", params={"limit": 1000}).json()["items"]]
+    after = names.index(longest)
+    page = api.get("/v1/queues", params={"limit": after + 1}).json()
+    assert page["items"][-1]["name"] == longest and page["next_cursor"] == encode_cursor(longest)
+    rest = api.get("/v1/queues", params={"cursor": page["next_cursor"], "limit": 1000})
+    assert [q["name"] for q in rest.json()["items"]] == names[after + 1 :]
+    missing = api.get(f"/v1/tasks/{unknown_task}/attempts")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "TASK_NOT_FOUND"

@@ -280,7 +280,7 @@ def test_worker_resumes_on_node_b_after_node_a_is_killed(tmp_path: Path) -> None
                 assert got["state"] == "succeeded", got
                 assert got["attempts_used"] == 1 and got["result"] == {"png": "ok"}
                 assert got["result_version"] == "1"
-                attempts = (await http_b.get(f"/v1/tasks/{task_id}/attempts")).json()
+                attempts = (await http_b.get(f"/v1/tasks/{task_id}/attempts")).json()["items"]
                 assert [(t["id"], t["state"]) for t in attempts] == [(attempt_id, "succeeded")]
                 events = (await http_b.get(f"/v1/tasks/{task_id}/events")).json()["items"]
                 kinds = [e["kind"] for e in events]

@@ -79,16 +79,19 @@ class Watch:
         assert r.status_code == 200, f"GET {path}: {r.status_code} {r.text[:300]}"
         return r.json()
 
-    def workers(self) -> dict[str, dict[str, Any]]:
-        """Every worker session, page by page (a page holds at most 1,000)."""
+    def _every(self, path: str, key: str, **params: Any) -> dict[str, dict[str, Any]]:
+        """Every item of a paged list, page by page (a page holds at most 1,000), by key."""
         found: dict[str, dict[str, Any]] = {}
         cursor = None
         while True:
-            page = self._get("/v1/workers", limit=1000, **({"cursor": cursor} if cursor else {}))
-            found.update((w["session_id"], w) for w in page["items"])
+            page = self._get(path, limit=1000, **params, **({"cursor": cursor} if cursor else {}))
+            found.update((item[key], item) for item in page["items"])
             cursor = page["next_cursor"]
             if cursor is None:
                 return found
+
+    def workers(self) -> dict[str, dict[str, Any]]:
+        return self._every("/v1/workers", "session_id")
 
     def events(self) -> list[dict[str, Any]]:
         while True:
@@ -119,7 +122,7 @@ class Watch:
             tasks=self.tasks(),
             events=self.events(),
             workers=self.workers() if workers else None,
-            queues={q["name"]: q for q in self._get("/v1/queues")} if queues else None,
+            queues=self._every("/v1/queues", "name") if queues else None,
         )
 
 

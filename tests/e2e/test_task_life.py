@@ -57,7 +57,7 @@ def test_full_task_life_over_the_wire(node: Node, tokens: Tokens, admin: httpx.C
     assert task["state"] == "succeeded" and task["result"] == {"png": "x"}
     kinds = [e["kind"] for e in admin.get(f"/v1/tasks/{task_id}/events").json()["items"]]
     assert kinds == ["submitted", "claimed", "started", "succeeded", "rejected"]
-    attempts = admin.get(f"/v1/tasks/{task_id}/attempts").json()
+    attempts = admin.get(f"/v1/tasks/{task_id}/attempts").json()["items"]
     assert [a["state"] for a in attempts] == ["succeeded"]
     metrics = httpx.get(f"{node.http}/metrics").text
     assert 'orbit_tasks{queue="render",state="succeeded"} 1.0' in metrics

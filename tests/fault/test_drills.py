@@ -203,7 +203,9 @@ class Drill:
         return dict(self.api.get(f"/v1/tasks/{task_id}").json())
 
     def attempts(self, task_id: str) -> list[dict[str, Any]]:
-        return list(self.api.get(f"/v1/tasks/{task_id}/attempts").json())
+        page = self.api.get(f"/v1/tasks/{task_id}/attempts", params={"limit": 1000}).json()
+        assert page["next_cursor"] is None  # a drill's task has a few attempts
+        return list(page["items"])
 
     def events(self, task_id: str) -> list[dict[str, Any]]:
         return list(self.api.get(f"/v1/tasks/{task_id}/events?limit=1000").json()["items"])

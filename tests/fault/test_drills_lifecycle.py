@@ -244,7 +244,9 @@ class Drill:
 
     @staticmethod
     def attempts(api: httpx.Client, task_id: str) -> list[dict[str, Any]]:
-        return list(api.get(f"/v1/tasks/{task_id}/attempts").json())
+        page = api.get(f"/v1/tasks/{task_id}/attempts", params={"limit": 1000}).json()
+        assert page["next_cursor"] is None  # a drill's task has a few attempts
+        return list(page["items"])
 
     @staticmethod
     def artifacts(api: httpx.Client, task_id: str) -> list[dict[str, Any]]:

@@ -48,8 +48,17 @@ SELECT * FROM orbit_queues WHERE name = :name;
 -- name: queue_get_many
 SELECT * FROM orbit_queues WHERE name IN (SELECT value FROM json_each(:names));
 
--- name: queue_list
+-- name: queue_all
+-- Every queue, for a claim and for a changed cap's wake-up.
 SELECT * FROM orbit_queues ORDER BY name;
+
+-- name: queue_list
+-- A page of queues in name order after :after_name, a walk of the primary key. The
+-- first page's :after_name is '', which sorts before every name, so the condition is
+-- always a range of the key's index (an ":x IS NULL OR" form reads every row from the
+-- start, on SQLite and in PostgreSQL's generic plan). A NULL limit is every row (SQLite
+-- refuses LIMIT NULL, and reads a negative one as no limit).
+SELECT * FROM orbit_queues WHERE name > :after_name ORDER BY name LIMIT coalesce(:limit, -1);
 
 -- name: queue_lock
 SELECT * FROM orbit_queues WHERE name = :name;
@@ -254,7 +263,13 @@ SELECT * FROM orbit_attempts
 WHERE task_id IN (SELECT value FROM json_each(:task_ids)) AND state IN ('claimed', 'running');
 
 -- name: attempt_list
-SELECT * FROM orbit_attempts WHERE task_id = :task_id ORDER BY number;
+-- A page of a task's attempts in number order after :after_number (0 for the first
+-- page: numbers start at 1), a range of the (task_id, number) unique index. A NULL
+-- limit is every row (SQLite refuses LIMIT NULL, and reads a negative one as no limit).
+SELECT * FROM orbit_attempts
+WHERE task_id = :task_id AND number > :after_number
+ORDER BY number
+LIMIT coalesce(:limit, -1);
 
 -- name: attempt_live_counts
 SELECT queue, tenant, handler, session_id, count(*) AS n FROM orbit_attempts
@@ -361,8 +376,16 @@ VALUES (:id, :name, :secret_hash, :scopes, :now);
 SELECT * FROM orbit_tokens WHERE id = :id AND revoked_at IS NULL;
 
 -- name: token_list
--- Every column but secret_hash: a listing never carries what a token is checked against.
-SELECT id, name, scopes, created_at, revoked_at FROM orbit_tokens ORDER BY created_at, id;
+-- Every column but secret_hash: a listing never carries what a token is checked
+-- against. A page in id order after :after_id ('' for the first page), a range of the
+-- primary key. A token's id is the uuid7 of the instant written as created_at (dashes
+-- left out), so id order is the (created_at, id) order the list was read in before it
+-- was paged. A NULL limit is every row (SQLite refuses LIMIT NULL, and reads a negative
+-- one as no limit).
+SELECT id, name, scopes, created_at, revoked_at FROM orbit_tokens
+WHERE id > :after_id
+ORDER BY id
+LIMIT coalesce(:limit, -1);
 
 -- name: token_lock
 SELECT id, name, scopes, created_at, revoked_at FROM orbit_tokens WHERE id = :id;
