@@ -2363,7 +2363,7 @@ def _settled(rows: list[Row]) -> list[Row]:
     precede. The rows are in xid order, so the rest are all at or past the horizon."""
     out: list[Row] = []
     for row in rows:
-        xid, horizon = int(row.pop("xid")), int(row.pop("horizon"))
+        xid, horizon = int(row.pop("txid")), int(row.pop("horizon"))
         if xid >= horizon:
             break
         out.append(row)

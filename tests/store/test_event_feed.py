@@ -109,6 +109,27 @@ def test_only_a_transaction_of_this_database_holds_the_feed_back(make_store: Any
     assert _ids(store.event_list(after_id=first)) == [second]
 
 
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_the_log_is_read_in_transaction_id_order(make_store: Any) -> None:
+    """The order is (xid, id), numerically: ids given here with small transaction ids,
+    all long ended, in an order that neither id order nor the text of the xids ('100' <
+    '99') gives. The xid went out as text named xid, and ORDER BY xid sorted that text."""
+    store: Store = make_store()
+    with psycopg.connect(store_url(store), autocommit=True) as cx:
+        ids = [
+            int(row[0])
+            for row in cx.execute(
+                "INSERT INTO orbit_events (at, kind, xid) VALUES"
+                " (0, 'k', '100'), (0, 'k', '99'), (0, 'k', '100'), (0, 'k', '5')"
+                " RETURNING id"
+            ).fetchall()
+        ]
+    expected = [ids[3], ids[1], ids[0], ids[2]]
+    assert _ids(store.event_list()) == expected
+    assert _ids(store.event_list(after_id=ids[1])) == expected[2:]
+    assert _ids(store.event_list(after_id=ids[0], limit=1)) == [ids[2]]
+
+
 def test_a_caller_sees_the_events_it_has_just_committed(store: Store) -> None:
     queue(store)
     tid = submit(store)

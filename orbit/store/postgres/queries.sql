@@ -388,7 +388,8 @@ RETURNING id;
 -- door, can add no event here; a transaction it no longer shows counts, as it may have
 -- been this database's). Every transaction below the horizon has ended, so no event can
 -- ever be added before the rows below it: the store returns those and waits for the
--- others (Store.event_list). An after_id that names no event matches nothing.
+-- others (Store.event_list). An after_id that names no event matches nothing. The xid
+-- goes out as txid: named xid, ORDER BY xid would sort by that text ('10' < '9').
 WITH snap AS (SELECT pg_current_snapshot() AS s),
 elsewhere AS (
     SELECT backend_xid FROM pg_stat_activity
@@ -399,7 +400,7 @@ horizon AS (
          WHERE CAST(x AS xid) NOT IN (SELECT backend_xid FROM elsewhere)),
         (SELECT pg_snapshot_xmax(s) FROM snap)) AS h)
 SELECT id, at, kind, task_id, attempt_id, session_id, queue, tenant, task_from, task_to,
-    attempt_from, attempt_to, code, data, CAST(xid AS text) AS xid,
+    attempt_from, attempt_to, code, data, CAST(xid AS text) AS txid,
     (SELECT CAST(h AS text) FROM horizon) AS horizon
 FROM orbit_events
 WHERE (xid, id) > (CASE WHEN CAST(:after_id AS bigint) = 0 THEN CAST('0' AS xid8)
@@ -419,7 +420,7 @@ horizon AS (
          WHERE CAST(x AS xid) NOT IN (SELECT backend_xid FROM elsewhere)),
         (SELECT pg_snapshot_xmax(s) FROM snap)) AS h)
 SELECT id, at, kind, task_id, attempt_id, session_id, queue, tenant, task_from, task_to,
-    attempt_from, attempt_to, code, data, CAST(xid AS text) AS xid,
+    attempt_from, attempt_to, code, data, CAST(xid AS text) AS txid,
     (SELECT CAST(h AS text) FROM horizon) AS horizon
 FROM orbit_events
 WHERE task_id = :task_id AND (xid, id) > (CASE WHEN CAST(:after_id AS bigint) = 0 THEN CAST('0' AS xid8)
