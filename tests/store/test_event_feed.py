@@ -12,17 +12,20 @@ already in commit order; the tests that need no second writer run on both backen
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import psycopg
 import pytest
 
 from orbit.core.errors import Code, OrbitError
+from orbit.core.limits import SECOND
 from orbit.core.model import TaskSpec
 from orbit.store import Store, StoreConfig
+from orbit.store import store as store_module
 from tests.conftest import store_url
 from tests.pg import ADMIN_DSN
-from tests.store.helpers import queue, submit
+from tests.store.helpers import RACE_WAIT, queue, submit
 
 MS = 1000
 
@@ -69,6 +72,34 @@ def test_an_event_that_commits_late_with_a_lower_id_is_not_stepped_past(
         a.commit()
     assert _ids(store.event_list(task_id=task_id, after_id=cursor)) == [a_id, b_id]
     assert _ids(store.event_list(task_id=task_id, after_id=b_id)) == []
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_a_read_waits_for_the_older_transaction_to_end(
+    make_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that has seen B's committed event behind A's open transaction reads again
+    until A ends, so it returns A's and B's events rather than a short page."""
+    store: Store = make_store(config=StoreConfig(event_wait_us=int(RACE_WAIT * SECOND)))
+    url = store_url(store)
+    waiting = threading.Event()
+    sleep = time.sleep
+
+    def note_the_wait(seconds: float) -> None:
+        waiting.set()
+        sleep(seconds)
+
+    monkeypatch.setattr(store_module.time, "sleep", note_the_wait)
+    with psycopg.connect(url) as a, psycopg.connect(url, autocommit=True) as b:
+        a_id = _insert(a, "a", None)
+        b_id = _insert(b, "b", None)
+        read: list[list[int]] = []
+        reader = threading.Thread(target=lambda: read.append(_ids(store.event_list())))
+        reader.start()
+        assert waiting.wait(RACE_WAIT)
+        a.commit()
+        reader.join(RACE_WAIT)
+    assert read == [[a_id, b_id]]
 
 
 @pytest.mark.parametrize("backend", ["postgres"])
