@@ -933,9 +933,9 @@ class Store:
         transactions older than every transaction still running are returned: a later
         commit can hold a lower event id, but never such a position (see
         ``0008_event_xid.sql``). So that a caller sees the events it has just committed,
-        a read that finds committed events it cannot return yet (an older transaction,
-        anywhere on the cluster, is still running) reads again until they can be, for at
-        most ``StoreConfig.event_wait_us``; then it returns the events before them. An
+        a read that finds committed events it cannot return yet (an older transaction of
+        this database is still running) reads again until they can be, for at most
+        ``StoreConfig.event_wait_us``; then it returns the events before them. An
         ``after_id`` that names no event is INVALID_ARGUMENT: it has no position."""
         check_int("after_id", after_id, 0, 2**63 - 1)
         check_int("limit", limit, 1, 100_000)
