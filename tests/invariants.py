@@ -16,15 +16,17 @@ from orbit.store import Store
 LIVE = {"claimed", "running"}
 
 
-def _events(store: Store) -> list[dict[str, Any]]:
+def all_events(store: Store) -> list[dict[str, Any]]:
+    """The whole event log, in id order: the order the events were inserted in, which
+    the replays below need. The feed's own order is by transaction, and a transaction
+    that took its id early can come before one whose effect it read (docs/concepts.md,
+    "The event log"); an event is inserted only after what it read had committed."""
     out: list[dict[str, Any]] = []
     after = 0
-    while True:
-        page = store.event_list(after_id=after, limit=5000)
-        if not page:
-            return out
+    while page := store.event_list(after_id=after, limit=5000):
         out.extend(page)
         after = int(page[-1]["id"])
+    return sorted(out, key=lambda e: int(e["id"]))
 
 
 def _all_tasks(store: Store) -> list[Any]:
@@ -64,7 +66,7 @@ def check_all(
 ) -> list[str]:
     """Every invariant that can be read off the store at rest."""
     tasks = _all_tasks(store)
-    events = _events(store)
+    events = all_events(store)
     attempts = {t.id: store.attempt_list(t.id) for t in tasks}
     bad: list[str] = []
     bad += check_i1(attempts)

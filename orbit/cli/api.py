@@ -468,22 +468,26 @@ class _EventFollower:
         self._c = c
         self._task_id = task_id
         self._cursor: str | None = None  # the start of the page not yet read to its end
-        self._last = -1  # the id of the last event read
+        self._read: set[str] = set()  # the ids read on that page
         self._pending: list[dict[str, Any]] = []  # read, not yet returned
 
     def new(self) -> list[dict[str, Any]]:
-        """The events not returned before. A read that fails part way (the server gone
-        between two pages) loses none: those read are returned by the next call."""
+        """The events not returned before, in id order. A read that fails part way (the
+        server gone between two pages) loses none: those read are returned by the next
+        call. The feed's order is by transaction, not by id (an event with a lower id
+        can follow), so what was read is told by its id, not by the highest id read;
+        each batch is shown in id order, the order its events were written in."""
         while True:
             page = self._c.events(self._task_id, limit=self.PAGE, cursor=self._cursor)
             for e in page["items"]:
-                if int(e["id"]) > self._last:
+                if e["id"] not in self._read:
                     self._pending.append(e)
-                    self._last = int(e["id"])
+                    self._read.add(e["id"])
             if not page["next_cursor"]:
                 found, self._pending = self._pending, []
-                return found
+                return sorted(found, key=lambda e: int(e["id"]))
             self._cursor = page["next_cursor"]
+            self._read = set()
 
 
 def _wait(c: Client, task_id: str, timeout: float, as_json: bool) -> None:

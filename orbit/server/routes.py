@@ -14,6 +14,7 @@ from pydantic import BaseModel, BeforeValidator
 from starlette.responses import Response
 
 from orbit.core.batches import UnusualTask
+from orbit.core.errors import Code, OrbitError
 from orbit.core.model import DEFAULT_BACKOFF, Backoff, Outcome, TaskSpec, build
 from orbit.core.states import SessionState, TaskState
 from orbit.core.validate import MAX_ATTEMPT_NUMBER, is_name
@@ -492,9 +493,14 @@ async def _events(
     request: Request, task_id: str | None, limit: int, cursor: str | None
 ) -> Response:
     after_id = event_cursor(decode_cursor(cursor))
-    rows = await in_thread(
-        lambda: _store(request).event_list(task_id=task_id, after_id=after_id, limit=limit)
-    )
+    try:
+        rows = await in_thread(
+            lambda: _store(request).event_list(task_id=task_id, after_id=after_id, limit=limit)
+        )
+    except OrbitError as exc:  # the only argument left to refuse: no event has that id
+        if exc.code is not Code.INVALID_ARGUMENT:
+            raise
+        raise _bad_cursor() from None
     nxt = encode_cursor(str(rows[-1]["id"])) if len(rows) == limit else None
     return _json(EventPage(items=[event_view(r) for r in rows], next_cursor=nxt))
 

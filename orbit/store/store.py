@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import random
 import secrets
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -179,6 +180,8 @@ class StoreConfig:
     max_tx_retries: int = 5
     artifact_ttl_us: int = 7 * 24 * 3600 * SECOND
     max_artifact_bytes: int = 256 * 1024 * 1024
+    #: how long ``event_list`` waits for older transactions to end (PostgreSQL)
+    event_wait_us: int = 2 * SECOND
 
 
 @dataclass(frozen=True)
@@ -921,11 +924,34 @@ class Store:
     def event_list(
         self, *, task_id: str | None = None, after_id: int = 0, limit: int = 1000
     ) -> list[Row]:
-        """Events after ``after_id``, oldest first, at most ``limit`` (1 to 100,000: a
-        limit of -1 read every event on SQLite and was a database error on PostgreSQL)."""
+        """Events after the event ``after_id`` (0: from the start) in the log's order, at
+        most ``limit`` (1 to 100,000: a limit of -1 read every event on SQLite and was a
+        database error on PostgreSQL). A gap-free tail: paging on from the last event
+        returned never steps past an event, and returns each one once.
+
+        The order is by (transaction id, event id) on PostgreSQL, and only the events of
+        transactions older than every transaction still running are returned: a later
+        commit can hold a lower event id, but never such a position (see
+        ``0008_event_xid.sql``). So that a caller sees the events it has just committed,
+        a read that finds committed events it cannot return yet (an older transaction of
+        this database is still running) reads again until they can be, for at most
+        ``StoreConfig.event_wait_us``; then it returns the events before them. An
+        ``after_id`` that names no event is INVALID_ARGUMENT: it has no position."""
         check_int("after_id", after_id, 0, 2**63 - 1)
         check_int("limit", limit, 1, 100_000)
-        return self._read("event_list", task_id=task_id, after_id=after_id, limit=limit)
+        query = "event_list" if task_id is None else "event_list_task"
+        deadline = time.monotonic() + self.config.event_wait_us / SECOND
+        pause = 0.001
+        while True:
+            rows = self._read(query, task_id=task_id, after_id=after_id, limit=limit)
+            settled = _settled(rows)
+            if len(settled) == len(rows) or time.monotonic() >= deadline:
+                break
+            time.sleep(pause)  # an older writer is still running: it ends in a moment
+            pause = min(pause * 2, 0.05)
+        if not rows and after_id and not self._read("event_exists", id=after_id):
+            raise OrbitError(Code.INVALID_ARGUMENT, f"after_id {after_id} names no event")
+        return settled
 
     def session_get(self, session_id: str) -> Session:
         found = self._read("session_get", id=session_id)
@@ -2329,3 +2355,16 @@ def _refuse_under_cancelled(tx: _Tx, task: Task) -> None:
 def _key_of(spec: TaskSpec) -> tuple[str, str, str] | None:
     """The ``(tenant, queue, idempotency_key)`` a spec's task is known by, if it has one."""
     return (spec.tenant, spec.queue, spec.idempotency_key) if spec.idempotency_key else None
+
+
+def _settled(rows: list[Row]) -> list[Row]:
+    """The leading rows of an ``event_list`` read whose transaction is below the read's
+    horizon, without those two columns: the events no running transaction can ever
+    precede. The rows are in xid order, so the rest are all at or past the horizon."""
+    out: list[Row] = []
+    for row in rows:
+        xid, horizon = int(row.pop("txid")), int(row.pop("horizon"))
+        if xid >= horizon:
+            break
+        out.append(row)
+    return out

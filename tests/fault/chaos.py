@@ -58,7 +58,7 @@ import psycopg
 from orbit.store import open_store
 from tests.e2e.servers import Node, Tokens, make_tokens, start_server
 from tests.fault.proxy import FaultProxy
-from tests.invariants import check_all, occupancy_replay
+from tests.invariants import all_events, check_all, occupancy_replay
 from tests.pg import as_url, temporary_database
 
 REPO = Path(__file__).resolve().parents[2]
@@ -525,9 +525,7 @@ def _teardown(world: _Chaos) -> None:
 def _check(url: str, world: _Chaos, report: ChaosReport, caps: dict[str, int]) -> None:
     store = open_store(url)
     try:
-        events: list[dict[str, Any]] = []
-        while page := store.event_list(after_id=int(events[-1]["id"]) if events else 0, limit=5000):
-            events.extend(page)
+        events = all_events(store)
         tasks = []
         after = None
         while page_t := store.task_list(after_id=after, limit=1000):

@@ -45,7 +45,7 @@ from orbit.worker.runner import Context, Worker
 from tests.e2e.conftest import db_url, nodes, tokens  # noqa: F401  (fixtures reused here)
 from tests.e2e.servers import Node, Tokens, make_tokens, start_server
 from tests.fault.proxy import FaultProxy
-from tests.invariants import check_all, occupancy_replay
+from tests.invariants import all_events, check_all, occupancy_replay
 
 LEASE_TTL = 2.0
 REAP_INTERVAL = 0.2
@@ -252,11 +252,7 @@ class Drill:
         assert {p.name for p in self.marks.iterdir()} == expected_files
         store = open_store(self.db_url)
         try:
-            events: list[dict[str, Any]] = []
-            while page := store.event_list(
-                after_id=int(events[-1]["id"]) if events else 0, limit=5000
-            ):
-                events.extend(page)
+            events = all_events(store)
             sessions = {s.id: s.max_concurrency for s in store.session_list()}
             violations = check_all(store)
         finally:

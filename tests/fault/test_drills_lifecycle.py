@@ -35,7 +35,7 @@ from orbit.core.transitions import digest
 from orbit.store import open_store
 from tests.e2e.conftest import db_url, nodes, tokens  # noqa: F401  (fixtures reused here)
 from tests.e2e.servers import Node, Tokens
-from tests.invariants import check_all, occupancy_replay
+from tests.invariants import all_events, check_all, occupancy_replay
 
 LEASE_TTL = 2.0
 RENEW_INTERVAL = LEASE_TTL / 2  # the runner renews when the lease is half spent
@@ -310,9 +310,7 @@ class Drill:
             assert not list(self.worker_tmp.iterdir()), list(self.worker_tmp.iterdir())
 
             # Occupancy never above its cap (replayed from the event log), and I1-I9.
-            events: list[dict[str, Any]] = []
-            while page := store.event_list(after_id=int(events[-1]["id"]) if events else 0):
-                events.extend(page)
+            events = all_events(store)
             negative, peaks = occupancy_replay(events)
             assert not negative, negative
             caps = dict(self.caps)

@@ -31,7 +31,7 @@ import pytest
 
 from orbit.core.model import Backoff, Capability, Grant, Outcome, TaskSpec
 from orbit.store import Store, open_store
-from tests.invariants import LIVE, check_all, occupancy_replay
+from tests.invariants import LIVE, all_events, check_all, occupancy_replay
 from tests.pg import as_url, temporary_database
 
 # The scenario. Caps are small and overlapping, so that every one of them binds at some
@@ -281,13 +281,6 @@ def _live_overlaps_in_log(events: list[dict[str, Any]]) -> list[str]:
     return bad
 
 
-def _all_events(store: Store) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    while page := store.event_list(after_id=int(events[-1]["id"]) if events else 0, limit=5000):
-        events.extend(page)
-    return events
-
-
 def _bounded(what: str, deadline: float, fn: Callable[[float], object]) -> None:
     """Call ``fn`` with the seconds left before ``deadline``; fail if none are left."""
     left = deadline - time.monotonic()
@@ -426,7 +419,7 @@ def test_many_processes_respect_every_cap_and_never_double_claim(tmp_path: Path)
                     pytest.fail(f"worker {i} exited with {p.exitcode}:\n{detail}")
                 reports.append(report)
             assert monitor.error is None, monitor.error
-            events = _all_events(store)
+            events = all_events(store)
             negatives, peaks = occupancy_replay(events)
             granted = [g for r in reports for g in r["grants"]]
             _print_figures(len(plans), elapsed, reports, granted, peaks, monitor)

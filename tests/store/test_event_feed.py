@@ -1,0 +1,217 @@
+"""The event feed is a gap-free tail: a reader paging from the last event it was given
+never steps past an event, even one whose transaction commits after the read with a
+lower id than events already returned (docs/concepts.md, "The event log").
+
+On PostgreSQL an event's id comes from a sequence when it is inserted, so a transaction
+that commits late can hold a lower id than an event already visible; the feed is
+ordered by (transaction id, event id) and holds back the events of transactions newer
+than the oldest one still running. SQLite runs one writer at a time, so its ids are
+already in commit order; the tests that need no second writer run on both backends.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from orbit.core.errors import Code, OrbitError
+from orbit.core.limits import SECOND
+from orbit.core.model import TaskSpec
+from orbit.store import Store, StoreConfig
+from orbit.store import store as store_module
+from tests.conftest import store_url
+from tests.pg import ADMIN_DSN
+from tests.store.helpers import RACE_WAIT, queue, submit
+
+MS = 1000
+
+
+def _insert(cx: psycopg.Connection[Any], kind: str, task_id: str | None) -> int:
+    """An event written straight into the log, in ``cx``'s transaction."""
+    row = cx.execute(
+        "INSERT INTO orbit_events (at, kind, task_id) VALUES (0, %s, %s) RETURNING id",
+        (kind, task_id),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _ids(rows: list[dict[str, Any]]) -> list[int]:
+    return [int(r["id"]) for r in rows]
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+@pytest.mark.parametrize("task_id", [None, "t1"], ids=["log", "task"])
+def test_an_event_that_commits_late_with_a_lower_id_is_not_stepped_past(
+    make_store: Any, task_id: str | None
+) -> None:
+    """Transaction A inserts an event and stays open; B inserts one (a higher id) and
+    commits. Paging by id returned B's event, and a reader resuming after it never saw
+    A's once A committed. Now B's event waits behind A's, and a reader from the cursor
+    it held gets both, A's first, once A commits."""
+    store: Store = make_store()
+    hasty: Store = make_store(config=StoreConfig(event_wait_us=0))
+    patient: Store = make_store(config=StoreConfig(event_wait_us=50 * MS))
+    url = store_url(store)
+    with psycopg.connect(url, autocommit=True) as cx:
+        first = _insert(cx, "first", task_id)
+    [seen] = store.event_list(task_id=task_id)
+    cursor = int(seen["id"])
+    assert cursor == first
+    with psycopg.connect(url) as a, psycopg.connect(url, autocommit=True) as b:
+        a_id = _insert(a, "a", task_id)  # A's transaction stays open
+        b_id = _insert(b, "b", task_id)  # B's commits
+        assert a_id < b_id
+        assert _ids(hasty.event_list(task_id=task_id, after_id=cursor)) == []
+        # a read that waits for A gives up after its bound and returns what is settled
+        assert _ids(patient.event_list(task_id=task_id, after_id=cursor)) == []
+        a.commit()
+    assert _ids(store.event_list(task_id=task_id, after_id=cursor)) == [a_id, b_id]
+    assert _ids(store.event_list(task_id=task_id, after_id=b_id)) == []
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_a_read_waits_for_the_older_transaction_to_end(
+    make_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that has seen B's committed event behind A's open transaction reads again
+    until A ends, so it returns A's and B's events rather than a short page."""
+    store: Store = make_store(config=StoreConfig(event_wait_us=int(RACE_WAIT * SECOND)))
+    url = store_url(store)
+    waiting = threading.Event()
+    sleep = time.sleep
+
+    def note_the_wait(seconds: float) -> None:
+        waiting.set()
+        sleep(seconds)
+
+    monkeypatch.setattr(store_module.time, "sleep", note_the_wait)
+    with psycopg.connect(url) as a, psycopg.connect(url, autocommit=True) as b:
+        a_id = _insert(a, "a", None)
+        b_id = _insert(b, "b", None)
+        read: list[list[int]] = []
+        reader = threading.Thread(target=lambda: read.append(_ids(store.event_list())))
+        reader.start()
+        assert waiting.wait(RACE_WAIT)
+        a.commit()
+        reader.join(RACE_WAIT)
+    assert read == [[a_id, b_id]]
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_a_rolled_back_event_holds_the_feed_back_only_while_it_runs(make_store: Any) -> None:
+    """A transaction that rolls back leaves no event, and the events behind it are
+    returned once it has ended."""
+    store: Store = make_store()
+    hasty: Store = make_store(config=StoreConfig(event_wait_us=0))
+    url = store_url(store)
+    with psycopg.connect(url) as a, psycopg.connect(url, autocommit=True) as b:
+        _insert(a, "a", None)
+        b_id = _insert(b, "b", None)
+        assert hasty.event_list() == []
+        a.rollback()
+    assert _ids(store.event_list()) == [b_id]
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_only_a_transaction_of_this_database_holds_the_feed_back(make_store: Any) -> None:
+    """The horizon is the oldest running transaction of this database: one in another
+    database on the same cluster (a CREATE DATABASE, another application) can write no
+    event here. Any transaction of this one holds it back, whether or not it writes an
+    event: nothing tells which will."""
+    store: Store = make_store()
+    hasty: Store = make_store(config=StoreConfig(event_wait_us=0))
+    url = store_url(store)
+    with psycopg.connect(ADMIN_DSN) as elsewhere, psycopg.connect(url) as here:
+        elsewhere.execute("SELECT pg_current_xact_id()")  # takes a transaction id
+        with psycopg.connect(url, autocommit=True) as b:
+            first = _insert(b, "first", None)
+        assert _ids(store.event_list()) == [first]  # waits out only a finished one
+        here.execute("SELECT pg_current_xact_id()")
+        with psycopg.connect(url, autocommit=True) as b:
+            second = _insert(b, "second", None)
+        assert _ids(hasty.event_list(after_id=first)) == []
+        here.rollback()
+        elsewhere.rollback()
+    assert _ids(store.event_list(after_id=first)) == [second]
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_the_log_is_read_in_transaction_id_order(make_store: Any) -> None:
+    """The order is (xid, id), numerically: ids given here with small transaction ids,
+    all long ended, in an order that neither id order nor the text of the xids ('100' <
+    '99') gives. The xid went out as text named xid, and ORDER BY xid sorted that text."""
+    store: Store = make_store()
+    with psycopg.connect(store_url(store), autocommit=True) as cx:
+        ids = [
+            int(row[0])
+            for row in cx.execute(
+                "INSERT INTO orbit_events (at, kind, xid) VALUES"
+                " (0, 'k', '100'), (0, 'k', '99'), (0, 'k', '100'), (0, 'k', '5')"
+                " RETURNING id"
+            ).fetchall()
+        ]
+    expected = [ids[3], ids[1], ids[0], ids[2]]
+    assert _ids(store.event_list()) == expected
+    assert _ids(store.event_list(after_id=ids[1])) == expected[2:]
+    assert _ids(store.event_list(after_id=ids[0], limit=1)) == [ids[2]]
+
+
+def test_a_caller_sees_the_events_it_has_just_committed(store: Store) -> None:
+    queue(store)
+    tid = submit(store)
+    assert [e["kind"] for e in store.event_list(task_id=tid)] == ["submitted"]
+    assert store.event_list()[-1]["task_id"] == tid
+
+
+def test_paging_while_tasks_are_submitted_returns_every_event_once(store: Store) -> None:
+    """Two threads submit tasks while a reader pages the log a few events at a time; the
+    reader ends with every event, each once, and so does a reader of one task's feed."""
+    queue(store)
+    tid = submit(store)
+    done = threading.Event()
+
+    def write() -> None:
+        for _ in range(40):
+            store.task_submit_many([TaskSpec(queue="q", handler="h") for _ in range(3)])
+
+    writers = [threading.Thread(target=write) for _ in range(2)]
+    for w in writers:
+        w.start()
+    waiter = threading.Thread(target=lambda: ([w.join() for w in writers], done.set()))
+    waiter.start()
+    seen: list[int] = []
+    cursor = 0
+    while True:
+        finished = done.is_set()  # read before the page: the page then holds every write
+        page = store.event_list(after_id=cursor, limit=7)
+        seen += _ids(page)
+        cursor = seen[-1] if seen else 0
+        if finished and not page:
+            break
+    waiter.join()
+    assert len(seen) == len(set(seen)) == 2 + 2 * 40 * 3  # queue.created, 241 submitted
+    assert sorted(seen) == sorted(_ids(store.event_list(limit=1000)))
+    store.task_cancel(tid)
+    task_ids = _ids(store.event_list(task_id=tid, limit=1))
+    task_ids += _ids(store.event_list(task_id=tid, after_id=task_ids[-1], limit=1))
+    assert task_ids == _ids(store.event_list(task_id=tid)) and len(task_ids) == 2
+
+
+def test_a_cursor_that_names_no_event_is_refused(store: Store) -> None:
+    """An ``after_id`` is an event's position in the log: one no event has is refused,
+    rather than read as a position it does not have."""
+    queue(store)
+    submit(store)
+    last = max(_ids(store.event_list()))
+    for task_id in (None, "nope"):
+        with pytest.raises(OrbitError) as err:
+            store.event_list(task_id=task_id, after_id=last + 1)
+        assert err.value.code == Code.INVALID_ARGUMENT
+        assert f"after_id {last + 1} names no event" in err.value.message
+    assert store.event_list(after_id=last) == []
+    assert store.event_list(task_id="nope", after_id=last) == []
