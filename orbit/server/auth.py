@@ -32,6 +32,9 @@ class TokenCheck:
         self.ttl = ttl
         #: sha256 of a token -> (until when the answer holds, the scopes or None, its id)
         self._cache: dict[str, tuple[float, frozenset[str] | None, str | None]] = {}
+        #: how many times ``forget`` ran: a read in flight across one may have read the
+        #: token before its revoke, so its answer is used but not cached
+        self._forgets = 0
 
     async def scopes(self, headers: Headers) -> frozenset[str]:
         header = headers.get("authorization", "")
@@ -44,10 +47,12 @@ class TokenCheck:
         if hit is not None and hit[0] > now:
             granted = hit[1]
         else:
+            forgets = self._forgets
             granted = await in_thread(self._store.token_scopes, token.strip())
             if len(self._cache) > 10_000:
                 self._cache.clear()
-            self._cache[key] = (now + self.ttl, granted, token_id(token.strip()))
+            if forgets == self._forgets:
+                self._cache[key] = (now + self.ttl, granted, token_id(token.strip()))
         if granted is None:
             raise ApiError(401, "UNAUTHENTICATED", "the token is unknown or revoked")
         return granted
@@ -56,6 +61,7 @@ class TokenCheck:
         """Drop the answers cached for these tokens (just revoked): the next check of one
         reads the database, so this node refuses it at once rather than at the end of its
         cache period."""
+        self._forgets += 1
         stale = [k for k, (_, _, tid) in self._cache.items() if tid in token_ids]
         for key in stale:
             del self._cache[key]
