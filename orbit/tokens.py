@@ -39,6 +39,15 @@ def token_fault(token: str) -> str | None:
     return None
 
 
+def token_id(token: str) -> str | None:
+    """The id part of a token ``orbit_<id>_<secret>`` (not secret: ``orbit token ls``
+    shows it), or None for a string of another shape, which no server accepts."""
+    parts = token.split("_", 2)
+    if len(parts) != 3 or parts[0] != "orbit" or not parts[1].isalnum():
+        return None
+    return parts[1]
+
+
 def load_token(env: Mapping[str, str] | None = None) -> str:
     env = os.environ if env is None else env
     direct = env.get("ORBIT_TOKEN")

@@ -241,9 +241,10 @@ def token_revoke(
     """Revoke a token: from now on it is refused. Revoking it again changes nothing.
 
     A running server still takes it for up to 10 seconds (each node caches token
-    checks; orbit server --token-cache sets how long). A worker connection already open
-    stays open and keeps working: drain it (orbit worker drain SESSION_ID) and restart
-    the worker with another token.
+    checks; orbit server --token-cache sets how long), and each worker connection already
+    open with it is closed within that time (close code 4401; at once on PostgreSQL): the
+    worker exits 3, unless its ORBIT_TOKEN_FILE already holds a new token, which it
+    reconnects with. Its tasks go to other workers as their leases run out.
 
     Example: orbit token revoke --db sqlite:///.orbit/orbit.db 019ae4c3d2b97f0e8a1c4b5d6e7f8091
     """
@@ -254,8 +255,8 @@ def token_revoke(
     emit(token_wire(token), as_json, lambda t: _tokens_table([t]))
     if not as_json:
         typer.secho(
-            f"token {token.id} is revoked: servers refuse it within 10 seconds; worker "
-            "connections already open stay open until the worker is restarted",
+            f"token {token.id} is revoked: servers refuse it, and close the worker "
+            "connections open with it, within 10 seconds",
             err=True,
         )
 

@@ -32,6 +32,7 @@ from orbit.server.errors import ApiError
 from orbit.server.gateway import Dispatcher, worker_endpoint
 from orbit.server.listen import listen
 from orbit.server.metrics import Metrics
+from orbit.server.revocation import Revocations
 from orbit.server.routes import router, task_submit, task_submit_batch
 from orbit.store import Store, StoreConfig, open_store
 from orbit.tokens import CACHE_SECONDS
@@ -185,7 +186,9 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
         dispatcher = Dispatcher(store, settings.poll_interval, metrics)
         dispatcher.bind(asyncio.get_running_loop())
         app.state.store = store
-        app.state.tokens = TokenCheck(store, settings.token_cache_s)
+        app.state.tokens = tokens = TokenCheck(store, settings.token_cache_s)
+        revocations = Revocations(dispatcher, tokens)
+        revocations.bind(asyncio.get_running_loop())
         app.state.dispatcher = dispatcher
         app.state.metrics = metrics
         # Wake this node's dispatcher in-process after each of its own commits. On
@@ -196,13 +199,17 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
         store.on_freed = dispatcher.freed_threadsafe
         if store.backend == "sqlite":  # one process: cancels are pushed in-process too
             store.on_cancel = dispatcher.cancel_threadsafe
+        # A revoke through this node closes its connections at once (any backend: a node
+        # skips its own NOTIFY); the re-check catches those it never heard of.
+        store.on_revoked = revocations.revoked_threadsafe
         tasks = [
             asyncio.create_task(dispatcher.run(), name="dispatch"),
             asyncio.create_task(_reaper(store, settings.reap_interval, metrics), name="reap"),
+            asyncio.create_task(revocations.run(), name="revocations"),
         ]
         if store.backend == "postgres":  # every node hears the others' NOTIFY
             dsn: str = store.driver.dsn  # type: ignore[attr-defined]
-            listening = listen(dsn, store.origin, dispatcher)
+            listening = listen(dsn, store.origin, dispatcher, revocations)
             tasks.append(asyncio.create_task(listening, name="listen"))
         log.info("orbit node %s serving on %s", settings.node_id, store.backend)
         try:

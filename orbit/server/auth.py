@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 
 from fastapi import Request
 from starlette.datastructures import Headers
@@ -13,7 +13,7 @@ from starlette.datastructures import Headers
 from orbit.server.errors import ApiError
 from orbit.server.threads import in_thread
 from orbit.store import Store
-from orbit.tokens import CACHE_SECONDS
+from orbit.tokens import CACHE_SECONDS, token_id
 
 SCOPES = ("admin", "submit", "worker")
 
@@ -22,13 +22,19 @@ class TokenCheck:
     """Verifies tokens against the store, remembering answers for ``ttl`` seconds.
 
     An answer is remembered from when it was read, not renewed by use: a revoked token
-    is refused by the first check ``ttl`` seconds after the answer that still took it.
-    Only the upgrade of a worker's WebSocket is checked, never its open connection."""
+    is refused by the first check ``ttl`` seconds after the answer that still took it,
+    or at once once this node has heard of the revoke (``forget``). A worker's WebSocket
+    is checked at its upgrade; its open connection is closed when its token is revoked
+    (orbit/server/revocation.py)."""
 
     def __init__(self, store: Store, ttl: float = CACHE_SECONDS) -> None:
         self._store = store
-        self._ttl = ttl
-        self._cache: dict[str, tuple[float, frozenset[str] | None]] = {}
+        self.ttl = ttl
+        #: sha256 of a token -> (until when the answer holds, the scopes or None, its id)
+        self._cache: dict[str, tuple[float, frozenset[str] | None, str | None]] = {}
+        #: how many times ``forget`` ran: a read in flight across one may have read the
+        #: token before its revoke, so its answer is used but not cached
+        self._forgets = 0
 
     async def scopes(self, headers: Headers) -> frozenset[str]:
         header = headers.get("authorization", "")
@@ -41,19 +47,36 @@ class TokenCheck:
         if hit is not None and hit[0] > now:
             granted = hit[1]
         else:
+            forgets = self._forgets
             granted = await in_thread(self._store.token_scopes, token.strip())
             if len(self._cache) > 10_000:
                 self._cache.clear()
-            self._cache[key] = (now + self._ttl, granted)
+            if forgets == self._forgets:
+                self._cache[key] = (now + self.ttl, granted, token_id(token.strip()))
         if granted is None:
             raise ApiError(401, "UNAUTHENTICATED", "the token is unknown or revoked")
         return granted
+
+    def forget(self, token_ids: Collection[str]) -> None:
+        """Drop the answers cached for these tokens (just revoked): the next check of one
+        reads the database, so this node refuses it at once rather than at the end of its
+        cache period."""
+        self._forgets += 1
+        stale = [k for k, (_, _, tid) in self._cache.items() if tid in token_ids]
+        for key in stale:
+            del self._cache[key]
 
     async def require(self, headers: Headers, scope: str) -> frozenset[str]:
         granted = await self.scopes(headers)
         if scope not in granted and "admin" not in granted:
             raise ApiError(403, "FORBIDDEN", f"this call needs the {scope!r} scope")
         return granted
+
+
+def bearer_token_id(headers: Headers) -> str | None:
+    """The id of the bearer token in ``headers`` (see ``token_id``)."""
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    return token_id(token.strip()) if scheme.lower() == "bearer" else None
 
 
 def require(scope: str) -> Callable[[Request], Awaitable[None]]:

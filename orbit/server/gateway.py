@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from functools import partial
 from typing import Any
 
@@ -61,6 +61,7 @@ from orbit.protocol.reports import (
     outcome_of,
     start_batch,
 )
+from orbit.server.auth import bearer_token_id
 from orbit.server.errors import ApiError, error_response
 from orbit.server.metrics import Metrics
 from orbit.server.threads import in_thread
@@ -100,9 +101,14 @@ CONCURRENT_REPORTS = (
 class WorkerConnection:
     """One attached worker: its session, epoch, and a lock so replies never interleave."""
 
-    def __init__(self, ws: WebSocket, session: Session, push: bool) -> None:
+    def __init__(
+        self, ws: WebSocket, session: Session, push: bool, token_id: str | None = None
+    ) -> None:
         self.ws = ws
         self.session_id = session.id
+        #: the id of the token the WebSocket was opened with: revoked, it closes the
+        #: connection (orbit/server/revocation.py)
+        self.token_id = token_id
         self.epoch = session.epoch
         self.max_concurrency = session.max_concurrency
         #: the handlers the session runs: a claim can only find tasks of these (kept
@@ -272,6 +278,21 @@ class Dispatcher:
         if conn is not None and conn.epoch < epoch and not conn.closed:
             conn.send_nowait(conn.close(4409, str(Code.FENCED_EPOCH)))
 
+    def close_revoked(self, token_ids: Collection[str]) -> int:
+        """Close each connection opened with one of these (revoked) tokens: 4401, reason
+        ``UNAUTHENTICATED``, as a refused upgrade would be closed. Not waited for, as in
+        ``close_fenced``. How many it closed."""
+        closing = [c for c in self.connections.values() if c.token_id in token_ids and not c.closed]
+        for conn in closing:
+            conn.send_nowait(conn.close(4401, "UNAUTHENTICATED"))
+        return len(closing)
+
+    def token_ids(self) -> set[str]:
+        """The tokens the open connections on this node were opened with."""
+        return {
+            c.token_id for c in self.connections.values() if c.token_id is not None and not c.closed
+        }
+
     def attach(self, conn: WorkerConnection) -> WorkerConnection | None:
         """Make ``conn`` its session's connection on this node; return the connection it
         supersedes, which the caller closes: the previous one, or ``conn`` itself when the
@@ -385,8 +406,16 @@ def _req_id(raw: Any) -> str | None:
 class _Protocol:
     """Decoding and answering one connection's messages."""
 
-    def __init__(self, ws: WebSocket, store: Store, dispatcher: Dispatcher, node_id: str) -> None:
+    def __init__(
+        self,
+        ws: WebSocket,
+        store: Store,
+        dispatcher: Dispatcher,
+        node_id: str,
+        token_id: str | None,
+    ) -> None:
         self.ws = ws
+        self.token_id = token_id
         self.store = store
         self.dispatcher = dispatcher
         self.node_id = node_id
@@ -503,7 +532,7 @@ class _Protocol:
                 )
                 continue
             await self.ws.send_text(welcome.model_dump_json())
-            conn = WorkerConnection(self.ws, session, push)
+            conn = WorkerConnection(self.ws, session, push, self.token_id)
             superseded = self.dispatcher.attach(conn)
             if superseded is not None:
                 # Not waited for: the old connection's worker may no longer read it.
@@ -710,6 +739,7 @@ async def worker_endpoint(ws: WebSocket) -> None:
         app.state.store,
         app.state.dispatcher,
         app.state.settings.node_id,
+        bearer_token_id(ws.headers),
     )
     with contextlib.suppress(WebSocketDisconnect):
         await protocol.serve()

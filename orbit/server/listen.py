@@ -20,6 +20,7 @@ import psycopg
 from psycopg import pq
 
 from orbit.server.gateway import Dispatcher
+from orbit.server.revocation import Revocations
 from orbit.server.threads import in_thread
 from orbit.store.postgres.driver import with_tcp_checks
 
@@ -35,7 +36,9 @@ async def connect(dsn: str) -> psycopg.AsyncConnection[Any]:
     return await psycopg.AsyncConnection.connect(with_tcp_checks(dsn), autocommit=True)
 
 
-async def listen(dsn: str, origin: str, dispatcher: Dispatcher) -> None:
+async def listen(
+    dsn: str, origin: str, dispatcher: Dispatcher, revocations: Revocations | None = None
+) -> None:
     """Run for the server's life, reconnecting (with backoff) whenever the connection
     fails; a reconnect catches up on anything missed meanwhile (``catch_up``).
 
@@ -46,8 +49,11 @@ async def listen(dsn: str, origin: str, dispatcher: Dispatcher) -> None:
     id>:<epoch>`` says a session resumed (on the sending node, whose own ``attach``
     closed its older connection there): a connection of it attached here with an older
     epoch is closed. A node of an older version takes it for ``ready``, and its next
-    dispatch round closes a fenced connection that takes pushes. ``orbit_cancel`` carries
-    ``<session id>:<attempt id>``, pushed to the session if it is attached here.
+    dispatch round closes a fenced connection that takes pushes. ``<origin>:revoked:<token
+    id>`` says a token was revoked: the connections opened with it here are closed
+    (``revocations``; a node of an older version wakes, and leaves them open).
+    ``orbit_cancel`` carries ``<session id>:<attempt id>``, pushed to the session if it is
+    attached here.
     """
     own = f"{origin}:"
 
@@ -62,6 +68,9 @@ async def listen(dsn: str, origin: str, dispatcher: Dispatcher) -> None:
                 fenced = fenced_notice(kind[1:])
                 if fenced is not None:
                     dispatcher.close_fenced(*fenced)
+            elif kind[:1] == ["revoked"]:
+                if revocations is not None and len(kind) == 2 and kind[1].isalnum():
+                    revocations.revoked([kind[1]])
             else:
                 dispatcher.wake_threadsafe()
         elif channel == "orbit_cancel":
@@ -76,6 +85,8 @@ async def listen(dsn: str, origin: str, dispatcher: Dispatcher) -> None:
                     await cx.execute(f"LISTEN {channel}")
                 delay = 0.5
                 await catch_up(dispatcher)
+                if revocations is not None:  # a revoke missed meanwhile
+                    await revocations.recheck()
                 await read_notifications(cx.pgconn, deliver)
         except asyncio.CancelledError:
             raise

@@ -661,6 +661,7 @@ async def token_list(request: Request, limit: Limit = 100, cursor: str | None = 
 )
 async def token_revoke(request: Request, token_id: str) -> Response:
     """Refuse a token from now on; each node may accept it for as long as it caches
-    token checks (``orbit server --token-cache``, default ``orbit.tokens.CACHE_SECONDS``).
-    Idempotent."""
+    token checks (``orbit server --token-cache``, default ``orbit.tokens.CACHE_SECONDS``),
+    and closes the worker connections open with it within that time (orbit/server/
+    revocation.py). Idempotent."""
     return _json(token_wire(await in_thread(_store(request).token_revoke, token_id)))

@@ -76,6 +76,7 @@ from orbit.store.driver import (
     StaleWrite,
     migration_files,
 )
+from orbit.tokens import token_id as parse_token_id
 
 T = TypeVar("T")
 Clock = Callable[[], int]
@@ -250,6 +251,10 @@ class Store:
         #: Called after a commit that asked running attempts to stop, with
         #: ``(session_id, attempt_id)`` pairs (NOTIFY orbit_cancel on PostgreSQL).
         self.on_cancel: Callable[[list[tuple[str, str]]], None] | None = None
+        #: Called after a commit that revoked tokens, with their ids: the server closes
+        #: the worker connections opened with them (NOTIFY orbit_ready ``revoked`` tells
+        #: the other nodes on PostgreSQL).
+        self.on_revoked: Callable[[list[str]], None] | None = None
         #: Prefixes this store's ``orbit_ready`` payloads (``<origin>:<kind>:<queue>``), so that
         #: the node owning it can ignore its own NOTIFY: ``on_ready`` already woke it, and
         #: a second wake would cost an empty claim transaction per commit.
@@ -299,6 +304,8 @@ class Store:
                     self.on_freed(tx.freed)
                 if tx.cancels and self.on_cancel is not None:
                     self.on_cancel(tx.cancels)
+                if tx.revoked and self.on_revoked is not None:
+                    self.on_revoked(tx.revoked)
                 return result
             except StaleWrite:
                 attempt += 1
@@ -581,13 +588,21 @@ class Store:
 
     def token_scopes(self, token: str) -> frozenset[str] | None:
         """The scopes a token grants, or None if it is unknown, revoked or malformed."""
-        parts = token.split("_", 2)
-        if len(parts) != 3 or parts[0] != "orbit" or not parts[1].isalnum():
+        found_id = parse_token_id(token)
+        if found_id is None:
             return None
-        found = self._read("token_get", id=parts[1])
-        if not found or not hmac.compare_digest(found[0]["secret_hash"], _hash_secret(parts[2])):
+        found = self._read("token_get", id=found_id)
+        secret = token.split("_", 2)[2]
+        if not found or not hmac.compare_digest(found[0]["secret_hash"], _hash_secret(secret)):
             return None
         return frozenset(str(found[0]["scopes"]).split(","))
+
+    def token_live(self, token_ids: Sequence[str]) -> set[str]:
+        """Which of these token ids are still accepted (known and not revoked): one read
+        for every token a node's open worker connections were opened with."""
+        if not token_ids:
+            return set()
+        return {str(r["id"]) for r in self._read("token_live", ids=sorted(set(token_ids)))}
 
     def token_list(self, *, after_id: str | None = None, limit: int | None = None) -> list[Token]:
         """Tokens, revoked ones included, oldest first (in id order, which is creation
@@ -605,7 +620,11 @@ class Store:
         Revoking a revoked token changes nothing and returns it with its first
         ``revoked_at``, so a revoke retried after a lost answer is harmless and the
         record of when the token stopped working stays true. A server node still
-        accepts the token for as long as it caches checks (``orbit.server.auth``)."""
+        accepts the token for as long as it caches checks (``orbit.server.auth``).
+
+        The commit tells every node (``on_revoked``; NOTIFY orbit_ready ``revoked`` on
+        PostgreSQL) to close the worker connections opened with the token. A second
+        revoke tells them again: harmless, and a node that missed the first hears it."""
         if not (0 < len(token_id) <= 64 and token_id.isascii() and token_id.isalnum()):
             # Not echoed: what was given may be a whole token, secret included.
             raise OrbitError(
@@ -618,6 +637,7 @@ class Store:
             if not found:
                 raise OrbitError(Code.TOKEN_NOT_FOUND, f"no token with id {token_id!r:.80}")
             token = R.token_from_row(found[0])
+            tx.revoked.append(token_id)
             if token.revoked_at is not None:
                 return token
             now = tx.now()  # after the lock: two revokes in a race keep the first instant
@@ -2068,6 +2088,8 @@ class _Tx:
         self.cancels: list[tuple[str, str]] = []
         #: sessions resumed, with their new epoch: their older connections are fenced
         self.fenced: list[tuple[str, int]] = []
+        #: tokens revoked: the worker connections opened with them are closed, on every node
+        self.revoked: list[str] = []
         self._sent: set[Notice] = set()  # the notices already queued in this transaction
         #: a write marked final has been sent: the transaction may have committed with it
         self._final = False
@@ -2147,13 +2169,15 @@ class _Tx:
         """The notices this transaction owes the other nodes and has not queued yet: a
         queue whose task became ready, one where a permit was freed (unless it also became
         ready: one wake serves both), each running attempt asked to stop, and each session
-        resumed (its older connection, on whichever node, is fenced). Marked as queued: the
-        caller must send them in this transaction."""
+        resumed (its older connection, on whichever node, is fenced), and each token revoked
+        (the connections opened with it are closed). Marked as queued: the caller must send
+        them in this transaction."""
         origin = self._store.origin
         owed = [("orbit_ready", f"{origin}:ready:{q}") for q in sorted(self.ready)]
         owed += [("orbit_ready", f"{origin}:freed:{q}") for q in sorted(self.freed - self.ready)]
         owed += [("orbit_cancel", f"{s}:{a}") for s, a in self.cancels]
         owed += [("orbit_ready", f"{origin}:fenced:{s}:{e}") for s, e in self.fenced]
+        owed += [("orbit_ready", f"{origin}:revoked:{t}") for t in self.revoked]
         unsent = [n for n in owed if n not in self._sent]
         self._sent.update(unsent)
         return unsent

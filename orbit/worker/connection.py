@@ -115,7 +115,16 @@ class WorkerConnection:
                     future.set_exception(ConnectionError("the connection closed"))
             self._waiting.clear()
             self._abandoned.clear()
-            await self.pushed.put({"type": "closed"})
+            # What the server said as it closed (None if the socket just dropped): 4401
+            # UNAUTHENTICATED, the token was revoked; 4409, the session resumed elsewhere.
+            closing = self.ws.protocol.close_rcvd
+            await self.pushed.put(
+                {
+                    "type": "closed",
+                    "code": None if closing is None else closing.code,
+                    "reason": None if closing is None else closing.reason,
+                }
+            )
 
     async def send_raw(self, data: str | bytes) -> None:
         """Send a frame. A closed socket is a ``ConnectionError``, as for a reply that a
@@ -280,7 +289,9 @@ class WorkerConnection:
         await self.request({"type": "heartbeat"}, timeout)
 
     async def next_push(self, timeout: float | None = 30.0) -> dict[str, Any]:
-        """The next message the server pushed (``None``: wait as long as it takes)."""
+        """The next message the server pushed (``None``: wait as long as it takes). The
+        last one is ``{"type": "closed", "code": …, "reason": …}``: the close frame the
+        server sent, or None for both if the connection dropped without one."""
         async with asyncio.timeout(timeout):
             return await self.pushed.get()
 

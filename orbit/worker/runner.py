@@ -20,7 +20,12 @@ Guarantees the runner keeps:
 - shutdown never hangs: after the grace period running handlers are cancelled, and a
   handler that still ignores it is reported and abandoned (its thread is a daemon; an
   async handler's task is left behind when the event loop closes); its attempt reports
-  nothing, and its lease decides.
+  nothing, and its lease decides;
+- a revoked token ends the run: the server closes the connection with 4401, the worker
+  reconnects once with its token read again (a token rotated in ``ORBIT_TOKEN_FILE``
+  carries on), and if that is refused too it cancels its handlers and ``run()`` raises
+  the refusal, as at the first connection (``orbit worker`` exits 3); what its attempts
+  become is up to their leases and the session's expiry.
 """
 
 from __future__ import annotations
@@ -68,6 +73,8 @@ log = logging.getLogger("orbit.worker")
 #: most, and never past half of what is left of a lease (``Worker._defer_renewals``)
 RENEW_RETRY_FIRST = 0.25
 RENEW_RETRY_MAX = 10.0
+#: the close code of a connection whose token was revoked (docs/protocol.md)
+REVOKED_CLOSE = 4401
 Handler = Callable[..., Any]
 
 
@@ -311,6 +318,9 @@ class Worker:
         #: Fault-test switch: stop sending renewals (leases then run out and are lost).
         self.pause_renewals = False
         self._session: tuple[str, str] | None = None  # (session id, resume secret)
+        #: the refusal of our token that ended the run (the token was revoked), raised by
+        #: ``arun`` once the handlers are stopped
+        self._refused: Exception | None = None
         self._renew_retry = RENEW_RETRY_FIRST  # the wait after the next failed renewal
         # Starts and finishes of concurrent attempts travel in batches (one transaction
         # each on the server); see orbit.worker.batching.
@@ -386,6 +396,7 @@ class Worker:
         # A session of its own: the last run's was drained, for good, and resumed it was
         # offered no work again. Its abandoned and unreported attempts are its own too.
         self._session = self.session_id = None
+        self._refused = None
         self.abandoned, self.unreported = [], []
         try:
             if self._stopping:
@@ -422,13 +433,18 @@ class Worker:
         ]
         try:
             await self._stop_requested.wait()
-            await self._drain()
+            if self._refused is None:
+                await self._drain()
+            # else: no report can reach the server, so none is waited for; the handlers
+            # are cancelled at once (``_give_up_reports``)
         finally:
             await self._give_up_reports()
             await stop_tasks(loops)
             if self._conn is not None:
                 with contextlib.suppress(Exception):
                     await self._conn.close()
+        if self._refused is not None:
+            raise self._refused
         return 1 if self.abandoned or self.unreported else 0
 
     async def _give_up_reports(self) -> None:
@@ -478,8 +494,11 @@ class Worker:
         base = self.url.replace("https://", "wss://").replace("http://", "ws://")
         return f"{base}/v1/worker"
 
-    async def _connect(self, *, first: bool = False) -> None:
-        """Connect and hello (first time) or resume; retry with backoff until it works."""
+    async def _connect(self, *, first: bool = False, revoked: bool = False) -> None:
+        """Connect and hello (first time) or resume; retry with backoff until it works.
+        A refusal of our credentials (HTTP 401 or 403, or no token to read) is raised
+        rather than retried on the first connection, and on the one after the server
+        closed ours because its token was revoked (``revoked``)."""
         self._connected.clear()
         delay = 0.1
         caps = {name: reg.capacity for name, reg in self.handlers.items()}
@@ -525,10 +544,16 @@ class Worker:
                 # message with "40" in it would have). A 500 or 503 is a server or proxy
                 # that is not ready yet: retried, as is a refusal after a first success
                 # (with the token read again: it may have been rotated). No token to read
-                # is final on the first connection too.
+                # is final on the first connection too. After a close for a revoked token
+                # (4401), a refusal is final as well: the token read again is still refused,
+                # and retrying it for ever would leave the worker holding a session it can
+                # never use again.
                 status = exc.response.status_code if isinstance(exc, InvalidStatus) else None
                 bad_token = isinstance(exc, TokenError)
-                if first and (isinstance(exc, ServerError) or bad_token or status in (401, 403)):
+                refused = bad_token or status in (401, 403)
+                if first and isinstance(exc, ServerError):
+                    raise
+                if (first or revoked) and refused:
                     raise
                 if status in (401, 403):
                     log.error("connect refused: HTTP %d (bad credentials?); retrying", status)
@@ -553,7 +578,28 @@ class Worker:
             if kind == "closed":
                 if self._stopping and not self.running:
                     return
-                await self._connect()
+                revoked = msg.get("code") == REVOKED_CLOSE
+                if revoked:
+                    log.error(
+                        "the server closed the connection: its token was revoked (%s %s); "
+                        "reconnecting once with the token read again",
+                        REVOKED_CLOSE,
+                        msg.get("reason"),
+                    )
+                try:
+                    await self._connect(revoked=revoked)
+                except (InvalidStatus, TokenError) as exc:
+                    log.error(
+                        "the token is refused (%s): stopping; the %d running attempt(s) are "
+                        "left to their leases",
+                        f"HTTP {exc.response.status_code}"
+                        if isinstance(exc, InvalidStatus)
+                        else exc,
+                        len(self.running),
+                    )
+                    self._refused = exc
+                    self._stop_requested.set()
+                    return
                 continue
             try:
                 self._on_push(msg)

@@ -368,7 +368,8 @@ def test_token_revoke_refuses_what_it_cannot_revoke_and_changes_nothing(
 
 def test_token_help_gives_an_example_and_the_cache_lifetime() -> None:
     """``token revoke --help`` says how long a running server still takes a revoked
-    token: the server's cache lifetime, which the text must follow if it changes."""
+    token: the server's cache lifetime, which the text must follow if it changes; and
+    that the worker connections open with it are closed within it."""
     from orbit.server.auth import CACHE_SECONDS
 
     for command, example in (
@@ -380,7 +381,7 @@ def test_token_help_gives_an_example_and_the_cache_lifetime() -> None:
         text = " ".join(helped.stdout.split())
         assert example in text, text
     assert f"for up to {CACHE_SECONDS:g} seconds" in text, text
-    assert "worker connection already open stays open" in text, text
+    assert "each worker connection already open with it is closed within that time" in text
 
 
 def _junk_database(tmp_path: Path) -> Path:

@@ -466,7 +466,9 @@ def test_after_a_resume_on_node_b_only_the_new_connection_gets_pushes(tmp_path: 
                     [task] = await next_tasks(new)
                     assert task["task_id"] == task_id
                     closed = await old.next_push(timeout=PUSH_TIMEOUT)  # nothing before it
-                    assert closed == {"type": "closed"}, closed
+                    assert closed == {"type": "closed", "code": 4409, "reason": "FENCED_EPOCH"}, (
+                        closed
+                    )
                     assert (old.ws.close_code, old.ws.close_reason) == (4409, "FENCED_EPOCH")
                     assert (await new.start(task["attempt_id"], task["fence"]))["status"] == "ok"
                     reply = await http_a.post(f"/v1/tasks/{task_id}/cancel")

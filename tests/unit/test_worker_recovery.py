@@ -474,6 +474,71 @@ def test_a_reconnect_reads_a_rotated_token_file(
     asyncio.run(main())
 
 
+def test_a_close_for_a_revoked_token_ends_the_run_once_the_token_is_refused_again() -> None:
+    """The server closes the connection with 4401 UNAUTHENTICATED (its token was
+    revoked) and refuses the token at the reconnect: the run ends with that refusal, as
+    at the first connection (``orbit worker`` exits 3), at once rather than after the
+    drain's grace, its running handler cancelled and its attempt reported as unconfirmed
+    (its lease decides). Before, the worker retried the refused token for ever."""
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, "token", reconnect_max=0.1, grace=60.0)
+            started, cancelled = asyncio.Event(), asyncio.Event()
+
+            @worker.handler("h")
+            async def handler(ctx: Context, payload: Any) -> Any:
+                started.set()
+                try:
+                    await asyncio.Event().wait()
+                except asyncio.CancelledError:
+                    cancelled.set()
+                    raise
+
+            runner = asyncio.create_task(worker.arun())
+            await gw.wait_for(_is("hello"))
+            await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+            await asyncio.wait_for(started.wait(), 10)
+            gw.accepted_token = "another-token"  # "token" is refused from now on
+            await gw.connections[-1].close(4401, "UNAUTHENTICATED")
+            with pytest.raises(InvalidStatus) as refused:
+                await asyncio.wait_for(runner, 10)
+            assert refused.value.response.status_code == 401
+            assert gw.attempts == 2  # the first connection, and one reconnect
+            assert cancelled.is_set()
+            assert worker.unreported == ["a1"]
+
+    asyncio.run(main())
+
+
+def test_a_close_for_a_revoked_token_resumes_with_a_rotated_token_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A token rotated the documented way: the new one written into ORBIT_TOKEN_FILE,
+    then the old one revoked. The server closes the connection with 4401; the worker's
+    reconnect reads the new token and resumes its session, without a restart."""
+    token_file = tmp_path / "token"
+    token_file.write_text("old-token\n")
+    token_file.chmod(0o600)
+    monkeypatch.delenv("ORBIT_TOKEN", raising=False)
+    monkeypatch.setenv("ORBIT_TOKEN_FILE", str(token_file))
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, reconnect_max=0.1)
+            worker.handler("h")(_never_called)
+            async with running(worker) as runner:
+                await gw.wait_for(_is("hello"))
+                token_file.write_text("new-token\n")
+                gw.accepted_token = "new-token"
+                await gw.connections[-1].close(4401, "UNAUTHENTICATED")
+                await gw.wait_for(_is("resume"))
+                assert not runner.done()
+            assert len(gw.connections) == 2
+
+    asyncio.run(main())
+
+
 def test_no_token_to_read_ends_the_first_connection(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -483,6 +483,11 @@ LIMIT CAST(:limit AS bigint);
 -- name: token_lock
 SELECT id, name, scopes, created_at, revoked_at FROM orbit_tokens WHERE id = :id FOR UPDATE;
 
+-- name: token_live
+-- Which of these token ids are still accepted (known, not revoked): a node re-checks the
+-- tokens its open worker connections were opened with (orbit/server/revocation.py).
+SELECT id FROM orbit_tokens WHERE id = ANY(CAST(:ids AS text[])) AND revoked_at IS NULL;
+
 -- name: token_revoke
 -- Only a token not revoked yet: a second revoke keeps the first revoked_at.
 UPDATE orbit_tokens SET revoked_at = :now WHERE id = :id AND revoked_at IS NULL;

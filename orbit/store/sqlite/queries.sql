@@ -404,6 +404,11 @@ LIMIT coalesce(:limit, -1);
 -- name: token_lock
 SELECT id, name, scopes, created_at, revoked_at FROM orbit_tokens WHERE id = :id;
 
+-- name: token_live
+-- Which of these token ids are still accepted (known, not revoked): a node re-checks the
+-- tokens its open worker connections were opened with (orbit/server/revocation.py).
+SELECT id FROM orbit_tokens WHERE id IN (SELECT value FROM json_each(:ids)) AND revoked_at IS NULL;
+
 -- name: token_revoke
 -- Only a token not revoked yet: a second revoke keeps the first revoked_at.
 UPDATE orbit_tokens SET revoked_at = :now WHERE id = :id AND revoked_at IS NULL;
