@@ -17,7 +17,7 @@ from urllib.parse import quote
 import httpx
 
 from orbit.client._errors import ApiError, TaskFailed, WaitTimeout, error_from
-from orbit.client._http import Reply, Transport, Unreachable, unreachable, where
+from orbit.client._http import Reply, Transport, Unreachable, sent_again, unreachable, where
 from orbit.core.model import compact_json, parse_json
 from orbit.tokens import load_token, token_fault
 from orbit.urls import check_server_url
@@ -625,6 +625,25 @@ class Client:
         return dict(self._call(_Calls.token_revoke(token_id)))
 
 
+class _Trace:
+    """What httpcore tells of one request (httpx's ``trace`` extension): whether it
+    opened a connection (if not, it went out on a kept-alive one) and whether the
+    answer's head came. ``sent_again`` is asked only of a request that opened none and
+    had no answer."""
+
+    __slots__ = ("answered", "connected")
+
+    def __init__(self) -> None:
+        self.connected = False
+        self.answered = False
+
+    async def __call__(self, event: str, info: dict[str, Any]) -> None:
+        if event.startswith("connection.connect_"):
+            self.connected = True
+        elif event == "http11.receive_response_headers.complete":
+            self.answered = True
+
+
 class AsyncClient:
     """The same calls for asyncio code."""
 
@@ -660,14 +679,39 @@ class AsyncClient:
     async def _call(self, request: Request) -> Any:
         method, path, query, body = request
         content = None if body is None else request_json(body)
-        headers = None if body is None else {"Content-Type": "application/json"}
+        return _unwrap(await self._send(method, path, query, content))
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, Any] | None,
+        content: bytes | None,
+        *,
+        stream: bool = False,
+    ) -> httpx.Response:
+        """One request, as Client sends it: a transport error raised as Unreachable, and
+        a GET that met a kept-alive connection's close sent once more (``sent_again``).
+        ``stream``: the body is left to read (and the reply to close) to the caller."""
+        headers = None if content is None else {"Content-Type": "application/json"}
+        trace = _Trace()
+        request = self._http.build_request(
+            method,
+            path,
+            params=query,
+            content=content,
+            headers=headers,
+            extensions={"trace": trace},
+        )
         try:
-            reply = await self._http.request(
-                method, path, params=query, content=content, headers=headers
-            )
-        except httpx.TransportError as exc:  # as Client raises it
+            return await self._http.send(request, stream=stream)
+        except httpx.TransportError as exc:
+            if trace.answered or not sent_again(method, not trace.connected, exc):
+                raise self._unreachable(exc) from exc
+        try:
+            return await self._http.send(request, stream=stream)
+        except httpx.TransportError as exc:
             raise self._unreachable(exc) from exc
-        return _unwrap(reply)
 
     def _unreachable(self, exc: httpx.TransportError) -> Unreachable:
         """As Client raises it: the server's host and port, and the time waited (httpx's
@@ -778,15 +822,17 @@ class AsyncClient:
     async def artifact_stream(self, artifact_id: str) -> AsyncIterator[bytes]:
         """An artifact's bytes as they arrive, without holding them all."""
         path = f"/v1/artifacts/{_seg(artifact_id)}/content"
+        reply = await self._send("GET", path, None, None, stream=True)
         try:
-            async with self._http.stream("GET", path) as reply:
-                if reply.status_code >= 400:
-                    await reply.aread()
-                    _unwrap(reply)
-                async for chunk in reply.aiter_bytes():
-                    yield chunk
+            if reply.status_code >= 400:
+                await reply.aread()
+                _unwrap(reply)
+            async for chunk in reply.aiter_bytes():
+                yield chunk
         except httpx.TransportError as exc:  # as Client raises it
             raise self._unreachable(exc) from exc
+        finally:
+            await reply.aclose()
 
     async def token_create(self, name: str, scopes: list[str]) -> dict[str, Any]:
         body = {"name": name, "scopes": scopes}

@@ -10,9 +10,10 @@ A connection is reused only when it is idle and open: before a request, a readab
 socket means the server closed it (or sent what no request asked for), and it is
 replaced. A request that fails once sent is not retried, since the server may have
 acted on it; the caller sees :class:`Unreachable`, as for a server that is down. The one
-exception is a GET on a reused connection that the server closed as the request went
-out (its idle timeout met the request on the wire): not a byte of an answer came, a GET
-changes nothing, and it is sent once more on a fresh connection.
+exception, :func:`sent_again`, is the rule of both clients: a GET on a reused connection
+that the server closed as the request went out (its idle timeout met the request on the
+wire): not a byte of an answer came, a GET changes nothing, and it is sent once more on a
+fresh connection.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import SplitResult, urlencode
+
+import httpcore
 
 from orbit.urls import check_server_url
 
@@ -112,11 +115,7 @@ class Transport:
                 conn.request(method, target, body=body, headers=headers)
                 return conn, conn.getresponse()
         except Unreachable as exc:
-            # A kept-alive connection the server closed just as it was reused: the
-            # request met the close, and no answer had begun. A GET raised Unreachable
-            # here, though a server that was up and well had merely timed it out.
-            closed = isinstance(exc.__cause__, _CLOSED_UNANSWERED)
-            if not (closed and reused and method in _IDEMPOTENT):
+            if not sent_again(method, reused, exc):
                 raise
         conn = self._connect()
         with self._closed_on_error(conn):
@@ -204,14 +203,42 @@ def unreachable(where: str, timeout: float, exc: BaseException, *, timed_out: bo
     return Unreachable(f"{where}: {type(exc).__name__}: {exc}"[:300])
 
 
+def sent_again(method: str, reused: bool, exc: BaseException) -> bool:
+    """Whether a request that failed with ``exc`` before any of its answer was read is
+    sent once more: a GET (or HEAD) on a kept-alive connection (``reused``) that the
+    server closed just as the request went out on it (its idle timeout, a restart). The
+    request met the close, and no answer had begun: the caller got Unreachable from a
+    server that was up and well. A POST never is (the server may have acted on it), nor a
+    request on a fresh connection, nor any other failure (a timeout, a refusal). The rule
+    of both clients: ``Transport`` here, ``AsyncClient`` over httpx."""
+    return reused and method in _IDEMPOTENT and _closed_unanswered(exc)
+
+
+def _closed_unanswered(exc: BaseException) -> bool:
+    """Whether ``exc``'s cause chain says the connection was found closed before any
+    byte of the answer: http.client's RemoteDisconnected (the status line's read found
+    it closed), a reset or a broken pipe (the send met the close), or httpcore's own
+    "Server disconnected without sending a response" (raised where the answer's head was
+    awaited, without a cause; one from h11's reading of bytes that came has h11's)."""
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return False
+        if isinstance(seen, _CLOSED_UNANSWERED):
+            return True
+        if isinstance(seen, httpcore.RemoteProtocolError) and seen.__cause__ is None:
+            return True
+        seen = seen.__cause__
+    return False
+
+
 #: Idle connections kept per client (one per thread that calls it at once, up to this).
 MAX_IDLE = 8
 
 _JSON = {"Content-Type": "application/json"}
 #: the methods sent again after a kept-alive connection's close met them
 _IDEMPOTENT = frozenset({"GET", "HEAD"})
-#: how that close shows, before any byte of the answer (RemoteDisconnected: the status
-#: line's read found the connection closed; a reset or a broken pipe: the send met it)
+#: how that close shows, before any byte of the answer (``_closed_unanswered``)
 _CLOSED_UNANSWERED = (
     http.client.RemoteDisconnected,
     ConnectionResetError,

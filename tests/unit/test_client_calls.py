@@ -1,7 +1,7 @@
 """The clients' own logic over a real loopback HTTP server: ``wait`` (and ``orbit task
 wait``) riding over a server that is briefly unreachable, iterations resumed from a
-cursor, ``TaskFailed``'s message, and the sync transport's one retry of a GET on a
-kept-alive connection the server closed as it was reused."""
+cursor, ``TaskFailed``'s message, and both clients' one retry of a GET on a kept-alive
+connection the server closed as it was reused."""
 
 from __future__ import annotations
 
@@ -296,4 +296,48 @@ def test_a_get_on_a_fresh_connection_is_not_sent_again(server: _Server) -> None:
     with pytest.raises(Unreachable, match="RemoteDisconnected"):
         t.request("GET", "/v1/tasks/t1", None, None)
     t.close()
+    assert len(server.seen) == 1
+
+
+def test_async_client_sends_a_get_on_a_connection_closed_as_it_was_reused_again_once(
+    server: _Server,
+) -> None:
+    """As Client: AsyncClient raised Unreachable (httpx's RemoteProtocolError, "Server
+    disconnected without sending a response") from a server that was up and well."""
+    server.drop_on_reuse = 2
+
+    async def main() -> list[Any]:
+        async with AsyncClient(_url(server), "t0ken") as c:
+            return [
+                (await c.get("t1"))["state"],
+                (await c.get("t1"))["state"],
+                await c.artifact_content("a1") != b"",
+            ]
+
+    assert asyncio.run(main()) == ["succeeded", "succeeded", True]
+    assert [s["n"] for s in server.seen] == [1, 2, 1, 2, 1]
+
+
+def test_async_client_never_sends_a_post_twice(server: _Server) -> None:
+    server.drop_on_reuse = 2
+
+    async def main() -> None:
+        async with AsyncClient(_url(server), "t0ken") as c:
+            await c.cancel("t1")
+            with pytest.raises(Unreachable, match="RemoteProtocolError"):
+                await c.cancel("t1")
+
+    asyncio.run(main())
+    assert [(s["method"], s["n"]) for s in server.seen] == [("POST", 1), ("POST", 2)]
+
+
+def test_async_client_does_not_send_a_get_on_a_fresh_connection_again(server: _Server) -> None:
+    server.drop_first = 1
+
+    async def main() -> None:
+        async with AsyncClient(_url(server), "t0ken") as c:
+            with pytest.raises(Unreachable, match="RemoteProtocolError"):
+                await c.get("t1")
+
+    asyncio.run(main())
     assert len(server.seen) == 1
