@@ -257,6 +257,9 @@ def _headers(token: str | None) -> dict[str, str]:
 
 #: what a proxy in front answers, with a page of its own, when it cannot reach the server
 _GATEWAY_DOWN = frozenset({502, 503, 504})
+#: The least a wait's poll is given to be answered in, however little of the wait is
+#: left: a poll cut to the few milliseconds left would fail on a server that is well.
+POLL_TIMEOUT_FLOOR = 0.5
 
 
 class Waiting:
@@ -270,11 +273,23 @@ class Waiting:
         self._poll = poll
         self._delay = min(poll, 0.05)
         self._down_since: float | None = None
+        self._state: str | None = None  # the task's, as the last poll that answered saw
+        self._cut = False  # the last poll's timeout was cut short by the end of the wait
+
+    def request_timeout(self, default: float) -> float:
+        """The next poll's request timeout: the client's (``default``), but never past
+        the end of the wait, save for ``POLL_TIMEOUT_FLOOR``. Each poll took the client's
+        whole timeout, and a wait for a server slow to answer overshot its own timeout
+        by up to that (30 s by default)."""
+        left = max(self._end - time.monotonic(), POLL_TIMEOUT_FLOOR)
+        self._cut = left < default
+        return min(left, default)
 
     def ended(self, task: dict[str, Any]) -> bool:
         """A poll that answered: whether the task has ended (or needs review);
         WaitTimeout if not and the wait is over."""
         self._down_since = None
+        self._state = task["state"]
         if task["state"] in TERMINAL:
             return True
         if time.monotonic() >= self._end:
@@ -286,17 +301,29 @@ class Waiting:
         is raised again. The server out of reach, directly or behind a proxy's own 502,
         503 or 504 page, is asked again, until the wait is over: Unreachable then, saying
         for how long. Once, the first such poll ended the wait, and a server restarting (a
-        rolling deploy) failed every waiting caller."""
+        rolling deploy) failed every waiting caller.
+
+        A poll that timed out after ``request_timeout`` cut it short met the end of the
+        wait, not a server that is down: WaitTimeout then, unless the server was out of
+        reach before it."""
         if not _server_down(exc):
             raise exc
         now = time.monotonic()
-        if self._down_since is None:
+        cut_short = self._cut and _timed_out(exc)
+        if self._down_since is None and not cut_short:
             self._down_since = now
-        if now >= self._end:
-            raise Unreachable(
-                f"task {self.task_id}: the server was unreachable for the last "
-                f"{now - self._down_since:.1f} s of the wait ({exc})"
+        if now < self._end:
+            return
+        if self._down_since is None:
+            seen = f"is still {self._state}" if self._state else "was not seen"
+            raise WaitTimeout(
+                f"task {self.task_id} {seen}: the server did not answer the last poll "
+                "before the end of the wait"
             ) from exc
+        raise Unreachable(
+            f"task {self.task_id}: the server was unreachable for the last "
+            f"{now - self._down_since:.1f} s of the wait ({exc})"
+        ) from exc
 
     def pause(self) -> float:
         """Seconds until the next poll: short at first, doubling up to ``poll``, never
@@ -314,6 +341,19 @@ def _server_down(exc: Unreachable | ApiError) -> bool:
     if isinstance(exc, Unreachable):
         return not _untrusted(exc)
     return exc.status in _GATEWAY_DOWN and exc.code == "HTTP_ERROR"
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """Whether a poll failed for want of an answer in its time (either client's timeout
+    in ``exc``'s chain), rather than being refused a connection or cut off."""
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return False
+        if isinstance(seen, TimeoutError | httpx.TimeoutException):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 def _untrusted(exc: BaseException) -> bool:
@@ -358,6 +398,12 @@ class Client:
         timeout: float = 30.0,
     ) -> None:
         self._http = Transport(url.rstrip("/"), _headers(token), cafile=cafile, timeout=timeout)
+        self._timeout = timeout
+
+    @property
+    def timeout(self) -> float:
+        """Seconds a call waits for its answer (the ``timeout`` it was made with)."""
+        return self._timeout
 
     def __enter__(self) -> Client:
         return self
@@ -368,10 +414,10 @@ class Client:
     def close(self) -> None:
         self._http.close()
 
-    def _call(self, request: Request) -> Any:
+    def _call(self, request: Request, timeout: float | None = None) -> Any:
         method, path, query, body = request
         content = None if body is None else request_json(body)
-        return _unwrap(self._http.request(method, path, query, content))
+        return _unwrap(self._http.request(method, path, query, content, timeout))
 
     # queues
     def queue_create(
@@ -447,18 +493,20 @@ class Client:
         a tenth of the bytes, and the quickest way to enqueue many."""
         return _Calls.submitted(reply, self._call(_Calls.submit_many(tasks, reply)))
 
-    def get(self, task_id: str) -> dict[str, Any]:
-        return dict(self._call(("GET", f"/v1/tasks/{_seg(task_id)}", None, None)))
+    def get(self, task_id: str, *, timeout: float | None = None) -> dict[str, Any]:
+        """The task; ``timeout``: this call's, in place of the client's."""
+        return dict(self._call(("GET", f"/v1/tasks/{_seg(task_id)}", None, None), timeout))
 
     def wait(self, task_id: str, timeout: float = 60.0, poll: float = 0.2) -> dict[str, Any]:
         """Block until the task ends (or needs review); raise WaitTimeout after ``timeout``.
         A server that cannot be reached (a restart, a rolling deploy; behind a proxy, its
         own 502, 503 or 504 page) is asked again until then: Unreachable only if it still
-        cannot be at the end. A refusal (ApiError, such as NotFound) is raised at once."""
+        cannot be at the end. A refusal (ApiError, such as NotFound) is raised at once.
+        No poll waits for its answer past the end (save for ``POLL_TIMEOUT_FLOOR``)."""
         waiting = Waiting(task_id, timeout, poll)
         while True:
             try:
-                task = self.get(task_id)
+                task = self.get(task_id, timeout=waiting.request_timeout(self._timeout))
             except (Unreachable, ApiError) as exc:
                 waiting.failed(exc)
             else:
@@ -538,8 +586,17 @@ class Client:
         """Every attempt of the task, page by page, from the start or from ``cursor``."""
         yield from _walk(lambda c: self.list_attempts(task_id, limit=limit, cursor=c), cursor)
 
-    def events(self, task_id: str, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
-        return dict(self._call(_Calls.events(task_id, limit, cursor)))
+    def events(
+        self,
+        task_id: str,
+        limit: int = 100,
+        cursor: str | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """One page of the task's events; ``timeout``: this call's, in place of the
+        client's."""
+        return dict(self._call(_Calls.events(task_id, limit, cursor), timeout))
 
     def iter_events(
         self, task_id: str, *, limit: int = 100, cursor: str | None = None
@@ -673,13 +730,18 @@ class AsyncClient:
     async def __aexit__(self, *_: object) -> None:
         await self.aclose()
 
+    @property
+    def timeout(self) -> float:
+        """Seconds a call waits for its answer (the ``timeout`` it was made with)."""
+        return self._timeout
+
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _call(self, request: Request) -> Any:
+    async def _call(self, request: Request, timeout: float | None = None) -> Any:
         method, path, query, body = request
         content = None if body is None else request_json(body)
-        return _unwrap(await self._send(method, path, query, content))
+        return _unwrap(await self._send(method, path, query, content, timeout=timeout))
 
     async def _send(
         self,
@@ -688,11 +750,14 @@ class AsyncClient:
         query: dict[str, Any] | None,
         content: bytes | None,
         *,
+        timeout: float | None = None,
         stream: bool = False,
     ) -> httpx.Response:
         """One request, as Client sends it: a transport error raised as Unreachable, and
         a GET that met a kept-alive connection's close sent once more (``sent_again``).
-        ``stream``: the body is left to read (and the reply to close) to the caller."""
+        ``timeout``: this request's, in place of the client's (None). ``stream``: the
+        body is left to read (and the reply to close) to the caller."""
+        timeout = self._timeout if timeout is None else timeout
         headers = None if content is None else {"Content-Type": "application/json"}
         trace = _Trace()
         request = self._http.build_request(
@@ -701,23 +766,24 @@ class AsyncClient:
             params=query,
             content=content,
             headers=headers,
+            timeout=timeout,
             extensions={"trace": trace},
         )
         try:
             return await self._http.send(request, stream=stream)
         except httpx.TransportError as exc:
             if trace.answered or not sent_again(method, not trace.connected, exc):
-                raise self._unreachable(exc) from exc
+                raise self._unreachable(exc, timeout) from exc
         try:
             return await self._http.send(request, stream=stream)
         except httpx.TransportError as exc:
-            raise self._unreachable(exc) from exc
+            raise self._unreachable(exc, timeout) from exc
 
-    def _unreachable(self, exc: httpx.TransportError) -> Unreachable:
+    def _unreachable(self, exc: httpx.TransportError, timeout: float) -> Unreachable:
         """As Client raises it: the server's host and port, and the time waited (httpx's
         own message named neither; a timeout's was empty)."""
         timed_out = isinstance(exc, httpx.TimeoutException)
-        return unreachable(self._where, self._timeout, exc, timed_out=timed_out)
+        return unreachable(self._where, timeout, exc, timed_out=timed_out)
 
     async def queue_create(
         self, name: str, *, max_concurrency: int, rate: float, burst: int | None = None
@@ -788,9 +854,14 @@ class AsyncClient:
             yield item
 
     async def events(
-        self, task_id: str, limit: int = 100, cursor: str | None = None
+        self,
+        task_id: str,
+        limit: int = 100,
+        cursor: str | None = None,
+        *,
+        timeout: float | None = None,
     ) -> dict[str, Any]:
-        return dict(await self._call(_Calls.events(task_id, limit, cursor)))
+        return dict(await self._call(_Calls.events(task_id, limit, cursor), timeout))
 
     async def iter_events(
         self, task_id: str, *, limit: int = 100, cursor: str | None = None
@@ -830,7 +901,7 @@ class AsyncClient:
             async for chunk in reply.aiter_bytes():
                 yield chunk
         except httpx.TransportError as exc:  # as Client raises it
-            raise self._unreachable(exc) from exc
+            raise self._unreachable(exc, self._timeout) from exc
         finally:
             await reply.aclose()
 
@@ -864,14 +935,15 @@ class AsyncClient:
     ) -> list[dict[str, Any]]:
         return _Calls.submitted(reply, await self._call(_Calls.submit_many(tasks, reply)))
 
-    async def get(self, task_id: str) -> dict[str, Any]:
-        return dict(await self._call(("GET", f"/v1/tasks/{_seg(task_id)}", None, None)))
+    async def get(self, task_id: str, *, timeout: float | None = None) -> dict[str, Any]:
+        return dict(await self._call(("GET", f"/v1/tasks/{_seg(task_id)}", None, None), timeout))
 
     async def wait(self, task_id: str, timeout: float = 60.0, poll: float = 0.2) -> dict[str, Any]:
+        """As ``Client.wait``."""
         waiting = Waiting(task_id, timeout, poll)
         while True:
             try:
-                task = await self.get(task_id)
+                task = await self.get(task_id, timeout=waiting.request_timeout(self._timeout))
             except (Unreachable, ApiError) as exc:
                 waiting.failed(exc)
             else:

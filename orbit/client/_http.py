@@ -78,10 +78,17 @@ class Transport:
         self._closed = False
 
     def request(
-        self, method: str, path: str, query: dict[str, Any] | None, body: bytes | None
+        self,
+        method: str,
+        path: str,
+        query: dict[str, Any] | None,
+        body: bytes | None,
+        timeout: float | None = None,
     ) -> Reply:
-        conn, response = self._open(method, path, query, body)
-        with self._closed_on_error(conn):
+        """``timeout``: this request's, in place of the transport's (None)."""
+        timeout = self._timeout if timeout is None else timeout
+        conn, response = self._open(method, path, query, body, timeout)
+        with self._closed_on_error(conn, timeout):
             content = response.read()
         self._done(conn, response)
         return Reply(response.status, content)
@@ -90,7 +97,7 @@ class Transport:
     def stream(self, method: str, path: str) -> Iterator[tuple[int, Iterator[bytes]]]:
         """The status and the body's chunks as they arrive; a body not read to its end
         closes the connection rather than go back to the pool."""
-        conn, response = self._open(method, path, None, None)
+        conn, response = self._open(method, path, None, None, self._timeout)
         try:
             yield response.status, self._chunks(response)
         finally:
@@ -104,33 +111,38 @@ class Transport:
             conn.close()
 
     def _open(
-        self, method: str, path: str, query: dict[str, Any] | None, body: bytes | None
+        self,
+        method: str,
+        path: str,
+        query: dict[str, Any] | None,
+        body: bytes | None,
+        timeout: float,
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         target = self._prefix + path + ("?" + urlencode(query) if query else "")
         headers = self._headers if body is None else {**self._headers, **_JSON}
-        conn, reused = self._take()
+        conn, reused = self._take(timeout)
         try:
-            with self._closed_on_error(conn):
+            with self._closed_on_error(conn, timeout):
                 # one send for the headers and a bytes body (http.client joins them)
                 conn.request(method, target, body=body, headers=headers)
                 return conn, conn.getresponse()
         except Unreachable as exc:
             if not sent_again(method, reused, exc):
                 raise
-        conn = self._connect()
-        with self._closed_on_error(conn):
+        conn = self._connect(timeout)
+        with self._closed_on_error(conn, timeout):
             conn.request(method, target, body=body, headers=headers)
             return conn, conn.getresponse()
 
     @contextmanager
-    def _closed_on_error(self, conn: http.client.HTTPConnection) -> Iterator[None]:
+    def _closed_on_error(self, conn: http.client.HTTPConnection, timeout: float) -> Iterator[None]:
         """Any error closes ``conn`` (its state is unknown); a transport error is raised
-        as ``Unreachable``."""
+        as ``Unreachable`` (``timeout``: what the request was given, as it says)."""
         try:
             yield
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
-            raise self._unreachable(exc) from exc
+            raise self._unreachable(exc, timeout) from exc
         except BaseException:
             conn.close()
             raise
@@ -140,13 +152,14 @@ class Transport:
             try:
                 chunk = response.read(STREAM_CHUNK)
             except (OSError, http.client.HTTPException) as exc:
-                raise self._unreachable(exc) from exc
+                raise self._unreachable(exc, self._timeout) from exc
             if not chunk:
                 # http.client's read(n) answers b"" when the connection closes before the
                 # Content-Length is reached (``length`` is what is still owed): a body cut
                 # off, never a whole one.
                 if response.length:
-                    raise self._unreachable(http.client.IncompleteRead(b"", response.length))
+                    cut = http.client.IncompleteRead(b"", response.length)
+                    raise self._unreachable(cut, self._timeout)
                 return
             yield chunk
 
@@ -161,31 +174,35 @@ class Transport:
                 return
         conn.close()
 
-    def _unreachable(self, exc: BaseException) -> Unreachable:
-        return unreachable(self._where, self._timeout, exc, timed_out=isinstance(exc, TimeoutError))
+    def _unreachable(self, exc: BaseException, timeout: float) -> Unreachable:
+        return unreachable(self._where, timeout, exc, timed_out=isinstance(exc, TimeoutError))
 
-    def _take(self) -> tuple[http.client.HTTPConnection, bool]:
-        """A connection, and whether it is a kept-alive one (it served a request)."""
+    def _take(self, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
+        """A connection for a request given ``timeout`` (a kept-alive one keeps the
+        timeout of its last request until told), and whether it is a kept-alive one (it
+        served a request)."""
         while True:
             with self._lock:
                 if self._closed:
                     raise RuntimeError("the client is closed")
                 conn = self._idle.pop() if self._idle else None
             if conn is None:
-                return self._connect(), False
-            if _still_open(conn):
+                return self._connect(timeout), False
+            if _still_open(conn) and conn.sock is not None:
+                conn.timeout = timeout
+                conn.sock.settimeout(timeout)
                 return conn, True
             conn.close()
 
-    def _connect(self) -> http.client.HTTPConnection:
+    def _connect(self, timeout: float) -> http.client.HTTPConnection:
         conn: http.client.HTTPConnection
         if self._tls is not None:
             conn = http.client.HTTPSConnection(
-                self._host, self._port, timeout=self._timeout, context=self._tls
+                self._host, self._port, timeout=timeout, context=self._tls
             )
         else:
-            conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
-        with self._closed_on_error(conn):
+            conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+        with self._closed_on_error(conn, timeout):
             conn.connect()  # which sets TCP_NODELAY
         return conn
 

@@ -16,9 +16,19 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+import typer
 
-from orbit.cli.api import _wait
-from orbit.client import ApiError, AsyncClient, Client, NotFound, TaskFailed, Unreachable
+from orbit.cli.api import EXIT_TIMEOUT, _wait
+from orbit.client import (
+    ApiError,
+    AsyncClient,
+    Client,
+    NotFound,
+    TaskFailed,
+    Unreachable,
+    WaitTimeout,
+)
+from orbit.client._client import POLL_TIMEOUT_FLOOR, Waiting
 from orbit.client._http import Transport
 
 
@@ -31,6 +41,8 @@ class _Server(ThreadingHTTPServer):
     #: requests answered by a proxy in front whose server is away: (status, how many)
     gateway_first = (502, 0)
     seen: list[dict[str, Any]]
+    #: set at teardown: what holds the answers to /v1/tasks/slow after its first
+    released: threading.Event
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass
@@ -57,6 +69,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.served += 1
         srv = self.server
         srv.seen.append({"method": self.command, "path": self.path, "n": self.served})
+        slow = [s for s in srv.seen if s["path"] == "/v1/tasks/slow"]
+        if len(slow) > 1 and self.path == "/v1/tasks/slow":  # running, then no answer
+            srv.released.wait(10)
+            self.close_connection = True
+            return
         if srv.drop_first > 0 or self.served == srv.drop_on_reuse:
             srv.drop_first -= 1
             self.close_connection = True  # not a byte of an answer
@@ -77,6 +94,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _reply(self, url: Any) -> tuple[int, Any]:
         if url.path.startswith("/v1/tasks/missing"):
             return 404, {"error": {"code": "NOT_FOUND", "message": "no such task"}}
+        if url.path == "/v1/tasks/slow":
+            return 200, {"id": "slow", "state": "running", "attempts_used": 1, "max_attempts": 3}
         if url.path == "/v1/tasks/t1":
             return 200, {
                 "id": "t1",
@@ -97,11 +116,13 @@ class _Handler(BaseHTTPRequestHandler):
 def server() -> Iterator[_Server]:
     srv = _Server(("127.0.0.1", 0), _Handler)
     srv.seen = []
+    srv.released = threading.Event()
     thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
         yield srv
     finally:
+        srv.released.set()
         srv.shutdown()
         srv.server_close()
 
@@ -214,6 +235,52 @@ def test_wait_raises_a_refusal_at_once(server: _Server) -> None:
 
     asyncio.run(main())
     assert len(server.seen) == 2
+
+
+def test_a_polls_request_timeout_is_cut_to_what_is_left_of_the_wait() -> None:
+    """The client's timeout while the wait has longer to go; what is left of it once it
+    has less, though never less than the floor (a server that is well needs a moment)."""
+    assert Waiting("t1", timeout=60).request_timeout(30.0) == 30.0
+    assert 9.0 < Waiting("t1", timeout=10).request_timeout(30.0) <= 10.0
+    assert Waiting("t1", timeout=0).request_timeout(30.0) == POLL_TIMEOUT_FLOOR
+    assert Waiting("t1", timeout=0).request_timeout(0.1) == 0.1  # never the client's past
+
+
+def test_wait_ends_at_its_timeout_when_the_server_is_slow_to_answer(server: _Server) -> None:
+    """A server that stops answering (overloaded, a lock held): each poll waited for the
+    client's whole timeout, so ``wait(timeout=0.2)`` took 5 s here (30 s by default) and
+    then raised Unreachable, for a server it had reached. The last poll is now cut to
+    what is left of the wait (the floor, here), and the wait raises WaitTimeout."""
+    with Client(_url(server), "t0ken", timeout=5.0) as c:
+        started = time.monotonic()
+        with pytest.raises(WaitTimeout, match="is still running: the server did not") as caught:
+            c.wait("slow", timeout=0.2, poll=0.05)
+        assert time.monotonic() - started < c.timeout  # generous: the floor is 0.5 s
+    assert f"within {POLL_TIMEOUT_FLOOR} s" in str(caught.value.__cause__)
+    server.seen.clear()  # /v1/tasks/slow answers once more
+
+    async def main() -> None:
+        async with AsyncClient(_url(server), "t0ken", timeout=5.0) as c:
+            started = time.monotonic()
+            with pytest.raises(WaitTimeout, match="is still running") as caught:
+                await c.wait("slow", timeout=0.2, poll=0.05)
+            assert time.monotonic() - started < c.timeout
+        assert f"within {POLL_TIMEOUT_FLOOR} s" in str(caught.value.__cause__)
+
+    asyncio.run(main())
+
+
+def test_task_wait_ends_at_its_timeout_when_the_server_is_slow_to_answer(
+    server: _Server,
+) -> None:
+    """``orbit task wait`` as ``wait``: exit 5 (timeout) at its end, not exit 4 after
+    the client's whole timeout."""
+    with Client(_url(server), "t0ken", timeout=5.0) as c:
+        started = time.monotonic()
+        with pytest.raises(typer.Exit) as caught:
+            _wait(c, "slow", timeout=0.2, as_json=True)
+        assert time.monotonic() - started < c.timeout
+    assert caught.value.exit_code == EXIT_TIMEOUT
 
 
 # --------------------------------------------------------------------------- cursors
