@@ -371,19 +371,37 @@ def _untrusted(exc: BaseException) -> bool:
 
 
 def _unwrap(reply: httpx.Response | Reply) -> Any:
+    """A call's answer: its JSON. A refusal is raised as its ApiError; a redirect, and a
+    success with no JSON (an empty body too, on which the calls raised TypeError), as an
+    ApiError that says so."""
+    if 300 <= reply.status_code < 400:
+        raise _redirected(reply)
     # orjson (falling back to the standard library for what it refuses): a batch reply
     # holds a thousand task views, which json.loads took most of the client's time to read
     try:
         body = parse_json(reply.content) if reply.content else None
     except ValueError:  # a proxy's error page, or a URL that names no Orbit server
-        if reply.status_code >= 400:
-            raise error_from(reply.status_code, None) from None
-        raise ApiError(
-            reply.status_code, "NOT_JSON", "the reply is not JSON: is the URL an Orbit server's?"
-        ) from None
+        body = None
     if reply.status_code >= 400:
         raise error_from(reply.status_code, body)
+    if body is None:  # no Orbit call answers with nothing
+        raise ApiError(
+            reply.status_code, "NOT_JSON", "the reply is not JSON: is the URL an Orbit server's?"
+        )
     return body
+
+
+def _redirected(reply: httpx.Response | Reply) -> ApiError:
+    """A redirect, from a proxy in front (plain HTTP sent on to https, a host that
+    moved): neither client follows one, since the token would go along to wherever it
+    points. The error names where, the URL to give the client."""
+    to = reply.headers.get("location") if isinstance(reply, httpx.Response) else reply.location
+    return ApiError(
+        reply.status_code,
+        "REDIRECT",
+        f"the server redirects to {str(to)[:200]}: the client follows no redirect; give it "
+        "the URL the server redirects to",
+    )
 
 
 class Client:
@@ -645,7 +663,7 @@ class Client:
     def artifact_content(self, artifact_id: str) -> bytes:
         """An artifact's bytes (use ``artifact_stream`` for large ones)."""
         reply = self._http.request("GET", f"/v1/artifacts/{_seg(artifact_id)}/content", None, None)
-        if reply.status_code >= 400:
+        if reply.status_code >= 300:  # a redirect's body is no artifact's
             _unwrap(reply)
         return reply.content
 
@@ -653,10 +671,11 @@ class Client:
         """An artifact's bytes as they arrive, without holding them all."""
         with self._http.stream("GET", f"/v1/artifacts/{_seg(artifact_id)}/content") as (
             status,
+            location,
             chunks,
         ):
-            if status >= 400:
-                _unwrap(Reply(status, b"".join(chunks)))
+            if status >= 300:
+                _unwrap(Reply(status, b"".join(chunks), location))
             yield from chunks
 
     def token_create(self, name: str, scopes: list[str]) -> dict[str, Any]:
@@ -895,7 +914,7 @@ class AsyncClient:
         path = f"/v1/artifacts/{_seg(artifact_id)}/content"
         reply = await self._send("GET", path, None, None, stream=True)
         try:
-            if reply.status_code >= 400:
+            if reply.status_code >= 300:
                 await reply.aread()
                 _unwrap(reply)
             async for chunk in reply.aiter_bytes():

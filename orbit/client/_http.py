@@ -42,13 +42,14 @@ class Unreachable(ConnectionError):
 
 
 class Reply:
-    """A whole response: its status and body."""
+    """A whole response: its status, its body, and where it redirects (its Location)."""
 
-    __slots__ = ("content", "status_code")
+    __slots__ = ("content", "location", "status_code")
 
-    def __init__(self, status_code: int, content: bytes) -> None:
+    def __init__(self, status_code: int, content: bytes, location: str | None = None) -> None:
         self.status_code = status_code
         self.content = content
+        self.location = location
 
 
 class Transport:
@@ -91,15 +92,15 @@ class Transport:
         with self._closed_on_error(conn, timeout):
             content = response.read()
         self._done(conn, response)
-        return Reply(response.status, content)
+        return Reply(response.status, content, response.getheader("Location"))
 
     @contextmanager
-    def stream(self, method: str, path: str) -> Iterator[tuple[int, Iterator[bytes]]]:
-        """The status and the body's chunks as they arrive; a body not read to its end
-        closes the connection rather than go back to the pool."""
+    def stream(self, method: str, path: str) -> Iterator[tuple[int, str | None, Iterator[bytes]]]:
+        """The status, the Location, and the body's chunks as they arrive; a body not
+        read to its end closes the connection rather than go back to the pool."""
         conn, response = self._open(method, path, None, None, self._timeout)
         try:
-            yield response.status, self._chunks(response)
+            yield response.status, response.getheader("Location"), self._chunks(response)
         finally:
             self._done(conn, response)
 

@@ -46,6 +46,14 @@ class _Handler(BaseHTTPRequestHandler):
         )
         if self.path.startswith("/slow"):
             time.sleep(1.0)
+        if self.path.startswith(("/moved", "/empty")):  # a proxy's redirect; no body at all
+            moved = self.path.startswith("/moved")
+            self.send_response(308 if moved else 200)
+            if moved:
+                self.send_header("Location", "https://orbit.example" + self.path[6:])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         kind = "application/json"
         if self.path.startswith("/big"):
             payload = b"x" * (3 * STREAM_CHUNK + 5)
@@ -153,11 +161,11 @@ def test_a_streamed_body_arrives_in_chunks_and_an_unread_one_is_not_reused(
     server: _Server,
 ) -> None:
     t = _transport(_url(server))
-    with t.stream("GET", "/big") as (status, chunks):
+    with t.stream("GET", "/big") as (status, _, chunks):
         got = list(chunks)
     assert status == 200 and sum(map(len, got)) == 3 * STREAM_CHUNK + 5 and len(got) > 1
     assert len(t._idle) == 1  # read to its end: back to the pool
-    with t.stream("GET", "/big") as (status, chunks):
+    with t.stream("GET", "/big") as (status, _, chunks):
         next(chunks)
     assert not t._idle  # the same one went out, and was closed rather than returned
     t.close()
@@ -304,6 +312,41 @@ def test_a_reply_that_is_not_json_is_an_api_error(server: _Server) -> None:
         with pytest.raises(ApiError) as caught:
             asyncio.run(call(path))
         assert caught.value.status == status, caught.value
+
+
+def test_a_redirect_or_an_empty_reply_is_an_api_error(server: _Server) -> None:
+    """A proxy in front that redirects (plain HTTP to https, say) or answers 200 with no
+    body: the calls raised TypeError ("'NoneType' object is not iterable"), and
+    ``artifact_content`` returned the redirect's empty body as the artifact's bytes. A
+    redirect is not followed (the token would go along): an ``ApiError`` names where."""
+    from orbit.client import ApiError, AsyncClient
+
+    moved = "https://orbit.example/v1/queues"
+    with Client(_url(server, "/moved"), token="t0ken") as c:
+        with pytest.raises(ApiError, match=f"redirects to {moved}") as caught:
+            c.queues()
+        assert (caught.value.status, caught.value.code) == (308, "REDIRECT")
+        with pytest.raises(ApiError, match="REDIRECT"):
+            c.artifact_content("a1")
+        with pytest.raises(ApiError, match="REDIRECT"):
+            list(c.artifact_stream("a1"))
+    with (
+        Client(_url(server, "/empty"), token="t0ken") as c,
+        pytest.raises(ApiError, match="NOT_JSON"),
+    ):
+        c.queues()
+
+    async def main() -> None:
+        async with AsyncClient(_url(server, "/moved"), token="t0ken") as c:
+            with pytest.raises(ApiError, match=f"redirects to {moved}"):
+                await c.queues()
+            with pytest.raises(ApiError, match="REDIRECT"):
+                await c.artifact_content("a1")
+        async with AsyncClient(_url(server, "/empty"), token="t0ken") as c:
+            with pytest.raises(ApiError, match="NOT_JSON"):
+                await c.queues()
+
+    asyncio.run(main())
 
 
 def test_nan_and_the_infinities_are_refused_before_anything_is_sent(server: _Server) -> None:
