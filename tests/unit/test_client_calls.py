@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
 import socket
 import threading
 import time
@@ -22,6 +23,7 @@ from orbit.cli.api import EXIT_TIMEOUT, _wait
 from orbit.client import (
     ApiError,
     AsyncClient,
+    BadRequest,
     Client,
     NotFound,
     TaskFailed,
@@ -408,3 +410,27 @@ def test_async_client_does_not_send_a_get_on_a_fresh_connection_again(server: _S
 
     asyncio.run(main())
     assert len(server.seen) == 1
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        NotFound(404, "NOT_FOUND", "no such task"),
+        ApiError(502, "HTTP_ERROR", "unexpected reply with status 502"),
+        BadRequest(400, "INVALID_ARGUMENT", "limit must be 1..1000", "limit"),
+        TaskFailed({"id": "t2", "state": "failed", "error": {"code": "BOOM", "message": "x"}}),
+        WaitTimeout("task t1 is still running"),
+        Unreachable("no answer from 127.0.0.1:1 within 0.5 s"),
+    ],
+)
+def test_the_errors_cross_a_process_boundary(error: Exception) -> None:
+    """A call made in a ``ProcessPoolExecutor`` (or any multiprocessing pool) raises in
+    the parent what it raised in the child, pickled: an ApiError or a TaskFailed came
+    back as "TypeError: __init__() missing 3 required positional arguments"."""
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is type(error)
+    assert str(back) == str(error)
+    assert vars(back) == vars(error)
