@@ -17,7 +17,15 @@ from urllib.parse import quote
 import httpx
 
 from orbit.client._errors import ApiError, TaskFailed, WaitTimeout, error_from
-from orbit.client._http import Reply, Transport, Unreachable, sent_again, unreachable, where
+from orbit.client._http import (
+    Reply,
+    Transport,
+    Unreachable,
+    checked_timeout,
+    sent_again,
+    unreachable,
+    where,
+)
 from orbit.core.model import compact_json, parse_json
 from orbit.tokens import load_token, token_fault
 from orbit.urls import check_server_url
@@ -268,6 +276,13 @@ class Waiting:
     and ``orbit task wait`` poll their own way and share these rules."""
 
     def __init__(self, task_id: str, timeout: float, poll: float = 0.2) -> None:
+        """ValueError for a ``timeout`` of NaN, which no clock passes (the wait went on
+        for ever), and a ``poll`` that is not a positive, finite number of seconds (0
+        asked the server in a tight loop; less raised from ``time.sleep``)."""
+        if not isinstance(timeout, int | float) or math.isnan(timeout):
+            raise ValueError(f"a wait's timeout must be a number of seconds, not {timeout!r}")
+        if not isinstance(poll, int | float) or not 0 < poll < math.inf:
+            raise ValueError(f"a wait's poll must be a positive number of seconds, not {poll!r}")
         self.task_id = task_id
         self._end = time.monotonic() + timeout
         self._poll = poll
@@ -415,8 +430,9 @@ class Client:
         cafile: str | None = None,
         timeout: float = 30.0,
     ) -> None:
-        self._http = Transport(url.rstrip("/"), _headers(token), cafile=cafile, timeout=timeout)
-        self._timeout = timeout
+        self._timeout = checked_timeout(timeout)
+        headers = _headers(token)
+        self._http = Transport(url.rstrip("/"), headers, cafile=cafile, timeout=self._timeout)
 
     @property
     def timeout(self) -> float:
@@ -731,16 +747,16 @@ class AsyncClient:
         cafile: str | None = None,
         timeout: float = 30.0,
     ) -> None:
-        # As Client: a URL it cannot use is a ValueError, at once.
+        # As Client: a URL or a timeout it cannot use is a ValueError, at once.
         self._where = where(check_server_url(url))
-        self._timeout = timeout
+        self._timeout = checked_timeout(timeout)
         self._http = httpx.AsyncClient(
             base_url=url.rstrip("/"),
             headers=_headers(token),
             # The system's CAs (or cafile's), as Client and the worker's connection trust:
             # httpx's verify=True trusts certifi's bundle instead.
             verify=ssl.create_default_context(cafile=cafile),
-            timeout=timeout,
+            timeout=self._timeout,
         )
 
     async def __aenter__(self) -> AsyncClient:
@@ -776,7 +792,7 @@ class AsyncClient:
         a GET that met a kept-alive connection's close sent once more (``sent_again``).
         ``timeout``: this request's, in place of the client's (None). ``stream``: the
         body is left to read (and the reply to close) to the caller."""
-        timeout = self._timeout if timeout is None else timeout
+        timeout = self._timeout if timeout is None else checked_timeout(timeout)
         headers = None if content is None else {"Content-Type": "application/json"}
         trace = _Trace()
         request = self._http.build_request(

@@ -19,6 +19,7 @@ fresh connection.
 from __future__ import annotations
 
 import http.client
+import math
 import select
 import ssl
 import threading
@@ -87,7 +88,7 @@ class Transport:
         timeout: float | None = None,
     ) -> Reply:
         """``timeout``: this request's, in place of the transport's (None)."""
-        timeout = self._timeout if timeout is None else timeout
+        timeout = self._timeout if timeout is None else checked_timeout(timeout)
         conn, response = self._open(method, path, query, body, timeout)
         with self._closed_on_error(conn, timeout):
             content = response.read()
@@ -206,6 +207,21 @@ class Transport:
         with self._closed_on_error(conn, timeout):
             conn.connect()  # which sets TCP_NODELAY
         return conn
+
+
+def checked_timeout(timeout: object) -> float:
+    """``timeout`` if a request can be given it: a positive, finite number of seconds;
+    ValueError if not, before anything is sent. Taken as it was, 0 failed the sync
+    client's connect (BlockingIOError, raised as Unreachable from a server that was
+    well) and timed out every async call at once; a negative one, NaN or infinity raised
+    ValueError, OverflowError or Unreachable at the first call."""
+    if (
+        isinstance(timeout, int | float)
+        and not isinstance(timeout, bool)  # True is no number of seconds
+        and 0 < timeout < math.inf
+    ):
+        return float(timeout)
+    raise ValueError(f"timeout must be a positive, finite number of seconds, not {timeout!r}")
 
 
 def where(parts: SplitResult) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import pickle
 import socket
 import threading
@@ -283,6 +284,52 @@ def test_task_wait_ends_at_its_timeout_when_the_server_is_slow_to_answer(
             _wait(c, "slow", timeout=0.2, as_json=True)
         assert time.monotonic() - started < c.timeout
     assert caught.value.exit_code == EXIT_TIMEOUT
+
+
+@pytest.mark.parametrize("timeout", [0, -1.0, math.nan, math.inf, None, True, "30"])
+def test_a_timeout_no_request_can_use_is_refused_at_once(server: _Server, timeout: Any) -> None:
+    """Taken as it was, 0 raised Unreachable (sync: BlockingIOError) from a server that
+    was well, at the first call; -1 Unreachable (async: "within -1 s") or ValueError;
+    NaN and infinity ValueError or OverflowError there. Refused now, with nothing sent:
+    a client's, and one call's (where None is the client's)."""
+    with pytest.raises(ValueError, match="timeout must be a positive, finite number"):
+        Client(_url(server), "t0ken", timeout=timeout)
+    with pytest.raises(ValueError, match="timeout must be a positive, finite number"):
+        AsyncClient(_url(server), "t0ken", timeout=timeout)
+    if timeout is None:
+        return
+    with Client(_url(server), "t0ken") as c, pytest.raises(ValueError, match="timeout must"):
+        c.get("t1", timeout=timeout)
+
+    async def main() -> None:
+        async with AsyncClient(_url(server), "t0ken") as c:
+            with pytest.raises(ValueError, match="timeout must"):
+                await c.events("t1", timeout=timeout)
+
+    asyncio.run(main())
+    assert server.seen == []
+
+
+@pytest.mark.parametrize(
+    ("timeout", "poll"), [(math.nan, 0.2), (10.0, 0.0), (10.0, -1.0), (10.0, math.nan)]
+)
+def test_wait_refuses_a_timeout_or_a_poll_it_cannot_keep(
+    server: _Server, timeout: float, poll: float
+) -> None:
+    """A NaN timeout never ran out (no clock is past NaN): a wait for a task that did not
+    end went on for ever. A poll of 0 (or less) asked the server in a tight loop, and
+    a negative one raised ValueError from time.sleep after the first poll. Refused now,
+    before anything is sent."""
+    with Client(_url(server), "t0ken") as c, pytest.raises(ValueError, match="wait's"):
+        c.wait("t1", timeout=timeout, poll=poll)
+
+    async def main() -> None:
+        async with AsyncClient(_url(server), "t0ken") as c:
+            with pytest.raises(ValueError, match="wait's"):
+                await c.wait("t1", timeout=timeout, poll=poll)
+
+    asyncio.run(main())
+    assert server.seen == []
 
 
 # --------------------------------------------------------------------------- cursors
