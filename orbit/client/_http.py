@@ -282,13 +282,17 @@ _CLOSED_UNANSWERED = (
 
 
 def _still_open(conn: http.client.HTTPConnection) -> bool:
-    """An idle keep-alive connection has nothing to read; if its socket is readable, the
-    server closed it (or broke the protocol), and it must not carry a request."""
+    """An idle keep-alive connection has nothing to read; if its socket is readable (or
+    hung up, or in error), the server closed it (or broke the protocol), and it must not
+    carry a request. ``poll``, not ``select``: select takes no descriptor numbered 1024
+    or more, and in a process with that many open every connection was taken for closed
+    (a new one, and a TLS handshake, for every call)."""
     sock = conn.sock
     if sock is None:
         return False
+    waiter = select.poll()
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
-    except (OSError, ValueError):
+        waiter.register(sock, select.POLLIN)
+        return not waiter.poll(0)
+    except (OSError, ValueError):  # a socket already closed (fileno -1)
         return False
-    return not readable

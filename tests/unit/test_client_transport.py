@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import resource
 import socket
 import threading
 import time
@@ -120,6 +122,29 @@ def test_a_path_prefix_in_the_url_is_kept(server: _Server) -> None:
         "path": "/orbit/v1/queues"
     }
     t.close()
+
+
+def test_connections_are_reused_in_a_process_with_many_files_open(server: _Server) -> None:
+    """``select.select`` takes no descriptor numbered 1024 or more (ValueError): in a
+    process with that many files and sockets open (a busy web server calling Orbit),
+    each idle connection was taken for one the server had closed, and every call opened
+    a connection of its own (with TLS, a handshake)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip("this process may not open 1,200 files")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    read, write = os.pipe()
+    held = [os.dup(read) for _ in range(1030)]  # the next sockets are numbered past 1024
+    try:
+        t = _transport(_url(server))
+        for _ in range(3):
+            assert t.request("GET", "/v1/queues", None, None).status_code == 200
+        t.close()
+    finally:
+        for fd in [*held, read, write]:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert len({s["port"] for s in server.seen}) == 1
 
 
 class _IdleTimeoutHandler(_Handler):
