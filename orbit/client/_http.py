@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import http.client
 import math
+import os
 import select
 import ssl
 import threading
@@ -78,6 +79,7 @@ class Transport:
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._pid = os.getpid()  # the process whose connections the pool holds
 
     def request(
         self,
@@ -183,6 +185,8 @@ class Transport:
         """A connection for a request given ``timeout`` (a kept-alive one keeps the
         timeout of its last request until told), and whether it is a kept-alive one (it
         served a request)."""
+        if self._pid != os.getpid():
+            self._forget_the_parents()
         while True:
             with self._lock:
                 if self._closed:
@@ -194,6 +198,18 @@ class Transport:
                 conn.timeout = timeout
                 conn.sock.settimeout(timeout)
                 return conn, True
+            conn.close()
+
+    def _forget_the_parents(self) -> None:
+        """In the child of a fork (a client made before gunicorn's --preload forks, or a
+        prefork pool's), the idle connections are the parent's too: the child took them,
+        and two processes on one connection read each other's answers. The child closes
+        its copies (the parent's sockets stay open) and starts a pool of its own, with a
+        lock of its own (the parent's may have been held by a thread the child has not)."""
+        idle, self._idle = self._idle, []
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        for conn in idle:
             conn.close()
 
     def _connect(self, timeout: float) -> http.client.HTTPConnection:

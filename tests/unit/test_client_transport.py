@@ -147,6 +147,28 @@ def test_connections_are_reused_in_a_process_with_many_files_open(server: _Serve
     assert len({s["port"] for s in server.seen}) == 1
 
 
+def test_a_forked_child_does_not_reuse_its_parents_connections(server: _Server) -> None:
+    """A client made before a fork (gunicorn's --preload, a prefork pool, a
+    multiprocessing "fork" start) is used in the child: the child took the parent's idle
+    connections, the very sockets the parent goes on using, and two processes that share
+    one connection read each other's answers. The child opens its own."""
+    t = _transport(_url(server))
+    assert t.request("GET", "/parent", None, None).status_code == 200
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 if its request was answered, never return to pytest
+        try:
+            os._exit(0 if t.request("GET", "/child", None, None).status_code == 200 else 1)
+        finally:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert t.request("GET", "/parent-again", None, None).status_code == 200
+    t.close()
+    ports = {s["path"]: s["port"] for s in server.seen}
+    assert ports["/child"] != ports["/parent"]
+    assert ports["/parent-again"] == ports["/parent"]  # the parent's own, still its own
+
+
 class _IdleTimeoutHandler(_Handler):
     timeout = 0.2  # the server drops a keep-alive connection idle this long
 
