@@ -312,11 +312,12 @@ class Waiting:
         return False
 
     def failed(self, exc: Unreachable | ApiError) -> None:
-        """A poll that raised. A refusal (NotFound, Forbidden, an untrusted certificate)
-        is raised again. The server out of reach, directly or behind a proxy's own 502,
-        503 or 504 page, is asked again, until the wait is over: Unreachable then, saying
-        for how long. Once, the first such poll ended the wait, and a server restarting (a
-        rolling deploy) failed every waiting caller.
+        """A poll that raised. A refusal (NotFound, Forbidden, an untrusted certificate,
+        an https:// URL for a plain HTTP server) is raised again. The server out of reach,
+        directly or behind a proxy's own 502, 503 or 504 page, is asked again, until the
+        wait is over: Unreachable then, saying for how long. Once, the first such poll
+        ended the wait, and a server restarting (a rolling deploy) failed every waiting
+        caller.
 
         A poll that timed out after ``request_timeout`` cut it short met the end of the
         wait, not a server that is down: WaitTimeout then, unless the server was out of
@@ -372,14 +373,18 @@ def _timed_out(exc: BaseException) -> bool:
 
 
 def _untrusted(exc: BaseException) -> bool:
-    """Whether the server's certificate failed verification somewhere in ``exc``'s
-    chain: a client set up wrong (its CA, the host name), which no waiting mends. Taken
-    for an outage, a ``wait`` said so only when its whole timeout had run out."""
+    """Whether TLS failed somewhere in ``exc``'s chain in a way that no waiting mends, a
+    client set up wrong: the server's certificate failed verification (its CA, the host
+    name), or the server speaks no TLS on that port (WRONG_VERSION_NUMBER: an https://
+    URL for a plain HTTP server). Taken for an outage, a ``wait`` said so only when its
+    whole timeout had run out."""
     seen: BaseException | None = exc
     for _ in range(10):
         if seen is None:
             return False
         if isinstance(seen, ssl.SSLCertVerificationError):
+            return True
+        if isinstance(seen, ssl.SSLError) and seen.reason == "WRONG_VERSION_NUMBER":
             return True
         seen = seen.__cause__ or seen.__context__
     return False

@@ -227,6 +227,27 @@ def test_wait_raises_unreachable_when_the_server_stays_unreachable() -> None:
     asyncio.run(main())
 
 
+def test_wait_raises_an_https_url_for_a_plain_http_server_at_once(server: _Server) -> None:
+    """``https://`` for a server that speaks plain HTTP on that port fails every TLS
+    handshake (WRONG_VERSION_NUMBER): a client set up wrong, as an untrusted certificate
+    is, which no waiting mends. Taken for an outage, ``wait`` said so only when its whole
+    timeout had run out."""
+    url = _url(server).replace("http://", "https://")
+    with Client(url, "t0ken") as c, pytest.raises(Unreachable) as caught:
+        c.wait("t1", timeout=5)
+    assert "WRONG_VERSION_NUMBER" in str(caught.value)
+    assert "was unreachable for the last" not in str(caught.value)
+
+    async def main() -> None:
+        async with AsyncClient(url, "t0ken") as c:
+            with pytest.raises(Unreachable) as caught:
+                await c.wait("t1", timeout=5)
+        assert "WRONG_VERSION_NUMBER" in str(caught.value)
+        assert "was unreachable for the last" not in str(caught.value)
+
+    asyncio.run(main())
+
+
 def test_wait_raises_a_refusal_at_once(server: _Server) -> None:
     with Client(_url(server), "t0ken") as c, pytest.raises(NotFound):
         c.wait("missing", timeout=10)
