@@ -471,14 +471,17 @@ class _EventFollower:
         self._read: set[str] = set()  # the ids read on that page
         self._pending: list[dict[str, Any]] = []  # read, not yet returned
 
-    def new(self) -> list[dict[str, Any]]:
+    def new(self, timeout: Callable[[], float | None] = lambda: None) -> list[dict[str, Any]]:
         """The events not returned before, in id order. A read that fails part way (the
         server gone between two pages) loses none: those read are returned by the next
         call. The feed's order is by transaction, not by id (an event with a lower id
         can follow), so what was read is told by its id, not by the highest id read;
-        each batch is shown in id order, the order its events were written in."""
+        each batch is shown in id order, the order its events were written in.
+        ``timeout``: asked before each page, its request's timeout (None: the client's)."""
         while True:
-            page = self._c.events(self._task_id, limit=self.PAGE, cursor=self._cursor)
+            page = self._c.events(
+                self._task_id, limit=self.PAGE, cursor=self._cursor, timeout=timeout()
+            )
             for e in page["items"]:
                 if e["id"] not in self._read:
                     self._pending.append(e)
@@ -493,19 +496,27 @@ class _EventFollower:
 def _wait(c: Client, task_id: str, timeout: float, as_json: bool) -> None:
     """Follow the task until it ends, asking again while the server cannot be reached
     (a restart, a rolling deploy), as ``Client.wait`` does: the first such poll ended the
-    command (exit 4) though the task went on. Unreachable to the end is still exit 4."""
+    command (exit 4) though the task went on. Unreachable to the end is still exit 4.
+    No request waits for its answer past the end of the wait (``Waiting``)."""
     from orbit.client import ApiError, Unreachable, WaitTimeout
     from orbit.client._client import Waiting
 
     waiting = Waiting(task_id, timeout)
     follower = _EventFollower(c, task_id)
+
+    def within() -> float:
+        return waiting.request_timeout(c.timeout)
+
     with err.status(Text(f"waiting for {task_id}")) as status:  # Text: no markup
         while True:
             try:
-                fresh = follower.new()
-                task = c.get(task_id)
+                fresh = follower.new(within)
+                task = c.get(task_id, timeout=within())
             except (Unreachable, ApiError) as exc:
-                waiting.failed(exc)  # a refusal is raised: exit 3; an outage to the end: 4
+                try:
+                    waiting.failed(exc)  # a refusal is raised: exit 3; an outage to the end: 4
+                except WaitTimeout as over:  # the end of the wait cut the last poll short
+                    fail(str(over), EXIT_TIMEOUT)
                 status.update(Text(f"{task_id}: the server cannot be reached; asking again"))
                 time.sleep(0.2)
                 continue
@@ -520,7 +531,7 @@ def _wait(c: Client, task_id: str, timeout: float, as_json: bool) -> None:
             )
             try:
                 if waiting.ended(task):
-                    for e in follower.new():  # those written between the two reads above
+                    for e in follower.new(within):  # those written between the two reads
                         if not as_json:
                             _show_event(e)
                     break

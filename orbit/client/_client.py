@@ -17,7 +17,15 @@ from urllib.parse import quote
 import httpx
 
 from orbit.client._errors import ApiError, TaskFailed, WaitTimeout, error_from
-from orbit.client._http import Reply, Transport, Unreachable, unreachable, where
+from orbit.client._http import (
+    Reply,
+    Transport,
+    Unreachable,
+    checked_timeout,
+    sent_again,
+    unreachable,
+    where,
+)
 from orbit.core.model import compact_json, parse_json
 from orbit.tokens import load_token, token_fault
 from orbit.urls import check_server_url
@@ -257,6 +265,9 @@ def _headers(token: str | None) -> dict[str, str]:
 
 #: what a proxy in front answers, with a page of its own, when it cannot reach the server
 _GATEWAY_DOWN = frozenset({502, 503, 504})
+#: The least a wait's poll is given to be answered in, however little of the wait is
+#: left: a poll cut to the few milliseconds left would fail on a server that is well.
+POLL_TIMEOUT_FLOOR = 0.5
 
 
 class Waiting:
@@ -265,16 +276,35 @@ class Waiting:
     and ``orbit task wait`` poll their own way and share these rules."""
 
     def __init__(self, task_id: str, timeout: float, poll: float = 0.2) -> None:
+        """ValueError for a ``timeout`` of NaN, which no clock passes (the wait went on
+        for ever), and a ``poll`` that is not a positive, finite number of seconds (0
+        asked the server in a tight loop; less raised from ``time.sleep``)."""
+        if not isinstance(timeout, int | float) or math.isnan(timeout):
+            raise ValueError(f"a wait's timeout must be a number of seconds, not {timeout!r}")
+        if not isinstance(poll, int | float) or not 0 < poll < math.inf:
+            raise ValueError(f"a wait's poll must be a positive number of seconds, not {poll!r}")
         self.task_id = task_id
         self._end = time.monotonic() + timeout
         self._poll = poll
         self._delay = min(poll, 0.05)
         self._down_since: float | None = None
+        self._state: str | None = None  # the task's, as the last poll that answered saw
+        self._cut = False  # the last poll's timeout was cut short by the end of the wait
+
+    def request_timeout(self, default: float) -> float:
+        """The next poll's request timeout: the client's (``default``), but never past
+        the end of the wait, save for ``POLL_TIMEOUT_FLOOR``. Each poll took the client's
+        whole timeout, and a wait for a server slow to answer overshot its own timeout
+        by up to that (30 s by default)."""
+        left = max(self._end - time.monotonic(), POLL_TIMEOUT_FLOOR)
+        self._cut = left < default
+        return min(left, default)
 
     def ended(self, task: dict[str, Any]) -> bool:
         """A poll that answered: whether the task has ended (or needs review);
         WaitTimeout if not and the wait is over."""
         self._down_since = None
+        self._state = task["state"]
         if task["state"] in TERMINAL:
             return True
         if time.monotonic() >= self._end:
@@ -282,21 +312,34 @@ class Waiting:
         return False
 
     def failed(self, exc: Unreachable | ApiError) -> None:
-        """A poll that raised. A refusal (NotFound, Forbidden, an untrusted certificate)
-        is raised again. The server out of reach, directly or behind a proxy's own 502,
-        503 or 504 page, is asked again, until the wait is over: Unreachable then, saying
-        for how long. Once, the first such poll ended the wait, and a server restarting (a
-        rolling deploy) failed every waiting caller."""
+        """A poll that raised. A refusal (NotFound, Forbidden, an untrusted certificate,
+        an https:// URL for a plain HTTP server) is raised again. The server out of reach,
+        directly or behind a proxy's own 502, 503 or 504 page, is asked again, until the
+        wait is over: Unreachable then, saying for how long. Once, the first such poll
+        ended the wait, and a server restarting (a rolling deploy) failed every waiting
+        caller.
+
+        A poll that timed out after ``request_timeout`` cut it short met the end of the
+        wait, not a server that is down: WaitTimeout then, unless the server was out of
+        reach before it."""
         if not _server_down(exc):
             raise exc
         now = time.monotonic()
-        if self._down_since is None:
+        cut_short = self._cut and _timed_out(exc)
+        if self._down_since is None and not cut_short:
             self._down_since = now
-        if now >= self._end:
-            raise Unreachable(
-                f"task {self.task_id}: the server was unreachable for the last "
-                f"{now - self._down_since:.1f} s of the wait ({exc})"
+        if now < self._end:
+            return
+        if self._down_since is None:
+            seen = f"is still {self._state}" if self._state else "was not seen"
+            raise WaitTimeout(
+                f"task {self.task_id} {seen}: the server did not answer the last poll "
+                "before the end of the wait"
             ) from exc
+        raise Unreachable(
+            f"task {self.task_id}: the server was unreachable for the last "
+            f"{now - self._down_since:.1f} s of the wait ({exc})"
+        ) from exc
 
     def pause(self) -> float:
         """Seconds until the next poll: short at first, doubling up to ``poll``, never
@@ -316,34 +359,69 @@ def _server_down(exc: Unreachable | ApiError) -> bool:
     return exc.status in _GATEWAY_DOWN and exc.code == "HTTP_ERROR"
 
 
+def _timed_out(exc: BaseException) -> bool:
+    """Whether a poll failed for want of an answer in its time (either client's timeout
+    in ``exc``'s chain), rather than being refused a connection or cut off."""
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return False
+        if isinstance(seen, TimeoutError | httpx.TimeoutException):
+            return True
+        seen = seen.__cause__
+    return False
+
+
 def _untrusted(exc: BaseException) -> bool:
-    """Whether the server's certificate failed verification somewhere in ``exc``'s
-    chain: a client set up wrong (its CA, the host name), which no waiting mends. Taken
-    for an outage, a ``wait`` said so only when its whole timeout had run out."""
+    """Whether TLS failed somewhere in ``exc``'s chain in a way that no waiting mends, a
+    client set up wrong: the server's certificate failed verification (its CA, the host
+    name), or the server speaks no TLS on that port (WRONG_VERSION_NUMBER: an https://
+    URL for a plain HTTP server). Taken for an outage, a ``wait`` said so only when its
+    whole timeout had run out."""
     seen: BaseException | None = exc
     for _ in range(10):
         if seen is None:
             return False
         if isinstance(seen, ssl.SSLCertVerificationError):
             return True
+        if isinstance(seen, ssl.SSLError) and seen.reason == "WRONG_VERSION_NUMBER":
+            return True
         seen = seen.__cause__ or seen.__context__
     return False
 
 
 def _unwrap(reply: httpx.Response | Reply) -> Any:
+    """A call's answer: its JSON. A refusal is raised as its ApiError; a redirect, and a
+    success with no JSON (an empty body too, on which the calls raised TypeError), as an
+    ApiError that says so."""
+    if 300 <= reply.status_code < 400:
+        raise _redirected(reply)
     # orjson (falling back to the standard library for what it refuses): a batch reply
     # holds a thousand task views, which json.loads took most of the client's time to read
     try:
         body = parse_json(reply.content) if reply.content else None
     except ValueError:  # a proxy's error page, or a URL that names no Orbit server
-        if reply.status_code >= 400:
-            raise error_from(reply.status_code, None) from None
-        raise ApiError(
-            reply.status_code, "NOT_JSON", "the reply is not JSON: is the URL an Orbit server's?"
-        ) from None
+        body = None
     if reply.status_code >= 400:
         raise error_from(reply.status_code, body)
+    if body is None:  # no Orbit call answers with nothing
+        raise ApiError(
+            reply.status_code, "NOT_JSON", "the reply is not JSON: is the URL an Orbit server's?"
+        )
     return body
+
+
+def _redirected(reply: httpx.Response | Reply) -> ApiError:
+    """A redirect, from a proxy in front (plain HTTP sent on to https, a host that
+    moved): neither client follows one, since the token would go along to wherever it
+    points. The error names where, the URL to give the client."""
+    to = reply.headers.get("location") if isinstance(reply, httpx.Response) else reply.location
+    return ApiError(
+        reply.status_code,
+        "REDIRECT",
+        f"the server redirects to {str(to)[:200]}: the client follows no redirect; give it "
+        "the URL the server redirects to",
+    )
 
 
 class Client:
@@ -357,7 +435,14 @@ class Client:
         cafile: str | None = None,
         timeout: float = 30.0,
     ) -> None:
-        self._http = Transport(url.rstrip("/"), _headers(token), cafile=cafile, timeout=timeout)
+        self._timeout = checked_timeout(timeout)
+        headers = _headers(token)
+        self._http = Transport(url.rstrip("/"), headers, cafile=cafile, timeout=self._timeout)
+
+    @property
+    def timeout(self) -> float:
+        """Seconds a call waits for its answer (the ``timeout`` it was made with)."""
+        return self._timeout
 
     def __enter__(self) -> Client:
         return self
@@ -368,10 +453,10 @@ class Client:
     def close(self) -> None:
         self._http.close()
 
-    def _call(self, request: Request) -> Any:
+    def _call(self, request: Request, timeout: float | None = None) -> Any:
         method, path, query, body = request
         content = None if body is None else request_json(body)
-        return _unwrap(self._http.request(method, path, query, content))
+        return _unwrap(self._http.request(method, path, query, content, timeout))
 
     # queues
     def queue_create(
@@ -447,18 +532,20 @@ class Client:
         a tenth of the bytes, and the quickest way to enqueue many."""
         return _Calls.submitted(reply, self._call(_Calls.submit_many(tasks, reply)))
 
-    def get(self, task_id: str) -> dict[str, Any]:
-        return dict(self._call(("GET", f"/v1/tasks/{_seg(task_id)}", None, None)))
+    def get(self, task_id: str, *, timeout: float | None = None) -> dict[str, Any]:
+        """The task; ``timeout``: this call's, in place of the client's."""
+        return dict(self._call(("GET", f"/v1/tasks/{_seg(task_id)}", None, None), timeout))
 
     def wait(self, task_id: str, timeout: float = 60.0, poll: float = 0.2) -> dict[str, Any]:
         """Block until the task ends (or needs review); raise WaitTimeout after ``timeout``.
         A server that cannot be reached (a restart, a rolling deploy; behind a proxy, its
         own 502, 503 or 504 page) is asked again until then: Unreachable only if it still
-        cannot be at the end. A refusal (ApiError, such as NotFound) is raised at once."""
+        cannot be at the end. A refusal (ApiError, such as NotFound) is raised at once.
+        No poll waits for its answer past the end (save for ``POLL_TIMEOUT_FLOOR``)."""
         waiting = Waiting(task_id, timeout, poll)
         while True:
             try:
-                task = self.get(task_id)
+                task = self.get(task_id, timeout=waiting.request_timeout(self._timeout))
             except (Unreachable, ApiError) as exc:
                 waiting.failed(exc)
             else:
@@ -538,8 +625,17 @@ class Client:
         """Every attempt of the task, page by page, from the start or from ``cursor``."""
         yield from _walk(lambda c: self.list_attempts(task_id, limit=limit, cursor=c), cursor)
 
-    def events(self, task_id: str, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
-        return dict(self._call(_Calls.events(task_id, limit, cursor)))
+    def events(
+        self,
+        task_id: str,
+        limit: int = 100,
+        cursor: str | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """One page of the task's events; ``timeout``: this call's, in place of the
+        client's."""
+        return dict(self._call(_Calls.events(task_id, limit, cursor), timeout))
 
     def iter_events(
         self, task_id: str, *, limit: int = 100, cursor: str | None = None
@@ -588,7 +684,7 @@ class Client:
     def artifact_content(self, artifact_id: str) -> bytes:
         """An artifact's bytes (use ``artifact_stream`` for large ones)."""
         reply = self._http.request("GET", f"/v1/artifacts/{_seg(artifact_id)}/content", None, None)
-        if reply.status_code >= 400:
+        if reply.status_code >= 300:  # a redirect's body is no artifact's
             _unwrap(reply)
         return reply.content
 
@@ -596,10 +692,11 @@ class Client:
         """An artifact's bytes as they arrive, without holding them all."""
         with self._http.stream("GET", f"/v1/artifacts/{_seg(artifact_id)}/content") as (
             status,
+            location,
             chunks,
         ):
-            if status >= 400:
-                _unwrap(Reply(status, b"".join(chunks)))
+            if status >= 300:
+                _unwrap(Reply(status, b"".join(chunks), location))
             yield from chunks
 
     def token_create(self, name: str, scopes: list[str]) -> dict[str, Any]:
@@ -625,6 +722,25 @@ class Client:
         return dict(self._call(_Calls.token_revoke(token_id)))
 
 
+class _Trace:
+    """What httpcore tells of one request (httpx's ``trace`` extension): whether it
+    opened a connection (if not, it went out on a kept-alive one) and whether the
+    answer's head came. ``sent_again`` is asked only of a request that opened none and
+    had no answer."""
+
+    __slots__ = ("answered", "connected")
+
+    def __init__(self) -> None:
+        self.connected = False
+        self.answered = False
+
+    async def __call__(self, event: str, info: dict[str, Any]) -> None:
+        if event.startswith("connection.connect_"):
+            self.connected = True
+        elif event == "http11.receive_response_headers.complete":
+            self.answered = True
+
+
 class AsyncClient:
     """The same calls for asyncio code."""
 
@@ -636,16 +752,16 @@ class AsyncClient:
         cafile: str | None = None,
         timeout: float = 30.0,
     ) -> None:
-        # As Client: a URL it cannot use is a ValueError, at once.
+        # As Client: a URL or a timeout it cannot use is a ValueError, at once.
         self._where = where(check_server_url(url))
-        self._timeout = timeout
+        self._timeout = checked_timeout(timeout)
         self._http = httpx.AsyncClient(
             base_url=url.rstrip("/"),
             headers=_headers(token),
             # The system's CAs (or cafile's), as Client and the worker's connection trust:
             # httpx's verify=True trusts certifi's bundle instead.
             verify=ssl.create_default_context(cafile=cafile),
-            timeout=timeout,
+            timeout=self._timeout,
         )
 
     async def __aenter__(self) -> AsyncClient:
@@ -654,26 +770,60 @@ class AsyncClient:
     async def __aexit__(self, *_: object) -> None:
         await self.aclose()
 
+    @property
+    def timeout(self) -> float:
+        """Seconds a call waits for its answer (the ``timeout`` it was made with)."""
+        return self._timeout
+
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _call(self, request: Request) -> Any:
+    async def _call(self, request: Request, timeout: float | None = None) -> Any:
         method, path, query, body = request
         content = None if body is None else request_json(body)
-        headers = None if body is None else {"Content-Type": "application/json"}
-        try:
-            reply = await self._http.request(
-                method, path, params=query, content=content, headers=headers
-            )
-        except httpx.TransportError as exc:  # as Client raises it
-            raise self._unreachable(exc) from exc
-        return _unwrap(reply)
+        return _unwrap(await self._send(method, path, query, content, timeout=timeout))
 
-    def _unreachable(self, exc: httpx.TransportError) -> Unreachable:
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, Any] | None,
+        content: bytes | None,
+        *,
+        timeout: float | None = None,
+        stream: bool = False,
+    ) -> httpx.Response:
+        """One request, as Client sends it: a transport error raised as Unreachable, and
+        a GET that met a kept-alive connection's close sent once more (``sent_again``).
+        ``timeout``: this request's, in place of the client's (None). ``stream``: the
+        body is left to read (and the reply to close) to the caller."""
+        timeout = self._timeout if timeout is None else checked_timeout(timeout)
+        headers = None if content is None else {"Content-Type": "application/json"}
+        trace = _Trace()
+        request = self._http.build_request(
+            method,
+            path,
+            params=query,
+            content=content,
+            headers=headers,
+            timeout=timeout,
+            extensions={"trace": trace},
+        )
+        try:
+            return await self._http.send(request, stream=stream)
+        except httpx.TransportError as exc:
+            if trace.answered or not sent_again(method, not trace.connected, exc):
+                raise self._unreachable(exc, timeout) from exc
+        try:
+            return await self._http.send(request, stream=stream)
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc, timeout) from exc
+
+    def _unreachable(self, exc: httpx.TransportError, timeout: float) -> Unreachable:
         """As Client raises it: the server's host and port, and the time waited (httpx's
         own message named neither; a timeout's was empty)."""
         timed_out = isinstance(exc, httpx.TimeoutException)
-        return unreachable(self._where, self._timeout, exc, timed_out=timed_out)
+        return unreachable(self._where, timeout, exc, timed_out=timed_out)
 
     async def queue_create(
         self, name: str, *, max_concurrency: int, rate: float, burst: int | None = None
@@ -744,9 +894,14 @@ class AsyncClient:
             yield item
 
     async def events(
-        self, task_id: str, limit: int = 100, cursor: str | None = None
+        self,
+        task_id: str,
+        limit: int = 100,
+        cursor: str | None = None,
+        *,
+        timeout: float | None = None,
     ) -> dict[str, Any]:
-        return dict(await self._call(_Calls.events(task_id, limit, cursor)))
+        return dict(await self._call(_Calls.events(task_id, limit, cursor), timeout))
 
     async def iter_events(
         self, task_id: str, *, limit: int = 100, cursor: str | None = None
@@ -778,15 +933,17 @@ class AsyncClient:
     async def artifact_stream(self, artifact_id: str) -> AsyncIterator[bytes]:
         """An artifact's bytes as they arrive, without holding them all."""
         path = f"/v1/artifacts/{_seg(artifact_id)}/content"
+        reply = await self._send("GET", path, None, None, stream=True)
         try:
-            async with self._http.stream("GET", path) as reply:
-                if reply.status_code >= 400:
-                    await reply.aread()
-                    _unwrap(reply)
-                async for chunk in reply.aiter_bytes():
-                    yield chunk
+            if reply.status_code >= 300:
+                await reply.aread()
+                _unwrap(reply)
+            async for chunk in reply.aiter_bytes():
+                yield chunk
         except httpx.TransportError as exc:  # as Client raises it
-            raise self._unreachable(exc) from exc
+            raise self._unreachable(exc, self._timeout) from exc
+        finally:
+            await reply.aclose()
 
     async def token_create(self, name: str, scopes: list[str]) -> dict[str, Any]:
         body = {"name": name, "scopes": scopes}
@@ -818,14 +975,15 @@ class AsyncClient:
     ) -> list[dict[str, Any]]:
         return _Calls.submitted(reply, await self._call(_Calls.submit_many(tasks, reply)))
 
-    async def get(self, task_id: str) -> dict[str, Any]:
-        return dict(await self._call(("GET", f"/v1/tasks/{_seg(task_id)}", None, None)))
+    async def get(self, task_id: str, *, timeout: float | None = None) -> dict[str, Any]:
+        return dict(await self._call(("GET", f"/v1/tasks/{_seg(task_id)}", None, None), timeout))
 
     async def wait(self, task_id: str, timeout: float = 60.0, poll: float = 0.2) -> dict[str, Any]:
+        """As ``Client.wait``."""
         waiting = Waiting(task_id, timeout, poll)
         while True:
             try:
-                task = await self.get(task_id)
+                task = await self.get(task_id, timeout=waiting.request_timeout(self._timeout))
             except (Unreachable, ApiError) as exc:
                 waiting.failed(exc)
             else:

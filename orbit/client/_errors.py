@@ -15,6 +15,12 @@ class ApiError(Exception):
         self.message = message
         self.field = field
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled by its own arguments: the default passes ``args`` (the one message)
+        to ``__init__``, and an error raised in a process pool's child came back to the
+        parent as a TypeError."""
+        return (type(self), (self.status, self.code, self.message, self.field))
+
 
 class BadRequest(ApiError):
     pass
@@ -70,6 +76,10 @@ class TaskFailed(Exception):
         self.task = task
         self.state = task["state"]
         self.code = error.get("code")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled by the task it was made from (as ``ApiError``)."""
+        return (type(self), (self.task,))
 
 
 class WaitTimeout(TimeoutError):

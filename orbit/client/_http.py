@@ -10,14 +10,17 @@ A connection is reused only when it is idle and open: before a request, a readab
 socket means the server closed it (or sent what no request asked for), and it is
 replaced. A request that fails once sent is not retried, since the server may have
 acted on it; the caller sees :class:`Unreachable`, as for a server that is down. The one
-exception is a GET on a reused connection that the server closed as the request went
-out (its idle timeout met the request on the wire): not a byte of an answer came, a GET
-changes nothing, and it is sent once more on a fresh connection.
+exception, :func:`sent_again`, is the rule of both clients: a GET on a reused connection
+that the server closed as the request went out (its idle timeout met the request on the
+wire): not a byte of an answer came, a GET changes nothing, and it is sent once more on a
+fresh connection.
 """
 
 from __future__ import annotations
 
 import http.client
+import math
+import os
 import select
 import ssl
 import threading
@@ -25,6 +28,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import SplitResult, urlencode
+
+import httpcore
 
 from orbit.urls import check_server_url
 
@@ -39,13 +44,14 @@ class Unreachable(ConnectionError):
 
 
 class Reply:
-    """A whole response: its status and body."""
+    """A whole response: its status, its body, and where it redirects (its Location)."""
 
-    __slots__ = ("content", "status_code")
+    __slots__ = ("content", "location", "status_code")
 
-    def __init__(self, status_code: int, content: bytes) -> None:
+    def __init__(self, status_code: int, content: bytes, location: str | None = None) -> None:
         self.status_code = status_code
         self.content = content
+        self.location = location
 
 
 class Transport:
@@ -73,23 +79,31 @@ class Transport:
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._pid = os.getpid()  # the process whose connections the pool holds
 
     def request(
-        self, method: str, path: str, query: dict[str, Any] | None, body: bytes | None
+        self,
+        method: str,
+        path: str,
+        query: dict[str, Any] | None,
+        body: bytes | None,
+        timeout: float | None = None,
     ) -> Reply:
-        conn, response = self._open(method, path, query, body)
-        with self._closed_on_error(conn):
+        """``timeout``: this request's, in place of the transport's (None)."""
+        timeout = self._timeout if timeout is None else checked_timeout(timeout)
+        conn, response = self._open(method, path, query, body, timeout)
+        with self._closed_on_error(conn, timeout):
             content = response.read()
         self._done(conn, response)
-        return Reply(response.status, content)
+        return Reply(response.status, content, response.getheader("Location"))
 
     @contextmanager
-    def stream(self, method: str, path: str) -> Iterator[tuple[int, Iterator[bytes]]]:
-        """The status and the body's chunks as they arrive; a body not read to its end
-        closes the connection rather than go back to the pool."""
-        conn, response = self._open(method, path, None, None)
+    def stream(self, method: str, path: str) -> Iterator[tuple[int, str | None, Iterator[bytes]]]:
+        """The status, the Location, and the body's chunks as they arrive; a body not
+        read to its end closes the connection rather than go back to the pool."""
+        conn, response = self._open(method, path, None, None, self._timeout)
         try:
-            yield response.status, self._chunks(response)
+            yield response.status, response.getheader("Location"), self._chunks(response)
         finally:
             self._done(conn, response)
 
@@ -101,37 +115,38 @@ class Transport:
             conn.close()
 
     def _open(
-        self, method: str, path: str, query: dict[str, Any] | None, body: bytes | None
+        self,
+        method: str,
+        path: str,
+        query: dict[str, Any] | None,
+        body: bytes | None,
+        timeout: float,
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         target = self._prefix + path + ("?" + urlencode(query) if query else "")
         headers = self._headers if body is None else {**self._headers, **_JSON}
-        conn, reused = self._take()
+        conn, reused = self._take(timeout)
         try:
-            with self._closed_on_error(conn):
+            with self._closed_on_error(conn, timeout):
                 # one send for the headers and a bytes body (http.client joins them)
                 conn.request(method, target, body=body, headers=headers)
                 return conn, conn.getresponse()
         except Unreachable as exc:
-            # A kept-alive connection the server closed just as it was reused: the
-            # request met the close, and no answer had begun. A GET raised Unreachable
-            # here, though a server that was up and well had merely timed it out.
-            closed = isinstance(exc.__cause__, _CLOSED_UNANSWERED)
-            if not (closed and reused and method in _IDEMPOTENT):
+            if not sent_again(method, reused, exc):
                 raise
-        conn = self._connect()
-        with self._closed_on_error(conn):
+        conn = self._connect(timeout)
+        with self._closed_on_error(conn, timeout):
             conn.request(method, target, body=body, headers=headers)
             return conn, conn.getresponse()
 
     @contextmanager
-    def _closed_on_error(self, conn: http.client.HTTPConnection) -> Iterator[None]:
+    def _closed_on_error(self, conn: http.client.HTTPConnection, timeout: float) -> Iterator[None]:
         """Any error closes ``conn`` (its state is unknown); a transport error is raised
-        as ``Unreachable``."""
+        as ``Unreachable`` (``timeout``: what the request was given, as it says)."""
         try:
             yield
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
-            raise self._unreachable(exc) from exc
+            raise self._unreachable(exc, timeout) from exc
         except BaseException:
             conn.close()
             raise
@@ -141,13 +156,14 @@ class Transport:
             try:
                 chunk = response.read(STREAM_CHUNK)
             except (OSError, http.client.HTTPException) as exc:
-                raise self._unreachable(exc) from exc
+                raise self._unreachable(exc, self._timeout) from exc
             if not chunk:
                 # http.client's read(n) answers b"" when the connection closes before the
                 # Content-Length is reached (``length`` is what is still owed): a body cut
                 # off, never a whole one.
                 if response.length:
-                    raise self._unreachable(http.client.IncompleteRead(b"", response.length))
+                    cut = http.client.IncompleteRead(b"", response.length)
+                    raise self._unreachable(cut, self._timeout)
                 return
             yield chunk
 
@@ -162,33 +178,66 @@ class Transport:
                 return
         conn.close()
 
-    def _unreachable(self, exc: BaseException) -> Unreachable:
-        return unreachable(self._where, self._timeout, exc, timed_out=isinstance(exc, TimeoutError))
+    def _unreachable(self, exc: BaseException, timeout: float) -> Unreachable:
+        return unreachable(self._where, timeout, exc, timed_out=isinstance(exc, TimeoutError))
 
-    def _take(self) -> tuple[http.client.HTTPConnection, bool]:
-        """A connection, and whether it is a kept-alive one (it served a request)."""
+    def _take(self, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
+        """A connection for a request given ``timeout`` (a kept-alive one keeps the
+        timeout of its last request until told), and whether it is a kept-alive one (it
+        served a request)."""
+        if self._pid != os.getpid():
+            self._forget_the_parents()
         while True:
             with self._lock:
                 if self._closed:
                     raise RuntimeError("the client is closed")
                 conn = self._idle.pop() if self._idle else None
             if conn is None:
-                return self._connect(), False
-            if _still_open(conn):
+                return self._connect(timeout), False
+            if _still_open(conn) and conn.sock is not None:
+                conn.timeout = timeout
+                conn.sock.settimeout(timeout)
                 return conn, True
             conn.close()
 
-    def _connect(self) -> http.client.HTTPConnection:
+    def _forget_the_parents(self) -> None:
+        """In the child of a fork (a client made before gunicorn's --preload forks, or a
+        prefork pool's), the idle connections are the parent's too: the child took them,
+        and two processes on one connection read each other's answers. The child closes
+        its copies (the parent's sockets stay open) and starts a pool of its own, with a
+        lock of its own (the parent's may have been held by a thread the child has not)."""
+        idle, self._idle = self._idle, []
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        for conn in idle:
+            conn.close()
+
+    def _connect(self, timeout: float) -> http.client.HTTPConnection:
         conn: http.client.HTTPConnection
         if self._tls is not None:
             conn = http.client.HTTPSConnection(
-                self._host, self._port, timeout=self._timeout, context=self._tls
+                self._host, self._port, timeout=timeout, context=self._tls
             )
         else:
-            conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
-        with self._closed_on_error(conn):
+            conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+        with self._closed_on_error(conn, timeout):
             conn.connect()  # which sets TCP_NODELAY
         return conn
+
+
+def checked_timeout(timeout: object) -> float:
+    """``timeout`` if a request can be given it: a positive, finite number of seconds;
+    ValueError if not, before anything is sent. Taken as it was, 0 failed the sync
+    client's connect (BlockingIOError, raised as Unreachable from a server that was
+    well) and timed out every async call at once; a negative one, NaN or infinity raised
+    ValueError, OverflowError or Unreachable at the first call."""
+    if (
+        isinstance(timeout, int | float)
+        and not isinstance(timeout, bool)  # True is no number of seconds
+        and 0 < timeout < math.inf
+    ):
+        return float(timeout)
+    raise ValueError(f"timeout must be a positive, finite number of seconds, not {timeout!r}")
 
 
 def where(parts: SplitResult) -> str:
@@ -204,14 +253,42 @@ def unreachable(where: str, timeout: float, exc: BaseException, *, timed_out: bo
     return Unreachable(f"{where}: {type(exc).__name__}: {exc}"[:300])
 
 
+def sent_again(method: str, reused: bool, exc: BaseException) -> bool:
+    """Whether a request that failed with ``exc`` before any of its answer was read is
+    sent once more: a GET (or HEAD) on a kept-alive connection (``reused``) that the
+    server closed just as the request went out on it (its idle timeout, a restart). The
+    request met the close, and no answer had begun: the caller got Unreachable from a
+    server that was up and well. A POST never is (the server may have acted on it), nor a
+    request on a fresh connection, nor any other failure (a timeout, a refusal). The rule
+    of both clients: ``Transport`` here, ``AsyncClient`` over httpx."""
+    return reused and method in _IDEMPOTENT and _closed_unanswered(exc)
+
+
+def _closed_unanswered(exc: BaseException) -> bool:
+    """Whether ``exc``'s cause chain says the connection was found closed before any
+    byte of the answer: http.client's RemoteDisconnected (the status line's read found
+    it closed), a reset or a broken pipe (the send met the close), or httpcore's own
+    "Server disconnected without sending a response" (raised where the answer's head was
+    awaited, without a cause; one from h11's reading of bytes that came has h11's)."""
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return False
+        if isinstance(seen, _CLOSED_UNANSWERED):
+            return True
+        if isinstance(seen, httpcore.RemoteProtocolError) and seen.__cause__ is None:
+            return True
+        seen = seen.__cause__
+    return False
+
+
 #: Idle connections kept per client (one per thread that calls it at once, up to this).
 MAX_IDLE = 8
 
 _JSON = {"Content-Type": "application/json"}
 #: the methods sent again after a kept-alive connection's close met them
 _IDEMPOTENT = frozenset({"GET", "HEAD"})
-#: how that close shows, before any byte of the answer (RemoteDisconnected: the status
-#: line's read found the connection closed; a reset or a broken pipe: the send met it)
+#: how that close shows, before any byte of the answer (``_closed_unanswered``)
 _CLOSED_UNANSWERED = (
     http.client.RemoteDisconnected,
     ConnectionResetError,
@@ -221,13 +298,17 @@ _CLOSED_UNANSWERED = (
 
 
 def _still_open(conn: http.client.HTTPConnection) -> bool:
-    """An idle keep-alive connection has nothing to read; if its socket is readable, the
-    server closed it (or broke the protocol), and it must not carry a request."""
+    """An idle keep-alive connection has nothing to read; if its socket is readable (or
+    hung up, or in error), the server closed it (or broke the protocol), and it must not
+    carry a request. ``poll``, not ``select``: select takes no descriptor numbered 1024
+    or more, and in a process with that many open every connection was taken for closed
+    (a new one, and a TLS handshake, for every call)."""
     sock = conn.sock
     if sock is None:
         return False
+    waiter = select.poll()
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
-    except (OSError, ValueError):
+        waiter.register(sock, select.POLLIN)
+        return not waiter.poll(0)
+    except (OSError, ValueError):  # a socket already closed (fileno -1)
         return False
-    return not readable

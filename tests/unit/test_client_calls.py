@@ -1,12 +1,14 @@
 """The clients' own logic over a real loopback HTTP server: ``wait`` (and ``orbit task
 wait``) riding over a server that is briefly unreachable, iterations resumed from a
-cursor, ``TaskFailed``'s message, and the sync transport's one retry of a GET on a
-kept-alive connection the server closed as it was reused."""
+cursor, ``TaskFailed``'s message, and both clients' one retry of a GET on a kept-alive
+connection the server closed as it was reused."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
+import pickle
 import socket
 import threading
 import time
@@ -16,9 +18,20 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+import typer
 
-from orbit.cli.api import _wait
-from orbit.client import ApiError, AsyncClient, Client, NotFound, TaskFailed, Unreachable
+from orbit.cli.api import EXIT_TIMEOUT, _wait
+from orbit.client import (
+    ApiError,
+    AsyncClient,
+    BadRequest,
+    Client,
+    NotFound,
+    TaskFailed,
+    Unreachable,
+    WaitTimeout,
+)
+from orbit.client._client import POLL_TIMEOUT_FLOOR, Waiting
 from orbit.client._http import Transport
 
 
@@ -31,6 +44,8 @@ class _Server(ThreadingHTTPServer):
     #: requests answered by a proxy in front whose server is away: (status, how many)
     gateway_first = (502, 0)
     seen: list[dict[str, Any]]
+    #: set at teardown: what holds the answers to /v1/tasks/slow after its first
+    released: threading.Event
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass
@@ -57,6 +72,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.served += 1
         srv = self.server
         srv.seen.append({"method": self.command, "path": self.path, "n": self.served})
+        slow = [s for s in srv.seen if s["path"] == "/v1/tasks/slow"]
+        if len(slow) > 1 and self.path == "/v1/tasks/slow":  # running, then no answer
+            srv.released.wait(10)
+            self.close_connection = True
+            return
         if srv.drop_first > 0 or self.served == srv.drop_on_reuse:
             srv.drop_first -= 1
             self.close_connection = True  # not a byte of an answer
@@ -77,6 +97,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _reply(self, url: Any) -> tuple[int, Any]:
         if url.path.startswith("/v1/tasks/missing"):
             return 404, {"error": {"code": "NOT_FOUND", "message": "no such task"}}
+        if url.path == "/v1/tasks/slow":
+            return 200, {"id": "slow", "state": "running", "attempts_used": 1, "max_attempts": 3}
         if url.path == "/v1/tasks/t1":
             return 200, {
                 "id": "t1",
@@ -97,11 +119,13 @@ class _Handler(BaseHTTPRequestHandler):
 def server() -> Iterator[_Server]:
     srv = _Server(("127.0.0.1", 0), _Handler)
     srv.seen = []
+    srv.released = threading.Event()
     thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
         yield srv
     finally:
+        srv.released.set()
         srv.shutdown()
         srv.server_close()
 
@@ -203,6 +227,27 @@ def test_wait_raises_unreachable_when_the_server_stays_unreachable() -> None:
     asyncio.run(main())
 
 
+def test_wait_raises_an_https_url_for_a_plain_http_server_at_once(server: _Server) -> None:
+    """``https://`` for a server that speaks plain HTTP on that port fails every TLS
+    handshake (WRONG_VERSION_NUMBER): a client set up wrong, as an untrusted certificate
+    is, which no waiting mends. Taken for an outage, ``wait`` said so only when its whole
+    timeout had run out."""
+    url = _url(server).replace("http://", "https://")
+    with Client(url, "t0ken") as c, pytest.raises(Unreachable) as caught:
+        c.wait("t1", timeout=5)
+    assert "WRONG_VERSION_NUMBER" in str(caught.value)
+    assert "was unreachable for the last" not in str(caught.value)
+
+    async def main() -> None:
+        async with AsyncClient(url, "t0ken") as c:
+            with pytest.raises(Unreachable) as caught:
+                await c.wait("t1", timeout=5)
+        assert "WRONG_VERSION_NUMBER" in str(caught.value)
+        assert "was unreachable for the last" not in str(caught.value)
+
+    asyncio.run(main())
+
+
 def test_wait_raises_a_refusal_at_once(server: _Server) -> None:
     with Client(_url(server), "t0ken") as c, pytest.raises(NotFound):
         c.wait("missing", timeout=10)
@@ -214,6 +259,98 @@ def test_wait_raises_a_refusal_at_once(server: _Server) -> None:
 
     asyncio.run(main())
     assert len(server.seen) == 2
+
+
+def test_a_polls_request_timeout_is_cut_to_what_is_left_of_the_wait() -> None:
+    """The client's timeout while the wait has longer to go; what is left of it once it
+    has less, though never less than the floor (a server that is well needs a moment)."""
+    assert Waiting("t1", timeout=60).request_timeout(30.0) == 30.0
+    assert 9.0 < Waiting("t1", timeout=10).request_timeout(30.0) <= 10.0
+    assert Waiting("t1", timeout=0).request_timeout(30.0) == POLL_TIMEOUT_FLOOR
+    assert Waiting("t1", timeout=0).request_timeout(0.1) == 0.1  # never the client's past
+
+
+def test_wait_ends_at_its_timeout_when_the_server_is_slow_to_answer(server: _Server) -> None:
+    """A server that stops answering (overloaded, a lock held): each poll waited for the
+    client's whole timeout, so ``wait(timeout=0.2)`` took 5 s here (30 s by default) and
+    then raised Unreachable, for a server it had reached. The last poll is now cut to
+    what is left of the wait (the floor, here), and the wait raises WaitTimeout."""
+    with Client(_url(server), "t0ken", timeout=5.0) as c:
+        started = time.monotonic()
+        with pytest.raises(WaitTimeout, match="is still running: the server did not") as caught:
+            c.wait("slow", timeout=0.2, poll=0.05)
+        assert time.monotonic() - started < c.timeout  # generous: the floor is 0.5 s
+    assert f"within {POLL_TIMEOUT_FLOOR} s" in str(caught.value.__cause__)
+    server.seen.clear()  # /v1/tasks/slow answers once more
+
+    async def main() -> None:
+        async with AsyncClient(_url(server), "t0ken", timeout=5.0) as c:
+            started = time.monotonic()
+            with pytest.raises(WaitTimeout, match="is still running") as caught:
+                await c.wait("slow", timeout=0.2, poll=0.05)
+            assert time.monotonic() - started < c.timeout
+        assert f"within {POLL_TIMEOUT_FLOOR} s" in str(caught.value.__cause__)
+
+    asyncio.run(main())
+
+
+def test_task_wait_ends_at_its_timeout_when_the_server_is_slow_to_answer(
+    server: _Server,
+) -> None:
+    """``orbit task wait`` as ``wait``: exit 5 (timeout) at its end, not exit 4 after
+    the client's whole timeout."""
+    with Client(_url(server), "t0ken", timeout=5.0) as c:
+        started = time.monotonic()
+        with pytest.raises(typer.Exit) as caught:
+            _wait(c, "slow", timeout=0.2, as_json=True)
+        assert time.monotonic() - started < c.timeout
+    assert caught.value.exit_code == EXIT_TIMEOUT
+
+
+@pytest.mark.parametrize("timeout", [0, -1.0, math.nan, math.inf, None, True, "30"])
+def test_a_timeout_no_request_can_use_is_refused_at_once(server: _Server, timeout: Any) -> None:
+    """Taken as it was, 0 raised Unreachable (sync: BlockingIOError) from a server that
+    was well, at the first call; -1 Unreachable (async: "within -1 s") or ValueError;
+    NaN and infinity ValueError or OverflowError there. Refused now, with nothing sent:
+    a client's, and one call's (where None is the client's)."""
+    with pytest.raises(ValueError, match="timeout must be a positive, finite number"):
+        Client(_url(server), "t0ken", timeout=timeout)
+    with pytest.raises(ValueError, match="timeout must be a positive, finite number"):
+        AsyncClient(_url(server), "t0ken", timeout=timeout)
+    if timeout is None:
+        return
+    with Client(_url(server), "t0ken") as c, pytest.raises(ValueError, match="timeout must"):
+        c.get("t1", timeout=timeout)
+
+    async def main() -> None:
+        async with AsyncClient(_url(server), "t0ken") as c:
+            with pytest.raises(ValueError, match="timeout must"):
+                await c.events("t1", timeout=timeout)
+
+    asyncio.run(main())
+    assert server.seen == []
+
+
+@pytest.mark.parametrize(
+    ("timeout", "poll"), [(math.nan, 0.2), (10.0, 0.0), (10.0, -1.0), (10.0, math.nan)]
+)
+def test_wait_refuses_a_timeout_or_a_poll_it_cannot_keep(
+    server: _Server, timeout: float, poll: float
+) -> None:
+    """A NaN timeout never ran out (no clock is past NaN): a wait for a task that did not
+    end went on for ever. A poll of 0 (or less) asked the server in a tight loop, and
+    a negative one raised ValueError from time.sleep after the first poll. Refused now,
+    before anything is sent."""
+    with Client(_url(server), "t0ken") as c, pytest.raises(ValueError, match="wait's"):
+        c.wait("t1", timeout=timeout, poll=poll)
+
+    async def main() -> None:
+        async with AsyncClient(_url(server), "t0ken") as c:
+            with pytest.raises(ValueError, match="wait's"):
+                await c.wait("t1", timeout=timeout, poll=poll)
+
+    asyncio.run(main())
+    assert server.seen == []
 
 
 # --------------------------------------------------------------------------- cursors
@@ -274,7 +411,7 @@ def test_a_get_on_a_connection_closed_as_it_was_reused_is_sent_again_once(
     t = Transport(_url(server), {}, cafile=None, timeout=5.0)
     assert t.request("GET", "/v1/tasks/t1", None, None).status_code == 200
     assert t.request("GET", "/v1/tasks/t1", None, None).status_code == 200
-    with t.stream("GET", "/v1/tasks/t1") as (status, chunks):
+    with t.stream("GET", "/v1/tasks/t1") as (status, _, chunks):
         assert status == 200 and b"".join(chunks)
     t.close()
     assert [s["n"] for s in server.seen] == [1, 2, 1, 2, 1]
@@ -297,3 +434,71 @@ def test_a_get_on_a_fresh_connection_is_not_sent_again(server: _Server) -> None:
         t.request("GET", "/v1/tasks/t1", None, None)
     t.close()
     assert len(server.seen) == 1
+
+
+def test_async_client_sends_a_get_on_a_connection_closed_as_it_was_reused_again_once(
+    server: _Server,
+) -> None:
+    """As Client: AsyncClient raised Unreachable (httpx's RemoteProtocolError, "Server
+    disconnected without sending a response") from a server that was up and well."""
+    server.drop_on_reuse = 2
+
+    async def main() -> list[Any]:
+        async with AsyncClient(_url(server), "t0ken") as c:
+            return [
+                (await c.get("t1"))["state"],
+                (await c.get("t1"))["state"],
+                await c.artifact_content("a1") != b"",
+            ]
+
+    assert asyncio.run(main()) == ["succeeded", "succeeded", True]
+    assert [s["n"] for s in server.seen] == [1, 2, 1, 2, 1]
+
+
+def test_async_client_never_sends_a_post_twice(server: _Server) -> None:
+    server.drop_on_reuse = 2
+
+    async def main() -> None:
+        async with AsyncClient(_url(server), "t0ken") as c:
+            await c.cancel("t1")
+            with pytest.raises(Unreachable, match="RemoteProtocolError"):
+                await c.cancel("t1")
+
+    asyncio.run(main())
+    assert [(s["method"], s["n"]) for s in server.seen] == [("POST", 1), ("POST", 2)]
+
+
+def test_async_client_does_not_send_a_get_on_a_fresh_connection_again(server: _Server) -> None:
+    server.drop_first = 1
+
+    async def main() -> None:
+        async with AsyncClient(_url(server), "t0ken") as c:
+            with pytest.raises(Unreachable, match="RemoteProtocolError"):
+                await c.get("t1")
+
+    asyncio.run(main())
+    assert len(server.seen) == 1
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        NotFound(404, "NOT_FOUND", "no such task"),
+        ApiError(502, "HTTP_ERROR", "unexpected reply with status 502"),
+        BadRequest(400, "INVALID_ARGUMENT", "limit must be 1..1000", "limit"),
+        TaskFailed({"id": "t2", "state": "failed", "error": {"code": "BOOM", "message": "x"}}),
+        WaitTimeout("task t1 is still running"),
+        Unreachable("no answer from 127.0.0.1:1 within 0.5 s"),
+    ],
+)
+def test_the_errors_cross_a_process_boundary(error: Exception) -> None:
+    """A call made in a ``ProcessPoolExecutor`` (or any multiprocessing pool) raises in
+    the parent what it raised in the child, pickled: an ApiError or a TaskFailed came
+    back as "TypeError: __init__() missing 3 required positional arguments"."""
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is type(error)
+    assert str(back) == str(error)
+    assert vars(back) == vars(error)

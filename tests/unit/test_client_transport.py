@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import resource
 import socket
 import threading
 import time
@@ -46,6 +48,14 @@ class _Handler(BaseHTTPRequestHandler):
         )
         if self.path.startswith("/slow"):
             time.sleep(1.0)
+        if self.path.startswith(("/moved", "/empty")):  # a proxy's redirect; no body at all
+            moved = self.path.startswith("/moved")
+            self.send_response(308 if moved else 200)
+            if moved:
+                self.send_header("Location", "https://orbit.example" + self.path[6:])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         kind = "application/json"
         if self.path.startswith("/big"):
             payload = b"x" * (3 * STREAM_CHUNK + 5)
@@ -114,6 +124,51 @@ def test_a_path_prefix_in_the_url_is_kept(server: _Server) -> None:
     t.close()
 
 
+def test_connections_are_reused_in_a_process_with_many_files_open(server: _Server) -> None:
+    """``select.select`` takes no descriptor numbered 1024 or more (ValueError): in a
+    process with that many files and sockets open (a busy web server calling Orbit),
+    each idle connection was taken for one the server had closed, and every call opened
+    a connection of its own (with TLS, a handshake)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip("this process may not open 1,200 files")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    read, write = os.pipe()
+    held = [os.dup(read) for _ in range(1030)]  # the next sockets are numbered past 1024
+    try:
+        t = _transport(_url(server))
+        for _ in range(3):
+            assert t.request("GET", "/v1/queues", None, None).status_code == 200
+        t.close()
+    finally:
+        for fd in [*held, read, write]:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert len({s["port"] for s in server.seen}) == 1
+
+
+def test_a_forked_child_does_not_reuse_its_parents_connections(server: _Server) -> None:
+    """A client made before a fork (gunicorn's --preload, a prefork pool, a
+    multiprocessing "fork" start) is used in the child: the child took the parent's idle
+    connections, the very sockets the parent goes on using, and two processes that share
+    one connection read each other's answers. The child opens its own."""
+    t = _transport(_url(server))
+    assert t.request("GET", "/parent", None, None).status_code == 200
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 if its request was answered, never return to pytest
+        try:
+            os._exit(0 if t.request("GET", "/child", None, None).status_code == 200 else 1)
+        finally:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert t.request("GET", "/parent-again", None, None).status_code == 200
+    t.close()
+    ports = {s["path"]: s["port"] for s in server.seen}
+    assert ports["/child"] != ports["/parent"]
+    assert ports["/parent-again"] == ports["/parent"]  # the parent's own, still its own
+
+
 class _IdleTimeoutHandler(_Handler):
     timeout = 0.2  # the server drops a keep-alive connection idle this long
 
@@ -153,11 +208,11 @@ def test_a_streamed_body_arrives_in_chunks_and_an_unread_one_is_not_reused(
     server: _Server,
 ) -> None:
     t = _transport(_url(server))
-    with t.stream("GET", "/big") as (status, chunks):
+    with t.stream("GET", "/big") as (status, _, chunks):
         got = list(chunks)
     assert status == 200 and sum(map(len, got)) == 3 * STREAM_CHUNK + 5 and len(got) > 1
     assert len(t._idle) == 1  # read to its end: back to the pool
-    with t.stream("GET", "/big") as (status, chunks):
+    with t.stream("GET", "/big") as (status, _, chunks):
         next(chunks)
     assert not t._idle  # the same one went out, and was closed rather than returned
     t.close()
@@ -304,6 +359,41 @@ def test_a_reply_that_is_not_json_is_an_api_error(server: _Server) -> None:
         with pytest.raises(ApiError) as caught:
             asyncio.run(call(path))
         assert caught.value.status == status, caught.value
+
+
+def test_a_redirect_or_an_empty_reply_is_an_api_error(server: _Server) -> None:
+    """A proxy in front that redirects (plain HTTP to https, say) or answers 200 with no
+    body: the calls raised TypeError ("'NoneType' object is not iterable"), and
+    ``artifact_content`` returned the redirect's empty body as the artifact's bytes. A
+    redirect is not followed (the token would go along): an ``ApiError`` names where."""
+    from orbit.client import ApiError, AsyncClient
+
+    moved = "https://orbit.example/v1/queues"
+    with Client(_url(server, "/moved"), token="t0ken") as c:
+        with pytest.raises(ApiError, match=f"redirects to {moved}") as caught:
+            c.queues()
+        assert (caught.value.status, caught.value.code) == (308, "REDIRECT")
+        with pytest.raises(ApiError, match="REDIRECT"):
+            c.artifact_content("a1")
+        with pytest.raises(ApiError, match="REDIRECT"):
+            list(c.artifact_stream("a1"))
+    with (
+        Client(_url(server, "/empty"), token="t0ken") as c,
+        pytest.raises(ApiError, match="NOT_JSON"),
+    ):
+        c.queues()
+
+    async def main() -> None:
+        async with AsyncClient(_url(server, "/moved"), token="t0ken") as c:
+            with pytest.raises(ApiError, match=f"redirects to {moved}"):
+                await c.queues()
+            with pytest.raises(ApiError, match="REDIRECT"):
+                await c.artifact_content("a1")
+        async with AsyncClient(_url(server, "/empty"), token="t0ken") as c:
+            with pytest.raises(ApiError, match="NOT_JSON"):
+                await c.queues()
+
+    asyncio.run(main())
 
 
 def test_nan_and_the_infinities_are_refused_before_anything_is_sent(server: _Server) -> None:

@@ -16,7 +16,9 @@ class _Feed:
     def __init__(self) -> None:
         self.pages: dict[str | None, dict[str, Any]] = {}
 
-    def events(self, task_id: str, limit: int, cursor: str | None) -> dict[str, Any]:
+    def events(
+        self, task_id: str, limit: int, cursor: str | None, *, timeout: float | None = None
+    ) -> dict[str, Any]:
         return self.pages[cursor]
 
 
