@@ -34,6 +34,10 @@ DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
 MAX_WORKER_CONCURRENCY = 100_000
 MAX_WORKER_HANDLERS = 256
 MAX_HANDLER_CAPACITY = 100_000
+#: The largest tenant cap and global cap (``Store.tenant_limit_set``,
+#: ``Store.global_limit_set``); the smallest of each is 1, and None is no cap.
+MAX_TENANT_CAP = 1_000_000
+MAX_GLOBAL_CAP = 100_000_000
 #: The most attempt ids one ``renew`` carries (``orbit.protocol.messages.Renew``): the
 #: runner sends a larger set in messages of this many.
 MAX_RENEW_IDS = 1000

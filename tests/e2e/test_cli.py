@@ -1114,6 +1114,42 @@ def api(cluster: tuple[Node, Tokens, str]) -> Iterator[httpx.Client]:
         yield http
 
 
+def test_a_cap_change_is_an_event_in_the_log(api: httpx.Client) -> None:
+    """``PUT /v1/limits/...`` wrote no event, while ``PATCH /v1/queues/{name}`` writes
+    ``queue.updated``: each change is now a ``tenant.updated`` or ``global.updated``
+    event that ``GET /v1/events`` shows, with the new cap and the old one."""
+
+    def cap_events() -> list[tuple[str, str | None, Any]]:
+        events, cursor = [], None
+        while True:
+            page = api.get(
+                "/v1/events", params={"limit": 1000, **({"cursor": cursor} if cursor else {})}
+            ).json()
+            events += [
+                (e["kind"], e["tenant"], e["data"])
+                for e in page["items"]
+                if e["kind"] in ("tenant.updated", "global.updated")
+            ]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return events
+
+    seen = len(cap_events())
+    try:
+        assert api.put("/v1/limits/tenants/evt-t", json={"max_concurrency": 4}).status_code == 200
+        assert api.put("/v1/limits/global", json={"max_concurrency": 700}).status_code == 200
+        assert api.put("/v1/limits/tenants/evt-t", json={"max_concurrency": 0}).status_code == 400
+    finally:  # the module's other tests share this server: leave no cap behind
+        api.put("/v1/limits/global", json={"max_concurrency": None})
+        api.put("/v1/limits/tenants/evt-t", json={"max_concurrency": None})
+    assert cap_events()[seen:] == [
+        ("tenant.updated", "evt-t", {"max_concurrency": 4, "max_concurrency_before": None}),
+        ("global.updated", None, {"max_concurrency": 700, "max_concurrency_before": None}),
+        ("global.updated", None, {"max_concurrency": None, "max_concurrency_before": 700}),
+        ("tenant.updated", "evt-t", {"max_concurrency": None, "max_concurrency_before": 4}),
+    ]
+
+
 def test_a_limit_is_plain_digits_on_every_list_route(api: httpx.Client) -> None:
     """``limit=" 1"`` and ``limit=1.0`` were read as 1 (pydantic's lax int) while
     ``limit=x`` was refused: each list route now refuses anything but ASCII digits, as
