@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orbit.core.states import TaskState
+from orbit.core.validate import MAX_GLOBAL_CAP, MAX_TENANT_CAP
 from orbit.tokens import TokenError, load_token
 
 if TYPE_CHECKING:
@@ -578,16 +579,26 @@ def worker_drain(session_id: str, url: str, cafile: str | None, as_json: bool) -
 
 #: what `orbit limit tenant|global` takes as the new cap
 CAP_HELP = "the new cap (an integer >= 1), or `none` to remove it; left out: show the cap"
+#: `orbit limit tenant|global`: a CAP that starts with '-' (``-1``) is the argument, not
+#: an option click does not know ("No such option: -1"), so ``_cap`` refuses it as a cap
+CAP_COMMAND = {"ignore_unknown_options": True}
 
 
-def _cap(value: str | None) -> tuple[bool, int | None]:
-    """``(set?, cap)`` from the optional CAP argument: absent shows, ``none`` removes."""
+def _cap(value: str | None, most: int) -> tuple[bool, int | None]:
+    """``(set?, cap)`` from the optional CAP argument: absent shows, ``none`` removes; a
+    cap is 1 to ``most`` (the store's bound for the scope). There is no negative or zero
+    spelling of "no cap": that is ``none``."""
     if value is None:
         return False, None
     if value.strip().lower() == "none":
         return True, None
-    if not value.isascii() or not value.isdigit() or int(value) < 1:
-        fail(f"the cap must be an integer >= 1 or `none`; got {value!r:.40}", EXIT_USAGE)
+    if value.startswith("--"):  # a mistyped option, which CAP_COMMAND lets through
+        fail(f"no such option: {value:.40}", EXIT_USAGE)
+    if not value.isascii() or not value.isdigit() or not 1 <= int(value) <= most:
+        fail(
+            f"the cap must be an integer from 1 to {most} or `none` (no cap); got {value!r:.40}",
+            EXIT_USAGE,
+        )
     return True, int(value)
 
 
@@ -608,7 +619,7 @@ def limit_ls(url: Url = DEFAULT_URL, cafile: CaFile = None, as_json: AsJson = Fa
     emit(data, as_json, lambda d: _limits_table([d["global"], *d["tenants"]]))
 
 
-@limit_app.command("tenant")
+@limit_app.command("tenant", context_settings=CAP_COMMAND)
 def limit_tenant(
     tenant: str,
     cap: Annotated[str | None, typer.Argument(help=CAP_HELP, show_default=False)] = None,
@@ -622,13 +633,13 @@ def limit_tenant(
 
     Example: orbit limit tenant acme 20   (orbit limit tenant acme none: no cap)
     """
-    put, value = _cap(cap)
+    put, value = _cap(cap, MAX_TENANT_CAP)
     with client(url, cafile) as c:
         row = c.tenant_limit_set(tenant, value) if put else c.tenant_limit(tenant)
     emit(row, as_json, lambda r: _limits_table([r]))
 
 
-@limit_app.command("global")
+@limit_app.command("global", context_settings=CAP_COMMAND)
 def limit_global(
     cap: Annotated[str | None, typer.Argument(help=CAP_HELP, show_default=False)] = None,
     url: Url = DEFAULT_URL,
@@ -639,7 +650,7 @@ def limit_global(
 
     Example: orbit limit global 500   (orbit limit global none: no cap)
     """
-    put, value = _cap(cap)
+    put, value = _cap(cap, MAX_GLOBAL_CAP)
     with client(url, cafile) as c:
         row = c.global_limit_set(value) if put else c.global_limit()
     emit(row, as_json, lambda r: _limits_table([r]))

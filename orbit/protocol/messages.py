@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from pydantic_core import PydanticCustomError
 
 from orbit.core.validate import (
+    MAX_GLOBAL_CAP,
     MAX_HANDLER_CAPACITY,
     MAX_RENEW_IDS,
     MAX_WORKER_CONCURRENCY,
@@ -145,7 +146,7 @@ class QueuePage(Response):
 class LimitSet(Strict):
     """A tenant's or the global concurrency cap (``PUT /v1/limits/...``); null removes it."""
 
-    max_concurrency: Annotated[int, Field(ge=1, le=100_000_000)] | None = Field(
+    max_concurrency: Annotated[int, Field(ge=1, le=MAX_GLOBAL_CAP)] | None = Field(
         description="live attempts at most (a tenant's: up to 1,000,000); null: no cap"
     )
 

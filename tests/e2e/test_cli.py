@@ -1090,8 +1090,9 @@ def test_queue_caps_and_limits_over_http_the_clients_and_the_cli(
         }
         for bad in ("0", "x", "1.5", "٣"):  # a digit, but not an ASCII one
             code, out = cli("limit", "global", bad)
-            assert code == 2 and "integer >= 1 or `none`" in out, (bad, out)
-        assert cli("limit", "global", "-1")[0] == 2  # click: no such option
+            assert code == 2 and "integer from 1 to 100000000 or `none`" in out, (bad, out)
+        code, out = cli("limit", "global", "-1")  # was click's "No such option: -1"
+        assert code == 2 and "integer from 1 to 100000000 or `none`" in out, out
         assert json.loads(cli("limit", "global", "--json")[1]) == {"max_concurrency": 50}
     finally:  # the module's other tests share this server: leave no cap behind
         with Client(node.http, tokens.admin) as c:
@@ -1148,6 +1149,25 @@ def test_a_cap_change_is_an_event_in_the_log(api: httpx.Client) -> None:
         ("global.updated", None, {"max_concurrency": None, "max_concurrency_before": 700}),
         ("tenant.updated", "evt-t", {"max_concurrency": None, "max_concurrency_before": 4}),
     ]
+
+
+def test_a_negative_cap_is_refused_naming_the_range_and_changes_nothing(
+    cli: Run, api: httpx.Client
+) -> None:
+    """``orbit limit global -1`` was click's "No such option: -1": a negative number is
+    now read as the cap it was meant as and refused as one, naming the valid values (1
+    to the scope's largest cap, or ``none``), exit 2 with nothing changed."""
+    before = (api.get("/v1/limits/global").json(), api.get("/v1/limits/tenants").json())
+    for args, most in ((["global"], "100000000"), (["tenant", "neg-t"], "1000000")):
+        for bad in ("-1", "-5", "-0", "-1.5", str(int(most) + 1)):
+            refused = cli("limit", *args, bad)
+            assert refused.returncode == 2, (args, bad, refused.stdout, refused.stderr)
+            assert "No such option" not in refused.stderr, (args, bad, refused.stderr)
+            assert f"an integer from 1 to {most} or `none`" in refused.stderr, refused.stderr
+            assert repr(bad) in refused.stderr and refused.stdout == "", (args, bad)
+    refused = cli("limit", "global", "--jsn")  # a mistyped option is still named as one
+    assert refused.returncode == 2 and "no such option: --jsn" in refused.stderr, refused
+    assert (api.get("/v1/limits/global").json(), api.get("/v1/limits/tenants").json()) == before
 
 
 def test_a_limit_is_plain_digits_on_every_list_route(api: httpx.Client) -> None:

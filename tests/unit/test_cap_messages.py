@@ -55,6 +55,7 @@ def test_queue_update_keeps_what_is_left_out() -> None:
     [
         ("{}", "MISSING_FIELD", "max_concurrency"),  # null removes a cap; it must be said
         ('{"max_concurrency":0}', "NUMBER_OUT_OF_RANGE", "max_concurrency"),
+        ('{"max_concurrency":-1}', "NUMBER_OUT_OF_RANGE", "max_concurrency"),  # not "no cap"
         ('{"max_concurrency":100000001}', "NUMBER_OUT_OF_RANGE", "max_concurrency"),
         ('{"max_concurrency":"5"}', "INVALID_TYPE", "max_concurrency"),
         ('{"max_concurrency":1.5}', "INVALID_TYPE", "max_concurrency"),
