@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orbit.core.states import TaskState
-from orbit.core.validate import MAX_GLOBAL_CAP, MAX_TENANT_CAP
+from orbit.core.validate import MAX_GLOBAL_CAP, MAX_TENANT_CAP, RATE_RANGE, is_rate
 from orbit.tokens import TokenError, load_token
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ CaFile = Annotated[
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
 #: a queue's caps, as ``queue create`` and ``queue update`` take them
 MaxConcurrency = Annotated[int | None, typer.Option(help="live attempts at most (>= 1)")]
-Rate = Annotated[float | None, typer.Option(help="tasks per second; 0 = unlimited")]
+Rate = Annotated[float | None, typer.Option(help=RATE_RANGE)]
 Burst = Annotated[int | None, typer.Option(help="token bucket size")]
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -127,6 +127,14 @@ def finite(value: float | None, option: str) -> float | None:
     return value
 
 
+def rate_option(value: float | None) -> None:
+    """``--rate`` in the one range the server takes (``orbit.core.validate.is_rate``):
+    refused here, exit 2, as a non-finite one is, rather than sent for a 400."""
+    finite(value, "--rate")
+    if value is not None and not is_rate(value):
+        fail(f"--rate must be {RATE_RANGE}; got {value:g}", EXIT_USAGE)
+
+
 def instant_option(value: str | None, option: str) -> datetime | None:
     """An ISO 8601 instant with a timezone (``2026-01-01T00:00:00Z``, ``…+02:00``). A
     date alone or a time without a zone names no one instant: refused, exit 2."""
@@ -193,7 +201,7 @@ def queue_create(
         fail(
             "a queue needs --max-concurrency and --rate (write --rate 0 for unlimited)", EXIT_USAGE
         )
-    finite(rate, "--rate")
+    rate_option(rate)
     with client(url, cafile) as c:
         emit(
             c.queue_create(name, max_concurrency=max_concurrency, rate=rate, burst=burst),
@@ -221,7 +229,7 @@ def queue_update(
     """
     if max_concurrency is None and rate is None and burst is None:
         fail("give at least one of --max-concurrency, --rate, --burst", EXIT_USAGE)
-    finite(rate, "--rate")
+    rate_option(rate)
     with client(url, cafile) as c:
         emit(
             c.queue_update(name, max_concurrency=max_concurrency, rate=rate, burst=burst),

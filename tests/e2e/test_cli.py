@@ -1170,6 +1170,43 @@ def test_a_negative_cap_is_refused_naming_the_range_and_changes_nothing(
     assert (api.get("/v1/limits/global").json(), api.get("/v1/limits/tenants").json()) == before
 
 
+def test_a_rate_below_the_bound_is_refused_by_create_update_and_the_cli(
+    api: httpx.Client, cli: Run
+) -> None:
+    """``PATCH /v1/queues/{name}`` took a rate of 5e-324 (a subnormal: one token per
+    ~1e316 years, an interval ``SECOND / rate`` that overflows), and so did create. One
+    bound, MIN_RATE (0.000001/s), is now refused alike by create, update and ``orbit
+    queue create|update``: 400 NUMBER_OUT_OF_RANGE naming ``rate`` and the range, or
+    exit 2 naming ``--rate``, nothing changed; the bound itself is taken."""
+    made = {"name": "slowest", "max_concurrency": 1, "rate": 5}
+    assert api.post("/v1/queues", json=made).status_code == 201
+    for rate in (5e-324, 1e-7, 9.99e-7):
+        for reply in (
+            api.post("/v1/queues", json={**made, "name": "too-slow", "rate": rate}),
+            api.patch("/v1/queues/slowest", json={"rate": rate}),
+        ):
+            assert reply.status_code == 400, (rate, reply.text)
+            error = reply.json()["error"]
+            assert (error["code"], error["field"]) == ("NUMBER_OUT_OF_RANGE", "rate"), error
+            assert "0 (unlimited) or from 0.000001 to 1000000" in error["message"], error
+        for command in (
+            ["create", "too-slow", "--max-concurrency", "1"],
+            ["update", "slowest"],
+        ):
+            refused = cli("queue", *command, "--rate", repr(rate))
+            assert refused.returncode == 2, (command, rate, refused.stdout, refused.stderr)
+            assert "--rate must be 0 (unlimited) or from 0.000001 to 1000000" in refused.stderr
+    for rate in ("-1", "1000001"):  # out of range either side: exit 2 too, not the server's 3
+        refused = cli("queue", "update", "slowest", "--rate", rate)
+        assert refused.returncode == 2 and "--rate must be" in refused.stderr, refused
+    queues = {q["name"]: q for q in api.get("/v1/queues", params={"limit": 1000}).json()["items"]}
+    assert "too-slow" not in queues and queues["slowest"]["rate"] == 5
+    changed = api.patch("/v1/queues/slowest", json={"rate": 0.000001})
+    assert changed.status_code == 200 and changed.json()["rate"] == 1e-6, changed.text
+    shown = json.loads(ok(cli("queue", "update", "slowest", "--rate", "0.000002", "--json")))
+    assert shown["rate"] == 2e-6
+
+
 def test_a_limit_is_plain_digits_on_every_list_route(api: httpx.Client) -> None:
     """``limit=" 1"`` and ``limit=1.0`` were read as 1 (pydantic's lax int) while
     ``limit=x`` was refused: each list route now refuses anything but ASCII digits, as
