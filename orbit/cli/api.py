@@ -347,6 +347,15 @@ def task_ls(
 
     Example: orbit task ls --state failed --created-after 2026-01-01T00:00:00Z
     """
+    for value, option in (
+        (state, "--state"),
+        (queue, "--queue"),
+        (tenant, "--tenant"),
+        (handler, "--handler"),
+        (parent, "--parent"),
+    ):
+        if value == "":  # an unset shell variable, say: the server refuses it too
+            fail(f"{option} is empty: give a value, or leave the option out", EXIT_USAGE)
     after = instant_option(created_after, "--created-after")
     before = instant_option(created_before, "--created-before")
     with client(url, cafile) as c:

@@ -190,7 +190,8 @@ class _Calls:
     @staticmethod
     def tasks_list(limit: int, cursor: str | None, **filters: str | None) -> Request:
         """``filters``: state, queue, tenant, handler, parent_id, created_after,
-        created_before (None: not filtered)."""
+        created_before (None: not filtered). An empty one is sent as it is, for the
+        server to refuse (BadRequest): dropped, ``queue=""`` would list every queue's."""
         query: dict[str, Any] = {k: v for k, v in filters.items() if v is not None}
         query["limit"] = limit
         if cursor is not None:
@@ -504,7 +505,8 @@ class Client:
     ) -> dict[str, Any]:
         """One page: ``{"items": [...], "next_cursor": ...}``. ``parent_id``: that task's
         children only; ``created_after`` (inclusive) and ``created_before`` (exclusive):
-        aware datetimes or RFC 3339 strings."""
+        aware datetimes or RFC 3339 strings. An empty filter (``queue=""``) is
+        BadRequest, not a page of no tasks."""
         call = _Calls.tasks_list(
             limit,
             cursor,

@@ -1413,6 +1413,65 @@ def test_the_task_list_filters_by_parent_in_the_api_the_clients_and_the_cli(
     assert refused.returncode == 3 and "INVALID_ARGUMENT" in refused.stderr, refused
 
 
+#: the task list's string filters, as the API, the clients and ``orbit task ls`` name them
+STRING_FILTERS = (
+    ("queue", "queue", "--queue"),
+    ("tenant", "tenant", "--tenant"),
+    ("handler", "handler", "--handler"),
+    ("state", "state", "--state"),
+    ("parent_id", "parent_id", "--parent"),
+    ("created_after", "created_after", "--created-after"),
+    ("created_before", "created_before", "--created-before"),
+)
+
+
+def test_an_empty_filter_is_refused_by_the_task_list_the_clients_and_the_cli(
+    api: httpx.Client, cli: Run, cluster: tuple[Node, Tokens, str]
+) -> None:
+    """``GET /v1/tasks?queue=`` (and ``tenant=``, ``handler=``) listed no task, a page
+    that read as "none there", while ``created_after=`` was refused. An empty string
+    filter is now refused alike: 400 naming it, BadRequest from both clients (which send
+    it as it is), and exit 2 naming the option from ``orbit task ls``."""
+    import asyncio
+
+    from orbit import AsyncClient, Client
+    from orbit.client import BadRequest
+
+    node, tokens, _ = cluster
+    api.post("/v1/queues", json={"name": "empties", "max_concurrency": 1, "rate": 0})
+    assert api.post("/v1/tasks", json={"queue": "empties", "handler": "h"}).status_code == 201
+    for param, _, _ in STRING_FILTERS:
+        refused = api.get("/v1/tasks", params={param: ""})
+        assert refused.status_code == 400, (param, refused.text)
+        assert refused.json()["error"]["field"] == param, (param, refused.text)
+        assert refused.json()["error"]["code"] in ("INVALID_ARGUMENT", "INVALID_VALUE"), param
+    with Client(node.http, tokens.admin) as c:
+        for _, keyword, _ in STRING_FILTERS:
+            with pytest.raises(BadRequest) as err:
+                c.list_tasks(**{keyword: ""})
+            assert err.value.field == keyword, keyword
+            with pytest.raises(BadRequest):
+                next(c.iter_tasks(**{keyword: ""}))
+
+    async def refused_async() -> list[str]:
+        fields = []
+        async with AsyncClient(node.http, tokens.admin) as c:
+            for _, keyword, _ in STRING_FILTERS:
+                with pytest.raises(BadRequest) as err:
+                    await c.list_tasks(**{keyword: ""})
+                fields.append(err.value.field)
+        return fields
+
+    assert asyncio.run(refused_async()) == [k for _, k, _ in STRING_FILTERS]
+    for _, _, option in STRING_FILTERS:
+        refused = cli("task", "ls", option, "")
+        assert refused.returncode == 2, (option, refused.stdout, refused.stderr)
+        assert refused.stdout == "" and len(refused.stderr.strip().splitlines()) == 1, option
+        assert option in refused.stderr, (option, refused.stderr)
+    listed = json.loads(ok(cli("task", "ls", "--queue", "empties", "--json")))["items"]
+    assert len(listed) == 1  # a filter that is given still lists
+
+
 def test_the_task_list_time_window_in_the_clients_and_the_cli(
     api: httpx.Client, cli: Run, cluster: tuple[Node, Tokens, str]
 ) -> None:
