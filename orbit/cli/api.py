@@ -1,4 +1,4 @@
-"""``orbit queue|task|worker|limit …``: the HTTP API from the shell.
+"""``orbit queue|task|worker|limit|event …``: the HTTP API from the shell.
 
 Connection: ``--url`` (or ORBIT_URL, default http://127.0.0.1:8000), the token from
 ORBIT_TOKEN or ORBIT_TOKEN_FILE, ``--cafile`` for a private CA. Output: tables for
@@ -61,6 +61,11 @@ queue_app = typer.Typer(
 limit_app = typer.Typer(
     help="Concurrency caps of tenants and of the whole cluster: list, show, set, remove."
     + CONNECTION_HELP,
+    no_args_is_help=True,
+)
+event_app = typer.Typer(
+    help="The event log, in its order: every task's events and the operators' changes "
+    "(queue, tenant and global caps, pauses, sessions)." + CONNECTION_HELP,
     no_args_is_help=True,
 )
 task_app = typer.Typer(
@@ -590,6 +595,46 @@ def worker_ls(url: str, cafile: str | None, as_json: bool, state: str | None = N
 def worker_drain(session_id: str, url: str, cafile: str | None, as_json: bool) -> None:
     with client(url, cafile) as c:
         emit(c.worker_drain(session_id), as_json, lambda w: _workers_table([w]))
+
+
+# ----------------------------------------------------------------------------- event
+
+
+def _events_table(rows: list[dict[str, Any]]) -> Table:
+    """One line an event: what it is about is its task, else its queue, tenant or
+    session (an operator's change belongs to no task)."""
+    table = Table("id", "at")
+    table.add_column("kind", no_wrap=True)  # what a reader scans for, never cut short
+    table.add_column("subject")
+    table.add_column("data", overflow="fold")
+    for e in rows:
+        subject = e["task_id"] or e["queue"] or e["tenant"] or e["session_id"] or ""
+        data = "" if e["data"] is None else json.dumps(e["data"], sort_keys=True)
+        table.add_row(e["id"], e["at"], e["kind"], subject, data)
+    return table
+
+
+@event_app.command("ls")
+def event_ls(
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    cursor: Annotated[str | None, typer.Option(help="continue from a previous page")] = None,
+    url: Url = DEFAULT_URL,
+    cafile: CaFile = None,
+    as_json: AsJson = False,
+) -> None:
+    """List the event log in its order; prints the cursor of the next page if there is
+    one. Needs an admin token.
+
+    Example: orbit event ls --limit 100 --cursor …
+    """
+    with client(url, cafile) as c:
+        page = c.event_log(limit=limit, cursor=cursor)
+    if as_json:
+        emit(page, True)
+        return
+    out.print(_events_table(page["items"]))
+    if page["next_cursor"]:
+        out.print(f"next page: --cursor {page['next_cursor']}", highlight=False)
 
 
 # ----------------------------------------------------------------------------- limit

@@ -219,6 +219,13 @@ class _Calls:
         return ("GET", f"/v1/tasks/{_seg(task_id)}/events", _page(limit, cursor), None)
 
     @staticmethod
+    def event_log(limit: int, cursor: str | None) -> Request:
+        """Every task's events and the operators' changes (caps, pauses, sessions): an
+        empty cursor is sent, and refused, as ``events`` sends it."""
+        query: dict[str, Any] = {"limit": limit, **({} if cursor is None else {"cursor": cursor})}
+        return ("GET", "/v1/events", query, None)
+
+    @staticmethod
     def submit_many(tasks: list[dict[str, Any]], reply: BatchReply) -> Request:
         query = None if reply == "full" else {"reply": reply}
         return ("POST", "/v1/tasks/batch", query, {"tasks": tasks})
@@ -549,6 +556,17 @@ class Client:
         """Every event of the task, page by page, from the start or from ``cursor``."""
         yield from _walk(lambda c: self.events(task_id, limit=limit, cursor=c), cursor)
 
+    def event_log(self, *, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
+        """One page of the whole event log, in its order (admin): the events of every
+        task and of the operators' changes, ``queue.updated`` or ``tenant.updated``."""
+        return dict(self._call(_Calls.event_log(limit, cursor)))
+
+    def iter_event_log(
+        self, *, limit: int = 100, cursor: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """The whole event log, page by page, from the start or from ``cursor``."""
+        yield from _walk(lambda c: self.event_log(limit=limit, cursor=c), cursor)
+
     # workers and tokens
     def workers(self, state: str | None = None) -> list[dict[str, Any]]:
         """Every worker session (all its pages), oldest first; ``state="live"`` leaves out
@@ -754,6 +772,15 @@ class AsyncClient:
         self, task_id: str, *, limit: int = 100, cursor: str | None = None
     ) -> AsyncIterator[dict[str, Any]]:
         async for item in _awalk(lambda c: self.events(task_id, limit=limit, cursor=c), cursor):
+            yield item
+
+    async def event_log(self, *, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
+        return dict(await self._call(_Calls.event_log(limit, cursor)))
+
+    async def iter_event_log(
+        self, *, limit: int = 100, cursor: str | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        async for item in _awalk(lambda c: self.event_log(limit=limit, cursor=c), cursor):
             yield item
 
     async def list_artifacts(

@@ -1151,6 +1151,74 @@ def test_a_cap_change_is_an_event_in_the_log(api: httpx.Client) -> None:
     ]
 
 
+def test_the_event_log_is_read_by_both_clients_and_orbit_event_ls(
+    api: httpx.Client, cli: Run, cluster: tuple[Node, Tokens, str]
+) -> None:
+    """``GET /v1/events`` had no reader but raw HTTP: the operators' changes (a cap's
+    ``tenant.updated``, a queue's ``queue.updated``), which belong to no task, were in
+    no client and no command. ``Client.event_log``/``iter_event_log``, their
+    AsyncClient twins and ``orbit event ls`` read it, page by page from a cursor."""
+    import asyncio
+
+    from orbit import AsyncClient, Client
+    from orbit.client import BadRequest
+
+    node, tokens, _ = cluster
+    try:
+        api.put("/v1/limits/tenants/log-t", json={"max_concurrency": 3})
+    finally:
+        api.put("/v1/limits/tenants/log-t", json={"max_concurrency": None})
+    mine = ("tenant.updated", "log-t", {"max_concurrency": 3, "max_concurrency_before": None})
+
+    def ours(events: list[dict[str, Any]]) -> list[tuple[str, str | None, Any]]:
+        return [(e["kind"], e["tenant"], e["data"]) for e in events if e["tenant"] == "log-t"]
+
+    with Client(node.http, tokens.admin) as c:
+        walked = list(c.iter_event_log(limit=7))
+        assert ours(walked)[0] == mine and len(ours(walked)) == 2
+        first = c.event_log(limit=2)
+        assert [e["id"] for e in first["items"]] == [e["id"] for e in walked[:2]]
+        rest = c.event_log(limit=5, cursor=first["next_cursor"])["items"]
+        assert [e["id"] for e in rest] == [e["id"] for e in walked[2:7]]
+        with pytest.raises(BadRequest):
+            c.event_log(cursor="")
+
+    async def walked_async() -> list[dict[str, Any]]:
+        async with AsyncClient(node.http, tokens.admin) as c:
+            page = await c.event_log(limit=1)
+            return page["items"] + [e async for e in c.iter_event_log(cursor=page["next_cursor"])]
+
+    assert [e["id"] for e in asyncio.run(walked_async())][: len(walked)] == [
+        e["id"] for e in walked
+    ]
+    shown, cursor = [], None
+    while True:
+        page = json.loads(
+            ok(
+                cli(
+                    "event",
+                    "ls",
+                    "--limit",
+                    "1000",
+                    "--json",
+                    *(["--cursor", cursor] if cursor else []),
+                )
+            )
+        )
+        shown += page["items"]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert ours(shown) == ours(walked)
+    # the event before ours in the log's order (not id order: event feeds)
+    at = next(i for i, e in enumerate(walked) if e["tenant"] == "log-t")
+    just_before = encode_cursor(walked[at - 1]["id"])
+    table = ok(cli("event", "ls", "--limit", "2", "--cursor", just_before))
+    assert "tenant.updated" in table and "log-t" in table, table
+    assert "next page: --cursor" in table, table
+    assert cli("event", "ls", "--limit", "0").returncode == 2
+
+
 def test_a_negative_cap_is_refused_naming_the_range_and_changes_nothing(
     cli: Run, api: httpx.Client
 ) -> None:
