@@ -1,4 +1,4 @@
-"""``orbit queue|task|worker|limit …``: the HTTP API from the shell.
+"""``orbit queue|task|worker|limit|event …``: the HTTP API from the shell.
 
 Connection: ``--url`` (or ORBIT_URL, default http://127.0.0.1:8000), the token from
 ORBIT_TOKEN or ORBIT_TOKEN_FILE, ``--cafile`` for a private CA. Output: tables for
@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orbit.core.states import TaskState
+from orbit.core.validate import MAX_GLOBAL_CAP, MAX_TENANT_CAP, RATE_RANGE, is_rate
 from orbit.tokens import TokenError, load_token
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ CaFile = Annotated[
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
 #: a queue's caps, as ``queue create`` and ``queue update`` take them
 MaxConcurrency = Annotated[int | None, typer.Option(help="live attempts at most (>= 1)")]
-Rate = Annotated[float | None, typer.Option(help="tasks per second; 0 = unlimited")]
+Rate = Annotated[float | None, typer.Option(help=RATE_RANGE)]
 Burst = Annotated[int | None, typer.Option(help="token bucket size")]
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -60,6 +61,11 @@ queue_app = typer.Typer(
 limit_app = typer.Typer(
     help="Concurrency caps of tenants and of the whole cluster: list, show, set, remove."
     + CONNECTION_HELP,
+    no_args_is_help=True,
+)
+event_app = typer.Typer(
+    help="The event log, in its order: every task's events and the operators' changes "
+    "(queue, tenant and global caps, pauses, sessions)." + CONNECTION_HELP,
     no_args_is_help=True,
 )
 task_app = typer.Typer(
@@ -124,6 +130,14 @@ def finite(value: float | None, option: str) -> float | None:
     if value is not None and not math.isfinite(value):
         fail(f"{option} must be a finite number", EXIT_USAGE)
     return value
+
+
+def rate_option(value: float | None) -> None:
+    """``--rate`` in the one range the server takes (``orbit.core.validate.is_rate``):
+    refused here, exit 2, as a non-finite one is, rather than sent for a 400."""
+    finite(value, "--rate")
+    if value is not None and not is_rate(value):
+        fail(f"--rate must be {RATE_RANGE}; got {value:g}", EXIT_USAGE)
 
 
 def instant_option(value: str | None, option: str) -> datetime | None:
@@ -192,7 +206,7 @@ def queue_create(
         fail(
             "a queue needs --max-concurrency and --rate (write --rate 0 for unlimited)", EXIT_USAGE
         )
-    finite(rate, "--rate")
+    rate_option(rate)
     with client(url, cafile) as c:
         emit(
             c.queue_create(name, max_concurrency=max_concurrency, rate=rate, burst=burst),
@@ -220,7 +234,7 @@ def queue_update(
     """
     if max_concurrency is None and rate is None and burst is None:
         fail("give at least one of --max-concurrency, --rate, --burst", EXIT_USAGE)
-    finite(rate, "--rate")
+    rate_option(rate)
     with client(url, cafile) as c:
         emit(
             c.queue_update(name, max_concurrency=max_concurrency, rate=rate, burst=burst),
@@ -338,6 +352,15 @@ def task_ls(
 
     Example: orbit task ls --state failed --created-after 2026-01-01T00:00:00Z
     """
+    for value, option in (
+        (state, "--state"),
+        (queue, "--queue"),
+        (tenant, "--tenant"),
+        (handler, "--handler"),
+        (parent, "--parent"),
+    ):
+        if value == "":  # an unset shell variable, say: the server refuses it too
+            fail(f"{option} is empty: give a value, or leave the option out", EXIT_USAGE)
     after = instant_option(created_after, "--created-after")
     before = instant_option(created_before, "--created-before")
     with client(url, cafile) as c:
@@ -585,20 +608,70 @@ def worker_drain(session_id: str, url: str, cafile: str | None, as_json: bool) -
         emit(c.worker_drain(session_id), as_json, lambda w: _workers_table([w]))
 
 
+# ----------------------------------------------------------------------------- event
+
+
+def _events_table(rows: list[dict[str, Any]]) -> Table:
+    """One line an event: what it is about is its task, else its queue, tenant or
+    session (an operator's change belongs to no task)."""
+    table = Table("id", "at")
+    table.add_column("kind", no_wrap=True)  # what a reader scans for, never cut short
+    table.add_column("subject")
+    table.add_column("data", overflow="fold")
+    for e in rows:
+        subject = e["task_id"] or e["queue"] or e["tenant"] or e["session_id"] or ""
+        data = "" if e["data"] is None else json.dumps(e["data"], sort_keys=True)
+        table.add_row(e["id"], e["at"], e["kind"], subject, data)
+    return table
+
+
+@event_app.command("ls")
+def event_ls(
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    cursor: Annotated[str | None, typer.Option(help="continue from a previous page")] = None,
+    url: Url = DEFAULT_URL,
+    cafile: CaFile = None,
+    as_json: AsJson = False,
+) -> None:
+    """List the event log in its order; prints the cursor of the next page if there is
+    one. Needs an admin token.
+
+    Example: orbit event ls --limit 100 --cursor …
+    """
+    with client(url, cafile) as c:
+        page = c.event_log(limit=limit, cursor=cursor)
+    if as_json:
+        emit(page, True)
+        return
+    out.print(_events_table(page["items"]))
+    if page["next_cursor"]:
+        out.print(f"next page: --cursor {page['next_cursor']}", highlight=False)
+
+
 # ----------------------------------------------------------------------------- limit
 
 #: what `orbit limit tenant|global` takes as the new cap
 CAP_HELP = "the new cap (an integer >= 1), or `none` to remove it; left out: show the cap"
+#: `orbit limit tenant|global`: a CAP that starts with '-' (``-1``) is the argument, not
+#: an option click does not know ("No such option: -1"), so ``_cap`` refuses it as a cap
+CAP_COMMAND = {"ignore_unknown_options": True}
 
 
-def _cap(value: str | None) -> tuple[bool, int | None]:
-    """``(set?, cap)`` from the optional CAP argument: absent shows, ``none`` removes."""
+def _cap(value: str | None, most: int) -> tuple[bool, int | None]:
+    """``(set?, cap)`` from the optional CAP argument: absent shows, ``none`` removes; a
+    cap is 1 to ``most`` (the store's bound for the scope). There is no negative or zero
+    spelling of "no cap": that is ``none``."""
     if value is None:
         return False, None
     if value.strip().lower() == "none":
         return True, None
-    if not value.isascii() or not value.isdigit() or int(value) < 1:
-        fail(f"the cap must be an integer >= 1 or `none`; got {value!r:.40}", EXIT_USAGE)
+    if value.startswith("--"):  # a mistyped option, which CAP_COMMAND lets through
+        fail(f"no such option: {value:.40}", EXIT_USAGE)
+    if not value.isascii() or not value.isdigit() or not 1 <= int(value) <= most:
+        fail(
+            f"the cap must be an integer from 1 to {most} or `none` (no cap); got {value!r:.40}",
+            EXIT_USAGE,
+        )
     return True, int(value)
 
 
@@ -619,7 +692,7 @@ def limit_ls(url: Url = DEFAULT_URL, cafile: CaFile = None, as_json: AsJson = Fa
     emit(data, as_json, lambda d: _limits_table([d["global"], *d["tenants"]]))
 
 
-@limit_app.command("tenant")
+@limit_app.command("tenant", context_settings=CAP_COMMAND)
 def limit_tenant(
     tenant: str,
     cap: Annotated[str | None, typer.Argument(help=CAP_HELP, show_default=False)] = None,
@@ -633,13 +706,13 @@ def limit_tenant(
 
     Example: orbit limit tenant acme 20   (orbit limit tenant acme none: no cap)
     """
-    put, value = _cap(cap)
+    put, value = _cap(cap, MAX_TENANT_CAP)
     with client(url, cafile) as c:
         row = c.tenant_limit_set(tenant, value) if put else c.tenant_limit(tenant)
     emit(row, as_json, lambda r: _limits_table([r]))
 
 
-@limit_app.command("global")
+@limit_app.command("global", context_settings=CAP_COMMAND)
 def limit_global(
     cap: Annotated[str | None, typer.Argument(help=CAP_HELP, show_default=False)] = None,
     url: Url = DEFAULT_URL,
@@ -650,7 +723,7 @@ def limit_global(
 
     Example: orbit limit global 500   (orbit limit global none: no cap)
     """
-    put, value = _cap(cap)
+    put, value = _cap(cap, MAX_GLOBAL_CAP)
     with client(url, cafile) as c:
         row = c.global_limit_set(value) if put else c.global_limit()
     emit(row, as_json, lambda r: _limits_table([r]))

@@ -50,13 +50,14 @@ app.add_typer(token_app, name="token")
 
 
 def _add_api_groups() -> None:
-    from orbit.cli.api import limit_app, queue_app, task_app
+    from orbit.cli.api import event_app, limit_app, queue_app, task_app
     from orbit.cli.dev import dev
 
     app.command("dev")(dev)
     app.add_typer(queue_app, name="queue")
     app.add_typer(task_app, name="task")
     app.add_typer(limit_app, name="limit")
+    app.add_typer(event_app, name="event")
 
 
 _add_api_groups()

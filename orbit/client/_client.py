@@ -198,7 +198,8 @@ class _Calls:
     @staticmethod
     def tasks_list(limit: int, cursor: str | None, **filters: str | None) -> Request:
         """``filters``: state, queue, tenant, handler, parent_id, created_after,
-        created_before (None: not filtered)."""
+        created_before (None: not filtered). An empty one is sent as it is, for the
+        server to refuse (BadRequest): dropped, ``queue=""`` would list every queue's."""
         query: dict[str, Any] = {k: v for k, v in filters.items() if v is not None}
         query["limit"] = limit
         if cursor is not None:
@@ -224,6 +225,13 @@ class _Calls:
     @staticmethod
     def events(task_id: str, limit: int, cursor: str | None) -> Request:
         return ("GET", f"/v1/tasks/{_seg(task_id)}/events", _page(limit, cursor), None)
+
+    @staticmethod
+    def event_log(limit: int, cursor: str | None) -> Request:
+        """Every task's events and the operators' changes (caps, pauses, sessions): an
+        empty cursor is sent, and refused, as ``events`` sends it."""
+        query: dict[str, Any] = {"limit": limit, **({} if cursor is None else {"cursor": cursor})}
+        return ("GET", "/v1/events", query, None)
 
     @staticmethod
     def submit_many(tasks: list[dict[str, Any]], reply: BatchReply) -> Request:
@@ -591,7 +599,8 @@ class Client:
     ) -> dict[str, Any]:
         """One page: ``{"items": [...], "next_cursor": ...}``. ``parent_id``: that task's
         children only; ``created_after`` (inclusive) and ``created_before`` (exclusive):
-        aware datetimes or RFC 3339 strings."""
+        aware datetimes or RFC 3339 strings. An empty filter (``queue=""``) is
+        BadRequest, not a page of no tasks."""
         call = _Calls.tasks_list(
             limit,
             cursor,
@@ -642,6 +651,17 @@ class Client:
     ) -> Iterator[dict[str, Any]]:
         """Every event of the task, page by page, from the start or from ``cursor``."""
         yield from _walk(lambda c: self.events(task_id, limit=limit, cursor=c), cursor)
+
+    def event_log(self, *, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
+        """One page of the whole event log, in its order (admin): the events of every
+        task and of the operators' changes, ``queue.updated`` or ``tenant.updated``."""
+        return dict(self._call(_Calls.event_log(limit, cursor)))
+
+    def iter_event_log(
+        self, *, limit: int = 100, cursor: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """The whole event log, page by page, from the start or from ``cursor``."""
+        yield from _walk(lambda c: self.event_log(limit=limit, cursor=c), cursor)
 
     # workers and tokens
     def workers(self, state: str | None = None) -> list[dict[str, Any]]:
@@ -907,6 +927,15 @@ class AsyncClient:
         self, task_id: str, *, limit: int = 100, cursor: str | None = None
     ) -> AsyncIterator[dict[str, Any]]:
         async for item in _awalk(lambda c: self.events(task_id, limit=limit, cursor=c), cursor):
+            yield item
+
+    async def event_log(self, *, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
+        return dict(await self._call(_Calls.event_log(limit, cursor)))
+
+    async def iter_event_log(
+        self, *, limit: int = 100, cursor: str | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        async for item in _awalk(lambda c: self.event_log(limit=limit, cursor=c), cursor):
             yield item
 
     async def list_artifacts(

@@ -34,6 +34,18 @@ DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
 MAX_WORKER_CONCURRENCY = 100_000
 MAX_WORKER_HANDLERS = 256
 MAX_HANDLER_CAPACITY = 100_000
+#: A queue's rate, in tasks per second: 0 (unlimited), or from MIN_RATE to MAX_RATE. At
+#: the bounds a token comes every microsecond (the clock's unit) or every 1,000,000 s
+#: (11.6 days); a slower rate's refill is no schedule anyone means, and near the
+#: smallest doubles (5e-324) the interval ``SECOND / rate`` overflows to infinity.
+#: ``QueueCreate``, ``QueueUpdate``, the store and ``orbit queue`` check the same range.
+MIN_RATE = 0.000_001
+MAX_RATE = 1_000_000
+RATE_RANGE = f"0 (unlimited) or from {MIN_RATE:f} to {MAX_RATE} tasks per second"
+#: The largest tenant cap and global cap (``Store.tenant_limit_set``,
+#: ``Store.global_limit_set``); the smallest of each is 1, and None is no cap.
+MAX_TENANT_CAP = 1_000_000
+MAX_GLOBAL_CAP = 100_000_000
 #: The most attempt ids one ``renew`` carries (``orbit.protocol.messages.Renew``): the
 #: runner sends a larger set in messages of this many.
 MAX_RENEW_IDS = 1000
@@ -77,6 +89,11 @@ def check_int(name: str, value: object, low: int, high: int) -> int:
     return value
 
 
+def is_rate(rate: float) -> bool:
+    """Whether a finite ``rate`` is in the one range every entry point takes."""
+    return rate == 0 or MIN_RATE <= rate <= MAX_RATE
+
+
 def check_queue_caps(max_concurrency: int | None, rate: float | None, burst: int | None) -> None:
     """A queue needs an explicit concurrency cap and an explicit rate (0 = unlimited)."""
     if max_concurrency is None:
@@ -98,8 +115,8 @@ def check_queue_cap_values(
     if rate is not None:
         if isinstance(rate, bool) or not isinstance(rate, int | float) or not math.isfinite(rate):
             raise OrbitError(Code.INVALID_ARGUMENT, f"rate must be a finite number; got {rate!r}")
-        if rate < 0 or rate > 1_000_000:
-            raise OrbitError(Code.INVALID_ARGUMENT, f"rate must be in [0, 1000000]; got {rate!r}")
+        if not is_rate(rate):
+            raise OrbitError(Code.INVALID_ARGUMENT, f"rate must be {RATE_RANGE}; got {rate!r}")
     if burst is not None:
         check_int("burst", burst, 1, 1_000_000)
 

@@ -16,10 +16,15 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from pydantic_core import PydanticCustomError
 
 from orbit.core.validate import (
+    MAX_GLOBAL_CAP,
     MAX_HANDLER_CAPACITY,
+    MAX_RATE,
     MAX_RENEW_IDS,
     MAX_WORKER_CONCURRENCY,
     MAX_WORKER_HANDLERS,
+    MIN_RATE,
+    RATE_RANGE,
+    is_rate,
 )
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
@@ -53,7 +58,25 @@ def _instant(value: str) -> str:
     return value
 
 
+def _rate(value: float) -> float:
+    """A rate in the range the store takes (``orbit.core.validate.is_rate``): the gap
+    between 0 and MIN_RATE cannot be said with ``ge``/``le``."""
+    if not is_rate(value):
+        raise PydanticCustomError("number_out_of_range", f"Input should be {RATE_RANGE}")
+    return value
+
+
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+#: a queue's rate: 0, or MIN_RATE to MAX_RATE (the schema says so with ``not``)
+Rate = Annotated[
+    float,
+    Field(
+        ge=0,
+        le=MAX_RATE,
+        json_schema_extra={"not": {"exclusiveMinimum": 0, "exclusiveMaximum": MIN_RATE}},
+    ),
+    AfterValidator(_rate),
+]
 Counter = Annotated[str, Field(examples=["1"]), AfterValidator(_counter)]
 Instant = Annotated[str, Field(examples=["2026-11-29T12:00:00Z"]), AfterValidator(_instant)]
 Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
@@ -80,9 +103,7 @@ class Response(BaseModel):
 class QueueCreate(Strict):
     name: Name
     max_concurrency: Annotated[int, Field(ge=1, le=1_000_000)]
-    rate: Annotated[float, Field(ge=0, le=1_000_000)] = Field(
-        description="tasks per second; 0 means unlimited and must be written explicitly"
-    )
+    rate: Rate = Field(description=f"{RATE_RANGE}; 0 must be written explicitly")
     burst: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     response_only_fields = frozenset({"paused", "created_at"})
 
@@ -106,9 +127,7 @@ class QueueUpdate(Strict):
         extra="forbid", strict=True, frozen=True, json_schema_extra=_never_null
     )
     max_concurrency: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
-    rate: Annotated[float, Field(ge=0, le=1_000_000)] | None = Field(
-        default=None, description="tasks per second; 0 means unlimited"
-    )
+    rate: Rate | None = Field(default=None, description=RATE_RANGE)
     burst: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     response_only_fields = frozenset({"name", "paused", "created_at"})
 
@@ -145,7 +164,7 @@ class QueuePage(Response):
 class LimitSet(Strict):
     """A tenant's or the global concurrency cap (``PUT /v1/limits/...``); null removes it."""
 
-    max_concurrency: Annotated[int, Field(ge=1, le=100_000_000)] | None = Field(
+    max_concurrency: Annotated[int, Field(ge=1, le=MAX_GLOBAL_CAP)] | None = Field(
         description="live attempts at most (a tenant's: up to 1,000,000); null: no cap"
     )
 

@@ -412,6 +412,14 @@ async def task_list(
         raise ApiError(
             400, "INVALID_ARGUMENT", f"state must be one of {', '.join(TASK_STATES)}", "state"
         )
+    for name, value in (("queue", queue), ("tenant", tenant), ("handler", handler)):
+        if value == "":  # it matched no task: a page that read as "there are none"
+            raise ApiError(
+                400,
+                "INVALID_ARGUMENT",
+                f"{name} is empty: leave it out to list the tasks of every {name}",
+                name,
+            )
     if parent_id is not None and not _TASK_ID.match(parent_id):
         # an empty or mistyped id would list nothing, which reads as "no children"
         raise ApiError(400, "INVALID_ARGUMENT", "parent_id must be a task id", "parent_id")

@@ -57,6 +57,8 @@ from orbit.core.validate import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     MAX_ATTEMPT_NUMBER,
     MAX_DURATION_US,
+    MAX_GLOBAL_CAP,
+    MAX_TENANT_CAP,
     check_deadline,
     check_int,
     check_json_depth,
@@ -513,26 +515,37 @@ class Store:
         return self._tx(work)
 
     def tenant_limit_set(self, tenant: str, max_concurrency: int | None) -> None:
-        """Cap a tenant's live attempts across all queues (None removes the cap)."""
+        """Cap a tenant's live attempts across all queues (None removes the cap). A
+        change writes a ``tenant.updated`` event, as ``queue_update`` writes
+        ``queue.updated``; setting the cap it has writes none."""
         check_name("tenant", tenant)
         if max_concurrency is not None:
-            check_int("max_concurrency", max_concurrency, 1, 1_000_000)
+            check_int("max_concurrency", max_concurrency, 1, MAX_TENANT_CAP)
 
         def work(tx: _Tx) -> None:
-            _wait_for_claims(tx)
+            _wait_for_claims(tx)  # and so no other change between this read and the write
+            found = tx.fetch("tenant_get", name=tenant)
+            before = _int_or_none(found[0]["max_concurrency"]) if found else None
             tx.execute("tenant_upsert", name=tenant, max_concurrency=max_concurrency)
+            if before != max_concurrency:
+                tx.events([_cap_updated("tenant.updated", before, max_concurrency, tenant)])
             _limits_changed(tx)
 
         self._tx(work)
 
     def global_limit_set(self, max_concurrency: int | None) -> None:
-        """Cap live attempts across the whole cluster (None removes the cap)."""
+        """Cap live attempts across the whole cluster (None removes the cap). A change
+        writes a ``global.updated`` event; setting the cap in force writes none."""
         if max_concurrency is not None:
-            check_int("max_concurrency", max_concurrency, 1, 100_000_000)
+            check_int("max_concurrency", max_concurrency, 1, MAX_GLOBAL_CAP)
 
         def work(tx: _Tx) -> None:
             _wait_for_claims(tx)
+            found = tx.fetch("setting_get", name="global_max_concurrency")
+            before = _int_or_none(found[0]["int_value"]) if found else None
             tx.execute("setting_upsert", name="global_max_concurrency", int_value=max_concurrency)
+            if before != max_concurrency:
+                tx.events([_cap_updated("global.updated", before, max_concurrency)])
             _limits_changed(tx)
 
         self._tx(work)
@@ -1989,6 +2002,19 @@ def _wait_for_claims(tx: _Tx) -> None:
 
 def _by_name(row: Row) -> str:
     return str(row["name"])
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _cap_updated(
+    kind: str, before: int | None, after: int | None, tenant: str | None = None
+) -> Event:
+    """The event of a tenant's or the global cap changed, in ``queue.updated``'s shape:
+    the new value and the old one (None: no cap)."""
+    data: dict[str, Any] = {"max_concurrency": after, "max_concurrency_before": before}
+    return Event(kind=kind, tenant=tenant, data=data)
 
 
 def _limits_changed(tx: _Tx) -> None:

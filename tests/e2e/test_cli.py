@@ -1090,8 +1090,9 @@ def test_queue_caps_and_limits_over_http_the_clients_and_the_cli(
         }
         for bad in ("0", "x", "1.5", "٣"):  # a digit, but not an ASCII one
             code, out = cli("limit", "global", bad)
-            assert code == 2 and "integer >= 1 or `none`" in out, (bad, out)
-        assert cli("limit", "global", "-1")[0] == 2  # click: no such option
+            assert code == 2 and "integer from 1 to 100000000 or `none`" in out, (bad, out)
+        code, out = cli("limit", "global", "-1")  # was click's "No such option: -1"
+        assert code == 2 and "integer from 1 to 100000000 or `none`" in out, out
         assert json.loads(cli("limit", "global", "--json")[1]) == {"max_concurrency": 50}
     finally:  # the module's other tests share this server: leave no cap behind
         with Client(node.http, tokens.admin) as c:
@@ -1112,6 +1113,166 @@ def api(cluster: tuple[Node, Tokens, str]) -> Iterator[httpx.Client]:
     headers = {"Authorization": f"Bearer {tokens.admin}"}
     with httpx.Client(base_url=node.http, timeout=30, headers=headers) as http:
         yield http
+
+
+def test_a_cap_change_is_an_event_in_the_log(api: httpx.Client) -> None:
+    """``PUT /v1/limits/...`` wrote no event, while ``PATCH /v1/queues/{name}`` writes
+    ``queue.updated``: each change is now a ``tenant.updated`` or ``global.updated``
+    event that ``GET /v1/events`` shows, with the new cap and the old one."""
+
+    def cap_events() -> list[tuple[str, str | None, Any]]:
+        events, cursor = [], None
+        while True:
+            page = api.get(
+                "/v1/events", params={"limit": 1000, **({"cursor": cursor} if cursor else {})}
+            ).json()
+            events += [
+                (e["kind"], e["tenant"], e["data"])
+                for e in page["items"]
+                if e["kind"] in ("tenant.updated", "global.updated")
+            ]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return events
+
+    seen = len(cap_events())
+    try:
+        assert api.put("/v1/limits/tenants/evt-t", json={"max_concurrency": 4}).status_code == 200
+        assert api.put("/v1/limits/global", json={"max_concurrency": 700}).status_code == 200
+        assert api.put("/v1/limits/tenants/evt-t", json={"max_concurrency": 0}).status_code == 400
+    finally:  # the module's other tests share this server: leave no cap behind
+        api.put("/v1/limits/global", json={"max_concurrency": None})
+        api.put("/v1/limits/tenants/evt-t", json={"max_concurrency": None})
+    assert cap_events()[seen:] == [
+        ("tenant.updated", "evt-t", {"max_concurrency": 4, "max_concurrency_before": None}),
+        ("global.updated", None, {"max_concurrency": 700, "max_concurrency_before": None}),
+        ("global.updated", None, {"max_concurrency": None, "max_concurrency_before": 700}),
+        ("tenant.updated", "evt-t", {"max_concurrency": None, "max_concurrency_before": 4}),
+    ]
+
+
+def test_the_event_log_is_read_by_both_clients_and_orbit_event_ls(
+    api: httpx.Client, cli: Run, cluster: tuple[Node, Tokens, str]
+) -> None:
+    """``GET /v1/events`` had no reader but raw HTTP: the operators' changes (a cap's
+    ``tenant.updated``, a queue's ``queue.updated``), which belong to no task, were in
+    no client and no command. ``Client.event_log``/``iter_event_log``, their
+    AsyncClient twins and ``orbit event ls`` read it, page by page from a cursor."""
+    import asyncio
+
+    from orbit import AsyncClient, Client
+    from orbit.client import BadRequest
+
+    node, tokens, _ = cluster
+    try:
+        api.put("/v1/limits/tenants/log-t", json={"max_concurrency": 3})
+    finally:
+        api.put("/v1/limits/tenants/log-t", json={"max_concurrency": None})
+    mine = ("tenant.updated", "log-t", {"max_concurrency": 3, "max_concurrency_before": None})
+
+    def ours(events: list[dict[str, Any]]) -> list[tuple[str, str | None, Any]]:
+        return [(e["kind"], e["tenant"], e["data"]) for e in events if e["tenant"] == "log-t"]
+
+    with Client(node.http, tokens.admin) as c:
+        walked = list(c.iter_event_log(limit=7))
+        assert ours(walked)[0] == mine and len(ours(walked)) == 2
+        first = c.event_log(limit=2)
+        assert [e["id"] for e in first["items"]] == [e["id"] for e in walked[:2]]
+        rest = c.event_log(limit=5, cursor=first["next_cursor"])["items"]
+        assert [e["id"] for e in rest] == [e["id"] for e in walked[2:7]]
+        with pytest.raises(BadRequest):
+            c.event_log(cursor="")
+
+    async def walked_async() -> list[dict[str, Any]]:
+        async with AsyncClient(node.http, tokens.admin) as c:
+            page = await c.event_log(limit=1)
+            return page["items"] + [e async for e in c.iter_event_log(cursor=page["next_cursor"])]
+
+    assert [e["id"] for e in asyncio.run(walked_async())][: len(walked)] == [
+        e["id"] for e in walked
+    ]
+    shown, cursor = [], None
+    while True:
+        page = json.loads(
+            ok(
+                cli(
+                    "event",
+                    "ls",
+                    "--limit",
+                    "1000",
+                    "--json",
+                    *(["--cursor", cursor] if cursor else []),
+                )
+            )
+        )
+        shown += page["items"]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert ours(shown) == ours(walked)
+    # the event before ours in the log's order (not id order: event feeds)
+    at = next(i for i, e in enumerate(walked) if e["tenant"] == "log-t")
+    just_before = encode_cursor(walked[at - 1]["id"])
+    table = ok(cli("event", "ls", "--limit", "2", "--cursor", just_before))
+    assert "tenant.updated" in table and "log-t" in table, table
+    assert "next page: --cursor" in table, table
+    assert cli("event", "ls", "--limit", "0").returncode == 2
+
+
+def test_a_negative_cap_is_refused_naming_the_range_and_changes_nothing(
+    cli: Run, api: httpx.Client
+) -> None:
+    """``orbit limit global -1`` was click's "No such option: -1": a negative number is
+    now read as the cap it was meant as and refused as one, naming the valid values (1
+    to the scope's largest cap, or ``none``), exit 2 with nothing changed."""
+    before = (api.get("/v1/limits/global").json(), api.get("/v1/limits/tenants").json())
+    for args, most in ((["global"], "100000000"), (["tenant", "neg-t"], "1000000")):
+        for bad in ("-1", "-5", "-0", "-1.5", str(int(most) + 1)):
+            refused = cli("limit", *args, bad)
+            assert refused.returncode == 2, (args, bad, refused.stdout, refused.stderr)
+            assert "No such option" not in refused.stderr, (args, bad, refused.stderr)
+            assert f"an integer from 1 to {most} or `none`" in refused.stderr, refused.stderr
+            assert repr(bad) in refused.stderr and refused.stdout == "", (args, bad)
+    refused = cli("limit", "global", "--jsn")  # a mistyped option is still named as one
+    assert refused.returncode == 2 and "no such option: --jsn" in refused.stderr, refused
+    assert (api.get("/v1/limits/global").json(), api.get("/v1/limits/tenants").json()) == before
+
+
+def test_a_rate_below_the_bound_is_refused_by_create_update_and_the_cli(
+    api: httpx.Client, cli: Run
+) -> None:
+    """``PATCH /v1/queues/{name}`` took a rate of 5e-324 (a subnormal: one token per
+    ~1e316 years, an interval ``SECOND / rate`` that overflows), and so did create. One
+    bound, MIN_RATE (0.000001/s), is now refused alike by create, update and ``orbit
+    queue create|update``: 400 NUMBER_OUT_OF_RANGE naming ``rate`` and the range, or
+    exit 2 naming ``--rate``, nothing changed; the bound itself is taken."""
+    made = {"name": "slowest", "max_concurrency": 1, "rate": 5}
+    assert api.post("/v1/queues", json=made).status_code == 201
+    for rate in (5e-324, 1e-7, 9.99e-7):
+        for reply in (
+            api.post("/v1/queues", json={**made, "name": "too-slow", "rate": rate}),
+            api.patch("/v1/queues/slowest", json={"rate": rate}),
+        ):
+            assert reply.status_code == 400, (rate, reply.text)
+            error = reply.json()["error"]
+            assert (error["code"], error["field"]) == ("NUMBER_OUT_OF_RANGE", "rate"), error
+            assert "0 (unlimited) or from 0.000001 to 1000000" in error["message"], error
+        for command in (
+            ["create", "too-slow", "--max-concurrency", "1"],
+            ["update", "slowest"],
+        ):
+            refused = cli("queue", *command, "--rate", repr(rate))
+            assert refused.returncode == 2, (command, rate, refused.stdout, refused.stderr)
+            assert "--rate must be 0 (unlimited) or from 0.000001 to 1000000" in refused.stderr
+    for rate in ("-1", "1000001"):  # out of range either side: exit 2 too, not the server's 3
+        refused = cli("queue", "update", "slowest", "--rate", rate)
+        assert refused.returncode == 2 and "--rate must be" in refused.stderr, refused
+    queues = {q["name"]: q for q in api.get("/v1/queues", params={"limit": 1000}).json()["items"]}
+    assert "too-slow" not in queues and queues["slowest"]["rate"] == 5
+    changed = api.patch("/v1/queues/slowest", json={"rate": 0.000001})
+    assert changed.status_code == 200 and changed.json()["rate"] == 1e-6, changed.text
+    shown = json.loads(ok(cli("queue", "update", "slowest", "--rate", "0.000002", "--json")))
+    assert shown["rate"] == 2e-6
 
 
 def test_a_limit_is_plain_digits_on_every_list_route(api: httpx.Client) -> None:
@@ -1318,6 +1479,65 @@ def test_the_task_list_filters_by_parent_in_the_api_the_clients_and_the_cli(
     assert [t["id"] for t in shown["items"]] == children
     refused = cli("task", "ls", "--parent", "nope")
     assert refused.returncode == 3 and "INVALID_ARGUMENT" in refused.stderr, refused
+
+
+#: the task list's string filters, as the API, the clients and ``orbit task ls`` name them
+STRING_FILTERS = (
+    ("queue", "queue", "--queue"),
+    ("tenant", "tenant", "--tenant"),
+    ("handler", "handler", "--handler"),
+    ("state", "state", "--state"),
+    ("parent_id", "parent_id", "--parent"),
+    ("created_after", "created_after", "--created-after"),
+    ("created_before", "created_before", "--created-before"),
+)
+
+
+def test_an_empty_filter_is_refused_by_the_task_list_the_clients_and_the_cli(
+    api: httpx.Client, cli: Run, cluster: tuple[Node, Tokens, str]
+) -> None:
+    """``GET /v1/tasks?queue=`` (and ``tenant=``, ``handler=``) listed no task, a page
+    that read as "none there", while ``created_after=`` was refused. An empty string
+    filter is now refused alike: 400 naming it, BadRequest from both clients (which send
+    it as it is), and exit 2 naming the option from ``orbit task ls``."""
+    import asyncio
+
+    from orbit import AsyncClient, Client
+    from orbit.client import BadRequest
+
+    node, tokens, _ = cluster
+    api.post("/v1/queues", json={"name": "empties", "max_concurrency": 1, "rate": 0})
+    assert api.post("/v1/tasks", json={"queue": "empties", "handler": "h"}).status_code == 201
+    for param, _, _ in STRING_FILTERS:
+        refused = api.get("/v1/tasks", params={param: ""})
+        assert refused.status_code == 400, (param, refused.text)
+        assert refused.json()["error"]["field"] == param, (param, refused.text)
+        assert refused.json()["error"]["code"] in ("INVALID_ARGUMENT", "INVALID_VALUE"), param
+    with Client(node.http, tokens.admin) as c:
+        for _, keyword, _ in STRING_FILTERS:
+            with pytest.raises(BadRequest) as err:
+                c.list_tasks(**{keyword: ""})
+            assert err.value.field == keyword, keyword
+            with pytest.raises(BadRequest):
+                next(c.iter_tasks(**{keyword: ""}))
+
+    async def refused_async() -> list[str]:
+        fields = []
+        async with AsyncClient(node.http, tokens.admin) as c:
+            for _, keyword, _ in STRING_FILTERS:
+                with pytest.raises(BadRequest) as err:
+                    await c.list_tasks(**{keyword: ""})
+                fields.append(err.value.field)
+        return fields
+
+    assert asyncio.run(refused_async()) == [k for _, k, _ in STRING_FILTERS]
+    for _, _, option in STRING_FILTERS:
+        refused = cli("task", "ls", option, "")
+        assert refused.returncode == 2, (option, refused.stdout, refused.stderr)
+        assert refused.stdout == "" and len(refused.stderr.strip().splitlines()) == 1, option
+        assert option in refused.stderr, (option, refused.stderr)
+    listed = json.loads(ok(cli("task", "ls", "--queue", "empties", "--json")))["items"]
+    assert len(listed) == 1  # a filter that is given still lists
 
 
 def test_the_task_list_time_window_in_the_clients_and_the_cli(

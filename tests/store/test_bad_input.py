@@ -8,7 +8,7 @@ import pytest
 
 from orbit.core.errors import Code, OrbitError
 from orbit.core.model import SECOND, Backoff, Capability, Outcome, TaskSpec
-from orbit.core.validate import MAX_INSTANT_US
+from orbit.core.validate import MAX_INSTANT_US, MIN_RATE
 from orbit.store import Store, StoreConfig
 from tests.conftest import ManualClock
 from tests.store.helpers import queue, run_one, submit, worker
@@ -202,6 +202,28 @@ def test_queue_update_needs_valid_caps(store: Store, kwargs: dict[str, Any], cod
     queue(store, max_concurrency=3, rate=1, burst=2)
     err = _rejects(store, code, lambda: store.queue_update("q", **kwargs))
     assert err.status == 400
+
+
+@pytest.mark.parametrize("rate", [5e-324, 1e-300, 9.99e-7])
+def test_a_rate_below_the_bound_is_refused_at_create_and_update(store: Store, rate: float) -> None:
+    """A positive rate below MIN_RATE (one task per 1,000,000 s) was taken, down to a
+    subnormal 5e-324 whose refill interval overflows (``SECOND / rate`` is inf): create
+    and update now refuse it alike, naming the field and the bound."""
+    queue(store, rate=5)
+    for call in (
+        lambda: store.queue_create("slow", max_concurrency=1, rate=rate),
+        lambda: store.queue_update("q", rate=rate),
+    ):
+        err = _rejects(store, Code.INVALID_ARGUMENT, call)
+        assert err.status == 400
+        assert "rate must be 0 (unlimited) or from 0.000001 to 1000000" in err.message, err
+
+
+def test_the_slowest_rate_is_taken_at_create_and_update(store: Store) -> None:
+    store.queue_create("slow", max_concurrency=1, rate=MIN_RATE)
+    assert store.queue_get("slow").rate == MIN_RATE
+    queue(store, rate=5)
+    assert store.queue_update("q", rate=MIN_RATE).rate == MIN_RATE
 
 
 def test_queue_update_of_an_unknown_queue(store: Store) -> None:

@@ -30,7 +30,7 @@ from tests.store.helpers import (
     worker,
 )
 
-CHANGES: dict[str, tuple[str | None, Callable[[Store, Session, str], Any]]] = {
+CHANGES: dict[str, tuple[str, Callable[[Store, Session, str], Any]]] = {
     "operator drain": ("session.draining", lambda store, s, _: store.session_drain(s.id)),
     "worker drain": (
         "session.draining",
@@ -55,9 +55,11 @@ CHANGES: dict[str, tuple[str | None, Callable[[Store, Session, str], Any]]] = {
         "queue.updated",
         lambda store, s, _: store.queue_update("q", max_concurrency=1),
     ),
-    # Cap settings write no event: the check is that the change waits for the claim.
-    "tenant cap lowered": (None, lambda store, s, _: store.tenant_limit_set("default", 1)),
-    "global cap lowered": (None, lambda store, s, _: store.global_limit_set(1)),
+    "tenant cap lowered": (
+        "tenant.updated",
+        lambda store, s, _: store.tenant_limit_set("default", 1),
+    ),
+    "global cap lowered": ("global.updated", lambda store, s, _: store.global_limit_set(1)),
 }
 
 
@@ -106,11 +108,11 @@ def test_a_claim_racing_a_change_of_its_session_is_ordered_before_it(
         events = node_a.event_list()
         claimed_at = [e["id"] for e in events if e["kind"] == "claimed"]
         assert len(claimed_at) == 3
-        if kind is not None:
-            changed_at = max(e["id"] for e in events if e["kind"] == kind)  # the last: q2's
-            # Every grant was committed before the change: none after a drain, past a
-            # capacity already acknowledged, or for an epoch a resume had fenced.
-            assert max(claimed_at) < changed_at, (claimed_at, changed_at)
+        changed_at = max(e["id"] for e in events if e["kind"] == kind)  # the last: q2's
+        # Every grant was committed before the change: none after a drain, past a
+        # capacity already acknowledged or a cap already lowered, or for an epoch a resume
+        # had fenced.
+        assert max(claimed_at) < changed_at, (claimed_at, changed_at)
         # The three were granted under the caps in force before the change (the checker
         # knows only the caps the event log names).
         caps = {f"session:{session.id}": 10, "tenant:default": 10, "global": 10}
