@@ -1823,3 +1823,29 @@ def test_a_bad_page_request_is_refused_on_the_queue_token_and_attempt_lists(
     assert [q["name"] for q in rest.json()["items"]] == names[after + 1 :]
     missing = api.get(f"/v1/tasks/{unknown_task}/attempts")
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "TASK_NOT_FOUND"
+
+
+def test_backpressure_caps_and_a_full_queue(orbit: Run) -> None:
+    """--max-queued on queues and tenants; a submit to a full queue is one line, exit 6."""
+    made = orbit(
+        "queue", "create", "full", "--max-concurrency", "1", "--rate", "0", "--max-queued", "1"
+    )
+    assert "max queued" in ok(made)
+    ok(orbit("task", "submit", "full", "h"))
+    refused = orbit("task", "submit", "full", "h")
+    assert refused.returncode == 6, refused.stderr
+    assert refused.stderr.count("\n") == 1 and "QUEUE_FULL" in refused.stderr
+    assert "(retry after 1 s)" in refused.stderr
+    shown = json.loads(ok(orbit("queue", "update", "full", "--max-queued", "none", "--json")))
+    assert shown["max_queued"] is None
+    ok(orbit("task", "submit", "full", "h"))
+    for bad in ("0", "-1", "x", "1000000001", ""):
+        rejected = orbit("queue", "update", "full", "--max-queued", bad)
+        assert rejected.returncode == 2 and "--max-queued must be" in rejected.stderr, bad
+    tenant = json.loads(ok(orbit("limit", "tenant", "cli-acme", "--max-queued", "3", "--json")))
+    assert tenant == {"tenant": "cli-acme", "max_concurrency": None, "max_queued": 3}
+    tenant = json.loads(ok(orbit("limit", "tenant", "cli-acme", "4", "--json")))
+    assert tenant == {"tenant": "cli-acme", "max_concurrency": 4, "max_queued": 3}
+    assert "max queued" in ok(orbit("limit", "ls"))
+    bad_tenant = orbit("limit", "tenant", "cli-acme", "--max-queued", "0")
+    assert bad_tenant.returncode == 2 and "--max-queued must be" in bad_tenant.stderr
