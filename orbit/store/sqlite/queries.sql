@@ -122,12 +122,14 @@ SELECT 1 AS locked;
 
 -- name: queue_depth
 -- A queue's max_queued as it is now and its waiting tasks (queued or scheduled), counted
--- up to the first that leaves no room for :adding more: the count stops at the cap, so
--- its cost is bounded by the cap as well as by the waiting tasks of every queue, which
--- orbit_tasks_ready holds (no index of its own: see the max_queued migration). No cap
--- (NULL) counts nothing.
+-- up to the first that leaves no room for :adding more. The tasks are read through
+-- orbit_tasks_ready, which holds only the waiting tasks of every queue (no index of its
+-- own: see the max_queued migration): the ORDER BY is that index's, so that the planner
+-- walks it and stops at the LIMIT, rather than scanning the whole table, ended tasks and
+-- all, as it did without. No cap (NULL) counts nothing.
 SELECT max_queued, (SELECT count(*) FROM (
     SELECT 1 FROM orbit_tasks WHERE queue = :name AND state IN ('queued', 'scheduled')
+    ORDER BY priority DESC, id
     LIMIT (SELECT max(coalesce(max(max_queued) - :adding + 1, 0), 0) FROM orbit_queues
            WHERE name = :name)) AS w) AS depth
 FROM orbit_queues WHERE name = :name;
@@ -136,6 +138,7 @@ FROM orbit_queues WHERE name = :name;
 -- queue_depth for a tenant, across every queue.
 SELECT max_queued, (SELECT count(*) FROM (
     SELECT 1 FROM orbit_tasks WHERE tenant = :name AND state IN ('queued', 'scheduled')
+    ORDER BY priority DESC, id
     LIMIT (SELECT max(coalesce(max(max_queued) - :adding + 1, 0), 0) FROM orbit_tenants
            WHERE name = :name)) AS w) AS depth
 FROM orbit_tenants WHERE name = :name;
