@@ -1040,7 +1040,8 @@ def test_queue_caps_and_limits_over_http_the_clients_and_the_cli(
         assert (queue["max_concurrency"], queue["rate"], queue["burst"]) == (3, 5, 5)  # unchanged
 
         put = http.put("/v1/limits/tenants/caps-t", json={"max_concurrency": 4})
-        assert put.json() == {"tenant": "caps-t", "max_concurrency": 4}
+        # max_queued: the tenant's backpressure cap, added beside it (none set here)
+        assert put.json() == {"tenant": "caps-t", "max_concurrency": 4, "max_queued": None}
         assert http.get("/v1/limits/tenants/caps-t").json()["max_concurrency"] == 4
         assert http.get("/v1/limits/tenants/other-t").json()["max_concurrency"] is None
         for body in ({}, {"max_concurrency": 0}, {"max_concurrency": "4"}):
@@ -1057,7 +1058,9 @@ def test_queue_caps_and_limits_over_http_the_clients_and_the_cli(
             assert c.queue_update("caps", rate=0)["rate"] == 0
             assert c.global_limit_set(50) == {"max_concurrency": 50}
             assert c.global_limit() == {"max_concurrency": 50}
-            assert {"tenant": "caps-t", "max_concurrency": 4} in c.tenant_limits()
+            assert {"tenant": "caps-t", "max_concurrency": 4, "max_queued": None} in (
+                c.tenant_limits()
+            )
 
         async def through_async() -> None:
             async with AsyncClient(node.http, tokens.admin) as c:
