@@ -21,7 +21,6 @@ from orbit.core.validate import (
     MAX_QUEUED_CAP,
     MAX_RATE,
     MAX_RENEW_IDS,
-    MAX_TENANT_CAP,
     MAX_WORKER_CONCURRENCY,
     MAX_WORKER_HANDLERS,
     MIN_RATE,
@@ -198,8 +197,11 @@ class TenantLimitSet(Strict):
     model_config = ConfigDict(
         extra="forbid", strict=True, frozen=True, json_schema_extra={"minProperties": 1}
     )
-    max_concurrency: Annotated[int, Field(ge=1, le=MAX_TENANT_CAP)] | None = Field(
-        default=None, description="live attempts at most, in all queues; null: no cap"
+    # Bounded as LimitSet was, which tenants took before: the store refuses a tenant cap
+    # over 1,000,000 with INVALID_ARGUMENT, as it always has.
+    max_concurrency: Annotated[int, Field(ge=1, le=MAX_GLOBAL_CAP)] | None = Field(
+        default=None,
+        description="live attempts at most, in all queues (up to 1,000,000); null: no cap",
     )
     max_queued: MaxQueued | None = Field(
         default=None, description=f"in all queues: {MAX_QUEUED_DOC}"
