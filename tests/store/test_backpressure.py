@@ -16,6 +16,7 @@ import pytest
 
 from orbit.core.errors import Backpressure, Code, OrbitError
 from orbit.core.model import TaskSpec
+from orbit.protocol.submissions import UsualBatch
 from orbit.store import Store
 from orbit.store import store as store_module
 from orbit.store.store import KEEP, retry_after
@@ -84,6 +85,24 @@ def test_a_streamed_batch_is_counted_whole(store: Store) -> None:
         store.task_submit_many([_spec() for _ in range(store_module.SUBMIT_CHUNK + 11)])
     assert _counts(store) == before
     store.task_submit_many([_spec() for _ in range(store_module.SUBMIT_CHUNK + 10)])
+
+
+def test_a_batch_read_a_chunk_at_a_time_is_weighed_whole(store: Store) -> None:
+    """The HTTP reader's batch (``UsualBatch``) over SUBMIT_CHUNK: its tenants are known
+    before the transaction, and its tasks are read whole for the count."""
+    store.queue_create("q", max_concurrency=10, rate=0)
+    store.tenant_limit_set("acme", max_queued=300)
+    n = store_module.SUBMIT_CHUNK + 51
+    raw = {"tasks": [{"queue": "q", "handler": "h", "tenant": "acme"} for _ in range(n)]}
+    batch = UsualBatch.of(raw)
+    assert batch is not None and batch.tenants == {"acme"}
+    before = _counts(store)
+    with pytest.raises(Backpressure) as refused:
+        store.task_submit_rendered(batch, lambda done: done)
+    assert refused.value.code == Code.TENANT_FULL
+    assert _counts(store) == before
+    store.tenant_limit_set("acme", max_queued=n)
+    assert len(store.task_submit_rendered(batch, lambda done: done)) == n
 
 
 def test_an_idempotent_resubmit_at_a_full_queue_returns_the_existing_task(store: Store) -> None:
