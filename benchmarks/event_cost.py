@@ -2,10 +2,10 @@
 
 A whole drain (``benchmarks.probe``) moves by several percent from run to run on a
 shared machine, more than one index entry an event costs. This measures only the
-statement every state change ends with (``event_insert_many``, verbatim from
+statement every state change ends with (``event_insert_many``, as in
 ``queries.sql``) against scratch databases that differ only in the event table's
-schema, alternating between them round after round, and reads the CPU time of the
-database backend that ran the inserts (``/proc/<pid>/schedstat``: nanoseconds on CPU,
+schema, the databases taking turns statement by statement, and reads the CPU time of
+the database backend that ran each insert (``/proc/<pid>/schedstat``: nanoseconds on CPU,
 so a busy neighbour adds waiting, not CPU) and the WAL the statement wrote
 (``EXPLAIN (ANALYZE, WAL)``, per statement, so other writers on the cluster do not count).
 
