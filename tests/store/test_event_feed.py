@@ -44,6 +44,11 @@ def _ids(rows: list[dict[str, Any]]) -> list[int]:
     return [int(r["id"]) for r in rows]
 
 
+def _after(row: dict[str, Any]) -> dict[str, int]:
+    """``event_list``'s arguments to page on from ``row``: its position."""
+    return {"after_xid": row["xid"], "after_id": row["id"]}
+
+
 @pytest.mark.parametrize("backend", ["postgres"])
 @pytest.mark.parametrize("task_id", [None, "t1"], ids=["log", "task"])
 def test_an_event_that_commits_late_with_a_lower_id_is_not_stepped_past(
@@ -60,18 +65,18 @@ def test_an_event_that_commits_late_with_a_lower_id_is_not_stepped_past(
     with psycopg.connect(url, autocommit=True) as cx:
         first = _insert(cx, "first", task_id)
     [seen] = store.event_list(task_id=task_id)
-    cursor = int(seen["id"])
-    assert cursor == first
+    assert seen["id"] == first
     with psycopg.connect(url) as a, psycopg.connect(url, autocommit=True) as b:
         a_id = _insert(a, "a", task_id)  # A's transaction stays open
         b_id = _insert(b, "b", task_id)  # B's commits
         assert a_id < b_id
-        assert _ids(hasty.event_list(task_id=task_id, after_id=cursor)) == []
+        assert _ids(hasty.event_list(task_id=task_id, **_after(seen))) == []
         # a read that waits for A gives up after its bound and returns what is settled
-        assert _ids(patient.event_list(task_id=task_id, after_id=cursor)) == []
+        assert _ids(patient.event_list(task_id=task_id, **_after(seen))) == []
         a.commit()
-    assert _ids(store.event_list(task_id=task_id, after_id=cursor)) == [a_id, b_id]
-    assert _ids(store.event_list(task_id=task_id, after_id=b_id)) == []
+    both = store.event_list(task_id=task_id, **_after(seen))
+    assert _ids(both) == [a_id, b_id]
+    assert _ids(store.event_list(task_id=task_id, **_after(both[-1]))) == []
 
 
 @pytest.mark.parametrize("backend", ["postgres"])
@@ -130,14 +135,15 @@ def test_only_a_transaction_of_this_database_holds_the_feed_back(make_store: Any
         elsewhere.execute("SELECT pg_current_xact_id()")  # takes a transaction id
         with psycopg.connect(url, autocommit=True) as b:
             first = _insert(b, "first", None)
-        assert _ids(store.event_list()) == [first]  # waits out only a finished one
+        read = store.event_list()
+        assert _ids(read) == [first]  # waits out only a finished one
         here.execute("SELECT pg_current_xact_id()")
         with psycopg.connect(url, autocommit=True) as b:
             second = _insert(b, "second", None)
-        assert _ids(hasty.event_list(after_id=first)) == []
+        assert _ids(hasty.event_list(**_after(read[0]))) == []
         here.rollback()
         elsewhere.rollback()
-    assert _ids(store.event_list(after_id=first)) == [second]
+    assert _ids(store.event_list(**_after(read[0]))) == [second]
 
 
 @pytest.mark.parametrize("backend", ["postgres"])
@@ -157,8 +163,8 @@ def test_the_log_is_read_in_transaction_id_order(make_store: Any) -> None:
         ]
     expected = [ids[3], ids[1], ids[0], ids[2]]
     assert _ids(store.event_list()) == expected
-    assert _ids(store.event_list(after_id=ids[1])) == expected[2:]
-    assert _ids(store.event_list(after_id=ids[0], limit=1)) == [ids[2]]
+    assert _ids(store.event_list(after_xid=99, after_id=ids[1])) == expected[2:]
+    assert _ids(store.event_list(after_xid=100, after_id=ids[0], limit=1)) == [ids[2]]
 
 
 def test_a_caller_sees_the_events_it_has_just_committed(store: Store) -> None:
@@ -185,33 +191,58 @@ def test_paging_while_tasks_are_submitted_returns_every_event_once(store: Store)
     waiter = threading.Thread(target=lambda: ([w.join() for w in writers], done.set()))
     waiter.start()
     seen: list[int] = []
-    cursor = 0
+    after = {"after_xid": 0, "after_id": 0}
     while True:
         finished = done.is_set()  # read before the page: the page then holds every write
-        page = store.event_list(after_id=cursor, limit=7)
+        page = store.event_list(**after, limit=7)
         seen += _ids(page)
-        cursor = seen[-1] if seen else 0
+        after = _after(page[-1]) if page else after
         if finished and not page:
             break
     waiter.join()
     assert len(seen) == len(set(seen)) == 2 + 2 * 40 * 3  # queue.created, 241 submitted
     assert sorted(seen) == sorted(_ids(store.event_list(limit=1000)))
     store.task_cancel(tid)
-    task_ids = _ids(store.event_list(task_id=tid, limit=1))
-    task_ids += _ids(store.event_list(task_id=tid, after_id=task_ids[-1], limit=1))
+    first = store.event_list(task_id=tid, limit=1)
+    task_ids = _ids(first) + _ids(store.event_list(task_id=tid, **_after(first[-1]), limit=1))
     assert task_ids == _ids(store.event_list(task_id=tid)) and len(task_ids) == 2
 
 
 def test_a_cursor_that_names_no_event_is_refused(store: Store) -> None:
-    """An ``after_id`` is an event's position in the log: one no event has is refused,
-    rather than read as a position it does not have."""
+    """A position (``after_xid``, ``after_id``) is an event's place in the log: one no
+    event has is refused, rather than read as a place it does not have: an id no event
+    has, an event's id with another xid, an xid with id 0 (one below every event's xid
+    read as the start of the log's tail)."""
     queue(store)
     submit(store)
-    last = max(_ids(store.event_list()))
+    last = store.event_list()[-1]
+    xid, event_id = last["xid"], last["id"]
     for task_id in (None, "nope"):
-        with pytest.raises(OrbitError) as err:
-            store.event_list(task_id=task_id, after_id=last + 1)
-        assert err.value.code == Code.INVALID_ARGUMENT
-        assert f"after_id {last + 1} names no event" in err.value.message
-    assert store.event_list(after_id=last) == []
-    assert store.event_list(task_id="nope", after_id=last) == []
+        for bad_xid, bad_id in ((xid, event_id + 1), (xid + 1, event_id), (xid + 1, 0), (1, 0)):
+            with pytest.raises(OrbitError) as err:
+                store.event_list(task_id=task_id, after_xid=bad_xid, after_id=bad_id)
+            assert err.value.code == Code.INVALID_ARGUMENT
+            assert f"after ({bad_xid}, {bad_id}) names no event" in err.value.message
+    assert store.event_list(**_after(last)) == []
+    assert store.event_list(task_id="nope", **_after(last)) == []
+
+
+def test_an_id_alone_is_the_position_of_an_event_from_before_migration_8(
+    store: Store, backend: str
+) -> None:
+    """The events written before migration 0008 have xid 0, so the id a cursor issued
+    then names is their position with xid 0: paging on from it still works. On SQLite
+    every event's xid is 0."""
+    if backend == "postgres":
+        with psycopg.connect(store_url(store), autocommit=True) as cx:  # as 0008 left them
+            cx.execute(
+                "INSERT INTO orbit_events (at, kind, xid) VALUES (0, 'old', '0'), (0, 'old', '0')"
+            )
+    else:
+        queue(store, "old1")
+        queue(store, "old2")
+    old = store.event_list()
+    assert [e["xid"] for e in old] == [0, 0]
+    queue(store)
+    after = store.event_list(after_id=old[0]["id"])
+    assert _ids(after[:1]) == [old[1]["id"]] and len(after) == 2
