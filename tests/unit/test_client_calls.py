@@ -12,7 +12,7 @@ import pickle
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -526,3 +526,25 @@ def test_the_errors_cross_a_process_boundary(error: Exception) -> None:
     assert type(back) is type(error)
     assert str(back) == str(error)
     assert vars(back) == vars(error)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: NotFound(404, "NOT_FOUND", "no such task"),
+        lambda: TaskFailed({"id": "t2", "state": "failed", "error": None}),
+        lambda: Unreachable("no answer from 127.0.0.1:1 within 0.5 s"),
+    ],
+)
+def test_what_was_added_to_an_error_crosses_a_process_boundary_too(
+    make: Callable[[], Exception],
+) -> None:
+    """A note (``add_note``, as a framework adds context) or an attribute set on the
+    error after it was raised comes back with it, as it does with any exception: the
+    pickled ApiError and TaskFailed carried their arguments alone, and lost them."""
+    error = make()
+    error.add_note("while waiting for t2")
+    error.attempt = 3  # type: ignore[attr-defined]
+    back = pickle.loads(pickle.dumps(error))
+    assert back.__notes__ == ["while waiting for t2"]
+    assert back.attempt == 3  # type: ignore[attr-defined]
