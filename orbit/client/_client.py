@@ -726,7 +726,10 @@ class _Trace:
     """What httpcore tells of one request (httpx's ``trace`` extension): whether it
     opened a connection (if not, it went out on a kept-alive one) and whether the
     answer's head came. ``sent_again`` is asked only of a request that opened none and
-    had no answer."""
+    had no answer. It cannot tell a close before any byte of the answer from one part way
+    through its head: httpcore raises the same "Server disconnected without sending a
+    response" for both, and tells no trace of the bytes read. Such a GET is sent once
+    more too (Client's http.client sees the bytes, and does not): a GET changes nothing."""
 
     __slots__ = ("answered", "connected")
 
