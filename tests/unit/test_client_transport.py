@@ -154,6 +154,22 @@ def test_connections_are_reused_in_a_process_with_many_files_open(server: _Serve
     assert len({s["port"] for s in server.seen}) == 1
 
 
+def test_connections_are_reused_where_select_has_no_poll(
+    server: _Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Windows' ``select`` has no ``poll``: the idle check's ``select.poll()`` raised
+    AttributeError, unwrapped, from every call that found an idle connection (each one
+    after the first). ``select.select`` checks it there, as it did before poll."""
+    import select
+
+    monkeypatch.delattr(select, "poll")
+    t = _transport(_url(server))
+    for _ in range(3):
+        assert t.request("GET", "/v1/queues", None, None).status_code == 200
+    t.close()
+    assert len({s["port"] for s in server.seen}) == 1
+
+
 def test_a_forked_child_does_not_reuse_its_parents_connections(server: _Server) -> None:
     """A client made before a fork (gunicorn's --preload, a prefork pool, a
     multiprocessing "fork" start) is used in the child: the child took the parent's idle
