@@ -54,6 +54,7 @@ from websockets.exceptions import InvalidStatus
 from orbit import aio
 from orbit.aio import stop_tasks
 from orbit.core.errors import OrbitError
+from orbit.core.model import parse_json
 from orbit.core.validate import (
     MAX_HANDLER_CAPACITY,
     MAX_RENEW_IDS,
@@ -891,6 +892,7 @@ class Worker:
             raise ConnectionError("not connected")
         headers = {
             "Authorization": f"Bearer {self._token()}",
+            "Accept-Encoding": "identity",  # the reply's bytes as sent: see _upload_reply
             "Content-Type": content_type,
             "X-Orbit-Session": conn.session_id,
             "X-Orbit-Epoch": conn.epoch,
@@ -907,33 +909,19 @@ class Worker:
 
         from orbit.client._http import Unreachable
 
+        path = f"/v1/attempts/{attempt_id}/artifacts/{name_part}"
         try:
-            async with httpx.AsyncClient(base_url=self.url, verify=verify, timeout=300) as http:
-                reply = await http.put(
-                    f"/v1/attempts/{attempt_id}/artifacts/{name_part}",
-                    content=body,
-                    headers=headers,
-                )
+            async with (
+                httpx.AsyncClient(base_url=self.url, verify=verify, timeout=300) as http,
+                http.stream("PUT", path, content=body, headers=headers) as reply,
+            ):
+                raw = b"".join([chunk async for chunk in reply.aiter_raw()])
         except httpx.TransportError as exc:
             # Raised as the clients raise it (a ConnectionError): httpx's own is none, and
             # a handler that caught transport failures so did not catch this one.
             where = self.url.split("://", 1)[-1]
             raise Unreachable(f"upload to {where}: {type(exc).__name__}: {exc}"[:300]) from exc
-        if reply.status_code >= 400:
-            # A proxy in front (nginx refuses bodies over 1 MB by default) answers with a
-            # page of its own, not Orbit's JSON: still a ServerError, HTTP_ERROR.
-            try:
-                answer = reply.json()
-            except ValueError:
-                answer = None
-            found = answer.get("error") if isinstance(answer, dict) else None
-            error: dict[str, Any] = found if isinstance(found, dict) else {}
-            raise ServerError(
-                str(error.get("code", "HTTP_ERROR")),
-                str(error.get("message", f"HTTP {reply.status_code}")),
-                error,
-            )
-        return dict(reply.json())
+        return _upload_reply(reply.status_code, raw)
 
     def _token(self) -> str:
         return self.token if self.token is not None else load_token()
@@ -1154,6 +1142,27 @@ async def _close_quietly(conn: WorkerConnection | None) -> None:
     if conn is not None:
         with contextlib.suppress(Exception):
             await conn.close()
+
+
+def _upload_reply(status: int, raw: bytes) -> dict[str, Any]:
+    """An upload's answer: the artifact Orbit's JSON describes, or ServerError. A proxy
+    in front (nginx refuses bodies over 1 MB by default) answers with a page of its own:
+    HTTP_ERROR for an error status, and, with the codes the clients give them, REDIRECT
+    for a redirect (not followed: the token would go along) and NOT_JSON for a success
+    that is no JSON object. The body is read raw (asked for with no content coding): one
+    labelled gzip that is not raised httpx's DecodingError, and a redirect's or a page's
+    json's JSONDecodeError, where a refusal raised ServerError."""
+    try:
+        answer = parse_json(raw) if raw else None
+    except ValueError:
+        answer = None
+    if 200 <= status < 300 and isinstance(answer, dict):
+        return answer
+    found = answer.get("error") if isinstance(answer, dict) and status >= 400 else None
+    error: dict[str, Any] = found if isinstance(found, dict) else {}
+    code = "HTTP_ERROR" if status >= 400 else "REDIRECT" if status >= 300 else "NOT_JSON"
+    message = str(error.get("message", f"HTTP {status}"))
+    raise ServerError(str(error.get("code", code)), message, error)
 
 
 async def _file(path: Path) -> AsyncIterator[bytes]:
