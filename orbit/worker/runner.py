@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import math
 import numbers
 import signal
 import ssl
@@ -313,6 +314,11 @@ class Worker:
         self._connected = asyncio.Event()
         self._stop_requested = asyncio.Event()
         self._lease_changed = asyncio.Event()
+        #: no live lease's renewal is due before this instant (monotonic): a bound under
+        #: every ``renew_at``, lowered as each is set and raised only by a full look
+        #: (``_renewal_due``), so a start batch's wake of the renew loop need not look at
+        #: every running attempt (1,500 at each batch of a busy worker)
+        self._renew_floor = math.inf
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None  # the running arun()'s
         self._background: set[asyncio.Task[None]] = set()
@@ -1003,22 +1009,26 @@ class Worker:
         running.lease_expires = sent + max(lease.get("lease_left") or 0.0, 0.0)
         now = time.monotonic()
         running.renew_at = now + (running.lease_expires - now) / 2
+        self._renew_floor = min(self._renew_floor, running.renew_at)
 
     def _interval(self) -> float:
         """Seconds until the next renewal is due: when the soonest lease is half spent
         (or every ``renew_interval``)."""
         if self.renew_interval is not None:
             return self.renew_interval
-        due = [r.renew_at for r in self.running.values() if r.lease_expires and not r.lost]
-        return min(max(min(due, default=time.monotonic() + 10.0) - time.monotonic(), 0.05), 10.0)
+        return min(max(self._renew_floor - time.monotonic(), 0.05), 10.0)
 
     def _renewal_due(self) -> bool:
+        """Whether some live lease is half spent (or past its deferred retry). The floor
+        answers no without a look while it is still ahead; a look makes it exact again."""
         if self.renew_interval is not None:
             return True
         now = time.monotonic()
-        return any(
-            r.renew_at <= now for r in self.running.values() if r.lease_expires and not r.lost
-        )
+        if self._renew_floor > now:
+            return False
+        due = [r.renew_at for r in self.running.values() if r.lease_expires and not r.lost]
+        self._renew_floor = min(due, default=math.inf)
+        return self._renew_floor <= now
 
     async def _renew_loop(self) -> None:
         """Renew every running lease in one message (per MAX_RENEW_IDS ids); a lease we could
@@ -1036,12 +1046,13 @@ class Worker:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._interval()):
                 await self._lease_changed.wait()
-        if self._lease_changed.is_set():
-            # New leases only move the next renewal earlier; renewing everything at
-            # each start would cost a transaction per start batch.
-            self._lease_changed.clear()
-            if not self._renewal_due():
-                return
+        # New leases only move the next renewal earlier; renewing everything at each
+        # start would cost a transaction per start batch. A wait timed by the floor while
+        # the soonest lease has since ended wakes early: nothing is due, and the next turn
+        # waits for the one after it.
+        self._lease_changed.clear()
+        if not self._renewal_due():
+            return
         live = [r for r in self.running.values() if r.lease_expires and not r.lost]
         now = time.monotonic()
         for r in live:
@@ -1086,6 +1097,7 @@ class Worker:
         self._renew_retry = min(delay * 2, RENEW_RETRY_MAX)
         for r in failed:
             r.renew_at = now + min(delay, max(r.lease_expires - now, 0.0) / 2)
+            self._renew_floor = min(self._renew_floor, r.renew_at)
 
     def _renewed(self, leases: list[dict[str, Any]], sent: float) -> None:
         """Take a renew's answers: new leases, cancels, lost attempts."""
