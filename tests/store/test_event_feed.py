@@ -317,3 +317,35 @@ def test_an_id_alone_is_the_position_of_an_event_from_before_migration_8(
     queue(store)
     after = store.event_list(after_id=old[0]["id"])
     assert _ids(after[:1]) == [old[1]["id"]] and len(after) == 2
+
+
+def test_one_event_read_says_whether_events_are_held_back(store: Store) -> None:
+    """``event_read`` is one read of ``event_list`` without its wait (the server waits
+    between reads on its event loop): nothing is held back with no other transaction
+    running, on either backend, and a cursor naming no event is refused as there."""
+    queue(store)
+    tid = submit(store)
+    rows, held_back = store.event_read()
+    assert (_ids(rows), held_back) == (_ids(store.event_list()), False)
+    assert [r["kind"] for r in store.event_read(task_id=tid)[0]] == ["submitted"]
+    assert store.event_read(**_after(rows[-1])) == ([], False)
+    with pytest.raises(OrbitError) as err:
+        store.event_read(after_xid=rows[-1]["xid"], after_id=rows[-1]["id"] + 1)
+    assert err.value.code == Code.INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_one_event_read_holds_back_the_events_behind_an_open_transaction(
+    make_store: Any,
+) -> None:
+    store: Store = make_store()
+    url = store_url(store)
+    with psycopg.connect(url) as a, psycopg.connect(url, autocommit=True) as b:
+        with psycopg.connect(url, autocommit=True) as first:
+            before = _insert(first, "before", None)
+        a_id = _insert(a, "a", None)
+        _insert(b, "b", None)
+        assert (_ids(store.event_read()[0]), store.event_read()[1]) == ([before], True)
+        a.commit()
+    rows, held_back = store.event_read(**_after(store.event_list()[0]))
+    assert (_ids(rows)[0], held_back) == (a_id, False)
