@@ -349,3 +349,28 @@ def test_one_event_read_holds_back_the_events_behind_an_open_transaction(
         a.commit()
     rows, held_back = store.event_read(**_after(store.event_list()[0]))
     assert (_ids(rows)[0], held_back) == (a_id, False)
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_an_event_written_in_a_savepoint_is_held_back_by_its_transaction(
+    make_store: Any,
+) -> None:
+    """A subtransaction has an xid of its own, but an event takes its top-level
+    transaction's (``pg_current_xact_id``), which the reader's snapshot lists among the
+    running even when the subtransactions overflow the snapshot's cache (64 and more):
+    the events behind it are held back until it commits, then come after its own."""
+    store: Store = make_store()
+    hasty: Store = make_store(config=StoreConfig(event_wait_us=0))
+    url = store_url(store)
+    with psycopg.connect(url) as a, psycopg.connect(url, autocommit=True) as b:
+        for n in range(70):
+            a.execute(f"SAVEPOINT s{n}")
+        a_id = _insert(a, "a", None)
+        [[top, mine]] = a.execute(
+            "SELECT pg_current_xact_id(), xid FROM orbit_events WHERE id = %s", (a_id,)
+        ).fetchall()
+        assert top == mine
+        b_id = _insert(b, "b", None)
+        assert _ids(hasty.event_list()) == []
+        a.commit()
+    assert _ids(store.event_list()) == [a_id, b_id]
