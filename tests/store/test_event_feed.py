@@ -160,13 +160,16 @@ def test_event_reads_waiting_for_an_older_transaction_hold_no_store_thread(
             got = client.get("/v1/events", params={"cursor": cursor, "limit": limit}, headers=auth)
             pages.append([int(e["id"]) for e in got.json()["items"]])
 
-        readers = [threading.Thread(target=page, args=(n,)) for n in range(1, THREADS + 1)]
+        readers = [
+            threading.Thread(target=page, args=(n,), daemon=True) for n in range(1, THREADS + 1)
+        ]
         for reader in readers:
             reader.start()
         assert all_waiting.wait(RACE_WAIT)
         answers: list[int] = []
         probe = threading.Thread(
-            target=lambda: answers.append(client.get(f"/v1/tasks/{tid}", headers=auth).status_code)
+            target=lambda: answers.append(client.get(f"/v1/tasks/{tid}", headers=auth).status_code),
+            daemon=True,
         )
         probe.start()
         probe.join(RACE_WAIT)
