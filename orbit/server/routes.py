@@ -3,10 +3,12 @@ decoded strictly (orbit.protocol) before the store is touched."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import re
 from collections.abc import Callable
+from functools import partial
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -520,12 +522,23 @@ async def _events(
     request: Request, task_id: str | None, limit: int, cursor: str | None
 ) -> Response:
     after_xid, after_id = event_cursor(decode_cursor(cursor))
+    store = _store(request)
     try:
-        rows = await in_thread(
-            lambda: _store(request).event_list(
-                task_id=task_id, after_id=after_id, after_xid=after_xid, limit=limit
-            )
+        # Store.event_list, its wait on the event loop: the store's threads serve every
+        # report and submit, and a read waiting for an older transaction holds none
+        read = partial(
+            store.event_read,
+            task_id=task_id,
+            after_id=after_id,
+            after_xid=after_xid,
+            limit=limit,
         )
+        rows, held_back = await in_thread(read)
+        for pause in store.event_pauses():
+            if not held_back:
+                break
+            await asyncio.sleep(pause)
+            rows, held_back = await in_thread(read)
     except OrbitError as exc:  # the only argument left to refuse: no event is there
         if exc.code is not Code.INVALID_ARGUMENT:
             raise

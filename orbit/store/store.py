@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 from orbit.core import transitions
@@ -977,27 +978,55 @@ class Store:
         ``StoreConfig.event_wait_us``; then it returns the events before them. A position
         is both numbers, as the log has no index on the id alone: an event's xid is 0 on
         SQLite and for the events written before migration 0008, so an id from before
-        it is a position with xid 0. A position that names no event is INVALID_ARGUMENT."""
+        it is a position with xid 0. A position that names no event is INVALID_ARGUMENT.
+
+        This call sleeps between its reads; the server waits on its event loop instead,
+        with ``event_read`` and ``event_pauses``, so a wait holds none of its threads."""
+        read = partial(
+            self.event_read, task_id=task_id, after_id=after_id, after_xid=after_xid, limit=limit
+        )
+        rows, held_back = read()
+        for pause in self.event_pauses():
+            if not held_back:
+                break
+            time.sleep(pause)  # an older writer is still running: it ends in a moment
+            rows, held_back = read()
+        return rows
+
+    def event_read(
+        self,
+        *,
+        task_id: str | None = None,
+        after_id: int = 0,
+        after_xid: int = 0,
+        limit: int = 1000,
+    ) -> tuple[list[Row], bool]:
+        """One read of ``event_list``, without its wait: the events it may return, and
+        whether committed events follow them that an older running transaction holds
+        back (read again shortly, as ``event_list`` does, to return them too)."""
         check_int("after_id", after_id, 0, 2**63 - 1)
         check_int("after_xid", after_xid, 0, 2**63 - 1)
         check_int("limit", limit, 1, 100_000)
         query = "event_list" if task_id is None else "event_list_task"
-        deadline = time.monotonic() + self.config.event_wait_us / SECOND
-        pause = 0.001
-        while True:
-            rows = self._read(
-                query, task_id=task_id, after_id=after_id, after_xid=after_xid, limit=limit
-            )
-            settled = _settled(rows)
-            if len(settled) == len(rows) or time.monotonic() >= deadline:
-                break
-            time.sleep(pause)  # an older writer is still running: it ends in a moment
-            pause = min(pause * 2, 0.05)
+        rows = self._read(
+            query, task_id=task_id, after_id=after_id, after_xid=after_xid, limit=limit
+        )
         if not rows and (after_id or after_xid) and not self._names_event(after_xid, after_id):
             raise OrbitError(
                 Code.INVALID_ARGUMENT, f"after ({after_xid}, {after_id}) names no event"
             )
-        return settled
+        settled = _settled(rows)
+        return settled, len(settled) < len(rows)
+
+    def event_pauses(self) -> Iterator[float]:
+        """The pauses before each read again of an event read that waits for older
+        transactions (``event_list``): doubling from 1 ms to 50 ms, for as long as
+        ``StoreConfig.event_wait_us`` has not passed since the first was asked for."""
+        deadline = time.monotonic() + self.config.event_wait_us / SECOND
+        pause = 0.001
+        while time.monotonic() < deadline:
+            yield pause
+            pause = min(pause * 2, 0.05)
 
     def _names_event(self, xid: int, event_id: int) -> bool:
         """Whether an event is at this position (never one whose id is 0)."""

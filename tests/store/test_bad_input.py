@@ -356,3 +356,4 @@ def test_an_event_page_out_of_range_is_refused(store: Store, kwargs: dict[str, A
     queue(store)
     submit(store)
     _rejects(store, Code.INVALID_ARGUMENT, lambda: store.event_list(**kwargs))
+    _rejects(store, Code.INVALID_ARGUMENT, lambda: store.event_read(**kwargs))

@@ -13,19 +13,28 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from typing import Any
 
 import psycopg
 import pytest
+from starlette.exceptions import StarletteDeprecationWarning
 
 from orbit.core.errors import Code, OrbitError
 from orbit.core.limits import SECOND
 from orbit.core.model import TaskSpec
+from orbit.server import ServerSettings, create_app
+from orbit.server.routes import event_position_cursor
+from orbit.server.threads import THREADS
 from orbit.store import Store, StoreConfig
 from orbit.store import store as store_module
 from tests.conftest import store_url
 from tests.pg import ADMIN_DSN
 from tests.store.helpers import RACE_WAIT, queue, submit
+
+with warnings.catch_warnings():  # starlette's TestClient warns at import about httpx
+    warnings.simplefilter("ignore", StarletteDeprecationWarning)
+    from fastapi.testclient import TestClient
 
 MS = 1000
 
@@ -105,6 +114,71 @@ def test_a_read_waits_for_the_older_transaction_to_end(
         a.commit()
         reader.join(RACE_WAIT)
     assert read == [[a_id, b_id]]
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_event_reads_waiting_for_an_older_transaction_hold_no_store_thread(
+    make_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's store calls run on ``THREADS`` threads (orbit/server/threads.py),
+    which worker reports and submits share. A GET of events that waited for an older
+    transaction slept on one of them, up to ``event_wait_us`` (2 s) each: as many
+    readers as threads, while any transaction ran, held every report back. Here as many
+    readers as threads wait for transaction A, and a task read is answered meanwhile."""
+    store: Store = make_store(config=StoreConfig(event_wait_us=int(10 * RACE_WAIT * SECOND)))
+    queue(store)
+    tid = submit(store)
+    token = store.token_create("admin", ["admin"])[1]
+    url = store_url(store)
+    settled = store.event_list()[-1]  # the last event, before A and B
+    limits: set[int] = set()  # the readers (told by their limit) that found B's event
+    all_waiting = threading.Event()
+    read = store.driver.read
+
+    def noted(name: str, params: Any) -> Any:
+        rows = read(name, params)
+        if name == "event_list" and rows and int(rows[0]["txid"]) >= int(rows[0]["horizon"]):
+            limits.add(int(params["limit"]))
+            if len(limits) == THREADS:
+                all_waiting.set()
+        return rows
+
+    monkeypatch.setattr(store.driver, "read", noted)
+    app = create_app(ServerSettings(db_url=url), store)
+    auth = {"authorization": f"Bearer {token}"}
+    cursor = event_position_cursor(settled)
+    pages: list[list[int]] = []
+    with (
+        TestClient(app) as client,
+        psycopg.connect(url) as a,
+        psycopg.connect(url, autocommit=True) as b,
+    ):
+        a_id = _insert(a, "a", None)  # A's transaction stays open
+        b_id = _insert(b, "b", None)
+
+        def page(limit: int) -> None:
+            got = client.get("/v1/events", params={"cursor": cursor, "limit": limit}, headers=auth)
+            pages.append([int(e["id"]) for e in got.json()["items"]])
+
+        readers = [
+            threading.Thread(target=page, args=(n,), daemon=True) for n in range(1, THREADS + 1)
+        ]
+        for reader in readers:
+            reader.start()
+        assert all_waiting.wait(RACE_WAIT)
+        answers: list[int] = []
+        probe = threading.Thread(
+            target=lambda: answers.append(client.get(f"/v1/tasks/{tid}", headers=auth).status_code),
+            daemon=True,
+        )
+        probe.start()
+        probe.join(RACE_WAIT)
+        assert answers == [200]
+        assert pages == []  # the readers still wait for A
+        a.commit()
+        for reader in readers:
+            reader.join(RACE_WAIT)
+    assert sorted(pages) == [[a_id]] + [[a_id, b_id]] * (THREADS - 1)
 
 
 @pytest.mark.parametrize("backend", ["postgres"])
@@ -246,3 +320,60 @@ def test_an_id_alone_is_the_position_of_an_event_from_before_migration_8(
     queue(store)
     after = store.event_list(after_id=old[0]["id"])
     assert _ids(after[:1]) == [old[1]["id"]] and len(after) == 2
+
+
+def test_one_event_read_says_whether_events_are_held_back(store: Store) -> None:
+    """``event_read`` is one read of ``event_list`` without its wait (the server waits
+    between reads on its event loop): nothing is held back with no other transaction
+    running, on either backend, and a cursor naming no event is refused as there."""
+    queue(store)
+    tid = submit(store)
+    rows, held_back = store.event_read()
+    assert (_ids(rows), held_back) == (_ids(store.event_list()), False)
+    assert [r["kind"] for r in store.event_read(task_id=tid)[0]] == ["submitted"]
+    assert store.event_read(**_after(rows[-1])) == ([], False)
+    with pytest.raises(OrbitError) as err:
+        store.event_read(after_xid=rows[-1]["xid"], after_id=rows[-1]["id"] + 1)
+    assert err.value.code == Code.INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_one_event_read_holds_back_the_events_behind_an_open_transaction(
+    make_store: Any,
+) -> None:
+    store: Store = make_store()
+    url = store_url(store)
+    with psycopg.connect(url) as a, psycopg.connect(url, autocommit=True) as b:
+        with psycopg.connect(url, autocommit=True) as first:
+            before = _insert(first, "before", None)
+        a_id = _insert(a, "a", None)
+        _insert(b, "b", None)
+        assert (_ids(store.event_read()[0]), store.event_read()[1]) == ([before], True)
+        a.commit()
+    rows, held_back = store.event_read(**_after(store.event_list()[0]))
+    assert (_ids(rows)[0], held_back) == (a_id, False)
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_an_event_written_in_a_savepoint_is_held_back_by_its_transaction(
+    make_store: Any,
+) -> None:
+    """A subtransaction has an xid of its own, but an event takes its top-level
+    transaction's (``pg_current_xact_id``), which the reader's snapshot lists among the
+    running even when the subtransactions overflow the snapshot's cache (64 and more):
+    the events behind it are held back until it commits, then come after its own."""
+    store: Store = make_store()
+    hasty: Store = make_store(config=StoreConfig(event_wait_us=0))
+    url = store_url(store)
+    with psycopg.connect(url) as a, psycopg.connect(url, autocommit=True) as b:
+        for n in range(70):
+            a.execute(f"SAVEPOINT s{n}")
+        a_id = _insert(a, "a", None)
+        [[top, mine]] = a.execute(
+            "SELECT pg_current_xact_id(), xid FROM orbit_events WHERE id = %s", (a_id,)
+        ).fetchall()
+        assert top == mine
+        b_id = _insert(b, "b", None)
+        assert _ids(hasty.event_list()) == []
+        a.commit()
+    assert _ids(store.event_list()) == [a_id, b_id]
