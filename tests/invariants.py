@@ -22,10 +22,10 @@ def all_events(store: Store) -> list[dict[str, Any]]:
     that took its id early can come before one whose effect it read (docs/concepts.md,
     "The event log"); an event is inserted only after what it read had committed."""
     out: list[dict[str, Any]] = []
-    after = 0
-    while page := store.event_list(after_id=after, limit=5000):
+    after_xid, after_id = 0, 0
+    while page := store.event_list(after_xid=after_xid, after_id=after_id, limit=5000):
         out.extend(page)
-        after = int(page[-1]["id"])
+        after_xid, after_id = page[-1]["xid"], page[-1]["id"]
     return sorted(out, key=lambda e: int(e["id"]))
 
 

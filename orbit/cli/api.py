@@ -540,6 +540,20 @@ class _EventFollower:
             self._read = set()
 
 
+def _last_events(follower: _EventFollower, within: Callable[[], float]) -> list[dict[str, Any]]:
+    """The events written between a wait's last two reads, once the task is seen ended.
+    They are for show: a read the end of the wait cut short (a server slow to answer) or
+    the server gone since says so on stderr, and the task's outcome stands. Raised, it
+    made a task that succeeded exit 4, as if the server had been out of reach."""
+    from orbit.client import ApiError, Unreachable
+
+    try:
+        return follower.new(within)
+    except (Unreachable, ApiError) as exc:
+        err.print(Text(f"warning: the task's last events could not be read: {exc}"))
+        return []
+
+
 def _wait(c: Client, task_id: str, timeout: float, as_json: bool) -> None:
     """Follow the task until it ends, asking again while the server cannot be reached
     (a restart, a rolling deploy), as ``Client.wait`` does: the first such poll ended the
@@ -578,7 +592,7 @@ def _wait(c: Client, task_id: str, timeout: float, as_json: bool) -> None:
             )
             try:
                 if waiting.ended(task):
-                    for e in follower.new(within):  # those written between the two reads
+                    for e in _last_events(follower, within):
                         if not as_json:
                             _show_event(e)
                     break

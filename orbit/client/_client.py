@@ -795,7 +795,10 @@ class _Trace:
     """What httpcore tells of one request (httpx's ``trace`` extension): whether it
     opened a connection (if not, it went out on a kept-alive one) and whether the
     answer's head came. ``sent_again`` is asked only of a request that opened none and
-    had no answer."""
+    had no answer. It cannot tell a close before any byte of the answer from one part way
+    through its head: httpcore raises the same "Server disconnected without sending a
+    response" for both, and tells no trace of the bytes read. Such a GET is sent once
+    more too (Client's http.client sees the bytes, and does not): a GET changes nothing."""
 
     __slots__ = ("answered", "connected")
 
@@ -850,7 +853,20 @@ class AsyncClient:
     async def _call(self, request: Request, timeout: float | None = None) -> Any:
         method, path, query, body = request
         content = None if body is None else request_json(body)
-        return _unwrap(await self._send(method, path, query, content, timeout=timeout))
+        timeout = self._timeout if timeout is None else checked_timeout(timeout)
+        reply = await self._send(method, path, query, content, timeout=timeout)
+        try:
+            await reply.aread()
+        except httpx.DecodingError:
+            # A body labelled with a coding it is not in (gzip, from a proxy): no JSON, as
+            # Client, which asks for no coding and reads the bytes as they came, finds
+            # it. httpx's DecodingError came out as it was, neither ApiError nor Unreachable.
+            return _unwrap(Reply(reply.status_code, b"", reply.headers.get("location")))
+        except httpx.TransportError as exc:  # the body cut off
+            raise self._unreachable(exc, timeout) from exc
+        finally:
+            await reply.aclose()
+        return _unwrap(reply)
 
     async def _send(
         self,
@@ -860,14 +876,17 @@ class AsyncClient:
         content: bytes | None,
         *,
         timeout: float | None = None,
-        stream: bool = False,
+        raw: bool = False,
     ) -> httpx.Response:
         """One request, as Client sends it: a transport error raised as Unreachable, and
         a GET that met a kept-alive connection's close sent once more (``sent_again``).
-        ``timeout``: this request's, in place of the client's (None). ``stream``: the
-        body is left to read (and the reply to close) to the caller."""
+        ``timeout``: this request's, in place of the client's (None). The body is left to
+        read, and the reply to close, to the caller. ``raw``: the body is asked for with
+        no content coding (``identity``), as Client asks for every one."""
         timeout = self._timeout if timeout is None else checked_timeout(timeout)
-        headers = None if content is None else {"Content-Type": "application/json"}
+        headers = {} if content is None else {"Content-Type": "application/json"}
+        if raw:
+            headers["Accept-Encoding"] = "identity"
         trace = _Trace()
         request = self._http.build_request(
             method,
@@ -879,12 +898,12 @@ class AsyncClient:
             extensions={"trace": trace},
         )
         try:
-            return await self._http.send(request, stream=stream)
+            return await self._http.send(request, stream=True)
         except httpx.TransportError as exc:
             if trace.answered or not sent_again(method, not trace.connected, exc):
                 raise self._unreachable(exc, timeout) from exc
         try:
-            return await self._http.send(request, stream=stream)
+            return await self._http.send(request, stream=True)
         except httpx.TransportError as exc:
             raise self._unreachable(exc, timeout) from exc
 
@@ -1029,14 +1048,17 @@ class AsyncClient:
         return b"".join(chunks)
 
     async def artifact_stream(self, artifact_id: str) -> AsyncIterator[bytes]:
-        """An artifact's bytes as they arrive, without holding them all."""
+        """An artifact's bytes as they arrive, without holding them all: the bytes the
+        server sent, as Client reads them. Asked for with no content coding and read raw:
+        a body a proxy labelled gzip that was not raised httpx's DecodingError, unwrapped,
+        where Client returned the bytes."""
         path = f"/v1/artifacts/{_seg(artifact_id)}/content"
-        reply = await self._send("GET", path, None, None, stream=True)
+        reply = await self._send("GET", path, None, None, raw=True)
         try:
             if reply.status_code >= 300:
-                await reply.aread()
-                _unwrap(reply)
-            async for chunk in reply.aiter_bytes():
+                body = b"".join([chunk async for chunk in reply.aiter_raw()])
+                _unwrap(Reply(reply.status_code, body, reply.headers.get("location")))
+            async for chunk in reply.aiter_raw():
                 yield chunk
         except httpx.TransportError as exc:  # as Client raises it
             raise self._unreachable(exc, self._timeout) from exc

@@ -18,8 +18,9 @@ class ApiError(Exception):
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled by its own arguments: the default passes ``args`` (the one message)
         to ``__init__``, and an error raised in a process pool's child came back to the
-        parent as a TypeError."""
-        return (type(self), (self.status, self.code, self.message, self.field))
+        parent as a TypeError. Its ``__dict__`` goes along, as every exception's does:
+        a note (``add_note``) or an attribute set on it after it was made."""
+        return (type(self), (self.status, self.code, self.message, self.field), self.__dict__)
 
 
 class BadRequest(ApiError):
@@ -115,8 +116,8 @@ class TaskFailed(Exception):
         self.code = error.get("code")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled by the task it was made from (as ``ApiError``)."""
-        return (type(self), (self.task,))
+        """Pickled by the task it was made from, with its ``__dict__`` (as ``ApiError``)."""
+        return (type(self), (self.task,), self.__dict__)
 
 
 class WaitTimeout(TimeoutError):

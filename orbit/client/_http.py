@@ -315,12 +315,16 @@ def _still_open(conn: http.client.HTTPConnection) -> bool:
     hung up, or in error), the server closed it (or broke the protocol), and it must not
     carry a request. ``poll``, not ``select``: select takes no descriptor numbered 1024
     or more, and in a process with that many open every connection was taken for closed
-    (a new one, and a TLS handshake, for every call)."""
+    (a new one, and a TLS handshake, for every call). Where there is no poll (Windows),
+    select, which takes any socket there."""
     sock = conn.sock
     if sock is None:
         return False
-    waiter = select.poll()
     try:
+        if not hasattr(select, "poll"):
+            readable, _, _ = select.select([sock], [], [], 0)
+            return not readable
+        waiter = select.poll()
         waiter.register(sock, select.POLLIN)
         return not waiter.poll(0)
     except (OSError, ValueError):  # a socket already closed (fileno -1)

@@ -27,13 +27,23 @@ class DecodeError(Exception):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
-        self.field = field
+        self.field = None if field is None else _writable(field)
 
     def as_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"code": self.code, "message": self.message}
         if self.field is not None:
             body["field"] = self.field
         return {"error": body}
+
+
+def _writable(text: str) -> str:
+    """``text`` with each lone surrogate as its ``\\udxxx`` escape: a field named from the
+    request (a key seen twice) can hold one, and a reply holding it cannot be written."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -98,6 +98,12 @@ CONCURRENT_REPORTS = (
 )
 
 
+#: How many revoked token ids a node remembers for connections still attaching
+#: (``Dispatcher.revoked``); past it they are forgotten, and the periodic re-check of the
+#: open connections' tokens (orbit/server/revocation.py) closes such a connection instead.
+MAX_REVOKED_KEPT = 10_000
+
+
 class WorkerConnection:
     """One attached worker: its session, epoch, and a lock so replies never interleave."""
 
@@ -223,6 +229,9 @@ class Dispatcher:
         self.poll_interval = poll_interval
         self.metrics = metrics
         self.connections: dict[str, WorkerConnection] = {}
+        #: the tokens this node has heard were revoked (``close_revoked``): a connection
+        #: upgraded with one before the revoke is closed as it attaches (``refuse_revoked``)
+        self.revoked: set[str] = set()
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         #: permits freed so far (by any commit this node hears of). A claim compares it
@@ -281,11 +290,22 @@ class Dispatcher:
     def close_revoked(self, token_ids: Collection[str]) -> int:
         """Close each connection opened with one of these (revoked) tokens: 4401, reason
         ``UNAUTHENTICATED``, as a refused upgrade would be closed. Not waited for, as in
-        ``close_fenced``. How many it closed."""
+        ``close_fenced``. How many it closed. The ids are remembered, for a connection
+        whose upgrade checked the token before the revoke and that attaches after it."""
+        if len(self.revoked) > MAX_REVOKED_KEPT:  # the re-check catches the rest
+            self.revoked.clear()
+        self.revoked.update(token_ids)
         closing = [c for c in self.connections.values() if c.token_id in token_ids and not c.closed]
         for conn in closing:
             conn.send_nowait(conn.close(4401, "UNAUTHENTICATED"))
         return len(closing)
+
+    def refuse_revoked(self, conn: WorkerConnection) -> None:
+        """Close ``conn``, just attached, if its token was revoked since its upgrade
+        checked it: the revoke's sweep (``close_revoked``) ran before it was attached.
+        Called with no await since ``attach``, so a revoke heard later sweeps it."""
+        if conn.token_id is not None and conn.token_id in self.revoked and not conn.closed:
+            conn.send_nowait(conn.close(4401, "UNAUTHENTICATED"))
 
     def token_ids(self) -> set[str]:
         """The tokens the open connections on this node were opened with."""
@@ -537,6 +557,7 @@ class _Protocol:
             if superseded is not None:
                 # Not waited for: the old connection's worker may no longer read it.
                 superseded.send_nowait(superseded.close(4409, "session resumed elsewhere"))
+            self.dispatcher.refuse_revoked(conn)
             return conn
 
     async def serve(self) -> None:

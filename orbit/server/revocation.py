@@ -13,6 +13,10 @@ a refused upgrade gets without the denial response extension), in two ways:
   seconds: the node's token cache period (``orbit server --token-cache``), at least
   ``MIN_RECHECK_S``. A LISTEN reconnect re-checks at once.
 
+A connection whose upgrade checked the token before the revoke but that attaches (its
+``hello`` or ``resume``) after the node heard of it is missed by that sweep: the node
+remembers the revoked ids and closes it as it attaches (``Dispatcher.refuse_revoked``).
+
 Either way the node also forgets its cached answers for the token, so a worker that
 reconnects with it is refused (HTTP 401) rather than let in until the cache runs out.
 What the worker held follows the session-loss rules (docs/operations.md, Tokens).

@@ -3,10 +3,12 @@ decoded strictly (orbit.protocol) before the store is touched."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import re
 from collections.abc import Callable
+from functools import partial
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -216,19 +218,38 @@ def attempt_cursor(cursor: str | None) -> int:
     return int(after)
 
 
-#: the largest event id: ids are 64-bit signed integers in both databases
+#: the largest number in an events cursor: event ids are 64-bit signed integers in both
+#: databases, and a PostgreSQL transaction id (xid8) stays far below it
 MAX_EVENT_ID = 2**63 - 1
 
 
-def event_cursor(after: str | None) -> int:
-    """The event id an events cursor resumes after. Only plain ASCII digits of a 64-bit
-    id are one: ``str.isdigit`` also admits other scripts' digits ('١٢') and
-    superscripts ('²'), and an id past 2^63 - 1 overflows the database's integer."""
+def _event_number(text: str) -> int | None:
+    """One number of an events cursor: plain ASCII digits up to 2^63 - 1, else None.
+    ``str.isdigit`` also admits other scripts' digits ('١٢') and superscripts ('²'), and
+    a number past 2^63 - 1 overflows the database's integer."""
+    if not (text.isascii() and text.isdigit()) or int(text) > MAX_EVENT_ID:
+        return None
+    return int(text)
+
+
+def event_cursor(after: str | None) -> tuple[int, int]:
+    """The position (xid, event id) an events cursor resumes after ((0, 0): the start).
+    A cursor is ``<xid>.<id>``; a bare id is a cursor issued before migration 0008, whose
+    events all have xid 0 (if the id is of a later event, no event is at that position
+    and the store refuses it)."""
     if after is None:
-        return 0
-    if not (after.isascii() and after.isdigit()) or int(after) > MAX_EVENT_ID:
+        return 0, 0
+    xid_text, dot, id_text = after.rpartition(".")
+    xid = _event_number(xid_text) if dot else 0
+    event_id = _event_number(id_text)
+    if xid is None or event_id is None:
         raise _bad_cursor()
-    return int(after)
+    return xid, event_id
+
+
+def event_position_cursor(row: dict[str, Any]) -> str:
+    """The cursor of an event row: its position, ``<xid>.<id>``."""
+    return encode_cursor(f"{row['xid']}.{row['id']}")
 
 
 def spec_from(msg: TaskSubmit) -> TaskSpec:
@@ -525,16 +546,29 @@ async def task_attempts(
 async def _events(
     request: Request, task_id: str | None, limit: int, cursor: str | None
 ) -> Response:
-    after_id = event_cursor(decode_cursor(cursor))
+    after_xid, after_id = event_cursor(decode_cursor(cursor))
+    store = _store(request)
     try:
-        rows = await in_thread(
-            lambda: _store(request).event_list(task_id=task_id, after_id=after_id, limit=limit)
+        # Store.event_list, its wait on the event loop: the store's threads serve every
+        # report and submit, and a read waiting for an older transaction holds none
+        read = partial(
+            store.event_read,
+            task_id=task_id,
+            after_id=after_id,
+            after_xid=after_xid,
+            limit=limit,
         )
-    except OrbitError as exc:  # the only argument left to refuse: no event has that id
+        rows, held_back = await in_thread(read)
+        for pause in store.event_pauses():
+            if not held_back:
+                break
+            await asyncio.sleep(pause)
+            rows, held_back = await in_thread(read)
+    except OrbitError as exc:  # the only argument left to refuse: no event is there
         if exc.code is not Code.INVALID_ARGUMENT:
             raise
         raise _bad_cursor() from None
-    nxt = encode_cursor(str(rows[-1]["id"])) if len(rows) == limit else None
+    nxt = event_position_cursor(rows[-1]) if len(rows) == limit else None
     return _json(EventPage(items=[event_view(r) for r in rows], next_cursor=nxt))
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from enum import Enum
+from functools import partial
 from typing import Any, Final, TypeVar
 
 from orbit.core import transitions
@@ -1041,12 +1042,18 @@ class Store:
         return [(str(r["session_id"]), str(r["id"])) for r in rows]
 
     def event_list(
-        self, *, task_id: str | None = None, after_id: int = 0, limit: int = 1000
+        self,
+        *,
+        task_id: str | None = None,
+        after_id: int = 0,
+        after_xid: int = 0,
+        limit: int = 1000,
     ) -> list[Row]:
-        """Events after the event ``after_id`` (0: from the start) in the log's order, at
-        most ``limit`` (1 to 100,000: a limit of -1 read every event on SQLite and was a
-        database error on PostgreSQL). A gap-free tail: paging on from the last event
-        returned never steps past an event, and returns each one once.
+        """Events after the event at the position (``after_xid``, ``after_id``) ((0, 0):
+        from the start) in the log's order, at most ``limit`` (1 to 100,000: a limit of -1
+        read every event on SQLite and was a database error on PostgreSQL). A gap-free
+        tail: paging on from the last event returned never steps past an event, and
+        returns each one once. Each row's ``xid`` and ``id`` are its position.
 
         The order is by (transaction id, event id) on PostgreSQL, and only the events of
         transactions older than every transaction still running are returned: a later
@@ -1054,23 +1061,62 @@ class Store:
         ``0008_event_xid.sql``). So that a caller sees the events it has just committed,
         a read that finds committed events it cannot return yet (an older transaction of
         this database is still running) reads again until they can be, for at most
-        ``StoreConfig.event_wait_us``; then it returns the events before them. An
-        ``after_id`` that names no event is INVALID_ARGUMENT: it has no position."""
-        check_int("after_id", after_id, 0, 2**63 - 1)
-        check_int("limit", limit, 1, 100_000)
-        query = "event_list" if task_id is None else "event_list_task"
-        deadline = time.monotonic() + self.config.event_wait_us / SECOND
-        pause = 0.001
-        while True:
-            rows = self._read(query, task_id=task_id, after_id=after_id, limit=limit)
-            settled = _settled(rows)
-            if len(settled) == len(rows) or time.monotonic() >= deadline:
+        ``StoreConfig.event_wait_us``; then it returns the events before them. A position
+        is both numbers, as the log has no index on the id alone: an event's xid is 0 on
+        SQLite and for the events written before migration 0008, so an id from before
+        it is a position with xid 0. A position that names no event is INVALID_ARGUMENT.
+
+        This call sleeps between its reads; the server waits on its event loop instead,
+        with ``event_read`` and ``event_pauses``, so a wait holds none of its threads."""
+        read = partial(
+            self.event_read, task_id=task_id, after_id=after_id, after_xid=after_xid, limit=limit
+        )
+        rows, held_back = read()
+        for pause in self.event_pauses():
+            if not held_back:
                 break
             time.sleep(pause)  # an older writer is still running: it ends in a moment
+            rows, held_back = read()
+        return rows
+
+    def event_read(
+        self,
+        *,
+        task_id: str | None = None,
+        after_id: int = 0,
+        after_xid: int = 0,
+        limit: int = 1000,
+    ) -> tuple[list[Row], bool]:
+        """One read of ``event_list``, without its wait: the events it may return, and
+        whether committed events follow them that an older running transaction holds
+        back (read again shortly, as ``event_list`` does, to return them too)."""
+        check_int("after_id", after_id, 0, 2**63 - 1)
+        check_int("after_xid", after_xid, 0, 2**63 - 1)
+        check_int("limit", limit, 1, 100_000)
+        query = "event_list" if task_id is None else "event_list_task"
+        rows = self._read(
+            query, task_id=task_id, after_id=after_id, after_xid=after_xid, limit=limit
+        )
+        if not rows and (after_id or after_xid) and not self._names_event(after_xid, after_id):
+            raise OrbitError(
+                Code.INVALID_ARGUMENT, f"after ({after_xid}, {after_id}) names no event"
+            )
+        settled = _settled(rows)
+        return settled, len(settled) < len(rows)
+
+    def event_pauses(self) -> Iterator[float]:
+        """The pauses before each read again of an event read that waits for older
+        transactions (``event_list``): doubling from 1 ms to 50 ms, for as long as
+        ``StoreConfig.event_wait_us`` has not passed since the first was asked for."""
+        deadline = time.monotonic() + self.config.event_wait_us / SECOND
+        pause = 0.001
+        while time.monotonic() < deadline:
+            yield pause
             pause = min(pause * 2, 0.05)
-        if not rows and after_id and not self._read("event_exists", id=after_id):
-            raise OrbitError(Code.INVALID_ARGUMENT, f"after_id {after_id} names no event")
-        return settled
+
+    def _names_event(self, xid: int, event_id: int) -> bool:
+        """Whether an event is at this position (never one whose id is 0)."""
+        return event_id != 0 and bool(self._read("event_exists", xid=xid, id=event_id))
 
     def session_get(self, session_id: str) -> Session:
         found = self._read("session_get", id=session_id)
@@ -2583,12 +2629,14 @@ def _key_of(spec: TaskSpec) -> tuple[str, str, str] | None:
 
 def _settled(rows: list[Row]) -> list[Row]:
     """The leading rows of an ``event_list`` read whose transaction is below the read's
-    horizon, without those two columns: the events no running transaction can ever
-    precede. The rows are in xid order, so the rest are all at or past the horizon."""
+    horizon, each with its ``xid`` as a number and without the horizon: the events no
+    running transaction can ever precede. The rows are in xid order, so the rest are all
+    at or past the horizon."""
     out: list[Row] = []
     for row in rows:
         xid, horizon = int(row.pop("txid")), int(row.pop("horizon"))
         if xid >= horizon:
             break
+        row["xid"] = xid
         out.append(row)
     return out

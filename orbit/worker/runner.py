@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import math
 import numbers
 import signal
 import ssl
@@ -54,6 +55,7 @@ from websockets.exceptions import InvalidStatus
 from orbit import aio
 from orbit.aio import stop_tasks
 from orbit.core.errors import OrbitError
+from orbit.core.model import parse_json
 from orbit.core.validate import (
     MAX_HANDLER_CAPACITY,
     MAX_RENEW_IDS,
@@ -312,6 +314,11 @@ class Worker:
         self._connected = asyncio.Event()
         self._stop_requested = asyncio.Event()
         self._lease_changed = asyncio.Event()
+        #: no live lease's renewal is due before this instant (monotonic): a bound under
+        #: every ``renew_at``, lowered as each is set and raised only by a full look
+        #: (``_renewal_due``), so a start batch's wake of the renew loop need not look at
+        #: every running attempt (1,500 at each batch of a busy worker)
+        self._renew_floor = math.inf
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None  # the running arun()'s
         self._background: set[asyncio.Task[None]] = set()
@@ -891,6 +898,7 @@ class Worker:
             raise ConnectionError("not connected")
         headers = {
             "Authorization": f"Bearer {self._token()}",
+            "Accept-Encoding": "identity",  # the reply's bytes as sent: see _upload_reply
             "Content-Type": content_type,
             "X-Orbit-Session": conn.session_id,
             "X-Orbit-Epoch": conn.epoch,
@@ -907,33 +915,19 @@ class Worker:
 
         from orbit.client._http import Unreachable
 
+        path = f"/v1/attempts/{attempt_id}/artifacts/{name_part}"
         try:
-            async with httpx.AsyncClient(base_url=self.url, verify=verify, timeout=300) as http:
-                reply = await http.put(
-                    f"/v1/attempts/{attempt_id}/artifacts/{name_part}",
-                    content=body,
-                    headers=headers,
-                )
+            async with (
+                httpx.AsyncClient(base_url=self.url, verify=verify, timeout=300) as http,
+                http.stream("PUT", path, content=body, headers=headers) as reply,
+            ):
+                raw = b"".join([chunk async for chunk in reply.aiter_raw()])
         except httpx.TransportError as exc:
             # Raised as the clients raise it (a ConnectionError): httpx's own is none, and
             # a handler that caught transport failures so did not catch this one.
             where = self.url.split("://", 1)[-1]
             raise Unreachable(f"upload to {where}: {type(exc).__name__}: {exc}"[:300]) from exc
-        if reply.status_code >= 400:
-            # A proxy in front (nginx refuses bodies over 1 MB by default) answers with a
-            # page of its own, not Orbit's JSON: still a ServerError, HTTP_ERROR.
-            try:
-                answer = reply.json()
-            except ValueError:
-                answer = None
-            found = answer.get("error") if isinstance(answer, dict) else None
-            error: dict[str, Any] = found if isinstance(found, dict) else {}
-            raise ServerError(
-                str(error.get("code", "HTTP_ERROR")),
-                str(error.get("message", f"HTTP {reply.status_code}")),
-                error,
-            )
-        return dict(reply.json())
+        return _upload_reply(reply.status_code, raw)
 
     def _token(self) -> str:
         return self.token if self.token is not None else load_token()
@@ -1015,22 +1009,26 @@ class Worker:
         running.lease_expires = sent + max(lease.get("lease_left") or 0.0, 0.0)
         now = time.monotonic()
         running.renew_at = now + (running.lease_expires - now) / 2
+        self._renew_floor = min(self._renew_floor, running.renew_at)
 
     def _interval(self) -> float:
         """Seconds until the next renewal is due: when the soonest lease is half spent
         (or every ``renew_interval``)."""
         if self.renew_interval is not None:
             return self.renew_interval
-        due = [r.renew_at for r in self.running.values() if r.lease_expires and not r.lost]
-        return min(max(min(due, default=time.monotonic() + 10.0) - time.monotonic(), 0.05), 10.0)
+        return min(max(self._renew_floor - time.monotonic(), 0.05), 10.0)
 
     def _renewal_due(self) -> bool:
+        """Whether some live lease is half spent (or past its deferred retry). The floor
+        answers no without a look while it is still ahead; a look makes it exact again."""
         if self.renew_interval is not None:
             return True
         now = time.monotonic()
-        return any(
-            r.renew_at <= now for r in self.running.values() if r.lease_expires and not r.lost
-        )
+        if self._renew_floor > now:
+            return False
+        due = [r.renew_at for r in self.running.values() if r.lease_expires and not r.lost]
+        self._renew_floor = min(due, default=math.inf)
+        return self._renew_floor <= now
 
     async def _renew_loop(self) -> None:
         """Renew every running lease in one message (per MAX_RENEW_IDS ids); a lease we could
@@ -1048,12 +1046,13 @@ class Worker:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._interval()):
                 await self._lease_changed.wait()
-        if self._lease_changed.is_set():
-            # New leases only move the next renewal earlier; renewing everything at
-            # each start would cost a transaction per start batch.
-            self._lease_changed.clear()
-            if not self._renewal_due():
-                return
+        # New leases only move the next renewal earlier; renewing everything at each
+        # start would cost a transaction per start batch. A wait timed by the floor while
+        # the soonest lease has since ended wakes early: nothing is due, and the next turn
+        # waits for the one after it.
+        self._lease_changed.clear()
+        if not self._renewal_due():
+            return
         live = [r for r in self.running.values() if r.lease_expires and not r.lost]
         now = time.monotonic()
         for r in live:
@@ -1098,6 +1097,7 @@ class Worker:
         self._renew_retry = min(delay * 2, RENEW_RETRY_MAX)
         for r in failed:
             r.renew_at = now + min(delay, max(r.lease_expires - now, 0.0) / 2)
+            self._renew_floor = min(self._renew_floor, r.renew_at)
 
     def _renewed(self, leases: list[dict[str, Any]], sent: float) -> None:
         """Take a renew's answers: new leases, cancels, lost attempts."""
@@ -1154,6 +1154,27 @@ async def _close_quietly(conn: WorkerConnection | None) -> None:
     if conn is not None:
         with contextlib.suppress(Exception):
             await conn.close()
+
+
+def _upload_reply(status: int, raw: bytes) -> dict[str, Any]:
+    """An upload's answer: the artifact Orbit's JSON describes, or ServerError. A proxy
+    in front (nginx refuses bodies over 1 MB by default) answers with a page of its own:
+    HTTP_ERROR for an error status, and, with the codes the clients give them, REDIRECT
+    for a redirect (not followed: the token would go along) and NOT_JSON for a success
+    that is no JSON object. The body is read raw (asked for with no content coding): one
+    labelled gzip that is not raised httpx's DecodingError, and a redirect's or a page's
+    json's JSONDecodeError, where a refusal raised ServerError."""
+    try:
+        answer = parse_json(raw) if raw else None
+    except ValueError:
+        answer = None
+    if 200 <= status < 300 and isinstance(answer, dict):
+        return answer
+    found = answer.get("error") if isinstance(answer, dict) and status >= 400 else None
+    error: dict[str, Any] = found if isinstance(found, dict) else {}
+    code = "HTTP_ERROR" if status >= 400 else "REDIRECT" if status >= 300 else "NOT_JSON"
+    message = str(error.get("message", f"HTTP {status}"))
+    raise ServerError(str(error.get("code", code)), message, error)
 
 
 async def _file(path: Path) -> AsyncIterator[bytes]:

@@ -4,6 +4,7 @@ pagination under concurrent inserts, size bounds, and errors in one shape."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import re
@@ -463,33 +464,56 @@ def test_a_list_filter_given_twice_is_refused(admin: httpx.Client) -> None:
     assert [t["id"] for t in once.json()["items"]] == [task_id]
 
 
-def test_events_cursor_must_be_a_64_bit_decimal(admin: httpx.Client) -> None:
-    """An events cursor decodes to an event id: anything but plain ASCII digits of at most
-    2^63 - 1 is INVALID_CURSOR, never a 500 from int() or from the database's integer
-    (nor, for other scripts' digits, a page read from a misparsed id)."""
+def _last_event_cursor(admin: httpx.Client, path: str) -> tuple[int, int]:
+    """The position (xid, id) the cursor of ``path``'s last event stands for: the
+    ``next_cursor`` of a page as long as the feed (events carry no xid of their own)."""
+    items = admin.get(path).json()["items"]
+    cursor = admin.get(path, params={"limit": len(items)}).json()["next_cursor"]
+    text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+    xid, _, event_id = text.partition(".")
+    assert int(event_id) == int(items[-1]["id"]), text
+    return int(xid), int(event_id)
+
+
+def test_events_cursor_must_be_a_position_of_64_bit_decimals(admin: httpx.Client) -> None:
+    """An events cursor decodes to an event's position, ``<xid>.<id>``, or to a bare id
+    (a cursor from before migration 0008, xid 0): anything but plain ASCII digits of at
+    most 2^63 - 1 there is INVALID_CURSOR, never a 500 from int() or from the database's
+    integer (nor, for other scripts' digits, a page read from a misparsed id)."""
     admin.post("/v1/queues", json={"name": "q", "max_concurrency": 2, "rate": 0})
     task_id = admin.post("/v1/tasks", json={"queue": "q", "handler": "h"}).json()["task"]["id"]
     bad = ["\u0661\u0662", "\u00b2", "+5", " 5", "-1", "1_0", str(2**63), "9" * 40]
+    bad += ["1.", ".1", "1..2", "1.2.3", "-1.2", "1.-2", f"{2**63}.1", "\u0661.1", "1 .2"]
     for path in ("/v1/events", f"/v1/tasks/{task_id}/events"):
         for text in bad:
             reply = admin.get(path, params={"cursor": encode_cursor(text)})
             assert reply.status_code == 400, (path, text, reply.text)
             assert reply.json()["error"]["code"] == "INVALID_CURSOR", (path, text)
-        for text in ("0", "1"):
+        xid, event_id = _last_event_cursor(admin, path)
+        for text in ("0", "0.0", f"{xid}.{event_id}"):
             reply = admin.get(path, params={"cursor": encode_cursor(text)})
             assert reply.status_code == 200, (path, text, reply.text)
 
 
 def test_events_cursor_must_name_an_event(admin: httpx.Client) -> None:
     """An events cursor stands for the position of the event it names in the log, which
-    is in transaction order, not id order: a well-formed id that no event has has no
-    position, and is INVALID_CURSOR. It was read as "after this id", an empty page that
-    looked like the end of the log."""
+    is in transaction order, not id order: a well-formed position that no event has is
+    INVALID_CURSOR. It was read as "after this id", an empty page that looked like the
+    end of the log. A bare id is the position of an event from before migration 0008,
+    with xid 0: of a later event (xid 0 only on SQLite) it names none."""
     admin.post("/v1/queues", json={"name": "q", "max_concurrency": 2, "rate": 0})
     task_id = admin.post("/v1/tasks", json={"queue": "q", "handler": "h"}).json()["task"]["id"]
-    last = max(int(e["id"]) for e in admin.get("/v1/events").json()["items"])
     for path in ("/v1/events", f"/v1/tasks/{task_id}/events"):
-        for text in (str(last + 1), str(2**63 - 1)):
+        xid, last = _last_event_cursor(admin, path)
+        nowhere = [
+            f"{xid}.{last + 1}",
+            f"{xid + 1}.{last}",
+            f"{xid}.{2**63 - 1}",
+            f"{xid + 1}.0",
+            "1.0",
+        ]
+        nowhere += [str(last + 1), str(2**63 - 1)] + ([str(last)] if xid else [])
+        for text in nowhere:
             reply = admin.get(path, params={"cursor": encode_cursor(text)})
             assert reply.status_code == 400, (path, text, reply.text)
             assert reply.json()["error"] == {
@@ -497,8 +521,9 @@ def test_events_cursor_must_name_an_event(admin: httpx.Client) -> None:
                 "message": "the cursor is not one this server issued",
                 "field": "cursor",
             }, (path, text)
-        page = admin.get(path, params={"cursor": encode_cursor(str(last))}).json()
-        assert page == {"items": [], "next_cursor": None}
+        for text in [f"{xid}.{last}"] + ([] if xid else [str(last)]):
+            page = admin.get(path, params={"cursor": encode_cursor(text)}).json()
+            assert page == {"items": [], "next_cursor": None}, (path, text)
 
 
 def _walk_pages(admin: httpx.Client, path: str, limit: int) -> list[list[dict[str, Any]]]:

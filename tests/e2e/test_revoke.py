@@ -163,3 +163,31 @@ def test_a_revoke_no_node_heard_of_closes_the_connection_within_the_token_cache_
         await kept.close()
 
     asyncio.run(scenario())
+
+
+def test_a_connection_upgraded_before_the_revoke_and_welcomed_after_it_is_closed(
+    cluster: tuple[Node, Node], admin_a: httpx.Client
+) -> None:
+    """A worker's token is checked when its WebSocket is upgraded; its connection joins
+    the node's connections only at its hello. One upgraded before the revoke, whose
+    hello came after node B heard of it, was missed by the revoke's sweep, and was
+    served until the next re-check (here far longer than the test). It is closed with
+    4401 as it is welcomed. A connection of the same token attached before the revoke
+    tells when node B has heard of it."""
+    b = cluster[1]
+    made = admin_a.post("/v1/tokens", json={"name": "leaked", "scopes": ["worker"]})
+    assert made.status_code == 201, made.text
+    leaked = made.json()
+
+    async def scenario() -> None:
+        sentinel = await WorkerConnection.connect(b.ws, leaked["token"])
+        await sentinel.hello("sentinel", {"h": 1}, 1, push=False)
+        upgraded = await WorkerConnection.connect(b.ws, leaked["token"])  # no hello yet
+        revoked = admin_a.post(f"/v1/tokens/{leaked['id']}/revoke")
+        assert revoked.status_code == 200, revoked.text
+        assert (await _closed(sentinel))["code"] == 4401  # node B has heard of it
+        await upgraded.hello("late", {"h": 1}, 1, push=False)
+        closed = await _closed(upgraded)
+        assert (closed["code"], closed["reason"]) == (4401, "UNAUTHENTICATED")
+
+    asyncio.run(scenario())

@@ -340,7 +340,15 @@ def test_a_resolves_outcome_is_checked_as_a_finishs_is(
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"limit": 0}, {"limit": -1}, {"limit": 100_001}, {"limit": 1.5}, {"after_id": -1}],
+    [
+        {"limit": 0},
+        {"limit": -1},
+        {"limit": 100_001},
+        {"limit": 1.5},
+        {"after_id": -1},
+        {"after_xid": -1},
+        {"after_xid": 2**63},
+    ],
 )
 def test_an_event_page_out_of_range_is_refused(store: Store, kwargs: dict[str, Any]) -> None:
     """``limit=-1`` read every event on SQLite (``LIMIT -1`` is no limit there) and was a
@@ -348,3 +356,4 @@ def test_an_event_page_out_of_range_is_refused(store: Store, kwargs: dict[str, A
     queue(store)
     submit(store)
     _rejects(store, Code.INVALID_ARGUMENT, lambda: store.event_list(**kwargs))
+    _rejects(store, Code.INVALID_ARGUMENT, lambda: store.event_read(**kwargs))

@@ -168,7 +168,7 @@ def test_stale_finish_is_rejected_with_evidence(
     assert err.value.code == expected
     assert store.task_get(tid) == before_task
     assert store.attempt_get(g.attempt.id) == before_attempt
-    new = store.event_list(after_id=before_events[-1]["id"])
+    new = store.event_list(after_xid=before_events[-1]["xid"], after_id=before_events[-1]["id"])
     assert [(e["kind"], e["code"]) for e in new] == [("rejected", expected)]
 
 

@@ -136,7 +136,7 @@ class World:
     attempts: dict[str, Attempt]
     sessions: dict[str, Session]
     queues: dict[str, Queue]
-    cursor: int  # id of the newest event at read time
+    cursor: tuple[int, int]  # position (xid, id) of the newest event at read time
 
     def live_attempt(self, task_id: str) -> Attempt | None:
         live = [a for a in self.attempts.values() if a.task_id == task_id and a.state in LIVE]
@@ -222,7 +222,7 @@ class OrbitMachine(RuleBasedStateMachine):
         self.clock = ManualClock()
         self.store = open_store(self.clock)
         self.ledger = ResultLedger()
-        self.cursor = 0
+        self.cursor = (0, 0)
         # The machine's own memory, in creation order: selection by index must not depend
         # on row order in the database, or hypothesis could not replay an example.
         self.task_ids: list[str] = []
@@ -246,14 +246,14 @@ class OrbitMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ reading
 
-    def _events_since(self, cursor: int) -> list[Row]:
+    def _events_since(self, cursor: tuple[int, int]) -> list[Row]:
         out: list[Row] = []
         while True:
-            page = self.store.event_list(after_id=cursor, limit=1000)
+            page = self.store.event_list(after_xid=cursor[0], after_id=cursor[1], limit=1000)
             if not page:
                 return out
             out.extend(page)
-            cursor = int(page[-1]["id"])
+            cursor = (page[-1]["xid"], page[-1]["id"])
 
     def _read_world(self) -> World:
         tasks: dict[str, Task] = {}
@@ -270,7 +270,7 @@ class OrbitMachine(RuleBasedStateMachine):
                 attempts.update((a.id, a) for a in self.store.attempt_list(t.id))
         events = self._events_since(self.cursor)
         if events:
-            self.cursor = int(events[-1]["id"])
+            self.cursor = (events[-1]["xid"], events[-1]["id"])
         return World(
             tasks=tasks,
             attempts=attempts,

@@ -12,7 +12,7 @@ import pickle
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -46,6 +46,8 @@ class _Server(ThreadingHTTPServer):
     seen: list[dict[str, Any]]
     #: set at teardown: what holds the answers to /v1/tasks/slow after its first
     released: threading.Event
+    #: events pages answered before the rest are held, as /v1/tasks/slow is (None: all)
+    events_answered: int | None = None
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass
@@ -74,6 +76,12 @@ class _Handler(BaseHTTPRequestHandler):
         srv.seen.append({"method": self.command, "path": self.path, "n": self.served})
         slow = [s for s in srv.seen if s["path"] == "/v1/tasks/slow"]
         if len(slow) > 1 and self.path == "/v1/tasks/slow":  # running, then no answer
+            srv.released.wait(10)
+            self.close_connection = True
+            return
+        events = [s for s in srv.seen if s["path"].split("?")[0].endswith("/events")]
+        held = srv.events_answered is not None and len(events) > srv.events_answered
+        if held and self.path.split("?")[0].endswith("/events"):  # slow to answer
             srv.released.wait(10)
             self.close_connection = True
             return
@@ -307,6 +315,22 @@ def test_task_wait_ends_at_its_timeout_when_the_server_is_slow_to_answer(
     assert caught.value.exit_code == EXIT_TIMEOUT
 
 
+def test_task_wait_for_a_task_that_ended_is_not_failed_by_its_last_events_read(
+    server: _Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Once the task is seen ended, ``orbit task wait`` reads the events written since
+    its last read, for show. That read was cut to what was left of the wait too, and a
+    server slow to give it (well, but past the floor) made the read raise Unreachable:
+    exit 4, a task that succeeded reported as a server out of reach. The task's outcome
+    stands; the events it could not read are said to be missing."""
+    server.events_answered = 3  # the three pages of the first read; the next is slow
+    with Client(_url(server), "t0ken", timeout=5.0) as c:
+        _wait(c, "t1", timeout=0.2, as_json=True)  # succeeded: returns, exit 0
+    out, errors = capsys.readouterr()
+    assert json.loads(out)["state"] == "succeeded"
+    assert "the task's last events could not be read" in errors
+
+
 @pytest.mark.parametrize("timeout", [0, -1.0, math.nan, math.inf, None, True, "30"])
 def test_a_timeout_no_request_can_use_is_refused_at_once(server: _Server, timeout: Any) -> None:
     """Taken as it was, 0 raised Unreachable (sync: BlockingIOError) from a server that
@@ -502,3 +526,25 @@ def test_the_errors_cross_a_process_boundary(error: Exception) -> None:
     assert type(back) is type(error)
     assert str(back) == str(error)
     assert vars(back) == vars(error)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: NotFound(404, "NOT_FOUND", "no such task"),
+        lambda: TaskFailed({"id": "t2", "state": "failed", "error": None}),
+        lambda: Unreachable("no answer from 127.0.0.1:1 within 0.5 s"),
+    ],
+)
+def test_what_was_added_to_an_error_crosses_a_process_boundary_too(
+    make: Callable[[], Exception],
+) -> None:
+    """A note (``add_note``, as a framework adds context) or an attribute set on the
+    error after it was raised comes back with it, as it does with any exception: the
+    pickled ApiError and TaskFailed carried their arguments alone, and lost them."""
+    error = make()
+    error.add_note("while waiting for t2")
+    error.attempt = 3  # type: ignore[attr-defined]
+    back = pickle.loads(pickle.dumps(error))
+    assert back.__notes__ == ["while waiting for t2"]
+    assert back.attempt == 3  # type: ignore[attr-defined]

@@ -57,6 +57,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             return
         kind = "application/json"
+        if self.path.startswith("/gzip"):  # a body that claims gzip and is not
+            self.send_response(502 if self.path.startswith("/gzip-502") else 200)
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", "10")
+            self.end_headers()
+            self.wfile.write(b"not gzip!!")
+            return
         if self.path.startswith("/big"):
             payload = b"x" * (3 * STREAM_CHUNK + 5)
         elif self.path.startswith("/html"):  # a proxy's page, or no Orbit server at all
@@ -144,6 +151,22 @@ def test_connections_are_reused_in_a_process_with_many_files_open(server: _Serve
         for fd in [*held, read, write]:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert len({s["port"] for s in server.seen}) == 1
+
+
+def test_connections_are_reused_where_select_has_no_poll(
+    server: _Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Windows' ``select`` has no ``poll``: the idle check's ``select.poll()`` raised
+    AttributeError, unwrapped, from every call that found an idle connection (each one
+    after the first). ``select.select`` checks it there, as it did before poll."""
+    import select
+
+    monkeypatch.delattr(select, "poll")
+    t = _transport(_url(server))
+    for _ in range(3):
+        assert t.request("GET", "/v1/queues", None, None).status_code == 200
+    t.close()
     assert len({s["port"] for s in server.seen}) == 1
 
 
@@ -359,6 +382,42 @@ def test_a_reply_that_is_not_json_is_an_api_error(server: _Server) -> None:
         with pytest.raises(ApiError) as caught:
             asyncio.run(call(path))
         assert caught.value.status == status, caught.value
+
+
+def test_a_body_that_claims_gzip_and_is_not_is_an_api_error_from_both_clients(
+    server: _Server,
+) -> None:
+    """A proxy that labels a body gzip when it is not: Client, which asks for no
+    encoding and reads the bytes as they came, says NOT_JSON (or the error status's
+    HTTP_ERROR), as for any page that is no JSON. AsyncClient let httpx's DecodingError
+    out, unwrapped: neither an ApiError nor Unreachable, and ``wait`` did not catch it.
+    An artifact's bytes are the bytes the server sent, from both clients."""
+    from orbit.client import ApiError, AsyncClient
+
+    expected = [("/gzip", 200, "NOT_JSON"), ("/gzip-502", 502, "HTTP_ERROR")]
+    with Client(_url(server), token="t0ken") as c:
+        for path, status, code in expected:
+            with pytest.raises(ApiError) as caught:
+                c._call(("GET", path, None, None))
+            assert (caught.value.status, caught.value.code) == (status, code)
+    with Client(_url(server, "/gzip"), token="t0ken") as c:
+        assert c.artifact_content("a1") == b"not gzip!!"
+
+    async def main() -> None:
+        async with AsyncClient(_url(server), token="t0ken") as c:
+            for path, status, code in expected:
+                with pytest.raises(ApiError) as caught:
+                    await c._call(("GET", path, None, None))
+                assert (caught.value.status, caught.value.code) == (status, code)
+            # and the connection each went out on is not left half read
+            assert (await c._call(("GET", "/after", None, None))) == {"path": "/after"}
+        async with AsyncClient(_url(server, "/gzip"), token="t0ken") as c:
+            assert await c.artifact_content("a1") == b"not gzip!!"  # as Client reads it
+        async with AsyncClient(_url(server, "/gzip-502"), token="t0ken") as c:
+            with pytest.raises(ApiError, match="HTTP_ERROR"):
+                await c.artifact_content("a1")
+
+    asyncio.run(main())
 
 
 def test_a_redirect_or_an_empty_reply_is_an_api_error(server: _Server) -> None:

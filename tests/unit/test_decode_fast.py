@@ -85,3 +85,13 @@ def test_the_fast_path_takes_compact_documents_and_only_those() -> None:
     assert _canonical(b'{"a":1,"a":1}') == (False, None)
     assert _canonical(b"[9007199254740992]") == (False, None)  # past 53 bits
     assert decode_json(b"[9223372036854775807]") == [2**63 - 1]  # read by the strict way
+
+
+def test_a_key_seen_twice_is_named_in_a_reply_that_can_be_written() -> None:
+    """A lone surrogate in a duplicated key reaches DUPLICATE_KEY before the string check,
+    and the key named in ``field`` must still be writable as JSON (it was a 500: orjson
+    refuses to write a surrogate)."""
+    with pytest.raises(DecodeError) as caught:
+        decode_json(b'{"\\ud800":3,"\\ud800":0}')
+    assert caught.value.code == "DUPLICATE_KEY"
+    assert orjson.loads(orjson.dumps(caught.value.as_json()))["error"]["field"] == "\\ud800"

@@ -20,7 +20,7 @@ import pytest
 from orbit.core import validate
 from orbit.protocol.decode import DecodeError, decode_model
 from orbit.protocol.messages import Hello, Renew
-from orbit.worker.runner import Context, Fail, Retry, Worker
+from orbit.worker.runner import Context, Fail, Retry, Worker, _Running
 from tests.unit.fake_gateway import FakeGateway, assignment
 from tests.unit.test_worker_recovery import _is, _run_one, running
 
@@ -592,3 +592,40 @@ def test_a_refused_renewal_is_retried_with_backoff_within_the_lease() -> None:
         assert last - second < 0.45  # half of what was left of the lease (0.125), not 0.5 s
 
     asyncio.run(main())
+
+
+def test_a_new_lease_wakes_the_renew_loop_without_a_look_at_every_attempt() -> None:
+    """Each start batch wakes the renew loop, which looked at every running attempt (1,500
+    at each batch of a busy worker) to learn that no renewal was due yet. It keeps a
+    floor under their renewal times now and looks only once that has passed; the look
+    is still exact: a renewal is due only when a lease is half spent, and an attempt
+    that ended leaves no renewal behind."""
+    worker = Worker("http://127.0.0.1:9", "token")
+    looks = 0
+
+    class Counted(dict[str, Any]):
+        def values(self) -> Any:
+            nonlocal looks
+            looks += 1
+            return super().values()
+
+    worker.running = Counted()
+
+    def started(attempt_id: str, lease_left: float) -> None:
+        ctx = Context("t", attempt_id, 1, "h", "q", "default", None, None)
+        attempt = worker.running[attempt_id] = _Running(ctx=ctx, fence="1")
+        worker._set_lease(attempt, {"lease_left": lease_left}, time.monotonic())
+
+    for i in range(3):
+        started(f"a{i}", 30.0)
+    assert not worker._renewal_due()
+    assert worker._interval() == 10.0  # the most the loop sleeps
+    assert looks == 0
+    started("soon", 0.0)  # its lease is spent: a renewal is due
+    assert worker._renewal_due() and worker._interval() == 0.05
+    assert looks == 1
+    del worker.running["soon"]  # it ended: the others are not due for 15 s
+    assert not worker._renewal_due()
+    assert looks == 2
+    assert not worker._renewal_due() and worker._interval() == 10.0
+    assert looks == 2

@@ -8,10 +8,13 @@ import socket
 import threading
 from collections.abc import Iterator
 from functools import partial
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from orbit.worker.connection import ServerError
 from orbit.worker.runner import Context, Worker
 
 
@@ -106,5 +109,65 @@ def test_an_upload_from_a_thread_called_on_the_event_loop_is_refused(silent_serv
         ctx = _context(worker, asyncio.get_running_loop())
         with pytest.raises(RuntimeError, match=r"await ctx\.upload"):
             ctx.upload_from_thread("out.txt", b"data", timeout=0.2)
+
+    asyncio.run(main())
+
+
+class _NotOrbit(BaseHTTPRequestHandler):
+    """What a proxy in front may answer an upload with instead of Orbit's JSON."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+    def do_PUT(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        kind = self.path.split("/")[1]
+        body, extra = b"", {}
+        if kind == "moved":  # plain HTTP sent on to https
+            status, extra = 308, {"Location": "https://orbit.example/"}
+        elif kind == "page":  # a success that is no Orbit reply
+            status, body = 200, b"<html><body>hello</body></html>"
+        else:  # a body labelled gzip that is not
+            status, body, extra = 200, b"not gzip!!", {"Content-Encoding": "gzip"}
+        self.send_response(status)
+        for name, value in extra.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def not_orbit() -> Iterator[str]:
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _NotOrbit)
+    srv.daemon_threads = True
+    thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.mark.parametrize(
+    ("prefix", "code"), [("moved", "REDIRECT"), ("page", "NOT_JSON"), ("gzip", "NOT_JSON")]
+)
+def test_an_upload_answered_with_no_orbit_reply_raises_server_error(
+    not_orbit: str, prefix: str, code: str
+) -> None:
+    """A redirect or a success that is not Orbit's JSON (a proxy's page; a body labelled
+    gzip that is not) raised json's JSONDecodeError or httpx's DecodingError from
+    ``ctx.upload``, where a proxy's error page raises ServerError: a ServerError too now,
+    with the code the clients give such a reply."""
+
+    async def main() -> None:
+        worker = Worker(f"{not_orbit}/{prefix}", "t0ken")
+        ctx = _context(worker, asyncio.get_running_loop())
+        with pytest.raises(ServerError) as caught:
+            await ctx.upload("out.txt", b"data", "text/plain")
+        assert caught.value.code == code
 
     asyncio.run(main())

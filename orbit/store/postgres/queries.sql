@@ -429,14 +429,15 @@ FROM json_to_recordset(CAST(:rows AS json)) AS x(
 RETURNING id;
 
 -- name: event_list
--- The log after the event ``after_id`` (0: from the start) in (xid, id) order, with the
+-- The log after the event at (after_xid, after_id) ((0, 0): from the start) in (xid, id)
+-- order, through the primary key, with the
 -- horizon: the oldest transaction of this database still running when the statement's
 -- snapshot was taken (pg_snapshot_xmin, but for the running transactions
 -- pg_stat_activity shows in another database: one of those, a CREATE DATABASE next
 -- door, can add no event here; a transaction it no longer shows counts, as it may have
 -- been this database's). Every transaction below the horizon has ended, so no event can
 -- ever be added before the rows below it: the store returns those and waits for the
--- others (Store.event_list). An after_id that names no event matches nothing. The xid
+-- others (Store.event_list). A position no event has matches nothing. The xid
 -- goes out as txid: named xid, ORDER BY xid would sort by that text ('10' < '9').
 WITH snap AS (SELECT pg_current_snapshot() AS s),
 elsewhere AS (
@@ -451,8 +452,11 @@ SELECT id, at, kind, task_id, attempt_id, session_id, queue, tenant, task_from, 
     attempt_from, attempt_to, code, data, CAST(xid AS text) AS txid,
     (SELECT CAST(h AS text) FROM horizon) AS horizon
 FROM orbit_events
-WHERE (xid, id) > (CASE WHEN CAST(:after_id AS bigint) = 0 THEN CAST('0' AS xid8)
-    ELSE (SELECT c.xid FROM orbit_events c WHERE c.id = :after_id) END, :after_id)
+WHERE (xid, id) > (CAST(CAST(CAST(:after_xid AS bigint) AS text) AS xid8), :after_id)
+    AND ((CAST(:after_id AS bigint) = 0 AND CAST(:after_xid AS bigint) = 0)
+        OR EXISTS (SELECT 1 FROM orbit_events c
+        WHERE c.xid = CAST(CAST(CAST(:after_xid AS bigint) AS text) AS xid8)
+            AND c.id = :after_id))
 ORDER BY xid, id
 LIMIT :limit;
 
@@ -471,13 +475,17 @@ SELECT id, at, kind, task_id, attempt_id, session_id, queue, tenant, task_from, 
     attempt_from, attempt_to, code, data, CAST(xid AS text) AS txid,
     (SELECT CAST(h AS text) FROM horizon) AS horizon
 FROM orbit_events
-WHERE task_id = :task_id AND (xid, id) > (CASE WHEN CAST(:after_id AS bigint) = 0 THEN CAST('0' AS xid8)
-    ELSE (SELECT c.xid FROM orbit_events c WHERE c.id = :after_id) END, :after_id)
+WHERE task_id = :task_id AND (xid, id) > (CAST(CAST(CAST(:after_xid AS bigint) AS text) AS xid8), :after_id)
+    AND ((CAST(:after_id AS bigint) = 0 AND CAST(:after_xid AS bigint) = 0)
+        OR EXISTS (SELECT 1 FROM orbit_events c
+        WHERE c.xid = CAST(CAST(CAST(:after_xid AS bigint) AS text) AS xid8)
+            AND c.id = :after_id))
 ORDER BY xid, id
 LIMIT :limit;
 
 -- name: event_exists
-SELECT id FROM orbit_events WHERE id = :id;
+SELECT id FROM orbit_events
+WHERE xid = CAST(CAST(CAST(:xid AS bigint) AS text) AS xid8) AND id = :id;
 
 -- name: reap_candidates
 SELECT task_id AS id FROM orbit_attempts WHERE state = 'claimed' AND claim_expires_at <= :now

@@ -374,22 +374,23 @@ VALUES (:at, :kind, :task_id, :attempt_id, :session_id, :queue, :tenant, :task_f
 -- name: event_list
 -- One writer at a time: ids are in commit order and every visible event is settled, so
 -- each row's txid is 0, below the horizon 1 (the PostgreSQL query's columns, Store.event_list).
--- An after_id that names no event matches nothing, as there.
+-- Every event's xid is 0 (the column is PostgreSQL's): a position (after_xid, after_id)
+-- with another xid, or that names no event, matches nothing, as there.
 SELECT *, '0' AS txid, '1' AS horizon FROM orbit_events
-WHERE id > :after_id
+WHERE id > :after_id AND :after_xid = 0
     AND (:after_id = 0 OR EXISTS (SELECT 1 FROM orbit_events c WHERE c.id = :after_id))
 ORDER BY id
 LIMIT :limit;
 
 -- name: event_list_task
 SELECT *, '0' AS txid, '1' AS horizon FROM orbit_events
-WHERE task_id = :task_id AND id > :after_id
+WHERE task_id = :task_id AND id > :after_id AND :after_xid = 0
     AND (:after_id = 0 OR EXISTS (SELECT 1 FROM orbit_events c WHERE c.id = :after_id))
 ORDER BY id
 LIMIT :limit;
 
 -- name: event_exists
-SELECT id FROM orbit_events WHERE id = :id;
+SELECT id FROM orbit_events WHERE id = :id AND :xid = 0;
 
 -- name: reap_candidates
 SELECT task_id AS id FROM orbit_attempts WHERE state = 'claimed' AND claim_expires_at <= :now
