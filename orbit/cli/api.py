@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 
 import typer
 from rich.console import Console
@@ -23,13 +23,21 @@ from rich.table import Table
 from rich.text import Text
 
 from orbit.core.states import TaskState
-from orbit.core.validate import MAX_GLOBAL_CAP, MAX_TENANT_CAP, RATE_RANGE, is_rate
+from orbit.core.validate import (
+    MAX_GLOBAL_CAP,
+    MAX_QUEUED_CAP,
+    MAX_TENANT_CAP,
+    RATE_RANGE,
+    is_rate,
+)
 from orbit.tokens import TokenError, load_token
 
 if TYPE_CHECKING:
     from orbit.client import Client
 
 EXIT_TASK_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_TIMEOUT = 1, 2, 3, 4, 5
+#: backpressure: a queue or tenant is full (429); nothing was written, try again later
+EXIT_FULL = 6
 # What these print is data (results, progress and error messages, ids, paths), never
 # rich markup: a "[/x]" in any of it was a MarkupError traceback, and ":x:" an emoji.
 out = Console(markup=False, emoji=False)
@@ -45,6 +53,8 @@ AsJson = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
 MaxConcurrency = Annotated[int | None, typer.Option(help="live attempts at most (>= 1)")]
 Rate = Annotated[float | None, typer.Option(help=RATE_RANGE)]
 Burst = Annotated[int | None, typer.Option(help="token bucket size")]
+#: what ``--max-queued`` says, where it may also remove the cap
+MAX_QUEUED_HELP = "waiting (queued or scheduled) tasks at most; a submit past it is refused"
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 #: What every command of these groups shares, said in their --help.
@@ -52,15 +62,16 @@ CONNECTION_HELP = (
     "\n\nThe server is --url (or ORBIT_URL); the token comes from ORBIT_TOKEN or "
     "ORBIT_TOKEN_FILE, never from the command line. Exit codes: 0 done; 1 the task ended "
     "other than succeeded; 2 bad arguments; 3 refused by the server; 4 server "
-    "unreachable; 5 timed out."
+    "unreachable; 5 timed out; 6 the queue or tenant is full (backpressure: nothing was "
+    "submitted, try again later)."
 )
 queue_app = typer.Typer(
     help="Queues: create, list, update caps, pause, resume." + CONNECTION_HELP,
     no_args_is_help=True,
 )
 limit_app = typer.Typer(
-    help="Concurrency caps of tenants and of the whole cluster: list, show, set, remove."
-    + CONNECTION_HELP,
+    help="Caps of tenants (live attempts, waiting tasks) and of the whole cluster (live "
+    "attempts): list, show, set, remove." + CONNECTION_HELP,
     no_args_is_help=True,
 )
 event_app = typer.Typer(
@@ -84,7 +95,7 @@ def fail(message: str, code: int) -> NoReturn:
 @contextmanager
 def client(url: str, cafile: str | None) -> Iterator[Client]:
     # The client (httpx) is imported by the commands that use it, not by every `orbit`.
-    from orbit.client import ApiError, Client, Unreachable
+    from orbit.client import ApiError, Client, TooManyRequests, Unreachable
 
     try:
         token = load_token()
@@ -97,6 +108,9 @@ def client(url: str, cafile: str | None) -> Iterator[Client]:
     try:
         with api as c:
             yield c
+    except TooManyRequests as exc:
+        wait = "" if exc.retry_after is None else f" (retry after {exc.retry_after:g} s)"
+        fail(f"{exc.code}: {exc.message}{wait}", EXIT_FULL)
     except ApiError as exc:
         fail(f"{exc.code}: {exc.message}", EXIT_REFUSED)
     except Unreachable as exc:
@@ -158,7 +172,7 @@ def instant_option(value: str | None, option: str) -> datetime | None:
 
 
 def _queues_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table("queue", "max concurrency", "rate/s", "burst", "paused")
+    table = Table("queue", "max concurrency", "rate/s", "burst", "max queued", "paused")
     for q in rows:
         rate = "unlimited" if q["rate"] == 0 else f"{q['rate']:g}"
         table.add_row(
@@ -166,6 +180,7 @@ def _queues_table(rows: list[dict[str, Any]]) -> Table:
             str(q["max_concurrency"]),
             rate,
             str(q["burst"]),
+            "no cap" if q.get("max_queued") is None else str(q["max_queued"]),
             "yes" if q["paused"] else "",
         )
     return table
@@ -194,25 +209,28 @@ def queue_create(
     max_concurrency: MaxConcurrency = None,
     rate: Rate = None,
     burst: Burst = None,
+    max_queued: Annotated[
+        str | None, typer.Option(help=f"{MAX_QUEUED_HELP} (default: no cap)")
+    ] = None,
     url: Url = DEFAULT_URL,
     cafile: CaFile = None,
     as_json: AsJson = False,
 ) -> None:
-    """Create a queue. Both caps are required.
+    """Create a queue. Both --max-concurrency and --rate are required.
 
-    Example: orbit queue create render --max-concurrency 8 --rate 20
+    Example: orbit queue create render --max-concurrency 8 --rate 20 --max-queued 10000
     """
     if max_concurrency is None or rate is None:
         fail(
             "a queue needs --max-concurrency and --rate (write --rate 0 for unlimited)", EXIT_USAGE
         )
     rate_option(rate)
+    queued = None if max_queued is None else _cap(max_queued, MAX_QUEUED_CAP, "--max-queued")[1]
     with client(url, cafile) as c:
-        emit(
-            c.queue_create(name, max_concurrency=max_concurrency, rate=rate, burst=burst),
-            as_json,
-            lambda q: _queues_table([q]),
+        made = c.queue_create(
+            name, max_concurrency=max_concurrency, rate=rate, burst=burst, max_queued=queued
         )
+        emit(made, as_json, lambda q: _queues_table([q]))
 
 
 @queue_app.command("update")
@@ -221,6 +239,9 @@ def queue_update(
     max_concurrency: MaxConcurrency = None,
     rate: Rate = None,
     burst: Burst = None,
+    max_queued: Annotated[
+        str | None, typer.Option(help=f"{MAX_QUEUED_HELP}; `none` removes the cap")
+    ] = None,
     url: Url = DEFAULT_URL,
     cafile: CaFile = None,
     as_json: AsJson = False,
@@ -228,19 +249,22 @@ def queue_update(
     """Change a queue's caps: only the ones given.
 
     Lowering --max-concurrency stops nothing that runs; new claims wait until fewer are
-    live. A new --rate keeps the burst: give --burst too to change both.
+    live. Lowering --max-queued below the tasks waiting touches none of them; submits are
+    refused until fewer wait. A new --rate keeps the burst: give --burst too to change both.
 
     Example: orbit queue update render --max-concurrency 16 --rate 50 --burst 50
     """
-    if max_concurrency is None and rate is None and burst is None:
-        fail("give at least one of --max-concurrency, --rate, --burst", EXIT_USAGE)
+    if max_concurrency is None and rate is None and burst is None and max_queued is None:
+        fail("give at least one of --max-concurrency, --rate, --burst, --max-queued", EXIT_USAGE)
     rate_option(rate)
+    queued: int | Literal["keep"] | None = "keep"
+    if max_queued is not None:
+        queued = _cap(max_queued, MAX_QUEUED_CAP, "--max-queued")[1]
     with client(url, cafile) as c:
-        emit(
-            c.queue_update(name, max_concurrency=max_concurrency, rate=rate, burst=burst),
-            as_json,
-            lambda q: _queues_table([q]),
+        changed = c.queue_update(
+            name, max_concurrency=max_concurrency, rate=rate, burst=burst, max_queued=queued
         )
+        emit(changed, as_json, lambda q: _queues_table([q]))
 
 
 @queue_app.command("ls")
@@ -671,10 +695,11 @@ CAP_HELP = "the new cap (an integer >= 1), or `none` to remove it; left out: sho
 CAP_COMMAND = {"ignore_unknown_options": True}
 
 
-def _cap(value: str | None, most: int) -> tuple[bool, int | None]:
-    """``(set?, cap)`` from the optional CAP argument: absent shows, ``none`` removes; a
-    cap is 1 to ``most`` (the store's bound for the scope). There is no negative or zero
-    spelling of "no cap": that is ``none``."""
+def _cap(value: str | None, most: int, what: str = "the cap") -> tuple[bool, int | None]:
+    """``(set?, cap)`` from the optional CAP argument (or ``what``, an option that takes a
+    cap the same way): absent shows, ``none`` removes; a cap is 1 to ``most`` (the store's
+    bound for the scope). There is no negative or zero spelling of "no cap": that is
+    ``none``."""
     if value is None:
         return False, None
     if value.strip().lower() == "none":
@@ -683,18 +708,23 @@ def _cap(value: str | None, most: int) -> tuple[bool, int | None]:
         fail(f"no such option: {value:.40}", EXIT_USAGE)
     if not value.isascii() or not value.isdigit() or not 1 <= int(value) <= most:
         fail(
-            f"the cap must be an integer from 1 to {most} or `none` (no cap); got {value!r:.40}",
+            f"{what} must be an integer from 1 to {most} or `none` (no cap); got {value!r:.40}",
             EXIT_USAGE,
         )
     return True, int(value)
 
 
 def _limits_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table("scope", "max concurrency")
+    table = Table("scope", "max concurrency", "max queued")
     for row in rows:
         scope = "global" if "tenant" not in row else f"tenant {row['tenant']}"
         cap = row["max_concurrency"]
-        table.add_row(scope, "no cap" if cap is None else str(cap))
+        queued = "" if "tenant" not in row else row.get("max_queued")  # global: none of its own
+        table.add_row(
+            scope,
+            "no cap" if cap is None else str(cap),
+            "no cap" if queued is None else str(queued),
+        )
     return table
 
 
@@ -710,19 +740,33 @@ def limit_ls(url: Url = DEFAULT_URL, cafile: CaFile = None, as_json: AsJson = Fa
 def limit_tenant(
     tenant: str,
     cap: Annotated[str | None, typer.Argument(help=CAP_HELP, show_default=False)] = None,
+    max_queued: Annotated[
+        str | None,
+        typer.Option(help=f"{MAX_QUEUED_HELP}, in all queues; `none` removes the cap"),
+    ] = None,
     url: Url = DEFAULT_URL,
     cafile: CaFile = None,
     as_json: AsJson = False,
 ) -> None:
-    """Show or set a tenant's cap on live attempts, across all queues.
+    """Show or set a tenant's caps, across all queues: CAP on live attempts, --max-queued
+    on waiting tasks. A cap left out stays as it is.
 
-    Lowering it stops nothing that runs; new claims wait until fewer are live.
+    Lowering CAP stops nothing that runs; new claims wait until fewer are live. Lowering
+    --max-queued touches no waiting task; submits are refused until fewer wait.
 
-    Example: orbit limit tenant acme 20   (orbit limit tenant acme none: no cap)
+    Example: orbit limit tenant acme 20 --max-queued 5000   (none: no cap)
     """
     put, value = _cap(cap, MAX_TENANT_CAP)
+    put_queued, queued = (
+        (False, None) if max_queued is None else _cap(max_queued, MAX_QUEUED_CAP, "--max-queued")
+    )
     with client(url, cafile) as c:
-        row = c.tenant_limit_set(tenant, value) if put else c.tenant_limit(tenant)
+        if put or put_queued:
+            row = c.tenant_limit_set(
+                tenant, value if put else "keep", max_queued=queued if put_queued else "keep"
+            )
+        else:
+            row = c.tenant_limit(tenant)
     emit(row, as_json, lambda r: _limits_table([r]))
 
 

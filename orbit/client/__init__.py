@@ -9,6 +9,7 @@ from orbit.client._errors import (
     NotFound,
     TaskFailed,
     TooLarge,
+    TooManyRequests,
     Unauthorized,
     WaitTimeout,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "NotFound",
     "TaskFailed",
     "TooLarge",
+    "TooManyRequests",
     "Unauthorized",
     "Unreachable",
     "WaitTimeout",

@@ -161,32 +161,58 @@ def task_body(
     return body
 
 
+#: A cap argument's "leave it as it is", where None removes the cap.
+Keep = Literal["keep"]
+KEEP: Keep = "keep"
+
+
 class _Calls:
     """Every API call as (method, path, query, body): shared by both clients."""
 
     @staticmethod
     def queue_create(
-        name: str, max_concurrency: int, rate: float, burst: int | None = None
+        name: str,
+        max_concurrency: int,
+        rate: float,
+        burst: int | None = None,
+        max_queued: int | None = None,
     ) -> Request:
         body: dict[str, Any] = {"name": name, "max_concurrency": max_concurrency, "rate": rate}
         if burst is not None:
             body["burst"] = burst
+        if max_queued is not None:
+            body["max_queued"] = max_queued
         return ("POST", "/v1/queues", None, body)
 
     @staticmethod
     def queue_update(
-        name: str, max_concurrency: int | None, rate: float | None, burst: int | None
+        name: str,
+        max_concurrency: int | None,
+        rate: float | None,
+        burst: int | None,
+        max_queued: int | Keep | None = KEEP,
     ) -> Request:
-        """Only the caps given go in the body; the server refuses an empty one."""
+        """Only the caps given go in the body; the server refuses an empty one.
+        ``max_queued``: None removes the cap, ``"keep"`` leaves it out."""
         caps = {"max_concurrency": max_concurrency, "rate": rate, "burst": burst}
-        body = {k: v for k, v in caps.items() if v is not None}
+        body: dict[str, Any] = {k: v for k, v in caps.items() if v is not None}
+        if max_queued != KEEP:
+            body["max_queued"] = max_queued
         return ("PATCH", f"/v1/queues/{_seg(name)}", None, body)
 
     @staticmethod
-    def tenant_limit(tenant: str, max_concurrency: int | None = None, *, put: bool) -> Request:
+    def tenant_limit(
+        tenant: str,
+        max_concurrency: int | Keep | None = KEEP,
+        max_queued: int | Keep | None = KEEP,
+        *,
+        put: bool,
+    ) -> Request:
+        """The caps given (None removes one; ``"keep"`` leaves it out of the body)."""
         path = f"/v1/limits/tenants/{_seg(tenant)}"
         if put:
-            return ("PUT", path, None, {"max_concurrency": max_concurrency})
+            caps = {"max_concurrency": max_concurrency, "max_queued": max_queued}
+            return ("PUT", path, None, {k: v for k, v in caps.items() if v != KEEP})
         return ("GET", path, None, None)
 
     @staticmethod
@@ -411,7 +437,10 @@ def _unwrap(reply: httpx.Response | Reply) -> Any:
     except ValueError:  # a proxy's error page, or a URL that names no Orbit server
         body = None
     if reply.status_code >= 400:
-        raise error_from(reply.status_code, body)
+        retry_after = (
+            reply.retry_after if isinstance(reply, Reply) else reply.headers.get("Retry-After")
+        )
+        raise error_from(reply.status_code, body, retry_after)
     if body is None:  # no Orbit call answers with nothing
         raise ApiError(
             reply.status_code, "NOT_JSON", "the reply is not JSON: is the URL an Orbit server's?"
@@ -468,9 +497,17 @@ class Client:
 
     # queues
     def queue_create(
-        self, name: str, *, max_concurrency: int, rate: float, burst: int | None = None
+        self,
+        name: str,
+        *,
+        max_concurrency: int,
+        rate: float,
+        burst: int | None = None,
+        max_queued: int | None = None,
     ) -> dict[str, Any]:
-        return dict(self._call(_Calls.queue_create(name, max_concurrency, rate, burst)))
+        """Create a queue; ``max_queued`` caps its waiting tasks (None: no cap)."""
+        call = _Calls.queue_create(name, max_concurrency, rate, burst, max_queued)
+        return dict(self._call(call))
 
     def queues(self) -> list[dict[str, Any]]:
         """Every queue (all its pages), in name order."""
@@ -499,21 +536,33 @@ class Client:
         max_concurrency: int | None = None,
         rate: float | None = None,
         burst: int | None = None,
+        max_queued: int | Keep | None = KEEP,
     ) -> dict[str, Any]:
-        """Change a queue's caps: only those given (at least one)."""
-        return dict(self._call(_Calls.queue_update(name, max_concurrency, rate, burst)))
+        """Change a queue's caps: only those given (at least one). ``max_queued=None``
+        removes the cap on waiting tasks; left out (``"keep"``), it stays as it is."""
+        call = _Calls.queue_update(name, max_concurrency, rate, burst, max_queued)
+        return dict(self._call(call))
 
     # limits
     def tenant_limits(self) -> list[dict[str, Any]]:
-        """Every tenant that has a cap: ``[{"tenant", "max_concurrency"}]``."""
+        """Every tenant that has a cap of either kind:
+        ``[{"tenant", "max_concurrency", "max_queued"}]`` (None: no cap of that kind)."""
         return list(self._call(("GET", "/v1/limits/tenants", None, None)))
 
     def tenant_limit(self, tenant: str) -> dict[str, Any]:
         return dict(self._call(_Calls.tenant_limit(tenant, put=False)))
 
-    def tenant_limit_set(self, tenant: str, max_concurrency: int | None) -> dict[str, Any]:
-        """Cap a tenant's live attempts in all queues; None removes the cap."""
-        return dict(self._call(_Calls.tenant_limit(tenant, max_concurrency, put=True)))
+    def tenant_limit_set(
+        self,
+        tenant: str,
+        max_concurrency: int | Keep | None = KEEP,
+        *,
+        max_queued: int | Keep | None = KEEP,
+    ) -> dict[str, Any]:
+        """Cap a tenant's live attempts and its waiting tasks in all queues: the caps
+        given (at least one); None removes one, ``"keep"`` (left out) keeps it."""
+        call = _Calls.tenant_limit(tenant, max_concurrency, max_queued, put=True)
+        return dict(self._call(call))
 
     def global_limit(self) -> dict[str, Any]:
         return dict(self._call(_Calls.global_limit(put=False)))
@@ -865,9 +914,17 @@ class AsyncClient:
         return unreachable(self._where, timeout, exc, timed_out=timed_out)
 
     async def queue_create(
-        self, name: str, *, max_concurrency: int, rate: float, burst: int | None = None
+        self,
+        name: str,
+        *,
+        max_concurrency: int,
+        rate: float,
+        burst: int | None = None,
+        max_queued: int | None = None,
     ) -> dict[str, Any]:
-        return dict(await self._call(_Calls.queue_create(name, max_concurrency, rate, burst)))
+        """Create a queue; ``max_queued`` caps its waiting tasks (None: no cap)."""
+        call = _Calls.queue_create(name, max_concurrency, rate, burst, max_queued)
+        return dict(await self._call(call))
 
     async def queues(self) -> list[dict[str, Any]]:
         return [q async for q in self.iter_queues(limit=FULL_PAGE)]
@@ -894,20 +951,32 @@ class AsyncClient:
         max_concurrency: int | None = None,
         rate: float | None = None,
         burst: int | None = None,
+        max_queued: int | Keep | None = KEEP,
     ) -> dict[str, Any]:
-        """Change a queue's caps: only those given (at least one)."""
-        return dict(await self._call(_Calls.queue_update(name, max_concurrency, rate, burst)))
+        """Change a queue's caps: only those given (at least one). ``max_queued=None``
+        removes the cap on waiting tasks; left out (``"keep"``), it stays as it is."""
+        call = _Calls.queue_update(name, max_concurrency, rate, burst, max_queued)
+        return dict(await self._call(call))
 
     async def tenant_limits(self) -> list[dict[str, Any]]:
-        """Every tenant that has a cap: ``[{"tenant", "max_concurrency"}]``."""
+        """Every tenant that has a cap of either kind:
+        ``[{"tenant", "max_concurrency", "max_queued"}]`` (None: no cap of that kind)."""
         return list(await self._call(("GET", "/v1/limits/tenants", None, None)))
 
     async def tenant_limit(self, tenant: str) -> dict[str, Any]:
         return dict(await self._call(_Calls.tenant_limit(tenant, put=False)))
 
-    async def tenant_limit_set(self, tenant: str, max_concurrency: int | None) -> dict[str, Any]:
-        """Cap a tenant's live attempts in all queues; None removes the cap."""
-        return dict(await self._call(_Calls.tenant_limit(tenant, max_concurrency, put=True)))
+    async def tenant_limit_set(
+        self,
+        tenant: str,
+        max_concurrency: int | Keep | None = KEEP,
+        *,
+        max_queued: int | Keep | None = KEEP,
+    ) -> dict[str, Any]:
+        """Cap a tenant's live attempts and its waiting tasks in all queues: the caps
+        given (at least one); None removes one, ``"keep"`` (left out) keeps it."""
+        call = _Calls.tenant_limit(tenant, max_concurrency, max_queued, put=True)
+        return dict(await self._call(call))
 
     async def global_limit(self) -> dict[str, Any]:
         return dict(await self._call(_Calls.global_limit(put=False)))

@@ -47,6 +47,31 @@ class TooLarge(ApiError):
     pass
 
 
+class TooManyRequests(ApiError):
+    """Backpressure (429): the submit would take a queue's or a tenant's waiting tasks
+    past its ``max_queued`` (``code`` QUEUE_FULL or TENANT_FULL), and nothing of it was
+    written. ``retry_after``: the seconds the server asks to wait before trying again
+    (its ``Retry-After``), None if it named none. A resubmit with the same idempotency
+    keys is safe: a task already made comes back, and is never refused."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        field: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(status, code, message, field)
+        self.retry_after = retry_after
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            type(self),
+            (self.status, self.code, self.message, self.field, self.retry_after),
+        )
+
+
 _BY_STATUS: dict[int, type[ApiError]] = {
     400: BadRequest,
     401: Unauthorized,
@@ -57,12 +82,24 @@ _BY_STATUS: dict[int, type[ApiError]] = {
 }
 
 
-def error_from(status: int, body: Any) -> ApiError:
+def retry_after_seconds(header: str | None) -> float | None:
+    """A ``Retry-After`` header's delay in seconds: Orbit sends whole seconds; a date, or
+    anything else that is not a non-negative number, is None."""
+    if header is None or not header.strip().isascii() or not header.strip().isdigit():
+        return None
+    return float(header.strip())
+
+
+def error_from(status: int, body: Any, retry_after: str | None = None) -> ApiError:
+    """The error a refusal is raised as; ``retry_after``: the reply's Retry-After."""
     err = body.get("error") if isinstance(body, dict) else None
     if not isinstance(err, dict):
         return ApiError(status, "HTTP_ERROR", f"unexpected reply with status {status}")
+    code, message, field = str(err.get("code")), str(err.get("message")), err.get("field")
+    if status == 429:
+        return TooManyRequests(status, code, message, field, retry_after_seconds(retry_after))
     cls = _BY_STATUS.get(status, ApiError)
-    return cls(status, str(err.get("code")), str(err.get("message")), err.get("field"))
+    return cls(status, code, message, field)
 
 
 class TaskFailed(Exception):

@@ -44,14 +44,22 @@ class Unreachable(ConnectionError):
 
 
 class Reply:
-    """A whole response: its status, its body, and where it redirects (its Location)."""
+    """A whole response: its status, its body, where it redirects (its Location), and
+    when to try again (its Retry-After, on a 429)."""
 
-    __slots__ = ("content", "location", "status_code")
+    __slots__ = ("content", "location", "retry_after", "status_code")
 
-    def __init__(self, status_code: int, content: bytes, location: str | None = None) -> None:
+    def __init__(
+        self,
+        status_code: int,
+        content: bytes,
+        location: str | None = None,
+        retry_after: str | None = None,
+    ) -> None:
         self.status_code = status_code
         self.content = content
         self.location = location
+        self.retry_after = retry_after
 
 
 class Transport:
@@ -95,7 +103,12 @@ class Transport:
         with self._closed_on_error(conn, timeout):
             content = response.read()
         self._done(conn, response)
-        return Reply(response.status, content, response.getheader("Location"))
+        return Reply(
+            response.status,
+            content,
+            response.getheader("Location"),
+            response.getheader("Retry-After"),
+        )
 
     @contextmanager
     def stream(self, method: str, path: str) -> Iterator[tuple[int, str | None, Iterator[bytes]]]:

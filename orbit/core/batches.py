@@ -27,10 +27,11 @@ class UnusualTask(Exception):
 
 class LazyBatch(ABC):
     """The tasks of one batch submit, read a chunk at a time by ``read``. ``queues``,
-    ``parents`` and ``keys`` (each ``(tenant, queue, idempotency_key)``) are every
-    task's, already checked by the rules each task's fields are read under."""
+    ``tenants``, ``parents`` and ``keys`` (each ``(tenant, queue, idempotency_key)``) are
+    every task's, already checked by the rules each task's fields are read under."""
 
     queues: frozenset[str]
+    tenants: frozenset[str]
     parents: frozenset[str]
     keys: frozenset[tuple[str, str, str]]
 

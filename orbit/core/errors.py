@@ -35,6 +35,9 @@ class Code(StrEnum):
     IDEMPOTENCY_CONFLICT = "IDEMPOTENCY_CONFLICT"
     PARENT_CANCELLED = "PARENT_CANCELLED"
     INVALID_STATE = "INVALID_STATE"
+    # backpressure (429): a queue's or a tenant's max_queued would be passed
+    QUEUE_FULL = "QUEUE_FULL"
+    TENANT_FULL = "TENANT_FULL"
     # session problems
     SESSION_EXPIRED = "SESSION_EXPIRED"
     SESSION_DRAINING = "SESSION_DRAINING"
@@ -72,6 +75,8 @@ _STATUS: dict[Code, int] = {
     Code.ARTIFACT_TOO_LARGE: 413,
     Code.PAYLOAD_TOO_LARGE: 413,
     Code.BAD_SECRET: 401,
+    Code.QUEUE_FULL: 429,
+    Code.TENANT_FULL: 429,
 }
 _BAD_INPUT = {
     Code.INVALID_ARGUMENT,
@@ -101,6 +106,18 @@ class OrbitError(Exception):
     @property
     def status(self) -> int:
         return status_of(self.code)
+
+
+class Backpressure(OrbitError):
+    """A submit refused whole because it would take a queue's or a tenant's waiting
+    tasks past its ``max_queued`` (QUEUE_FULL, TENANT_FULL; 429). Nothing was written.
+    ``retry_after``: whole seconds the submitter should wait before trying again (the
+    server's ``Retry-After``), ``scope`` the queue's or tenant's name."""
+
+    def __init__(self, code: Code, message: str, *, scope: str, retry_after: int) -> None:
+        super().__init__(code, message)
+        self.scope = scope
+        self.retry_after = retry_after
 
 
 class Rejected(OrbitError):

@@ -188,6 +188,8 @@ class Queue:
     tokens: float = 0.0
     tokens_at: int = 0
     created_at: int = 0
+    #: the most waiting (queued or scheduled) tasks a submit may leave it with; None: no cap
+    max_queued: int | None = None
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,9 @@ RATE_RANGE = f"0 (unlimited) or from {MIN_RATE:f} to {MAX_RATE} tasks per second
 #: ``Store.global_limit_set``); the smallest of each is 1, and None is no cap.
 MAX_TENANT_CAP = 1_000_000
 MAX_GLOBAL_CAP = 100_000_000
+#: The largest ``max_queued`` (a queue's or a tenant's cap on waiting tasks): the
+#: database's integer column holds up to 2^31 - 1.
+MAX_QUEUED_CAP = 1_000_000_000
 #: The most attempt ids one ``renew`` carries (``orbit.protocol.messages.Renew``): the
 #: runner sends a larger set in messages of this many.
 MAX_RENEW_IDS = 1000
@@ -119,6 +122,13 @@ def check_queue_cap_values(
             raise OrbitError(Code.INVALID_ARGUMENT, f"rate must be {RATE_RANGE}; got {rate!r}")
     if burst is not None:
         check_int("burst", burst, 1, 1_000_000)
+
+
+def check_max_queued(max_queued: int | None) -> None:
+    """A cap on waiting tasks (``max_queued``) is None (no cap) or 1 to MAX_QUEUED_CAP:
+    0 would refuse every submit, which pausing submitters is not (pause the queue)."""
+    if max_queued is not None:
+        check_int("max_queued", max_queued, 1, MAX_QUEUED_CAP)
 
 
 def check_backoff(backoff: Backoff) -> None:

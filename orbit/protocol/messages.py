@@ -18,6 +18,7 @@ from pydantic_core import PydanticCustomError
 from orbit.core.validate import (
     MAX_GLOBAL_CAP,
     MAX_HANDLER_CAPACITY,
+    MAX_QUEUED_CAP,
     MAX_RATE,
     MAX_RENEW_IDS,
     MAX_WORKER_CONCURRENCY,
@@ -100,18 +101,35 @@ class Response(BaseModel):
 # ----------------------------------------------------------------------------- HTTP
 
 
+#: A cap on waiting tasks (a queue's or a tenant's ``max_queued``); null: no cap.
+MaxQueued = Annotated[int, Field(ge=1, le=MAX_QUEUED_CAP)]
+MAX_QUEUED_DOC = (
+    "the most waiting (queued or scheduled) tasks a submit may leave; a submit past it "
+    "is refused whole with 429 (QUEUE_FULL, TENANT_FULL); null: no cap"
+)
+
+
 class QueueCreate(Strict):
     name: Name
     max_concurrency: Annotated[int, Field(ge=1, le=1_000_000)]
     rate: Rate = Field(description=f"{RATE_RANGE}; 0 must be written explicitly")
     burst: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    max_queued: MaxQueued | None = Field(default=None, description=MAX_QUEUED_DOC)
     response_only_fields = frozenset({"paused", "created_at"})
 
 
+#: The fields of a body where null means "remove the cap" (``_never_null`` keeps them).
+NULL_REMOVES = frozenset({"max_queued"})
+
+
 def _never_null(schema: dict[str, Any]) -> None:
-    """The schema of a body whose fields may be left out but are never null, with at
-    least one given: each ``anyOf [X, null]`` property becomes X."""
-    for prop in schema.get("properties", {}).values():
+    """The schema of a body whose fields may be left out but are never null (but those
+    of ``NULL_REMOVES``, where null removes a cap), with at least one given: each
+    ``anyOf [X, null]`` property becomes X."""
+    for name, prop in schema.get("properties", {}).items():
+        if name in NULL_REMOVES:
+            prop.pop("default", None)
+            continue
         kinds = prop.pop("anyOf", None)
         if kinds is not None:
             prop.update(next(k for k in kinds if k.get("type") != "null"))
@@ -121,7 +139,7 @@ def _never_null(schema: dict[str, Any]) -> None:
 
 class QueueUpdate(Strict):
     """The caps to change (``PATCH /v1/queues/{name}``): at least one; a field left out
-    keeps its value, and null is refused (there is no cap to remove)."""
+    keeps its value. Null is refused, but for ``max_queued``, where it removes the cap."""
 
     model_config = ConfigDict(
         extra="forbid", strict=True, frozen=True, json_schema_extra=_never_null
@@ -129,6 +147,7 @@ class QueueUpdate(Strict):
     max_concurrency: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     rate: Rate | None = Field(default=None, description=RATE_RANGE)
     burst: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    max_queued: MaxQueued | None = Field(default=None, description=MAX_QUEUED_DOC)
     response_only_fields = frozenset({"name", "paused", "created_at"})
 
     @field_validator("max_concurrency", "rate", "burst", mode="before")
@@ -142,7 +161,7 @@ class QueueUpdate(Strict):
     def _something(self) -> QueueUpdate:
         if not self.model_fields_set:
             raise PydanticCustomError(
-                "at_least_one", "give at least one of max_concurrency, rate, burst"
+                "at_least_one", "give at least one of max_concurrency, rate, burst, max_queued"
             )
         return self
 
@@ -154,6 +173,7 @@ class QueueView(Response):
     burst: int
     paused: bool
     created_at: str
+    max_queued: int | None
 
 
 class QueuePage(Response):
@@ -162,16 +182,44 @@ class QueuePage(Response):
 
 
 class LimitSet(Strict):
-    """A tenant's or the global concurrency cap (``PUT /v1/limits/...``); null removes it."""
+    """The global concurrency cap (``PUT /v1/limits/global``); null removes it. A
+    tenant's caps are a ``TenantLimitSet``."""
 
     max_concurrency: Annotated[int, Field(ge=1, le=MAX_GLOBAL_CAP)] | None = Field(
-        description="live attempts at most (a tenant's: up to 1,000,000); null: no cap"
+        description="live attempts at most, across the cluster; null: no cap"
     )
+
+
+class TenantLimitSet(Strict):
+    """A tenant's caps (``PUT /v1/limits/tenants/{tenant}``): at least one; a field left
+    out keeps its value, null removes the cap."""
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True, frozen=True, json_schema_extra={"minProperties": 1}
+    )
+    # Bounded as LimitSet was, which tenants took before: the store refuses a tenant cap
+    # over 1,000,000 with INVALID_ARGUMENT, as it always has.
+    max_concurrency: Annotated[int, Field(ge=1, le=MAX_GLOBAL_CAP)] | None = Field(
+        default=None,
+        description="live attempts at most, in all queues (up to 1,000,000); null: no cap",
+    )
+    max_queued: MaxQueued | None = Field(
+        default=None, description=f"in all queues: {MAX_QUEUED_DOC}"
+    )
+
+    @model_validator(mode="after")
+    def _something(self) -> TenantLimitSet:
+        if not self.model_fields_set:
+            raise PydanticCustomError(
+                "at_least_one", "give at least one of max_concurrency, max_queued"
+            )
+        return self
 
 
 class TenantLimitView(Response):
     tenant: str
     max_concurrency: int | None
+    max_queued: int | None
 
 
 class GlobalLimitView(Response):

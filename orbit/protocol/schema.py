@@ -15,6 +15,7 @@ HTTP_MODELS: tuple[type[BaseModel], ...] = (
     m.QueuePage,
     m.QueueUpdate,
     m.LimitSet,
+    m.TenantLimitSet,
     m.TenantLimitView,
     m.GlobalLimitView,
     m.TaskSubmit,

@@ -129,12 +129,13 @@ class UsualBatch(LazyBatch):
         self,
         tasks: list[dict[str, Any]],
         queues: frozenset[str],
+        tenants: frozenset[str],
         parents: frozenset[str],
         keys: frozenset[tuple[str, str, str]],
     ) -> None:
         """Made by ``of``, which has checked the first pass's fields of every task."""
         self._tasks = tasks
-        self.queues, self.parents, self.keys = queues, parents, keys
+        self.queues, self.tenants, self.parents, self.keys = queues, tenants, parents, keys
 
     @classmethod
     def of(cls, raw: Any) -> UsualBatch | None:
@@ -145,6 +146,7 @@ class UsualBatch(LazyBatch):
         if type(tasks) is not list or not 0 < len(tasks) <= _BATCH_MAX:
             return None
         queues: set[str] = set()
+        tenants: set[str] = set()
         parents: set[str] = set()
         keys: set[tuple[str, str, str]] = set()
         for task in tasks:
@@ -152,11 +154,14 @@ class UsualBatch(LazyBatch):
                 return None
             queue, get = task["queue"], task.get
             queues.add(queue)
+            tenants.add(tenant := get("tenant", "default"))
             if (key := get("idempotency_key")) is not None:
-                keys.add((get("tenant", "default"), queue, key))
+                keys.add((tenant, queue, key))
             if (parent := get("parent_id")) is not None:
                 parents.add(parent)
-        return cls(tasks, frozenset(queues), frozenset(parents), frozenset(keys))
+        return cls(
+            tasks, frozenset(queues), frozenset(tenants), frozenset(parents), frozenset(keys)
+        )
 
     def __len__(self) -> int:
         return len(self._tasks)

@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from orbit.core.errors import OrbitError
+from orbit.core.errors import Backpressure, OrbitError
 from orbit.protocol.decode import DecodeError
 
 
@@ -43,7 +43,9 @@ async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
 
 async def on_orbit_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, OrbitError)
-    return error_response(exc.status, str(exc.code), exc.message)
+    # A full queue or tenant (429) says when to try again, in whole seconds.
+    headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, Backpressure) else None
+    return error_response(exc.status, str(exc.code), exc.message, headers=headers)
 
 
 async def on_decode_error(_: Request, exc: Exception) -> JSONResponse:

@@ -24,6 +24,7 @@ from orbit.protocol.convert import instant_from_wire, seconds_to_us, token_wire
 from orbit.protocol.decode import DecodeError, decode_json, decode_model
 from orbit.protocol.messages import (
     AttemptPage,
+    ErrorReply,
     EventPage,
     GlobalLimitView,
     LimitSet,
@@ -38,6 +39,7 @@ from orbit.protocol.messages import (
     TaskResolve,
     TaskSubmit,
     TaskView,
+    TenantLimitSet,
     TenantLimitView,
     TokenCreate,
     TokenCreated,
@@ -60,6 +62,7 @@ from orbit.server.views import (
 )
 from orbit.store import Store
 from orbit.store import Submitted as Stored
+from orbit.store.store import KEEP
 
 M = TypeVar("M", bound=BaseModel)
 router = APIRouter(prefix="/v1")
@@ -338,6 +341,7 @@ async def queue_create(request: Request) -> Response:
         max_concurrency=msg.max_concurrency,
         rate=msg.rate,
         burst=msg.burst,
+        max_queued=msg.max_queued,
     )
     return _json(queue_view(queue), 201)
 
@@ -371,8 +375,28 @@ async def queue_resume(request: Request, name: str) -> Response:
 # ----------------------------------------------------------------------------- tasks
 
 
+#: A submit's 429 in the OpenAPI document: backpressure (docs/concepts.md).
+FULL_RESPONSE: dict[int | str, dict[str, Any]] = {
+    429: {
+        "model": ErrorReply,
+        "description": "QUEUE_FULL or TENANT_FULL: the submit would take a queue's or a "
+        "tenant's waiting tasks past its max_queued; nothing was written",
+        "headers": {
+            "Retry-After": {
+                "description": "whole seconds to wait before trying again",
+                "schema": {"type": "integer", "minimum": 1},
+            }
+        },
+    }
+}
+
+
 @router.post(
-    "/tasks", dependencies=[Depends(require("submit"))], status_code=201, response_model=Submitted
+    "/tasks",
+    dependencies=[Depends(require("submit"))],
+    status_code=201,
+    response_model=Submitted,
+    responses=FULL_RESPONSE,
 )
 async def task_submit(request: Request) -> Response:
     raw = await _document(request)
@@ -390,6 +414,7 @@ async def task_submit(request: Request) -> Response:
     dependencies=[Depends(require("submit"))],
     status_code=201,
     response_model=list[Submitted] | list[SubmittedId],
+    responses=FULL_RESPONSE,
     openapi_extra={"parameters": [BATCH_REPLY_QUERY]},
 )
 async def task_submit_batch(request: Request) -> Response:
@@ -574,6 +599,7 @@ async def queue_update(request: Request, name: str) -> Response:
         max_concurrency=msg.max_concurrency,
         rate=msg.rate,
         burst=msg.burst,
+        max_queued=_given(msg, "max_queued"),
     )
     return _json(queue_view(queue))
 
@@ -605,9 +631,11 @@ async def limit_global_set(request: Request) -> Response:
     response_model=list[TenantLimitView],
 )
 async def limit_tenant_list(request: Request) -> Response:
-    """Every tenant that has a cap, by name (a tenant left out has none)."""
-    caps = await in_thread(_store(request).tenant_limit_list)
-    return _json([TenantLimitView(tenant=t, max_concurrency=n) for t, n in caps.items()])
+    """Every tenant that has a cap of either kind, by name (a tenant left out has none)."""
+    caps = await in_thread(_store(request).tenant_limits)
+    return _json(
+        [TenantLimitView(tenant=t, max_concurrency=c, max_queued=q) for t, (c, q) in caps.items()]
+    )
 
 
 @router.get(
@@ -616,8 +644,16 @@ async def limit_tenant_list(request: Request) -> Response:
     response_model=TenantLimitView,
 )
 async def limit_tenant_get(request: Request, tenant: str) -> Response:
-    cap = await in_thread(_store(request).tenant_limit_get, tenant)
-    return _json(TenantLimitView(tenant=tenant, max_concurrency=cap))
+    return _json(await in_thread(_tenant_view, _store(request), tenant))
+
+
+def _tenant_view(store: Store, tenant: str) -> TenantLimitView:
+    """A tenant's caps as the store holds them (None: no cap of that kind)."""
+    return TenantLimitView(
+        tenant=tenant,
+        max_concurrency=store.tenant_limit_get(tenant),
+        max_queued=store.tenant_queued_get(tenant),
+    )
 
 
 @router.put(
@@ -626,10 +662,26 @@ async def limit_tenant_get(request: Request, tenant: str) -> Response:
     response_model=TenantLimitView,
 )
 async def limit_tenant_set(request: Request, tenant: str) -> Response:
-    """Cap a tenant's live attempts in all queues; ``max_concurrency: null`` removes it."""
-    msg = await _body(request, LimitSet)
-    await in_thread(_store(request).tenant_limit_set, tenant, msg.max_concurrency)
-    return _json(TenantLimitView(tenant=tenant, max_concurrency=msg.max_concurrency))
+    """Cap a tenant's live attempts and its waiting tasks in all queues: the caps given
+    (see TenantLimitSet); null removes one. Answers the caps in force after."""
+    msg = await _body(request, TenantLimitSet)
+    store = _store(request)
+
+    def put() -> TenantLimitView:
+        store.tenant_limit_set(
+            tenant,
+            _given(msg, "max_concurrency"),
+            max_queued=_given(msg, "max_queued"),
+        )
+        return _tenant_view(store, tenant)
+
+    return _json(await in_thread(put))
+
+
+def _given(msg: BaseModel, field: str) -> Any:
+    """A body's field as the store takes a cap: its value (None removes the cap) if the
+    body gave it, else KEEP."""
+    return getattr(msg, field) if field in msg.model_fields_set else KEEP
 
 
 # ----------------------------------------------------------------------------- workers

@@ -74,6 +74,7 @@ def queue_view(q: Queue) -> QueueView:
         burst=q.burst,
         paused=q.paused,
         created_at=_at(q.created_at),
+        max_queued=q.max_queued,
     )
 
 

@@ -278,6 +278,7 @@ def queue_from_row(r: Row) -> Queue:
         tokens=float(r["tokens"]),
         tokens_at=int(r["tokens_at"]),
         created_at=int(r["created_at"]),
+        max_queued=None if r["max_queued"] is None else int(r["max_queued"]),
     )
 
 

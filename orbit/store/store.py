@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import random
 import secrets
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from enum import Enum
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from orbit.core import transitions
 from orbit.core.batches import LazyBatch
-from orbit.core.errors import Code, OrbitError, Rejected
+from orbit.core.errors import Backpressure, Code, OrbitError, Rejected
 from orbit.core.ids import random8, uuid7, uuid7_many
 from orbit.core.limits import (
     Occupancy,
@@ -63,6 +66,7 @@ from orbit.core.validate import (
     check_deadline,
     check_int,
     check_json_depth,
+    check_max_queued,
     check_name,
     check_payload,
     check_queue_cap_values,
@@ -186,6 +190,15 @@ class StoreConfig:
     max_artifact_bytes: int = 256 * 1024 * 1024
     #: how long ``event_list`` waits for older transactions to end (PostgreSQL)
     event_wait_us: int = 2 * SECOND
+
+
+class Keep(Enum):
+    """A cap argument's "leave it as it is", where None means "remove the cap"."""
+
+    KEEP = "keep"
+
+
+KEEP: Final = Keep.KEEP
 
 
 @dataclass(frozen=True)
@@ -383,10 +396,13 @@ class Store:
         max_concurrency: int | None,
         rate: float | None,
         burst: int | None = None,
+        max_queued: int | None = None,
     ) -> Queue:
-        """Create a queue. ``max_concurrency`` and ``rate`` are required (rate 0 = unlimited)."""
+        """Create a queue. ``max_concurrency`` and ``rate`` are required (rate 0 = unlimited);
+        ``max_queued`` (None: no cap) bounds its waiting tasks (``_check_depth``)."""
         check_name("queue", name)
         check_queue_caps(max_concurrency, rate, burst)
+        check_max_queued(max_queued)
         assert max_concurrency is not None and rate is not None
         if burst is None:
             burst = max(1, int(rate)) if rate > 0 else 1
@@ -402,6 +418,7 @@ class Store:
                 burst=burst,
                 tokens=float(burst),
                 now=now,
+                max_queued=max_queued,
             )
             if not made:
                 raise OrbitError(Code.QUEUE_EXISTS, f"queue {name} already exists")
@@ -410,7 +427,12 @@ class Store:
                     Event(
                         kind="queue.created",
                         queue=name,
-                        data={"max_concurrency": max_concurrency, "rate": rate, "burst": burst},
+                        data={
+                            "max_concurrency": max_concurrency,
+                            "rate": rate,
+                            "burst": burst,
+                            **({} if max_queued is None else {"max_queued": max_queued}),
+                        },
                     )
                 ]
             )
@@ -461,21 +483,28 @@ class Store:
         max_concurrency: int | None = None,
         rate: float | None = None,
         burst: int | None = None,
+        max_queued: int | Keep | None = KEEP,
     ) -> Queue:
-        """Change a queue's caps: only the ones given (None keeps a cap as it is).
+        """Change a queue's caps: only the ones given (None keeps a cap as it is; for
+        ``max_queued``, KEEP keeps it and None removes it).
 
         Checked as ``queue_create`` checks them, before anything is touched. Nothing
         running is pre-empted: a ``max_concurrency`` below the live attempts only holds
         back new claims until enough of them end. A new rate or burst settles the token
         bucket first: it holds what it held at the old rate until now (a full bucket if
         the queue was unlimited), at most the new burst, and refills at the new rate from
-        now on. A raised cap wakes the dispatchers that a cap held back."""
+        now on. A raised cap wakes the dispatchers that a cap held back. A
+        ``max_queued`` below the waiting tasks touches none of them: it refuses submits
+        until enough of them have been claimed."""
         check_name("queue", name)
-        if max_concurrency is None and rate is None and burst is None:
+        if max_concurrency is None and rate is None and burst is None and max_queued is KEEP:
             raise OrbitError(
-                Code.INVALID_ARGUMENT, "give at least one of max_concurrency, rate, burst"
+                Code.INVALID_ARGUMENT,
+                "give at least one of max_concurrency, rate, burst, max_queued",
             )
         check_queue_cap_values(max_concurrency, rate, burst)
+        if not isinstance(max_queued, Keep):
+            check_max_queued(max_queued)
 
         def work(tx: _Tx) -> Queue:
             _wait_for_claims(tx)  # a claim in flight read the caps (and writes the bucket)
@@ -491,6 +520,8 @@ class Store:
                 burst=burst,
                 now=now,
             )
+            if not isinstance(max_queued, Keep):
+                after = replace(after, max_queued=max_queued)
             if after == before:
                 return before
             tx.execute(
@@ -501,9 +532,10 @@ class Store:
                 burst=after.burst,
                 tokens=after.tokens,
                 tokens_at=after.tokens_at,
+                max_queued=after.max_queued,
             )
             changed: dict[str, Any] = {}
-            for field in ("max_concurrency", "rate", "burst"):
+            for field in ("max_concurrency", "rate", "burst", "max_queued"):
                 old, new = getattr(before, field), getattr(after, field)
                 if old != new:
                     changed[field] = new
@@ -515,22 +547,46 @@ class Store:
 
         return self._tx(work)
 
-    def tenant_limit_set(self, tenant: str, max_concurrency: int | None) -> None:
-        """Cap a tenant's live attempts across all queues (None removes the cap). A
-        change writes a ``tenant.updated`` event, as ``queue_update`` writes
-        ``queue.updated``; setting the cap it has writes none."""
+    def tenant_limit_set(
+        self,
+        tenant: str,
+        max_concurrency: int | Keep | None = KEEP,
+        *,
+        max_queued: int | Keep | None = KEEP,
+    ) -> None:
+        """Cap a tenant's live attempts across all queues (``max_concurrency``) and its
+        waiting tasks across all queues (``max_queued``, see ``_check_depth``): None
+        removes a cap, KEEP leaves it as it is; at least one must be given. A change
+        writes a ``tenant.updated`` event, as ``queue_update`` writes ``queue.updated``;
+        setting the caps it has writes none. A ``max_queued`` below the tenant's waiting
+        tasks touches none of them: it refuses its submits until enough are claimed."""
         check_name("tenant", tenant)
-        if max_concurrency is not None:
+        if isinstance(max_concurrency, Keep) and isinstance(max_queued, Keep):
+            raise OrbitError(
+                Code.INVALID_ARGUMENT, "give at least one of max_concurrency, max_queued"
+            )
+        if not isinstance(max_concurrency, Keep) and max_concurrency is not None:
             check_int("max_concurrency", max_concurrency, 1, MAX_TENANT_CAP)
+        if not isinstance(max_queued, Keep):
+            check_max_queued(max_queued)
 
         def work(tx: _Tx) -> None:
             _wait_for_claims(tx)  # and so no other change between this read and the write
             found = tx.fetch("tenant_get", name=tenant)
-            before = _int_or_none(found[0]["max_concurrency"]) if found else None
-            tx.execute("tenant_upsert", name=tenant, max_concurrency=max_concurrency)
-            if before != max_concurrency:
-                tx.events([_cap_updated("tenant.updated", before, max_concurrency, tenant)])
-            _limits_changed(tx)
+            before = (
+                (_int_or_none(found[0]["max_concurrency"]), _int_or_none(found[0]["max_queued"]))
+                if found
+                else (None, None)
+            )
+            after = (
+                before[0] if isinstance(max_concurrency, Keep) else max_concurrency,
+                before[1] if isinstance(max_queued, Keep) else max_queued,
+            )
+            tx.execute("tenant_upsert", name=tenant, max_concurrency=after[0], max_queued=after[1])
+            if before != after:
+                tx.events([_tenant_updated(tenant, before, after)])
+            if before[0] != after[0]:
+                _limits_changed(tx)
 
         self._tx(work)
 
@@ -558,6 +614,21 @@ class Store:
         if not found or found[0]["max_concurrency"] is None:
             return None
         return int(found[0]["max_concurrency"])
+
+    def tenant_queued_get(self, tenant: str) -> int | None:
+        """A tenant's cap on waiting tasks (None: no cap, as every tenant has until set)."""
+        check_name("tenant", tenant)
+        found = self._read("tenant_get", name=tenant)
+        return _int_or_none(found[0]["max_queued"]) if found else None
+
+    def tenant_limits(self) -> dict[str, tuple[int | None, int | None]]:
+        """Every tenant with a cap of either kind: ``(max_concurrency, max_queued)``
+        (None: no cap of that kind), by name."""
+        rows = self._read("tenant_limits")
+        return {
+            str(r["name"]): (_int_or_none(r["max_concurrency"]), _int_or_none(r["max_queued"]))
+            for r in sorted(rows, key=_by_name)
+        }
 
     def tenant_limit_list(self) -> dict[str, int]:
         """Every tenant that has a cap, with it, by name."""
@@ -725,6 +796,7 @@ class Store:
             keys = {key for s in eager if (key := _key_of(s)) is not None}
         else:
             queues, parents, keys = sorted(lazy.queues), sorted(lazy.parents), set(lazy.keys)
+        tenants = sorted({s.tenant for s in eager} if lazy is None else lazy.tenants)
 
         def read(
             start: int, end: int, now: int, by_key: dict[tuple[str, str, str], Task]
@@ -741,8 +813,12 @@ class Store:
             return chunk, [check_payload(s.payload, most)[0] for s in chunk]
 
         def work(tx: _Tx) -> list[T]:
-            # The queues and the clock in one round trip (one statement on PostgreSQL).
-            (queue_rows,) = tx.lock_many(("queue_get_many", {"names": queues}))
+            # The queues, the tenants' caps on waiting tasks and the clock in one round
+            # trip (one statement on PostgreSQL).
+            queue_rows, tenant_caps = tx.lock_many(
+                ("queue_get_many", {"names": queues}),
+                ("tenant_queued_caps", {"names": tenants}),
+            )
             now = tx.clock()
             known = {row["name"] for row in queue_rows}
             for q in queues:
@@ -785,6 +861,16 @@ class Store:
                     cancelled,
                     frozenset(by_key),
                     lambda k: self._existing_by_key(tx, k),
+                )
+            capped = [("queue", r["name"]) for r in queue_rows if r["max_queued"] is not None]
+            capped += [("tenant", r["name"]) for r in tenant_caps]
+            if capped:  # only a submit to a capped queue or tenant pays for backpressure
+                _check_depth(
+                    tx,
+                    capped,
+                    eager if lazy is None else lazy.read(0, count),
+                    frozenset(by_key),
+                    {r["name"]: float(r["rate"]) for r in queue_rows},
                 )
             results: list[Submitted] = []
             rendered: list[T] = []
@@ -2052,6 +2138,94 @@ def _by_name(row: Row) -> str:
 
 def _int_or_none(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+#: The advisory lock key's high bits for each kind of capped scope (``depth_key``): above
+#: 2^32, apart from the small constants the claim and migration locks use.
+_DEPTH_LOCK_KIND = {"queue": 7270602, "tenant": 7270603}
+
+#: The longest ``Retry-After`` a full queue or tenant is answered with, in seconds.
+MAX_RETRY_AFTER = 60
+
+
+def depth_key(kind: str, name: str) -> int:
+    """The advisory lock key (``depth_lock``) of a capped queue or tenant: its kind in the
+    high 32 bits, a CRC-32 of its name in the low ones."""
+    return (_DEPTH_LOCK_KIND[kind] << 32) | zlib.crc32(name.encode("utf-8"))
+
+
+def retry_after(adding: int, rate: float | None) -> int:
+    """Seconds a refused submit of ``adding`` tasks should wait: for a queue whose rate
+    is capped, the time that rate takes to claim as many tasks (at best the room a
+    retry needs), else one second; at least 1, at most ``MAX_RETRY_AFTER``. A heuristic:
+    nothing else bounds how soon a backlog drains."""
+    if rate is None or rate <= 0:
+        return 1
+    return max(1, min(MAX_RETRY_AFTER, math.ceil(adding / rate)))
+
+
+def _check_depth(
+    tx: _Tx,
+    capped: Sequence[tuple[str, str]],
+    specs: Sequence[TaskSpec],
+    known: frozenset[tuple[str, str, str]],
+    rates: Mapping[str, float],
+) -> None:
+    """Refuse a submit (``Backpressure``; the transaction writes nothing) that would leave a
+    capped queue or tenant (``capped``: ``(kind, name)``) with more waiting tasks, in state
+    queued or scheduled, than its ``max_queued``.
+
+    Only the tasks the submit makes count: a spec whose idempotency key names a task of
+    the database (``known``) or of the batch before it makes none, so a retried submit
+    gets its tasks back from a full queue. The submits to one capped scope are serialised
+    cluster-wide by ``depth_lock``, and each counts after it holds the lock, in a
+    statement of its own (which sees every submit committed before it), with the cap as
+    it is then: two nodes cannot both fill the last room. A submit to a scope without a
+    cap takes no lock and counts nothing."""
+    adding: dict[tuple[str, str], int] = {}
+    seen = set(known)
+    for spec in specs:
+        key = _key_of(spec)
+        if key is not None:
+            if key in seen:
+                continue
+            seen.add(key)
+        for scope in (("queue", spec.queue), ("tenant", spec.tenant)):
+            adding[scope] = adding.get(scope, 0) + 1
+    todo = sorted((scope, n) for scope in capped if (n := adding.get(scope, 0)))
+    if not todo:
+        return
+    tx.fetch("depth_lock", keys=[str(k) for k in sorted({depth_key(*s) for s, _ in todo})])
+    for (kind, name), n in todo:
+        found = tx.fetch(f"{kind}_depth", name=name, adding=n)
+        cap = _int_or_none(found[0]["max_queued"]) if found else None
+        if cap is None:  # removed since the submit read it
+            continue
+        depth = int(found[0]["depth"])
+        if depth + n > cap:
+            what = f"{kind} {name!r:.80}"
+            raise Backpressure(
+                Code.QUEUE_FULL if kind == "queue" else Code.TENANT_FULL,
+                f"{what} is full: it holds {depth}+ waiting tasks of its max_queued {cap}, "
+                f"and this submit adds {n}"
+                if n <= cap
+                else f"{what} has max_queued {cap}: a submit of {n} new tasks can never fit",
+                scope=name,
+                retry_after=retry_after(n, rates.get(name) if kind == "queue" else None),
+            )
+
+
+def _tenant_updated(
+    tenant: str, before: tuple[int | None, int | None], after: tuple[int | None, int | None]
+) -> Event:
+    """A tenant's ``tenant.updated`` event: each cap that changed, new and old (None: no
+    cap), as ``_cap_updated`` spells ``max_concurrency``."""
+    data: dict[str, Any] = {}
+    for field, old, new in zip(("max_concurrency", "max_queued"), before, after, strict=True):
+        if old != new:
+            data[field] = new
+            data[f"{field}_before"] = old
+    return Event(kind="tenant.updated", tenant=tenant, data=data)
 
 
 def _cap_updated(

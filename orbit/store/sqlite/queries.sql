@@ -37,8 +37,9 @@ INSERT INTO orbit_schema_version (version, applied_at) VALUES (:version, :now);
 SELECT 1 AS locked;
 
 -- name: queue_insert
-INSERT INTO orbit_queues (name, max_concurrency, rate, burst, paused, tokens, tokens_at, created_at)
-VALUES (:name, :max_concurrency, :rate, :burst, 0, :tokens, :now, :now)
+INSERT INTO orbit_queues (name, max_concurrency, rate, burst, paused, tokens, tokens_at, created_at,
+    max_queued)
+VALUES (:name, :max_concurrency, :rate, :burst, 0, :tokens, :now, :now, :max_queued)
 ON CONFLICT (name) DO NOTHING
 RETURNING name;
 
@@ -80,18 +81,30 @@ UPDATE orbit_queues SET paused = :paused WHERE name = :name;
 -- An operator's change of the caps; the bucket is written settled (orbit.core.limits).
 UPDATE orbit_queues
 SET max_concurrency = :max_concurrency, rate = :rate, burst = :burst,
-    tokens = :tokens, tokens_at = :tokens_at
+    tokens = :tokens, tokens_at = :tokens_at, max_queued = :max_queued
 WHERE name = :name;
 
 -- name: tenant_get
-SELECT name, max_concurrency FROM orbit_tenants WHERE name = :name;
+SELECT name, max_concurrency, max_queued FROM orbit_tenants WHERE name = :name;
 
 -- name: queue_tokens_write_many
 UPDATE orbit_queues SET tokens = :tokens, tokens_at = :tokens_at WHERE name = :name;
 
 -- name: tenant_upsert
-INSERT INTO orbit_tenants (name, max_concurrency) VALUES (:name, :max_concurrency)
-ON CONFLICT (name) DO UPDATE SET max_concurrency = excluded.max_concurrency;
+INSERT INTO orbit_tenants (name, max_concurrency, max_queued)
+VALUES (:name, :max_concurrency, :max_queued)
+ON CONFLICT (name) DO UPDATE
+SET max_concurrency = excluded.max_concurrency, max_queued = excluded.max_queued;
+
+-- name: tenant_limits
+-- Every tenant with a cap of either kind (a tenant left out has neither).
+SELECT name, max_concurrency, max_queued FROM orbit_tenants
+WHERE max_concurrency IS NOT NULL OR max_queued IS NOT NULL;
+
+-- name: tenant_queued_caps
+-- The caps on waiting tasks of these tenants, where set: read by every submit with its
+-- queues (one statement on PostgreSQL), a lookup of the primary key per tenant.
+SELECT name, max_queued FROM orbit_tenants WHERE name IN (SELECT value FROM json_each(:names)) AND max_queued IS NOT NULL;
 
 -- name: tenant_caps
 SELECT name, max_concurrency FROM orbit_tenants WHERE max_concurrency IS NOT NULL;
@@ -102,6 +115,33 @@ ON CONFLICT (name) DO UPDATE SET int_value = excluded.int_value;
 
 -- name: setting_get
 SELECT int_value FROM orbit_settings WHERE name = :name;
+
+-- name: depth_lock
+-- SQLite has one writer: BEGIN IMMEDIATE serialises the submits already.
+SELECT 1 AS locked;
+
+-- name: queue_depth
+-- A queue's max_queued as it is now and its waiting tasks (queued or scheduled), counted
+-- up to the first that leaves no room for :adding more. The tasks are read through
+-- orbit_tasks_ready, which holds only the waiting tasks of every queue (no index of its
+-- own: see the max_queued migration): the ORDER BY is that index's, so that the planner
+-- walks it and stops at the LIMIT, rather than scanning the whole table, ended tasks and
+-- all, as it did without. No cap (NULL) counts nothing.
+SELECT max_queued, (SELECT count(*) FROM (
+    SELECT 1 FROM orbit_tasks WHERE queue = :name AND state IN ('queued', 'scheduled')
+    ORDER BY priority DESC, id
+    LIMIT (SELECT max(coalesce(max(max_queued) - :adding + 1, 0), 0) FROM orbit_queues
+           WHERE name = :name)) AS w) AS depth
+FROM orbit_queues WHERE name = :name;
+
+-- name: tenant_depth
+-- queue_depth for a tenant, across every queue.
+SELECT max_queued, (SELECT count(*) FROM (
+    SELECT 1 FROM orbit_tasks WHERE tenant = :name AND state IN ('queued', 'scheduled')
+    ORDER BY priority DESC, id
+    LIMIT (SELECT max(coalesce(max(max_queued) - :adding + 1, 0), 0) FROM orbit_tenants
+           WHERE name = :name)) AS w) AS depth
+FROM orbit_tenants WHERE name = :name;
 
 -- name: task_submit_many
 -- New tasks and the `submitted` event of each: two statements, each run over every row

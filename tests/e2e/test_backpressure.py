@@ -1,0 +1,117 @@
+"""Backpressure over HTTP and through the clients, on both backends: a queue's and a
+tenant's ``max_queued``, set with POST/PATCH /v1/queues and PUT /v1/limits/tenants, and
+a submit past it answered 429 with a code, a Retry-After, and nothing written."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+
+from orbit import AsyncClient, Client
+from orbit.client import TooManyRequests
+from tests.e2e.servers import Node, Tokens
+
+
+def _task(**kw: Any) -> dict[str, Any]:
+    return {"queue": "bp", "handler": "h", **kw}
+
+
+def _tasks(admin: httpx.Client) -> list[str]:
+    reply = admin.get("/v1/tasks", params={"queue": "bp", "limit": 1000})
+    return [t["id"] for t in reply.json()["items"]]
+
+
+def _events(admin: httpx.Client) -> int:
+    return len(admin.get("/v1/events", params={"limit": 1000}).json()["items"])
+
+
+def test_a_full_queue_and_tenant_answer_429_and_write_nothing(
+    admin: httpx.Client, node: Node, tokens: Tokens
+) -> None:
+    made = admin.post(
+        "/v1/queues", json={"name": "bp", "max_concurrency": 1, "rate": 0, "max_queued": 2}
+    )
+    assert made.status_code == 201 and made.json()["max_queued"] == 2
+    first = admin.post("/v1/tasks", json=_task(idempotency_key="k"))
+    assert first.status_code == 201
+    assert admin.post("/v1/tasks", json=_task()).status_code == 201
+    before = (_tasks(admin), _events(admin))
+
+    full = admin.post("/v1/tasks", json=_task())
+    assert full.status_code == 429 and full.headers["Retry-After"] == "1"
+    assert full.json()["error"]["code"] == "QUEUE_FULL"
+    assert "max_queued 2" in full.json()["error"]["message"]
+    batch = admin.post("/v1/tasks/batch", json={"tasks": [_task(), _task()]})
+    assert batch.status_code == 429 and batch.json()["error"]["code"] == "QUEUE_FULL"
+    assert (_tasks(admin), _events(admin)) == before  # nothing written
+
+    again = admin.post("/v1/tasks", json=_task(idempotency_key="k"))  # adds nothing
+    assert again.status_code == 200 and again.json()["task"]["id"] == first.json()["task"]["id"]
+
+    # Raised: room for one more; lowered below the depth: refused, nothing touched.
+    assert admin.patch("/v1/queues/bp", json={"max_queued": 3}).json()["max_queued"] == 3
+    assert admin.post("/v1/tasks", json=_task()).status_code == 201
+    assert admin.patch("/v1/queues/bp", json={"max_queued": 1}).status_code == 200
+    waiting = _tasks(admin)
+    assert admin.post("/v1/tasks", json=_task()).status_code == 429
+    states = admin.get("/v1/tasks", params={"queue": "bp", "limit": 1000}).json()["items"]
+    assert [t["id"] for t in states] == waiting and {t["state"] for t in states} == {"queued"}
+    removed = admin.patch("/v1/queues/bp", json={"max_queued": None})
+    assert removed.status_code == 200 and removed.json()["max_queued"] is None
+    assert admin.patch("/v1/queues/bp", json={"max_concurrency": 2}).json()["max_queued"] is None
+
+    # A tenant's cap, across queues; PUT keeps the cap it leaves out.
+    put = admin.put("/v1/limits/tenants/acme", json={"max_queued": 1})
+    assert put.json() == {"tenant": "acme", "max_concurrency": None, "max_queued": 1}
+    put = admin.put("/v1/limits/tenants/acme", json={"max_concurrency": 5})
+    assert put.json() == {"tenant": "acme", "max_concurrency": 5, "max_queued": 1}
+    assert admin.get("/v1/limits/tenants").json() == [put.json()]
+    assert admin.post("/v1/tasks", json=_task(tenant="acme")).status_code == 201
+    tenant_full = admin.post("/v1/tasks", json=_task(tenant="acme"))
+    assert tenant_full.status_code == 429 and tenant_full.headers["Retry-After"] == "1"
+    assert tenant_full.json()["error"]["code"] == "TENANT_FULL"
+
+    # The clients raise TooManyRequests, with the server's Retry-After.
+    with Client(node.http, tokens.submit) as client:
+        with pytest.raises(TooManyRequests) as refused:
+            client.submit("bp", "h", tenant="acme")
+        assert refused.value.status == 429 and refused.value.code == "TENANT_FULL"
+        assert refused.value.retry_after == 1.0
+
+    async def async_submit() -> TooManyRequests:
+        async with AsyncClient(node.http, tokens.submit) as client:
+            try:
+                await client.submit("bp", "h", tenant="acme")
+            except TooManyRequests as exc:
+                return exc
+        raise AssertionError("not refused")
+
+    assert asyncio.run(async_submit()).retry_after == 1.0
+
+
+#: every max_queued the API refuses: out of range, not an integer
+BAD_CAPS: list[Any] = [0, -1, 1_000_000_001, True, 2.5, "3", {}]
+
+
+def test_every_bad_max_queued_is_refused_with_400(admin: httpx.Client) -> None:
+    """One server per backend for all the values (a loop, not a parametrised test)."""
+    admin.post("/v1/queues", json={"name": "bp", "max_concurrency": 1, "rate": 0})
+    for bad in BAD_CAPS:
+        for reply in (
+            admin.post(
+                "/v1/queues",
+                json={"name": "other", "max_concurrency": 1, "rate": 0, "max_queued": bad},
+            ),
+            admin.patch("/v1/queues/bp", json={"max_queued": bad}),
+            admin.put("/v1/limits/tenants/acme", json={"max_queued": bad}),
+        ):
+            assert reply.status_code == 400, (bad, reply.text)
+            assert reply.json()["error"]["field"] == "max_queued", (bad, reply.text)
+    assert [q["name"] for q in admin.get("/v1/queues").json()["items"]] == ["bp"]
+    assert admin.get("/v1/queues").json()["items"][0]["max_queued"] is None
+    assert admin.get("/v1/limits/tenants").json() == []
+    empty = admin.put("/v1/limits/tenants/acme", json={})
+    assert empty.status_code == 400 and empty.json()["error"]["code"] == "MISSING_FIELD"

@@ -1,0 +1,328 @@
+"""Backpressure: a queue's and a tenant's ``max_queued`` (docs/concepts.md,
+"Backpressure"), on SQLite and PostgreSQL.
+
+A submit that would leave a capped scope with more waiting tasks (queued or scheduled)
+than its cap is refused whole, QUEUE_FULL or TENANT_FULL, and writes nothing: no task, no
+event. An idempotent resubmit adds nothing and is never refused. Two nodes submitting at
+once on PostgreSQL never pass a cap together."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import pytest
+
+from orbit.core.errors import Backpressure, Code, OrbitError
+from orbit.core.model import TaskSpec
+from orbit.protocol.submissions import UsualBatch
+from orbit.store import Store
+from orbit.store import store as store_module
+from orbit.store.store import KEEP, retry_after
+from tests.conftest import ManualClock, store_url
+from tests.invariants import check_all
+from tests.store.helpers import (
+    RACE_WAIT,
+    claim_one,
+    queue,
+    submit,
+    until_done_or_waiting_on_a_lock,
+    worker,
+)
+
+
+def _spec(queue: str = "q", **kw: Any) -> TaskSpec:
+    return TaskSpec(queue=queue, handler="h", **kw)
+
+
+def _counts(store: Store) -> tuple[int, int]:
+    """Tasks and events in the store: what a refused submit must leave as they were."""
+    return sum(store.task_counts().values()), len(store.event_list(limit=100_000))
+
+
+def _capped(store: Store, max_queued: int, **kw: Any) -> None:
+    store.queue_create("q", max_concurrency=10, rate=0, max_queued=max_queued, **kw)
+
+
+def test_a_submit_past_a_queue_cap_is_refused_and_writes_nothing(store: Store) -> None:
+    _capped(store, 2)
+    submit(store)
+    submit(store)
+    before = _counts(store)
+    with pytest.raises(Backpressure) as refused:
+        submit(store)
+    assert refused.value.code == Code.QUEUE_FULL and refused.value.status == 429
+    assert refused.value.scope == "q" and refused.value.retry_after == 1
+    assert "max_queued 2" in refused.value.message
+    assert _counts(store) == before
+    assert check_all(store) == []
+
+
+def test_a_batch_crossing_the_cap_is_refused_whole(store: Store) -> None:
+    _capped(store, 5)
+    store.task_submit_many([_spec() for _ in range(3)])
+    before = _counts(store)
+    with pytest.raises(Backpressure):
+        store.task_submit_many([_spec() for _ in range(3)])  # 2 would fit, 3 do not
+    assert _counts(store) == before
+    store.task_submit_many([_spec() for _ in range(2)])  # exactly to the cap
+    assert store.task_counts() == {"queued": 5}
+
+
+def test_a_batch_larger_than_the_cap_can_never_fit(store: Store) -> None:
+    _capped(store, 2)
+    with pytest.raises(Backpressure, match="can never fit"):
+        store.task_submit_many([_spec() for _ in range(3)])
+    assert _counts(store) == (0, 1)  # the queue.created event only
+
+
+def test_a_streamed_batch_is_counted_whole(store: Store) -> None:
+    """A batch past SUBMIT_CHUNK goes in chunks: the cap is weighed before the first."""
+    _capped(store, store_module.SUBMIT_CHUNK + 10)
+    before = _counts(store)
+    with pytest.raises(Backpressure):
+        store.task_submit_many([_spec() for _ in range(store_module.SUBMIT_CHUNK + 11)])
+    assert _counts(store) == before
+    store.task_submit_many([_spec() for _ in range(store_module.SUBMIT_CHUNK + 10)])
+
+
+def test_a_batch_read_a_chunk_at_a_time_is_weighed_whole(store: Store) -> None:
+    """The HTTP reader's batch (``UsualBatch``) over SUBMIT_CHUNK: its tenants are known
+    before the transaction, and its tasks are read whole for the count."""
+    store.queue_create("q", max_concurrency=10, rate=0)
+    store.tenant_limit_set("acme", max_queued=300)
+    n = store_module.SUBMIT_CHUNK + 51
+    raw = {"tasks": [{"queue": "q", "handler": "h", "tenant": "acme"} for _ in range(n)]}
+    batch = UsualBatch.of(raw)
+    assert batch is not None and batch.tenants == {"acme"}
+    before = _counts(store)
+    with pytest.raises(Backpressure) as refused:
+        store.task_submit_rendered(batch, lambda done: done)
+    assert refused.value.code == Code.TENANT_FULL
+    assert _counts(store) == before
+    store.tenant_limit_set("acme", max_queued=n)
+    assert len(store.task_submit_rendered(batch, lambda done: done)) == n
+
+
+def test_an_idempotent_resubmit_at_a_full_queue_returns_the_existing_task(store: Store) -> None:
+    _capped(store, 2)
+    first = store.task_submit(_spec(idempotency_key="k1", payload={"a": 1}))
+    submit(store)
+    again = store.task_submit(_spec(idempotency_key="k1", payload={"a": 1}))
+    assert (again.created, again.task.id) == (False, first.task.id)
+    # A batch of retries and one new task: refused for the new one alone.
+    with pytest.raises(Backpressure):
+        store.task_submit_many([_spec(idempotency_key="k1", payload={"a": 1}), _spec()])
+    # A key repeated in one batch makes one task: it counts once.
+    store.queue_update("q", max_queued=3)
+    made = store.task_submit_many([_spec(idempotency_key="k2"), _spec(idempotency_key="k2")])
+    assert [m.created for m in made] == [True, False]
+    assert store.task_counts() == {"queued": 3}
+
+
+def test_scheduled_tasks_count_and_claimed_ones_do_not(store: Store, clock: ManualClock) -> None:
+    _capped(store, 2)
+    session, _ = worker(store)
+    submit(store, run_after=clock.now + 60_000_000)  # scheduled: waiting all the same
+    submit(store)
+    with pytest.raises(Backpressure):
+        submit(store)
+    claim_one(store, session)  # the queued one leaves the count once claimed
+    submit(store)
+    with pytest.raises(Backpressure):
+        submit(store)
+
+
+def test_a_tenant_cap_counts_across_queues(store: Store) -> None:
+    queue(store, "a")
+    queue(store, "b")
+    store.tenant_limit_set("acme", max_queued=2)
+    assert store.tenant_queued_get("acme") == 2 and store.tenant_limit_get("acme") is None
+    submit(store, "a", tenant="acme")
+    submit(store, "b", tenant="acme")
+    submit(store, "a")  # another tenant: not counted
+    before = _counts(store)
+    with pytest.raises(Backpressure) as refused:
+        submit(store, "b", tenant="acme")
+    assert refused.value.code == Code.TENANT_FULL and refused.value.scope == "acme"
+    assert _counts(store) == before
+
+
+def test_the_queue_cap_and_the_tenant_cap_both_hold(store: Store) -> None:
+    _capped(store, 3)
+    store.tenant_limit_set("acme", max_queued=1)
+    submit(store, tenant="acme")
+    with pytest.raises(Backpressure) as refused:
+        submit(store, tenant="acme")
+    assert refused.value.code == Code.TENANT_FULL
+    submit(store)
+    submit(store)
+    with pytest.raises(Backpressure) as refused:
+        submit(store)
+    assert refused.value.code == Code.QUEUE_FULL
+
+
+def test_a_lowered_cap_refuses_submits_and_touches_nothing_queued(store: Store) -> None:
+    _capped(store, 5)
+    ids = [submit(store) for _ in range(4)]
+    store.queue_update("q", max_queued=2)
+    assert store.queue_get("q").max_queued == 2
+    assert [store.task_get(i).state for i in ids] == ["queued"] * 4
+    with pytest.raises(Backpressure):
+        submit(store)
+    store.queue_update("q", max_queued=None)  # removed: no cap at all
+    assert store.queue_get("q").max_queued is None
+    submit(store)
+    updates = [json.loads(e["data"]) for e in store.event_list() if e["kind"] == "queue.updated"]
+    assert updates == [
+        {"max_queued": 2, "max_queued_before": 5},
+        {"max_queued": None, "max_queued_before": 2},
+    ]
+
+
+def test_a_cap_set_later_counts_the_tasks_already_waiting(store: Store) -> None:
+    queue(store)
+    submit(store)
+    submit(store)
+    store.queue_update("q", max_queued=2)
+    with pytest.raises(Backpressure):
+        submit(store)
+
+
+def test_tenant_caps_change_one_at_a_time(store: Store) -> None:
+    store.tenant_limit_set("acme", 4, max_queued=7)
+    assert store.tenant_limits() == {"acme": (4, 7)}
+    with pytest.raises(OrbitError, match="at least one"):
+        store.tenant_limit_set("acme", KEEP, max_queued=KEEP)
+    store.tenant_limit_set("acme", None)  # max_queued kept
+    assert store.tenant_limits() == {"acme": (None, 7)}
+    assert store.tenant_limit_list() == {}
+    store.tenant_limit_set("acme", max_queued=7)  # the cap it has: no event
+    store.tenant_limit_set("acme", max_queued=None)
+    assert store.tenant_limits() == {}
+    events = [json.loads(e["data"]) for e in store.event_list() if e["kind"] == "tenant.updated"]
+    assert events == [
+        {
+            "max_concurrency": 4,
+            "max_concurrency_before": None,
+            "max_queued": 7,
+            "max_queued_before": None,
+        },
+        {"max_concurrency": None, "max_concurrency_before": 4},
+        {"max_queued": None, "max_queued_before": 7},
+    ]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1_000_000_001, True, 2.5, "3"])
+def test_every_bad_cap_is_refused_and_changes_nothing(store: Store, bad: Any) -> None:
+    with pytest.raises(OrbitError) as refused:
+        store.queue_create("q", max_concurrency=1, rate=0, max_queued=bad)
+    assert refused.value.code == Code.INVALID_ARGUMENT
+    queue(store)
+    for call in (
+        lambda: store.queue_update("q", max_queued=bad),
+        lambda: store.tenant_limit_set("acme", max_queued=bad),
+    ):
+        with pytest.raises(OrbitError) as refused:
+            call()
+        assert refused.value.code == Code.INVALID_ARGUMENT
+    assert store.queue_get("q").max_queued is None
+    assert store.tenant_limits() == {}
+
+
+def test_retry_after_follows_the_queue_rate() -> None:
+    assert retry_after(10, None) == 1  # a tenant, or an unlimited queue
+    assert retry_after(10, 0) == 1
+    assert retry_after(10, 4) == 3  # 10 tasks at 4/s
+    assert retry_after(10_000, 1) == store_module.MAX_RETRY_AFTER
+
+
+def test_a_rate_limited_queue_answers_its_drain_time(store: Store) -> None:
+    _capped(store, 1, burst=1)
+    store.queue_update("q", rate=0.5)
+    submit(store)
+    with pytest.raises(Backpressure) as refused:
+        submit(store)
+    assert refused.value.retry_after == 2
+
+
+def test_two_nodes_never_pass_the_cap_together(make_store: Any, backend: str) -> None:
+    """One node's submit holds the last room, counted but not yet written; the other
+    node's submit waits for it, then counts it, and is refused."""
+    if backend != "postgres":
+        pytest.skip("SQLite has one writer: BEGIN IMMEDIATE serialises the submits")
+    a, b = make_store(), make_store()
+    _capped(a, 3)
+    submit(a)
+    submit(a)
+    counted, go_on = threading.Event(), threading.Event()
+    check = store_module._check_depth
+
+    def held(tx: Any, *args: Any) -> None:
+        check(tx, *args)
+        if tx._store is a:
+            counted.set()
+            assert go_on.wait(RACE_WAIT)
+
+    outcomes: dict[str, Any] = {}
+
+    def run(name: str, node: Store) -> None:
+        try:
+            outcomes[name] = submit(node)
+        except Exception as exc:
+            outcomes[name] = exc
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(store_module, "_check_depth", held)
+    try:
+        first = threading.Thread(target=run, args=("a", a))
+        first.start()
+        assert counted.wait(RACE_WAIT)
+        second = threading.Thread(target=run, args=("b", b))
+        second.start()
+        until_done_or_waiting_on_a_lock(second, store_url(a))
+        go_on.set()
+        first.join(RACE_WAIT)
+        second.join(RACE_WAIT)
+    finally:
+        go_on.set()
+        mp.undo()
+    assert isinstance(outcomes["a"], str)
+    assert isinstance(outcomes["b"], Backpressure), outcomes["b"]
+    assert a.task_counts() == {"queued": 3}
+
+
+def test_many_submits_from_two_nodes_fill_the_cap_exactly(make_store: Any, backend: str) -> None:
+    """Four threads on two nodes (one store on SQLite, whose file has one server)."""
+    a = make_store()
+    b = make_store() if backend == "postgres" else a
+    store_of = [a, b]
+    _capped(a, 12)
+    a.tenant_limit_set("acme", max_queued=9)
+    made: list[str] = []
+    refused: list[Code] = []
+    lock = threading.Lock()
+
+    def run(i: int) -> None:
+        node = store_of[i % 2]
+        for j in range(6):
+            try:
+                task = submit(node, tenant="acme" if j % 2 else "default")
+            except Backpressure as exc:
+                with lock:
+                    refused.append(exc.code)
+            else:
+                with lock:
+                    made.append(task)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(RACE_WAIT)
+    assert len(made) == 12 and len(refused) == 12
+    tasks = [a.task_get(i) for i in made]
+    assert sum(t.tenant == "acme" for t in tasks) <= 9
+    assert a.task_counts() == {"queued": 12}
+    assert check_all(a) == []
