@@ -999,6 +999,30 @@ class Store:
             )
         return settled
 
+    def event_tail(
+        self,
+        *,
+        task_id: str | None = None,
+        after_id: int = 0,
+        after_xid: int = 0,
+        limit: int = 1000,
+    ) -> tuple[list[Row], bool]:
+        """One read of ``event_list``'s tail, for a subscription that reads it again and
+        again: the events after the position, and whether the read held none back (no
+        event it found belongs to a transaction at or past the horizon). It neither waits
+        for older transactions (the next read finds what this one held back) nor checks
+        that the position names an event (the caller's positions are ones ``event_list``
+        checked or returned), so a read that finds nothing is one query."""
+        check_int("after_id", after_id, 0, 2**63 - 1)
+        check_int("after_xid", after_xid, 0, 2**63 - 1)
+        check_int("limit", limit, 1, 100_000)
+        query = "event_list" if task_id is None else "event_list_task"
+        rows = self._read(
+            query, task_id=task_id, after_id=after_id, after_xid=after_xid, limit=limit
+        )
+        settled = _settled(rows)
+        return settled, len(settled) == len(rows)
+
     def _names_event(self, xid: int, event_id: int) -> bool:
         """Whether an event is at this position (never one whose id is 0)."""
         return event_id != 0 and bool(self._read("event_exists", xid=xid, id=event_id))
