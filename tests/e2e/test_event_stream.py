@@ -341,3 +341,19 @@ def test_the_async_client_follows_a_task_to_its_end(
         return kinds
 
     assert asyncio.run(follow()) == ["submitted", "cancelled"]
+
+
+def test_a_revoked_tokens_stream_ends(api: httpx.Client, fast: Node) -> None:
+    task_id = _submit(api)
+    made = api.post("/v1/tokens", json={"name": "follower", "scopes": ["submit"]}).json()
+    with stream(fast, made["token"], f"/v1/tasks/{task_id}/events/stream") as task:
+        assert task.next().event == "submitted"
+        api.post(f"/v1/tokens/{made['id']}/revoke").raise_for_status()
+        with pytest.raises(StopIteration):  # no stream.end: the task has not ended
+            task.next()
+    assert api.get(f"/v1/tasks/{task_id}").json()["state"] == "queued"
+
+
+def test_a_stream_takes_its_cursor_once(api: httpx.Client) -> None:
+    reply = api.get("/v1/events/stream", params=[("cursor", "MC4x"), ("cursor", "MC4x")])
+    assert (reply.status_code, reply.json()["error"]["field"]) == (400, "cursor")
