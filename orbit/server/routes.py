@@ -580,16 +580,21 @@ async def _stream(
     store = _store(request)
 
     async def first_page() -> list[dict[str, Any]]:
+        # on the streams' own threads: a read held back by an older transaction waits
+        # up to StoreConfig.event_wait_us, which no report should wait behind
         try:
-            return await in_thread(
-                lambda: store.event_list(
-                    task_id=task_id, after_xid=position[0], after_id=position[1], limit=PAGE
-                )
+            rows: list[dict[str, Any]] = await request.app.state.streams.read(
+                store.event_list,
+                task_id=task_id,
+                after_xid=position[0],
+                after_id=position[1],
+                limit=PAGE,
             )
         except OrbitError as exc:  # as _events: the position names no event
             if exc.code is not Code.INVALID_ARGUMENT:
                 raise
             raise _bad_cursor() from None
+        return rows
 
     return await open_stream(
         request,

@@ -246,3 +246,32 @@ def test_an_id_alone_is_the_position_of_an_event_from_before_migration_8(
     queue(store)
     after = store.event_list(after_id=old[0]["id"])
     assert _ids(after[:1]) == [old[1]["id"]] and len(after) == 2
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_a_tail_read_says_when_it_held_events_back(make_store: Any) -> None:
+    """``event_tail``, a subscription's read: one query, no wait. While A's transaction
+    is open, B's committed event is held back and the read says so (not complete), so a
+    task stream does not take an empty read for the end of the task's events."""
+    store: Store = make_store()
+    url = store_url(store)
+    with psycopg.connect(url, autocommit=True) as cx:
+        first = _insert(cx, "first", None)
+    [seen], complete = store.event_tail()
+    assert seen["id"] == first and complete
+    with psycopg.connect(url) as a, psycopg.connect(url, autocommit=True) as b:
+        _insert(a, "a", None)
+        _insert(b, "b", None)
+        assert store.event_tail(**_after(seen)) == ([], False)
+        a.rollback()
+    rows, complete = store.event_tail(**_after(seen))
+    assert [r["kind"] for r in rows] == ["b"] and complete
+
+
+def test_a_tail_read_of_nothing_new_is_complete(store: Store) -> None:
+    queue(store)
+    task_id = submit(store)
+    rows, complete = store.event_tail(task_id=task_id)
+    assert [r["kind"] for r in rows] == ["submitted"] and complete
+    assert store.event_tail(task_id=task_id, **_after(rows[0])) == ([], True)
+    assert store.event_tail(**_after(rows[0])) == ([], True)
