@@ -195,7 +195,8 @@ class EventStream(Response):
             if rows:
                 await write(b"".join(self._messages(rows)))
                 quiet_since = time.monotonic()
-            if len(rows) < PAGE and complete and self.check_end:
+            more = len(rows) == PAGE  # a full page: the next may follow at once
+            if not more and complete and self.check_end:
                 state = await self._final_state()
                 if state is not None:
                     rows, complete = await self._tail()
@@ -204,7 +205,10 @@ class EventStream(Response):
                         await write(b"", more=False)
                         return
                     continue
-            if len(rows) < PAGE or not complete:
+            if self.streams.closing:
+                await write(b"", more=False)
+                return
+            if not more or not complete:
                 if await self.streams.pause(self.streams.poll_s):
                     await write(b"", more=False)
                     return

@@ -8,7 +8,7 @@ stream``) against real ``orbit server`` processes, on both backends.
 - PostgreSQL, two nodes: a stream on node B sees the events written through node A.
 - Refusals before the stream starts: a bad cursor 400, no token 401, a wrong scope 403,
   an unknown task 404, a node at its cap of streams 503 (the slot is free again once
-  the client goes).
+  the client goes). A revoked token's stream ends.
 - An idle stream sends keep-alive comments; SIGTERM ends open streams and the server
   exits; ``Client.stream_events`` rides a SIGKILL and restart of the server and misses
   nothing written while it was down.
@@ -168,7 +168,10 @@ def test_a_reconnect_with_last_event_id_gets_exactly_the_missed_events(
         seen = log.events_until(_has("submitted", early[-1]))
     last = seen[-1].id
     assert last is not None
-    late = [_submit(api, i) for i in range(3, 6)]
+    # more than a stream reads at a time (orbit.server.streams.PAGE, 500)
+    batch = [{"queue": "q", "handler": "h", "payload": i} for i in range(700)]
+    reply = api.post("/v1/tasks/batch", params={"reply": "ids"}, json={"tasks": batch})
+    late = [item["id"] for item in reply.json()]
     api.post(f"/v1/tasks/{early[0]}/cancel").raise_for_status()
     # ?cursor= names the start, but Last-Event-ID (as a browser's EventSource sends it
     # on a reconnect to the same URL) wins
@@ -205,8 +208,12 @@ def test_a_stream_on_one_node_sees_events_written_through_another(
 BAD_CURSORS = ("zz", "OTk5OTkuOTk5OTk", "MC45OTk5OTk")
 
 
-def test_a_bad_cursor_is_refused_before_the_stream_starts(api: httpx.Client) -> None:
+def test_refusals_come_before_the_stream_starts(api: httpx.Client, tokens: Tokens) -> None:
+    """A bad cursor (in the query or the header) 400, ``cursor`` twice 400, no token 401,
+    a token without the scope 403, an unknown task 404: each a JSON error, no stream."""
     task_id = _submit(api)
+    twice = api.get("/v1/events/stream", params=[("cursor", "MC4x"), ("cursor", "MC4x")])
+    assert (twice.status_code, twice.json()["error"]["field"]) == (400, "cursor")
     for path in ("/v1/events/stream", f"/v1/tasks/{task_id}/events/stream"):
         for cursor in BAD_CURSORS:
             for reply in (
@@ -215,10 +222,6 @@ def test_a_bad_cursor_is_refused_before_the_stream_starts(api: httpx.Client) -> 
             ):
                 assert reply.status_code == 400, reply.text
                 assert reply.json()["error"]["code"] == "INVALID_CURSOR"
-
-
-def test_streams_need_a_token_with_their_scope(api: httpx.Client, tokens: Tokens) -> None:
-    task_id = _submit(api)
     bare = httpx.Client(base_url=str(api.base_url), timeout=PATIENCE)
     assert bare.get("/v1/events/stream").status_code == 401
     assert bare.get(f"/v1/tasks/{task_id}/events/stream").status_code == 401
@@ -231,6 +234,7 @@ def test_streams_need_a_token_with_their_scope(api: httpx.Client, tokens: Tokens
         "/v1/tasks/01a2439c-e925-72b4-8000-0199ea1b10c2/events/stream", headers=submit
     )
     assert unknown.status_code == 404
+    bare.close()
 
 
 def test_a_node_serves_at_most_its_cap_of_streams(
@@ -352,8 +356,3 @@ def test_a_revoked_tokens_stream_ends(api: httpx.Client, fast: Node) -> None:
         with pytest.raises(StopIteration):  # no stream.end: the task has not ended
             task.next()
     assert api.get(f"/v1/tasks/{task_id}").json()["state"] == "queued"
-
-
-def test_a_stream_takes_its_cursor_once(api: httpx.Client) -> None:
-    reply = api.get("/v1/events/stream", params=[("cursor", "MC4x"), ("cursor", "MC4x")])
-    assert (reply.status_code, reply.json()["error"]["field"]) == (400, "cursor")
