@@ -139,7 +139,7 @@ class EventStream(Response):
         self.store: Store = request.app.state.store
         self.tokens = request.app.state.tokens
         self.auth = Headers(headers={"authorization": request.headers.get("authorization", "")})
-        self.scope = scope
+        self.needs = scope  # the token scope the route asked for
         self.task_id = task_id
         self.position = position
         self.rows = rows
@@ -260,7 +260,7 @@ class EventStream(Response):
         stream within the node's token cache time (``orbit server --token-cache``), as it
         closes a worker's connection. Mostly a look in that cache."""
         try:
-            await self.tokens.require(self.auth, self.scope)
+            await self.tokens.require(self.auth, self.needs)
         except ApiError:
             return False
         return True
