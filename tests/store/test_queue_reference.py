@@ -51,12 +51,26 @@ def test_a_missing_queue_anywhere_in_a_chunked_batch_writes_nothing(
     assert _orphans(store) == []
 
 
+_V4_QUEUE = """
+INSERT INTO orbit_queues (name, max_concurrency, rate, burst, paused, tokens, tokens_at,
+    created_at)
+VALUES ('q', 1, 0, 1, false, 1, 0, 0)"""
+
+_V4_TASK = """
+INSERT INTO orbit_tasks (id, queue, handler, tenant, priority, payload, payload_digest,
+    retry_safe, max_attempts, backoff_base_us, backoff_factor, backoff_max_us, run_after,
+    state, attempts_used, fence, cancel_requested, result_version, created_at, updated_at,
+    version)
+VALUES (%s, 'q', 'h', 'default', 0, %s, 'd', true, 3, 1000000, 2, 60000000, 0, 'queued', 0,
+    0, false, 0, 0, 0, 0)"""
+
+
 def test_migration_5_keeps_the_tasks_and_drops_only_the_queue_key(tmp_path: Path) -> None:
     """A database at schema version 4, with tasks in it, migrates to 5: the tasks and
     their queue are as they were, the queue's foreign key is gone, and submits go on.
 
-    The tasks are one streamed batch (more than a chunk): today's store writes a batch
-    of a chunk or less with its COMMIT, whose guard needs migration 6's function."""
+    The queue and tasks are written in SQL as schema 4 has them: today's store writes
+    columns later migrations add (``max_queued``, 9), so it cannot write a schema 4."""
     from orbit.store.postgres import driver
 
     four = tmp_path / "migrations-4"
@@ -69,18 +83,21 @@ def test_migration_5_keeps_the_tasks_and_drops_only_the_queue_key(tmp_path: Path
         old = open_store(url, migrate=False)
         old.driver.migrations = four  # type: ignore[attr-defined]
         assert old.migrate() == 4
-        queue(old)
-        specs = [
-            TaskSpec(queue="q", handler="h", payload={"i": i}) for i in range(SUBMIT_CHUNK + 1)
-        ]
-        before = [done.task for done in old.task_submit_many(specs)]
-        with psycopg.connect(dsn) as cx:
-            assert cx.execute(_PG_QUEUE_FKS).fetchall() == [("orbit_tasks_queue_fkey",)]
         old.close()
+        ids = [f"0190{i:028x}" for i in range(3)]
+        with psycopg.connect(dsn) as cx:
+            cx.execute(_V4_QUEUE)
+            for n, task_id in enumerate(ids):
+                cx.execute(_V4_TASK, (task_id, f'{{"i":{n}}}'))
+            assert cx.execute(_PG_QUEUE_FKS).fetchall() == [("orbit_tasks_queue_fkey",)]
 
         new = open_store(url)  # migrates
         try:
-            assert [new.task_get(task.id) for task in before] == before
+            kept_tasks = [new.task_get(task_id) for task_id in ids]
+            assert [(t.queue, t.payload, str(t.state)) for t in kept_tasks] == [
+                ("q", f'{{"i":{n}}}', "queued") for n in range(3)
+            ]
+            assert [q.name for q in new.queue_list()] == ["q"]
             with psycopg.connect(dsn) as cx:
                 assert cx.execute(_PG_QUEUE_FKS).fetchall() == []
                 # the other foreign keys stay (a task's parent, an attempt's task)
