@@ -539,6 +539,46 @@ def test_a_close_for_a_revoked_token_resumes_with_a_rotated_token_file(
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_token_refused_after_another_drop_ends_the_run_once_it_is_refused_twice(
+    status: int,
+) -> None:
+    """The connection drops for another reason than a revoke (a server restart: close
+    1012, not 4401) and the token is revoked meanwhile, so the worker never hears a
+    4401: its reconnects are refused. Once the same token, read again after a pause, has
+    been refused twice, the run ends as after a 4401 (handlers cancelled, no drain,
+    ``run()`` raises the refusal). Before, it retried for ever, logging each refusal."""
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, "token", reconnect_max=0.1, grace=60.0)
+            started, cancelled = asyncio.Event(), asyncio.Event()
+
+            @worker.handler("h")
+            async def handler(ctx: Context, payload: Any) -> Any:
+                started.set()
+                try:
+                    await asyncio.Event().wait()
+                except asyncio.CancelledError:
+                    cancelled.set()
+                    raise
+
+            runner = asyncio.create_task(worker.arun())
+            await gw.wait_for(_is("hello"))
+            await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+            await asyncio.wait_for(started.wait(), 10)
+            gw.reject = [status] * 100  # the token is refused from now on
+            await gw.connections[-1].close(1012, "service restart")
+            with pytest.raises(InvalidStatus) as refused:
+                await asyncio.wait_for(runner, 10)
+            assert refused.value.response.status_code == status
+            assert gw.attempts == 3  # the first connection, and two refused reconnects
+            assert cancelled.is_set()
+            assert worker.unreported == ["a1"]
+
+    asyncio.run(main())
+
+
 def test_no_token_to_read_ends_the_first_connection(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
