@@ -200,3 +200,51 @@ def test_a_connection_upgraded_before_the_revoke_and_welcomed_after_it_is_closed
         assert (closed["code"], closed["reason"]) == (4401, "UNAUTHENTICATED")
 
     asyncio.run(scenario())
+
+
+def test_a_worker_whose_token_was_revoked_while_its_server_was_down_exits_3(
+    nodes: Callable[..., Node], db_url: str, tokens: Tokens, tmp_path: Path
+) -> None:
+    """A real ``orbit worker`` runs a task; its server stops (the connection closes with
+    no 4401), the worker's token is revoked while no server runs, and a server comes
+    back on the same port. The worker never hears a 4401; its reconnects are refused
+    with 401. Once the same token has been refused twice it stops as after a 4401: exit
+    3 with the start-up's message. Before, it retried for ever, an error logged each
+    time."""
+    first = nodes(args=FAST)
+    store = open_store(db_url)
+    try:
+        token_id, leaked = store.token_create("leaked", ["worker"])
+    finally:
+        store.close()
+    with httpx.Client(
+        base_url=first.http, timeout=30, headers={"Authorization": f"Bearer {tokens.admin}"}
+    ) as admin:
+        created = admin.post("/v1/queues", json={"name": "q", "max_concurrency": 5, "rate": 0})
+        assert created.status_code == 201, created.text
+        task_id = submit(admin, "sleep", {"seconds": 120}, retry_safe=True)
+    proc = _worker_process(
+        first,
+        Tokens(tokens.admin, tokens.submit, leaked),
+        tmp_path,
+        ORBIT_TEST_RECONNECT_MAX="0.2",
+    )
+    try:
+        _wait_for(tmp_path / f"start-{task_id}")
+        first.stop()
+        store = open_store(db_url)
+        try:
+            store.token_revoke(token_id)
+        finally:
+            store.close()
+        nodes(args=[*FAST, "--port", str(first.port)])
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 3, out
+    assert "the server refused the token (HTTP 401)" in out, out
+    assert out.count("connect refused: HTTP 401") == 2, out
+    assert "4401" not in out, out
+    assert leaked not in out
