@@ -515,7 +515,7 @@ class Worker:
         closed ours because its token was revoked (``revoked``). On any other reconnect
         a refused token is raised once it has been refused ``REFUSALS_TO_STOP`` times
         in a row and is still the token read after the pause that follows
-        (``_refused_for_good``)."""
+        (``REFUSALS_TO_STOP``)."""
         self._connected.clear()
         delay = 0.1
         caps = {name: reg.capacity for name, reg in self.handlers.items()}
@@ -590,10 +590,11 @@ class Worker:
                         log.error("connect refused: HTTP %d; trying the token read again", status)
                         continue
                     log.error(
-                        "connect refused: HTTP %d (bad credentials?); %s in %.1fs",
+                        "connect refused: HTTP %d (bad credentials?); %s",
                         status,
-                        "retrying" if refusals < REFUSALS_TO_STOP else "stopping unless renewed",
-                        delay,
+                        f"retrying in {delay:.1f}s"
+                        if refusals < REFUSALS_TO_STOP
+                        else f"stopping in {delay:.1f}s unless the token is replaced",
                     )
                     await asyncio.sleep(delay)
                     if refusals >= REFUSALS_TO_STOP and self._token_now() == token:

@@ -579,6 +579,51 @@ def test_a_token_refused_after_another_drop_ends_the_run_once_it_is_refused_twic
     asyncio.run(main())
 
 
+def test_a_token_file_missing_after_two_refusals_does_not_end_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The old token is refused twice after a drop, and the token file is being
+    replaced (gone for a moment) when the runner reads it to decide: no token is not the
+    refused token, so the run goes on, and the new token, once written, resumes the
+    session."""
+    token_file = tmp_path / "token"
+    token_file.write_text("old-token\n")
+    token_file.chmod(0o600)
+    monkeypatch.delenv("ORBIT_TOKEN", raising=False)
+    monkeypatch.setenv("ORBIT_TOKEN_FILE", str(token_file))
+    missing = asyncio.Event()
+
+    class Heard(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "no token to reconnect with" in record.getMessage():
+                missing.set()
+
+    heard = Heard()
+    logging.getLogger("orbit.worker").addHandler(heard)
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, reconnect_max=0.1)
+            worker.handler("h")(_never_called)
+            async with running(worker) as runner:
+                await gw.wait_for(_is("hello"))
+                gw.accepted_token = "new-token"
+                await gw.connections[-1].close(1012, "service restart")
+                await gw.upgrades(3)  # the old token refused, twice
+                token_file.unlink()
+                await asyncio.wait_for(missing.wait(), 10)
+                assert not runner.done()
+                token_file.write_text("new-token\n")
+                token_file.chmod(0o600)
+                await gw.wait_for(_is("resume"))
+            assert len(gw.connections) == 2
+
+    try:
+        asyncio.run(main())
+    finally:
+        logging.getLogger("orbit.worker").removeHandler(heard)
+
+
 def test_no_token_to_read_ends_the_first_connection(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
