@@ -62,6 +62,8 @@ class Code(StrEnum):
     OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"  # the run lease expired: effects may have happened
     HANDLER_ERROR = "HANDLER_ERROR"  # a failure reported without a code of its own
     RESOLVED_FAILED = "RESOLVED_FAILED"  # an operator marked a needs_review task failed
+    #: a claimed attempt released when its connection was closed for a revoked token
+    TOKEN_REVOKED = "TOKEN_REVOKED"
 
 
 _STATUS: dict[Code, int] = {

@@ -966,5 +966,12 @@ def expire_session(
     """A session's heartbeat lapsed: it expires and its claimed attempts go back."""
     plan.session_writes.append((session, evolve(session, state=SessionState.EXPIRED)))
     plan.events.append(Event(kind="session.expired", session_id=session.id))
+    release_claims(plan, claimed, now, Code.SESSION_EXPIRED)
+
+
+def release_claims(plan: Plan, claimed: list[tuple[Task, Attempt]], now: int, code: Code) -> None:
+    """claimed -> released for attempts their session can no longer start (it expired,
+    or its connection was closed for a revoked token), each task queued again (or failed
+    past its deadline); ``code`` says why on each event."""
     for task, attempt in claimed:
-        _release(plan, task, attempt, now, "released", code="SESSION_EXPIRED")
+        _release(plan, task, attempt, now, "released", code=str(code))

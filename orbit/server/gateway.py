@@ -221,6 +221,21 @@ def release_undelivered(store: Store, session_id: str, epoch: int, grants: Seque
             log.exception("releasing undelivered attempt %s failed", attempt.id)
 
 
+async def release_revoked(store: Store, session_id: str, epoch: int) -> None:
+    """Give back the attempts a session had claimed and not started, its connection
+    closed for a revoked token (``Store.session_release_claims``): the tasks go back to
+    the queue at once rather than wait for their claim lease. Done by the node that
+    closed the connection, whichever node the revoke was made on. A failure is logged:
+    the claim lease still releases them."""
+    try:
+        released = await in_thread(store.session_release_claims, session_id, epoch)
+    except Exception:
+        log.exception("releasing the claims of session %s failed", session_id)
+        return
+    if released:
+        log.info("released %d claimed attempt(s) of session %s", released, session_id)
+
+
 class Dispatcher:
     """Claims for attached sessions when woken, and pushes cancels to their owners."""
 
@@ -241,6 +256,8 @@ class Dispatcher:
         #: when (event loop time) a rate-limited queue that held tasks back has a token
         #: again: the dispatcher wakes by itself then, as no commit announces it
         self._token_due: float | None = None
+        #: releases of what connections closed for a revoked token had claimed, under way
+        self.releasing: set[asyncio.Task[None]] = set()
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -297,7 +314,7 @@ class Dispatcher:
         self.revoked.update(token_ids)
         closing = [c for c in self.connections.values() if c.token_id in token_ids and not c.closed]
         for conn in closing:
-            conn.send_nowait(conn.close(4401, "UNAUTHENTICATED"))
+            self._close_revoked(conn)
         return len(closing)
 
     def refuse_revoked(self, conn: WorkerConnection) -> None:
@@ -305,7 +322,17 @@ class Dispatcher:
         checked it: the revoke's sweep (``close_revoked``) ran before it was attached.
         Called with no await since ``attach``, so a revoke heard later sweeps it."""
         if conn.token_id is not None and conn.token_id in self.revoked and not conn.closed:
-            conn.send_nowait(conn.close(4401, "UNAUTHENTICATED"))
+            self._close_revoked(conn)
+
+    def _close_revoked(self, conn: WorkerConnection) -> None:
+        """Close ``conn`` with 4401 (not waited for), then release what its session had
+        claimed and not started (``release_revoked``), in a task of its own: a close
+        that waits for a worker that does not read must not hold the tasks back. The
+        close marks the connection closed at once, so nothing more is offered to it."""
+        conn.send_nowait(conn.close(4401, "UNAUTHENTICATED"))
+        task = asyncio.create_task(release_revoked(self.store, conn.session_id, conn.epoch))
+        self.releasing.add(task)
+        task.add_done_callback(self.releasing.discard)
 
     def token_ids(self) -> set[str]:
         """The tokens the open connections on this node were opened with."""

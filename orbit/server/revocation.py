@@ -18,8 +18,10 @@ A connection whose upgrade checked the token before the revoke but that attaches
 remembers the revoked ids and closes it as it attaches (``Dispatcher.refuse_revoked``).
 
 Either way the node also forgets its cached answers for the token, so a worker that
-reconnects with it is refused (HTTP 401) rather than let in until the cache runs out.
-What the worker held follows the session-loss rules (docs/operations.md, Tokens).
+reconnects with it is refused (HTTP 401) rather than let in until the cache runs out,
+and releases what the connection's session had claimed and not started
+(``gateway.release_revoked``): the tasks go to other workers at once. What it was
+running follows the session-loss rules (docs/operations.md, Tokens).
 """
 
 from __future__ import annotations

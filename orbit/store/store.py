@@ -1327,6 +1327,32 @@ class Store:
 
         return self._run_plan(build)
 
+    def session_release_claims(self, session_id: str, epoch: int) -> int:
+        """Release every attempt the session has claimed but not started (attempt
+        ``released``, task back to ``queued``; event code ``TOKEN_REVOKED``) if ``epoch``
+        is still its current one; how many. The server calls it when it closes the
+        session's connection because the token that opened it was revoked: the worker
+        can no longer start them, and a claimed attempt has done nothing (start is the
+        point of no return), so another worker need not wait for its claim lease. A
+        start that comes later is refused (``ATTEMPT_ENDED``); running attempts keep
+        their run leases. Nothing is released once the session has been resumed since
+        (``epoch`` fenced): its new connection, whose token is good, holds them. The
+        session itself stays live: the worker may resume it with a new token."""
+
+        def build(tx: _Tx) -> tuple[Plan, int]:
+            plan = Plan()
+            # As the session expiry: a claim in flight commits first (its attempts are
+            # released with the others), and a resume cannot bump the epoch meanwhile.
+            _wait_for_claims(tx)
+            claimed = _claimed_by(tx, session_id)
+            session = tx.session(session_id, lock=True)
+            if session.epoch != epoch or not claimed:
+                return plan, 0
+            transitions.release_claims(plan, claimed, tx.now(), Code.TOKEN_REVOKED)
+            return plan, len(claimed)
+
+        return self._run_plan(build)
+
     # ------------------------------------------------------------------ claim
 
     def attempt_claim_many(self, session_id: str, epoch: int, n: int) -> Grants:
@@ -2068,28 +2094,12 @@ class Store:
                 # below include its and are released with the session's others.
                 tx.fetch("claim_lock")
             for row in expired:
-                task_ids = sorted(
-                    r["task_id"]
-                    for r in tx.fetch("attempt_claimed_for_session", session_id=row["id"])
-                )
-                tasks = {
-                    r["id"]: R.task_from_row(r) for r in tx.fetch("task_lock_many", ids=task_ids)
-                }
-                claimed = [
-                    a
-                    for a in (
-                        R.attempt_from_row(r)
-                        for r in tx.fetch("attempt_live_for_tasks", task_ids=task_ids)
-                    )
-                    if a.session_id == row["id"] and a.state == "claimed"
-                ]
+                claimed = _claimed_by(tx, row["id"])
                 session = tx.session(row["id"], lock=True)
                 now = tx.now()
                 if session.state != SessionState.LIVE or session.expires_at > now:
                     continue
-                transitions.expire_session(
-                    plan, session, [(tasks[a.task_id], a) for a in claimed], now
-                )
+                transitions.expire_session(plan, session, claimed, now)
             tx.apply(plan, final=True)
             return plan
 
@@ -2127,6 +2137,25 @@ def _refuse_past_deadline(task: Task, now: int) -> None:
             Code.DEADLINE_EXCEEDED,
             "the task's deadline has passed, so it cannot run again; submit it anew",
         )
+
+
+def _claimed_by(tx: _Tx, session_id: str) -> list[tuple[Task, Attempt]]:
+    """The attempts the session has claimed and not started, each with its task: the
+    tasks locked (by id), then the attempts read under those locks. Taken after the claim
+    lock, so that a claim in flight for the session has committed and its attempts are
+    among them."""
+    task_ids = sorted(
+        r["task_id"] for r in tx.fetch("attempt_claimed_for_session", session_id=session_id)
+    )
+    tasks = {r["id"]: R.task_from_row(r) for r in tx.fetch("task_lock_many", ids=task_ids)}
+    attempts = (
+        R.attempt_from_row(r) for r in tx.fetch("attempt_live_for_tasks", task_ids=task_ids)
+    )
+    return [
+        (tasks[a.task_id], a)
+        for a in attempts
+        if a.session_id == session_id and a.state == "claimed"
+    ]
 
 
 def _wait_for_claims(tx: _Tx) -> None:

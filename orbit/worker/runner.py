@@ -25,7 +25,9 @@ Guarantees the runner keeps:
   reconnects once with its token read again (a token rotated in ``ORBIT_TOKEN_FILE``
   carries on), and if that is refused too it cancels its handlers and ``run()`` raises
   the refusal, as at the first connection (``orbit worker`` exits 3); what its attempts
-  become is up to their leases and the session's expiry.
+  become is up to their leases and the session's expiry. A connection lost another way
+  (the network, a server restart) whose reconnects are refused ends the same way, once
+  the same token has been refused twice with a pause after each.
 """
 
 from __future__ import annotations
@@ -77,6 +79,11 @@ RENEW_RETRY_FIRST = 0.25
 RENEW_RETRY_MAX = 10.0
 #: the close code of a connection whose token was revoked (docs/protocol.md)
 REVOKED_CLOSE = 4401
+#: After a drop that was no 4401, how many refusals (401/403) in a row of one token end
+#: the run, provided the token read after the pause that follows the last is still that
+#: one. Two, not one: a token revoked just before its replacement is written into
+#: ORBIT_TOKEN_FILE is refused once or twice before the new one can be read.
+REFUSALS_TO_STOP = 2
 Handler = Callable[..., Any]
 
 
@@ -505,12 +512,18 @@ class Worker:
         """Connect and hello (first time) or resume; retry with backoff until it works.
         A refusal of our credentials (HTTP 401 or 403, or no token to read) is raised
         rather than retried on the first connection, and on the one after the server
-        closed ours because its token was revoked (``revoked``)."""
+        closed ours because its token was revoked (``revoked``). On any other reconnect
+        a refused token is raised once it has been refused ``REFUSALS_TO_STOP`` times
+        in a row and is still the token read after the pause that follows
+        (``REFUSALS_TO_STOP``)."""
         self._connected.clear()
         delay = 0.1
         caps = {name: reg.capacity for name, reg in self.handlers.items()}
+        refused_token: str | None = None  # the token the last refusal was of
+        refusals = 0  # how many times in a row it was refused
         while True:
             conn: WorkerConnection | None = None
+            token: str | None = None
             try:
                 # Read at every try: a token rotated in ORBIT_TOKEN_FILE is taken up by
                 # the next reconnect, without a restart.
@@ -549,12 +562,13 @@ class Worker:
                 # connection: a hello the server refused, or HTTP 401/403 by its status
                 # code (once read as "40" in the message: a 404 ended the worker, and any
                 # message with "40" in it would have). A 500 or 503 is a server or proxy
-                # that is not ready yet: retried, as is a refusal after a first success
-                # (with the token read again: it may have been rotated). No token to read
-                # is final on the first connection too. After a close for a revoked token
-                # (4401), a refusal is final as well: the token read again is still refused,
-                # and retrying it for ever would leave the worker holding a session it can
-                # never use again.
+                # that is not ready yet: retried. No token to read is final on the first
+                # connection too. After a close for a revoked token (4401), a refusal is
+                # final as well: the token read again is still refused, and retrying it
+                # for ever would leave the worker holding a session it can never use
+                # again. After any other drop a refusal is final once the same token is
+                # refused twice (below): the worker heard no 4401, but the server says
+                # the same.
                 status = exc.response.status_code if isinstance(exc, InvalidStatus) else None
                 bad_token = isinstance(exc, TokenError)
                 refused = bad_token or status in (401, 403)
@@ -563,8 +577,31 @@ class Worker:
                 if (first or revoked) and refused:
                     raise
                 if status in (401, 403):
-                    log.error("connect refused: HTTP %d (bad credentials?); retrying", status)
-                elif bad_token:
+                    # Refused after a drop that was no 4401 (a network failure, a server
+                    # restart): the token may have been revoked meanwhile, and this worker
+                    # never heard the close that says so. A new token read now is tried
+                    # at once; the same one again after a pause, and the run ends once it
+                    # has been refused REFUSALS_TO_STOP times in a row and the pause after
+                    # the last brought no other.
+                    refusals = refusals + 1 if token == refused_token else 1
+                    refused_token = token
+                    now = self._token_now()
+                    if now is not None and now != token:
+                        log.error("connect refused: HTTP %d; trying the token read again", status)
+                        continue
+                    log.error(
+                        "connect refused: HTTP %d (bad credentials?); %s",
+                        status,
+                        f"retrying in {delay:.1f}s"
+                        if refusals < REFUSALS_TO_STOP
+                        else f"stopping in {delay:.1f}s unless the token is replaced",
+                    )
+                    await asyncio.sleep(delay)
+                    if refusals >= REFUSALS_TO_STOP and self._token_now() == token:
+                        raise
+                    delay = min(delay * 2, self.reconnect_max)
+                    continue
+                if bad_token:
                     log.error("no token to reconnect with (%s); retrying", exc)
                 else:
                     log.warning(
@@ -574,6 +611,15 @@ class Worker:
                     )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.reconnect_max)
+
+    def _token_now(self) -> str | None:
+        """The token as read now, or None if it cannot be read (a file being rewritten,
+        say): that is neither a new token to try at once nor the refused one to give up
+        on, and the next try reads it again."""
+        try:
+            return self._token()
+        except TokenError:
+            return None
 
     async def _read_loop(self) -> None:
         while True:

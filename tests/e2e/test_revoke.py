@@ -1,7 +1,8 @@
 """Revoking a token cuts off the worker connections already open with it, on every node:
 each is closed with 4401 ``UNAUTHENTICATED``, the ``orbit worker`` holding one exits 3 as
-when its token is refused at the start, and the tasks it held follow the session-loss
-path (claim lease, run lease) to a worker whose token is still good."""
+when its token is refused at the start, and the tasks it held go to a worker whose token
+is still good: a claimed one at once (the closing node releases it), a running one when
+its run lease runs out."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ from tests.e2e.test_runner import FAST, _wait_for, _worker_process, submit, wait
 #: Far longer than the test: a connection closed within it was closed by the revoke's
 #: notice, not by the periodic re-check of the tokens (which runs at this period)
 LONG_TOKEN_CACHE = ["--token-cache", "600"]
+#: Far longer than the test too (and the session's 60 s): a claimed task another worker
+#: got within it was released by the close for the revoked token, not by its claim lease
+LONG_CLAIM_TTL = ["--claim-ttl", "600"]
 #: a retry of the running task right after its lease is lost, not a second later
 QUICK_RETRY = {"base": 0.1, "factor": 1, "max": 0.1}
 
@@ -30,10 +34,10 @@ QUICK_RETRY = {"base": 0.1, "factor": 1, "max": 0.1}
 def cluster(nodes: Callable[..., Node], db_url: str) -> tuple[Node, Node]:
     """Nodes A and B: two processes on PostgreSQL; on SQLite (one server process per
     database) the same node twice."""
-    a = nodes(node_id="node-a", args=FAST + LONG_TOKEN_CACHE)
+    a = nodes(node_id="node-a", args=FAST + LONG_TOKEN_CACHE + LONG_CLAIM_TTL)
     if db_url.startswith("sqlite"):
         return a, a
-    return a, nodes(node_id="node-b", args=FAST + LONG_TOKEN_CACHE)
+    return a, nodes(node_id="node-b", args=FAST + LONG_TOKEN_CACHE + LONG_CLAIM_TTL)
 
 
 @pytest.fixture
@@ -62,8 +66,10 @@ def test_a_revoke_through_node_a_closes_the_connections_open_on_node_b(
     caches token checks far longer than the test runs, so only the revoke's notice can
     close them); the worker exits 3, as when its token is refused at the start, its
     handler cancelled. A worker with a good token, on node A, gets both tasks: the
-    claimed one when its claim lease runs out, the running one retried when its lease
-    runs out. Before, both connections stayed open and kept their tasks."""
+    claimed one at once, released by node B as it closed the connection (the claim
+    lease is far longer than the test), the running one retried when its run lease runs
+    out. Before, both connections stayed open and kept their tasks; then the claimed
+    task waited for its claim lease."""
     a, b = cluster
     made = admin_a.post("/v1/tokens", json={"name": "leaked", "scopes": ["worker"]})
     assert made.status_code == 201, made.text
@@ -114,6 +120,9 @@ def test_a_revoke_through_node_a_closes_the_connections_open_on_node_b(
         assert task["result"] == "rescued", task
         attempts = admin_a.get(f"/v1/tasks/{task_id}/attempts").json()["items"]
         assert [x["state"] for x in attempts] == [lost, "succeeded"], attempts
+    events = admin_a.get(f"/v1/tasks/{claimed}/events").json()["items"]
+    released = [(e["kind"], e["code"]) for e in events if e["kind"] == "released"]
+    assert released == [("released", "TOKEN_REVOKED")], events
 
 
 #: the node's ``--token-cache`` in the re-check test, which is also how often it re-checks
@@ -191,3 +200,51 @@ def test_a_connection_upgraded_before_the_revoke_and_welcomed_after_it_is_closed
         assert (closed["code"], closed["reason"]) == (4401, "UNAUTHENTICATED")
 
     asyncio.run(scenario())
+
+
+def test_a_worker_whose_token_was_revoked_while_its_server_was_down_exits_3(
+    nodes: Callable[..., Node], db_url: str, tokens: Tokens, tmp_path: Path
+) -> None:
+    """A real ``orbit worker`` runs a task; its server stops (the connection closes with
+    no 4401), the worker's token is revoked while no server runs, and a server comes
+    back on the same port. The worker never hears a 4401; its reconnects are refused
+    with 401. Once the same token has been refused twice it stops as after a 4401: exit
+    3 with the start-up's message. Before, it retried for ever, an error logged each
+    time."""
+    first = nodes(args=FAST)
+    store = open_store(db_url)
+    try:
+        token_id, leaked = store.token_create("leaked", ["worker"])
+    finally:
+        store.close()
+    with httpx.Client(
+        base_url=first.http, timeout=30, headers={"Authorization": f"Bearer {tokens.admin}"}
+    ) as admin:
+        created = admin.post("/v1/queues", json={"name": "q", "max_concurrency": 5, "rate": 0})
+        assert created.status_code == 201, created.text
+        task_id = submit(admin, "sleep", {"seconds": 120}, retry_safe=True)
+    proc = _worker_process(
+        first,
+        Tokens(tokens.admin, tokens.submit, leaked),
+        tmp_path,
+        ORBIT_TEST_RECONNECT_MAX="0.2",
+    )
+    try:
+        _wait_for(tmp_path / f"start-{task_id}")
+        first.stop()
+        store = open_store(db_url)
+        try:
+            store.token_revoke(token_id)
+        finally:
+            store.close()
+        nodes(args=[*FAST, "--port", str(first.port)])
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 3, out
+    assert "the server refused the token (HTTP 401)" in out, out
+    assert out.count("connect refused: HTTP 401") == 2, out
+    assert "4401" not in out, out
+    assert leaked not in out

@@ -20,6 +20,7 @@ worker = Worker(
     concurrency=int(os.environ.get("ORBIT_TEST_CONCURRENCY", "4")),
     grace=float(os.environ.get("ORBIT_TEST_GRACE", "10")),
     cancel_grace=float(os.environ.get("ORBIT_TEST_CANCEL_GRACE", "1")),
+    reconnect_max=float(os.environ.get("ORBIT_TEST_RECONNECT_MAX", "5")),
 )
 if "ORBIT_TEST_RENAME" in os.environ:
     # A name set past the constructor's check, as an older SDK would send it: what only

@@ -539,6 +539,91 @@ def test_a_close_for_a_revoked_token_resumes_with_a_rotated_token_file(
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_token_refused_after_another_drop_ends_the_run_once_it_is_refused_twice(
+    status: int,
+) -> None:
+    """The connection drops for another reason than a revoke (a server restart: close
+    1012, not 4401) and the token is revoked meanwhile, so the worker never hears a
+    4401: its reconnects are refused. Once the same token, read again after a pause, has
+    been refused twice, the run ends as after a 4401 (handlers cancelled, no drain,
+    ``run()`` raises the refusal). Before, it retried for ever, logging each refusal."""
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, "token", reconnect_max=0.1, grace=60.0)
+            started, cancelled = asyncio.Event(), asyncio.Event()
+
+            @worker.handler("h")
+            async def handler(ctx: Context, payload: Any) -> Any:
+                started.set()
+                try:
+                    await asyncio.Event().wait()
+                except asyncio.CancelledError:
+                    cancelled.set()
+                    raise
+
+            runner = asyncio.create_task(worker.arun())
+            await gw.wait_for(_is("hello"))
+            await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+            await asyncio.wait_for(started.wait(), 10)
+            gw.reject = [status] * 100  # the token is refused from now on
+            await gw.connections[-1].close(1012, "service restart")
+            with pytest.raises(InvalidStatus) as refused:
+                await asyncio.wait_for(runner, 10)
+            assert refused.value.response.status_code == status
+            assert gw.attempts == 3  # the first connection, and two refused reconnects
+            assert cancelled.is_set()
+            assert worker.unreported == ["a1"]
+
+    asyncio.run(main())
+
+
+def test_a_token_file_missing_after_two_refusals_does_not_end_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The old token is refused twice after a drop, and the token file is being
+    replaced (gone for a moment) when the runner reads it to decide: no token is not the
+    refused token, so the run goes on, and the new token, once written, resumes the
+    session."""
+    token_file = tmp_path / "token"
+    token_file.write_text("old-token\n")
+    token_file.chmod(0o600)
+    monkeypatch.delenv("ORBIT_TOKEN", raising=False)
+    monkeypatch.setenv("ORBIT_TOKEN_FILE", str(token_file))
+    missing = asyncio.Event()
+
+    class Heard(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "no token to reconnect with" in record.getMessage():
+                missing.set()
+
+    heard = Heard()
+    logging.getLogger("orbit.worker").addHandler(heard)
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, reconnect_max=0.1)
+            worker.handler("h")(_never_called)
+            async with running(worker) as runner:
+                await gw.wait_for(_is("hello"))
+                gw.accepted_token = "new-token"
+                await gw.connections[-1].close(1012, "service restart")
+                await gw.upgrades(3)  # the old token refused, twice
+                token_file.unlink()
+                await asyncio.wait_for(missing.wait(), 10)
+                assert not runner.done()
+                token_file.write_text("new-token\n")
+                token_file.chmod(0o600)
+                await gw.wait_for(_is("resume"))
+            assert len(gw.connections) == 2
+
+    try:
+        asyncio.run(main())
+    finally:
+        logging.getLogger("orbit.worker").removeHandler(heard)
+
+
 def test_no_token_to_read_ends_the_first_connection(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
