@@ -871,6 +871,7 @@ class Store:
                     eager if lazy is None else lazy.read(0, count),
                     frozenset(by_key),
                     {r["name"]: float(r["rate"]) for r in queue_rows},
+                    lambda k: self._existing_by_key(tx, k),
                 )
             results: list[Submitted] = []
             rendered: list[T] = []
@@ -2170,6 +2171,7 @@ def _check_depth(
     specs: Sequence[TaskSpec],
     known: frozenset[tuple[str, str, str]],
     rates: Mapping[str, float],
+    existing: Callable[[set[tuple[str, str, str]]], Mapping[tuple[str, str, str], Task]],
 ) -> None:
     """Refuse a submit (``Backpressure``; the transaction writes nothing) that would leave a
     capped queue or tenant (``capped``: ``(kind, name)``) with more waiting tasks, in state
@@ -2181,15 +2183,24 @@ def _check_depth(
     cluster-wide by ``depth_lock``, and each counts after it holds the lock, in a
     statement of its own (which sees every submit committed before it), with the cap as
     it is then: two nodes cannot both fill the last room. A submit to a scope without a
-    cap takes no lock and counts nothing."""
+    cap takes no lock and counts nothing.
+
+    ``known`` was read before the lock: a submit that waited for it may find that a key it
+    counted as new was taken meanwhile by the submit it waited for. Before refusing, the
+    keys counted as new are read again (``existing``, a statement after the lock); if one
+    names a task now, the transaction is retried (``StaleWrite``) with the keys as they
+    are, as a submit without a cap is when its insert finds the key taken. So a
+    concurrent resubmit gets the task back rather than a refusal; only a refusal pays."""
     adding: dict[tuple[str, str], int] = {}
     seen = set(known)
+    fresh: set[tuple[str, str, str]] = set()  # the keys counted as new
     for spec in specs:
         key = _key_of(spec)
         if key is not None:
             if key in seen:
                 continue
             seen.add(key)
+            fresh.add(key)
         for scope in (("queue", spec.queue), ("tenant", spec.tenant)):
             adding[scope] = adding.get(scope, 0) + 1
     todo = sorted((scope, n) for scope in capped if (n := adding.get(scope, 0)))
@@ -2203,6 +2214,8 @@ def _check_depth(
             continue
         depth = int(found[0]["depth"])
         if depth + n > cap:
+            if fresh and existing(fresh):
+                raise StaleWrite  # a key counted as new was taken while this waited
             what = f"{kind} {name!r:.80}"
             raise Backpressure(
                 Code.QUEUE_FULL if kind == "queue" else Code.TENANT_FULL,

@@ -326,3 +326,52 @@ def test_many_submits_from_two_nodes_fill_the_cap_exactly(make_store: Any, backe
     assert sum(t.tenant == "acme" for t in tasks) <= 9
     assert a.task_counts() == {"queued": 12}
     assert check_all(a) == []
+
+
+def test_a_concurrent_resubmit_of_the_last_task_is_answered_not_refused(
+    make_store: Any, backend: str
+) -> None:
+    """Two nodes submit the same idempotency key to a queue with room for one. The second
+    read its keys before the first committed, then waited for the first's depth lock: the
+    key names a task by the time it counts, so it must get that task back (as it does at a
+    queue without a cap), not QUEUE_FULL."""
+    if backend != "postgres":
+        pytest.skip("SQLite has one writer: BEGIN IMMEDIATE serialises the submits")
+    a, b = make_store(), make_store()
+    _capped(a, 1)
+    counted, go_on = threading.Event(), threading.Event()
+    check = store_module._check_depth
+
+    def held(tx: Any, *args: Any) -> None:
+        check(tx, *args)
+        if tx._store is a:
+            counted.set()
+            assert go_on.wait(RACE_WAIT)
+
+    outcomes: dict[str, Any] = {}
+
+    def run(name: str, node: Store) -> None:
+        try:
+            outcomes[name] = node.task_submit(_spec(idempotency_key="k", payload={"n": 1}))
+        except Exception as exc:
+            outcomes[name] = exc
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(store_module, "_check_depth", held)
+    try:
+        first = threading.Thread(target=run, args=("a", a))
+        first.start()
+        assert counted.wait(RACE_WAIT)
+        second = threading.Thread(target=run, args=("b", b))
+        second.start()
+        until_done_or_waiting_on_a_lock(second, store_url(a))
+        go_on.set()
+        first.join(RACE_WAIT)
+        second.join(RACE_WAIT)
+    finally:
+        go_on.set()
+        mp.undo()
+    assert outcomes["a"].created, outcomes["a"]
+    assert not isinstance(outcomes["b"], Exception), outcomes["b"]
+    assert not outcomes["b"].created and outcomes["b"].task.id == outcomes["a"].task.id
+    assert a.task_counts() == {"queued": 1}
