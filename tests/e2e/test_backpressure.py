@@ -115,3 +115,33 @@ def test_every_bad_max_queued_is_refused_with_400(admin: httpx.Client) -> None:
     assert admin.get("/v1/limits/tenants").json() == []
     empty = admin.put("/v1/limits/tenants/acme", json={})
     assert empty.status_code == 400 and empty.json()["error"]["code"] == "MISSING_FIELD"
+
+
+def _refused(node: Node) -> dict[str, float]:
+    """``orbit_refused_submits_total`` by reason, as Prometheus parses ``/metrics``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    reply = httpx.get(f"{node.http}/metrics")
+    assert reply.status_code == 200
+    return {
+        s.labels["reason"]: s.value
+        for family in text_string_to_metric_families(reply.text)
+        for s in family.samples
+        if s.name == "orbit_refused_submits_total"
+    }
+
+
+def test_refused_submits_are_counted_by_reason(admin: httpx.Client, node: Node) -> None:
+    """Each 429 counts once, a batch as one refusal; an accepted submit counts nothing.
+    Both series are there, at 0, before any refusal."""
+    assert _refused(node) == {"queue_full": 0, "tenant_full": 0}
+    admin.post("/v1/queues", json={"name": "bp", "max_concurrency": 1, "rate": 0, "max_queued": 1})
+    admin.put("/v1/limits/tenants/acme", json={"max_queued": 1})
+    assert admin.post("/v1/tasks", json=_task(tenant="acme")).status_code == 201
+    assert admin.post("/v1/tasks", json=_task()).status_code == 429
+    batch = admin.post("/v1/tasks/batch", json={"tasks": [_task(), _task()]})
+    assert batch.status_code == 429
+    admin.patch("/v1/queues/bp", json={"max_queued": None})
+    assert admin.post("/v1/tasks", json=_task(tenant="acme")).status_code == 429
+    assert admin.post("/v1/tasks", json=_task()).status_code == 201
+    assert _refused(node) == {"queue_full": 2, "tenant_full": 1}
