@@ -871,6 +871,7 @@ class Store:
                     eager if lazy is None else lazy.read(0, count),
                     frozenset(by_key),
                     {r["name"]: float(r["rate"]) for r in queue_rows},
+                    frozenset(r["name"] for r in queue_rows if r["paused"]),
                     lambda k: self._existing_by_key(tx, k),
                 )
             results: list[Submitted] = []
@@ -2155,11 +2156,14 @@ def depth_key(kind: str, name: str) -> int:
     return (_DEPTH_LOCK_KIND[kind] << 32) | zlib.crc32(name.encode("utf-8"))
 
 
-def retry_after(adding: int, rate: float | None) -> int:
+def retry_after(adding: int, rate: float | None, *, paused: bool = False) -> int:
     """Seconds a refused submit of ``adding`` tasks should wait: for a queue whose rate
     is capped, the time that rate takes to claim as many tasks (at best the room a
     retry needs), else one second; at least 1, at most ``MAX_RETRY_AFTER``. A heuristic:
-    nothing else bounds how soon a backlog drains."""
+    nothing else bounds how soon a backlog drains. A paused queue claims nothing until
+    it is resumed, whatever its rate: the most."""
+    if paused:
+        return MAX_RETRY_AFTER
     if rate is None or rate <= 0:
         return 1
     return max(1, min(MAX_RETRY_AFTER, math.ceil(adding / rate)))
@@ -2171,6 +2175,7 @@ def _check_depth(
     specs: Sequence[TaskSpec],
     known: frozenset[tuple[str, str, str]],
     rates: Mapping[str, float],
+    paused: frozenset[str],
     existing: Callable[[set[tuple[str, str, str]]], Mapping[tuple[str, str, str], Task]],
 ) -> None:
     """Refuse a submit (``Backpressure``; the transaction writes nothing) that would leave a
@@ -2224,7 +2229,11 @@ def _check_depth(
                 if n <= cap
                 else f"{what} has max_queued {cap}: a submit of {n} new tasks can never fit",
                 scope=name,
-                retry_after=retry_after(n, rates.get(name) if kind == "queue" else None),
+                retry_after=(
+                    retry_after(n, rates.get(name), paused=name in paused)
+                    if kind == "queue"
+                    else retry_after(n, None)
+                ),
             )
 
 

@@ -375,3 +375,19 @@ def test_a_concurrent_resubmit_of_the_last_task_is_answered_not_refused(
     assert not isinstance(outcomes["b"], Exception), outcomes["b"]
     assert not outcomes["b"].created and outcomes["b"].task.id == outcomes["a"].task.id
     assert a.task_counts() == {"queued": 1}
+
+
+def test_a_paused_queue_answers_the_longest_wait(store: Store) -> None:
+    """A paused queue hands out nothing until resumed: its rate (or none) says nothing of
+    when room comes, and 1 s would invite a producer to ask again every second."""
+    _capped(store, 1)
+    submit(store)
+    store.queue_pause("q")
+    with pytest.raises(Backpressure) as refused:
+        submit(store)
+    assert refused.value.retry_after == store_module.MAX_RETRY_AFTER
+    store.queue_resume("q")
+    with pytest.raises(Backpressure) as refused:
+        submit(store)
+    assert refused.value.retry_after == 1
+    assert retry_after(1, 4, paused=True) == store_module.MAX_RETRY_AFTER
