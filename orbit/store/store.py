@@ -2166,7 +2166,8 @@ def retry_after(adding: int, rate: float | None, *, paused: bool = False) -> int
         return MAX_RETRY_AFTER
     if rate is None or rate <= 0:
         return 1
-    return max(1, min(MAX_RETRY_AFTER, math.ceil(adding / rate)))
+    # Rounded to microseconds first: 21 / 0.7 is 30.000000000000004 in floats, not 31 s.
+    return max(1, min(MAX_RETRY_AFTER, math.ceil(round(adding / rate, 6))))
 
 
 def _check_depth(

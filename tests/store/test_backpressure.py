@@ -391,3 +391,12 @@ def test_a_paused_queue_answers_the_longest_wait(store: Store) -> None:
         submit(store)
     assert refused.value.retry_after == 1
     assert retry_after(1, 4, paused=True) == store_module.MAX_RETRY_AFTER
+
+
+def test_retry_after_is_not_a_second_long_from_rounding() -> None:
+    """21 tasks at 0.7 a second take 30 s: the division's float error (30.000000000000004)
+    rounded up to 31."""
+    assert retry_after(21, 0.7) == 30
+    assert retry_after(21, 1.4) == 15
+    assert retry_after(57, 1.14) == 50
+    assert retry_after(22, 0.7) == 32  # 31.4...: a part of a second is still a second
