@@ -14,11 +14,12 @@ import hmac
 import math
 import random
 import secrets
+import threading
 import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from enum import Enum
 from functools import partial
@@ -275,6 +276,7 @@ class Store:
         #: the node owning it can ignore its own NOTIFY: ``on_ready`` already woke it, and
         #: a second wake would cost an empty claim transaction per commit.
         self.origin = uuid.uuid4().hex[:16]
+        self._depth_gates = _DepthGates()
 
     # ------------------------------------------------------------------ plumbing
 
@@ -797,6 +799,7 @@ class Store:
         else:
             queues, parents, keys = sorted(lazy.queues), sorted(lazy.parents), set(lazy.keys)
         tenants = sorted({s.tenant for s in eager} if lazy is None else lazy.tenants)
+        scopes = [("queue", q) for q in queues] + [("tenant", t) for t in tenants]
 
         def read(
             start: int, end: int, now: int, by_key: dict[tuple[str, str, str], Task]
@@ -864,6 +867,7 @@ class Store:
                 )
             capped = [("queue", r["name"]) for r in queue_rows if r["max_queued"] is not None]
             capped += [("tenant", r["name"]) for r in tenant_caps]
+            self._depth_gates.saw(scopes, capped)
             if capped:  # only a submit to a capped queue or tenant pays for backpressure
                 _check_depth(
                     tx,
@@ -920,7 +924,8 @@ class Store:
                 )
             return rendered
 
-        return self._tx(work)
+        with self._depth_gates.held(scopes):
+            return self._tx(work)
 
     def _submitted(
         self,
@@ -2148,6 +2153,51 @@ _DEPTH_LOCK_KIND = {"queue": 7270602, "tenant": 7270603}
 
 #: The longest ``Retry-After`` a full queue or tenant is answered with, in seconds.
 MAX_RETRY_AFTER = 60
+
+
+class _DepthGates:
+    """One node's in-process gates in front of the depth locks (``depth_lock``): a submit
+    to a scope this node last saw capped passes its gate before it takes a pooled
+    connection, so that one submit per capped scope at most waits for the scope's depth
+    lock on this node, connection in hand. Without them a burst of submits to one full
+    scope, which go one at a time cluster-wide anyway, held every pooled connection
+    while they waited, and every other call of the node (a worker's renewal, an
+    uncapped submit) waited for a connection behind them, up to the pool's timeout.
+
+    Only a hint: the depth lock alone keeps the cap. A scope first capped since this node
+    last saw it is submitted to ungated (as before) until a submit has read its cap; one
+    whose cap was removed stays gated until then. A gate is waited for before any
+    transaction begins, so its holder waits for database locks but no database lock
+    holder ever waits for a gate: they cannot wait for each other in a cycle, and gates
+    are taken in key order."""
+
+    def __init__(self) -> None:
+        self._capped: set[int] = set()  # the depth keys of the scopes last seen capped
+        self._gates: dict[int, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def saw(self, scopes: Iterable[tuple[str, str]], capped: Iterable[tuple[str, str]]) -> None:
+        """A submit read these scopes' caps: ``capped`` has one, the rest have none."""
+        if not capped and not self._capped:  # no cap seen anywhere: nothing to do
+            return
+        now = {depth_key(*s) for s in capped}
+        with self._lock:
+            self._capped -= {depth_key(*s) for s in scopes} - now
+            self._capped |= now
+
+    @contextmanager
+    def held(self, scopes: Iterable[tuple[str, str]]) -> Iterator[None]:
+        """Hold the gates of the scopes last seen capped, in key order, for the block."""
+        if not self._capped:  # no cap seen anywhere: nothing to hold
+            yield
+            return
+        with self._lock:
+            keys = sorted(k for s in scopes if (k := depth_key(*s)) in self._capped)
+            gates = [self._gates.setdefault(k, threading.Lock()) for k in keys]
+        with ExitStack() as stack:
+            for gate in gates:
+                stack.enter_context(gate)
+            yield
 
 
 def depth_key(kind: str, name: str) -> int:

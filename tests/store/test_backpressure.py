@@ -400,3 +400,48 @@ def test_retry_after_is_not_a_second_long_from_rounding() -> None:
     assert retry_after(21, 1.4) == 15
     assert retry_after(57, 1.14) == 50
     assert retry_after(22, 0.7) == 32  # 31.4...: a part of a second is still a second
+
+
+def test_submits_waiting_for_a_full_scope_leave_the_node_connections(
+    make_store: Any, backend: str
+) -> None:
+    """Submits to one capped queue go one at a time, cluster-wide (the depth lock). More
+    of them at once on one node than its pool holds took every pooled connection, each
+    waiting for that lock, and every other call of the node (an uncapped submit here; a
+    worker's renewal alike) waited for a connection behind them. A node lets one of its
+    submits per capped scope wait for the lock; the others wait in the node, holding no
+    connection."""
+    if backend != "postgres":
+        pytest.skip("SQLite has one writer and no pool of connections")
+    import psycopg
+
+    node = make_store()
+    _capped(node, 1000)
+    node.queue_create("free", max_concurrency=1, rate=0)
+    submit(node)  # the node has seen that q has a cap
+    outcomes: list[Any] = []
+
+    def run(queue: str) -> None:
+        try:
+            outcomes.append(submit(node, queue))
+        except Exception as exc:
+            outcomes.append(exc)
+
+    with psycopg.connect(store_url(node)) as other_node:  # holds q's depth lock
+        other_node.execute(
+            "SELECT pg_advisory_xact_lock(%s)", (store_module.depth_key("queue", "q"),)
+        )
+        waiting = [threading.Thread(target=run, args=("q",)) for _ in range(12)]
+        for t in waiting:
+            t.start()
+        until_done_or_waiting_on_a_lock(waiting[0], store_url(node))
+        probe = threading.Thread(target=run, args=("free",))
+        probe.start()
+        probe.join(RACE_WAIT)
+        assert not probe.is_alive() and len(outcomes) == 1, outcomes
+        assert isinstance(outcomes[0], str), outcomes[0]  # while q's lock is still held
+        other_node.rollback()
+    for t in waiting:
+        t.join(RACE_WAIT)
+    assert len(outcomes) == 13 and all(isinstance(o, str) for o in outcomes), outcomes
+    assert node.task_counts() == {"queued": 14}
