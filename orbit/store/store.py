@@ -742,6 +742,14 @@ class Store:
         """Submit tasks in one transaction: all of them or none."""
         return self.task_submit_rendered(specs, _same)
 
+    def depth_gated(self, scopes: Iterable[tuple[str, str]]) -> list[int]:
+        """The depth keys (``depth_key``) of those scopes (``(kind, name)``: ``"queue"``
+        or ``"tenant"``) that this store's last submit to them found capped, in order: a
+        caller that makes many submits wait (the server, ``orbit.server.gates``) lets one
+        per key at a time through to the store. A hint: a cap set or removed since is
+        seen by the next submit."""
+        return self._depth_gates.keys(scopes)
+
     def task_submit_rendered(
         self,
         specs: Sequence[TaskSpec] | LazyBatch,
@@ -2185,14 +2193,21 @@ class _DepthGates:
             self._capped -= {depth_key(*s) for s in scopes} - now
             self._capped |= now
 
+    def keys(self, scopes: Iterable[tuple[str, str]]) -> list[int]:
+        """The depth keys of the scopes last seen capped, in order."""
+        if not self._capped:  # no cap seen anywhere
+            return []
+        with self._lock:
+            return sorted(k for s in scopes if (k := depth_key(*s)) in self._capped)
+
     @contextmanager
     def held(self, scopes: Iterable[tuple[str, str]]) -> Iterator[None]:
         """Hold the gates of the scopes last seen capped, in key order, for the block."""
-        if not self._capped:  # no cap seen anywhere: nothing to hold
+        keys = self.keys(scopes)
+        if not keys:
             yield
             return
         with self._lock:
-            keys = sorted(k for s in scopes if (k := depth_key(*s)) in self._capped)
             gates = [self._gates.setdefault(k, threading.Lock()) for k in keys]
         with ExitStack() as stack:
             for gate in gates:

@@ -145,3 +145,53 @@ def test_refused_submits_are_counted_by_reason(admin: httpx.Client, node: Node) 
     assert admin.post("/v1/tasks", json=_task(tenant="acme")).status_code == 429
     assert admin.post("/v1/tasks", json=_task()).status_code == 201
     assert _refused(node) == {"queue_full": 2, "tenant_full": 1}
+
+
+def test_a_burst_at_a_full_queue_leaves_the_node_its_threads(
+    admin: httpx.Client, node: Node, tokens: Tokens, db_url: str
+) -> None:
+    """Submits to one capped queue go one at a time, cluster-wide. A burst of them, more
+    than the node's store threads (orbit.server.threads.THREADS), each took a thread to
+    wait for its turn, and every other call of the node (a submit to another queue here;
+    a worker's report alike) waited for a thread behind them. They wait on the event loop
+    now, one per capped scope in a thread."""
+    if db_url.startswith("sqlite"):
+        pytest.skip("SQLite has one writer: nothing waits for a depth lock")
+    import threading
+
+    import psycopg
+
+    from orbit.server.threads import THREADS
+    from orbit.store.store import depth_key
+    from tests.store.helpers import RACE_WAIT, until_done_or_waiting_on_a_lock
+
+    admin.post(
+        "/v1/queues", json={"name": "bp", "max_concurrency": 1, "rate": 0, "max_queued": 999}
+    )
+    admin.post("/v1/queues", json={"name": "free", "max_concurrency": 1, "rate": 0})
+    assert admin.post("/v1/tasks", json=_task()).status_code == 201  # the node saw the cap
+    codes: list[int] = []
+
+    def post(queue: str) -> None:
+        with httpx.Client(base_url=node.http, timeout=2 * RACE_WAIT) as c:
+            reply = c.post(
+                "/v1/tasks",
+                json={"queue": queue, "handler": "h"},
+                headers={"Authorization": f"Bearer {tokens.submit}"},
+            )
+            codes.append(reply.status_code)
+
+    with psycopg.connect(db_url) as other_node:  # holds bp's depth lock
+        other_node.execute("SELECT pg_advisory_xact_lock(%s)", (depth_key("queue", "bp"),))
+        burst = [threading.Thread(target=post, args=("bp",)) for _ in range(THREADS + 8)]
+        for t in burst:
+            t.start()
+        until_done_or_waiting_on_a_lock(burst[0], db_url)
+        probe = threading.Thread(target=post, args=("free",))
+        probe.start()
+        probe.join(RACE_WAIT)
+        assert not probe.is_alive() and codes == [201], codes  # bp's lock still held
+        other_node.rollback()
+    for t in burst:
+        t.join(RACE_WAIT)
+    assert codes == [201] * (THREADS + 9)
