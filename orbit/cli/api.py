@@ -667,23 +667,61 @@ def _events_table(rows: list[dict[str, Any]]) -> Table:
 def event_ls(
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
     cursor: Annotated[str | None, typer.Option(help="continue from a previous page")] = None,
+    task: Annotated[
+        str | None, typer.Option(help="only this task's events (a submit token will do)")
+    ] = None,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow",
+            "-f",
+            help="keep printing events as they are written (a task's: until it has ended)",
+        ),
+    ] = False,
     url: Url = DEFAULT_URL,
     cafile: CaFile = None,
     as_json: AsJson = False,
 ) -> None:
     """List the event log in its order; prints the cursor of the next page if there is
-    one. Needs an admin token.
+    one. Needs an admin token, but for one task's events (--task). With --follow, one
+    line an event as it is written (with --json, one object a line: its cursor and the
+    event), riding out a server restart; Ctrl-C stops and prints the cursor to go on from.
 
-    Example: orbit event ls --limit 100 --cursor …
+    Example: orbit event ls --limit 100 --cursor …; orbit event ls --follow --task ID
     """
     with client(url, cafile) as c:
-        page = c.event_log(limit=limit, cursor=cursor)
+        if follow:
+            _follow_events(c, task, cursor, as_json)
+            return
+        if task is None:
+            page = c.event_log(limit=limit, cursor=cursor)
+        else:
+            page = c.events(task, limit=limit, cursor=cursor)
     if as_json:
         emit(page, True)
         return
     out.print(_events_table(page["items"]))
     if page["next_cursor"]:
         out.print(f"next page: --cursor {page['next_cursor']}", highlight=False)
+
+
+def _follow_events(c: Client, task_id: str | None, cursor: str | None, as_json: bool) -> None:
+    """``event ls --follow``: each event as it comes, until the task's stream ends (or,
+    for the whole log, Ctrl-C, which says where to go on from)."""
+    last = cursor
+    try:
+        for last, e in c.stream_events(task_id, cursor=cursor):
+            if as_json:
+                sys.stdout.write(json.dumps({"cursor": last, "event": e}, sort_keys=True) + "\n")
+                sys.stdout.flush()
+                continue
+            subject = e["task_id"] or e["queue"] or e["tenant"] or e["session_id"] or ""
+            data = "" if e["data"] is None else json.dumps(e["data"], sort_keys=True)
+            line = f"{e['at']}  {e['id']:>8}  {e['kind']:<16} {subject}  {data}"
+            out.print(line.rstrip(), highlight=False, soft_wrap=True)
+    except KeyboardInterrupt:
+        if last is not None:
+            err.print(f"stopped; go on with --cursor {last}", highlight=False)
 
 
 # ----------------------------------------------------------------------------- limit

@@ -160,8 +160,9 @@ async def serve(host: str, port: int, data_dir: Path, once: bool) -> int:
         raise
     settings = ServerSettings(db_url=db_url, node_id="orbit-dev")
     url = url_of(sock, host)
+    api = create_app(settings)
     server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), log_level="warning", access_log=False, log_config=None)
+        uvicorn.Config(api, log_level="warning", access_log=False, log_config=None)
     )
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
@@ -211,6 +212,7 @@ async def serve(host: str, port: int, data_dir: Path, once: bool) -> int:
     worker.stop()
     with contextlib.suppress(Exception):
         await asyncio.wait_for(working, 10)
+    api.state.streams.close()  # open event streams end: uvicorn waits for every response
     server.should_exit = True
     await serving
     os.close(held)

@@ -325,6 +325,24 @@ def server(
             "still taken for up to this long; 0 reads the database on every call",
         ),
     ] = CACHE_SECONDS,
+    max_streams: Annotated[
+        int,
+        typer.Option(
+            min=1, help="event streams (SSE) this node serves at once; more are refused with 503"
+        ),
+    ] = 100,
+    stream_poll: Annotated[
+        float,
+        typer.Option(
+            min=0.05, help="how often each open event stream reads the log for new events, s"
+        ),
+    ] = 0.5,
+    stream_keepalive: Annotated[
+        float,
+        typer.Option(
+            min=0.1, help="an idle event stream's keep-alive comment every this many seconds"
+        ),
+    ] = 15.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
 ) -> None:
     """Run one control-plane node (any number may share one PostgreSQL)."""
@@ -356,6 +374,9 @@ def server(
         poll_interval=poll_interval,
         reap_interval=reap_interval,
         token_cache_s=token_cache,
+        max_streams=max_streams,
+        stream_poll_s=stream_poll,
+        stream_keepalive_s=stream_keepalive,
         store_config=StoreConfig(
             claim_ttl_us=int(claim_ttl * SECOND),
             lease_ttl_us=int(lease_ttl * SECOND),
@@ -402,6 +423,12 @@ def server(
             await super().startup(sockets)
             if self.started:  # whatever the log level: where to reach this node
                 print(announcement(url), file=sys.stderr, flush=True)
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            # Open event streams end first: uvicorn waits for every response to finish
+            # before it stops, and a stream would never finish of itself.
+            api.state.streams.close()
+            await super().shutdown(sockets)
 
     server = Announced(config)
     tune_for_throughput()  # after the imports and the app: see orbit.gctune

@@ -26,6 +26,7 @@ from orbit.client._http import (
     unreachable,
     where,
 )
+from orbit.client._sse import Following
 from orbit.core.model import compact_json, parse_json
 from orbit.tokens import load_token, token_fault
 from orbit.urls import check_server_url
@@ -712,6 +713,41 @@ class Client:
         """The whole event log, page by page, from the start or from ``cursor``."""
         yield from _walk(lambda c: self.event_log(limit=limit, cursor=c), cursor)
 
+    def stream_events(
+        self, task_id: str | None = None, *, cursor: str | None = None, outage: float = 60.0
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Follow events as they are written: ``(cursor, event)`` for each, in the log's
+        order, from ``cursor`` (or the start). With ``task_id``, the task's events (the
+        submit scope), and the iteration ends once the task has ended and its events are
+        all out; without, the whole log (admin), for as long as the caller iterates.
+
+        A stream that breaks (a restart, another node behind a load balancer, a node at
+        its cap of streams) is reopened from the last event's cursor, so no event is
+        missed or given twice; it gives up (Unreachable, or the node's 503) once the
+        server has been out of reach for ``outage`` seconds. A refusal (a bad cursor, a
+        token refused, an unknown task) is raised at once. Keep the client's ``timeout``
+        above the server's keep-alive interval (15 s by default): a read that waits
+        longer takes the stream for broken, and reopens it."""
+        following = Following(task_id, cursor, outage)
+        while True:
+            try:
+                with self._http.stream("GET", following.path, following.headers, live=True) as (
+                    status,
+                    location,
+                    chunks,
+                ):
+                    if status >= 300:
+                        _unwrap(Reply(status, b"".join(chunks), location))
+                    following.opened()
+                    for chunk in chunks:
+                        yield from following.feed(chunk)
+                        if following.ended:
+                            return
+                following.broke(None)
+            except (Unreachable, ApiError) as exc:
+                following.broke(exc)
+            time.sleep(following.pause())
+
     # workers and tokens
     def workers(self, state: str | None = None) -> list[dict[str, Any]]:
         """Every worker session (all its pages), oldest first; ``state="live"`` leaves out
@@ -877,23 +913,27 @@ class AsyncClient:
         *,
         timeout: float | None = None,
         raw: bool = False,
+        headers: dict[str, str] | None = None,
     ) -> httpx.Response:
         """One request, as Client sends it: a transport error raised as Unreachable, and
         a GET that met a kept-alive connection's close sent once more (``sent_again``).
         ``timeout``: this request's, in place of the client's (None). The body is left to
         read, and the reply to close, to the caller. ``raw``: the body is asked for with
-        no content coding (``identity``), as Client asks for every one."""
+        no content coding (``identity``), as Client asks for every one. ``headers``: sent
+        besides the client's."""
         timeout = self._timeout if timeout is None else checked_timeout(timeout)
-        headers = {} if content is None else {"Content-Type": "application/json"}
+        sent = {**(headers or {})}
+        if content is not None:
+            sent["Content-Type"] = "application/json"
         if raw:
-            headers["Accept-Encoding"] = "identity"
+            sent["Accept-Encoding"] = "identity"
         trace = _Trace()
         request = self._http.build_request(
             method,
             path,
             params=query,
             content=content,
-            headers=headers,
+            headers=sent,
             timeout=timeout,
             extensions={"trace": trace},
         )
@@ -1025,6 +1065,36 @@ class AsyncClient:
     ) -> AsyncIterator[dict[str, Any]]:
         async for item in _awalk(lambda c: self.event_log(limit=limit, cursor=c), cursor):
             yield item
+
+    async def stream_events(
+        self, task_id: str | None = None, *, cursor: str | None = None, outage: float = 60.0
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """As ``Client.stream_events``. Close the iterator when done with it before its
+        end (``contextlib.aclosing``), so that its connection closes at once."""
+        following = Following(task_id, cursor, outage)
+        while True:
+            try:
+                reply = await self._send(
+                    "GET", following.path, None, None, raw=True, headers=following.headers
+                )
+                try:
+                    if reply.status_code >= 300:
+                        body = b"".join([chunk async for chunk in reply.aiter_raw()])
+                        _unwrap(Reply(reply.status_code, body, reply.headers.get("location")))
+                    following.opened()
+                    async for chunk in reply.aiter_raw():
+                        for item in following.feed(chunk):
+                            yield item
+                        if following.ended:
+                            return
+                except httpx.TransportError as exc:  # as Client raises it
+                    raise self._unreachable(exc, self._timeout) from exc
+                finally:
+                    await reply.aclose()
+                following.broke(None)
+            except (Unreachable, ApiError) as exc:
+                following.broke(exc)
+            await asyncio.sleep(following.pause())
 
     async def list_artifacts(
         self, task_id: str, *, limit: int = 100, cursor: str | None = None

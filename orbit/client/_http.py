@@ -111,12 +111,22 @@ class Transport:
         )
 
     @contextmanager
-    def stream(self, method: str, path: str) -> Iterator[tuple[int, str | None, Iterator[bytes]]]:
-        """The status, the Location, and the body's chunks as they arrive; a body not
-        read to its end closes the connection rather than go back to the pool."""
-        conn, response = self._open(method, path, None, None, self._timeout)
+    def stream(
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str] | None = None,
+        *,
+        live: bool = False,
+    ) -> Iterator[tuple[int, str | None, Iterator[bytes]]]:
+        """The status, the Location, and the body's chunks as they arrive (each read
+        waits at most the transport's timeout); a body not read to its end closes the
+        connection rather than go back to the pool. ``headers``: sent besides the
+        transport's. ``live``: a read returns what has come (``read1``) rather than wait
+        for a whole chunk: an event stream's messages are small and come one by one."""
+        conn, response = self._open(method, path, None, None, self._timeout, headers)
         try:
-            yield response.status, response.getheader("Location"), self._chunks(response)
+            yield response.status, response.getheader("Location"), self._chunks(response, live)
         finally:
             self._done(conn, response)
 
@@ -134,9 +144,12 @@ class Transport:
         query: dict[str, Any] | None,
         body: bytes | None,
         timeout: float,
+        extra: dict[str, str] | None = None,
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         target = self._prefix + path + ("?" + urlencode(query) if query else "")
         headers = self._headers if body is None else {**self._headers, **_JSON}
+        if extra:
+            headers = {**headers, **extra}
         conn, reused = self._take(timeout)
         try:
             with self._closed_on_error(conn, timeout):
@@ -164,10 +177,11 @@ class Transport:
             conn.close()
             raise
 
-    def _chunks(self, response: http.client.HTTPResponse) -> Iterator[bytes]:
+    def _chunks(self, response: http.client.HTTPResponse, live: bool) -> Iterator[bytes]:
+        read = response.read1 if live else response.read
         while True:
             try:
-                chunk = response.read(STREAM_CHUNK)
+                chunk = read(STREAM_CHUNK)
             except (OSError, http.client.HTTPException) as exc:
                 raise self._unreachable(exc, self._timeout) from exc
             if not chunk:

@@ -35,6 +35,7 @@ from orbit.server.listen import listen
 from orbit.server.metrics import Metrics
 from orbit.server.revocation import Revocations
 from orbit.server.routes import router, task_submit, task_submit_batch
+from orbit.server.streams import Streams
 from orbit.store import Store, StoreConfig, open_store
 from orbit.tokens import CACHE_SECONDS
 
@@ -52,6 +53,9 @@ class ServerSettings:
     reap_interval: float = 1.0
     max_body_bytes: int = 16 * 1024 * 1024
     token_cache_s: float = CACHE_SECONDS  # how long a token check's answer is trusted
+    max_streams: int = 100  # event streams open at once on this node (orbit.server.streams)
+    stream_poll_s: float = 0.5  # how often each stream reads the log for new events
+    stream_keepalive_s: float = 15.0  # an idle stream's comment, so proxies keep it open
     store_config: StoreConfig = field(default_factory=StoreConfig)
 
 
@@ -232,6 +236,9 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
         telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
     app.state.settings = settings
+    app.state.streams = Streams(
+        settings.max_streams, settings.stream_poll_s, settings.stream_keepalive_s
+    )
     app.add_exception_handler(ApiError, errors.on_api_error)
     app.add_exception_handler(OrbitError, errors.on_orbit_error)
     app.add_exception_handler(DecodeError, errors.on_decode_error)

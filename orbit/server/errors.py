@@ -15,12 +15,21 @@ from orbit.server.metrics import REFUSAL_REASONS
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        field: str | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.field = field  # the query or path parameter at fault, if one is
+        self.headers = headers  # sent with the refusal (Retry-After)
 
 
 def error_response(
@@ -38,7 +47,7 @@ def error_response(
 
 async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
-    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else exc.headers
     return error_response(exc.status, exc.code, exc.message, exc.field, headers=headers)
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from pydantic import BaseModel, BeforeValidator
 from starlette.responses import Response
 
@@ -53,6 +53,7 @@ from orbit.server.auth import require
 from orbit.server.errors import ApiError
 from orbit.server.gates import SubmitGates
 from orbit.server.jsonwire import FastJSONResponse
+from orbit.server.streams import PAGE, open_stream
 from orbit.server.threads import in_thread
 from orbit.server.views import (
     attempt_view,
@@ -604,6 +605,94 @@ async def task_events(
 @router.get("/events", dependencies=[Depends(require("admin")), *LISTING], response_model=EventPage)
 async def events(request: Request, limit: Limit = 100, cursor: str | None = None) -> Response:
     return await _events(request, None, limit, cursor)
+
+
+#: the 200 of a stream route in the OpenAPI document
+STREAM_REPLY: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "Server-Sent Events: each event with its cursor as `id`, its kind "
+        "as `event` and its EventView as `data` (docs/protocol.md, Event streams)",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    }
+}
+#: the ``Last-Event-ID`` header a stream resumes from (it wins over ``cursor``)
+LastEventId = Annotated[str | None, Header(alias="Last-Event-ID")]
+
+
+def stream_start(last_event_id: str | None, cursor: str | None) -> tuple[int, int]:
+    """The position a stream starts after: ``Last-Event-ID`` if the request has one (a
+    browser's EventSource reconnects to the URL it was opened with, ``cursor`` and all,
+    adding the header), else ``cursor``, else the start of the log. An empty header is
+    none (EventSource sends none after an empty id)."""
+    if last_event_id:
+        return event_cursor(decode_cursor(last_event_id))
+    return event_cursor(decode_cursor(cursor))
+
+
+async def _stream(
+    request: Request, scope: str, task_id: str | None, position: tuple[int, int]
+) -> Response:
+    store = _store(request)
+
+    async def first_page() -> list[dict[str, Any]]:
+        # on the streams' own threads: a read held back by an older transaction waits
+        # up to StoreConfig.event_wait_us, which no report should wait behind
+        try:
+            rows: list[dict[str, Any]] = await request.app.state.streams.read(
+                store.event_list,
+                task_id=task_id,
+                after_xid=position[0],
+                after_id=position[1],
+                limit=PAGE,
+            )
+        except OrbitError as exc:  # as _events: the position names no event
+            if exc.code is not Code.INVALID_ARGUMENT:
+                raise
+            raise _bad_cursor() from None
+        return rows
+
+    return await open_stream(
+        request,
+        scope=scope,
+        task_id=task_id,
+        position=position,
+        first_page=first_page,
+        cursor_of=event_position_cursor,
+    )
+
+
+@router.get(
+    "/tasks/{task_id}/events/stream",
+    dependencies=[Depends(require("submit")), *LISTING],
+    response_class=Response,
+    responses=STREAM_REPLY,
+)
+async def task_event_stream(
+    request: Request,
+    task_id: str,
+    cursor: str | None = None,
+    last_event_id: LastEventId = None,
+) -> Response:
+    """The task's events as they are written, from ``Last-Event-ID`` or ``cursor`` (or
+    its first); the stream ends after the task has ended and its events are all sent."""
+    position = stream_start(last_event_id, cursor)
+    await in_thread(_store(request).task_get, task_id)  # 404 for an unknown task
+    return await _stream(request, "submit", task_id, position)
+
+
+@router.get(
+    "/events/stream",
+    dependencies=[Depends(require("admin")), *LISTING],
+    response_class=Response,
+    responses=STREAM_REPLY,
+)
+async def event_stream(
+    request: Request, cursor: str | None = None, last_event_id: LastEventId = None
+) -> Response:
+    """The whole event log as it is written, from ``Last-Event-ID`` or ``cursor`` (or its
+    start), until the client goes or the server stops."""
+    position = stream_start(last_event_id, cursor)
+    return await _stream(request, "admin", None, position)
 
 
 @router.patch("/queues/{name}", dependencies=[Depends(require("admin"))], response_model=QueueView)

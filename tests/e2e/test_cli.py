@@ -1223,6 +1223,28 @@ def test_the_event_log_is_read_by_both_clients_and_orbit_event_ls(
     assert cli("event", "ls", "--limit", "0").returncode == 2
 
 
+def test_orbit_event_ls_follows_a_task_to_its_end_and_lists_its_events(
+    cli: Run, api: httpx.Client
+) -> None:
+    """``orbit event ls --follow --task ID`` prints each of the task's events as it comes
+    (the SSE stream) and exits 0 once the task has ended; ``--task`` without ``--follow``
+    lists its events a page at a time."""
+    ok(cli("queue", "create", "followed", "--max-concurrency", "1", "--rate", "0"))
+    task = api.post("/v1/tasks", json={"queue": "followed", "handler": "h"}).json()["task"]
+    api.post(f"/v1/tasks/{task['id']}/cancel").raise_for_status()
+    lines = ok(cli("event", "ls", "--follow", "--task", task["id"], "--json")).splitlines()
+    followed = [json.loads(line) for line in lines]
+    assert [f["event"]["kind"] for f in followed] == ["submitted", "cancelled"]
+    listed = json.loads(ok(cli("event", "ls", "--task", task["id"], "--json")))["items"]
+    assert [f["event"] for f in followed] == listed
+    after = api.get(f"/v1/tasks/{task['id']}/events", params={"cursor": followed[0]["cursor"]})
+    assert after.json()["items"] == listed[1:]  # each line's cursor is that event's
+    table = ok(cli("event", "ls", "-f", "--task", task["id"]))
+    assert "submitted" in table and "cancelled" in table, table
+    refused = cli("event", "ls", "--follow", "--task", task["id"], "--cursor", "zz")
+    assert refused.returncode == 3 and "INVALID_CURSOR" in refused.stderr
+
+
 def test_a_negative_cap_is_refused_naming_the_range_and_changes_nothing(
     cli: Run, api: httpx.Client
 ) -> None:

@@ -377,3 +377,32 @@ def test_an_event_written_in_a_savepoint_is_held_back_by_its_transaction(
         assert _ids(hasty.event_list()) == []
         a.commit()
     assert _ids(store.event_list()) == [a_id, b_id]
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_a_subscriptions_read_says_when_it_held_events_back(make_store: Any) -> None:
+    """``event_read(checked=False)``, a subscription's read: one query, no wait. While
+    A's transaction is open, B's committed event is held back and the read says so, so a
+    task stream does not take an empty read for the end of the task's events."""
+    store: Store = make_store()
+    url = store_url(store)
+    with psycopg.connect(url, autocommit=True) as cx:
+        first = _insert(cx, "first", None)
+    [seen], held_back = store.event_read(checked=False)
+    assert seen["id"] == first and not held_back
+    with psycopg.connect(url) as a, psycopg.connect(url, autocommit=True) as b:
+        _insert(a, "a", None)
+        _insert(b, "b", None)
+        assert store.event_read(**_after(seen), checked=False) == ([], True)
+        a.rollback()
+    rows, held_back = store.event_read(**_after(seen), checked=False)
+    assert [r["kind"] for r in rows] == ["b"] and not held_back
+
+
+def test_a_subscriptions_read_of_nothing_new_holds_nothing_back(store: Store) -> None:
+    queue(store)
+    task_id = submit(store)
+    rows, held_back = store.event_read(task_id=task_id, checked=False)
+    assert [r["kind"] for r in rows] == ["submitted"] and not held_back
+    assert store.event_read(task_id=task_id, **_after(rows[0]), checked=False) == ([], False)
+    assert store.event_read(**_after(rows[0]), checked=False) == ([], False)

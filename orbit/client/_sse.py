@@ -1,0 +1,153 @@
+"""Following an event stream (``GET /v1/events/stream``, ``GET /v1/tasks/{id}/events/
+stream``): reading Server-Sent Events, and the rules both clients follow to reconnect
+from the last cursor when the stream breaks."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from orbit.client._errors import ApiError
+from orbit.client._http import Unreachable
+from orbit.core.model import parse_json
+
+#: the SSE event that ends a task stream: the task has ended and its events are all out
+END = "stream.end"
+#: the server's refusals that a later try may not meet: the node at its cap of streams,
+#: or shutting down (another node, or this one back, can take the stream)
+BUSY = frozenset({"TOO_MANY_STREAMS", "SHUTTING_DOWN"})
+#: the first pause before a reconnect, doubling up to ``MAX_PAUSE``
+FIRST_PAUSE = 0.05
+MAX_PAUSE = 2.0
+
+
+@dataclass
+class Message:
+    """One SSE message: its ``id`` (None if it had none), ``event`` and ``data``."""
+
+    id: str | None
+    event: str
+    data: str
+
+
+class Parser:
+    """SSE messages from a body's chunks, as they arrive. Lines end with LF or CRLF (the
+    server writes LF); a comment (``: keep-alive``) is skipped."""
+
+    def __init__(self) -> None:
+        self._rest = b""
+        #: whether a line of SSE (a field or a comment) has come: the body is a stream
+        self.spoke = False
+        self._id: str | None = None
+        self._event = ""
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[Message]:
+        lines = (self._rest + chunk).split(b"\n")
+        self._rest = lines.pop()
+        out: list[Message] = []
+        for raw in lines:
+            line = raw.removesuffix(b"\r").decode("utf-8", errors="replace")
+            if not line:
+                if self._data or self._event:
+                    out.append(Message(self._id, self._event or "message", "\n".join(self._data)))
+                self._id, self._event, self._data = None, "", []
+                continue
+            if line.startswith(":"):
+                self.spoke = True
+                continue
+            name, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            self.spoke = self.spoke or name in ("id", "event", "data")
+            if name == "id":
+                self._id = value
+            elif name == "event":
+                self._event = value
+            elif name == "data":
+                self._data.append(value)
+        return out
+
+
+class Following:
+    """One client's follow of a stream across reconnects: where to resume (the cursor of
+    the last event handed out), whether the stream has ended, and for how long the
+    server may be out of reach before the follow gives up. ``Client.stream_events`` and
+    ``AsyncClient.stream_events`` read their own way and share these rules, as ``wait``
+    shares ``Waiting``'s."""
+
+    def __init__(self, task_id: str | None, cursor: str | None, outage: float) -> None:
+        if not isinstance(outage, int | float) or not 0 <= outage < float("inf"):
+            raise ValueError(f"outage must be a finite number of seconds >= 0, not {outage!r}")
+        self.task_id = task_id
+        self.cursor = cursor
+        self.ended = False
+        self._outage = outage
+        self._down_since: float | None = None
+        self._delay = FIRST_PAUSE
+        self._parser = Parser()
+
+    @property
+    def path(self) -> str:
+        if self.task_id is None:
+            return "/v1/events/stream"
+        return f"/v1/tasks/{quote(self.task_id, safe='')}/events/stream"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """``Last-Event-ID`` once an event has been handed out (or given as the start)."""
+        return {} if self.cursor is None else {"Last-Event-ID": self.cursor}
+
+    def opened(self) -> None:
+        """A stream answered 200: its body is read from here."""
+        self._parser = Parser()
+
+    def feed(self, chunk: bytes) -> list[tuple[str, dict[str, Any]]]:
+        """The ``(cursor, event)`` of each event in the chunk, up to the end of a task
+        stream (``ended`` is then True). The first line of SSE says the server is back:
+        the next break's pauses start short again. (A 200 whose body is no stream, a
+        page of some other server, does not: the follow gives up after ``outage``.)"""
+        out: list[tuple[str, dict[str, Any]]] = []
+        for message in self._parser.feed(chunk):
+            if message.event == END:
+                self.ended = True
+                break
+            if message.id is not None:
+                self.cursor = message.id
+                out.append((message.id, dict(parse_json(message.data.encode()))))
+        if self._parser.spoke:
+            self._down_since = None
+            self._delay = FIRST_PAUSE
+        return out
+
+    def broke(self, exc: Unreachable | ApiError | None) -> None:
+        """The stream ended without ``stream.end`` (``exc`` None: a clean close, as when a
+        server shuts down) or could not be opened. A refusal (a bad cursor, a token
+        refused, an unknown task) is raised; a server out of reach, behind a proxy's own
+        502, 503 or 504, or busy (``BUSY``) is tried again until it has been so for
+        ``outage`` seconds: Unreachable then, or the busy refusal."""
+        from orbit.client._client import _server_down
+
+        if isinstance(exc, ApiError) and exc.code in BUSY:
+            pass
+        elif exc is not None and not _server_down(exc):
+            raise exc
+        now = time.monotonic()
+        if self._down_since is None:
+            self._down_since = now
+            return
+        if now - self._down_since <= self._outage:
+            return
+        if isinstance(exc, ApiError):
+            raise exc
+        raise Unreachable(
+            f"the event stream could not be reopened for {now - self._down_since:.1f} s"
+            + (f" ({exc})" if exc is not None else "")
+        ) from exc
+
+    def pause(self) -> float:
+        """Seconds before the next reconnect: short at first, doubling up to MAX_PAUSE."""
+        pause = self._delay
+        self._delay = min(self._delay * 2, MAX_PAUSE)
+        return pause

@@ -1,0 +1,358 @@
+"""Event subscriptions over SSE (``GET /v1/events/stream``, ``GET /v1/tasks/{id}/events/
+stream``) against real ``orbit server`` processes, on both backends.
+
+- Events appear in the stream as tasks change; a task's stream ends (``stream.end``)
+  once the task has ended and its events are out.
+- A reconnect with ``Last-Event-ID`` gets exactly the events written meanwhile, none
+  twice; the header wins over ``?cursor=``.
+- PostgreSQL, two nodes: a stream on node B sees the events written through node A.
+- Refusals before the stream starts: a bad cursor 400, no token 401, a wrong scope 403,
+  an unknown task 404, a node at its cap of streams 503 (the slot is free again once
+  the client goes). A revoked token's stream ends.
+- An idle stream sends keep-alive comments; SIGTERM ends open streams and the server
+  exits; ``Client.stream_events`` rides a SIGKILL and restart of the server and misses
+  nothing written while it was down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from orbit.client import AsyncClient, Client
+from orbit.client._sse import Message, Parser
+from orbit.core.model import TaskSpec
+from orbit.store import open_store
+from tests.e2e.servers import Node, Tokens, start_server
+
+#: a stream reads the log this often, and an idle one says so this often, in these tests
+FAST = ["--stream-poll", "0.05", "--stream-keepalive", "0.3"]
+#: how long a test waits for what it expects to come (it comes within a poll or two)
+PATIENCE = 15.0
+
+
+def _auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+def fast(nodes: Callable[..., Node]) -> Node:
+    return nodes(args=FAST)
+
+
+@pytest.fixture
+def api(fast: Node, tokens: Tokens) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=fast.http, timeout=PATIENCE, headers=_auth(tokens.admin)) as c:
+        c.post(
+            "/v1/queues", json={"name": "q", "max_concurrency": 5, "rate": 100}
+        ).raise_for_status()
+        yield c
+
+
+def _queue(api: httpx.Client) -> None:
+    api.post("/v1/queues", json={"name": "q", "max_concurrency": 5, "rate": 100}).raise_for_status()
+
+
+def _submit(api: httpx.Client, payload: Any = None) -> str:
+    reply = api.post("/v1/tasks", json={"queue": "q", "handler": "h", "payload": payload})
+    reply.raise_for_status()
+    return str(reply.json()["task"]["id"])
+
+
+class Stream:
+    """An open SSE response, read a message at a time."""
+
+    def __init__(self, reply: httpx.Response) -> None:
+        self.reply = reply
+        self._raw = reply.iter_raw()
+        self._parser = Parser()
+        self._ready: list[Message] = []
+
+    def next(self) -> Message:
+        """The next message; StopIteration when the server ends the stream. Keep-alives
+        come every 0.3 s, so a stream that never ends fails the test rather than hang."""
+        deadline = time.monotonic() + PATIENCE
+        while not self._ready:
+            assert time.monotonic() < deadline, "no message, and the stream goes on"
+            self._ready = self._parser.feed(next(self._raw))
+        return self._ready.pop(0)
+
+    def comment(self) -> bytes:
+        """The next comment line: read on past whatever messages come first."""
+        text = b"\n"
+        while (start := text.find(b"\n:")) < 0 or text.find(b"\n", start + 1) < 0:
+            text += next(self._raw)
+        return text[start + 1 : text.find(b"\n", start + 1)]
+
+    def events_until(self, done: Callable[[list[Message]], bool]) -> list[Message]:
+        seen: list[Message] = []
+        while not done(seen):
+            seen.append(self.next())
+        return seen
+
+
+@contextmanager
+def stream(
+    node: Node, token: str, path: str, headers: dict[str, str] | None = None, **params: str
+) -> Iterator[Stream]:
+    with (
+        httpx.Client(base_url=node.http, timeout=PATIENCE) as c,
+        c.stream("GET", path, headers={**_auth(token), **(headers or {})}, params=params) as r,
+    ):
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        yield Stream(r)
+
+
+def _all_events(api: httpx.Client, cursor: str | None = None) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    while True:
+        page = api.get(
+            "/v1/events", params={"limit": 1000, **({"cursor": cursor} if cursor else {})}
+        )
+        page.raise_for_status()
+        body = page.json()
+        items += body["items"]
+        cursor = body["next_cursor"]
+        if cursor is None:
+            return items
+
+
+def _has(kind: str, task_id: str) -> Callable[[list[Message]], bool]:
+    return lambda seen: any(
+        m.event == kind and '"task_id":"' + task_id + '"' in m.data for m in seen
+    )
+
+
+def test_events_appear_as_tasks_change_and_a_task_stream_ends(
+    api: httpx.Client, fast: Node, tokens: Tokens
+) -> None:
+    with stream(fast, tokens.admin, "/v1/events/stream") as log:
+        first = log.events_until(lambda seen: any(m.event == "queue.created" for m in seen))
+        task_id = _submit(api)
+        with stream(fast, tokens.submit, f"/v1/tasks/{task_id}/events/stream") as task:
+            assert task.next().event == "submitted"
+            assert log.events_until(_has("submitted", task_id))[-1].id is not None
+            api.post(f"/v1/tasks/{task_id}/cancel").raise_for_status()
+            cancelled = log.events_until(_has("cancelled", task_id))[-1]
+            assert task.next().event == "cancelled"
+            end = task.next()
+            assert (end.event, end.id) == ("stream.end", None)
+            assert '"state":"cancelled"' in end.data
+            with pytest.raises(StopIteration):
+                task.next()
+    # every message is the event as GET /v1/events gives it, its id the event's cursor
+    listed = _all_events(api)
+    assert [e["kind"] for e in listed] == ["queue.created", "submitted", "cancelled"]
+    assert first[0].data and cancelled.id
+    after = api.get("/v1/events", params={"cursor": cancelled.id}).json()["items"]
+    assert after == []
+
+
+def test_a_reconnect_with_last_event_id_gets_exactly_the_missed_events(
+    api: httpx.Client, fast: Node, tokens: Tokens
+) -> None:
+    early = [_submit(api, i) for i in range(3)]
+    with stream(fast, tokens.admin, "/v1/events/stream") as log:
+        seen = log.events_until(_has("submitted", early[-1]))
+    last = seen[-1].id
+    assert last is not None
+    # more than a stream reads at a time (orbit.server.streams.PAGE, 500)
+    batch = [{"queue": "q", "handler": "h", "payload": i} for i in range(700)]
+    reply = api.post("/v1/tasks/batch", params={"reply": "ids"}, json={"tasks": batch})
+    late = [item["id"] for item in reply.json()]
+    api.post(f"/v1/tasks/{early[0]}/cancel").raise_for_status()
+    # ?cursor= names the start, but Last-Event-ID (as a browser's EventSource sends it
+    # on a reconnect to the same URL) wins
+    with stream(
+        fast, tokens.admin, "/v1/events/stream", {"Last-Event-ID": last}, cursor=seen[0].id or ""
+    ) as log:
+        missed = log.events_until(_has("cancelled", early[0]))
+    # exactly the events after the last one read: each once, in the log's order
+    expected = _all_events(api, last)
+    assert [json.loads(m.data) for m in missed] == expected
+    assert [m.event for m in missed] == ["submitted"] * len(late) + ["cancelled"]
+    assert {json.loads(m.data)["task_id"] for m in missed} == {*late, early[0]}
+    assert len({m.id for m in seen + missed}) == len(seen) + len(missed)
+
+
+def test_a_stream_on_one_node_sees_events_written_through_another(
+    db_url: str, nodes: Callable[..., Node], tokens: Tokens
+) -> None:
+    if db_url.startswith("sqlite"):
+        pytest.skip("one server per SQLite file")
+    node_a, node_b = nodes(node_id="a", args=FAST), nodes(node_id="b", args=FAST)
+    with httpx.Client(base_url=node_a.http, timeout=PATIENCE, headers=_auth(tokens.admin)) as a:
+        a.post(
+            "/v1/queues", json={"name": "q", "max_concurrency": 5, "rate": 100}
+        ).raise_for_status()
+        with stream(node_b, tokens.admin, "/v1/events/stream") as log:
+            task_id = _submit(a)
+            a.post(f"/v1/tasks/{task_id}/cancel").raise_for_status()
+            got = log.events_until(_has("cancelled", task_id))
+    assert [m.event for m in got] == ["queue.created", "submitted", "cancelled"]
+
+
+#: cursors no server issued: not base64 of a position, and positions that name no event
+BAD_CURSORS = ("zz", "OTk5OTkuOTk5OTk", "MC45OTk5OTk")
+
+
+def test_refusals_come_before_the_stream_starts(api: httpx.Client, tokens: Tokens) -> None:
+    """A bad cursor (in the query or the header) 400, ``cursor`` twice 400, no token 401,
+    a token without the scope 403, an unknown task 404: each a JSON error, no stream."""
+    task_id = _submit(api)
+    twice = api.get("/v1/events/stream", params=[("cursor", "MC4x"), ("cursor", "MC4x")])
+    assert (twice.status_code, twice.json()["error"]["field"]) == (400, "cursor")
+    for path in ("/v1/events/stream", f"/v1/tasks/{task_id}/events/stream"):
+        for cursor in BAD_CURSORS:
+            for reply in (
+                api.get(path, params={"cursor": cursor}),
+                api.get(path, headers={"Last-Event-ID": cursor}),
+            ):
+                assert reply.status_code == 400, reply.text
+                assert reply.json()["error"]["code"] == "INVALID_CURSOR"
+    bare = httpx.Client(base_url=str(api.base_url), timeout=PATIENCE)
+    assert bare.get("/v1/events/stream").status_code == 401
+    assert bare.get(f"/v1/tasks/{task_id}/events/stream").status_code == 401
+    submit = _auth(tokens.submit)
+    refused = bare.get("/v1/events/stream", headers=submit)
+    assert (refused.status_code, refused.json()["error"]["code"]) == (403, "FORBIDDEN")
+    worker = _auth(tokens.worker)
+    assert bare.get(f"/v1/tasks/{task_id}/events/stream", headers=worker).status_code == 403
+    unknown = bare.get(
+        "/v1/tasks/01a2439c-e925-72b4-8000-0199ea1b10c2/events/stream", headers=submit
+    )
+    assert unknown.status_code == 404
+    bare.close()
+
+
+def test_a_node_serves_at_most_its_cap_of_streams(
+    nodes: Callable[..., Node], tokens: Tokens
+) -> None:
+    node = nodes(args=[*FAST, "--max-streams", "1"])
+    with httpx.Client(base_url=node.http, timeout=PATIENCE, headers=_auth(tokens.admin)) as c:
+        with stream(node, tokens.admin, "/v1/events/stream"):
+            refused = c.get("/v1/events/stream")
+            assert refused.status_code == 503
+            assert refused.json()["error"]["code"] == "TOO_MANY_STREAMS"
+            assert refused.headers["retry-after"] == "1"
+        # the client has gone: its slot is freed once the server hears of it
+        deadline = time.monotonic() + PATIENCE
+        while True:
+            with c.stream("GET", "/v1/events/stream") as again:
+                if again.status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "the closed stream's slot was never freed"
+            time.sleep(0.05)
+
+
+def test_an_idle_stream_sends_keep_alive_comments(
+    api: httpx.Client, fast: Node, tokens: Tokens
+) -> None:
+    task_id = _submit(api)
+    with stream(fast, tokens.submit, f"/v1/tasks/{task_id}/events/stream") as task:
+        assert task.next().event == "submitted"
+        assert task.comment() == b": keep-alive"
+
+
+def test_sigterm_ends_open_streams_and_the_server_exits(
+    api: httpx.Client, fast: Node, tokens: Tokens
+) -> None:
+    with stream(fast, tokens.admin, "/v1/events/stream") as log:
+        log.events_until(lambda seen: len(seen) == 1)
+        fast.proc.terminate()
+        with pytest.raises(StopIteration):  # the body ends cleanly: no stream.end
+            log.next()
+    # uvicorn ends by raising the signal again once its shutdown is done: the lifespan's
+    # end is logged only if no open response held it up
+    assert fast.proc.wait(timeout=PATIENCE) == -signal.SIGTERM
+    assert "Application shutdown complete" in fast.log_text()
+
+
+def test_the_client_follows_across_a_server_killed_and_restarted(
+    db_url: str, fast: Node, tokens: Tokens, api: httpx.Client, tmp_path: Path
+) -> None:
+    """A SIGKILLed server, an event written while it is down, the server back on the same
+    port: ``stream_events`` goes on from its last cursor, every event once, in order."""
+    got: queue.Queue[tuple[str, dict[str, Any]] | BaseException] = queue.Queue()
+    first = _submit(api)
+
+    def follow() -> None:
+        try:
+            with Client(fast.http, tokens.admin, timeout=5) as c:
+                for item in c.stream_events(outage=PATIENCE):
+                    got.put(item)
+                    if item[1]["kind"] == "cancelled":
+                        return
+        except BaseException as exc:
+            got.put(exc)
+
+    def take() -> tuple[str, dict[str, Any]]:
+        item = got.get(timeout=PATIENCE)
+        assert not isinstance(item, BaseException), item
+        return item
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    seen = [take(), take()]
+    assert [e["kind"] for _, e in seen] == ["queue.created", "submitted"]
+    fast.kill()
+    store = open_store(db_url)
+    try:  # written while no server runs: the follower must not miss it
+        while_down = store.task_submit(TaskSpec(queue="q", handler="h")).task.id
+    finally:
+        store.close()
+    back = start_server(db_url, tmp_path, args=[*FAST, "--port", str(fast.port)])
+    try:
+        with httpx.Client(base_url=back.http, timeout=PATIENCE, headers=_auth(tokens.admin)) as c:
+            late = _submit(c)
+            c.post(f"/v1/tasks/{first}/cancel").raise_for_status()
+            while (item := take())[1]["kind"] != "cancelled":
+                seen.append(item)
+            seen.append(item)
+            follower.join(PATIENCE)
+            expected = _all_events(c)
+    finally:
+        back.stop()
+    assert [e for _, e in seen] == expected  # every event once, in order
+    assert {while_down, late} <= {e["task_id"] for _, e in seen}
+    assert not follower.is_alive()
+
+
+def test_the_async_client_follows_a_task_to_its_end(
+    api: httpx.Client, fast: Node, tokens: Tokens
+) -> None:
+    task_id = _submit(api)
+
+    async def follow() -> list[str]:
+        kinds = []
+        async with AsyncClient(fast.http, tokens.submit) as c:
+            async for _, event in c.stream_events(task_id):
+                kinds.append(event["kind"])
+                if event["kind"] == "submitted":
+                    api.post(f"/v1/tasks/{task_id}/cancel").raise_for_status()
+        return kinds
+
+    assert asyncio.run(follow()) == ["submitted", "cancelled"]
+
+
+def test_a_revoked_tokens_stream_ends(api: httpx.Client, fast: Node) -> None:
+    task_id = _submit(api)
+    made = api.post("/v1/tokens", json={"name": "follower", "scopes": ["submit"]}).json()
+    with stream(fast, made["token"], f"/v1/tasks/{task_id}/events/stream") as task:
+        assert task.next().event == "submitted"
+        api.post(f"/v1/tokens/{made['id']}/revoke").raise_for_status()
+        with pytest.raises(StopIteration):  # no stream.end: the task has not ended
+            task.next()
+    assert api.get(f"/v1/tasks/{task_id}").json()["state"] == "queued"

@@ -1,0 +1,60 @@
+"""Reading Server-Sent Events (orbit/client/_sse.py): the parser, and the follow's rules
+for what breaks a stream and what ends it."""
+
+from __future__ import annotations
+
+import pytest
+
+from orbit.client._errors import BadRequest, error_from
+from orbit.client._http import Unreachable
+from orbit.client._sse import Following, Message, Parser
+
+
+def test_messages_split_across_chunks_with_comments_and_crlf() -> None:
+    parser = Parser()
+    assert parser.feed(b': keep-alive\n\nid: a\r\nevent: submitted\ndata: {"x"') == []
+    assert parser.spoke
+    assert parser.feed(b":1}\n\n: keep-alive\n\nevent: stream.end\ndata: {}\n") == [
+        Message("a", "submitted", '{"x":1}')
+    ]
+    assert parser.feed(b"\n") == [Message(None, "stream.end", "{}")]
+
+
+def test_lines_of_no_stream_do_not_count_as_one() -> None:
+    parser = Parser()
+    assert parser.feed(b"<html>\n<body>hello</body>\n\n") == []
+    assert not parser.spoke
+
+
+def test_the_follow_resumes_from_the_last_cursor_and_stops_at_the_end() -> None:
+    following = Following("t1", None, outage=5)
+    assert following.path == "/v1/tasks/t1/events/stream"
+    assert following.headers == {}
+    following.opened()
+    got = following.feed(b'id: c1\nevent: submitted\ndata: {"id": "1"}\n\n')
+    assert got == [("c1", {"id": "1"})]
+    assert following.headers == {"Last-Event-ID": "c1"}
+    got = following.feed(b'id: c2\nevent: cancelled\ndata: {"id": "2"}\n\nevent: stream.end\n')
+    assert got == [("c2", {"id": "2"})] and not following.ended
+    assert following.feed(b"data: {}\n\nid: c3\nevent: x\ndata: {}\n\n") == []
+    assert following.ended and following.cursor == "c2"
+
+
+def test_a_refusal_is_raised_and_an_outage_ridden_until_it_lasts_too_long() -> None:
+    following = Following(None, "c0", outage=0)
+    with pytest.raises(BadRequest):
+        following.broke(error_from(400, {"error": {"code": "INVALID_CURSOR", "message": "x"}}))
+    busy = error_from(503, {"error": {"code": "TOO_MANY_STREAMS", "message": "full"}})
+    following.broke(busy)  # the first: tried again
+    with pytest.raises(type(busy)):
+        following.broke(busy)  # still so past the outage (0 s)
+    down = Following(None, None, outage=0)
+    down.broke(Unreachable("refused"))
+    with pytest.raises(Unreachable, match="could not be reopened"):
+        down.broke(None)
+
+
+def test_an_outage_must_be_a_finite_number() -> None:
+    for bad in (-1, float("inf"), float("nan"), "5"):
+        with pytest.raises(ValueError, match="outage"):
+            Following(None, None, bad)  # type: ignore[arg-type]
