@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterable
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, nullcontext
 
 from orbit.store import Store
 
@@ -25,11 +25,21 @@ class SubmitGates:
     def __init__(self) -> None:
         self._locks: dict[int, asyncio.Lock] = {}
 
-    @asynccontextmanager
-    async def held(self, store: Store, scopes: Iterable[tuple[str, str]]) -> AsyncIterator[None]:
+    def held(
+        self, store: Store, scopes: Iterable[tuple[str, str]]
+    ) -> AbstractAsyncContextManager[None]:
         """Hold the locks of ``scopes`` (``(kind, name)``) that ``store`` last saw
-        capped, for the block. No cap seen: nothing is taken."""
+        capped, for the block. No cap seen: nothing is taken, and no generator made (the
+        path of every submit to a scope without a cap)."""
+        keys = store.depth_gated(scopes)
+        return self._hold(keys) if keys else _NOTHING
+
+    @asynccontextmanager
+    async def _hold(self, keys: list[int]) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
-            for key in store.depth_gated(scopes):
+            for key in keys:
                 await stack.enter_async_context(self._locks.setdefault(key, asyncio.Lock()))
             yield
+
+
+_NOTHING: AbstractAsyncContextManager[None] = nullcontext()

@@ -19,7 +19,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from enum import Enum
 from functools import partial
@@ -2210,13 +2210,14 @@ class _DepthGates:
         with self._lock:
             return sorted(k for s in scopes if (k := depth_key(*s)) in self._capped)
 
-    @contextmanager
-    def held(self, scopes: Iterable[tuple[str, str]]) -> Iterator[None]:
-        """Hold the gates of the scopes last seen capped, in key order, for the block."""
+    def held(self, scopes: Iterable[tuple[str, str]]) -> AbstractContextManager[None]:
+        """Hold the gates of the scopes last seen capped, in key order, for the block
+        (none seen: nothing, and no generator made)."""
         keys = self.keys(scopes)
-        if not keys:
-            yield
-            return
+        return self._hold(keys) if keys else nullcontext()
+
+    @contextmanager
+    def _hold(self, keys: list[int]) -> Iterator[None]:
         with self._lock:
             gates = [self._gates.setdefault(k, threading.Lock()) for k in keys]
         with ExitStack() as stack:
