@@ -66,10 +66,10 @@ class TooManyRequests(ApiError):
         self.retry_after = retry_after
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            type(self),
-            (self.status, self.code, self.message, self.field, self.retry_after),
-        )
+        """As ``ApiError.__reduce__``, with ``retry_after`` among the arguments; its
+        ``__dict__`` (a note, an attribute set after) goes along too."""
+        args = (self.status, self.code, self.message, self.field, self.retry_after)
+        return (type(self), args, self.__dict__)
 
 
 _BY_STATUS: dict[int, type[ApiError]] = {

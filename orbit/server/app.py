@@ -29,6 +29,7 @@ from orbit.server import artifacts, errors
 from orbit.server.auth import TokenCheck
 from orbit.server.direct import DirectRoutes
 from orbit.server.errors import ApiError
+from orbit.server.gates import SubmitGates
 from orbit.server.gateway import Dispatcher, worker_endpoint
 from orbit.server.listen import listen
 from orbit.server.metrics import Metrics
@@ -195,6 +196,7 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
         revocations.bind(asyncio.get_running_loop())
         app.state.dispatcher = dispatcher
         app.state.metrics = metrics
+        app.state.submit_gates = SubmitGates()
         # Wake this node's dispatcher in-process after each of its own commits. On
         # PostgreSQL the same commit also sends NOTIFY, which wakes the other nodes (this
         # one skips its own): the local wake saves the round trip through the LISTEN

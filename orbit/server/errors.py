@@ -11,6 +11,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from orbit.core.errors import Backpressure, OrbitError
 from orbit.protocol.decode import DecodeError
+from orbit.server.metrics import REFUSAL_REASONS
 
 
 class ApiError(Exception):
@@ -50,10 +51,14 @@ async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.status, exc.code, exc.message, exc.field, headers=headers)
 
 
-async def on_orbit_error(_: Request, exc: Exception) -> JSONResponse:
+async def on_orbit_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, OrbitError)
-    # A full queue or tenant (429) says when to try again, in whole seconds.
-    headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, Backpressure) else None
+    headers = None
+    if isinstance(exc, Backpressure):
+        # A full queue or tenant (429) says when to try again, in whole seconds, and is
+        # counted (orbit_refused_submits_total): only submits raise it.
+        headers = {"Retry-After": str(exc.retry_after)}
+        request.app.state.metrics.refused_submits.labels(REFUSAL_REASONS[exc.code]).inc()
     return error_response(exc.status, str(exc.code), exc.message, headers=headers)
 
 

@@ -9,7 +9,11 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from orbit.core.errors import Code
 from orbit.store import Store
+
+#: ``orbit_refused_submits_total``'s ``reason`` of each backpressure code.
+REFUSAL_REASONS = {Code.QUEUE_FULL: "queue_full", Code.TENANT_FULL: "tenant_full"}
 
 
 class _StoreCollector(Collector):
@@ -59,6 +63,16 @@ class Metrics:
             ["code"],
             registry=self.registry,
         )
+        # Backpressure (docs/concepts.md): submits refused with 429, by reason; both
+        # series are there from the start, at 0, so a rate over them never has a gap.
+        self.refused_submits = Counter(
+            "orbit_refused_submits_total",
+            "Submits refused because a queue or a tenant was full (429)",
+            ["reason"],
+            registry=self.registry,
+        )
+        for reason in REFUSAL_REASONS.values():
+            self.refused_submits.labels(reason)
         self.lease_expiries = Counter(
             "orbit_lease_expiries_total",
             "Run leases that expired without a report",

@@ -7,7 +7,7 @@ import asyncio
 import base64
 import binascii
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Annotated, Any, TypeVar
 
@@ -51,6 +51,7 @@ from orbit.protocol.messages import (
 from orbit.protocol.submissions import UsualBatch, read_task
 from orbit.server.auth import require
 from orbit.server.errors import ApiError
+from orbit.server.gates import SubmitGates
 from orbit.server.jsonwire import FastJSONResponse
 from orbit.server.streams import PAGE, open_stream
 from orbit.server.threads import in_thread
@@ -404,7 +405,9 @@ async def task_submit(request: Request) -> Response:
     spec = read_task(raw)  # the usual shape, read at once (orbit.protocol.submissions)
     if spec is None:
         spec = spec_from(decode_model(TaskSubmit, raw, parsed=True))
-    done = await in_thread(_store(request).task_submit, spec)
+    store = _store(request)
+    async with _gates(request).held(store, [("queue", spec.queue), ("tenant", spec.tenant)]):
+        done = await in_thread(store.task_submit, spec)
     return _json(
         {"task": task_wire(done.task), "created": done.created}, 201 if done.created else 200
     )
@@ -421,15 +424,29 @@ async def task_submit(request: Request) -> Response:
 async def task_submit_batch(request: Request) -> Response:
     render = _batch_reply(request)
     raw = await _document(request)
-    submit = _store(request).task_submit_rendered
+    store = _store(request)
+    submit = store.task_submit_rendered
     usual = UsualBatch.of(raw)  # the usual shape, read a chunk at a time in the store
     if usual is not None:
         try:
-            return _json(await in_thread(submit, usual, render), 201)
+            async with _gates(request).held(store, _scopes(usual.queues, usual.tenants)):
+                return _json(await in_thread(submit, usual, render), 201)
         except UnusualTask:  # rolled back, nothing written: the strict path says why
             pass
     specs = [spec_from(t) for t in decode_model(TaskBatch, raw, parsed=True).tasks]
-    return _json(await in_thread(submit, specs, render), 201)
+    scopes = _scopes({s.queue for s in specs}, {s.tenant for s in specs})
+    async with _gates(request).held(store, scopes):
+        return _json(await in_thread(submit, specs, render), 201)
+
+
+def _gates(request: Request) -> SubmitGates:
+    gates: SubmitGates = request.app.state.submit_gates
+    return gates
+
+
+def _scopes(queues: Iterable[str], tenants: Iterable[str]) -> list[tuple[str, str]]:
+    """A batch's queues and tenants as the scopes a cap may be on (``SubmitGates``)."""
+    return [("queue", q) for q in queues] + [("tenant", t) for t in tenants]
 
 
 @router.get("/tasks", dependencies=[Depends(require("submit")), *LISTING], response_model=TaskPage)

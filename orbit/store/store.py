@@ -14,11 +14,12 @@ import hmac
 import math
 import random
 import secrets
+import threading
 import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from enum import Enum
 from functools import partial
@@ -275,6 +276,7 @@ class Store:
         #: the node owning it can ignore its own NOTIFY: ``on_ready`` already woke it, and
         #: a second wake would cost an empty claim transaction per commit.
         self.origin = uuid.uuid4().hex[:16]
+        self._depth_gates = _DepthGates()
 
     # ------------------------------------------------------------------ plumbing
 
@@ -740,6 +742,14 @@ class Store:
         """Submit tasks in one transaction: all of them or none."""
         return self.task_submit_rendered(specs, _same)
 
+    def depth_gated(self, scopes: Iterable[tuple[str, str]]) -> list[int]:
+        """The depth keys (``depth_key``) of those scopes (``(kind, name)``: ``"queue"``
+        or ``"tenant"``) that this store's last submit to them found capped, in order: a
+        caller that makes many submits wait (the server, ``orbit.server.gates``) lets one
+        per key at a time through to the store. A hint: a cap set or removed since is
+        seen by the next submit."""
+        return self._depth_gates.keys(scopes)
+
     def task_submit_rendered(
         self,
         specs: Sequence[TaskSpec] | LazyBatch,
@@ -797,6 +807,7 @@ class Store:
         else:
             queues, parents, keys = sorted(lazy.queues), sorted(lazy.parents), set(lazy.keys)
         tenants = sorted({s.tenant for s in eager} if lazy is None else lazy.tenants)
+        scopes = [("queue", q) for q in queues] + [("tenant", t) for t in tenants]
 
         def read(
             start: int, end: int, now: int, by_key: dict[tuple[str, str, str], Task]
@@ -864,6 +875,7 @@ class Store:
                 )
             capped = [("queue", r["name"]) for r in queue_rows if r["max_queued"] is not None]
             capped += [("tenant", r["name"]) for r in tenant_caps]
+            self._depth_gates.saw(scopes, capped)
             if capped:  # only a submit to a capped queue or tenant pays for backpressure
                 _check_depth(
                     tx,
@@ -871,6 +883,8 @@ class Store:
                     eager if lazy is None else lazy.read(0, count),
                     frozenset(by_key),
                     {r["name"]: float(r["rate"]) for r in queue_rows},
+                    frozenset(r["name"] for r in queue_rows if r["paused"]),
+                    lambda k: self._existing_by_key(tx, k),
                 )
             results: list[Submitted] = []
             rendered: list[T] = []
@@ -918,7 +932,8 @@ class Store:
                 )
             return rendered
 
-        return self._tx(work)
+        with self._depth_gates.held(scopes):
+            return self._tx(work)
 
     def _submitted(
         self,
@@ -2187,20 +2202,77 @@ _DEPTH_LOCK_KIND = {"queue": 7270602, "tenant": 7270603}
 MAX_RETRY_AFTER = 60
 
 
+class _DepthGates:
+    """One node's in-process gates in front of the depth locks (``depth_lock``): a submit
+    to a scope this node last saw capped passes its gate before it takes a pooled
+    connection, so that one submit per capped scope at most waits for the scope's depth
+    lock on this node, connection in hand. Without them a burst of submits to one full
+    scope, which go one at a time cluster-wide anyway, held every pooled connection
+    while they waited, and every other call of the node (a worker's renewal, an
+    uncapped submit) waited for a connection behind them, up to the pool's timeout.
+
+    Only a hint: the depth lock alone keeps the cap. A scope first capped since this node
+    last saw it is submitted to ungated (as before) until a submit has read its cap; one
+    whose cap was removed stays gated until then. A gate is waited for before any
+    transaction begins, so its holder waits for database locks but no database lock
+    holder ever waits for a gate: they cannot wait for each other in a cycle, and gates
+    are taken in key order."""
+
+    def __init__(self) -> None:
+        self._capped: set[int] = set()  # the depth keys of the scopes last seen capped
+        self._gates: dict[int, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def saw(self, scopes: Iterable[tuple[str, str]], capped: Iterable[tuple[str, str]]) -> None:
+        """A submit read these scopes' caps: ``capped`` has one, the rest have none."""
+        if not capped and not self._capped:  # no cap seen anywhere: nothing to do
+            return
+        now = {depth_key(*s) for s in capped}
+        with self._lock:
+            self._capped -= {depth_key(*s) for s in scopes} - now
+            self._capped |= now
+
+    def keys(self, scopes: Iterable[tuple[str, str]]) -> list[int]:
+        """The depth keys of the scopes last seen capped, in order."""
+        if not self._capped:  # no cap seen anywhere
+            return []
+        with self._lock:
+            return sorted(k for s in scopes if (k := depth_key(*s)) in self._capped)
+
+    def held(self, scopes: Iterable[tuple[str, str]]) -> AbstractContextManager[None]:
+        """Hold the gates of the scopes last seen capped, in key order, for the block
+        (none seen: nothing, and no generator made)."""
+        keys = self.keys(scopes)
+        return self._hold(keys) if keys else nullcontext()
+
+    @contextmanager
+    def _hold(self, keys: list[int]) -> Iterator[None]:
+        with self._lock:
+            gates = [self._gates.setdefault(k, threading.Lock()) for k in keys]
+        with ExitStack() as stack:
+            for gate in gates:
+                stack.enter_context(gate)
+            yield
+
+
 def depth_key(kind: str, name: str) -> int:
     """The advisory lock key (``depth_lock``) of a capped queue or tenant: its kind in the
     high 32 bits, a CRC-32 of its name in the low ones."""
     return (_DEPTH_LOCK_KIND[kind] << 32) | zlib.crc32(name.encode("utf-8"))
 
 
-def retry_after(adding: int, rate: float | None) -> int:
+def retry_after(adding: int, rate: float | None, *, paused: bool = False) -> int:
     """Seconds a refused submit of ``adding`` tasks should wait: for a queue whose rate
     is capped, the time that rate takes to claim as many tasks (at best the room a
     retry needs), else one second; at least 1, at most ``MAX_RETRY_AFTER``. A heuristic:
-    nothing else bounds how soon a backlog drains."""
+    nothing else bounds how soon a backlog drains. A paused queue claims nothing until
+    it is resumed, whatever its rate: the most."""
+    if paused:
+        return MAX_RETRY_AFTER
     if rate is None or rate <= 0:
         return 1
-    return max(1, min(MAX_RETRY_AFTER, math.ceil(adding / rate)))
+    # Rounded to microseconds first: 21 / 0.7 is 30.000000000000004 in floats, not 31 s.
+    return max(1, min(MAX_RETRY_AFTER, math.ceil(round(adding / rate, 6))))
 
 
 def _check_depth(
@@ -2209,6 +2281,8 @@ def _check_depth(
     specs: Sequence[TaskSpec],
     known: frozenset[tuple[str, str, str]],
     rates: Mapping[str, float],
+    paused: frozenset[str],
+    existing: Callable[[set[tuple[str, str, str]]], Mapping[tuple[str, str, str], Task]],
 ) -> None:
     """Refuse a submit (``Backpressure``; the transaction writes nothing) that would leave a
     capped queue or tenant (``capped``: ``(kind, name)``) with more waiting tasks, in state
@@ -2220,15 +2294,24 @@ def _check_depth(
     cluster-wide by ``depth_lock``, and each counts after it holds the lock, in a
     statement of its own (which sees every submit committed before it), with the cap as
     it is then: two nodes cannot both fill the last room. A submit to a scope without a
-    cap takes no lock and counts nothing."""
+    cap takes no lock and counts nothing.
+
+    ``known`` was read before the lock: a submit that waited for it may find that a key it
+    counted as new was taken meanwhile by the submit it waited for. Before refusing, the
+    keys counted as new are read again (``existing``, a statement after the lock); if one
+    names a task now, the transaction is retried (``StaleWrite``) with the keys as they
+    are, as a submit without a cap is when its insert finds the key taken. So a
+    concurrent resubmit gets the task back rather than a refusal; only a refusal pays."""
     adding: dict[tuple[str, str], int] = {}
     seen = set(known)
+    fresh: set[tuple[str, str, str]] = set()  # the keys counted as new
     for spec in specs:
         key = _key_of(spec)
         if key is not None:
             if key in seen:
                 continue
             seen.add(key)
+            fresh.add(key)
         for scope in (("queue", spec.queue), ("tenant", spec.tenant)):
             adding[scope] = adding.get(scope, 0) + 1
     todo = sorted((scope, n) for scope in capped if (n := adding.get(scope, 0)))
@@ -2242,6 +2325,8 @@ def _check_depth(
             continue
         depth = int(found[0]["depth"])
         if depth + n > cap:
+            if fresh and existing(fresh):
+                raise StaleWrite  # a key counted as new was taken while this waited
             what = f"{kind} {name!r:.80}"
             raise Backpressure(
                 Code.QUEUE_FULL if kind == "queue" else Code.TENANT_FULL,
@@ -2250,7 +2335,11 @@ def _check_depth(
                 if n <= cap
                 else f"{what} has max_queued {cap}: a submit of {n} new tasks can never fit",
                 scope=name,
-                retry_after=retry_after(n, rates.get(name) if kind == "queue" else None),
+                retry_after=(
+                    retry_after(n, rates.get(name), paused=name in paused)
+                    if kind == "queue"
+                    else retry_after(n, None)
+                ),
             )
 
 

@@ -115,3 +115,83 @@ def test_every_bad_max_queued_is_refused_with_400(admin: httpx.Client) -> None:
     assert admin.get("/v1/limits/tenants").json() == []
     empty = admin.put("/v1/limits/tenants/acme", json={})
     assert empty.status_code == 400 and empty.json()["error"]["code"] == "MISSING_FIELD"
+
+
+def _refused(node: Node) -> dict[str, float]:
+    """``orbit_refused_submits_total`` by reason, as Prometheus parses ``/metrics``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    reply = httpx.get(f"{node.http}/metrics")
+    assert reply.status_code == 200
+    return {
+        s.labels["reason"]: s.value
+        for family in text_string_to_metric_families(reply.text)
+        for s in family.samples
+        if s.name == "orbit_refused_submits_total"
+    }
+
+
+def test_refused_submits_are_counted_by_reason(admin: httpx.Client, node: Node) -> None:
+    """Each 429 counts once, a batch as one refusal; an accepted submit counts nothing.
+    Both series are there, at 0, before any refusal."""
+    assert _refused(node) == {"queue_full": 0, "tenant_full": 0}
+    admin.post("/v1/queues", json={"name": "bp", "max_concurrency": 1, "rate": 0, "max_queued": 1})
+    admin.put("/v1/limits/tenants/acme", json={"max_queued": 1})
+    assert admin.post("/v1/tasks", json=_task(tenant="acme")).status_code == 201
+    assert admin.post("/v1/tasks", json=_task()).status_code == 429
+    batch = admin.post("/v1/tasks/batch", json={"tasks": [_task(), _task()]})
+    assert batch.status_code == 429
+    admin.patch("/v1/queues/bp", json={"max_queued": None})
+    assert admin.post("/v1/tasks", json=_task(tenant="acme")).status_code == 429
+    assert admin.post("/v1/tasks", json=_task()).status_code == 201
+    assert _refused(node) == {"queue_full": 2, "tenant_full": 1}
+
+
+def test_a_burst_at_a_full_queue_leaves_the_node_its_threads(
+    admin: httpx.Client, node: Node, tokens: Tokens, db_url: str
+) -> None:
+    """Submits to one capped queue go one at a time, cluster-wide. A burst of them, more
+    than the node's store threads (orbit.server.threads.THREADS), each took a thread to
+    wait for its turn, and every other call of the node (a submit to another queue here;
+    a worker's report alike) waited for a thread behind them. They wait on the event loop
+    now, one per capped scope in a thread."""
+    if db_url.startswith("sqlite"):
+        pytest.skip("SQLite has one writer: nothing waits for a depth lock")
+    import threading
+
+    import psycopg
+
+    from orbit.server.threads import THREADS
+    from orbit.store.store import depth_key
+    from tests.store.helpers import RACE_WAIT, until_done_or_waiting_on_a_lock
+
+    admin.post(
+        "/v1/queues", json={"name": "bp", "max_concurrency": 1, "rate": 0, "max_queued": 999}
+    )
+    admin.post("/v1/queues", json={"name": "free", "max_concurrency": 1, "rate": 0})
+    assert admin.post("/v1/tasks", json=_task()).status_code == 201  # the node saw the cap
+    codes: list[int] = []
+
+    def post(queue: str) -> None:
+        with httpx.Client(base_url=node.http, timeout=2 * RACE_WAIT) as c:
+            reply = c.post(
+                "/v1/tasks",
+                json={"queue": queue, "handler": "h"},
+                headers={"Authorization": f"Bearer {tokens.submit}"},
+            )
+            codes.append(reply.status_code)
+
+    with psycopg.connect(db_url) as other_node:  # holds bp's depth lock
+        other_node.execute("SELECT pg_advisory_xact_lock(%s)", (depth_key("queue", "bp"),))
+        burst = [threading.Thread(target=post, args=("bp",)) for _ in range(THREADS + 8)]
+        for t in burst:
+            t.start()
+        until_done_or_waiting_on_a_lock(burst[0], db_url)
+        probe = threading.Thread(target=post, args=("free",))
+        probe.start()
+        probe.join(RACE_WAIT)
+        assert not probe.is_alive() and codes == [201], codes  # bp's lock still held
+        other_node.rollback()
+    for t in burst:
+        t.join(RACE_WAIT)
+    assert codes == [201] * (THREADS + 9)

@@ -326,3 +326,122 @@ def test_many_submits_from_two_nodes_fill_the_cap_exactly(make_store: Any, backe
     assert sum(t.tenant == "acme" for t in tasks) <= 9
     assert a.task_counts() == {"queued": 12}
     assert check_all(a) == []
+
+
+def test_a_concurrent_resubmit_of_the_last_task_is_answered_not_refused(
+    make_store: Any, backend: str
+) -> None:
+    """Two nodes submit the same idempotency key to a queue with room for one. The second
+    read its keys before the first committed, then waited for the first's depth lock: the
+    key names a task by the time it counts, so it must get that task back (as it does at a
+    queue without a cap), not QUEUE_FULL."""
+    if backend != "postgres":
+        pytest.skip("SQLite has one writer: BEGIN IMMEDIATE serialises the submits")
+    a, b = make_store(), make_store()
+    _capped(a, 1)
+    counted, go_on = threading.Event(), threading.Event()
+    check = store_module._check_depth
+
+    def held(tx: Any, *args: Any) -> None:
+        check(tx, *args)
+        if tx._store is a:
+            counted.set()
+            assert go_on.wait(RACE_WAIT)
+
+    outcomes: dict[str, Any] = {}
+
+    def run(name: str, node: Store) -> None:
+        try:
+            outcomes[name] = node.task_submit(_spec(idempotency_key="k", payload={"n": 1}))
+        except Exception as exc:
+            outcomes[name] = exc
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(store_module, "_check_depth", held)
+    try:
+        first = threading.Thread(target=run, args=("a", a))
+        first.start()
+        assert counted.wait(RACE_WAIT)
+        second = threading.Thread(target=run, args=("b", b))
+        second.start()
+        until_done_or_waiting_on_a_lock(second, store_url(a))
+        go_on.set()
+        first.join(RACE_WAIT)
+        second.join(RACE_WAIT)
+    finally:
+        go_on.set()
+        mp.undo()
+    assert outcomes["a"].created, outcomes["a"]
+    assert not isinstance(outcomes["b"], Exception), outcomes["b"]
+    assert not outcomes["b"].created and outcomes["b"].task.id == outcomes["a"].task.id
+    assert a.task_counts() == {"queued": 1}
+
+
+def test_a_paused_queue_answers_the_longest_wait(store: Store) -> None:
+    """A paused queue hands out nothing until resumed: its rate (or none) says nothing of
+    when room comes, and 1 s would invite a producer to ask again every second."""
+    _capped(store, 1)
+    submit(store)
+    store.queue_pause("q")
+    with pytest.raises(Backpressure) as refused:
+        submit(store)
+    assert refused.value.retry_after == store_module.MAX_RETRY_AFTER
+    store.queue_resume("q")
+    with pytest.raises(Backpressure) as refused:
+        submit(store)
+    assert refused.value.retry_after == 1
+    assert retry_after(1, 4, paused=True) == store_module.MAX_RETRY_AFTER
+
+
+def test_retry_after_is_not_a_second_long_from_rounding() -> None:
+    """21 tasks at 0.7 a second take 30 s: the division's float error (30.000000000000004)
+    rounded up to 31."""
+    assert retry_after(21, 0.7) == 30
+    assert retry_after(21, 1.4) == 15
+    assert retry_after(57, 1.14) == 50
+    assert retry_after(22, 0.7) == 32  # 31.4...: a part of a second is still a second
+
+
+def test_submits_waiting_for_a_full_scope_leave_the_node_connections(
+    make_store: Any, backend: str
+) -> None:
+    """Submits to one capped queue go one at a time, cluster-wide (the depth lock). More
+    of them at once on one node than its pool holds took every pooled connection, each
+    waiting for that lock, and every other call of the node (an uncapped submit here; a
+    worker's renewal alike) waited for a connection behind them. A node lets one of its
+    submits per capped scope wait for the lock; the others wait in the node, holding no
+    connection."""
+    if backend != "postgres":
+        pytest.skip("SQLite has one writer and no pool of connections")
+    import psycopg
+
+    node = make_store()
+    _capped(node, 1000)
+    node.queue_create("free", max_concurrency=1, rate=0)
+    submit(node)  # the node has seen that q has a cap
+    outcomes: list[Any] = []
+
+    def run(queue: str) -> None:
+        try:
+            outcomes.append(submit(node, queue))
+        except Exception as exc:
+            outcomes.append(exc)
+
+    with psycopg.connect(store_url(node)) as other_node:  # holds q's depth lock
+        other_node.execute(
+            "SELECT pg_advisory_xact_lock(%s)", (store_module.depth_key("queue", "q"),)
+        )
+        waiting = [threading.Thread(target=run, args=("q",)) for _ in range(12)]
+        for t in waiting:
+            t.start()
+        until_done_or_waiting_on_a_lock(waiting[0], store_url(node))
+        probe = threading.Thread(target=run, args=("free",))
+        probe.start()
+        probe.join(RACE_WAIT)
+        assert not probe.is_alive() and len(outcomes) == 1, outcomes
+        assert isinstance(outcomes[0], str), outcomes[0]  # while q's lock is still held
+        other_node.rollback()
+    for t in waiting:
+        t.join(RACE_WAIT)
+    assert len(outcomes) == 13 and all(isinstance(o, str) for o in outcomes), outcomes
+    assert node.task_counts() == {"queued": 14}

@@ -28,6 +28,7 @@ from orbit.client import (
     Client,
     NotFound,
     TaskFailed,
+    TooManyRequests,
     Unreachable,
     WaitTimeout,
 )
@@ -516,6 +517,7 @@ def test_async_client_does_not_send_a_get_on_a_fresh_connection_again(server: _S
         TaskFailed({"id": "t2", "state": "failed", "error": {"code": "BOOM", "message": "x"}}),
         WaitTimeout("task t1 is still running"),
         Unreachable("no answer from 127.0.0.1:1 within 0.5 s"),
+        TooManyRequests(429, "QUEUE_FULL", "queue 'q' is full", None, 3.0),
     ],
 )
 def test_the_errors_cross_a_process_boundary(error: Exception) -> None:
@@ -534,6 +536,7 @@ def test_the_errors_cross_a_process_boundary(error: Exception) -> None:
         lambda: NotFound(404, "NOT_FOUND", "no such task"),
         lambda: TaskFailed({"id": "t2", "state": "failed", "error": None}),
         lambda: Unreachable("no answer from 127.0.0.1:1 within 0.5 s"),
+        lambda: TooManyRequests(429, "TENANT_FULL", "tenant 'acme' is full", None, 1.0),
     ],
 )
 def test_what_was_added_to_an_error_crosses_a_process_boundary_too(
