@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import uuid
 from pathlib import Path
 from typing import Any
 
 import psycopg
+
+from benchmarks.systems.base import drop_database
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "orbit/store/postgres/migrations"
 BEFORE = sorted(p for p in MIGRATIONS.glob("*.sql") if p.name < "0008")
@@ -115,11 +118,11 @@ def backend_cpu_ns(pid: int) -> int:
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
 
 
-def create(admin: psycopg.Connection[Any], dsn: str, name: str, sql: str) -> str:
+def create(admin_dsn: str, name: str, sql: str) -> str:
     """A scratch database with the schema ``sql`` makes of 0007's; its DSN."""
-    admin.execute(f"DROP DATABASE IF EXISTS {name}")
-    admin.execute(f"CREATE DATABASE {name}")
-    target = psycopg.conninfo.make_conninfo(dsn, dbname=name)
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    target = psycopg.conninfo.make_conninfo(admin_dsn, dbname=name)
     with psycopg.connect(target, autocommit=True) as cx:
         for path in BEFORE:
             cx.execute(path.read_text().encode())
@@ -156,6 +159,78 @@ def wal_per_event(cx: psycopg.Connection[Any], rows: str) -> tuple[float, float]
     return min(found) if found else (float("nan"), float("nan"))
 
 
+def _spread(xs: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+
+
+def measure(
+    dsn: str,
+    *,
+    schemas: list[str],
+    tasks: int,
+    batch: int,
+    rounds: int,
+    fill: int,
+    keep: bool = False,
+) -> dict[str, Any]:
+    """Fill a scratch database per schema with ``fill`` tasks' events, then time
+    ``rounds`` rounds of ``tasks`` tasks each, the schemas taking turns; the
+    databases are dropped afterwards, failed or not (unless ``keep``)."""
+    unknown = [n for n in schemas if n not in SCHEMAS]
+    if not schemas or unknown or len(set(schemas)) != len(schemas):
+        raise ValueError(f"schemas must be distinct names of {','.join(SCHEMAS)}: {schemas}")
+    if tasks < 1 or batch < 1 or rounds < 1 or fill < 0:
+        raise ValueError("tasks, batch and rounds must be at least 1 and fill non-negative")
+    prefix = f"orbit_evcost_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    dbs = {n: f"{prefix}_{i}" for i, n in enumerate(schemas)}
+    conns: dict[str, tuple[psycopg.Connection[Any], int]] = {}
+    events = tasks * 4
+    try:
+        for n in schemas:
+            cx = psycopg.connect(create(dsn, dbs[n], SCHEMAS[n]))
+            pid = cx.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+            cx.commit()
+            conns[n] = (cx, pid)
+            run_round([conns[n]], batches(fill, 500))
+            cx.autocommit = True
+            cx.execute("VACUUM ANALYZE orbit_events")
+            cx.autocommit = False
+        per_event: dict[str, list[float]] = {n: [] for n in schemas}
+        for r in range(rounds):
+            order = schemas[r % len(schemas) :] + schemas[: r % len(schemas)]
+            spent = run_round([conns[n] for n in order], batches(tasks, batch))
+            for n, ns in zip(order, spent, strict=True):
+                per_event[n].append(ns / events / 1000)
+        sample = batches(batch, batch)[2]
+        base = per_event[schemas[0]]
+        results: dict[str, Any] = {}
+        for n in schemas:
+            xs = per_event[n]
+            recs, nbytes = wal_per_event(conns[n][0], sample)
+            results[n] = {
+                "cpu_us_per_event": _spread(xs),
+                "vs_first": _spread([x / b for x, b in zip(xs, base, strict=True)]),
+                "wal_records_per_event": recs,
+                "wal_bytes_per_event": nbytes,
+                "per_round": [round(x, 2) for x in xs],
+            }
+    finally:
+        for cx, _ in conns.values():
+            cx.close()
+        if not keep:
+            for name in dbs.values():
+                drop_database(dsn, name)
+    return {
+        "databases": list(dbs.values()),
+        "rounds": rounds,
+        "tasks": tasks,
+        "batch": batch,
+        "fill": fill,
+        "events_per_round": events,
+        "schemas": results,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dsn", default="postgresql://postgres@127.0.0.1/postgres")
@@ -166,54 +241,33 @@ def main() -> None:
     ap.add_argument("--fill", type=int, default=50_000, help="tasks written before the rounds")
     ap.add_argument("--keep", action="store_true", help="leave the scratch databases")
     args = ap.parse_args()
-    names = args.schemas.split(",")
-    admin = psycopg.connect(args.dsn, autocommit=True)
-    conns: dict[str, tuple[psycopg.Connection[Any], int]] = {}
-    dbs = {n: f"orbit_evcost_{i}" for i, n in enumerate(names)}
-    try:
-        for n in names:
-            cx = psycopg.connect(create(admin, args.dsn, dbs[n], SCHEMAS[n]))
-            pid = cx.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
-            cx.commit()
-            conns[n] = (cx, pid)
-            run_round([conns[n]], batches(args.fill, 500))
-            cx.autocommit = True
-            cx.execute("VACUUM ANALYZE orbit_events")
-            cx.autocommit = False
-        per_event: dict[str, list[float]] = {n: [] for n in names}
-        events = args.tasks * 4
-        for r in range(args.rounds):
-            order = names[r % len(names) :] + names[: r % len(names)]
-            spent = run_round([conns[n] for n in order], batches(args.tasks, args.batch))
-            for n, ns in zip(order, spent, strict=True):
-                per_event[n].append(ns / events / 1000)
+    out = measure(
+        args.dsn,
+        schemas=args.schemas.split(","),
+        tasks=args.tasks,
+        batch=args.batch,
+        rounds=args.rounds,
+        fill=args.fill,
+        keep=args.keep,
+    )
+    print(
+        f"{args.rounds} rounds of {args.tasks} tasks ({out['events_per_round']} events) per "
+        f"schema, {args.batch} tasks a transaction, after {args.fill} tasks written"
+    )
+    print(
+        "schema     CPU us/event median [min-max]  vs first: median [min-max]  "
+        "WAL rec/event bytes/event"
+    )
+    for n, r in out["schemas"].items():
+        cpu, ratio = r["cpu_us_per_event"], r["vs_first"]
         print(
-            f"{args.rounds} rounds of {args.tasks} tasks ({events} events) per schema, "
-            f"{args.batch} tasks a transaction, after {args.fill} tasks written"
+            f"{n:10} {cpu['median']:6.2f} [{cpu['min']:.2f}-{cpu['max']:.2f}]"
+            f"        {ratio['median']:.3f} [{ratio['min']:.3f}-{ratio['max']:.3f}]"
+            f"          {r['wal_records_per_event']:5.2f}   {r['wal_bytes_per_event']:6.1f}"
         )
-        print(
-            "schema     CPU us/event median [min-max]  vs first: median [min-max]  "
-            "WAL rec/event bytes/event"
-        )
-        sample = batches(args.batch, args.batch)[2]
-        base = per_event[names[0]]
-        for n in names:
-            xs = per_event[n]
-            ratios = [x / b for x, b in zip(xs, base, strict=True)]
-            recs, nbytes = wal_per_event(conns[n][0], sample)
-            print(
-                f"{n:10} {statistics.median(xs):6.2f} [{min(xs):.2f}-{max(xs):.2f}]"
-                f"        {statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]"
-                f"          {recs:5.2f}   {nbytes:6.1f}"
-            )
-        print("per round:", json.dumps({n: [round(x, 2) for x in per_event[n]] for n in names}))
-    finally:
-        for cx, _ in conns.values():
-            cx.close()
-        if not args.keep:
-            for name in dbs.values():
-                admin.execute(f"DROP DATABASE IF EXISTS {name}")
-        admin.close()
+    print("per round:", json.dumps({n: r["per_round"] for n, r in out["schemas"].items()}))
+    if args.keep:
+        print("kept:", ", ".join(out["databases"]))
 
 
 if __name__ == "__main__":

@@ -725,7 +725,9 @@ class Client:
         its cap of streams) is reopened from the last event's cursor, so no event is
         missed or given twice; it gives up (Unreachable, or the node's 503) once the
         server has been out of reach for ``outage`` seconds. A refusal (a bad cursor, a
-        token refused, an unknown task) is raised at once. Keep the client's ``timeout``
+        token refused, an unknown task) is raised at once, and so is a 200 that is no
+        event stream (its Content-Type not ``text/event-stream``: a proxy's page, some
+        other server), as an ApiError with code NOT_EVENT_STREAM. Keep the client's ``timeout``
         above the server's keep-alive interval (15 s by default): a read that waits
         longer takes the stream for broken, and reopens it."""
         following = Following(task_id, cursor, outage)
@@ -734,11 +736,12 @@ class Client:
                 with self._http.stream("GET", following.path, following.headers, live=True) as (
                     status,
                     location,
+                    content_type,
                     chunks,
                 ):
                     if status >= 300:
                         _unwrap(Reply(status, b"".join(chunks), location))
-                    following.opened()
+                    following.opened(content_type)
                     for chunk in chunks:
                         yield from following.feed(chunk)
                         if following.ended:
@@ -798,6 +801,7 @@ class Client:
         with self._http.stream("GET", f"/v1/artifacts/{_seg(artifact_id)}/content") as (
             status,
             location,
+            _,
             chunks,
         ):
             if status >= 300:
@@ -1081,7 +1085,7 @@ class AsyncClient:
                     if reply.status_code >= 300:
                         body = b"".join([chunk async for chunk in reply.aiter_raw()])
                         _unwrap(Reply(reply.status_code, body, reply.headers.get("location")))
-                    following.opened()
+                    following.opened(reply.headers.get("content-type"))
                     async for chunk in reply.aiter_raw():
                         for item in following.feed(chunk):
                             yield item

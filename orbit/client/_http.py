@@ -118,15 +118,21 @@ class Transport:
         headers: dict[str, str] | None = None,
         *,
         live: bool = False,
-    ) -> Iterator[tuple[int, str | None, Iterator[bytes]]]:
-        """The status, the Location, and the body's chunks as they arrive (each read
-        waits at most the transport's timeout); a body not read to its end closes the
-        connection rather than go back to the pool. ``headers``: sent besides the
-        transport's. ``live``: a read returns what has come (``read1``) rather than wait
-        for a whole chunk: an event stream's messages are small and come one by one."""
+    ) -> Iterator[tuple[int, str | None, str | None, Iterator[bytes]]]:
+        """The status, the Location, the Content-Type, and the body's chunks as they
+        arrive (each read waits at most the transport's timeout); a body not read to its
+        end closes the connection rather than go back to the pool. ``headers``: sent
+        besides the transport's. ``live``: a read returns what has come (``read1``) rather
+        than wait for a whole chunk: an event stream's messages are small and come one by
+        one."""
         conn, response = self._open(method, path, None, None, self._timeout, headers)
         try:
-            yield response.status, response.getheader("Location"), self._chunks(response, live)
+            yield (
+                response.status,
+                response.getheader("Location"),
+                response.getheader("Content-Type"),
+                self._chunks(response, live),
+            )
         finally:
             self._done(conn, response)
 

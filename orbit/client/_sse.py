@@ -18,6 +18,8 @@ END = "stream.end"
 #: the server's refusals that a later try may not meet: the node at its cap of streams,
 #: or shutting down (another node, or this one back, can take the stream)
 BUSY = frozenset({"TOO_MANY_STREAMS", "SHUTTING_DOWN"})
+#: the media type of a stream's answer; any other is not followed (``opened``)
+EVENT_STREAM = "text/event-stream"
 #: the first pause before a reconnect, doubling up to ``MAX_PAUSE``
 FIRST_PAUSE = 0.05
 MAX_PAUSE = 2.0
@@ -99,15 +101,26 @@ class Following:
         """``Last-Event-ID`` once an event has been handed out (or given as the start)."""
         return {} if self.cursor is None else {"Last-Event-ID": self.cursor}
 
-    def opened(self) -> None:
-        """A stream answered 200: its body is read from here."""
+    def opened(self, content_type: str | None) -> None:
+        """A stream answered 200 with ``content_type``: its body is read from here. A 200
+        that is no event stream (a proxy's HTML page, a URL that names some other server)
+        is raised as an ApiError, NOT_EVENT_STREAM, at once: taken for a stream that broke,
+        it was tried again, to the same answer, until ``outage`` ran out."""
+        media = (content_type or "").partition(";")[0].strip().lower()
+        if media != EVENT_STREAM:
+            got = f"Content-Type {content_type[:100]!r}" if content_type else "no Content-Type"
+            raise ApiError(
+                200,
+                "NOT_EVENT_STREAM",
+                f"the reply has {got}, not {EVENT_STREAM}: is the URL an Orbit server's?",
+            )
         self._parser = Parser()
 
     def feed(self, chunk: bytes) -> list[tuple[str, dict[str, Any]]]:
         """The ``(cursor, event)`` of each event in the chunk, up to the end of a task
         stream (``ended`` is then True). The first line of SSE says the server is back:
-        the next break's pauses start short again. (A 200 whose body is no stream, a
-        page of some other server, does not: the follow gives up after ``outage``.)"""
+        the next break's pauses start short again. (A body labelled an event stream that
+        holds no SSE does not: the follow gives up after ``outage``.)"""
         out: list[tuple[str, dict[str, Any]]] = []
         for message in self._parser.feed(chunk):
             if message.event == END:

@@ -436,7 +436,7 @@ def test_a_get_on_a_connection_closed_as_it_was_reused_is_sent_again_once(
     t = Transport(_url(server), {}, cafile=None, timeout=5.0)
     assert t.request("GET", "/v1/tasks/t1", None, None).status_code == 200
     assert t.request("GET", "/v1/tasks/t1", None, None).status_code == 200
-    with t.stream("GET", "/v1/tasks/t1") as (status, _, chunks):
+    with t.stream("GET", "/v1/tasks/t1") as (status, _, _, chunks):
         assert status == 200 and b"".join(chunks)
     t.close()
     assert [s["n"] for s in server.seen] == [1, 2, 1, 2, 1]

@@ -231,11 +231,11 @@ def test_a_streamed_body_arrives_in_chunks_and_an_unread_one_is_not_reused(
     server: _Server,
 ) -> None:
     t = _transport(_url(server))
-    with t.stream("GET", "/big") as (status, _, chunks):
+    with t.stream("GET", "/big") as (status, _, _, chunks):
         got = list(chunks)
     assert status == 200 and sum(map(len, got)) == 3 * STREAM_CHUNK + 5 and len(got) > 1
     assert len(t._idle) == 1  # read to its end: back to the pool
-    with t.stream("GET", "/big") as (status, _, chunks):
+    with t.stream("GET", "/big") as (status, _, _, chunks):
         next(chunks)
     assert not t._idle  # the same one went out, and was closed rather than returned
     t.close()
@@ -522,3 +522,35 @@ def test_nan_inside_a_dataclass_or_an_enum_is_refused_too(server: _Server) -> No
     for body in odd:
         asyncio.run(refused(body))
     assert [s["body"] for s in server.seen] == [b'{"payload":{"x":0.5,"tags":[1.0]},"p":null}']
+
+
+def test_a_200_that_is_no_event_stream_is_an_api_error_at_once(server: _Server) -> None:
+    """A URL that answers 200 with something other than an event stream (a proxy's HTML
+    page, some other server): ``stream_events`` took each such answer for a stream that
+    broke, and tried again until ``outage`` ran out, then raised Unreachable. Both
+    clients now raise NOT_EVENT_STREAM after the one request, naming the type received
+    (never the token)."""
+    from orbit.client import ApiError, AsyncClient
+
+    def check(caught: pytest.ExceptionInfo[ApiError]) -> None:
+        assert (caught.value.status, caught.value.code) == (200, "NOT_EVENT_STREAM")
+        assert "text/html" in str(caught.value) and "t0ken" not in str(caught.value)
+        assert len(server.seen) == 1  # not tried again
+        server.seen.clear()
+
+    with Client(_url(server, "/html"), token="t0ken") as c:
+        with pytest.raises(ApiError) as caught:
+            next(c.stream_events(outage=5))
+        check(caught)
+
+    async def main() -> None:
+        async with AsyncClient(_url(server, "/html"), token="t0ken") as c:
+            stream = c.stream_events("t1", outage=5)
+            try:
+                with pytest.raises(ApiError) as caught:
+                    await anext(stream)
+            finally:
+                await stream.aclose()
+            check(caught)
+
+    asyncio.run(main())

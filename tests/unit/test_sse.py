@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from orbit.client._errors import BadRequest, error_from
+from orbit.client._errors import ApiError, BadRequest, error_from
 from orbit.client._http import Unreachable
 from orbit.client._sse import Following, Message, Parser
 
@@ -30,7 +30,7 @@ def test_the_follow_resumes_from_the_last_cursor_and_stops_at_the_end() -> None:
     following = Following("t1", None, outage=5)
     assert following.path == "/v1/tasks/t1/events/stream"
     assert following.headers == {}
-    following.opened()
+    following.opened("text/event-stream; charset=utf-8")
     got = following.feed(b'id: c1\nevent: submitted\ndata: {"id": "1"}\n\n')
     assert got == [("c1", {"id": "1"})]
     assert following.headers == {"Last-Event-ID": "c1"}
@@ -58,3 +58,18 @@ def test_an_outage_must_be_a_finite_number() -> None:
     for bad in (-1, float("inf"), float("nan"), "5"):
         with pytest.raises(ValueError, match="outage"):
             Following(None, None, bad)  # type: ignore[arg-type]
+
+
+def test_a_200_that_is_no_event_stream_is_refused_when_opened() -> None:
+    following = Following(None, None, outage=5)
+    for stream in ("text/event-stream", "Text/Event-Stream ; charset=utf-8"):
+        following.opened(stream)
+    for other, named in (
+        ("text/html; charset=utf-8", "Content-Type 'text/html; charset=utf-8'"),
+        ("", "no Content-Type"),
+        (None, "no Content-Type"),
+    ):
+        with pytest.raises(ApiError) as caught:
+            following.opened(other)
+        assert (caught.value.status, caught.value.code) == (200, "NOT_EVENT_STREAM")
+        assert named in caught.value.message
