@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -137,6 +137,18 @@ def _never_null(schema: dict[str, Any]) -> None:
     schema["minProperties"] = 1
 
 
+_Body = TypeVar("_Body", bound=BaseModel)
+
+
+def _at_least_one(body: _Body) -> _Body:
+    """A change body that leaves every field out changes nothing: refused, naming the
+    fields it could give (its own, in order)."""
+    if not body.model_fields_set:
+        names = ", ".join(type(body).model_fields)
+        raise PydanticCustomError("at_least_one", f"give at least one of {names}")
+    return body
+
+
 class QueueUpdate(Strict):
     """The caps to change (``PATCH /v1/queues/{name}``): at least one; a field left out
     keeps its value. Null is refused, but for ``max_queued``, where it removes the cap."""
@@ -157,13 +169,7 @@ class QueueUpdate(Strict):
             raise ValueError("null is not allowed: leave the field out to keep its value")
         return value
 
-    @model_validator(mode="after")
-    def _something(self) -> QueueUpdate:
-        if not self.model_fields_set:
-            raise PydanticCustomError(
-                "at_least_one", "give at least one of max_concurrency, rate, burst, max_queued"
-            )
-        return self
+    _something = model_validator(mode="after")(_at_least_one)
 
 
 class QueueView(Response):
@@ -207,13 +213,7 @@ class TenantLimitSet(Strict):
         default=None, description=f"in all queues: {MAX_QUEUED_DOC}"
     )
 
-    @model_validator(mode="after")
-    def _something(self) -> TenantLimitSet:
-        if not self.model_fields_set:
-            raise PydanticCustomError(
-                "at_least_one", "give at least one of max_concurrency, max_queued"
-            )
-        return self
+    _something = model_validator(mode="after")(_at_least_one)
 
 
 class TenantLimitView(Response):
