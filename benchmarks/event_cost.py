@@ -28,7 +28,7 @@ from typing import Any
 
 import psycopg
 
-from benchmarks.systems.base import drop_database
+from benchmarks.systems.base import create_database, drop_database
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "orbit/store/postgres/migrations"
 BEFORE = sorted(p for p in MIGRATIONS.glob("*.sql") if p.name < "0008")
@@ -120,9 +120,7 @@ def backend_cpu_ns(pid: int) -> int:
 
 def create(admin_dsn: str, name: str, sql: str) -> str:
     """A scratch database with the schema ``sql`` makes of 0007's; its DSN."""
-    with psycopg.connect(admin_dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    target = psycopg.conninfo.make_conninfo(admin_dsn, dbname=name)
+    target = create_database(admin_dsn, name)
     with psycopg.connect(target, autocommit=True) as cx:
         for path in BEFORE:
             cx.execute(path.read_text().encode())
