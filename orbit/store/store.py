@@ -613,9 +613,7 @@ class Store:
         """A tenant's cap (None: no cap, which every tenant has until one is set)."""
         check_name("tenant", tenant)
         found = self._read("tenant_get", name=tenant)
-        if not found or found[0]["max_concurrency"] is None:
-            return None
-        return int(found[0]["max_concurrency"])
+        return _int_or_none(found[0]["max_concurrency"]) if found else None
 
     def tenant_queued_get(self, tenant: str) -> int | None:
         """A tenant's cap on waiting tasks (None: no cap, as every tenant has until set)."""
@@ -640,9 +638,7 @@ class Store:
     def global_limit_get(self) -> int | None:
         """The cluster-wide cap (None: no cap)."""
         found = self._read("setting_get", name="global_max_concurrency")
-        if not found or found[0]["int_value"] is None:
-            return None
-        return int(found[0]["int_value"])
+        return _int_or_none(found[0]["int_value"]) if found else None
 
     # ------------------------------------------------------------------ tokens
 
@@ -1408,11 +1404,7 @@ class Store:
                     occ.by_handler[row["handler"]] = occ.by_handler.get(row["handler"], 0) + k
                     occ.session_total += k
             tenant_caps = {r["name"]: int(r["max_concurrency"]) for r in tenant_rows}
-            global_cap = (
-                int(setting[0]["int_value"])
-                if setting and setting[0]["int_value"] is not None
-                else None
-            )
+            global_cap = _int_or_none(setting[0]["int_value"]) if setting else None
             grants = self._claim(
                 tx, plan, session, queues, occ, tenant_caps, global_cap, n=n, now=now
             )
