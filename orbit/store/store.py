@@ -536,12 +536,10 @@ class Store:
                 tokens_at=after.tokens_at,
                 max_queued=after.max_queued,
             )
-            changed: dict[str, Any] = {}
-            for field in ("max_concurrency", "rate", "burst", "max_queued"):
-                old, new = getattr(before, field), getattr(after, field)
-                if old != new:
-                    changed[field] = new
-                    changed[f"{field}_before"] = old
+            caps = ("max_concurrency", "rate", "burst", "max_queued")
+            changed = _changes(
+                caps, [getattr(before, f) for f in caps], [getattr(after, f) for f in caps]
+            )
             tx.events([Event(kind="queue.updated", queue=name, data=changed)])
             if caps_raised(before, after):
                 tx.freed.add(name)  # a claim a cap held back may find more now
@@ -586,7 +584,8 @@ class Store:
             )
             tx.execute("tenant_upsert", name=tenant, max_concurrency=after[0], max_queued=after[1])
             if before != after:
-                tx.events([_tenant_updated(tenant, before, after)])
+                changed = _changes(("max_concurrency", "max_queued"), before, after)
+                tx.events([Event(kind="tenant.updated", tenant=tenant, data=changed)])
             if before[0] != after[0]:
                 _limits_changed(tx)
 
@@ -604,7 +603,8 @@ class Store:
             before = _int_or_none(found[0]["int_value"]) if found else None
             tx.execute("setting_upsert", name="global_max_concurrency", int_value=max_concurrency)
             if before != max_concurrency:
-                tx.events([_cap_updated("global.updated", before, max_concurrency)])
+                changed = _changes(("max_concurrency",), (before,), (max_concurrency,))
+                tx.events([Event(kind="global.updated", data=changed)])
             _limits_changed(tx)
 
         self._tx(work)
@@ -613,9 +613,7 @@ class Store:
         """A tenant's cap (None: no cap, which every tenant has until one is set)."""
         check_name("tenant", tenant)
         found = self._read("tenant_get", name=tenant)
-        if not found or found[0]["max_concurrency"] is None:
-            return None
-        return int(found[0]["max_concurrency"])
+        return _int_or_none(found[0]["max_concurrency"]) if found else None
 
     def tenant_queued_get(self, tenant: str) -> int | None:
         """A tenant's cap on waiting tasks (None: no cap, as every tenant has until set)."""
@@ -640,9 +638,7 @@ class Store:
     def global_limit_get(self) -> int | None:
         """The cluster-wide cap (None: no cap)."""
         found = self._read("setting_get", name="global_max_concurrency")
-        if not found or found[0]["int_value"] is None:
-            return None
-        return int(found[0]["int_value"])
+        return _int_or_none(found[0]["int_value"]) if found else None
 
     # ------------------------------------------------------------------ tokens
 
@@ -1408,11 +1404,7 @@ class Store:
                     occ.by_handler[row["handler"]] = occ.by_handler.get(row["handler"], 0) + k
                     occ.session_total += k
             tenant_caps = {r["name"]: int(r["max_concurrency"]) for r in tenant_rows}
-            global_cap = (
-                int(setting[0]["int_value"])
-                if setting and setting[0]["int_value"] is not None
-                else None
-            )
+            global_cap = _int_or_none(setting[0]["int_value"]) if setting else None
             grants = self._claim(
                 tx, plan, session, queues, occ, tenant_caps, global_cap, n=n, now=now
             )
@@ -2343,26 +2335,16 @@ def _check_depth(
             )
 
 
-def _tenant_updated(
-    tenant: str, before: tuple[int | None, int | None], after: tuple[int | None, int | None]
-) -> Event:
-    """A tenant's ``tenant.updated`` event: each cap that changed, new and old (None: no
-    cap), as ``_cap_updated`` spells ``max_concurrency``."""
+def _changes(fields: Sequence[str], before: Sequence[Any], after: Sequence[Any]) -> dict[str, Any]:
+    """The data of a ``queue.updated``, ``tenant.updated`` or ``global.updated`` event:
+    each of ``fields`` whose value changed, the new one and the old (``<field>_before``;
+    None: no cap), so the three events spell a change alike."""
     data: dict[str, Any] = {}
-    for field, old, new in zip(("max_concurrency", "max_queued"), before, after, strict=True):
+    for field, old, new in zip(fields, before, after, strict=True):
         if old != new:
             data[field] = new
             data[f"{field}_before"] = old
-    return Event(kind="tenant.updated", tenant=tenant, data=data)
-
-
-def _cap_updated(
-    kind: str, before: int | None, after: int | None, tenant: str | None = None
-) -> Event:
-    """The event of a tenant's or the global cap changed, in ``queue.updated``'s shape:
-    the new value and the old one (None: no cap)."""
-    data: dict[str, Any] = {"max_concurrency": after, "max_concurrency_before": before}
-    return Event(kind=kind, tenant=tenant, data=data)
+    return data
 
 
 def _limits_changed(tx: _Tx) -> None:
