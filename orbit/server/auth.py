@@ -37,22 +37,21 @@ class TokenCheck:
         self._forgets = 0
 
     async def scopes(self, headers: Headers) -> frozenset[str]:
-        header = headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
+        token = bearer_token(headers)
+        if token is None:
             raise ApiError(401, "UNAUTHENTICATED", "send Authorization: Bearer <token>")
-        key = hashlib.sha256(token.strip().encode()).hexdigest()
+        key = hashlib.sha256(token.encode()).hexdigest()
         hit = self._cache.get(key)
         now = time.monotonic()
         if hit is not None and hit[0] > now:
             granted = hit[1]
         else:
             forgets = self._forgets
-            granted = await in_thread(self._store.token_scopes, token.strip())
+            granted = await in_thread(self._store.token_scopes, token)
             if len(self._cache) > 10_000:
                 self._cache.clear()
             if forgets == self._forgets:
-                self._cache[key] = (now + self.ttl, granted, token_id(token.strip()))
+                self._cache[key] = (now + self.ttl, granted, token_id(token))
         if granted is None:
             raise ApiError(401, "UNAUTHENTICATED", "the token is unknown or revoked")
         return granted
@@ -73,10 +72,17 @@ class TokenCheck:
         return granted
 
 
+def bearer_token(headers: Headers) -> str | None:
+    """The token of the ``Authorization: Bearer <token>`` header, or None if there is none."""
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
 def bearer_token_id(headers: Headers) -> str | None:
     """The id of the bearer token in ``headers`` (see ``token_id``)."""
-    scheme, _, token = headers.get("authorization", "").partition(" ")
-    return token_id(token.strip()) if scheme.lower() == "bearer" else None
+    token = bearer_token(headers)
+    return None if token is None else token_id(token)
 
 
 def require(scope: str) -> Callable[[Request], Awaitable[None]]:

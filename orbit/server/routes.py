@@ -7,7 +7,7 @@ import asyncio
 import base64
 import binascii
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 from typing import Annotated, Any, TypeVar
 
@@ -561,31 +561,44 @@ async def task_attempts(
     return _json(AttemptPage(items=[attempt_view(a) for a in attempts], next_cursor=nxt))
 
 
-async def _events(
-    request: Request, task_id: str | None, limit: int, cursor: str | None
-) -> Response:
-    after_xid, after_id = event_cursor(decode_cursor(cursor))
+async def _event_rows(
+    request: Request,
+    run: Callable[[Callable[[], tuple[list[dict[str, Any]], bool]]], Awaitable[Any]],
+    task_id: str | None,
+    position: tuple[int, int],
+    limit: int,
+) -> list[dict[str, Any]]:
+    """``Store.event_list``, its wait on the event loop: each read goes through ``run``
+    (the store's threads, or a stream's own), and a read waiting for an older
+    transaction holds no thread. A position that names no event is a bad cursor."""
     store = _store(request)
+    read = partial(
+        store.event_read,
+        task_id=task_id,
+        after_id=position[1],
+        after_xid=position[0],
+        limit=limit,
+    )
+    rows: list[dict[str, Any]]
     try:
-        # Store.event_list, its wait on the event loop: the store's threads serve every
-        # report and submit, and a read waiting for an older transaction holds none
-        read = partial(
-            store.event_read,
-            task_id=task_id,
-            after_id=after_id,
-            after_xid=after_xid,
-            limit=limit,
-        )
-        rows, held_back = await in_thread(read)
+        rows, held_back = await run(read)
         for pause in store.event_pauses():
             if not held_back:
                 break
             await asyncio.sleep(pause)
-            rows, held_back = await in_thread(read)
+            rows, held_back = await run(read)
     except OrbitError as exc:  # the only argument left to refuse: no event is there
         if exc.code is not Code.INVALID_ARGUMENT:
             raise
         raise _bad_cursor() from None
+    return rows
+
+
+async def _events(
+    request: Request, task_id: str | None, limit: int, cursor: str | None
+) -> Response:
+    position = event_cursor(decode_cursor(cursor))
+    rows = await _event_rows(request, in_thread, task_id, position, limit)
     nxt = event_position_cursor(rows[-1]) if len(rows) == limit else None
     return _json(EventPage(items=[event_view(r) for r in rows], next_cursor=nxt))
 
@@ -632,24 +645,9 @@ def stream_start(last_event_id: str | None, cursor: str | None) -> tuple[int, in
 async def _stream(
     request: Request, scope: str, task_id: str | None, position: tuple[int, int]
 ) -> Response:
-    store = _store(request)
-
     async def first_page() -> list[dict[str, Any]]:
-        # on the streams' own threads: a read held back by an older transaction waits
-        # up to StoreConfig.event_wait_us, which no report should wait behind
-        try:
-            rows: list[dict[str, Any]] = await request.app.state.streams.read(
-                store.event_list,
-                task_id=task_id,
-                after_xid=position[0],
-                after_id=position[1],
-                limit=PAGE,
-            )
-        except OrbitError as exc:  # as _events: the position names no event
-            if exc.code is not Code.INVALID_ARGUMENT:
-                raise
-            raise _bad_cursor() from None
-        return rows
+        # on the streams' own threads, as the stream's later reads
+        return await _event_rows(request, request.app.state.streams.read, task_id, position, PAGE)
 
     return await open_stream(
         request,

@@ -1054,8 +1054,13 @@ class Worker:
         host's wall clock, which may disagree with the database's, never enters."""
         running.lease_expires = sent + max(lease.get("lease_left") or 0.0, 0.0)
         now = time.monotonic()
-        running.renew_at = now + (running.lease_expires - now) / 2
-        self._renew_floor = min(self._renew_floor, running.renew_at)
+        self._renew_at(running, now + (running.lease_expires - now) / 2)
+
+    def _renew_at(self, running: _Running, at: float) -> None:
+        """Set when ``running``'s lease is next renewed, and lower the floor to it: the
+        floor stays under every ``renew_at`` only if each is set here."""
+        running.renew_at = at
+        self._renew_floor = min(self._renew_floor, at)
 
     def _interval(self) -> float:
         """Seconds until the next renewal is due: when the soonest lease is half spent
@@ -1142,8 +1147,7 @@ class Worker:
         delay = self._renew_retry
         self._renew_retry = min(delay * 2, RENEW_RETRY_MAX)
         for r in failed:
-            r.renew_at = now + min(delay, max(r.lease_expires - now, 0.0) / 2)
-            self._renew_floor = min(self._renew_floor, r.renew_at)
+            self._renew_at(r, now + min(delay, max(r.lease_expires - now, 0.0) / 2))
 
     def _renewed(self, leases: list[dict[str, Any]], sent: float) -> None:
         """Take a renew's answers: new leases, cancels, lost attempts."""
