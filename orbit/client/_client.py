@@ -23,6 +23,7 @@ from orbit.client._http import (
     Unreachable,
     checked_timeout,
     sent_again,
+    server_down,
     unreachable,
     where,
 )
@@ -298,8 +299,6 @@ def _headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}", "User-Agent": "orbit-python"}
 
 
-#: what a proxy in front answers, with a page of its own, when it cannot reach the server
-_GATEWAY_DOWN = frozenset({502, 503, 504})
 #: The least a wait's poll is given to be answered in, however little of the wait is
 #: left: a poll cut to the few milliseconds left would fail on a server that is well.
 POLL_TIMEOUT_FLOOR = 0.5
@@ -357,7 +356,7 @@ class Waiting:
         A poll that timed out after ``request_timeout`` cut it short met the end of the
         wait, not a server that is down: WaitTimeout then, unless the server was out of
         reach before it."""
-        if not _server_down(exc):
+        if not server_down(exc):
             raise exc
         now = time.monotonic()
         cut_short = self._cut and _timed_out(exc)
@@ -384,16 +383,6 @@ class Waiting:
         return pause
 
 
-def _server_down(exc: Unreachable | ApiError) -> bool:
-    """Whether a poll failed because the server could not be reached: directly
-    (Unreachable, but for a certificate that fails verification), or through a proxy that
-    says so with its own page (502, 503 or 504 that is not Orbit's JSON: ``HTTP_ERROR``).
-    Anything else is the server's refusal."""
-    if isinstance(exc, Unreachable):
-        return not _untrusted(exc)
-    return exc.status in _GATEWAY_DOWN and exc.code == "HTTP_ERROR"
-
-
 def _timed_out(exc: BaseException) -> bool:
     """Whether a poll failed for want of an answer in its time (either client's timeout
     in ``exc``'s chain), rather than being refused a connection or cut off."""
@@ -404,24 +393,6 @@ def _timed_out(exc: BaseException) -> bool:
         if isinstance(seen, TimeoutError | httpx.TimeoutException):
             return True
         seen = seen.__cause__
-    return False
-
-
-def _untrusted(exc: BaseException) -> bool:
-    """Whether TLS failed somewhere in ``exc``'s chain in a way that no waiting mends, a
-    client set up wrong: the server's certificate failed verification (its CA, the host
-    name), or the server speaks no TLS on that port (WRONG_VERSION_NUMBER: an https://
-    URL for a plain HTTP server). Taken for an outage, a ``wait`` said so only when its
-    whole timeout had run out."""
-    seen: BaseException | None = exc
-    for _ in range(10):
-        if seen is None:
-            return False
-        if isinstance(seen, ssl.SSLCertVerificationError):
-            return True
-        if isinstance(seen, ssl.SSLError) and seen.reason == "WRONG_VERSION_NUMBER":
-            return True
-        seen = seen.__cause__ or seen.__context__
     return False
 
 
