@@ -258,8 +258,7 @@ class _Calls:
     def event_log(limit: int, cursor: str | None) -> Request:
         """Every task's events and the operators' changes (caps, pauses, sessions): an
         empty cursor is sent, and refused, as ``events`` sends it."""
-        query: dict[str, Any] = {"limit": limit, **({} if cursor is None else {"cursor": cursor})}
-        return ("GET", "/v1/events", query, None)
+        return ("GET", "/v1/events", _page(limit, cursor), None)
 
     @staticmethod
     def submit_many(tasks: list[dict[str, Any]], reply: BatchReply) -> Request:
