@@ -277,6 +277,35 @@ class _Calls:
         return ("GET", "/v1/workers", {k: v for k, v in query.items() if v is not None}, None)
 
     @staticmethod
+    def queue_action(name: str, action: Literal["pause", "resume"]) -> Request:
+        return ("POST", f"/v1/queues/{_seg(name)}/{action}", None, None)
+
+    @staticmethod
+    def tenant_limits() -> Request:
+        return ("GET", "/v1/limits/tenants", None, None)
+
+    @staticmethod
+    def submit(body: dict[str, Any]) -> Request:
+        """``body``: as ``task_body`` makes it."""
+        return ("POST", "/v1/tasks", None, body)
+
+    @staticmethod
+    def task(task_id: str) -> Request:
+        return ("GET", f"/v1/tasks/{_seg(task_id)}", None, None)
+
+    @staticmethod
+    def task_action(task_id: str, action: Literal["cancel", "retry"]) -> Request:
+        return ("POST", f"/v1/tasks/{_seg(task_id)}/{action}", None, None)
+
+    @staticmethod
+    def worker_drain(session_id: str) -> Request:
+        return ("POST", f"/v1/workers/{_seg(session_id)}/drain", None, None)
+
+    @staticmethod
+    def token_create(name: str, scopes: list[str]) -> Request:
+        return ("POST", "/v1/tokens", None, {"name": name, "scopes": scopes})
+
+    @staticmethod
     def token_revoke(token_id: str) -> Request:
         return ("POST", f"/v1/tokens/{_seg(token_id)}/revoke", None, None)
 
@@ -495,10 +524,10 @@ class Client:
         yield from _walk(lambda c: self.list_queues(limit=limit, cursor=c), cursor)
 
     def queue_pause(self, name: str) -> dict[str, Any]:
-        return dict(self._call(("POST", f"/v1/queues/{_seg(name)}/pause", None, None)))
+        return dict(self._call(_Calls.queue_action(name, "pause")))
 
     def queue_resume(self, name: str) -> dict[str, Any]:
-        return dict(self._call(("POST", f"/v1/queues/{_seg(name)}/resume", None, None)))
+        return dict(self._call(_Calls.queue_action(name, "resume")))
 
     def queue_update(
         self,
@@ -518,7 +547,7 @@ class Client:
     def tenant_limits(self) -> list[dict[str, Any]]:
         """Every tenant that has a cap of either kind:
         ``[{"tenant", "max_concurrency", "max_queued"}]`` (None: no cap of that kind)."""
-        return list(self._call(("GET", "/v1/limits/tenants", None, None)))
+        return list(self._call(_Calls.tenant_limits()))
 
     def tenant_limit(self, tenant: str) -> dict[str, Any]:
         return dict(self._call(_Calls.tenant_limit(tenant, put=False)))
@@ -547,9 +576,7 @@ class Client:
         self, queue: str, handler: str, payload: Any = None, **options: Any
     ) -> dict[str, Any]:
         """Submit a task; returns it (an existing one when the idempotency key matched)."""
-        reply = self._call(
-            ("POST", "/v1/tasks", None, task_body(queue, handler, payload, **options))
-        )
+        reply = self._call(_Calls.submit(task_body(queue, handler, payload, **options)))
         return dict(reply["task"])
 
     def submit_many(
@@ -562,7 +589,7 @@ class Client:
 
     def get(self, task_id: str, *, timeout: float | None = None) -> dict[str, Any]:
         """The task; ``timeout``: this call's, in place of the client's."""
-        return dict(self._call(("GET", f"/v1/tasks/{_seg(task_id)}", None, None), timeout))
+        return dict(self._call(_Calls.task(task_id), timeout))
 
     def wait(self, task_id: str, timeout: float = 60.0, poll: float = 0.2) -> dict[str, Any]:
         """Block until the task ends (or needs review); raise WaitTimeout after ``timeout``.
@@ -589,10 +616,10 @@ class Client:
         return task["result"]
 
     def cancel(self, task_id: str) -> dict[str, Any]:
-        return dict(self._call(("POST", f"/v1/tasks/{_seg(task_id)}/cancel", None, None)))
+        return dict(self._call(_Calls.task_action(task_id, "cancel")))
 
     def retry(self, task_id: str) -> dict[str, Any]:
-        return dict(self._call(("POST", f"/v1/tasks/{_seg(task_id)}/retry", None, None)))
+        return dict(self._call(_Calls.task_action(task_id, "retry")))
 
     def resolve(
         self,
@@ -741,7 +768,7 @@ class Client:
         yield from _walk(lambda c: self.list_workers(cursor=c, **filters), cursor)
 
     def worker_drain(self, session_id: str) -> dict[str, Any]:
-        return dict(self._call(("POST", f"/v1/workers/{_seg(session_id)}/drain", None, None)))
+        return dict(self._call(_Calls.worker_drain(session_id)))
 
     def list_artifacts(
         self, task_id: str, *, limit: int = 100, cursor: str | None = None
@@ -779,7 +806,7 @@ class Client:
             yield from chunks
 
     def token_create(self, name: str, scopes: list[str]) -> dict[str, Any]:
-        return dict(self._call(("POST", "/v1/tokens", None, {"name": name, "scopes": scopes})))
+        return dict(self._call(_Calls.token_create(name, scopes)))
 
     def token_list(self) -> list[dict[str, Any]]:
         """Every token (all its pages), oldest first, revoked ones too (never a secret):
@@ -953,10 +980,10 @@ class AsyncClient:
             yield item
 
     async def queue_pause(self, name: str) -> dict[str, Any]:
-        return dict(await self._call(("POST", f"/v1/queues/{_seg(name)}/pause", None, None)))
+        return dict(await self._call(_Calls.queue_action(name, "pause")))
 
     async def queue_resume(self, name: str) -> dict[str, Any]:
-        return dict(await self._call(("POST", f"/v1/queues/{_seg(name)}/resume", None, None)))
+        return dict(await self._call(_Calls.queue_action(name, "resume")))
 
     async def queue_update(
         self,
@@ -975,7 +1002,7 @@ class AsyncClient:
     async def tenant_limits(self) -> list[dict[str, Any]]:
         """Every tenant that has a cap of either kind:
         ``[{"tenant", "max_concurrency", "max_queued"}]`` (None: no cap of that kind)."""
-        return list(await self._call(("GET", "/v1/limits/tenants", None, None)))
+        return list(await self._call(_Calls.tenant_limits()))
 
     async def tenant_limit(self, tenant: str) -> dict[str, Any]:
         return dict(await self._call(_Calls.tenant_limit(tenant, put=False)))
@@ -1110,8 +1137,7 @@ class AsyncClient:
             await reply.aclose()
 
     async def token_create(self, name: str, scopes: list[str]) -> dict[str, Any]:
-        body = {"name": name, "scopes": scopes}
-        return dict(await self._call(("POST", "/v1/tokens", None, body)))
+        return dict(await self._call(_Calls.token_create(name, scopes)))
 
     async def token_list(self) -> list[dict[str, Any]]:
         return [t async for t in self.iter_tokens(limit=FULL_PAGE)]
@@ -1132,7 +1158,7 @@ class AsyncClient:
         self, queue: str, handler: str, payload: Any = None, **options: Any
     ) -> dict[str, Any]:
         body = task_body(queue, handler, payload, **options)
-        return dict((await self._call(("POST", "/v1/tasks", None, body)))["task"])
+        return dict((await self._call(_Calls.submit(body)))["task"])
 
     async def submit_many(
         self, tasks: list[dict[str, Any]], *, reply: BatchReply = "full"
@@ -1140,7 +1166,7 @@ class AsyncClient:
         return _Calls.submitted(reply, await self._call(_Calls.submit_many(tasks, reply)))
 
     async def get(self, task_id: str, *, timeout: float | None = None) -> dict[str, Any]:
-        return dict(await self._call(("GET", f"/v1/tasks/{_seg(task_id)}", None, None), timeout))
+        return dict(await self._call(_Calls.task(task_id), timeout))
 
     async def wait(self, task_id: str, timeout: float = 60.0, poll: float = 0.2) -> dict[str, Any]:
         """As ``Client.wait``."""
@@ -1162,10 +1188,10 @@ class AsyncClient:
         return task["result"]
 
     async def cancel(self, task_id: str) -> dict[str, Any]:
-        return dict(await self._call(("POST", f"/v1/tasks/{_seg(task_id)}/cancel", None, None)))
+        return dict(await self._call(_Calls.task_action(task_id, "cancel")))
 
     async def retry(self, task_id: str) -> dict[str, Any]:
-        return dict(await self._call(("POST", f"/v1/tasks/{_seg(task_id)}/retry", None, None)))
+        return dict(await self._call(_Calls.task_action(task_id, "retry")))
 
     async def resolve(
         self,
@@ -1223,4 +1249,4 @@ class AsyncClient:
             yield item
 
     async def worker_drain(self, session_id: str) -> dict[str, Any]:
-        return dict(await self._call(("POST", f"/v1/workers/{_seg(session_id)}/drain", None, None)))
+        return dict(await self._call(_Calls.worker_drain(session_id)))
