@@ -651,16 +651,22 @@ def worker_drain(session_id: str, url: str, cafile: str | None, as_json: bool) -
 # ----------------------------------------------------------------------------- event
 
 
+def _event_text(e: dict[str, Any]) -> tuple[str, str]:
+    """An event's subject and data as printed: what it is about is its task, else its
+    queue, tenant or session (an operator's change belongs to no task)."""
+    subject = e["task_id"] or e["queue"] or e["tenant"] or e["session_id"] or ""
+    data = "" if e["data"] is None else json.dumps(e["data"], sort_keys=True)
+    return subject, data
+
+
 def _events_table(rows: list[dict[str, Any]]) -> Table:
-    """One line an event: what it is about is its task, else its queue, tenant or
-    session (an operator's change belongs to no task)."""
+    """One line an event (``_event_text``)."""
     table = Table("id", "at")
     table.add_column("kind", no_wrap=True)  # what a reader scans for, never cut short
     table.add_column("subject")
     table.add_column("data", overflow="fold")
     for e in rows:
-        subject = e["task_id"] or e["queue"] or e["tenant"] or e["session_id"] or ""
-        data = "" if e["data"] is None else json.dumps(e["data"], sort_keys=True)
+        subject, data = _event_text(e)
         table.add_row(e["id"], e["at"], e["kind"], subject, data)
     return table
 
@@ -717,8 +723,7 @@ def _follow_events(c: Client, task_id: str | None, cursor: str | None, as_json: 
                 sys.stdout.write(json.dumps({"cursor": last, "event": e}, sort_keys=True) + "\n")
                 sys.stdout.flush()
                 continue
-            subject = e["task_id"] or e["queue"] or e["tenant"] or e["session_id"] or ""
-            data = "" if e["data"] is None else json.dumps(e["data"], sort_keys=True)
+            subject, data = _event_text(e)
             line = f"{e['at']}  {e['id']:>8}  {e['kind']:<16} {subject}  {data}"
             out.print(line.rstrip(), highlight=False, soft_wrap=True)
     except KeyboardInterrupt:
