@@ -850,6 +850,14 @@ class _Trace:
             self.answered = True
 
 
+async def _refused(reply: httpx.Response) -> None:
+    """A streamed reply that is not a 2xx raised as ``_unwrap`` raises it, its body read
+    raw (as the stream would have been); a 2xx is left to read."""
+    if reply.status_code >= 300:
+        body = b"".join([chunk async for chunk in reply.aiter_raw()])
+        _unwrap(Reply(reply.status_code, body, reply.headers.get("location")))
+
+
 class AsyncClient:
     """The same calls for asyncio code."""
 
@@ -1079,9 +1087,7 @@ class AsyncClient:
                     "GET", following.path, None, None, raw=True, headers=following.headers
                 )
                 try:
-                    if reply.status_code >= 300:
-                        body = b"".join([chunk async for chunk in reply.aiter_raw()])
-                        _unwrap(Reply(reply.status_code, body, reply.headers.get("location")))
+                    await _refused(reply)
                     following.opened(reply.headers.get("content-type"))
                     async for chunk in reply.aiter_raw():
                         for item in following.feed(chunk):
@@ -1126,9 +1132,7 @@ class AsyncClient:
         path = f"/v1/artifacts/{_seg(artifact_id)}/content"
         reply = await self._send("GET", path, None, None, raw=True)
         try:
-            if reply.status_code >= 300:
-                body = b"".join([chunk async for chunk in reply.aiter_raw()])
-                _unwrap(Reply(reply.status_code, body, reply.headers.get("location")))
+            await _refused(reply)
             async for chunk in reply.aiter_raw():
                 yield chunk
         except httpx.TransportError as exc:  # as Client raises it
