@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -225,7 +225,7 @@ def queue_create(
             "a queue needs --max-concurrency and --rate (write --rate 0 for unlimited)", EXIT_USAGE
         )
     rate_option(rate)
-    queued = None if max_queued is None else _cap(max_queued, MAX_QUEUED_CAP, "--max-queued")[1]
+    queued = _max_queued(max_queued)[1]
     with client(url, cafile) as c:
         made = c.queue_create(
             name, max_concurrency=max_concurrency, rate=rate, burst=burst, max_queued=queued
@@ -257,12 +257,14 @@ def queue_update(
     if max_concurrency is None and rate is None and burst is None and max_queued is None:
         fail("give at least one of --max-concurrency, --rate, --burst, --max-queued", EXIT_USAGE)
     rate_option(rate)
-    queued: int | Literal["keep"] | None = "keep"
-    if max_queued is not None:
-        queued = _cap(max_queued, MAX_QUEUED_CAP, "--max-queued")[1]
+    put_queued, queued = _max_queued(max_queued)
     with client(url, cafile) as c:
         changed = c.queue_update(
-            name, max_concurrency=max_concurrency, rate=rate, burst=burst, max_queued=queued
+            name,
+            max_concurrency=max_concurrency,
+            rate=rate,
+            burst=burst,
+            max_queued=queued if put_queued else "keep",
         )
         emit(changed, as_json, lambda q: _queues_table([q]))
 
@@ -649,16 +651,22 @@ def worker_drain(session_id: str, url: str, cafile: str | None, as_json: bool) -
 # ----------------------------------------------------------------------------- event
 
 
+def _event_text(e: dict[str, Any]) -> tuple[str, str]:
+    """An event's subject and data as printed: what it is about is its task, else its
+    queue, tenant or session (an operator's change belongs to no task)."""
+    subject = e["task_id"] or e["queue"] or e["tenant"] or e["session_id"] or ""
+    data = "" if e["data"] is None else json.dumps(e["data"], sort_keys=True)
+    return subject, data
+
+
 def _events_table(rows: list[dict[str, Any]]) -> Table:
-    """One line an event: what it is about is its task, else its queue, tenant or
-    session (an operator's change belongs to no task)."""
+    """One line an event (``_event_text``)."""
     table = Table("id", "at")
     table.add_column("kind", no_wrap=True)  # what a reader scans for, never cut short
     table.add_column("subject")
     table.add_column("data", overflow="fold")
     for e in rows:
-        subject = e["task_id"] or e["queue"] or e["tenant"] or e["session_id"] or ""
-        data = "" if e["data"] is None else json.dumps(e["data"], sort_keys=True)
+        subject, data = _event_text(e)
         table.add_row(e["id"], e["at"], e["kind"], subject, data)
     return table
 
@@ -715,8 +723,7 @@ def _follow_events(c: Client, task_id: str | None, cursor: str | None, as_json: 
                 sys.stdout.write(json.dumps({"cursor": last, "event": e}, sort_keys=True) + "\n")
                 sys.stdout.flush()
                 continue
-            subject = e["task_id"] or e["queue"] or e["tenant"] or e["session_id"] or ""
-            data = "" if e["data"] is None else json.dumps(e["data"], sort_keys=True)
+            subject, data = _event_text(e)
             line = f"{e['at']}  {e['id']:>8}  {e['kind']:<16} {subject}  {data}"
             out.print(line.rstrip(), highlight=False, soft_wrap=True)
     except KeyboardInterrupt:
@@ -750,6 +757,11 @@ def _cap(value: str | None, most: int, what: str = "the cap") -> tuple[bool, int
             EXIT_USAGE,
         )
     return True, int(value)
+
+
+def _max_queued(value: str | None) -> tuple[bool, int | None]:
+    """``_cap`` of a --max-queued option: ``(set?, cap on waiting tasks)``."""
+    return _cap(value, MAX_QUEUED_CAP, "--max-queued")
 
 
 def _limits_table(rows: list[dict[str, Any]]) -> Table:
@@ -795,9 +807,7 @@ def limit_tenant(
     Example: orbit limit tenant acme 20 --max-queued 5000   (none: no cap)
     """
     put, value = _cap(cap, MAX_TENANT_CAP)
-    put_queued, queued = (
-        (False, None) if max_queued is None else _cap(max_queued, MAX_QUEUED_CAP, "--max-queued")
-    )
+    put_queued, queued = _max_queued(max_queued)
     with client(url, cafile) as c:
         if put or put_queued:
             row = c.tenant_limit_set(

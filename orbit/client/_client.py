@@ -23,6 +23,7 @@ from orbit.client._http import (
     Unreachable,
     checked_timeout,
     sent_again,
+    server_down,
     unreachable,
     where,
 )
@@ -257,8 +258,7 @@ class _Calls:
     def event_log(limit: int, cursor: str | None) -> Request:
         """Every task's events and the operators' changes (caps, pauses, sessions): an
         empty cursor is sent, and refused, as ``events`` sends it."""
-        query: dict[str, Any] = {"limit": limit, **({} if cursor is None else {"cursor": cursor})}
-        return ("GET", "/v1/events", query, None)
+        return ("GET", "/v1/events", _page(limit, cursor), None)
 
     @staticmethod
     def submit_many(tasks: list[dict[str, Any]], reply: BatchReply) -> Request:
@@ -275,6 +275,35 @@ class _Calls:
     def workers_list(state: str | None, limit: int, cursor: str | None) -> Request:
         query = {"state": state, "limit": limit, "cursor": cursor}
         return ("GET", "/v1/workers", {k: v for k, v in query.items() if v is not None}, None)
+
+    @staticmethod
+    def queue_action(name: str, action: Literal["pause", "resume"]) -> Request:
+        return ("POST", f"/v1/queues/{_seg(name)}/{action}", None, None)
+
+    @staticmethod
+    def tenant_limits() -> Request:
+        return ("GET", "/v1/limits/tenants", None, None)
+
+    @staticmethod
+    def submit(body: dict[str, Any]) -> Request:
+        """``body``: as ``task_body`` makes it."""
+        return ("POST", "/v1/tasks", None, body)
+
+    @staticmethod
+    def task(task_id: str) -> Request:
+        return ("GET", f"/v1/tasks/{_seg(task_id)}", None, None)
+
+    @staticmethod
+    def task_action(task_id: str, action: Literal["cancel", "retry"]) -> Request:
+        return ("POST", f"/v1/tasks/{_seg(task_id)}/{action}", None, None)
+
+    @staticmethod
+    def worker_drain(session_id: str) -> Request:
+        return ("POST", f"/v1/workers/{_seg(session_id)}/drain", None, None)
+
+    @staticmethod
+    def token_create(name: str, scopes: list[str]) -> Request:
+        return ("POST", "/v1/tokens", None, {"name": name, "scopes": scopes})
 
     @staticmethod
     def token_revoke(token_id: str) -> Request:
@@ -298,8 +327,6 @@ def _headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}", "User-Agent": "orbit-python"}
 
 
-#: what a proxy in front answers, with a page of its own, when it cannot reach the server
-_GATEWAY_DOWN = frozenset({502, 503, 504})
 #: The least a wait's poll is given to be answered in, however little of the wait is
 #: left: a poll cut to the few milliseconds left would fail on a server that is well.
 POLL_TIMEOUT_FLOOR = 0.5
@@ -357,7 +384,7 @@ class Waiting:
         A poll that timed out after ``request_timeout`` cut it short met the end of the
         wait, not a server that is down: WaitTimeout then, unless the server was out of
         reach before it."""
-        if not _server_down(exc):
+        if not server_down(exc):
             raise exc
         now = time.monotonic()
         cut_short = self._cut and _timed_out(exc)
@@ -384,16 +411,6 @@ class Waiting:
         return pause
 
 
-def _server_down(exc: Unreachable | ApiError) -> bool:
-    """Whether a poll failed because the server could not be reached: directly
-    (Unreachable, but for a certificate that fails verification), or through a proxy that
-    says so with its own page (502, 503 or 504 that is not Orbit's JSON: ``HTTP_ERROR``).
-    Anything else is the server's refusal."""
-    if isinstance(exc, Unreachable):
-        return not _untrusted(exc)
-    return exc.status in _GATEWAY_DOWN and exc.code == "HTTP_ERROR"
-
-
 def _timed_out(exc: BaseException) -> bool:
     """Whether a poll failed for want of an answer in its time (either client's timeout
     in ``exc``'s chain), rather than being refused a connection or cut off."""
@@ -404,24 +421,6 @@ def _timed_out(exc: BaseException) -> bool:
         if isinstance(seen, TimeoutError | httpx.TimeoutException):
             return True
         seen = seen.__cause__
-    return False
-
-
-def _untrusted(exc: BaseException) -> bool:
-    """Whether TLS failed somewhere in ``exc``'s chain in a way that no waiting mends, a
-    client set up wrong: the server's certificate failed verification (its CA, the host
-    name), or the server speaks no TLS on that port (WRONG_VERSION_NUMBER: an https://
-    URL for a plain HTTP server). Taken for an outage, a ``wait`` said so only when its
-    whole timeout had run out."""
-    seen: BaseException | None = exc
-    for _ in range(10):
-        if seen is None:
-            return False
-        if isinstance(seen, ssl.SSLCertVerificationError):
-            return True
-        if isinstance(seen, ssl.SSLError) and seen.reason == "WRONG_VERSION_NUMBER":
-            return True
-        seen = seen.__cause__ or seen.__context__
     return False
 
 
@@ -525,10 +524,10 @@ class Client:
         yield from _walk(lambda c: self.list_queues(limit=limit, cursor=c), cursor)
 
     def queue_pause(self, name: str) -> dict[str, Any]:
-        return dict(self._call(("POST", f"/v1/queues/{_seg(name)}/pause", None, None)))
+        return dict(self._call(_Calls.queue_action(name, "pause")))
 
     def queue_resume(self, name: str) -> dict[str, Any]:
-        return dict(self._call(("POST", f"/v1/queues/{_seg(name)}/resume", None, None)))
+        return dict(self._call(_Calls.queue_action(name, "resume")))
 
     def queue_update(
         self,
@@ -548,7 +547,7 @@ class Client:
     def tenant_limits(self) -> list[dict[str, Any]]:
         """Every tenant that has a cap of either kind:
         ``[{"tenant", "max_concurrency", "max_queued"}]`` (None: no cap of that kind)."""
-        return list(self._call(("GET", "/v1/limits/tenants", None, None)))
+        return list(self._call(_Calls.tenant_limits()))
 
     def tenant_limit(self, tenant: str) -> dict[str, Any]:
         return dict(self._call(_Calls.tenant_limit(tenant, put=False)))
@@ -577,9 +576,7 @@ class Client:
         self, queue: str, handler: str, payload: Any = None, **options: Any
     ) -> dict[str, Any]:
         """Submit a task; returns it (an existing one when the idempotency key matched)."""
-        reply = self._call(
-            ("POST", "/v1/tasks", None, task_body(queue, handler, payload, **options))
-        )
+        reply = self._call(_Calls.submit(task_body(queue, handler, payload, **options)))
         return dict(reply["task"])
 
     def submit_many(
@@ -592,7 +589,7 @@ class Client:
 
     def get(self, task_id: str, *, timeout: float | None = None) -> dict[str, Any]:
         """The task; ``timeout``: this call's, in place of the client's."""
-        return dict(self._call(("GET", f"/v1/tasks/{_seg(task_id)}", None, None), timeout))
+        return dict(self._call(_Calls.task(task_id), timeout))
 
     def wait(self, task_id: str, timeout: float = 60.0, poll: float = 0.2) -> dict[str, Any]:
         """Block until the task ends (or needs review); raise WaitTimeout after ``timeout``.
@@ -619,10 +616,10 @@ class Client:
         return task["result"]
 
     def cancel(self, task_id: str) -> dict[str, Any]:
-        return dict(self._call(("POST", f"/v1/tasks/{_seg(task_id)}/cancel", None, None)))
+        return dict(self._call(_Calls.task_action(task_id, "cancel")))
 
     def retry(self, task_id: str) -> dict[str, Any]:
-        return dict(self._call(("POST", f"/v1/tasks/{_seg(task_id)}/retry", None, None)))
+        return dict(self._call(_Calls.task_action(task_id, "retry")))
 
     def resolve(
         self,
@@ -771,7 +768,7 @@ class Client:
         yield from _walk(lambda c: self.list_workers(cursor=c, **filters), cursor)
 
     def worker_drain(self, session_id: str) -> dict[str, Any]:
-        return dict(self._call(("POST", f"/v1/workers/{_seg(session_id)}/drain", None, None)))
+        return dict(self._call(_Calls.worker_drain(session_id)))
 
     def list_artifacts(
         self, task_id: str, *, limit: int = 100, cursor: str | None = None
@@ -809,7 +806,7 @@ class Client:
             yield from chunks
 
     def token_create(self, name: str, scopes: list[str]) -> dict[str, Any]:
-        return dict(self._call(("POST", "/v1/tokens", None, {"name": name, "scopes": scopes})))
+        return dict(self._call(_Calls.token_create(name, scopes)))
 
     def token_list(self) -> list[dict[str, Any]]:
         """Every token (all its pages), oldest first, revoked ones too (never a secret):
@@ -851,6 +848,14 @@ class _Trace:
             self.connected = True
         elif event == "http11.receive_response_headers.complete":
             self.answered = True
+
+
+async def _refused(reply: httpx.Response) -> None:
+    """A streamed reply that is not a 2xx raised as ``_unwrap`` raises it, its body read
+    raw (as the stream would have been); a 2xx is left to read."""
+    if reply.status_code >= 300:
+        body = b"".join([chunk async for chunk in reply.aiter_raw()])
+        _unwrap(Reply(reply.status_code, body, reply.headers.get("location")))
 
 
 class AsyncClient:
@@ -983,10 +988,10 @@ class AsyncClient:
             yield item
 
     async def queue_pause(self, name: str) -> dict[str, Any]:
-        return dict(await self._call(("POST", f"/v1/queues/{_seg(name)}/pause", None, None)))
+        return dict(await self._call(_Calls.queue_action(name, "pause")))
 
     async def queue_resume(self, name: str) -> dict[str, Any]:
-        return dict(await self._call(("POST", f"/v1/queues/{_seg(name)}/resume", None, None)))
+        return dict(await self._call(_Calls.queue_action(name, "resume")))
 
     async def queue_update(
         self,
@@ -1005,7 +1010,7 @@ class AsyncClient:
     async def tenant_limits(self) -> list[dict[str, Any]]:
         """Every tenant that has a cap of either kind:
         ``[{"tenant", "max_concurrency", "max_queued"}]`` (None: no cap of that kind)."""
-        return list(await self._call(("GET", "/v1/limits/tenants", None, None)))
+        return list(await self._call(_Calls.tenant_limits()))
 
     async def tenant_limit(self, tenant: str) -> dict[str, Any]:
         return dict(await self._call(_Calls.tenant_limit(tenant, put=False)))
@@ -1082,9 +1087,7 @@ class AsyncClient:
                     "GET", following.path, None, None, raw=True, headers=following.headers
                 )
                 try:
-                    if reply.status_code >= 300:
-                        body = b"".join([chunk async for chunk in reply.aiter_raw()])
-                        _unwrap(Reply(reply.status_code, body, reply.headers.get("location")))
+                    await _refused(reply)
                     following.opened(reply.headers.get("content-type"))
                     async for chunk in reply.aiter_raw():
                         for item in following.feed(chunk):
@@ -1129,9 +1132,7 @@ class AsyncClient:
         path = f"/v1/artifacts/{_seg(artifact_id)}/content"
         reply = await self._send("GET", path, None, None, raw=True)
         try:
-            if reply.status_code >= 300:
-                body = b"".join([chunk async for chunk in reply.aiter_raw()])
-                _unwrap(Reply(reply.status_code, body, reply.headers.get("location")))
+            await _refused(reply)
             async for chunk in reply.aiter_raw():
                 yield chunk
         except httpx.TransportError as exc:  # as Client raises it
@@ -1140,8 +1141,7 @@ class AsyncClient:
             await reply.aclose()
 
     async def token_create(self, name: str, scopes: list[str]) -> dict[str, Any]:
-        body = {"name": name, "scopes": scopes}
-        return dict(await self._call(("POST", "/v1/tokens", None, body)))
+        return dict(await self._call(_Calls.token_create(name, scopes)))
 
     async def token_list(self) -> list[dict[str, Any]]:
         return [t async for t in self.iter_tokens(limit=FULL_PAGE)]
@@ -1162,7 +1162,7 @@ class AsyncClient:
         self, queue: str, handler: str, payload: Any = None, **options: Any
     ) -> dict[str, Any]:
         body = task_body(queue, handler, payload, **options)
-        return dict((await self._call(("POST", "/v1/tasks", None, body)))["task"])
+        return dict((await self._call(_Calls.submit(body)))["task"])
 
     async def submit_many(
         self, tasks: list[dict[str, Any]], *, reply: BatchReply = "full"
@@ -1170,7 +1170,7 @@ class AsyncClient:
         return _Calls.submitted(reply, await self._call(_Calls.submit_many(tasks, reply)))
 
     async def get(self, task_id: str, *, timeout: float | None = None) -> dict[str, Any]:
-        return dict(await self._call(("GET", f"/v1/tasks/{_seg(task_id)}", None, None), timeout))
+        return dict(await self._call(_Calls.task(task_id), timeout))
 
     async def wait(self, task_id: str, timeout: float = 60.0, poll: float = 0.2) -> dict[str, Any]:
         """As ``Client.wait``."""
@@ -1192,10 +1192,10 @@ class AsyncClient:
         return task["result"]
 
     async def cancel(self, task_id: str) -> dict[str, Any]:
-        return dict(await self._call(("POST", f"/v1/tasks/{_seg(task_id)}/cancel", None, None)))
+        return dict(await self._call(_Calls.task_action(task_id, "cancel")))
 
     async def retry(self, task_id: str) -> dict[str, Any]:
-        return dict(await self._call(("POST", f"/v1/tasks/{_seg(task_id)}/retry", None, None)))
+        return dict(await self._call(_Calls.task_action(task_id, "retry")))
 
     async def resolve(
         self,
@@ -1253,4 +1253,4 @@ class AsyncClient:
             yield item
 
     async def worker_drain(self, session_id: str) -> dict[str, Any]:
-        return dict(await self._call(("POST", f"/v1/workers/{_seg(session_id)}/drain", None, None)))
+        return dict(await self._call(_Calls.worker_drain(session_id)))

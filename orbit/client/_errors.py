@@ -65,12 +65,6 @@ class TooManyRequests(ApiError):
         super().__init__(status, code, message, field)
         self.retry_after = retry_after
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        """As ``ApiError.__reduce__``, with ``retry_after`` among the arguments; its
-        ``__dict__`` (a note, an attribute set after) goes along too."""
-        args = (self.status, self.code, self.message, self.field, self.retry_after)
-        return (type(self), args, self.__dict__)
-
 
 _BY_STATUS: dict[int, type[ApiError]] = {
     400: BadRequest,

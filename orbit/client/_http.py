@@ -31,6 +31,7 @@ from urllib.parse import SplitResult, urlencode
 
 import httpcore
 
+from orbit.client._errors import ApiError
 from orbit.urls import check_server_url
 
 #: Bytes read at a time from a streamed body.
@@ -349,3 +350,35 @@ def _still_open(conn: http.client.HTTPConnection) -> bool:
         return not waiter.poll(0)
     except (OSError, ValueError):  # a socket already closed (fileno -1)
         return False
+
+
+#: what a proxy in front answers, with a page of its own, when it cannot reach the server
+_GATEWAY_DOWN = frozenset({502, 503, 504})
+
+
+def server_down(exc: Unreachable | ApiError) -> bool:
+    """Whether a call failed because the server could not be reached: directly
+    (Unreachable, but for a certificate that fails verification), or through a proxy that
+    says so with its own page (502, 503 or 504 that is not Orbit's JSON: ``HTTP_ERROR``).
+    Anything else is the server's refusal."""
+    if isinstance(exc, Unreachable):
+        return not _untrusted(exc)
+    return exc.status in _GATEWAY_DOWN and exc.code == "HTTP_ERROR"
+
+
+def _untrusted(exc: BaseException) -> bool:
+    """Whether TLS failed somewhere in ``exc``'s chain in a way that no waiting mends, a
+    client set up wrong: the server's certificate failed verification (its CA, the host
+    name), or the server speaks no TLS on that port (WRONG_VERSION_NUMBER: an https://
+    URL for a plain HTTP server). Taken for an outage, a ``wait`` said so only when its
+    whole timeout had run out."""
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return False
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return True
+        if isinstance(seen, ssl.SSLError) and seen.reason == "WRONG_VERSION_NUMBER":
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

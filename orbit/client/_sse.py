@@ -10,7 +10,7 @@ from typing import Any
 from urllib.parse import quote
 
 from orbit.client._errors import ApiError
-from orbit.client._http import Unreachable
+from orbit.client._http import Unreachable, server_down
 from orbit.core.model import parse_json
 
 #: the SSE event that ends a task stream: the task has ended and its events are all out
@@ -140,11 +140,9 @@ class Following:
         refused, an unknown task) is raised; a server out of reach, behind a proxy's own
         502, 503 or 504, or busy (``BUSY``) is tried again until it has been so for
         ``outage`` seconds: Unreachable then, or the busy refusal."""
-        from orbit.client._client import _server_down
-
         if isinstance(exc, ApiError) and exc.code in BUSY:
             pass
-        elif exc is not None and not _server_down(exc):
+        elif exc is not None and not server_down(exc):
             raise exc
         now = time.monotonic()
         if self._down_since is None:
