@@ -12,7 +12,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import datetime
 from typing import Any, Literal
-from urllib.parse import quote
 
 import httpx
 
@@ -26,6 +25,9 @@ from orbit.client._http import (
     server_down,
     unreachable,
     where,
+)
+from orbit.client._http import (
+    path_segment as _seg,
 )
 from orbit.client._sse import Following
 from orbit.core.model import compact_json, parse_json
@@ -59,15 +61,6 @@ def _window(
         "created_after": _instant(created_after, what),
         "created_before": _instant(created_before, what),
     }
-
-
-def _seg(value: str) -> str:
-    """An id or a name as one path segment, percent-encoded, so that the server reads it
-    whole: unencoded, a space made the sync transport refuse the URL (``Unreachable``),
-    a non-ASCII letter raised UnicodeEncodeError, and '?' or '#' cut the id short. A
-    segment of dots is encoded too, which neither transport then folds into its parent."""
-    part = quote(value, safe="")
-    return part.replace(".", "%2E") if part.strip(".") == "" else part
 
 
 def request_json(body: dict[str, Any] | list[Any]) -> bytes:

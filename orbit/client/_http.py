@@ -27,7 +27,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import SplitResult, urlencode
+from urllib.parse import SplitResult, quote, urlencode
 
 import httpcore
 
@@ -382,3 +382,12 @@ def _untrusted(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def path_segment(value: str) -> str:
+    """An id or a name as one path segment, percent-encoded, so that the server reads it
+    whole: unencoded, a space made the sync transport refuse the URL (``Unreachable``),
+    a non-ASCII letter raised UnicodeEncodeError, and '?' or '#' cut the id short. A
+    segment of dots is encoded too, which neither transport then folds into its parent."""
+    part = quote(value, safe="")
+    return part.replace(".", "%2E") if part.strip(".") == "" else part

@@ -7,10 +7,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
 
 from orbit.client._errors import ApiError
-from orbit.client._http import Unreachable, server_down
+from orbit.client._http import Unreachable, path_segment, server_down
 from orbit.core.model import parse_json
 
 #: the SSE event that ends a task stream: the task has ended and its events are all out
@@ -94,7 +93,7 @@ class Following:
     def path(self) -> str:
         if self.task_id is None:
             return "/v1/events/stream"
-        return f"/v1/tasks/{quote(self.task_id, safe='')}/events/stream"
+        return f"/v1/tasks/{path_segment(self.task_id)}/events/stream"
 
     @property
     def headers(self) -> dict[str, str]:

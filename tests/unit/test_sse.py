@@ -73,3 +73,11 @@ def test_a_200_that_is_no_event_stream_is_refused_when_opened() -> None:
             following.opened(other)
         assert (caught.value.status, caught.value.code) == (200, "NOT_EVENT_STREAM")
         assert named in caught.value.message
+
+
+def test_a_task_id_of_dots_stays_one_segment_of_the_stream_path() -> None:
+    """``stream_events("..")`` asked for ``/v1/tasks/../events/stream``, which a
+    transport may fold into ``/v1/events/stream``, the whole log: a task id is one
+    segment, dots encoded, as every other call of the clients spells it (``path_segment``)."""
+    assert Following("..", None, 1).path == "/v1/tasks/%2E%2E/events/stream"
+    assert Following("a b/c", None, 1).path == "/v1/tasks/a%20b%2Fc/events/stream"
