@@ -37,7 +37,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from orbit.client import AsyncClient, BadRequest, Client, Forbidden, NotFound
+from orbit.client import ApiError, AsyncClient, BadRequest, Client, Forbidden, NotFound
 from orbit.core.model import TaskSpec
 from orbit.store import open_store
 from tests.e2e.servers import Node, Tokens, start_server
@@ -377,6 +377,50 @@ def test_the_client_subscribes_across_a_server_killed_and_restarted(
     assert [e for _, e in seen] == expected  # every event once, in order
     assert {while_down, late} <= {e["task_id"] for _, e in seen}
     assert not follower.is_alive()
+
+
+def test_subscribe_waits_out_a_node_at_its_cap_for_its_outage(
+    nodes: Callable[..., Node], tokens: Tokens
+) -> None:
+    """A node at its cap (503 TOO_MANY_STREAMS) is tried again, as ``stream_events``
+    tries it: given no outage the refusal is raised; given one, the follow opens once
+    the slot is free."""
+    node = nodes(args=[*FAST, "--max-streams", "1"])
+    got: queue.Queue[tuple[str, dict[str, Any]] | BaseException] = queue.Queue()
+    with Client(node.http, tokens.admin, timeout=5) as c:
+        c.queue_create("q", max_concurrency=5, rate=100)
+        with stream(node, tokens.admin, "/v1/events/stream"):
+            with pytest.raises(ApiError) as busy:
+                next(c.subscribe(outage=0))
+            assert (busy.value.status, busy.value.code) == (503, "TOO_MANY_STREAMS")
+
+            def follow() -> None:
+                try:
+                    got.put(next(c.subscribe(outage=PATIENCE)))
+                except BaseException as exc:
+                    got.put(exc)
+
+            follower = threading.Thread(target=follow, daemon=True)
+            follower.start()
+        item = got.get(timeout=PATIENCE)  # the SSE stream has gone: its slot is free
+        follower.join(PATIENCE)
+    assert not isinstance(item, BaseException), item
+    assert item[1]["kind"] == "queue.created"
+
+
+def test_a_failed_read_closes_the_socket_1011(
+    api: httpx.Client, fast: Node, tokens: Tokens, db_url: str
+) -> None:
+    """A read that fails (here the events table taken away; in life the database gone)
+    closes the socket 1011 INTERNAL, logged: the client reconnects from its cursor."""
+    with socket(fast, tokens.admin, "/v1/events/ws") as log:
+        log.events_until(lambda seen: len(seen) == 1)
+        _rename_tokens_table(db_url, "orbit_events", "orbit_events_away")
+        try:
+            assert log.close_code() == (1011, "INTERNAL")
+        finally:
+            _rename_tokens_table(db_url, "orbit_events_away", "orbit_events")
+    assert "event stream ended: a read failed" in fast.log_text()
 
 
 def test_the_async_client_subscribes_to_a_task_to_its_end(
