@@ -37,7 +37,15 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from orbit.client import ApiError, AsyncClient, BadRequest, Client, Forbidden, NotFound
+from orbit.client import (
+    ApiError,
+    AsyncClient,
+    BadRequest,
+    Client,
+    Forbidden,
+    NotFound,
+    Unauthorized,
+)
 from orbit.core.model import TaskSpec
 from orbit.store import open_store
 from tests.e2e.servers import Node, Tokens, start_server
@@ -323,6 +331,14 @@ def test_a_revoked_tokens_socket_is_closed(api: httpx.Client, fast: Node) -> Non
         api.post(f"/v1/tokens/{made['id']}/revoke").raise_for_status()
         assert task.close_code() == (4401, "UNAUTHENTICATED")  # no stream.end
     assert api.get(f"/v1/tasks/{task_id}").json()["state"] == "queued"
+    # the client reconnects after the close, and raises the refusal it then meets
+    other = api.post("/v1/tokens", json={"name": "sdk", "scopes": ["submit"]}).json()
+    with Client(fast.http, other["token"]) as c:
+        events = c.subscribe(task_id, outage=PATIENCE)
+        assert next(events)[1]["kind"] == "submitted"
+        api.post(f"/v1/tokens/{other['id']}/revoke").raise_for_status()
+        with pytest.raises(Unauthorized):
+            next(events)
 
 
 def test_the_client_subscribes_across_a_server_killed_and_restarted(
