@@ -329,7 +329,9 @@ def server(
     max_streams: Annotated[
         int,
         typer.Option(
-            min=1, help="event streams (SSE) this node serves at once; more are refused with 503"
+            min=1,
+            help="event streams (SSE and WebSocket together) this node serves at once; more "
+            "are refused with 503",
         ),
     ] = 100,
     stream_poll: Annotated[

@@ -12,8 +12,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import datetime
 from typing import Any, Literal
+from urllib.parse import SplitResult
 
 import httpx
+from websockets.asyncio.client import connect as ws_open_async
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+from websockets.sync.client import connect as ws_open
 
 from orbit.client._errors import ApiError, TaskFailed, WaitTimeout, error_from
 from orbit.client._http import (
@@ -30,6 +34,7 @@ from orbit.client._http import (
     path_segment as _seg,
 )
 from orbit.client._sse import Following
+from orbit.client._ws import MAX_FRAME, Subscription, closed, socket_base, ws_log
 from orbit.core.model import compact_json, parse_json
 from orbit.tokens import load_token, token_fault
 from orbit.urls import check_server_url
@@ -454,6 +459,55 @@ def _redirected(reply: httpx.Response | Reply) -> ApiError:
     )
 
 
+def _upgrade_failed(exc: Exception, where: str, timeout: float) -> Unreachable | ApiError:
+    """What a failed WebSocket upgrade is to a follow (``subscribe``): the server's
+    refusal, raised as an HTTP call's (a bad cursor 400, a token refused 401 or 403, an
+    unknown task 404, a node at its cap 503, a redirect websockets would not follow); a
+    2xx that is no upgrade (NOT_EVENT_STREAM: no Orbit server's answer); anything else
+    (refused, reset, timed out, a handshake cut off by a restart) Unreachable."""
+    if isinstance(exc, InvalidStatus):
+        status = exc.response.status_code
+        if status < 300:
+            return ApiError(
+                status,
+                "NOT_EVENT_STREAM",
+                f"the server answered the upgrade with {status}, not 101: is the URL an "
+                "Orbit server's?",
+            )
+        headers = exc.response.headers
+        reply = Reply(
+            status,
+            bytes(exc.response.body),
+            headers.get("Location"),
+            headers.get("Retry-After"),
+        )
+        try:
+            _unwrap(reply)
+        except ApiError as refusal:
+            return refusal
+    return unreachable(where, timeout, exc, timed_out=isinstance(exc, TimeoutError))
+
+
+def _socket_options(
+    server: SplitResult, headers: dict[str, str], cafile: str | None, timeout: float
+) -> tuple[str, dict[str, Any]]:
+    """Where and how both clients open an event stream's WebSocket (``subscribe``): the
+    ``ws(s)://`` base of the server's URL, and the options: the token in the upgrade's
+    header, certificates verified as the HTTP calls verify them, no compression (small
+    JSON frames), the upgrade given the client's timeout, and websockets' debug log of
+    the headers redacted."""
+    tls = ssl.create_default_context(cafile=cafile) if server.scheme == "https" else None
+    options = {
+        "additional_headers": headers,
+        "ssl": tls,
+        "open_timeout": timeout,
+        "max_size": MAX_FRAME,
+        "compression": None,
+        "logger": ws_log,
+    }
+    return socket_base(server), options
+
+
 class Client:
     """Synchronous client. The token comes from ``token=`` or ORBIT_TOKEN(_FILE)."""
 
@@ -468,6 +522,9 @@ class Client:
         self._timeout = checked_timeout(timeout)
         headers = _headers(token)
         self._http = Transport(url.rstrip("/"), headers, cafile=cafile, timeout=self._timeout)
+        server = check_server_url(url)
+        self._where = where(server)
+        self._socket_base, self._socket = _socket_options(server, headers, cafile, self._timeout)
 
     @property
     def timeout(self) -> float:
@@ -741,6 +798,42 @@ class Client:
                 following.broke(exc)
             time.sleep(following.pause())
 
+    def subscribe(
+        self, task_id: str | None = None, *, cursor: str | None = None, outage: float = 60.0
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """``stream_events`` over WebSocket (``/v1/events/ws``, ``/v1/tasks/{id}/events/
+        ws``): the same ``(cursor, event)`` in the same order, the same end of a task's
+        stream, the same reconnect from the last cursor within ``outage``, and the same
+        refusals, raised at once. A 2xx answer to the upgrade (no Orbit server's) is an
+        ApiError with code NOT_EVENT_STREAM. Keep the client's ``timeout`` above the
+        server's keep-alive interval (15 s by default): a read that waits longer takes
+        the connection for broken, and reopens it."""
+        following = Subscription(task_id, cursor, outage)
+        while True:
+            try:
+                try:
+                    conn = ws_open(following.url(self._socket_base), **self._socket)
+                except (OSError, InvalidHandshake) as exc:  # TimeoutError is an OSError
+                    raise _upgrade_failed(exc, self._where, self._timeout) from exc
+                with conn:
+                    while True:
+                        try:
+                            data = conn.recv(timeout=self._timeout)
+                        except ConnectionClosed as exc:
+                            raise closed(exc, self._where) from exc
+                        except TimeoutError as exc:
+                            raise unreachable(
+                                self._where, self._timeout, exc, timed_out=True
+                            ) from exc
+                        item = following.frame(data)
+                        if item is not None:
+                            yield item
+                        if following.ended:
+                            return
+            except (Unreachable, ApiError) as exc:
+                following.broke(exc)
+            time.sleep(following.pause())
+
     # workers and tokens
     def workers(self, state: str | None = None) -> list[dict[str, Any]]:
         """Every worker session (all its pages), oldest first; ``state="live"`` leaves out
@@ -865,9 +958,13 @@ class AsyncClient:
         # As Client: a URL or a timeout it cannot use is a ValueError, at once.
         self._where = where(check_server_url(url))
         self._timeout = checked_timeout(timeout)
+        headers = _headers(token)
+        self._socket_base, self._socket = _socket_options(
+            check_server_url(url), headers, cafile, self._timeout
+        )
         self._http = httpx.AsyncClient(
             base_url=url.rstrip("/"),
-            headers=_headers(token),
+            headers=headers,
             # The system's CAs (or cafile's), as Client and the worker's connection trust:
             # httpx's verify=True trusts certifi's bundle instead.
             verify=ssl.create_default_context(cafile=cafile),
@@ -1092,6 +1189,38 @@ class AsyncClient:
                 finally:
                     await reply.aclose()
                 following.broke(None)
+            except (Unreachable, ApiError) as exc:
+                following.broke(exc)
+            await asyncio.sleep(following.pause())
+
+    async def subscribe(
+        self, task_id: str | None = None, *, cursor: str | None = None, outage: float = 60.0
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """As ``Client.subscribe``. Close the iterator when done with it before its end
+        (``contextlib.aclosing``), so that its connection closes at once."""
+        following = Subscription(task_id, cursor, outage)
+        while True:
+            try:
+                try:
+                    conn = await ws_open_async(following.url(self._socket_base), **self._socket)
+                except (OSError, InvalidHandshake) as exc:
+                    raise _upgrade_failed(exc, self._where, self._timeout) from exc
+                async with conn:
+                    while True:
+                        try:
+                            async with asyncio.timeout(self._timeout):
+                                data = await conn.recv()
+                        except ConnectionClosed as exc:
+                            raise closed(exc, self._where) from exc
+                        except TimeoutError as exc:
+                            raise unreachable(
+                                self._where, self._timeout, exc, timed_out=True
+                            ) from exc
+                        item = following.frame(data)
+                        if item is not None:
+                            yield item
+                        if following.ended:
+                            return
             except (Unreachable, ApiError) as exc:
                 following.broke(exc)
             await asyncio.sleep(following.pause())

@@ -129,9 +129,14 @@ class Following:
                 self.cursor = message.id
                 out.append((message.id, dict(parse_json(message.data.encode()))))
         if self._parser.spoke:
-            self._down_since = None
-            self._delay = FIRST_PAUSE
+            self.heard()
         return out
+
+    def heard(self) -> None:
+        """The server has spoken on an open stream: it is back, and the next break's
+        pauses start short again."""
+        self._down_since = None
+        self._delay = FIRST_PAUSE
 
     def broke(self, exc: Unreachable | ApiError | None) -> None:
         """The stream ended without ``stream.end`` (``exc`` None: a clean close, as when a

@@ -20,6 +20,7 @@ from prometheus_client import generate_latest
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocket
 
 from orbit.aio import stop_tasks
 from orbit.core.errors import OrbitError
@@ -74,20 +75,24 @@ class RefuseOddUrlsMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
+        if scope["type"] in ("http", "websocket"):
             path = scope.get("raw_path", b"")
             raw = path + b"?" + scope.get("query_string", b"")
             refusal = None
             if b"%00" in raw or b"\x00" in raw:
-                refusal = errors.error_response(
-                    400, "NUL_CHARACTER", "the URL holds a NUL character"
-                )
+                refusal = ApiError(400, "NUL_CHARACTER", "the URL holds a NUL character")
             elif b"%2f" in path.lower():
-                refusal = errors.error_response(
+                refusal = ApiError(
                     400, "INVALID_ARGUMENT", "the URL's path holds an encoded '/' (%2F)"
                 )
-            if refusal is not None:
-                await refusal(scope, receive, send)
+            if refusal is None:
+                pass
+            elif scope["type"] == "websocket":  # an event stream's task id, say
+                await errors.refuse_upgrade(WebSocket(scope, receive, send), refusal)
+                return
+            else:
+                response = errors.error_response(refusal.status, refusal.code, refusal.message)
+                await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.websockets import WebSocket
 
 from orbit.core.errors import Backpressure, OrbitError
 from orbit.protocol.decode import DecodeError
@@ -43,6 +45,32 @@ def error_response(
     if field is not None:
         body["field"] = field
     return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+def close_code(status: int) -> int:
+    """The WebSocket close code that stands for a refusal's HTTP status where the server
+    cannot answer an upgrade with the status itself: 4000 + a 4xx (4401, 4403, 4404…),
+    1013 (try again later) for a 503, 1011 (internal error) for anything else."""
+    if 400 <= status < 500:
+        return 4000 + status
+    return 1013 if status == 503 else 1011
+
+
+async def refuse_upgrade(ws: WebSocket, exc: ApiError) -> None:
+    """Refuse a WebSocket upgrade with the status, headers (``Retry-After``) and error body
+    an HTTP route would give (uvicorn supports the denial response extension; a 401
+    carries ``WWW-Authenticate``, as on the routes); failing that, close with
+    ``close_code`` and the code as the reason. Closed before being accepted, the socket
+    was answered a bare 403 whatever the refusal: an unknown token looked like a wrong
+    scope, and a failed check like a refused token."""
+    if "websocket.http.response" in ws.scope.get("extensions", {}):
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else exc.headers
+        refusal = error_response(exc.status, exc.code, exc.message, exc.field, headers=headers)
+        with contextlib.suppress(Exception):  # the client may be gone already
+            await ws.send_denial_response(refusal)
+        return
+    with contextlib.suppress(Exception):  # a server without the denial response extension
+        await ws.close(code=close_code(exc.status), reason=exc.code)
 
 
 async def on_api_error(_: Request, exc: Exception) -> JSONResponse:

@@ -62,7 +62,7 @@ from orbit.protocol.reports import (
     start_batch,
 )
 from orbit.server.auth import bearer_token_id
-from orbit.server.errors import ApiError, error_response
+from orbit.server.errors import ApiError, refuse_upgrade
 from orbit.server.metrics import Metrics
 from orbit.server.threads import in_thread
 from orbit.server.views import assignment_wire, lease_wire, receipt_wire
@@ -750,28 +750,12 @@ def tasks_wire(req_id: str | None, grants: Sequence[Grant]) -> dict[str, Any]:
     return {"type": "tasks", "req_id": req_id, "tasks": [assignment_wire(g) for g in grants]}
 
 
-async def _refuse(ws: WebSocket, exc: ApiError, close_code: int) -> None:
-    """Refuse an upgrade with the status and error body an HTTP route would give (uvicorn
-    supports the denial response extension; a 401 carries ``WWW-Authenticate``, as on
-    the routes); failing that, close with ``close_code``. Closed before being accepted,
-    the socket was answered a bare 403 whatever the refusal: an unknown token looked
-    like a wrong scope, and a failed check like a refused token."""
-    if "websocket.http.response" in ws.scope.get("extensions", {}):
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        refusal = error_response(exc.status, exc.code, exc.message, headers=headers)
-        with contextlib.suppress(Exception):  # the client may be gone already
-            await ws.send_denial_response(refusal)
-        return
-    with contextlib.suppress(Exception):  # a server without the denial response extension
-        await ws.close(code=close_code, reason=exc.code)
-
-
 async def worker_endpoint(ws: WebSocket) -> None:
     app = ws.app
     try:
         await app.state.tokens.require(ws.headers, "worker")
     except ApiError as exc:  # refuse the upgrade: 401/403 before any frame
-        await _refuse(ws, exc, 4401 if exc.status == 401 else 4403)
+        await refuse_upgrade(ws, exc)  # (4401 or 4403 without the denial extension)
         return
     except Exception:
         # The check itself failed (the database is down or erred): that says nothing
@@ -779,7 +763,7 @@ async def worker_endpoint(ws: WebSocket) -> None:
         # if its token were wrong; answer 500 INTERNAL, which it retries.
         log.exception("worker token check failed")
         internal = ApiError(500, "INTERNAL", "the server could not process this request")
-        await _refuse(ws, internal, 1011)
+        await refuse_upgrade(ws, internal)
         return
     await ws.accept()
     protocol = _Protocol(

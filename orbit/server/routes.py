@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
@@ -13,7 +14,9 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from pydantic import BaseModel, BeforeValidator
+from starlette.requests import HTTPConnection
 from starlette.responses import Response
+from starlette.websockets import WebSocket
 
 from orbit.core.batches import UnusualTask
 from orbit.core.errors import Code, OrbitError
@@ -50,10 +53,10 @@ from orbit.protocol.messages import (
 )
 from orbit.protocol.submissions import UsualBatch, read_task
 from orbit.server.auth import require
-from orbit.server.errors import ApiError
+from orbit.server.errors import ApiError, refuse_upgrade
 from orbit.server.gates import SubmitGates
 from orbit.server.jsonwire import FastJSONResponse
-from orbit.server.streams import PAGE, open_stream
+from orbit.server.streams import PAGE, EventStream, Tail, open_tail, serve_socket
 from orbit.server.threads import in_thread
 from orbit.server.views import (
     attempt_view,
@@ -67,6 +70,7 @@ from orbit.store import Submitted as Stored
 from orbit.store.store import KEEP
 
 M = TypeVar("M", bound=BaseModel)
+log = logging.getLogger("orbit.server")
 router = APIRouter(prefix="/v1")
 
 
@@ -106,7 +110,7 @@ def declares_over(declared: str | None, limit: int) -> bool:
     return len(digits) > len(str(limit)) or int(digits or "0") > limit
 
 
-def _store(request: Request) -> Store:
+def _store(request: HTTPConnection) -> Store:
     store: Store = request.app.state.store
     return store
 
@@ -317,7 +321,7 @@ def _batch_reply(request: Request) -> Callable[[Stored], dict[str, Any]]:
     return BATCH_REPLIES[asked[0]]
 
 
-def each_query_once(request: Request) -> None:
+def each_query_once(request: HTTPConnection) -> None:
     """A list route's filters take one value each: ``?state=queued&state=running`` was
     read as its last value alone, a list of running tasks that looked like an answer."""
     for name in request.query_params:
@@ -562,7 +566,7 @@ async def task_attempts(
 
 
 async def _event_rows(
-    request: Request,
+    request: HTTPConnection,
     run: Callable[[Callable[[], tuple[list[dict[str, Any]], bool]]], Awaitable[Any]],
     task_id: str | None,
     position: tuple[int, int],
@@ -642,15 +646,25 @@ def stream_start(last_event_id: str | None, cursor: str | None) -> tuple[int, in
     return event_cursor(decode_cursor(cursor))
 
 
-async def _stream(
-    request: Request, scope: str, task_id: str | None, position: tuple[int, int]
-) -> Response:
-    async def first_page() -> list[dict[str, Any]]:
-        # on the streams' own threads, as the stream's later reads
-        return await _event_rows(request, request.app.state.streams.read, task_id, position, PAGE)
+async def _open_tail(
+    conn: HTTPConnection,
+    scope: str,
+    task_id: str | None,
+    cursor: str | None,
+    last_event_id: str | None = None,
+) -> Tail:
+    """A stream's start, whichever carries it (SSE or WebSocket), refused before it is
+    accepted: a bad cursor 400, an unknown task 404, the node at its cap of streams 503.
+    Its first page is read on the streams' own threads, as its later reads."""
+    position = stream_start(last_event_id, cursor)
+    if task_id is not None:
+        await in_thread(_store(conn).task_get, task_id)  # 404 for an unknown task
 
-    return await open_stream(
-        request,
+    async def first_page() -> list[dict[str, Any]]:
+        return await _event_rows(conn, conn.app.state.streams.read, task_id, position, PAGE)
+
+    return await open_tail(
+        conn,
         scope=scope,
         task_id=task_id,
         position=position,
@@ -673,9 +687,7 @@ async def task_event_stream(
 ) -> Response:
     """The task's events as they are written, from ``Last-Event-ID`` or ``cursor`` (or
     its first); the stream ends after the task has ended and its events are all sent."""
-    position = stream_start(last_event_id, cursor)
-    await in_thread(_store(request).task_get, task_id)  # 404 for an unknown task
-    return await _stream(request, "submit", task_id, position)
+    return EventStream(await _open_tail(request, "submit", task_id, cursor, last_event_id))
 
 
 @router.get(
@@ -689,8 +701,45 @@ async def event_stream(
 ) -> Response:
     """The whole event log as it is written, from ``Last-Event-ID`` or ``cursor`` (or its
     start), until the client goes or the server stops."""
-    position = stream_start(last_event_id, cursor)
-    return await _stream(request, "admin", None, position)
+    return EventStream(await _open_tail(request, "admin", None, cursor, last_event_id))
+
+
+async def _subscribe(ws: WebSocket, scope: str, task_id: str | None) -> None:
+    """A WebSocket stream: the checks of its SSE twin, in the same order (the token's
+    scope, the query, the cursor, the task, the cap), each refusing the upgrade with the
+    status and error body the SSE route answers; then the frames (streams.serve_socket).
+    The token comes in the upgrade's ``Authorization`` header only, never in the URL."""
+    try:
+        await ws.app.state.tokens.require(ws.headers, scope)
+        each_query_once(ws)
+        tail = await _open_tail(ws, scope, task_id, ws.query_params.get("cursor"))
+    except ApiError as exc:
+        await refuse_upgrade(ws, exc)
+        return
+    except OrbitError as exc:  # an unknown task
+        await refuse_upgrade(ws, ApiError(exc.status, str(exc.code), exc.message))
+        return
+    except Exception:
+        # As the worker gateway: a check that failed (the database down) judged nothing;
+        # 500 INTERNAL, which a client retries, rather than a refusal it would not.
+        log.exception("event stream upgrade failed")
+        await refuse_upgrade(
+            ws, ApiError(500, "INTERNAL", "the server could not process this request")
+        )
+        return
+    await serve_socket(ws, tail)
+
+
+@router.websocket("/tasks/{task_id}/events/ws")
+async def task_event_socket(ws: WebSocket, task_id: str) -> None:
+    """``/v1/tasks/{id}/events/stream`` over WebSocket (submit scope)."""
+    await _subscribe(ws, "submit", task_id)
+
+
+@router.websocket("/events/ws")
+async def event_socket(ws: WebSocket) -> None:
+    """``/v1/events/stream`` over WebSocket (admin scope)."""
+    await _subscribe(ws, "admin", None)
 
 
 @router.patch("/queues/{name}", dependencies=[Depends(require("admin"))], response_model=QueueView)

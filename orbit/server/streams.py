@@ -1,5 +1,6 @@
-"""Event subscriptions over Server-Sent Events: ``GET /v1/events/stream`` and
-``GET /v1/tasks/{id}/events/stream``.
+"""Event subscriptions: over Server-Sent Events (``GET /v1/events/stream``, ``GET
+/v1/tasks/{id}/events/stream``) and over WebSocket (``/v1/events/ws``,
+``/v1/tasks/{id}/events/ws``), two carriers of one reading side (``Tail``).
 
 A stream is the event feed's gap-free tail (``Store.event_list``), read again every
 ``poll`` seconds: one indexed read per interval per open stream, and nothing at all
@@ -8,12 +9,13 @@ notices (orbit/server/listen.py) are sent only for what wakes a dispatcher (a ta
 readied, a permit freed, a cancel), not for every event, so they cannot tell a stream
 that something is there to read.
 
-Each event goes out with its cursor as the SSE ``id``: a client that reconnects with
-``Last-Event-ID`` (a browser's EventSource does so by itself) is given exactly the
-events after the last one it read. The reads run on a small thread pool of their own
-(``READ_THREADS``), so streams never hold a thread that a worker's report or a submit
-waits for (orbit/server/threads.py), and never more than that many pooled database
-connections at once.
+Each event goes out with its cursor (the SSE ``id``; a WebSocket frame's ``cursor``): a
+client that reconnects from it (SSE's ``Last-Event-ID``, which a browser's EventSource
+sends by itself, or ``?cursor=``) is given exactly the events after the last one it
+read. The reads run on a small thread pool of their own (``READ_THREADS``), so streams
+never hold a thread that a worker's report or a submit waits for (orbit/server/
+threads.py), and never more than that many pooled database connections at once. Both
+carriers count toward one cap (``--max-streams``) and end when the server stops.
 """
 
 from __future__ import annotations
@@ -22,16 +24,18 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import anyio
 import anyio.to_thread
-from fastapi import Request
 from starlette.datastructures import Headers
+from starlette.requests import HTTPConnection
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from orbit.core.model import compact_json
 from orbit.server.errors import ApiError
@@ -47,7 +51,7 @@ FINAL = frozenset({"succeeded", "failed", "cancelled"})
 PAGE = 500
 #: threads (and so database connections) the streams of a node read through at once
 READ_THREADS = 4
-#: the SSE event name of the message that ends a task stream
+#: the SSE event name (and the WebSocket frame type) of what ends a task stream
 END = "stream.end"
 #: how long a client told the node is full waits before it tries again (Retry-After)
 RETRY_AFTER_S = 1
@@ -116,16 +120,49 @@ def message(cursor: str | None, kind: str, data: Any) -> bytes:
 KEEPALIVE = b": keep-alive\n\n"
 
 
-class EventStream(Response):
-    """The ASGI response of one stream: the events from ``rows`` on (the first page,
-    read before the response began, so that a bad cursor was a 400), then whatever is
-    appended after them, until the client goes, the server stops, the token is refused,
-    or (a task stream) the task has ended and its events are all out. The stream's slot
-    in ``streams`` is released whatever ends it."""
+@dataclass(frozen=True)
+class Events:
+    """Events to send, in the log's order: each its cursor and its EventView."""
+
+    items: list[tuple[str, dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class KeepAlive:
+    """Nothing has been sent for the keep-alive interval: say the stream is alive."""
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A task's stream is over: the task is in ``state`` and its events are all out."""
+
+    task_id: str
+    state: str
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """The stream stops without its end (the client reconnects from its last cursor):
+    ``reason`` SHUTTING_DOWN, the server is stopping, or UNAUTHENTICATED, the stream's
+    token no longer holds its scope."""
+
+    reason: str
+
+
+Step = Events | KeepAlive | Ended | Stopped
+
+
+class Tail:
+    """The reading side of one stream, whichever way it is carried (SSE or WebSocket):
+    the events from ``rows`` on (the first page, read before the stream was accepted,
+    so that a bad cursor was refused), then whatever is appended after them, until the
+    server stops, the token is refused, or (a task stream) the task has ended and its
+    events are all out. ``steps`` says what to send; the carrier sends it, and releases
+    the stream's slot in ``streams`` whatever ends it."""
 
     def __init__(
         self,
-        request: Request,
+        conn: HTTPConnection,
         *,
         scope: str,
         task_id: str | None,
@@ -133,12 +170,10 @@ class EventStream(Response):
         rows: list[dict[str, Any]],
         cursor_of: Callable[[dict[str, Any]], str],
     ) -> None:
-        self.status_code = 200
-        self.background = None
-        self.streams: Streams = request.app.state.streams
-        self.store: Store = request.app.state.store
-        self.tokens = request.app.state.tokens
-        self.auth = Headers(headers={"authorization": request.headers.get("authorization", "")})
+        self.streams: Streams = conn.app.state.streams
+        self.store: Store = conn.app.state.store
+        self.tokens = conn.app.state.tokens
+        self.auth = Headers(headers={"authorization": conn.headers.get("authorization", "")})
         self.needs = scope  # the token scope the route asked for
         self.task_id = task_id
         self.position = position
@@ -148,52 +183,15 @@ class EventStream(Response):
         # have ended: at first, and after each event into a final state.
         self.check_end = task_id is not None
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            async with anyio.create_task_group() as group:
-
-                async def watch() -> None:
-                    while (await receive())["type"] != "http.disconnect":
-                        pass
-                    group.cancel_scope.cancel()
-
-                group.start_soon(watch)
-                await self._serve(send)
-                group.cancel_scope.cancel()
-        finally:
-            self.streams.release()
-
-    async def _serve(self, send: Send) -> None:
-        """``_run``, its failures ended here: a client gone as a message was sent, or a
-        read that failed (the database away), which ends the body so the client
-        reconnects from its last cursor, as after any end without ``stream.end``."""
-        try:
-            await self._run(send)
-        except OSError:
-            pass
-        except Exception as exc:
-            log.warning("event stream ended: a read failed (%s)", type(exc).__name__)
-            with contextlib.suppress(Exception):
-                await self._write(send, b"", more=False)
-
-    async def _run(self, send: Send) -> None:
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [
-                    (b"content-type", b"text/event-stream; charset=utf-8"),
-                    (b"cache-control", b"no-store"),
-                    (b"x-accel-buffering", b"no"),  # nginx: pass each message on at once
-                ],
-            }
-        )
-        write = partial(self._write, send)
+    async def steps(self) -> AsyncGenerator[Step, None]:
+        """What to send, in order, until the stream is over (``Ended`` or ``Stopped``,
+        last). A read that fails (the database away) raises here: the carrier ends the
+        stream, and the client reconnects from its last cursor."""
         rows, complete = self.rows, True
         quiet_since = time.monotonic()
         while True:
             if rows:
-                await write(b"".join(self._messages(rows)))
+                yield Events(self._items(rows))
                 quiet_since = time.monotonic()
             more = len(rows) == PAGE  # a full page: the next may follow at once
             if not more and complete and self.check_end:
@@ -201,38 +199,33 @@ class EventStream(Response):
                 if state is not None:
                     rows, complete = await self._tail()
                     if not rows and complete:
-                        await write(message(None, END, {"task_id": self.task_id, "state": state}))
-                        await write(b"", more=False)
+                        yield Ended(str(self.task_id), state)
                         return
                     continue
             if self.streams.closing:
-                await write(b"", more=False)
+                yield Stopped("SHUTTING_DOWN")
                 return
             if not more or not complete:
                 if await self.streams.pause(self.streams.poll_s):
-                    await write(b"", more=False)
+                    yield Stopped("SHUTTING_DOWN")
                     return
                 if time.monotonic() - quiet_since >= self.streams.keepalive_s:
-                    await write(KEEPALIVE)
+                    yield KeepAlive()
                     quiet_since = time.monotonic()
                 if not await self._still_allowed():
-                    await write(b"", more=False)
+                    yield Stopped("UNAUTHENTICATED")
                     return
             rows, complete = await self._tail()
 
-    def _messages(self, rows: list[dict[str, Any]]) -> list[bytes]:
+    def _items(self, rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
         out = []
         for row in rows:
-            cursor = self.cursor_of(row)
-            out.append(message(cursor, row["kind"], event_view(row).model_dump(mode="json")))
+            out.append((self.cursor_of(row), event_view(row).model_dump(mode="json")))
             if row["task_to"] in FINAL and row["task_id"] == self.task_id:
                 self.check_end = True
         last = rows[-1]
         self.position = (int(last["xid"]), int(last["id"]))
         return out
-
-    async def _write(self, send: Send, body: bytes, *, more: bool = True) -> None:
-        await send({"type": "http.response.body", "body": body, "more_body": more})
 
     async def _tail(self) -> tuple[list[dict[str, Any]], bool]:
         xid, event_id = self.position
@@ -267,24 +260,159 @@ class EventStream(Response):
         return True
 
 
-async def open_stream(
-    request: Request,
+class EventStream(Response):
+    """The ASGI response of one SSE stream: ``tail``'s steps as SSE messages, the event's
+    cursor its ``id``, until the client goes or the tail is over. The stream's slot in
+    ``streams`` is released whatever ends it."""
+
+    def __init__(self, tail: Tail) -> None:
+        self.status_code = 200
+        self.background = None
+        self.tail = tail
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with anyio.create_task_group() as group:
+
+                async def watch() -> None:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    group.cancel_scope.cancel()
+
+                group.start_soon(watch)
+                await self._serve(send)
+                group.cancel_scope.cancel()
+        finally:
+            self.tail.streams.release()
+
+    async def _serve(self, send: Send) -> None:
+        """``_run``, its failures ended here: a client gone as a message was sent, or a
+        read that failed (the database away), which ends the body so the client
+        reconnects from its last cursor, as after any end without ``stream.end``."""
+        try:
+            await self._run(send)
+        except OSError:
+            pass
+        except Exception as exc:
+            log.warning("event stream ended: a read failed (%s)", type(exc).__name__)
+            with contextlib.suppress(Exception):
+                await self._write(send, b"", more=False)
+
+    async def _run(self, send: Send) -> None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"text/event-stream; charset=utf-8"),
+                    (b"cache-control", b"no-store"),
+                    (b"x-accel-buffering", b"no"),  # nginx: pass each message on at once
+                ],
+            }
+        )
+        write = partial(self._write, send)
+        async with contextlib.aclosing(self.tail.steps()) as steps:
+            async for step in steps:
+                if isinstance(step, Events):
+                    await write(b"".join(message(c, e["kind"], e) for c, e in step.items))
+                elif isinstance(step, KeepAlive):
+                    await write(KEEPALIVE)
+                elif isinstance(step, Ended):
+                    await write(message(None, END, {"task_id": step.task_id, "state": step.state}))
+        await write(b"", more=False)
+
+    async def _write(self, send: Send, body: bytes, *, more: bool = True) -> None:
+        await send({"type": "http.response.body", "body": body, "more_body": more})
+
+
+#: the close code of a WebSocket stream that stopped without its end (``Stopped``), by
+#: reason: 1012 (service restart) as uvicorn closes every WebSocket when it stops, and
+#: 4401 as a worker's connection is closed when its token is revoked
+STOP_CODES = {"SHUTTING_DOWN": 1012, "UNAUTHENTICATED": 4401}
+#: a WebSocket stream's close code and reason once a read failed (the database away)
+READ_FAILED = (1011, "INTERNAL")
+
+
+class _Gone(Exception):
+    """The WebSocket client went as a frame was sent to it."""
+
+
+async def serve_socket(ws: WebSocket, tail: Tail) -> None:
+    """Accept a WebSocket stream and send ``tail``'s steps as JSON frames, until the
+    client goes or the tail is over, then close it with a code that says how it ended
+    (docs/protocol.md, *Event streams (WebSocket)*). Frames the client sends are read
+    and dropped. The stream's slot in ``streams`` is released whatever ends it."""
+    closing: tuple[int, str] | None = None  # None: the client went
+    try:
+        try:
+            await ws.accept()
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            return  # gone before it was accepted
+        async with anyio.create_task_group() as group:
+
+            async def watch() -> None:
+                while (await ws.receive())["type"] != "websocket.disconnect":
+                    pass
+                group.cancel_scope.cancel()
+
+            group.start_soon(watch)
+            closing = await _frames(ws, tail)
+            group.cancel_scope.cancel()
+        if closing is not None:
+            with contextlib.suppress(Exception):  # the client may be gone meanwhile
+                await ws.close(*closing)
+    finally:
+        tail.streams.release()
+
+
+async def _frames(ws: WebSocket, tail: Tail) -> tuple[int, str] | None:
+    """Send the frames; the close code and reason to end with (None: the client went)."""
+
+    async def frame(body: dict[str, Any]) -> None:
+        try:
+            await ws.send_text(compact_json(body).decode())
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            raise _Gone from None
+
+    try:
+        async with contextlib.aclosing(tail.steps()) as steps:
+            async for step in steps:
+                if isinstance(step, Events):
+                    for cursor, event in step.items:
+                        await frame({"type": "event", "cursor": cursor, "event": event})
+                elif isinstance(step, KeepAlive):
+                    await frame({"type": "keep-alive"})
+                elif isinstance(step, Ended):
+                    await frame({"type": END, "task_id": step.task_id, "state": step.state})
+                    return 1000, END
+                else:
+                    return STOP_CODES[step.reason], step.reason
+    except _Gone:
+        return None
+    except Exception as exc:
+        log.warning("event stream ended: a read failed (%s)", type(exc).__name__)
+        return READ_FAILED
+    return None
+
+
+async def open_tail(
+    conn: HTTPConnection,
     *,
     scope: str,
     task_id: str | None,
     position: tuple[int, int],
     first_page: Callable[[], Awaitable[list[dict[str, Any]]]],
     cursor_of: Callable[[dict[str, Any]], str],
-) -> EventStream:
-    """Admit a stream and read its first page, both before the response begins: a node at
-    its cap, and a cursor that names no event, are refused with their own status."""
-    streams: Streams = request.app.state.streams
+) -> Tail:
+    """Admit a stream and read its first page, both before the stream is accepted: a node
+    at its cap, and a cursor that names no event, are refused with their own status."""
+    streams: Streams = conn.app.state.streams
     streams.admit()
     try:
         rows = await first_page()
     except BaseException:
         streams.release()
         raise
-    return EventStream(
-        request, scope=scope, task_id=task_id, position=position, rows=rows, cursor_of=cursor_of
+    return Tail(
+        conn, scope=scope, task_id=task_id, position=position, rows=rows, cursor_of=cursor_of
     )

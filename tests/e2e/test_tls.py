@@ -127,6 +127,19 @@ def orbit_clients_over_tls(node: Node, tokens: Tokens, ca: Path) -> None:
             return str((await c.submit("tls", "h", {"by": "AsyncClient"}))["state"])
 
     assert asyncio.run(async_submit()) == "queued"
+    # an event stream over wss:// (``subscribe``) trusts the same CA
+    with Client(node.http, tokens.admin, cafile=str(ca)) as c:
+        _, first = next(c.subscribe(outage=0))
+        assert first["kind"] == "queue.created"
+
+    async def async_subscribe() -> str:
+        async with AsyncClient(node.http, tokens.admin, cafile=str(ca)) as c:
+            events = c.subscribe(outage=0)
+            _, event = await anext(events)
+            await events.aclose()
+            return str(event["kind"])
+
+    assert asyncio.run(async_subscribe()) == "queue.created"
     for url, cafile in (
         (node.http, None),
         (f"https://localhost:{node.port}", str(ca)),
@@ -135,6 +148,10 @@ def orbit_clients_over_tls(node: Node, tokens: Tokens, ca: Path) -> None:
             c.queues()
         assert isinstance(caught.value.__cause__, ssl.SSLCertVerificationError)
         assert tokens.admin not in str(caught.value)
+        # nor does a subscription wait out its outage: a certificate refused is raised
+        with Client(url, tokens.admin, cafile=cafile) as c, pytest.raises(Unreachable) as caught:
+            next(c.subscribe(outage=600))
+        assert isinstance(caught.value.__cause__, ssl.SSLCertVerificationError)
 
         async def refused(url: str = url, cafile: str | None = cafile) -> None:
             async with AsyncClient(url, tokens.admin, cafile=cafile) as c:

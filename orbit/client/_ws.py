@@ -1,0 +1,87 @@
+"""Following an event stream over WebSocket (``/v1/events/ws``, ``/v1/tasks/{id}/events/
+ws``): the frames, the URL, and how a failed upgrade or a closed connection is told to
+``Following``, whose rules (reconnect from the last cursor within ``outage``) both
+carriers share.
+
+The token goes in the upgrade's ``Authorization`` header, never in the URL. Redirects
+are websockets' own: followed to the same origin with the token, elsewhere without it
+(the server there then refuses the upgrade, 401), never from ``wss`` to ``ws``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from urllib.parse import SplitResult, urlencode
+
+from websockets.exceptions import ConnectionClosed
+
+from orbit.client._errors import ApiError
+from orbit.client._http import Unreachable, path_segment
+from orbit.client._sse import END, Following
+from orbit.core.model import parse_json
+from orbit.logs import RedactSecrets
+
+#: What websockets logs about these connections: every header of the upgrade at debug
+#: level, the Authorization header among them, so redacted (as the worker's connection)
+ws_log = logging.getLogger("websockets.client.orbit.events")
+ws_log.addFilter(RedactSecrets())
+#: the largest frame taken: one event's view, bounded by what the server takes in (its
+#: ``max_body_bytes``, 16 MiB by default), as any evidence an event records is
+MAX_FRAME = 16 * 1024 * 1024
+
+
+def socket_base(server: SplitResult) -> str:
+    """The ``ws://`` (``wss://`` for https) base of a checked server URL: its host, port
+    and path prefix."""
+    scheme = "wss" if server.scheme == "https" else "ws"
+    return f"{scheme}://{server.netloc}{server.path.rstrip('/')}"
+
+
+class Subscription(Following):
+    """``Following`` over WebSocket frames: the URL to (re)open, with the cursor of the
+    last event handed out, and what each frame says."""
+
+    def url(self, base: str) -> str:
+        """The stream's URL under ``base`` (``socket_base``), resuming after ``cursor`` if
+        there is one."""
+        path = (
+            "/v1/events/ws"
+            if self.task_id is None
+            else f"/v1/tasks/{path_segment(self.task_id)}/events/ws"
+        )
+        query = "" if self.cursor is None else "?" + urlencode({"cursor": self.cursor})
+        return base + path + query
+
+    def frame(self, data: str | bytes) -> tuple[str, dict[str, Any]] | None:
+        """The ``(cursor, event)`` of an event frame; None for any other (a keep-alive,
+        the end of a task stream, which sets ``ended``, or a type this client does not
+        know). Any frame says the server is back (``heard``). A frame that is no JSON
+        object is an ApiError, NOT_EVENT_STREAM: no Orbit server sends one."""
+        try:
+            msg = parse_json(data)
+        except ValueError:
+            msg = None
+        if not isinstance(msg, dict):
+            raise ApiError(
+                101,
+                "NOT_EVENT_STREAM",
+                "a frame is not a JSON object: is the URL an Orbit server's?",
+            )
+        self.heard()
+        kind = msg.get("type")
+        if kind == "event":
+            self.cursor = str(msg["cursor"])
+            return self.cursor, dict(msg["event"])
+        if kind == END:
+            self.ended = True
+        return None
+
+
+def closed(exc: ConnectionClosed, where: str) -> Unreachable:
+    """A connection that closed before the end of its stream, as the follow's break: the
+    server's close code and reason say why (1012 shutting down, 4401 the token revoked,
+    1011 a read failed), and the follow reconnects from its last cursor either way."""
+    said = exc.rcvd
+    how = "without a close frame" if said is None else f"with {said.code} {said.reason}".strip()
+    return Unreachable(f"{where}: the event stream closed {how}")

@@ -1,0 +1,480 @@
+"""Event subscriptions over WebSocket (``/v1/events/ws``, ``/v1/tasks/{id}/events/ws``)
+against real ``orbit server`` processes, on both backends: the SSE streams' twins
+(tests/e2e/test_event_stream.py), sharing their reads, their cap and their shutdown.
+
+- Each event is a frame with its cursor and its EventView, as ``GET /v1/events`` gives
+  it; a task's socket sends ``stream.end`` once the task has ended, then closes 1000.
+- A reconnect with ``?cursor=`` gets exactly the events written meanwhile, none twice.
+- PostgreSQL, two nodes: a socket on node B sees the events written through node A.
+- Refusals answer the upgrade with the SSE route's status and error body, before any
+  frame: a bad cursor 400, ``cursor`` twice 400, no token 401 (a token in the URL is
+  none), a wrong scope 403, an unknown task 404, a NUL in the URL 400, the node at its
+  cap of streams (SSE and WebSocket counted together) 503.
+- An idle socket sends keep-alive frames; SIGTERM closes it 1012 and the server exits; a
+  revoked token closes it 4401.
+- ``Client.subscribe`` rides a SIGKILL and restart of the server and misses nothing
+  written while it was down; ``AsyncClient.subscribe`` follows a task to its end; both
+  raise a refusal at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+
+from orbit.client import (
+    ApiError,
+    AsyncClient,
+    BadRequest,
+    Client,
+    Forbidden,
+    NotFound,
+    Unauthorized,
+)
+from orbit.core.model import TaskSpec
+from orbit.store import open_store
+from tests.e2e.servers import Node, Tokens, start_server
+from tests.e2e.test_api import _rename_tokens_table
+from tests.e2e.test_event_stream import (
+    BAD_CURSORS,
+    FAST,
+    PATIENCE,
+    _all_events,
+    _auth,
+    _submit,
+    stream,
+)
+
+#: a task id no task has
+UNKNOWN = "01a2439c-e925-72b4-8000-0199ea1b10c2"
+
+
+@pytest.fixture
+def fast(nodes: Callable[..., Node]) -> Node:
+    return nodes(args=FAST)
+
+
+@pytest.fixture
+def api(fast: Node, tokens: Tokens) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=fast.http, timeout=PATIENCE, headers=_auth(tokens.admin)) as c:
+        c.post(
+            "/v1/queues", json={"name": "q", "max_concurrency": 5, "rate": 100}
+        ).raise_for_status()
+        yield c
+
+
+def _url(node: Node, path: str, **params: str) -> str:
+    return f"ws://127.0.0.1:{node.port}{path}" + ("?" + urlencode(params) if params else "")
+
+
+class Socket:
+    """An open event socket, read a frame at a time."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+
+    def frame(self) -> dict[str, Any]:
+        """The next frame, keep-alives included; ConnectionClosed once the server closes.
+        Keep-alives come every 0.3 s, so a socket that says nothing fails the test."""
+        return dict(json.loads(self.ws.recv(timeout=PATIENCE)))
+
+    def next(self) -> dict[str, Any]:
+        """The next frame that is not a keep-alive."""
+        while (frame := self.frame())["type"] == "keep-alive":
+            pass
+        return frame
+
+    def events_until(self, done: Callable[[list[dict[str, Any]]], bool]) -> list[dict[str, Any]]:
+        """Event frames until ``done`` says enough."""
+        seen: list[dict[str, Any]] = []
+        while not done(seen):
+            frame = self.next()
+            assert frame["type"] == "event", frame
+            seen.append(frame)
+        return seen
+
+    def close_code(self) -> tuple[int | None, str | None]:
+        """Read on to the server's close: its code and reason."""
+        with pytest.raises(ConnectionClosed):
+            while True:
+                self.frame()
+        return self.ws.close_code, self.ws.close_reason
+
+
+@contextmanager
+def socket(node: Node, token: str, path: str, **params: str) -> Iterator[Socket]:
+    with connect(
+        _url(node, path, **params), additional_headers=_auth(token), open_timeout=PATIENCE
+    ) as ws:
+        yield Socket(ws)
+
+
+def refusal(
+    node: Node, token: str | None, path: str, query: str = ""
+) -> tuple[int, dict[str, Any], Any]:
+    """The upgrade's refusal: its status, its error body and its headers."""
+    with pytest.raises(InvalidStatus) as refused:
+        connect(
+            _url(node, path) + query,
+            additional_headers=_auth(token) if token else None,
+            open_timeout=PATIENCE,
+        )
+    reply = refused.value.response
+    return reply.status_code, json.loads(bytes(reply.body))["error"], reply.headers
+
+
+def _has(kind: str, task_id: str) -> Callable[[list[dict[str, Any]]], bool]:
+    return lambda seen: any(
+        f["event"]["kind"] == kind and f["event"]["task_id"] == task_id for f in seen
+    )
+
+
+def test_events_come_as_frames_and_a_task_socket_ends(
+    api: httpx.Client, fast: Node, tokens: Tokens
+) -> None:
+    with socket(fast, tokens.admin, "/v1/events/ws") as log:
+        first = log.events_until(lambda seen: len(seen) == 1)
+        task_id = _submit(api)
+        with socket(fast, tokens.submit, f"/v1/tasks/{task_id}/events/ws") as task:
+            assert task.next()["event"]["kind"] == "submitted"
+            log.events_until(_has("submitted", task_id))
+            api.post(f"/v1/tasks/{task_id}/cancel").raise_for_status()
+            cancelled = log.events_until(_has("cancelled", task_id))[-1]
+            assert task.next()["event"]["kind"] == "cancelled"
+            assert task.next() == {"type": "stream.end", "task_id": task_id, "state": "cancelled"}
+            assert task.close_code() == (1000, "stream.end")
+    # each frame's event is the event as GET /v1/events gives it, its cursor the event's
+    listed = _all_events(api)
+    assert [e["kind"] for e in listed] == ["queue.created", "submitted", "cancelled"]
+    assert first[0]["event"] == listed[0]
+    assert cancelled["event"] == listed[-1]
+    after = api.get("/v1/events", params={"cursor": first[0]["cursor"]}).json()["items"]
+    assert after == listed[1:]
+
+
+def test_a_reconnect_with_the_cursor_gets_exactly_the_missed_events(
+    api: httpx.Client, fast: Node, tokens: Tokens
+) -> None:
+    early = [_submit(api, i) for i in range(3)]
+    with socket(fast, tokens.admin, "/v1/events/ws") as log:
+        seen = log.events_until(_has("submitted", early[-1]))
+    last = seen[-1]["cursor"]
+    # more than a stream reads at a time (orbit.server.streams.PAGE, 500)
+    batch = [{"queue": "q", "handler": "h", "payload": i} for i in range(700)]
+    reply = api.post("/v1/tasks/batch", params={"reply": "ids"}, json={"tasks": batch})
+    late = [item["id"] for item in reply.json()]
+    api.post(f"/v1/tasks/{early[0]}/cancel").raise_for_status()
+    with socket(fast, tokens.admin, "/v1/events/ws", cursor=last) as log:
+        missed = log.events_until(_has("cancelled", early[0]))
+    # exactly the events after the last one read: each once, in the log's order
+    assert [f["event"] for f in missed] == _all_events(api, last)
+    assert [f["event"]["kind"] for f in missed] == ["submitted"] * len(late) + ["cancelled"]
+    assert {f["event"]["task_id"] for f in missed} == {*late, early[0]}
+    assert len({f["cursor"] for f in seen + missed}) == len(seen) + len(missed)
+
+
+def test_a_socket_on_one_node_sees_events_written_through_another(
+    db_url: str, nodes: Callable[..., Node], tokens: Tokens
+) -> None:
+    if db_url.startswith("sqlite"):
+        pytest.skip("one server per SQLite file")
+    node_a, node_b = nodes(node_id="a", args=FAST), nodes(node_id="b", args=FAST)
+    with httpx.Client(base_url=node_a.http, timeout=PATIENCE, headers=_auth(tokens.admin)) as a:
+        a.post(
+            "/v1/queues", json={"name": "q", "max_concurrency": 5, "rate": 100}
+        ).raise_for_status()
+        with socket(node_b, tokens.admin, "/v1/events/ws") as log:
+            task_id = _submit(a)
+            with socket(node_b, tokens.submit, f"/v1/tasks/{task_id}/events/ws") as task:
+                a.post(f"/v1/tasks/{task_id}/cancel").raise_for_status()
+                got = log.events_until(_has("cancelled", task_id))
+                kinds = [task.next()["event"]["kind"], task.next()["event"]["kind"]]
+                assert task.next()["type"] == "stream.end"
+    assert [f["event"]["kind"] for f in got] == ["queue.created", "submitted", "cancelled"]
+    assert kinds == ["submitted", "cancelled"]
+
+
+def test_refusals_answer_the_upgrade_before_any_frame(
+    nodes: Callable[..., Node], tokens: Tokens
+) -> None:
+    """Each refusal is the SSE route's status and JSON error, as the upgrade's answer; it
+    changes nothing and keeps no slot (the node serves one stream at a time)."""
+    fast = nodes(args=[*FAST, "--max-streams", "1"])
+    api = httpx.Client(base_url=fast.http, timeout=PATIENCE, headers=_auth(tokens.admin))
+    api.post("/v1/queues", json={"name": "q", "max_concurrency": 5, "rate": 100})
+    task_id = _submit(api)
+    task_path = f"/v1/tasks/{task_id}/events/ws"
+    for path in ("/v1/events/ws", task_path):
+        for cursor in BAD_CURSORS:
+            status, error, _ = refusal(fast, tokens.admin, path, "?cursor=" + cursor)
+            assert (status, error["code"], error["field"]) == (400, "INVALID_CURSOR", "cursor")
+    status, error, _ = refusal(fast, tokens.admin, "/v1/events/ws", "?cursor=MC4x&cursor=MC4x")
+    assert (status, error["code"], error["field"]) == (400, "INVALID_ARGUMENT", "cursor")
+    for path in ("/v1/events/ws", task_path):
+        status, error, headers = refusal(fast, None, path)
+        assert (status, error["code"]) == (401, "UNAUTHENTICATED")
+        assert headers["WWW-Authenticate"] == "Bearer"
+        # a token in the URL is no token: it would be in every proxy's and server's log
+        for name in ("token", "access_token"):
+            status, error, _ = refusal(fast, None, path, f"?{name}={tokens.admin}")
+            assert (status, error["code"]) == (401, "UNAUTHENTICATED")
+    status, error, _ = refusal(fast, tokens.submit, "/v1/events/ws")
+    assert (status, error["code"]) == (403, "FORBIDDEN")
+    status, error, _ = refusal(fast, tokens.worker, task_path)
+    assert (status, error["code"]) == (403, "FORBIDDEN")
+    status, error, _ = refusal(fast, tokens.submit, f"/v1/tasks/{UNKNOWN}/events/ws")
+    assert (status, error["code"]) == (404, "TASK_NOT_FOUND")
+    status, error, _ = refusal(fast, tokens.submit, "/v1/tasks/a%00b/events/ws")
+    assert (status, error["code"]) == (400, "NUL_CHARACTER")
+    # nothing was changed, and no refused socket kept the one slot: a socket may open
+    assert [e["kind"] for e in _all_events(api)] == ["queue.created", "submitted"]
+    api.close()
+    with socket(fast, tokens.submit, task_path) as task:
+        assert task.next()["event"]["kind"] == "submitted"
+
+
+def test_a_failed_token_check_answers_500_and_keeps_no_slot(
+    nodes: Callable[..., Node], tokens: Tokens, db_url: str
+) -> None:
+    """A token check that fails in the database judged nothing: 500 INTERNAL (which a
+    client retries), logged, never a refusal of the token; once the database answers
+    again, the same token subscribes (the one slot was not kept)."""
+    node = nodes(args=[*FAST, "--max-streams", "1"])
+    _rename_tokens_table(db_url, "orbit_tokens", "orbit_tokens_away")
+    try:
+        status, error, _ = refusal(node, tokens.admin, "/v1/events/ws")
+    finally:
+        _rename_tokens_table(db_url, "orbit_tokens_away", "orbit_tokens")
+    assert (status, error["code"]) == (500, "INTERNAL")
+    assert "event stream upgrade failed" in node.log_text()
+    with socket(node, tokens.admin, "/v1/events/ws") as log:
+        log.frame()
+
+
+@contextmanager
+def once_free(node: Node, token: str) -> Iterator[Socket]:
+    """A socket on ``node``, opened once a closed stream's slot is free again: the server
+    frees it once it hears the client went."""
+    deadline = time.monotonic() + PATIENCE
+    while True:
+        try:
+            ws = connect(
+                _url(node, "/v1/events/ws"), additional_headers=_auth(token), open_timeout=PATIENCE
+            )
+            break
+        except InvalidStatus as exc:
+            assert exc.response.status_code == 503
+        assert time.monotonic() < deadline, "a closed stream's slot was never freed"
+        time.sleep(0.05)
+    with ws:
+        yield Socket(ws)
+
+
+def test_sockets_and_sse_streams_share_the_cap(nodes: Callable[..., Node], tokens: Tokens) -> None:
+    node = nodes(args=[*FAST, "--max-streams", "1"])
+    with httpx.Client(base_url=node.http, timeout=PATIENCE, headers=_auth(tokens.admin)) as c:
+        with stream(node, tokens.admin, "/v1/events/stream"):
+            status, error, headers = refusal(node, tokens.admin, "/v1/events/ws")
+            assert (status, error["code"]) == (503, "TOO_MANY_STREAMS")
+            assert headers["Retry-After"] == "1"
+        with once_free(node, tokens.admin) as log:
+            log.frame()  # open: it holds the slot
+            refused = c.get("/v1/events/stream")
+            assert refused.status_code == 503
+            assert refused.json()["error"]["code"] == "TOO_MANY_STREAMS"
+            status, error, _ = refusal(node, tokens.admin, "/v1/events/ws")
+            assert (status, error["code"]) == (503, "TOO_MANY_STREAMS")
+        with once_free(node, tokens.admin):  # the socket's slot, freed once it closed
+            pass
+
+
+def test_an_idle_socket_sends_keep_alive_frames(
+    api: httpx.Client, fast: Node, tokens: Tokens
+) -> None:
+    task_id = _submit(api)
+    with socket(fast, tokens.submit, f"/v1/tasks/{task_id}/events/ws") as task:
+        assert task.frame()["event"]["kind"] == "submitted"
+        assert task.frame() == {"type": "keep-alive"}
+
+
+def test_sigterm_closes_open_sockets_and_the_server_exits(
+    api: httpx.Client, fast: Node, tokens: Tokens
+) -> None:
+    with socket(fast, tokens.admin, "/v1/events/ws") as log:
+        log.events_until(lambda seen: len(seen) == 1)
+        fast.proc.terminate()
+        assert log.close_code()[0] == 1012  # service restart: reconnect from the cursor
+    assert fast.proc.wait(timeout=PATIENCE) == -signal.SIGTERM
+    assert "Application shutdown complete" in fast.log_text()
+
+
+def test_a_revoked_tokens_socket_is_closed(api: httpx.Client, fast: Node) -> None:
+    task_id = _submit(api)
+    made = api.post("/v1/tokens", json={"name": "follower", "scopes": ["submit"]}).json()
+    with socket(fast, made["token"], f"/v1/tasks/{task_id}/events/ws") as task:
+        assert task.next()["event"]["kind"] == "submitted"
+        api.post(f"/v1/tokens/{made['id']}/revoke").raise_for_status()
+        assert task.close_code() == (4401, "UNAUTHENTICATED")  # no stream.end
+    assert api.get(f"/v1/tasks/{task_id}").json()["state"] == "queued"
+    # the client reconnects after the close, and raises the refusal it then meets
+    other = api.post("/v1/tokens", json={"name": "sdk", "scopes": ["submit"]}).json()
+    with Client(fast.http, other["token"]) as c:
+        events = c.subscribe(task_id, outage=PATIENCE)
+        assert next(events)[1]["kind"] == "submitted"
+        api.post(f"/v1/tokens/{other['id']}/revoke").raise_for_status()
+        with pytest.raises(Unauthorized):
+            next(events)
+
+
+def test_the_client_subscribes_across_a_server_killed_and_restarted(
+    db_url: str, fast: Node, tokens: Tokens, api: httpx.Client, tmp_path: Path
+) -> None:
+    """A SIGKILLed server, an event written while it is down, the server back on the same
+    port: ``subscribe`` goes on from its last cursor, every event once, in order."""
+    got: queue.Queue[tuple[str, dict[str, Any]] | BaseException] = queue.Queue()
+    first = _submit(api)
+
+    def follow() -> None:
+        try:
+            with Client(fast.http, tokens.admin, timeout=5) as c:
+                for item in c.subscribe(outage=PATIENCE):
+                    got.put(item)
+                    if item[1]["kind"] == "cancelled":
+                        return
+        except BaseException as exc:
+            got.put(exc)
+
+    def take() -> tuple[str, dict[str, Any]]:
+        item = got.get(timeout=PATIENCE)
+        assert not isinstance(item, BaseException), item
+        return item
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    seen = [take(), take()]
+    assert [e["kind"] for _, e in seen] == ["queue.created", "submitted"]
+    fast.kill()
+    store = open_store(db_url)
+    try:  # written while no server runs: the follower must not miss it
+        while_down = store.task_submit(TaskSpec(queue="q", handler="h")).task.id
+    finally:
+        store.close()
+    back = start_server(db_url, tmp_path, args=[*FAST, "--port", str(fast.port)])
+    try:
+        with httpx.Client(base_url=back.http, timeout=PATIENCE, headers=_auth(tokens.admin)) as c:
+            late = _submit(c)
+            c.post(f"/v1/tasks/{first}/cancel").raise_for_status()
+            while (item := take())[1]["kind"] != "cancelled":
+                seen.append(item)
+            seen.append(item)
+            follower.join(PATIENCE)
+            expected = _all_events(c)
+            # each cursor is its event's place in the feed: the next event follows it
+            for (cursor, _), (_, after) in itertools.pairwise(seen):
+                page = c.get("/v1/events", params={"cursor": cursor, "limit": 1}).json()
+                assert page["items"] == [after]
+    finally:
+        back.stop()
+    assert [e for _, e in seen] == expected  # every event once, in order
+    assert {while_down, late} <= {e["task_id"] for _, e in seen}
+    assert not follower.is_alive()
+
+
+def test_subscribe_waits_out_a_node_at_its_cap_for_its_outage(
+    nodes: Callable[..., Node], tokens: Tokens
+) -> None:
+    """A node at its cap (503 TOO_MANY_STREAMS) is tried again, as ``stream_events``
+    tries it: given no outage the refusal is raised; given one, the follow opens once
+    the slot is free."""
+    node = nodes(args=[*FAST, "--max-streams", "1"])
+    got: queue.Queue[tuple[str, dict[str, Any]] | BaseException] = queue.Queue()
+    with Client(node.http, tokens.admin, timeout=5) as c:
+        c.queue_create("q", max_concurrency=5, rate=100)
+        with stream(node, tokens.admin, "/v1/events/stream"):
+            with pytest.raises(ApiError) as busy:
+                next(c.subscribe(outage=0))
+            assert (busy.value.status, busy.value.code) == (503, "TOO_MANY_STREAMS")
+
+            def follow() -> None:
+                try:
+                    got.put(next(c.subscribe(outage=PATIENCE)))
+                except BaseException as exc:
+                    got.put(exc)
+
+            follower = threading.Thread(target=follow, daemon=True)
+            follower.start()
+        item = got.get(timeout=PATIENCE)  # the SSE stream has gone: its slot is free
+        follower.join(PATIENCE)
+    assert not isinstance(item, BaseException), item
+    assert item[1]["kind"] == "queue.created"
+
+
+def test_a_failed_read_closes_the_socket_1011(
+    api: httpx.Client, fast: Node, tokens: Tokens, db_url: str
+) -> None:
+    """A read that fails (here the events table taken away; in life the database gone)
+    closes the socket 1011 INTERNAL, logged: the client reconnects from its cursor."""
+    with socket(fast, tokens.admin, "/v1/events/ws") as log:
+        log.events_until(lambda seen: len(seen) == 1)
+        _rename_tokens_table(db_url, "orbit_events", "orbit_events_away")
+        try:
+            assert log.close_code() == (1011, "INTERNAL")
+        finally:
+            _rename_tokens_table(db_url, "orbit_events_away", "orbit_events")
+    assert "event stream ended: a read failed" in fast.log_text()
+
+
+def test_the_async_client_subscribes_to_a_task_to_its_end(
+    api: httpx.Client, fast: Node, tokens: Tokens
+) -> None:
+    task_id = _submit(api)
+
+    async def follow() -> list[str]:
+        kinds = []
+        async with AsyncClient(fast.http, tokens.submit) as c:
+            async for _, event in c.subscribe(task_id):
+                kinds.append(event["kind"])
+                if event["kind"] == "submitted":
+                    api.post(f"/v1/tasks/{task_id}/cancel").raise_for_status()
+        return kinds
+
+    assert asyncio.run(follow()) == ["submitted", "cancelled"]
+
+
+def test_subscribe_raises_a_refusal_at_once(api: httpx.Client, fast: Node, tokens: Tokens) -> None:
+    """A bad cursor, an unknown task, a wrong scope: raised as the HTTP calls raise them,
+    however long ``outage`` is (no retry could mend one)."""
+    task_id = _submit(api)
+    with Client(fast.http, tokens.submit) as c:
+        with pytest.raises(BadRequest) as bad:
+            next(c.subscribe(task_id, cursor="zz", outage=PATIENCE))
+        assert bad.value.code == "INVALID_CURSOR"
+        with pytest.raises(NotFound):
+            next(c.subscribe(UNKNOWN, outage=PATIENCE))
+        with pytest.raises(Forbidden):
+            next(c.subscribe(outage=PATIENCE))
+
+    async def refused() -> str:
+        async with AsyncClient(fast.http, tokens.submit) as c:
+            with pytest.raises(BadRequest) as bad:
+                await anext(c.subscribe(task_id, cursor="zz", outage=PATIENCE))
+            with pytest.raises(Forbidden):
+                await anext(c.subscribe(outage=PATIENCE))
+            return bad.value.code
+
+    assert asyncio.run(refused()) == "INVALID_CURSOR"
