@@ -716,8 +716,9 @@ class Client:
         missed or given twice; it gives up (Unreachable, or the node's 503) once the
         server has been out of reach for ``outage`` seconds. A refusal (a bad cursor, a
         token refused, an unknown task) is raised at once, and so is a 200 that is no
-        event stream (its Content-Type not ``text/event-stream``: a proxy's page, some
-        other server), as an ApiError with code NOT_EVENT_STREAM. Keep the client's ``timeout``
+        event stream (its Content-Type not ``text/event-stream``, or its body's first line
+        no SSE field nor comment: a proxy's page, some other server), as an ApiError with
+        code NOT_EVENT_STREAM. Keep the client's ``timeout``
         above the server's keep-alive interval (15 s by default): a read that waits
         longer takes the stream for broken, and reopens it."""
         following = Following(task_id, cursor, outage)
