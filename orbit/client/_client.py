@@ -773,7 +773,10 @@ class Client:
     def iter_artifacts(
         self, task_id: str, *, limit: int = 100, cursor: str | None = None
     ) -> Iterator[dict[str, Any]]:
-        """Every artifact of the task, page by page, from the start or from ``cursor``."""
+        """Every artifact of the task, page by page, from the start or from ``cursor``,
+        in the order the uploads were committed: asking again later with the cursor the
+        last page was asked with (``list_artifacts``) gets the artifacts committed since,
+        none passed over."""
         yield from _walk(lambda c: self.list_artifacts(task_id, limit=limit, cursor=c), cursor)
 
     def artifacts(self, task_id: str) -> list[dict[str, Any]]:
