@@ -654,8 +654,12 @@ class Client:
         return dict(self._call(call))
 
     def iter_tasks(self, *, cursor: str | None = None, **filters: Any) -> Iterator[dict[str, Any]]:
-        """Every matching task, page by page (keyset pagination: no duplicates, no gaps),
-        from the start or from ``cursor`` (a page's ``next_cursor``)."""
+        """Every matching task, page by page (keyset pagination: no task twice, and
+        every one there before the walk began that still matches), from the start or from
+        ``cursor`` (a page's ``next_cursor``). A snapshot, not a follow: a task submitted
+        during the walk may sort before its cursor and be missed (follow the event log's
+        ``submitted`` events for new tasks; docs/protocol.md, "What a reader of a list may
+        rely on")."""
         yield from _walk(lambda c: self.list_tasks(cursor=c, **filters), cursor)
 
     def attempts(self, task_id: str) -> list[dict[str, Any]]:
@@ -671,7 +675,9 @@ class Client:
     def iter_attempts(
         self, task_id: str, *, limit: int = 100, cursor: str | None = None
     ) -> Iterator[dict[str, Any]]:
-        """Every attempt of the task, page by page, from the start or from ``cursor``."""
+        """Every attempt of the task, page by page, from the start or from ``cursor``.
+        Attempts are numbered in the order they commit: asking again later with the cursor
+        the last page was asked with (``list_attempts``) gets the attempts made since."""
         yield from _walk(lambda c: self.list_attempts(task_id, limit=limit, cursor=c), cursor)
 
     def events(
