@@ -711,8 +711,12 @@ class Client:
         return dict(self._call(call))
 
     def iter_tasks(self, *, cursor: str | None = None, **filters: Any) -> Iterator[dict[str, Any]]:
-        """Every matching task, page by page (keyset pagination: no duplicates, no gaps),
-        from the start or from ``cursor`` (a page's ``next_cursor``)."""
+        """Every matching task, page by page (keyset pagination: no task twice, and
+        every one there before the walk began that still matches), from the start or from
+        ``cursor`` (a page's ``next_cursor``). A snapshot, not a follow: a task submitted
+        during the walk may sort before its cursor and be missed (follow the event log's
+        ``submitted`` events for new tasks; docs/protocol.md, "What a reader of a list may
+        rely on")."""
         yield from _walk(lambda c: self.list_tasks(cursor=c, **filters), cursor)
 
     def attempts(self, task_id: str) -> list[dict[str, Any]]:
@@ -728,7 +732,9 @@ class Client:
     def iter_attempts(
         self, task_id: str, *, limit: int = 100, cursor: str | None = None
     ) -> Iterator[dict[str, Any]]:
-        """Every attempt of the task, page by page, from the start or from ``cursor``."""
+        """Every attempt of the task, page by page, from the start or from ``cursor``.
+        Attempts are numbered in the order they commit: asking again later with the cursor
+        the last page was asked with (``list_attempts``) gets the attempts made since."""
         yield from _walk(lambda c: self.list_attempts(task_id, limit=limit, cursor=c), cursor)
 
     def events(
@@ -773,8 +779,9 @@ class Client:
         missed or given twice; it gives up (Unreachable, or the node's 503) once the
         server has been out of reach for ``outage`` seconds. A refusal (a bad cursor, a
         token refused, an unknown task) is raised at once, and so is a 200 that is no
-        event stream (its Content-Type not ``text/event-stream``: a proxy's page, some
-        other server), as an ApiError with code NOT_EVENT_STREAM. Keep the client's ``timeout``
+        event stream (its Content-Type not ``text/event-stream``, or its body's first line
+        no SSE field nor comment: a proxy's page, some other server), as an ApiError with
+        code NOT_EVENT_STREAM. Keep the client's ``timeout``
         above the server's keep-alive interval (15 s by default): a read that waits
         longer takes the stream for broken, and reopens it."""
         following = Following(task_id, cursor, outage)
@@ -865,7 +872,10 @@ class Client:
     def iter_artifacts(
         self, task_id: str, *, limit: int = 100, cursor: str | None = None
     ) -> Iterator[dict[str, Any]]:
-        """Every artifact of the task, page by page, from the start or from ``cursor``."""
+        """Every artifact of the task, page by page, from the start or from ``cursor``,
+        in the order the uploads were committed: asking again later with the cursor the
+        last page was asked with (``list_artifacts``) gets the artifacts committed since,
+        none passed over."""
         yield from _walk(lambda c: self.list_artifacts(task_id, limit=limit, cursor=c), cursor)
 
     def artifacts(self, task_id: str) -> list[dict[str, Any]]:

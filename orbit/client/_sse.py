@@ -33,6 +33,40 @@ class Message:
     data: str
 
 
+#: the field names a body of SSE may start with (after blank lines), besides a comment
+#: (a line that starts with ``:``): the four the SSE standard defines
+FIELDS = (b"id", b"event", b"data", b"retry")
+#: UTF-8's byte order mark, which a stream may start with (the standard skips it)
+BOM = b"\xef\xbb\xbf"
+
+
+def sse_start(line: bytes, *, whole: bool) -> bool | None:
+    """Whether a body whose first non-empty line is (or, ``whole`` False, begins with)
+    ``line`` can be Server-Sent Events: True if the line is a comment or a field of the
+    standard's four (``data: …``, ``id`` alone), False if it cannot be (``<!DOCTYPE
+    html>``, ``Not Found``), None if what has come of it is too little to tell (``da``).
+
+    Conservative: the standard reads any line, ignoring fields it does not know, so
+    ``hello`` would be a stream of nothing; but no Orbit server starts a stream so, and a
+    body that does is some other server's page, which will not turn into one by asking
+    again. A leading byte order mark is skipped, as the standard does."""
+    if not whole:
+        line = line.removesuffix(b"\r")  # a CRLF's first half
+        if BOM.startswith(line):
+            return None
+    line = line.removeprefix(BOM)
+    if not line:  # a byte order mark alone: the line after it tells
+        return None
+    if line.startswith(b":"):
+        return True
+    name, colon, _ = line.partition(b":")
+    if name in FIELDS and (colon or whole):
+        return True
+    if not whole and not colon and any(f.startswith(name) for f in FIELDS):
+        return None
+    return False
+
+
 class Parser:
     """SSE messages from a body's chunks, as they arrive. Lines end with LF or CRLF (the
     server writes LF); a comment (``: keep-alive``) is skipped."""
@@ -41,6 +75,9 @@ class Parser:
         self._rest = b""
         #: whether a line of SSE (a field or a comment) has come: the body is a stream
         self.spoke = False
+        #: whether the body's first non-empty line is SSE (``sse_start``): None until
+        #: enough of it has come to tell
+        self.is_sse: bool | None = None
         self._id: str | None = None
         self._event = ""
         self._data: list[str] = []
@@ -50,6 +87,8 @@ class Parser:
         self._rest = lines.pop()
         out: list[Message] = []
         for raw in lines:
+            if self.is_sse is None and raw.removesuffix(b"\r"):
+                self.is_sse = sse_start(raw.removesuffix(b"\r"), whole=True)
             line = raw.removesuffix(b"\r").decode("utf-8", errors="replace")
             if not line:
                 if self._data or self._event:
@@ -68,6 +107,8 @@ class Parser:
                 self._event = value
             elif name == "data":
                 self._data.append(value)
+        if self.is_sse is None and self._rest.removesuffix(b"\r"):
+            self.is_sse = sse_start(self._rest, whole=False)
         return out
 
 
@@ -118,10 +159,23 @@ class Following:
     def feed(self, chunk: bytes) -> list[tuple[str, dict[str, Any]]]:
         """The ``(cursor, event)`` of each event in the chunk, up to the end of a task
         stream (``ended`` is then True). The first line of SSE says the server is back:
-        the next break's pauses start short again. (A body labelled an event stream that
-        holds no SSE does not: the follow gives up after ``outage``.)"""
+        the next break's pauses start short again. A body labelled an event stream whose
+        first non-empty line is no SSE (``sse_start``: a page, plain text) is an
+        ApiError, NOT_EVENT_STREAM, at once, as another Content-Type is (``opened``):
+        taken for a stream that broke, it was tried again until ``outage`` ran out. The
+        message names no byte of the body, which is some other server's and may echo
+        the request, token and all."""
+        messages = self._parser.feed(chunk)
+        if self._parser.is_sse is False:
+            raise ApiError(
+                200,
+                "NOT_EVENT_STREAM",
+                f"the reply is labelled {EVENT_STREAM} but its body is no Server-Sent Events "
+                "(its first line is neither a field nor a comment): is the URL an Orbit "
+                "server's?",
+            )
         out: list[tuple[str, dict[str, Any]]] = []
-        for message in self._parser.feed(chunk):
+        for message in messages:
             if message.event == END:
                 self.ended = True
                 break

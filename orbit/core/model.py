@@ -400,6 +400,9 @@ class Artifact:
     state: str  # uploading | ready
     created_at: int
     expires_at: int
+    #: its place in its task's artifact list, given when its upload is committed (None
+    #: while uploading): a task's commits take turns, so later ones have larger numbers
+    ready_seq: int | None = None
 
 
 @dataclass(frozen=True)

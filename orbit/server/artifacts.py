@@ -20,7 +20,13 @@ from orbit.core.validate import MAX_DURATION_US
 from orbit.protocol.messages import ArtifactPage, ArtifactView
 from orbit.server.auth import require
 from orbit.server.errors import ApiError
-from orbit.server.routes import LISTING, Limit, declares_over, encode_cursor, id_cursor
+from orbit.server.routes import (
+    LISTING,
+    Limit,
+    artifact_cursor,
+    declares_over,
+    encode_cursor,
+)
 from orbit.server.views import artifact_view
 from orbit.store import Store
 
@@ -158,15 +164,28 @@ async def _receive(request: Request, attempt_id: str, name: str) -> Artifact:
 async def artifact_list(
     request: Request, task_id: str, limit: Limit = 100, cursor: str | None = None
 ) -> JSONResponse:
-    """A page of the task's artifacts, as ``GET /v1/tasks`` pages tasks: by id (a uuid7,
-    so in the order they were begun), the cursor standing for the last one's id."""
+    """A page of the task's artifacts in the order their uploads were committed, the
+    cursor standing for the last one's place in it (``ready_seq``): a reader that asks
+    again from its last cursor gets the artifacts committed since, none passed over (the
+    order of ids, when each upload began, let a long upload land behind the cursor). A
+    cursor from before that order (an artifact id) that names no ready artifact of the
+    task is INVALID_CURSOR."""
     store: Store = request.app.state.store
-    after_id = id_cursor(cursor)
+    after_seq, after_id = artifact_cursor(cursor)
     await run_in_threadpool(store.task_get, task_id)  # 404 for an unknown task
-    items = await run_in_threadpool(
-        partial(store.artifact_list, task_id, after_id=after_id, limit=limit)
-    )
-    nxt = encode_cursor(items[-1].id) if len(items) == limit else None
+    try:
+        items = await run_in_threadpool(
+            partial(
+                store.artifact_list, task_id, after_seq=after_seq, after_id=after_id, limit=limit
+            )
+        )
+    except OrbitError as exc:  # the only argument left to refuse: an id naming none
+        if exc.code is not Code.INVALID_ARGUMENT:
+            raise
+        raise ApiError(
+            400, "INVALID_CURSOR", "the cursor is not one this server issued", "cursor"
+        ) from None
+    nxt = encode_cursor(str(items[-1].ready_seq)) if len(items) == limit else None
     page = ArtifactPage(items=[artifact_view(a) for a in items], next_cursor=nxt)
     return JSONResponse(page.model_dump(mode="json"))
 

@@ -176,7 +176,7 @@ _TASK_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f
 
 
 def id_cursor(cursor: str | None) -> str | None:
-    """The id a task list's or an artifact list's cursor resumes after (both are uuid7
+    """The id a task list's or a worker list's cursor resumes after (both are uuid7
     ids). Any other text is refused: 'hello' would read as an empty page (the end of the
     list) and '0' as its start."""
     after = decode_cursor(cursor)
@@ -208,7 +208,8 @@ def token_cursor(cursor: str | None) -> str | None:
     return after
 
 
-#: an attempt number as the server spells it: ASCII digits, no sign, no leading zero
+#: an attempt number (or an artifact's place in its list) as the server spells it: ASCII
+#: digits, no sign, no leading zero
 _ATTEMPT_NUMBER = re.compile(r"^[1-9][0-9]*\Z")
 
 
@@ -222,6 +223,22 @@ def attempt_cursor(cursor: str | None) -> int:
     if not _ATTEMPT_NUMBER.match(after) or int(after) > MAX_ATTEMPT_NUMBER:
         raise _bad_cursor()
     return int(after)
+
+
+def artifact_cursor(cursor: str | None) -> tuple[int, str | None]:
+    """Where an artifact list's cursor resumes, ``(after_seq, after_id)`` as
+    ``Store.artifact_list`` takes them: after the artifact whose place in the list
+    (``ready_seq``) it spells, 1 to 2^63 - 1 in plain ASCII digits; or, for a cursor
+    issued before the list was in commit order (an artifact id), after that artifact.
+    Any other text is refused, as a task list's cursor that is not a task id is."""
+    after = decode_cursor(cursor)
+    if after is None:
+        return 0, None
+    if _TASK_ID.match(after):
+        return 0, after
+    if not _ATTEMPT_NUMBER.match(after) or int(after) > 2**63 - 1:
+        raise _bad_cursor()
+    return int(after), None
 
 
 #: the largest number in an events cursor: event ids are 64-bit signed integers in both

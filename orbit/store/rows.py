@@ -312,6 +312,7 @@ def artifact_from_row(r: Row) -> Artifact:
         state=r["state"],
         created_at=int(r["created_at"]),
         expires_at=int(r["expires_at"]),
+        ready_seq=None if r.get("ready_seq") is None else int(r["ready_seq"]),
     )
 
 

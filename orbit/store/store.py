@@ -1874,7 +1874,14 @@ class Store:
         size: int,
         sha256: str,
     ) -> Artifact:
-        """Make an upload visible, if the attempt is still ours; evidence otherwise."""
+        """Make an upload visible, if the attempt is still ours; evidence otherwise.
+
+        The artifact takes its place in its task's list (``ready_seq``) here, while the
+        transaction holds the task's row lock (``_report_rows``): two commits of one
+        task's artifacts take turns, so the later one always draws the larger number, and
+        a reader paging on from its last cursor never has one added behind it. The id,
+        made when the upload began, was the list's key: an upload committed after a
+        reader's page, but begun before its last artifact, sorted before its cursor."""
 
         def build(tx: _Tx) -> tuple[Plan, Artifact | None]:
             plan = Plan()
@@ -1887,9 +1894,14 @@ class Store:
                 plan, task, attempt, session, epoch=epoch, fence=fence, now=now
             ):
                 return plan, None
-            tx.execute("artifact_ready", id=artifact_id, size=size, sha256=sha256)
+            drawn = int(tx.fetch("artifact_ready_seq")[0]["ready_seq"])
+            made = tx.execute(
+                "artifact_ready", id=artifact_id, size=size, sha256=sha256, ready_seq=drawn
+            )
+            ready_seq = drawn if made else found[0]["ready_seq"]  # ready already: its own
             artifact = R.artifact_from_row(
                 {**found[0], "state": "ready", "size": size, "sha256": sha256}
+                | {"ready_seq": ready_seq}
             )
             plan.note(
                 "artifact",
@@ -1932,17 +1944,37 @@ class Store:
         return R.artifact_from_row(found[0])
 
     def artifact_list(
-        self, task_id: str, *, after_id: str | None = None, limit: int = 100
+        self,
+        task_id: str,
+        *,
+        after_seq: int = 0,
+        after_id: str | None = None,
+        limit: int = 100,
     ) -> list[Artifact]:
-        """The task's artifacts that ``artifact_get`` would serve, in id (= creation)
-        order after ``after_id``: keyset pagination, as ``task_list``."""
+        """The task's artifacts that ``artifact_get`` would serve, in the order their
+        uploads were committed, after the one whose ``ready_seq`` is ``after_seq`` (0:
+        from the first): keyset pagination that a reader can follow, as the event feed
+        (``artifact_commit`` says why nothing is ever added behind a position read).
+        ``after_id`` (in place of ``after_seq``): after that artifact of the task, what a
+        cursor issued before this order stands for; one that names no ready artifact of
+        the task is INVALID_ARGUMENT, never a page from wherever its id would sort."""
         check_int("limit", limit, 1, 1000)
-        rows = self._tx(
-            lambda tx: tx.fetch(
-                "artifact_list", task_id=task_id, after_id=after_id, limit=limit, now=tx.now()
+        check_int("after_seq", after_seq, 0, 2**63 - 1)
+
+        def read(tx: _Tx) -> list[Row]:
+            after = after_seq
+            if after_id is not None:
+                found = tx.fetch("artifact_seq", id=after_id, task_id=task_id)
+                if not found:
+                    raise OrbitError(
+                        Code.INVALID_ARGUMENT, f"no artifact {after_id!r:.80} of this task"
+                    )
+                after = int(found[0]["ready_seq"])
+            return tx.fetch(
+                "artifact_list", task_id=task_id, after_seq=after, limit=limit, now=tx.now()
             )
-        )
-        return [R.artifact_from_row(r) for r in rows]
+
+        return [R.artifact_from_row(r) for r in self._tx(read)]
 
     def artifact_chunks(self, artifact_id: str) -> Iterator[bytes]:
         """The artifact's bytes, one stored chunk at a time (never all in memory)."""

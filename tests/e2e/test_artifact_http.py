@@ -4,6 +4,7 @@ server process, and enough for what the routes themselves answer."""
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -63,6 +64,10 @@ def served(db_url: str) -> Iterator[Served]:
             )
     finally:
         store.close()
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _put(served: Served, name: str, body: bytes, content_type: str = "text/plain") -> Any:
@@ -139,6 +144,38 @@ def test_a_tasks_artifacts_are_listed_a_page_at_a_time(served: Served) -> None:
     assert seen == [a["id"] for a in whole.json()["items"]] and cursor is None
 
 
+def test_a_reader_asking_again_from_its_cursor_gets_an_upload_committed_late(
+    served: Served,
+) -> None:
+    """A reader of a running task's artifacts that pages to the end and later asks again
+    with the cursor of its last page gets every artifact committed since: the list is in
+    the order uploads were committed. It was in id order, and an id is made when an
+    upload begins, so a long upload, begun before an artifact the reader had read and
+    committed after its page, sorted before the cursor: that reader never saw it."""
+    session, epoch = served.worker["X-Orbit-Session"], int(served.worker["X-Orbit-Epoch"])
+    fence, attempt_id = int(served.worker["X-Orbit-Fence"]), served.upload.split("/")[-2]
+    slow = served.store.artifact_begin(
+        session, epoch, attempt_id, fence, name="slow.bin", content_type="a/b"
+    )
+    served.store.artifact_write(slow, 0, b"a long upload")  # still uploading
+    quick = _put(served, "quick.txt", b"done at once")
+    assert quick.status_code == 201, quick.text
+    path = f"/v1/tasks/{served.task_id}/artifacts"
+    page = served.client.get(path, params={"limit": 1}, headers=served.submit).json()
+    assert [a["id"] for a in page["items"]] == [quick.json()["id"]]
+    cursor = page["next_cursor"]
+    end = served.client.get(path, params={"limit": 1, "cursor": cursor}, headers=served.submit)
+    assert end.json() == {"items": [], "next_cursor": None}  # the end, for now
+    data = b"a long upload"
+    served.store.artifact_commit(
+        session, epoch, attempt_id, fence, slow, size=len(data), sha256=_sha(data)
+    )
+    again = served.client.get(path, params={"cursor": cursor}, headers=served.submit).json()
+    assert [a["id"] for a in again["items"]] == [slow]
+    whole = served.client.get(path, headers=served.submit).json()
+    assert [a["id"] for a in whole["items"]] == [quick.json()["id"], slow]
+
+
 def test_a_bad_artifact_page_request_is_refused(served: Served) -> None:
     """Every refusal the other listings give, with the same codes and fields: a limit out
     of 1-1000 or not a number, a cursor this server did not issue (or that does not
@@ -161,6 +198,14 @@ def test_a_bad_artifact_page_request_is_refused(served: Served) -> None:
         ({"cursor": encode_cursor("0")}, bad_cursor),
         ({"cursor": encode_cursor(made.upper())}, bad_cursor),
         ({"cursor": encode_cursor(made + "0")}, bad_cursor),
+        # a place in the list: plain ASCII digits, 1 to 2^63 - 1, no sign, no leading zero
+        ({"cursor": encode_cursor("01")}, bad_cursor),
+        ({"cursor": encode_cursor("+1")}, bad_cursor),
+        ({"cursor": encode_cursor(" 1")}, bad_cursor),
+        ({"cursor": encode_cursor("\u0661")}, bad_cursor),
+        ({"cursor": encode_cursor(str(2**63))}, bad_cursor),
+        # an artifact id (a cursor from before the commit order) naming none of the task's
+        ({"cursor": encode_cursor("01a3185c-5000-7000-8000-000000000000")}, bad_cursor),
         ([("limit", "1"), ("limit", "2")], {"code": "INVALID_ARGUMENT", "field": "limit"}),
         ([("cursor", "MQ"), ("cursor", "Mg")], {"code": "INVALID_ARGUMENT", "field": "cursor"}),
     ]
@@ -176,3 +221,8 @@ def test_a_bad_artifact_page_request_is_refused(served: Served) -> None:
     assert unknown.json()["error"]["code"] == "TASK_NOT_FOUND"
     after = served.client.get(path, params={"cursor": encode_cursor(made)}, headers=served.submit)
     assert after.json() == {"items": [], "next_cursor": None}
+    for place in ("1", str(2**63 - 1)):  # a place past the end: nothing after it yet
+        reply = served.client.get(
+            path, params={"cursor": encode_cursor(place)}, headers=served.submit
+        )
+        assert reply.json() == {"items": [], "next_cursor": None}, place

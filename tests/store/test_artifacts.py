@@ -360,17 +360,150 @@ def test_artifacts_are_listed_a_page_at_a_time(store: Store, clock: ManualClock)
         clock.advance(0.001)  # ids are time-ordered to the millisecond
     assert made == sorted(made)
     assert [x.id for x in store.artifact_list(tid)] == made
-    pages, after = [], None
+    pages, after = [], 0
     while True:
-        page = [x.id for x in store.artifact_list(tid, after_id=after, limit=2)]
-        pages.append(page)
+        page = store.artifact_list(tid, after_seq=after, limit=2)
+        pages.append([x.id for x in page])
         if len(page) < 2:
             break
-        after = page[-1]
+        after = page[-1].ready_seq  # type: ignore[assignment]
     assert pages == [made[:2], made[2:4], made[4:]]
-    assert store.artifact_list(tid, after_id=made[-1], limit=1) == []
+    last = store.artifact_list(tid)[-1].ready_seq
+    assert last is not None and store.artifact_list(tid, after_seq=last, limit=1) == []
+    # an artifact id (a cursor from before the list was in commit order) stands for its
+    # place; one that names no ready artifact of the task is refused
+    assert [x.id for x in store.artifact_list(tid, after_id=made[1])] == made[2:]
+    other_task = submit(store)
+    for nowhere, wrong in ((made[0], other_task), (other_task, tid)):
+        with pytest.raises(OrbitError) as err:
+            store.artifact_list(wrong, after_id=nowhere)
+        assert err.value.code == Code.INVALID_ARGUMENT
+    for bad in (-1, 2**63, True, 1.0, "1"):
+        with pytest.raises(OrbitError) as err:
+            store.artifact_list(tid, after_seq=bad)  # type: ignore[arg-type]
+        assert err.value.code == Code.INVALID_ARGUMENT, bad
     for limit in (0, 1001, -1, True, 2.0, "2"):
         with pytest.raises(OrbitError) as err:
             store.artifact_list(tid, limit=limit)  # type: ignore[arg-type]
         assert err.value.code == Code.INVALID_ARGUMENT, limit
+    assert check_all(store) == []
+
+
+def test_an_upload_committed_late_comes_after_the_cursor_of_a_page_read_before(
+    store: Store, clock: ManualClock
+) -> None:
+    """A task's artifacts come in the order their uploads were committed, so a reader
+    that pages on, or asks again later from its last cursor, gets every artifact
+    committed since. The list was in id order, and an id is made when an upload begins:
+    an upload begun before an artifact the reader had already read, and committed after
+    its page, sorted before its cursor and was never seen by that reader."""
+    queue(store)
+    tid = submit(store)
+    s, _ = worker(store)
+    g = run_one(store, s)
+    a = g.attempt
+    slow = store.artifact_begin(s.id, s.epoch, a.id, a.fence, name="slow", content_type="a/b")
+    store.artifact_write(slow, 0, b"a long upload")
+    clock.advance(0.001)
+    quick = _upload(store, s, g, "quick", [b"done at once"]).id  # type: ignore[attr-defined]
+    assert slow < quick  # begun first: the id order put it first
+    [read] = store.artifact_list(tid)
+    assert read.id == quick and read.ready_seq is not None
+    digest = hashlib.sha256(b"a long upload").hexdigest()
+    store.artifact_commit(s.id, s.epoch, a.id, a.fence, slow, size=13, sha256=digest)
+    again = store.artifact_list(tid, after_seq=read.ready_seq)
+    assert [x.id for x in again] == [slow]
+    assert [x.id for x in store.artifact_list(tid)] == [quick, slow]
+    assert check_all(store) == []
+
+
+def test_a_tasks_commits_take_turns_so_their_places_follow_their_commits(
+    store: Store, backend: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two uploads of one task committed at once, on two nodes: the one that commits
+    first has the earlier place, whichever began first. A commit draws its place while it
+    holds its task's row lock, so the other commit waits for it (on PostgreSQL for the
+    lock, on SQLite for the one writer) and draws after: a reader never gets a cursor
+    that an artifact committed later could sort before."""
+    queue(store)
+    tid = submit(store)
+    s, _ = worker(store)
+    g = run_one(store, s)
+    a = g.attempt
+    began = {}
+    for name in ("first-begun", "last-begun"):
+        began[name] = store.artifact_begin(
+            s.id, s.epoch, a.id, a.fence, name=name, content_type="a/b"
+        )
+        store.artifact_write(began[name], 0, name.encode())
+        clock.advance(0.001)
+    other = open_store(store_url(store), migrate=False, clock=clock)  # another node
+    drawn, go_on = threading.Event(), threading.Event()
+    execute = store_module._Tx.execute
+
+    def pausing(self: Any, query: str, /, **params: Any) -> int:
+        count = execute(self, query, **params)
+        if self._store is other and query == "artifact_ready":
+            drawn.set()  # its place drawn and written, not yet committed
+            assert go_on.wait(RACE_WAIT)
+        return count
+
+    monkeypatch.setattr(store_module._Tx, "execute", pausing)
+
+    def commit(node: Store, name: str) -> None:
+        data = name.encode()
+        node.artifact_commit(
+            s.id,
+            s.epoch,
+            a.id,
+            a.fence,
+            began[name],
+            size=len(data),
+            sha256=hashlib.sha256(data).hexdigest(),
+        )
+
+    try:
+        late = threading.Thread(target=commit, args=(other, "last-begun"))
+        late.start()
+        assert drawn.wait(RACE_WAIT)
+        early = threading.Thread(target=commit, args=(store, "first-begun"))
+        early.start()
+        if backend == "postgres":  # the second commit waits for the first's task lock
+            until_done_or_waiting_on_a_lock(early, store_url(store))
+            assert early.is_alive(), "the second commit did not wait for the first"
+            assert store.artifact_list(tid) == []  # neither committed yet (on SQLite a
+            # listing is a transaction of its own, which waits for the one writer)
+        go_on.set()
+        late.join(RACE_WAIT)
+        early.join(RACE_WAIT)
+        assert not late.is_alive() and not early.is_alive()
+    finally:
+        go_on.set()
+        monkeypatch.undo()
+        other.close()
+    [first] = store.artifact_list(tid, limit=1)
+    assert first.id == began["last-begun"]  # committed first, though begun last
+    assert [x.id for x in store.artifact_list(tid, after_seq=first.ready_seq or 0)] == [
+        began["first-begun"]
+    ]
+    assert check_all(store) == []
+
+
+@pytest.mark.parametrize("query", ["artifact_ready_seq", "artifact_ready", "event_insert_many"])
+def test_a_commit_that_fails_half_way_leaves_the_upload_unlisted(store: Store, query: str) -> None:
+    """A commit's place, its ``ready`` and its event are one transaction: one that fails
+    at any of them lists nothing, and the same commit then goes through."""
+    queue(store)
+    tid = submit(store)
+    s, _ = worker(store)
+    a = run_one(store, s).attempt
+    upload = store.artifact_begin(s.id, s.epoch, a.id, a.fence, name="x", content_type="a/b")
+    store.artifact_write(upload, 0, b"x")
+    digest = hashlib.sha256(b"x").hexdigest()
+    events = len(store.event_list(task_id=tid))
+    with store.inject_fault(query), pytest.raises(store_module.InjectedFault):
+        store.artifact_commit(s.id, s.epoch, a.id, a.fence, upload, size=1, sha256=digest)
+    assert store.artifact_list(tid) == [] and len(store.event_list(task_id=tid)) == events
+    store.artifact_commit(s.id, s.epoch, a.id, a.fence, upload, size=1, sha256=digest)
+    assert [x.id for x in store.artifact_list(tid)] == [upload]
     assert check_all(store) == []

@@ -68,6 +68,8 @@ class _Handler(BaseHTTPRequestHandler):
             payload = b"x" * (3 * STREAM_CHUNK + 5)
         elif self.path.startswith("/html"):  # a proxy's page, or no Orbit server at all
             payload, kind = b"<html><body>Bad Gateway</body></html>", "text/html"
+        elif self.path.startswith("/fake-sse"):  # a page mislabelled as an event stream
+            payload, kind = b"<!DOCTYPE html>\n<html><body>Hi</body></html>\n", "text/event-stream"
         else:
             payload = json.dumps({"path": self.path}).encode()
         status = 404 if self.path.startswith("/missing") else 200
@@ -545,6 +547,41 @@ def test_a_200_that_is_no_event_stream_is_an_api_error_at_once(server: _Server) 
 
     async def main() -> None:
         async with AsyncClient(_url(server, "/html"), token="t0ken") as c:
+            stream = c.stream_events("t1", outage=5)
+            try:
+                with pytest.raises(ApiError) as caught:
+                    await anext(stream)
+            finally:
+                await stream.aclose()
+            check(caught)
+
+    asyncio.run(main())
+
+
+def test_a_200_labelled_an_event_stream_that_holds_no_sse_is_an_api_error_at_once(
+    server: _Server,
+) -> None:
+    """A URL that answers 200 ``text/event-stream`` with a body that is no Server-Sent
+    Events (a page, plain text): ``stream_events`` took each such answer for a stream
+    that broke, and tried again until ``outage`` ran out, then raised Unreachable. Both
+    clients now raise NOT_EVENT_STREAM after the one request, quoting nothing of the
+    body (some other server's, which may echo the request and its token)."""
+    from orbit.client import ApiError, AsyncClient
+
+    def check(caught: pytest.ExceptionInfo[ApiError]) -> None:
+        assert (caught.value.status, caught.value.code) == (200, "NOT_EVENT_STREAM")
+        assert "no Server-Sent Events" in str(caught.value)
+        assert "DOCTYPE" not in str(caught.value) and "t0ken" not in str(caught.value)
+        assert len(server.seen) == 1  # not tried again
+        server.seen.clear()
+
+    with Client(_url(server, "/fake-sse"), token="t0ken") as c:
+        with pytest.raises(ApiError) as caught:
+            next(c.stream_events(outage=5))
+        check(caught)
+
+    async def main() -> None:
+        async with AsyncClient(_url(server, "/fake-sse"), token="t0ken") as c:
             stream = c.stream_events("t1", outage=5)
             try:
                 with pytest.raises(ApiError) as caught:

@@ -81,3 +81,55 @@ def test_a_task_id_of_dots_stays_one_segment_of_the_stream_path() -> None:
     segment, dots encoded, as every other call of the clients spells it (``path_segment``)."""
     assert Following("..", None, 1).path == "/v1/tasks/%2E%2E/events/stream"
     assert Following("a b/c", None, 1).path == "/v1/tasks/a%20b%2Fc/events/stream"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"<!DOCTYPE html>\n<html><body>Bad Gateway</body></html>\n",
+        b"Not Found",  # plain text, no line end yet: its first letter tells
+        b"\r\n\nInternal Server Error\r\n",  # blank lines first
+        b'{"error": "nope"}\n',
+        b"Authorization: Bearer orbit_x_y\n",  # an echo server: never quoted back
+        b"dat\n",
+        b"datum: 1\n",
+        b"\xef\xbb\xbfhello\n",
+    ],
+)
+def test_a_body_labelled_an_event_stream_that_holds_no_sse_is_refused_at_once(
+    body: bytes,
+) -> None:
+    """A 200 labelled ``text/event-stream`` whose first non-empty line is no SSE field
+    (``id``, ``event``, ``data`` or ``retry``) nor a comment is some other server's
+    page: NOT_EVENT_STREAM at once, whether the body comes whole or a byte at a time. It
+    was taken for a stream that broke, and tried again until ``outage`` ran out."""
+    for chunks in ([body], [body[i : i + 1] for i in range(len(body))]):
+        following = Following(None, None, outage=5)
+        following.opened("text/event-stream")
+        with pytest.raises(ApiError) as caught:
+            for chunk in chunks:
+                following.feed(chunk)
+        assert (caught.value.status, caught.value.code) == (200, "NOT_EVENT_STREAM")
+        assert "body is no Server-Sent Events" in caught.value.message
+        assert "orbit_x_y" not in str(caught.value) and "Bearer" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b": keep-alive\n\n",
+        b"\n\r\nid: c1\r\nevent: x\r\ndata: {}\r\n\r\n",
+        b"\xef\xbb\xbfdata: {}\n\n",  # a byte order mark first, as the standard allows
+        b"data\n\n",  # a field with no colon: an empty value
+        b"retry: 1000\n\n",
+        b"event: stream.end\ndata: {}\n\n",
+    ],
+)
+def test_a_body_that_starts_as_sse_is_followed(body: bytes) -> None:
+    """What can start a stream is not refused, however it is cut into chunks."""
+    for chunks in ([body], [body[i : i + 1] for i in range(len(body))]):
+        following = Following(None, None, outage=5)
+        following.opened("text/event-stream")
+        for chunk in chunks:
+            following.feed(chunk)
+        assert following._parser.is_sse is True

@@ -592,9 +592,22 @@ WHERE f.id = :id;
 -- name: artifact_lock
 SELECT * FROM orbit_artifacts WHERE id = :id FOR UPDATE;
 
+-- name: artifact_ready_seq
+-- The committing upload's place in its task's artifact list. Drawn while the commit
+-- holds its task's row lock, so a task's commits draw in the order they commit
+-- (migration 0010_artifact_order.sql).
+SELECT nextval('orbit_artifacts_ready_seq') AS ready_seq;
+
 -- name: artifact_ready
-UPDATE orbit_artifacts SET state = 'ready', size = :size, sha256 = :sha256
+UPDATE orbit_artifacts SET state = 'ready', size = :size, sha256 = :sha256,
+    ready_seq = :ready_seq
 WHERE id = :id AND state = 'uploading';
+
+-- name: artifact_seq
+-- A ready artifact's place in its task's list: what a cursor issued before the list was
+-- ordered by it (an artifact id) stands for.
+SELECT ready_seq FROM orbit_artifacts
+WHERE id = :id AND task_id = :task_id AND ready_seq IS NOT NULL;
 
 -- name: artifact_delete
 DELETE FROM orbit_artifacts WHERE id = :id;
@@ -602,13 +615,13 @@ DELETE FROM orbit_artifacts WHERE id = :id;
 -- name: artifact_list
 -- Artifacts of cancelled attempts are never shown: cancel wins over everything an
 -- attempt produced, its result and its blobs alike. An expired one is gone by the
--- clock, whether or not the reaper has deleted it yet. Keyset pages in id order: ids
--- are time-ordered (uuid7), so that is the order they were begun in.
+-- clock, whether or not the reaper has deleted it yet. Keyset pages in the order the
+-- uploads were committed (ready_seq, 0 for the first page: numbers start at 1), a range
+-- of the (task_id, ready_seq) index; an upload not yet committed has none.
 SELECT f.* FROM orbit_artifacts f JOIN orbit_attempts a ON a.id = f.attempt_id
-WHERE f.task_id = :task_id AND f.state = 'ready' AND a.state <> 'cancelled'
-  AND f.expires_at > :now
-  AND (CAST(:after_id AS text) IS NULL OR f.id > :after_id)
-ORDER BY f.id
+WHERE f.task_id = :task_id AND f.ready_seq > :after_seq AND f.state = 'ready'
+  AND a.state <> 'cancelled' AND f.expires_at > :now
+ORDER BY f.ready_seq
 LIMIT :limit;
 
 -- name: artifact_chunk_get

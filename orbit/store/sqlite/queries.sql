@@ -485,9 +485,26 @@ WHERE f.id = :id;
 -- name: artifact_lock
 SELECT * FROM orbit_artifacts WHERE id = :id;
 
+-- name: artifact_ready_seq
+-- The committing upload's place in its task's artifact list: the next number of a
+-- counter that one writer at a time bumps, so in commit order, and never one an
+-- artifact had before (migration 0006_artifact_order.sql). The max() is only for a
+-- database whose counter row was deleted by hand.
+INSERT INTO orbit_settings (name, int_value)
+VALUES ('artifact_ready_seq', (SELECT coalesce(max(ready_seq), 0) + 1 FROM orbit_artifacts))
+ON CONFLICT (name) DO UPDATE SET int_value = orbit_settings.int_value + 1
+RETURNING int_value AS ready_seq;
+
 -- name: artifact_ready
-UPDATE orbit_artifacts SET state = 'ready', size = :size, sha256 = :sha256
+UPDATE orbit_artifacts SET state = 'ready', size = :size, sha256 = :sha256,
+    ready_seq = :ready_seq
 WHERE id = :id AND state = 'uploading';
+
+-- name: artifact_seq
+-- A ready artifact's place in its task's list: what a cursor issued before the list was
+-- ordered by it (an artifact id) stands for.
+SELECT ready_seq FROM orbit_artifacts
+WHERE id = :id AND task_id = :task_id AND ready_seq IS NOT NULL;
 
 -- name: artifact_delete
 DELETE FROM orbit_artifacts WHERE id = :id;
@@ -495,13 +512,13 @@ DELETE FROM orbit_artifacts WHERE id = :id;
 -- name: artifact_list
 -- Artifacts of cancelled attempts are never shown: cancel wins over everything an
 -- attempt produced, its result and its blobs alike. An expired one is gone by the
--- clock, whether or not the reaper has deleted it yet. Keyset pages in id order: ids
--- are time-ordered (uuid7), so that is the order they were begun in.
+-- clock, whether or not the reaper has deleted it yet. Keyset pages in the order the
+-- uploads were committed (ready_seq, 0 for the first page: numbers start at 1), a range
+-- of the (task_id, ready_seq) index; an upload not yet committed has none.
 SELECT f.* FROM orbit_artifacts f JOIN orbit_attempts a ON a.id = f.attempt_id
-WHERE f.task_id = :task_id AND f.state = 'ready' AND a.state <> 'cancelled'
-  AND f.expires_at > :now
-  AND (:after_id IS NULL OR f.id > :after_id)
-ORDER BY f.id
+WHERE f.task_id = :task_id AND f.ready_seq > :after_seq AND f.state = 'ready'
+  AND a.state <> 'cancelled' AND f.expires_at > :now
+ORDER BY f.ready_seq
 LIMIT :limit;
 
 -- name: artifact_chunk_get
