@@ -413,12 +413,25 @@ async def task_submit(request: Request) -> Response:
     )
 
 
+#: A batch submit's refusals in the OpenAPI document: a 429 as a single submit's, and a
+#: 413 for a batch that can never fit (no Retry-After: waiting does not help).
+BATCH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **FULL_RESPONSE,
+    413: {
+        "model": ErrorReply,
+        "description": "BATCH_EXCEEDS_CAP: the batch makes more new tasks in a queue or a "
+        "tenant than its max_queued, so it can never fit (split it); PAYLOAD_TOO_LARGE or "
+        "BODY_TOO_LARGE: a payload or the body is over its bound. Nothing was written",
+    },
+}
+
+
 @router.post(
     "/tasks/batch",
     dependencies=[Depends(require("submit"))],
     status_code=201,
     response_model=list[Submitted] | list[SubmittedId],
-    responses=FULL_RESPONSE,
+    responses=BATCH_RESPONSES,
     openapi_extra={"parameters": [BATCH_REPLY_QUERY]},
 )
 async def task_submit_batch(request: Request) -> Response:

@@ -869,8 +869,12 @@ class Store:
                     frozenset(by_key),
                     lambda k: self._existing_by_key(tx, k),
                 )
-            capped = [("queue", r["name"]) for r in queue_rows if r["max_queued"] is not None]
-            capped += [("tenant", r["name"]) for r in tenant_caps]
+            capped = {
+                ("queue", str(r["name"])): int(r["max_queued"])
+                for r in queue_rows
+                if r["max_queued"] is not None
+            }
+            capped.update((("tenant", str(r["name"])), int(r["max_queued"])) for r in tenant_caps)
             self._depth_gates.saw(scopes, capped)
             if capped:  # only a submit to a capped queue or tenant pays for backpressure
                 _check_depth(
@@ -2269,16 +2273,20 @@ def retry_after(adding: int, rate: float | None, *, paused: bool = False) -> int
 
 def _check_depth(
     tx: _Tx,
-    capped: Sequence[tuple[str, str]],
+    capped: Mapping[tuple[str, str], int],
     specs: Sequence[TaskSpec],
     known: frozenset[tuple[str, str, str]],
     rates: Mapping[str, float],
     paused: frozenset[str],
     existing: Callable[[set[tuple[str, str, str]]], Mapping[tuple[str, str, str], Task]],
 ) -> None:
-    """Refuse a submit (``Backpressure``; the transaction writes nothing) that would leave a
-    capped queue or tenant (``capped``: ``(kind, name)``) with more waiting tasks, in state
-    queued or scheduled, than its ``max_queued``.
+    """Refuse a submit (the transaction writes nothing) that would leave a capped queue or
+    tenant (``capped``: ``(kind, name)`` and its ``max_queued`` as the submit read it) with
+    more waiting tasks, in state queued or scheduled, than its ``max_queued``:
+    ``Backpressure`` (429, QUEUE_FULL or TENANT_FULL) when it would fit once enough of them
+    are claimed, BATCH_EXCEEDS_CAP (413) when it makes more new tasks in the scope than the
+    cap itself and so can never fit: a client waits out and retries a 429 (the SDK's and
+    the CLI's users do), and such a batch would be retried for ever.
 
     Only the tasks the submit makes count: a spec whose idempotency key names a task of
     the database (``known``) or of the batch before it makes none, so a retried submit
@@ -2286,7 +2294,9 @@ def _check_depth(
     cluster-wide by ``depth_lock``, and each counts after it holds the lock, in a
     statement of its own (which sees every submit committed before it), with the cap as
     it is then: two nodes cannot both fill the last room. A submit to a scope without a
-    cap takes no lock and counts nothing.
+    cap takes no lock and counts nothing. The scopes the batch passes by itself under the
+    caps as read are counted first: a full scope counted before one of them would answer
+    429, and the retry after the wait would learn that it never fits.
 
     ``known`` was read before the lock: a submit that waited for it may find that a key it
     counted as new was taken meanwhile by the submit it waited for. Before refusing, the
@@ -2306,7 +2316,10 @@ def _check_depth(
             fresh.add(key)
         for scope in (("queue", spec.queue), ("tenant", spec.tenant)):
             adding[scope] = adding.get(scope, 0) + 1
-    todo = sorted((scope, n) for scope in capped if (n := adding.get(scope, 0)))
+    todo = sorted(
+        ((scope, n) for scope, cap in capped.items() if (n := adding.get(scope, 0))),
+        key=lambda item: (item[1] <= capped[item[0]], item[0]),
+    )
     if not todo:
         return
     tx.fetch("depth_lock", keys=[str(k) for k in sorted({depth_key(*s) for s, _ in todo})])
@@ -2316,23 +2329,28 @@ def _check_depth(
         if cap is None:  # removed since the submit read it
             continue
         depth = int(found[0]["depth"])
-        if depth + n > cap:
-            if fresh and existing(fresh):
-                raise StaleWrite  # a key counted as new was taken while this waited
-            what = f"{kind} {name!r:.80}"
-            raise Backpressure(
-                Code.QUEUE_FULL if kind == "queue" else Code.TENANT_FULL,
-                f"{what} is full: it holds {depth}+ waiting tasks of its max_queued {cap}, "
-                f"and this submit adds {n}"
-                if n <= cap
-                else f"{what} has max_queued {cap}: a submit of {n} new tasks can never fit",
-                scope=name,
-                retry_after=(
-                    retry_after(n, rates.get(name), paused=name in paused)
-                    if kind == "queue"
-                    else retry_after(n, None)
-                ),
+        if depth + n <= cap:
+            continue
+        if fresh and existing(fresh):
+            raise StaleWrite  # a key counted as new was taken while this waited
+        what = f"{kind} {name!r:.80}"
+        if n > cap:
+            raise OrbitError(
+                Code.BATCH_EXCEEDS_CAP,
+                f"{what} has max_queued {cap}: this batch of {len(specs)} makes {n} new "
+                f"tasks in it, which can never fit; submit at most {cap} at a time",
             )
+        raise Backpressure(
+            Code.QUEUE_FULL if kind == "queue" else Code.TENANT_FULL,
+            f"{what} is full: it holds {depth}+ waiting tasks of its max_queued {cap}, "
+            f"and this submit adds {n}",
+            scope=name,
+            retry_after=(
+                retry_after(n, rates.get(name), paused=name in paused)
+                if kind == "queue"
+                else retry_after(n, None)
+            ),
+        )
 
 
 def _changes(fields: Sequence[str], before: Sequence[Any], after: Sequence[Any]) -> dict[str, Any]:
