@@ -593,7 +593,9 @@ class Store:
 
     def global_limit_set(self, max_concurrency: int | None) -> None:
         """Cap live attempts across the whole cluster (None removes the cap). A change
-        writes a ``global.updated`` event; setting the cap in force writes none."""
+        writes a ``global.updated`` event and wakes the dispatchers a cap held back, as
+        ``tenant_limit_set`` does; setting the cap in force does neither: a claim would
+        find what it found (the claim lock orders this after any claim in flight)."""
         if max_concurrency is not None:
             check_int("max_concurrency", max_concurrency, 1, MAX_GLOBAL_CAP)
 
@@ -605,7 +607,7 @@ class Store:
             if before != max_concurrency:
                 changed = _changes(("max_concurrency",), (before,), (max_concurrency,))
                 tx.events([Event(kind="global.updated", data=changed)])
-            _limits_changed(tx)
+                _limits_changed(tx)
 
         self._tx(work)
 
@@ -2366,9 +2368,10 @@ def _changes(fields: Sequence[str], before: Sequence[Any], after: Sequence[Any])
 
 
 def _limits_changed(tx: _Tx) -> None:
-    """A cap was set, raised or removed: like a freed permit, it can let a claim that a
-    cap held back find more, in any queue (dispatchers whose last claim was not held
-    back ignore it)."""
+    """A tenant's or the global cap changed: like a freed permit, a raised or removed one
+    can let a claim that a cap held back find more, in any queue (dispatchers whose last
+    claim was not held back ignore it). Called only on a change: the cap in force set
+    again lets no claim find more."""
     tx.freed.update(str(r["name"]) for r in tx.fetch("queue_all"))
 
 
