@@ -623,13 +623,19 @@ class Store:
         found = self._read("tenant_get", name=tenant)
         return _int_or_none(found[0]["max_queued"]) if found else None
 
-    def tenant_limits(self) -> dict[str, tuple[int | None, int | None]]:
-        """Every tenant with a cap of either kind: ``(max_concurrency, max_queued)``
-        (None: no cap of that kind), by name."""
-        rows = self._read("tenant_limits")
+    def tenant_limits(
+        self, *, after_name: str | None = None, limit: int | None = None
+    ) -> dict[str, tuple[int | None, int | None]]:
+        """The tenants with a cap of either kind: ``(max_concurrency, max_queued)`` (None:
+        no cap of that kind), by name, in name order after ``after_name``, at most
+        ``limit`` (1 to 1,000; None: all): keyset pagination on the primary key, as
+        ``queue_list`` pages queues. A tenant whose caps were all removed is left out."""
+        if limit is not None:
+            check_int("limit", limit, 1, 1000)
+        rows = self._read("tenant_limits", after_name=after_name or "", limit=limit)
         return {
             str(r["name"]): (_int_or_none(r["max_concurrency"]), _int_or_none(r["max_queued"]))
-            for r in sorted(rows, key=_by_name)
+            for r in rows
         }
 
     def tenant_limit_list(self) -> dict[str, int]:

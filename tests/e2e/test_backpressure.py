@@ -68,7 +68,7 @@ def test_a_full_queue_and_tenant_answer_429_and_write_nothing(
     assert put.json() == {"tenant": "acme", "max_concurrency": None, "max_queued": 1}
     put = admin.put("/v1/limits/tenants/acme", json={"max_concurrency": 5})
     assert put.json() == {"tenant": "acme", "max_concurrency": 5, "max_queued": 1}
-    assert admin.get("/v1/limits/tenants").json() == [put.json()]
+    assert admin.get("/v1/limits/tenants").json() == {"items": [put.json()], "next_cursor": None}
     assert admin.post("/v1/tasks", json=_task(tenant="acme")).status_code == 201
     tenant_full = admin.post("/v1/tasks", json=_task(tenant="acme"))
     assert tenant_full.status_code == 429 and tenant_full.headers["Retry-After"] == "1"
@@ -149,7 +149,7 @@ def test_every_bad_max_queued_is_refused_with_400(admin: httpx.Client) -> None:
             assert reply.json()["error"]["field"] == "max_queued", (bad, reply.text)
     assert [q["name"] for q in admin.get("/v1/queues").json()["items"]] == ["bp"]
     assert admin.get("/v1/queues").json()["items"][0]["max_queued"] is None
-    assert admin.get("/v1/limits/tenants").json() == []
+    assert admin.get("/v1/limits/tenants").json() == {"items": [], "next_cursor": None}
     empty = admin.put("/v1/limits/tenants/acme", json={})
     assert empty.status_code == 400 and empty.json()["error"]["code"] == "MISSING_FIELD"
 
