@@ -780,7 +780,7 @@ def _limits_table(rows: list[dict[str, Any]]) -> Table:
 
 @limit_app.command("ls")
 def limit_ls(url: Url = DEFAULT_URL, cafile: CaFile = None, as_json: AsJson = False) -> None:
-    """Show the global cap and every tenant that has one."""
+    """Show the global cap and every tenant that has one (every page of the list)."""
     with client(url, cafile) as c:
         data = {"global": c.global_limit(), "tenants": c.tenant_limits()}
     emit(data, as_json, lambda d: _limits_table([d["global"], *d["tenants"]]))

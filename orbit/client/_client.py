@@ -42,7 +42,8 @@ from orbit.urls import check_server_url
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "needs_review"})
 Request = tuple[str, str, dict[str, Any] | None, dict[str, Any] | list[Any] | None]
 #: The page size the calls that return a whole list (``workers()``, ``queues()``,
-#: ``attempts()``, ``token_list()``) walk its pages with: the most a page may hold.
+#: ``attempts()``, ``token_list()``, ``tenant_limits()``) walk its pages with: the most a
+#: page may hold.
 FULL_PAGE = 1000
 #: What a batch submit answers with: each task's view, or its id (``submit_many``).
 BatchReply = Literal["full", "ids"]
@@ -279,8 +280,8 @@ class _Calls:
         return ("POST", f"/v1/queues/{_seg(name)}/{action}", None, None)
 
     @staticmethod
-    def tenant_limits() -> Request:
-        return ("GET", "/v1/limits/tenants", None, None)
+    def tenant_limits_list(limit: int, cursor: str | None) -> Request:
+        return ("GET", "/v1/limits/tenants", _page(limit, cursor), None)
 
     @staticmethod
     def submit(body: dict[str, Any]) -> Request:
@@ -595,9 +596,20 @@ class Client:
 
     # limits
     def tenant_limits(self) -> list[dict[str, Any]]:
-        """Every tenant that has a cap of either kind:
+        """Every tenant that has a cap of either kind (all the pages), by name:
         ``[{"tenant", "max_concurrency", "max_queued"}]`` (None: no cap of that kind)."""
-        return list(self._call(_Calls.tenant_limits()))
+        return list(self.iter_tenant_limits(limit=FULL_PAGE))
+
+    def list_tenant_limits(self, *, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
+        """One page of the tenants that have a cap, by name: ``{"items": [...],
+        "next_cursor": ...}``."""
+        return dict(self._call(_Calls.tenant_limits_list(limit, cursor)))
+
+    def iter_tenant_limits(
+        self, *, limit: int = 100, cursor: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Every tenant that has a cap, page by page, from the start or from ``cursor``."""
+        yield from _walk(lambda c: self.list_tenant_limits(limit=limit, cursor=c), cursor)
 
     def tenant_limit(self, tenant: str) -> dict[str, Any]:
         return dict(self._call(_Calls.tenant_limit(tenant, put=False)))
@@ -1108,9 +1120,20 @@ class AsyncClient:
         return dict(await self._call(call))
 
     async def tenant_limits(self) -> list[dict[str, Any]]:
-        """Every tenant that has a cap of either kind:
+        """Every tenant that has a cap of either kind (all the pages), by name:
         ``[{"tenant", "max_concurrency", "max_queued"}]`` (None: no cap of that kind)."""
-        return list(await self._call(_Calls.tenant_limits()))
+        return [t async for t in self.iter_tenant_limits(limit=FULL_PAGE)]
+
+    async def list_tenant_limits(
+        self, *, limit: int = 100, cursor: str | None = None
+    ) -> dict[str, Any]:
+        return dict(await self._call(_Calls.tenant_limits_list(limit, cursor)))
+
+    async def iter_tenant_limits(
+        self, *, limit: int = 100, cursor: str | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        async for item in _awalk(lambda c: self.list_tenant_limits(limit=limit, cursor=c), cursor):
+            yield item
 
     async def tenant_limit(self, tenant: str) -> dict[str, Any]:
         return dict(await self._call(_Calls.tenant_limit(tenant, put=False)))

@@ -44,7 +44,10 @@ class Conflict(ApiError):
 
 
 class TooLarge(ApiError):
-    pass
+    """413: a payload, a body or an artifact over its bound, or a batch submit that makes
+    more new tasks in a queue or a tenant than its ``max_queued`` (``code``
+    BATCH_EXCEEDS_CAP). Nothing was written, and the same call would be refused again:
+    do not retry it as it is (split the batch)."""
 
 
 class TooManyRequests(ApiError):
@@ -52,7 +55,9 @@ class TooManyRequests(ApiError):
     past its ``max_queued`` (``code`` QUEUE_FULL or TENANT_FULL), and nothing of it was
     written. ``retry_after``: the seconds the server asks to wait before trying again
     (its ``Retry-After``), None if it named none. A resubmit with the same idempotency
-    keys is safe: a task already made comes back, and is never refused."""
+    keys is safe: a task already made comes back, and is never refused. A batch that can
+    never fit under the cap is not this but ``TooLarge`` (BATCH_EXCEEDS_CAP): waiting
+    would not help it."""
 
     def __init__(
         self,

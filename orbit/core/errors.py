@@ -35,6 +35,9 @@ class Code(StrEnum):
     IDEMPOTENCY_CONFLICT = "IDEMPOTENCY_CONFLICT"
     PARENT_CANCELLED = "PARENT_CANCELLED"
     INVALID_STATE = "INVALID_STATE"
+    #: a batch making more new tasks in a queue or a tenant than its max_queued (413): it
+    #: can never fit, so it is no backpressure, which a client waits out and retries
+    BATCH_EXCEEDS_CAP = "BATCH_EXCEEDS_CAP"
     # backpressure (429): a queue's or a tenant's max_queued would be passed
     QUEUE_FULL = "QUEUE_FULL"
     TENANT_FULL = "TENANT_FULL"
@@ -76,6 +79,7 @@ _STATUS: dict[Code, int] = {
     Code.TOKEN_NOT_FOUND: 404,
     Code.ARTIFACT_TOO_LARGE: 413,
     Code.PAYLOAD_TOO_LARGE: 413,
+    Code.BATCH_EXCEEDS_CAP: 413,
     Code.BAD_SECRET: 401,
     Code.QUEUE_FULL: 429,
     Code.TENANT_FULL: 429,

@@ -222,6 +222,11 @@ class TenantLimitView(Response):
     max_queued: int | None
 
 
+class TenantLimitPage(Response):
+    items: list[TenantLimitView]
+    next_cursor: str | None
+
+
 class GlobalLimitView(Response):
     max_concurrency: int | None
 

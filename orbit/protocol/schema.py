@@ -17,6 +17,7 @@ HTTP_MODELS: tuple[type[BaseModel], ...] = (
     m.LimitSet,
     m.TenantLimitSet,
     m.TenantLimitView,
+    m.TenantLimitPage,
     m.GlobalLimitView,
     m.TaskSubmit,
     m.TaskBatch,

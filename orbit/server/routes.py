@@ -42,6 +42,7 @@ from orbit.protocol.messages import (
     TaskResolve,
     TaskSubmit,
     TaskView,
+    TenantLimitPage,
     TenantLimitSet,
     TenantLimitView,
     TokenCreate,
@@ -186,9 +187,10 @@ def id_cursor(cursor: str | None) -> str | None:
 
 
 def name_cursor(cursor: str | None) -> str | None:
-    """The queue name a queue list's cursor resumes after: only a name a queue can have
-    (``orbit.core.validate.NAME_RE``, up to 128 characters). Any other text would be read
-    as a place in the list ('' its start, '~' its end), a page that looks like an answer."""
+    """The name a queue list's or a tenant limit list's cursor resumes after: only a name
+    a queue or a tenant can have (``orbit.core.validate.NAME_RE``, up to 128 characters).
+    Any other text would be read as a place in the list ('' its start, '~' its end), a
+    page that looks like an answer."""
     after = decode_cursor(cursor, longest=128)
     if after is not None and not is_name(after):
         raise _bad_cursor()
@@ -434,12 +436,25 @@ async def task_submit(request: Request) -> Response:
     )
 
 
+#: A batch submit's refusals in the OpenAPI document: a 429 as a single submit's, and a
+#: 413 for a batch that can never fit (no Retry-After: waiting does not help).
+BATCH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **FULL_RESPONSE,
+    413: {
+        "model": ErrorReply,
+        "description": "BATCH_EXCEEDS_CAP: the batch makes more new tasks in a queue or a "
+        "tenant than its max_queued, so it can never fit (split it); PAYLOAD_TOO_LARGE or "
+        "BODY_TOO_LARGE: a payload or the body is over its bound. Nothing was written",
+    },
+}
+
+
 @router.post(
     "/tasks/batch",
     dependencies=[Depends(require("submit"))],
     status_code=201,
     response_model=list[Submitted] | list[SubmittedId],
-    responses=FULL_RESPONSE,
+    responses=BATCH_RESPONSES,
     openapi_extra={"parameters": [BATCH_REPLY_QUERY]},
 )
 async def task_submit_batch(request: Request) -> Response:
@@ -797,15 +812,23 @@ async def limit_global_set(request: Request) -> Response:
 
 @router.get(
     "/limits/tenants",
-    dependencies=[Depends(require("admin"))],
-    response_model=list[TenantLimitView],
+    dependencies=[Depends(require("admin")), *LISTING],
+    response_model=TenantLimitPage,
 )
-async def limit_tenant_list(request: Request) -> Response:
-    """Every tenant that has a cap of either kind, by name (a tenant left out has none)."""
-    caps = await in_thread(_store(request).tenant_limits)
-    return _json(
-        [TenantLimitView(tenant=t, max_concurrency=c, max_queued=q) for t, (c, q) in caps.items()]
-    )
+async def limit_tenant_list(
+    request: Request, limit: Limit = 100, cursor: str | None = None
+) -> Response:
+    """The tenants that have a cap of either kind (a tenant left out has none) a page at a
+    time in name order, the cursor standing for the last one's name: keyset, as the queue
+    list pages queues. Every tenant ever capped keeps its row, so the list has no bound
+    of its own."""
+    after = name_cursor(cursor)
+    caps = await in_thread(lambda: _store(request).tenant_limits(after_name=after, limit=limit))
+    items = [
+        TenantLimitView(tenant=t, max_concurrency=c, max_queued=q) for t, (c, q) in caps.items()
+    ]
+    nxt = encode_cursor(items[-1].tenant) if len(items) == limit else None
+    return _json(TenantLimitPage(items=items, next_cursor=nxt))
 
 
 @router.get(

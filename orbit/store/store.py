@@ -593,7 +593,9 @@ class Store:
 
     def global_limit_set(self, max_concurrency: int | None) -> None:
         """Cap live attempts across the whole cluster (None removes the cap). A change
-        writes a ``global.updated`` event; setting the cap in force writes none."""
+        writes a ``global.updated`` event and wakes the dispatchers a cap held back, as
+        ``tenant_limit_set`` does; setting the cap in force does neither: a claim would
+        find what it found (the claim lock orders this after any claim in flight)."""
         if max_concurrency is not None:
             check_int("max_concurrency", max_concurrency, 1, MAX_GLOBAL_CAP)
 
@@ -605,7 +607,7 @@ class Store:
             if before != max_concurrency:
                 changed = _changes(("max_concurrency",), (before,), (max_concurrency,))
                 tx.events([Event(kind="global.updated", data=changed)])
-            _limits_changed(tx)
+                _limits_changed(tx)
 
         self._tx(work)
 
@@ -621,13 +623,19 @@ class Store:
         found = self._read("tenant_get", name=tenant)
         return _int_or_none(found[0]["max_queued"]) if found else None
 
-    def tenant_limits(self) -> dict[str, tuple[int | None, int | None]]:
-        """Every tenant with a cap of either kind: ``(max_concurrency, max_queued)``
-        (None: no cap of that kind), by name."""
-        rows = self._read("tenant_limits")
+    def tenant_limits(
+        self, *, after_name: str | None = None, limit: int | None = None
+    ) -> dict[str, tuple[int | None, int | None]]:
+        """The tenants with a cap of either kind: ``(max_concurrency, max_queued)`` (None:
+        no cap of that kind), by name, in name order after ``after_name``, at most
+        ``limit`` (1 to 1,000; None: all): keyset pagination on the primary key, as
+        ``queue_list`` pages queues. A tenant whose caps were all removed is left out."""
+        if limit is not None:
+            check_int("limit", limit, 1, 1000)
+        rows = self._read("tenant_limits", after_name=after_name or "", limit=limit)
         return {
             str(r["name"]): (_int_or_none(r["max_concurrency"]), _int_or_none(r["max_queued"]))
-            for r in sorted(rows, key=_by_name)
+            for r in rows
         }
 
     def tenant_limit_list(self) -> dict[str, int]:
@@ -869,8 +877,12 @@ class Store:
                     frozenset(by_key),
                     lambda k: self._existing_by_key(tx, k),
                 )
-            capped = [("queue", r["name"]) for r in queue_rows if r["max_queued"] is not None]
-            capped += [("tenant", r["name"]) for r in tenant_caps]
+            capped = {
+                ("queue", str(r["name"])): int(r["max_queued"])
+                for r in queue_rows
+                if r["max_queued"] is not None
+            }
+            capped.update((("tenant", str(r["name"])), int(r["max_queued"])) for r in tenant_caps)
             self._depth_gates.saw(scopes, capped)
             if capped:  # only a submit to a capped queue or tenant pays for backpressure
                 _check_depth(
@@ -2301,16 +2313,20 @@ def retry_after(adding: int, rate: float | None, *, paused: bool = False) -> int
 
 def _check_depth(
     tx: _Tx,
-    capped: Sequence[tuple[str, str]],
+    capped: Mapping[tuple[str, str], int],
     specs: Sequence[TaskSpec],
     known: frozenset[tuple[str, str, str]],
     rates: Mapping[str, float],
     paused: frozenset[str],
     existing: Callable[[set[tuple[str, str, str]]], Mapping[tuple[str, str, str], Task]],
 ) -> None:
-    """Refuse a submit (``Backpressure``; the transaction writes nothing) that would leave a
-    capped queue or tenant (``capped``: ``(kind, name)``) with more waiting tasks, in state
-    queued or scheduled, than its ``max_queued``.
+    """Refuse a submit (the transaction writes nothing) that would leave a capped queue or
+    tenant (``capped``: ``(kind, name)`` and its ``max_queued`` as the submit read it) with
+    more waiting tasks, in state queued or scheduled, than its ``max_queued``:
+    ``Backpressure`` (429, QUEUE_FULL or TENANT_FULL) when it would fit once enough of them
+    are claimed, BATCH_EXCEEDS_CAP (413) when it makes more new tasks in the scope than the
+    cap itself and so can never fit: a client waits out and retries a 429 (the SDK's and
+    the CLI's users do), and such a batch would be retried for ever.
 
     Only the tasks the submit makes count: a spec whose idempotency key names a task of
     the database (``known``) or of the batch before it makes none, so a retried submit
@@ -2318,7 +2334,9 @@ def _check_depth(
     cluster-wide by ``depth_lock``, and each counts after it holds the lock, in a
     statement of its own (which sees every submit committed before it), with the cap as
     it is then: two nodes cannot both fill the last room. A submit to a scope without a
-    cap takes no lock and counts nothing.
+    cap takes no lock and counts nothing. The scopes the batch passes by itself under the
+    caps as read are counted first: a full scope counted before one of them would answer
+    429, and the retry after the wait would learn that it never fits.
 
     ``known`` was read before the lock: a submit that waited for it may find that a key it
     counted as new was taken meanwhile by the submit it waited for. Before refusing, the
@@ -2338,7 +2356,10 @@ def _check_depth(
             fresh.add(key)
         for scope in (("queue", spec.queue), ("tenant", spec.tenant)):
             adding[scope] = adding.get(scope, 0) + 1
-    todo = sorted((scope, n) for scope in capped if (n := adding.get(scope, 0)))
+    todo = sorted(
+        ((scope, n) for scope, cap in capped.items() if (n := adding.get(scope, 0))),
+        key=lambda item: (item[1] <= capped[item[0]], item[0]),
+    )
     if not todo:
         return
     tx.fetch("depth_lock", keys=[str(k) for k in sorted({depth_key(*s) for s, _ in todo})])
@@ -2348,23 +2369,28 @@ def _check_depth(
         if cap is None:  # removed since the submit read it
             continue
         depth = int(found[0]["depth"])
-        if depth + n > cap:
-            if fresh and existing(fresh):
-                raise StaleWrite  # a key counted as new was taken while this waited
-            what = f"{kind} {name!r:.80}"
-            raise Backpressure(
-                Code.QUEUE_FULL if kind == "queue" else Code.TENANT_FULL,
-                f"{what} is full: it holds {depth}+ waiting tasks of its max_queued {cap}, "
-                f"and this submit adds {n}"
-                if n <= cap
-                else f"{what} has max_queued {cap}: a submit of {n} new tasks can never fit",
-                scope=name,
-                retry_after=(
-                    retry_after(n, rates.get(name), paused=name in paused)
-                    if kind == "queue"
-                    else retry_after(n, None)
-                ),
+        if depth + n <= cap:
+            continue
+        if fresh and existing(fresh):
+            raise StaleWrite  # a key counted as new was taken while this waited
+        what = f"{kind} {name!r:.80}"
+        if n > cap:
+            raise OrbitError(
+                Code.BATCH_EXCEEDS_CAP,
+                f"{what} has max_queued {cap}: this batch of {len(specs)} makes {n} new "
+                f"tasks in it, which can never fit; submit at most {cap} at a time",
             )
+        raise Backpressure(
+            Code.QUEUE_FULL if kind == "queue" else Code.TENANT_FULL,
+            f"{what} is full: it holds {depth}+ waiting tasks of its max_queued {cap}, "
+            f"and this submit adds {n}",
+            scope=name,
+            retry_after=(
+                retry_after(n, rates.get(name), paused=name in paused)
+                if kind == "queue"
+                else retry_after(n, None)
+            ),
+        )
 
 
 def _changes(fields: Sequence[str], before: Sequence[Any], after: Sequence[Any]) -> dict[str, Any]:
@@ -2380,9 +2406,10 @@ def _changes(fields: Sequence[str], before: Sequence[Any], after: Sequence[Any])
 
 
 def _limits_changed(tx: _Tx) -> None:
-    """A cap was set, raised or removed: like a freed permit, it can let a claim that a
-    cap held back find more, in any queue (dispatchers whose last claim was not held
-    back ignore it)."""
+    """A tenant's or the global cap changed: like a freed permit, a raised or removed one
+    can let a claim that a cap held back find more, in any queue (dispatchers whose last
+    claim was not held back ignore it). Called only on a change: the cap in force set
+    again lets no claim find more."""
     tx.freed.update(str(r["name"]) for r in tx.fetch("queue_all"))
 
 

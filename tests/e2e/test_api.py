@@ -586,6 +586,101 @@ def test_the_queue_token_and_attempt_lists_page_on_each_backend(
     assert reply.json() == {"items": [], "next_cursor": None}
 
 
+def test_the_tenant_limit_list_pages_on_each_backend(
+    admin: httpx.Client, node: Node, tokens: Tokens
+) -> None:
+    """``GET /v1/limits/tenants`` answered every tenant ever capped in one bare list. It
+    is a page now (``{items, next_cursor}``, keyset by name, as the queue list is): each
+    capped tenant on exactly one page in code-point order, one whose caps were removed on
+    none; the clients read one page, walk them from the start or a cursor, or return all."""
+    from orbit import AsyncClient, Client
+
+    names = ["b", "B", "a-1", "a", "a.1", "0", "gone"]
+    for i, name in enumerate(names):
+        body = {"max_concurrency": i + 1} if i % 2 else {"max_queued": i + 1}
+        assert admin.put(f"/v1/limits/tenants/{name}", json=body).status_code == 200
+    admin.put("/v1/limits/tenants/gone", json={"max_concurrency": None, "max_queued": None})
+    admin.put("/v1/limits/tenants/never", json={"max_concurrency": None})  # a row, no cap
+    every = ["0", "B", "a", "a-1", "a.1", "b"]
+    for size in (1, 2, 5, 6, 1000):
+        pages = _walk_pages(admin, "/v1/limits/tenants", size)
+        assert [t["tenant"] for p in pages for t in p] == every, size
+        assert all(len(p) == size for p in pages[:-1]), size
+    assert [len(p) for p in _walk_pages(admin, "/v1/limits/tenants", 3)] == [3, 3, 0]
+    first = admin.get("/v1/limits/tenants", params={"limit": 1}).json()
+    assert first == {
+        "items": [{"tenant": "0", "max_concurrency": 6, "max_queued": None}],
+        "next_cursor": encode_cursor("0"),
+    }
+    assert admin.get("/v1/limits/tenants").json()["next_cursor"] is None  # 100 by default
+    with Client(node.http, tokens.admin) as c:
+        assert [t["tenant"] for t in c.tenant_limits()] == every
+        one = c.list_tenant_limits(limit=2)
+        assert [t["tenant"] for t in one["items"]] == every[:2] and one["next_cursor"]
+        assert [t["tenant"] for t in c.iter_tenant_limits(limit=4)] == every
+        resumed = c.iter_tenant_limits(limit=1, cursor=one["next_cursor"])
+        assert [t["tenant"] for t in resumed] == every[2:]
+
+    async def walk_async() -> tuple[list[str], list[str], list[str]]:
+        async with AsyncClient(node.http, tokens.admin) as c:
+            whole = [t["tenant"] for t in await c.tenant_limits()]
+            page = await c.list_tenant_limits(limit=1)
+            cursor = page["next_cursor"]
+            rest = [t["tenant"] async for t in c.iter_tenant_limits(limit=2, cursor=cursor)]
+            return whole, [t["tenant"] for t in page["items"]], rest
+
+    assert asyncio.run(walk_async()) == (every, every[:1], every[1:])
+
+
+def test_a_bad_tenant_limit_page_request_is_refused(
+    admin: httpx.Client, node: Node, tokens: Tokens
+) -> None:
+    """A cursor that is not a tenant name (which would read as a place in the list: '' its
+    start, '~' its end), an empty one, a limit out of 1-1,000 or not in plain digits, and
+    a parameter given twice are each refused with 400 naming it, from the route and both
+    clients, and change nothing."""
+    from orbit import AsyncClient, Client
+    from orbit.client import BadRequest
+
+    admin.put("/v1/limits/tenants/acme", json={"max_queued": 5})
+    path = "/v1/limits/tenants"
+    cursors = ["~", "-a", "a b", "a\n", "é", "a" * 129, "café"]
+    for bad in [encode_cursor(c) for c in cursors] + ["%%%", "!!", "YQ=x", ""]:
+        reply = admin.get(path, params={"cursor": bad})
+        assert reply.status_code == 400, (bad, reply.text)
+        error = reply.json()["error"]
+        assert (error["code"], error["field"]) == ("INVALID_CURSOR", "cursor"), bad
+    for limit in ("0", "1001", "-1", "1.0", "+1", "1_0", "x", ""):
+        reply = admin.get(path, params={"limit": limit})
+        assert reply.status_code == 400, (limit, reply.text)
+        error = reply.json()["error"]
+        assert (error["code"], error["field"]) == ("INVALID_ARGUMENT", "limit"), limit
+    for twice in ("limit=1&limit=2", "cursor=YQ&cursor=Yg"):
+        reply = admin.get(f"{path}?{twice}")
+        assert reply.status_code == 400, (twice, reply.text)
+        assert reply.json()["error"]["message"].endswith("give it once"), twice
+    with Client(node.http, tokens.admin) as c:
+        for call in (
+            lambda: c.list_tenant_limits(cursor=""),
+            lambda: c.list_tenant_limits(cursor=encode_cursor("~")),
+            lambda: c.list_tenant_limits(limit=0),
+        ):
+            with pytest.raises(BadRequest):
+                call()
+
+    async def refused_async() -> str:
+        async with AsyncClient(node.http, tokens.admin) as c:
+            with pytest.raises(BadRequest) as refused:
+                await c.list_tenant_limits(cursor="")
+            return refused.value.code
+
+    assert asyncio.run(refused_async()) == "INVALID_CURSOR"
+    assert admin.get(path).json() == {
+        "items": [{"tenant": "acme", "max_concurrency": None, "max_queued": 5}],
+        "next_cursor": None,
+    }
+
+
 def test_task_list_refuses_an_unknown_state(admin: httpx.Client) -> None:
     admin.post("/v1/queues", json={"name": "q", "max_concurrency": 2, "rate": 0})
     admin.post("/v1/tasks", json={"queue": "q", "handler": "h"})

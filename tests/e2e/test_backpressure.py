@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from orbit import AsyncClient, Client
-from orbit.client import TooManyRequests
+from orbit.client import TooLarge, TooManyRequests
 from tests.e2e.servers import Node, Tokens
 
 
@@ -68,7 +68,7 @@ def test_a_full_queue_and_tenant_answer_429_and_write_nothing(
     assert put.json() == {"tenant": "acme", "max_concurrency": None, "max_queued": 1}
     put = admin.put("/v1/limits/tenants/acme", json={"max_concurrency": 5})
     assert put.json() == {"tenant": "acme", "max_concurrency": 5, "max_queued": 1}
-    assert admin.get("/v1/limits/tenants").json() == [put.json()]
+    assert admin.get("/v1/limits/tenants").json() == {"items": [put.json()], "next_cursor": None}
     assert admin.post("/v1/tasks", json=_task(tenant="acme")).status_code == 201
     tenant_full = admin.post("/v1/tasks", json=_task(tenant="acme"))
     assert tenant_full.status_code == 429 and tenant_full.headers["Retry-After"] == "1"
@@ -92,6 +92,43 @@ def test_a_full_queue_and_tenant_answer_429_and_write_nothing(
     assert asyncio.run(async_submit()).retry_after == 1.0
 
 
+def test_a_batch_that_can_never_fit_is_413_without_retry_after(
+    admin: httpx.Client, node: Node, tokens: Tokens
+) -> None:
+    """A batch making more new tasks than a cap was a 429 with Retry-After, which the
+    clients' users wait out and resend, for ever: no wait makes it fit. It is 413
+    BATCH_EXCEEDS_CAP, with no Retry-After, nothing written, not counted as backpressure;
+    the clients raise TooLarge, not TooManyRequests."""
+    admin.post("/v1/queues", json={"name": "bp", "max_concurrency": 1, "rate": 0, "max_queued": 2})
+    before = (_tasks(admin), _events(admin))
+    reply = admin.post("/v1/tasks/batch", json={"tasks": [_task() for _ in range(3)]})
+    assert reply.status_code == 413, reply.text
+    assert "Retry-After" not in reply.headers
+    error = reply.json()["error"]
+    assert error["code"] == "BATCH_EXCEEDS_CAP"
+    assert "max_queued 2" in error["message"] and "3 new tasks" in error["message"]
+    assert (_tasks(admin), _events(admin)) == before
+    assert _refused(node) == {"queue_full": 0, "tenant_full": 0}
+
+    with Client(node.http, tokens.submit) as client:
+        with pytest.raises(TooLarge) as refused:
+            client.submit_many([_task() for _ in range(3)], reply="ids")
+        assert (refused.value.status, refused.value.code) == (413, "BATCH_EXCEEDS_CAP")
+
+    async def async_submit() -> TooLarge:
+        async with AsyncClient(node.http, tokens.submit) as client:
+            try:
+                await client.submit_many([_task() for _ in range(3)])
+            except TooLarge as exc:
+                return exc
+        raise AssertionError("not refused")
+
+    assert asyncio.run(async_submit()).code == "BATCH_EXCEEDS_CAP"
+    assert (_tasks(admin), _events(admin)) == before
+    ok = admin.post("/v1/tasks/batch", json={"tasks": [_task(), _task()]})
+    assert ok.status_code == 201  # the cap's worth fits
+
+
 #: every max_queued the API refuses: out of range, not an integer
 BAD_CAPS: list[Any] = [0, -1, 1_000_000_001, True, 2.5, "3", {}]
 
@@ -112,7 +149,7 @@ def test_every_bad_max_queued_is_refused_with_400(admin: httpx.Client) -> None:
             assert reply.json()["error"]["field"] == "max_queued", (bad, reply.text)
     assert [q["name"] for q in admin.get("/v1/queues").json()["items"]] == ["bp"]
     assert admin.get("/v1/queues").json()["items"][0]["max_queued"] is None
-    assert admin.get("/v1/limits/tenants").json() == []
+    assert admin.get("/v1/limits/tenants").json() == {"items": [], "next_cursor": None}
     empty = admin.put("/v1/limits/tenants/acme", json={})
     assert empty.status_code == 400 and empty.json()["error"]["code"] == "MISSING_FIELD"
 
@@ -132,15 +169,19 @@ def _refused(node: Node) -> dict[str, float]:
 
 
 def test_refused_submits_are_counted_by_reason(admin: httpx.Client, node: Node) -> None:
-    """Each 429 counts once, a batch as one refusal; an accepted submit counts nothing.
-    Both series are there, at 0, before any refusal."""
+    """Each 429 counts once, a batch as one refusal; an accepted submit counts nothing,
+    nor does a batch that can never fit (413). Both series are there, at 0, before any
+    refusal."""
     assert _refused(node) == {"queue_full": 0, "tenant_full": 0}
-    admin.post("/v1/queues", json={"name": "bp", "max_concurrency": 1, "rate": 0, "max_queued": 1})
+    admin.post("/v1/queues", json={"name": "bp", "max_concurrency": 1, "rate": 0, "max_queued": 2})
     admin.put("/v1/limits/tenants/acme", json={"max_queued": 1})
     assert admin.post("/v1/tasks", json=_task(tenant="acme")).status_code == 201
+    assert admin.post("/v1/tasks", json=_task()).status_code == 201
     assert admin.post("/v1/tasks", json=_task()).status_code == 429
     batch = admin.post("/v1/tasks/batch", json={"tasks": [_task(), _task()]})
     assert batch.status_code == 429
+    never = admin.post("/v1/tasks/batch", json={"tasks": [_task(), _task(), _task()]})
+    assert never.status_code == 413
     admin.patch("/v1/queues/bp", json={"max_queued": None})
     assert admin.post("/v1/tasks", json=_task(tenant="acme")).status_code == 429
     assert admin.post("/v1/tasks", json=_task()).status_code == 201

@@ -1349,6 +1349,7 @@ def test_an_empty_cursor_is_refused_by_the_routes_and_the_clients(
         "/v1/queues",
         "/v1/tokens",
         f"/v1/tasks/{task_id}/attempts",
+        "/v1/limits/tenants",
     )
     for path in paths:
         reply = api.get(path, params={"cursor": ""})
@@ -1363,6 +1364,7 @@ def test_an_empty_cursor_is_refused_by_the_routes_and_the_clients(
             lambda: c.list_queues(cursor=""),
             lambda: c.list_tokens(cursor=""),
             lambda: c.list_attempts(task_id, cursor=""),
+            lambda: c.list_tenant_limits(cursor=""),
         ):
             with pytest.raises(BadRequest) as refused:
                 call()
@@ -1379,13 +1381,14 @@ def test_an_empty_cursor_is_refused_by_the_routes_and_the_clients(
                 lambda: c.list_queues(cursor=""),
                 lambda: c.list_tokens(cursor=""),
                 lambda: c.list_attempts(task_id, cursor=""),
+                lambda: c.list_tenant_limits(cursor=""),
             ):
                 with pytest.raises(BadRequest) as refused:
                     await call()
                 codes.append(refused.value.code)
         return codes
 
-    assert asyncio.run(refused_async()) == ["INVALID_CURSOR"] * 7
+    assert asyncio.run(refused_async()) == ["INVALID_CURSOR"] * 8
 
 
 def test_the_worker_list_is_paged_and_the_clients_and_cli_walk_it(

@@ -3,8 +3,9 @@
 
 A submit that would leave a capped scope with more waiting tasks (queued or scheduled)
 than its cap is refused whole, QUEUE_FULL or TENANT_FULL, and writes nothing: no task, no
-event. An idempotent resubmit adds nothing and is never refused. Two nodes submitting at
-once on PostgreSQL never pass a cap together."""
+event. A batch making more new tasks in a scope than its cap is BATCH_EXCEEDS_CAP: it can
+never fit, so it is not answered as a wait. An idempotent resubmit adds nothing and is
+never refused. Two nodes submitting at once on PostgreSQL never pass a cap together."""
 
 from __future__ import annotations
 
@@ -70,38 +71,113 @@ def test_a_batch_crossing_the_cap_is_refused_whole(store: Store) -> None:
     assert store.task_counts() == {"queued": 5}
 
 
-def test_a_batch_larger_than_the_cap_can_never_fit(store: Store) -> None:
+def _never_fits(store: Store, specs: Any) -> OrbitError:
+    """The refusal of a batch that can never fit; it must have written nothing."""
+    before = _counts(store)
+    with pytest.raises(OrbitError) as refused:
+        if isinstance(specs, UsualBatch):
+            store.task_submit_rendered(specs, lambda done: done)
+        else:
+            store.task_submit_many(specs)
+    assert _counts(store) == before
+    return refused.value
+
+
+def test_a_batch_larger_than_the_cap_is_refused_for_good(store: Store) -> None:
+    """More new tasks than the cap can never fit, however long the submitter waits: it is
+    BATCH_EXCEEDS_CAP (413), which no client retries, not QUEUE_FULL (429) with a
+    Retry-After, which a well-behaved client retries for ever. Empty queue or not."""
     _capped(store, 2)
-    with pytest.raises(Backpressure, match="can never fit"):
-        store.task_submit_many([_spec() for _ in range(3)])
-    assert _counts(store) == (0, 1)  # the queue.created event only
+    refused = _never_fits(store, [_spec() for _ in range(3)])
+    assert not isinstance(refused, Backpressure)
+    assert refused.code == Code.BATCH_EXCEEDS_CAP and refused.status == 413
+    assert "queue 'q' has max_queued 2" in refused.message
+    assert "3 new tasks" in refused.message and "batch of 3" in refused.message
+    store.task_submit_many([_spec(), _spec()])  # a batch of the cap fits
+    assert _counts(store) == (2, 3)  # the queue.created and two submitted events
+    # full now, and still the answer that no wait helps
+    assert _never_fits(store, [_spec() for _ in range(3)]).code == Code.BATCH_EXCEEDS_CAP
+
+
+def test_a_batch_past_a_tenant_cap_across_queues_is_refused_for_good(store: Store) -> None:
+    """A tenant's count is its new tasks in every queue of the batch; a queue's, its own
+    (of every tenant): a batch spread over two queues can fit each of them."""
+    queue(store, "a")
+    queue(store, "b")
+    store.tenant_limit_set("acme", max_queued=3)
+    specs = [_spec("a", tenant="acme"), _spec("b", tenant="acme")] * 2
+    refused = _never_fits(store, specs)
+    assert refused.code == Code.BATCH_EXCEEDS_CAP and "tenant 'acme'" in refused.message
+    assert "4 new tasks" in refused.message
+    store.tenant_limit_set("acme", max_queued=None)
+    store.queue_update("a", max_queued=2)
+    store.queue_update("b", max_queued=2)
+    assert len(store.task_submit_many(specs)) == 4  # two in each queue: each cap holds
+
+
+def test_tasks_already_made_do_not_count_toward_a_batch_past_the_cap(store: Store) -> None:
+    """Only the tasks a batch makes are weighed: a batch of more than the cap whose keys
+    name tasks already made (or repeat in it) is an idempotent retry, answered with them or
+    refused as full (a wait can help), never told it cannot fit."""
+    _capped(store, 3)
+    for k in ("k1", "k2"):
+        store.task_submit(_spec(idempotency_key=k))
+    keyed = [_spec(idempotency_key=k) for k in ("k1", "k2", "k3", "k3")]
+    assert [m.created for m in store.task_submit_many(keyed)] == [False, False, True, False]
+    before = _counts(store)
+    with pytest.raises(Backpressure) as full:  # one new task, at a full queue
+        store.task_submit_many([_spec(idempotency_key=k) for k in ("k1", "k2", "k3", "k4")])
+    assert full.value.code == Code.QUEUE_FULL and _counts(store) == before
+    again = [_spec(idempotency_key=k) for k in ("k1", "k5", "k6", "k7", "k8")]
+    refused = _never_fits(store, again)  # four new tasks: more than the cap
+    assert refused.code == Code.BATCH_EXCEEDS_CAP and "4 new tasks" in refused.message
+
+
+def test_a_batch_that_can_never_fit_is_told_so_at_a_full_queue(store: Store) -> None:
+    """The queue is full (a wait can help) and the batch passes the tenant's cap (no wait
+    can): the answer is the one no wait helps, whichever scope is counted first, or the
+    client would wait for room, be told the batch never fits, and have waited for
+    nothing."""
+    _capped(store, 3)
+    for _ in range(3):
+        submit(store)
+    store.tenant_limit_set("acme", max_queued=2)
+    refused = _never_fits(store, [_spec(tenant="acme") for _ in range(3)])
+    assert refused.code == Code.BATCH_EXCEEDS_CAP and "tenant 'acme'" in refused.message
 
 
 def test_a_streamed_batch_is_counted_whole(store: Store) -> None:
     """A batch past SUBMIT_CHUNK goes in chunks: the cap is weighed before the first."""
-    _capped(store, store_module.SUBMIT_CHUNK + 10)
+    cap = store_module.SUBMIT_CHUNK + 10
+    _capped(store, cap)
+    refused = _never_fits(store, [_spec() for _ in range(cap + 1)])
+    assert refused.code == Code.BATCH_EXCEEDS_CAP
+    submit(store)
     before = _counts(store)
-    with pytest.raises(Backpressure):
-        store.task_submit_many([_spec() for _ in range(store_module.SUBMIT_CHUNK + 11)])
+    with pytest.raises(Backpressure):  # one waits: the cap's worth passes it by one
+        store.task_submit_many([_spec() for _ in range(cap)])
     assert _counts(store) == before
-    store.task_submit_many([_spec() for _ in range(store_module.SUBMIT_CHUNK + 10)])
+    store.task_submit_many([_spec() for _ in range(cap - 1)])
 
 
 def test_a_batch_read_a_chunk_at_a_time_is_weighed_whole(store: Store) -> None:
     """The HTTP reader's batch (``UsualBatch``) over SUBMIT_CHUNK: its tenants are known
     before the transaction, and its tasks are read whole for the count."""
     store.queue_create("q", max_concurrency=10, rate=0)
-    store.tenant_limit_set("acme", max_queued=300)
     n = store_module.SUBMIT_CHUNK + 51
+    store.tenant_limit_set("acme", max_queued=n - 1)
     raw = {"tasks": [{"queue": "q", "handler": "h", "tenant": "acme"} for _ in range(n)]}
     batch = UsualBatch.of(raw)
     assert batch is not None and batch.tenants == {"acme"}
+    assert _never_fits(store, batch).code == Code.BATCH_EXCEEDS_CAP
+    store.tenant_limit_set("acme", max_queued=n)
+    submit(store, tenant="acme")
     before = _counts(store)
     with pytest.raises(Backpressure) as refused:
         store.task_submit_rendered(batch, lambda done: done)
     assert refused.value.code == Code.TENANT_FULL
     assert _counts(store) == before
-    store.tenant_limit_set("acme", max_queued=n)
+    store.tenant_limit_set("acme", max_queued=n + 1)
     assert len(store.task_submit_rendered(batch, lambda done: done)) == n
 
 

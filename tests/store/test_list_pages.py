@@ -1,7 +1,8 @@
-"""The queue, token and attempt lists, a page at a time (``GET /v1/queues``,
-``GET /v1/tokens``, ``GET /v1/tasks/{id}/attempts``): keyset pages that hold each row
-exactly once, a bounded limit, and a read of the key's index from the cursor on rather
-than a walk of every row from the start."""
+"""The queue, token, attempt and tenant limit lists, a page at a time (``GET
+/v1/queues``, ``GET /v1/tokens``, ``GET /v1/tasks/{id}/attempts``, ``GET
+/v1/limits/tenants``): keyset pages that hold each row exactly once, a bounded limit, and
+a read of the key's index from the cursor on rather than a walk of every row from the
+start."""
 
 from __future__ import annotations
 
@@ -104,6 +105,31 @@ def test_the_attempt_list_pages_by_number(store: Store) -> None:
     assert store.attempt_list("01a229a4-0000-7000-8000-000000000000", limit=5) == []
 
 
+def test_the_tenant_limit_list_pages_by_name(store: Store) -> None:
+    """``GET /v1/limits/tenants`` answered every tenant with a cap in one bare list: the
+    store reads them a page at a time, in name order after a name, each on exactly one
+    page, with either cap; a tenant whose caps were all removed (its row stays) on none."""
+    names = ["b", "a.1", "A", "z", "a", "m:n", "a-2", "0"]
+    for i, name in enumerate(names):
+        if i % 2:
+            store.tenant_limit_set(name, i + 1)
+        else:
+            store.tenant_limit_set(name, max_queued=i + 1)
+    store.tenant_limit_set("gone", 3, max_queued=4)
+    store.tenant_limit_set("gone", None, max_queued=None)
+    every = list(store.tenant_limits())
+    assert every == sorted(names)  # code-point order on both backends
+    for size in (1, 2, 3, 8, 1000):
+        pages = _walk(
+            lambda a, n: list(store.tenant_limits(after_name=a, limit=n)), lambda t: t, size
+        )
+        assert [n for p in pages for n in p] == every, size
+        assert all(len(p) == size for p in pages[:-1])
+    assert list(store.tenant_limits(after_name="a", limit=2)) == ["a-2", "a.1"]
+    assert store.tenant_limits(after_name="z") == {}
+    assert store.tenant_limits(after_name="b") == {"m:n": (6, None), "z": (4, None)}
+
+
 @pytest.mark.parametrize("limit", [0, -1, 1001])
 def test_a_page_limit_out_of_range_is_refused(store: Store, limit: int) -> None:
     queue(store)
@@ -112,6 +138,7 @@ def test_a_page_limit_out_of_range_is_refused(store: Store, limit: int) -> None:
         lambda: store.queue_list(limit=limit),
         lambda: store.token_list(limit=limit),
         lambda: store.attempt_list(task_id, limit=limit),
+        lambda: store.tenant_limits(limit=limit),
     ):
         with pytest.raises(OrbitError) as refused:
             read()
@@ -161,6 +188,11 @@ def _plan(store: Store, query: str, params: dict[str, Any]) -> str:
             "token_list",
             {"after_id": "0" * 32, "limit": 100},
             ("orbit_tokens_pkey", "autoindex_orbit_tokens_1"),
+        ),
+        (
+            "tenant_limits",
+            {"after_name": "t", "limit": 100},
+            ("orbit_tenants_pkey", "autoindex_orbit_tenants_1"),
         ),
         (
             "attempt_list",

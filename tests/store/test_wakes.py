@@ -121,8 +121,30 @@ def test_changing_a_limit_counts_as_freeing_permits_in_every_queue(store: Store)
     queue(store, name="b")
     store.on_freed = lambda queues: calls.append(set(queues))
     store.tenant_limit_set("t1", 5)
+    store.global_limit_set(7)
     store.global_limit_set(None)
-    assert calls == [{"a", "b"}, {"a", "b"}]
+    assert calls == [{"a", "b"}, {"a", "b"}, {"a", "b"}]
+
+
+def test_setting_the_limit_in_force_wakes_nobody(store: Store) -> None:
+    """A wake tells the dispatchers whose last claim a cap held back that a claim may now
+    find more. Setting the caps in force changes nothing a claim weighs (and a claim in
+    flight has committed first: both take the claim lock), so it would find what it
+    found: a tenant's cap woke nobody then, but the global cap woke every queue, a round
+    of claims on every node for each held-back worker."""
+    calls: list[set[str]] = []
+    queue(store, name="a")
+    store.on_freed = lambda queues: calls.append(set(queues))
+    store.global_limit_set(None)  # no cap, as a new database has
+    store.tenant_limit_set("t1", None)
+    assert calls == []
+    store.tenant_limit_set("t1", 5)
+    store.global_limit_set(7)
+    calls.clear()
+    store.tenant_limit_set("t1", 5)
+    store.tenant_limit_set("t1", max_queued=3)  # a cap no claim weighs
+    store.global_limit_set(7)
+    assert calls == []
 
 
 def test_a_retry_readies_the_task_rather_than_only_freeing(store: Store) -> None:

@@ -405,6 +405,28 @@ def test_iterations_resume_from_a_cursor(server: _Server) -> None:
     assert asyncio.run(main()) == [[1, 2], [2], [1, 2], [0, 1, 2]]
 
 
+def test_the_tenant_limits_are_walked_by_page(server: _Server) -> None:
+    """``GET /v1/limits/tenants`` is a page: ``tenant_limits()`` walks every page of the
+    most a page holds, ``iter_tenant_limits`` from a cursor, ``list_tenant_limits`` one."""
+    with Client(_url(server), "t0ken") as c:
+        assert [t["page"] for t in c.tenant_limits()] == [0, 1, 2]
+        assert [t["page"] for t in c.iter_tenant_limits(cursor="c1", limit=7)] == [1, 2]
+        assert c.list_tenant_limits(cursor="c2")["next_cursor"] is None
+    paths = [seen["path"] for seen in server.seen]
+    assert paths[0] == "/v1/limits/tenants?limit=1000"
+    assert paths[3:] == [
+        "/v1/limits/tenants?limit=7&cursor=c1",
+        "/v1/limits/tenants?limit=7&cursor=c2",
+        "/v1/limits/tenants?limit=100&cursor=c2",
+    ]
+
+    async def main() -> list[int]:
+        async with AsyncClient(_url(server), "t0ken") as c:
+            return [t["page"] for t in await c.tenant_limits()]
+
+    assert asyncio.run(main()) == [0, 1, 2]
+
+
 # --------------------------------------------------------------------------- TaskFailed
 
 

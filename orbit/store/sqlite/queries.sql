@@ -97,9 +97,13 @@ ON CONFLICT (name) DO UPDATE
 SET max_concurrency = excluded.max_concurrency, max_queued = excluded.max_queued;
 
 -- name: tenant_limits
--- Every tenant with a cap of either kind (a tenant left out has neither).
+-- A page of the tenants with a cap of either kind (a tenant left out has neither), in
+-- name order after :after_name ('' for the first page), a range of the primary key as
+-- queue_list's is. A tenant whose caps were removed keeps its row and is skipped. A NULL
+-- limit is every row (SQLite refuses LIMIT NULL, and reads a negative one as no limit).
 SELECT name, max_concurrency, max_queued FROM orbit_tenants
-WHERE max_concurrency IS NOT NULL OR max_queued IS NOT NULL;
+WHERE name > :after_name AND (max_concurrency IS NOT NULL OR max_queued IS NOT NULL)
+ORDER BY name LIMIT coalesce(:limit, -1);
 
 -- name: tenant_queued_caps
 -- The caps on waiting tasks of these tenants, where set: read by every submit with its
