@@ -57,25 +57,31 @@ class Subscription(Following):
         """The ``(cursor, event)`` of an event frame; None for any other (a keep-alive,
         the end of a task stream, which sets ``ended``, or a type this client does not
         know). Any frame says the server is back (``heard``). A frame that is no JSON
-        object is an ApiError, NOT_EVENT_STREAM: no Orbit server sends one."""
+        object, or an event frame without a cursor (a non-empty string) and an event (an
+        object), is an ApiError, NOT_EVENT_STREAM: no Orbit server sends one."""
         try:
             msg = parse_json(data)
         except ValueError:
             msg = None
         if not isinstance(msg, dict):
-            raise ApiError(
-                101,
-                "NOT_EVENT_STREAM",
-                "a frame is not a JSON object: is the URL an Orbit server's?",
-            )
-        self.heard()
+            raise _not_ours("a frame is not a JSON object")
         kind = msg.get("type")
         if kind == "event":
-            self.cursor = str(msg["cursor"])
-            return self.cursor, dict(msg["event"])
+            cursor, event = msg.get("cursor"), msg.get("event")
+            if not isinstance(cursor, str) or not cursor or not isinstance(event, dict):
+                raise _not_ours("an event frame lacks its cursor or its event")
+            self.heard()
+            self.cursor = cursor
+            return cursor, event
+        self.heard()
         if kind == END:
             self.ended = True
         return None
+
+
+def _not_ours(what: str) -> ApiError:
+    """The refusal of a frame no Orbit server sends (it names no byte of the frame)."""
+    return ApiError(101, "NOT_EVENT_STREAM", f"{what}: is the URL an Orbit server's?")
 
 
 def closed(exc: ConnectionClosed, where: str) -> Unreachable:

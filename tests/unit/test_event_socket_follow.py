@@ -38,12 +38,30 @@ def test_frames_give_events_with_their_cursors_and_the_end() -> None:
     assert following.ended and following.cursor == "c1"
 
 
-@pytest.mark.parametrize("frame", ["<html>", "[1]", '"event"', ""])
-def test_a_frame_that_is_no_json_object_is_not_an_orbit_servers(frame: str) -> None:
+@pytest.mark.parametrize(
+    "frame",
+    [
+        "<html>",
+        "[1]",
+        '"event"',
+        "",
+        # an event frame without its cursor or its event, or with one of the wrong type:
+        # it raised a bare KeyError or TypeError out of the follow, or took "None" for
+        # the cursor to resume from
+        '{"type": "event", "event": {}}',
+        '{"type": "event", "cursor": "c1"}',
+        '{"type": "event", "cursor": null, "event": {}}',
+        '{"type": "event", "cursor": 7, "event": {}}',
+        '{"type": "event", "cursor": "c1", "event": 5}',
+        '{"type": "event", "cursor": "c1", "event": [1]}',
+    ],
+)
+def test_a_frame_no_orbit_server_sends_is_refused(frame: str) -> None:
     following = Subscription(None, None, outage=5)
     with pytest.raises(ApiError) as refused:
         following.frame(frame)
     assert refused.value.code == "NOT_EVENT_STREAM"
+    assert following.cursor is None  # nothing taken from it
     with pytest.raises(ApiError):  # and the follow raises it, as any refusal
         following.broke(refused.value)
 
