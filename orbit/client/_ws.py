@@ -5,7 +5,8 @@ carriers share.
 
 The token goes in the upgrade's ``Authorization`` header, never in the URL. Redirects
 are websockets' own: followed to the same origin with the token, elsewhere without it
-(the server there then refuses the upgrade, 401), never from ``wss`` to ``ws``.
+(the server there then refuses the upgrade, 401), never from ``wss`` to ``ws``; one
+not followed (that, or to an ``https://`` page) is REDIRECT, as an HTTP call's.
 """
 
 from __future__ import annotations

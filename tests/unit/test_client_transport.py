@@ -591,3 +591,37 @@ def test_a_200_labelled_an_event_stream_that_holds_no_sse_is_an_api_error_at_onc
             check(caught)
 
     asyncio.run(main())
+
+
+def test_an_upgrade_redirected_to_a_page_is_a_redirect_error_at_once(server: _Server) -> None:
+    """A proxy in front that answers the event stream's upgrade with a redirect to an
+    ``https://`` page (a login, the same server under TLS): websockets follows only a
+    ``ws(s)://`` one, and raised its own ``InvalidURI`` out of ``subscribe``, no
+    ``ApiError``. It is the REDIRECT an HTTP call meets there, naming where, raised
+    after the one request, the token sent nowhere else."""
+    from orbit.client import ApiError, AsyncClient
+
+    moved = "https://orbit.example/v1/events/ws"
+
+    def check(caught: pytest.ExceptionInfo[ApiError]) -> None:
+        assert (caught.value.status, caught.value.code) == (308, "REDIRECT")
+        assert f"redirects to {moved}" in str(caught.value)
+        assert [seen["path"] for seen in server.seen] == ["/moved/v1/events/ws"]
+        server.seen.clear()
+
+    with Client(_url(server, "/moved"), token="t0ken") as c:
+        with pytest.raises(ApiError) as caught:
+            next(c.subscribe(outage=5))
+        check(caught)
+
+    async def main() -> None:
+        async with AsyncClient(_url(server, "/moved"), token="t0ken") as c:
+            stream = c.subscribe(outage=5)
+            try:
+                with pytest.raises(ApiError) as caught:
+                    await anext(stream)
+            finally:
+                await stream.aclose()
+            check(caught)
+
+    asyncio.run(main())
