@@ -75,3 +75,22 @@ def test_a_refused_upgrade_closes_with_a_code_for_its_status() -> None:
         1013,
         1011,
     ]
+
+
+def test_a_redirect_from_wss_to_ws_is_the_redirect_it_met() -> None:
+    """websockets refuses to follow a redirect from ``wss`` to ``ws`` with a SecurityError
+    raised from the 308 it met: ``subscribe`` raises that redirect (REDIRECT, naming
+    where), as an HTTP call's, not Unreachable, which it would retry until ``outage``."""
+    from websockets.datastructures import Headers
+    from websockets.exceptions import InvalidStatus, SecurityError
+    from websockets.http11 import Response
+
+    from orbit.client._client import _upgrade_failed
+
+    plain = "ws://plain.example/v1/events/ws"
+    met = InvalidStatus(Response(308, "Permanent Redirect", Headers({"Location": plain}), b""))
+    refused = SecurityError(f"cannot follow redirect to non-secure URI {plain}")
+    refused.__cause__ = met
+    error = _upgrade_failed(refused, "wss://orbit.example", 5.0)
+    assert isinstance(error, ApiError)
+    assert (error.status, error.code) == (308, "REDIRECT") and plain in str(error)
