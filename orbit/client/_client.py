@@ -16,7 +16,7 @@ from urllib.parse import SplitResult
 
 import httpx
 from websockets.asyncio.client import connect as ws_open_async
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 from websockets.sync.client import connect as ws_open
 
 from orbit.client._errors import ApiError, TaskFailed, WaitTimeout, error_from
@@ -465,7 +465,12 @@ def _upgrade_failed(exc: Exception, where: str, timeout: float) -> Unreachable |
     refusal, raised as an HTTP call's (a bad cursor 400, a token refused 401 or 403, an
     unknown task 404, a node at its cap 503, a redirect websockets would not follow); a
     2xx that is no upgrade (NOT_EVENT_STREAM: no Orbit server's answer); anything else
-    (refused, reset, timed out, a handshake cut off by a restart) Unreachable."""
+    (refused, reset, timed out, a handshake cut off by a restart) Unreachable. A redirect
+    websockets refused to follow (to an ``https://`` page, InvalidURI; from ``wss`` to
+    ``ws``, SecurityError) is the redirect it met: REDIRECT, as an HTTP call's."""
+    met = exc.__cause__ or exc.__context__
+    if not isinstance(exc, InvalidStatus) and isinstance(met, InvalidStatus):
+        exc = met
     if isinstance(exc, InvalidStatus):
         status = exc.response.status_code
         if status < 300:
@@ -832,7 +837,7 @@ class Client:
             try:
                 try:
                     conn = ws_open(following.url(self._socket_base), **self._socket)
-                except (OSError, InvalidHandshake) as exc:  # TimeoutError is an OSError
+                except (OSError, InvalidHandshake, InvalidURI) as exc:  # TimeoutError is an OSError
                     raise _upgrade_failed(exc, self._where, self._timeout) from exc
                 with conn:
                     while True:
@@ -1236,7 +1241,7 @@ class AsyncClient:
             try:
                 try:
                     conn = await ws_open_async(following.url(self._socket_base), **self._socket)
-                except (OSError, InvalidHandshake) as exc:
+                except (OSError, InvalidHandshake, InvalidURI) as exc:
                     raise _upgrade_failed(exc, self._where, self._timeout) from exc
                 async with conn:
                     while True:

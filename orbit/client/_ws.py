@@ -5,7 +5,8 @@ carriers share.
 
 The token goes in the upgrade's ``Authorization`` header, never in the URL. Redirects
 are websockets' own: followed to the same origin with the token, elsewhere without it
-(the server there then refuses the upgrade, 401), never from ``wss`` to ``ws``.
+(the server there then refuses the upgrade, 401), never from ``wss`` to ``ws``; one
+not followed (that, or to an ``https://`` page) is REDIRECT, as an HTTP call's.
 """
 
 from __future__ import annotations
@@ -57,25 +58,31 @@ class Subscription(Following):
         """The ``(cursor, event)`` of an event frame; None for any other (a keep-alive,
         the end of a task stream, which sets ``ended``, or a type this client does not
         know). Any frame says the server is back (``heard``). A frame that is no JSON
-        object is an ApiError, NOT_EVENT_STREAM: no Orbit server sends one."""
+        object, or an event frame without a cursor (a non-empty string) and an event (an
+        object), is an ApiError, NOT_EVENT_STREAM: no Orbit server sends one."""
         try:
             msg = parse_json(data)
         except ValueError:
             msg = None
         if not isinstance(msg, dict):
-            raise ApiError(
-                101,
-                "NOT_EVENT_STREAM",
-                "a frame is not a JSON object: is the URL an Orbit server's?",
-            )
-        self.heard()
+            raise _not_ours("a frame is not a JSON object")
         kind = msg.get("type")
         if kind == "event":
-            self.cursor = str(msg["cursor"])
-            return self.cursor, dict(msg["event"])
+            cursor, event = msg.get("cursor"), msg.get("event")
+            if not isinstance(cursor, str) or not cursor or not isinstance(event, dict):
+                raise _not_ours("an event frame lacks its cursor or its event")
+            self.heard()
+            self.cursor = cursor
+            return cursor, event
+        self.heard()
         if kind == END:
             self.ended = True
         return None
+
+
+def _not_ours(what: str) -> ApiError:
+    """The refusal of a frame no Orbit server sends (it names no byte of the frame)."""
+    return ApiError(101, "NOT_EVENT_STREAM", f"{what}: is the URL an Orbit server's?")
 
 
 def closed(exc: ConnectionClosed, where: str) -> Unreachable:

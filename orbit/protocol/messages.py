@@ -105,7 +105,8 @@ class Response(BaseModel):
 MaxQueued = Annotated[int, Field(ge=1, le=MAX_QUEUED_CAP)]
 MAX_QUEUED_DOC = (
     "the most waiting (queued or scheduled) tasks a submit may leave; a submit past it "
-    "is refused whole with 429 (QUEUE_FULL, TENANT_FULL); null: no cap"
+    "is refused whole with 429 (QUEUE_FULL, TENANT_FULL), or with 413 (BATCH_EXCEEDS_CAP) "
+    "if it makes more new tasks in the queue or tenant than the cap itself; null: no cap"
 )
 
 

@@ -212,9 +212,11 @@ class Tail:
                 if time.monotonic() - quiet_since >= self.streams.keepalive_s:
                     yield KeepAlive()
                     quiet_since = time.monotonic()
-                if not await self._still_allowed():
-                    yield Stopped("UNAUTHENTICATED")
-                    return
+            # before every read, not only after a wait: a stream with a backlog reads
+            # page after page without one, and read on with a revoked token
+            if not await self._still_allowed():
+                yield Stopped("UNAUTHENTICATED")
+                return
             rows, complete = await self._tail()
 
     def _items(self, rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
@@ -252,7 +254,8 @@ class Tail:
     async def _still_allowed(self) -> bool:
         """Whether the stream's token still holds its scope: a revoked token ends the
         stream within the node's token cache time (``orbit server --token-cache``), as it
-        closes a worker's connection. Mostly a look in that cache."""
+        closes a worker's connection, whether the stream waits or reads a backlog. Asked
+        before each read of the log: mostly a look in that cache."""
         try:
             await self.tokens.require(self.auth, self.needs)
         except ApiError:

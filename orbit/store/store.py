@@ -1906,7 +1906,10 @@ class Store:
                 plan, task, attempt, session, epoch=epoch, fence=fence, now=now
             ):
                 return plan, None
-            drawn = int(tx.fetch("artifact_ready_seq")[0]["ready_seq"])
+            found_seq = tx.fetch("artifact_ready_seq")
+            if not found_seq:  # SQLite's counter row deleted by hand (PostgreSQL: a sequence)
+                found_seq = tx.fetch("artifact_ready_seq_first")
+            drawn = int(found_seq[0]["ready_seq"])
             made = tx.execute(
                 "artifact_ready", id=artifact_id, size=size, sha256=sha256, ready_seq=drawn
             )

@@ -526,36 +526,42 @@ def test_nan_inside_a_dataclass_or_an_enum_is_refused_too(server: _Server) -> No
     assert [s["body"] for s in server.seen] == [b'{"payload":{"x":0.5,"tags":[1.0]},"p":null}']
 
 
+def _first_item_raises(url: str, follow: str) -> list[Any]:
+    """The ApiError that the first item of a follow (``stream_events`` or ``subscribe``)
+    raises at ``url``: from ``Client`` (the whole log's stream), then from
+    ``AsyncClient`` (task t1's), each iterator closed after."""
+    from orbit.client import ApiError, AsyncClient
+
+    raised: list[Any] = []
+    with Client(url, token="t0ken") as c:
+        with pytest.raises(ApiError) as caught:
+            next(getattr(c, follow)(outage=5))
+        raised.append(caught.value)
+
+    async def main() -> None:
+        async with AsyncClient(url, token="t0ken") as c:
+            stream = getattr(c, follow)("t1", outage=5)
+            try:
+                with pytest.raises(ApiError) as caught:
+                    await anext(stream)
+            finally:
+                await stream.aclose()
+            raised.append(caught.value)
+
+    asyncio.run(main())
+    return raised
+
+
 def test_a_200_that_is_no_event_stream_is_an_api_error_at_once(server: _Server) -> None:
     """A URL that answers 200 with something other than an event stream (a proxy's HTML
     page, some other server): ``stream_events`` took each such answer for a stream that
     broke, and tried again until ``outage`` ran out, then raised Unreachable. Both
     clients now raise NOT_EVENT_STREAM after the one request, naming the type received
     (never the token)."""
-    from orbit.client import ApiError, AsyncClient
-
-    def check(caught: pytest.ExceptionInfo[ApiError]) -> None:
-        assert (caught.value.status, caught.value.code) == (200, "NOT_EVENT_STREAM")
-        assert "text/html" in str(caught.value) and "t0ken" not in str(caught.value)
-        assert len(server.seen) == 1  # not tried again
-        server.seen.clear()
-
-    with Client(_url(server, "/html"), token="t0ken") as c:
-        with pytest.raises(ApiError) as caught:
-            next(c.stream_events(outage=5))
-        check(caught)
-
-    async def main() -> None:
-        async with AsyncClient(_url(server, "/html"), token="t0ken") as c:
-            stream = c.stream_events("t1", outage=5)
-            try:
-                with pytest.raises(ApiError) as caught:
-                    await anext(stream)
-            finally:
-                await stream.aclose()
-            check(caught)
-
-    asyncio.run(main())
+    for error in _first_item_raises(_url(server, "/html"), "stream_events"):
+        assert (error.status, error.code) == (200, "NOT_EVENT_STREAM")
+        assert "text/html" in str(error) and "t0ken" not in str(error)
+    assert len(server.seen) == 2  # one request each: not tried again
 
 
 def test_a_200_labelled_an_event_stream_that_holds_no_sse_is_an_api_error_at_once(
@@ -566,28 +572,22 @@ def test_a_200_labelled_an_event_stream_that_holds_no_sse_is_an_api_error_at_onc
     that broke, and tried again until ``outage`` ran out, then raised Unreachable. Both
     clients now raise NOT_EVENT_STREAM after the one request, quoting nothing of the
     body (some other server's, which may echo the request and its token)."""
-    from orbit.client import ApiError, AsyncClient
+    for error in _first_item_raises(_url(server, "/fake-sse"), "stream_events"):
+        assert (error.status, error.code) == (200, "NOT_EVENT_STREAM")
+        assert "no Server-Sent Events" in str(error)
+        assert "DOCTYPE" not in str(error) and "t0ken" not in str(error)
+    assert len(server.seen) == 2  # one request each: not tried again
 
-    def check(caught: pytest.ExceptionInfo[ApiError]) -> None:
-        assert (caught.value.status, caught.value.code) == (200, "NOT_EVENT_STREAM")
-        assert "no Server-Sent Events" in str(caught.value)
-        assert "DOCTYPE" not in str(caught.value) and "t0ken" not in str(caught.value)
-        assert len(server.seen) == 1  # not tried again
-        server.seen.clear()
 
-    with Client(_url(server, "/fake-sse"), token="t0ken") as c:
-        with pytest.raises(ApiError) as caught:
-            next(c.stream_events(outage=5))
-        check(caught)
-
-    async def main() -> None:
-        async with AsyncClient(_url(server, "/fake-sse"), token="t0ken") as c:
-            stream = c.stream_events("t1", outage=5)
-            try:
-                with pytest.raises(ApiError) as caught:
-                    await anext(stream)
-            finally:
-                await stream.aclose()
-            check(caught)
-
-    asyncio.run(main())
+def test_an_upgrade_redirected_to_a_page_is_a_redirect_error_at_once(server: _Server) -> None:
+    """A proxy in front that answers the event stream's upgrade with a redirect to an
+    ``https://`` page (a login, the same server under TLS): websockets follows only a
+    ``ws(s)://`` one, and raised its own ``InvalidURI`` out of ``subscribe``, no
+    ``ApiError``. It is the REDIRECT an HTTP call meets there, naming where, raised
+    after the one request, the token sent nowhere else."""
+    paths = ["/v1/events/ws", "/v1/tasks/t1/events/ws"]
+    errors = _first_item_raises(_url(server, "/moved"), "subscribe")
+    for error, path in zip(errors, paths, strict=True):
+        assert (error.status, error.code) == (308, "REDIRECT")
+        assert f"redirects to https://orbit.example{path}" in str(error)
+    assert [seen["path"] for seen in server.seen] == ["/moved" + p for p in paths]

@@ -38,12 +38,30 @@ def test_frames_give_events_with_their_cursors_and_the_end() -> None:
     assert following.ended and following.cursor == "c1"
 
 
-@pytest.mark.parametrize("frame", ["<html>", "[1]", '"event"', ""])
-def test_a_frame_that_is_no_json_object_is_not_an_orbit_servers(frame: str) -> None:
+@pytest.mark.parametrize(
+    "frame",
+    [
+        "<html>",
+        "[1]",
+        '"event"',
+        "",
+        # an event frame without its cursor or its event, or with one of the wrong type:
+        # it raised a bare KeyError or TypeError out of the follow, or took "None" for
+        # the cursor to resume from
+        '{"type": "event", "event": {}}',
+        '{"type": "event", "cursor": "c1"}',
+        '{"type": "event", "cursor": null, "event": {}}',
+        '{"type": "event", "cursor": 7, "event": {}}',
+        '{"type": "event", "cursor": "c1", "event": 5}',
+        '{"type": "event", "cursor": "c1", "event": [1]}',
+    ],
+)
+def test_a_frame_no_orbit_server_sends_is_refused(frame: str) -> None:
     following = Subscription(None, None, outage=5)
     with pytest.raises(ApiError) as refused:
         following.frame(frame)
     assert refused.value.code == "NOT_EVENT_STREAM"
+    assert following.cursor is None  # nothing taken from it
     with pytest.raises(ApiError):  # and the follow raises it, as any refusal
         following.broke(refused.value)
 
@@ -57,3 +75,22 @@ def test_a_refused_upgrade_closes_with_a_code_for_its_status() -> None:
         1013,
         1011,
     ]
+
+
+def test_a_redirect_from_wss_to_ws_is_the_redirect_it_met() -> None:
+    """websockets refuses to follow a redirect from ``wss`` to ``ws`` with a SecurityError
+    raised from the 308 it met: ``subscribe`` raises that redirect (REDIRECT, naming
+    where), as an HTTP call's, not Unreachable, which it would retry until ``outage``."""
+    from websockets.datastructures import Headers
+    from websockets.exceptions import InvalidStatus, SecurityError
+    from websockets.http11 import Response
+
+    from orbit.client._client import _upgrade_failed
+
+    plain = "ws://plain.example/v1/events/ws"
+    met = InvalidStatus(Response(308, "Permanent Redirect", Headers({"Location": plain}), b""))
+    refused = SecurityError(f"cannot follow redirect to non-secure URI {plain}")
+    refused.__cause__ = met
+    error = _upgrade_failed(refused, "wss://orbit.example", 5.0)
+    assert isinstance(error, ApiError)
+    assert (error.status, error.code) == (308, "REDIRECT") and plain in str(error)

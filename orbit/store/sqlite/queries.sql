@@ -492,11 +492,16 @@ SELECT * FROM orbit_artifacts WHERE id = :id;
 -- name: artifact_ready_seq
 -- The committing upload's place in its task's artifact list: the next number of a
 -- counter that one writer at a time bumps, so in commit order, and never one an
--- artifact had before (migration 0006_artifact_order.sql). The max() is only for a
--- database whose counter row was deleted by hand.
+-- artifact had before (migration 0006_artifact_order.sql). No row: the counter was
+-- deleted by hand, and artifact_ready_seq_first starts it again.
+UPDATE orbit_settings SET int_value = int_value + 1 WHERE name = 'artifact_ready_seq'
+RETURNING int_value AS ready_seq;
+
+-- name: artifact_ready_seq_first
+-- The counter started again after every place given: a statement of its own, as the
+-- max() reads every artifact (an upsert evaluated it on every commit).
 INSERT INTO orbit_settings (name, int_value)
 VALUES ('artifact_ready_seq', (SELECT coalesce(max(ready_seq), 0) + 1 FROM orbit_artifacts))
-ON CONFLICT (name) DO UPDATE SET int_value = orbit_settings.int_value + 1
 RETURNING int_value AS ready_seq;
 
 -- name: artifact_ready
