@@ -304,6 +304,14 @@ def server(
             "claim, lease, deadline or session falls due)",
         ),
     ] = 1.0,
+    schedule_interval: Annotated[
+        float,
+        typer.Option(
+            min=0.05,
+            help="how often this node fires the schedules due, seconds (every node does; "
+            "each instant fires once across the cluster)",
+        ),
+    ] = 1.0,
     claim_ttl: Annotated[float, typer.Option(min=0.1, help="claim lease, seconds")] = 30.0,
     lease_ttl: Annotated[float, typer.Option(min=0.1, help="run lease, seconds")] = 30.0,
     session_ttl: Annotated[
@@ -376,6 +384,7 @@ def server(
         db_url=db,
         poll_interval=poll_interval,
         reap_interval=reap_interval,
+        schedule_interval=schedule_interval,
         token_cache_s=token_cache,
         max_streams=max_streams,
         stream_poll_s=stream_poll,
