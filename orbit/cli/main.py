@@ -50,7 +50,7 @@ app.add_typer(token_app, name="token")
 
 
 def _add_api_groups() -> None:
-    from orbit.cli.api import event_app, limit_app, queue_app, task_app
+    from orbit.cli.api import event_app, limit_app, queue_app, schedule_app, task_app
     from orbit.cli.dev import dev
 
     app.command("dev")(dev)
@@ -58,6 +58,7 @@ def _add_api_groups() -> None:
     app.add_typer(task_app, name="task")
     app.add_typer(limit_app, name="limit")
     app.add_typer(event_app, name="event")
+    app.add_typer(schedule_app, name="schedule")
 
 
 _add_api_groups()

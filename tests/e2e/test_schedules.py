@@ -4,6 +4,7 @@ written; and a fire due while the cluster was down made by the next server to st
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -12,6 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
+from orbit import AsyncClient, Client
+from orbit.client import BadRequest, NotFound
 from orbit.core.cron import to_us
 from orbit.store import open_store
 from tests.conftest import ManualClock
@@ -208,3 +211,39 @@ def test_a_fire_due_while_the_cluster_was_down_is_made_after_a_restart(
         assert view["last_fire_at"] == f"{year}-01-01T00:00:00.000000Z"
         assert view["next_fire_at"] == f"{year + 1}-01-01T00:00:00.000000Z"
         assert len(_await_tasks(admin, 2)) == 2  # and no more
+
+
+def test_the_clients(node: Node, tokens: Tokens, admin: httpx.Client) -> None:
+    _queue(admin)
+    with Client(node.http, tokens.admin) as c:
+        made = c.schedule_create(
+            "a", cron="*/5 * * * *", queue="sq", handler="h", payload=[1], priority=4
+        )
+        assert made["template"]["priority"] == 4 and made["timezone"] == "UTC"
+        c.schedule_create("b", cron="0 * * * *", queue="sq", handler="h", misfire="run_once")
+        assert c.schedule("b")["misfire"] == "run_once"
+        assert [s["name"] for s in c.iter_schedules(limit=1)] == ["a", "b"]
+        assert c.list_schedules(limit=1)["next_cursor"] is not None
+        assert c.schedule_pause("a")["paused"] is True
+        assert c.schedule_resume("a")["paused"] is False
+        with pytest.raises(BadRequest) as bad:
+            c.schedule_create("c", cron="0 0 30 2 *", queue="sq", handler="h")
+        assert bad.value.code == "INVALID_CRON"
+        assert c.schedule_delete("b")["name"] == "b"
+        with pytest.raises(NotFound):
+            c.schedule("b")
+
+    async def go() -> None:
+        async with AsyncClient(node.http, tokens.admin) as ac:
+            await ac.schedule_create("c", cron="0 0 * * 0", queue="sq", handler="h")
+            assert [s["name"] async for s in ac.iter_schedules(limit=1)] == ["a", "c"]
+            assert (await ac.schedules())[1]["cron"] == "0 0 * * 0"
+            assert (await ac.schedule_pause("c"))["paused"] is True
+            assert (await ac.schedule_resume("c"))["paused"] is False
+            assert (await ac.schedule("c"))["name"] == "c"
+            assert (await ac.list_schedules(limit=1))["items"][0]["name"] == "a"
+            await ac.schedule_delete("c")
+            with pytest.raises(NotFound):
+                await ac.schedule_delete("c")
+
+    asyncio.run(go())
