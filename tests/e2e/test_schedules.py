@@ -247,3 +247,45 @@ def test_the_clients(node: Node, tokens: Tokens, admin: httpx.Client) -> None:
                 await ac.schedule_delete("c")
 
     asyncio.run(go())
+
+
+def test_two_nodes_fire_each_instant_once(
+    db_url: str, nodes: Callable[..., Node], tokens: Tokens
+) -> None:
+    """Two PostgreSQL nodes whose duties look every 50 ms, five yearly schedules each
+    three instants behind (catch_up): fifteen tasks and fifteen ``schedule.fired``
+    events, one of each per instant, whichever node fired it."""
+    if not db_url.startswith("postgresql"):
+        pytest.skip("one SQLite database has one server")
+    fast = ["--schedule-interval", "0.05"]
+    a, _ = nodes(args=fast), nodes(node_id="node-b", args=fast)
+    with httpx.Client(
+        base_url=a.http, timeout=30, headers={"Authorization": f"Bearer {tokens.admin}"}
+    ) as admin:
+        _queue(admin)
+        names = [f"y{i}" for i in range(5)]
+        for name in names:
+            body = _schedule(
+                name=name, cron="0 0 1 1 *", timezone="UTC", misfire="catch_up", max_catch_up=3
+            )
+            assert admin.post("/v1/schedules", json=body).status_code == 201
+        # Set every schedule ten years back at once (pause, then resume under a clock
+        # that far back), while both nodes' duties run.
+        past = open_store(db_url, clock=ManualClock(to_us(datetime.now(UTC)) - 10 * YEAR_US))
+        try:
+            for name in names:
+                past.schedule_pause(name)
+            for name in names:
+                past.schedule_resume(name)
+        finally:
+            past.close()
+        tasks = _await_tasks(admin, 15)
+        keys = [t["idempotency_key"] for t in tasks]
+        assert len(keys) == len(set(keys)) == 15
+        year = datetime.now(UTC).year
+        for name in names:
+            view = admin.get(f"/v1/schedules/{name}").json()
+            assert view["next_fire_at"] == f"{year + 1}-01-01T00:00:00.000000Z"
+        events = admin.get("/v1/events", params={"limit": 1000}).json()["items"]
+        assert sum(e["kind"] == "schedule.fired" for e in events) == 15
+        assert len(_await_tasks(admin, 15)) == 15
