@@ -282,6 +282,8 @@ class ScheduleTemplate(Strict):
     max_attempts: Annotated[int, Field(ge=1, le=1000)] = 3
     backoff: BackoffSpec | None = None
     attempt_timeout: Seconds | None = None
+    #: each fire's key is the schedule's and the instant's: refused as set by the server
+    response_only_fields = frozenset({"idempotency_key"})
 
 
 class ScheduleCreate(Strict):

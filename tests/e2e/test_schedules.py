@@ -117,7 +117,7 @@ REFUSED: list[tuple[dict[str, Any], int, str, str | None]] = [
     (
         {"template": {"queue": "sq", "handler": "h", "idempotency_key": "k"}},
         400,
-        "UNKNOWN_FIELD",
+        "RESPONSE_ONLY_FIELD",
         "template.idempotency_key",
     ),
     (
@@ -125,6 +125,12 @@ REFUSED: list[tuple[dict[str, Any], int, str, str | None]] = [
         400,
         "NUMBER_OUT_OF_RANGE",
         "template.max_attempts",
+    ),
+    (
+        {"template": {"queue": "sq", "handler": "h", "run_after": "2030-01-01T00:00:00Z"}},
+        400,
+        "UNKNOWN_FIELD",
+        "template.run_after",
     ),
     ({"template": {"queue": "nope", "handler": "h"}}, 404, "QUEUE_NOT_FOUND", "template.queue"),
     (
