@@ -309,8 +309,10 @@ def server(
         float,
         typer.Option(
             min=0.05,
-            help="how often this node fires the schedules due, seconds (every node does; "
-            "each instant fires once across the cluster)",
+            max=30.0,
+            help="how often this node fires the schedules due, seconds, 0.05-30 (every "
+            "node does; each instant fires once across the cluster; an instant seen more "
+            "than a minute late is a misfire)",
         ),
     ] = 1.0,
     claim_ttl: Annotated[float, typer.Option(min=0.1, help="claim lease, seconds")] = 30.0,

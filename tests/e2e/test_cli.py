@@ -155,6 +155,9 @@ def test_bad_arguments_get_clear_messages(orbit: Run, tmp_path: Path) -> None:
     for cache in ("-1", "3601", "soon"):
         refused = orbit("server", "--db", f"sqlite:///{unused}", "--token-cache", cache)
         assert refused.returncode == 2 and "--token-cache" in refused.stderr, refused.stderr
+    for every in ("0", "31", "soon"):  # past 30 s an on-time instant would be a misfire
+        refused = orbit("server", "--db", f"sqlite:///{unused}", "--schedule-interval", every)
+        assert refused.returncode == 2 and "--schedule-interval" in refused.stderr
     assert not unused.parent.exists()
     assert orbit("task", "ls", "--limit", "0").returncode == 2
 
