@@ -13,6 +13,7 @@ from tests.pg import as_url, temporary_database
 
 BACKENDS = ["sqlite", "postgres"]
 TABLES = [
+    "orbit_schedules",
     "orbit_artifact_chunks",
     "orbit_artifacts",
     "orbit_tokens",

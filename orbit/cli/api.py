@@ -1,4 +1,4 @@
-"""``orbit queue|task|worker|limit|event …``: the HTTP API from the shell.
+"""``orbit queue|task|worker|limit|event|schedule …``: the HTTP API from the shell.
 
 Connection: ``--url`` (or ORBIT_URL, default http://127.0.0.1:8000), the token from
 ORBIT_TOKEN or ORBIT_TOKEN_FILE, ``--cafile`` for a private CA. Output: tables for
@@ -77,6 +77,12 @@ limit_app = typer.Typer(
 event_app = typer.Typer(
     help="The event log, in its order: every task's events and the operators' changes "
     "(queue, tenant and global caps, pauses, sessions)." + CONNECTION_HELP,
+    no_args_is_help=True,
+)
+schedule_app = typer.Typer(
+    help="Schedules: a cron expression in a time zone that submits a task at each of its "
+    "instants, once across the cluster. Create, list, show, pause, resume, delete."
+    + CONNECTION_HELP,
     no_args_is_help=True,
 )
 task_app = typer.Typer(
@@ -292,6 +298,152 @@ def queue_resume(
     """Resume a paused queue."""
     with client(url, cafile) as c:
         emit(c.queue_resume(name), as_json, lambda q: _queues_table([q]))
+
+
+# ----------------------------------------------------------------------------- schedule
+
+
+def _schedules_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table("schedule", "cron", "timezone", "queue", "handler", "misfire", "next fire")
+    for s in rows:
+        misfire = s["misfire"]
+        if misfire == "catch_up":
+            misfire = f"catch_up (at most {s['max_catch_up']})"
+        table.add_row(
+            s["name"],
+            s["cron"],
+            s["timezone"],
+            s["template"]["queue"],
+            s["template"]["handler"],
+            misfire,
+            "paused" if s["paused"] else s["next_fire_at"],
+        )
+    return table
+
+
+@schedule_app.command("create")
+def schedule_create(
+    name: str,
+    cron: Annotated[
+        str,
+        typer.Option(
+            help="5 fields: minute hour day-of-month month day-of-week, e.g. '0 3 * * *' "
+            "(03:00 daily) or '*/15 * * * 1-5' (every 15 minutes on weekdays)"
+        ),
+    ],
+    queue: Annotated[str, typer.Option(help="the queue each fire submits to")],
+    handler: Annotated[str, typer.Option(help="the handler each fire's task runs")],
+    payload: Annotated[str | None, typer.Option(help="JSON payload of each task")] = None,
+    timezone: Annotated[
+        str, typer.Option(help="IANA time zone the expression is read in (e.g. Europe/Berlin)")
+    ] = "UTC",
+    misfire: Annotated[
+        str,
+        typer.Option(
+            help="instants missed by more than a minute (the cluster was down, or the queue "
+            "full): skip them, run_once for all, or catch_up each (the latest "
+            "--max-catch-up), oldest first"
+        ),
+    ] = "skip",
+    max_catch_up: Annotated[
+        int | None, typer.Option(help="catch_up's bound, 1..1000 (default 10)")
+    ] = None,
+    paused: Annotated[bool, typer.Option(help="create it paused")] = False,
+    tenant: Annotated[str | None, typer.Option(help="each task's tenant")] = None,
+    priority: Annotated[int | None, typer.Option(help="each task's priority")] = None,
+    max_attempts: Annotated[
+        int | None, typer.Option(help="each task's started attempts at most, 1..1000")
+    ] = None,
+    timeout: Annotated[
+        float | None, typer.Option(help="each task's attempt timeout, seconds")
+    ] = None,
+    retry_safe: Annotated[
+        bool, typer.Option(help="each task may be replayed if its outcome is lost")
+    ] = False,
+    url: Url = DEFAULT_URL,
+    cafile: CaFile = None,
+    as_json: AsJson = False,
+) -> None:
+    """Create a schedule that submits a task at each instant of its cron expression.
+
+    The first fire is the first instant of --cron in --timezone after now; each instant
+    fires once across the cluster. A local time that a DST change skips fires at the
+    gap's end; one it repeats fires once.
+
+    Example: orbit schedule create nightly --cron '0 3 * * *' --timezone Europe/Berlin
+    --queue reports --handler report.nightly --payload '{"kind": "daily"}'
+    """
+    body = parse_json(payload, "--payload")
+    finite(timeout, "--timeout")
+    if misfire not in ("skip", "run_once", "catch_up"):
+        fail("--misfire must be skip, run_once or catch_up", EXIT_USAGE)
+    template: dict[str, Any] = {
+        "tenant": tenant,
+        "priority": priority,
+        "max_attempts": max_attempts,
+        "attempt_timeout": timeout,
+        "retry_safe": retry_safe or None,
+    }
+    with client(url, cafile) as c:
+        made = c.schedule_create(
+            name,
+            cron=cron,
+            queue=queue,
+            handler=handler,
+            payload=body,
+            timezone=timezone,
+            misfire=misfire,  # type: ignore[arg-type]
+            max_catch_up=max_catch_up,
+            paused=paused or None,
+            **template,
+        )
+        emit(made, as_json, lambda s: _schedules_table([s]))
+
+
+@schedule_app.command("ls")
+def schedule_ls(url: Url = DEFAULT_URL, cafile: CaFile = None, as_json: AsJson = False) -> None:
+    """List every schedule, in name order (the command reads every page of the list)."""
+    with client(url, cafile) as c:
+        emit(c.schedules(), as_json, _schedules_table)
+
+
+@schedule_app.command("show")
+def schedule_show(
+    name: str, url: Url = DEFAULT_URL, cafile: CaFile = None, as_json: AsJson = False
+) -> None:
+    """Show one schedule: its template whole with --json."""
+    with client(url, cafile) as c:
+        emit(c.schedule(name), as_json, lambda s: _schedules_table([s]))
+
+
+@schedule_app.command("pause")
+def schedule_pause(
+    name: str, url: Url = DEFAULT_URL, cafile: CaFile = None, as_json: AsJson = False
+) -> None:
+    """Pause a schedule: it fires nothing until resumed."""
+    with client(url, cafile) as c:
+        emit(c.schedule_pause(name), as_json, lambda s: _schedules_table([s]))
+
+
+@schedule_app.command("resume")
+def schedule_resume(
+    name: str, url: Url = DEFAULT_URL, cafile: CaFile = None, as_json: AsJson = False
+) -> None:
+    """Resume a paused schedule from the first instant after now.
+
+    The instants that passed while it was paused are not fired, whatever its misfire
+    policy."""
+    with client(url, cafile) as c:
+        emit(c.schedule_resume(name), as_json, lambda s: _schedules_table([s]))
+
+
+@schedule_app.command("delete")
+def schedule_delete(
+    name: str, url: Url = DEFAULT_URL, cafile: CaFile = None, as_json: AsJson = False
+) -> None:
+    """Delete a schedule. The tasks it made stay as they are."""
+    with client(url, cafile) as c:
+        emit(c.schedule_delete(name), as_json, lambda s: _schedules_table([s]))
 
 
 # ----------------------------------------------------------------------------- task

@@ -50,7 +50,7 @@ app.add_typer(token_app, name="token")
 
 
 def _add_api_groups() -> None:
-    from orbit.cli.api import event_app, limit_app, queue_app, task_app
+    from orbit.cli.api import event_app, limit_app, queue_app, schedule_app, task_app
     from orbit.cli.dev import dev
 
     app.command("dev")(dev)
@@ -58,6 +58,7 @@ def _add_api_groups() -> None:
     app.add_typer(task_app, name="task")
     app.add_typer(limit_app, name="limit")
     app.add_typer(event_app, name="event")
+    app.add_typer(schedule_app, name="schedule")
 
 
 _add_api_groups()
@@ -304,6 +305,16 @@ def server(
             "claim, lease, deadline or session falls due)",
         ),
     ] = 1.0,
+    schedule_interval: Annotated[
+        float,
+        typer.Option(
+            min=0.05,
+            max=30.0,
+            help="how often this node fires the schedules due, seconds, 0.05-30 (every "
+            "node does; each instant fires once across the cluster; an instant seen more "
+            "than a minute late is a misfire)",
+        ),
+    ] = 1.0,
     claim_ttl: Annotated[float, typer.Option(min=0.1, help="claim lease, seconds")] = 30.0,
     lease_ttl: Annotated[float, typer.Option(min=0.1, help="run lease, seconds")] = 30.0,
     session_ttl: Annotated[
@@ -376,6 +387,7 @@ def server(
         db_url=db,
         poll_interval=poll_interval,
         reap_interval=reap_interval,
+        schedule_interval=schedule_interval,
         token_cache_s=token_cache,
         max_streams=max_streams,
         stream_poll_s=stream_poll,

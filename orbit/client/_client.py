@@ -280,6 +280,45 @@ class _Calls:
         return ("POST", f"/v1/queues/{_seg(name)}/{action}", None, None)
 
     @staticmethod
+    def schedule_create(
+        name: str,
+        cron: str,
+        template: dict[str, Any],
+        timezone: str | None,
+        misfire: str | None,
+        max_catch_up: int | None,
+        paused: bool | None,
+    ) -> Request:
+        """``template``: a submit's body as ``task_body`` makes it (without a key,
+        parent, deadline or run_after); options left as None take the server's
+        defaults."""
+        body: dict[str, Any] = {"name": name, "cron": cron, "template": template}
+        optional = {
+            "timezone": timezone,
+            "misfire": misfire,
+            "max_catch_up": max_catch_up,
+            "paused": paused,
+        }
+        body.update({k: v for k, v in optional.items() if v is not None})
+        return ("POST", "/v1/schedules", None, body)
+
+    @staticmethod
+    def schedules_list(limit: int, cursor: str | None) -> Request:
+        return ("GET", "/v1/schedules", _page(limit, cursor), None)
+
+    @staticmethod
+    def schedule(name: str) -> Request:
+        return ("GET", f"/v1/schedules/{_seg(name)}", None, None)
+
+    @staticmethod
+    def schedule_action(name: str, action: Literal["pause", "resume"]) -> Request:
+        return ("POST", f"/v1/schedules/{_seg(name)}/{action}", None, None)
+
+    @staticmethod
+    def schedule_delete(name: str) -> Request:
+        return ("DELETE", f"/v1/schedules/{_seg(name)}", None, None)
+
+    @staticmethod
     def tenant_limits_list(limit: int, cursor: str | None) -> Request:
         return ("GET", "/v1/limits/tenants", _page(limit, cursor), None)
 
@@ -598,6 +637,57 @@ class Client:
         removes the cap on waiting tasks; left out (``"keep"``), it stays as it is."""
         call = _Calls.queue_update(name, max_concurrency, rate, burst, max_queued)
         return dict(self._call(call))
+
+    # schedules
+    def schedule_create(
+        self,
+        name: str,
+        *,
+        cron: str,
+        queue: str,
+        handler: str,
+        payload: Any = None,
+        timezone: str | None = None,
+        misfire: Literal["skip", "run_once", "catch_up"] | None = None,
+        max_catch_up: int | None = None,
+        paused: bool | None = None,
+        **template: Any,
+    ) -> dict[str, Any]:
+        """Submit ``handler`` on ``queue`` with ``payload`` at each instant of ``cron`` (5
+        fields) in ``timezone`` (IANA; the server's default UTC). ``misfire`` says what
+        fires for instants missed by more than a minute (default ``skip``). ``template``:
+        a submit's other options (tenant, priority, retry_safe, max_attempts, backoff,
+        attempt_timeout), as ``submit`` takes them."""
+        body = task_body(queue, handler, payload, **template)
+        call = _Calls.schedule_create(name, cron, body, timezone, misfire, max_catch_up, paused)
+        return dict(self._call(call))
+
+    def schedule(self, name: str) -> dict[str, Any]:
+        return dict(self._call(_Calls.schedule(name)))
+
+    def schedules(self) -> list[dict[str, Any]]:
+        """Every schedule (all its pages), in name order."""
+        return list(self.iter_schedules(limit=FULL_PAGE))
+
+    def list_schedules(self, *, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
+        """One page of schedules, in name order: ``{"items": [...], "next_cursor": ...}``."""
+        return dict(self._call(_Calls.schedules_list(limit, cursor)))
+
+    def iter_schedules(
+        self, *, limit: int = 100, cursor: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        yield from _walk(lambda c: self.list_schedules(limit=limit, cursor=c), cursor)
+
+    def schedule_pause(self, name: str) -> dict[str, Any]:
+        return dict(self._call(_Calls.schedule_action(name, "pause")))
+
+    def schedule_resume(self, name: str) -> dict[str, Any]:
+        """Fire again from the first instant after now."""
+        return dict(self._call(_Calls.schedule_action(name, "resume")))
+
+    def schedule_delete(self, name: str) -> dict[str, Any]:
+        """Delete a schedule (its tasks stay); returns it as it was."""
+        return dict(self._call(_Calls.schedule_delete(name)))
 
     # limits
     def tenant_limits(self) -> list[dict[str, Any]]:
@@ -1123,6 +1213,51 @@ class AsyncClient:
         removes the cap on waiting tasks; left out (``"keep"``), it stays as it is."""
         call = _Calls.queue_update(name, max_concurrency, rate, burst, max_queued)
         return dict(await self._call(call))
+
+    async def schedule_create(
+        self,
+        name: str,
+        *,
+        cron: str,
+        queue: str,
+        handler: str,
+        payload: Any = None,
+        timezone: str | None = None,
+        misfire: Literal["skip", "run_once", "catch_up"] | None = None,
+        max_catch_up: int | None = None,
+        paused: bool | None = None,
+        **template: Any,
+    ) -> dict[str, Any]:
+        """As ``Client.schedule_create``."""
+        body = task_body(queue, handler, payload, **template)
+        call = _Calls.schedule_create(name, cron, body, timezone, misfire, max_catch_up, paused)
+        return dict(await self._call(call))
+
+    async def schedule(self, name: str) -> dict[str, Any]:
+        return dict(await self._call(_Calls.schedule(name)))
+
+    async def schedules(self) -> list[dict[str, Any]]:
+        return [s async for s in self.iter_schedules(limit=FULL_PAGE)]
+
+    async def list_schedules(
+        self, *, limit: int = 100, cursor: str | None = None
+    ) -> dict[str, Any]:
+        return dict(await self._call(_Calls.schedules_list(limit, cursor)))
+
+    async def iter_schedules(
+        self, *, limit: int = 100, cursor: str | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        async for item in _awalk(lambda c: self.list_schedules(limit=limit, cursor=c), cursor):
+            yield item
+
+    async def schedule_pause(self, name: str) -> dict[str, Any]:
+        return dict(await self._call(_Calls.schedule_action(name, "pause")))
+
+    async def schedule_resume(self, name: str) -> dict[str, Any]:
+        return dict(await self._call(_Calls.schedule_action(name, "resume")))
+
+    async def schedule_delete(self, name: str) -> dict[str, Any]:
+        return dict(await self._call(_Calls.schedule_delete(name)))
 
     async def tenant_limits(self) -> list[dict[str, Any]]:
         """Every tenant that has a cap of either kind (all the pages), by name:

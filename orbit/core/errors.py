@@ -19,6 +19,9 @@ class Code(StrEnum):
     INVALID_TIMEOUT = "INVALID_TIMEOUT"
     INVALID_DEADLINE = "INVALID_DEADLINE"
     MISSING_CAP = "MISSING_CAP"
+    INVALID_CRON = "INVALID_CRON"
+    INVALID_TIMEZONE = "INVALID_TIMEZONE"
+    SCHEDULE_NOT_FOUND = "SCHEDULE_NOT_FOUND"
     QUEUE_NOT_FOUND = "QUEUE_NOT_FOUND"
     TASK_NOT_FOUND = "TASK_NOT_FOUND"
     PARENT_NOT_FOUND = "PARENT_NOT_FOUND"
@@ -31,6 +34,7 @@ class Code(StrEnum):
     DIGEST_MISMATCH = "DIGEST_MISMATCH"
     # conflicts (409)
     QUEUE_EXISTS = "QUEUE_EXISTS"
+    SCHEDULE_EXISTS = "SCHEDULE_EXISTS"
     ARTIFACT_EXISTS = "ARTIFACT_EXISTS"
     IDEMPOTENCY_CONFLICT = "IDEMPOTENCY_CONFLICT"
     PARENT_CANCELLED = "PARENT_CANCELLED"
@@ -77,6 +81,7 @@ _STATUS: dict[Code, int] = {
     Code.SESSION_NOT_FOUND: 404,
     Code.ARTIFACT_NOT_FOUND: 404,
     Code.TOKEN_NOT_FOUND: 404,
+    Code.SCHEDULE_NOT_FOUND: 404,
     Code.ARTIFACT_TOO_LARGE: 413,
     Code.PAYLOAD_TOO_LARGE: 413,
     Code.BATCH_EXCEEDS_CAP: 413,
@@ -90,6 +95,8 @@ _BAD_INPUT = {
     Code.INVALID_TIMEOUT,
     Code.INVALID_DEADLINE,
     Code.MISSING_CAP,
+    Code.INVALID_CRON,
+    Code.INVALID_TIMEZONE,
     Code.DIGEST_MISMATCH,
 }
 
@@ -104,10 +111,12 @@ def status_of(code: Code) -> int:
 class OrbitError(Exception):
     """A rejection with a stable code; nothing was changed when it is raised."""
 
-    def __init__(self, code: Code, message: str) -> None:
+    def __init__(self, code: Code, message: str, *, field: str | None = None) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        #: the request field at fault, where one is (the HTTP error's ``field``)
+        self.field = field
 
     @property
     def status(self) -> int:

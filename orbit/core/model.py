@@ -211,6 +211,31 @@ class TaskSpec:
     run_after: int | None = None
 
 
+#: What a schedule does with the fire instants a downtime (or a full queue) made it miss
+#: (docs/concepts.md, "Schedules"): ``skip`` them, ``run_once`` for all of them, or
+#: ``catch_up`` each (the latest ``max_catch_up`` of them), oldest first.
+MISFIRE_POLICIES = ("skip", "run_once", "catch_up")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A cron expression in a time zone that submits ``template`` at each fire instant.
+    Validated by ``orbit.core.validate.check_schedule``; fired by ``Store.schedule_fire``."""
+
+    name: str
+    cron: str
+    timezone: str
+    template: TaskSpec  # a submit's fields, but no idempotency key, parent or instants
+    misfire: str  # one of MISFIRE_POLICIES
+    max_catch_up: int  # catch_up's bound: the most missed instants fired after a downtime
+    paused: bool
+    next_fire_at: int  # the next instant to fire (microseconds, UTC)
+    last_fire_at: int | None  # the last instant fired, if any
+    created_at: int
+    updated_at: int
+    version: int  # row version: the compare-and-set token of every write
+
+
 @dataclass(frozen=True)
 class Task:
     id: str

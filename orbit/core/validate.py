@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 import re
 
+from orbit.core.cron import check_cron, check_timezone
 from orbit.core.errors import Code, OrbitError
 from orbit.core.model import (
     JSON,
+    MISFIRE_POLICIES,
     Backoff,
     TaskSpec,
     canonical_json,
@@ -264,3 +266,65 @@ def check_deadline(spec: TaskSpec, now: int) -> None:
     """The part of :func:`check_spec` that needs the clock (the transaction's)."""
     if spec.deadline is not None and spec.deadline <= now:
         raise OrbitError(Code.INVALID_DEADLINE, "deadline is already in the past")
+
+
+#: catch_up's bound: the most missed instants one schedule fires after a downtime
+MAX_CATCH_UP = 1000
+#: catch_up's bound when a schedule names none
+DEFAULT_MAX_CATCH_UP = 10
+#: How late a fire instant may be seen and still be on time rather than missed (its
+#: misfire policy then decides): a node's duty looks once a second, so an instant seen
+#: later than this was passed over by a cluster that was down, or by a fire that a full
+#: queue refused all that while.
+MISFIRE_GRACE_US = 60 * 1_000_000
+
+
+def check_schedule(
+    name: object,
+    cron: object,
+    timezone: object,
+    template: TaskSpec,
+    misfire: object,
+    max_catch_up: object,
+    max_payload_bytes: int,
+) -> str:
+    """Validate a schedule (``orbit.core.model.Schedule``) before anything is written;
+    return its template's canonical payload JSON. The template is checked exactly as a
+    submit is (``check_spec``), and may not name what each fire sets itself: the
+    idempotency key (derived from the schedule and the instant, so that no instant fires
+    twice), a parent, a deadline or a ``run_after`` (instants, which would be past after
+    the first fire)."""
+    check_name("schedule", name)
+    check_cron(cron)
+    check_timezone(timezone)
+    if misfire not in MISFIRE_POLICIES:
+        raise OrbitError(
+            Code.INVALID_ARGUMENT,
+            f"misfire must be one of {', '.join(MISFIRE_POLICIES)}; got {misfire!r:.40}",
+            field="misfire",
+        )
+    if isinstance(max_catch_up, bool) or not isinstance(max_catch_up, int):
+        raise OrbitError(
+            Code.INVALID_ARGUMENT, "max_catch_up must be an integer", field="max_catch_up"
+        )
+    if not 1 <= max_catch_up <= MAX_CATCH_UP:
+        raise OrbitError(
+            Code.INVALID_ARGUMENT,
+            f"max_catch_up must be an integer in [1, {MAX_CATCH_UP}]; got {max_catch_up}",
+            field="max_catch_up",
+        )
+    if not isinstance(template, TaskSpec):
+        raise OrbitError(Code.INVALID_ARGUMENT, "template must be a TaskSpec", field="template")
+    for what in ("idempotency_key", "parent_id", "deadline", "run_after"):
+        if getattr(template, what) is not None:
+            raise OrbitError(
+                Code.INVALID_ARGUMENT,
+                f"a schedule's template may not set {what}: each fire sets its own",
+                field=f"template.{what}",
+            )
+    try:
+        return check_spec(template, max_payload_bytes)[0]
+    except OrbitError as exc:
+        if exc.field is None:
+            exc.field = "template"
+        raise

@@ -269,6 +269,77 @@ class TaskSubmit(Strict):
     )
 
 
+class ScheduleTemplate(Strict):
+    """The task a schedule submits at each fire: a submit's fields (``TaskSubmit``),
+    checked as a submit's are, but for those each fire sets itself: the idempotency key
+    (the schedule's and the instant's), and no parent, deadline or run_after."""
+
+    queue: Name
+    handler: Name
+    payload: Any = None
+    tenant: Name = "default"
+    priority: Annotated[int, Field(ge=-1_000_000, le=1_000_000)] = 0
+    retry_safe: bool = False
+    max_attempts: Annotated[int, Field(ge=1, le=1000)] = 3
+    backoff: BackoffSpec | None = None
+    attempt_timeout: Seconds | None = None
+    #: each fire's key is the schedule's and the instant's: refused as set by the server
+    response_only_fields = frozenset({"idempotency_key"})
+
+
+class ScheduleCreate(Strict):
+    """``POST /v1/schedules``: submit ``template`` at each instant of ``cron`` in
+    ``timezone`` (docs/concepts.md, "Schedules")."""
+
+    name: Name
+    cron: Annotated[str, Field(min_length=1, max_length=200)] = Field(
+        description="5 fields: minute hour day-of-month month day-of-week (e.g. '0 3 * * *')"
+    )
+    timezone: Annotated[str, Field(min_length=1, max_length=64)] = Field(
+        default="UTC", description="an IANA time zone (e.g. Europe/Berlin)"
+    )
+    template: ScheduleTemplate
+    misfire: Literal["skip", "run_once", "catch_up"] = Field(
+        default="skip",
+        description="what fires for instants missed by more than a minute: none (skip), "
+        "one for all (run_once), or each of the latest max_catch_up (catch_up)",
+    )
+    max_catch_up: Annotated[int, Field(ge=1, le=1000)] = 10
+    paused: bool = False
+    response_only_fields = frozenset({"next_fire_at", "last_fire_at", "created_at", "updated_at"})
+
+
+class ScheduleTemplateView(Response):
+    queue: str
+    handler: str
+    payload: Any
+    tenant: str
+    priority: int
+    retry_safe: bool
+    max_attempts: int
+    backoff: dict[str, float]
+    attempt_timeout: float | None
+
+
+class ScheduleView(Response):
+    name: str
+    cron: str
+    timezone: str
+    template: ScheduleTemplateView
+    misfire: str
+    max_catch_up: int
+    paused: bool
+    next_fire_at: str
+    last_fire_at: str | None
+    created_at: str
+    updated_at: str
+
+
+class SchedulePage(Response):
+    items: list[ScheduleView]
+    next_cursor: str | None
+
+
 class TaskBatch(Strict):
     tasks: Annotated[list[TaskSubmit], Field(min_length=1, max_length=1000)]
 

@@ -52,6 +52,8 @@ class ServerSettings:
     node_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     poll_interval: float = 5.0  # the dispatch fallback; notifications do the real work
     reap_interval: float = 1.0
+    #: how often this node looks for due schedules (``_scheduler``); every node does
+    schedule_interval: float = 1.0
     max_body_bytes: int = 16 * 1024 * 1024
     token_cache_s: float = CACHE_SECONDS  # how long a token check's answer is trusted
     max_streams: int = 100  # event streams open at once on this node (orbit.server.streams)
@@ -183,6 +185,23 @@ async def _reaper(store: Store, interval: float, metrics: Metrics) -> None:
         await asyncio.sleep(delay)
 
 
+async def _scheduler(store: Store, interval: float) -> None:
+    """Fire the schedules due now, every ``interval`` seconds, on every node: each fire
+    is its own transaction, which locks its schedule's row and skips one another node's
+    fire holds (``Store.schedule_fire``), so nodes share the work and never fire one
+    instant twice. A pass that fired something runs again at once: a schedule catching
+    up after a downtime fires one instant per transaction."""
+    while True:
+        delay = interval
+        try:
+            made = await run_in_threadpool(store.schedule_fire_due)
+            if made:
+                delay = 0
+        except Exception:
+            log.exception("schedule pass failed")
+        await asyncio.sleep(delay)
+
+
 def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
     """Build the app. The store is opened (and migrated) at startup unless given."""
 
@@ -217,6 +236,7 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
             asyncio.create_task(dispatcher.run(), name="dispatch"),
             asyncio.create_task(_reaper(store, settings.reap_interval, metrics), name="reap"),
             asyncio.create_task(revocations.run(), name="revocations"),
+            asyncio.create_task(_scheduler(store, settings.schedule_interval), name="schedule"),
         ]
         if store.backend == "postgres":  # every node hears the others' NOTIFY
             dsn: str = store.driver.dsn  # type: ignore[attr-defined]
@@ -226,7 +246,7 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
         try:
             yield
         finally:
-            await stop_tasks(tasks)  # the dispatcher, the reaper and LISTEN, for certain
+            await stop_tasks(tasks)  # the dispatcher, the reaper, schedules and LISTEN, for certain
             if own:
                 await run_in_threadpool(store.close)
 

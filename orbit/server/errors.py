@@ -87,7 +87,7 @@ async def on_orbit_error(request: Request, exc: Exception) -> JSONResponse:
         # counted (orbit_refused_submits_total): only submits raise it.
         headers = {"Retry-After": str(exc.retry_after)}
         request.app.state.metrics.refused_submits.labels(REFUSAL_REASONS[exc.code]).inc()
-    return error_response(exc.status, str(exc.code), exc.message, headers=headers)
+    return error_response(exc.status, str(exc.code), exc.message, exc.field, headers=headers)
 
 
 async def on_decode_error(_: Request, exc: Exception) -> JSONResponse:

@@ -35,6 +35,10 @@ from orbit.protocol.messages import (
     QueuePage,
     QueueUpdate,
     QueueView,
+    ScheduleCreate,
+    SchedulePage,
+    ScheduleTemplate,
+    ScheduleView,
     Submitted,
     SubmittedId,
     TaskBatch,
@@ -63,6 +67,7 @@ from orbit.server.views import (
     attempt_view,
     event_view,
     queue_view,
+    schedule_view,
     task_wire,
     worker_view,
 )
@@ -772,6 +777,117 @@ async def task_event_socket(ws: WebSocket, task_id: str) -> None:
 async def event_socket(ws: WebSocket) -> None:
     """``/v1/events/stream`` over WebSocket (admin scope)."""
     await _subscribe(ws, "admin", None)
+
+
+# ----------------------------------------------------------------------------- schedules
+
+
+def template_from(msg: ScheduleTemplate) -> TaskSpec:
+    """A schedule's template as the store's spec, as ``spec_from`` makes a submit's."""
+    backoff = DEFAULT_BACKOFF
+    if msg.backoff is not None:
+        backoff = Backoff(
+            seconds_to_us(msg.backoff.base), msg.backoff.factor, seconds_to_us(msg.backoff.max)
+        )
+    return TaskSpec(
+        queue=msg.queue,
+        handler=msg.handler,
+        payload=msg.payload,
+        tenant=msg.tenant,
+        priority=msg.priority,
+        retry_safe=msg.retry_safe,
+        max_attempts=msg.max_attempts,
+        backoff=backoff,
+        attempt_timeout_us=seconds_to_us(msg.attempt_timeout) if msg.attempt_timeout else None,
+    )
+
+
+SCHEDULE_REFUSALS: dict[int | str, dict[str, Any]] = {
+    400: {
+        "model": ErrorReply,
+        "description": "INVALID_CRON, INVALID_TIMEZONE or INVALID_ARGUMENT (a bad template, "
+        "misfire or max_catch_up), with the field at fault; nothing was written",
+    },
+    404: {"model": ErrorReply, "description": "QUEUE_NOT_FOUND: the template's queue"},
+    409: {"model": ErrorReply, "description": "SCHEDULE_EXISTS: the name is taken"},
+}
+
+
+@router.post(
+    "/schedules",
+    dependencies=[Depends(require("admin"))],
+    status_code=201,
+    response_model=ScheduleView,
+    responses=SCHEDULE_REFUSALS,
+)
+async def schedule_create(request: Request) -> Response:
+    """Create a schedule: it submits its template at each instant of its cron expression
+    in its time zone, from the first instant after now."""
+    msg = await _body(request, ScheduleCreate)
+    schedule = await in_thread(
+        partial(
+            _store(request).schedule_create,
+            msg.name,
+            cron=msg.cron,
+            timezone=msg.timezone,
+            template=template_from(msg.template),
+            misfire=msg.misfire,
+            max_catch_up=msg.max_catch_up,
+            paused=msg.paused,
+        )
+    )
+    return _json(schedule_view(schedule), 201)
+
+
+@router.get(
+    "/schedules",
+    dependencies=[Depends(require("submit")), *LISTING],
+    response_model=SchedulePage,
+)
+async def schedule_list(
+    request: Request, limit: Limit = 100, cursor: str | None = None
+) -> Response:
+    """Schedules a page at a time in name order: keyset, as the queue list."""
+    after = name_cursor(cursor)
+    found = await in_thread(lambda: _store(request).schedule_list(after_name=after, limit=limit))
+    nxt = encode_cursor(found[-1].name) if len(found) == limit else None
+    return _json(SchedulePage(items=[schedule_view(s) for s in found], next_cursor=nxt))
+
+
+@router.get(
+    "/schedules/{name}", dependencies=[Depends(require("submit"))], response_model=ScheduleView
+)
+async def schedule_get(request: Request, name: str) -> Response:
+    return _json(schedule_view(await in_thread(_store(request).schedule_get, name)))
+
+
+@router.post(
+    "/schedules/{name}/pause",
+    dependencies=[Depends(require("admin"))],
+    response_model=ScheduleView,
+)
+async def schedule_pause(request: Request, name: str) -> Response:
+    """Stop firing; idempotent."""
+    return _json(schedule_view(await in_thread(_store(request).schedule_pause, name)))
+
+
+@router.post(
+    "/schedules/{name}/resume",
+    dependencies=[Depends(require("admin"))],
+    response_model=ScheduleView,
+)
+async def schedule_resume(request: Request, name: str) -> Response:
+    """Fire again from the first instant after now (the instants passed while paused are
+    not fired, whatever the misfire policy); idempotent."""
+    return _json(schedule_view(await in_thread(_store(request).schedule_resume, name)))
+
+
+@router.delete(
+    "/schedules/{name}", dependencies=[Depends(require("admin"))], response_model=ScheduleView
+)
+async def schedule_delete(request: Request, name: str) -> Response:
+    """Delete a schedule, answering it as it was; the tasks it made stay."""
+    return _json(schedule_view(await in_thread(_store(request).schedule_delete, name)))
 
 
 @router.patch("/queues/{name}", dependencies=[Depends(require("admin"))], response_model=QueueView)

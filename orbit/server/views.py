@@ -11,6 +11,7 @@ from orbit.core.model import (
     Lease,
     Queue,
     Receipt,
+    Schedule,
     Session,
     Task,
     parse_json,
@@ -21,6 +22,8 @@ from orbit.protocol.messages import (
     AttemptView,
     EventView,
     QueueView,
+    ScheduleTemplateView,
+    ScheduleView,
     WorkerView,
 )
 
@@ -187,4 +190,37 @@ def artifact_view(a: Artifact) -> ArtifactView:
         sha256=a.sha256,
         created_at=_at(a.created_at),
         expires_at=_at(a.expires_at),
+    )
+
+
+def schedule_view(s: Schedule) -> ScheduleView:
+    t = s.template
+    backoff = {
+        "base": t.backoff.base_us / 1_000_000,
+        "factor": t.backoff.factor,
+        "max": t.backoff.max_us / 1_000_000,
+    }
+    template = ScheduleTemplateView(
+        queue=t.queue,
+        handler=t.handler,
+        payload=t.payload,
+        tenant=t.tenant,
+        priority=t.priority,
+        retry_safe=t.retry_safe,
+        max_attempts=t.max_attempts,
+        backoff=backoff,
+        attempt_timeout=us_to_seconds(t.attempt_timeout_us),
+    )
+    return ScheduleView(
+        name=s.name,
+        cron=s.cron,
+        timezone=s.timezone,
+        template=template,
+        misfire=s.misfire,
+        max_catch_up=s.max_catch_up,
+        paused=s.paused,
+        next_fire_at=_at(s.next_fire_at),
+        last_fire_at=instant_to_wire(s.last_fire_at),
+        created_at=_at(s.created_at),
+        updated_at=_at(s.updated_at),
     )

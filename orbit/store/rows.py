@@ -13,8 +13,10 @@ from orbit.core.model import (
     Capability,
     Event,
     Queue,
+    Schedule,
     Session,
     Task,
+    TaskSpec,
     Token,
     assemble,
     compact_json,
@@ -324,4 +326,57 @@ def token_from_row(r: Row) -> Token:
         scopes=tuple(sorted(str(r["scopes"]).split(","))),
         created_at=int(r["created_at"]),
         revoked_at=None if revoked_at is None else int(revoked_at),
+    )
+
+
+def template_json(spec: TaskSpec, payload: str) -> str:
+    """A schedule's template as its column holds it; ``payload`` is the canonical JSON
+    ``check_schedule`` returned."""
+    return json.dumps(
+        {
+            "queue": spec.queue,
+            "handler": spec.handler,
+            "payload": payload,
+            "tenant": spec.tenant,
+            "priority": spec.priority,
+            "retry_safe": spec.retry_safe,
+            "max_attempts": spec.max_attempts,
+            "backoff": [spec.backoff.base_us, spec.backoff.factor, spec.backoff.max_us],
+            "attempt_timeout_us": spec.attempt_timeout_us,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+
+
+def template_from_json(text: str) -> TaskSpec:
+    t = json.loads(text)
+    base_us, factor, max_us = t["backoff"]
+    return TaskSpec(
+        queue=t["queue"],
+        handler=t["handler"],
+        payload=json.loads(t["payload"]),
+        tenant=t["tenant"],
+        priority=t["priority"],
+        retry_safe=t["retry_safe"],
+        max_attempts=t["max_attempts"],
+        backoff=Backoff(base_us, float(factor), max_us),
+        attempt_timeout_us=t["attempt_timeout_us"],
+    )
+
+
+def schedule_from_row(r: Row) -> Schedule:
+    return Schedule(
+        name=r["name"],
+        cron=r["cron"],
+        timezone=r["timezone"],
+        template=template_from_json(r["template"]),
+        misfire=r["misfire"],
+        max_catch_up=int(r["max_catch_up"]),
+        paused=bool(r["paused"]),
+        next_fire_at=int(r["next_fire_at"]),
+        last_fire_at=None if r["last_fire_at"] is None else int(r["last_fire_at"]),
+        created_at=int(r["created_at"]),
+        updated_at=int(r["updated_at"]),
+        version=int(r["version"]),
     )

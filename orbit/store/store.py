@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import math
 import random
 import secrets
@@ -27,6 +28,7 @@ from typing import Any, Final, TypeVar
 
 from orbit.core import transitions
 from orbit.core.batches import LazyBatch
+from orbit.core.cron import check_timezone, latest, next_after
 from orbit.core.errors import Backpressure, Code, OrbitError, Rejected
 from orbit.core.ids import random8, uuid7, uuid7_many
 from orbit.core.limits import (
@@ -48,6 +50,7 @@ from orbit.core.model import (
     Outcome,
     Queue,
     Receipt,
+    Schedule,
     Session,
     Task,
     TaskSpec,
@@ -59,11 +62,13 @@ from orbit.core.model import (
 from orbit.core.states import LIVE_ATTEMPT_STATES, SessionState, TaskState
 from orbit.core.transitions import Plan
 from orbit.core.validate import (
+    DEFAULT_MAX_CATCH_UP,
     DEFAULT_MAX_PAYLOAD_BYTES,
     MAX_ATTEMPT_NUMBER,
     MAX_DURATION_US,
     MAX_GLOBAL_CAP,
     MAX_TENANT_CAP,
+    MISFIRE_GRACE_US,
     check_deadline,
     check_int,
     check_json_depth,
@@ -72,6 +77,7 @@ from orbit.core.validate import (
     check_payload,
     check_queue_cap_values,
     check_queue_caps,
+    check_schedule,
     check_spec,
 )
 from orbit.store import rows as R
@@ -86,6 +92,7 @@ from orbit.store.driver import (
 )
 from orbit.tokens import token_id as parse_token_id
 
+_log = logging.getLogger("orbit.store")
 T = TypeVar("T")
 Clock = Callable[[], int]
 
@@ -737,6 +744,252 @@ class Store:
 
         return self._tx(work)
 
+    # ------------------------------------------------------------------ schedules
+
+    def schedule_create(
+        self,
+        name: str,
+        *,
+        cron: str,
+        timezone: str,
+        template: TaskSpec,
+        misfire: str = "skip",
+        max_catch_up: int = DEFAULT_MAX_CATCH_UP,
+        paused: bool = False,
+    ) -> Schedule:
+        """Create a schedule, its first fire the first instant after now. Everything is
+        checked before the transaction (``check_schedule``); the template's queue must
+        exist (QUEUE_NOT_FOUND), the name be new (SCHEDULE_EXISTS)."""
+        payload = check_schedule(
+            name, cron, timezone, template, misfire, max_catch_up, self.config.max_payload_bytes
+        )
+        zone = check_timezone(timezone)
+        next_after(cron, zone, self._now())  # INVALID_CRON if it never matches
+
+        def work(tx: _Tx) -> Schedule:
+            now = tx.now()
+            if not tx.fetch("queue_get", name=template.queue):
+                raise OrbitError(
+                    Code.QUEUE_NOT_FOUND,
+                    f"no queue named {template.queue!r:.80}",
+                    field="template.queue",
+                )
+            first = next_after(cron, zone, now)
+            made = tx.fetch(
+                "schedule_insert",
+                name=name,
+                cron=cron,
+                timezone=timezone,
+                template=R.template_json(template, payload),
+                misfire=misfire,
+                max_catch_up=max_catch_up,
+                paused=paused,
+                next_fire_at=first,
+                now=now,
+            )
+            if not made:
+                raise OrbitError(
+                    Code.SCHEDULE_EXISTS, f"schedule {name} already exists", field="name"
+                )
+            data: dict[str, Any] = {"schedule": name, "cron": cron, "timezone": timezone}
+            data.update(misfire=misfire, max_catch_up=max_catch_up, next_fire_at=first)
+            tx.events([Event(kind="schedule.created", queue=template.queue, data=data)])
+            return R.schedule_from_row(tx.fetch("schedule_get", name=name)[0])
+
+        return self._tx(work)
+
+    def schedule_get(self, name: str) -> Schedule:
+        found = self._read("schedule_get", name=name)
+        if not found:
+            raise _no_schedule(name)
+        return R.schedule_from_row(found[0])
+
+    def schedule_list(
+        self, *, after_name: str | None = None, limit: int | None = None
+    ) -> list[Schedule]:
+        """Schedules in name order after ``after_name``, at most ``limit`` (1 to 1,000;
+        None: all): keyset pagination, as ``queue_list``."""
+        if limit is not None:
+            check_int("limit", limit, 1, 1000)
+        rows = self._read("schedule_list", after_name=after_name or "", limit=limit)
+        return [R.schedule_from_row(r) for r in rows]
+
+    def schedule_pause(self, name: str) -> Schedule:
+        """Stop firing. A no-op on a paused schedule."""
+        return self._schedule_set_paused(name, True)
+
+    def schedule_resume(self, name: str) -> Schedule:
+        """Fire again from the first instant after now: the instants that passed while it
+        was paused are not misfires (an operator chose them), whatever its policy."""
+        return self._schedule_set_paused(name, False)
+
+    def _schedule_set_paused(self, name: str, paused: bool) -> Schedule:
+        def work(tx: _Tx) -> Schedule:
+            found = tx.fetch("schedule_lock", name=name)
+            if not found:
+                raise _no_schedule(name)
+            s = R.schedule_from_row(found[0])
+            if s.paused == paused:
+                return s
+            now = tx.now()
+            next_fire = s.next_fire_at
+            if not paused:
+                next_fire = next_after(s.cron, check_timezone(s.timezone), now)
+            _guarded(
+                "schedule_write",
+                tx.execute(
+                    "schedule_write",
+                    name=name,
+                    version=s.version,
+                    paused=paused,
+                    next_fire_at=next_fire,
+                    last_fire_at=s.last_fire_at,
+                    now=now,
+                ),
+                1,
+            )
+            kind = "schedule.paused" if paused else "schedule.resumed"
+            data: dict[str, Any] = {"schedule": name, "next_fire_at": next_fire}
+            tx.events([Event(kind=kind, queue=s.template.queue, data=data)])
+            return R.schedule_from_row(tx.fetch("schedule_get", name=name)[0])
+
+        return self._tx(work)
+
+    def schedule_delete(self, name: str) -> Schedule:
+        """Delete a schedule; the tasks it made are left as they are."""
+
+        def work(tx: _Tx) -> Schedule:
+            found = tx.fetch("schedule_lock", name=name)
+            if not found:
+                raise _no_schedule(name)
+            s = R.schedule_from_row(found[0])
+            tx.execute("schedule_delete", name=name)
+            tx.events(
+                [Event(kind="schedule.deleted", queue=s.template.queue, data={"schedule": name})]
+            )
+            return s
+
+        return self._tx(work)
+
+    def schedule_due_in(self) -> float | None:
+        """Seconds until the soonest unpaused schedule is due (negative: overdue), or
+        None if there is none."""
+        found = self._read("schedule_due_in")
+        soonest = found[0]["next_fire_at"] if found else None
+        if soonest is None:
+            return None
+        return (int(soonest) - self._now()) / 1_000_000
+
+    def schedule_fire_due(self, limit: int = 100) -> int:
+        """Fire what is due now: every due schedule's next instant, each in its own
+        transaction (``schedule_fire``), at most ``limit`` of them; return how many tasks
+        were made. A schedule with more due (catch_up) is read again by the next pass;
+        one whose fire failed (a full queue, say) stays due, and is tried again then."""
+        now = self._now()
+        rows = self._read("schedule_due", now=now, limit=limit)
+        made = 0
+        for row in rows:
+            try:
+                made += self.schedule_fire(R.schedule_from_row(row), now)
+            except OrbitError as exc:
+                # Nothing was written: the instant stays due and the next pass tries it.
+                _log.warning("schedule %s did not fire: %s", row["name"], exc)
+        return made
+
+    def schedule_fire(self, s: Schedule, now: int) -> int:
+        """Fire ``s`` (as read at ``now``, when it was due) once: submit its template for
+        the oldest instant its misfire policy keeps (``fire_plan``) in the transaction
+        that advances its ``next_fire_at`` and writes a ``schedule.fired`` event, or,
+        if the policy keeps none, only advance it past now (``schedule.skipped``).
+        Return the tasks made (0 or 1).
+
+        Two guards keep an instant from firing twice. The row is locked as read (its
+        version), skipping a row another node's fire holds (``FOR UPDATE SKIP LOCKED``):
+        that fire moves it on, so this one would be stale; a row changed since it was
+        read is left to the next pass. And the task's idempotency key is the schedule's
+        and the instant's (``fire_key``): a fire that committed but whose reply was lost,
+        then retried, finds its task rather than making another."""
+        plan = fire_plan(s, now)
+        if plan.instant is None:
+
+            def advance(tx: _Tx) -> None:
+                at = tx.now()
+                if not tx.fetch("schedule_lock_due", name=s.name, version=s.version, now=at):
+                    return
+                _guarded(
+                    "schedule_write",
+                    tx.execute(
+                        "schedule_write",
+                        name=s.name,
+                        version=s.version,
+                        paused=False,
+                        next_fire_at=plan.next_fire_at,
+                        last_fire_at=s.last_fire_at,
+                        now=at,
+                    ),
+                    1,
+                )
+                data: dict[str, Any] = {
+                    "schedule": s.name,
+                    "missed_from": s.next_fire_at,
+                    "next_fire_at": plan.next_fire_at,
+                }
+                tx.events([Event(kind="schedule.skipped", queue=s.template.queue, data=data)])
+
+            self._tx(advance)
+            return 0
+        instant = plan.instant
+        key = fire_key(s, instant)
+
+        def first(tx: _Tx) -> None:
+            at = tx.now()
+            if not tx.fetch("schedule_lock_due", name=s.name, version=s.version, now=at):
+                raise _Moved
+            _guarded(
+                "schedule_write",
+                tx.execute(
+                    "schedule_write",
+                    name=s.name,
+                    version=s.version,
+                    paused=False,
+                    next_fire_at=plan.next_fire_at,
+                    last_fire_at=instant,
+                    now=at,
+                ),
+                1,
+            )
+            data: dict[str, Any] = {
+                "schedule": s.name,
+                "instant": instant,
+                "idempotency_key": key,
+                "next_fire_at": plan.next_fire_at,
+            }
+            tx.events(
+                [
+                    Event(
+                        kind="schedule.fired",
+                        queue=s.template.queue,
+                        tenant=s.template.tenant,
+                        data=data,
+                    )
+                ]
+            )
+
+        spec = replace(s.template, idempotency_key=key)
+        try:
+            done = self.task_submit_rendered([spec], _same, first=first)
+        except _Moved:
+            return 0
+        return int(done[0].created)
+
+    def _now(self) -> int:
+        """The clock outside a transaction: the test clock, else the database's."""
+        if self._clock is not None:
+            return self._clock()
+        if self.backend == "postgres":
+            return int(self._read("clock_now")[0]["now"])
+        return time.time_ns() // 1000
+
     # ------------------------------------------------------------------ submit
 
     def task_submit(self, spec: TaskSpec) -> Submitted:
@@ -760,6 +1013,7 @@ class Store:
         render: Callable[[Submitted], T],
         *,
         fields_checked: bool = False,
+        first: Callable[[_Tx], None] | None = None,
     ) -> list[T]:
         """``task_submit_many``, each result passed through ``render`` while the database
         writes the chunk after it (or its own, for the last): an HTTP reply's views are
@@ -828,6 +1082,8 @@ class Store:
             return chunk, [check_payload(s.payload, most)[0] for s in chunk]
 
         def work(tx: _Tx) -> list[T]:
+            if first is not None:
+                first(tx)
             # The queues, the tenants' caps on waiting tasks and the clock in one round
             # trip (one statement on PostgreSQL).
             queue_rows, tenant_caps = tx.lock_many(
@@ -2438,6 +2694,54 @@ def _check_batch(attempt_ids: Sequence[str], max_batch: int) -> None:
         raise OrbitError(Code.INVALID_ARGUMENT, f"a batch holds at most {max_batch} attempts")
     if len(set(attempt_ids)) != len(attempt_ids):
         raise OrbitError(Code.INVALID_ARGUMENT, "a batch names an attempt more than once")
+
+
+class _Moved(Exception):
+    """A schedule's row was fired or changed by another transaction since it was read."""
+
+
+def _no_schedule(name: str) -> OrbitError:
+    return OrbitError(Code.SCHEDULE_NOT_FOUND, f"no schedule named {name!r:.80}", field="name")
+
+
+@dataclass(frozen=True)
+class FirePlan:
+    """What one fire of a schedule does: submit for ``instant`` (None: nothing), then
+    wait for ``next_fire_at``."""
+
+    instant: int | None
+    next_fire_at: int
+
+
+def fire_plan(s: Schedule, now: int) -> FirePlan:
+    """The misfire policy applied to the instants due at ``now`` (docs/concepts.md,
+    "Schedules"). An instant no more than ``MISFIRE_GRACE_US`` old is on time and always
+    fires; older ones were missed (the cluster was down, or a full queue refused the
+    fire): ``skip`` drops them, ``run_once`` fires the latest of them once for all,
+    ``catch_up`` fires each of the latest ``max_catch_up`` of them, oldest first. One
+    instant per fire; the next fire (the next pass) takes the next kept one."""
+    zone = check_timezone(s.timezone)
+    n = s.max_catch_up + 2 if s.misfire == "catch_up" else 3
+    due = latest(s.cron, zone, now, s.next_fire_at, n)
+    on_time = [d for d in due if now - d <= MISFIRE_GRACE_US]
+    missed = [d for d in due if now - d > MISFIRE_GRACE_US]
+    kept = []
+    if s.misfire == "run_once":
+        kept = missed[-1:]
+    elif s.misfire == "catch_up":
+        kept = missed[-s.max_catch_up :]
+    fire = sorted(kept + on_time)
+    if not fire:
+        return FirePlan(None, next_after(s.cron, zone, max(now, s.next_fire_at)))
+    following = fire[1] if len(fire) > 1 else next_after(s.cron, zone, fire[0])
+    return FirePlan(fire[0], following)
+
+
+def fire_key(s: Schedule, instant: int) -> str:
+    """The idempotency key of ``s``'s task for ``instant``: the schedule's name, when it
+    was created (so that a schedule deleted and made again under its name is a new
+    one) and the instant, all in microseconds."""
+    return f"schedule:{s.name}:{s.created_at}:{instant}"
 
 
 def _no_session(session_id: str) -> OrbitError:

@@ -155,6 +155,9 @@ def test_bad_arguments_get_clear_messages(orbit: Run, tmp_path: Path) -> None:
     for cache in ("-1", "3601", "soon"):
         refused = orbit("server", "--db", f"sqlite:///{unused}", "--token-cache", cache)
         assert refused.returncode == 2 and "--token-cache" in refused.stderr, refused.stderr
+    for every in ("0", "31", "soon"):  # past 30 s an on-time instant would be a misfire
+        refused = orbit("server", "--db", f"sqlite:///{unused}", "--schedule-interval", every)
+        assert refused.returncode == 2 and "--schedule-interval" in refused.stderr
     assert not unused.parent.exists()
     assert orbit("task", "ls", "--limit", "0").returncode == 2
 
@@ -1881,3 +1884,55 @@ def test_backpressure_caps_and_a_full_queue(orbit: Run) -> None:
         assert bad_tenant.returncode == 2 and "--max-queued must be" in bad_tenant.stderr
     finally:  # the module's other tests share this server: leave no cap behind
         ok(orbit("limit", "tenant", "cli-acme", "none", "--max-queued", "none"))
+
+
+def test_schedule_commands(orbit: Run) -> None:
+    ok(orbit("queue", "create", "cron-q", "--max-concurrency", "1", "--rate", "0"))
+    made = json.loads(
+        ok(
+            orbit(
+                "schedule",
+                "create",
+                "nightly",
+                "--cron",
+                "0 3 * * *",
+                "--timezone",
+                "Europe/Berlin",
+                "--queue",
+                "cron-q",
+                "--handler",
+                "report",
+                "--payload",
+                '{"kind": "daily"}',
+                "--misfire",
+                "catch_up",
+                "--max-catch-up",
+                "5",
+                "--priority",
+                "2",
+                "--json",
+            )
+        )
+    )
+    assert (made["cron"], made["misfire"], made["max_catch_up"]) == ("0 3 * * *", "catch_up", 5)
+    assert made["template"]["payload"] == {"kind": "daily"} and made["template"]["priority"] == 2
+    listed = ok(orbit("schedule", "ls"))
+    assert "nightly" in listed and "catch_up (at most 5)" in listed
+    assert json.loads(ok(orbit("schedule", "show", "nightly", "--json"))) == made
+    assert json.loads(ok(orbit("schedule", "pause", "nightly", "--json")))["paused"] is True
+    assert "paused" in ok(orbit("schedule", "show", "nightly"))
+    assert json.loads(ok(orbit("schedule", "resume", "nightly", "--json")))["paused"] is False
+    bad = orbit("schedule", "create", "x", "--cron", "* * *", "--queue", "cron-q", "--handler", "h")
+    assert bad.returncode == 3 and "INVALID_CRON" in bad.stderr
+    policy = orbit(
+        "schedule", "create", "x", "--cron", "* * * * *", "--queue", "cron-q", "--handler", "h",
+        "--misfire", "never",
+    )  # fmt: skip
+    assert policy.returncode == 2 and "--misfire" in policy.stderr
+    dup = orbit("schedule", "create", "nightly", "--cron", "0 4 * * *", "--queue", "cron-q",
+                "--handler", "h")  # fmt: skip
+    assert dup.returncode == 3 and "SCHEDULE_EXISTS" in dup.stderr
+    assert json.loads(ok(orbit("schedule", "delete", "nightly", "--json")))["name"] == "nightly"
+    gone = orbit("schedule", "show", "nightly")
+    assert gone.returncode == 3 and "SCHEDULE_NOT_FOUND" in gone.stderr
+    assert "catch_up" in ok(orbit("schedule", "create", "--help"))

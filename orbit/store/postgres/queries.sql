@@ -646,3 +646,48 @@ DELETE FROM orbit_artifacts
 WHERE id IN (SELECT id FROM orbit_artifacts WHERE expires_at <= :now
              ORDER BY expires_at LIMIT :limit FOR UPDATE SKIP LOCKED)
 RETURNING id;
+
+-- name: schedule_insert
+INSERT INTO orbit_schedules (name, cron, timezone, template, misfire, max_catch_up, paused,
+    next_fire_at, created_at, updated_at)
+VALUES (:name, :cron, :timezone, :template, :misfire, :max_catch_up, :paused, :next_fire_at,
+    :now, :now)
+ON CONFLICT (name) DO NOTHING
+RETURNING name;
+
+-- name: schedule_get
+SELECT * FROM orbit_schedules WHERE name = :name;
+
+-- name: schedule_list
+-- A page of schedules in name order after :after_name: keyset, as queue_list.
+SELECT * FROM orbit_schedules WHERE name > :after_name ORDER BY name
+LIMIT CAST(:limit AS bigint);
+
+-- name: schedule_lock
+SELECT * FROM orbit_schedules WHERE name = :name FOR UPDATE;
+
+-- name: schedule_lock_due
+-- A fire's row, as the duty read it (:version), if it is still due and no other node's
+-- fire holds it: a node that finds it locked skips it rather than waiting to fire the
+-- same instant, which the other's commit has already moved on.
+SELECT * FROM orbit_schedules
+WHERE name = :name AND version = :version AND NOT paused AND next_fire_at <= :now
+FOR UPDATE SKIP LOCKED;
+
+-- name: schedule_due
+-- The schedules due at :now, soonest first, through orbit_schedules_due.
+SELECT * FROM orbit_schedules WHERE NOT paused AND next_fire_at <= :now
+ORDER BY next_fire_at, name LIMIT :limit;
+
+-- name: schedule_due_in
+SELECT min(next_fire_at) AS next_fire_at FROM orbit_schedules WHERE NOT paused;
+
+-- name: schedule_write
+-- A fire's or an operator's change, guarded by the row's version.
+UPDATE orbit_schedules
+SET paused = :paused, next_fire_at = :next_fire_at, last_fire_at = :last_fire_at,
+    updated_at = :now, version = version + 1
+WHERE name = :name AND version = :version;
+
+-- name: schedule_delete
+DELETE FROM orbit_schedules WHERE name = :name;

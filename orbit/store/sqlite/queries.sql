@@ -548,3 +548,42 @@ DELETE FROM orbit_artifacts
 WHERE id IN (SELECT id FROM orbit_artifacts WHERE expires_at <= :now
              ORDER BY expires_at LIMIT :limit)
 RETURNING id;
+
+-- name: schedule_insert
+INSERT INTO orbit_schedules (name, cron, timezone, template, misfire, max_catch_up, paused,
+    next_fire_at, created_at, updated_at)
+VALUES (:name, :cron, :timezone, :template, :misfire, :max_catch_up, :paused, :next_fire_at,
+    :now, :now)
+ON CONFLICT (name) DO NOTHING
+RETURNING name;
+
+-- name: schedule_get
+SELECT * FROM orbit_schedules WHERE name = :name;
+
+-- name: schedule_list
+-- A page of schedules in name order after :after_name: keyset, as queue_list.
+SELECT * FROM orbit_schedules WHERE name > :after_name ORDER BY name LIMIT coalesce(:limit, -1);
+
+-- name: schedule_lock
+-- SQLite's write transaction holds the whole database: no row lock to take.
+SELECT * FROM orbit_schedules WHERE name = :name;
+
+-- name: schedule_lock_due
+SELECT * FROM orbit_schedules
+WHERE name = :name AND version = :version AND NOT paused AND next_fire_at <= :now;
+
+-- name: schedule_due
+SELECT * FROM orbit_schedules WHERE NOT paused AND next_fire_at <= :now
+ORDER BY next_fire_at, name LIMIT :limit;
+
+-- name: schedule_due_in
+SELECT min(next_fire_at) AS next_fire_at FROM orbit_schedules WHERE NOT paused;
+
+-- name: schedule_write
+UPDATE orbit_schedules
+SET paused = :paused, next_fire_at = :next_fire_at, last_fire_at = :last_fire_at,
+    updated_at = :now, version = version + 1
+WHERE name = :name AND version = :version;
+
+-- name: schedule_delete
+DELETE FROM orbit_schedules WHERE name = :name;

@@ -1,0 +1,297 @@
+"""Schedules over HTTP on both backends (``/v1/schedules``): create, read, list a page
+at a time, pause, resume, delete; every refusal with its code and field, nothing
+written; and a fire due while the cluster was down made by the next server to start."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+
+from orbit import AsyncClient, Client
+from orbit.client import BadRequest, NotFound
+from orbit.core.cron import to_us
+from orbit.store import open_store
+from tests.conftest import ManualClock
+from tests.e2e.servers import Node, Tokens
+
+YEAR_US = 366 * 24 * 3600 * 1_000_000
+
+
+def _schedule(**kw: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "name": "nightly",
+        "cron": "0 3 * * *",
+        "timezone": "Europe/Berlin",
+        "template": {"queue": "sq", "handler": "h", "payload": {"a": 1}},
+    }
+    body.update(kw)
+    return body
+
+
+def _queue(admin: httpx.Client) -> None:
+    made = admin.post("/v1/queues", json={"name": "sq", "max_concurrency": 1, "rate": 0})
+    assert made.status_code == 201, made.text
+
+
+def _events(admin: httpx.Client) -> int:
+    return len(admin.get("/v1/events", params={"limit": 1000}).json()["items"])
+
+
+def test_create_read_list_pause_resume_delete(admin: httpx.Client, tokens: Tokens) -> None:
+    _queue(admin)
+    made = admin.post(
+        "/v1/schedules",
+        json=_schedule(
+            misfire="catch_up",
+            max_catch_up=5,
+            template={
+                "queue": "sq",
+                "handler": "h",
+                "payload": {"a": 1},
+                "priority": 3,
+                "max_attempts": 2,
+                "backoff": {"base": 2, "factor": 3, "max": 60},
+                "attempt_timeout": 30,
+            },
+        ),
+    )
+    assert made.status_code == 201, made.text
+    view = made.json()
+    assert view["name"] == "nightly" and view["timezone"] == "Europe/Berlin"
+    # 03:00 in Berlin: 02:00 UTC in winter, 01:00 in summer
+    assert view["next_fire_at"][10:] in ("T02:00:00.000000Z", "T01:00:00.000000Z")
+    assert view["template"]["backoff"] == {"base": 2.0, "factor": 3.0, "max": 60.0}
+    assert (view["misfire"], view["max_catch_up"], view["paused"]) == ("catch_up", 5, False)
+    assert admin.get("/v1/schedules/nightly").json() == view
+
+    for name in ("b", "c"):
+        assert admin.post("/v1/schedules", json=_schedule(name=name)).status_code == 201
+    first = admin.get("/v1/schedules", params={"limit": 2}).json()
+    assert [s["name"] for s in first["items"]] == ["b", "c"]
+    rest = admin.get("/v1/schedules", params={"limit": 2, "cursor": first["next_cursor"]})
+    assert [s["name"] for s in rest.json()["items"]] == ["nightly"]
+    assert rest.json()["next_cursor"] is None
+
+    paused = admin.post("/v1/schedules/nightly/pause")
+    assert paused.status_code == 200 and paused.json()["paused"] is True
+    resumed = admin.post("/v1/schedules/nightly/resume")
+    assert resumed.status_code == 200 and resumed.json()["paused"] is False
+    gone = admin.delete("/v1/schedules/nightly")
+    assert gone.status_code == 200 and gone.json()["name"] == "nightly"
+    missing = admin.get("/v1/schedules/nightly")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "SCHEDULE_NOT_FOUND"
+    for path in ("/v1/schedules/nightly/pause", "/v1/schedules/nightly/resume"):
+        assert admin.post(path).json()["error"]["code"] == "SCHEDULE_NOT_FOUND"
+    assert admin.delete("/v1/schedules/nightly").status_code == 404
+
+
+def test_writes_need_the_admin_scope(node: Node, tokens: Tokens, admin: httpx.Client) -> None:
+    _queue(admin)
+    with httpx.Client(
+        base_url=node.http, headers={"Authorization": f"Bearer {tokens.submit}"}
+    ) as submitter:
+        assert submitter.post("/v1/schedules", json=_schedule()).status_code == 403
+        assert admin.post("/v1/schedules", json=_schedule()).status_code == 201
+        assert submitter.get("/v1/schedules/nightly").status_code == 200
+        assert submitter.post("/v1/schedules/nightly/pause").status_code == 403
+        assert submitter.delete("/v1/schedules/nightly").status_code == 403
+
+
+REFUSED: list[tuple[dict[str, Any], int, str, str | None]] = [
+    ({"cron": "* * * *"}, 400, "INVALID_CRON", "cron"),
+    ({"cron": "0 0 30 2 *"}, 400, "INVALID_CRON", "cron"),
+    ({"cron": "@daily"}, 400, "INVALID_CRON", "cron"),
+    ({"timezone": "Mars/Olympus"}, 400, "INVALID_TIMEZONE", "timezone"),
+    ({"misfire": "later"}, 400, "INVALID_VALUE", "misfire"),
+    ({"max_catch_up": 0}, 400, "NUMBER_OUT_OF_RANGE", "max_catch_up"),
+    ({"max_catch_up": 1001}, 400, "NUMBER_OUT_OF_RANGE", "max_catch_up"),
+    ({"name": "bad name"}, 400, "INVALID_VALUE", "name"),
+    ({"template": {"queue": "sq"}}, 400, "MISSING_FIELD", "template.handler"),
+    (
+        {"template": {"queue": "sq", "handler": "h", "idempotency_key": "k"}},
+        400,
+        "RESPONSE_ONLY_FIELD",
+        "template.idempotency_key",
+    ),
+    (
+        {"template": {"queue": "sq", "handler": "h", "max_attempts": 0}},
+        400,
+        "NUMBER_OUT_OF_RANGE",
+        "template.max_attempts",
+    ),
+    (
+        {"template": {"queue": "sq", "handler": "h", "run_after": "2030-01-01T00:00:00Z"}},
+        400,
+        "UNKNOWN_FIELD",
+        "template.run_after",
+    ),
+    ({"template": {"queue": "nope", "handler": "h"}}, 404, "QUEUE_NOT_FOUND", "template.queue"),
+    (
+        {"template": {"queue": "sq", "handler": "h", "payload": "x" * (2 << 20)}},
+        413,
+        "PAYLOAD_TOO_LARGE",
+        "template",
+    ),
+    ({"timezone": "Europe/../UTC"}, 400, "INVALID_TIMEZONE", "timezone"),
+]
+
+
+@pytest.mark.parametrize(("change", "status", "code", "field"), REFUSED)
+def test_every_refusal_says_why_and_writes_nothing(
+    admin: httpx.Client, change: dict[str, Any], status: int, code: str, field: str | None
+) -> None:
+    _queue(admin)
+    before = _events(admin)
+    reply = admin.post("/v1/schedules", json=_schedule(**change))
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert (error["code"], error.get("field")) == (code, field), error
+    assert admin.get("/v1/schedules").json()["items"] == []
+    assert _events(admin) == before
+
+
+def test_a_taken_name_is_409(admin: httpx.Client) -> None:
+    _queue(admin)
+    assert admin.post("/v1/schedules", json=_schedule()).status_code == 201
+    before = _events(admin)
+    again = admin.post("/v1/schedules", json=_schedule(cron="0 4 * * *"))
+    assert again.status_code == 409 and again.json()["error"]["code"] == "SCHEDULE_EXISTS"
+    assert admin.get("/v1/schedules/nightly").json()["cron"] == "0 3 * * *"
+    assert _events(admin) == before
+
+
+def _await_tasks(admin: httpx.Client, n: int) -> list[dict[str, Any]]:
+    """The queue's tasks once it holds ``n`` (a bound on the wait, not a timing)."""
+    end = time.monotonic() + 60
+    while True:
+        items = admin.get("/v1/tasks", params={"queue": "sq", "limit": 100}).json()["items"]
+        if len(items) >= n:
+            return list(items)
+        assert time.monotonic() < end, f"{len(items)} of {n} tasks made"
+        time.sleep(0.05)
+
+
+def test_a_fire_due_while_the_cluster_was_down_is_made_after_a_restart(
+    db_url: str, nodes: Callable[..., Node], tokens: Tokens
+) -> None:
+    """A yearly schedule whose last three instants passed while no server ran (its
+    next_fire_at set three years back through the store): the next server to start
+    fires the latest two (catch_up, max_catch_up 2), once each."""
+    first = nodes()
+    with httpx.Client(
+        base_url=first.http, timeout=30, headers={"Authorization": f"Bearer {tokens.admin}"}
+    ) as admin:
+        _queue(admin)
+        body = _schedule(cron="0 0 1 1 *", timezone="UTC", misfire="catch_up", max_catch_up=2)
+        assert admin.post("/v1/schedules", json=body).status_code == 201
+    first.kill()
+    # While the cluster is down: the schedule resumed three years ago, as far as its
+    # row says (the store's clock set back), so its next fire is long past.
+    now = to_us(datetime.now(UTC))
+    past = open_store(db_url, clock=ManualClock(now - 3 * YEAR_US))
+    try:
+        past.schedule_pause("nightly")
+        past.schedule_resume("nightly")
+        assert past.schedule_get("nightly").next_fire_at < now - YEAR_US
+    finally:
+        past.close()
+
+    second = nodes(node_id="node-b")
+    with httpx.Client(
+        base_url=second.http, timeout=30, headers={"Authorization": f"Bearer {tokens.admin}"}
+    ) as admin:
+        tasks = _await_tasks(admin, 2)
+        year = datetime.now(UTC).year
+        instants = [to_us(datetime(y, 1, 1, tzinfo=UTC)) for y in (year - 1, year)]
+        keys = sorted(t["idempotency_key"] for t in tasks)
+        assert [int(k.rsplit(":", 1)[1]) for k in keys] == instants
+        assert all(t["payload"] == {"a": 1} for t in tasks)
+        view = admin.get("/v1/schedules/nightly").json()
+        assert view["last_fire_at"] == f"{year}-01-01T00:00:00.000000Z"
+        assert view["next_fire_at"] == f"{year + 1}-01-01T00:00:00.000000Z"
+        assert len(_await_tasks(admin, 2)) == 2  # and no more
+
+
+def test_the_clients(node: Node, tokens: Tokens, admin: httpx.Client) -> None:
+    _queue(admin)
+    with Client(node.http, tokens.admin) as c:
+        made = c.schedule_create(
+            "a", cron="*/5 * * * *", queue="sq", handler="h", payload=[1], priority=4
+        )
+        assert made["template"]["priority"] == 4 and made["timezone"] == "UTC"
+        c.schedule_create("b", cron="0 * * * *", queue="sq", handler="h", misfire="run_once")
+        assert c.schedule("b")["misfire"] == "run_once"
+        assert [s["name"] for s in c.iter_schedules(limit=1)] == ["a", "b"]
+        assert c.list_schedules(limit=1)["next_cursor"] is not None
+        assert c.schedule_pause("a")["paused"] is True
+        assert c.schedule_resume("a")["paused"] is False
+        with pytest.raises(BadRequest) as bad:
+            c.schedule_create("c", cron="0 0 30 2 *", queue="sq", handler="h")
+        assert bad.value.code == "INVALID_CRON"
+        assert c.schedule_delete("b")["name"] == "b"
+        with pytest.raises(NotFound):
+            c.schedule("b")
+
+    async def go() -> None:
+        async with AsyncClient(node.http, tokens.admin) as ac:
+            await ac.schedule_create("c", cron="0 0 * * 0", queue="sq", handler="h")
+            assert [s["name"] async for s in ac.iter_schedules(limit=1)] == ["a", "c"]
+            assert (await ac.schedules())[1]["cron"] == "0 0 * * 0"
+            assert (await ac.schedule_pause("c"))["paused"] is True
+            assert (await ac.schedule_resume("c"))["paused"] is False
+            assert (await ac.schedule("c"))["name"] == "c"
+            assert (await ac.list_schedules(limit=1))["items"][0]["name"] == "a"
+            await ac.schedule_delete("c")
+            with pytest.raises(NotFound):
+                await ac.schedule_delete("c")
+
+    asyncio.run(go())
+
+
+def test_two_nodes_fire_each_instant_once(
+    db_url: str, nodes: Callable[..., Node], tokens: Tokens
+) -> None:
+    """Two PostgreSQL nodes whose duties look every 50 ms, five yearly schedules each
+    three instants behind (catch_up): fifteen tasks and fifteen ``schedule.fired``
+    events, one of each per instant, whichever node fired it."""
+    if not db_url.startswith("postgresql"):
+        pytest.skip("one SQLite database has one server")
+    fast = ["--schedule-interval", "0.05"]
+    a, _ = nodes(args=fast), nodes(node_id="node-b", args=fast)
+    with httpx.Client(
+        base_url=a.http, timeout=30, headers={"Authorization": f"Bearer {tokens.admin}"}
+    ) as admin:
+        _queue(admin)
+        names = [f"y{i}" for i in range(5)]
+        for name in names:
+            body = _schedule(
+                name=name, cron="0 0 1 1 *", timezone="UTC", misfire="catch_up", max_catch_up=3
+            )
+            assert admin.post("/v1/schedules", json=body).status_code == 201
+        # Set every schedule ten years back at once (pause, then resume under a clock
+        # that far back), while both nodes' duties run.
+        past = open_store(db_url, clock=ManualClock(to_us(datetime.now(UTC)) - 10 * YEAR_US))
+        try:
+            for name in names:
+                past.schedule_pause(name)
+            for name in names:
+                past.schedule_resume(name)
+        finally:
+            past.close()
+        tasks = _await_tasks(admin, 15)
+        keys = [t["idempotency_key"] for t in tasks]
+        assert len(keys) == len(set(keys)) == 15
+        year = datetime.now(UTC).year
+        for name in names:
+            view = admin.get(f"/v1/schedules/{name}").json()
+            assert view["next_fire_at"] == f"{year + 1}-01-01T00:00:00.000000Z"
+        events = admin.get("/v1/events", params={"limit": 1000}).json()["items"]
+        assert sum(e["kind"] == "schedule.fired" for e in events) == 15
+        assert len(_await_tasks(admin, 15)) == 15

@@ -1,0 +1,341 @@
+"""Schedules in the store (``Store.schedule_*``), on SQLite and PostgreSQL: each fire
+instant makes one task, in the transaction that advances the schedule; the misfire
+policies after a downtime (the test clock jumps, nothing sleeps); two nodes firing at
+once on PostgreSQL make one task per instant; every rejection writes nothing."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from orbit.core.cron import to_us
+from orbit.core.errors import Code, OrbitError
+from orbit.core.model import Backoff, TaskSpec
+from orbit.store import Store, open_store
+from orbit.store.store import fire_key
+from tests.conftest import ManualClock, store_url
+from tests.invariants import check_all
+from tests.store.helpers import RACE_WAIT, queue
+
+MINUTE = 60 * 1_000_000
+#: 2027-01-15 08:00:30 UTC: half a minute past a minute
+START = to_us(datetime(2027, 1, 15, 8, 0, 30, tzinfo=UTC))
+
+
+@pytest.fixture
+def sched_clock() -> ManualClock:
+    return ManualClock(START)
+
+
+@pytest.fixture
+def st(make_store: Any, sched_clock: ManualClock) -> Store:
+    s: Store = make_store(clock=sched_clock)
+    queue(s)
+    return s
+
+
+def _make(store: Store, name: str = "every-minute", **kw: Any) -> Any:
+    args: dict[str, Any] = {
+        "cron": "* * * * *",
+        "timezone": "UTC",
+        "template": TaskSpec(queue="q", handler="h", payload={"n": 1}),
+    }
+    args.update(kw)
+    return store.schedule_create(name, **args)
+
+
+def _tasks(store: Store) -> list[Any]:
+    """The tasks schedules made (their idempotency keys say so)."""
+    every = store.task_list(queue="q", limit=1000)
+    return [t for t in every if (t.idempotency_key or "").startswith("schedule:")]
+
+
+def _keys(store: Store) -> list[str]:
+    return sorted(str(t.idempotency_key) for t in _tasks(store))
+
+
+def _instants(store: Store) -> list[int]:
+    return sorted(int(str(t.idempotency_key).rsplit(":", 1)[1]) for t in _tasks(store))
+
+
+def _fire_all(store: Store) -> int:
+    """Passes of the duty until one makes nothing and leaves nothing due."""
+    made = 0
+    for _ in range(5000):
+        n = store.schedule_fire_due()
+        made += n
+        due = store.schedule_due_in()
+        if n == 0 and (due is None or due > 0):
+            return made
+    raise AssertionError("the duty never settled")
+
+
+def _kinds(store: Store, prefix: str = "schedule.") -> list[str]:
+    return [e["kind"] for e in store.event_list() if e["kind"].startswith(prefix)]
+
+
+def test_create_get_list_and_the_first_fire_instant(st: Store) -> None:
+    s = _make(st, timezone="Europe/Berlin", cron="0 9 * * *")
+    # 08:00:30 UTC is 09:00:30 in Berlin: the first fire is tomorrow's 09:00 (08:00 UTC).
+    assert s.next_fire_at == to_us(datetime(2027, 1, 16, 8, 0, tzinfo=UTC))
+    assert (s.paused, s.misfire, s.max_catch_up, s.last_fire_at) == (False, "skip", 10, None)
+    assert st.schedule_get(s.name) == s
+    _make(st, "a", cron="*/5 * * * *")
+    _make(st, "z")
+    assert [x.name for x in st.schedule_list()] == ["a", "every-minute", "z"]
+    assert [x.name for x in st.schedule_list(after_name="a", limit=1)] == ["every-minute"]
+    assert _kinds(st) == ["schedule.created"] * 3
+    assert check_all(st) == []
+
+
+def test_each_instant_fires_once_with_the_template(st: Store, sched_clock: ManualClock) -> None:
+    template = TaskSpec(
+        queue="q",
+        handler="h",
+        payload={"n": 1},
+        tenant="t1",
+        priority=5,
+        retry_safe=True,
+        max_attempts=7,
+        backoff=Backoff(2_000_000, 3.0, 60_000_000),
+        attempt_timeout_us=30_000_000,
+    )
+    s = _make(st, template=template)
+    assert st.schedule_fire_due() == 0  # not due yet
+    sched_clock.advance(30)  # 08:01:00: due
+    assert st.schedule_fire_due() == 1
+    assert st.schedule_fire_due() == 0  # the same instant again: nothing
+    [task] = _tasks(st)
+    assert task.idempotency_key == fire_key(s, s.next_fire_at)
+    assert json.loads(task.payload) == {"n": 1}
+    assert (task.tenant, task.priority, task.retry_safe, task.max_attempts) == ("t1", 5, True, 7)
+    assert task.backoff == Backoff(2_000_000, 3.0, 60_000_000)
+    assert task.attempt_timeout_us == 30_000_000
+    after = st.schedule_get(s.name)
+    assert (after.last_fire_at, after.next_fire_at) == (s.next_fire_at, s.next_fire_at + MINUTE)
+    sched_clock.advance(60)
+    assert st.schedule_fire_due() == 1
+    assert _instants(st) == [s.next_fire_at, s.next_fire_at + MINUTE]
+    fired = [e for e in st.event_list() if e["kind"] == "schedule.fired"]
+    assert [json.loads(e["data"])["instant"] for e in fired] == _instants(st)
+    assert check_all(st) == []
+
+
+def test_a_retried_fire_finds_its_task(st: Store, sched_clock: ManualClock) -> None:
+    """The second guard: a fire whose row check passes (as if the first commit's reply
+    was lost and the row were read before it) finds the task by its key."""
+    s = _make(st)
+    sched_clock.advance(30)
+    assert st.schedule_fire(s, sched_clock.now) == 1
+    assert st.schedule_fire(s, sched_clock.now) == 0  # the row moved on: nothing
+    assert len(_tasks(st)) == 1
+
+
+@pytest.mark.parametrize(
+    ("policy", "expect"),
+    [
+        ("skip", []),
+        ("run_once", [9]),  # the latest missed instant, once
+        ("catch_up", [7, 8, 9]),  # the latest max_catch_up (3) missed, oldest first
+    ],
+)
+def test_misfire_policies_after_a_downtime(
+    st: Store, sched_clock: ManualClock, policy: str, expect: list[int]
+) -> None:
+    s = _make(st, misfire=policy, max_catch_up=3)
+    first = s.next_fire_at  # 08:01
+    # Down for ten minutes: 08:01 ... 08:10 passed unseen; now 08:10:30 + 61 s (08:11:31).
+    sched_clock.now = first + 10 * MINUTE + 31_000_000
+    _fire_all(st)
+    # 08:11 is on time (31 s old): it fires whatever the policy.
+    assert _instants(st) == [first + m * MINUTE for m in expect] + [first + 10 * MINUTE]
+    after = st.schedule_get(s.name)
+    assert after.next_fire_at == first + 11 * MINUTE
+    if policy == "skip":
+        assert _kinds(st)[-1] == "schedule.fired"
+    assert check_all(st) == []
+
+
+def test_skip_with_nothing_on_time_only_moves_on(st: Store, sched_clock: ManualClock) -> None:
+    s = _make(st, cron="0 * * * *")  # hourly: 09:00
+    sched_clock.now = s.next_fire_at + 5 * 3600 * 1_000_000 + 10 * MINUTE  # 14:10
+    assert _fire_all(st) == 0
+    assert st.schedule_get(s.name).next_fire_at == s.next_fire_at + 6 * 3600 * 1_000_000
+    assert _kinds(st) == ["schedule.created", "schedule.skipped"]
+    assert _tasks(st) == []
+
+
+def test_catch_up_is_bounded(st: Store, sched_clock: ManualClock) -> None:
+    s = _make(st, misfire="catch_up", max_catch_up=5)
+    # 1,001 instants missed, and the 1,002nd is 30 s old (on time).
+    sched_clock.now = s.next_fire_at + 1001 * MINUTE + 30_000_000
+    assert _fire_all(st) == 5 + 1
+    assert _instants(st) == [s.next_fire_at + m * MINUTE for m in range(996, 1002)]
+
+
+def test_a_full_queue_leaves_the_fire_due_and_it_is_retried(
+    st: Store, sched_clock: ManualClock
+) -> None:
+    st.queue_update("q", max_queued=1)
+    st.task_submit(TaskSpec(queue="q", handler="h"))  # the queue is full
+    s = _make(st, misfire="run_once")
+    sched_clock.advance(30)
+    before = (st.schedule_get(s.name), len(st.event_list()))
+    assert st.schedule_fire_due() == 0
+    assert (st.schedule_get(s.name), len(st.event_list())) == before  # nothing written
+    st.queue_update("q", max_queued=2)  # room again, a pass later
+    sched_clock.advance(1)
+    assert st.schedule_fire_due() == 1
+    assert _instants(st) == [s.next_fire_at]
+
+
+def test_pause_resume_and_delete(st: Store, sched_clock: ManualClock) -> None:
+    s = _make(st, misfire="catch_up")
+    assert st.schedule_pause(s.name).paused
+    assert st.schedule_pause(s.name).paused  # again: a no-op
+    sched_clock.advance(600)  # ten instants pass while paused
+    assert _fire_all(st) == 0
+    resumed = st.schedule_resume(s.name)
+    # The paused instants are not misfires: the next fire is the first after now.
+    assert not resumed.paused and resumed.next_fire_at == s.next_fire_at + 10 * MINUTE
+    sched_clock.advance(30)
+    assert _fire_all(st) == 1
+    gone = st.schedule_delete(s.name)
+    assert gone.name == s.name
+    with pytest.raises(OrbitError) as err:
+        st.schedule_get(s.name)
+    assert err.value.code == Code.SCHEDULE_NOT_FOUND
+    sched_clock.advance(60)
+    assert _fire_all(st) == 0
+    assert len(_tasks(st)) == 1  # the task it made stays
+    assert _kinds(st) == [
+        "schedule.created",
+        "schedule.paused",
+        "schedule.resumed",
+        "schedule.fired",
+        "schedule.deleted",
+    ]
+    # Made again under the same name: a new schedule, whose keys are its own.
+    again = _make(st, s.name)
+    sched_clock.now = again.next_fire_at
+    assert _fire_all(st) == 1
+    assert len(set(_keys(st))) == 2
+
+
+def test_a_missing_schedule_is_404_for_every_operation(st: Store) -> None:
+    for op in (st.schedule_get, st.schedule_pause, st.schedule_resume, st.schedule_delete):
+        with pytest.raises(OrbitError) as err:
+            op("nope")
+        assert err.value.code == Code.SCHEDULE_NOT_FOUND
+
+
+BAD: list[tuple[dict[str, Any], Code, str]] = [
+    ({"cron": "* * * *"}, Code.INVALID_CRON, "cron"),
+    ({"cron": "* * * * * *"}, Code.INVALID_CRON, "cron"),
+    ({"cron": "61 * * * *"}, Code.INVALID_CRON, "cron"),
+    ({"cron": "@daily"}, Code.INVALID_CRON, "cron"),
+    ({"cron": "0 0 30 2 *"}, Code.INVALID_CRON, "cron"),  # 30 February: never
+    ({"cron": ""}, Code.INVALID_CRON, "cron"),
+    ({"timezone": "Mars/Olympus"}, Code.INVALID_TIMEZONE, "timezone"),
+    ({"timezone": "../etc/passwd"}, Code.INVALID_TIMEZONE, "timezone"),
+    ({"timezone": ""}, Code.INVALID_TIMEZONE, "timezone"),
+    ({"misfire": "later"}, Code.INVALID_ARGUMENT, "misfire"),
+    ({"misfire": "catch_up", "max_catch_up": 0}, Code.INVALID_ARGUMENT, "max_catch_up"),
+    ({"max_catch_up": 1001}, Code.INVALID_ARGUMENT, "max_catch_up"),
+    ({"max_catch_up": True}, Code.INVALID_ARGUMENT, "max_catch_up"),
+    ({"template": TaskSpec(queue="q", handler="bad name")}, Code.INVALID_ARGUMENT, "template"),
+    (
+        {"template": TaskSpec(queue="q", handler="h", max_attempts=0)},
+        Code.INVALID_ARGUMENT,
+        "template",
+    ),
+    (
+        {"template": TaskSpec(queue="q", handler="h", idempotency_key="k")},
+        Code.INVALID_ARGUMENT,
+        "template.idempotency_key",
+    ),
+    (
+        {"template": TaskSpec(queue="q", handler="h", run_after=1)},
+        Code.INVALID_ARGUMENT,
+        "template.run_after",
+    ),
+    (
+        {"template": TaskSpec(queue="q", handler="h", deadline=1)},
+        Code.INVALID_ARGUMENT,
+        "template.deadline",
+    ),
+    (
+        {"template": TaskSpec(queue="q", handler="h", parent_id="x")},
+        Code.INVALID_ARGUMENT,
+        "template.parent_id",
+    ),
+    (
+        {"template": TaskSpec(queue="nope", handler="h")},
+        Code.QUEUE_NOT_FOUND,
+        "template.queue",
+    ),
+]
+
+
+@pytest.mark.parametrize(("change", "code", "field"), BAD)
+def test_every_rejection_writes_nothing(
+    st: Store, change: dict[str, Any], code: Code, field: str
+) -> None:
+    before = len(st.event_list())
+    with pytest.raises(OrbitError) as err:
+        _make(st, **change)
+    assert (err.value.code, err.value.field) == (code, field), err.value
+    assert st.schedule_list() == [] and len(st.event_list()) == before
+
+
+def test_a_bad_name_and_a_taken_name(st: Store) -> None:
+    with pytest.raises(OrbitError) as err:
+        _make(st, "bad name")
+    assert err.value.code == Code.INVALID_ARGUMENT
+    first = _make(st)
+    before = len(st.event_list())
+    with pytest.raises(OrbitError) as err:
+        _make(st, cron="0 * * * *")
+    assert (err.value.code, err.value.field) == (Code.SCHEDULE_EXISTS, "name")
+    assert st.schedule_list() == [first] and len(st.event_list()) == before
+
+
+def test_two_nodes_fire_each_instant_once(
+    backend: str, st: Store, sched_clock: ManualClock
+) -> None:
+    """Two stores on one PostgreSQL database (two nodes) run their duty at once, over
+    and over, through a downtime's catch_up: each instant makes exactly one task."""
+    if backend != "postgres":
+        pytest.skip("one SQLite database has one server")
+    other = open_store(store_url(st), clock=sched_clock)
+    try:
+        for i in range(5):
+            _make(st, f"s{i}", misfire="catch_up", max_catch_up=20)
+        sched_clock.now = START + 20 * MINUTE  # 20 instants due for each
+        barrier = threading.Barrier(2)
+        errors: list[BaseException] = []
+
+        def duty(store: Store) -> None:
+            try:
+                barrier.wait(RACE_WAIT)
+                _fire_all(store)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=duty, args=(s,)) for s in (st, other)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(RACE_WAIT * 4)
+        assert errors == []
+        keys = _keys(st)
+        assert len(keys) == len(set(keys)) == 5 * 20
+        fired = [e for e in st.event_list(limit=1000) if e["kind"] == "schedule.fired"]
+        assert len(fired) == 100
+        assert check_all(st) == []
+    finally:
+        other.close()
