@@ -1,0 +1,90 @@
+"""PostgreSQL: tell the other nodes' event streams that this node committed events.
+
+Most commits that write events already send the other nodes a notice (``orbit_ready``
+for a task readied or a permit freed, ``orbit_cancel``), and a node's LISTEN wakes its
+streams on any of them (orbit/server/listen.py). The rest (a claim, a start, a
+progress report, a queue's settings) send none, and a NOTIFY in each of those
+transactions would cost every one of them, on the drain's path, a write and the
+commit-time lock that serialises notifying commits. So this node sends the notice
+itself, after the commit and outside it: ``announce_threadsafe`` (called from
+``Store.on_events``) only marks it due, and one ``NOTIFY orbit_events, '<origin>'`` goes
+out on a connection of its own, at most one every ``GAP_S``, however many commits asked
+for it meanwhile. A node skips its own (its streams were woken in-process).
+
+A notice lost (this connection away, a node of an older version that sends none) only
+delays the other nodes' streams until their next poll: a wake is a hint, and a stream
+always reads from its cursor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import psycopg
+
+from orbit.server.listen import EVENTS_CHANNEL, connect
+
+log = logging.getLogger("orbit.server")
+
+#: the least time between two notices: a burst of commits sends one per gap
+GAP_S = 0.02
+#: the pause before connecting again after the connection failed
+RETRY_S = 1.0
+
+
+class Announcer:
+    """Sends this node's coalesced ``orbit_events`` notices."""
+
+    def __init__(self, dsn: str, origin: str) -> None:
+        self.dsn = dsn
+        self.origin = origin
+        self.sent = 0  # notices sent (tests)
+        self._due = asyncio.Event()
+        self._queued = False  # an announce_threadsafe is on its way to the loop
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def _mark(self) -> None:
+        self._queued = False
+        self._due.set()
+
+    def announce_threadsafe(self) -> None:
+        """Events were committed with no notice: send one soon. One hop to the loop for
+        any number of calls made before the loop runs it."""
+        if not self._queued and self._loop is not None:
+            self._queued = True
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                self._loop.call_soon_threadsafe(self._mark)
+
+    async def run(self) -> None:
+        """For the server's life: send a notice whenever one is due, then rest ``GAP_S``."""
+        cx: psycopg.AsyncConnection[Any] | None = None
+        try:
+            while True:
+                await self._due.wait()
+                self._due.clear()
+                try:
+                    if cx is None or cx.closed:
+                        cx = await connect(self.dsn)
+                    await cx.execute("SELECT pg_notify(%s, %s)", (EVENTS_CHANNEL, self.origin))
+                    self.sent += 1
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # the other nodes fall back on their poll
+                    log.warning("sending orbit_events failed (%s)", type(exc).__name__)
+                    if cx is not None:
+                        with contextlib.suppress(Exception):
+                            await cx.close()
+                    cx = None
+                    await asyncio.sleep(RETRY_S)
+                    continue
+                await asyncio.sleep(GAP_S)
+        finally:
+            if cx is not None:
+                with contextlib.suppress(Exception):
+                    await cx.close()
