@@ -25,6 +25,7 @@ from typing import Any
 
 import psycopg
 
+from orbit.server.hints import Hint
 from orbit.server.listen import EVENTS_CHANNEL, connect
 
 log = logging.getLogger("orbit.server")
@@ -43,26 +44,19 @@ class Announcer:
         self.origin = origin
         self.sent = 0  # notices sent (tests)
         self._due = asyncio.Event()
-        self._queued = False  # an announce_threadsafe is on its way to the loop
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._hint = Hint(self._due.set, GAP_S)
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-
-    def _mark(self) -> None:
-        self._queued = False
-        self._due.set()
+        self._hint.bind(loop)
 
     def announce_threadsafe(self) -> None:
-        """Events were committed with no notice: send one soon. One hop to the loop for
-        any number of calls made before the loop runs it."""
-        if not self._queued and self._loop is not None:
-            self._queued = True
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                self._loop.call_soon_threadsafe(self._mark)
+        """Events were committed with no notice: send one soon. An attribute write per
+        call, and at most one hop to the loop per ``GAP_S`` (``Hint``)."""
+        self._hint.raise_threadsafe()
 
     async def run(self) -> None:
-        """For the server's life: send a notice whenever one is due, then rest ``GAP_S``."""
+        """For the server's life: send a notice whenever one is due (at most one per
+        ``GAP_S``, or one per round trip if that is longer)."""
         cx: psycopg.AsyncConnection[Any] | None = None
         try:
             while True:
@@ -82,8 +76,6 @@ class Announcer:
                             await cx.close()
                     cx = None
                     await asyncio.sleep(RETRY_S)
-                    continue
-                await asyncio.sleep(GAP_S)
         finally:
             if cx is not None:
                 with contextlib.suppress(Exception):

@@ -11,13 +11,14 @@ either backend; one server per SQLite file, so that is all of them) and, on Post
 from the other nodes' commits through LISTEN (orbit/server/listen.py): any notice they
 already send (``orbit_ready``, ``orbit_cancel``), and ``orbit_events``, which a node
 sends, coalesced, after commits of events that sent no notice (orbit/server/
-announce.py). Wakes are coalesced too: a stream reads at most once per ``WAKE_GAP_S``
-however many commits woke it, so a burst of events costs each stream a read per gap
-(of up to ``PAGE`` events), not one per commit. On PostgreSQL a read returns only the
-events below the horizon (the oldest running transaction): when it says some were held
-back, the stream reads again after a short pause that doubles up to ``poll`` while they
-stay held back (``HELD_BACK_S``), rather than waiting the whole ``poll`` or re-reading
-at every wake. Nothing at all is read while nobody subscribes.
+announce.py). Wakes are coalesced (orbit/server/hints.py), and so are reads: a stream
+reads at most once per ``WAKE_GAP_S`` however many commits woke it, so a burst of
+events costs each stream a read per gap (of up to ``PAGE`` events), not one per commit.
+On PostgreSQL a read returns only the events below the horizon (the oldest running
+transaction): when it says some were held back, the stream reads again after a short
+pause that doubles up to ``poll`` while they stay held back and it is not woken
+(``HELD_BACK_S``), rather than waiting the whole ``poll``; woken, it still reads at
+most once per gap, so it never spins. Nothing at all is read while nobody subscribes.
 
 Each event goes out with its cursor (the SSE ``id``; a WebSocket frame's ``cursor``): a
 client that reconnects from it (SSE's ``Last-Event-ID``, which a browser's EventSource
@@ -49,6 +50,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from orbit.core.model import compact_json
 from orbit.server.errors import ApiError
+from orbit.server.hints import Hint
 from orbit.server.views import event_view
 from orbit.store import Store
 
@@ -88,11 +90,10 @@ class Streams:
         self._closing = asyncio.Event()
         #: set (and replaced by a fresh one) by the next wake, or by ``close``
         self._woken = asyncio.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._wake_queued = False  # a wake_threadsafe is on its way to the loop
+        self._hint = Hint(self.wake, WAKE_GAP_S)
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self._hint.bind(loop)
 
     def woken(self) -> asyncio.Event:
         """What the next wake sets. A stream takes it before it reads, and after the
@@ -102,18 +103,15 @@ class Streams:
     def wake(self) -> None:
         """Events were committed: every stream waiting for a wake reads again (within
         ``WAKE_GAP_S`` of its last read). Runs on the event loop."""
-        self._wake_queued = False
         woken, self._woken = self._woken, asyncio.Event()
         woken.set()
 
     def wake_threadsafe(self) -> None:
-        """``wake`` from another thread (``Store.on_events`` runs in the store's). Costs
-        nothing while no stream is open, and one hop to the loop for any number of calls
-        made before the loop runs it."""
-        if self.open and not self._wake_queued and self._loop is not None:
-            self._wake_queued = True
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                self._loop.call_soon_threadsafe(self.wake)
+        """``wake`` from another thread (``Store.on_events`` runs in the store's): nothing
+        while no stream is open, and at most one hop to the loop per ``WAKE_GAP_S``
+        however many commits call it (``Hint``)."""
+        if self.open:
+            self._hint.raise_threadsafe()
 
     @property
     def closing(self) -> bool:
@@ -267,7 +265,7 @@ class Tail:
                 yield Stopped("SHUTTING_DOWN")
                 return
             if not more or not complete:
-                if await self._wait(complete):
+                if await self._wait(complete, progressed=bool(rows)):
                     yield Stopped("SHUTTING_DOWN")
                     return
                 if time.monotonic() - self._quiet_since >= self.streams.keepalive_s:
@@ -288,16 +286,17 @@ class Tail:
         self.position = (int(last["xid"]), int(last["id"]))
         return out
 
-    async def _wait(self, complete: bool) -> bool:
+    async def _wait(self, complete: bool, *, progressed: bool) -> bool:
         """Wait until the next read is due: a wake, or ``poll`` seconds, or (the last read
         said events were held back) a pause of ``HELD_BACK_S`` doubled at each read that
-        finds them still held, up to ``poll``. A wake never brings a read sooner than
-        ``WAKE_GAP_S`` after the last, so neither a burst of wakes nor a wake for events
-        still behind the horizon makes the stream spin. True if the server began
-        shutting down meanwhile."""
+        finds them still held and returns nothing, up to ``poll``. A wake never brings a
+        read sooner than ``WAKE_GAP_S`` after the last, so neither a burst of wakes nor a
+        wake for events still behind the horizon makes the stream spin. True if the
+        server began shutting down meanwhile."""
         poll = self.streams.poll_s
-        if complete:
+        if complete or progressed:
             self._held = HELD_BACK_S
+        if complete:
             delay = poll
         else:
             delay = min(self._held, poll)
