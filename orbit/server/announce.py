@@ -56,27 +56,39 @@ class Announcer:
 
     async def run(self) -> None:
         """For the server's life: send a notice whenever one is due (at most one per
-        ``GAP_S``, or one per round trip if that is longer)."""
+        ``GAP_S``, or one per round trip if that is longer). A connection found dead (a
+        PostgreSQL restart closes it) is replaced at once; a notice that cannot be sent
+        is tried again after ``RETRY_S``, and meanwhile the other nodes' polls cover."""
         cx: psycopg.AsyncConnection[Any] | None = None
         try:
             while True:
                 await self._due.wait()
                 self._due.clear()
-                try:
-                    if cx is None or cx.closed:
-                        cx = await connect(self.dsn)
-                    await cx.execute("SELECT pg_notify(%s, %s)", (EVENTS_CHANNEL, self.origin))
-                    self.sent += 1
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # the other nodes fall back on their poll
-                    log.warning("sending orbit_events failed (%s)", type(exc).__name__)
-                    if cx is not None:
-                        with contextlib.suppress(Exception):
-                            await cx.close()
-                    cx = None
-                    await asyncio.sleep(RETRY_S)
+                for fresh in (cx is None, True):
+                    try:
+                        if fresh:
+                            cx = await self._reconnect(cx)
+                        assert cx is not None
+                        await cx.execute("SELECT pg_notify(%s, %s)", (EVENTS_CHANNEL, self.origin))
+                        self.sent += 1
+                        break
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as exc:
+                        if fresh:
+                            log.warning("sending orbit_events failed (%s)", type(exc).__name__)
+                            await asyncio.sleep(RETRY_S)
+                            self._due.set()
+                            break
         finally:
-            if cx is not None:
-                with contextlib.suppress(Exception):
-                    await cx.close()
+            await self._close(cx)
+
+    async def _reconnect(self, cx: psycopg.AsyncConnection[Any] | None) -> Any:
+        await self._close(cx)
+        return await connect(self.dsn)
+
+    @staticmethod
+    async def _close(cx: psycopg.AsyncConnection[Any] | None) -> None:
+        if cx is not None:
+            with contextlib.suppress(Exception):
+                await cx.close()

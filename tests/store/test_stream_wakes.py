@@ -173,3 +173,43 @@ def test_listen_wakes_the_streams_on_other_nodes_notices_not_its_own(store: Stor
 
     asyncio.run(run())
     assert woken == ["wake", "wake", "other", "wake"]
+
+
+def test_the_announcer_replaces_a_connection_found_dead(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A PostgreSQL restart (here: its backend terminated) closes the announcer's
+    connection; the next notice goes out on a new one, not after a failure's retry."""
+    if store.backend != "postgres":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
+    dsn: str = store.driver.dsn  # type: ignore[attr-defined]
+
+    async def next_notice(other: psycopg.AsyncConnection[object]) -> str:
+        async with asyncio.timeout(_WAIT):
+            async for note in other.notifies():
+                return note.payload
+        raise AssertionError("the notices ended")
+
+    async def run() -> None:
+        announcer = Announcer(dsn, store.origin)
+        announcer.bind(asyncio.get_running_loop())
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other:
+            await other.execute(f"LISTEN {EVENTS_CHANNEL}")
+            sending = asyncio.create_task(announcer.run())
+            try:
+                announcer.announce_threadsafe()
+                assert await next_notice(other) == store.origin
+                async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as cx:
+                    ended = await cx.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND query LIKE 'SELECT pg_notify%'"
+                    )
+                    assert await ended.fetchall() == [(True,)]
+                announcer._due.set()  # as the hint does once its gap is over
+                assert await next_notice(other) == store.origin
+            finally:
+                sending.cancel()
+                await asyncio.gather(sending, return_exceptions=True)
+
+    asyncio.run(run())
+    assert "sending orbit_events failed" not in caplog.text
