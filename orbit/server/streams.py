@@ -102,7 +102,10 @@ class Streams:
 
     def wake(self) -> None:
         """Events were committed: every stream waiting for a wake reads again (within
-        ``WAKE_GAP_S`` of its last read). Runs on the event loop."""
+        ``WAKE_GAP_S`` of its last read). Runs on the event loop; nothing while no stream
+        is open (LISTEN calls it for every other node's notice)."""
+        if not self.open:
+            return
         woken, self._woken = self._woken, asyncio.Event()
         woken.set()
 
