@@ -348,9 +348,11 @@ def server(
     stream_poll: Annotated[
         float,
         typer.Option(
-            min=0.05, help="how often each open event stream reads the log for new events, s"
+            min=0.05,
+            help="the longest an open event stream goes without reading the log, s: "
+            "commits wake streams at once, and this poll finds what a lost wake missed",
         ),
-    ] = 0.5,
+    ] = 2.0,
     stream_keepalive: Annotated[
         float,
         typer.Option(

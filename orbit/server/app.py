@@ -27,6 +27,7 @@ from orbit.core.errors import OrbitError
 from orbit.core.model import Queue
 from orbit.protocol.decode import DecodeError
 from orbit.server import artifacts, errors
+from orbit.server.announce import Announcer
 from orbit.server.auth import TokenCheck
 from orbit.server.direct import DirectRoutes
 from orbit.server.errors import ApiError
@@ -57,7 +58,7 @@ class ServerSettings:
     max_body_bytes: int = 16 * 1024 * 1024
     token_cache_s: float = CACHE_SECONDS  # how long a token check's answer is trusted
     max_streams: int = 100  # event streams open at once on this node (orbit.server.streams)
-    stream_poll_s: float = 0.5  # how often each stream reads the log for new events
+    stream_poll_s: float = 2.0  # the safety net under the wakes (orbit.server.streams)
     stream_keepalive_s: float = 15.0  # an idle stream's comment, so proxies keep it open
     store_config: StoreConfig = field(default_factory=StoreConfig)
 
@@ -202,6 +203,15 @@ async def _scheduler(store: Store, interval: float) -> None:
         await asyncio.sleep(delay)
 
 
+def _events_committed(streams: Streams, announcer: Announcer | None, notified: bool) -> None:
+    """``Store.on_events``, in the committing thread: wake this node's streams, and (on
+    PostgreSQL) the other nodes' by an ``orbit_events`` notice if the commit sent them
+    none of its own (which wakes them too)."""
+    streams.wake_threadsafe()
+    if announcer is not None and not notified:
+        announcer.announce_threadsafe()
+
+
 def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
     """Build the app. The store is opened (and migrated) at startup unless given."""
 
@@ -232,6 +242,16 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
         # A revoke through this node closes its connections at once (any backend: a node
         # skips its own NOTIFY); the re-check catches those it never heard of.
         store.on_revoked = revocations.revoked_threadsafe
+        # A commit of events wakes this node's streams in-process (the only wake on
+        # SQLite, one server per file); on PostgreSQL the other nodes hear of it by the
+        # commit's own notice, or else by this node's coalesced orbit_events.
+        streams: Streams = app.state.streams
+        streams.bind(asyncio.get_running_loop())
+        announcer = None
+        if store.backend == "postgres":
+            announcer = Announcer(store.driver.dsn, store.origin)  # type: ignore[attr-defined]
+            announcer.bind(asyncio.get_running_loop())
+        store.on_events = partial(_events_committed, streams, announcer)
         tasks = [
             asyncio.create_task(dispatcher.run(), name="dispatch"),
             asyncio.create_task(_reaper(store, settings.reap_interval, metrics), name="reap"),
@@ -240,8 +260,10 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
         ]
         if store.backend == "postgres":  # every node hears the others' NOTIFY
             dsn: str = store.driver.dsn  # type: ignore[attr-defined]
-            listening = listen(dsn, store.origin, dispatcher, revocations)
+            listening = listen(dsn, store.origin, dispatcher, revocations, streams.wake)
             tasks.append(asyncio.create_task(listening, name="listen"))
+        if announcer is not None:
+            tasks.append(asyncio.create_task(announcer.run(), name="announce"))
         log.info("orbit node %s serving on %s", settings.node_id, store.backend)
         try:
             yield

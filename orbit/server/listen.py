@@ -26,7 +26,9 @@ from orbit.store.postgres.driver import with_tcp_checks
 
 log = logging.getLogger("orbit.server")
 
-CHANNELS = ("orbit_ready", "orbit_cancel")
+#: another node committed events and sent no other notice (orbit/server/announce.py)
+EVENTS_CHANNEL = "orbit_events"
+CHANNELS = ("orbit_ready", "orbit_cancel", EVENTS_CHANNEL)
 
 
 async def connect(dsn: str) -> psycopg.AsyncConnection[Any]:
@@ -37,7 +39,11 @@ async def connect(dsn: str) -> psycopg.AsyncConnection[Any]:
 
 
 async def listen(
-    dsn: str, origin: str, dispatcher: Dispatcher, revocations: Revocations | None = None
+    dsn: str,
+    origin: str,
+    dispatcher: Dispatcher,
+    revocations: Revocations | None = None,
+    wake_streams: Callable[[], None] | None = None,
 ) -> None:
     """Run for the server's life, reconnecting (with backoff) whenever the connection
     fails; a reconnect catches up on anything missed meanwhile (``catch_up``).
@@ -54,10 +60,17 @@ async def listen(
     (``revocations``; a node of an older version wakes, and leaves them open).
     ``orbit_cancel`` carries ``<session id>:<attempt id>``, pushed to the session if it is
     attached here.
+
+    Every notice from another node also wakes this node's event streams
+    (``wake_streams``, orbit/server/streams.py): the commits that send one wrote events.
+    ``orbit_events`` (payload ``<origin>``) is sent for those that sent no other
+    (orbit/server/announce.py), and does nothing else.
     """
     own = f"{origin}:"
 
     def deliver(channel: str, payload: str) -> None:
+        if wake_streams is not None and not (payload == origin or payload.startswith(own)):
+            wake_streams()
         if channel == "orbit_ready":
             if payload.startswith(own):
                 return
@@ -84,6 +97,8 @@ async def listen(
                 for channel in CHANNELS:
                     await cx.execute(f"LISTEN {channel}")
                 delay = 0.5
+                if wake_streams is not None:  # events missed meanwhile
+                    wake_streams()
                 await catch_up(dispatcher)
                 if revocations is not None:  # a revoke missed meanwhile
                     await revocations.recheck()

@@ -2,12 +2,23 @@
 /v1/tasks/{id}/events/stream``) and over WebSocket (``/v1/events/ws``,
 ``/v1/tasks/{id}/events/ws``), two carriers of one reading side (``Tail``).
 
-A stream is the event feed's gap-free tail (``Store.event_list``), read again every
-``poll`` seconds: one indexed read per interval per open stream, and nothing at all
-while nobody subscribes (the task path never learns that streams exist). The LISTEN
-notices (orbit/server/listen.py) are sent only for what wakes a dispatcher (a task
-readied, a permit freed, a cancel), not for every event, so they cannot tell a stream
-that something is there to read.
+A stream is the event feed's gap-free tail (``Store.event_list``), read again when the
+node hears that events were committed (a *wake*), and in any case every ``poll``
+seconds. A wake is only a hint that reading may find something: the stream always reads
+from its cursor, so a wake lost or never sent delays an event until the next poll and
+loses nothing. The wakes come from the node's own commits (``Store.on_events``, on
+either backend; one server per SQLite file, so that is all of them) and, on PostgreSQL,
+from the other nodes' commits through LISTEN (orbit/server/listen.py): any notice they
+already send (``orbit_ready``, ``orbit_cancel``), and ``orbit_events``, which a node
+sends, coalesced, after commits of events that sent no notice (orbit/server/
+announce.py). Wakes are coalesced (orbit/server/hints.py), and so are reads: a stream
+reads at most once per ``WAKE_GAP_S`` however many commits woke it, so a burst of
+events costs each stream a read per gap (of up to ``PAGE`` events), not one per commit.
+On PostgreSQL a read returns only the events below the horizon (the oldest running
+transaction): when it says some were held back, the stream reads again after a short
+pause that doubles up to ``poll`` while they stay held back and it is not woken
+(``HELD_BACK_S``), rather than waiting the whole ``poll``; woken, it still reads at
+most once per gap, so it never spins. Nothing at all is read while nobody subscribes.
 
 Each event goes out with its cursor (the SSE ``id``; a WebSocket frame's ``cursor``): a
 client that reconnects from it (SSE's ``Last-Event-ID``, which a browser's EventSource
@@ -39,6 +50,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from orbit.core.model import compact_json
 from orbit.server.errors import ApiError
+from orbit.server.hints import Hint
 from orbit.server.views import event_view
 from orbit.store import Store
 
@@ -55,6 +67,12 @@ READ_THREADS = 4
 END = "stream.end"
 #: how long a client told the node is full waits before it tries again (Retry-After)
 RETRY_AFTER_S = 1
+#: the least time between two reads of one stream that wakes bring on: a burst of
+#: commits costs each stream one read per gap, and a lone event waits for none of it
+WAKE_GAP_S = 0.02
+#: the first pause before reading again when a read said events were held back behind
+#: a running transaction (PostgreSQL's horizon); doubled while they stay held, up to poll
+HELD_BACK_S = 0.02
 
 
 class Streams:
@@ -70,6 +88,33 @@ class Streams:
         self.open = 0
         self.limiter = anyio.CapacityLimiter(READ_THREADS)
         self._closing = asyncio.Event()
+        #: set (and replaced by a fresh one) by the next wake, or by ``close``
+        self._woken = asyncio.Event()
+        self._hint = Hint(self.wake, WAKE_GAP_S)
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._hint.bind(loop)
+
+    def woken(self) -> asyncio.Event:
+        """What the next wake sets. A stream takes it before it reads, and after the
+        read waits for it: a wake that came during the read is not missed."""
+        return self._woken
+
+    def wake(self) -> None:
+        """Events were committed: every stream waiting for a wake reads again (within
+        ``WAKE_GAP_S`` of its last read). Runs on the event loop; nothing while no stream
+        is open (LISTEN calls it for every other node's notice)."""
+        if not self.open:
+            return
+        woken, self._woken = self._woken, asyncio.Event()
+        woken.set()
+
+    def wake_threadsafe(self) -> None:
+        """``wake`` from another thread (``Store.on_events`` runs in the store's): nothing
+        while no stream is open, and at most one hop to the loop per ``WAKE_GAP_S``
+        however many commits call it (``Hint``)."""
+        if self.open:
+            self._hint.raise_threadsafe()
 
     @property
     def closing(self) -> bool:
@@ -79,6 +124,7 @@ class Streams:
         """End every open stream (at its next wait) and refuse new ones: the server is
         shutting down. Called on the event loop."""
         self._closing.set()
+        self._woken.set()  # the streams waiting for a wake stop waiting
 
     def admit(self) -> None:
         """Count a new stream in, or refuse it: 503 ``TOO_MANY_STREAMS`` at the cap (the
@@ -103,6 +149,17 @@ class Streams:
         """Wait ``seconds``; True if the server began shutting down meanwhile."""
         try:
             await asyncio.wait_for(self._closing.wait(), seconds)
+        except TimeoutError:
+            return False
+        return True
+
+    async def wait_wake(self, woken: asyncio.Event, seconds: float) -> bool:
+        """Wait until ``woken`` is set (a wake, or the server shutting down) or
+        ``seconds`` have passed; True if it was set."""
+        if woken.is_set():
+            return True
+        try:
+            await asyncio.wait_for(woken.wait(), seconds)
         except TimeoutError:
             return False
         return True
@@ -169,6 +226,7 @@ class Tail:
         position: tuple[int, int],
         rows: list[dict[str, Any]],
         cursor_of: Callable[[dict[str, Any]], str],
+        woken: asyncio.Event,
     ) -> None:
         self.streams: Streams = conn.app.state.streams
         self.store: Store = conn.app.state.store
@@ -182,17 +240,21 @@ class Tail:
         # A task stream looks at the task's state when it has caught up, if the task may
         # have ended: at first, and after each event into a final state.
         self.check_end = task_id is not None
+        self._woken = woken  # taken before the last read: set by the next wake after it
+        self._read_at = time.monotonic()
+        self._held = HELD_BACK_S  # the next pause while events are held back
+        self._quiet_since = self._read_at  # when something was last sent
 
     async def steps(self) -> AsyncGenerator[Step, None]:
         """What to send, in order, until the stream is over (``Ended`` or ``Stopped``,
         last). A read that fails (the database away) raises here: the carrier ends the
         stream, and the client reconnects from its last cursor."""
         rows, complete = self.rows, True
-        quiet_since = time.monotonic()
+        self._quiet_since = time.monotonic()
         while True:
             if rows:
                 yield Events(self._items(rows))
-                quiet_since = time.monotonic()
+                self._quiet_since = time.monotonic()
             more = len(rows) == PAGE  # a full page: the next may follow at once
             if not more and complete and self.check_end:
                 state = await self._final_state()
@@ -206,12 +268,12 @@ class Tail:
                 yield Stopped("SHUTTING_DOWN")
                 return
             if not more or not complete:
-                if await self.streams.pause(self.streams.poll_s):
+                if await self._wait(complete, progressed=bool(rows)):
                     yield Stopped("SHUTTING_DOWN")
                     return
-                if time.monotonic() - quiet_since >= self.streams.keepalive_s:
+                if time.monotonic() - self._quiet_since >= self.streams.keepalive_s:
                     yield KeepAlive()
-                    quiet_since = time.monotonic()
+                    self._quiet_since = time.monotonic()
             # before every read, not only after a wait: a stream with a backlog reads
             # page after page without one, and read on with a revoked token
             if not await self._still_allowed():
@@ -229,8 +291,38 @@ class Tail:
         self.position = (int(last["xid"]), int(last["id"]))
         return out
 
+    async def _wait(self, complete: bool, *, progressed: bool) -> bool:
+        """Wait until the next read is due: a wake, or ``poll`` seconds, or (the last read
+        said events were held back) a pause of ``HELD_BACK_S`` doubled at each read that
+        finds them still held and returns nothing, up to ``poll``. A wake never brings a
+        read sooner than ``WAKE_GAP_S`` after the last, so neither a burst of wakes nor a
+        wake for events still behind the horizon makes the stream spin. True if the
+        server began shutting down meanwhile."""
+        poll = self.streams.poll_s
+        if complete or progressed:
+            self._held = HELD_BACK_S
+        if complete:
+            delay = poll
+        else:
+            delay = min(self._held, poll)
+            self._held = min(self._held * 2, poll)
+        # a keep-alive due before the poll is sent when it is due (a --stream-poll longer
+        # than --stream-keepalive would otherwise space them a poll apart)
+        due = self._quiet_since + self.streams.keepalive_s - time.monotonic()
+        delay = max(0.0, min(delay, due))
+        woke = await self.streams.wait_wake(self._woken, delay)
+        if self.streams.closing:
+            return True
+        if woke:
+            rest = self._read_at + WAKE_GAP_S - time.monotonic()
+            if rest > 0 and await self.streams.pause(rest):
+                return True
+        return False
+
     async def _tail(self) -> tuple[list[dict[str, Any]], bool]:
         xid, event_id = self.position
+        self._woken = self.streams.woken()
+        self._read_at = time.monotonic()
         rows, held_back = await self.streams.read(
             self.store.event_read,
             task_id=self.task_id,
@@ -411,11 +503,18 @@ async def open_tail(
     at its cap, and a cursor that names no event, are refused with their own status."""
     streams: Streams = conn.app.state.streams
     streams.admit()
+    woken = streams.woken()  # before the first read: a commit during it wakes the stream
     try:
         rows = await first_page()
     except BaseException:
         streams.release()
         raise
     return Tail(
-        conn, scope=scope, task_id=task_id, position=position, rows=rows, cursor_of=cursor_of
+        conn,
+        scope=scope,
+        task_id=task_id,
+        position=position,
+        rows=rows,
+        cursor_of=cursor_of,
+        woken=woken,
     )

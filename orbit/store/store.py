@@ -279,6 +279,10 @@ class Store:
         #: the worker connections opened with them (NOTIFY orbit_ready ``revoked`` tells
         #: the other nodes on PostgreSQL).
         self.on_revoked: Callable[[list[str]], None] | None = None
+        #: Called after a commit that wrote events, with whether it also sent the other
+        #: nodes a notice (NOTIFY on PostgreSQL; never on SQLite): the server wakes its
+        #: event streams with it, and tells the other nodes' streams if no notice did.
+        self.on_events: Callable[[bool], None] | None = None
         #: Prefixes this store's ``orbit_ready`` payloads (``<origin>:<kind>:<queue>``), so that
         #: the node owning it can ignore its own NOTIFY: ``on_ready`` already woke it, and
         #: a second wake would cost an empty claim transaction per commit.
@@ -331,6 +335,8 @@ class Store:
                     self.on_cancel(tx.cancels)
                 if tx.revoked and self.on_revoked is not None:
                     self.on_revoked(tx.revoked)
+                if tx.wrote_events and self.on_events is not None:
+                    self.on_events(bool(tx._sent))
                 return result
             except StaleWrite:
                 attempt += 1
@@ -2798,6 +2804,11 @@ def _check_capabilities(capabilities: Sequence[Capability]) -> tuple[Capability,
     return caps
 
 
+#: the writes that insert events (``task_submit_many`` inserts each new task's
+#: ``submitted``): a transaction that sent one calls ``Store.on_events`` once committed
+EVENT_WRITES = frozenset({"event_insert_many", "task_submit_many"})
+
+
 class _Tx:
     """One transaction's view: named queries, the clock, and plan application."""
 
@@ -2813,6 +2824,8 @@ class _Tx:
         #: tokens revoked: the worker connections opened with them are closed, on every node
         self.revoked: list[str] = []
         self._sent: set[Notice] = set()  # the notices already queued in this transaction
+        #: a write that inserts events has been sent (``EVENT_WRITES``)
+        self.wrote_events = False
         #: a write marked final has been sent: the transaction may have committed with it
         self._final = False
 
@@ -2842,6 +2855,7 @@ class _Tx:
         if not rows:
             return 0
         self._armed(name)
+        self.wrote_events = self.wrote_events or name in EVENT_WRITES
         return _guarded(name, self.cx.write_many(name, rows), expect)
 
     def write_stream(
@@ -2851,6 +2865,7 @@ class _Tx:
         ``expect`` is read once every chunk is made: the count every row's guard must
         match."""
         self._usable()
+        self.wrote_events = self.wrote_events or name in EVENT_WRITES
         count = self.cx.write_stream(name, chunks)
         # As in write_batch: a fault fires after every chunk has been written.
         self._armed(name)
@@ -2880,6 +2895,7 @@ class _Tx:
         )
         self._final = final
         for name, _, _ in todo:
+            self.wrote_events = self.wrote_events or name in EVENT_WRITES
             # A fault injected in a batched write fires after the whole batch has run:
             # the harshest case for atomicity, since every write must then be undone.
             _fire(fault, name)

@@ -34,6 +34,7 @@ import websockets
 
 from orbit.core.errors import Code, OrbitError
 from orbit.core.model import Outcome
+from orbit.server.listen import CHANNELS
 from orbit.store import open_store
 from orbit.worker import WorkerConnection
 from tests.e2e.servers import Node, Tokens, make_tokens, start_server
@@ -129,11 +130,11 @@ async def pushed_to(node: Node, token: str, slots: int) -> AsyncIterator[WorkerC
 
 
 def listener_pids(db_url: str) -> set[int]:
-    """The backends of the nodes' LISTEN connections (idle after ``LISTEN orbit_cancel``)."""
+    """The backends of the nodes' LISTEN connections (idle after their last ``LISTEN``)."""
     with psycopg.connect(db_url, autocommit=True) as cx:
         rows = cx.execute(
-            "SELECT pid FROM pg_stat_activity"
-            " WHERE datname = current_database() AND query = 'LISTEN orbit_cancel'"
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query = %s",
+            (f"LISTEN {CHANNELS[-1]}",),
         ).fetchall()
     return {int(r[0]) for r in rows}
 
