@@ -44,6 +44,7 @@ def test_a_stream_reading_full_pages_stops_once_its_token_is_revoked(store: Stor
         position=(0, 0),
         rows=first,
         cursor_of=event_position_cursor,
+        woken=streams.woken(),
     )
 
     async def main() -> list[Any]:
