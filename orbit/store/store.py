@@ -958,26 +958,30 @@ class Store:
                 ),
                 1,
             )
+
+        def fired(tx: _Tx, done: Sequence[Submitted]) -> None:
+            # Written once the task's id is known (a new one, or the one the key already
+            # names), in the same transaction as the task and the schedule's advance.
+            task_id = done[0].task.id
             data: dict[str, Any] = {
                 "schedule": s.name,
                 "instant": instant,
+                "task_id": task_id,
                 "idempotency_key": key,
                 "next_fire_at": plan.next_fire_at,
             }
-            tx.events(
-                [
-                    Event(
-                        kind="schedule.fired",
-                        queue=s.template.queue,
-                        tenant=s.template.tenant,
-                        data=data,
-                    )
-                ]
+            event = Event(
+                kind="schedule.fired",
+                task_id=task_id,
+                queue=s.template.queue,
+                tenant=s.template.tenant,
+                data=data,
             )
+            tx.events([event])
 
         spec = replace(s.template, idempotency_key=key)
         try:
-            done = self.task_submit_rendered([spec], _same, first=first)
+            done = self.task_submit_rendered([spec], _same, first=first, made=fired)
         except _Moved:
             return 0
         return int(done[0].created)
@@ -1014,6 +1018,7 @@ class Store:
         *,
         fields_checked: bool = False,
         first: Callable[[_Tx], None] | None = None,
+        made: Callable[[_Tx, Sequence[Submitted]], None] | None = None,
     ) -> list[T]:
         """``task_submit_many``, each result passed through ``render`` while the database
         writes the chunk after it (or its own, for the last): an HTTP reply's views are
@@ -1186,11 +1191,15 @@ class Store:
                     rows_by_chunk(),
                     expect=lambda: sum(r.created for r in results),
                 )
+                if made is not None:
+                    made(tx, results)
             else:  # the wake of the other nodes and the COMMIT travel with the insert
                 rows = next(rows_by_chunk())
                 # Rendered first: the write commits (on PostgreSQL), and a render that
                 # failed after it would answer an error for tasks that were made.
                 render_made()
+                if made is not None:  # the tasks' ids are known: a caller's own writes
+                    made(tx, results)
                 tx.write_batch(
                     ("task_submit_many", rows, len(rows)), notify=tx.unsent_notices(), final=True
                 )

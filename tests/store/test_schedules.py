@@ -339,3 +339,18 @@ def test_two_nodes_fire_each_instant_once(
         assert check_all(st) == []
     finally:
         other.close()
+
+
+def test_the_fired_event_names_the_task_it_made(st: Store, sched_clock: ManualClock) -> None:
+    """A reader of the event log follows a fire to its task: ``schedule.fired`` carries
+    the task's id (``task_id`` and ``data.task_id``), not only its idempotency key."""
+    s = _make(st)
+    sched_clock.advance(30)
+    assert st.schedule_fire_due() == 1
+    [task] = _tasks(st)
+    [fired] = [e for e in st.event_list() if e["kind"] == "schedule.fired"]
+    data = json.loads(fired["data"])
+    assert data["task_id"] == task.id
+    assert fired["task_id"] == task.id
+    assert data["idempotency_key"] == fire_key(s, s.next_fire_at)
+    assert check_all(st) == []
