@@ -855,6 +855,101 @@ class Store:
 
         return self._tx(work)
 
+    def schedule_update(
+        self,
+        name: str,
+        *,
+        cron: str | None = None,
+        timezone: str | None = None,
+        template: TaskSpec | None = None,
+        misfire: str | None = None,
+        max_catch_up: int | None = None,
+    ) -> Schedule:
+        """Change what is given (at least one; None keeps a field), checked as a create
+        is; ``template`` replaces the whole template. A change of ``cron`` or
+        ``timezone`` sets ``next_fire_at`` to the new expression's first instant after
+        now: the old expression's instants not yet fired are dropped, none fires twice
+        (every fired instant is at or before now). Otherwise ``next_fire_at`` stays, and
+        an instant due but not yet fired fires with the new template and policy.
+
+        Against a fire: the row is locked (waiting for a fire that holds it) and written
+        under its version, so a fire that read it before this commits finds it moved on
+        and leaves it to the duty's next pass, which reads the new row."""
+        if all(v is None for v in (cron, timezone, template, misfire, max_catch_up)):
+            raise OrbitError(
+                Code.INVALID_ARGUMENT,
+                "give at least one of cron, timezone, template, misfire, max_catch_up",
+            )
+
+        def work(tx: _Tx) -> Schedule:
+            found = tx.fetch("schedule_lock", name=name)
+            if not found:
+                raise _no_schedule(name)
+            s = R.schedule_from_row(found[0])
+            new = replace(
+                s,
+                cron=s.cron if cron is None else cron,
+                timezone=s.timezone if timezone is None else timezone,
+                template=s.template if template is None else template,
+                misfire=s.misfire if misfire is None else misfire,
+                max_catch_up=s.max_catch_up if max_catch_up is None else max_catch_up,
+            )
+            payload = check_schedule(
+                name,
+                new.cron,
+                new.timezone,
+                new.template,
+                new.misfire,
+                new.max_catch_up,
+                self.config.max_payload_bytes,
+            )
+            if template is not None and not tx.fetch("queue_get", name=template.queue):
+                raise OrbitError(
+                    Code.QUEUE_NOT_FOUND,
+                    f"no queue named {template.queue!r:.80}",
+                    field="template.queue",
+                )
+            now = tx.now()
+            next_fire = s.next_fire_at
+            if (new.cron, new.timezone) != (s.cron, s.timezone):
+                next_fire = next_after(new.cron, check_timezone(new.timezone), now)
+            _guarded(
+                "schedule_update",
+                tx.execute(
+                    "schedule_update",
+                    name=name,
+                    version=s.version,
+                    cron=new.cron,
+                    timezone=new.timezone,
+                    template=R.template_json(new.template, payload),
+                    misfire=new.misfire,
+                    max_catch_up=new.max_catch_up,
+                    next_fire_at=next_fire,
+                    now=now,
+                ),
+                1,
+            )
+            given = {
+                "cron": cron,
+                "timezone": timezone,
+                "template": template,
+                "misfire": misfire,
+                "max_catch_up": max_catch_up,
+            }
+            data: dict[str, Any] = {
+                "schedule": name,
+                "changed": [k for k, v in given.items() if v is not None],
+                "cron": new.cron,
+                "timezone": new.timezone,
+                "misfire": new.misfire,
+                "max_catch_up": new.max_catch_up,
+                "next_fire_at": next_fire,
+            }
+            tx.events([Event(kind="schedule.updated", queue=new.template.queue, data=data)])
+            return R.schedule_from_row(tx.fetch("schedule_get", name=name)[0])
+
+        return self._tx(work)
+
     def schedule_delete(self, name: str) -> Schedule:
         """Delete a schedule; the tasks it made are left as they are."""
 

@@ -587,3 +587,12 @@ WHERE name = :name AND version = :version;
 
 -- name: schedule_delete
 DELETE FROM orbit_schedules WHERE name = :name;
+
+-- name: schedule_update
+-- An operator's edit (Store.schedule_update), guarded by the row's version as read
+-- under its lock.
+UPDATE orbit_schedules
+SET cron = :cron, timezone = :timezone, template = :template, misfire = :misfire,
+    max_catch_up = :max_catch_up, next_fire_at = :next_fire_at, updated_at = :now,
+    version = version + 1
+WHERE name = :name AND version = :version;
