@@ -999,17 +999,25 @@ class Store:
         Return the tasks made (0 or 1).
 
         Two guards keep an instant from firing twice. The row is locked as read (its
-        version), skipping a row another node's fire holds (``FOR UPDATE SKIP LOCKED``):
-        that fire moves it on, so this one would be stale; a row changed since it was
-        read is left to the next pass. And the task's idempotency key is the schedule's
-        and the instant's (``fire_key``): a fire that committed but whose reply was lost,
-        then retried, finds its task rather than making another."""
+        version, and its ``created_at``: a schedule deleted and made again under its
+        name starts again at version 1), skipping a row another node's fire holds
+        (``FOR UPDATE SKIP LOCKED``): that fire moves it on, so this one would be
+        stale; a row changed since it was read is left to the next pass. And the task's
+        idempotency key is the schedule's and the instant's (``fire_key``): a fire that
+        committed but whose reply was lost, then retried, finds its task rather than
+        making another."""
         plan = fire_plan(s, now)
         if plan.instant is None:
 
             def advance(tx: _Tx) -> None:
                 at = tx.now()
-                if not tx.fetch("schedule_lock_due", name=s.name, version=s.version, now=at):
+                if not tx.fetch(
+                    "schedule_lock_due",
+                    name=s.name,
+                    created_at=s.created_at,
+                    version=s.version,
+                    now=at,
+                ):
                     return
                 _guarded(
                     "schedule_write",
@@ -1038,7 +1046,13 @@ class Store:
 
         def first(tx: _Tx) -> None:
             at = tx.now()
-            if not tx.fetch("schedule_lock_due", name=s.name, version=s.version, now=at):
+            if not tx.fetch(
+                "schedule_lock_due",
+                name=s.name,
+                created_at=s.created_at,
+                version=s.version,
+                now=at,
+            ):
                 raise _Moved
             _guarded(
                 "schedule_write",

@@ -503,3 +503,27 @@ def test_two_nodes_updating_while_firing_fire_each_instant_once(
         assert check_all(st) == []
     finally:
         other.close()
+
+
+def test_a_stale_fire_does_not_fire_into_a_schedule_made_again_under_its_name(
+    st: Store, sched_clock: ManualClock
+) -> None:
+    """The duty read a schedule due for its first fire (version 1); before its fire's
+    transaction, the schedule is deleted and made again under its name (version 1 too)
+    with another template, and comes due. The stale fire must not pass the row check:
+    it would submit the deleted schedule's template under its key and move the new
+    schedule's next instant by the old expression."""
+    s = _make(st)
+    sched_clock.advance(30)  # 08:01 due
+    read = st.schedule_get(s.name)  # as the duty read it
+    st.schedule_delete(s.name)
+    again = _make(st, template=TaskSpec(queue="q", handler="h", payload={"n": 2}))
+    assert again.version == read.version
+    sched_clock.now = again.next_fire_at  # the new one's first instant (08:02)
+    assert st.schedule_fire(read, sched_clock.now) == 0
+    assert st.schedule_get(s.name) == again
+    assert _tasks(st) == []
+    assert _fire_all(st) == 1
+    [task] = _tasks(st)
+    assert task.idempotency_key == fire_key(again, again.next_fire_at)
+    assert json.loads(task.payload) == {"n": 2}

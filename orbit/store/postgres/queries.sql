@@ -669,9 +669,12 @@ SELECT * FROM orbit_schedules WHERE name = :name FOR UPDATE;
 -- name: schedule_lock_due
 -- A fire's row, as the duty read it (:version), if it is still due and no other node's
 -- fire holds it: a node that finds it locked skips it rather than waiting to fire the
--- same instant, which the other's commit has already moved on.
+-- same instant, which the other's commit has already moved on. created_at tells a
+-- schedule deleted and made again under its name (its version back at 1) from the one
+-- read.
 SELECT * FROM orbit_schedules
-WHERE name = :name AND version = :version AND NOT paused AND next_fire_at <= :now
+WHERE name = :name AND created_at = :created_at AND version = :version
+    AND NOT paused AND next_fire_at <= :now
 FOR UPDATE SKIP LOCKED;
 
 -- name: schedule_due

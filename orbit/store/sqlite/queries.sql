@@ -570,7 +570,8 @@ SELECT * FROM orbit_schedules WHERE name = :name;
 
 -- name: schedule_lock_due
 SELECT * FROM orbit_schedules
-WHERE name = :name AND version = :version AND NOT paused AND next_fire_at <= :now;
+WHERE name = :name AND created_at = :created_at AND version = :version
+    AND NOT paused AND next_fire_at <= :now;
 
 -- name: schedule_due
 SELECT * FROM orbit_schedules WHERE NOT paused AND next_fire_at <= :now
