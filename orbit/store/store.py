@@ -976,20 +976,28 @@ class Store:
         return (int(soonest) - self._now()) / 1_000_000
 
     def schedule_fire_due(self, limit: int = 100) -> int:
-        """Fire what is due now: every due schedule's next instant, each in its own
-        transaction (``schedule_fire``), at most ``limit`` of them; return how many tasks
-        were made. A schedule with more due (catch_up) is read again by the next pass;
-        one whose fire failed (a full queue, say) stays due, and is tried again then."""
+        """Fire what is due now: each due schedule's next instant, each in its own
+        transaction (``schedule_fire``); return how many tasks were made. The due
+        schedules are read ``limit`` at a time, oldest first, until none is left: one
+        whose fire failed (a full queue, say) stays due, the oldest, and is tried again
+        by the next pass, and a page of those must not hide the schedules after them. A
+        schedule with more due (catch_up) may be read again, further on, in this pass."""
         now = self._now()
-        rows = self._read("schedule_due", now=now, limit=limit)
         made = 0
-        for row in rows:
-            try:
-                made += self.schedule_fire(R.schedule_from_row(row), now)
-            except OrbitError as exc:
-                # Nothing was written: the instant stays due and the next pass tries it.
-                _log.warning("schedule %s did not fire: %s", row["name"], exc)
-        return made
+        after_at, after_name = -(2**62), ""
+        while True:
+            rows = self._read(
+                "schedule_due", now=now, after_at=after_at, after_name=after_name, limit=limit
+            )
+            for row in rows:
+                try:
+                    made += self.schedule_fire(R.schedule_from_row(row), now)
+                except OrbitError as exc:
+                    # Nothing was written: the instant stays due and the next pass tries it.
+                    _log.warning("schedule %s did not fire: %s", row["name"], exc)
+            if len(rows) < limit:
+                return made
+            after_at, after_name = int(rows[-1]["next_fire_at"]), str(rows[-1]["name"])
 
     def schedule_fire(self, s: Schedule, now: int) -> int:
         """Fire ``s`` (as read at ``now``, when it was due) once: submit its template for

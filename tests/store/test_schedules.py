@@ -527,3 +527,23 @@ def test_a_stale_fire_does_not_fire_into_a_schedule_made_again_under_its_name(
     [task] = _tasks(st)
     assert task.idempotency_key == fire_key(again, again.next_fire_at)
     assert json.loads(task.payload) == {"n": 2}
+
+
+def test_schedules_a_full_queue_refuses_do_not_starve_the_others(
+    st: Store, sched_clock: ManualClock
+) -> None:
+    """A pass reads the due schedules a page at a time, oldest first. Schedules whose
+    fires a full queue refuses stay due (run_once keeps them) and oldest: were the pass
+    to read one page only, a page of them would hide every other due schedule for as
+    long as the queue stays full, and those instants would then be missed."""
+    queue(st, "full")
+    st.queue_update("full", max_queued=1)
+    st.task_submit(TaskSpec(queue="full", handler="h"))
+    full = TaskSpec(queue="full", handler="h")
+    for name in ("a", "b", "c"):
+        _make(st, name, misfire="run_once", template=full)
+    other = _make(st, "z")
+    sched_clock.advance(30)  # all four due at 08:01
+    assert st.schedule_fire_due(limit=2) == 1
+    assert _instants(st) == [other.next_fire_at]
+    assert all(st.schedule_get(n).last_fire_at is None for n in ("a", "b", "c"))

@@ -574,7 +574,12 @@ WHERE name = :name AND created_at = :created_at AND version = :version
     AND NOT paused AND next_fire_at <= :now;
 
 -- name: schedule_due
-SELECT * FROM orbit_schedules WHERE NOT paused AND next_fire_at <= :now
+-- A page of the schedules due at :now, soonest first, after (:after_at, :after_name):
+-- a pass walks every due schedule, so that those a full queue keeps due (the oldest)
+-- do not hide the others. Through orbit_schedules_due.
+SELECT * FROM orbit_schedules
+WHERE NOT paused AND next_fire_at <= :now
+    AND (next_fire_at > :after_at OR (next_fire_at = :after_at AND name > :after_name))
 ORDER BY next_fire_at, name LIMIT :limit;
 
 -- name: schedule_due_in
