@@ -63,9 +63,19 @@ def check_cron(expr: object) -> str:
     return expr
 
 
+#: Files of a zone database that ``ZoneInfo`` reads but that are no zone of their own:
+#: ``localtime`` (and ``posixrules``) is the node's own configured zone, which each node
+#: of a cluster may have set otherwise; ``right/`` zones count leap seconds, so their
+#: instants are some 27 s off the database's clock; ``posix/`` copies the plain names.
+_NOT_ZONES = frozenset({"localtime", "posixrules"})
+_NOT_ZONE_PREFIXES = ("right/", "posix/")
+
+
 def check_timezone(name: object) -> ZoneInfo:
     """An IANA time zone (``Europe/Berlin``, ``UTC``), or INVALID_TIMEZONE."""
     if not isinstance(name, str) or not 0 < len(name) <= 64 or not name.isascii():
+        raise _bad_zone(name)
+    if name in _NOT_ZONES or name.startswith(_NOT_ZONE_PREFIXES):
         raise _bad_zone(name)
     try:
         return ZoneInfo(name)

@@ -113,7 +113,24 @@ def test_an_expression_that_never_matches_is_refused() -> None:
     assert err.value.code == Code.INVALID_CRON
 
 
-@pytest.mark.parametrize("zone", ["", "Mars/Olympus", "../etc/passwd", "/etc/localtime", 3, "é"])
+@pytest.mark.parametrize(
+    "zone",
+    [
+        "",
+        "Mars/Olympus",
+        "../etc/passwd",
+        "/etc/localtime",
+        3,
+        "é",
+        # files of the node's zone database that are not zones of their own: the node's
+        # own local zone (each node may have another), and the leap-second clock
+        "localtime",
+        "posixrules",
+        "right/UTC",
+        "right/Europe/Berlin",
+        "posix/Europe/Berlin",
+    ],
+)
 def test_bad_timezones_are_refused(zone: object) -> None:
     with pytest.raises(OrbitError) as err:
         check_timezone(zone)
