@@ -315,6 +315,26 @@ class _Calls:
         return ("POST", f"/v1/schedules/{_seg(name)}/{action}", None, None)
 
     @staticmethod
+    def schedule_update(
+        name: str,
+        cron: str | None,
+        timezone: str | None,
+        template: dict[str, Any] | None,
+        misfire: str | None,
+        max_catch_up: int | None,
+    ) -> Request:
+        """Only the fields given go in the body; the server refuses an empty one.
+        ``template``: ``task_body``'s keyword arguments (``queue`` and ``handler`` at
+        least), the whole template."""
+        body: dict[str, Any] = {}
+        if template is not None:
+            body["template"] = task_body(**template)
+        given: dict[str, Any] = {"cron": cron, "timezone": timezone, "misfire": misfire}
+        given["max_catch_up"] = max_catch_up
+        body.update({k: v for k, v in given.items() if v is not None})
+        return ("PATCH", f"/v1/schedules/{_seg(name)}", None, body)
+
+    @staticmethod
     def schedule_delete(name: str) -> Request:
         return ("DELETE", f"/v1/schedules/{_seg(name)}", None, None)
 
@@ -684,6 +704,23 @@ class Client:
     def schedule_resume(self, name: str) -> dict[str, Any]:
         """Fire again from the first instant after now."""
         return dict(self._call(_Calls.schedule_action(name, "resume")))
+
+    def schedule_update(
+        self,
+        name: str,
+        *,
+        cron: str | None = None,
+        timezone: str | None = None,
+        template: dict[str, Any] | None = None,
+        misfire: Literal["skip", "run_once", "catch_up"] | None = None,
+        max_catch_up: int | None = None,
+    ) -> dict[str, Any]:
+        """Change a schedule: only what is given (at least one). ``template`` replaces
+        the whole template: a dict of ``submit``'s arguments (``queue``, ``handler``,
+        ``payload``, ``tenant``, ``priority``, ...). A new ``cron`` or ``timezone`` moves
+        the next fire to the first instant after now."""
+        call = _Calls.schedule_update(name, cron, timezone, template, misfire, max_catch_up)
+        return dict(self._call(call))
 
     def schedule_delete(self, name: str) -> dict[str, Any]:
         """Delete a schedule (its tasks stay); returns it as it was."""
@@ -1255,6 +1292,23 @@ class AsyncClient:
 
     async def schedule_resume(self, name: str) -> dict[str, Any]:
         return dict(await self._call(_Calls.schedule_action(name, "resume")))
+
+    async def schedule_update(
+        self,
+        name: str,
+        *,
+        cron: str | None = None,
+        timezone: str | None = None,
+        template: dict[str, Any] | None = None,
+        misfire: Literal["skip", "run_once", "catch_up"] | None = None,
+        max_catch_up: int | None = None,
+    ) -> dict[str, Any]:
+        """Change a schedule: only what is given (at least one). ``template`` replaces
+        the whole template: a dict of ``submit``'s arguments (``queue``, ``handler``,
+        ``payload``, ``tenant``, ``priority``, ...). A new ``cron`` or ``timezone`` moves
+        the next fire to the first instant after now."""
+        call = _Calls.schedule_update(name, cron, timezone, template, misfire, max_catch_up)
+        return dict(await self._call(call))
 
     async def schedule_delete(self, name: str) -> dict[str, Any]:
         return dict(await self._call(_Calls.schedule_delete(name)))

@@ -1,7 +1,8 @@
 """Cron expressions in a time zone: when a schedule fires (docs/concepts.md, "Schedules").
 
 An expression is the classic five fields (minute, hour, day of month, month, day of
-week), read by ``croniter`` over *wall-clock* (naive local) times; this module maps each
+week), read by ``croniter`` over *wall-clock* (naive local) times, its day fields
+combined as Vixie cron combines them (``_iter``); this module maps each
 local time to one UTC instant with ``zoneinfo``, so the rules at a DST change are ours
 and written down here rather than a library's:
 
@@ -37,6 +38,17 @@ def _bad_cron(expr: object, why: str) -> OrbitError:
     )
 
 
+def _iter(expr: str, start: datetime) -> croniter:
+    """croniter over ``expr`` from ``start``, its two day fields read as Vixie cron
+    reads them: both restricted, a day matching either matches (``0 0 1 * mon``: the
+    1st and every Monday); either starting with ``*`` (``*/2`` too), a day must match
+    both (``0 0 */2 * mon``: the odd-numbered Mondays). croniter's default ORs them
+    whenever neither is exactly ``*``, which fired ``*/2`` every other day."""
+    fields = expr.split()
+    day_or = not (fields[2].startswith("*") or fields[4].startswith("*"))
+    return croniter(expr, start, day_or=day_or)
+
+
 def check_cron(expr: object) -> str:
     """A 5-field cron expression (no ``@daily`` macros, no seconds or years field), or
     INVALID_CRON."""
@@ -45,15 +57,25 @@ def check_cron(expr: object) -> str:
     if not expr.isascii() or len(expr.split()) != 5:
         raise _bad_cron(expr, "it must have exactly 5 fields: minute hour day month weekday")
     try:
-        croniter(expr, datetime(2000, 1, 1))
+        _iter(expr, datetime(2000, 1, 1))
     except (CroniterBadCronError, ValueError, KeyError, TypeError) as exc:
         raise _bad_cron(expr, str(exc) or type(exc).__name__) from None
     return expr
 
 
+#: Files of a zone database that ``ZoneInfo`` reads but that are no zone of their own:
+#: ``localtime`` (and ``posixrules``) is the node's own configured zone, which each node
+#: of a cluster may have set otherwise; ``right/`` zones count leap seconds, so their
+#: instants are some 27 s off the database's clock; ``posix/`` copies the plain names.
+_NOT_ZONES = frozenset({"localtime", "posixrules"})
+_NOT_ZONE_PREFIXES = ("right/", "posix/")
+
+
 def check_timezone(name: object) -> ZoneInfo:
     """An IANA time zone (``Europe/Berlin``, ``UTC``), or INVALID_TIMEZONE."""
     if not isinstance(name, str) or not 0 < len(name) <= 64 or not name.isascii():
+        raise _bad_zone(name)
+    if name in _NOT_ZONES or name.startswith(_NOT_ZONE_PREFIXES):
         raise _bad_zone(name)
     try:
         return ZoneInfo(name)
@@ -106,7 +128,7 @@ def next_after(expr: str, zone: ZoneInfo, after_us: int) -> int:
     # Start an hour back in local time: an instant in a repeated hour (second pass) reads
     # as a local time whose fold=0 instant is an hour earlier.
     start = from_us(after_us).astimezone(zone).replace(tzinfo=None) - timedelta(hours=1)
-    it = croniter(expr, start)
+    it = _iter(expr, start)
     try:
         for _ in range(MAX_STEPS):
             at = local_instant(it.get_next(datetime), zone)
@@ -120,7 +142,7 @@ def next_after(expr: str, zone: ZoneInfo, after_us: int) -> int:
 def latest(expr: str, zone: ZoneInfo, at_us: int, since_us: int, n: int) -> list[int]:
     """The last ``n`` fire instants in ``[since_us, at_us]``, oldest first, each once."""
     start = from_us(at_us).astimezone(zone).replace(tzinfo=None) + timedelta(hours=1)
-    it = croniter(expr, start)
+    it = _iter(expr, start)
     found: list[int] = []
     try:
         for _ in range(MAX_STEPS):

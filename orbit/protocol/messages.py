@@ -309,6 +309,39 @@ class ScheduleCreate(Strict):
     response_only_fields = frozenset({"next_fire_at", "last_fire_at", "created_at", "updated_at"})
 
 
+class ScheduleUpdate(Strict):
+    """``PATCH /v1/schedules/{name}``: the fields to change, at least one; a field left
+    out keeps its value, null is refused. ``template`` replaces the whole template (its
+    fields left out take their defaults, as at create). A new ``cron`` or ``timezone``
+    moves ``next_fire_at`` to the first instant after now."""
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True, frozen=True, json_schema_extra=_never_null
+    )
+    cron: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
+        default=None,
+        description="5 fields: minute hour day-of-month month day-of-week (e.g. '0 3 * * *')",
+    )
+    timezone: Annotated[str, Field(min_length=1, max_length=64)] | None = Field(
+        default=None, description="an IANA time zone (e.g. Europe/Berlin)"
+    )
+    template: ScheduleTemplate | None = None
+    misfire: Literal["skip", "run_once", "catch_up"] | None = None
+    max_catch_up: Annotated[int, Field(ge=1, le=1000)] | None = None
+    response_only_fields = frozenset(
+        {"name", "paused", "next_fire_at", "last_fire_at", "created_at", "updated_at"}
+    )
+
+    @field_validator("cron", "timezone", "template", "misfire", "max_catch_up", mode="before")
+    @classmethod
+    def _not_null(cls, value: Any) -> Any:
+        if value is None:
+            raise ValueError("null is not allowed: leave the field out to keep its value")
+        return value
+
+    _something = model_validator(mode="after")(_at_least_one)
+
+
 class ScheduleTemplateView(Response):
     queue: str
     handler: str

@@ -20,6 +20,7 @@ HTTP_MODELS: tuple[type[BaseModel], ...] = (
     m.TenantLimitPage,
     m.GlobalLimitView,
     m.ScheduleCreate,
+    m.ScheduleUpdate,
     m.ScheduleView,
     m.SchedulePage,
     m.TaskSubmit,

@@ -38,6 +38,7 @@ from orbit.protocol.messages import (
     ScheduleCreate,
     SchedulePage,
     ScheduleTemplate,
+    ScheduleUpdate,
     ScheduleView,
     Submitted,
     SubmittedId,
@@ -880,6 +881,37 @@ async def schedule_resume(request: Request, name: str) -> Response:
     """Fire again from the first instant after now (the instants passed while paused are
     not fired, whatever the misfire policy); idempotent."""
     return _json(schedule_view(await in_thread(_store(request).schedule_resume, name)))
+
+
+@router.patch(
+    "/schedules/{name}",
+    dependencies=[Depends(require("admin"))],
+    response_model=ScheduleView,
+    responses={
+        400: SCHEDULE_REFUSALS[400],
+        404: {
+            "model": ErrorReply,
+            "description": "SCHEDULE_NOT_FOUND, or QUEUE_NOT_FOUND: the template's queue",
+        },
+    },
+)
+async def schedule_update(request: Request, name: str) -> Response:
+    """Change a schedule: only the fields given (see ScheduleUpdate). A new cron or time
+    zone moves its next fire to the first instant after now; otherwise an instant due
+    and not yet fired fires once, with what the update left."""
+    msg = await _body(request, ScheduleUpdate)
+    schedule = await in_thread(
+        partial(
+            _store(request).schedule_update,
+            name,
+            cron=msg.cron,
+            timezone=msg.timezone,
+            template=None if msg.template is None else template_from(msg.template),
+            misfire=msg.misfire,
+            max_catch_up=msg.max_catch_up,
+        )
+    )
+    return _json(schedule_view(schedule))
 
 
 @router.delete(

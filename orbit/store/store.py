@@ -861,6 +861,101 @@ class Store:
 
         return self._tx(work)
 
+    def schedule_update(
+        self,
+        name: str,
+        *,
+        cron: str | None = None,
+        timezone: str | None = None,
+        template: TaskSpec | None = None,
+        misfire: str | None = None,
+        max_catch_up: int | None = None,
+    ) -> Schedule:
+        """Change what is given (at least one; None keeps a field), checked as a create
+        is; ``template`` replaces the whole template. A change of ``cron`` or
+        ``timezone`` sets ``next_fire_at`` to the new expression's first instant after
+        now: the old expression's instants not yet fired are dropped, none fires twice
+        (every fired instant is at or before now). Otherwise ``next_fire_at`` stays, and
+        an instant due but not yet fired fires with the new template and policy.
+
+        Against a fire: the row is locked (waiting for a fire that holds it) and written
+        under its version, so a fire that read it before this commits finds it moved on
+        and leaves it to the duty's next pass, which reads the new row."""
+        if all(v is None for v in (cron, timezone, template, misfire, max_catch_up)):
+            raise OrbitError(
+                Code.INVALID_ARGUMENT,
+                "give at least one of cron, timezone, template, misfire, max_catch_up",
+            )
+
+        def work(tx: _Tx) -> Schedule:
+            found = tx.fetch("schedule_lock", name=name)
+            if not found:
+                raise _no_schedule(name)
+            s = R.schedule_from_row(found[0])
+            new = replace(
+                s,
+                cron=s.cron if cron is None else cron,
+                timezone=s.timezone if timezone is None else timezone,
+                template=s.template if template is None else template,
+                misfire=s.misfire if misfire is None else misfire,
+                max_catch_up=s.max_catch_up if max_catch_up is None else max_catch_up,
+            )
+            payload = check_schedule(
+                name,
+                new.cron,
+                new.timezone,
+                new.template,
+                new.misfire,
+                new.max_catch_up,
+                self.config.max_payload_bytes,
+            )
+            if template is not None and not tx.fetch("queue_get", name=template.queue):
+                raise OrbitError(
+                    Code.QUEUE_NOT_FOUND,
+                    f"no queue named {template.queue!r:.80}",
+                    field="template.queue",
+                )
+            now = tx.now()
+            next_fire = s.next_fire_at
+            if (new.cron, new.timezone) != (s.cron, s.timezone):
+                next_fire = next_after(new.cron, check_timezone(new.timezone), now)
+            _guarded(
+                "schedule_update",
+                tx.execute(
+                    "schedule_update",
+                    name=name,
+                    version=s.version,
+                    cron=new.cron,
+                    timezone=new.timezone,
+                    template=R.template_json(new.template, payload),
+                    misfire=new.misfire,
+                    max_catch_up=new.max_catch_up,
+                    next_fire_at=next_fire,
+                    now=now,
+                ),
+                1,
+            )
+            given = {
+                "cron": cron,
+                "timezone": timezone,
+                "template": template,
+                "misfire": misfire,
+                "max_catch_up": max_catch_up,
+            }
+            data: dict[str, Any] = {
+                "schedule": name,
+                "changed": [k for k, v in given.items() if v is not None],
+                "cron": new.cron,
+                "timezone": new.timezone,
+                "misfire": new.misfire,
+                "max_catch_up": new.max_catch_up,
+                "next_fire_at": next_fire,
+            }
+            tx.events([Event(kind="schedule.updated", queue=new.template.queue, data=data)])
+            return R.schedule_from_row(tx.fetch("schedule_get", name=name)[0])
+
+        return self._tx(work)
+
     def schedule_delete(self, name: str) -> Schedule:
         """Delete a schedule; the tasks it made are left as they are."""
 
@@ -887,20 +982,28 @@ class Store:
         return (int(soonest) - self._now()) / 1_000_000
 
     def schedule_fire_due(self, limit: int = 100) -> int:
-        """Fire what is due now: every due schedule's next instant, each in its own
-        transaction (``schedule_fire``), at most ``limit`` of them; return how many tasks
-        were made. A schedule with more due (catch_up) is read again by the next pass;
-        one whose fire failed (a full queue, say) stays due, and is tried again then."""
+        """Fire what is due now: each due schedule's next instant, each in its own
+        transaction (``schedule_fire``); return how many tasks were made. The due
+        schedules are read ``limit`` at a time, oldest first, until none is left: one
+        whose fire failed (a full queue, say) stays due, the oldest, and is tried again
+        by the next pass, and a page of those must not hide the schedules after them. A
+        schedule with more due (catch_up) may be read again, further on, in this pass."""
         now = self._now()
-        rows = self._read("schedule_due", now=now, limit=limit)
         made = 0
-        for row in rows:
-            try:
-                made += self.schedule_fire(R.schedule_from_row(row), now)
-            except OrbitError as exc:
-                # Nothing was written: the instant stays due and the next pass tries it.
-                _log.warning("schedule %s did not fire: %s", row["name"], exc)
-        return made
+        after_at, after_name = -(2**62), ""
+        while True:
+            rows = self._read(
+                "schedule_due", now=now, after_at=after_at, after_name=after_name, limit=limit
+            )
+            for row in rows:
+                try:
+                    made += self.schedule_fire(R.schedule_from_row(row), now)
+                except OrbitError as exc:
+                    # Nothing was written: the instant stays due and the next pass tries it.
+                    _log.warning("schedule %s did not fire: %s", row["name"], exc)
+            if len(rows) < limit:
+                return made
+            after_at, after_name = int(rows[-1]["next_fire_at"]), str(rows[-1]["name"])
 
     def schedule_fire(self, s: Schedule, now: int) -> int:
         """Fire ``s`` (as read at ``now``, when it was due) once: submit its template for
@@ -910,17 +1013,25 @@ class Store:
         Return the tasks made (0 or 1).
 
         Two guards keep an instant from firing twice. The row is locked as read (its
-        version), skipping a row another node's fire holds (``FOR UPDATE SKIP LOCKED``):
-        that fire moves it on, so this one would be stale; a row changed since it was
-        read is left to the next pass. And the task's idempotency key is the schedule's
-        and the instant's (``fire_key``): a fire that committed but whose reply was lost,
-        then retried, finds its task rather than making another."""
+        version, and its ``created_at``: a schedule deleted and made again under its
+        name starts again at version 1), skipping a row another node's fire holds
+        (``FOR UPDATE SKIP LOCKED``): that fire moves it on, so this one would be
+        stale; a row changed since it was read is left to the next pass. And the task's
+        idempotency key is the schedule's and the instant's (``fire_key``): a fire that
+        committed but whose reply was lost, then retried, finds its task rather than
+        making another."""
         plan = fire_plan(s, now)
         if plan.instant is None:
 
             def advance(tx: _Tx) -> None:
                 at = tx.now()
-                if not tx.fetch("schedule_lock_due", name=s.name, version=s.version, now=at):
+                if not tx.fetch(
+                    "schedule_lock_due",
+                    name=s.name,
+                    created_at=s.created_at,
+                    version=s.version,
+                    now=at,
+                ):
                     return
                 _guarded(
                     "schedule_write",
@@ -949,7 +1060,13 @@ class Store:
 
         def first(tx: _Tx) -> None:
             at = tx.now()
-            if not tx.fetch("schedule_lock_due", name=s.name, version=s.version, now=at):
+            if not tx.fetch(
+                "schedule_lock_due",
+                name=s.name,
+                created_at=s.created_at,
+                version=s.version,
+                now=at,
+            ):
                 raise _Moved
             _guarded(
                 "schedule_write",
@@ -964,26 +1081,30 @@ class Store:
                 ),
                 1,
             )
+
+        def fired(tx: _Tx, done: Sequence[Submitted]) -> None:
+            # Written once the task's id is known (a new one, or the one the key already
+            # names), in the same transaction as the task and the schedule's advance.
+            task_id = done[0].task.id
             data: dict[str, Any] = {
                 "schedule": s.name,
                 "instant": instant,
+                "task_id": task_id,
                 "idempotency_key": key,
                 "next_fire_at": plan.next_fire_at,
             }
-            tx.events(
-                [
-                    Event(
-                        kind="schedule.fired",
-                        queue=s.template.queue,
-                        tenant=s.template.tenant,
-                        data=data,
-                    )
-                ]
+            event = Event(
+                kind="schedule.fired",
+                task_id=task_id,
+                queue=s.template.queue,
+                tenant=s.template.tenant,
+                data=data,
             )
+            tx.events([event])
 
         spec = replace(s.template, idempotency_key=key)
         try:
-            done = self.task_submit_rendered([spec], _same, first=first)
+            done = self.task_submit_rendered([spec], _same, first=first, made=fired)
         except _Moved:
             return 0
         return int(done[0].created)
@@ -1020,6 +1141,7 @@ class Store:
         *,
         fields_checked: bool = False,
         first: Callable[[_Tx], None] | None = None,
+        made: Callable[[_Tx, Sequence[Submitted]], None] | None = None,
     ) -> list[T]:
         """``task_submit_many``, each result passed through ``render`` while the database
         writes the chunk after it (or its own, for the last): an HTTP reply's views are
@@ -1192,11 +1314,15 @@ class Store:
                     rows_by_chunk(),
                     expect=lambda: sum(r.created for r in results),
                 )
+                if made is not None:
+                    made(tx, results)
             else:  # the wake of the other nodes and the COMMIT travel with the insert
                 rows = next(rows_by_chunk())
                 # Rendered first: the write commits (on PostgreSQL), and a render that
                 # failed after it would answer an error for tasks that were made.
                 render_made()
+                if made is not None:  # the tasks' ids are known: a caller's own writes
+                    made(tx, results)
                 tx.write_batch(
                     ("task_submit_many", rows, len(rows)), notify=tx.unsent_notices(), final=True
                 )

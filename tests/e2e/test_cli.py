@@ -1932,6 +1932,28 @@ def test_schedule_commands(orbit: Run) -> None:
     dup = orbit("schedule", "create", "nightly", "--cron", "0 4 * * *", "--queue", "cron-q",
                 "--handler", "h")  # fmt: skip
     assert dup.returncode == 3 and "SCHEDULE_EXISTS" in dup.stderr
+    updated = json.loads(
+        ok(orbit("schedule", "update", "nightly", "--cron", "30 2 * * *", "--payload",
+                 '{"kind": "full"}', "--retry-safe", "--json"))
+    )  # fmt: skip
+    assert (updated["cron"], updated["timezone"]) == ("30 2 * * *", "Europe/Berlin")
+    # the template's other fields as they were: only --payload and --retry-safe changed
+    assert updated["template"] == made["template"] | {
+        "payload": {"kind": "full"},
+        "retry_safe": True,
+    }
+    nothing = orbit("schedule", "update", "nightly")
+    assert nothing.returncode == 2 and "give at least one" in nothing.stderr
+    bad_zone = orbit("schedule", "update", "nightly", "--timezone", "../etc/passwd")
+    assert bad_zone.returncode == 3 and "INVALID_TIMEZONE" in bad_zone.stderr
+    bad_policy = orbit("schedule", "update", "nightly", "--misfire", "never")
+    assert bad_policy.returncode == 2 and "--misfire" in bad_policy.stderr
+    missing = orbit("schedule", "update", "nope", "--payload", "1")
+    assert missing.returncode == 3 and "SCHEDULE_NOT_FOUND" in missing.stderr
+    assert (
+        json.loads(ok(orbit("schedule", "show", "nightly", "--json")))["template"]
+        == updated["template"]
+    )
     assert json.loads(ok(orbit("schedule", "delete", "nightly", "--json")))["name"] == "nightly"
     gone = orbit("schedule", "show", "nightly")
     assert gone.returncode == 3 and "SCHEDULE_NOT_FOUND" in gone.stderr

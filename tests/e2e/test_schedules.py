@@ -295,3 +295,126 @@ def test_two_nodes_fire_each_instant_once(
         events = admin.get("/v1/events", params={"limit": 1000}).json()["items"]
         assert sum(e["kind"] == "schedule.fired" for e in events) == 15
         assert len(_await_tasks(admin, 15)) == 15
+
+
+# ----------------------------------------------------------------------------- update
+
+
+def test_update_changes_only_what_is_given(admin: httpx.Client, tokens: Tokens) -> None:
+    _queue(admin)
+    made = admin.post("/v1/schedules", json=_schedule()).json()
+    changed = admin.patch(
+        "/v1/schedules/nightly",
+        json={"misfire": "run_once", "template": {"queue": "sq", "handler": "h2", "priority": 7}},
+    )
+    assert changed.status_code == 200, changed.text
+    view = changed.json()
+    assert (view["misfire"], view["cron"], view["timezone"]) == (
+        "run_once",
+        "0 3 * * *",
+        made["timezone"],
+    )
+    # the template is replaced whole: its payload left out is the default (null)
+    assert (view["template"]["handler"], view["template"]["priority"]) == ("h2", 7)
+    assert view["template"]["payload"] is None
+    assert view["next_fire_at"] == made["next_fire_at"]  # neither cron nor zone changed
+    moved = admin.patch("/v1/schedules/nightly", json={"cron": "0 4 * * *", "timezone": "UTC"})
+    assert moved.json()["next_fire_at"][10:] == "T04:00:00.000000Z"
+    events = admin.get("/v1/events", params={"limit": 1000}).json()["items"]
+    assert [e["kind"] for e in events if e["kind"] == "schedule.updated"] == [
+        "schedule.updated"
+    ] * 2
+    with httpx.Client(
+        base_url=str(admin.base_url), headers={"Authorization": f"Bearer {tokens.submit}"}
+    ) as submitter:
+        assert (
+            submitter.patch("/v1/schedules/nightly", json={"cron": "0 5 * * *"}).status_code == 403
+        )
+    assert admin.get("/v1/schedules/nightly").json()["cron"] == "0 4 * * *"
+
+
+UPDATE_REFUSED: list[tuple[Any, int, str, str | None]] = [
+    ({}, 400, "MISSING_FIELD", None),
+    ({"cron": None}, 400, "NULL_NOT_ALLOWED", "cron"),
+    ({"template": None}, 400, "NULL_NOT_ALLOWED", "template"),
+    ({"name": "other"}, 400, "RESPONSE_ONLY_FIELD", "name"),
+    ({"paused": True}, 400, "RESPONSE_ONLY_FIELD", "paused"),
+    ({"next_fire_at": "2030-01-01T00:00:00Z"}, 400, "RESPONSE_ONLY_FIELD", "next_fire_at"),
+    ({"Cron": "0 4 * * *"}, 400, "FIELD_CASE_MISMATCH", "Cron"),
+    ({"cron": "* * * *"}, 400, "INVALID_CRON", "cron"),
+    ({"cron": "0 0 30 2 *"}, 400, "INVALID_CRON", "cron"),
+    ({"cron": "0 0 * * *\u0000"}, 400, "NUL_CHARACTER", "cron"),
+    ({"cron": "0 " * 150}, 400, "VALUE_TOO_LONG", "cron"),
+    ({"timezone": "../etc/passwd"}, 400, "INVALID_TIMEZONE", "timezone"),
+    ({"timezone": ""}, 400, "INVALID_VALUE", "timezone"),
+    ({"misfire": "later"}, 400, "INVALID_VALUE", "misfire"),
+    ({"max_catch_up": 0}, 400, "NUMBER_OUT_OF_RANGE", "max_catch_up"),
+    ({"max_catch_up": True}, 400, "INVALID_TYPE", "max_catch_up"),
+    ({"template": {"queue": "sq"}}, 400, "MISSING_FIELD", "template.handler"),
+    (
+        {"template": {"queue": "sq", "handler": "h", "idempotency_key": "k"}},
+        400,
+        "RESPONSE_ONLY_FIELD",
+        "template.idempotency_key",
+    ),
+    (
+        {"template": {"queue": "sq", "handler": "h", "deadline": "2030-01-01T00:00:00Z"}},
+        400,
+        "UNKNOWN_FIELD",
+        "template.deadline",
+    ),
+    ({"template": {"queue": "nope", "handler": "h"}}, 404, "QUEUE_NOT_FOUND", "template.queue"),
+    (
+        {"template": {"queue": "sq", "handler": "h", "payload": "x" * (2 << 20)}},
+        413,
+        "PAYLOAD_TOO_LARGE",
+        "template",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "code", "field"), UPDATE_REFUSED)
+def test_every_update_refusal_says_why_and_writes_nothing(
+    admin: httpx.Client, body: Any, status: int, code: str, field: str | None
+) -> None:
+    _queue(admin)
+    made = admin.post("/v1/schedules", json=_schedule()).json()
+    before = _events(admin)
+    reply = admin.patch("/v1/schedules/nightly", json=body)
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert (error["code"], error.get("field")) == (code, field), error
+    assert admin.get("/v1/schedules/nightly").json() == made
+    assert _events(admin) == before
+
+
+def test_update_of_a_missing_schedule_is_404(admin: httpx.Client) -> None:
+    _queue(admin)
+    before = _events(admin)
+    reply = admin.patch("/v1/schedules/nope", json={"cron": "0 4 * * *"})
+    assert reply.status_code == 404 and reply.json()["error"]["code"] == "SCHEDULE_NOT_FOUND"
+    assert _events(admin) == before
+
+
+def test_update_through_the_clients(node: Node, tokens: Tokens, admin: httpx.Client) -> None:
+    _queue(admin)
+    with Client(node.http, tokens.admin) as c:
+        c.schedule_create("a", cron="*/5 * * * *", queue="sq", handler="h", payload=[1])
+        u = c.schedule_update(
+            "a", template={"queue": "sq", "handler": "h", "payload": [2], "tenant": "t"}
+        )
+        assert (u["template"]["payload"], u["template"]["tenant"]) == ([2], "t")
+        assert c.schedule_update("a", max_catch_up=3, misfire="catch_up")["max_catch_up"] == 3
+        with pytest.raises(BadRequest) as bad:
+            c.schedule_update("a")
+        assert bad.value.code == "MISSING_FIELD"
+        with pytest.raises(NotFound):
+            c.schedule_update("b", cron="0 * * * *")
+
+    async def go() -> None:
+        async with AsyncClient(node.http, tokens.admin) as ac:
+            u = await ac.schedule_update("a", cron="0 * * * *", timezone="Asia/Kolkata")
+            assert (u["cron"], u["timezone"]) == ("0 * * * *", "Asia/Kolkata")
+            assert u["next_fire_at"][13:] == ":30:00.000000Z"  # UTC+05:30
+
+    asyncio.run(go())

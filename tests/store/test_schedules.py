@@ -339,3 +339,211 @@ def test_two_nodes_fire_each_instant_once(
         assert check_all(st) == []
     finally:
         other.close()
+
+
+def test_the_fired_event_names_the_task_it_made(st: Store, sched_clock: ManualClock) -> None:
+    """A reader of the event log follows a fire to its task: ``schedule.fired`` carries
+    the task's id (``task_id`` and ``data.task_id``), not only its idempotency key."""
+    s = _make(st)
+    sched_clock.advance(30)
+    assert st.schedule_fire_due() == 1
+    [task] = _tasks(st)
+    [fired] = [e for e in st.event_list() if e["kind"] == "schedule.fired"]
+    data = json.loads(fired["data"])
+    assert data["task_id"] == task.id
+    assert fired["task_id"] == task.id
+    assert data["idempotency_key"] == fire_key(s, s.next_fire_at)
+    assert check_all(st) == []
+
+
+# ----------------------------------------------------------------------------- update
+
+
+def test_update_changes_only_what_is_given(st: Store, sched_clock: ManualClock) -> None:
+    s = _make(st, misfire="catch_up", max_catch_up=3)
+    new_template = TaskSpec(queue="q", handler="h2", payload={"n": 2}, priority=9)
+    u = st.schedule_update(s.name, template=new_template, max_catch_up=7)
+    assert (u.template.handler, u.template.payload, u.template.priority) == ("h2", {"n": 2}, 9)
+    assert (u.max_catch_up, u.misfire, u.cron, u.timezone) == (7, "catch_up", s.cron, s.timezone)
+    # Neither cron nor zone changed: the next instant stays, and fires the new template.
+    assert u.next_fire_at == s.next_fire_at and u.version == s.version + 1
+    sched_clock.advance(30)
+    assert st.schedule_fire_due() == 1
+    [task] = _tasks(st)
+    assert (task.handler, json.loads(task.payload), task.priority) == ("h2", {"n": 2}, 9)
+    [ev] = [e for e in st.event_list() if e["kind"] == "schedule.updated"]
+    data = json.loads(ev["data"])
+    assert data["changed"] == ["template", "max_catch_up"]
+    assert data["next_fire_at"] == s.next_fire_at
+    assert check_all(st) == []
+
+
+def test_update_of_cron_or_zone_recomputes_the_next_instant_from_now(
+    st: Store, sched_clock: ManualClock
+) -> None:
+    s = _make(st)  # every minute; next 08:01
+    u = st.schedule_update(s.name, cron="0 9 * * *")
+    assert u.next_fire_at == to_us(datetime(2027, 1, 15, 9, 0, tzinfo=UTC))
+    u = st.schedule_update(s.name, timezone="Europe/Berlin")  # 09:00 Berlin is 08:00 UTC
+    assert u.next_fire_at == to_us(datetime(2027, 1, 16, 8, 0, tzinfo=UTC))
+    # The same cron again is no change: the instant stays.
+    assert st.schedule_update(s.name, cron="0 9 * * *").next_fire_at == u.next_fire_at
+    assert _kinds(st) == ["schedule.created"] + ["schedule.updated"] * 3
+
+
+def test_update_of_cron_while_an_instant_is_due_drops_it_and_fires_nothing_twice(
+    st: Store, sched_clock: ManualClock
+) -> None:
+    s = _make(st)
+    sched_clock.advance(30)  # 08:01 due
+    assert st.schedule_fire_due() == 1
+    sched_clock.advance(60)  # 08:02 due, not yet fired
+    u = st.schedule_update(s.name, cron="*/2 * * * *")
+    # From now (08:02:00): the first */2 instant after it is 08:04; 08:02 is dropped.
+    assert u.next_fire_at == s.next_fire_at + 3 * MINUTE
+    assert _fire_all(st) == 0
+    sched_clock.now = u.next_fire_at
+    assert _fire_all(st) == 1
+    assert _instants(st) == [s.next_fire_at, s.next_fire_at + 3 * MINUTE]
+
+
+def test_an_update_racing_a_fire_neither_doubles_nor_loses_the_instant(
+    st: Store, sched_clock: ManualClock
+) -> None:
+    """The duty read the row, then an update committed before the fire's transaction:
+    the fire finds the row moved on and makes nothing; the next pass reads the new row
+    and fires the instant once, with the new template. And a fire that committed first
+    leaves the update to a row already moved on: no second task for that instant."""
+    s = _make(st)
+    sched_clock.advance(30)
+    read = st.schedule_get(s.name)  # as the duty read it
+    st.schedule_update(s.name, template=TaskSpec(queue="q", handler="h", payload={"n": 2}))
+    assert st.schedule_fire(read, sched_clock.now) == 0  # stale: nothing
+    assert st.schedule_fire_due() == 1
+    assert st.schedule_fire_due() == 0
+    [task] = _tasks(st)
+    assert json.loads(task.payload) == {"n": 2}
+    # Fire first, then an update of the template: the fired instant does not come back.
+    sched_clock.advance(60)
+    assert st.schedule_fire_due() == 1
+    st.schedule_update(s.name, template=TaskSpec(queue="q", handler="h", payload={"n": 3}))
+    assert st.schedule_fire(read, sched_clock.now) == 0
+    assert _fire_all(st) == 0
+    assert _instants(st) == [s.next_fire_at, s.next_fire_at + MINUTE]
+    assert check_all(st) == []
+
+
+BAD_UPDATES = [(c, code, f) for c, code, f in BAD if set(c) != {"misfire", "max_catch_up"}]
+
+
+@pytest.mark.parametrize(("change", "code", "field"), BAD_UPDATES)
+def test_every_update_rejection_writes_nothing(
+    st: Store, change: dict[str, Any], code: Code, field: str
+) -> None:
+    s = _make(st)
+    before = len(st.event_list())
+    with pytest.raises(OrbitError) as err:
+        st.schedule_update(s.name, **change)
+    assert (err.value.code, err.value.field) == (code, field), err.value
+    assert st.schedule_list() == [s] and len(st.event_list()) == before
+
+
+def test_update_refuses_nothing_to_change_and_a_missing_schedule(st: Store) -> None:
+    s = _make(st)
+    with pytest.raises(OrbitError) as err:
+        st.schedule_update(s.name)
+    assert err.value.code == Code.INVALID_ARGUMENT
+    assert "at least one" in err.value.message
+    with pytest.raises(OrbitError) as err:
+        st.schedule_update("nope", cron="0 * * * *")
+    assert err.value.code == Code.SCHEDULE_NOT_FOUND
+    assert st.schedule_list() == [s] and _kinds(st) == ["schedule.created"]
+
+
+def test_two_nodes_updating_while_firing_fire_each_instant_once(
+    backend: str, st: Store, sched_clock: ManualClock
+) -> None:
+    """Two PostgreSQL nodes fire a catch_up backlog while a third thread updates the
+    template over and over (the cron stays): each instant makes exactly one task."""
+    if backend != "postgres":
+        pytest.skip("one SQLite database has one server")
+    other = open_store(store_url(st), clock=sched_clock)
+    try:
+        s = _make(st, misfire="catch_up", max_catch_up=30)
+        sched_clock.now = START + 30 * MINUTE  # 30 instants due
+        barrier = threading.Barrier(3)
+        errors: list[BaseException] = []
+
+        def duty(store: Store) -> None:
+            try:
+                barrier.wait(RACE_WAIT)
+                _fire_all(store)
+            except BaseException as exc:
+                errors.append(exc)
+
+        def edits() -> None:
+            try:
+                barrier.wait(RACE_WAIT)
+                for n in range(20):
+                    spec = TaskSpec(queue="q", handler="h", payload={"n": n})
+                    other.schedule_update(s.name, template=spec)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=duty, args=(x,)) for x in (st, other)]
+        threads.append(threading.Thread(target=edits))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(RACE_WAIT * 4)
+        assert errors == []
+        _fire_all(st)  # what a pass left to the next, once the edits stopped
+        keys = _keys(st)
+        assert len(keys) == len(set(keys)) == 30
+        assert check_all(st) == []
+    finally:
+        other.close()
+
+
+def test_a_stale_fire_does_not_fire_into_a_schedule_made_again_under_its_name(
+    st: Store, sched_clock: ManualClock
+) -> None:
+    """The duty read a schedule due for its first fire (version 1); before its fire's
+    transaction, the schedule is deleted and made again under its name (version 1 too)
+    with another template, and comes due. The stale fire must not pass the row check:
+    it would submit the deleted schedule's template under its key and move the new
+    schedule's next instant by the old expression."""
+    s = _make(st)
+    sched_clock.advance(30)  # 08:01 due
+    read = st.schedule_get(s.name)  # as the duty read it
+    st.schedule_delete(s.name)
+    again = _make(st, template=TaskSpec(queue="q", handler="h", payload={"n": 2}))
+    assert again.version == read.version
+    sched_clock.now = again.next_fire_at  # the new one's first instant (08:02)
+    assert st.schedule_fire(read, sched_clock.now) == 0
+    assert st.schedule_get(s.name) == again
+    assert _tasks(st) == []
+    assert _fire_all(st) == 1
+    [task] = _tasks(st)
+    assert task.idempotency_key == fire_key(again, again.next_fire_at)
+    assert json.loads(task.payload) == {"n": 2}
+
+
+def test_schedules_a_full_queue_refuses_do_not_starve_the_others(
+    st: Store, sched_clock: ManualClock
+) -> None:
+    """A pass reads the due schedules a page at a time, oldest first. Schedules whose
+    fires a full queue refuses stay due (run_once keeps them) and oldest: were the pass
+    to read one page only, a page of them would hide every other due schedule for as
+    long as the queue stays full, and those instants would then be missed."""
+    queue(st, "full")
+    st.queue_update("full", max_queued=1)
+    st.task_submit(TaskSpec(queue="full", handler="h"))
+    full = TaskSpec(queue="full", handler="h")
+    for name in ("a", "b", "c"):
+        _make(st, name, misfire="run_once", template=full)
+    other = _make(st, "z")
+    sched_clock.advance(30)  # all four due at 08:01
+    assert st.schedule_fire_due(limit=2) == 1
+    assert _instants(st) == [other.next_fire_at]
+    assert all(st.schedule_get(n).last_fire_at is None for n in ("a", "b", "c"))

@@ -113,8 +113,51 @@ def test_an_expression_that_never_matches_is_refused() -> None:
     assert err.value.code == Code.INVALID_CRON
 
 
-@pytest.mark.parametrize("zone", ["", "Mars/Olympus", "../etc/passwd", "/etc/localtime", 3, "é"])
+@pytest.mark.parametrize(
+    "zone",
+    [
+        "",
+        "Mars/Olympus",
+        "../etc/passwd",
+        "/etc/localtime",
+        3,
+        "é",
+        # files of the node's zone database that are not zones of their own: the node's
+        # own local zone (each node may have another), and the leap-second clock
+        "localtime",
+        "posixrules",
+        "right/UTC",
+        "right/Europe/Berlin",
+        "posix/Europe/Berlin",
+    ],
+)
 def test_bad_timezones_are_refused(zone: object) -> None:
     with pytest.raises(OrbitError) as err:
         check_timezone(zone)
     assert (err.value.code, err.value.field) == (Code.INVALID_TIMEZONE, "timezone")
+
+
+def test_day_of_month_and_day_of_week_as_classic_cron_reads_them() -> None:
+    """Vixie cron: when both day fields are restricted, a day matching either fires;
+    when either starts with ``*`` (``*/2`` too), a day must match both. croniter's
+    default (``day_or``) ORs whenever a field is not exactly ``*``."""
+    utc = ZoneInfo("UTC")
+    start = _utc(2026, 1, 1, 12, 0)  # a Thursday
+    both = [d[:10] for d in _walk("0 0 1 * mon", utc, start, 3)]
+    assert both == ["2026-01-05", "2026-01-12", "2026-01-19"]  # Mondays, or the 1st
+    assert [d[:10] for d in _walk("0 0 1 * mon", utc, _utc(2026, 1, 27), 2)] == [
+        "2026-02-01",  # a Sunday: the 1st
+        "2026-02-02",
+    ]
+    # every odd day AND Monday: Jan 5, Jan 19, Feb 9 (Jan 12 and 26 are even)
+    starred = [d[:10] for d in _walk("0 0 */2 * mon", utc, start, 3)]
+    assert starred == ["2026-01-05", "2026-01-19", "2026-02-09"]
+    # the weekday field starred (*/7: Sunday), a day must be in 1-7 AND a Sunday
+    assert [d[:10] for d in _walk("0 0 1-7 * */7", utc, start, 2)] == [
+        "2026-01-04",
+        "2026-02-01",
+    ]
+    assert latest("0 0 */2 * mon", utc, _utc(2026, 1, 20), _utc(2026, 1, 1), 5) == [
+        _utc(2026, 1, 5),
+        _utc(2026, 1, 19),
+    ]

@@ -570,10 +570,16 @@ SELECT * FROM orbit_schedules WHERE name = :name;
 
 -- name: schedule_lock_due
 SELECT * FROM orbit_schedules
-WHERE name = :name AND version = :version AND NOT paused AND next_fire_at <= :now;
+WHERE name = :name AND created_at = :created_at AND version = :version
+    AND NOT paused AND next_fire_at <= :now;
 
 -- name: schedule_due
-SELECT * FROM orbit_schedules WHERE NOT paused AND next_fire_at <= :now
+-- A page of the schedules due at :now, soonest first, after (:after_at, :after_name):
+-- a pass walks every due schedule, so that those a full queue keeps due (the oldest)
+-- do not hide the others. Through orbit_schedules_due.
+SELECT * FROM orbit_schedules
+WHERE NOT paused AND next_fire_at <= :now
+    AND (next_fire_at > :after_at OR (next_fire_at = :after_at AND name > :after_name))
 ORDER BY next_fire_at, name LIMIT :limit;
 
 -- name: schedule_due_in
@@ -587,3 +593,12 @@ WHERE name = :name AND version = :version;
 
 -- name: schedule_delete
 DELETE FROM orbit_schedules WHERE name = :name;
+
+-- name: schedule_update
+-- An operator's edit (Store.schedule_update), guarded by the row's version as read
+-- under its lock.
+UPDATE orbit_schedules
+SET cron = :cron, timezone = :timezone, template = :template, misfire = :misfire,
+    max_catch_up = :max_catch_up, next_fire_at = :next_fire_at, updated_at = :now,
+    version = version + 1
+WHERE name = :name AND version = :version;
