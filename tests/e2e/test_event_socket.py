@@ -478,3 +478,26 @@ def test_subscribe_raises_a_refusal_at_once(api: httpx.Client, fast: Node, token
             return bad.value.code
 
     assert asyncio.run(refused()) == "INVALID_CURSOR"
+
+
+def test_a_refused_upgrade_logs_no_error(
+    nodes: Callable[..., Node], tokens: Tokens, db_url: str
+) -> None:
+    """A refused upgrade is routine (a wrong token, a wrong scope): answered with its
+    status, it is no ERROR in the server's log. uvicorn's own WebSocket protocol logged
+    ``ASGI callable returned without completing handshake`` at ERROR for every one, the
+    denial response sent in full notwithstanding."""
+    node = nodes(args=FAST)
+    worker = f"ws://127.0.0.1:{node.port}/v1/worker"
+    with pytest.raises(InvalidStatus) as refused:
+        connect(worker, additional_headers=_auth("not-a-token"), open_timeout=PATIENCE)
+    assert refused.value.response.status_code == 401
+    with pytest.raises(InvalidStatus) as refused:
+        connect(worker, additional_headers=_auth(tokens.submit), open_timeout=PATIENCE)
+    assert refused.value.response.status_code == 403
+    assert refusal(node, None, "/v1/events/ws")[0] == 401
+    assert refusal(node, tokens.worker, "/v1/events/ws")[0] == 403
+    node.stop()  # every line the refusals made is written by now
+    log = node.log_text()
+    assert " ERROR " not in log, log
+    assert "without completing handshake" not in log, log
