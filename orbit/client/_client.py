@@ -34,7 +34,15 @@ from orbit.client._http import (
     path_segment as _seg,
 )
 from orbit.client._sse import Following
-from orbit.client._ws import MAX_FRAME, Subscription, closed, socket_base, ws_log
+from orbit.client._ws import (
+    MAX_FRAME,
+    Subscription,
+    aheld,
+    closed,
+    held,
+    socket_base,
+    ws_log,
+)
 from orbit.core.model import compact_json, parse_json
 from orbit.tokens import load_token, token_fault
 from orbit.urls import check_server_url
@@ -966,7 +974,7 @@ class Client:
                     conn = ws_open(following.url(self._socket_base), **self._socket)
                 except (OSError, InvalidHandshake, InvalidURI) as exc:  # TimeoutError is an OSError
                     raise _upgrade_failed(exc, self._where, self._timeout) from exc
-                with conn:
+                with held(conn):  # aborted, not closed, when given up on
                     while True:
                         try:
                             data = conn.recv(timeout=self._timeout)
@@ -1432,7 +1440,7 @@ class AsyncClient:
                     conn = await ws_open_async(following.url(self._socket_base), **self._socket)
                 except (OSError, InvalidHandshake, InvalidURI) as exc:
                     raise _upgrade_failed(exc, self._where, self._timeout) from exc
-                async with conn:
+                async with aheld(conn):  # aborted, not closed, when given up on
                     while True:
                         try:
                             async with asyncio.timeout(self._timeout):

@@ -11,11 +11,15 @@ not followed (that, or to an ``https://`` page) is REDIRECT, as an HTTP call's.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from urllib.parse import SplitResult, urlencode
 
+from websockets.asyncio.client import ClientConnection as AsyncConnection
 from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection as SyncConnection
 
 from orbit.client._errors import ApiError
 from orbit.client._http import Unreachable, path_segment
@@ -92,3 +96,32 @@ def closed(exc: ConnectionClosed, where: str) -> Unreachable:
     said = exc.rcvd
     how = "without a close frame" if said is None else f"with {said.code} {said.reason}".strip()
     return Unreachable(f"{where}: the event stream closed {how}")
+
+
+@contextlib.contextmanager
+def held(conn: SyncConnection) -> Iterator[SyncConnection]:
+    """``conn`` for the block, then closed: with the closing handshake when the follow
+    ends or is closed by its caller, but aborted first (its socket closed, no close
+    frame) when the follow gives up on it (Unreachable: it closed without a close frame,
+    or a read waited the client's timeout). A peer that went silent (a host gone, a
+    network cut) never answers the handshake, and ``close()`` waited websockets' close
+    timeout (10 s) for it before the follow could reconnect."""
+    with conn:  # whose close, after an abort, finds the protocol CLOSED: no wait
+        try:
+            yield conn
+        except Unreachable:
+            conn.close_socket()  # the protocol is CLOSED when it returns
+            conn.recv_events_thread.join()  # ends once its socket is closed
+            raise
+
+
+@contextlib.asynccontextmanager
+async def aheld(conn: AsyncConnection) -> AsyncIterator[AsyncConnection]:
+    """As ``held``, for ``AsyncClient.subscribe``."""
+    async with conn:
+        try:
+            yield conn
+        except Unreachable:
+            conn.transport.abort()
+            await conn.wait_closed()  # the abort's connection_lost: at once
+            raise

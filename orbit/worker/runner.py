@@ -27,7 +27,8 @@ Guarantees the runner keeps:
   the refusal, as at the first connection (``orbit worker`` exits 3); what its attempts
   become is up to their leases and the session's expiry. A connection lost another way
   (the network, a server restart) whose reconnects are refused ends the same way, once
-  the same token has been refused twice with a pause after each.
+  the same token has been refused twice with a pause after each (tries between them that
+  fail another way, the server unreachable, neither count nor start the count again).
 """
 
 from __future__ import annotations
@@ -79,10 +80,14 @@ RENEW_RETRY_FIRST = 0.25
 RENEW_RETRY_MAX = 10.0
 #: the close code of a connection whose token was revoked (docs/protocol.md)
 REVOKED_CLOSE = 4401
-#: After a drop that was no 4401, how many refusals (401/403) in a row of one token end
-#: the run, provided the token read after the pause that follows the last is still that
-#: one. Two, not one: a token revoked just before its replacement is written into
-#: ORBIT_TOKEN_FILE is refused once or twice before the new one can be read.
+#: After a drop that was no 4401, how many refusals (401/403) of one token, with no
+#: refusal of another between them, end the run, provided the token read after the pause
+#: that follows the last is still that one. A try between them that fails another way
+#: (the server unreachable, a 5xx) judged no token: it neither counts nor starts the
+#: count again (were it to, a balancer alternating a node that is down and one that
+#: refuses would have a revoked token retried for ever), and it only makes the wait for a
+#: rotated token longer. Two, not one: a token revoked just before its replacement is
+#: written into ORBIT_TOKEN_FILE is refused once or twice before the new one can be read.
 REFUSALS_TO_STOP = 2
 Handler = Callable[..., Any]
 
@@ -513,14 +518,15 @@ class Worker:
         A refusal of our credentials (HTTP 401 or 403, or no token to read) is raised
         rather than retried on the first connection, and on the one after the server
         closed ours because its token was revoked (``revoked``). On any other reconnect
-        a refused token is raised once it has been refused ``REFUSALS_TO_STOP`` times
-        in a row and is still the token read after the pause that follows
+        a refused token is raised once it has been refused ``REFUSALS_TO_STOP`` times,
+        with no refusal of another token between (failures of another kind between do
+        not matter), and is still the token read after the pause that follows
         (``REFUSALS_TO_STOP``)."""
         self._connected.clear()
         delay = 0.1
         caps = {name: reg.capacity for name, reg in self.handlers.items()}
         refused_token: str | None = None  # the token the last refusal was of
-        refusals = 0  # how many times in a row it was refused
+        refusals = 0  # how many times it was refused since another token last was
         while True:
             conn: WorkerConnection | None = None
             token: str | None = None
@@ -581,8 +587,9 @@ class Worker:
                     # restart): the token may have been revoked meanwhile, and this worker
                     # never heard the close that says so. A new token read now is tried
                     # at once; the same one again after a pause, and the run ends once it
-                    # has been refused REFUSALS_TO_STOP times in a row and the pause after
-                    # the last brought no other.
+                    # has been refused REFUSALS_TO_STOP times (failures of another kind
+                    # between are no refusal, and reset nothing) and the pause after the
+                    # last brought no other.
                     refusals = refusals + 1 if token == refused_token else 1
                     refused_token = token
                     now = self._token_now()

@@ -12,9 +12,11 @@ against real ``orbit server`` processes, on both backends: the SSE streams' twin
   cap of streams (SSE and WebSocket counted together) 503.
 - An idle socket sends keep-alive frames; SIGTERM closes it 1012 and the server exits; a
   revoked token closes it 4401.
-- ``Client.subscribe`` rides a SIGKILL and restart of the server and misses nothing
-  written while it was down; ``AsyncClient.subscribe`` follows a task to its end; both
-  raise a refusal at once.
+- ``Client.subscribe`` and ``AsyncClient.subscribe`` ride a SIGKILL and restart of the
+  server and miss nothing written while it was down, and abort (no close frame) a
+  connection that went silent before reconnecting; ``AsyncClient.subscribe`` follows a
+  task to its end; both raise a refusal at once.
+- A refused upgrade is no ERROR line in the server's log.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from tests.e2e.test_event_stream import (
     _submit,
     stream,
 )
+from tests.fault.proxy import FaultProxy
 
 #: a task id no task has
 UNKNOWN = "01a2439c-e925-72b4-8000-0199ea1b10c2"
@@ -341,16 +344,28 @@ def test_a_revoked_tokens_socket_is_closed(api: httpx.Client, fast: Node) -> Non
             next(events)
 
 
+@pytest.mark.parametrize("form", ["sync", "async"])
 def test_the_client_subscribes_across_a_server_killed_and_restarted(
-    db_url: str, fast: Node, tokens: Tokens, api: httpx.Client, tmp_path: Path
+    db_url: str, fast: Node, tokens: Tokens, api: httpx.Client, tmp_path: Path, form: str
 ) -> None:
     """A SIGKILLed server, an event written while it is down, the server back on the same
-    port: ``subscribe`` goes on from its last cursor, every event once, in order."""
+    port: ``subscribe`` (``Client``'s and ``AsyncClient``'s) goes on from its last
+    cursor, every event once, in order."""
     got: queue.Queue[tuple[str, dict[str, Any]] | BaseException] = queue.Queue()
     first = _submit(api)
 
+    async def follow_async() -> None:
+        async with AsyncClient(fast.http, tokens.admin, timeout=5) as c:
+            async for item in c.subscribe(outage=PATIENCE):
+                got.put(item)
+                if item[1]["kind"] == "cancelled":
+                    return
+
     def follow() -> None:
         try:
+            if form == "async":
+                asyncio.run(follow_async())
+                return
             with Client(fast.http, tokens.admin, timeout=5) as c:
                 for item in c.subscribe(outage=PATIENCE):
                     got.put(item)
@@ -478,3 +493,81 @@ def test_subscribe_raises_a_refusal_at_once(api: httpx.Client, fast: Node, token
             return bad.value.code
 
     assert asyncio.run(refused()) == "INVALID_CURSOR"
+
+
+def test_a_refused_upgrade_logs_no_error(
+    nodes: Callable[..., Node], tokens: Tokens, db_url: str
+) -> None:
+    """A refused upgrade is routine (a wrong token, a wrong scope): answered with its
+    status, it is no ERROR in the server's log. uvicorn's own WebSocket protocol logged
+    ``ASGI callable returned without completing handshake`` at ERROR for every one, the
+    denial response sent in full notwithstanding."""
+    node = nodes(args=FAST)
+    worker = f"ws://127.0.0.1:{node.port}/v1/worker"
+    with pytest.raises(InvalidStatus) as refused:
+        connect(worker, additional_headers=_auth("not-a-token"), open_timeout=PATIENCE)
+    assert refused.value.response.status_code == 401
+    with pytest.raises(InvalidStatus) as refused:
+        connect(worker, additional_headers=_auth(tokens.submit), open_timeout=PATIENCE)
+    assert refused.value.response.status_code == 403
+    assert refusal(node, None, "/v1/events/ws")[0] == 401
+    assert refusal(node, tokens.worker, "/v1/events/ws")[0] == 403
+    node.stop()  # every line the refusals made is written by now
+    log = node.log_text()
+    assert " ERROR " not in log, log
+    assert "without completing handshake" not in log, log
+
+
+@pytest.mark.parametrize("form", ["sync", "async"])
+def test_subscribe_aborts_a_connection_it_gives_up_on(
+    api: httpx.Client, fast: Node, tokens: Tokens, form: str
+) -> None:
+    """A server that stops answering without closing (a host gone, a network cut: here a
+    proxy that holds every frame, either way) is given up on once a read waited the
+    client's timeout, and the follow reconnects from its cursor. The connection given up
+    on is aborted: no close frame goes to it, and no closing handshake waits websockets'
+    close timeout (10 s) for a peer that will never answer before the reconnect. Before,
+    both forms sent a close frame and waited."""
+    got: queue.Queue[tuple[str, dict[str, Any]] | BaseException] = queue.Queue()
+    first = _submit(api)
+
+    def take() -> tuple[str, dict[str, Any]]:
+        item = got.get(timeout=PATIENCE)
+        assert not isinstance(item, BaseException), item
+        return item
+
+    with FaultProxy(fast.port) as proxy:
+
+        async def follow_async() -> None:
+            async with AsyncClient(proxy.http, tokens.admin, timeout=2) as c:
+                async for item in c.subscribe(outage=PATIENCE):
+                    got.put(item)
+                    if item[1]["kind"] == "cancelled":
+                        return
+
+        def follow() -> None:
+            try:
+                if form == "async":
+                    asyncio.run(follow_async())
+                    return
+                with Client(proxy.http, tokens.admin, timeout=2) as c:
+                    for item in c.subscribe(outage=PATIENCE):
+                        got.put(item)
+                        if item[1]["kind"] == "cancelled":
+                            return
+            except BaseException as exc:
+                got.put(exc)
+
+        follower = threading.Thread(target=follow, daemon=True)
+        follower.start()
+        assert [take()[1]["kind"], take()[1]["kind"]] == ["queue.created", "submitted"]
+        held = proxy.opened()
+        proxy.pause("both")  # the server says nothing more, and hears nothing
+        proxy.wait_opened(held + 1, timeout=4 * PATIENCE)  # the follow reconnected
+        proxy.resume("both")
+        api.post(f"/v1/tasks/{first}/cancel").raise_for_status()
+        assert take()[1]["kind"] == "cancelled"
+        follower.join(PATIENCE)
+        closes = [r for r in proxy.records("up") if r.link <= held and r.opcode == 8]
+    assert closes == []  # no closing handshake with the connection given up on
+    assert not follower.is_alive()

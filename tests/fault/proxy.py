@@ -223,6 +223,18 @@ class FaultProxy:
         """How many connections are open now."""
         return len(self._links)
 
+    def opened(self) -> int:
+        """How many connections were relayed so far, closed ones included (the id of the
+        latest)."""
+        return self._next_id
+
+    def wait_opened(self, n: int, timeout: float = 15.0) -> None:
+        """Poll until ``n`` connections in all were relayed."""
+        end = time.monotonic() + timeout
+        while self.opened() < n:
+            assert time.monotonic() < end, f"the proxy never relayed {n} connections"
+            time.sleep(0.01)
+
     # ------------------------------------------------------------------ loop side
 
     def _call(self, coro: Coroutine[Any, Any, Any]) -> Any:

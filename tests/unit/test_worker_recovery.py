@@ -579,6 +579,35 @@ def test_a_token_refused_after_another_drop_ends_the_run_once_it_is_refused_twic
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("between", [502, 503])
+def test_a_failure_between_two_refusals_neither_counts_nor_resets_them(between: int) -> None:
+    """Refused, the server unreachable for a while (a proxy's 502 while it is down, a
+    503 while it starts), refused again: the same token has been refused twice, and the
+    run ends once the pause after the second brings no other token, as with no failure
+    between. A try that fails another way judged no token: it is not a refusal, and it
+    does not start the count again (a load balancer alternating a node that is down and
+    one that refuses would otherwise have the worker retry a revoked token for ever).
+    The second refusal comes later for the failures, which gives a rotation in
+    ORBIT_TOKEN_FILE more time, not less (docs/worker.md, *Connection*)."""
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, "token", reconnect_max=0.1)
+            worker.handler("h")(_never_called)
+            runner = asyncio.create_task(worker.arun())
+            await gw.wait_for(_is("hello"))
+            gw.reject = [401, between, between]  # then "token" is refused (401)
+            gw.accepted_token = "another-token"
+            await gw.connections[-1].close(1012, "service restart")
+            with pytest.raises(InvalidStatus) as refused:
+                await asyncio.wait_for(runner, 10)
+            assert refused.value.response.status_code == 401
+            # the first connection; refused; two failures; refused: the run ends
+            assert gw.attempts == 5
+
+    asyncio.run(main())
+
+
 def test_a_token_file_missing_after_two_refusals_does_not_end_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
