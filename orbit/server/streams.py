@@ -227,6 +227,7 @@ class Tail:
         rows: list[dict[str, Any]],
         cursor_of: Callable[[dict[str, Any]], str],
         woken: asyncio.Event,
+        held_back: bool = False,
     ) -> None:
         self.streams: Streams = conn.app.state.streams
         self.store: Store = conn.app.state.store
@@ -236,6 +237,9 @@ class Tail:
         self.task_id = task_id
         self.position = position
         self.rows = rows
+        #: the first page said events after it were held back (PostgreSQL's horizon):
+        #: re-read after a short pause, not the poll (their commits' wakes may be gone)
+        self.held_back = held_back
         self.cursor_of = cursor_of
         # A task stream looks at the task's state when it has caught up, if the task may
         # have ended: at first, and after each event into a final state.
@@ -249,7 +253,7 @@ class Tail:
         """What to send, in order, until the stream is over (``Ended`` or ``Stopped``,
         last). A read that fails (the database away) raises here: the carrier ends the
         stream, and the client reconnects from its last cursor."""
-        rows, complete = self.rows, True
+        rows, complete = self.rows, not self.held_back
         self._quiet_since = time.monotonic()
         while True:
             if rows:
@@ -496,16 +500,17 @@ async def open_tail(
     scope: str,
     task_id: str | None,
     position: tuple[int, int],
-    first_page: Callable[[], Awaitable[list[dict[str, Any]]]],
+    first_page: Callable[[], Awaitable[tuple[list[dict[str, Any]], bool]]],
     cursor_of: Callable[[dict[str, Any]], str],
 ) -> Tail:
     """Admit a stream and read its first page, both before the stream is accepted: a node
-    at its cap, and a cursor that names no event, are refused with their own status."""
+    at its cap, and a cursor that names no event, are refused with their own status.
+    ``first_page`` returns the rows and whether events after them were held back."""
     streams: Streams = conn.app.state.streams
     streams.admit()
     woken = streams.woken()  # before the first read: a commit during it wakes the stream
     try:
-        rows = await first_page()
+        rows, held_back = await first_page()
     except BaseException:
         streams.release()
         raise
@@ -517,4 +522,5 @@ async def open_tail(
         rows=rows,
         cursor_of=cursor_of,
         woken=woken,
+        held_back=held_back,
     )
