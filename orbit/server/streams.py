@@ -27,6 +27,13 @@ read. The reads run on a small thread pool of their own (``READ_THREADS``), so s
 never hold a thread that a worker's report or a submit waits for (orbit/server/
 threads.py), and never more than that many pooled database connections at once. Both
 carriers count toward one cap (``--max-streams``) and end when the server stops.
+
+A client that stops reading (a process stopped, a peer gone without a word) would hold
+its slot for ever: once the socket's buffers are full, a send waits for the client to
+take something, and a hundred such clients would deny streams to everyone on the node.
+So every send has a deadline (``--stream-send-timeout``, 30 s): a stream whose send has
+not completed by then is dropped, its slot freed, and the client, if it ever reads
+again, reconnects from its last cursor as after any end without ``stream.end``.
 """
 
 from __future__ import annotations
@@ -81,10 +88,13 @@ class Streams:
     the server shuts down (uvicorn waits for open responses to finish before it stops,
     and a stream never would)."""
 
-    def __init__(self, limit: int, poll_s: float, keepalive_s: float) -> None:
+    def __init__(
+        self, limit: int, poll_s: float, keepalive_s: float, send_timeout_s: float = 30.0
+    ) -> None:
         self.limit = limit
         self.poll_s = poll_s
         self.keepalive_s = keepalive_s
+        self.send_timeout_s = send_timeout_s
         self.open = 0
         self.limiter = anyio.CapacityLimiter(READ_THREADS)
         self._closing = asyncio.Event()
@@ -164,8 +174,21 @@ class Streams:
             return False
         return True
 
+    async def deliver(self, sending: Awaitable[None]) -> None:
+        """Await one send to a stream's client, at most ``send_timeout_s``: ``Stalled``
+        if the client has not taken it by then (it stopped reading, and the socket's
+        buffers are full)."""
+        try:
+            await asyncio.wait_for(sending, self.send_timeout_s)
+        except TimeoutError:
+            raise Stalled from None
+
     async def read(self, fn: Callable[..., Any], /, **kwargs: Any) -> Any:
         return await anyio.to_thread.run_sync(partial(fn, **kwargs), limiter=self.limiter)
+
+
+class Stalled(Exception):
+    """A send to a stream's client did not complete within ``--stream-send-timeout``."""
 
 
 def message(cursor: str | None, kind: str, data: Any) -> bytes:
@@ -392,6 +415,10 @@ class EventStream(Response):
             await self._run(send)
         except OSError:
             pass
+        except Stalled:
+            # No last empty body: it would wait as long. The response is left unfinished,
+            # and the server closes the connection.
+            log.info("event stream dropped: its client took nothing for the send timeout")
         except Exception as exc:
             log.warning("event stream ended: a read failed (%s)", type(exc).__name__)
             with contextlib.suppress(Exception):
@@ -421,7 +448,8 @@ class EventStream(Response):
         await write(b"", more=False)
 
     async def _write(self, send: Send, body: bytes, *, more: bool = True) -> None:
-        await send({"type": "http.response.body", "body": body, "more_body": more})
+        message = {"type": "http.response.body", "body": body, "more_body": more}
+        await self.tail.streams.deliver(send(message))
 
 
 #: the close code of a WebSocket stream that stopped without its end (``Stopped``), by
@@ -458,8 +486,8 @@ async def serve_socket(ws: WebSocket, tail: Tail) -> None:
             closing = await _frames(ws, tail)
             group.cancel_scope.cancel()
         if closing is not None:
-            with contextlib.suppress(Exception):  # the client may be gone meanwhile
-                await ws.close(*closing)
+            with contextlib.suppress(Exception):  # the client may be gone (or stalled)
+                await tail.streams.deliver(ws.close(*closing))
     finally:
         tail.streams.release()
 
@@ -469,8 +497,12 @@ async def _frames(ws: WebSocket, tail: Tail) -> tuple[int, str] | None:
 
     async def frame(body: dict[str, Any]) -> None:
         try:
-            await ws.send_text(compact_json(body).decode())
+            await tail.streams.deliver(ws.send_text(compact_json(body).decode()))
         except (WebSocketDisconnect, RuntimeError, OSError):
+            raise _Gone from None
+        except Stalled:
+            # no close frame: it would wait behind the frames the client has not taken
+            log.info("event stream dropped: its client took nothing for the send timeout")
             raise _Gone from None
 
     try:
