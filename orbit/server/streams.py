@@ -177,9 +177,11 @@ class Streams:
     async def deliver(self, sending: Awaitable[None]) -> None:
         """Await one send to a stream's client, at most ``send_timeout_s``: ``Stalled``
         if the client has not taken it by then (it stopped reading, and the socket's
-        buffers are full)."""
+        buffers are full). ``asyncio.timeout``, not ``wait_for``: no task per send (a
+        WebSocket stream sends a frame per event)."""
         try:
-            await asyncio.wait_for(sending, self.send_timeout_s)
+            async with asyncio.timeout(self.send_timeout_s):
+                await sending
         except TimeoutError:
             raise Stalled from None
 
