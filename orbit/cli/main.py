@@ -359,6 +359,14 @@ def server(
             min=0.1, help="an idle event stream's keep-alive comment every this many seconds"
         ),
     ] = 15.0,
+    stream_send_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.1,
+            help="an event stream whose client has not taken a message within this many "
+            "seconds is closed and its slot freed (a client that stopped reading)",
+        ),
+    ] = 30.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
 ) -> None:
     """Run one control-plane node (any number may share one PostgreSQL)."""
@@ -395,6 +403,7 @@ def server(
         max_streams=max_streams,
         stream_poll_s=stream_poll,
         stream_keepalive_s=stream_keepalive,
+        stream_send_timeout_s=stream_send_timeout,
         store_config=StoreConfig(
             claim_ttl_us=int(claim_ttl * SECOND),
             lease_ttl_us=int(lease_ttl * SECOND),

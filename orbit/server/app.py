@@ -60,6 +60,8 @@ class ServerSettings:
     max_streams: int = 100  # event streams open at once on this node (orbit.server.streams)
     stream_poll_s: float = 2.0  # the safety net under the wakes (orbit.server.streams)
     stream_keepalive_s: float = 15.0  # an idle stream's comment, so proxies keep it open
+    #: a stream whose client has not taken a message within this is closed (its slot freed)
+    stream_send_timeout_s: float = 30.0
     store_config: StoreConfig = field(default_factory=StoreConfig)
 
 
@@ -284,7 +286,10 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.streams = Streams(
-        settings.max_streams, settings.stream_poll_s, settings.stream_keepalive_s
+        settings.max_streams,
+        settings.stream_poll_s,
+        settings.stream_keepalive_s,
+        settings.stream_send_timeout_s,
     )
     app.add_exception_handler(ApiError, errors.on_api_error)
     app.add_exception_handler(OrbitError, errors.on_orbit_error)

@@ -609,10 +609,12 @@ async def _event_rows(
     task_id: str | None,
     position: tuple[int, int],
     limit: int,
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], bool]:
     """``Store.event_list``, its wait on the event loop: each read goes through ``run``
     (the store's threads, or a stream's own), and a read waiting for an older
-    transaction holds no thread. A position that names no event is a bad cursor."""
+    transaction holds no thread. A position that names no event is a bad cursor. Also
+    whether events were still held back when the wait gave up (a stream's first page:
+    it then re-reads shortly, as after any of its reads that says so)."""
     store = _store(request)
     read = partial(
         store.event_read,
@@ -633,14 +635,14 @@ async def _event_rows(
         if exc.code is not Code.INVALID_ARGUMENT:
             raise
         raise _bad_cursor() from None
-    return rows
+    return rows, held_back
 
 
 async def _events(
     request: Request, task_id: str | None, limit: int, cursor: str | None
 ) -> Response:
     position = event_cursor(decode_cursor(cursor))
-    rows = await _event_rows(request, in_thread, task_id, position, limit)
+    rows, _ = await _event_rows(request, in_thread, task_id, position, limit)
     nxt = event_position_cursor(rows[-1]) if len(rows) == limit else None
     return _json(EventPage(items=[event_view(r) for r in rows], next_cursor=nxt))
 
@@ -698,7 +700,7 @@ async def _open_tail(
     if task_id is not None:
         await in_thread(_store(conn).task_get, task_id)  # 404 for an unknown task
 
-    async def first_page() -> list[dict[str, Any]]:
+    async def first_page() -> tuple[list[dict[str, Any]], bool]:
         return await _event_rows(conn, conn.app.state.streams.read, task_id, position, PAGE)
 
     return await open_tail(

@@ -27,6 +27,13 @@ read. The reads run on a small thread pool of their own (``READ_THREADS``), so s
 never hold a thread that a worker's report or a submit waits for (orbit/server/
 threads.py), and never more than that many pooled database connections at once. Both
 carriers count toward one cap (``--max-streams``) and end when the server stops.
+
+A client that stops reading (a process stopped, a peer gone without a word) would hold
+its slot for ever: once the socket's buffers are full, a send waits for the client to
+take something, and a hundred such clients would deny streams to everyone on the node.
+So every send has a deadline (``--stream-send-timeout``, 30 s): a stream whose send has
+not completed by then is dropped, its slot freed, and the client, if it ever reads
+again, reconnects from its last cursor as after any end without ``stream.end``.
 """
 
 from __future__ import annotations
@@ -81,10 +88,13 @@ class Streams:
     the server shuts down (uvicorn waits for open responses to finish before it stops,
     and a stream never would)."""
 
-    def __init__(self, limit: int, poll_s: float, keepalive_s: float) -> None:
+    def __init__(
+        self, limit: int, poll_s: float, keepalive_s: float, send_timeout_s: float = 30.0
+    ) -> None:
         self.limit = limit
         self.poll_s = poll_s
         self.keepalive_s = keepalive_s
+        self.send_timeout_s = send_timeout_s
         self.open = 0
         self.limiter = anyio.CapacityLimiter(READ_THREADS)
         self._closing = asyncio.Event()
@@ -164,8 +174,23 @@ class Streams:
             return False
         return True
 
+    async def deliver(self, sending: Awaitable[None]) -> None:
+        """Await one send to a stream's client, at most ``send_timeout_s``: ``Stalled``
+        if the client has not taken it by then (it stopped reading, and the socket's
+        buffers are full). ``asyncio.timeout``, not ``wait_for``: no task per send (a
+        WebSocket stream sends a frame per event)."""
+        try:
+            async with asyncio.timeout(self.send_timeout_s):
+                await sending
+        except TimeoutError:
+            raise Stalled from None
+
     async def read(self, fn: Callable[..., Any], /, **kwargs: Any) -> Any:
         return await anyio.to_thread.run_sync(partial(fn, **kwargs), limiter=self.limiter)
+
+
+class Stalled(Exception):
+    """A send to a stream's client did not complete within ``--stream-send-timeout``."""
 
 
 def message(cursor: str | None, kind: str, data: Any) -> bytes:
@@ -227,6 +252,7 @@ class Tail:
         rows: list[dict[str, Any]],
         cursor_of: Callable[[dict[str, Any]], str],
         woken: asyncio.Event,
+        held_back: bool = False,
     ) -> None:
         self.streams: Streams = conn.app.state.streams
         self.store: Store = conn.app.state.store
@@ -236,6 +262,9 @@ class Tail:
         self.task_id = task_id
         self.position = position
         self.rows = rows
+        #: the first page said events after it were held back (PostgreSQL's horizon):
+        #: re-read after a short pause, not the poll (their commits' wakes may be gone)
+        self.held_back = held_back
         self.cursor_of = cursor_of
         # A task stream looks at the task's state when it has caught up, if the task may
         # have ended: at first, and after each event into a final state.
@@ -249,7 +278,7 @@ class Tail:
         """What to send, in order, until the stream is over (``Ended`` or ``Stopped``,
         last). A read that fails (the database away) raises here: the carrier ends the
         stream, and the client reconnects from its last cursor."""
-        rows, complete = self.rows, True
+        rows, complete = self.rows, not self.held_back
         self._quiet_since = time.monotonic()
         while True:
             if rows:
@@ -388,6 +417,10 @@ class EventStream(Response):
             await self._run(send)
         except OSError:
             pass
+        except Stalled:
+            # No last empty body: it would wait as long. The response is left unfinished,
+            # and the server closes the connection.
+            log.info("event stream dropped: its client took nothing for the send timeout")
         except Exception as exc:
             log.warning("event stream ended: a read failed (%s)", type(exc).__name__)
             with contextlib.suppress(Exception):
@@ -417,7 +450,8 @@ class EventStream(Response):
         await write(b"", more=False)
 
     async def _write(self, send: Send, body: bytes, *, more: bool = True) -> None:
-        await send({"type": "http.response.body", "body": body, "more_body": more})
+        message = {"type": "http.response.body", "body": body, "more_body": more}
+        await self.tail.streams.deliver(send(message))
 
 
 #: the close code of a WebSocket stream that stopped without its end (``Stopped``), by
@@ -454,8 +488,8 @@ async def serve_socket(ws: WebSocket, tail: Tail) -> None:
             closing = await _frames(ws, tail)
             group.cancel_scope.cancel()
         if closing is not None:
-            with contextlib.suppress(Exception):  # the client may be gone meanwhile
-                await ws.close(*closing)
+            with contextlib.suppress(Exception):  # the client may be gone (or stalled)
+                await tail.streams.deliver(ws.close(*closing))
     finally:
         tail.streams.release()
 
@@ -465,8 +499,12 @@ async def _frames(ws: WebSocket, tail: Tail) -> tuple[int, str] | None:
 
     async def frame(body: dict[str, Any]) -> None:
         try:
-            await ws.send_text(compact_json(body).decode())
+            await tail.streams.deliver(ws.send_text(compact_json(body).decode()))
         except (WebSocketDisconnect, RuntimeError, OSError):
+            raise _Gone from None
+        except Stalled:
+            # no close frame: it would wait behind the frames the client has not taken
+            log.info("event stream dropped: its client took nothing for the send timeout")
             raise _Gone from None
 
     try:
@@ -496,16 +534,17 @@ async def open_tail(
     scope: str,
     task_id: str | None,
     position: tuple[int, int],
-    first_page: Callable[[], Awaitable[list[dict[str, Any]]]],
+    first_page: Callable[[], Awaitable[tuple[list[dict[str, Any]], bool]]],
     cursor_of: Callable[[dict[str, Any]], str],
 ) -> Tail:
     """Admit a stream and read its first page, both before the stream is accepted: a node
-    at its cap, and a cursor that names no event, are refused with their own status."""
+    at its cap, and a cursor that names no event, are refused with their own status.
+    ``first_page`` returns the rows and whether events after them were held back."""
     streams: Streams = conn.app.state.streams
     streams.admit()
     woken = streams.woken()  # before the first read: a commit during it wakes the stream
     try:
-        rows = await first_page()
+        rows, held_back = await first_page()
     except BaseException:
         streams.release()
         raise
@@ -517,4 +556,5 @@ async def open_tail(
         rows=rows,
         cursor_of=cursor_of,
         woken=woken,
+        held_back=held_back,
     )

@@ -17,9 +17,12 @@ stream``) against real ``orbit server`` processes, on both backends.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import os
 import queue
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -356,3 +359,56 @@ def test_a_revoked_tokens_stream_ends(api: httpx.Client, fast: Node) -> None:
         with pytest.raises(StopIteration):  # no stream.end: the task has not ended
             task.next()
     assert api.get(f"/v1/tasks/{task_id}").json()["state"] == "queued"
+
+
+def _stalled_client(node: Node, token: str, path: str, *, upgrade: bool) -> socket.socket:
+    """A stream's client that asks and then never reads: a raw socket with a small
+    receive buffer and a small segment size (which keeps the server's send buffer small
+    too), so that the server's sends soon wait on it."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 536)
+    sock.connect(("127.0.0.1", node.port))
+    head = [f"GET {path} HTTP/1.1", f"Host: 127.0.0.1:{node.port}"]
+    head.append(f"Authorization: Bearer {token}")
+    if upgrade:
+        key = base64.b64encode(os.urandom(16)).decode()
+        head += ["Upgrade: websocket", "Connection: Upgrade", f"Sec-WebSocket-Key: {key}"]
+        head.append("Sec-WebSocket-Version: 13")
+    else:
+        head.append("Accept: text/event-stream")
+    sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
+    return sock
+
+
+@pytest.mark.parametrize("carrier", ["sse", "ws"])
+def test_a_client_that_stops_reading_loses_its_slot(
+    nodes: Callable[..., Node], tokens: Tokens, carrier: str
+) -> None:
+    """A stream whose client takes nothing for ``--stream-send-timeout`` is dropped, and
+    its slot (here the node's only one) is free for another stream."""
+    node = nodes(args=[*FAST, "--max-streams", "1", "--stream-send-timeout", "0.5"])
+    path = "/v1/events/stream" if carrier == "sse" else "/v1/events/ws"
+    with httpx.Client(base_url=node.http, timeout=PATIENCE, headers=_auth(tokens.admin)) as c:
+        _queue(c)
+        stalled = _stalled_client(node, tokens.admin, path, upgrade=carrier == "ws")
+        try:
+            # admitted (its status line, peeked: nothing is taken from the socket) ...
+            stalled.settimeout(PATIENCE)
+            status = stalled.recv(12, socket.MSG_PEEK)
+            assert status.split()[1:] == [b"200" if carrier == "sse" else b"101"]
+            # ... it holds the node's only slot: another is refused
+            refused = c.get("/v1/events/stream")
+            assert refused.json()["error"]["code"] == "TOO_MANY_STREAMS"
+            # events enough to fill the buffers, until the slot is freed
+            tasks = [{"queue": "q", "handler": "h"} for _ in range(500)]
+            deadline = time.monotonic() + 8 * PATIENCE
+            while True:
+                c.post("/v1/tasks/batch?reply=ids", json={"tasks": tasks}).raise_for_status()
+                with c.stream("GET", "/v1/events/stream") as again:
+                    if again.status_code == 200:
+                        break
+                    assert again.status_code == 503
+                assert time.monotonic() < deadline, "the stalled stream's slot was never freed"
+        finally:
+            stalled.close()
