@@ -150,6 +150,14 @@ def _at_least_one(body: _Body) -> _Body:
     return body
 
 
+def _kept_if_left_out(value: Any) -> Any:
+    """A change body's field that can only be changed, not removed: null is refused (a
+    field left out keeps its value)."""
+    if value is None:
+        raise ValueError("null is not allowed: leave the field out to keep its value")
+    return value
+
+
 class QueueUpdate(Strict):
     """The caps to change (``PATCH /v1/queues/{name}``): at least one; a field left out
     keeps its value. Null is refused, but for ``max_queued``, where it removes the cap."""
@@ -163,12 +171,9 @@ class QueueUpdate(Strict):
     max_queued: MaxQueued | None = Field(default=None, description=MAX_QUEUED_DOC)
     response_only_fields = frozenset({"name", "paused", "created_at"})
 
-    @field_validator("max_concurrency", "rate", "burst", mode="before")
-    @classmethod
-    def _not_null(cls, value: Any) -> Any:
-        if value is None:
-            raise ValueError("null is not allowed: leave the field out to keep its value")
-        return value
+    _not_null = field_validator("max_concurrency", "rate", "burst", mode="before")(
+        _kept_if_left_out
+    )
 
     _something = model_validator(mode="after")(_at_least_one)
 
@@ -332,12 +337,9 @@ class ScheduleUpdate(Strict):
         {"name", "paused", "next_fire_at", "last_fire_at", "created_at", "updated_at"}
     )
 
-    @field_validator("cron", "timezone", "template", "misfire", "max_catch_up", mode="before")
-    @classmethod
-    def _not_null(cls, value: Any) -> Any:
-        if value is None:
-            raise ValueError("null is not allowed: leave the field out to keep its value")
-        return value
+    _not_null = field_validator(
+        "cron", "timezone", "template", "misfire", "max_catch_up", mode="before"
+    )(_kept_if_left_out)
 
     _something = model_validator(mode="after")(_at_least_one)
 
