@@ -766,7 +766,7 @@ class Store:
         """Create a schedule, its first fire the first instant after now. Everything is
         checked before the transaction (``check_schedule``); the template's queue must
         exist (QUEUE_NOT_FOUND), the name be new (SCHEDULE_EXISTS)."""
-        payload = check_schedule(
+        cron, payload = check_schedule(
             name, cron, timezone, template, misfire, max_catch_up, self.config.max_payload_bytes
         )
         zone = check_timezone(timezone)
@@ -900,7 +900,7 @@ class Store:
                 misfire=s.misfire if misfire is None else misfire,
                 max_catch_up=s.max_catch_up if max_catch_up is None else max_catch_up,
             )
-            payload = check_schedule(
+            checked_cron, payload = check_schedule(
                 name,
                 new.cron,
                 new.timezone,
@@ -908,7 +908,9 @@ class Store:
                 new.misfire,
                 new.max_catch_up,
                 self.config.max_payload_bytes,
+                cron_stored=cron is None,
             )
+            new = replace(new, cron=checked_cron)
             if template is not None and not tx.fetch("queue_get", name=template.queue):
                 raise OrbitError(
                     Code.QUEUE_NOT_FOUND,
