@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -634,3 +635,56 @@ def test_a_fall_back_night_fires_wildcards_at_both_passes_and_fixed_times_once(
     by_name = [k.split(":")[1] for k in keys]
     assert by_name.count("quarterly") == 12 and by_name.count("fixed") == 1
     assert check_all(st) == []
+
+
+def _failing_fire(st: Store, name: str, fail: Callable[[], None]) -> None:
+    """Make ``st``'s fire of the schedule ``name`` call ``fail`` first (the unit under
+    test is the duty's pass; its collaborator, one schedule's fire, is made to fail)."""
+    fire = st.schedule_fire
+
+    def patched(s: Schedule, now: int) -> int:
+        if s.name == name:
+            fail()
+        return fire(s, now)
+
+    st.schedule_fire = patched  # type: ignore[method-assign]
+
+
+def test_a_fire_that_fails_unexpectedly_does_not_stop_the_pass(
+    st: Store, sched_clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fire that raises what is no OrbitError (a bug; a row this Orbit cannot read)
+    is logged with its traceback and passed by: the schedules after it still fire in
+    the same pass. It stays due (oldest, so first in every page) and is tried again."""
+    secret = TaskSpec(queue="q", handler="h", payload={"token": "s3cr3t-payload"})
+    _make(st, "a-broken", template=secret)
+    other = _make(st, "z-fine")
+
+    def bug() -> None:
+        raise ZeroDivisionError("a bug in one schedule's fire")
+
+    _failing_fire(st, "a-broken", bug)
+    sched_clock.advance(30)  # both due at 08:01
+    with caplog.at_level("ERROR", logger="orbit.store"):
+        assert st.schedule_fire_due(limit=1) == 1
+    assert _instants(st) == [other.next_fire_at]
+    assert st.schedule_get("a-broken").last_fire_at is None
+    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert "a-broken" in record.getMessage() and record.exc_info is not None
+    assert "s3cr3t" not in caplog.text
+    assert check_all(st) == []
+
+
+def test_a_database_failure_ends_the_pass(
+    st: Store, sched_clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The database going away is no one schedule's fault: the pass ends with it (the
+    duty logs it once) rather than logging it for each schedule left."""
+    _make(st, "a-first")
+    _make(st, "z-second")
+    _failing_fire(st, "a-first", st.driver.close)  # every later query fails for real
+    sched_clock.advance(30)
+    with caplog.at_level("WARNING", logger="orbit.store"), pytest.raises(Exception) as err:
+        st.schedule_fire_due()
+    assert st.driver.is_unavailable(err.value), repr(err.value)
+    assert [r for r in caplog.records if "did not fire" in r.getMessage()] == []
