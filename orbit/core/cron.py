@@ -1,13 +1,14 @@
 """Cron expressions in a time zone: when a schedule fires (docs/concepts.md, "Schedules").
 
 An expression is the classic five fields of Vixie cron (minute, hour, day of month,
-month, day of week), read by ``check_cron``'s own parser (``parse_cron``), which takes
-that syntax and nothing else: ``croniter``, which walks the matching times, reads
-extensions (``L``, ``W``, ``#``, ``?``, ``H``, ``R``) and a few classic forms its own
-way (``7-7``, ``7/1`` in the day of week are every day to it, Sunday to cron). So
-croniter is given the parsed fields rewritten as plain lists of numbers (``_iter``),
-and its day fields combined as Vixie cron combines them. Text that an older Orbit
-stored unchecked and this parser refuses is still read, as croniter reads it.
+month, day of week), read by this module's own parser (``_parse_field``), which
+takes that syntax and nothing else (``check_cron``): ``croniter``, which walks the
+matching times, reads extensions (``L``, ``W``, ``#``, ``?``, ``H``, ``R``) and a few
+classic forms its own way (``7-7``, ``7/1`` in the day of week are every day to it,
+Sunday to cron). So croniter is given the parsed fields rewritten as plain lists of
+numbers, its day fields combined as Vixie cron combines them (``_reading``). Text that
+an older Orbit stored unchecked and this parser refuses is still read, as croniter
+reads it.
 
 Times are *wall-clock* (naive local) times; this module maps each to UTC instants with
 ``zoneinfo``, so the rules at a DST change are ours and written down here rather than a
@@ -18,7 +19,7 @@ library's:
   March fires at 03:00 CEST. Two local times that land on one instant fire once.
 - a local time that happens twice (the hour repeated when clocks go back) fires as
   Vixie cron runs it (cron(8)): an expression whose minute or hour field starts with
-  ``*`` (``*``, ``*/15``: a wildcard, ``wildcard_time``) fires at both occurrences, so
+  ``*`` (``*``, ``*/15``: ``_Reading.wildcard_time``) fires at both occurrences, so
   ``*/15 * * * *`` fires every 15 real minutes through the night; any other (a job at
   a particular time: ``30 1 * * *``, ``0 1-3 * * *``) fires once, at the first
   occurrence (``fold=0``, still on summer time).
@@ -103,10 +104,10 @@ def _value(text: str, field: _Field) -> int:
 
 
 def _parse_field(text: str, field: _Field) -> frozenset[int]:
-    """The numbers one field matches: a comma list of ``*``, ``n``, ``a-b`` (a ≤ b:
-    cron's ranges do not wrap), each but a bare number optionally ``/step`` (1 to the
-    field's highest number), and ``n/step``, which is ``n-<highest>/step`` (cron 4.1,
-    cronie). The day of week's 7 is read as 0, Sunday."""
+    """The numbers one field matches: a comma list of ``*``, ``n`` and ``a-b`` (a ≤ b:
+    cron's ranges do not wrap), each with an optional ``/step`` (1 to the field's
+    highest number); ``n/step`` is ``n-<highest>/step`` (cron 4.1, cronie). The day of
+    week's 7 is read as 0, Sunday."""
     values: set[int] = set()
     for item in text.split(","):
         base, slash, step_text = item.partition("/")
@@ -237,7 +238,8 @@ def from_us(us: int) -> datetime:
 
 
 def local_instant(local: datetime, zone: ZoneInfo) -> int:
-    """The instant a naive local time fires at (the DST rules in the module's doc)."""
+    """The instant a naive local time fires at, its first occurrence if it has two (the
+    DST rules in the module's doc; ``_instants`` adds the second where it fires too)."""
     late = local.replace(tzinfo=zone, fold=0).astimezone(UTC)
     if late.astimezone(zone).replace(tzinfo=None) == local:
         return to_us(late)
