@@ -5,7 +5,7 @@ time, at each occurrence for one whose minute or hour field starts with ``*``.""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -357,3 +357,63 @@ def test_day_of_month_and_day_of_week_as_classic_cron_reads_them() -> None:
         _utc(2026, 1, 5),
         _utc(2026, 1, 19),
     ]
+
+
+def _offset(at: datetime, zone: ZoneInfo) -> timedelta:
+    offset = at.astimezone(zone).utcoffset()
+    assert offset is not None
+    return offset
+
+
+def _fall_back(zone: ZoneInfo, year: int) -> datetime:
+    """The first instant of ``year`` at which the zone's clock is turned back."""
+    day = datetime(year, 1, 1, tzinfo=UTC)
+    while _offset(day + timedelta(days=1), zone) >= _offset(day, zone):
+        day += timedelta(days=1)
+    while _offset(day, zone) >= _offset(day - timedelta(days=1), zone):
+        day += timedelta(minutes=1)
+    return day
+
+
+@pytest.mark.parametrize(
+    "zone",
+    [
+        NEW_YORK,
+        BERLIN,
+        ZoneInfo("Australia/Lord_Howe"),  # back by half an hour
+        ZoneInfo("Antarctica/Troll"),  # back by two hours
+    ],
+)
+@pytest.mark.parametrize("expr", ["*/7 * * * *", "15,45 */2 * * *", "30 1 * * *", "0,30 1-3 * * *"])
+def test_every_minute_of_a_fall_back_night_fires_by_the_rule(zone: ZoneInfo, expr: str) -> None:
+    """Minute by minute over the eight hours around a change that turns the clock back,
+    read independently of the module: a minute fires if its local time matches, and,
+    for a local time that comes round again, the second time only if the minute or hour
+    field starts with ``*``."""
+    change = _fall_back(zone, 2026)
+    minute, hour = expr.split()[:2]
+    wildcard = minute.startswith("*") or hour.startswith("*")
+
+    def matches(value: int, field: str, last: int) -> bool:
+        for item in field.split(","):
+            base, _, step = item.partition("/")
+            first, _, end = base.partition("-")
+            low = 0 if base == "*" else int(first)
+            high = last if base == "*" or (step and not end) else int(end or first)
+            if low <= value <= high and (value - low) % int(step or 1) == 0:
+                return True
+        return False
+
+    want, at = [], change - timedelta(hours=4)
+    while at <= change + timedelta(hours=4):
+        local = at.astimezone(zone)
+        matched = matches(local.minute, minute, 59) and matches(local.hour, hour, 23)
+        # fold 1: the second time round for this local time
+        if matched and (wildcard or local.fold == 0):
+            want.append(to_us(at))
+        at += timedelta(minutes=1)
+    got, cursor = [], to_us(change - timedelta(hours=4)) - 1
+    while (cursor := next_after(expr, zone, cursor)) <= want[-1]:
+        got.append(cursor)
+    assert got == want
+    assert latest(expr, zone, want[-1], want[0], 10_000) == want
