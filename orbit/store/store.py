@@ -1014,7 +1014,8 @@ class Store:
                         raise  # the database's failure, no schedule's: the pass ends
                     # A bug, or a row this Orbit cannot read: its fire's transaction
                     # rolled back, it stays due, and the schedules after it go on. The
-                    # record names the schedule only; the traceback holds no payload.
+                    # record names the schedule, never its template (payloads may hold
+                    # secrets); the traceback has the error's own message only.
                     _log.exception("schedule %s did not fire", row["name"])
             if len(rows) < limit:
                 return made
