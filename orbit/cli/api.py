@@ -327,8 +327,9 @@ def schedule_create(
     cron: Annotated[
         str,
         typer.Option(
-            help="5 fields: minute hour day-of-month month day-of-week, e.g. '0 3 * * *' "
-            "(03:00 daily) or '*/15 * * * 1-5' (every 15 minutes on weekdays)"
+            help="classic cron's 5 fields: minute hour day-of-month month day-of-week, "
+            "e.g. '0 3 * * *' (03:00 daily) or '*/15 * * * mon-fri' (every 15 minutes on "
+            "weekdays)"
         ),
     ],
     queue: Annotated[str, typer.Option(help="the queue each fire submits to")],
@@ -368,7 +369,8 @@ def schedule_create(
 
     The first fire is the first instant of --cron in --timezone after now; each instant
     fires once across the cluster. A local time that a DST change skips fires at the
-    gap's end; one it repeats fires once.
+    gap's end; one it repeats fires once, at its first occurrence, unless the minute or
+    hour field starts with * (as in Vixie cron: then at both).
 
     Example: orbit schedule create nightly --cron '0 3 * * *' --timezone Europe/Berlin
     --queue reports --handler report.nightly --payload '{"kind": "daily"}'
@@ -404,7 +406,7 @@ def schedule_create(
 def schedule_update(
     name: str,
     cron: Annotated[
-        str | None, typer.Option(help="a new expression: 5 fields, e.g. '0 3 * * *'")
+        str | None, typer.Option(help="a new expression: classic cron's 5 fields, e.g. '0 3 * * *'")
     ] = None,
     timezone: Annotated[str | None, typer.Option(help="a new IANA time zone")] = None,
     misfire: Annotated[

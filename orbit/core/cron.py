@@ -1,26 +1,41 @@
 """Cron expressions in a time zone: when a schedule fires (docs/concepts.md, "Schedules").
 
-An expression is the classic five fields (minute, hour, day of month, month, day of
-week), read by ``croniter`` over *wall-clock* (naive local) times, its day fields
-combined as Vixie cron combines them (``_iter``); this module maps each
-local time to one UTC instant with ``zoneinfo``, so the rules at a DST change are ours
-and written down here rather than a library's:
+An expression is the classic five fields of Vixie cron (minute, hour, day of month,
+month, day of week), read by this module's own parser (``_parse_field``), which
+takes that syntax and nothing else (``check_cron``): ``croniter``, which walks the
+matching times, reads extensions (``L``, ``W``, ``#``, ``?``, ``H``, ``R``) and a few
+classic forms its own way (``7-7``, ``7/1`` in the day of week are every day to it,
+Sunday to cron). So croniter is given the parsed fields rewritten as plain lists of
+numbers, its day fields combined as Vixie cron combines them (``_reading``). Text that
+an older Orbit stored unchecked and this parser refuses is still read, as croniter
+reads it.
+
+Times are *wall-clock* (naive local) times; this module maps each to UTC instants with
+``zoneinfo``, so the rules at a DST change are ours and written down here rather than a
+library's:
 
 - a local time that does not exist (the hour skipped when clocks go forward) fires at
   the first instant after the gap: ``30 2 * * *`` in Europe/Berlin on the last Sunday of
   March fires at 03:00 CEST. Two local times that land on one instant fire once.
-- a local time that happens twice (the hour repeated when clocks go back) fires once,
-  at its first occurrence (``fold=0``, still on summer time).
+- a local time that happens twice (the hour repeated when clocks go back) fires as
+  Vixie cron runs it (cron(8)): an expression whose minute or hour field starts with
+  ``*`` (``*``, ``*/15``: ``_Reading.wildcard_time``) fires at both occurrences, so
+  ``*/15 * * * *`` fires every 15 real minutes through the night; any other (a job at
+  a particular time: ``30 1 * * *``, ``0 1-3 * * *``) fires once, at the first
+  occurrence (``fold=0``, still on summer time).
 
 Instants are microseconds since the epoch (UTC), as everywhere in ``orbit.core``.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import CroniterBadCronError, CroniterBadDateError, croniter  # type: ignore[import-untyped]
+from croniter import CroniterBadDateError, croniter  # type: ignore[import-untyped]
 
 from orbit.core.errors import Code, OrbitError
 
@@ -30,6 +45,42 @@ MAX_STEPS = 10_000
 #: the longest expression text taken
 MAX_CRON_LEN = 200
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: Further than any DST change moves a zone's clock (2 hours at most, Antarctica/Troll):
+#: ``_offsets`` looks this far either side of an instant for the offsets around it.
+_SHIFT = timedelta(hours=3)
+
+
+@dataclass(frozen=True, slots=True)
+class _Field:
+    """One of the five fields: its name (for messages), its numbers, and its names
+    (``names[i]`` is the number ``first + i``), as Vixie cron reads them."""
+
+    name: str
+    low: int
+    high: int
+    names: tuple[str, ...] = ()
+    first: int = 0
+
+
+_FIELDS = (
+    _Field("minute", 0, 59),
+    _Field("hour", 0, 23),
+    _Field("day of month", 1, 31),
+    _Field(
+        "month",
+        1,
+        12,
+        ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"),
+        1,
+    ),
+    # 0 and 7 are both Sunday
+    _Field("day of week", 0, 7, ("sun", "mon", "tue", "wed", "thu", "fri", "sat"), 0),
+)
+_DIGITS = re.compile(r"[0-9]+")
+
+
+class _NotClassic(ValueError):
+    """A field that is not classic cron; its message says why."""
 
 
 def _bad_cron(expr: object, why: str) -> OrbitError:
@@ -38,29 +89,115 @@ def _bad_cron(expr: object, why: str) -> OrbitError:
     )
 
 
-def _iter(expr: str, start: datetime) -> croniter:
-    """croniter over ``expr`` from ``start``, its two day fields read as Vixie cron
-    reads them: both restricted, a day matching either matches (``0 0 1 * mon``: the
-    1st and every Monday); either starting with ``*`` (``*/2`` too), a day must match
-    both (``0 0 */2 * mon``: the odd-numbered Mondays). croniter's default ORs them
-    whenever neither is exactly ``*``, which fired ``*/2`` every other day."""
-    fields = expr.split()
-    day_or = not (fields[2].startswith("*") or fields[4].startswith("*"))
-    return croniter(expr, start, day_or=day_or)
+def _value(text: str, field: _Field) -> int:
+    """A number in the field's range, or (month, day of week) a three-letter name in
+    any case, as Vixie cron's ``get_number``."""
+    if _DIGITS.fullmatch(text):
+        number = int(text)
+        if not field.low <= number <= field.high:
+            raise _NotClassic(f"{text} is not in {field.low}-{field.high}")
+        return number
+    if text.lower() in field.names:
+        return field.names.index(text.lower()) + field.first
+    named = f" or a name {field.names[0]}-{field.names[-1]}" if field.names else ""
+    raise _NotClassic(f"{text!r:.20} is not a number{named}")
+
+
+def _parse_field(text: str, field: _Field) -> frozenset[int]:
+    """The numbers one field matches: a comma list of ``*``, ``n`` and ``a-b`` (a ≤ b:
+    cron's ranges do not wrap), each with an optional ``/step`` (1 to the field's
+    highest number); ``n/step`` is ``n-<highest>/step`` (cron 4.1, cronie). The day of
+    week's 7 is read as 0, Sunday."""
+    values: set[int] = set()
+    for item in text.split(","):
+        base, slash, step_text = item.partition("/")
+        step = 1
+        if slash:
+            if not _DIGITS.fullmatch(step_text) or not 1 <= int(step_text) <= field.high:
+                raise _NotClassic(f"the step {step_text!r:.20} is not in 1-{field.high}")
+            step = int(step_text)
+        if base == "*":
+            start, end = field.low, field.high
+        elif "-" in base:
+            first, _, last = base.partition("-")
+            start, end = _value(first, field), _value(last, field)
+            if start > end:
+                raise _NotClassic(f"the range {base!r:.20} runs backwards")
+        else:
+            start = _value(base, field)
+            end = field.high if slash else start
+        values.update(range(start, end + 1, step))
+    if field.high == 7 and 7 in values:
+        values = (values - {7}) | {0}
+    return frozenset(values)
+
+
+def _parse(fields: list[str]) -> list[frozenset[int]]:
+    """Each field's numbers, or INVALID_CRON naming the first field that is not
+    classic cron."""
+    parsed = []
+    for text, field in zip(fields, _FIELDS, strict=True):
+        try:
+            parsed.append(_parse_field(text, field))
+        except _NotClassic as exc:
+            raise _bad_cron(
+                " ".join(fields), f"its {field.name} field {text!r:.40}: {exc}"
+            ) from None
+    return parsed
 
 
 def check_cron(expr: object) -> str:
-    """A 5-field cron expression (no ``@daily`` macros, no seconds or years field), or
-    INVALID_CRON."""
+    """A classic 5-field cron expression (Vixie cron's syntax: ``_parse_field``; no
+    ``@daily`` macros, no seconds or years field, none of croniter's extensions), its
+    fields one space apart (the text stored), or INVALID_CRON naming the bad field."""
     if not isinstance(expr, str) or not expr.strip() or len(expr) > MAX_CRON_LEN:
         raise _bad_cron(expr, f"it must be 1-{MAX_CRON_LEN} characters")
-    if not expr.isascii() or len(expr.split()) != 5:
+    fields = expr.split()
+    if not expr.isascii() or len(fields) != 5:
         raise _bad_cron(expr, "it must have exactly 5 fields: minute hour day month weekday")
+    _parse(fields)
+    return " ".join(fields)
+
+
+@dataclass(frozen=True, slots=True)
+class _Reading:
+    """How ``croniter`` is to read an expression (``_reading``)."""
+
+    #: the text given to croniter: each classic field as the list of its numbers
+    text: str
+    #: the day fields ORed (both restricted) rather than ANDed
+    day_or: bool
+    #: the minute or hour field starts with ``*``: fires at both passes of a repeated
+    #: local time (the module's doc)
+    wildcard_time: bool
+
+
+@lru_cache(maxsize=1024)
+def _reading(expr: str) -> _Reading:
+    """``expr`` for croniter. A classic expression is handed over as its fields' lists
+    of numbers (``*`` as is), so croniter's reading of ranges, steps, names and 7 never
+    matters; text an older Orbit stored unchecked goes as it was, read as croniter
+    reads it. The day fields are combined as Vixie cron combines them: both restricted,
+    a day matching either matches (``0 0 1 * mon``: the 1st and every Monday); either
+    starting with ``*`` (``*/2`` too), a day must match both (``0 0 */2 * mon``: the
+    odd-numbered Mondays). croniter's own default ORs them whenever neither is exactly
+    ``*``, which fired ``*/2`` every other day. Vixie cron's ``*`` flags, which
+    ``wildcard_time`` follows too, are set by a field's first character."""
+    fields = expr.split()
     try:
-        _iter(expr, datetime(2000, 1, 1))
-    except (CroniterBadCronError, ValueError, KeyError, TypeError) as exc:
-        raise _bad_cron(expr, str(exc) or type(exc).__name__) from None
-    return expr
+        parsed = _parse(fields)
+    except OrbitError:
+        text = expr
+    else:
+        text = " ".join(
+            "*" if f == "*" else ",".join(map(str, sorted(v)))
+            for f, v in zip(fields, parsed, strict=True)
+        )
+    return _Reading(
+        text=text,
+        day_or=not (fields[2].startswith("*") or fields[4].startswith("*")),
+        wildcard_time=fields[0].startswith("*") or fields[1].startswith("*"),
+    )
 
 
 #: Files of a zone database that ``ZoneInfo`` reads but that are no zone of their own:
@@ -101,7 +238,8 @@ def from_us(us: int) -> datetime:
 
 
 def local_instant(local: datetime, zone: ZoneInfo) -> int:
-    """The instant a naive local time fires at (the DST rules in the module's doc)."""
+    """The instant a naive local time fires at, its first occurrence if it has two (the
+    DST rules in the module's doc; ``_instants`` adds the second where it fires too)."""
     late = local.replace(tzinfo=zone, fold=0).astimezone(UTC)
     if late.astimezone(zone).replace(tzinfo=None) == local:
         return to_us(late)
@@ -122,18 +260,51 @@ def local_instant(local: datetime, zone: ZoneInfo) -> int:
     return to_us(instant)
 
 
+def _instants(local: datetime, zone: ZoneInfo, twice: bool) -> tuple[int, ...]:
+    """The instants a naive local time fires at: ``local_instant``'s, and (``twice``,
+    a wildcard expression) its second occurrence too if the clock passes it twice."""
+    first = local_instant(local, zone)
+    if twice:
+        second = to_us(local.replace(tzinfo=zone, fold=1).astimezone(UTC))
+        if second > first and from_us(second).astimezone(zone).replace(tzinfo=None) == local:
+            return first, second
+    return (first,)
+
+
+def _offsets(at_us: int, zone: ZoneInfo) -> list[timedelta]:
+    """The zone's UTC offsets in force around ``at_us`` (a DST change within
+    ``_SHIFT`` either side of it included)."""
+    at = from_us(at_us)
+    found = [(at + d).astimezone(zone).utcoffset() for d in (-_SHIFT, timedelta(0), _SHIFT)]
+    return [o for o in found if o is not None]
+
+
+# Both walks below rest on one order. Read at its first occurrence (``local_instant``),
+# a later local time is never an earlier instant (a gap's times share its end). A second
+# occurrence breaks the order, as the repeated hour's second pass is later than its
+# first pass's later times; but it comes before the first instant of any local time after
+# the repeated hour. So once a walk meets a local time that fires once, every local time
+# beyond it fires beyond that instant too (further on in time, in the walk's direction).
+
+
 def next_after(expr: str, zone: ZoneInfo, after_us: int) -> int:
     """The first fire instant strictly after ``after_us``. INVALID_CRON if the expression
     never matches (within ``MAX_STEPS`` candidates)."""
-    # Start an hour back in local time: an instant in a repeated hour (second pass) reads
-    # as a local time whose fold=0 instant is an hour earlier.
-    start = from_us(after_us).astimezone(zone).replace(tzinfo=None) - timedelta(hours=1)
-    it = _iter(expr, start)
+    reading = _reading(expr)
+    # The earliest local time that can fire after ``after_us``: read with the smallest
+    # offset around it (on the repeated hour's first pass, the local time an instant
+    # will read as in the second pass).
+    start = (from_us(after_us) + min(_offsets(after_us, zone))).replace(tzinfo=None)
+    it = croniter(reading.text, start - timedelta(minutes=1), day_or=reading.day_or)
+    best: int | None = None
     try:
         for _ in range(MAX_STEPS):
-            at = local_instant(it.get_next(datetime), zone)
-            if at > after_us:
-                return at
+            first, *second = _instants(it.get_next(datetime), zone, reading.wildcard_time)
+            for at in second:
+                if at > after_us and (best is None or at < best):
+                    best = at
+            if first > after_us:
+                return first if best is None else min(best, first)
     except CroniterBadDateError:
         pass
     raise _bad_cron(expr, "it matches no date")
@@ -141,23 +312,21 @@ def next_after(expr: str, zone: ZoneInfo, after_us: int) -> int:
 
 def latest(expr: str, zone: ZoneInfo, at_us: int, since_us: int, n: int) -> list[int]:
     """The last ``n`` fire instants in ``[since_us, at_us]``, oldest first, each once."""
-    start = from_us(at_us).astimezone(zone).replace(tzinfo=None) + timedelta(hours=1)
-    it = _iter(expr, start)
-    found: list[int] = []
+    reading = _reading(expr)
+    # The latest local time that can fire at or before ``at_us`` (as in next_after).
+    start = (from_us(at_us) + max(_offsets(at_us, zone))).replace(tzinfo=None)
+    it = croniter(reading.text, start + timedelta(minutes=1), day_or=reading.day_or)
+    found: set[int] = set()
     try:
         for _ in range(MAX_STEPS):
-            local = it.get_prev(datetime)
-            instant = local_instant(local, zone)
-            if instant > at_us:
-                continue
-            # Local times walk back one by one; the instants they map to do too, but for
-            # a gap's times, which all share the gap's end: stop once well before since.
-            if instant < since_us and (since_us - instant) > 3 * 3600 * 1_000_000:
-                break
-            if instant >= since_us and instant not in found:
-                found.append(instant)
-                if len(found) >= n:
+            got = _instants(it.get_prev(datetime), zone, reading.wildcard_time)
+            found.update(at for at in got if since_us <= at <= at_us)
+            if len(got) == 1:
+                # Every local time before this one fires before it (the order above):
+                # once it is before the window, or the latest n found, none can count.
+                floor = since_us if len(found) < n else sorted(found)[-n]
+                if got[0] < floor:
                     break
     except CroniterBadDateError:
         pass
-    return sorted(found)
+    return sorted(found)[-n:]

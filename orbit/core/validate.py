@@ -287,15 +287,20 @@ def check_schedule(
     misfire: object,
     max_catch_up: object,
     max_payload_bytes: int,
-) -> str:
+    *,
+    cron_stored: bool = False,
+) -> tuple[str, str]:
     """Validate a schedule (``orbit.core.model.Schedule``) before anything is written;
-    return its template's canonical payload JSON. The template is checked exactly as a
+    return its cron expression as stored (``check_cron``: fields one space apart) and
+    its template's canonical payload JSON. ``cron_stored``: ``cron`` is the one already
+    stored, which an update that does not change it keeps unchecked (an older Orbit took
+    croniter's extensions, which still fire). The template is checked exactly as a
     submit is (``check_spec``), and may not name what each fire sets itself: the
     idempotency key (derived from the schedule and the instant, so that no instant fires
     twice), a parent, a deadline or a ``run_after`` (instants, which would be past after
     the first fire)."""
     check_name("schedule", name)
-    check_cron(cron)
+    stored = cron if cron_stored and isinstance(cron, str) else check_cron(cron)
     check_timezone(timezone)
     if misfire not in MISFIRE_POLICIES:
         raise OrbitError(
@@ -323,7 +328,7 @@ def check_schedule(
                 field=f"template.{what}",
             )
     try:
-        return check_spec(template, max_payload_bytes)[0]
+        return stored, check_spec(template, max_payload_bytes)[0]
     except OrbitError as exc:
         if exc.field is None:
             exc.field = "template"

@@ -298,7 +298,8 @@ class ScheduleCreate(Strict):
 
     name: Name
     cron: Annotated[str, Field(min_length=1, max_length=200)] = Field(
-        description="5 fields: minute hour day-of-month month day-of-week (e.g. '0 3 * * *')"
+        description="classic cron's 5 fields: minute hour day-of-month month day-of-week "
+        "(e.g. '0 3 * * *')"
     )
     timezone: Annotated[str, Field(min_length=1, max_length=64)] = Field(
         default="UTC", description="an IANA time zone (e.g. Europe/Berlin)"
@@ -325,7 +326,8 @@ class ScheduleUpdate(Strict):
     )
     cron: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
         default=None,
-        description="5 fields: minute hour day-of-month month day-of-week (e.g. '0 3 * * *')",
+        description="classic cron's 5 fields: minute hour day-of-month month day-of-week "
+        "(e.g. '0 3 * * *')",
     )
     timezone: Annotated[str, Field(min_length=1, max_length=64)] | None = Field(
         default=None, description="an IANA time zone (e.g. Europe/Berlin)"

@@ -184,4 +184,11 @@ class Driver(Protocol):
 
     def is_retryable(self, exc: BaseException) -> bool: ...
 
+    def is_unavailable(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says the database itself failed (unreachable, closed, out of
+        connections, disk or lock trouble past the retries), so that any other statement
+        now would fail alike: a loop over many items (``Store.schedule_fire_due``) ends
+        on it rather than charging it to each item."""
+        ...
+
     def close(self) -> None: ...

@@ -766,7 +766,7 @@ class Store:
         """Create a schedule, its first fire the first instant after now. Everything is
         checked before the transaction (``check_schedule``); the template's queue must
         exist (QUEUE_NOT_FOUND), the name be new (SCHEDULE_EXISTS)."""
-        payload = check_schedule(
+        cron, payload = check_schedule(
             name, cron, timezone, template, misfire, max_catch_up, self.config.max_payload_bytes
         )
         zone = check_timezone(timezone)
@@ -900,7 +900,7 @@ class Store:
                 misfire=s.misfire if misfire is None else misfire,
                 max_catch_up=s.max_catch_up if max_catch_up is None else max_catch_up,
             )
-            payload = check_schedule(
+            checked_cron, payload = check_schedule(
                 name,
                 new.cron,
                 new.timezone,
@@ -908,7 +908,9 @@ class Store:
                 new.misfire,
                 new.max_catch_up,
                 self.config.max_payload_bytes,
+                cron_stored=cron is None,
             )
+            new = replace(new, cron=checked_cron)
             if template is not None and not tx.fetch("queue_get", name=template.queue):
                 raise OrbitError(
                     Code.QUEUE_NOT_FOUND,
@@ -987,7 +989,13 @@ class Store:
         schedules are read ``limit`` at a time, oldest first, until none is left: one
         whose fire failed (a full queue, say) stays due, the oldest, and is tried again
         by the next pass, and a page of those must not hide the schedules after them. A
-        schedule with more due (catch_up) may be read again, further on, in this pass."""
+        schedule with more due (catch_up) may be read again, further on, in this pass.
+
+        A fire that fails in any other way (a bug, a row that cannot be read) is logged
+        with its traceback and passed by too, or that schedule, always the oldest due,
+        would end every pass before the others. A failure of the database itself
+        (``Driver.is_unavailable``) ends the pass instead: the next schedule's fire would
+        fail the same way, and the duty logs it once."""
         now = self._now()
         made = 0
         after_at, after_name = -(2**62), ""
@@ -1001,6 +1009,14 @@ class Store:
                 except OrbitError as exc:
                     # Nothing was written: the instant stays due and the next pass tries it.
                     _log.warning("schedule %s did not fire: %s", row["name"], exc)
+                except Exception as exc:
+                    if self.driver.is_unavailable(exc):
+                        raise  # the database's failure, no schedule's: the pass ends
+                    # A bug, or a row this Orbit cannot read: its fire's transaction
+                    # rolled back, it stays due, and the schedules after it go on. The
+                    # record names the schedule, never its template (payloads may hold
+                    # secrets); the traceback has the error's own message only.
+                    _log.exception("schedule %s did not fire", row["name"])
             if len(rows) < limit:
                 return made
             after_at, after_name = int(rows[-1]["next_fire_at"]), str(rows[-1]["name"])

@@ -108,6 +108,9 @@ REFUSED: list[tuple[dict[str, Any], int, str, str | None]] = [
     ({"cron": "* * * *"}, 400, "INVALID_CRON", "cron"),
     ({"cron": "0 0 30 2 *"}, 400, "INVALID_CRON", "cron"),
     ({"cron": "@daily"}, 400, "INVALID_CRON", "cron"),
+    ({"cron": "0 0 L * *"}, 400, "INVALID_CRON", "cron"),  # croniter's, not cron's
+    ({"cron": "0 0 * * 5#2"}, 400, "INVALID_CRON", "cron"),
+    ({"cron": "*/60 * * * *"}, 400, "INVALID_CRON", "cron"),
     ({"timezone": "Mars/Olympus"}, 400, "INVALID_TIMEZONE", "timezone"),
     ({"misfire": "later"}, 400, "INVALID_VALUE", "misfire"),
     ({"max_catch_up": 0}, 400, "NUMBER_OUT_OF_RANGE", "max_catch_up"),
@@ -353,6 +356,8 @@ UPDATE_REFUSED: list[tuple[Any, int, str, str | None]] = [
     ({"Cron": "0 4 * * *"}, 400, "FIELD_CASE_MISMATCH", "Cron"),
     ({"cron": "* * * *"}, 400, "INVALID_CRON", "cron"),
     ({"cron": "0 0 30 2 *"}, 400, "INVALID_CRON", "cron"),
+    ({"cron": "0 0 15W * *"}, 400, "INVALID_CRON", "cron"),
+    ({"cron": "0 0 * * fri-mon"}, 400, "INVALID_CRON", "cron"),
     ({"cron": "0 0 * * *\u0000"}, 400, "NUL_CHARACTER", "cron"),
     ({"cron": "0 " * 150}, 400, "VALUE_TOO_LONG", "cron"),
     ({"timezone": "../etc/passwd"}, 400, "INVALID_TIMEZONE", "timezone"),

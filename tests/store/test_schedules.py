@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,8 +15,9 @@ import pytest
 
 from orbit.core.cron import to_us
 from orbit.core.errors import Code, OrbitError
-from orbit.core.model import Backoff, TaskSpec
+from orbit.core.model import Backoff, Schedule, TaskSpec
 from orbit.store import Store, open_store
+from orbit.store import rows as R
 from orbit.store.store import fire_key
 from tests.conftest import ManualClock, store_url
 from tests.invariants import check_all
@@ -240,6 +242,11 @@ BAD: list[tuple[dict[str, Any], Code, str]] = [
     ({"cron": "@daily"}, Code.INVALID_CRON, "cron"),
     ({"cron": "0 0 30 2 *"}, Code.INVALID_CRON, "cron"),  # 30 February: never
     ({"cron": ""}, Code.INVALID_CRON, "cron"),
+    # croniter's extensions, which classic cron does not have
+    ({"cron": "0 0 L * *"}, Code.INVALID_CRON, "cron"),
+    ({"cron": "0 0 * * 5#2"}, Code.INVALID_CRON, "cron"),
+    ({"cron": "R * * * *"}, Code.INVALID_CRON, "cron"),
+    ({"cron": "0 22-2 * * *"}, Code.INVALID_CRON, "cron"),  # a range that wraps
     ({"timezone": "Mars/Olympus"}, Code.INVALID_TIMEZONE, "timezone"),
     ({"timezone": "../etc/passwd"}, Code.INVALID_TIMEZONE, "timezone"),
     ({"timezone": ""}, Code.INVALID_TIMEZONE, "timezone"),
@@ -547,3 +554,137 @@ def test_schedules_a_full_queue_refuses_do_not_starve_the_others(
     assert st.schedule_fire_due(limit=2) == 1
     assert _instants(st) == [other.next_fire_at]
     assert all(st.schedule_get(n).last_fire_at is None for n in ("a", "b", "c"))
+
+
+def test_the_expression_is_stored_with_its_fields_one_space_apart(st: Store) -> None:
+    s = _make(st, cron="  */5   *\t* * MON-fri ")
+    assert s.cron == st.schedule_get(s.name).cron == "*/5 * * * MON-fri"
+    assert st.schedule_update(s.name, cron=" 0  3 * * * ").cron == "0 3 * * *"
+
+
+def _store_as_an_older_orbit(st: Store, s: Schedule, cron: str, next_fire_at: int) -> None:
+    """Write ``cron`` (and its ``next_fire_at``) into ``s``'s row unchecked, as an Orbit
+    that took croniter's extensions did (the store's own update query, past its
+    checks)."""
+    payload = json.dumps(s.template.payload)
+    with st.driver.transaction() as cx:
+        cx.execute(
+            "schedule_update",
+            {
+                "name": s.name,
+                "version": s.version,
+                "cron": cron,
+                "timezone": s.timezone,
+                "template": R.template_json(s.template, payload),
+                "misfire": s.misfire,
+                "max_catch_up": s.max_catch_up,
+                "next_fire_at": next_fire_at,
+                "now": s.updated_at,
+            },
+        )
+
+
+def test_a_schedule_stored_with_an_extension_still_fires_and_updates(
+    st: Store, sched_clock: ManualClock
+) -> None:
+    """The strict check is on what is written now: a row an older Orbit stored with
+    croniter's ``L`` (the last day of the month) loads, fires, and takes an update that
+    leaves its expression alone; an update that gives the text again is refused."""
+    s = _make(st, "monthly", cron="0 0 1 * *")
+    last_of_january = to_us(datetime(2027, 1, 31, tzinfo=UTC))
+    _store_as_an_older_orbit(st, s, "0 0 L * *", last_of_january)
+    s = st.schedule_get("monthly")
+    assert s.cron == "0 0 L * *"
+    s = st.schedule_update("monthly", template=TaskSpec(queue="q", handler="h2"))
+    assert s.cron == "0 0 L * *" and s.template.handler == "h2"
+    s = st.schedule_update("monthly", misfire="run_once")
+    with pytest.raises(OrbitError) as err:
+        st.schedule_update("monthly", cron="0 0 L * *")
+    assert (err.value.code, err.value.field) == (Code.INVALID_CRON, "cron")
+    assert st.schedule_get("monthly") == s
+    sched_clock.now = last_of_january + 30 * 1_000_000
+    assert _fire_all(st) == 1
+    assert _instants(st) == [last_of_january]
+    assert st.schedule_get("monthly").next_fire_at == to_us(datetime(2027, 2, 28, tzinfo=UTC))
+
+
+#: New York, 2026-11-01: clocks go back from 02:00 EDT (06:00 UTC) to 01:00 EST.
+FALL_BACK_UTC = to_us(datetime(2026, 11, 1, 6, tzinfo=UTC))
+
+
+def test_a_fall_back_night_fires_wildcards_at_both_passes_and_fixed_times_once(
+    make_store: Any,
+) -> None:
+    """Vixie cron's rule: ``*/15 * * * *`` fires every real quarter hour through the
+    repeated hour (its local times twice, each instant its own key: one task each);
+    ``30 1 * * *``, a job at a particular time, once. The duty runs every 5 minutes of
+    the test clock from 00:30 EDT to 02:30 EST."""
+    clock = ManualClock(FALL_BACK_UTC - 90 * MINUTE)
+    st: Store = make_store(clock=clock)
+    queue(st)
+    _make(st, "quarterly", cron="*/15 * * * *", timezone="America/New_York")
+    _make(st, "fixed", cron="30 1 * * *", timezone="America/New_York")
+    while clock.now < FALL_BACK_UTC + 90 * MINUTE:
+        clock.advance(5 * 60)
+        _fire_all(st)
+    # 00:45 EDT, four in each pass of 01:xx, then 02:00, 02:15 and 02:30 EST
+    quarters = [FALL_BACK_UTC + m * 15 * MINUTE for m in range(-5, 7)]
+    assert _instants(st) == sorted([*quarters, FALL_BACK_UTC - 30 * MINUTE])
+    keys = _keys(st)
+    assert len(keys) == len(set(keys)) == len(quarters) + 1
+    by_name = [k.split(":")[1] for k in keys]
+    assert by_name.count("quarterly") == 12 and by_name.count("fixed") == 1
+    assert check_all(st) == []
+
+
+def _failing_fire(st: Store, name: str, fail: Callable[[], None]) -> None:
+    """Make ``st``'s fire of the schedule ``name`` call ``fail`` first (the unit under
+    test is the duty's pass; its collaborator, one schedule's fire, is made to fail)."""
+    fire = st.schedule_fire
+
+    def patched(s: Schedule, now: int) -> int:
+        if s.name == name:
+            fail()
+        return fire(s, now)
+
+    st.schedule_fire = patched  # type: ignore[method-assign]
+
+
+def test_a_fire_that_fails_unexpectedly_does_not_stop_the_pass(
+    st: Store, sched_clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fire that raises what is no OrbitError (a bug; a row this Orbit cannot read)
+    is logged with its traceback and passed by: the schedules after it still fire in
+    the same pass. It stays due (oldest, so first in every page) and is tried again."""
+    secret = TaskSpec(queue="q", handler="h", payload={"token": "s3cr3t-payload"})
+    _make(st, "a-broken", template=secret)
+    other = _make(st, "z-fine")
+
+    def bug() -> None:
+        raise ZeroDivisionError("a bug in one schedule's fire")
+
+    _failing_fire(st, "a-broken", bug)
+    sched_clock.advance(30)  # both due at 08:01
+    with caplog.at_level("ERROR", logger="orbit.store"):
+        assert st.schedule_fire_due(limit=1) == 1
+    assert _instants(st) == [other.next_fire_at]
+    assert st.schedule_get("a-broken").last_fire_at is None
+    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert "a-broken" in record.getMessage() and record.exc_info is not None
+    assert "s3cr3t" not in caplog.text
+    assert check_all(st) == []
+
+
+def test_a_database_failure_ends_the_pass(
+    st: Store, sched_clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The database going away is no one schedule's fault: the pass ends with it (the
+    duty logs it once) rather than logging it for each schedule left."""
+    _make(st, "a-first")
+    _make(st, "z-second")
+    _failing_fire(st, "a-first", st.driver.close)  # every later query fails for real
+    sched_clock.advance(30)
+    with caplog.at_level("WARNING", logger="orbit.store"), pytest.raises(Exception) as err:
+        st.schedule_fire_due()
+    assert st.driver.is_unavailable(err.value), repr(err.value)
+    assert [r for r in caplog.records if "did not fire" in r.getMessage()] == []

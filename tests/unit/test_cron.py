@@ -1,10 +1,11 @@
-"""Cron expressions in a time zone (``orbit.core.cron``): the strict 5-field form, IANA
-zones, and the DST rules: a local time in a gap fires at the gap's end, a repeated one
-fires once (its first occurrence)."""
+"""Cron expressions in a time zone (``orbit.core.cron``): the strict 5-field form of
+classic (Vixie) cron, IANA zones, and the DST rules: a local time in a gap fires at the
+gap's end; a repeated one fires once (its first occurrence) for a job at a particular
+time, at each occurrence for one whose minute or hour field starts with ``*``."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -20,11 +21,15 @@ def _utc(*args: int) -> int:
     return to_us(datetime(*args, tzinfo=UTC))
 
 
+def _iso(at: int, zone: ZoneInfo) -> str:
+    return from_us(at).astimezone(zone).isoformat()
+
+
 def _walk(expr: str, zone: ZoneInfo, start: int, n: int) -> list[str]:
     out, at = [], start
     for _ in range(n):
         at = next_after(expr, zone, at)
-        out.append(from_us(at).astimezone(zone).isoformat())
+        out.append(_iso(at, zone))
     return out
 
 
@@ -50,26 +55,111 @@ def test_a_local_time_in_the_spring_gap_fires_at_the_gaps_end_once() -> None:
     ]
 
 
-def test_a_repeated_local_time_in_autumn_fires_once() -> None:
+def test_a_repeated_local_time_fires_once_for_a_job_at_a_particular_time() -> None:
+    """Vixie cron (cron(8)): a job at a particular time, no ``*`` starting its minute
+    or hour field, is not run again in the hour repeated when clocks go back."""
     # New York, 2026-11-01: 02:00 EDT -> 01:00 EST. 01:30 happens twice.
     start = _utc(2026, 10, 31, 12, 0)
     assert _walk("30 1 * * *", NEW_YORK, start, 2) == [
         "2026-11-01T01:30:00-04:00",
         "2026-11-02T01:30:00-05:00",
     ]
-    # Every half hour through the change: the second pass of 01:xx is not fired again.
-    assert _walk("*/30 * * * *", NEW_YORK, _utc(2026, 11, 1, 4, 45), 4) == [
+    # a range or a list of hours and minutes is still a particular time
+    assert _walk("0,30 1-2 * * *", NEW_YORK, _utc(2026, 11, 1, 4, 45), 5) == [
         "2026-11-01T01:00:00-04:00",
         "2026-11-01T01:30:00-04:00",
         "2026-11-01T02:00:00-05:00",
         "2026-11-01T02:30:00-05:00",
+        "2026-11-02T01:00:00-05:00",
     ]
-    # From inside the second pass, the next fire is after it.
+    # Berlin, 2026-10-25: 03:00 CEST -> 02:00 CET. 02:30 happens twice.
+    assert _walk("30 2 * * *", BERLIN, _utc(2026, 10, 24, 12, 0), 2) == [
+        "2026-10-25T02:30:00+02:00",
+        "2026-10-26T02:30:00+01:00",
+    ]
+    # from inside the second pass, a particular time's next fire is after it
     inside = _utc(2026, 11, 1, 6, 10)  # 01:10 EST
-    assert (
-        from_us(next_after("*/30 * * * *", NEW_YORK, inside)).astimezone(NEW_YORK).isoformat()
-        == "2026-11-01T02:00:00-05:00"
+    assert _iso(next_after("30 1 * * *", NEW_YORK, inside), NEW_YORK) == (
+        "2026-11-02T01:30:00-05:00"
     )
+
+
+def test_a_wildcard_minute_or_hour_runs_normally_through_the_repeated_hour() -> None:
+    """Vixie cron: jobs with ``*`` starting the minute or hour field run normally: at
+    each occurrence of a repeated local time, every real quarter hour for ``*/15``."""
+    got = _walk("*/15 * * * *", NEW_YORK, _utc(2026, 11, 1, 4, 50), 9)
+    assert got == [
+        "2026-11-01T01:00:00-04:00",
+        "2026-11-01T01:15:00-04:00",
+        "2026-11-01T01:30:00-04:00",
+        "2026-11-01T01:45:00-04:00",
+        "2026-11-01T01:00:00-05:00",
+        "2026-11-01T01:15:00-05:00",
+        "2026-11-01T01:30:00-05:00",
+        "2026-11-01T01:45:00-05:00",
+        "2026-11-01T02:00:00-05:00",
+    ]
+    assert _walk("0 * * * *", NEW_YORK, _utc(2026, 11, 1, 4, 50), 3) == [
+        "2026-11-01T01:00:00-04:00",
+        "2026-11-01T01:00:00-05:00",
+        "2026-11-01T02:00:00-05:00",
+    ]
+    # the hour field starred, the minute a particular one: still a wildcard job
+    assert _walk("30 */2 * * *", BERLIN, _utc(2026, 10, 24, 23, 0), 3) == [
+        "2026-10-25T02:30:00+02:00",
+        "2026-10-25T02:30:00+01:00",
+        "2026-10-25T04:30:00+01:00",
+    ]
+    # from inside the second pass, the next fire is the second pass's next one
+    inside = _utc(2026, 11, 1, 6, 10)  # 01:10 EST
+    assert _iso(next_after("*/30 * * * *", NEW_YORK, inside), NEW_YORK) == (
+        "2026-11-01T01:30:00-05:00"
+    )
+    # and from the last instant of the first pass, the first of the second
+    last_first = _utc(2026, 11, 1, 5, 45)  # 01:45 EDT
+    assert next_after("*/15 * * * *", NEW_YORK, last_first) == _utc(2026, 11, 1, 6, 0)
+
+
+@pytest.mark.parametrize(
+    ("expr", "zone", "night"),
+    [
+        ("*/15 * * * *", NEW_YORK, _utc(2026, 11, 1, 3)),
+        ("* * * * *", NEW_YORK, _utc(2026, 11, 1, 3)),
+        ("0 * * * *", BERLIN, _utc(2026, 10, 24, 22)),
+        ("30 2 * * *", BERLIN, _utc(2026, 10, 24, 22)),
+        ("0,30 1-2 * * *", NEW_YORK, _utc(2026, 11, 1, 3)),
+        ("*/20 * * * *", BERLIN, _utc(2026, 3, 28, 22)),  # the spring gap
+    ],
+)
+def test_latest_walks_back_through_a_dst_change_as_next_after_walks_forward(
+    expr: str, zone: ZoneInfo, night: int
+) -> None:
+    """``latest`` (misfires) and ``next_after`` (each fire) agree on every instant of a
+    night with a DST change, and ``latest`` keeps the latest ``n`` even where local
+    times do not map to instants in order (the repeated hour's second pass)."""
+    end = night + 5 * 3600 * 1_000_000
+    forward, at = [], night - 1
+    while (at := next_after(expr, zone, at)) <= end:
+        forward.append(at)
+    assert len(set(forward)) == len(forward) and forward == sorted(forward)
+    assert latest(expr, zone, end, night, 10_000) == forward
+    half = len(forward) // 2
+    assert latest(expr, zone, end, forward[half], 10_000) == forward[half:]
+    for n in (1, 3):
+        for cut in forward:
+            want = [f for f in forward if f <= cut][-n:]
+            assert latest(expr, zone, cut, night, n) == want, (n, cut)
+
+
+def test_latest_in_the_repeated_hour_counts_both_passes_of_a_wildcard() -> None:
+    # New York: 06:00 UTC is 01:00 EST, the second pass
+    got = latest("*/15 * * * *", NEW_YORK, _utc(2026, 11, 1, 6, 50), 0, 3)
+    assert got == [_utc(2026, 11, 1, 6, m) for m in (15, 30, 45)]
+    window = latest("*/15 * * * *", NEW_YORK, _utc(2026, 11, 1, 7), _utc(2026, 11, 1, 5), 100)
+    assert len(window) == 9  # 01:00 EDT to 02:00 EST: eight in the repeated hour, and 02:00
+    assert latest("30 1 * * *", NEW_YORK, _utc(2026, 11, 1, 12), _utc(2026, 11, 1), 5) == [
+        _utc(2026, 11, 1, 5, 30)  # the first 01:30 only
+    ]
 
 
 def test_latest_is_the_last_n_oldest_first_within_the_window() -> None:
@@ -104,6 +194,112 @@ def test_bad_expressions_are_refused(expr: object) -> None:
     with pytest.raises(OrbitError) as err:
         check_cron(expr)
     assert (err.value.code, err.value.field) == (Code.INVALID_CRON, "cron")
+
+
+#: Text croniter takes but classic (Vixie) cron does not, each with the field it names.
+NOT_CLASSIC: list[tuple[str, str]] = [
+    ("0 0 L * *", "day of month"),  # croniter: the last day of the month
+    ("0 0 15W * *", "day of month"),  # the weekday nearest the 15th
+    ("0 0 ? * *", "day of month"),  # Quartz's "no value"
+    ("0 0 * * 5#2", "day of week"),  # the second Friday
+    ("0 0 * * 5L", "day of week"),  # the last Friday
+    ("0 0 * * L", "day of week"),
+    ("H * * * *", "minute"),  # Jenkins' hashed
+    ("H(0-29) * * * *", "minute"),
+    ("R * * * *", "minute"),  # croniter's random
+    ("0 22-2 * * *", "hour"),  # a range that wraps: croniter's 22-23 and 0-2
+    ("0 0 * * fri-mon", "day of week"),
+    ("*/0 * * * *", "minute"),
+    ("1-5/0 * * * *", "minute"),
+    ("*/60 * * * *", "minute"),  # a step longer than the field
+    ("0 0 * * */8", "day of week"),
+    ("0 0 0 * *", "day of month"),
+    ("0 0 32 * *", "day of month"),
+    ("0 0 * 13 *", "month"),
+    ("0 0 * 0 *", "month"),
+    ("0 0 * * 8", "day of week"),
+    ("-1 * * * *", "minute"),
+    ("+1 * * * *", "minute"),
+    ("1.5 * * * *", "minute"),
+    ("0x1 * * * *", "minute"),
+    ("1,,2 * * * *", "minute"),
+    (",1 * * * *", "minute"),
+    ("1- * * * *", "minute"),
+    ("1-2-3 * * * *", "minute"),
+    ("*/ * * * *", "minute"),
+    ("*/2/3 * * * *", "minute"),
+    ("/5 * * * *", "minute"),
+    ("** * * * *", "minute"),
+    ("mon * * * *", "minute"),  # names only in the month and weekday fields
+    ("0 0 1 mon *", "month"),
+    ("0 0 1 * jan", "day of week"),
+    ("0 0 * * monday", "day of week"),  # three letters, as cron
+    ("0 0 * * mon/x", "day of week"),
+    ("0 0 * * 1/mon", "day of week"),
+]
+
+
+@pytest.mark.parametrize(("expr", "field"), NOT_CLASSIC)
+def test_text_beyond_classic_cron_is_refused_naming_its_field(expr: str, field: str) -> None:
+    with pytest.raises(OrbitError) as err:
+        check_cron(expr)
+    assert (err.value.code, err.value.field) == (Code.INVALID_CRON, "cron")
+    assert f"{field} field" in err.value.message, err.value.message
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "*/15 0-23/2 1,15 jan-mar,DEC mon-fri",
+        "5/15 * * * *",  # from 5 to the end, every 15
+        "0 0 * * 7",
+        "0 0 * * 0-7/3",
+        "0 0 * * SUN,Sat",
+        "0 0 * Jan/5 *",
+        "05 00 01 01 *",
+        "* *,1 * * *",
+        "59 23 31 12 6",
+    ],
+)
+def test_classic_cron_is_taken(expr: str) -> None:
+    assert check_cron(expr) == expr
+
+
+def test_the_text_is_kept_with_its_fields_one_space_apart() -> None:
+    assert check_cron("  0  3\t* *   MON ") == "0 3 * * MON"
+
+
+def _days(expr: str, n: int) -> list[str]:
+    return [d[:10] for d in _walk(expr, ZoneInfo("UTC"), _utc(2026, 1, 1, 12), n)]
+
+
+def test_classic_forms_croniter_reads_otherwise_fire_as_cron_reads_them() -> None:
+    """croniter reads ``7-7`` and ``7/1`` in the day of week as every day; cron as
+    Sunday (7 is Sunday, ``a/n`` is ``a-<last>/n``)."""
+    sundays = ["2026-01-04", "2026-01-11", "2026-01-18"]
+    assert _days("0 0 * * 7-7", 3) == sundays
+    assert _days("0 0 * * 7/1", 3) == sundays
+    assert _days("0 0 * * 6-7", 3) == ["2026-01-03", "2026-01-04", "2026-01-10"]
+    assert _days("0 0 * * sun/3", 3) == ["2026-01-03", "2026-01-04", "2026-01-07"]  # 0, 3, 6
+    # both day fields restricted, every day of the month OR Monday: every day
+    assert _days("0 0 1-31 * mon", 3) == ["2026-01-02", "2026-01-03", "2026-01-04"]
+    assert [d[11:16] for d in _walk("5/20 * * * *", ZoneInfo("UTC"), _utc(2026, 1, 1), 4)] == [
+        "00:05",
+        "00:25",
+        "00:45",
+        "01:05",
+    ]
+
+
+def test_text_an_older_orbit_stored_still_fires_as_croniter_reads_it() -> None:
+    """The strict check is for what is written now: a schedule stored before it, with
+    croniter's extensions, keeps firing (``L``: the last day of the month)."""
+    utc = ZoneInfo("UTC")
+    assert _days("0 0 L * *", 2) == ["2026-01-31", "2026-02-28"]
+    assert latest("0 0 L * *", utc, _utc(2026, 3, 1), _utc(2026, 1, 1), 5) == [
+        _utc(2026, 1, 31),
+        _utc(2026, 2, 28),
+    ]
 
 
 def test_an_expression_that_never_matches_is_refused() -> None:
@@ -161,3 +357,63 @@ def test_day_of_month_and_day_of_week_as_classic_cron_reads_them() -> None:
         _utc(2026, 1, 5),
         _utc(2026, 1, 19),
     ]
+
+
+def _offset(at: datetime, zone: ZoneInfo) -> timedelta:
+    offset = at.astimezone(zone).utcoffset()
+    assert offset is not None
+    return offset
+
+
+def _fall_back(zone: ZoneInfo, year: int) -> datetime:
+    """The first instant of ``year`` at which the zone's clock is turned back."""
+    day = datetime(year, 1, 1, tzinfo=UTC)
+    while _offset(day + timedelta(days=1), zone) >= _offset(day, zone):
+        day += timedelta(days=1)
+    while _offset(day, zone) >= _offset(day - timedelta(days=1), zone):
+        day += timedelta(minutes=1)
+    return day
+
+
+@pytest.mark.parametrize(
+    "zone",
+    [
+        NEW_YORK,
+        BERLIN,
+        ZoneInfo("Australia/Lord_Howe"),  # back by half an hour
+        ZoneInfo("Antarctica/Troll"),  # back by two hours
+    ],
+)
+@pytest.mark.parametrize("expr", ["*/7 * * * *", "15,45 */2 * * *", "30 1 * * *", "0,30 1-3 * * *"])
+def test_every_minute_of_a_fall_back_night_fires_by_the_rule(zone: ZoneInfo, expr: str) -> None:
+    """Minute by minute over the eight hours around a change that turns the clock back,
+    read independently of the module: a minute fires if its local time matches, and,
+    for a local time that comes round again, the second time only if the minute or hour
+    field starts with ``*``."""
+    change = _fall_back(zone, 2026)
+    minute, hour = expr.split()[:2]
+    wildcard = minute.startswith("*") or hour.startswith("*")
+
+    def matches(value: int, field: str, last: int) -> bool:
+        for item in field.split(","):
+            base, _, step = item.partition("/")
+            first, _, end = base.partition("-")
+            low = 0 if base == "*" else int(first)
+            high = last if base == "*" or (step and not end) else int(end or first)
+            if low <= value <= high and (value - low) % int(step or 1) == 0:
+                return True
+        return False
+
+    want, at = [], change - timedelta(hours=4)
+    while at <= change + timedelta(hours=4):
+        local = at.astimezone(zone)
+        matched = matches(local.minute, minute, 59) and matches(local.hour, hour, 23)
+        # fold 1: the second time round for this local time
+        if matched and (wildcard or local.fold == 0):
+            want.append(to_us(at))
+        at += timedelta(minutes=1)
+    got, cursor = [], to_us(change - timedelta(hours=4)) - 1
+    while (cursor := next_after(expr, zone, cursor)) <= want[-1]:
+        got.append(cursor)
+    assert got == want
+    assert latest(expr, zone, want[-1], want[0], 10_000) == want

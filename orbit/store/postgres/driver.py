@@ -1040,6 +1040,12 @@ class PostgresDriver:
             psycopg.errors.DeadlockDetected | psycopg.errors.SerializationFailure,
         )
 
+    def is_unavailable(self, exc: BaseException) -> bool:
+        """``OperationalError``: a connection refused, lost or closed, the server
+        shutting down, the pool closed or out of connections in time (psycopg_pool's
+        errors are its subclasses), deadlocks and cancelled statements past the retries."""
+        return isinstance(exc, psycopg.OperationalError)
+
     def close(self) -> None:
         self._pool.close()
         self._relaxed.close()

@@ -263,6 +263,13 @@ class SqliteDriver:
     def is_retryable(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
 
+    def is_unavailable(self, exc: BaseException) -> bool:
+        """``OperationalError``: the file cannot be opened or read, the disk is full,
+        the database stayed locked; a ``ProgrammingError`` on a closed connection."""
+        if isinstance(exc, sqlite3.ProgrammingError):
+            return "closed" in str(exc)
+        return isinstance(exc, sqlite3.OperationalError)
+
     def close(self) -> None:
         with self._lock:
             self._cx.close()
