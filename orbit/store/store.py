@@ -3105,10 +3105,10 @@ class _Tx:
             "session_write_many", [R.session_write_row(b, a) for b, a in pairs], expect=len(pairs)
         )
 
-    def event_rows(self, events: Sequence[Event]) -> list[Row]:
+    def event_rows(self, events: Sequence[Event]) -> RowColumns:
         """Event rows stamped with this transaction's clock (read now if not yet read)."""
         at = self._now if self._now is not None else self.now()
-        return [R.event_to_row(e, at) for e in events]
+        return R.event_columns(events, at)
 
     def events(self, events: Sequence[Event]) -> None:
         self.write_many("event_insert_many", self.event_rows(events), expect=len(events))
@@ -3132,12 +3132,12 @@ class _Tx:
         self.write_batch(
             (
                 "attempt_write_many",
-                [R.attempt_write_row(b, a) for b, a in plan.attempt_writes],
+                R.attempt_write_columns(plan.attempt_writes),
                 len(plan.attempt_writes),
             ),
             (
                 "task_write_many",
-                [R.task_write_row(b, a) for b, a in plan.task_writes],
+                R.task_write_columns(plan.task_writes),
                 len(plan.task_writes),
             ),
             (
