@@ -313,3 +313,16 @@ def test_event_columns_stamp_every_event_and_spell_its_states_and_data() -> None
             "data": None,
         },
     ]
+
+
+def test_sqlite_encodes_rows_held_by_column_as_it_encodes_dicts() -> None:
+    """The SQLite driver encodes a column of rows a column at a time: the same
+    parameters as each row read as a dict and encoded, a list in any row included."""
+    held = RowColumns(
+        {"id": ["a", "b", "c"], "ids": [None, ["x", "y"], ("z",)], "n": [1, None, True]}
+    )
+    expected = [sqlite._encode(row) for row in held]
+    assert sqlite._encoded_rows(held) == expected
+    assert expected[1]["ids"] == '["x", "y"]' and expected[2]["ids"] == '["z"]'
+    assert sqlite._encoded_rows(list(held)) == expected
+    assert sqlite._encoded_rows(RowColumns({})) == []
