@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from orbit.core.errors import Code, Rejected
 from orbit.core.model import (
@@ -423,6 +423,32 @@ def renew(
     return Lease(attempt.id, "ok", until, until - now)  # a live lease: until > now
 
 
+#: How every success's canonical spelling begins: ``{"ok": true, "result": …}`` with its
+#: keys sorted ("ok" before "result") and no spaces.
+_SUCCESS_OPEN = '{"ok":true,"result":'
+
+
+class Spelled(NamedTuple):
+    """An outcome's canonical spellings, made once per report: ``report`` is the whole
+    outcome's (``canonical_json(outcome.as_json())``, whose digest identifies the report)
+    and ``result`` a success's result's (None for a failure), which the task stores."""
+
+    report: str
+    result: str | None
+
+
+def spell(outcome: Outcome) -> Spelled:
+    """``Spelled`` for an outcome; raises as ``canonical_json`` does for a value that is
+    not JSON. A success's report is its result's spelling inside ``_SUCCESS_OPEN`` and
+    ``}``: exactly ``canonical_json`` of the whole (each level's keys are sorted on
+    their own), so a finish spells its result once where it spelled it twice (a test
+    holds the two spellings equal)."""
+    if outcome.ok:
+        result = canonical_json(outcome.result)
+        return Spelled(_SUCCESS_OPEN + result + "}", result)
+    return Spelled(canonical_json(outcome.as_json()), None)
+
+
 def finish(
     plan: Plan,
     task: Task,
@@ -432,12 +458,13 @@ def finish(
     epoch: int,
     fence: int,
     outcome: Outcome,
+    spelled: Spelled,
     now: int,
     rand: float,
 ) -> Receipt | None:
-    """End a running attempt with the worker's outcome, or refuse the report."""
-    report_text = canonical_json(outcome.as_json())
-    report_digest = digest(report_text)
+    """End a running attempt with the worker's outcome, or refuse the report.
+    ``spelled`` is ``spell(outcome)``, which the store made when it checked the outcome."""
+    report_digest = digest(spelled.report)
     if attempt.session_id != session.id:
         plan.refuse(
             Code.NOT_OWNER,
@@ -536,7 +563,8 @@ def finish(
         )
         return None
     if outcome.ok:
-        result = canonical_json(outcome.result)
+        result = spelled.result
+        assert result is not None  # spell() gives a success its result's spelling
         after = evolve(
             task,
             state=T.SUCCEEDED,

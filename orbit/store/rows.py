@@ -145,28 +145,34 @@ def tasks_columns(tasks: Sequence[Task]) -> RowColumns:
     )
 
 
-def task_write_row(before: Task, after: Task) -> Row:
-    """The columns a transition may change (never the payload: it can be large and is
-    written once), guarded by the version the plan was built from."""
-    return {
-        "id": after.id,
-        "expect_version": before.version,
-        "state": str(after.state),
-        "attempts_used": after.attempts_used,
-        "fence": after.fence,
-        "cancel_requested": after.cancel_requested,
-        "run_after": after.run_after,
-        "max_attempts": after.max_attempts,
-        "result": after.result,
-        "error_code": after.error_code,
-        "error_message": after.error_message,
-        "error_retryable": after.error_retryable,
-        "result_digest": after.result_digest,
-        "result_version": after.result_version,
-        "updated_at": after.updated_at,
-        "finished_at": after.finished_at,
-        "version": after.version,
-    }
+def task_write_columns(pairs: Sequence[tuple[Task, Task]]) -> RowColumns:
+    """``task_write_many``'s rows, column by column: the columns a transition may change
+    (never the payload: it can be large and is written once), each row guarded by the
+    version its plan was built from. Columns (``RowColumns``) rather than a dict per
+    row, which the PostgreSQL driver took apart again into these columns: a batch of
+    starts or finishes writes hundreds (the SQLite driver reads them as dicts)."""
+    afters = [after for _, after in pairs]
+    return RowColumns(
+        {
+            "id": [t.id for t in afters],
+            "expect_version": [before.version for before, _ in pairs],
+            "state": [str(t.state) for t in afters],
+            "attempts_used": [t.attempts_used for t in afters],
+            "fence": [t.fence for t in afters],
+            "cancel_requested": [t.cancel_requested for t in afters],
+            "run_after": [t.run_after for t in afters],
+            "max_attempts": [t.max_attempts for t in afters],
+            "result": [t.result for t in afters],
+            "error_code": [t.error_code for t in afters],
+            "error_message": [t.error_message for t in afters],
+            "error_retryable": [t.error_retryable for t in afters],
+            "result_digest": [t.result_digest for t in afters],
+            "result_version": [t.result_version for t in afters],
+            "updated_at": [t.updated_at for t in afters],
+            "finished_at": [t.finished_at for t in afters],
+            "version": [t.version for t in afters],
+        }
+    )
 
 
 _ATTEMPT_AS_IS = (
@@ -218,11 +224,24 @@ def attempt_to_row(a: Attempt) -> Row:
     }
 
 
-def attempt_write_row(before: Attempt, after: Attempt) -> Row:
-    row = attempt_to_row(after)
-    row["expect_state"] = str(before.state)
-    row["expect_lease"] = before.lease_expires_at
-    return row
+def attempt_write_columns(pairs: Sequence[tuple[Attempt, Attempt]]) -> RowColumns:
+    """``attempt_write_many``'s rows, column by column as ``task_write_columns``: the
+    columns the write reads (both backends), each row guarded by the state and lease
+    its plan was built from."""
+    afters = [after for _, after in pairs]
+    return RowColumns(
+        {
+            "id": [a.id for a in afters],
+            "expect_state": [str(before.state) for before, _ in pairs],
+            "expect_lease": [before.lease_expires_at for before, _ in pairs],
+            "state": [str(a.state) for a in afters],
+            "started_at": [a.started_at for a in afters],
+            "lease_expires_at": [a.lease_expires_at for a in afters],
+            "ended_at": [a.ended_at for a in afters],
+            "finish_digest": [a.finish_digest for a in afters],
+            "receipt": [a.receipt for a in afters],
+        }
+    )
 
 
 def session_from_row(r: Row) -> Session:
@@ -284,22 +303,33 @@ def queue_from_row(r: Row) -> Queue:
     )
 
 
-def event_to_row(e: Event, at: int) -> Row:
-    return {
-        "at": at,
-        "kind": e.kind,
-        "task_id": e.task_id,
-        "attempt_id": e.attempt_id,
-        "session_id": e.session_id,
-        "queue": e.queue,
-        "tenant": e.tenant,
-        "task_from": str(e.task_from) if e.task_from else None,
-        "task_to": str(e.task_to) if e.task_to else None,
-        "attempt_from": str(e.attempt_from) if e.attempt_from else None,
-        "attempt_to": str(e.attempt_to) if e.attempt_to else None,
-        "code": e.code,
-        "data": compact_json(e.data, sort_keys=True).decode() if e.data is not None else None,
-    }
+def _state_name(state: Any) -> str | None:
+    return str(state) if state else None
+
+
+def event_columns(events: Sequence[Event], at: int) -> RowColumns:
+    """The events' rows for ``event_insert_many``, stamped ``at``, column by column as
+    ``task_write_columns`` (every state change writes an event)."""
+    return RowColumns(
+        {
+            "at": [at] * len(events),
+            "kind": [e.kind for e in events],
+            "task_id": [e.task_id for e in events],
+            "attempt_id": [e.attempt_id for e in events],
+            "session_id": [e.session_id for e in events],
+            "queue": [e.queue for e in events],
+            "tenant": [e.tenant for e in events],
+            "task_from": [_state_name(e.task_from) for e in events],
+            "task_to": [_state_name(e.task_to) for e in events],
+            "attempt_from": [_state_name(e.attempt_from) for e in events],
+            "attempt_to": [_state_name(e.attempt_to) for e in events],
+            "code": [e.code for e in events],
+            "data": [
+                None if e.data is None else compact_json(e.data, sort_keys=True).decode()
+                for e in events
+            ],
+        }
+    )
 
 
 def artifact_from_row(r: Row) -> Artifact:

@@ -56,7 +56,6 @@ from orbit.core.model import (
     TaskSpec,
     Token,
     assemble,
-    canonical_json,
     evolve,
 )
 from orbit.core.states import LIVE_ATTEMPT_STATES, SessionState, TaskState
@@ -2134,19 +2133,21 @@ class Store:
         for each is its receipt or the error that refused it, in the order given.
         """
         _check_batch([attempt_id for attempt_id, _, _ in items], self.config.max_batch)
-        invalid = {attempt_id: _outcome_problem(outcome) for attempt_id, _, outcome in items}
+        # Each outcome checked, and spelled, once: before any row is touched, and not
+        # again for each try of the transaction (see ``_spelled_outcome``).
+        spelled = {attempt_id: _spelled_outcome(outcome) for attempt_id, _, outcome in items}
 
         def build(tx: _Tx) -> tuple[Plan, list[Receipt | OrbitError]]:
             plan = Plan()
-            valid = [i for i, _, _ in items if invalid[i] is None]
+            valid = [i for i, _, _ in items if not isinstance(spelled[i], OrbitError)]
             tasks, attempts, session, _ = self._report_batch(tx, valid, session_id)
             now = tx.clock()
             answers: list[Receipt | OrbitError] = []
             for attempt_id, fence, outcome in items:
-                problem = invalid[attempt_id]
+                spelling = spelled[attempt_id]
                 attempt = attempts.get(attempt_id)
-                if problem is not None:
-                    answers.append(problem)
+                if isinstance(spelling, OrbitError):
+                    answers.append(spelling)
                     continue
                 if attempt is None:
                     answers.append(_no_attempt(attempt_id))
@@ -2159,6 +2160,7 @@ class Store:
                     epoch=epoch,
                     fence=fence,
                     outcome=outcome,
+                    spelled=spelling,
                     now=now,
                     rand=self._rand(),
                 )
@@ -2912,6 +2914,15 @@ def _answer(plan: Plan, value: T | None) -> T | OrbitError:
 
 def _outcome_problem(outcome: Outcome) -> OrbitError | None:
     """Why an outcome cannot be stored, checked before any row is touched."""
+    problem = _spelled_outcome(outcome)
+    return problem if isinstance(problem, OrbitError) else None
+
+
+def _spelled_outcome(outcome: Outcome) -> transitions.Spelled | OrbitError:
+    """The outcome's canonical spellings (``transitions.spell``), or why it cannot be
+    stored. A finish needs the spellings anyway (the report's digest, the result it
+    stores), and making them is the last check: they are made here once, where the
+    check made them and the finish made them again."""
     if not isinstance(outcome, Outcome):
         return OrbitError(Code.INVALID_ARGUMENT, "outcome must be an Outcome")
     try:
@@ -2924,10 +2935,9 @@ def _outcome_problem(outcome: Outcome) -> OrbitError | None:
                 Code.INVALID_ARGUMENT, "error code and message must be text without NUL characters"
             )
     try:
-        canonical_json(outcome.as_json())
+        return transitions.spell(outcome)
     except (TypeError, ValueError) as exc:
         return OrbitError(Code.INVALID_ARGUMENT, f"result must be JSON: {exc}")
-    return None
 
 
 def _check_capabilities(capabilities: Sequence[Capability]) -> tuple[Capability, ...]:
@@ -3111,10 +3121,10 @@ class _Tx:
             "session_write_many", [R.session_write_row(b, a) for b, a in pairs], expect=len(pairs)
         )
 
-    def event_rows(self, events: Sequence[Event]) -> list[Row]:
+    def event_rows(self, events: Sequence[Event]) -> RowColumns:
         """Event rows stamped with this transaction's clock (read now if not yet read)."""
         at = self._now if self._now is not None else self.now()
-        return [R.event_to_row(e, at) for e in events]
+        return R.event_columns(events, at)
 
     def events(self, events: Sequence[Event]) -> None:
         self.write_many("event_insert_many", self.event_rows(events), expect=len(events))
@@ -3138,12 +3148,12 @@ class _Tx:
         self.write_batch(
             (
                 "attempt_write_many",
-                [R.attempt_write_row(b, a) for b, a in plan.attempt_writes],
+                R.attempt_write_columns(plan.attempt_writes),
                 len(plan.attempt_writes),
             ),
             (
                 "task_write_many",
-                [R.task_write_row(b, a) for b, a in plan.task_writes],
+                R.task_write_columns(plan.task_writes),
                 len(plan.task_writes),
             ),
             (

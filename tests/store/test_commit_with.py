@@ -26,7 +26,7 @@ from orbit.store.postgres.driver import (
     split_with,
     write_batch_sql,
 )
-from orbit.store.rows import task_to_row, task_write_row
+from orbit.store.rows import task_to_row, task_write_columns
 from tests.store.helpers import claim_one, queue, submit, worker
 from tests.store.test_pg_transactions import _record_round_trips
 
@@ -35,7 +35,7 @@ def _planned_row(store: Store, task_id: str, *, version_off_by: int = 0) -> dict
     """A ``task_write_many`` row that raises the task's ``max_attempts`` by one, guarded
     by the version the task has (plus ``version_off_by``: a guard that misses)."""
     task = store.task_get(task_id)
-    row = task_write_row(task, task)
+    row = task_write_columns([(task, task)])[0]
     row["expect_version"] = task.version + version_off_by
     row["max_attempts"] = task.max_attempts + 1
     row["version"] = task.version + 1

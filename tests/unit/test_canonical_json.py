@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orbit.core.errors import Code, OrbitError
-from orbit.core.model import canonical_json
+from orbit.core.model import Outcome, canonical_json
+from orbit.core.transitions import spell
 from orbit.core.validate import check_payload
 
 
@@ -127,3 +128,31 @@ def test_check_payload_still_refuses_what_the_fast_path_leaves() -> None:
     assert err.value.code == Code.PAYLOAD_TOO_LARGE
     wide = '{"f":1e-07,"n":' + str(2**70) + "}"
     assert check_payload({"n": 2**70, "f": 1e-7}, 1000) == (wide, len(wide))
+
+
+@settings(max_examples=300)
+@given(_values)
+def test_a_success_is_spelled_around_its_results_spelling(value: Any) -> None:
+    """``spell`` builds a success's report from its result's spelling: exactly the
+    whole outcome's, as the finish spelled (and digested) it before."""
+    outcome = Outcome.success(value)
+    spelled = spell(outcome)
+    assert spelled.result == _reference(value)
+    assert spelled.report == _reference(outcome.as_json())
+
+
+@given(st.text(), st.text(), st.booleans())
+def test_a_failure_is_spelled_whole_and_has_no_result(
+    code: str, message: str, retryable: bool
+) -> None:
+    outcome = Outcome.failure(code, message, retryable)
+    assert spell(outcome) == (_reference(outcome.as_json()), None)
+
+
+def test_spelling_an_outcome_refuses_what_canonical_json_refuses() -> None:
+    for result in (float("nan"), {"a": {1, 2}}, {("k",): 1}):
+        for value in (result, {"ok": True, "result": result}):
+            with pytest.raises((TypeError, ValueError)):
+                canonical_json(value)
+        with pytest.raises((TypeError, ValueError)):
+            spell(Outcome.success(result))

@@ -46,6 +46,8 @@ def test_rows_that_could_be_misread_go_as_json() -> None:
         [row(id="a\x1fb")],  # the separator
         [row(id="\x1e")],  # the NULL spelling
         [row(id="\x1e\x1e"), row(id=None)],
+        [row(id="ok"), row(id="a\x1eb"), row(id=None)],  # inside a value, beside a NULL
+        [row(id=None), row(id="ok"), row(id="b\x1f")],
         [row(id="")],  # a lone empty string: string_to_array('') has no element
         [row(id=3)],  # not a string
         [row(n=2**64)],  # past 64 bits: orjson refuses it

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import fields, replace
 
 import pytest
 
-from orbit.core.model import Attempt, Backoff, Task, TaskSpec
+from orbit.core.model import Attempt, Backoff, Event, Task, TaskSpec
 from orbit.core.states import AttemptState, TaskState
 from orbit.core.transitions import NEW_TASK_FIXED, new_task
 from orbit.store import rows as R
-from orbit.store.driver import RowColumns
+from orbit.store.driver import RowColumns, load_queries
+from orbit.store.postgres import driver as pg
+from orbit.store.sqlite import driver as sqlite
 
 
 def test_every_task_and_attempt_field_is_filled_from_its_row() -> None:
@@ -146,3 +149,180 @@ def test_an_attempt_row_round_trips() -> None:
         handler="h",
     )
     assert R.attempt_from_row(R.attempt_to_row(attempt)) == attempt
+
+
+def _attempt(**changes: object) -> Attempt:
+    attempt = Attempt(
+        id="a1",
+        task_id="t1",
+        number=2,
+        session_id="s",
+        session_epoch=1,
+        fence=2,
+        state=AttemptState.RUNNING,
+        claimed_at=1,
+        claim_expires_at=2,
+        started_at=3,
+        lease_expires_at=4,
+        ended_at=None,
+        finish_digest=None,
+        receipt=None,
+        queue="q",
+        tenant="default",
+        handler="h",
+    )
+    return replace(attempt, **changes)
+
+
+def _columns_read(write: str) -> tuple[set[str], set[str]]:
+    """The columns a batched write reads from its rows: PostgreSQL's (its columnar
+    form's) and SQLite's (its named parameters)."""
+    pg_sql = pg.to_psycopg(load_queries(pg._HERE / "queries.sql")[write])
+    form = pg.columnar_sql(pg_sql)
+    assert form is not None
+    sqlite_sql = load_queries(sqlite._HERE / "queries.sql")[write]
+    return {name for name, _ in form[1]}, set(re.findall(r"(?<![:\w]):([a-z_]+)", sqlite_sql))
+
+
+def test_the_write_columns_are_the_columns_each_write_reads() -> None:
+    """A column the builder left out would travel as a JSON row without it, which
+    json_to_recordset reads as NULL: each builder makes exactly what its write reads,
+    on both backends."""
+    task, attempt = _task(), _attempt()
+    made = {
+        "task_write_many": R.task_write_columns([(task, task)]),
+        "attempt_write_many": R.attempt_write_columns([(attempt, attempt)]),
+        "event_insert_many": R.event_columns([Event(kind="k")], 1),
+    }
+    for write, columns in made.items():
+        on_pg, on_sqlite = _columns_read(write)
+        assert set(columns.columns) == on_pg == on_sqlite, write
+
+
+def test_the_write_columns_hold_each_pairs_new_values_and_old_guards() -> None:
+    before = _task()
+    after = replace(
+        before,
+        state=TaskState.SUCCEEDED,
+        result="null",
+        result_digest="sha256:r",
+        result_version=1,
+        error_retryable=True,
+        cancel_requested=True,
+        finished_at=9,
+        version=5,
+    )
+    rows = list(R.task_write_columns([(before, after), (after, before)]))
+    assert rows[0] == {
+        "id": "t1",
+        "expect_version": 4,
+        "state": "succeeded",
+        "attempts_used": 1,
+        "fence": 2,
+        "cancel_requested": True,
+        "run_after": 5,
+        "max_attempts": 3,
+        "result": "null",
+        "error_code": None,
+        "error_message": None,
+        "error_retryable": True,
+        "result_digest": "sha256:r",
+        "result_version": 1,
+        "updated_at": 2,
+        "finished_at": 9,
+        "version": 5,
+    }
+    assert rows[1]["expect_version"] == 5 and rows[1]["state"] == "running"
+    running = _attempt()
+    ended = replace(
+        running, state=AttemptState.SUCCEEDED, ended_at=8, finish_digest="d", receipt="{}"
+    )
+    claimed = _attempt(state=AttemptState.CLAIMED, started_at=None, lease_expires_at=None)
+    assert list(R.attempt_write_columns([(running, ended), (claimed, running)])) == [
+        {
+            "id": "a1",
+            "expect_state": "running",
+            "expect_lease": 4,
+            "state": "succeeded",
+            "started_at": 3,
+            "lease_expires_at": 4,
+            "ended_at": 8,
+            "finish_digest": "d",
+            "receipt": "{}",
+        },
+        {
+            "id": "a1",
+            "expect_state": "claimed",
+            "expect_lease": None,
+            "state": "running",
+            "started_at": 3,
+            "lease_expires_at": 4,
+            "ended_at": None,
+            "finish_digest": None,
+            "receipt": None,
+        },
+    ]
+    assert len(R.task_write_columns([])) == len(R.attempt_write_columns([])) == 0
+
+
+def test_event_columns_stamp_every_event_and_spell_its_states_and_data() -> None:
+    moved = Event(
+        kind="succeeded",
+        task_id="t1",
+        attempt_id="a1",
+        session_id="s",
+        queue="q",
+        tenant="default",
+        task_from=TaskState.RUNNING,
+        task_to=TaskState.SUCCEEDED,
+        attempt_from=AttemptState.RUNNING,
+        attempt_to=AttemptState.SUCCEEDED,
+        code="E",
+        data={"z": 1, "a": [None, "é"]},
+    )
+    bare = Event(kind="queue.created", queue="q")
+    assert list(R.event_columns([moved, bare], 77)) == [
+        {
+            "at": 77,
+            "kind": "succeeded",
+            "task_id": "t1",
+            "attempt_id": "a1",
+            "session_id": "s",
+            "queue": "q",
+            "tenant": "default",
+            "task_from": "running",
+            "task_to": "succeeded",
+            "attempt_from": "running",
+            "attempt_to": "succeeded",
+            "code": "E",
+            "data": '{"a":[null,"é"],"z":1}',
+        },
+        {
+            "at": 77,
+            "kind": "queue.created",
+            "task_id": None,
+            "attempt_id": None,
+            "session_id": None,
+            "queue": "q",
+            "tenant": None,
+            "task_from": None,
+            "task_to": None,
+            "attempt_from": None,
+            "attempt_to": None,
+            "code": None,
+            "data": None,
+        },
+    ]
+
+
+def test_sqlite_encodes_rows_held_by_column_as_it_encodes_dicts() -> None:
+    """The SQLite driver encodes a column of rows a column at a time: the same
+    parameters as each row read as a dict and encoded, a list in any row included."""
+    held = RowColumns(
+        {"id": ["a", "b", "c"], "ids": [None, ["x", "y"], ("z",)], "n": [1, None, True]}
+    )
+    expected = [sqlite._encode(row) for row in held]
+    assert sqlite._encoded_rows(held) == expected
+    assert expected[1]["ids"] == '["x", "y"]' and expected[2]["ids"] == '["z"]'
+    assert sqlite._encoded_rows(list(held)) == expected
+    assert sqlite._encoded_rows(RowColumns({})) == []

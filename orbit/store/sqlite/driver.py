@@ -16,7 +16,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from orbit.store.driver import Notice, Params, Row, load_queries
+from orbit.store.driver import Notice, Params, Row, RowColumns, load_queries
 
 _HERE = Path(__file__).parent
 #: a named query may be several statements, each ending with ';' at the end of a line
@@ -25,6 +25,26 @@ _STATEMENT_END_RE = re.compile(r";[ \t]*\n")
 
 def _encode(params: Params) -> Params:
     return {k: json.dumps(v) if isinstance(v, list | tuple) else v for k, v in params.items()}
+
+
+_ARRAYS = frozenset({list, tuple})
+
+
+def _encoded_rows(rows: Sequence[Row]) -> list[Params]:
+    """Each row's parameters, ``_encode``d. Rows held by column (``RowColumns``: a
+    plan's writes, a batch submit's tasks) are encoded a column at a time, each column
+    looked through for a list by the types it holds, and zipped into one dict per row:
+    read as dicts and encoded one by one, they made two dicts per row."""
+    if not isinstance(rows, RowColumns):
+        return [_encode(r) for r in rows]
+    columns = [
+        [json.dumps(v) if isinstance(v, list | tuple) else v for v in values]
+        if _ARRAYS.intersection(map(type, values))
+        else values
+        for values in rows.columns.values()
+    ]
+    names = tuple(rows.columns)
+    return [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
 
 
 def statements(queries: dict[str, str]) -> dict[str, list[str]]:
@@ -55,7 +75,7 @@ class _SqliteConnection:
         (a multi-statement write makes its later rows from the ones the first wrote)."""
         if not rows:
             return 0
-        encoded = [_encode(r) for r in rows]
+        encoded = _encoded_rows(rows)
         count = 0
         for statement in self._writes[name]:
             count = self._cx.executemany(statement, encoded).rowcount
