@@ -3,11 +3,14 @@ backend); the PostgreSQL database is created for the run and dropped after it.""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _pytest.logging import LogCaptureHandler
 
+from orbit.logs import RedactSecrets
 from orbit.store import Store, StoreConfig, open_store
 from tests.pg import as_url, temporary_database
 
@@ -40,6 +43,28 @@ class ManualClock:
     def advance(self, seconds: float) -> int:
         self.now += int(seconds * 1_000_000)
         return self.now
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_put_back() -> Iterator[None]:
+    """A command run in this process (typer's ``CliRunner``) configures logging as a real
+    one does: ``orbit.logs.configure`` replaces the root logger's handlers with one on
+    the test's stderr, closed once the test ends, whose redaction filter moves each
+    record's traceback into its text. Every later test in the process then saw its
+    records without ``exc_info``, and pytest's own session handlers were gone. Put the
+    root logger back: no handler of Orbit's, pytest's session handlers (its per-phase
+    capture handlers are its own to add and remove), the level it had."""
+    root = logging.getLogger()
+    level = root.level
+    session = [h for h in root.handlers if not isinstance(h, LogCaptureHandler)]
+    yield
+    for handler in root.handlers[:]:
+        if any(isinstance(f, RedactSecrets) for f in handler.filters):
+            root.removeHandler(handler)
+    for handler in session:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")
