@@ -528,7 +528,12 @@ def test_hard_deadline_exhausts_retries(drill: Drill) -> None:
     assert len(states) == used and states[:-1] == ["failed"] * (used - 1), attempts
     assert states[-1] in ("failed", "lost"), attempts
     assert all(_at(a["started_at"]) < deadline.timestamp() for a in started), attempts
-    assert drill.runs(task_id) == sorted(f"run-{task_id}-{n}" for n in range(1, used + 1))
+    # Each started attempt ran its handler once, and nothing else ran; but a lost last
+    # attempt may have had its lease end before its handler's first line (a start
+    # granted a moment before the deadline, seen on a loaded machine): its run is optional.
+    ran = [f"run-{task_id}-{n}" for n in range(1, used + 1)]
+    allowed = [sorted(ran)] + ([sorted(ran[:-1])] if states[-1] == "lost" else [])
+    assert drill.runs(task_id) in allowed, (drill.runs(task_id), attempts)
     failed_at = _at(task["finished_at"])
     assert failed_at <= deadline.timestamp() + 1.0, (task, deadline)  # refused at once
     drill.report["attempts"] = used
