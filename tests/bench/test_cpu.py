@@ -17,6 +17,9 @@ from benchmarks import cpu
 from benchmarks.cpu import CpuSampler
 from tests.pg import ADMIN_DSN
 
+# CPU burnt in a window of wall time: other tests on the two cores would slow the burner.
+pytestmark = pytest.mark.alone
+
 # Burns CPU for the given seconds, then prints its own CPU time and exits.
 BURN = """
 import os, sys, time

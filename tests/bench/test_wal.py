@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import psycopg
+import pytest
 
 from benchmarks.wal import WalMeter, lsn_bytes
 from tests.pg import temporary_database
+
+# WAL is the whole cluster's: another test's writes would count inside the window.
+pytestmark = pytest.mark.alone
 
 
 def test_counts_the_wal_of_the_writes_inside_the_window() -> None:

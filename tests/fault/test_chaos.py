@@ -13,6 +13,9 @@ import pytest
 
 from tests.fault.chaos import run_chaos
 
+# It restarts PostgreSQL, which every other test running beside it would see.
+pytestmark = pytest.mark.alone
+
 TASKS = 150
 KILLS = 6
 SEED = 20240611

@@ -147,6 +147,7 @@ LIVE_COUNT = (
 )
 
 
+@pytest.mark.alone  # another transaction anywhere on the server can keep the entries alive
 @pytest.mark.parametrize("backend", ["postgres"])
 def test_a_claim_marks_the_dead_entries_of_the_live_attempt_index(make_store: Any) -> None:
     """Every attempt leaves entries in the live-attempt partial indexes (one per version
