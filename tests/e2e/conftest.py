@@ -9,17 +9,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.servers import Node, Tokens, make_tokens, start_server
-from tests.pg import as_url, temporary_database
+from tests.e2e.servers import Node, Tokens, database, make_tokens, start_server
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path}/orbit.db"
-    else:
-        with temporary_database("orbit_e2e") as dsn:
-            yield as_url(dsn)
+    with database(str(request.param), tmp_path) as url:
+        yield url
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import ssl
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +18,18 @@ import httpx
 
 from orbit.cli.listening import announced_port
 from orbit.store import open_store
+from tests.pg import as_url, temporary_database
+
+
+@contextlib.contextmanager
+def database(backend: str, work: Path, prefix: str = "orbit_e2e") -> Iterator[str]:
+    """An empty database's URL for servers to share: a SQLite file in ``work``, or a
+    PostgreSQL database (its name starts with ``prefix``) created, and dropped after."""
+    if backend == "sqlite":
+        yield f"sqlite:///{work}/orbit.db"
+    else:
+        with temporary_database(prefix) as dsn:
+            yield as_url(dsn)
 
 
 @dataclass

@@ -162,21 +162,30 @@ def test_bad_arguments_get_clear_messages(orbit: Run, tmp_path: Path) -> None:
     assert orbit("task", "ls", "--limit", "0").returncode == 2
 
 
-def test_worker_commands(orbit: Run, cluster: tuple[Node, Tokens, str]) -> None:
+def _attach(cluster: tuple[Node, Tokens, str], *names: str) -> list[str]:
+    """Open a worker session under each name on the module's server, and close its
+    connection: the sessions' ids."""
     import asyncio
 
     from orbit.worker import WorkerConnection
 
     node, tokens, _ = cluster
 
-    async def attach() -> str:
-        conn = await WorkerConnection.connect(node.ws, tokens.worker)
-        await conn.hello("cli-worker", {"h": 1}, 1, push=False)
-        await conn.close()
-        assert conn.session_id is not None
-        return conn.session_id
+    async def attach() -> list[str]:
+        ids = []
+        for name in names:
+            conn = await WorkerConnection.connect(node.ws, tokens.worker)
+            await conn.hello(name, {"h": 1}, 1, push=False)
+            await conn.close()
+            assert conn.session_id is not None
+            ids.append(conn.session_id)
+        return ids
 
-    session_id = asyncio.run(attach())
+    return asyncio.run(attach())
+
+
+def test_worker_commands(orbit: Run, cluster: tuple[Node, Tokens, str]) -> None:
+    [session_id] = _attach(cluster, "cli-worker")
     assert "cli-worker" in ok(orbit("worker", "ls"))
     shown = ok(orbit("worker", "drain", session_id))
     assert session_id in shown and "yes" in shown  # a table, as `worker ls` prints
@@ -225,65 +234,16 @@ def test_task_show_and_wait_read_every_page_of_events(
 
 def test_db_and_token_commands(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path}/x.db"
-    env = {**os.environ}
-    migrate = subprocess.run(
-        [sys.executable, "-m", "orbit.cli", "db", "migrate", "--db", db],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
+    migrate = _orbit("db", "migrate", "--db", db)
     latest = len(list((ROOT / "orbit/store/sqlite/migrations").glob("*.sql")))
     assert migrate.returncode == 0 and f"schema at version {latest}" in migrate.stdout
-    made = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "orbit.cli",
-            "token",
-            "create",
-            "--db",
-            db,
-            "--name",
-            "ci",
-            "--scope",
-            "submit",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
+    made = _orbit("token", "create", "--db", db, "--name", "ci", "--scope", "submit")
     assert made.returncode == 0 and made.stdout.startswith("orbit_")
     assert made.stdout.strip() not in made.stderr  # the token only on stdout
-    bad = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "orbit.cli",
-            "token",
-            "create",
-            "--db",
-            db,
-            "--name",
-            "ci",
-            "--scope",
-            "root",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
+    bad = _orbit("token", "create", "--db", db, "--name", "ci", "--scope", "root")
     assert bad.returncode == 2 and "scopes must be among" in bad.stderr
     assert make_tokens(db).admin.startswith("orbit_")
-    helps = subprocess.run(
-        [sys.executable, "-m", "orbit.cli", "--help"],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
+    helps = _orbit("--help")
     for command in ("dev", "server", "worker", "queue", "task", "db", "token"):
         assert command in helps.stdout
 
@@ -947,20 +907,7 @@ def test_worker_ls_filters_by_state_and_refuses_an_unknown_one(
     """``orbit worker ls`` listed every session ever opened, and an expired one is never
     deleted: ``--state live`` (``GET /v1/workers?state=live``) lists the live ones
     alone. An unknown state is refused by the server, as the task list's is."""
-    import asyncio
-
-    from orbit.worker import WorkerConnection
-
-    node, tokens, _ = cluster
-
-    async def attach() -> str:
-        conn = await WorkerConnection.connect(node.ws, tokens.worker)
-        await conn.hello("state-worker", {"h": 1}, 1, push=False)
-        await conn.close()
-        assert conn.session_id is not None
-        return conn.session_id
-
-    session_id = asyncio.run(attach())
+    [session_id] = _attach(cluster, "state-worker")
     live = json.loads(ok(cli("worker", "ls", "--state", "live", "--json")))
     assert session_id in [w["session_id"] for w in live]
     assert {w["state"] for w in live} == {"live"}
@@ -1358,40 +1305,33 @@ def test_an_empty_cursor_is_refused_by_the_routes_and_the_clients(
         reply = api.get(path, params={"cursor": ""})
         assert reply.status_code == 400, (path, reply.text)
         assert reply.json()["error"]["code"] == "INVALID_CURSOR", path
+    # each list call of the clients, with its arguments before the cursor
+    calls: list[tuple[str, tuple[str, ...]]] = [
+        ("events", (task_id,)),
+        ("list_tasks", ()),
+        ("list_artifacts", (task_id,)),
+        ("list_workers", ()),
+        ("list_queues", ()),
+        ("list_tokens", ()),
+        ("list_attempts", (task_id,)),
+        ("list_tenant_limits", ()),
+    ]
     with Client(node.http, tokens.admin) as c:
-        for call in (
-            lambda: c.events(task_id, cursor=""),
-            lambda: c.list_tasks(cursor=""),
-            lambda: c.list_artifacts(task_id, cursor=""),
-            lambda: c.list_workers(cursor=""),
-            lambda: c.list_queues(cursor=""),
-            lambda: c.list_tokens(cursor=""),
-            lambda: c.list_attempts(task_id, cursor=""),
-            lambda: c.list_tenant_limits(cursor=""),
-        ):
+        for name, args in calls:
             with pytest.raises(BadRequest) as refused:
-                call()
-            assert refused.value.code == "INVALID_CURSOR"
+                getattr(c, name)(*args, cursor="")
+            assert refused.value.code == "INVALID_CURSOR", name
 
     async def refused_async() -> list[str]:
         codes = []
         async with AsyncClient(node.http, tokens.admin) as c:
-            for call in (
-                lambda: c.events(task_id, cursor=""),
-                lambda: c.list_tasks(cursor=""),
-                lambda: c.list_artifacts(task_id, cursor=""),
-                lambda: c.list_workers(cursor=""),
-                lambda: c.list_queues(cursor=""),
-                lambda: c.list_tokens(cursor=""),
-                lambda: c.list_attempts(task_id, cursor=""),
-                lambda: c.list_tenant_limits(cursor=""),
-            ):
+            for name, args in calls:
                 with pytest.raises(BadRequest) as refused:
-                    await call()
+                    await getattr(c, name)(*args, cursor="")
                 codes.append(refused.value.code)
         return codes
 
-    assert asyncio.run(refused_async()) == ["INVALID_CURSOR"] * 8
+    assert asyncio.run(refused_async()) == ["INVALID_CURSOR"] * len(calls)
 
 
 def test_the_worker_list_is_paged_and_the_clients_and_cli_walk_it(
@@ -1401,36 +1341,11 @@ def test_the_worker_list_is_paged_and_the_clients_and_cli_walk_it(
     in one bare list. It is now a page (``{items, next_cursor}``, keyset by id as the task
     list is), with ``state`` still a filter; ``Client.workers()`` and ``orbit worker ls``
     walk every page, and ``list_workers``/``iter_workers`` read one or all."""
-    import asyncio
-
-    from orbit import AsyncClient, Client
-    from orbit.worker import WorkerConnection
+    from orbit import Client
 
     node, tokens, _ = cluster
-
-    async def attach(n: int) -> list[str]:
-        ids = []
-        for i in range(n):
-            conn = await WorkerConnection.connect(node.ws, tokens.worker)
-            await conn.hello(f"paged-{i}", {"h": 1}, 1, push=False)
-            await conn.close()
-            assert conn.session_id is not None
-            ids.append(conn.session_id)
-        return ids
-
-    opened = asyncio.run(attach(3))
-    pages, cursor = [], None
-    while True:
-        reply = api.get(
-            "/v1/workers", params={"limit": 1, **({"cursor": cursor} if cursor else {})}
-        )
-        assert reply.status_code == 200, reply.text
-        page = reply.json()
-        assert set(page) == {"items", "next_cursor"} and len(page["items"]) <= 1
-        pages.append(page)
-        cursor = page["next_cursor"]
-        if cursor is None:
-            break
+    opened = _attach(cluster, *(f"paged-{i}" for i in range(3)))
+    pages = _raw_pages(api, "/v1/workers", 1)
     walked = [w["session_id"] for p in pages for w in p["items"]]
     assert walked == sorted(walked) and len(walked) == len(set(walked))
     assert walked[-3:] == opened
@@ -1440,28 +1355,12 @@ def test_the_worker_list_is_paged_and_the_clients_and_cli_walk_it(
     for bad in ("hello", "0", opened[0].upper()):
         refused = api.get("/v1/workers", params={"cursor": encode_cursor(bad)})
         assert refused.status_code == 400 and refused.json()["error"]["code"] == "INVALID_CURSOR"
+    lister = ("workers", "list_workers", "iter_workers")
+    _clients_walk(node, tokens.admin, lister, "session_id", walked, resume_limit=2)
     with Client(node.http, tokens.admin) as c:
-        assert [w["session_id"] for w in c.workers()] == walked
-        one = c.list_workers(limit=1)
-        assert [w["session_id"] for w in one["items"]] == walked[:1] and one["next_cursor"]
-        assert [w["session_id"] for w in c.iter_workers(limit=2)] == walked
         assert [w["session_id"] for w in c.iter_workers(state="live", limit=1)] == [
             w["session_id"] for w in live["items"]
         ]
-        resumed = c.iter_workers(limit=2, cursor=one["next_cursor"])
-        assert [w["session_id"] for w in resumed] == walked[1:]
-
-    async def walk_async() -> tuple[list[str], list[str], list[str], list[str]]:
-        async with AsyncClient(node.http, tokens.admin) as c:
-            every = [w["session_id"] for w in await c.workers()]
-            one = await c.list_workers(limit=1)
-            first = [w["session_id"] for w in one["items"]]
-            paged = [w["session_id"] async for w in c.iter_workers(limit=2)]
-            cursor = one["next_cursor"]
-            resumed = [w["session_id"] async for w in c.iter_workers(limit=2, cursor=cursor)]
-            return every, first, paged, resumed
-
-    assert asyncio.run(walk_async()) == (walked, walked[:1], walked, walked[1:])
     listed = json.loads(ok(cli("worker", "ls", "--json")))
     assert [w["session_id"] for w in listed] == walked
     live_listed = json.loads(ok(cli("worker", "ls", "--state", "live", "--json")))
@@ -1650,6 +1549,49 @@ def _raw_pages(api: httpx.Client, path: str, limit: int) -> list[dict[str, Any]]
             return pages
 
 
+def _clients_walk(
+    node: Node,
+    token: str,
+    lister: tuple[str, str, str],
+    key: str,
+    walked: list[Any],
+    *args: str,
+    iter_limit: int = 2,
+    resume_limit: int = 1,
+) -> None:
+    """``Client`` and ``AsyncClient`` read a paged list as its raw pages gave it
+    (``walked``, each item's ``key``): by ``lister``'s three methods, the whole list, one
+    page, and every page from the start or from the first page's cursor. ``args`` come
+    before the options (an attempt list's task id)."""
+    import asyncio
+
+    from orbit import AsyncClient, Client
+
+    whole, one_page, pages = lister
+
+    def keys(items: Any) -> list[Any]:
+        return [item[key] for item in items]
+
+    with Client(node.http, token) as c:
+        assert keys(getattr(c, whole)(*args)) == walked
+        one = getattr(c, one_page)(*args, limit=1)
+        assert keys(one["items"]) == walked[:1] and one["next_cursor"]
+        assert keys(getattr(c, pages)(*args, limit=iter_limit)) == walked
+        resumed = getattr(c, pages)(*args, limit=resume_limit, cursor=one["next_cursor"])
+        assert keys(resumed) == walked[1:]
+
+    async def walk_async() -> tuple[list[Any], ...]:
+        async with AsyncClient(node.http, token) as c:
+            every = keys(await getattr(c, whole)(*args))
+            first = await getattr(c, one_page)(*args, limit=1)
+            paged = [item[key] async for item in getattr(c, pages)(*args, limit=2)]
+            cursor = first["next_cursor"]
+            rest = [item[key] async for item in getattr(c, pages)(*args, limit=2, cursor=cursor)]
+            return every, keys(first["items"]), paged, rest
+
+    assert asyncio.run(walk_async()) == (walked, walked[:1], walked, walked[1:])
+
+
 def test_the_queue_list_is_paged_and_the_clients_and_cli_walk_it(
     api: httpx.Client, cli: Run, cluster: tuple[Node, Tokens, str]
 ) -> None:
@@ -1657,10 +1599,6 @@ def test_the_queue_list_is_paged_and_the_clients_and_cli_walk_it(
     (``{items, next_cursor}``, keyset by name); ``Client.queues()`` and ``orbit queue ls``
     walk every page, ``list_queues`` reads one and ``iter_queues`` all, from the start or
     from a cursor."""
-    import asyncio
-
-    from orbit import AsyncClient, Client
-
     node, tokens, _ = cluster
     made = [f"paged-q{i}" for i in range(3)]
     for name in made:
@@ -1669,22 +1607,8 @@ def test_the_queue_list_is_paged_and_the_clients_and_cli_walk_it(
     walked = [q["name"] for p in pages for q in p["items"]]
     assert walked == sorted(walked) and len(walked) == len(set(walked)) and len(pages) >= 2
     assert set(made) <= set(walked)
-    with Client(node.http, tokens.submit) as c:  # a submit token may list queues
-        assert [q["name"] for q in c.queues()] == walked
-        one = c.list_queues(limit=1)
-        assert [q["name"] for q in one["items"]] == walked[:1] and one["next_cursor"]
-        assert [q["name"] for q in c.iter_queues(limit=2)] == walked
-        resumed = c.iter_queues(limit=1, cursor=one["next_cursor"])
-        assert [q["name"] for q in resumed] == walked[1:]
-
-    async def walk_async() -> tuple[list[str], list[str], list[str]]:
-        async with AsyncClient(node.http, tokens.submit) as c:
-            every = [q["name"] for q in await c.queues()]
-            first = await c.list_queues(limit=1)
-            rest = [q["name"] async for q in c.iter_queues(limit=2, cursor=first["next_cursor"])]
-            return every, [q["name"] for q in first["items"]], rest
-
-    assert asyncio.run(walk_async()) == (walked, walked[:1], walked[1:])
+    queues = ("queues", "list_queues", "iter_queues")
+    _clients_walk(node, tokens.submit, queues, "name", walked)  # a submit token may list them
     listed = json.loads(ok(cli("queue", "ls", "--json")))
     assert [q["name"] for q in listed] == walked
 
@@ -1695,10 +1619,6 @@ def test_the_token_list_is_paged_and_the_clients_and_cli_walk_it(
     """``GET /v1/tokens`` answered every token ever made in one bare list. It is now a
     page, oldest first (keyset by id, a uuid7 of the creation), never a secret; the
     clients read one page or walk them all, from the start or from a cursor."""
-    import asyncio
-
-    from orbit import AsyncClient, Client
-
     node, tokens, db = cluster
     made = [
         api.post("/v1/tokens", json={"name": f"paged-t{i}", "scopes": ["submit"]}).json()
@@ -1717,22 +1637,8 @@ def test_the_token_list_is_paged_and_the_clients_and_cli_walk_it(
     fields = {"id", "name", "scopes", "created_at", "revoked_at"}
     assert all(set(t) == fields for t in listed)
     assert [t["revoked_at"] is not None for t in listed[-3:]] == [False, True, False]
-    with Client(node.http, tokens.admin) as c:
-        assert [t["id"] for t in c.token_list()] == walked
-        one = c.list_tokens(limit=1)
-        assert [t["id"] for t in one["items"]] == walked[:1] and one["next_cursor"]
-        assert [t["id"] for t in c.iter_tokens(limit=3)] == walked
-        resumed = c.iter_tokens(limit=1, cursor=one["next_cursor"])
-        assert [t["id"] for t in resumed] == walked[1:]
-
-    async def walk_async() -> tuple[list[str], list[str], list[str]]:
-        async with AsyncClient(node.http, tokens.admin) as c:
-            every = [t["id"] for t in await c.token_list()]
-            first = await c.list_tokens(limit=1)
-            rest = [t["id"] async for t in c.iter_tokens(limit=2, cursor=first["next_cursor"])]
-            return every, [t["id"] for t in first["items"]], rest
-
-    assert asyncio.run(walk_async()) == (walked, walked[:1], walked[1:])
+    lister = ("token_list", "list_tokens", "iter_tokens")
+    _clients_walk(node, tokens.admin, lister, "id", walked, iter_limit=3)
     # orbit token ls reads the database itself: the same tokens in the same order
     assert [t["id"] for t in json.loads(ok(cli("token", "ls", "--db", db, "--json")))] == walked
 
@@ -1746,7 +1652,6 @@ def test_a_tasks_attempts_are_paged_and_the_clients_and_cli_walk_them(
     task show`` walk every page, ``list_attempts``/``iter_attempts`` read one or all."""
     import asyncio
 
-    from orbit import AsyncClient, Client
     from orbit.worker import WorkerConnection
 
     node, tokens, _ = cluster
@@ -1776,23 +1681,8 @@ def test_a_tasks_attempts_are_paged_and_the_clients_and_cli_walk_them(
     }
     exact = _raw_pages(api, f"/v1/tasks/{task_id}/attempts", 5)  # a full last page
     assert [len(p["items"]) for p in exact] == [5, 0]
-    with Client(node.http, tokens.submit) as c:
-        assert [a["number"] for a in c.attempts(task_id)] == walked
-        one = c.list_attempts(task_id, limit=1)
-        assert [a["number"] for a in one["items"]] == [1] and one["next_cursor"]
-        assert [a["number"] for a in c.iter_attempts(task_id, limit=2)] == walked
-        resumed = c.iter_attempts(task_id, limit=3, cursor=one["next_cursor"])
-        assert [a["number"] for a in resumed] == walked[1:]
-
-    async def walk_async() -> tuple[list[int], list[int], list[int]]:
-        async with AsyncClient(node.http, tokens.submit) as c:
-            every = [a["number"] for a in await c.attempts(task_id)]
-            first = await c.list_attempts(task_id, limit=1)
-            cursor = first["next_cursor"]
-            rest = [a["number"] async for a in c.iter_attempts(task_id, limit=2, cursor=cursor)]
-            return every, [a["number"] for a in first["items"]], rest
-
-    assert asyncio.run(walk_async()) == (walked, [1], walked[1:])
+    lister = ("attempts", "list_attempts", "iter_attempts")
+    _clients_walk(node, tokens.submit, lister, "number", walked, task_id, resume_limit=3)
     shown = json.loads(ok(cli("task", "show", task_id, "--json")))
     assert [a["number"] for a in shown["attempts"]] == walked
 

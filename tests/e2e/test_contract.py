@@ -32,8 +32,7 @@ from pydantic import BaseModel
 from orbit.protocol.decode import DecodeError, decode_json, decode_model
 from orbit.protocol.messages import WORKER_REQUESTS, QueueCreate, TaskBatch, TaskSubmit
 from orbit.worker import ServerError, WorkerConnection
-from tests.e2e.servers import Node, Tokens, make_tokens, start_server
-from tests.pg import as_url, temporary_database
+from tests.e2e.servers import Node, Tokens, database, make_tokens, start_server
 
 T = TypeVar("T")
 REPLY_TIMEOUT = 15.0
@@ -203,10 +202,7 @@ class Env:
 @contextlib.contextmanager
 def launch(backend: str, work: Path) -> Iterator[Env]:
     with contextlib.ExitStack() as stack:
-        if backend == "sqlite":
-            url = f"sqlite:///{work}/orbit.db"
-        else:
-            url = as_url(stack.enter_context(temporary_database("orbit_contract")))
+        url = stack.enter_context(database(backend, work, "orbit_contract"))
         tokens = make_tokens(url)
         node = start_server(url, work, args=SERVER_ARGS)
         stack.callback(node.stop)

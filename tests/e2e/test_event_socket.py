@@ -17,13 +17,15 @@ against real ``orbit server`` processes, on both backends: the SSE streams' twin
   connection that went silent before reconnecting; ``AsyncClient.subscribe`` follows a
   task to its end; both raise a refusal at once.
 - A refused upgrade is no ERROR line in the server's log.
+
+The setup, the readers and the scenarios shared with the SSE twins are in
+tests/e2e/streams_common.py. The tests that read only their own tasks and tokens share
+one node per backend (``served``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-import json
 import queue
 import signal
 import threading
@@ -31,13 +33,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlencode
+from typing import Any, Literal
 
 import httpx
 import pytest
-from websockets.exceptions import ConnectionClosed, InvalidStatus
-from websockets.sync.client import ClientConnection, connect
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 from orbit.client import (
     ApiError,
@@ -48,103 +49,34 @@ from orbit.client import (
     NotFound,
     Unauthorized,
 )
-from orbit.core.model import TaskSpec
-from orbit.store import open_store
-from tests.e2e.servers import Node, Tokens, start_server
-from tests.e2e.test_api import _rename_tokens_table
-from tests.e2e.test_event_stream import (
+from tests.e2e import streams_common
+from tests.e2e.servers import Node, Tokens
+from tests.e2e.streams_common import (
     BAD_CURSORS,
     FAST,
     PATIENCE,
-    _all_events,
-    _auth,
-    _submit,
+    UNKNOWN,
+    Follower,
+    Served,
+    Socket,
+    admin_with_queue,
+    all_events,
+    auth,
+    follow_a_task_to_its_end,
+    follow_across_a_restart,
+    refusal,
+    socket,
     stream,
+    submit_task,
+    two_nodes,
+    ws_has,
+    ws_url,
 )
+from tests.e2e.test_api import _rename_tokens_table
 from tests.fault.proxy import FaultProxy
 
-#: a task id no task has
-UNKNOWN = "01a2439c-e925-72b4-8000-0199ea1b10c2"
-
-
-@pytest.fixture
-def fast(nodes: Callable[..., Node]) -> Node:
-    return nodes(args=FAST)
-
-
-@pytest.fixture
-def api(fast: Node, tokens: Tokens) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=fast.http, timeout=PATIENCE, headers=_auth(tokens.admin)) as c:
-        c.post(
-            "/v1/queues", json={"name": "q", "max_concurrency": 5, "rate": 100}
-        ).raise_for_status()
-        yield c
-
-
-def _url(node: Node, path: str, **params: str) -> str:
-    return f"ws://127.0.0.1:{node.port}{path}" + ("?" + urlencode(params) if params else "")
-
-
-class Socket:
-    """An open event socket, read a frame at a time."""
-
-    def __init__(self, ws: ClientConnection) -> None:
-        self.ws = ws
-
-    def frame(self) -> dict[str, Any]:
-        """The next frame, keep-alives included; ConnectionClosed once the server closes.
-        Keep-alives come every 0.3 s, so a socket that says nothing fails the test."""
-        return dict(json.loads(self.ws.recv(timeout=PATIENCE)))
-
-    def next(self) -> dict[str, Any]:
-        """The next frame that is not a keep-alive."""
-        while (frame := self.frame())["type"] == "keep-alive":
-            pass
-        return frame
-
-    def events_until(self, done: Callable[[list[dict[str, Any]]], bool]) -> list[dict[str, Any]]:
-        """Event frames until ``done`` says enough."""
-        seen: list[dict[str, Any]] = []
-        while not done(seen):
-            frame = self.next()
-            assert frame["type"] == "event", frame
-            seen.append(frame)
-        return seen
-
-    def close_code(self) -> tuple[int | None, str | None]:
-        """Read on to the server's close: its code and reason."""
-        with pytest.raises(ConnectionClosed):
-            while True:
-                self.frame()
-        return self.ws.close_code, self.ws.close_reason
-
-
-@contextmanager
-def socket(node: Node, token: str, path: str, **params: str) -> Iterator[Socket]:
-    with connect(
-        _url(node, path, **params), additional_headers=_auth(token), open_timeout=PATIENCE
-    ) as ws:
-        yield Socket(ws)
-
-
-def refusal(
-    node: Node, token: str | None, path: str, query: str = ""
-) -> tuple[int, dict[str, Any], Any]:
-    """The upgrade's refusal: its status, its error body and its headers."""
-    with pytest.raises(InvalidStatus) as refused:
-        connect(
-            _url(node, path) + query,
-            additional_headers=_auth(token) if token else None,
-            open_timeout=PATIENCE,
-        )
-    reply = refused.value.response
-    return reply.status_code, json.loads(bytes(reply.body))["error"], reply.headers
-
-
-def _has(kind: str, task_id: str) -> Callable[[list[dict[str, Any]]], bool]:
-    return lambda seen: any(
-        f["event"]["kind"] == kind and f["event"]["task_id"] == task_id for f in seen
-    )
+# the fixtures: a fresh node per test (``fast``, ``api``), or one per backend (``served``)
+fast, api, served = streams_common.fast, streams_common.api, streams_common.served
 
 
 def test_events_come_as_frames_and_a_task_socket_ends(
@@ -152,17 +84,17 @@ def test_events_come_as_frames_and_a_task_socket_ends(
 ) -> None:
     with socket(fast, tokens.admin, "/v1/events/ws") as log:
         first = log.events_until(lambda seen: len(seen) == 1)
-        task_id = _submit(api)
+        task_id = submit_task(api)
         with socket(fast, tokens.submit, f"/v1/tasks/{task_id}/events/ws") as task:
             assert task.next()["event"]["kind"] == "submitted"
-            log.events_until(_has("submitted", task_id))
+            log.events_until(ws_has("submitted", task_id))
             api.post(f"/v1/tasks/{task_id}/cancel").raise_for_status()
-            cancelled = log.events_until(_has("cancelled", task_id))[-1]
+            cancelled = log.events_until(ws_has("cancelled", task_id))[-1]
             assert task.next()["event"]["kind"] == "cancelled"
             assert task.next() == {"type": "stream.end", "task_id": task_id, "state": "cancelled"}
             assert task.close_code() == (1000, "stream.end")
     # each frame's event is the event as GET /v1/events gives it, its cursor the event's
-    listed = _all_events(api)
+    listed = all_events(api)
     assert [e["kind"] for e in listed] == ["queue.created", "submitted", "cancelled"]
     assert first[0]["event"] == listed[0]
     assert cancelled["event"] == listed[-1]
@@ -173,9 +105,9 @@ def test_events_come_as_frames_and_a_task_socket_ends(
 def test_a_reconnect_with_the_cursor_gets_exactly_the_missed_events(
     api: httpx.Client, fast: Node, tokens: Tokens
 ) -> None:
-    early = [_submit(api, i) for i in range(3)]
+    early = [submit_task(api, i) for i in range(3)]
     with socket(fast, tokens.admin, "/v1/events/ws") as log:
-        seen = log.events_until(_has("submitted", early[-1]))
+        seen = log.events_until(ws_has("submitted", early[-1]))
     last = seen[-1]["cursor"]
     # more than a stream reads at a time (orbit.server.streams.PAGE, 500)
     batch = [{"queue": "q", "handler": "h", "payload": i} for i in range(700)]
@@ -183,9 +115,9 @@ def test_a_reconnect_with_the_cursor_gets_exactly_the_missed_events(
     late = [item["id"] for item in reply.json()]
     api.post(f"/v1/tasks/{early[0]}/cancel").raise_for_status()
     with socket(fast, tokens.admin, "/v1/events/ws", cursor=last) as log:
-        missed = log.events_until(_has("cancelled", early[0]))
+        missed = log.events_until(ws_has("cancelled", early[0]))
     # exactly the events after the last one read: each once, in the log's order
-    assert [f["event"] for f in missed] == _all_events(api, last)
+    assert [f["event"] for f in missed] == all_events(api, last)
     assert [f["event"]["kind"] for f in missed] == ["submitted"] * len(late) + ["cancelled"]
     assert {f["event"]["task_id"] for f in missed} == {*late, early[0]}
     assert len({f["cursor"] for f in seen + missed}) == len(seen) + len(missed)
@@ -194,20 +126,17 @@ def test_a_reconnect_with_the_cursor_gets_exactly_the_missed_events(
 def test_a_socket_on_one_node_sees_events_written_through_another(
     db_url: str, nodes: Callable[..., Node], tokens: Tokens
 ) -> None:
-    if db_url.startswith("sqlite"):
-        pytest.skip("one server per SQLite file")
-    node_a, node_b = nodes(node_id="a", args=FAST), nodes(node_id="b", args=FAST)
-    with httpx.Client(base_url=node_a.http, timeout=PATIENCE, headers=_auth(tokens.admin)) as a:
-        a.post(
-            "/v1/queues", json={"name": "q", "max_concurrency": 5, "rate": 100}
-        ).raise_for_status()
-        with socket(node_b, tokens.admin, "/v1/events/ws") as log:
-            task_id = _submit(a)
-            with socket(node_b, tokens.submit, f"/v1/tasks/{task_id}/events/ws") as task:
-                a.post(f"/v1/tasks/{task_id}/cancel").raise_for_status()
-                got = log.events_until(_has("cancelled", task_id))
-                kinds = [task.next()["event"]["kind"], task.next()["event"]["kind"]]
-                assert task.next()["type"] == "stream.end"
+    node_a, node_b = two_nodes(db_url, nodes)
+    with (
+        admin_with_queue(node_a, tokens) as a,
+        socket(node_b, tokens.admin, "/v1/events/ws") as log,
+    ):
+        task_id = submit_task(a)
+        with socket(node_b, tokens.submit, f"/v1/tasks/{task_id}/events/ws") as task:
+            a.post(f"/v1/tasks/{task_id}/cancel").raise_for_status()
+            got = log.events_until(ws_has("cancelled", task_id))
+            kinds = [task.next()["event"]["kind"], task.next()["event"]["kind"]]
+            assert task.next()["type"] == "stream.end"
     assert [f["event"]["kind"] for f in got] == ["queue.created", "submitted", "cancelled"]
     assert kinds == ["submitted", "cancelled"]
 
@@ -218,35 +147,33 @@ def test_refusals_answer_the_upgrade_before_any_frame(
     """Each refusal is the SSE route's status and JSON error, as the upgrade's answer; it
     changes nothing and keeps no slot (the node serves one stream at a time)."""
     fast = nodes(args=[*FAST, "--max-streams", "1"])
-    api = httpx.Client(base_url=fast.http, timeout=PATIENCE, headers=_auth(tokens.admin))
-    api.post("/v1/queues", json={"name": "q", "max_concurrency": 5, "rate": 100})
-    task_id = _submit(api)
-    task_path = f"/v1/tasks/{task_id}/events/ws"
-    for path in ("/v1/events/ws", task_path):
-        for cursor in BAD_CURSORS:
-            status, error, _ = refusal(fast, tokens.admin, path, "?cursor=" + cursor)
-            assert (status, error["code"], error["field"]) == (400, "INVALID_CURSOR", "cursor")
-    status, error, _ = refusal(fast, tokens.admin, "/v1/events/ws", "?cursor=MC4x&cursor=MC4x")
-    assert (status, error["code"], error["field"]) == (400, "INVALID_ARGUMENT", "cursor")
-    for path in ("/v1/events/ws", task_path):
-        status, error, headers = refusal(fast, None, path)
-        assert (status, error["code"]) == (401, "UNAUTHENTICATED")
-        assert headers["WWW-Authenticate"] == "Bearer"
-        # a token in the URL is no token: it would be in every proxy's and server's log
-        for name in ("token", "access_token"):
-            status, error, _ = refusal(fast, None, path, f"?{name}={tokens.admin}")
+    with admin_with_queue(fast, tokens) as api:
+        task_id = submit_task(api)
+        task_path = f"/v1/tasks/{task_id}/events/ws"
+        for path in ("/v1/events/ws", task_path):
+            for cursor in BAD_CURSORS:
+                status, error, _ = refusal(fast, tokens.admin, path, "?cursor=" + cursor)
+                assert (status, error["code"], error["field"]) == (400, "INVALID_CURSOR", "cursor")
+        status, error, _ = refusal(fast, tokens.admin, "/v1/events/ws", "?cursor=MC4x&cursor=MC4x")
+        assert (status, error["code"], error["field"]) == (400, "INVALID_ARGUMENT", "cursor")
+        for path in ("/v1/events/ws", task_path):
+            status, error, headers = refusal(fast, None, path)
             assert (status, error["code"]) == (401, "UNAUTHENTICATED")
-    status, error, _ = refusal(fast, tokens.submit, "/v1/events/ws")
-    assert (status, error["code"]) == (403, "FORBIDDEN")
-    status, error, _ = refusal(fast, tokens.worker, task_path)
-    assert (status, error["code"]) == (403, "FORBIDDEN")
-    status, error, _ = refusal(fast, tokens.submit, f"/v1/tasks/{UNKNOWN}/events/ws")
-    assert (status, error["code"]) == (404, "TASK_NOT_FOUND")
-    status, error, _ = refusal(fast, tokens.submit, "/v1/tasks/a%00b/events/ws")
-    assert (status, error["code"]) == (400, "NUL_CHARACTER")
-    # nothing was changed, and no refused socket kept the one slot: a socket may open
-    assert [e["kind"] for e in _all_events(api)] == ["queue.created", "submitted"]
-    api.close()
+            assert headers["WWW-Authenticate"] == "Bearer"
+            # a token in the URL is no token: it would be in every proxy's and server's log
+            for name in ("token", "access_token"):
+                status, error, _ = refusal(fast, None, path, f"?{name}={tokens.admin}")
+                assert (status, error["code"]) == (401, "UNAUTHENTICATED")
+        status, error, _ = refusal(fast, tokens.submit, "/v1/events/ws")
+        assert (status, error["code"]) == (403, "FORBIDDEN")
+        status, error, _ = refusal(fast, tokens.worker, task_path)
+        assert (status, error["code"]) == (403, "FORBIDDEN")
+        status, error, _ = refusal(fast, tokens.submit, f"/v1/tasks/{UNKNOWN}/events/ws")
+        assert (status, error["code"]) == (404, "TASK_NOT_FOUND")
+        status, error, _ = refusal(fast, tokens.submit, "/v1/tasks/a%00b/events/ws")
+        assert (status, error["code"]) == (400, "NUL_CHARACTER")
+        # nothing was changed, and no refused socket kept the one slot: a socket may open
+        assert [e["kind"] for e in all_events(api)] == ["queue.created", "submitted"]
     with socket(fast, tokens.submit, task_path) as task:
         assert task.next()["event"]["kind"] == "submitted"
 
@@ -277,7 +204,7 @@ def once_free(node: Node, token: str) -> Iterator[Socket]:
     while True:
         try:
             ws = connect(
-                _url(node, "/v1/events/ws"), additional_headers=_auth(token), open_timeout=PATIENCE
+                ws_url(node, "/v1/events/ws"), additional_headers=auth(token), open_timeout=PATIENCE
             )
             break
         except InvalidStatus as exc:
@@ -290,7 +217,7 @@ def once_free(node: Node, token: str) -> Iterator[Socket]:
 
 def test_sockets_and_sse_streams_share_the_cap(nodes: Callable[..., Node], tokens: Tokens) -> None:
     node = nodes(args=[*FAST, "--max-streams", "1"])
-    with httpx.Client(base_url=node.http, timeout=PATIENCE, headers=_auth(tokens.admin)) as c:
+    with httpx.Client(base_url=node.http, timeout=PATIENCE, headers=auth(tokens.admin)) as c:
         with stream(node, tokens.admin, "/v1/events/stream"):
             status, error, headers = refusal(node, tokens.admin, "/v1/events/ws")
             assert (status, error["code"]) == (503, "TOO_MANY_STREAMS")
@@ -306,10 +233,9 @@ def test_sockets_and_sse_streams_share_the_cap(nodes: Callable[..., Node], token
             pass
 
 
-def test_an_idle_socket_sends_keep_alive_frames(
-    api: httpx.Client, fast: Node, tokens: Tokens
-) -> None:
-    task_id = _submit(api)
+def test_an_idle_socket_sends_keep_alive_frames(served: Served) -> None:
+    api, fast, tokens = served.api, served.node, served.tokens
+    task_id = submit_task(api)
     with socket(fast, tokens.submit, f"/v1/tasks/{task_id}/events/ws") as task:
         assert task.frame()["event"]["kind"] == "submitted"
         assert task.frame() == {"type": "keep-alive"}
@@ -326,8 +252,9 @@ def test_sigterm_closes_open_sockets_and_the_server_exits(
     assert "Application shutdown complete" in fast.log_text()
 
 
-def test_a_revoked_tokens_socket_is_closed(api: httpx.Client, fast: Node) -> None:
-    task_id = _submit(api)
+def test_a_revoked_tokens_socket_is_closed(served: Served) -> None:
+    api, fast = served.api, served.node
+    task_id = submit_task(api)
     made = api.post("/v1/tokens", json={"name": "follower", "scopes": ["submit"]}).json()
     with socket(fast, made["token"], f"/v1/tasks/{task_id}/events/ws") as task:
         assert task.next()["event"]["kind"] == "submitted"
@@ -346,68 +273,17 @@ def test_a_revoked_tokens_socket_is_closed(api: httpx.Client, fast: Node) -> Non
 
 @pytest.mark.parametrize("form", ["sync", "async"])
 def test_the_client_subscribes_across_a_server_killed_and_restarted(
-    db_url: str, fast: Node, tokens: Tokens, api: httpx.Client, tmp_path: Path, form: str
+    db_url: str,
+    fast: Node,
+    tokens: Tokens,
+    api: httpx.Client,
+    tmp_path: Path,
+    form: Literal["sync", "async"],
 ) -> None:
     """A SIGKILLed server, an event written while it is down, the server back on the same
     port: ``subscribe`` (``Client``'s and ``AsyncClient``'s) goes on from its last
     cursor, every event once, in order."""
-    got: queue.Queue[tuple[str, dict[str, Any]] | BaseException] = queue.Queue()
-    first = _submit(api)
-
-    async def follow_async() -> None:
-        async with AsyncClient(fast.http, tokens.admin, timeout=5) as c:
-            async for item in c.subscribe(outage=PATIENCE):
-                got.put(item)
-                if item[1]["kind"] == "cancelled":
-                    return
-
-    def follow() -> None:
-        try:
-            if form == "async":
-                asyncio.run(follow_async())
-                return
-            with Client(fast.http, tokens.admin, timeout=5) as c:
-                for item in c.subscribe(outage=PATIENCE):
-                    got.put(item)
-                    if item[1]["kind"] == "cancelled":
-                        return
-        except BaseException as exc:
-            got.put(exc)
-
-    def take() -> tuple[str, dict[str, Any]]:
-        item = got.get(timeout=PATIENCE)
-        assert not isinstance(item, BaseException), item
-        return item
-
-    follower = threading.Thread(target=follow, daemon=True)
-    follower.start()
-    seen = [take(), take()]
-    assert [e["kind"] for _, e in seen] == ["queue.created", "submitted"]
-    fast.kill()
-    store = open_store(db_url)
-    try:  # written while no server runs: the follower must not miss it
-        while_down = store.task_submit(TaskSpec(queue="q", handler="h")).task.id
-    finally:
-        store.close()
-    back = start_server(db_url, tmp_path, args=[*FAST, "--port", str(fast.port)])
-    try:
-        with httpx.Client(base_url=back.http, timeout=PATIENCE, headers=_auth(tokens.admin)) as c:
-            late = _submit(c)
-            c.post(f"/v1/tasks/{first}/cancel").raise_for_status()
-            while (item := take())[1]["kind"] != "cancelled":
-                seen.append(item)
-            seen.append(item)
-            follower.join(PATIENCE)
-            expected = _all_events(c)
-            # each cursor is its event's place in the feed: the next event follows it
-            for (cursor, _), (_, after) in itertools.pairwise(seen):
-                page = c.get("/v1/events", params={"cursor": cursor, "limit": 1}).json()
-                assert page["items"] == [after]
-    finally:
-        back.stop()
-    assert [e for _, e in seen] == expected  # every event once, in order
-    assert {while_down, late} <= {e["task_id"] for _, e in seen}
-    assert not follower.is_alive()
+    follow_across_a_restart(db_url, fast, tokens, api, tmp_path, carrier="ws", form=form)
 
 
 def test_subscribe_waits_out_a_node_at_its_cap_for_its_outage(
@@ -454,27 +330,15 @@ def test_a_failed_read_closes_the_socket_1011(
     assert "event stream ended: a read failed" in fast.log_text()
 
 
-def test_the_async_client_subscribes_to_a_task_to_its_end(
-    api: httpx.Client, fast: Node, tokens: Tokens
-) -> None:
-    task_id = _submit(api)
-
-    async def follow() -> list[str]:
-        kinds = []
-        async with AsyncClient(fast.http, tokens.submit) as c:
-            async for _, event in c.subscribe(task_id):
-                kinds.append(event["kind"])
-                if event["kind"] == "submitted":
-                    api.post(f"/v1/tasks/{task_id}/cancel").raise_for_status()
-        return kinds
-
-    assert asyncio.run(follow()) == ["submitted", "cancelled"]
+def test_the_async_client_subscribes_to_a_task_to_its_end(served: Served) -> None:
+    assert follow_a_task_to_its_end(served, "ws") == ["submitted", "cancelled"]
 
 
-def test_subscribe_raises_a_refusal_at_once(api: httpx.Client, fast: Node, tokens: Tokens) -> None:
+def test_subscribe_raises_a_refusal_at_once(served: Served) -> None:
     """A bad cursor, an unknown task, a wrong scope: raised as the HTTP calls raise them,
     however long ``outage`` is (no retry could mend one)."""
-    task_id = _submit(api)
+    api, fast, tokens = served.api, served.node, served.tokens
+    task_id = submit_task(api)
     with Client(fast.http, tokens.submit) as c:
         with pytest.raises(BadRequest) as bad:
             next(c.subscribe(task_id, cursor="zz", outage=PATIENCE))
@@ -505,10 +369,10 @@ def test_a_refused_upgrade_logs_no_error(
     node = nodes(args=FAST)
     worker = f"ws://127.0.0.1:{node.port}/v1/worker"
     with pytest.raises(InvalidStatus) as refused:
-        connect(worker, additional_headers=_auth("not-a-token"), open_timeout=PATIENCE)
+        connect(worker, additional_headers=auth("not-a-token"), open_timeout=PATIENCE)
     assert refused.value.response.status_code == 401
     with pytest.raises(InvalidStatus) as refused:
-        connect(worker, additional_headers=_auth(tokens.submit), open_timeout=PATIENCE)
+        connect(worker, additional_headers=auth(tokens.submit), open_timeout=PATIENCE)
     assert refused.value.response.status_code == 403
     assert refusal(node, None, "/v1/events/ws")[0] == 401
     assert refusal(node, tokens.worker, "/v1/events/ws")[0] == 403
@@ -520,7 +384,7 @@ def test_a_refused_upgrade_logs_no_error(
 
 @pytest.mark.parametrize("form", ["sync", "async"])
 def test_subscribe_aborts_a_connection_it_gives_up_on(
-    api: httpx.Client, fast: Node, tokens: Tokens, form: str
+    api: httpx.Client, fast: Node, tokens: Tokens, form: Literal["sync", "async"]
 ) -> None:
     """A server that stops answering without closing (a host gone, a network cut: here a
     proxy that holds every frame, either way) is given up on once a read waited the
@@ -528,46 +392,18 @@ def test_subscribe_aborts_a_connection_it_gives_up_on(
     on is aborted: no close frame goes to it, and no closing handshake waits websockets'
     close timeout (10 s) for a peer that will never answer before the reconnect. Before,
     both forms sent a close frame and waited."""
-    got: queue.Queue[tuple[str, dict[str, Any]] | BaseException] = queue.Queue()
-    first = _submit(api)
-
-    def take() -> tuple[str, dict[str, Any]]:
-        item = got.get(timeout=PATIENCE)
-        assert not isinstance(item, BaseException), item
-        return item
-
+    first = submit_task(api)
     with FaultProxy(fast.port) as proxy:
-
-        async def follow_async() -> None:
-            async with AsyncClient(proxy.http, tokens.admin, timeout=2) as c:
-                async for item in c.subscribe(outage=PATIENCE):
-                    got.put(item)
-                    if item[1]["kind"] == "cancelled":
-                        return
-
-        def follow() -> None:
-            try:
-                if form == "async":
-                    asyncio.run(follow_async())
-                    return
-                with Client(proxy.http, tokens.admin, timeout=2) as c:
-                    for item in c.subscribe(outage=PATIENCE):
-                        got.put(item)
-                        if item[1]["kind"] == "cancelled":
-                            return
-            except BaseException as exc:
-                got.put(exc)
-
-        follower = threading.Thread(target=follow, daemon=True)
-        follower.start()
-        assert [take()[1]["kind"], take()[1]["kind"]] == ["queue.created", "submitted"]
+        follower = Follower(proxy.http, tokens.admin, carrier="ws", form=form, timeout=2)
+        kinds = [follower.take()[1]["kind"], follower.take()[1]["kind"]]
+        assert kinds == ["queue.created", "submitted"]
         held = proxy.opened()
         proxy.pause("both")  # the server says nothing more, and hears nothing
         proxy.wait_opened(held + 1, timeout=4 * PATIENCE)  # the follow reconnected
         proxy.resume("both")
         api.post(f"/v1/tasks/{first}/cancel").raise_for_status()
-        assert take()[1]["kind"] == "cancelled"
-        follower.join(PATIENCE)
+        assert follower.take()[1]["kind"] == "cancelled"
+        follower.join()
         closes = [r for r in proxy.records("up") if r.link <= held and r.opcode == 8]
     assert closes == []  # no closing handshake with the connection given up on
-    assert not follower.is_alive()
+    assert not follower.thread.is_alive()

@@ -12,130 +12,48 @@ stream``) against real ``orbit server`` processes, on both backends.
 - An idle stream sends keep-alive comments; SIGTERM ends open streams and the server
   exits; ``Client.stream_events`` rides a SIGKILL and restart of the server and misses
   nothing written while it was down.
+
+The setup, the readers and the scenarios shared with the WebSocket twins
+(tests/e2e/test_event_socket.py) are in tests/e2e/streams_common.py. The tests that read
+only their own tasks and tokens share one node per backend (``served``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import os
-import queue
 import signal
 import socket
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from orbit.client import AsyncClient, Client
-from orbit.client._sse import Message, Parser
-from orbit.core.model import TaskSpec
-from orbit.store import open_store
-from tests.e2e.servers import Node, Tokens, start_server
+from tests.e2e import streams_common
+from tests.e2e.servers import Node, Tokens
+from tests.e2e.streams_common import (
+    BAD_CURSORS,
+    FAST,
+    PATIENCE,
+    UNKNOWN,
+    Served,
+    admin_with_queue,
+    all_events,
+    auth,
+    create_queue,
+    follow_a_task_to_its_end,
+    follow_across_a_restart,
+    sse_has,
+    stream,
+    submit_task,
+    two_nodes,
+)
 
-#: a stream reads the log this often, and an idle one says so this often, in these tests
-FAST = ["--stream-poll", "0.05", "--stream-keepalive", "0.3"]
-#: how long a test waits for what it expects to come (it comes within a poll or two)
-PATIENCE = 15.0
-
-
-def _auth(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
-@pytest.fixture
-def fast(nodes: Callable[..., Node]) -> Node:
-    return nodes(args=FAST)
-
-
-@pytest.fixture
-def api(fast: Node, tokens: Tokens) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=fast.http, timeout=PATIENCE, headers=_auth(tokens.admin)) as c:
-        c.post(
-            "/v1/queues", json={"name": "q", "max_concurrency": 5, "rate": 100}
-        ).raise_for_status()
-        yield c
-
-
-def _queue(api: httpx.Client) -> None:
-    api.post("/v1/queues", json={"name": "q", "max_concurrency": 5, "rate": 100}).raise_for_status()
-
-
-def _submit(api: httpx.Client, payload: Any = None) -> str:
-    reply = api.post("/v1/tasks", json={"queue": "q", "handler": "h", "payload": payload})
-    reply.raise_for_status()
-    return str(reply.json()["task"]["id"])
-
-
-class Stream:
-    """An open SSE response, read a message at a time."""
-
-    def __init__(self, reply: httpx.Response) -> None:
-        self.reply = reply
-        self._raw = reply.iter_raw()
-        self._parser = Parser()
-        self._ready: list[Message] = []
-
-    def next(self) -> Message:
-        """The next message; StopIteration when the server ends the stream. Keep-alives
-        come every 0.3 s, so a stream that never ends fails the test rather than hang."""
-        deadline = time.monotonic() + PATIENCE
-        while not self._ready:
-            assert time.monotonic() < deadline, "no message, and the stream goes on"
-            self._ready = self._parser.feed(next(self._raw))
-        return self._ready.pop(0)
-
-    def comment(self) -> bytes:
-        """The next comment line: read on past whatever messages come first."""
-        text = b"\n"
-        while (start := text.find(b"\n:")) < 0 or text.find(b"\n", start + 1) < 0:
-            text += next(self._raw)
-        return text[start + 1 : text.find(b"\n", start + 1)]
-
-    def events_until(self, done: Callable[[list[Message]], bool]) -> list[Message]:
-        seen: list[Message] = []
-        while not done(seen):
-            seen.append(self.next())
-        return seen
-
-
-@contextmanager
-def stream(
-    node: Node, token: str, path: str, headers: dict[str, str] | None = None, **params: str
-) -> Iterator[Stream]:
-    with (
-        httpx.Client(base_url=node.http, timeout=PATIENCE) as c,
-        c.stream("GET", path, headers={**_auth(token), **(headers or {})}, params=params) as r,
-    ):
-        assert r.status_code == 200, r.read()
-        assert r.headers["content-type"].startswith("text/event-stream")
-        yield Stream(r)
-
-
-def _all_events(api: httpx.Client, cursor: str | None = None) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = []
-    while True:
-        page = api.get(
-            "/v1/events", params={"limit": 1000, **({"cursor": cursor} if cursor else {})}
-        )
-        page.raise_for_status()
-        body = page.json()
-        items += body["items"]
-        cursor = body["next_cursor"]
-        if cursor is None:
-            return items
-
-
-def _has(kind: str, task_id: str) -> Callable[[list[Message]], bool]:
-    return lambda seen: any(
-        m.event == kind and '"task_id":"' + task_id + '"' in m.data for m in seen
-    )
+# the fixtures: a fresh node per test (``fast``, ``api``), or one per backend (``served``)
+fast, api, served = streams_common.fast, streams_common.api, streams_common.served
 
 
 def test_events_appear_as_tasks_change_and_a_task_stream_ends(
@@ -143,12 +61,12 @@ def test_events_appear_as_tasks_change_and_a_task_stream_ends(
 ) -> None:
     with stream(fast, tokens.admin, "/v1/events/stream") as log:
         first = log.events_until(lambda seen: any(m.event == "queue.created" for m in seen))
-        task_id = _submit(api)
+        task_id = submit_task(api)
         with stream(fast, tokens.submit, f"/v1/tasks/{task_id}/events/stream") as task:
             assert task.next().event == "submitted"
-            assert log.events_until(_has("submitted", task_id))[-1].id is not None
+            assert log.events_until(sse_has("submitted", task_id))[-1].id is not None
             api.post(f"/v1/tasks/{task_id}/cancel").raise_for_status()
-            cancelled = log.events_until(_has("cancelled", task_id))[-1]
+            cancelled = log.events_until(sse_has("cancelled", task_id))[-1]
             assert task.next().event == "cancelled"
             end = task.next()
             assert (end.event, end.id) == ("stream.end", None)
@@ -156,7 +74,7 @@ def test_events_appear_as_tasks_change_and_a_task_stream_ends(
             with pytest.raises(StopIteration):
                 task.next()
     # every message is the event as GET /v1/events gives it, its id the event's cursor
-    listed = _all_events(api)
+    listed = all_events(api)
     assert [e["kind"] for e in listed] == ["queue.created", "submitted", "cancelled"]
     assert first[0].data and cancelled.id
     after = api.get("/v1/events", params={"cursor": cancelled.id}).json()["items"]
@@ -166,9 +84,9 @@ def test_events_appear_as_tasks_change_and_a_task_stream_ends(
 def test_a_reconnect_with_last_event_id_gets_exactly_the_missed_events(
     api: httpx.Client, fast: Node, tokens: Tokens
 ) -> None:
-    early = [_submit(api, i) for i in range(3)]
+    early = [submit_task(api, i) for i in range(3)]
     with stream(fast, tokens.admin, "/v1/events/stream") as log:
-        seen = log.events_until(_has("submitted", early[-1]))
+        seen = log.events_until(sse_has("submitted", early[-1]))
     last = seen[-1].id
     assert last is not None
     # more than a stream reads at a time (orbit.server.streams.PAGE, 500)
@@ -181,9 +99,9 @@ def test_a_reconnect_with_last_event_id_gets_exactly_the_missed_events(
     with stream(
         fast, tokens.admin, "/v1/events/stream", {"Last-Event-ID": last}, cursor=seen[0].id or ""
     ) as log:
-        missed = log.events_until(_has("cancelled", early[0]))
+        missed = log.events_until(sse_has("cancelled", early[0]))
     # exactly the events after the last one read: each once, in the log's order
-    expected = _all_events(api, last)
+    expected = all_events(api, last)
     assert [json.loads(m.data) for m in missed] == expected
     assert [m.event for m in missed] == ["submitted"] * len(late) + ["cancelled"]
     assert {json.loads(m.data)["task_id"] for m in missed} == {*late, early[0]}
@@ -193,28 +111,22 @@ def test_a_reconnect_with_last_event_id_gets_exactly_the_missed_events(
 def test_a_stream_on_one_node_sees_events_written_through_another(
     db_url: str, nodes: Callable[..., Node], tokens: Tokens
 ) -> None:
-    if db_url.startswith("sqlite"):
-        pytest.skip("one server per SQLite file")
-    node_a, node_b = nodes(node_id="a", args=FAST), nodes(node_id="b", args=FAST)
-    with httpx.Client(base_url=node_a.http, timeout=PATIENCE, headers=_auth(tokens.admin)) as a:
-        a.post(
-            "/v1/queues", json={"name": "q", "max_concurrency": 5, "rate": 100}
-        ).raise_for_status()
-        with stream(node_b, tokens.admin, "/v1/events/stream") as log:
-            task_id = _submit(a)
-            a.post(f"/v1/tasks/{task_id}/cancel").raise_for_status()
-            got = log.events_until(_has("cancelled", task_id))
+    node_a, node_b = two_nodes(db_url, nodes)
+    with (
+        admin_with_queue(node_a, tokens) as a,
+        stream(node_b, tokens.admin, "/v1/events/stream") as log,
+    ):
+        task_id = submit_task(a)
+        a.post(f"/v1/tasks/{task_id}/cancel").raise_for_status()
+        got = log.events_until(sse_has("cancelled", task_id))
     assert [m.event for m in got] == ["queue.created", "submitted", "cancelled"]
 
 
-#: cursors no server issued: not base64 of a position, and positions that name no event
-BAD_CURSORS = ("zz", "OTk5OTkuOTk5OTk", "MC45OTk5OTk")
-
-
-def test_refusals_come_before_the_stream_starts(api: httpx.Client, tokens: Tokens) -> None:
+def test_refusals_come_before_the_stream_starts(served: Served) -> None:
     """A bad cursor (in the query or the header) 400, ``cursor`` twice 400, no token 401,
     a token without the scope 403, an unknown task 404: each a JSON error, no stream."""
-    task_id = _submit(api)
+    api, tokens = served.api, served.tokens
+    task_id = submit_task(api)
     twice = api.get("/v1/events/stream", params=[("cursor", "MC4x"), ("cursor", "MC4x")])
     assert (twice.status_code, twice.json()["error"]["field"]) == (400, "cursor")
     for path in ("/v1/events/stream", f"/v1/tasks/{task_id}/events/stream"):
@@ -228,14 +140,12 @@ def test_refusals_come_before_the_stream_starts(api: httpx.Client, tokens: Token
     bare = httpx.Client(base_url=str(api.base_url), timeout=PATIENCE)
     assert bare.get("/v1/events/stream").status_code == 401
     assert bare.get(f"/v1/tasks/{task_id}/events/stream").status_code == 401
-    submit = _auth(tokens.submit)
+    submit = auth(tokens.submit)
     refused = bare.get("/v1/events/stream", headers=submit)
     assert (refused.status_code, refused.json()["error"]["code"]) == (403, "FORBIDDEN")
-    worker = _auth(tokens.worker)
+    worker = auth(tokens.worker)
     assert bare.get(f"/v1/tasks/{task_id}/events/stream", headers=worker).status_code == 403
-    unknown = bare.get(
-        "/v1/tasks/01a2439c-e925-72b4-8000-0199ea1b10c2/events/stream", headers=submit
-    )
+    unknown = bare.get(f"/v1/tasks/{UNKNOWN}/events/stream", headers=submit)
     assert unknown.status_code == 404
     bare.close()
 
@@ -244,7 +154,7 @@ def test_a_node_serves_at_most_its_cap_of_streams(
     nodes: Callable[..., Node], tokens: Tokens
 ) -> None:
     node = nodes(args=[*FAST, "--max-streams", "1"])
-    with httpx.Client(base_url=node.http, timeout=PATIENCE, headers=_auth(tokens.admin)) as c:
+    with httpx.Client(base_url=node.http, timeout=PATIENCE, headers=auth(tokens.admin)) as c:
         with stream(node, tokens.admin, "/v1/events/stream"):
             refused = c.get("/v1/events/stream")
             assert refused.status_code == 503
@@ -260,10 +170,9 @@ def test_a_node_serves_at_most_its_cap_of_streams(
             time.sleep(0.05)
 
 
-def test_an_idle_stream_sends_keep_alive_comments(
-    api: httpx.Client, fast: Node, tokens: Tokens
-) -> None:
-    task_id = _submit(api)
+def test_an_idle_stream_sends_keep_alive_comments(served: Served) -> None:
+    api, fast, tokens = served.api, served.node, served.tokens
+    task_id = submit_task(api)
     with stream(fast, tokens.submit, f"/v1/tasks/{task_id}/events/stream") as task:
         assert task.next().event == "submitted"
         assert task.comment() == b": keep-alive"
@@ -288,70 +197,16 @@ def test_the_client_follows_across_a_server_killed_and_restarted(
 ) -> None:
     """A SIGKILLed server, an event written while it is down, the server back on the same
     port: ``stream_events`` goes on from its last cursor, every event once, in order."""
-    got: queue.Queue[tuple[str, dict[str, Any]] | BaseException] = queue.Queue()
-    first = _submit(api)
-
-    def follow() -> None:
-        try:
-            with Client(fast.http, tokens.admin, timeout=5) as c:
-                for item in c.stream_events(outage=PATIENCE):
-                    got.put(item)
-                    if item[1]["kind"] == "cancelled":
-                        return
-        except BaseException as exc:
-            got.put(exc)
-
-    def take() -> tuple[str, dict[str, Any]]:
-        item = got.get(timeout=PATIENCE)
-        assert not isinstance(item, BaseException), item
-        return item
-
-    follower = threading.Thread(target=follow, daemon=True)
-    follower.start()
-    seen = [take(), take()]
-    assert [e["kind"] for _, e in seen] == ["queue.created", "submitted"]
-    fast.kill()
-    store = open_store(db_url)
-    try:  # written while no server runs: the follower must not miss it
-        while_down = store.task_submit(TaskSpec(queue="q", handler="h")).task.id
-    finally:
-        store.close()
-    back = start_server(db_url, tmp_path, args=[*FAST, "--port", str(fast.port)])
-    try:
-        with httpx.Client(base_url=back.http, timeout=PATIENCE, headers=_auth(tokens.admin)) as c:
-            late = _submit(c)
-            c.post(f"/v1/tasks/{first}/cancel").raise_for_status()
-            while (item := take())[1]["kind"] != "cancelled":
-                seen.append(item)
-            seen.append(item)
-            follower.join(PATIENCE)
-            expected = _all_events(c)
-    finally:
-        back.stop()
-    assert [e for _, e in seen] == expected  # every event once, in order
-    assert {while_down, late} <= {e["task_id"] for _, e in seen}
-    assert not follower.is_alive()
+    follow_across_a_restart(db_url, fast, tokens, api, tmp_path, carrier="sse")
 
 
-def test_the_async_client_follows_a_task_to_its_end(
-    api: httpx.Client, fast: Node, tokens: Tokens
-) -> None:
-    task_id = _submit(api)
-
-    async def follow() -> list[str]:
-        kinds = []
-        async with AsyncClient(fast.http, tokens.submit) as c:
-            async for _, event in c.stream_events(task_id):
-                kinds.append(event["kind"])
-                if event["kind"] == "submitted":
-                    api.post(f"/v1/tasks/{task_id}/cancel").raise_for_status()
-        return kinds
-
-    assert asyncio.run(follow()) == ["submitted", "cancelled"]
+def test_the_async_client_follows_a_task_to_its_end(served: Served) -> None:
+    assert follow_a_task_to_its_end(served, "sse") == ["submitted", "cancelled"]
 
 
-def test_a_revoked_tokens_stream_ends(api: httpx.Client, fast: Node) -> None:
-    task_id = _submit(api)
+def test_a_revoked_tokens_stream_ends(served: Served) -> None:
+    api, fast = served.api, served.node
+    task_id = submit_task(api)
     made = api.post("/v1/tokens", json={"name": "follower", "scopes": ["submit"]}).json()
     with stream(fast, made["token"], f"/v1/tasks/{task_id}/events/stream") as task:
         assert task.next().event == "submitted"
@@ -389,8 +244,8 @@ def test_a_client_that_stops_reading_loses_its_slot(
     its slot (here the node's only one) is free for another stream."""
     node = nodes(args=[*FAST, "--max-streams", "1", "--stream-send-timeout", "0.5"])
     path = "/v1/events/stream" if carrier == "sse" else "/v1/events/ws"
-    with httpx.Client(base_url=node.http, timeout=PATIENCE, headers=_auth(tokens.admin)) as c:
-        _queue(c)
+    with httpx.Client(base_url=node.http, timeout=PATIENCE, headers=auth(tokens.admin)) as c:
+        create_queue(c)
         stalled = _stalled_client(node, tokens.admin, path, upgrade=carrier == "ws")
         try:
             # admitted (its status line, peeked: nothing is taken from the socket) ...

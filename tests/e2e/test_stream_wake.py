@@ -27,10 +27,18 @@ import pytest
 
 from orbit.store import open_store
 from tests.e2e.servers import Node, Tokens
-from tests.e2e.test_event_socket import _has as _ws_has
-from tests.e2e.test_event_socket import socket
-from tests.e2e.test_event_stream import PATIENCE, _auth, _submit, stream
-from tests.e2e.test_event_stream import _has as _sse_has
+from tests.e2e.streams_common import (
+    PATIENCE,
+    admin_with_queue,
+    auth,
+    create_queue,
+    socket,
+    sse_has,
+    stream,
+    submit_task,
+    two_nodes,
+    ws_has,
+)
 
 #: streams that read only when woken, within any test's patience
 SLOW = ["--stream-poll", "60", "--stream-keepalive", "60"]
@@ -43,10 +51,7 @@ def slow(nodes: Callable[..., Node]) -> Node:
 
 @pytest.fixture
 def api(slow: Node, tokens: Tokens) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=slow.http, timeout=PATIENCE, headers=_auth(tokens.admin)) as c:
-        c.post(
-            "/v1/queues", json={"name": "q", "max_concurrency": 5, "rate": 100}
-        ).raise_for_status()
+    with admin_with_queue(slow, tokens) as c:
         yield c
 
 
@@ -60,9 +65,9 @@ def test_a_commit_wakes_open_sse_and_websocket_streams(
         # the first page, read as the streams opened
         assert sse.next().event == "queue.created"
         assert ws.next()["event"]["kind"] == "queue.created"
-        task_id = _submit(api)
-        sse.events_until(_sse_has("submitted", task_id))
-        ws.events_until(_ws_has("submitted", task_id))
+        task_id = submit_task(api)
+        sse.events_until(sse_has("submitted", task_id))
+        ws.events_until(ws_has("submitted", task_id))
         with (
             stream(slow, tokens.submit, f"/v1/tasks/{task_id}/events/stream") as task_sse,
             socket(slow, tokens.submit, f"/v1/tasks/{task_id}/events/ws") as task_ws,
@@ -70,8 +75,8 @@ def test_a_commit_wakes_open_sse_and_websocket_streams(
             assert task_sse.next().event == "submitted"
             assert task_ws.next()["event"]["kind"] == "submitted"
             api.post(f"/v1/tasks/{task_id}/cancel").raise_for_status()
-            sse.events_until(_sse_has("cancelled", task_id))
-            ws.events_until(_ws_has("cancelled", task_id))
+            sse.events_until(sse_has("cancelled", task_id))
+            ws.events_until(ws_has("cancelled", task_id))
             assert [task_sse.next().event, task_sse.next().event] == ["cancelled", "stream.end"]
             assert [task_ws.next()["type"], task_ws.next()["type"]] == ["event", "stream.end"]
 
@@ -79,27 +84,23 @@ def test_a_commit_wakes_open_sse_and_websocket_streams(
 def test_a_commit_on_one_node_wakes_streams_on_another(
     db_url: str, nodes: Callable[..., Node], tokens: Tokens
 ) -> None:
-    if db_url.startswith("sqlite"):
-        pytest.skip("one server per SQLite file")
-    node_a, node_b = nodes(node_id="a", args=SLOW), nodes(node_id="b", args=SLOW)
+    node_a, node_b = two_nodes(db_url, nodes, SLOW)
     with (
-        httpx.Client(base_url=node_a.http, timeout=PATIENCE, headers=_auth(tokens.admin)) as a,
+        httpx.Client(base_url=node_a.http, timeout=PATIENCE, headers=auth(tokens.admin)) as a,
         stream(node_b, tokens.admin, "/v1/events/stream") as sse,
         socket(node_b, tokens.admin, "/v1/events/ws") as ws,
     ):
         # a queue created sends no notice of its own: node A's orbit_events wakes B
-        a.post(
-            "/v1/queues", json={"name": "q", "max_concurrency": 5, "rate": 100}
-        ).raise_for_status()
+        create_queue(a)
         assert sse.next().event == "queue.created"
         assert ws.next()["event"]["kind"] == "queue.created"
         # a submit's commit sends orbit_ready, which wakes B's streams as well
-        task_id = _submit(a)
-        sse.events_until(_sse_has("submitted", task_id))
-        ws.events_until(_ws_has("submitted", task_id))
+        task_id = submit_task(a)
+        sse.events_until(sse_has("submitted", task_id))
+        ws.events_until(ws_has("submitted", task_id))
         a.post(f"/v1/tasks/{task_id}/cancel").raise_for_status()
-        sse.events_until(_sse_has("cancelled", task_id))
-        ws.events_until(_ws_has("cancelled", task_id))
+        sse.events_until(sse_has("cancelled", task_id))
+        ws.events_until(ws_has("cancelled", task_id))
 
 
 def test_an_event_held_behind_a_running_transaction_comes_when_it_ends(
@@ -115,13 +116,13 @@ def test_an_event_held_behind_a_running_transaction_comes_when_it_ends(
         assert ws.next()["event"]["kind"] == "queue.created"
         with psycopg.connect(db_url) as holder:
             holder.execute("SELECT pg_current_xact_id()")  # an older running transaction
-            task_id = _submit(api)
+            task_id = submit_task(api)
             # the submit committed, and its wake came, but its event is held back
             listed = api.get("/v1/events").json()["items"]
             assert [e["kind"] for e in listed] == ["queue.created"]
         # the holder ended (rolled back: no commit of events, so no wake)
-        sse.events_until(_sse_has("submitted", task_id))
-        ws.events_until(_ws_has("submitted", task_id))
+        sse.events_until(sse_has("submitted", task_id))
+        ws.events_until(ws_has("submitted", task_id))
 
 
 def test_an_event_committed_with_no_wake_comes_by_the_poll(
@@ -154,7 +155,7 @@ def test_an_event_held_back_as_a_stream_opens_comes_when_the_holder_ends(
         pytest.skip("SQLite runs one writer at a time: nothing is held back")
     with psycopg.connect(db_url) as holder:
         holder.execute("SELECT pg_current_xact_id()")  # an older running transaction
-        task_id = _submit(api)  # committed, its wake gone before any stream opened
+        task_id = submit_task(api)  # committed, its wake gone before any stream opened
         with (
             stream(slow, tokens.admin, "/v1/events/stream") as sse,
             socket(slow, tokens.admin, "/v1/events/ws") as ws,
@@ -162,5 +163,5 @@ def test_an_event_held_back_as_a_stream_opens_comes_when_the_holder_ends(
             assert sse.next().event == "queue.created"
             assert ws.next()["event"]["kind"] == "queue.created"
             holder.rollback()  # the holder ends: no commit of events, so no wake
-            sse.events_until(_sse_has("submitted", task_id))
-            ws.events_until(_ws_has("submitted", task_id))
+            sse.events_until(sse_has("submitted", task_id))
+            ws.events_until(ws_has("submitted", task_id))

@@ -7,9 +7,7 @@ the CA, and both HTTP and WebSocket clients that do not trust it are refused.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ssl
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -18,17 +16,7 @@ import trustme
 
 from orbit.client import AsyncClient, Client, Unreachable
 from orbit.worker import WorkerConnection
-from tests.e2e.servers import Node, Tokens, make_tokens, start_server
-from tests.pg import as_url, temporary_database
-
-
-@contextlib.contextmanager
-def database(backend: str, tmp_path: Path) -> Iterator[str]:
-    if backend == "sqlite":
-        yield f"sqlite:///{tmp_path}/orbit.db"
-    else:
-        with temporary_database("orbit_tls") as dsn:
-            yield as_url(dsn)
+from tests.e2e.servers import Node, Tokens, database, make_tokens, start_server
 
 
 def write_pki(tmp_path: Path) -> tuple[Path, Path, Path]:
@@ -164,7 +152,7 @@ def orbit_clients_over_tls(node: Node, tokens: Tokens, ca: Path) -> None:
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_task_life_over_verified_tls(backend: str, tmp_path: Path) -> None:
     cert, key, ca = write_pki(tmp_path)
-    with database(backend, tmp_path) as url:
+    with database(backend, tmp_path, "orbit_tls") as url:
         tokens = make_tokens(url)
         node = start_server(url, tmp_path, node_id=f"tls-{backend}", tls=(cert, key, ca))
         try:

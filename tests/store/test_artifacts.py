@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from orbit.core.errors import Code, OrbitError, Rejected
-from orbit.core.model import Outcome
+from orbit.core.model import Artifact, Grant, Outcome, Session
 from orbit.store import Store, open_store
 from orbit.store import store as store_module
 from tests.conftest import ManualClock, store_url
@@ -25,54 +27,72 @@ from tests.store.helpers import (
 from tests.store.test_list_pages import _plan
 
 
-def _upload(store: Store, s: object, g: object, name: str, chunks: list[bytes]) -> object:
-    sid, epoch = s.id, s.epoch  # type: ignore[attr-defined]
-    a = g.attempt  # type: ignore[attr-defined]
-    artifact_id = store.artifact_begin(
-        sid, epoch, a.id, a.fence, name=name, content_type="image/png"
-    )
-    for seq, chunk in enumerate(chunks):
-        store.artifact_write(artifact_id, seq, chunk)
-    data = b"".join(chunks)
-    return store.artifact_commit(
-        sid,
-        epoch,
-        a.id,
-        a.fence,
-        artifact_id,
-        size=len(data),
-        sha256=hashlib.sha256(data).hexdigest(),
-    )
+@dataclass
+class Running:
+    """A task whose attempt runs: every upload is made under its session and attempt
+    (on ``node``, another store on the same database, where one is given)."""
+
+    store: Store
+    task_id: str
+    session: Session
+    grant: Grant
+
+    def begin(
+        self, name: str, content_type: str = "a/b", node: Store | None = None, **options: Any
+    ) -> str:
+        s, a = self.session, self.grant.attempt
+        return (node or self.store).artifact_begin(
+            s.id, s.epoch, a.id, a.fence, name=name, content_type=content_type, **options
+        )
+
+    def commit(self, upload: str, data: bytes, node: Store | None = None) -> Artifact:
+        """Commit ``upload`` as holding ``data``: its size and digest."""
+        s, a = self.session, self.grant.attempt
+        digest = hashlib.sha256(data).hexdigest()
+        return (node or self.store).artifact_commit(
+            s.id, s.epoch, a.id, a.fence, upload, size=len(data), sha256=digest
+        )
+
+    def upload(self, name: str, chunks: list[bytes]) -> Artifact:
+        """A whole upload, begun, written a chunk at a time and committed."""
+        upload = self.begin(name, "image/png")
+        for seq, chunk in enumerate(chunks):
+            self.store.artifact_write(upload, seq, chunk)
+        return self.commit(upload, b"".join(chunks))
+
+    def finish(self) -> None:
+        s, a = self.session, self.grant.attempt
+        self.store.attempt_finish(s.id, s.epoch, a.id, a.fence, Outcome.success())
 
 
-def test_upload_list_and_read_back(store: Store) -> None:
+def _running(store: Store) -> Running:
     queue(store)
     tid = submit(store)
     s, _ = worker(store)
-    g = run_one(store, s)
+    return Running(store, tid, s, run_one(store, s))
+
+
+def test_upload_list_and_read_back(store: Store) -> None:
+    run = _running(store)
+    tid = run.task_id
     chunks = [bytes([i]) * 1000 for i in range(3)]
-    artifact = _upload(store, s, g, "shot.png", chunks)
-    assert artifact.size == 3000 and artifact.state == "ready"  # type: ignore[attr-defined]
+    artifact = run.upload("shot.png", chunks)
+    assert artifact.size == 3000 and artifact.state == "ready"
     [listed] = store.artifact_list(tid)
     assert listed.name == "shot.png" and listed.content_type == "image/png"
     assert b"".join(store.artifact_chunks(listed.id)) == b"".join(chunks)
     assert [e["kind"] for e in store.event_list(task_id=tid)][-1] == "artifact"
     with pytest.raises(OrbitError) as err:
-        _upload(store, s, g, "shot.png", [b"x"])
+        run.upload("shot.png", [b"x"])
     assert err.value.code == Code.ARTIFACT_EXISTS
     assert check_all(store) == []
 
 
 def test_an_upload_is_invisible_until_committed_and_abort_drops_it(store: Store) -> None:
-    queue(store)
-    tid = submit(store)
-    s, _ = worker(store)
-    g = run_one(store, s)
-    artifact_id = store.artifact_begin(
-        s.id, s.epoch, g.attempt.id, g.attempt.fence, name="half", content_type="application/zip"
-    )
+    run = _running(store)
+    artifact_id = run.begin("half", "application/zip")
     store.artifact_write(artifact_id, 0, b"part")
-    assert store.artifact_list(tid) == []
+    assert store.artifact_list(run.task_id) == []
     with pytest.raises(OrbitError):
         store.artifact_get(artifact_id)
     store.artifact_abort(artifact_id)
@@ -85,10 +105,8 @@ def test_an_upload_is_invisible_until_committed_and_abort_drops_it(store: Store)
 def test_stale_uploads_are_refused_with_evidence(
     store: Store, clock: ManualClock, case: str
 ) -> None:
-    queue(store)
-    tid = submit(store)
-    s, _ = worker(store)
-    g = run_one(store, s)
+    run = _running(store)
+    tid, s, g = run.task_id, run.session, run.grant
     fence = g.attempt.fence
     if case == "fence":
         fence += 1
@@ -112,59 +130,33 @@ def test_stale_uploads_are_refused_with_evidence(
 
 
 def test_a_commit_after_the_lease_is_lost_is_refused(store: Store, clock: ManualClock) -> None:
-    queue(store)
-    tid = submit(store)
-    s, _ = worker(store)
-    g = run_one(store, s)
-    artifact_id = store.artifact_begin(
-        s.id, s.epoch, g.attempt.id, g.attempt.fence, name="slow", content_type="image/png"
-    )
+    run = _running(store)
+    artifact_id = run.begin("slow", "image/png")
     store.artifact_write(artifact_id, 0, b"x")
     clock.advance(31)
     with pytest.raises(Rejected) as err:
-        store.artifact_commit(
-            s.id,
-            s.epoch,
-            g.attempt.id,
-            g.attempt.fence,
-            artifact_id,
-            size=1,
-            sha256=hashlib.sha256(b"x").hexdigest(),
-        )
+        run.commit(artifact_id, b"x")
     assert err.value.code == Code.LEASE_EXPIRED
-    assert store.artifact_list(tid) == []
+    assert store.artifact_list(run.task_id) == []
+
+
+def _expiring_in_ten_seconds(run: Running) -> str:
+    """An artifact committed with a TTL of 10 s, its attempt ended since."""
+    artifact_id = run.begin("tmp", "text/plain", ttl_us=10_000_000)
+    run.store.artifact_write(artifact_id, 0, b"bye")
+    run.commit(artifact_id, b"bye")
+    run.finish()
+    return artifact_id
 
 
 def test_the_reaper_expires_artifacts(store: Store, clock: ManualClock) -> None:
-    queue(store)
-    tid = submit(store)
-    s, _ = worker(store)
-    g = run_one(store, s)
-    artifact_id = store.artifact_begin(
-        s.id,
-        s.epoch,
-        g.attempt.id,
-        g.attempt.fence,
-        name="tmp",
-        content_type="text/plain",
-        ttl_us=10_000_000,
-    )
-    store.artifact_write(artifact_id, 0, b"bye")
-    store.artifact_commit(
-        s.id,
-        s.epoch,
-        g.attempt.id,
-        g.attempt.fence,
-        artifact_id,
-        size=3,
-        sha256=hashlib.sha256(b"bye").hexdigest(),
-    )
-    store.attempt_finish(s.id, s.epoch, g.attempt.id, g.attempt.fence, Outcome.success())
+    run = _running(store)
+    artifact_id = _expiring_in_ten_seconds(run)
     clock.advance(9)
     assert store.reap().artifacts_expired == 0
     clock.advance(2)
     assert store.reap().artifacts_expired == 1
-    assert store.artifact_list(tid) == []
+    assert store.artifact_list(run.task_id) == []
     assert list(store.artifact_chunks(artifact_id)) == []
 
 
@@ -178,14 +170,11 @@ def test_the_reaper_expires_artifacts(store: Store, clock: ManualClock) -> None:
     ],
 )
 def test_bad_upload_options(store: Store, kw: dict[str, object], code: Code) -> None:
-    queue(store)
-    submit(store)
-    s, _ = worker(store)
-    g = run_one(store, s)
+    run = _running(store)
     args: dict[str, object] = {"name": "ok", "content_type": "image/png", **kw}
     before = len(store.event_list())
     with pytest.raises(OrbitError) as err:
-        store.artifact_begin(s.id, s.epoch, g.attempt.id, g.attempt.fence, **args)  # type: ignore[arg-type]
+        run.begin(**args)  # type: ignore[arg-type]
     assert err.value.code == code
     assert len(store.event_list()) == before
 
@@ -194,18 +183,15 @@ def test_a_cancel_refuses_new_artifacts_and_hides_the_attempts_own(store: Store)
     """Cancel wins over artifacts as over results (DESIGN §5.1): once cancel is asked,
     no artifact is begun or committed (evidence left), and one committed before is no
     longer listed or read once the attempt ends cancelled."""
-    queue(store)
-    tid = submit(store)
-    s, _ = worker(store)
-    g = run_one(store, s)
-    a = g.attempt
-    before = _upload(store, s, g, "early.png", [b"early"])
-    pending = store.artifact_begin(s.id, s.epoch, a.id, a.fence, name="half", content_type="a/b")
+    run = _running(store)
+    tid, s, a = run.task_id, run.session, run.grant.attempt
+    before = run.upload("early.png", [b"early"])
+    pending = run.begin("half")
     store.artifact_write(pending, 0, b"x")
     store.task_cancel(tid)
     assert store.task_get(tid).state == "cancelling"
     with pytest.raises(Rejected) as err:
-        store.artifact_begin(s.id, s.epoch, a.id, a.fence, name="late", content_type="a/b")
+        run.begin("late")
     assert err.value.code == Code.TASK_CANCELLED
     with pytest.raises(Rejected) as err:
         store.artifact_commit(s.id, s.epoch, a.id, a.fence, pending, size=1, sha256="0" * 64)
@@ -216,7 +202,7 @@ def test_a_cancel_refuses_new_artifacts_and_hides_the_attempts_own(store: Store)
     assert store.task_get(tid).state == "cancelled"
     assert store.artifact_list(tid) == []
     with pytest.raises(OrbitError) as err:
-        store.artifact_get(before.id)  # type: ignore[attr-defined]
+        store.artifact_get(before.id)
     assert err.value.code == Code.ARTIFACT_NOT_FOUND
     assert check_all(store) == []
 
@@ -229,23 +215,19 @@ def test_an_upload_cut_off_half_way_neither_blocks_its_name_nor_stays_stored(
     replaces the dead upload (it used to be refused ``ARTIFACT_EXISTS`` for the rest of
     the attempt), and once the attempt has ended the reaper drops any upload it left
     unfinished (it used to keep the chunks until the TTL, 7 days by default)."""
-    queue(store)
-    tid = submit(store)
-    s, _ = worker(store)
-    g = run_one(store, s)
-    a = g.attempt
-    cut = store.artifact_begin(s.id, s.epoch, a.id, a.fence, name="shot.png", content_type="a/b")
+    run = _running(store)
+    cut = run.begin("shot.png")
     store.artifact_write(cut, 0, b"half of it")
-    done = _upload(store, s, g, "shot.png", [b"all of it"])  # the retry, no abort before
+    done = run.upload("shot.png", [b"all of it"])  # the retry, no abort before
     assert list(store.artifact_chunks(cut)) == []
-    assert [x.id for x in store.artifact_list(tid)] == [done.id]  # type: ignore[attr-defined]
-    left = store.artifact_begin(s.id, s.epoch, a.id, a.fence, name="left", content_type="a/b")
+    assert [x.id for x in store.artifact_list(run.task_id)] == [done.id]
+    left = run.begin("left")
     store.artifact_write(left, 0, b"never finished")
     assert store.reap().uploads_dropped == 0  # its attempt still runs: it may go on
-    store.attempt_finish(s.id, s.epoch, a.id, a.fence, Outcome.success())
+    run.finish()
     assert store.reap().uploads_dropped == 1
     assert list(store.artifact_chunks(left)) == []
-    assert b"".join(store.artifact_chunks(done.id)) == b"all of it"  # type: ignore[attr-defined]
+    assert b"".join(store.artifact_chunks(done.id)) == b"all of it"
     assert check_all(store) == []
 
 
@@ -254,26 +236,64 @@ def test_an_expired_artifact_is_not_served_before_the_reaper_deletes_it(
 ) -> None:
     """Past its ``expires_at`` an artifact is gone, whether or not a reaper pass has
     run yet: a listing or a download between the two used to still serve it."""
-    queue(store)
-    tid = submit(store)
-    s, _ = worker(store)
-    g = run_one(store, s)
-    a = g.attempt
-    artifact_id = store.artifact_begin(
-        s.id, s.epoch, a.id, a.fence, name="tmp", content_type="text/plain", ttl_us=10_000_000
-    )
-    store.artifact_write(artifact_id, 0, b"bye")
-    store.artifact_commit(
-        s.id, s.epoch, a.id, a.fence, artifact_id, size=3, sha256=hashlib.sha256(b"bye").hexdigest()
-    )
-    store.attempt_finish(s.id, s.epoch, a.id, a.fence, Outcome.success())
+    run = _running(store)
+    artifact_id = _expiring_in_ten_seconds(run)
     clock.advance(9)
-    assert [x.id for x in store.artifact_list(tid)] == [artifact_id]
+    assert [x.id for x in store.artifact_list(run.task_id)] == [artifact_id]
     clock.advance(1)
-    assert store.artifact_list(tid) == []
+    assert store.artifact_list(run.task_id) == []
     with pytest.raises(OrbitError) as err:
         store.artifact_get(artifact_id)
     assert err.value.code == Code.ARTIFACT_NOT_FOUND
+
+
+def _second_meets_the_first(
+    store: Store,
+    backend: str,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    pause_after: str,
+    first: Callable[[Store], object],
+    second: Callable[[], object],
+    waits: str,
+    while_waiting: Callable[[], None] = lambda: None,
+) -> None:
+    """Two nodes at once: ``first`` runs on another node (a store of its own on the same
+    database) and holds its transaction open once its ``pause_after`` query has run;
+    ``second`` then runs on ``store``. On PostgreSQL the second must wait for the first's
+    transaction (``waits`` names what failed to wait), and ``while_waiting`` checks what
+    holds meanwhile; then the first goes on, and both end."""
+    other = open_store(store_url(store), migrate=False, clock=clock)  # another node
+    paused, go_on = threading.Event(), threading.Event()
+    execute = store_module._Tx.execute
+
+    def pausing(self: Any, query: str, /, **params: Any) -> int:
+        count = execute(self, query, **params)
+        if self._store is other and query == pause_after:
+            paused.set()  # written, not yet committed
+            assert go_on.wait(RACE_WAIT)
+        return count
+
+    monkeypatch.setattr(store_module._Tx, "execute", pausing)
+    try:
+        ahead = threading.Thread(target=first, args=(other,))
+        ahead.start()
+        assert paused.wait(RACE_WAIT)
+        behind = threading.Thread(target=second)
+        behind.start()
+        if backend == "postgres":
+            until_done_or_waiting_on_a_lock(behind, store_url(store))
+            assert behind.is_alive(), waits
+            while_waiting()
+        go_on.set()
+        ahead.join(RACE_WAIT)
+        behind.join(RACE_WAIT)
+        assert not ahead.is_alive() and not behind.is_alive()
+    finally:
+        go_on.set()
+        monkeypatch.undo()
+        other.close()
 
 
 def test_a_chunk_written_while_its_upload_is_replaced_is_refused_invalid_state(
@@ -285,31 +305,13 @@ def test_a_chunk_written_while_its_upload_is_replaced_is_refused_invalid_state(
     ``INVALID_STATE`` (409). On PostgreSQL the chunk's insert saw the old row (the delete
     was not committed yet), then waited on its foreign key for the delete, which failed
     it with ForeignKeyViolation: a 500 from the upload route."""
-    queue(store)
-    tid = submit(store)
-    s, _ = worker(store)
-    g = run_one(store, s)
-    a = g.attempt
-    old = store.artifact_begin(s.id, s.epoch, a.id, a.fence, name="shot.png", content_type="a/b")
+    run = _running(store)
+    old = run.begin("shot.png")
     store.artifact_write(old, 0, b"first chunk")
-    other = open_store(store_url(store), migrate=False, clock=clock)  # another node
-    deleted, go_on = threading.Event(), threading.Event()
-    execute = store_module._Tx.execute
-
-    def pausing(self: Any, query: str, /, **params: Any) -> int:
-        count = execute(self, query, **params)
-        if self._store is other and query == "artifact_uploading_delete":
-            deleted.set()  # the old upload is deleted, not yet committed
-            assert go_on.wait(RACE_WAIT)
-        return count
-
-    monkeypatch.setattr(store_module._Tx, "execute", pausing)
     out: dict[str, Any] = {}
 
-    def replace() -> None:
-        out["new"] = other.artifact_begin(
-            s.id, s.epoch, a.id, a.fence, name="shot.png", content_type="a/b"
-        )
+    def replace(node: Store) -> None:
+        out["new"] = run.begin("shot.png", node=node)
 
     def write() -> None:
         try:
@@ -317,33 +319,24 @@ def test_a_chunk_written_while_its_upload_is_replaced_is_refused_invalid_state(
         except Exception as exc:  # the test looks at what it was
             out["error"] = exc
 
-    try:
-        replacing = threading.Thread(target=replace)
-        replacing.start()
-        assert deleted.wait(RACE_WAIT)
-        writing = threading.Thread(target=write)
-        writing.start()
-        if backend == "postgres":  # the chunk waits for the replacing transaction
-            until_done_or_waiting_on_a_lock(writing, store_url(store))
-            assert writing.is_alive(), "the chunk did not meet the replacing transaction"
-        go_on.set()
-        replacing.join(RACE_WAIT)
-        writing.join(RACE_WAIT)
-        assert not replacing.is_alive() and not writing.is_alive()
-    finally:
-        go_on.set()
-        monkeypatch.undo()
-        other.close()
+    _second_meets_the_first(  # the chunk waits for the replacing transaction
+        store,
+        backend,
+        clock,
+        monkeypatch,
+        pause_after="artifact_uploading_delete",  # the old upload deleted, not committed
+        first=replace,
+        second=write,
+        waits="the chunk did not meet the replacing transaction",
+    )
     error = out.get("error")
     assert isinstance(error, OrbitError), repr(error)
     assert error.code == Code.INVALID_STATE and error.status == 409
     assert list(store.artifact_chunks(old)) == []
     new = out["new"]
     store.artifact_write(new, 0, b"all of it")
-    store.artifact_commit(
-        s.id, s.epoch, a.id, a.fence, new, size=9, sha256=hashlib.sha256(b"all of it").hexdigest()
-    )
-    assert [x.id for x in store.artifact_list(tid)] == [new]
+    run.commit(new, b"all of it")
+    assert [x.id for x in store.artifact_list(run.task_id)] == [new]
     assert check_all(store) == []
 
 
@@ -351,13 +344,11 @@ def test_artifacts_are_listed_a_page_at_a_time(store: Store, clock: ManualClock)
     """A task's artifacts come in keyset pages, as its events and the task list do: up to
     ``limit`` (1-1000, 100 by default) after ``after_id``, in id (= creation) order. The
     list had no limit at all: a task with thousands of artifacts came back whole."""
-    queue(store)
-    tid = submit(store)
-    s, _ = worker(store)
-    g = run_one(store, s)
+    run = _running(store)
+    tid = run.task_id
     made = []
     for i in range(5):
-        made.append(_upload(store, s, g, f"part-{i}", [b"x"]).id)  # type: ignore[attr-defined]
+        made.append(run.upload(f"part-{i}", [b"x"]).id)
         clock.advance(0.001)  # ids are time-ordered to the millisecond
     assert made == sorted(made)
     assert [x.id for x in store.artifact_list(tid)] == made
@@ -398,20 +389,16 @@ def test_an_upload_committed_late_comes_after_the_cursor_of_a_page_read_before(
     committed since. The list was in id order, and an id is made when an upload begins:
     an upload begun before an artifact the reader had already read, and committed after
     its page, sorted before its cursor and was never seen by that reader."""
-    queue(store)
-    tid = submit(store)
-    s, _ = worker(store)
-    g = run_one(store, s)
-    a = g.attempt
-    slow = store.artifact_begin(s.id, s.epoch, a.id, a.fence, name="slow", content_type="a/b")
+    run = _running(store)
+    tid = run.task_id
+    slow = run.begin("slow")
     store.artifact_write(slow, 0, b"a long upload")
     clock.advance(0.001)
-    quick = _upload(store, s, g, "quick", [b"done at once"]).id  # type: ignore[attr-defined]
+    quick = run.upload("quick", [b"done at once"]).id
     assert slow < quick  # begun first: the id order put it first
     [read] = store.artifact_list(tid)
     assert read.id == quick and read.ready_seq is not None
-    digest = hashlib.sha256(b"a long upload").hexdigest()
-    store.artifact_commit(s.id, s.epoch, a.id, a.fence, slow, size=13, sha256=digest)
+    run.commit(slow, b"a long upload")
     again = store.artifact_list(tid, after_seq=read.ready_seq)
     assert [x.id for x in again] == [slow]
     assert [x.id for x in store.artifact_list(tid)] == [quick, slow]
@@ -426,62 +413,29 @@ def test_a_tasks_commits_take_turns_so_their_places_follow_their_commits(
     holds its task's row lock, so the other commit waits for it (on PostgreSQL for the
     lock, on SQLite for the one writer) and draws after: a reader never gets a cursor
     that an artifact committed later could sort before."""
-    queue(store)
-    tid = submit(store)
-    s, _ = worker(store)
-    g = run_one(store, s)
-    a = g.attempt
+    run = _running(store)
+    tid = run.task_id
     began = {}
     for name in ("first-begun", "last-begun"):
-        began[name] = store.artifact_begin(
-            s.id, s.epoch, a.id, a.fence, name=name, content_type="a/b"
-        )
+        began[name] = run.begin(name)
         store.artifact_write(began[name], 0, name.encode())
         clock.advance(0.001)
-    other = open_store(store_url(store), migrate=False, clock=clock)  # another node
-    drawn, go_on = threading.Event(), threading.Event()
-    execute = store_module._Tx.execute
 
-    def pausing(self: Any, query: str, /, **params: Any) -> int:
-        count = execute(self, query, **params)
-        if self._store is other and query == "artifact_ready":
-            drawn.set()  # its place drawn and written, not yet committed
-            assert go_on.wait(RACE_WAIT)
-        return count
+    def neither_committed_yet() -> None:
+        assert store.artifact_list(tid) == []  # (on SQLite a listing is a transaction
+        # of its own, which waits for the one writer)
 
-    monkeypatch.setattr(store_module._Tx, "execute", pausing)
-
-    def commit(node: Store, name: str) -> None:
-        data = name.encode()
-        node.artifact_commit(
-            s.id,
-            s.epoch,
-            a.id,
-            a.fence,
-            began[name],
-            size=len(data),
-            sha256=hashlib.sha256(data).hexdigest(),
-        )
-
-    try:
-        late = threading.Thread(target=commit, args=(other, "last-begun"))
-        late.start()
-        assert drawn.wait(RACE_WAIT)
-        early = threading.Thread(target=commit, args=(store, "first-begun"))
-        early.start()
-        if backend == "postgres":  # the second commit waits for the first's task lock
-            until_done_or_waiting_on_a_lock(early, store_url(store))
-            assert early.is_alive(), "the second commit did not wait for the first"
-            assert store.artifact_list(tid) == []  # neither committed yet (on SQLite a
-            # listing is a transaction of its own, which waits for the one writer)
-        go_on.set()
-        late.join(RACE_WAIT)
-        early.join(RACE_WAIT)
-        assert not late.is_alive() and not early.is_alive()
-    finally:
-        go_on.set()
-        monkeypatch.undo()
-        other.close()
+    _second_meets_the_first(  # the second commit waits for the first's task lock
+        store,
+        backend,
+        clock,
+        monkeypatch,
+        pause_after="artifact_ready",  # its place drawn and written, not yet committed
+        first=lambda node: run.commit(began["last-begun"], b"last-begun", node),
+        second=lambda: run.commit(began["first-begun"], b"first-begun"),
+        waits="the second commit did not wait for the first",
+        while_waiting=neither_committed_yet,
+    )
     [first] = store.artifact_list(tid, limit=1)
     assert first.id == began["last-begun"]  # committed first, though begun last
     assert [x.id for x in store.artifact_list(tid, after_seq=first.ready_seq or 0)] == [
@@ -498,15 +452,12 @@ def test_a_commit_draws_its_place_without_reading_the_artifacts(store: Store, ba
     hand: the next place is still after every place given."""
     if backend == "sqlite":  # (PostgreSQL draws from a sequence)
         assert "orbit_artifacts" not in _plan(store, "artifact_ready_seq", {})
-    queue(store)
-    tid = submit(store)
-    s, _ = worker(store)
-    a = run_one(store, s).attempt
-    digest = hashlib.sha256(b"x").hexdigest()
+    run = _running(store)
+    tid = run.task_id
     for name in ("before", "after"):
-        upload = store.artifact_begin(s.id, s.epoch, a.id, a.fence, name=name, content_type="a/b")
+        upload = run.begin(name)
         store.artifact_write(upload, 0, b"x")
-        store.artifact_commit(s.id, s.epoch, a.id, a.fence, upload, size=1, sha256=digest)
+        run.commit(upload, b"x")
         if backend == "sqlite" and name == "before":
             store.driver.queries["test_forget"] = (
                 "DELETE FROM orbit_settings WHERE name = 'artifact_ready_seq'"
@@ -522,17 +473,14 @@ def test_a_commit_draws_its_place_without_reading_the_artifacts(store: Store, ba
 def test_a_commit_that_fails_half_way_leaves_the_upload_unlisted(store: Store, query: str) -> None:
     """A commit's place, its ``ready`` and its event are one transaction: one that fails
     at any of them lists nothing, and the same commit then goes through."""
-    queue(store)
-    tid = submit(store)
-    s, _ = worker(store)
-    a = run_one(store, s).attempt
-    upload = store.artifact_begin(s.id, s.epoch, a.id, a.fence, name="x", content_type="a/b")
+    run = _running(store)
+    tid = run.task_id
+    upload = run.begin("x")
     store.artifact_write(upload, 0, b"x")
-    digest = hashlib.sha256(b"x").hexdigest()
     events = len(store.event_list(task_id=tid))
     with store.inject_fault(query), pytest.raises(store_module.InjectedFault):
-        store.artifact_commit(s.id, s.epoch, a.id, a.fence, upload, size=1, sha256=digest)
+        run.commit(upload, b"x")
     assert store.artifact_list(tid) == [] and len(store.event_list(task_id=tid)) == events
-    store.artifact_commit(s.id, s.epoch, a.id, a.fence, upload, size=1, sha256=digest)
+    run.commit(upload, b"x")
     assert [x.id for x in store.artifact_list(tid)] == [upload]
     assert check_all(store) == []

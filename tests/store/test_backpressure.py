@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -323,15 +324,10 @@ def test_a_rate_limited_queue_answers_its_drain_time(store: Store) -> None:
     assert refused.value.retry_after == 2
 
 
-def test_two_nodes_never_pass_the_cap_together(make_store: Any, backend: str) -> None:
-    """One node's submit holds the last room, counted but not yet written; the other
-    node's submit waits for it, then counts it, and is refused."""
-    if backend != "postgres":
-        pytest.skip("SQLite has one writer: BEGIN IMMEDIATE serialises the submits")
-    a, b = make_store(), make_store()
-    _capped(a, 3)
-    submit(a)
-    submit(a)
+def _submits_from_two_nodes(a: Store, b: Store, submit_on: Callable[[Store], Any]) -> Any:
+    """``submit_on`` node ``a`` holds its transaction once it has counted its scope's
+    depth (the depth lock held); ``submit_on`` node ``b`` then runs, until it waits for
+    that lock; then ``a`` goes on. What each returned or raised, by node name."""
     counted, go_on = threading.Event(), threading.Event()
     check = store_module._check_depth
 
@@ -345,7 +341,7 @@ def test_two_nodes_never_pass_the_cap_together(make_store: Any, backend: str) ->
 
     def run(name: str, node: Store) -> None:
         try:
-            outcomes[name] = submit(node)
+            outcomes[name] = submit_on(node)
         except Exception as exc:
             outcomes[name] = exc
 
@@ -364,6 +360,19 @@ def test_two_nodes_never_pass_the_cap_together(make_store: Any, backend: str) ->
     finally:
         go_on.set()
         mp.undo()
+    return outcomes
+
+
+def test_two_nodes_never_pass_the_cap_together(make_store: Any, backend: str) -> None:
+    """One node's submit holds the last room, counted but not yet written; the other
+    node's submit waits for it, then counts it, and is refused."""
+    if backend != "postgres":
+        pytest.skip("SQLite has one writer: BEGIN IMMEDIATE serialises the submits")
+    a, b = make_store(), make_store()
+    _capped(a, 3)
+    submit(a)
+    submit(a)
+    outcomes = _submits_from_two_nodes(a, b, submit)
     assert isinstance(outcomes["a"], str)
     assert isinstance(outcomes["b"], Backpressure), outcomes["b"]
     assert a.task_counts() == {"queued": 3}
@@ -415,38 +424,9 @@ def test_a_concurrent_resubmit_of_the_last_task_is_answered_not_refused(
         pytest.skip("SQLite has one writer: BEGIN IMMEDIATE serialises the submits")
     a, b = make_store(), make_store()
     _capped(a, 1)
-    counted, go_on = threading.Event(), threading.Event()
-    check = store_module._check_depth
-
-    def held(tx: Any, *args: Any) -> None:
-        check(tx, *args)
-        if tx._store is a:
-            counted.set()
-            assert go_on.wait(RACE_WAIT)
-
-    outcomes: dict[str, Any] = {}
-
-    def run(name: str, node: Store) -> None:
-        try:
-            outcomes[name] = node.task_submit(_spec(idempotency_key="k", payload={"n": 1}))
-        except Exception as exc:
-            outcomes[name] = exc
-
-    mp = pytest.MonkeyPatch()
-    mp.setattr(store_module, "_check_depth", held)
-    try:
-        first = threading.Thread(target=run, args=("a", a))
-        first.start()
-        assert counted.wait(RACE_WAIT)
-        second = threading.Thread(target=run, args=("b", b))
-        second.start()
-        until_done_or_waiting_on_a_lock(second, store_url(a))
-        go_on.set()
-        first.join(RACE_WAIT)
-        second.join(RACE_WAIT)
-    finally:
-        go_on.set()
-        mp.undo()
+    outcomes = _submits_from_two_nodes(
+        a, b, lambda node: node.task_submit(_spec(idempotency_key="k", payload={"n": 1}))
+    )
     assert outcomes["a"].created, outcomes["a"]
     assert not isinstance(outcomes["b"], Exception), outcomes["b"]
     assert not outcomes["b"].created and outcomes["b"].task.id == outcomes["a"].task.id

@@ -10,6 +10,7 @@ import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from websockets.exceptions import InvalidStatus
 from orbit.tokens import TokenError
 from orbit.worker.connection import WorkerConnection
 from orbit.worker.runner import Context, Worker
-from tests.unit.fake_gateway import FakeGateway, Hook, assignment
+from tests.unit.fake_gateway import FakeGateway, assignment
 
 
 async def _swallow_heartbeats(gw: FakeGateway, ws: ServerConnection, msg: dict[str, Any]) -> bool:
@@ -171,8 +172,7 @@ def test_a_heartbeat_cut_by_a_closed_socket_does_not_end_the_heartbeat_loop(
 
     async def main() -> None:
         async with FakeGateway(heartbeat_interval=0.05) as gw:
-            worker = Worker(gw.url, "token")
-            worker.handler("h")(_never_called)
+            worker = _idle_worker(gw.url, "token")
             async with running(worker):
                 await gw.count(_is("heartbeat"), 2)
             assert cut
@@ -233,11 +233,10 @@ def test_an_attempt_that_fails_in_the_runner_is_logged(caplog: pytest.LogCapture
 
     async def main() -> None:
         async with FakeGateway(on_request=no_lease) as gw:
-            worker = Worker(gw.url, "token")
-            worker.handler("h")(_never_called)
+            worker = _idle_worker(gw.url, "token")
             async with running(worker):
                 await gw.wait_for(_is("hello"))
-                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+                await _push_a1(gw)
                 await gw.wait_for(_is("start"))
                 attempt = worker.running["a1"].task
                 assert attempt is not None
@@ -254,6 +253,18 @@ async def _ran(ctx: Context, payload: Any) -> Any:
 
 async def _never_called(ctx: Context, payload: Any) -> Any:
     raise AssertionError("this handler must not run")
+
+
+def _idle_worker(url: str, token: str | None = None, **options: Any) -> Worker:
+    """A ``Worker`` whose handler ``h`` must not run: for tests of its connection alone."""
+    worker = Worker(url, token, **options)
+    worker.handler("h")(_never_called)
+    return worker
+
+
+async def _push_a1(gw: FakeGateway) -> None:
+    """Push attempt ``a1``, for handler ``h``."""
+    await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
 
 
 def test_a_request_that_times_out_closes_the_connection() -> None:
@@ -288,19 +299,6 @@ def test_a_start_without_a_reply_makes_the_runner_resume_on_a_new_connection() -
             assert len(gw.connections) == 2
 
     asyncio.run(main())
-
-
-def _held_starts(gw: FakeGateway) -> tuple[Hook, asyncio.Queue[tuple[ServerConnection, Any]]]:
-    """A hook that answers no ``start``: each goes on the queue, for the test to answer."""
-    held: asyncio.Queue[tuple[ServerConnection, Any]] = asyncio.Queue()
-
-    async def hold(gw: FakeGateway, ws: ServerConnection, msg: dict[str, Any]) -> bool:
-        if msg["type"] != "start":
-            return False
-        await held.put((ws, msg))
-        return True
-
-    return hold, held
 
 
 def _watch_cancels(worker: Worker) -> asyncio.Queue[str]:
@@ -339,58 +337,75 @@ def _waiting_handler(worker: Worker, kind: str, seen: dict[str, Any]) -> None:
             ctx.check()
 
 
+@dataclass
+class HeldStart:
+    """Attempt ``a1``'s ``start``, held unanswered by the gateway, its handler waiting
+    until cancelled (``_waiting_handler``): the test cancels the attempt meanwhile."""
+
+    gw: FakeGateway
+    worker: Worker
+    runner: asyncio.Task[int]
+    ws: ServerConnection
+    start: dict[str, Any]
+    reasons: asyncio.Queue[str]
+    seen: dict[str, Any] = field(default_factory=dict)
+
+    async def answer_once_cancelled(self, reason: str) -> None:
+        """Once the runner has cancelled the attempt for ``reason``, answer its start
+        and wait for its finish."""
+        assert await asyncio.wait_for(self.reasons.get(), 10) == reason
+        await self.ws.send(json.dumps(self.gw.answer(self.start)))
+        await self.gw.wait_for(_finished("a1"))
+
+
+@contextlib.asynccontextmanager
+async def _a_held_start(kind: str, **options: Any) -> AsyncIterator[HeldStart]:
+    """A ``Worker(..., **options)`` running, its handler ``h`` (``kind``) given attempt
+    ``a1``, whose ``start`` the gateway holds; stopped (drained) on the way out."""
+    held: asyncio.Queue[tuple[ServerConnection, dict[str, Any]]] = asyncio.Queue()
+
+    async def hold(gw: FakeGateway, ws: ServerConnection, msg: dict[str, Any]) -> bool:
+        if msg["type"] != "start":
+            return False
+        await held.put((ws, msg))
+        return True
+
+    async with FakeGateway(on_request=hold) as gw:
+        worker = Worker(gw.url, "token", **options)
+        seen: dict[str, Any] = {}
+        _waiting_handler(worker, kind, seen)
+        reasons = _watch_cancels(worker)
+        async with running(worker) as runner:
+            await gw.wait_for(_is("hello"))
+            await _push_a1(gw)
+            ws, start = await asyncio.wait_for(held.get(), 10)
+            yield HeldStart(gw, worker, runner, ws, start, reasons, seen)
+
+
 @pytest.mark.parametrize("kind", ["async", "sync"])
 def test_a_cancel_while_the_start_is_in_flight_reaches_the_handler(kind: str) -> None:
-    seen: dict[str, Any] = {}
-
     async def main() -> None:
-        gw = FakeGateway()
-        hook, held = _held_starts(gw)
-        gw.on_request = hook
-        async with gw:
-            worker = Worker(gw.url, "token")
-            _waiting_handler(worker, kind, seen)
-            reasons = _watch_cancels(worker)
-            async with running(worker):
-                await gw.wait_for(_is("hello"))
-                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
-                ws, start = await asyncio.wait_for(held.get(), 10)
-                # The task is cancelled once started: the push overtakes the reply.
-                await gw.push({"type": "cancel", "attempt_ids": ["a1"]})
-                assert await asyncio.wait_for(reasons.get(), 10) == "task cancelled"
-                await ws.send(json.dumps(gw.answer(start)))
-                await gw.wait_for(_finished("a1"))
-            assert seen["reason"] == "task cancelled"
-            error = gw.finished["a1"]["error"]
-            assert error["code"] == "CANCELLED" and error["retryable"] is False
+        async with _a_held_start(kind) as held:
+            # The task is cancelled once started: the push overtakes the reply.
+            await held.gw.push({"type": "cancel", "attempt_ids": ["a1"]})
+            await held.answer_once_cancelled("task cancelled")
+        assert held.seen["reason"] == "task cancelled"
+        error = held.gw.finished["a1"]["error"]
+        assert error["code"] == "CANCELLED" and error["retryable"] is False
 
     asyncio.run(main())
 
 
 @pytest.mark.parametrize("kind", ["async", "sync"])
 def test_a_drain_while_the_start_is_in_flight_reaches_the_handler(kind: str) -> None:
-    seen: dict[str, Any] = {}
-
     async def main() -> None:
-        gw = FakeGateway()
-        hook, held = _held_starts(gw)
-        gw.on_request = hook
-        async with gw:
-            worker = Worker(gw.url, "token", grace=0, cancel_grace=5)
-            _waiting_handler(worker, kind, seen)
-            reasons = _watch_cancels(worker)
-            async with running(worker) as runner:
-                await gw.wait_for(_is("hello"))
-                await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
-                ws, start = await asyncio.wait_for(held.get(), 10)
-                worker.stop()  # no grace: running attempts are cancelled at once
-                assert await asyncio.wait_for(reasons.get(), 10) == "worker stopping"
-                await ws.send(json.dumps(gw.answer(start)))
-                await gw.wait_for(_finished("a1"))
-                assert await asyncio.wait_for(runner, 10) == 0
-            assert seen["reason"] == "worker stopping"
-            error = gw.finished["a1"]["error"]
-            assert error["code"] == "CANCELLED" and error["retryable"] is True
+        async with _a_held_start(kind, grace=0, cancel_grace=5) as held:
+            held.worker.stop()  # no grace: running attempts are cancelled at once
+            await held.answer_once_cancelled("worker stopping")
+            assert await asyncio.wait_for(held.runner, 10) == 0
+        assert held.seen["reason"] == "worker stopping"
+        error = held.gw.finished["a1"]["error"]
+        assert error["code"] == "CANCELLED" and error["retryable"] is True
 
     asyncio.run(main())
 
@@ -398,8 +413,7 @@ def test_a_drain_while_the_start_is_in_flight_reaches_the_handler(kind: str) -> 
 def test_a_stop_before_the_run_is_honoured() -> None:
     async def main() -> None:
         async with FakeGateway() as gw:
-            worker = Worker(gw.url, "token")
-            worker.handler("h")(_never_called)
+            worker = _idle_worker(gw.url, "token")
             worker.stop()
             assert await asyncio.wait_for(worker.arun(), 10) == 0
             assert gw.attempts == 0  # it did not even connect
@@ -410,8 +424,7 @@ def test_a_stop_before_the_run_is_honoured() -> None:
 def test_a_stop_while_the_first_connection_is_retried_ends_the_run() -> None:
     async def main() -> None:
         async with FakeGateway(reject=[503] * 1000) as gw:
-            worker = Worker(gw.url, "token", reconnect_max=0.1)
-            worker.handler("h")(_never_called)
+            worker = _idle_worker(gw.url, "token", reconnect_max=0.1)
             runner = asyncio.create_task(worker.arun())
             await gw.upgrades(2)  # refused, and retried
             worker.stop()
@@ -423,8 +436,7 @@ def test_a_stop_while_the_first_connection_is_retried_ends_the_run() -> None:
 def test_a_refused_upgrade_other_than_bad_credentials_is_retried() -> None:
     async def main() -> None:
         async with FakeGateway(reject=[404, 500, 503]) as gw:
-            worker = Worker(gw.url, "token", reconnect_max=0.1)
-            worker.handler("h")(_never_called)
+            worker = _idle_worker(gw.url, "token", reconnect_max=0.1)
             async with running(worker):
                 await gw.wait_for(_is("hello"))
             assert gw.attempts == 4
@@ -436,8 +448,7 @@ def test_a_refused_upgrade_other_than_bad_credentials_is_retried() -> None:
 def test_bad_credentials_end_the_first_connection(status: int) -> None:
     async def main() -> None:
         async with FakeGateway(reject=[status]) as gw:
-            worker = Worker(gw.url, "token")
-            worker.handler("h")(_never_called)
+            worker = _idle_worker(gw.url, "token")
             with pytest.raises(InvalidStatus) as refused:
                 await asyncio.wait_for(worker.arun(), 10)
             assert refused.value.response.status_code == status
@@ -446,22 +457,26 @@ def test_bad_credentials_end_the_first_connection(status: int) -> None:
     asyncio.run(main())
 
 
-def test_a_reconnect_reads_a_rotated_token_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def token_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """ORBIT_TOKEN_FILE, holding ``old-token``, and no ORBIT_TOKEN: a worker given no
+    token reads this file, and reads it again at each reconnect."""
+    path = tmp_path / "token"
+    path.write_text("old-token\n")
+    path.chmod(0o600)
+    monkeypatch.delenv("ORBIT_TOKEN", raising=False)
+    monkeypatch.setenv("ORBIT_TOKEN_FILE", str(path))
+    return path
+
+
+def test_a_reconnect_reads_a_rotated_token_file(token_file: Path) -> None:
     """The server stops taking the worker's token and drops its connection; the operator
     writes a new token into ORBIT_TOKEN_FILE. The worker's reconnects, refused with 401
     meanwhile, pick the new token up and resume the session: no restart."""
-    token_file = tmp_path / "token"
-    token_file.write_text("old-token\n")
-    token_file.chmod(0o600)
-    monkeypatch.delenv("ORBIT_TOKEN", raising=False)
-    monkeypatch.setenv("ORBIT_TOKEN_FILE", str(token_file))
 
     async def main() -> None:
         async with FakeGateway() as gw:
-            worker = Worker(gw.url, reconnect_max=0.1)
-            worker.handler("h")(_never_called)
+            worker = _idle_worker(gw.url, reconnect_max=0.1)
             async with running(worker):
                 await gw.wait_for(_is("hello"))
                 gw.accepted_token = "new-token"
@@ -474,6 +489,42 @@ def test_a_reconnect_reads_a_rotated_token_file(
     asyncio.run(main())
 
 
+async def _run_a_waiting_attempt(
+    gw: FakeGateway, worker: Worker
+) -> tuple[asyncio.Task[int], asyncio.Event]:
+    """Start ``worker.arun()`` (not stopped on the way out: the test ends the run) and
+    give it attempt ``a1``, in a handler that waits until cancelled; return once the
+    handler runs: the run, and an event set once the handler is cancelled."""
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    @worker.handler("h")
+    async def handler(ctx: Context, payload: Any) -> Any:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    runner = asyncio.create_task(worker.arun())
+    await gw.wait_for(_is("hello"))
+    await _push_a1(gw)
+    await asyncio.wait_for(started.wait(), 10)
+    return runner, cancelled
+
+
+async def _ended_by_a_refusal(
+    runner: asyncio.Task[int], worker: Worker, cancelled: asyncio.Event
+) -> int:
+    """The status of the refused upgrade the run ended with, its running handler
+    cancelled and attempt ``a1`` reported as unconfirmed (its lease decides)."""
+    with pytest.raises(InvalidStatus) as refused:
+        await asyncio.wait_for(runner, 10)
+    assert cancelled.is_set()
+    assert worker.unreported == ["a1"]
+    return refused.value.response.status_code
+
+
 def test_a_close_for_a_revoked_token_ends_the_run_once_the_token_is_refused_again() -> None:
     """The server closes the connection with 4401 UNAUTHENTICATED (its token was
     revoked) and refuses the token at the reconnect: the run ends with that refusal, as
@@ -484,49 +535,25 @@ def test_a_close_for_a_revoked_token_ends_the_run_once_the_token_is_refused_agai
     async def main() -> None:
         async with FakeGateway() as gw:
             worker = Worker(gw.url, "token", reconnect_max=0.1, grace=60.0)
-            started, cancelled = asyncio.Event(), asyncio.Event()
-
-            @worker.handler("h")
-            async def handler(ctx: Context, payload: Any) -> Any:
-                started.set()
-                try:
-                    await asyncio.Event().wait()
-                except asyncio.CancelledError:
-                    cancelled.set()
-                    raise
-
-            runner = asyncio.create_task(worker.arun())
-            await gw.wait_for(_is("hello"))
-            await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
-            await asyncio.wait_for(started.wait(), 10)
+            runner, cancelled = await _run_a_waiting_attempt(gw, worker)
             gw.accepted_token = "another-token"  # "token" is refused from now on
             await gw.connections[-1].close(4401, "UNAUTHENTICATED")
-            with pytest.raises(InvalidStatus) as refused:
-                await asyncio.wait_for(runner, 10)
-            assert refused.value.response.status_code == 401
+            assert await _ended_by_a_refusal(runner, worker, cancelled) == 401
             assert gw.attempts == 2  # the first connection, and one reconnect
-            assert cancelled.is_set()
-            assert worker.unreported == ["a1"]
 
     asyncio.run(main())
 
 
 def test_a_close_for_a_revoked_token_resumes_with_a_rotated_token_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    token_file: Path,
 ) -> None:
     """A token rotated the documented way: the new one written into ORBIT_TOKEN_FILE,
     then the old one revoked. The server closes the connection with 4401; the worker's
     reconnect reads the new token and resumes its session, without a restart."""
-    token_file = tmp_path / "token"
-    token_file.write_text("old-token\n")
-    token_file.chmod(0o600)
-    monkeypatch.delenv("ORBIT_TOKEN", raising=False)
-    monkeypatch.setenv("ORBIT_TOKEN_FILE", str(token_file))
 
     async def main() -> None:
         async with FakeGateway() as gw:
-            worker = Worker(gw.url, reconnect_max=0.1)
-            worker.handler("h")(_never_called)
+            worker = _idle_worker(gw.url, reconnect_max=0.1)
             async with running(worker) as runner:
                 await gw.wait_for(_is("hello"))
                 token_file.write_text("new-token\n")
@@ -552,29 +579,11 @@ def test_a_token_refused_after_another_drop_ends_the_run_once_it_is_refused_twic
     async def main() -> None:
         async with FakeGateway() as gw:
             worker = Worker(gw.url, "token", reconnect_max=0.1, grace=60.0)
-            started, cancelled = asyncio.Event(), asyncio.Event()
-
-            @worker.handler("h")
-            async def handler(ctx: Context, payload: Any) -> Any:
-                started.set()
-                try:
-                    await asyncio.Event().wait()
-                except asyncio.CancelledError:
-                    cancelled.set()
-                    raise
-
-            runner = asyncio.create_task(worker.arun())
-            await gw.wait_for(_is("hello"))
-            await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
-            await asyncio.wait_for(started.wait(), 10)
+            runner, cancelled = await _run_a_waiting_attempt(gw, worker)
             gw.reject = [status] * 100  # the token is refused from now on
             await gw.connections[-1].close(1012, "service restart")
-            with pytest.raises(InvalidStatus) as refused:
-                await asyncio.wait_for(runner, 10)
-            assert refused.value.response.status_code == status
+            assert await _ended_by_a_refusal(runner, worker, cancelled) == status
             assert gw.attempts == 3  # the first connection, and two refused reconnects
-            assert cancelled.is_set()
-            assert worker.unreported == ["a1"]
 
     asyncio.run(main())
 
@@ -592,8 +601,7 @@ def test_a_failure_between_two_refusals_neither_counts_nor_resets_them(between: 
 
     async def main() -> None:
         async with FakeGateway() as gw:
-            worker = Worker(gw.url, "token", reconnect_max=0.1)
-            worker.handler("h")(_never_called)
+            worker = _idle_worker(gw.url, "token", reconnect_max=0.1)
             runner = asyncio.create_task(worker.arun())
             await gw.wait_for(_is("hello"))
             gw.reject = [401, between, between]  # then "token" is refused (401)
@@ -609,17 +617,12 @@ def test_a_failure_between_two_refusals_neither_counts_nor_resets_them(between: 
 
 
 def test_a_token_file_missing_after_two_refusals_does_not_end_the_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    token_file: Path,
 ) -> None:
     """The old token is refused twice after a drop, and the token file is being
     replaced (gone for a moment) when the runner reads it to decide: no token is not the
     refused token, so the run goes on, and the new token, once written, resumes the
     session."""
-    token_file = tmp_path / "token"
-    token_file.write_text("old-token\n")
-    token_file.chmod(0o600)
-    monkeypatch.delenv("ORBIT_TOKEN", raising=False)
-    monkeypatch.setenv("ORBIT_TOKEN_FILE", str(token_file))
     missing = asyncio.Event()
 
     class Heard(logging.Handler):
@@ -632,8 +635,7 @@ def test_a_token_file_missing_after_two_refusals_does_not_end_the_run(
 
     async def main() -> None:
         async with FakeGateway() as gw:
-            worker = Worker(gw.url, reconnect_max=0.1)
-            worker.handler("h")(_never_called)
+            worker = _idle_worker(gw.url, reconnect_max=0.1)
             async with running(worker) as runner:
                 await gw.wait_for(_is("hello"))
                 gw.accepted_token = "new-token"
@@ -661,8 +663,7 @@ def test_no_token_to_read_ends_the_first_connection(
 
     async def main() -> None:
         async with FakeGateway() as gw:
-            worker = Worker(gw.url)
-            worker.handler("h")(_never_called)
+            worker = _idle_worker(gw.url)
             with pytest.raises(TokenError, match="does not exist"):
                 await asyncio.wait_for(worker.arun(), 10)
             assert gw.attempts == 0
