@@ -202,26 +202,31 @@ def attempt_from_row(r: Row) -> Attempt:
     return assemble(Attempt, values)
 
 
-def attempt_to_row(a: Attempt) -> Row:
-    return {
-        "id": a.id,
-        "task_id": a.task_id,
-        "number": a.number,
-        "session_id": a.session_id,
-        "session_epoch": a.session_epoch,
-        "fence": a.fence,
-        "state": str(a.state),
-        "claimed_at": a.claimed_at,
-        "claim_expires_at": a.claim_expires_at,
-        "started_at": a.started_at,
-        "lease_expires_at": a.lease_expires_at,
-        "ended_at": a.ended_at,
-        "finish_digest": a.finish_digest,
-        "receipt": a.receipt,
-        "queue": a.queue,
-        "tenant": a.tenant,
-        "handler": a.handler,
-    }
+def attempts_columns(attempts: Sequence[Attempt]) -> RowColumns:
+    """The new attempts' rows for ``attempt_insert_many``, every column of the table,
+    held column by column as ``task_write_columns``: a claim of 200 inserts 200, and
+    the PostgreSQL driver took a dict per attempt apart again into these lists."""
+    return RowColumns(
+        {
+            "id": [a.id for a in attempts],
+            "task_id": [a.task_id for a in attempts],
+            "number": [a.number for a in attempts],
+            "session_id": [a.session_id for a in attempts],
+            "session_epoch": [a.session_epoch for a in attempts],
+            "fence": [a.fence for a in attempts],
+            "state": [str(a.state) for a in attempts],
+            "claimed_at": [a.claimed_at for a in attempts],
+            "claim_expires_at": [a.claim_expires_at for a in attempts],
+            "started_at": [a.started_at for a in attempts],
+            "lease_expires_at": [a.lease_expires_at for a in attempts],
+            "ended_at": [a.ended_at for a in attempts],
+            "finish_digest": [a.finish_digest for a in attempts],
+            "receipt": [a.receipt for a in attempts],
+            "queue": [a.queue for a in attempts],
+            "tenant": [a.tenant for a in attempts],
+            "handler": [a.handler for a in attempts],
+        }
+    )
 
 
 def attempt_write_columns(pairs: Sequence[tuple[Attempt, Attempt]]) -> RowColumns:

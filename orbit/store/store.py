@@ -3158,7 +3158,7 @@ class _Tx:
             ),
             (
                 "attempt_insert_many",
-                [R.attempt_to_row(a) for a in plan.attempt_inserts],
+                R.attempts_columns(plan.attempt_inserts),
                 len(plan.attempt_inserts),
             ),
             (

@@ -151,9 +151,20 @@ def _attempt(**changes: object) -> Attempt:
     return replace(attempt, **changes)
 
 
-def test_an_attempt_row_round_trips() -> None:
-    attempt = _attempt()
-    assert R.attempt_from_row(R.attempt_to_row(attempt)) == attempt
+def test_attempts_columns_hold_each_attempt_and_read_back_as_it() -> None:
+    """The inserted attempts' columns hold every field of each (its state spelled), so
+    that each row, read back, is the attempt a claim made, for attempts that differ in
+    every kind of field (None and not, each state)."""
+    attempts = [
+        _attempt(),
+        _attempt(id="a2", state=AttemptState.CLAIMED, started_at=None, lease_expires_at=None),
+        _attempt(id="a3", state=AttemptState.SUCCEEDED, ended_at=5, finish_digest="d", receipt="r"),
+    ]
+    columns = R.attempts_columns(attempts)
+    assert len(columns) == 3
+    assert columns[1]["state"] == "claimed"
+    assert [R.attempt_from_row(row) for row in columns] == attempts
+    assert len(R.attempts_columns([])) == 0
 
 
 def _columns_read(write: str) -> tuple[set[str], set[str]]:
@@ -175,6 +186,7 @@ def test_the_write_columns_are_the_columns_each_write_reads() -> None:
         "task_write_many": R.task_write_columns([(task, task)]),
         "attempt_write_many": R.attempt_write_columns([(attempt, attempt)]),
         "event_insert_many": R.event_columns([Event(kind="k")], 1),
+        "attempt_insert_many": R.attempts_columns([attempt]),
     }
     for write, columns in made.items():
         on_pg, on_sqlite = _columns_read(write)
