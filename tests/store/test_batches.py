@@ -7,6 +7,7 @@ as a whole without touching anything.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -141,3 +142,28 @@ def test_a_malformed_batch_is_refused_whole(
             )
     assert err.value.code == Code.INVALID_ARGUMENT
     assert _snapshot(store) == before
+
+
+def test_a_started_task_keeps_every_field_its_start_does_not_read(store: Store) -> None:
+    """A start reads only some of its task's columns (``task_lock_for_starts``): the task
+    read back after it is the one before, but for what a start changes."""
+    queue(store, max_concurrency=5)
+    parent = submit(store)
+    task_id = submit(store, payload={"big": "x" * 5000}, priority=7, parent_id=parent)
+    session, _ = worker(store, max_concurrency=5, handlers={"h": 5})
+    grants = store.attempt_claim_many(session.id, session.epoch, 2)
+    (grant,) = [g for g in grants if g.task.id == task_id]
+    before = store.task_get(task_id)
+    (lease,) = store.attempt_start_many(
+        session.id, session.epoch, [(grant.attempt.id, grant.attempt.fence)]
+    )
+    assert isinstance(lease, Lease) and lease.status == "ok"
+    after = store.task_get(task_id)
+    assert after.state == "running" and after.attempts_used == before.attempts_used + 1
+    assert after == replace(
+        before,
+        state=after.state,
+        attempts_used=after.attempts_used,
+        updated_at=after.updated_at,
+        version=before.version + 1,
+    )

@@ -7,9 +7,10 @@ from dataclasses import fields, replace
 
 import pytest
 
-from orbit.core.model import Attempt, Backoff, Event, Task, TaskSpec
-from orbit.core.states import AttemptState, TaskState
-from orbit.core.transitions import NEW_TASK_FIXED, new_task
+from orbit.core import transitions
+from orbit.core.model import Attempt, Backoff, Event, Session, Task, TaskSpec
+from orbit.core.states import AttemptState, SessionState, TaskState
+from orbit.core.transitions import NEW_TASK_FIXED, Plan, new_task
 from orbit.store import rows as R
 from orbit.store.driver import RowColumns, load_queries
 from orbit.store.postgres import driver as pg
@@ -320,3 +321,91 @@ def test_sqlite_encodes_rows_held_by_column_as_it_encodes_dicts() -> None:
     assert expected[1]["ids"] == '["x", "y"]' and expected[2]["ids"] == '["z"]'
     assert sqlite._encoded_rows(list(held)) == expected
     assert sqlite._encoded_rows(RowColumns({})) == []
+
+
+def _selected(query: str) -> dict[str, set[str]]:
+    """The columns a query's SELECT list names, on each backend."""
+    found = {}
+    for name, module in (("postgresql", pg), ("sqlite", sqlite)):
+        sql = load_queries(module._HERE / "queries.sql")[query]
+        head = sql.split("FROM", 1)[0].removeprefix("SELECT")
+        found[name] = {c.strip().split()[-1] for c in head.split(",")}
+    return found
+
+
+def test_a_starts_task_read_selects_exactly_the_fields_it_fills_from_its_row() -> None:
+    """``task_lock_for_starts`` selects what ``task_from_start_row`` reads, on both
+    backends, and the two with the fields it never reads make up the whole task."""
+    converted = {"cancel_requested", "error_retryable", "state"}
+    read = set(R._TASK_START_AS_IS) | converted
+    assert read.isdisjoint(R._TASK_START_UNREAD)
+    assert read | set(R._TASK_START_UNREAD) == {f.name for f in fields(Task)}
+    assert _selected("task_lock_for_starts") == {"postgresql": read, "sqlite": read}
+
+
+def _session() -> Session:
+    return Session(
+        id="s",
+        name="w",
+        node_id="n",
+        epoch=1,
+        secret_hash="x",
+        capabilities=(),
+        max_concurrency=10,
+        capacity_seq=0,
+        draining=False,
+        state=SessionState.LIVE,
+        expires_at=10_000,
+        created_at=0,
+    )
+
+
+def _start_plan(task: Task, attempt: Attempt, *, fence: int, now: int) -> tuple[object, ...]:
+    plan = Plan()
+    lease = transitions.start(
+        plan,
+        task,
+        attempt,
+        _session(),
+        epoch=1,
+        fence=fence,
+        queue_paused=False,
+        now=now,
+        lease_ttl=1_000,
+    )
+    return (
+        lease,
+        repr(plan.rejection),
+        list(R.task_write_columns(plan.task_writes)),
+        list(R.attempt_write_columns(plan.attempt_writes)),
+        list(R.event_columns(plan.events, now)),
+    )
+
+
+@pytest.mark.parametrize(
+    ("changes", "fence", "now"),
+    [
+        ({}, 2, 5),  # accepted
+        ({}, 3, 5),  # a stale fence
+        ({"cancel_requested": True}, 2, 5),
+        ({"deadline": 4}, 2, 5),
+        ({"state": TaskState.CANCELLED}, 2, 5),
+        ({"attempt_timeout_us": 7, "error_code": "E", "error_message": "m"}, 2, 5),
+    ],
+)
+def test_a_start_on_its_narrow_task_plans_what_it_plans_on_the_whole_task(
+    changes: dict[str, object], fence: int, now: int
+) -> None:
+    """A start's task carries placeholders in the fields it never reads: its answer, its
+    writes and its events are the ones the whole task gives."""
+    whole = replace(_task(), **{"state": TaskState.CLAIMED, **changes})
+    row = R.task_to_row(whole)
+    row["state"] = str(whole.state)
+    narrow = R.task_from_start_row({k: row[k] for k in _selected("task_lock_for_starts")["sqlite"]})
+    attempt = _attempt(
+        state=AttemptState.CLAIMED, claim_expires_at=100, started_at=None, lease_expires_at=None
+    )
+    assert narrow != whole
+    assert _start_plan(narrow, attempt, fence=fence, now=now) == _start_plan(
+        whole, attempt, fence=fence, now=now
+    )

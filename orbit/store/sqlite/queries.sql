@@ -197,6 +197,17 @@ FROM orbit_tasks
 WHERE id IN (SELECT task_id FROM orbit_attempts WHERE id IN (SELECT value FROM json_each(:ids)))
 ORDER BY id;
 
+-- name: task_lock_for_starts
+-- task_lock_for_attempts for a batch of starts (Store.attempt_start_many): only the
+-- columns a start reads or writes back; rows.task_from_start_row fills the others,
+-- which it never reads. Each column selected costs every row its conversion.
+SELECT id, queue, tenant, max_attempts, attempt_timeout_us, deadline, run_after, state,
+    attempts_used, fence, cancel_requested, result, error_code, error_message,
+    error_retryable, result_digest, result_version, updated_at, finished_at, version
+FROM orbit_tasks
+WHERE id IN (SELECT task_id FROM orbit_attempts WHERE id IN (SELECT value FROM json_each(:ids)))
+ORDER BY id;
+
 -- name: task_lock_many_skip_locked
 SELECT * FROM orbit_tasks WHERE id IN (SELECT value FROM json_each(:ids)) ORDER BY id;
 
