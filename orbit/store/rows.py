@@ -76,28 +76,6 @@ def task_from_row(r: Row) -> Task:
     return assemble(Task, values)
 
 
-#: The task fields a start reads or writes back (``transitions.start``, the event its
-#: ``Plan.move`` records, ``task_write_columns``): the columns of ``task_lock_for_starts``
-#: read as they come (the converted ones are named in ``task_from_start_row``).
-_TASK_START_AS_IS = (
-    "id",
-    "queue",
-    "tenant",
-    "max_attempts",
-    "attempt_timeout_us",
-    "deadline",
-    "run_after",
-    "attempts_used",
-    "fence",
-    "result",
-    "error_code",
-    "error_message",
-    "result_digest",
-    "result_version",
-    "updated_at",
-    "finished_at",
-    "version",
-)
 #: What a start's task holds in the fields it never reads nor writes: the task is not
 #: returned, and none of these reaches a write or an event (a test holds a start on such a
 #: task to the same plan as on the whole task).
@@ -112,6 +90,13 @@ _TASK_START_UNREAD: dict[str, Any] = {
     "backoff": Backoff(0, 1.0, 0),
     "created_at": 0,
 }
+
+
+#: The task fields a start reads or writes back (``transitions.start``, the event its
+#: ``Plan.move`` records, ``task_write_columns``): the columns of ``task_lock_for_starts``
+#: read as they come (the converted ones are named in ``task_from_start_row``), i.e.
+#: every plain column but those a start never reads.
+_TASK_START_AS_IS = tuple(name for name in _TASK_AS_IS if name not in _TASK_START_UNREAD)
 
 
 def task_from_start_row(r: Row) -> Task:
