@@ -76,6 +76,26 @@ def _fire_all(store: Store) -> int:
     raise AssertionError("the duty never settled")
 
 
+def _together(*calls: Callable[[], object]) -> list[BaseException]:
+    """Run each call on a thread of its own, all released at once; what they raised."""
+    barrier = threading.Barrier(len(calls))
+    errors: list[BaseException] = []
+
+    def run(call: Callable[[], object]) -> None:
+        try:
+            barrier.wait(RACE_WAIT)
+            call()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(RACE_WAIT * 4)
+    return errors
+
+
 def _kinds(store: Store, prefix: str = "schedule.") -> list[str]:
     return [e["kind"] for e in store.event_list() if e["kind"].startswith(prefix)]
 
@@ -323,22 +343,7 @@ def test_two_nodes_fire_each_instant_once(
         for i in range(5):
             _make(st, f"s{i}", misfire="catch_up", max_catch_up=20)
         sched_clock.now = START + 20 * MINUTE  # 20 instants due for each
-        barrier = threading.Barrier(2)
-        errors: list[BaseException] = []
-
-        def duty(store: Store) -> None:
-            try:
-                barrier.wait(RACE_WAIT)
-                _fire_all(store)
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=duty, args=(s,)) for s in (st, other)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(RACE_WAIT * 4)
-        assert errors == []
+        assert _together(lambda: _fire_all(st), lambda: _fire_all(other)) == []
         keys = _keys(st)
         assert len(keys) == len(set(keys)) == 5 * 20
         fired = [e for e in st.event_list(limit=1000) if e["kind"] == "schedule.fired"]
@@ -478,32 +483,13 @@ def test_two_nodes_updating_while_firing_fire_each_instant_once(
     try:
         s = _make(st, misfire="catch_up", max_catch_up=30)
         sched_clock.now = START + 30 * MINUTE  # 30 instants due
-        barrier = threading.Barrier(3)
-        errors: list[BaseException] = []
-
-        def duty(store: Store) -> None:
-            try:
-                barrier.wait(RACE_WAIT)
-                _fire_all(store)
-            except BaseException as exc:
-                errors.append(exc)
 
         def edits() -> None:
-            try:
-                barrier.wait(RACE_WAIT)
-                for n in range(20):
-                    spec = TaskSpec(queue="q", handler="h", payload={"n": n})
-                    other.schedule_update(s.name, template=spec)
-            except BaseException as exc:
-                errors.append(exc)
+            for n in range(20):
+                spec = TaskSpec(queue="q", handler="h", payload={"n": n})
+                other.schedule_update(s.name, template=spec)
 
-        threads = [threading.Thread(target=duty, args=(x,)) for x in (st, other)]
-        threads.append(threading.Thread(target=edits))
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(RACE_WAIT * 4)
-        assert errors == []
+        assert _together(lambda: _fire_all(st), lambda: _fire_all(other), edits) == []
         _fire_all(st)  # what a pass left to the next, once the edits stopped
         keys = _keys(st)
         assert len(keys) == len(set(keys)) == 30
