@@ -880,7 +880,15 @@ class Store:
         Against a fire: the row is locked (waiting for a fire that holds it) and written
         under its version, so a fire that read it before this commits finds it moved on
         and leaves it to the duty's next pass, which reads the new row."""
-        if all(v is None for v in (cron, timezone, template, misfire, max_catch_up)):
+        given = {
+            "cron": cron,
+            "timezone": timezone,
+            "template": template,
+            "misfire": misfire,
+            "max_catch_up": max_catch_up,
+        }
+        changed: dict[str, Any] = {f: v for f, v in given.items() if v is not None}
+        if not changed:
             raise OrbitError(
                 Code.INVALID_ARGUMENT,
                 "give at least one of cron, timezone, template, misfire, max_catch_up",
@@ -891,14 +899,7 @@ class Store:
             if not found:
                 raise _no_schedule(name)
             s = R.schedule_from_row(found[0])
-            new = replace(
-                s,
-                cron=s.cron if cron is None else cron,
-                timezone=s.timezone if timezone is None else timezone,
-                template=s.template if template is None else template,
-                misfire=s.misfire if misfire is None else misfire,
-                max_catch_up=s.max_catch_up if max_catch_up is None else max_catch_up,
-            )
+            new = replace(s, **changed)
             checked_cron, payload = check_schedule(
                 name,
                 new.cron,
@@ -936,16 +937,9 @@ class Store:
                 ),
                 1,
             )
-            given = {
-                "cron": cron,
-                "timezone": timezone,
-                "template": template,
-                "misfire": misfire,
-                "max_catch_up": max_catch_up,
-            }
             data: dict[str, Any] = {
                 "schedule": name,
-                "changed": [k for k, v in given.items() if v is not None],
+                "changed": list(changed),
                 "cron": new.cron,
                 "timezone": new.timezone,
                 "misfire": new.misfire,
