@@ -631,7 +631,7 @@ def test_worker_without_a_usable_token_or_url_says_so(
         assert "Traceback" not in run.stderr, run.stderr
         [line] = [x for x in run.stderr.splitlines() if x.startswith("error:")]
         assert says in line, line
-        for secret in ("notavalidsecret", tokens.submit.rsplit("_", 1)[1], "hunter2"):
+        for secret in ("notavalidsecret", tokens.submit.split("_", 2)[2], "hunter2"):
             assert secret not in run.stdout + run.stderr
 
 
