@@ -323,6 +323,26 @@ def test_sqlite_encodes_rows_held_by_column_as_it_encodes_dicts() -> None:
     assert sqlite._encoded_rows(RowColumns({})) == []
 
 
+def test_sqlite_joins_a_streams_chunks_held_by_column_into_one_column_each() -> None:
+    """A streamed write's chunks reach SQLite as one batch of rows in order: chunks held
+    by column alike stay so (each column the chunks' lists, encoded a column at a time),
+    and any other mix is read row by row, as before; either way the same rows."""
+    first = RowColumns({"id": ["a", "b"], "n": [1, None]})
+    second = RowColumns({"id": ["c"], "n": [3]})
+    empty = RowColumns({"id": [], "n": []})
+    rows = [*first, *second]
+    joined = sqlite.joined([first, empty, second])
+    assert isinstance(joined, RowColumns)
+    assert joined.columns == {"id": ["a", "b", "c"], "n": [1, None, 3]}
+    assert list(joined) == rows
+    assert sqlite._encoded_rows(joined) == [sqlite._encode(r) for r in rows]
+    mixed = sqlite.joined([first, [{"id": "c", "n": 3}]])
+    assert not isinstance(mixed, RowColumns) and list(mixed) == rows
+    other = sqlite.joined([first, RowColumns({"n": [3], "id": ["c"]})])  # another order
+    assert not isinstance(other, RowColumns) and list(other) == [*rows[:2], {"n": 3, "id": "c"}]
+    assert list(sqlite.joined([])) == []
+
+
 def _selected(query: str) -> dict[str, set[str]]:
     """The columns a query's SELECT list names, on each backend."""
     found = {}

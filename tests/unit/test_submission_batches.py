@@ -197,6 +197,41 @@ def test_a_submission_out_of_its_usual_shape_is_left_to_the_strict_path(
     assert _strict(single, TaskSubmit) == ("refused", code)
 
 
+@pytest.mark.parametrize("field", ["queue", "tenant", "idempotency_key", "parent_id"])
+@pytest.mark.parametrize("value", [["q"], {"q": 1}, 1, True, None])
+def test_a_batch_whose_first_pass_fields_are_no_text_is_left_to_the_strict_path(
+    field: str, value: Any
+) -> None:
+    """The first pass collects the queues, tenants, keys and parents of a batch in sets
+    before it checks each distinct one: a list or a dict there (which no set can hold), a
+    number or a boolean is declined, not raised, and the strict path names it. A null
+    key or parent is no key or parent."""
+    task = {"queue": "q", "handler": "h", field: value}
+    raw = decode_json(orjson.dumps({"tasks": [{"queue": "q", "handler": "h"}] * 300 + [task]}))
+    if value is None and field in ("idempotency_key", "parent_id"):
+        assert read_task_batch(raw) is not None
+        return
+    assert UsualBatch.of(raw) is None
+    assert _strict(raw, TaskBatch)[0] == "refused"
+
+
+def test_a_batch_task_without_a_handler_is_declined_when_its_chunk_is_read() -> None:
+    """The first pass looks at each task's field names, but not for the handler, which
+    a task's chunk is read with: a task without one is declined there (``UnusualTask``,
+    inside the transaction), and the strict path names it."""
+    usual = [{"queue": "q", "handler": "h"}] * 600
+    raw = decode_json(orjson.dumps({"tasks": [*usual[:550], {"queue": "q"}, *usual[551:]]}))
+    batch = UsualBatch.of(raw)
+    assert batch is not None
+    assert len(batch.read(0, 550)) == 550
+    with pytest.raises(UnusualTask) as raised:
+        batch.read(500, 600)
+    assert raised.value.index == 550
+    assert _strict(raw, TaskBatch) == ("refused", "MISSING_FIELD")
+    other = {"tasks": [*usual[:550], {"queue": "q", "handler": "h", "backoff": {}}]}
+    assert UsualBatch.of(decode_json(orjson.dumps(other))) is None  # not the usual fields
+
+
 @pytest.mark.parametrize(
     ("fits", "beyond"),
     [

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,21 @@ def _encoded_rows(rows: Sequence[Row]) -> list[Params]:
     ]
     names = tuple(rows.columns)
     return [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
+
+
+def joined(chunks: Sequence[Sequence[Row]]) -> Sequence[Row]:
+    """The rows of several chunks as one sequence, in order. Chunks held by column alike
+    (``RowColumns``, a batch submit's) stay so, each column the chunks' lists chained:
+    ``_encoded_rows`` then encodes a column at a time, where a dict per row (what a
+    ``RowColumns`` gives a reader of rows) was encoded again into a second dict per row."""
+    columned = [c for c in chunks if isinstance(c, RowColumns)]
+    if columned and len(columned) == len(chunks):
+        names = list(columned[0].columns)
+        if all(list(c.columns) == names for c in columned):
+            return RowColumns(
+                {n: list(chain.from_iterable(c.columns[n] for c in columned)) for n in names}
+            )
+    return [row for rows in chunks for row in rows]
 
 
 def statements(queries: dict[str, str]) -> dict[str, list[str]]:
@@ -83,7 +99,7 @@ class _SqliteConnection:
 
     def write_stream(self, name: str, chunks: Iterable[Sequence[Row]]) -> int:
         # In-process: nothing to overlap, so the chunks are written as one.
-        return self.write_many(name, [row for rows in chunks for row in rows])
+        return self.write_many(name, joined(list(chunks)))
 
     def lock_many(self, calls: Sequence[tuple[str, Params]]) -> tuple[list[list[Row]], int]:
         # In-process: a statement costs no round trip, and BEGIN IMMEDIATE already holds
