@@ -726,7 +726,8 @@ class Worker:
                 return [await self._request(lambda c: c.finish_report(attempt_id, fence, report))]
             except ServerError as exc:
                 return [exc]
-        results = await self._request(lambda c: c.finish_many(items))
+        plain = all(_plain_outcome(outcome) for _, _, outcome in items)
+        results = await self._request(lambda c: c.finish_many(items, plain=plain))
         return [_item(r, "receipt") for r in results]
 
     def _lease_valid(self, running: _Running) -> bool:
@@ -833,11 +834,13 @@ class Worker:
             # as it would a cancel just after it began (``call_soon``: after its first
             # step, so that the function is entered and gets CancelledError inside).
             asyncio.get_running_loop().call_soon(self._cancel, running, ctx.reason or "cancelled")
-        # asyncio.wait, not wait_for: wait_for raises the same TimeoutError for its limit
-        # and for a handler that raised one itself, and a handler's own TimeoutError (a
-        # call of its that timed out) is its failure, not the attempt's timeout.
+        # Not wait_for: it raises the same TimeoutError for its limit and for a handler
+        # that raised one itself, and a handler's own TimeoutError (a call of its that
+        # timed out) is its failure, not the attempt's timeout. Not asyncio.wait either,
+        # though it waits the same way: for one task it built three sets, two coroutines
+        # and a closure, a tenth of a busy worker's CPU (``_ended_or_timed_out``).
         try:
-            done, _ = await asyncio.wait((task,), timeout=limit)
+            await _ended_or_timed_out(task, limit)
         except asyncio.CancelledError:
             # This attempt's own task: cancelled because its handler was abandoned (see
             # _abandon_if_running), or by the event loop's close.
@@ -845,7 +848,7 @@ class Worker:
             if not running.abandoned:
                 await asyncio.wait((task,))
             raise
-        if not done:
+        if not task.done():
             ctx._stop("attempt timeout")
             task.cancel()
             if reg.is_async or running.on_loop:
@@ -1257,6 +1260,14 @@ def _sendable(report: dict[str, Any]) -> tuple[dict[str, Any], int]:
         return failure, outcomes.wire_size(failure["error"])
 
 
+def _plain_outcome(report: dict[str, Any]) -> bool:
+    """Whether the runner's outcome ``report`` (``_sendable``'s, in wire form) is plain
+    JSON (``connection.frame_text``): a result of None, True or False (a task run for
+    its effects), or an error, which ``outcomes.error`` made of text and a bool. Other
+    results may hold subclasses or Enums, which orjson would write otherwise."""
+    return "error" in report or report["result"] is None or type(report["result"]) is bool
+
+
 def _check_name(kind: str, value: object) -> None:
     """``value`` as the hello takes a name, or ValueError (the server's own words)."""
     try:
@@ -1295,6 +1306,26 @@ def _item(result: dict[str, Any], key: str) -> dict[str, Any] | BaseException:
     if error is not None:
         return ServerError(error["code"], error.get("message", ""), result)
     return dict(result[key])
+
+
+def _ended_or_timed_out(task: asyncio.Task[Any], timeout: float | None) -> asyncio.Future[None]:
+    """A future done once ``task`` is done or ``timeout`` seconds have passed, whichever
+    comes first: ``asyncio.wait((task,), timeout=timeout)`` without its sets, coroutines
+    and closure. Cancelling the future (its awaiter was cancelled) leaves ``task``
+    running, as ``asyncio.wait`` does."""
+    loop = task.get_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+    timer = None if timeout is None else loop.call_later(timeout, _wake, waiter, None)
+    task.add_done_callback(partial(_wake, waiter, timer))
+    return waiter
+
+
+def _wake(waiter: asyncio.Future[None], timer: asyncio.TimerHandle | None, *_: object) -> None:
+    """Settle ``waiter`` (if nothing has yet) and cancel the ``timer`` it no longer needs."""
+    if timer is not None:
+        timer.cancel()
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _settle(future: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:

@@ -208,14 +208,16 @@ def test_ack_loss_on_finish_commits_exactly_once(
     cut: list[str] = []
     original = connection_module.WorkerConnection.request
 
-    async def request(self: Any, message: dict[str, Any], timeout: float = 30.0) -> Any:
+    async def request(
+        self: Any, message: dict[str, Any], timeout: float = 30.0, **options: Any
+    ) -> Any:
         if message.get("type") == "finish" and not cut:
             cut.append(message["attempt_id"])
             await self.ws.send(connection_module.json.dumps({**message, "req_id": "lost"}))
             await asyncio.sleep(0.3)  # let the server commit it
             await self.ws.close()
             raise ConnectionError("cut after sending finish")
-        return await original(self, message, timeout)
+        return await original(self, message, timeout, **options)
 
     monkeypatch.setattr(connection_module.WorkerConnection, "request", request)
 
@@ -251,7 +253,9 @@ def test_concurrent_reports_travel_in_batches_and_survive_ack_loss(
     runs: list[str] = []
     original = connection_module.WorkerConnection.request
 
-    async def request(self: Any, message: dict[str, Any], timeout: float = 30.0) -> Any:
+    async def request(
+        self: Any, message: dict[str, Any], timeout: float = 30.0, **options: Any
+    ) -> Any:
         if message.get("type") == "finish_many" and not any(
             m.get("req_id") == "lost" for m in sent
         ):
@@ -262,7 +266,7 @@ def test_concurrent_reports_travel_in_batches_and_survive_ack_loss(
             raise ConnectionError("cut after sending finish_many")
         if message.get("type") in ("start_many", "finish_many"):
             sent.append(message)  # sent normally (a re-sent batch among them)
-        return await original(self, message, timeout)
+        return await original(self, message, timeout, **options)
 
     monkeypatch.setattr(connection_module.WorkerConnection, "request", request)
     everyone = asyncio.Event()

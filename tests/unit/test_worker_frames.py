@@ -1,0 +1,193 @@
+"""The worker's hot paths written the cheap way mean what the plain way meant: a request
+frame written by orjson (``connection.frame_text``) is the JSON value ``json.dumps``
+writes, and the attempt's wait for its handler (``runner._ended_or_timed_out``) ends as
+``asyncio.wait((task,), timeout=…)`` does."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orbit.protocol.decode import decode_json
+from orbit.worker import outcomes
+from orbit.worker.connection import frame_text, outcome
+from orbit.worker.runner import _ended_or_timed_out, _plain_outcome
+
+
+def _json(message: dict[str, Any]) -> str:
+    return json.dumps(message, separators=(",", ":"))
+
+
+_chars = st.characters(codec=None, exclude_categories=[])  # surrogates and NUL included
+_plain = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(_chars, max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.tuples(inner)
+        | st.dictionaries(st.text(_chars, max_size=4), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_plain)
+def test_a_plain_frame_is_the_value_json_dumps_writes_and_no_longer(value: Any) -> None:
+    message = {"type": "finish_many", "items": [{"outcome": outcome(result=value)}]}
+    fast, slow = frame_text(message, plain=True), _json(message)
+    assert fast.isascii()
+    assert len(fast) <= len(slow)
+    try:
+        expected = decode_json(slow)
+    except Exception as exc:  # a lone surrogate: the server refuses it either way
+        with pytest.raises(type(exc)):
+            decode_json(fast)
+        return
+    assert decode_json(fast) == expected
+
+
+class _Coded(str, enum.Enum):  # noqa: UP042 - the mixin as older code writes it
+    """A str Enum whose value is not its text: orjson writes 200, json.dumps "ok"."""
+
+    def __new__(cls, text: str, code: int) -> _Coded:
+        member = str.__new__(cls, text)
+        member._value_ = code
+        return member
+
+    OK = ("ok", 200)
+
+
+class _Text(str):
+    pass
+
+
+NOT_PLAIN = [
+    float("nan"),  # json.dumps: NaN (refused by the server); orjson: null
+    [float("inf")],
+    _Coded.OK,
+    {"k": _Coded.OK},
+    _Text("x"),
+    {1: "a"},  # a key json.dumps converts and orjson refuses
+    {"é": "日本語"},  # non-ASCII: escaped, as json.dumps writes it
+    2**64,
+    {"a": 1.5},
+]
+
+
+@pytest.mark.parametrize("value", NOT_PLAIN)
+def test_a_finish_the_runner_does_not_call_plain_is_written_by_json_dumps(value: Any) -> None:
+    report = outcome(result=value)
+    message = {"type": "finish_many", "items": [{"outcome": report}]}
+    assert frame_text(message, plain=_plain_outcome(report)) == _json(message)
+
+
+@pytest.mark.parametrize(
+    "value", [_Text("x"), {1: "a"}, {"é": "日本語"}, 2**64, {"k": [_Text("y")]}]
+)
+def test_what_orjson_refuses_or_writes_past_ascii_takes_json_dumps_even_called_plain(
+    value: Any,
+) -> None:
+    message = {"type": "finish_many", "items": [{"outcome": outcome(result=value)}]}
+    assert frame_text(message, plain=True) == _json(message)
+
+
+def test_the_runner_calls_plain_only_what_is() -> None:
+    assert _plain_outcome(outcome(result=None))
+    assert _plain_outcome(outcome(result=True))
+    failed = outcomes.error(_Text("CODE\x00"), _Text("message \udcff"), retryable=False)
+    assert _plain_outcome(outcome(**failed))
+    assert all(type(v) in (str, bool) for v in failed["error"].values())
+    assert not _plain_outcome(outcome(result=_Coded.OK))
+    assert not _plain_outcome(outcome(result={"a": 1}))
+    assert not _plain_outcome(outcome(result=1))
+
+
+def test_the_wait_ends_with_the_task() -> None:
+    async def main() -> None:
+        task = asyncio.create_task(asyncio.sleep(0.01, "done"))
+        await _ended_or_timed_out(task, None)
+        assert task.done() and task.result() == "done"
+        task = asyncio.create_task(asyncio.sleep(0.01))
+        await _ended_or_timed_out(task, 10.0)
+        assert task.done()
+        # its timer went with it: nothing is left scheduled 10 s from now
+        assert not [h for h in asyncio.get_running_loop()._scheduled if not h.cancelled()]  # type: ignore[attr-defined]
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("timeout", [None, 0.0, 0.02, 10.0])
+@pytest.mark.parametrize("handler", ["returns", "sleeps", "raises", "yields once"])
+def test_the_wait_ends_when_asyncio_wait_would(timeout: float | None, handler: str) -> None:
+    """Whether the handler is done once the wait ends, beside ``asyncio.wait`` on the
+    same handler: a limit of 0 included, which ends after the handler's first step."""
+
+    async def run() -> None:
+        if handler == "sleeps":
+            await asyncio.sleep(0.1)
+        elif handler == "raises":
+            raise TimeoutError("the handler's own")
+        elif handler == "yields once":
+            await asyncio.sleep(0)
+
+    async def main() -> tuple[bool, bool]:
+        task = asyncio.create_task(run())
+        done, _ = await asyncio.wait((task,), timeout=timeout)
+        theirs = task in done
+        task.cancel()
+        task = asyncio.create_task(run())
+        await _ended_or_timed_out(task, timeout)
+        ours = task.done()
+        task.cancel()
+        return theirs, ours
+
+    for loop_factory in (None, "uvloop"):
+        factory = None
+        if loop_factory is not None:
+            import uvloop
+
+            factory = uvloop.new_event_loop
+        with asyncio.Runner(loop_factory=factory) as runner:
+            theirs, ours = runner.run(main())
+        assert ours == theirs
+        if handler == "sleeps":
+            assert ours == (timeout is None or timeout == 10.0)
+
+
+def test_a_cancelled_wait_leaves_the_task_running_and_raises_its_cancel() -> None:
+    async def main() -> None:
+        task = asyncio.create_task(asyncio.sleep(0.05, "done"))
+        waiting = asyncio.create_task(_wait(task))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert not task.done()
+        assert await task == "done"
+
+    async def _wait(task: asyncio.Task[Any]) -> None:
+        await _ended_or_timed_out(task, None)
+
+    asyncio.run(main())
+
+
+def test_a_handler_that_raises_ends_the_wait_without_raising() -> None:
+    async def main() -> None:
+        async def fails() -> None:
+            raise TimeoutError("the handler's own")
+
+        task = asyncio.create_task(fails())
+        await _ended_or_timed_out(task, 10.0)
+        assert isinstance(task.exception(), TimeoutError)
+
+    asyncio.run(main())
