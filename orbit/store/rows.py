@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from operator import itemgetter
+from typing import Any, TypeVar
 
 from orbit.core.model import (
     Artifact,
@@ -22,7 +24,7 @@ from orbit.core.model import (
     compact_json,
 )
 from orbit.core.states import AttemptState, SessionState, TaskState
-from orbit.store.driver import Row, RowColumns
+from orbit.store.driver import Row, RowColumns, Table
 
 _TASK_STATES = {str(s.value): s for s in TaskState}
 _ATTEMPT_STATES = {str(s.value): s for s in AttemptState}
@@ -94,21 +96,112 @@ _TASK_START_UNREAD: dict[str, Any] = {
 
 #: The task fields a start reads or writes back (``transitions.start``, the event its
 #: ``Plan.move`` records, ``task_write_columns``): the columns of ``task_lock_for_starts``
-#: read as they come (the converted ones are named in ``task_from_start_row``), i.e.
+#: read as they come (the converted ones are named in ``_start_task_reader``), i.e.
 #: every plain column but those a start never reads.
 _TASK_START_AS_IS = tuple(name for name in _TASK_AS_IS if name not in _TASK_START_UNREAD)
 
 
-def task_from_start_row(r: Row) -> Task:
-    """A task for a start, from a row of ``task_lock_for_starts``: only the columns a
-    start reads or writes back (20 of the 31: psycopg makes a dict entry of each column
-    and this a field, for hundreds of rows a batch), the rest ``_TASK_START_UNREAD``."""
-    values = {name: r[name] for name in _TASK_START_AS_IS}
-    values.update(_TASK_START_UNREAD)
-    values["cancel_requested"] = bool(r["cancel_requested"])
-    values["error_retryable"] = _opt_bool(r["error_retryable"])
-    values["state"] = _TASK_STATES[r["state"]]
-    return assemble(Task, values)
+#: The record types the positional readers make.
+Rec = TypeVar("Rec", Task, Attempt)
+
+
+def tasks_from_table(table: Table) -> Iterator[Task]:
+    """Each row's task, as ``task_from_row`` makes it from the row's dict, made as the
+    iterator is taken (a claim may stop part way through its rows)."""
+    return _records(table, _task_reader)
+
+
+def start_tasks_from_table(table: Table) -> Iterator[Task]:
+    """Each row's task for a start, from rows of ``task_lock_for_starts``: only the
+    columns a start reads or writes back (20 of the 31: each column selected costs every
+    row its conversion, in the driver and into the record), the other fields
+    ``_TASK_START_UNREAD``."""
+    return _records(table, _start_task_reader)
+
+
+def attempts_from_table(table: Table) -> Iterator[Attempt]:
+    """Each row's attempt, as ``attempt_from_row`` makes it from the row's dict."""
+    return _records(table, _attempt_reader)
+
+
+def _records(
+    table: Table, reader: Callable[[tuple[str, ...]], Callable[[tuple[Any, ...]], Rec]]
+) -> Iterator[Rec]:
+    """The records ``reader``'s function for the table's columns makes of its rows. A
+    table without rows may have no names, and needs no reader."""
+    if not table.rows:
+        return iter(())
+    return map(reader(table.names), table.rows)
+
+
+@functools.cache  # one per shape of row: a query's columns, on one backend
+def _task_reader(names: tuple[str, ...]) -> Callable[[tuple[Any, ...]], Task]:
+    """``task_from_row`` for rows of these columns, by position: the plain fields'
+    values taken in one ``itemgetter`` and zipped into the record's dict with their
+    names, then the converted ones, each from its index."""
+    at = {name: i for i, name in enumerate(names)}
+    plain, fields = itemgetter(*(at[name] for name in _TASK_AS_IS)), _TASK_AS_IS
+    retry_safe, cancel, retryable, state = (
+        at[name] for name in ("retry_safe", "cancel_requested", "error_retryable", "state")
+    )
+    backoff = itemgetter(at["backoff_base_us"], at["backoff_factor"], at["backoff_max_us"])
+    new, states = object.__new__, _TASK_STATES
+
+    def read(row: tuple[Any, ...]) -> Task:
+        task: Task = new(Task)
+        values = task.__dict__
+        values.update(zip(fields, plain(row), strict=True))
+        values["retry_safe"] = bool(row[retry_safe])
+        values["cancel_requested"] = bool(row[cancel])
+        values["error_retryable"] = None if row[retryable] is None else bool(row[retryable])
+        values["state"] = states[row[state]]
+        base_us, factor, max_us = backoff(row)
+        values["backoff"] = Backoff(base_us, float(factor), max_us)
+        return task
+
+    return read
+
+
+@functools.cache
+def _start_task_reader(names: tuple[str, ...]) -> Callable[[tuple[Any, ...]], Task]:
+    """``_task_reader`` for a start's rows (``task_lock_for_starts``): only the columns a
+    start reads or writes back, the other fields ``_TASK_START_UNREAD``."""
+    at = {name: i for i, name in enumerate(names)}
+    plain, fields = itemgetter(*(at[name] for name in _TASK_START_AS_IS)), _TASK_START_AS_IS
+    cancel, retryable, state = (
+        at[name] for name in ("cancel_requested", "error_retryable", "state")
+    )
+    new, states, unread = object.__new__, _TASK_STATES, _TASK_START_UNREAD
+
+    def read(row: tuple[Any, ...]) -> Task:
+        task: Task = new(Task)
+        values = task.__dict__
+        values.update(zip(fields, plain(row), strict=True))
+        values.update(unread)
+        values["cancel_requested"] = bool(row[cancel])
+        values["error_retryable"] = None if row[retryable] is None else bool(row[retryable])
+        values["state"] = states[row[state]]
+        return task
+
+    return read
+
+
+@functools.cache
+def _attempt_reader(names: tuple[str, ...]) -> Callable[[tuple[Any, ...]], Attempt]:
+    """``attempt_from_row`` for rows of these columns, by position (``_task_reader``)."""
+    at = {name: i for i, name in enumerate(names)}
+    plain, fields = itemgetter(*(at[name] for name in _ATTEMPT_AS_IS)), _ATTEMPT_AS_IS
+    state = at["state"]
+    new, states = object.__new__, _ATTEMPT_STATES
+
+    def read(row: tuple[Any, ...]) -> Attempt:
+        attempt: Attempt = new(Attempt)
+        values = attempt.__dict__
+        values.update(zip(fields, plain(row), strict=True))
+        values["state"] = states[row[state]]
+        return attempt
+
+    return read
 
 
 def task_to_row(t: Task) -> Row:
