@@ -1,11 +1,11 @@
-"""Mapping between database rows (plain dicts) and the domain records of orbit.core."""
+"""Mapping between database rows (plain dicts, or tuples by position) and the domain records
+of orbit.core."""
 
 from __future__ import annotations
 
 import functools
 import json
 from collections.abc import Callable, Iterator, Sequence
-from operator import itemgetter
 from typing import Any, TypeVar
 
 from orbit.core.model import (
@@ -136,71 +136,63 @@ def _records(
 
 @functools.cache  # one per shape of row: a query's columns, on one backend
 def _task_reader(names: tuple[str, ...]) -> Callable[[tuple[Any, ...]], Task]:
-    """``task_from_row`` for rows of these columns, by position: the plain fields'
-    values taken in one ``itemgetter`` and zipped into the record's dict with their
-    names, then the converted ones, each from its index."""
-    at = {name: i for i, name in enumerate(names)}
-    plain, fields = itemgetter(*(at[name] for name in _TASK_AS_IS)), _TASK_AS_IS
-    retry_safe, cancel, retryable, state = (
-        at[name] for name in ("retry_safe", "cancel_requested", "error_retryable", "state")
+    """``task_from_row`` for rows of these columns, by position (``_compiled``)."""
+    return _compiled(
+        Task,
+        names,
+        _TASK_AS_IS,
+        {
+            "retry_safe": "bool(row[{retry_safe}])",
+            "cancel_requested": "bool(row[{cancel_requested}])",
+            "error_retryable": "_opt_bool(row[{error_retryable}])",
+            "state": "_TASK_STATES[row[{state}]]",
+            "backoff": "Backoff(row[{backoff_base_us}], float(row[{backoff_factor}]), "
+            "row[{backoff_max_us}])",
+        },
     )
-    backoff = itemgetter(at["backoff_base_us"], at["backoff_factor"], at["backoff_max_us"])
-    new, states = object.__new__, _TASK_STATES
-
-    def read(row: tuple[Any, ...]) -> Task:
-        task: Task = new(Task)
-        values = task.__dict__
-        values.update(zip(fields, plain(row), strict=True))
-        values["retry_safe"] = bool(row[retry_safe])
-        values["cancel_requested"] = bool(row[cancel])
-        values["error_retryable"] = None if row[retryable] is None else bool(row[retryable])
-        values["state"] = states[row[state]]
-        base_us, factor, max_us = backoff(row)
-        values["backoff"] = Backoff(base_us, float(factor), max_us)
-        return task
-
-    return read
 
 
 @functools.cache
 def _start_task_reader(names: tuple[str, ...]) -> Callable[[tuple[Any, ...]], Task]:
     """``_task_reader`` for a start's rows (``task_lock_for_starts``): only the columns a
     start reads or writes back, the other fields ``_TASK_START_UNREAD``."""
-    at = {name: i for i, name in enumerate(names)}
-    plain, fields = itemgetter(*(at[name] for name in _TASK_START_AS_IS)), _TASK_START_AS_IS
-    cancel, retryable, state = (
-        at[name] for name in ("cancel_requested", "error_retryable", "state")
+    return _compiled(
+        Task,
+        names,
+        _TASK_START_AS_IS,
+        {
+            "cancel_requested": "bool(row[{cancel_requested}])",
+            "error_retryable": "_opt_bool(row[{error_retryable}])",
+            "state": "_TASK_STATES[row[{state}]]",
+            **{name: f"_TASK_START_UNREAD[{name!r}]" for name in _TASK_START_UNREAD},
+        },
     )
-    new, states, unread = object.__new__, _TASK_STATES, _TASK_START_UNREAD
-
-    def read(row: tuple[Any, ...]) -> Task:
-        task: Task = new(Task)
-        values = task.__dict__
-        values.update(zip(fields, plain(row), strict=True))
-        values.update(unread)
-        values["cancel_requested"] = bool(row[cancel])
-        values["error_retryable"] = None if row[retryable] is None else bool(row[retryable])
-        values["state"] = states[row[state]]
-        return task
-
-    return read
 
 
 @functools.cache
 def _attempt_reader(names: tuple[str, ...]) -> Callable[[tuple[Any, ...]], Attempt]:
-    """``attempt_from_row`` for rows of these columns, by position (``_task_reader``)."""
+    """``attempt_from_row`` for rows of these columns, by position (``_compiled``)."""
+    return _compiled(Attempt, names, _ATTEMPT_AS_IS, {"state": "_ATTEMPT_STATES[row[{state}]]"})
+
+
+def _compiled(
+    cls: type[Rec], names: tuple[str, ...], plain: Sequence[str], converted: dict[str, str]
+) -> Callable[[tuple[Any, ...]], Rec]:
+    """A function that makes a ``cls`` record from a row of these columns: one dict
+    display of every field (``plain`` fields each the value at its column's index, the
+    ``converted`` ones each its expression, ``{column}`` standing for that column's
+    index), which Python builds at its final size, moved into the record's dict. A
+    display compiled once per shape of row, for hundreds of rows a batch: looping over
+    the fields per row cost more. Only indexes and field names reach the source."""
     at = {name: i for i, name in enumerate(names)}
-    plain, fields = itemgetter(*(at[name] for name in _ATTEMPT_AS_IS)), _ATTEMPT_AS_IS
-    state = at["state"]
-    new, states = object.__new__, _ATTEMPT_STATES
-
-    def read(row: tuple[Any, ...]) -> Attempt:
-        attempt: Attempt = new(Attempt)
-        values = attempt.__dict__
-        values.update(zip(fields, plain(row), strict=True))
-        values["state"] = states[row[state]]
-        return attempt
-
+    items = [f"{name!r}: row[{at[name]}]" for name in plain]
+    items += [f"{name!r}: {expr.format_map(at)}" for name, expr in converted.items()]
+    display = "{" + ", ".join(items) + "}"
+    body = f"record = new(cls)\n    record.__dict__.update({display})\n    return record"
+    source = f"def read(row):\n    {body}"
+    scope: dict[str, Any] = {"new": object.__new__, "cls": cls, **globals()}
+    exec(source, scope)
+    read: Callable[[tuple[Any, ...]], Rec] = scope["read"]
     return read
 
 
