@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Protocol, overload
+from typing import Any, NamedTuple, Protocol, overload
 
 Row = dict[str, Any]
 Params = dict[str, Any]
@@ -59,6 +59,23 @@ class RowColumns(Sequence[Row]):
         names = list(self.columns)
         rows = zip(*self.columns.values(), strict=True)
         return (dict(zip(names, values, strict=True)) for values in rows)
+
+
+class Table(NamedTuple):
+    """A read's rows as the database driver made them, tuples in column order, and the
+    columns' names once (none for a read with no rows, whose names may be unknown).
+    The reads a batch of claims, starts or finishes takes hundreds of rows from come
+    so (``Connection.fetch_table``, ``lock_tables``), for ``rows`` to build records
+    from each row's values by position: a dict per row, by name, was most of their
+    cost (psycopg's rows to dicts, then each field looked up by name)."""
+
+    names: tuple[str, ...]
+    rows: list[tuple[Any, ...]]
+
+    def dicts(self) -> list[Row]:
+        """The rows as dicts, by column name, as ``Connection.fetch`` returns them."""
+        names = self.names
+        return [dict(zip(names, row, strict=True)) for row in self.rows]
 
 
 _NAME_RE = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
@@ -110,6 +127,10 @@ class Connection(Protocol):
 
     def fetch(self, name: str, params: Params) -> list[Row]: ...
 
+    def fetch_table(self, name: str, params: Params) -> Table:
+        """``fetch``'s rows as a ``Table``: tuples and the columns' names."""
+        ...
+
     def write_many(self, name: str, rows: Sequence[Row]) -> int: ...
 
     def write_stream(self, name: str, chunks: Iterable[Sequence[Row]]) -> int:
@@ -123,6 +144,10 @@ class Connection(Protocol):
         """Run several reads (locking ones take their locks in the order given), then
         read the clock, and return each one's rows and the clock. A backend may send them
         as one statement, but the clock is always read after every lock is held."""
+        ...
+
+    def lock_tables(self, calls: Sequence[tuple[str, Params]]) -> tuple[list[Table], int]:
+        """``lock_many``, each read's rows as a ``Table``."""
         ...
 
     def write_batch(

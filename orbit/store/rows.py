@@ -1,10 +1,12 @@
-"""Mapping between database rows (plain dicts) and the domain records of orbit.core."""
+"""Mapping between database rows (plain dicts, or tuples by position) and the domain records
+of orbit.core."""
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 from orbit.core.model import (
     Artifact,
@@ -22,7 +24,7 @@ from orbit.core.model import (
     compact_json,
 )
 from orbit.core.states import AttemptState, SessionState, TaskState
-from orbit.store.driver import Row, RowColumns
+from orbit.store.driver import Row, RowColumns, Table
 
 _TASK_STATES = {str(s.value): s for s in TaskState}
 _ATTEMPT_STATES = {str(s.value): s for s in AttemptState}
@@ -94,21 +96,104 @@ _TASK_START_UNREAD: dict[str, Any] = {
 
 #: The task fields a start reads or writes back (``transitions.start``, the event its
 #: ``Plan.move`` records, ``task_write_columns``): the columns of ``task_lock_for_starts``
-#: read as they come (the converted ones are named in ``task_from_start_row``), i.e.
+#: read as they come (the converted ones are named in ``_start_task_reader``), i.e.
 #: every plain column but those a start never reads.
 _TASK_START_AS_IS = tuple(name for name in _TASK_AS_IS if name not in _TASK_START_UNREAD)
 
 
-def task_from_start_row(r: Row) -> Task:
-    """A task for a start, from a row of ``task_lock_for_starts``: only the columns a
-    start reads or writes back (20 of the 31: psycopg makes a dict entry of each column
-    and this a field, for hundreds of rows a batch), the rest ``_TASK_START_UNREAD``."""
-    values = {name: r[name] for name in _TASK_START_AS_IS}
-    values.update(_TASK_START_UNREAD)
-    values["cancel_requested"] = bool(r["cancel_requested"])
-    values["error_retryable"] = _opt_bool(r["error_retryable"])
-    values["state"] = _TASK_STATES[r["state"]]
-    return assemble(Task, values)
+#: The record types the positional readers make.
+Rec = TypeVar("Rec", Task, Attempt)
+
+
+def tasks_from_table(table: Table) -> Iterator[Task]:
+    """Each row's task, as ``task_from_row`` makes it from the row's dict, made as the
+    iterator is taken (a claim may stop part way through its rows)."""
+    return _records(table, _task_reader)
+
+
+def start_tasks_from_table(table: Table) -> Iterator[Task]:
+    """Each row's task for a start, from rows of ``task_lock_for_starts``: only the
+    columns a start reads or writes back (20 of the 31: each column selected costs every
+    row its conversion, in the driver and into the record), the other fields
+    ``_TASK_START_UNREAD``."""
+    return _records(table, _start_task_reader)
+
+
+def attempts_from_table(table: Table) -> Iterator[Attempt]:
+    """Each row's attempt, as ``attempt_from_row`` makes it from the row's dict."""
+    return _records(table, _attempt_reader)
+
+
+def _records(
+    table: Table, reader: Callable[[tuple[str, ...]], Callable[[tuple[Any, ...]], Rec]]
+) -> Iterator[Rec]:
+    """The records ``reader``'s function for the table's columns makes of its rows. A
+    table without rows may have no names, and needs no reader."""
+    if not table.rows:
+        return iter(())
+    return map(reader(table.names), table.rows)
+
+
+@functools.cache  # one per shape of row: a query's columns, on one backend
+def _task_reader(names: tuple[str, ...]) -> Callable[[tuple[Any, ...]], Task]:
+    """``task_from_row`` for rows of these columns, by position (``_compiled``)."""
+    return _compiled(
+        Task,
+        names,
+        _TASK_AS_IS,
+        {
+            "retry_safe": "bool(row[{retry_safe}])",
+            "cancel_requested": "bool(row[{cancel_requested}])",
+            "error_retryable": "_opt_bool(row[{error_retryable}])",
+            "state": "_TASK_STATES[row[{state}]]",
+            "backoff": "Backoff(row[{backoff_base_us}], float(row[{backoff_factor}]), "
+            "row[{backoff_max_us}])",
+        },
+    )
+
+
+@functools.cache
+def _start_task_reader(names: tuple[str, ...]) -> Callable[[tuple[Any, ...]], Task]:
+    """``_task_reader`` for a start's rows (``task_lock_for_starts``): only the columns a
+    start reads or writes back, the other fields ``_TASK_START_UNREAD``."""
+    return _compiled(
+        Task,
+        names,
+        _TASK_START_AS_IS,
+        {
+            "cancel_requested": "bool(row[{cancel_requested}])",
+            "error_retryable": "_opt_bool(row[{error_retryable}])",
+            "state": "_TASK_STATES[row[{state}]]",
+            **{name: f"_TASK_START_UNREAD[{name!r}]" for name in _TASK_START_UNREAD},
+        },
+    )
+
+
+@functools.cache
+def _attempt_reader(names: tuple[str, ...]) -> Callable[[tuple[Any, ...]], Attempt]:
+    """``attempt_from_row`` for rows of these columns, by position (``_compiled``)."""
+    return _compiled(Attempt, names, _ATTEMPT_AS_IS, {"state": "_ATTEMPT_STATES[row[{state}]]"})
+
+
+def _compiled(
+    cls: type[Rec], names: tuple[str, ...], plain: Sequence[str], converted: dict[str, str]
+) -> Callable[[tuple[Any, ...]], Rec]:
+    """A function that makes a ``cls`` record from a row of these columns: one dict
+    display of every field (``plain`` fields each the value at its column's index, the
+    ``converted`` ones each its expression, ``{column}`` standing for that column's
+    index), which Python builds at its final size, moved into the record's dict. A
+    display compiled once per shape of row, for hundreds of rows a batch: looping over
+    the fields per row cost more. Only indexes and field names reach the source."""
+    at = {name: i for i, name in enumerate(names)}
+    items = [f"{name!r}: row[{at[name]}]" for name in plain]
+    items += [f"{name!r}: {expr.format_map(at)}" for name, expr in converted.items()]
+    display = "{" + ", ".join(items) + "}"
+    body = f"record = new(cls)\n    record.__dict__.update({display})\n    return record"
+    source = f"def read(row):\n    {body}"
+    scope: dict[str, Any] = {"new": object.__new__, "cls": cls, **globals()}
+    exec(source, scope)
+    read: Callable[[tuple[Any, ...]], Rec] = scope["read"]
+    return read
 
 
 def task_to_row(t: Task) -> Row:

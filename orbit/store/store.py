@@ -87,6 +87,7 @@ from orbit.store.driver import (
     Row,
     RowColumns,
     StaleWrite,
+    Table,
     migration_files,
 )
 from orbit.tokens import token_id as parse_token_id
@@ -1881,7 +1882,7 @@ class Store:
             # With room everywhere every row is granted, so read exactly what is wanted;
             # otherwise a margin, for the rows a cap will turn away.
             window = want if room else want * 2 + 8
-            rows = tx.fetch(
+            ready = tx.fetch_table(
                 "task_ready_select",
                 now=now,
                 handlers=handlers,
@@ -1894,12 +1895,11 @@ class Store:
             # while we waited must not end after our claim begins. PostgreSQL read it
             # with the last row, after every lock (`locked_at`); nothing locked, nothing
             # to time.
-            if rows:
-                now = tx.now_from(rows[-1]["locked_at"])
-            for row in rows:
+            if ready.rows:
+                now = tx.now_from(ready.rows[-1][ready.names.index("locked_at")])
+            for task in R.tasks_from_table(ready):
                 if len(grants) >= n:
                     break  # the rest stay ready: the round ends below
-                task = R.task_from_row(row)
                 size = _utf8_len(task.payload)
                 if grants and payload_bytes + size > CLAIM_PAYLOAD_BYTES:
                     grants.more = True  # this one and the rest stay ready for the next
@@ -1943,7 +1943,7 @@ class Store:
             if len(grants) >= n or grants.more:
                 grants.blocked = True  # more may be ready than were asked for
                 break
-            if len(rows) < window:
+            if len(ready.rows) < window:
                 break
         else:
             grants.blocked = True  # ran out of rounds, not out of ready tasks
@@ -1989,11 +1989,13 @@ class Store:
         and by id, as every transaction does, so batches never deadlock), share their
         session (lock it instead with ``write_session``: a renewal extends it) and, with
         ``queues``, their queues (name -> paused), then read the clock: one round trip on
-        PostgreSQL (``Connection.lock_many``). The tasks come without their payload (an
+        PostgreSQL (``Connection.lock_tables``). The tasks come without their payload (an
         empty string): no report reads it, and it can be large. With ``starts`` they come
         with only the fields a start reads or writes back (``task_lock_for_starts``,
-        ``rows.task_from_start_row``): for a start, the other columns' conversion (in
-        psycopg and into the record) was most of the tasks' share of its CPU."""
+        ``rows.start_tasks_from_table``): for a start, the other columns' conversion (in
+        psycopg and into the record) was most of the tasks' share of its CPU. The tasks
+        and attempts come as tuples (``lock_tables``), made into records by position:
+        a batch has hundreds."""
         ids = sorted(set(attempt_ids))
         calls: list[tuple[str, dict[str, Any]]] = [
             ("task_lock_for_starts" if starts else "task_lock_for_attempts", {"ids": ids}),
@@ -2002,14 +2004,14 @@ class Store:
         ]
         if queues:
             calls.append(("queue_share_for_attempts", {"ids": ids}))
-        found = tx.lock_many(*calls)
-        if not found[2]:
+        found = tx.lock_tables(*calls)
+        if not found[2].rows:
             raise _no_session(session_id)
-        to_task = R.task_from_start_row if starts else R.task_from_row
-        tasks = {r["id"]: to_task(r) for r in found[0]}
-        attempts = {r["id"]: R.attempt_from_row(r) for r in found[1]}
-        paused = {r["name"]: bool(r["paused"]) for r in found[3]} if queues else {}
-        return tasks, attempts, R.session_from_row(found[2][0]), paused
+        to_tasks = R.start_tasks_from_table if starts else R.tasks_from_table
+        tasks = {t.id: t for t in to_tasks(found[0])}
+        attempts = {a.id: a for a in R.attempts_from_table(found[1])}
+        paused = {r["name"]: bool(r["paused"]) for r in found[3].dicts()} if queues else {}
+        return tasks, attempts, R.session_from_row(found[2].dicts()[0]), paused
 
     def attempt_start(self, session_id: str, epoch: int, attempt_id: str, fence: int) -> Lease:
         """claimed -> running. A repeat of an accepted start returns the same lease."""
@@ -2994,6 +2996,12 @@ class _Tx:
         self._armed(query)
         return self.cx.fetch(query, params)
 
+    def fetch_table(self, query: str, /, **params: Any) -> Table:
+        """``fetch``'s rows as tuples and their columns' names (``Connection.fetch_table``):
+        for a read of hundreds of rows made into records by position."""
+        self._armed(query)
+        return self.cx.fetch_table(query, params)
+
     def execute(self, query: str, /, **params: Any) -> int:
         self._armed(query)
         return self.cx.execute(query, params)
@@ -3105,6 +3113,14 @@ class _Tx:
         for name, _ in calls:
             self._armed(name)
         found, now = self.cx.lock_many(calls)
+        self._stamp(lambda: now)
+        return found
+
+    def lock_tables(self, *calls: tuple[str, dict[str, Any]]) -> list[Table]:
+        """``lock_many``, each read's rows as a ``Table`` (``Connection.lock_tables``)."""
+        for name, _ in calls:
+            self._armed(name)
+        found, now = self.cx.lock_tables(calls)
         self._stamp(lambda: now)
         return found
 

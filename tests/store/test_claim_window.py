@@ -23,14 +23,14 @@ from tests.store.helpers import queue, submit, worker
 def limits_asked(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The ``limit`` of every ready-task select, in order."""
     asked: list[int] = []
-    fetch = store_module._Tx.fetch
+    fetch_table = store_module._Tx.fetch_table
 
     def recording(self: Any, query: str, /, **params: Any) -> Any:
         if query == "task_ready_select":
             asked.append(params["limit"])
-        return fetch(self, query, **params)
+        return fetch_table(self, query, **params)
 
-    monkeypatch.setattr(store_module._Tx, "fetch", recording)
+    monkeypatch.setattr(store_module._Tx, "fetch_table", recording)
     return asked
 
 

@@ -12,7 +12,7 @@ from orbit.core.model import Attempt, Backoff, Event, Session, Task, TaskSpec
 from orbit.core.states import AttemptState, SessionState, TaskState
 from orbit.core.transitions import NEW_TASK_FIXED, Plan, new_task
 from orbit.store import rows as R
-from orbit.store.driver import RowColumns, load_queries
+from orbit.store.driver import RowColumns, Table, load_queries
 from orbit.store.postgres import driver as pg
 from orbit.store.sqlite import driver as sqlite
 
@@ -354,7 +354,7 @@ def _selected(query: str) -> dict[str, set[str]]:
 
 
 def test_a_starts_task_read_selects_exactly_the_fields_it_fills_from_its_row() -> None:
-    """``task_lock_for_starts`` selects what ``task_from_start_row`` reads, on both
+    """``task_lock_for_starts`` selects what ``start_tasks_from_table`` reads, on both
     backends, and the two with the fields it never reads make up the whole task."""
     converted = {"cancel_requested", "error_retryable", "state"}
     read = set(R._TASK_START_AS_IS) | converted
@@ -421,7 +421,8 @@ def test_a_start_on_its_narrow_task_plans_what_it_plans_on_the_whole_task(
     whole = replace(_task(), **{"state": TaskState.CLAIMED, **changes})
     row = R.task_to_row(whole)
     row["state"] = str(whole.state)
-    narrow = R.task_from_start_row({k: row[k] for k in _selected("task_lock_for_starts")["sqlite"]})
+    names = tuple(sorted(_selected("task_lock_for_starts")["sqlite"]))
+    (narrow,) = R.start_tasks_from_table(Table(names, [tuple(row[k] for k in names)]))
     attempt = _attempt(
         state=AttemptState.CLAIMED, claim_expires_at=100, started_at=None, lease_expires_at=None
     )

@@ -33,7 +33,15 @@ from psycopg.pq import ConnStatus, ExecStatus, TransactionStatus
 from psycopg_pool import ConnectionPool
 
 from orbit.core.model import compact_json, parse_json
-from orbit.store.driver import Notice, Params, Row, RowColumns, StaleWrite, load_queries
+from orbit.store.driver import (
+    Notice,
+    Params,
+    Row,
+    RowColumns,
+    StaleWrite,
+    Table,
+    load_queries,
+)
 from orbit.store.postgres.plans import PlanWatch
 
 _HERE = Path(__file__).parent
@@ -139,6 +147,17 @@ def rows_columns(rows: Sequence[Row], columns: Columns) -> dict[str, str] | None
             return None
         params[f"rows__{name}"] = text
     return params
+
+
+def _same_rows(rows: list[Row]) -> list[Row]:
+    """A one-statement ``lock_many``'s rows, as its JSON holds them."""
+    return rows
+
+
+def _table_of(rows: list[Row]) -> Table:
+    """A one-statement ``lock_tables``' rows (``json_agg``: one object per row, its keys
+    the columns in order) as a ``Table``."""
+    return Table(tuple(rows[0]) if rows else (), [tuple(row.values()) for row in rows])
 
 
 def _notice_rows(notices: Sequence[Notice]) -> list[Row]:
@@ -410,6 +429,7 @@ def _written(cur: psycopg.RawCursor[Any]) -> int:
 #: A batched write as it travels: the query's name and whether in its columnar form.
 WriteForm = tuple[str, bool]
 K = TypeVar("K")
+T = TypeVar("T")
 
 
 class _Statements:
@@ -731,6 +751,20 @@ class _PostgresConnection:
         return (name, True), params
 
     def lock_many(self, calls: Sequence[tuple[str, Params]]) -> tuple[list[list[Row]], int]:
+        return self._locked(calls, self._rows, _same_rows)
+
+    def lock_tables(self, calls: Sequence[tuple[str, Params]]) -> tuple[list[Table], int]:
+        return self._locked(calls, self._table, _table_of)
+
+    def _locked(
+        self,
+        calls: Sequence[tuple[str, Params]],
+        loaded: Callable[[pq.abc.PGresult], T],
+        parsed: Callable[[list[Row]], T],
+    ) -> tuple[list[T], int]:
+        """``lock_many``'s reads, each one's rows made by ``loaded`` from its result, or
+        by ``parsed`` from the rows its JSON holds (the one-statement form); and the
+        clock."""
         if _largest_list(calls) > LOCK_MANY_INLINE_MAX:  # see LOCK_MANY_INLINE_MAX
             # Each read its own statement, then the clock, all in one round trip
             # (``_Raw.pipeline``): PostgreSQL runs them in order, so the clock is read
@@ -743,13 +777,13 @@ class _PostgresConnection:
             ]
             statements.append(_bound(self._positional("clock_now"), {}))
             *results, clock = self._pipelined_run(statements)
-            return [self._rows(result) for result in results], int(_value(clock, 0))
+            return [loaded(result) for result in results], int(_value(clock, 0))
         # One statement (lock_many_sql), each query's parameters scoped by its position.
         scoped = {f"p{i}_{k}": v for i, (_, ps) in enumerate(calls) for k, v in ps.items()}
         statement = self._lock_sql(tuple(name for name, _ in calls), one_each(scoped))
         result = self._run(statement, _arrays(scoped))
         *arrays, now = (_value(result, i) for i in range(result.nfields))
-        return [parse_json(rows) for rows in arrays], int(now)
+        return [parsed(parse_json(rows)) for rows in arrays], int(now)
 
     def write_batch(
         self,
@@ -814,17 +848,28 @@ class _PostgresConnection:
         return [int(_value(result, i)) for i in range(len(todo))]
 
     def fetch(self, name: str, params: Params) -> list[Row]:
-        return self._rows(self._run(self._positional(name, one_each(params)), _arrays(params)))
+        return self._rows(self._read(name, params))
+
+    def fetch_table(self, name: str, params: Params) -> Table:
+        return self._table(self._read(name, params))
+
+    def _read(self, name: str, params: Params) -> pq.abc.PGresult:
+        return self._run(self._positional(name, one_each(params)), _arrays(params))
 
     def _rows(self, result: pq.abc.PGresult) -> list[Row]:
         """A statement's rows as dicts, by column name."""
+        return self._table(result).dicts()
+
+    def _table(self, result: pq.abc.PGresult) -> Table:
+        """A statement's rows as tuples, and its columns' names."""
         if not result.nfields:
-            return []
-        # psycopg's own loaders (C) turn the values into Python ones, as its cursor would
-        names = [(result.fname(i) or b"").decode("utf-8") for i in range(result.nfields)]
+            return Table((), [])
+        # psycopg's own loaders (C) turn the values into Python ones, as its cursor would;
+        # ``tuple`` rows are the ones it makes, which it then hands back as they are
+        names = tuple((result.fname(i) or b"").decode("utf-8") for i in range(result.nfields))
         loader = Transformer(self._cx)
         loader.set_pgresult(result)
-        return loader.load_rows(0, result.ntuples, lambda row: dict(zip(names, row, strict=True)))
+        return Table(names, loader.load_rows(0, result.ntuples, tuple))
 
     def write_many(self, name: str, rows: Sequence[Row]) -> int:
         if not rows:

@@ -222,7 +222,7 @@ ORDER BY id FOR UPDATE;
 
 -- name: task_lock_for_starts
 -- task_lock_for_attempts for a batch of starts (Store.attempt_start_many): only the
--- columns a start reads or writes back; rows.task_from_start_row fills the others,
+-- columns a start reads or writes back; rows.start_tasks_from_table fills the others,
 -- which it never reads. Each column selected costs every row its conversion.
 SELECT id, queue, tenant, max_attempts, attempt_timeout_us, deadline, run_after, state,
     attempts_used, fence, cancel_requested, result, error_code, error_message,

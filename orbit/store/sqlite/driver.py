@@ -17,7 +17,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
-from orbit.store.driver import Notice, Params, Row, RowColumns, load_queries
+from orbit.store.driver import Notice, Params, Row, RowColumns, Table, load_queries
 
 _HERE = Path(__file__).parent
 #: a named query may be several statements, each ending with ';' at the end of a line
@@ -82,9 +82,12 @@ class _SqliteConnection:
         self._writes = writes
 
     def fetch(self, name: str, params: Params) -> list[Row]:
+        return self.fetch_table(name, params).dicts()
+
+    def fetch_table(self, name: str, params: Params) -> Table:
         cur = self._cx.execute(self._queries[name], _encode(params))
-        cols = [d[0] for d in cur.description] if cur.description else []
-        return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
+        names = tuple(d[0] for d in cur.description) if cur.description else ()
+        return Table(names, cur.fetchall())
 
     def write_many(self, name: str, rows: Sequence[Row]) -> int:
         """Each of the query's statements over every row; the count is the last one's
@@ -105,6 +108,9 @@ class _SqliteConnection:
         # In-process: a statement costs no round trip, and BEGIN IMMEDIATE already holds
         # the write lock (one view for every read): the reads, then the clock.
         return [self.fetch(name, params) for name, params in calls], self.now()
+
+    def lock_tables(self, calls: Sequence[tuple[str, Params]]) -> tuple[list[Table], int]:
+        return [self.fetch_table(name, params) for name, params in calls], self.now()
 
     def write_batch(
         self,
