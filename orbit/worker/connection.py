@@ -58,14 +58,15 @@ def frame_text(message: dict[str, Any], *, plain: bool = False) -> str:
     it with its code), as ``json.dumps`` writes it.
 
     ``plain``: every value is of JSON's own types exactly (``str``, ``int`` within 64
-    bits, a finite ``float``, ``bool``, ``None``, ``list``, ``tuple``, ``dict`` with
-    ``str`` keys; no subclass, no Enum), as in the runner's ``start_many`` and most of its
+    bits, ``bool``, ``None``, ``list``, ``tuple``, ``dict`` with ``str`` keys; no float,
+    no subclass, no Enum), as in the runner's ``start_many`` and most of its
     ``finish_many`` (see ``Worker._send_finishes``). Such a message is written by orjson,
     about ten times faster (the standard library's encoder was a tenth of a busy worker's
     instructions), whenever orjson's text is ASCII: then it is the same JSON value, never
-    longer (orjson leaves DEL unescaped and writes no zero in an exponent). Anything else
-    takes ``json.dumps``: orjson writes NaN as null, an Enum as its value, and a UUID that
-    ``json.dumps`` refuses."""
+    longer (orjson leaves DEL unescaped), so never past the size ``outcomes.wire_size``
+    counted. A float is the same value but may be longer (orjson writes 6.103515625e-05
+    as 0.00006103515625), hence not plain. Anything else takes ``json.dumps``: orjson
+    writes NaN as null, an Enum as its value, and a UUID that ``json.dumps`` refuses."""
     if plain:
         try:
             data = orjson.dumps(message, option=_ORJSON_LIKE_JSON)
