@@ -20,7 +20,6 @@ from orbit.core.model import (
     Task,
     TaskSpec,
     Token,
-    assemble,
     compact_json,
 )
 from orbit.core.states import AttemptState, SessionState, TaskState
@@ -65,17 +64,10 @@ _TASK_AS_IS = (
 
 
 def task_from_row(r: Row) -> Task:
-    """A task from its row, unchecked (``assemble``): the field lists here are fixed and
-    a test holds them to the dataclass, since a batch turns hundreds of rows into tasks."""
-    values = {name: r[name] for name in _TASK_AS_IS}
-    values["retry_safe"] = bool(r["retry_safe"])  # SQLite stores booleans as 0/1
-    values["cancel_requested"] = bool(r["cancel_requested"])
-    values["error_retryable"] = _opt_bool(r["error_retryable"])
-    values["state"] = _TASK_STATES[r["state"]]
-    values["backoff"] = Backoff(
-        r["backoff_base_us"], float(r["backoff_factor"]), r["backoff_max_us"]
-    )
-    return assemble(Task, values)
+    """A task from its row, unchecked: the field lists here are fixed and a test holds
+    them to the dataclass. The row's values by position through the reader a batch's
+    tuples go through (``_task_reader``), so each column's conversion is spelled once."""
+    return _task_reader(tuple(r))(tuple(r.values()))
 
 
 #: What a start's task holds in the fields it never reads nor writes: the task is not
@@ -142,7 +134,7 @@ def _task_reader(names: tuple[str, ...]) -> Callable[[tuple[Any, ...]], Task]:
         names,
         _TASK_AS_IS,
         {
-            "retry_safe": "bool(row[{retry_safe}])",
+            "retry_safe": "bool(row[{retry_safe}])",  # SQLite stores booleans as 0/1
             "cancel_requested": "bool(row[{cancel_requested}])",
             "error_retryable": "_opt_bool(row[{error_retryable}])",
             "state": "_TASK_STATES[row[{state}]]",
@@ -317,9 +309,7 @@ _ATTEMPT_AS_IS = (
 
 def attempt_from_row(r: Row) -> Attempt:
     """An attempt from its row, built as ``task_from_row`` builds a task."""
-    values = {name: r[name] for name in _ATTEMPT_AS_IS}
-    values["state"] = _ATTEMPT_STATES[r["state"]]
-    return assemble(Attempt, values)
+    return _attempt_reader(tuple(r))(tuple(r.values()))
 
 
 def attempts_columns(attempts: Sequence[Attempt]) -> RowColumns:
