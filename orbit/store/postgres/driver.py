@@ -467,13 +467,6 @@ def write_batch_sql(queries: Sequence[str], guards: Sequence[bool] = ()) -> str:
     )
 
 
-def _has_rows(cur: psycopg.RawCursor[Any]) -> bool:
-    """Whether the statement returned rows. ``cur.description`` would say so too, but it
-    builds an object per column on every call: a row of orbit_tasks has 31."""
-    result = cur.pgresult
-    return result is not None and result.nfields > 0
-
-
 def _value(result: pq.abc.PGresult, column: int) -> bytes:
     """The first row's value in ``column`` of a statement that returns one (never NULL)."""
     value = result.get_value(0, column)
@@ -482,8 +475,13 @@ def _value(result: pq.abc.PGresult, column: int) -> bytes:
 
 
 def _written(cur: psycopg.RawCursor[Any]) -> int:
-    """The rows a ``*_many`` write wrote: those it returned, or else its row count."""
-    return len(cur.fetchall()) if _has_rows(cur) else cur.rowcount
+    """The rows a ``*_many`` write wrote: those it returned, or else its row count, read
+    from its result (``_written_count``): a streamed chunk returns a row per task, which
+    ``fetchall`` made into tuples only to be counted, after the stream, while the
+    transaction waited."""
+    result = cur.pgresult
+    assert result is not None, "a streamed write without its result"
+    return _written_count(result)
 
 
 #: A batched write as it travels: the query's name and whether in its columnar form.
@@ -944,8 +942,23 @@ class _PostgresConnection:
         form, params = self._write_params(name, rows)
         return _written_count(self._write((form,), params))
 
-    def write_stream(self, name: str, chunks: Iterable[Sequence[Row]]) -> int:
-        return sum(self._pipelined((name, rows) for rows in chunks if rows))
+    def write_stream(
+        self,
+        name: str,
+        chunks: Iterable[Sequence[Row]],
+        notify: Callable[[], Sequence[Notice]] = tuple,
+    ) -> int:
+        notified: list[bool] = []
+
+        def writes() -> Iterator[tuple[str, Sequence[Row]]]:
+            yield from ((name, rows) for rows in chunks if rows)
+            notices = notify()  # the last statement of the pipeline (write_batch's notify)
+            if notices:
+                notified.append(True)
+                yield "notify_many", _notice_rows(notices)
+
+        counts = self._pipelined(writes())
+        return sum(counts[:-1] if notified else counts)
 
     def _pipelined(self, writes: Iterable[tuple[str, Sequence[Row]]]) -> list[int]:
         """Each write its own statement, sent in pipeline mode: each execute sends its
