@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, overload
@@ -133,11 +133,19 @@ class Connection(Protocol):
 
     def write_many(self, name: str, rows: Sequence[Row]) -> int: ...
 
-    def write_stream(self, name: str, chunks: Iterable[Sequence[Row]]) -> int:
+    def write_stream(
+        self,
+        name: str,
+        chunks: Iterable[Sequence[Row]],
+        notify: Callable[[], Sequence[Notice]] = tuple,
+    ) -> int:
         """``write_many`` over rows made a chunk at a time, in one transaction; the total
         count. A backend may send each chunk's statement without waiting for the one
         before (PostgreSQL's pipeline mode), so that the caller's Python making the next
-        chunk runs while the database writes this one."""
+        chunk runs while the database writes this one. ``notify`` is called once every
+        chunk is made, and its notices go with the chunks, as ``write_batch``'s do with
+        its writes (on PostgreSQL one more statement of the pipeline: sent after it,
+        they cost a round trip of their own)."""
         ...
 
     def lock_many(self, calls: Sequence[tuple[str, Params]]) -> tuple[list[list[Row]], int]:

@@ -3022,10 +3022,10 @@ class _Tx:
     ) -> int:
         """``write_many`` over rows made a chunk at a time (``Connection.write_stream``);
         ``expect`` is read once every chunk is made: the count every row's guard must
-        match."""
+        match. The notices owed once every chunk is made go with the chunks."""
         self._usable()
         self.wrote_events = self.wrote_events or name in EVENT_WRITES
-        count = self.cx.write_stream(name, chunks)
+        count = self.cx.write_stream(name, chunks, self.unsent_notices)
         # As in write_batch: a fault fires after every chunk has been written.
         self._armed(name)
         return _guarded(name, count, expect())

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import pq
 
 from orbit.core.model import TaskSpec
 from orbit.core.transitions import new_task
@@ -211,6 +212,54 @@ def test_a_write_and_its_notice_share_a_round_trip_and_its_fate(
             heard.append(n.payload)
     assert counts == [1] and heard == ["y:ready:q"]
     assert [t.id for t in store.task_list()] == ["t-good"]
+
+
+def test_a_streams_notices_go_in_its_pipeline_after_its_chunks_and_share_its_fate(
+    store: Store, driver: PostgresDriver
+) -> None:
+    """A streamed write's notices are read once every chunk is made and sent in the same
+    pipeline, after the chunks (a statement after it cost a round trip): a stream whose
+    chunk fails on the server tells no one, and one that commits tells each listener once."""
+    queue(store)
+    rows = [
+        task_to_row(
+            new_task(TaskSpec(queue="q", handler="h"), task_id=f"t-{i}", payload="1", now=1)
+        )
+        for i in range(3)
+    ]
+    bad = {**rows[2], "id": "t-bad", "priority": "not a number"}
+    made: list[str] = []
+
+    def chunks(last: dict[str, object]) -> Iterator[list[dict[str, object]]]:
+        for row in (rows[0], rows[1], last):
+            made.append(str(row["id"]))
+            yield [row]
+
+    def notices(payload: str) -> Callable[[], list[tuple[str, str]]]:
+        def read() -> list[tuple[str, str]]:
+            made.append(f"notify:{pq.PipelineStatus(cx._cx.pgconn.pipeline_status).name}")
+            return [("orbit_ready", payload)]
+
+        return read
+
+    with psycopg.connect(driver.dsn, autocommit=True) as listener:
+        listener.execute("LISTEN orbit_ready")
+        with pytest.raises(psycopg.errors.InvalidTextRepresentation), driver.transaction() as cx:
+            cx.write_stream("task_submit_many", chunks(bad), notices("x:ready:q"))
+        assert made == ["t-0", "t-1", "t-bad", "notify:ON"]
+        made.clear()
+        with driver.transaction() as cx:
+            count = cx.write_stream("task_submit_many", chunks(rows[2]), notices("y:ready:q"))
+        assert made == ["t-0", "t-1", "t-2", "notify:ON"]
+        with psycopg.connect(driver.dsn, autocommit=True) as other:
+            other.execute("SELECT pg_notify('orbit_ready', 'sentinel')")
+        heard = []
+        for n in listener.notifies(timeout=5):
+            if n.payload == "sentinel":
+                break
+            heard.append(n.payload)
+    assert count == 3 and heard == ["y:ready:q"]
+    assert sorted(t.id for t in store.task_list()) == ["t-0", "t-1", "t-2"]
 
 
 def test_a_prelude_is_held_before_the_statement_it_travels_with(driver: PostgresDriver) -> None:

@@ -149,6 +149,66 @@ def rows_columns(rows: Sequence[Row], columns: Columns) -> dict[str, str] | None
     return params
 
 
+#: The suffix of a batched write's uniform form (``uniform_forms``), and the prefix of
+#: the parameters in which it reads a column's one value.
+UNIFORM_SUFFIX = "_uniform"
+_ONE_RE = re.compile(r"%\(one__(\w+)\)s")
+
+#: A uniform form: its query's name, the columns it reads as one value each, and the
+#: columns of the write's rows it does not read at all, which must be NULL in every row.
+Uniform = tuple[str, tuple[str, ...], tuple[str, ...]]
+
+
+def uniform_forms(
+    queries: dict[str, str], columnar: dict[str, tuple[str, Columns]]
+) -> dict[str, Uniform]:
+    """Each batched write that has a uniform form, by the write's name: a query named
+    after it with ``UNIFORM_SUFFIX`` that reads some of its columns once, as
+    ``:one__<column>``, for rows in which each of them holds one value (``uniform_params``).
+    Such a column is then one parameter where the write's own form sends an array of a
+    value per row, which PostgreSQL splits and casts row by row."""
+    forms: dict[str, Uniform] = {}
+    for name, sql in queries.items():
+        base = name.removesuffix(UNIFORM_SUFFIX)
+        if base == name or base not in columnar or name not in columnar:
+            continue
+        ones = tuple(dict.fromkeys(_ONE_RE.findall(sql)))
+        read = {column for column, _ in columnar[name][1]} | set(ones)
+        every = tuple(column for column, _ in columnar[base][1])
+        if not ones or not read <= set(every):
+            raise ValueError(f"{name} reads columns {base} has not")
+        forms[base] = (name, ones, tuple(c for c in every if c not in read))
+    return forms
+
+
+def uniform_params(rows: Sequence[Row], uniform: Uniform) -> dict[str, Any] | None:
+    """The ``:one__<column>`` parameters of a uniform form for these rows, or None if it
+    does not fit them: rows not held by column (``RowColumns``), fewer than
+    ``COLUMNAR_MIN_ROWS`` of them, a column it reads once holding more than one value,
+    or a column it does not read holding anything but NULL. Values are the same when
+    equal (``list.count``, in C: a type check per value would cost a batch of 1,000
+    tasks about 0.3 ms); equal values of a column's kind are one stored value (1 and
+    1.0 are one ``double precision``, as orjson's ``1`` and ``1.0`` were)."""
+    if not isinstance(rows, RowColumns) or len(rows) < COLUMNAR_MIN_ROWS:
+        return None
+    _, ones, nulls = uniform
+    columns = rows.columns
+    params: dict[str, Any] = {}
+    try:
+        for column in nulls:
+            if columns[column].count(None) != len(rows):
+                return None
+        for column in ones:
+            values = columns[column]
+            first = values[0]
+            if values.count(first) != len(values):
+                return None
+            params[f"one__{column}"] = first
+    except KeyError:  # a column the rows lack
+        return None
+    return params
+
+
 def _same_rows(rows: list[Row]) -> list[Row]:
     """A one-statement ``lock_many``'s rows, as its JSON holds them."""
     return rows
@@ -407,13 +467,6 @@ def write_batch_sql(queries: Sequence[str], guards: Sequence[bool] = ()) -> str:
     )
 
 
-def _has_rows(cur: psycopg.RawCursor[Any]) -> bool:
-    """Whether the statement returned rows. ``cur.description`` would say so too, but it
-    builds an object per column on every call: a row of orbit_tasks has 31."""
-    result = cur.pgresult
-    return result is not None and result.nfields > 0
-
-
 def _value(result: pq.abc.PGresult, column: int) -> bytes:
     """The first row's value in ``column`` of a statement that returns one (never NULL)."""
     value = result.get_value(0, column)
@@ -422,8 +475,13 @@ def _value(result: pq.abc.PGresult, column: int) -> bytes:
 
 
 def _written(cur: psycopg.RawCursor[Any]) -> int:
-    """The rows a ``*_many`` write wrote: those it returned, or else its row count."""
-    return len(cur.fetchall()) if _has_rows(cur) else cur.rowcount
+    """The rows a ``*_many`` write wrote: those it returned, or else its row count, read
+    from its result (``_written_count``): a streamed chunk returns a row per task, which
+    ``fetchall`` made into tuples only to be counted, after the stream, while the
+    transaction waited."""
+    result = cur.pgresult
+    assert result is not None, "a streamed write without its result"
+    return _written_count(result)
 
 
 #: A batched write as it travels: the query's name and whether in its columnar form.
@@ -640,11 +698,13 @@ class _PostgresConnection:
         columnar: dict[str, tuple[str, Columns]],
         statements: _Statements,
         *,
+        uniform: dict[str, Uniform] | None = None,
         autocommit: bool = False,
     ) -> None:
         self._cx = cx
         self._queries = queries
         self._columnar = columnar  # the columnar form of each *_many write
+        self._uniform = uniform or {}  # the uniform form of some (``uniform_forms``)
         self._statements = statements
         self.raw = _Raw(cx, statements)
         #: whether no BEGIN is owed: one was sent, or each statement is its own
@@ -741,6 +801,11 @@ class _PostgresConnection:
 
     def _write_params(self, name: str, rows: Sequence[Row]) -> tuple[WriteForm, Params]:
         """The form a write's rows travel in and their parameters."""
+        uniform = self._uniform.get(name)
+        if uniform is not None and (ones := uniform_params(rows, uniform)) is not None:
+            form, own = self._write_params(uniform[0], rows)
+            own.update(ones)
+            return form, own
         columnar = self._columnar.get(name)
         params: Params | None = None
         if columnar is not None and len(rows) >= COLUMNAR_MIN_ROWS:
@@ -877,8 +942,23 @@ class _PostgresConnection:
         form, params = self._write_params(name, rows)
         return _written_count(self._write((form,), params))
 
-    def write_stream(self, name: str, chunks: Iterable[Sequence[Row]]) -> int:
-        return sum(self._pipelined((name, rows) for rows in chunks if rows))
+    def write_stream(
+        self,
+        name: str,
+        chunks: Iterable[Sequence[Row]],
+        notify: Callable[[], Sequence[Notice]] = tuple,
+    ) -> int:
+        notified: list[bool] = []
+
+        def writes() -> Iterator[tuple[str, Sequence[Row]]]:
+            yield from ((name, rows) for rows in chunks if rows)
+            notices = notify()  # the last statement of the pipeline (write_batch's notify)
+            if notices:
+                notified.append(True)
+                yield "notify_many", _notice_rows(notices)
+
+        counts = self._pipelined(writes())
+        return sum(counts[:-1] if notified else counts)
 
     def _pipelined(self, writes: Iterable[tuple[str, Sequence[Row]]]) -> list[int]:
         """Each write its own statement, sent in pipeline mode: each execute sends its
@@ -1028,6 +1108,7 @@ class PostgresDriver:
             for name, form in ((n, columnar_sql(q)) for n, q in self.queries.items())
             if form is not None
         }
+        self.uniform = uniform_forms(self.queries, self.columnar)
         self._statements = _Statements(self.queries)
         self.migrations = _HERE / "migrations"
         self._pool = ConnectionPool(
@@ -1073,7 +1154,12 @@ class PostgresDriver:
             yield (
                 cx,
                 _PostgresConnection(
-                    cx, self.queries, self.columnar, self._statements, autocommit=autocommit
+                    cx,
+                    self.queries,
+                    self.columnar,
+                    self._statements,
+                    uniform=self.uniform,
+                    autocommit=autocommit,
                 ),
             )
         finally:

@@ -196,6 +196,45 @@ SELECT created_at, 'submitted', id, NULL, NULL, queue, tenant, NULL, state, NULL
 FROM new_tasks
 RETURNING id;
 
+-- name: task_submit_many_uniform
+-- task_submit_many for a chunk of eight or more tasks whose columns read here as
+-- :one__<column> each hold one value in every row, and whose other columns this does
+-- not read (the idempotency key) are NULL in every row: the driver sends such a chunk
+-- this way (``uniform_params``), as a batch of one queue's tasks usually is. Each of
+-- those columns travels once instead of as an array of a value per task, which
+-- PostgreSQL would split and cast row by row; and with no key there is nothing for
+-- ON CONFLICT to find, so the insert goes without it (PostgreSQL's speculative insertion
+-- costs each row a second WAL record). The rows and events written are
+-- task_submit_many's, column for column.
+WITH new_tasks AS (
+    INSERT INTO orbit_tasks (
+        id, queue, handler, tenant, priority, payload, payload_digest, idempotency_key,
+        parent_id, retry_safe, max_attempts, backoff_base_us, backoff_factor, backoff_max_us,
+        attempt_timeout_us, deadline, run_after, state, attempts_used, fence, cancel_requested,
+        result, error_code, error_message, error_retryable, result_digest, result_version,
+        created_at, updated_at, finished_at, version)
+    SELECT
+        id, CAST(:one__queue AS text), CAST(:one__handler AS text), CAST(:one__tenant AS text),
+        CAST(:one__priority AS integer), payload, payload_digest, NULL,
+        CAST(:one__parent_id AS text), CAST(:one__retry_safe AS boolean),
+        CAST(:one__max_attempts AS integer), CAST(:one__backoff_base_us AS bigint),
+        CAST(:one__backoff_factor AS double precision), CAST(:one__backoff_max_us AS bigint),
+        CAST(:one__attempt_timeout_us AS bigint), CAST(:one__deadline AS bigint),
+        CAST(:one__run_after AS bigint), CAST(:one__state AS text), 0, 0, false,
+        NULL, NULL, NULL, NULL, NULL, 0,
+        CAST(:one__created_at AS bigint), CAST(:one__created_at AS bigint), NULL, 1
+    FROM json_to_recordset(CAST(:rows AS json)) AS x(id text, payload text, payload_digest text)
+    RETURNING id, payload_digest
+)
+INSERT INTO orbit_events (at, kind, task_id, attempt_id, session_id, queue, tenant,
+    task_from, task_to, attempt_from, attempt_to, code, data)
+SELECT CAST(:one__created_at AS bigint), 'submitted', id, NULL, NULL,
+    CAST(:one__queue AS text), CAST(:one__tenant AS text), NULL, CAST(:one__state AS text),
+    NULL, NULL, NULL,
+    '{"handler":"' || CAST(:one__handler AS text) || '","payload_digest":"' || payload_digest || '"}'
+FROM new_tasks
+RETURNING id;
+
 -- name: task_get
 SELECT * FROM orbit_tasks WHERE id = :id;
 

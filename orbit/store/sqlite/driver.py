@@ -11,7 +11,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from itertools import chain
 from pathlib import Path
@@ -100,9 +100,17 @@ class _SqliteConnection:
             count = self._cx.executemany(statement, encoded).rowcount
         return count
 
-    def write_stream(self, name: str, chunks: Iterable[Sequence[Row]]) -> int:
-        # In-process: nothing to overlap, so the chunks are written as one.
-        return self.write_many(name, joined(list(chunks)))
+    def write_stream(
+        self,
+        name: str,
+        chunks: Iterable[Sequence[Row]],
+        notify: Callable[[], Sequence[Notice]] = tuple,
+    ) -> int:
+        # In-process: nothing to overlap, so the chunks are written as one. ``notify``:
+        # as write_batch's notices, one server process woken in-process after the commit.
+        count = self.write_many(name, joined(list(chunks)))
+        notify()
+        return count
 
     def lock_many(self, calls: Sequence[tuple[str, Params]]) -> tuple[list[list[Row]], int]:
         # In-process: a statement costs no round trip, and BEGIN IMMEDIATE already holds
