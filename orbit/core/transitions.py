@@ -17,6 +17,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import orjson
+
 from orbit.core.errors import Code, Rejected
 from orbit.core.model import (
     JSON,
@@ -508,6 +510,19 @@ def renew(
 _SUCCESS_OPEN = '{"ok":true,"result":'
 
 
+def receipt_json(receipt: Receipt) -> str:
+    """``canonical_json(receipt.as_json())``, which every accepted finish stores: a
+    receipt holds strings and integers only, which orjson spells as the standard
+    library does (``model._plain``), so it is spelled at once, without
+    ``canonical_json``'s look at each of its seven values (``is_shallow``). A value
+    orjson refuses (a lone surrogate, an integer past 64 bits) goes the standard way."""
+    values = receipt.as_json()
+    try:
+        return orjson.dumps(values, option=orjson.OPT_SORT_KEYS).decode("utf-8")
+    except TypeError:
+        return canonical_json(values)
+
+
 class Spelled(NamedTuple):
     """An outcome's canonical spellings, made once per report: ``report`` is the whole
     outcome's (``canonical_json(outcome.as_json())``, whose digest identifies the report)
@@ -612,7 +627,7 @@ def finish(
             report_digest,
             task.result_version,
         )
-        ended = evolve(ended, receipt=canonical_json(receipt.as_json()))
+        ended = evolve(ended, receipt=receipt_json(receipt))
         plan.moved(
             task,
             after,
@@ -706,7 +721,7 @@ def finish(
             "state": attempt_state,
             "ended_at": now,
             "finish_digest": report_digest,
-            "receipt": canonical_json(receipt.as_json()),
+            "receipt": receipt_json(receipt),
         },
     )
     plan.moved(

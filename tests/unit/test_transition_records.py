@@ -8,6 +8,8 @@ from dataclasses import fields, replace
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from orbit.core import transitions
 from orbit.core.model import (
@@ -24,7 +26,7 @@ from orbit.core.model import (
     copied,
 )
 from orbit.core.states import AttemptState, SessionState, TaskState
-from orbit.core.transitions import Digests, Plan, digest, spell
+from orbit.core.transitions import Digests, Plan, digest, receipt_json, spell
 from tests.unit.test_rows import _attempt, _task
 
 NOW = 50
@@ -250,3 +252,22 @@ def test_digests_are_digest_and_keep_only_short_texts() -> None:
     for text in (short, long, edge, short, long):
         assert digests[text] == digest(text)
     assert set(digests) == {short, edge}
+
+
+_TEXT = st.text(st.characters(min_codepoint=0, max_codepoint=0x10FFFF), max_size=6)
+
+
+@given(_TEXT, _TEXT, st.integers(0, 2**70), st.integers(-(2**70), 2**70), _TEXT)
+def test_a_receipt_is_spelled_as_canonical_json_spells_it(
+    task_id: str, attempt_id: str, fence: int, version: int, digest_text: str
+) -> None:
+    receipt = Receipt(
+        task_id,
+        attempt_id,
+        fence,
+        TaskState.SUCCEEDED,
+        AttemptState.SUCCEEDED,
+        digest_text,
+        version,
+    )
+    assert receipt_json(receipt) == canonical_json(receipt.as_json())
