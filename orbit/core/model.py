@@ -59,10 +59,29 @@ def build(cls: type[R], **values: Any) -> R:
 def assemble(cls: type[R], values: dict[str, Any]) -> R:
     """``build`` without its check, for the store's hot path (hundreds of rows turned
     into records per batch): ``values`` must hold every field and no other, which the
-    caller's fixed field list and a test of it guarantee."""
-    record = object.__new__(cls)
-    record.__dict__.update(values)
+    caller's fixed field list and a test of it guarantee. ``values`` becomes the record's
+    own dict (the caller's fresh display, never touched again): copied into the dict
+    the new instance makes, its 31 fields cost a task about 900 instructions more."""
+    record = _new(cls)
+    _set(record, "__dict__", values)
     return record
+
+
+def copied(record: R, changes: dict[str, Any]) -> R:
+    """``evolve`` for the transitions a drain makes per task (a claim, a start, a finish):
+    the same copy, without the keywords' packing and the check of their names, which
+    cost about as much as the copy (9.8 → 7.1 thousand instructions for a task's copy
+    with four changes). ``changes`` is a dict display of field names; a test holds each
+    such transition's records to the dataclass's fields."""
+    copy = _new(type(record))
+    state = copy.__dict__
+    state.update(record.__dict__)
+    state.update(changes)
+    return copy
+
+
+_new = object.__new__
+_set = object.__setattr__
 
 
 #: One encoder for every canonical spelling: ``json.dumps`` with non-default options

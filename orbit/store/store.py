@@ -131,6 +131,9 @@ def _same(value: T) -> T:
 
 
 LIVE_TASK_STATES = frozenset({TaskState.CLAIMED, TaskState.RUNNING, TaskState.CANCELLING})
+#: A member read through its enum class is a lookup in the class (60-190 ns), once per
+#: task written in ``_Tx.apply``.
+_QUEUED = TaskState.QUEUED
 
 
 class InjectedFault(Exception):
@@ -1938,7 +1941,10 @@ class Store:
                     now=now,
                     claim_ttl=self.config.claim_ttl_us,
                 )
-                grants.append(Grant(plan.task_writes[-1][1], attempt))
+                # assemble(): the frozen __init__ set its two fields one call each
+                grants.append(
+                    assemble(Grant, {"task": plan.task_writes[-1][1], "attempt": attempt})
+                )
                 payload_bytes += size
             if len(grants) >= n or grants.more:
                 grants.blocked = True  # more may be ready than were asked for
@@ -2140,6 +2146,7 @@ class Store:
 
         def build(tx: _Tx) -> tuple[Plan, list[Receipt | OrbitError]]:
             plan = Plan()
+            digests = transitions.Digests()
             valid = [i for i, _, _ in items if not isinstance(spelled[i], OrbitError)]
             tasks, attempts, session, _ = self._report_batch(tx, valid, session_id)
             now = tx.clock()
@@ -2164,6 +2171,7 @@ class Store:
                     spelled=spelling,
                     now=now,
                     rand=self._rand(),
+                    digests=digests,
                 )
                 answers.append(_answer(plan, receipt))
             plan.receipt = None
@@ -3148,12 +3156,11 @@ class _Tx:
         """Carry a plan out: inserts, guarded writes, then its events. ``final``: this is
         the transaction's last statement (``write_batch``)."""
         for before, after in plan.task_writes:
-            freed = before.state in LIVE_TASK_STATES and after.state not in LIVE_TASK_STATES
             # A task became ready, or a permit was freed: wake the dispatchers. A start
             # (claimed -> running) or a cancel request changes neither.
-            if after.state == TaskState.QUEUED:
+            if after.state == _QUEUED:
                 self.ready.add(after.queue)
-            elif freed:
+            elif before.state in LIVE_TASK_STATES and after.state not in LIVE_TASK_STATES:
                 self.freed.add(after.queue)
         for event in plan.events:
             if event.kind == "cancel_requested" and event.data:

@@ -195,6 +195,22 @@ def test_uuid7_is_spelled_as_the_uuid_module_spells_it(now_us: int, random: byte
     assert uuid.UUID(made).version == 7
 
 
+_INSTANTS = st.sampled_from([0, 1, 999, 1000, 1_700_000_000_000_000, 2**62])
+
+
+@given(st.lists(st.tuples(_INSTANTS, st.binary(min_size=8, max_size=8)), max_size=12))
+def test_uuid7_spells_each_instants_head_whatever_was_drawn_before(
+    draws: list[tuple[int, bytes]],
+) -> None:
+    """Ids drawn at one instant in a row share a head spelled once; each is still the
+    UUID of its own instant and bits, after an id of the same or another instant."""
+    for now_us, random in draws:
+        ms, sub_us = divmod(now_us, 1000)
+        bits = (ms & (2**48 - 1)) << 80 | 0x7 << 76 | (sub_us * 4096 // 1000) << 64
+        bits |= 0b10 << 62 | int.from_bytes(random, "big") & (2**62 - 1)
+        assert uuid7(now_us, random) == str(uuid.UUID(int=bits))
+
+
 @given(st.integers(0, 2**62), st.integers(0, 200), st.integers(0, 2**20 - 203))
 def test_uuid7_many_sorts_in_the_order_made(now_us: int, count: int, first: int) -> None:
     """Each id is a uuid7 of that instant (the one ``uuid7`` makes from its last 62 bits)

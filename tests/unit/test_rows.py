@@ -430,3 +430,28 @@ def test_a_start_on_its_narrow_task_plans_what_it_plans_on_the_whole_task(
     assert _start_plan(narrow, attempt, fence=fence, now=now) == _start_plan(
         whole, attempt, fence=fence, now=now
     )
+
+
+def test_tasks_that_back_off_alike_share_one_backoff_read_exactly() -> None:
+    """A row's backoff is the one its columns spell, with a float factor whichever form
+    the row holds it in (SQLite's JSON reads 2 for 2.0), shared by rows that spell it
+    alike; past ``BACKOFFS_KEPT`` kept, each further one is made and not kept."""
+    row = R.task_to_row(_task())
+    row["state"] = str(row["state"])
+    names = tuple(row)
+    odd = {**row, "backoff_base_us": 7, "backoff_factor": 3, "backoff_max_us": 9}
+    first, second, third = R.tasks_from_table(
+        Table(names, [tuple(r.values()) for r in (row, odd, {**odd, "backoff_factor": 3.0})])
+    )
+    assert first.backoff == Backoff(1_000_000, 2.0, 300_000_000)
+    assert second.backoff == Backoff(7, 3.0, 9) and type(second.backoff.factor) is float
+    assert third.backoff is second.backoff
+    kept = dict(R._BACKOFFS)
+    try:
+        R._BACKOFFS.update({(i, 1.0, i): Backoff(i, 1.0, i) for i in range(R.BACKOFFS_KEPT)})
+        full = len(R._BACKOFFS)
+        (late,) = R.tasks_from_table(Table(names, [tuple({**odd, "backoff_base_us": -5}.values())]))
+        assert late.backoff == Backoff(-5, 3.0, 9) and len(R._BACKOFFS) == full
+    finally:
+        R._BACKOFFS.clear()
+        R._BACKOFFS.update(kept)

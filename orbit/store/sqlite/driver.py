@@ -5,6 +5,7 @@ is read after that lock is held."""
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 import re
@@ -38,14 +39,43 @@ def _encoded_rows(rows: Sequence[Row]) -> list[Params]:
     read as dicts and encoded one by one, they made two dicts per row."""
     if not isinstance(rows, RowColumns):
         return [_encode(r) for r in rows]
-    columns = [
-        [json.dumps(v) if isinstance(v, list | tuple) else v for v in values]
+    columns = _encoded_columns(rows)
+    names = tuple(columns)
+    return [dict(zip(names, row, strict=True)) for row in zip(*columns.values(), strict=True)]
+
+
+def _encoded_columns(rows: RowColumns) -> dict[str, list[Any]]:
+    """Rows held by column, each column ``_encode``d a column at a time."""
+    return {
+        name: [json.dumps(v) if isinstance(v, list | tuple) else v for v in values]
         if _ARRAYS.intersection(map(type, values))
         else values
-        for values in rows.columns.values()
-    ]
-    names = tuple(rows.columns)
-    return [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
+        for name, values in rows.columns.items()
+    }
+
+
+_PARAM_RE = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
+
+
+@functools.cache  # one per statement and shape of rows
+def positional(statement: str, names: tuple[str, ...]) -> tuple[str, tuple[str, ...]] | None:
+    """A write's statement with each ``:name`` as ``?N`` (N the rank of the name's first
+    appearance), and the names in that order: ``executemany`` then binds each row's
+    tuple by position, where for a dict it made each parameter's name into a string
+    and looked it up, per row, and each row was a dict made for it. None (the dicts'
+    way, as before) for a statement with a quote (a ``:`` in a literal must stay), none
+    of ``names`` or a name not among them (the dicts' way raises its error)."""
+    if "'" in statement or '"' in statement:
+        return None
+    used: dict[str, int] = {}
+    for found in _PARAM_RE.finditer(statement):
+        if found.group(1) not in names:
+            return None
+        used.setdefault(found.group(1), len(used) + 1)
+    if not used:
+        return None
+    sql = _PARAM_RE.sub(lambda m: f"?{used[m.group(1)]}", statement)
+    return sql, tuple(used)
 
 
 def joined(chunks: Sequence[Sequence[Row]]) -> Sequence[Row]:
@@ -94,10 +124,33 @@ class _SqliteConnection:
         (a multi-statement write makes its later rows from the ones the first wrote)."""
         if not rows:
             return 0
+        if isinstance(rows, RowColumns):
+            return self._write_columns(name, rows)
         encoded = _encoded_rows(rows)
         count = 0
         for statement in self._writes[name]:
             count = self._cx.executemany(statement, encoded).rowcount
+        return count
+
+    def _write_columns(self, name: str, rows: RowColumns) -> int:
+        """``write_many`` of rows held by column: each statement bound by position
+        (``positional``) to the tuples of the columns it names, or else to a dict per
+        row as before."""
+        columns = _encoded_columns(rows)
+        names = tuple(columns)
+        count = 0
+        for statement in self._writes[name]:
+            form = positional(statement, names)
+            if form is None:
+                dicts = [
+                    dict(zip(names, r, strict=True)) for r in zip(*columns.values(), strict=True)
+                ]
+                count = self._cx.executemany(statement, dicts).rowcount
+            else:
+                sql, order = form
+                count = self._cx.executemany(
+                    sql, zip(*(columns[n] for n in order), strict=True)
+                ).rowcount
         return count
 
     def write_stream(
