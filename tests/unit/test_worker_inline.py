@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -342,3 +344,47 @@ def test_a_drain_ends_when_an_ignoring_handler_is_abandoned(limit: float | None)
     assert code == 1
     assert abandoned == ["a1"]
     assert took < 2.5  # grace and cancel_grace, not the 5 s report grace as well
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"attempt": 3, "retry_safe": True, "queue": "other", "tenant": "acme"},
+        {"deadline": "2030-01-02T03:04:05.678901Z", "deadline_left": 3600.0},
+        {"attempt_timeout": 12.5, "retry_safe": 1, "attempt": "2"},
+    ],
+)
+def test_the_context_is_the_one_its_keywords_make(fields: dict[str, Any]) -> None:
+    """``_accept`` makes the context positionally (a keyword call of a dataclass's
+    ``__init__`` took twice as long): each field lands where its keyword would put it."""
+    contexts: list[Context] = []
+
+    async def keeps(ctx: Context, payload: Any) -> Any:
+        contexts.append(ctx)
+
+    async def main() -> None:
+        async with FakeGateway() as gw, running(_worker(gw, keeps)):
+            await gw.wait_for(_is("hello"))
+            pushed = assignment("a1", "h", **fields)
+            await gw.push({"type": "tasks", "req_id": None, "tasks": [pushed]})
+            await gw.wait_for(_finished("a1"))
+
+    asyncio.run(main())
+    a = assignment("a1", "h", **fields)
+    deadline = a["deadline"]
+    expected = Context(
+        task_id=a["task_id"],
+        attempt_id=a["attempt_id"],
+        attempt=int(a["attempt"]),
+        handler=a["handler"],
+        queue=a["queue"],
+        tenant=a["tenant"],
+        deadline=datetime.fromisoformat(deadline) if deadline else None,
+        attempt_timeout=a["attempt_timeout"],
+        retry_safe=bool(a["retry_safe"]),
+    )
+    (ctx,) = contexts
+    names = [f.name for f in dataclasses.fields(Context) if not f.name.startswith("_")]
+    assert [getattr(ctx, n) for n in names] == [getattr(expected, n) for n in names]
+    assert [type(getattr(ctx, n)) for n in names] == [type(getattr(expected, n)) for n in names]
