@@ -140,9 +140,64 @@ def test_the_runner_calls_plain_only_what_is() -> None:
     failed = outcomes.error(_Text("CODE\x00"), _Text("message \udcff"), retryable=False)
     assert _plain_outcome(outcome(**failed))
     assert all(type(v) in (str, bool) for v in failed["error"].values())
-    assert not _plain_outcome(outcome(result=_Coded.OK))
-    assert not _plain_outcome(outcome(result={"a": 1}))
-    assert not _plain_outcome(outcome(result=1))
+    # a handler's usual answers: a scalar, or a flat dict or list of them
+    for result in (1, -(2**63), "text", "", {"a": 1, "b": "x", "c": None, "d": False}, [1, "a"]):
+        assert _plain_outcome(outcome(result=result)), result
+    assert _plain_outcome(outcome(result={})) and _plain_outcome(outcome(result=[]))
+    # anything else takes json.dumps: floats, subclasses, Enums, other keys, nesting
+    for result in (
+        _Coded.OK,
+        1.5,
+        _Text("x"),
+        (1, 2),
+        {"a": 1.5},
+        [1.0],
+        {"a": _Text("x")},
+        [_Coded.OK],
+        {1: "a"},
+        {"a": {"b": 1}},
+        [[1]],
+        {"a": [1]},
+    ):
+        assert not _plain_outcome(outcome(result=result)), result
+
+
+_flat_leaves = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text(_chars, max_size=6)
+    | st.floats()
+    | st.builds(_Text, st.text(max_size=3))
+    | st.just(_Coded.OK)
+)
+_flat = (
+    _flat_leaves
+    | st.lists(_flat_leaves, max_size=4)
+    | st.dictionaries(st.text(_chars, max_size=4) | st.integers(0, 3), _flat_leaves, max_size=4)
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_flat)
+def test_a_finish_the_runner_calls_plain_is_the_value_json_dumps_writes_and_no_longer(
+    value: Any,
+) -> None:
+    """Whatever the runner calls plain (after ``outcomes.check_result`` took it, as
+    ``_sendable`` does) is written as the value ``json.dumps`` writes, never longer (the
+    size the batch counted); the rest is ``json.dumps``'s byte for byte."""
+    try:
+        outcomes.check_result(value)
+    except outcomes.Unsendable:
+        return  # the runner sends its failure instead
+    report = outcome(result=value)
+    message = {"type": "finish_many", "items": [{"outcome": report}]}
+    written = frame_text(message, plain=_plain_outcome(report))
+    if not _plain_outcome(report):
+        assert written == _json(message)
+        return
+    assert len(written) <= len(_json(message))
+    _same_value(written, message)
 
 
 def test_the_wait_ends_with_the_task() -> None:
