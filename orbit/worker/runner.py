@@ -1329,30 +1329,15 @@ def _wire(report: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "result": report["result"]}
 
 
-#: the types of a plain result's scalars (exactly: no subclass, no Enum; no float, which
-#: orjson may write longer than json.dumps)
-_PLAIN_SCALARS = frozenset({str, int, bool, type(None)})
-
-
 def _plain_outcome(report: dict[str, Any]) -> bool:
     """Whether the runner's outcome ``report`` (``_sendable``'s, in wire form) is plain
     JSON (``connection.frame_text``): an error, which ``outcomes.error`` made of text and
-    a bool, or a result that is a plain scalar (None, a bool, text, an int: ``_sendable``
-    refused one beyond 64 bits), or a flat list or dict (text keys) of them, a handler's
-    usual answer; a float anywhere, or anything nested deeper, is not looked into, and
-    the frame takes ``json.dumps``. Looked at only after ``_sendable`` took the result,
-    so what is plain here is JSON the server reads."""
-    if "error" in report:
-        return True
-    result = report["result"]
-    kind = type(result)
-    if kind in _PLAIN_SCALARS:
-        return True
-    if kind is dict:
-        return all(type(k) is str and type(v) in _PLAIN_SCALARS for k, v in result.items())
-    if kind is list:
-        return all(type(v) in _PLAIN_SCALARS for v in result)
-    return False
+    a bool, or a result ``outcomes.is_plain`` calls so (a scalar other than a float, or
+    a flat list or dict of them, a handler's usual answer; ``_sendable`` refused an int
+    beyond 64 bits); a float anywhere, a subclass, or anything nested, and the frame
+    takes ``json.dumps``. Looked at only after ``_sendable`` took the result, so what is
+    plain here is JSON the server reads."""
+    return "error" in report or outcomes.is_plain(report["result"])
 
 
 def _failure(running: _Running, exc: BaseException) -> dict[str, Any] | None:
