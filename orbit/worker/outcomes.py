@@ -125,14 +125,43 @@ def _plain_size(value: Any) -> int:
     return wire_size(value)
 
 
+def _plain_and_fine(value: Any) -> bool:
+    """Whether ``value`` is plain (``is_plain``) and passes ``_check``: its texts hold no
+    NUL and no lone surrogate, its ints fit in 64 bits (a flat value nests no deeper than
+    a result may, and a dict's text keys cannot repeat). One pass, with no path built for
+    each key as ``_check`` builds them for its messages (2.2 µs a small dict); False for
+    anything else, which ``_check`` then reads."""
+    kind = type(value)
+    if kind is dict:
+        return all(type(k) is str and _text_fine(k) and _scalar_fine(v) for k, v in value.items())
+    if kind is list:
+        return all(_scalar_fine(v) for v in value)
+    return _scalar_fine(value)
+
+
+def _scalar_fine(value: Any) -> bool:
+    kind = type(value)
+    if kind is str:
+        return _text_fine(value)
+    if kind is int:
+        return bool(_MIN_INT <= value <= _MAX_INT)
+    return value is None or kind is bool
+
+
+def _text_fine(text: str) -> bool:
+    return "\x00" not in text and not _not_utf8(text)
+
+
 def check_result(value: Any) -> int:
     """Raise ``Unsendable`` if the server would refuse ``value`` as a result; else return
     its size on the wire."""
     if value is None or value is True or value is False:
         return wire_size(value)
-    _check(value, _RESULT_DEPTH, "result")
+    plain = _plain_and_fine(value)
+    if not plain:
+        _check(value, _RESULT_DEPTH, "result")  # which also names what is wrong
     try:
-        size = _plain_size(value) if is_plain(value) else wire_size(value)
+        size = _plain_size(value) if plain else wire_size(value)
     except (TypeError, ValueError) as exc:  # a subclass that encodes unlike its base
         raise Unsendable("RESULT_NOT_JSON", f"the result is not JSON: {exc}"[:2000]) from None
     if size > MAX_OUTCOME_CHARS:

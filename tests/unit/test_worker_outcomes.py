@@ -228,3 +228,19 @@ def test_a_plain_result_past_the_limit_is_refused_as_any_is(value: Any) -> None:
     with pytest.raises(outcomes.Unsendable) as refused:
         outcomes.check_result(value)
     assert refused.value.code == "RESULT_TOO_LARGE"
+
+
+@settings(max_examples=1000, deadline=None)
+@given(_flat_values)
+def test_a_result_the_one_pass_finds_fine_is_one_the_full_check_passes(value: Any) -> None:
+    """``_plain_and_fine`` only ever spares ``_check`` a value ``_check`` would pass (what
+    it declines, ``_check`` reads and names, as before)."""
+    if outcomes._plain_and_fine(value):
+        assert outcomes.is_plain(value)
+        outcomes._check(value, 4, "result")  # raises nothing
+    else:
+        try:
+            outcomes._check(value, 4, "result")
+        except outcomes.Unsendable:
+            return
+        assert not outcomes.is_plain(value)  # passed, but not plain: json.dumps's side
