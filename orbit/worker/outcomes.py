@@ -22,6 +22,8 @@ import json
 import math
 from typing import Any
 
+import orjson
+
 #: the largest frame the server reads, in characters (``gateway.MAX_MESSAGE_BYTES``)
 MAX_FRAME_CHARS = 4 * 1024 * 1024
 #: what a frame holds besides its outcomes: the message's own fields
@@ -90,14 +92,76 @@ def wire_size(value: Any) -> int:
     return len(json.dumps(value, separators=(",", ":")))
 
 
+#: the types of a plain value's scalars (exactly: no subclass, no Enum; no float, which
+#: orjson may write otherwise than json.dumps, 1e+16 as 1e16)
+_PLAIN_SCALARS = frozenset({str, int, bool, type(None)})
+
+
+def is_plain(value: Any) -> bool:
+    """Whether ``value`` is a scalar of ``_PLAIN_SCALARS``, or a flat list or dict (text
+    keys) of them: a handler's usual result, which orjson writes as ``json.dumps`` does
+    whenever its text is ASCII with no DEL (``connection.frame_text``, ``_plain_size``).
+    Anything nested or of another type is not looked into: not plain."""
+    kind = type(value)
+    if kind in _PLAIN_SCALARS:
+        return True
+    if kind is dict:
+        return all(type(k) is str and type(v) in _PLAIN_SCALARS for k, v in value.items())
+    if kind is list:
+        return all(type(v) in _PLAIN_SCALARS for v in value)
+    return False
+
+
+def _plain_size(value: Any) -> int:
+    """``wire_size`` of a plain value, by orjson (0.2 µs for a small dict, against the
+    standard library's 2.5): its text is ``json.dumps``'s, character for character, when
+    it is ASCII and holds no DEL (which json.dumps escapes and orjson does not)."""
+    try:
+        data = orjson.dumps(value)
+    except TypeError:  # an int beyond 64 bits (refused before this, by _check)
+        return wire_size(value)
+    if data.isascii() and b"\x7f" not in data:
+        return len(data)
+    return wire_size(value)
+
+
+def _plain_and_fine(value: Any) -> bool:
+    """Whether ``value`` is plain (``is_plain``) and passes ``_check``: its texts hold no
+    NUL and no lone surrogate, its ints fit in 64 bits (a flat value nests no deeper than
+    a result may, and a dict's text keys cannot repeat). One pass, with no path built for
+    each key as ``_check`` builds them for its messages (2.2 µs a small dict); False for
+    anything else, which ``_check`` then reads."""
+    kind = type(value)
+    if kind is dict:
+        return all(type(k) is str and _text_fine(k) and _scalar_fine(v) for k, v in value.items())
+    if kind is list:
+        return all(_scalar_fine(v) for v in value)
+    return _scalar_fine(value)
+
+
+def _scalar_fine(value: Any) -> bool:
+    kind = type(value)
+    if kind is str:
+        return _text_fine(value)
+    if kind is int:
+        return bool(_MIN_INT <= value <= _MAX_INT)
+    return value is None or kind is bool
+
+
+def _text_fine(text: str) -> bool:
+    return "\x00" not in text and not _not_utf8(text)
+
+
 def check_result(value: Any) -> int:
     """Raise ``Unsendable`` if the server would refuse ``value`` as a result; else return
     its size on the wire."""
     if value is None or value is True or value is False:
         return wire_size(value)
-    _check(value, _RESULT_DEPTH, "result")
+    plain = _plain_and_fine(value)
+    if not plain:
+        _check(value, _RESULT_DEPTH, "result")  # which also names what is wrong
     try:
-        size = wire_size(value)
+        size = _plain_size(value) if plain else wire_size(value)
     except (TypeError, ValueError) as exc:  # a subclass that encodes unlike its base
         raise Unsendable("RESULT_NOT_JSON", f"the result is not JSON: {exc}"[:2000]) from None
     if size > MAX_OUTCOME_CHARS:

@@ -71,7 +71,7 @@ from orbit.tokens import TokenError, load_token
 from orbit.urls import check_server_url
 from orbit.worker import outcomes
 from orbit.worker.batching import MAX_BATCH, Coalescer
-from orbit.worker.connection import ServerError, WorkerConnection, outcome
+from orbit.worker.connection import ServerError, WorkerConnection
 
 log = logging.getLogger("orbit.worker")
 #: seconds before a failed renewal is tried again, doubled at each failure up to the
@@ -239,7 +239,14 @@ class _Running:
     ctx: Context
     fence: str
     task: asyncio.Task[Any] | None = None  # the whole attempt: start, handler, finish
-    handler_task: asyncio.Task[Any] | None = None  # just the handler
+    #: the task the handler runs in while it runs: its own (a plain function, or a time
+    #: limit), or ``task`` itself (an async handler with no limit: ``Worker._run_inline``)
+    handler_task: asyncio.Task[Any] | None = None
+    #: cancels this runner sent ``task`` while the handler ran in it (``Worker._cancel``);
+    #: more than these on the task were the attempt's own (its abandonment, a shutdown)
+    cancels: int = 0
+    #: done once the attempt is over or abandoned: made only for a drain to wait on
+    over: asyncio.Future[None] | None = None
     lost: bool = False
     abandoned: bool = False  # its handler ignored cancellation: it reports nothing
     watched: bool = False  # an async handler, cancelled: abandoned unless it ends in time
@@ -736,18 +743,21 @@ class Worker:
     # ------------------------------------------------------------------ attempts
 
     def _accept(self, a: dict[str, Any]) -> None:
+        # Positional, in the fields' order (tests/unit/test_worker_inline.py holds it to
+        # the keywords): a call of a dataclass's __init__ by keywords took twice as long,
+        # 1.6 µs of these two, a task.
         ctx = Context(
-            task_id=a["task_id"],
-            attempt_id=a["attempt_id"],
-            attempt=int(a["attempt"]),
-            handler=a["handler"],
-            queue=a["queue"],
-            tenant=a["tenant"],
-            deadline=datetime.fromisoformat(a["deadline"]) if a["deadline"] else None,
-            attempt_timeout=a["attempt_timeout"],
-            retry_safe=bool(a["retry_safe"]),
+            a["task_id"],
+            a["attempt_id"],
+            int(a["attempt"]),
+            a["handler"],
+            a["queue"],
+            a["tenant"],
+            datetime.fromisoformat(a["deadline"]) if a["deadline"] else None,
+            a["attempt_timeout"],
+            bool(a["retry_safe"]),
         )
-        running = _Running(ctx=ctx, fence=a["fence"])
+        running = _Running(ctx, a["fence"])
         if a.get("deadline_left") is not None:  # the server's clock, not this host's
             running.deadline_at = time.monotonic() + a["deadline_left"]
         loop = asyncio.get_running_loop()
@@ -768,7 +778,7 @@ class Worker:
         ctx._loop = loop
         ctx._upload = partial(self._upload, ctx.attempt_id, running.fence)
         self.running[ctx.attempt_id] = running
-        running.task = asyncio.create_task(self._attempt(running, a["payload"]))
+        running.task = loop.create_task(self._attempt(running, a["payload"]))
 
     async def _attempt(self, running: _Running, payload: Any) -> None:
         ctx = running.ctx
@@ -800,7 +810,7 @@ class Worker:
                 # Sent while the lease is ours. If the reply is lost, the same outcome is
                 # re-sent after a reconnect: the server answers with the original receipt,
                 # or refuses a copy that arrived too late (and keeps it as evidence).
-                item = (ctx.attempt_id, running.fence, outcome(**report))
+                item = (ctx.attempt_id, running.fence, _wire(report))
                 await self._finishes.submit(item, size=size)
                 self.finished += 1
             except ServerError as exc:
@@ -812,8 +822,15 @@ class Worker:
             # then runs out, and the server decides what becomes of the task).
             log.exception("attempt %s failed in the runner", ctx.attempt_id)
         finally:
-            running.ended = True  # a thread that outlived it reports nothing more
-            self.running.pop(ctx.attempt_id, None)
+            self._forget(running)
+
+    def _forget(self, running: _Running) -> None:
+        """The attempt is over, or abandoned: no renewal, drain or progress report is
+        for it any more."""
+        running.ended = True  # a thread that outlived it reports nothing more
+        self.running.pop(running.ctx.attempt_id, None)
+        if running.over is not None and not running.over.done():
+            running.over.set_result(None)
 
     async def _invoke(self, running: _Running, payload: Any) -> dict[str, Any] | None:
         """Run the handler; return the outcome to report, or None to report nothing."""
@@ -827,6 +844,8 @@ class Worker:
                 retryable=False,
             )
         limit, by_deadline = self._time_limit(running)
+        if limit is None and reg.is_async:
+            return await self._run_inline(running, reg, payload)
         task = running.handler_task = asyncio.create_task(self._call(running, reg, payload))
         if ctx.cancelled:
             # Cancelled (a cancel pushed, a drain past its grace) while the start was in
@@ -862,24 +881,49 @@ class Worker:
             return outcomes.error("ATTEMPT_TIMEOUT", "the attempt timed out", retryable=True)
         try:
             return {"result": task.result()}
-        except (asyncio.CancelledError, Cancelled):
-            if running.lost or running.abandoned:
-                # Lost: not ours to report. Abandoned: it may still be at work, so its
-                # outcome is unknown: the lease runs out, and the server decides (a task
-                # that is not retry_safe goes to needs_review, never silently replayed).
-                return None
-            stopping = ctx.reason == "worker stopping"
-            return outcomes.error("CANCELLED", ctx.reason or "cancelled", retryable=stopping)
-        # Codes and messages as text, whatever the handler gave: ``Fail(exc)`` or
-        # ``Retry(code=503)`` (not strings), or an exception whose own ``str()`` fails,
-        # made the runner's outcome fail instead, and the attempt reported nothing.
-        except Fail as exc:
-            return outcomes.error(_text(exc.code), _text(exc.message), retryable=False)
-        except Retry as exc:
-            return outcomes.error(_text(exc.code), _text(exc.message), retryable=True)
-        except Exception as exc:  # any other error fails the attempt, retryably
-            failed = exc.exc if isinstance(exc, _Exited) else exc
-            return outcomes.error(type(failed).__name__[:100], _text(failed)[:2000], retryable=True)
+        except (asyncio.CancelledError, Exception) as exc:
+            return _failure(running, exc)
+
+    async def _run_inline(
+        self, running: _Running, reg: _Registered, payload: Any
+    ) -> dict[str, Any] | None:
+        """Run an async handler with no time limit in its attempt's own task: what
+        ``_invoke`` does with a task of the handler's own, without that task (two tasks
+        an attempt, with the future that waited for the second, were a tenth of a busy
+        worker's instructions). A cancel of the handler (``_cancel``) is a cancel of the
+        attempt's task, counted in ``running.cancels`` and taken back once the handler
+        is over; a cancel beyond those is the attempt's own (a shutdown's, the event
+        loop's close), and ends the attempt, as it did. A handler that ignores its cancel
+        is abandoned by ``_abandon_if_running``, which lets the attempt go
+        (``_forget``) while its task is left to the handler."""
+        ctx = running.ctx
+        attempt = running.task  # the task this runs in (``_accept``)
+        assert attempt is not None
+        running.handler_task = attempt
+        if ctx.cancelled:  # as in _invoke: the handler is entered, then sees the cancel
+            asyncio.get_running_loop().call_soon(self._cancel, running, ctx.reason or "cancelled")
+        value: Any = None
+        caught: BaseException | None = None
+        try:
+            value = await reg.fn(ctx, payload)
+        except (Exception, asyncio.CancelledError) as exc:
+            caught = exc
+        except KeyboardInterrupt:
+            raise  # Ctrl-C under arun(), the process's, not the handler's (as in _call)
+        except BaseException as exc:  # SystemExit and the like: its attempt's failure
+            caught = _Exited(exc)
+        finally:
+            running.handler_task = None
+            for _ in range(running.cancels):
+                attempt.uncancel()
+            running.cancels = 0
+        if attempt.cancelling():  # the attempt's own cancel, which the handler met
+            raise asyncio.CancelledError
+        if running.abandoned:  # let go meanwhile: whatever it ended with is not reported
+            return None
+        if caught is None:
+            return {"result": value}
+        return _failure(running, caught)
 
     def _time_limit(self, running: _Running) -> tuple[float | None, bool]:
         """Seconds the handler may run: its attempt timeout or the task deadline, timed
@@ -1025,6 +1069,8 @@ class Worker:
         task = running.handler_task
         if task is None or task.done():
             return
+        if task is running.task:  # the handler runs in its attempt's task (_run_inline)
+            running.cancels += 1
         task.cancel()
         if not running.watched and (running.on_loop or self.handlers[running.ctx.handler].is_async):
             # A plain function's thread is waited for in _in_thread; an async handler
@@ -1040,7 +1086,15 @@ class Worker:
         if task is None or task.done() or attempt is None or attempt.done():
             return
         self._abandon(running)
-        attempt.cancel()
+        if task is attempt:
+            # One task for both (``_run_inline``): cancelled once more, as the attempt's
+            # own cancel cancelled the handler's task, but the attempt is let go here
+            # rather than by that task's end, which the handler holds off.
+            running.cancels += 1
+            attempt.cancel()
+            self._forget(running)
+        else:
+            attempt.cancel()
 
     def _abandon(self, running: _Running) -> None:
         if not running.abandoned:
@@ -1197,16 +1251,24 @@ class Worker:
         """No new claims; running handlers get ``grace`` seconds, then are cancelled."""
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._request(lambda c: c.drain()), timeout=5)
-        pending = [r.task for r in self.running.values() if r.task is not None]
-        if pending:
-            await asyncio.wait(pending, timeout=self.grace)
+        await self._attempts_over(self.grace)
         for r in list(self.running.values()):
             self._cancel(r, "worker stopping")
-        pending = [r.task for r in self.running.values() if r.task is not None]
-        if pending:
-            await asyncio.wait(pending, timeout=self.cancel_grace + self._report_grace)
+        await self._attempts_over(self.cancel_grace + self._report_grace)
         if self.abandoned:
             log.error("%d handler(s) ignored cancellation and were abandoned", len(self.abandoned))
+
+    async def _attempts_over(self, timeout: float) -> None:
+        """Wait at most ``timeout`` seconds for the running attempts to be over or
+        abandoned: not for their tasks, of which an abandoned async handler's lives on."""
+        loop = asyncio.get_running_loop()
+        overs = []
+        for r in self.running.values():
+            if r.over is None:
+                r.over = loop.create_future()
+            overs.append(r.over)
+        if overs:
+            await asyncio.wait(overs, timeout=timeout)
 
 
 async def _close_quietly(conn: WorkerConnection | None) -> None:
@@ -1260,12 +1322,43 @@ def _sendable(report: dict[str, Any]) -> tuple[dict[str, Any], int]:
         return failure, outcomes.wire_size(failure["error"])
 
 
+def _wire(report: dict[str, Any]) -> dict[str, Any]:
+    """``connection.outcome(**report)``, without a call by keywords for each finish."""
+    if "error" in report:
+        return {"ok": False, "error": report["error"]}
+    return {"ok": True, "result": report["result"]}
+
+
 def _plain_outcome(report: dict[str, Any]) -> bool:
     """Whether the runner's outcome ``report`` (``_sendable``'s, in wire form) is plain
-    JSON (``connection.frame_text``): a result of None, True or False (a task run for
-    its effects), or an error, which ``outcomes.error`` made of text and a bool. Other
-    results may hold subclasses or Enums, which orjson would write otherwise."""
-    return "error" in report or report["result"] is None or type(report["result"]) is bool
+    JSON (``connection.frame_text``): an error, which ``outcomes.error`` made of text and
+    a bool, or a result ``outcomes.is_plain`` calls so (a scalar other than a float, or
+    a flat list or dict of them, a handler's usual answer; ``_sendable`` refused an int
+    beyond 64 bits); a float anywhere, a subclass, or anything nested, and the frame
+    takes ``json.dumps``. Looked at only after ``_sendable`` took the result, so what is
+    plain here is JSON the server reads."""
+    return "error" in report or outcomes.is_plain(report["result"])
+
+
+def _failure(running: _Running, exc: BaseException) -> dict[str, Any] | None:
+    """The outcome of a handler that raised ``exc``; None to report nothing."""
+    if isinstance(exc, asyncio.CancelledError | Cancelled):
+        if running.lost or running.abandoned:
+            # Lost: not ours to report. Abandoned: it may still be at work, so its
+            # outcome is unknown: the lease runs out, and the server decides (a task
+            # that is not retry_safe goes to needs_review, never silently replayed).
+            return None
+        stopping = running.ctx.reason == "worker stopping"
+        return outcomes.error("CANCELLED", running.ctx.reason or "cancelled", retryable=stopping)
+    # Codes and messages as text, whatever the handler gave: ``Fail(exc)`` or
+    # ``Retry(code=503)`` (not strings), or an exception whose own ``str()`` fails,
+    # made the runner's outcome fail instead, and the attempt reported nothing.
+    if isinstance(exc, Fail):
+        return outcomes.error(_text(exc.code), _text(exc.message), retryable=False)
+    if isinstance(exc, Retry):
+        return outcomes.error(_text(exc.code), _text(exc.message), retryable=True)
+    failed = exc.exc if isinstance(exc, _Exited) else exc  # any other: retryably
+    return outcomes.error(type(failed).__name__[:100], _text(failed)[:2000], retryable=True)
 
 
 def _check_name(kind: str, value: object) -> None:
@@ -1305,7 +1398,9 @@ def _item(result: dict[str, Any], key: str) -> dict[str, Any] | BaseException:
     error = result.get("error")
     if error is not None:
         return ServerError(error["code"], error.get("message", ""), result)
-    return dict(result[key])
+    value = result[key]
+    # A dict as parsed is the reply's own: no copy (one a lease and a receipt a task).
+    return value if type(value) is dict else dict(value)
 
 
 def _ended_or_timed_out(task: asyncio.Task[Any], timeout: float | None) -> asyncio.Future[None]:

@@ -14,10 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orbit.core.model import parse_json
 from orbit.protocol.decode import decode_json
 from orbit.worker import outcomes
-from orbit.worker.connection import frame_text, outcome
+from orbit.worker.connection import WorkerConnection, frame_text, outcome, read_frame
 from orbit.worker.runner import _ended_or_timed_out, _plain_outcome
+from tests.unit.fake_gateway import FakeGateway
 
 
 def _json(message: dict[str, Any]) -> str:
@@ -138,9 +140,64 @@ def test_the_runner_calls_plain_only_what_is() -> None:
     failed = outcomes.error(_Text("CODE\x00"), _Text("message \udcff"), retryable=False)
     assert _plain_outcome(outcome(**failed))
     assert all(type(v) in (str, bool) for v in failed["error"].values())
-    assert not _plain_outcome(outcome(result=_Coded.OK))
-    assert not _plain_outcome(outcome(result={"a": 1}))
-    assert not _plain_outcome(outcome(result=1))
+    # a handler's usual answers: a scalar, or a flat dict or list of them
+    for result in (1, -(2**63), "text", "", {"a": 1, "b": "x", "c": None, "d": False}, [1, "a"]):
+        assert _plain_outcome(outcome(result=result)), result
+    assert _plain_outcome(outcome(result={})) and _plain_outcome(outcome(result=[]))
+    # anything else takes json.dumps: floats, subclasses, Enums, other keys, nesting
+    for result in (
+        _Coded.OK,
+        1.5,
+        _Text("x"),
+        (1, 2),
+        {"a": 1.5},
+        [1.0],
+        {"a": _Text("x")},
+        [_Coded.OK],
+        {1: "a"},
+        {"a": {"b": 1}},
+        [[1]],
+        {"a": [1]},
+    ):
+        assert not _plain_outcome(outcome(result=result)), result
+
+
+_flat_leaves = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text(_chars, max_size=6)
+    | st.floats()
+    | st.builds(_Text, st.text(max_size=3))
+    | st.just(_Coded.OK)
+)
+_flat = (
+    _flat_leaves
+    | st.lists(_flat_leaves, max_size=4)
+    | st.dictionaries(st.text(_chars, max_size=4) | st.integers(0, 3), _flat_leaves, max_size=4)
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_flat)
+def test_a_finish_the_runner_calls_plain_is_the_value_json_dumps_writes_and_no_longer(
+    value: Any,
+) -> None:
+    """Whatever the runner calls plain (after ``outcomes.check_result`` took it, as
+    ``_sendable`` does) is written as the value ``json.dumps`` writes, never longer (the
+    size the batch counted); the rest is ``json.dumps``'s byte for byte."""
+    try:
+        outcomes.check_result(value)
+    except outcomes.Unsendable:
+        return  # the runner sends its failure instead
+    report = outcome(result=value)
+    message = {"type": "finish_many", "items": [{"outcome": report}]}
+    written = frame_text(message, plain=_plain_outcome(report))
+    if not _plain_outcome(report):
+        assert written == _json(message)
+        return
+    assert len(written) <= len(_json(message))
+    _same_value(written, message)
 
 
 def test_the_wait_ends_with_the_task() -> None:
@@ -220,5 +277,81 @@ def test_a_handler_that_raises_ends_the_wait_without_raising() -> None:
         task = asyncio.create_task(fails())
         await _ended_or_timed_out(task, 10.0)
         assert isinstance(task.exception(), TimeoutError)
+
+    asyncio.run(main())
+
+
+#: frames as text, odd ones among them: what orjson refuses (a lone surrogate's escape,
+#: an integer beyond 64 bits, NaN), what neither reads, and what no one should send
+ODD_FRAMES = [
+    '{"type":"tasks","req_id":null,"tasks":[]}',
+    '{"type":"cancel","attempt_ids":["a\\ud800"]}',
+    '{"type":"ack","req_id":"r1","n":18446744073709551616}',
+    '{"type":"ack","req_id":"r1","x":NaN}',
+    '{"type":"ack","req_id":"r1","s":"é日本語\\u0000"}',
+    '{"a":1,"a":2}',
+    "[1, 2, 3]",
+    '  {"type" : "ack" }  ',
+    "not JSON",
+    "{",
+    "",
+    '"\udcff"',  # a lone surrogate in the text itself: no UTF-8 can carry it
+]
+
+
+@pytest.mark.parametrize("text", ODD_FRAMES)
+def test_a_frame_read_from_its_bytes_is_what_its_text_read(text: str) -> None:
+    """``read_frame`` (the frame's bytes) against ``parse_json`` of the text websockets
+    decoded before: the same value, or the same kind of error."""
+    try:
+        data = text.encode()
+    except UnicodeEncodeError:  # never on the wire as text: websockets sends it refused
+        data = text.encode("utf-8", "surrogatepass")
+    try:
+        expected = parse_json(data.decode())
+    except Exception as exc:
+        with pytest.raises(type(exc)):
+            read_frame(data)
+        return
+    got = read_frame(data)
+    assert got == expected or (got != got and expected != expected)  # NaN
+    assert json.dumps(got) == json.dumps(expected)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_with_floats)
+def test_any_json_frame_reads_the_same_from_its_bytes(value: Any) -> None:
+    text = json.dumps({"type": "x", "value": value}, ensure_ascii=False)
+    try:
+        data = text.encode()
+    except UnicodeEncodeError:  # a lone surrogate: not UTF-8, so not a text frame
+        return
+    assert json.dumps(read_frame(data)) == json.dumps(parse_json(text))
+
+
+def test_a_frame_that_is_not_utf8_raises_as_websockets_did() -> None:
+    with pytest.raises(UnicodeDecodeError):
+        read_frame(b'{"type":"ack","s":"\xff"}')
+    with pytest.raises(UnicodeDecodeError):
+        read_frame('{"s":"\ud800"}'.encode("utf-8", "surrogatepass"))
+
+
+def test_an_unreadable_frame_closes_the_connection_and_a_readable_one_arrives() -> None:
+    """End to end over a socket: a text frame of invalid UTF-8 (websockets' decode raised
+    for it; now the reader's) closes the connection, as one that is not JSON does; a
+    lone surrogate's escape, which orjson refuses, is still read."""
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            for bad in (b'{"type":"cancel","attempt_ids":["\xff"]}', b"not JSON"):
+                conn = await WorkerConnection.connect(gw.ws_url, "token")
+                try:
+                    await gw.connections[-1].send('{"type":"cancel","attempt_ids":["a\\ud800"]}')
+                    pushed = await conn.next_push(10)
+                    assert pushed == {"type": "cancel", "attempt_ids": ["a\ud800"]}
+                    await gw.connections[-1].send(bad, text=True)
+                    assert (await conn.next_push(10))["type"] == "closed"
+                finally:
+                    await conn.close()
 
     asyncio.run(main())

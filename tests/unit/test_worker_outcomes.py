@@ -180,3 +180,67 @@ def test_an_error_once_cleaned_is_always_taken(code: str, message: str, retryabl
     assert _server_takes(_single(outcome(**report)))
     assert _server_takes(_batch(outcome(**report), outcome(result=1)))
     assert report["error"]["retryable"] is retryable
+
+
+#: text with what escapes differently or not at all: controls, DEL, quotes, backslashes,
+#: non-ASCII and lone surrogates (which check_result refuses)
+_odd_text = st.text(
+    st.sampled_from(
+        ["a", "\x01", "\x1f", "\n", "\t", "\x7f", '"', "\\", "/", "é", "\ud800", "\x00"]
+    )
+    | st.characters(codec=None, exclude_categories=[]),
+    max_size=8,
+)
+_plain_leaves = st.none() | st.booleans() | st.integers() | _odd_text
+_flat_values = (
+    _plain_leaves
+    | st.lists(_plain_leaves, max_size=4)
+    | st.dictionaries(_odd_text, _plain_leaves, max_size=4)
+    | st.floats()
+    | st.lists(st.floats() | _plain_leaves, max_size=3)
+    | st.dictionaries(st.integers(0, 3) | _odd_text, _plain_leaves, max_size=3)
+    | st.lists(st.lists(_plain_leaves, max_size=2), max_size=2)
+)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(_flat_values)
+def test_the_size_of_a_result_is_its_json_dumps_length_exactly(value: Any) -> None:
+    """A plain result is measured by orjson (``_plain_size``), any other by json.dumps:
+    either way the size is the length of json.dumps's text, character for character."""
+    try:
+        size = outcomes.check_result(value)
+    except outcomes.Unsendable:
+        return
+    assert size == len(json.dumps(value, separators=(",", ":")))
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "x" * outcomes.MAX_OUTCOME_CHARS,
+        ["x" * (outcomes.MAX_OUTCOME_CHARS // 2)] * 2,
+        {"k": "\x7f" * (outcomes.MAX_OUTCOME_CHARS // 6 + 1)},  # DEL: escaped, six times longer
+    ],
+)
+def test_a_plain_result_past_the_limit_is_refused_as_any_is(value: Any) -> None:
+    assert outcomes.is_plain(value)
+    with pytest.raises(outcomes.Unsendable) as refused:
+        outcomes.check_result(value)
+    assert refused.value.code == "RESULT_TOO_LARGE"
+
+
+@settings(max_examples=1000, deadline=None)
+@given(_flat_values)
+def test_a_result_the_one_pass_finds_fine_is_one_the_full_check_passes(value: Any) -> None:
+    """``_plain_and_fine`` only ever spares ``_check`` a value ``_check`` would pass (what
+    it declines, ``_check`` reads and names, as before)."""
+    if outcomes._plain_and_fine(value):
+        assert outcomes.is_plain(value)
+        outcomes._check(value, 4, "result")  # raises nothing
+    else:
+        try:
+            outcomes._check(value, 4, "result")
+        except outcomes.Unsendable:
+            return
+        assert not outcomes.is_plain(value)  # passed, but not plain: json.dumps's side

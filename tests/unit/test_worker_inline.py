@@ -1,0 +1,390 @@
+"""An async handler with no time limit runs in its attempt's own task
+(``Worker._run_inline``), not in a task of its own: each case here runs the same handler
+both ways (no limit: inline; an hour's ``attempt_timeout``: the handler's own task, the
+path every handler took before) and holds the two to the same outcome, the same
+cancellation, abandonment and shutdown. Driven against ``FakeGateway``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from orbit.worker.runner import Context, Fail, Retry, Worker
+from tests.unit.fake_gateway import FakeGateway, assignment
+from tests.unit.test_worker_recovery import _finished, _is, running
+
+Handler = Callable[[Context, Any], Awaitable[Any]]
+#: no time limit runs inline; an hour's runs in a task of its own, as before
+LIMITS = pytest.mark.parametrize("limit", [None, 3600.0], ids=["inline", "own-task"])
+
+
+def _push(attempt_id: str = "a1", limit: float | None = None) -> dict[str, Any]:
+    task = assignment(attempt_id, "h", attempt_timeout=limit)
+    return {"type": "tasks", "req_id": None, "tasks": [task]}
+
+
+def _worker(gw: FakeGateway, handler: Handler, **options: Any) -> Worker:
+    worker = Worker(gw.url, "token", **{"grace": 0.2, "cancel_grace": 0.3, **options})
+    worker._report_grace = 0.2
+    worker.handler("h")(handler)
+    return worker
+
+
+async def _entered(seen: list[str]) -> None:
+    """Until the handler has said it is in."""
+    async with asyncio.timeout(10):
+        while "in" not in seen:
+            await asyncio.sleep(0.005)
+
+
+def _outcome(handler: Handler, limit: float | None) -> dict[str, Any]:
+    async def main() -> dict[str, Any]:
+        async with FakeGateway() as gw:
+            async with running(_worker(gw, handler)):
+                await gw.wait_for(_is("hello"))
+                await gw.push(_push(limit=limit))
+                await gw.wait_for(_finished("a1"))
+            return gw.finished["a1"]
+
+    return asyncio.run(main())
+
+
+async def _returns(ctx: Context, payload: Any) -> Any:
+    await asyncio.sleep(0)
+    return {"n": 1, "s": "é"}
+
+
+async def _returns_at_once(ctx: Context, payload: Any) -> Any:
+    return [1, None, True]
+
+
+async def _fails(ctx: Context, payload: Any) -> Any:
+    raise Fail("no", code="NOPE")
+
+
+async def _retries(ctx: Context, payload: Any) -> Any:
+    raise Retry("later")
+
+
+async def _raises(ctx: Context, payload: Any) -> Any:
+    await asyncio.sleep(0)
+    raise ValueError("bad value")
+
+
+async def _exits(ctx: Context, payload: Any) -> Any:
+    raise SystemExit(3)
+
+
+async def _times_itself_out(ctx: Context, payload: Any) -> Any:
+    """Its own asyncio.timeout: a failure of its own, whatever task it runs in."""
+    async with asyncio.timeout(0.01):
+        await asyncio.sleep(10)
+
+
+async def _times_out_and_goes_on(ctx: Context, payload: Any) -> Any:
+    """Its own timeout, caught, and more awaits after it in the same task."""
+    try:
+        async with asyncio.timeout(0.01):
+            await asyncio.sleep(10)
+    except TimeoutError:
+        await asyncio.sleep(0.01)
+    return "after its timeout"
+
+
+async def _checks(ctx: Context, payload: Any) -> Any:
+    ctx._stop("told to stop")
+    ctx.check()
+
+
+@LIMITS
+@pytest.mark.parametrize(
+    "handler",
+    [
+        _returns,
+        _returns_at_once,
+        _fails,
+        _retries,
+        _raises,
+        _exits,
+        _times_itself_out,
+        _times_out_and_goes_on,
+        _checks,
+    ],
+)
+def test_a_handler_reports_the_same_outcome_in_either_task(
+    handler: Handler, limit: float | None
+) -> None:
+    assert _outcome(handler, limit) == _outcome(handler, 3600.0 if limit is None else None)
+
+
+def test_an_async_handler_without_a_limit_runs_in_its_attempts_task() -> None:
+    """The point of the inline path: one task per attempt, not two."""
+    tasks: list[bool] = []
+
+    async def which_task(ctx: Context, payload: Any) -> Any:
+        tasks.append(asyncio.current_task() is worker.running[ctx.attempt_id].task)
+
+    async def main() -> None:
+        nonlocal worker
+        async with FakeGateway() as gw:
+            worker = _worker(gw, which_task)
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                await gw.push(_push("a1"))
+                await gw.push(_push("a2", limit=3600.0))
+                await gw.wait_for(_finished("a1"))
+                await gw.wait_for(_finished("a2"))
+
+    worker: Worker
+    asyncio.run(main())
+    assert tasks == [True, False]
+
+
+#: what the cancel tests' handlers saw, in order
+_SEEN: list[str] = []
+
+
+async def _awaits_the_cancel(ctx: Context, payload: Any) -> Any:
+    _SEEN.append("in")
+    try:
+        await asyncio.sleep(10)
+    except asyncio.CancelledError:
+        _SEEN.append("cancelled")
+        raise
+
+
+async def _catches_the_cancel(ctx: Context, payload: Any) -> Any:
+    _SEEN.append("in")
+    try:
+        await asyncio.sleep(10)
+    except asyncio.CancelledError:
+        _SEEN.append("cancelled")
+        await asyncio.sleep(0.01)  # the task goes on: the cancel was taken
+    return "caught it"
+
+
+async def _ignores_every_cancel(ctx: Context, payload: Any) -> Any:
+    _SEEN.append("in")
+    for _ in range(3):
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            _SEEN.append("cancelled")
+    return "too late"
+
+
+def _cancel_outcome(handler: Handler, limit: float | None) -> tuple[Any, list[str]]:
+    """Push a cancel while ``handler`` runs: what was reported, and which attempts the
+    worker abandoned (``_SEEN``: what the handler saw)."""
+
+    async def main() -> tuple[Any, list[str]]:
+        async with FakeGateway() as gw:
+            worker = _worker(gw, handler)
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                await gw.push(_push(limit=limit))
+                await _entered(_SEEN)
+                await gw.push({"type": "cancel", "attempt_ids": ["a1"]})
+                if handler is _ignores_every_cancel:
+                    await asyncio.sleep(0.6)  # past cancel_grace: abandoned
+                    assert worker.running == {}
+                    await asyncio.sleep(0.2)  # the handler has returned meanwhile
+                else:
+                    await gw.wait_for(_finished("a1"))
+            return gw.finished.get("a1"), worker.abandoned
+
+    return asyncio.run(main())
+
+
+@LIMITS
+@pytest.mark.parametrize("handler", [_awaits_the_cancel, _catches_the_cancel])
+def test_a_pushed_cancel_reaches_the_handler_the_same_way(
+    handler: Handler, limit: float | None
+) -> None:
+    _SEEN.clear()
+    report, abandoned = _cancel_outcome(handler, limit)
+    seen_here = list(_SEEN)
+    _SEEN.clear()
+    other, _ = _cancel_outcome(handler, 3600.0 if limit is None else None)
+    assert report == other
+    assert seen_here == _SEEN == ["in", "cancelled"]
+    assert abandoned == []
+    if handler is _awaits_the_cancel:
+        assert report["error"]["code"] == "CANCELLED"
+    else:
+        assert report == {"ok": True, "result": "caught it"}
+
+
+@LIMITS
+def test_a_handler_that_ignores_its_cancel_is_abandoned_and_reports_nothing(
+    limit: float | None,
+) -> None:
+    """Abandoned after ``cancel_grace``: it leaves ``running`` (renewals and the drain
+    no longer wait for it), is cancelled once more, and what it returns later, inline,
+    is never reported."""
+    _SEEN.clear()
+    report, abandoned = _cancel_outcome(_ignores_every_cancel, limit)
+    assert report is None
+    assert abandoned == ["a1"]
+    assert _SEEN[:3] == ["in", "cancelled", "cancelled"]
+
+
+@LIMITS
+def test_a_lost_lease_cancels_the_handler_and_drops_its_result(limit: float | None) -> None:
+    async def lose(gw: FakeGateway, ws: Any, msg: dict[str, Any]) -> bool:
+        if msg["type"] != "renew":
+            return False
+        leases = [
+            {"attempt_id": a, "status": "lost", "lease_expires_at": None, "lease_left": None}
+            for a in msg["attempt_ids"]
+        ]
+        await ws.send(json.dumps({"type": "renewed", "req_id": msg["req_id"], "leases": leases}))
+        return True
+
+    async def main() -> tuple[dict[str, Any], list[str]]:
+        _SEEN.clear()
+        async with FakeGateway(on_request=lose, lease_left=0.4) as gw:
+            worker = _worker(gw, _catches_the_cancel)
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                await gw.push(_push(limit=limit))
+                await gw.wait_for(_is("renew"))
+                async with asyncio.timeout(10):
+                    while worker.running:
+                        await asyncio.sleep(0.01)
+            return gw.finished, list(_SEEN)
+
+    finished, seen = asyncio.run(main())
+    assert finished == {}
+    assert seen == ["in", "cancelled"]
+
+
+@LIMITS
+@pytest.mark.parametrize("swallows", [False, True])
+def test_a_cancel_of_the_attempt_itself_ends_it_unreported(
+    limit: float | None, swallows: bool
+) -> None:
+    """The attempt's own task cancelled (as a shutdown whose token was refused, or the
+    event loop's close, cancels it) while its handler runs: the handler sees the
+    cancel, and the attempt ends cancelled, reporting nothing, even if the handler
+    swallowed the cancel and returned."""
+    seen: list[str] = []
+
+    async def handler(ctx: Context, payload: Any) -> Any:
+        seen.append("in")
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            if not swallows:
+                raise
+        return "swallowed"
+
+    async def main() -> tuple[bool, dict[str, Any]]:
+        async with FakeGateway() as gw:
+            worker = _worker(gw, handler)
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                await gw.push(_push(limit=limit))
+                await _entered(seen)
+                attempt = worker.running["a1"].task
+                assert attempt is not None
+                attempt.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await asyncio.wait_for(attempt, 5)
+                assert "a1" not in worker.running
+                await asyncio.sleep(0.05)
+            return attempt.cancelled(), gw.finished
+
+    cancelled, finished = asyncio.run(main())
+    assert cancelled
+    assert finished == {}
+    assert seen == ["in", "cancelled"]
+
+
+@LIMITS
+def test_a_drain_ends_when_an_ignoring_handler_is_abandoned(limit: float | None) -> None:
+    """The drain waits for attempts to be over or abandoned, not for their tasks: an
+    abandoned handler inline keeps its attempt's task alive, and the drain once waited
+    ``cancel_grace`` and the report grace in full for it."""
+
+    released = asyncio.Event()
+
+    async def stubborn(ctx: Context, payload: Any) -> Any:
+        _SEEN.append("in")
+        while not released.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await released.wait()
+
+    async def main() -> tuple[float, int, list[str]]:
+        _SEEN.clear()
+        async with FakeGateway() as gw:
+            worker = _worker(gw, stubborn, grace=0.1, cancel_grace=0.2)
+            worker._report_grace = 5.0
+            runner = asyncio.create_task(worker.arun())
+            await gw.wait_for(_is("hello"))
+            await gw.push(_push(limit=limit))
+            await _entered(_SEEN)
+            began = time.monotonic()
+            worker.stop()
+            code = await asyncio.wait_for(runner, 20)
+            took = time.monotonic() - began
+            released.set()  # the abandoned handler, left behind as arun() leaves it
+            return took, code, worker.abandoned
+
+    took, code, abandoned = asyncio.run(main())
+    assert code == 1
+    assert abandoned == ["a1"]
+    assert took < 2.5  # grace and cancel_grace, not the 5 s report grace as well
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"attempt": 3, "retry_safe": True, "queue": "other", "tenant": "acme"},
+        {"deadline": "2030-01-02T03:04:05.678901Z", "deadline_left": 3600.0},
+        {"attempt_timeout": 12.5, "retry_safe": 1, "attempt": "2"},
+    ],
+)
+def test_the_context_is_the_one_its_keywords_make(fields: dict[str, Any]) -> None:
+    """``_accept`` makes the context positionally (a keyword call of a dataclass's
+    ``__init__`` took twice as long): each field lands where its keyword would put it."""
+    contexts: list[Context] = []
+
+    async def keeps(ctx: Context, payload: Any) -> Any:
+        contexts.append(ctx)
+
+    async def main() -> None:
+        async with FakeGateway() as gw, running(_worker(gw, keeps)):
+            await gw.wait_for(_is("hello"))
+            pushed = assignment("a1", "h", **fields)
+            await gw.push({"type": "tasks", "req_id": None, "tasks": [pushed]})
+            await gw.wait_for(_finished("a1"))
+
+    asyncio.run(main())
+    a = assignment("a1", "h", **fields)
+    deadline = a["deadline"]
+    expected = Context(
+        task_id=a["task_id"],
+        attempt_id=a["attempt_id"],
+        attempt=int(a["attempt"]),
+        handler=a["handler"],
+        queue=a["queue"],
+        tenant=a["tenant"],
+        deadline=datetime.fromisoformat(deadline) if deadline else None,
+        attempt_timeout=a["attempt_timeout"],
+        retry_safe=bool(a["retry_safe"]),
+    )
+    (ctx,) = contexts
+    names = [f.name for f in dataclasses.fields(Context) if not f.name.startswith("_")]
+    assert [getattr(ctx, n) for n in names] == [getattr(expected, n) for n in names]
+    assert [type(getattr(ctx, n)) for n in names] == [type(getattr(expected, n)) for n in names]
