@@ -93,7 +93,7 @@ def make_records(tasks: int, where: Path) -> Records:
 def push(records: Records) -> None:
     """Each batch of grants as the ``tasks`` frame pushed to the worker."""
     for grants in records.grants:
-        gateway.wire_text(gateway.tasks_wire(None, grants))
+        gateway.tasks_frame(None, grants)
 
 
 def start(records: Records) -> None:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Collection, Coroutine, Sequence
 from functools import partial
 from typing import Any
 
+import orjson
 from pydantic import BaseModel
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
@@ -130,13 +131,19 @@ class WorkerConnection:
         self.backlog: set[asyncio.Task[Any]] = set()
         self._send_lock = asyncio.Lock()
 
-    async def send(self, message: BaseModel | dict[str, Any]) -> bool:
-        """Send a message: a model, or a wire dict (the hot replies, see views.py).
+    async def send(self, message: BaseModel | dict[str, Any] | str) -> bool:
+        """Send a message: a model, a wire dict (the hot replies, see views.py) or a
+        frame's text already written (``tasks_frame``).
         Whether it was handed to the socket: not if the connection is closed or the send
         failed (which marks it closed)."""
         if self.closed:
             return False
-        text = message.model_dump_json() if isinstance(message, BaseModel) else wire_text(message)
+        if isinstance(message, str):
+            text = message
+        elif isinstance(message, BaseModel):
+            text = message.model_dump_json()
+        else:
+            text = wire_text(message)
         async with self._send_lock:
             if self.closed:  # closed while this send waited for the one before it
                 return False
@@ -179,7 +186,7 @@ class WorkerConnection:
     async def send_tasks(self, store: Store, req_id: str | None, grants: Sequence[Grant]) -> None:
         """Send claimed attempts; if they cannot reach the worker, release them at once
         (back to queued) rather than leave them to their claim lease."""
-        if await self.send(tasks_wire(req_id, grants)):
+        if await self.send(tasks_frame(req_id, grants)):
             return
         await in_thread(release_undelivered, store, self.session_id, self.epoch, grants)
 
@@ -691,9 +698,13 @@ def _item_error(exc: OrbitError, metrics: Metrics) -> dict[str, str]:
     return {"code": str(exc.code), "message": exc.message}
 
 
-def tasks_wire(req_id: str | None, grants: Sequence[Grant]) -> dict[str, Any]:
-    """``TasksMessage`` as a wire dict: claimed attempts, pushed (no req_id) or answered."""
-    return {"type": "tasks", "req_id": req_id, "tasks": [assignment_wire(g) for g in grants]}
+def tasks_frame(req_id: str | None, grants: Sequence[Grant]) -> str:
+    """``TasksMessage``'s text frame: claimed attempts, pushed (no req_id) or answered.
+    Written by orjson alone, never ``compact_json``'s fallback: each payload is a
+    fragment of stored JSON (``assignment_wire``), and every other value is a string, a
+    bool, None, a float or an integer within 64 bits."""
+    tasks = [assignment_wire(g) for g in grants]
+    return orjson.dumps({"type": "tasks", "req_id": req_id, "tasks": tasks}).decode("utf-8")
 
 
 def started_many_wire(
