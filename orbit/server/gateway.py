@@ -715,13 +715,15 @@ def started_many_wire(
 ) -> dict[str, Any]:
     """The answer to a ``start_many`` as the wire's ``StartedManyMessage``; counts the
     starts and refusals."""
-    started = [
-        {"attempt_id": a, "lease": None, "error": _item_error(r, metrics)}
-        if isinstance(r, OrbitError)
-        else {"attempt_id": a, "lease": lease_wire(r), "error": None}
-        for (a, _), r in zip(starts, answers, strict=True)
-    ]
-    metrics.starts.inc(sum(1 for x in started if x["error"] is None))
+    started: list[dict[str, Any]] = []
+    refused = 0
+    for (a, _), r in zip(starts, answers, strict=True):
+        if isinstance(r, OrbitError):
+            refused += 1
+            started.append({"attempt_id": a, "lease": None, "error": _item_error(r, metrics)})
+        else:
+            started.append({"attempt_id": a, "lease": lease_wire(r), "error": None})
+    metrics.starts.inc(len(started) - refused)
     return {"type": "started_many", "req_id": rid, "results": started}
 
 
@@ -740,9 +742,8 @@ def finished_many_wire(
             error = _item_error(r, metrics)
             finished.append({"attempt_id": a, "receipt": None, "error": error})
         else:
-            by_state[str(r.task_state)] += 1
-            receipt = receipt_wire(r)
-            finished.append({"attempt_id": a, "receipt": receipt, "error": None})
+            by_state[str(r.task_state)] += 1  # a str's hash, not an Enum's (Python's)
+            finished.append({"attempt_id": a, "receipt": receipt_wire(r), "error": None})
     for state, count in by_state.items():  # one labelled inc per state, not per item
         metrics.finishes.labels(state).inc(count)
     return {"type": "finished_many", "req_id": rid, "results": finished}

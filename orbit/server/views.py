@@ -167,22 +167,25 @@ def assignment_wire(g: Grant) -> dict[str, Any]:
 
 def lease_wire(lease: Lease) -> dict[str, Any]:
     """A start's or a renew's answer as the wire's ``LeaseView``."""
+    expires, left = lease.lease_expires_at, lease.lease_left_us
     return {
         "attempt_id": lease.attempt_id,
         "status": lease.status,
-        "lease_expires_at": instant_to_wire(lease.lease_expires_at),
-        "lease_left": us_to_seconds(lease.lease_left_us),
+        "lease_expires_at": None if expires is None else instant_text(expires),
+        "lease_left": None if left is None else left / 1e6,
     }
 
 
 def receipt_wire(r: Receipt) -> dict[str, Any]:
-    """A finish's receipt as the wire's ``ReceiptView``."""
+    """A finish's receipt as the wire's ``ReceiptView``. The states stay the records'
+    ``StrEnum`` members, which orjson writes as their text (a ``str()`` of each was a
+    tenth of a ``finished_many``'s answer)."""
     return {
         "task_id": r.task_id,
         "attempt_id": r.attempt_id,
         "fence": str(r.fence),
-        "task_state": str(r.task_state),
-        "attempt_state": str(r.attempt_state),
+        "task_state": r.task_state,
+        "attempt_state": r.attempt_state,
         "result_digest": r.result_digest,
         "result_version": str(r.result_version),
     }
