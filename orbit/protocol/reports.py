@@ -68,10 +68,11 @@ class FinishBatch:
 def _fence(value: Any) -> int | None:
     """A counter (a canonical decimal string below 2**63) as its integer.
 
-    Without the model's regular expression (``COUNTER_RE``), which took a quarter of a
-    start's reading: ``int`` reads the digits, and a string that is not the integer's
-    own spelling (a sign, a space, an underscore, a leading zero, a non-ASCII digit) is
-    refused by comparing it with that spelling."""
+    Without the model's regular expression (``COUNTER_RE``, a match per item on top of
+    the ``int``): ``int`` reads the digits, and a string that is not the integer's own
+    spelling (a sign, a space, an underscore, a leading zero, a non-ASCII digit) is
+    refused by comparing it with that spelling. ``tests/unit/test_report_batches.py``
+    holds it to the regular expression."""
     if type(value) is not str or not 0 < len(value) <= 19:
         return None
     try:
