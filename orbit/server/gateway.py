@@ -26,12 +26,13 @@ from collections.abc import Callable, Collection, Coroutine, Sequence
 from functools import partial
 from typing import Any
 
+import orjson
 from pydantic import BaseModel
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from orbit.aio import start_eagerly
 from orbit.core.errors import Code, OrbitError, Rejected
-from orbit.core.model import Capability, Grant, Session, compact_json
+from orbit.core.model import Capability, Grant, Lease, Outcome, Receipt, Session, compact_json
 from orbit.protocol.decode import DecodeError, decode_json, decode_model
 from orbit.protocol.messages import (
     WORKER_REQUESTS,
@@ -130,17 +131,19 @@ class WorkerConnection:
         self.backlog: set[asyncio.Task[Any]] = set()
         self._send_lock = asyncio.Lock()
 
-    async def send(self, message: BaseModel | dict[str, Any]) -> bool:
-        """Send a message: a model, or a wire dict (the hot replies, see views.py).
+    async def send(self, message: BaseModel | dict[str, Any] | str) -> bool:
+        """Send a message: a model, a wire dict (the hot replies, see views.py) or a
+        frame's text already written (``tasks_frame``).
         Whether it was handed to the socket: not if the connection is closed or the send
         failed (which marks it closed)."""
         if self.closed:
             return False
-        text = (
-            message.model_dump_json()
-            if isinstance(message, BaseModel)
-            else compact_json(message).decode("utf-8")
-        )
+        if isinstance(message, str):
+            text = message
+        elif isinstance(message, BaseModel):
+            text = message.model_dump_json()
+        else:
+            text = wire_text(message)
         async with self._send_lock:
             if self.closed:  # closed while this send waited for the one before it
                 return False
@@ -183,9 +186,14 @@ class WorkerConnection:
     async def send_tasks(self, store: Store, req_id: str | None, grants: Sequence[Grant]) -> None:
         """Send claimed attempts; if they cannot reach the worker, release them at once
         (back to queued) rather than leave them to their claim lease."""
-        if await self.send(tasks_wire(req_id, grants)):
+        if await self.send(tasks_frame(req_id, grants)):
             return
         await in_thread(release_undelivered, store, self.session_id, self.epoch, grants)
+
+
+def wire_text(message: dict[str, Any]) -> str:
+    """A wire dict (the hot replies, see views.py) as its text frame."""
+    return compact_json(message).decode("utf-8")
 
 
 def handlers_of(session: Session) -> frozenset[str]:
@@ -478,53 +486,17 @@ class _Protocol:
         else:
             await self.ws.send_text(msg.model_dump_json())
 
-    async def receive(self) -> tuple[Any, Request] | None:
+    async def receive(self) -> Request:
         """The next well-formed request, answering malformed ones with an error."""
         while True:
             message = await self.ws.receive()
             if message["type"] == "websocket.disconnect":
                 raise WebSocketDisconnect(message.get("code", 1000))
             text = message.get("text")
-            if text is None:
-                data = message.get("bytes") or b""
-                if len(data) > MAX_MESSAGE_BYTES:
-                    await self.error(None, "MESSAGE_TOO_LARGE", "the message is too large")
-                    continue
-                try:
-                    raw = decode_json(data)
-                except DecodeError as exc:
-                    await self.error(None, exc.code, exc.message, exc.field)
-                    continue
-            else:
-                if len(text) > MAX_MESSAGE_BYTES:
-                    await self.error(None, "MESSAGE_TOO_LARGE", "the message is too large")
-                    continue
-                try:
-                    raw = decode_json(text)
-                except DecodeError as exc:
-                    await self.error(None, exc.code, exc.message, exc.field)
-                    continue
-            rid = _req_id(raw)
-            if not isinstance(raw, dict):
-                await self.error(None, "INVALID_TYPE", "the message must be a JSON object")
-                continue
-            kind = raw.get("type")
-            model = WORKER_REQUESTS.get(kind) if isinstance(kind, str) else None
-            if "type" not in raw and any(k.lower() == "type" for k in raw):
-                await self.error(rid, "FIELD_CASE_MISMATCH", "type must be spelled type", "type")
-                continue
-            if model is None:
-                await self.error(rid, "UNKNOWN_TYPE", f"unknown message type {kind!r:.40}", "type")
-                continue
-            reader = READERS.get(kind) if isinstance(kind, str) else None
-            if reader is not None:  # a batch of reports in its usual shape: read at once
-                batch = reader(raw)
-                if batch is not None:
-                    return raw, batch
             try:
-                return raw, decode_model(model, raw, parsed=True)
-            except DecodeError as exc:
-                await self.error(rid, exc.code, exc.message, exc.field)
+                return read_request(message.get("bytes") or b"" if text is None else text)
+            except Refused as exc:
+                await self.error(exc.req_id, exc.code, exc.message, exc.field)
 
     def _open(self, msg: Hello) -> tuple[Session, str]:
         return self.store.session_open(
@@ -536,7 +508,7 @@ class _Protocol:
 
     async def handshake(self) -> WorkerConnection | None:
         while True:
-            _, msg = await self.receive()  # type: ignore[misc]
+            msg = await self.receive()
             try:
                 if isinstance(msg, Hello):
                     session, secret = await in_thread(self._open, msg)
@@ -602,7 +574,7 @@ class _Protocol:
 
         try:
             while not self.conn.closed:
-                _, msg = await self.receive()  # type: ignore[misc]
+                msg = await self.receive()
                 if isinstance(msg, CONCURRENT_REPORTS):
                     await slots.acquire()
                     task = asyncio.create_task(report(msg))
@@ -648,31 +620,12 @@ class _Protocol:
             elif isinstance(msg, StartBatch | StartMany):
                 starts = (msg if isinstance(msg, StartBatch) else start_batch(msg)).items
                 answers = await in_thread(store.attempt_start_many, sid, epoch, starts)
-                started = [
-                    {"attempt_id": a, "lease": None, "error": _item_error(r, metrics)}
-                    if isinstance(r, OrbitError)
-                    else {"attempt_id": a, "lease": lease_wire(r), "error": None}
-                    for (a, _), r in zip(starts, answers, strict=True)
-                ]
-                metrics.starts.inc(sum(1 for x in started if x["error"] is None))
-                await conn.send({"type": "started_many", "req_id": rid, "results": started})
+                await conn.send(started_many_wire(rid, starts, answers, metrics))
                 await self._close_if_fenced(answers)
             elif isinstance(msg, FinishBatch | FinishMany):
                 finishes = (msg if isinstance(msg, FinishBatch) else finish_batch(msg)).items
                 receipts = await in_thread(store.attempt_finish_many, sid, epoch, finishes)
-                finished: list[dict[str, Any]] = []
-                by_state: Counter[str] = Counter()
-                for (a, _, _), r in zip(finishes, receipts, strict=True):
-                    if isinstance(r, OrbitError):
-                        error = _item_error(r, metrics)
-                        finished.append({"attempt_id": a, "receipt": None, "error": error})
-                    else:
-                        by_state[str(r.task_state)] += 1
-                        receipt = receipt_wire(r)
-                        finished.append({"attempt_id": a, "receipt": receipt, "error": None})
-                for state, count in by_state.items():  # one labelled inc per state, not per item
-                    metrics.finishes.labels(state).inc(count)
-                await conn.send({"type": "finished_many", "req_id": rid, "results": finished})
+                await conn.send(finished_many_wire(rid, finishes, receipts, metrics))
                 await self._close_if_fenced(receipts)
             elif isinstance(msg, Renew):
                 leases = await in_thread(store.lease_renew_many, sid, epoch, list(msg.attempt_ids))
@@ -745,9 +698,97 @@ def _item_error(exc: OrbitError, metrics: Metrics) -> dict[str, str]:
     return {"code": str(exc.code), "message": exc.message}
 
 
-def tasks_wire(req_id: str | None, grants: Sequence[Grant]) -> dict[str, Any]:
-    """``TasksMessage`` as a wire dict: claimed attempts, pushed (no req_id) or answered."""
-    return {"type": "tasks", "req_id": req_id, "tasks": [assignment_wire(g) for g in grants]}
+def tasks_frame(req_id: str | None, grants: Sequence[Grant]) -> str:
+    """``TasksMessage``'s text frame: claimed attempts, pushed (no req_id) or answered.
+    Written by orjson alone, never ``compact_json``'s fallback: each payload is a
+    fragment of stored JSON (``assignment_wire``), and every other value is a string, a
+    bool, None, a float or an integer within 64 bits."""
+    tasks = [assignment_wire(g) for g in grants]
+    return orjson.dumps({"type": "tasks", "req_id": req_id, "tasks": tasks}).decode("utf-8")
+
+
+def started_many_wire(
+    rid: str,
+    starts: Sequence[tuple[str, int]],
+    answers: Sequence[Lease | OrbitError],
+    metrics: Metrics,
+) -> dict[str, Any]:
+    """The answer to a ``start_many`` as the wire's ``StartedManyMessage``; counts the
+    starts and refusals."""
+    started: list[dict[str, Any]] = []
+    refused = 0
+    for (a, _), r in zip(starts, answers, strict=True):
+        if isinstance(r, OrbitError):
+            refused += 1
+            started.append({"attempt_id": a, "lease": None, "error": _item_error(r, metrics)})
+        else:
+            started.append({"attempt_id": a, "lease": lease_wire(r), "error": None})
+    metrics.starts.inc(len(started) - refused)
+    return {"type": "started_many", "req_id": rid, "results": started}
+
+
+def finished_many_wire(
+    rid: str,
+    finishes: Sequence[tuple[str, int, Outcome]],
+    receipts: Sequence[Receipt | OrbitError],
+    metrics: Metrics,
+) -> dict[str, Any]:
+    """The answer to a ``finish_many`` as the wire's ``FinishedManyMessage``; counts the
+    finishes by task state, and the refusals."""
+    finished: list[dict[str, Any]] = []
+    by_state: Counter[str] = Counter()
+    for (a, _, _), r in zip(finishes, receipts, strict=True):
+        if isinstance(r, OrbitError):
+            error = _item_error(r, metrics)
+            finished.append({"attempt_id": a, "receipt": None, "error": error})
+        else:
+            by_state[str(r.task_state)] += 1  # a str's hash, not an Enum's (Python's)
+            finished.append({"attempt_id": a, "receipt": receipt_wire(r), "error": None})
+    for state, count in by_state.items():  # one labelled inc per state, not per item
+        metrics.finishes.labels(state).inc(count)
+    return {"type": "finished_many", "req_id": rid, "results": finished}
+
+
+class Refused(Exception):
+    """A worker's frame that is not a well-formed request: the ``error`` it is answered
+    with (its ``req_id``, when one could be read)."""
+
+    def __init__(self, req_id: str | None, code: str, message: str, field: str | None = None):
+        super().__init__(f"{code}: {message}")
+        self.req_id = req_id
+        self.code = code
+        self.message = message
+        self.field = field
+
+
+def read_request(frame: str | bytes) -> Request:
+    """A worker's frame (a text frame's ``str``, a binary one's ``bytes``) as its request:
+    a batch of reports in its usual shape read at once (reports.py), anything else
+    decoded strictly; ``Refused`` with the rule it broke if it is not well formed."""
+    if len(frame) > MAX_MESSAGE_BYTES:
+        raise Refused(None, "MESSAGE_TOO_LARGE", "the message is too large")
+    try:
+        raw = decode_json(frame)
+    except DecodeError as exc:
+        raise Refused(None, exc.code, exc.message, exc.field) from None
+    rid = _req_id(raw)
+    if not isinstance(raw, dict):
+        raise Refused(None, "INVALID_TYPE", "the message must be a JSON object")
+    kind = raw.get("type")
+    model = WORKER_REQUESTS.get(kind) if isinstance(kind, str) else None
+    if "type" not in raw and any(k.lower() == "type" for k in raw):
+        raise Refused(rid, "FIELD_CASE_MISMATCH", "type must be spelled type", "type")
+    if model is None:
+        raise Refused(rid, "UNKNOWN_TYPE", f"unknown message type {kind!r:.40}", "type")
+    reader = READERS.get(kind) if isinstance(kind, str) else None
+    if reader is not None:  # a batch of reports in its usual shape: read at once
+        batch = reader(raw)
+        if batch is not None:
+            return batch
+    try:
+        return decode_model(model, raw, parsed=True)
+    except DecodeError as exc:
+        raise Refused(rid, exc.code, exc.message, exc.field) from None
 
 
 async def worker_endpoint(ws: WebSocket) -> None:

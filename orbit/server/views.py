@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from orbit.core.model import (
     Artifact,
     Attempt,
@@ -16,7 +18,7 @@ from orbit.core.model import (
     Task,
     parse_json,
 )
-from orbit.protocol.convert import instant_to_wire, json_or_none, us_to_seconds
+from orbit.protocol.convert import instant_text, instant_to_wire, json_or_none, us_to_seconds
 from orbit.protocol.messages import (
     ArtifactView,
     AttemptView,
@@ -136,44 +138,54 @@ def worker_view(s: Session) -> WorkerView:
 
 
 def assignment_wire(g: Grant) -> dict[str, Any]:
-    """A claimed attempt as the wire's ``Assignment``."""
+    """A claimed attempt as the wire's ``Assignment``, for orjson to write (``tasks_frame``
+    in gateway.py): the payload goes into the frame as it is stored, an
+    ``orjson.Fragment``, rather than parsed into objects only for orjson to write them
+    again (half of a push's work). The stored text is JSON Orbit wrote itself
+    (``canonical_json``: compact, UTF-8, no NaN), so the frame is the same JSON value,
+    spelled as the payload was stored (a float past 1e16 as ``1e+16``, as the standard
+    library writes it, where orjson writes ``1e16``; an integer past 64 bits, which
+    orjson cannot write, as it is)."""
+    task, attempt = g.task, g.attempt
+    deadline, timeout = task.deadline, task.attempt_timeout_us
     return {
-        "task_id": g.task.id,
-        "attempt_id": g.attempt.id,
-        "fence": str(g.attempt.fence),
-        "handler": g.task.handler,
-        "queue": g.task.queue,
-        "tenant": g.task.tenant,
-        "payload": parse_json(g.task.payload),
-        "attempt": g.attempt.number,
-        "retry_safe": g.task.retry_safe,
-        "deadline": instant_to_wire(g.task.deadline),
-        "deadline_left": None
-        if g.task.deadline is None
-        else us_to_seconds(g.task.deadline - g.attempt.claimed_at),
-        "attempt_timeout": us_to_seconds(g.task.attempt_timeout_us),
-        "claim_expires_at": _at(g.attempt.claim_expires_at),
+        "task_id": task.id,
+        "attempt_id": attempt.id,
+        "fence": str(attempt.fence),
+        "handler": task.handler,
+        "queue": task.queue,
+        "tenant": task.tenant,
+        "payload": orjson.Fragment(task.payload),
+        "attempt": attempt.number,
+        "retry_safe": task.retry_safe,
+        "deadline": None if deadline is None else instant_text(deadline),
+        "deadline_left": None if deadline is None else (deadline - attempt.claimed_at) / 1e6,
+        "attempt_timeout": None if timeout is None else timeout / 1e6,
+        "claim_expires_at": instant_text(attempt.claim_expires_at),
     }
 
 
 def lease_wire(lease: Lease) -> dict[str, Any]:
     """A start's or a renew's answer as the wire's ``LeaseView``."""
+    expires, left = lease.lease_expires_at, lease.lease_left_us
     return {
         "attempt_id": lease.attempt_id,
         "status": lease.status,
-        "lease_expires_at": instant_to_wire(lease.lease_expires_at),
-        "lease_left": us_to_seconds(lease.lease_left_us),
+        "lease_expires_at": None if expires is None else instant_text(expires),
+        "lease_left": None if left is None else left / 1e6,
     }
 
 
 def receipt_wire(r: Receipt) -> dict[str, Any]:
-    """A finish's receipt as the wire's ``ReceiptView``."""
+    """A finish's receipt as the wire's ``ReceiptView``. The states stay the records'
+    ``StrEnum`` members, which orjson writes as their text (a ``str()`` of each was a
+    tenth of a ``finished_many``'s answer)."""
     return {
         "task_id": r.task_id,
         "attempt_id": r.attempt_id,
         "fence": str(r.fence),
-        "task_state": str(r.task_state),
-        "attempt_state": str(r.attempt_state),
+        "task_state": r.task_state,
+        "attempt_state": r.attempt_state,
         "result_digest": r.result_digest,
         "result_version": str(r.result_version),
     }

@@ -12,16 +12,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orbit.core.errors import OrbitError
+from orbit.core.model import Outcome
 from orbit.protocol.decode import MAX_DEPTH, DecodeError, decode_json, decode_model
-from orbit.protocol.messages import WORKER_REQUESTS
+from orbit.protocol.messages import COUNTER_RE, WORKER_REQUESTS
 from orbit.protocol.reports import (
+    _NO_RESULT,
     READERS,
     FinishBatch,
     StartBatch,
+    _fence,
     finish_batch,
     read_finish_many,
     read_start_many,
     start_batch,
+)
+from orbit.protocol.reports import (
+    _outcome as read_outcome,
 )
 
 #: mostly values the models accept, and now and then one they refuse
@@ -236,3 +242,43 @@ def test_the_readers_stop_where_the_models_do(fits: dict[str, Any], beyond: dict
         assert (_strict(raw)[0] == "batch") is accepted, _strict(raw)
         if read is not None:
             assert _spelled(read) == _spelled(_strict(raw)[1])
+
+
+_FENCE_EDGES = [
+    *("0", "7", "10", "9223372036854775807", "9223372036854775808", "9999999999999999999"),
+    *("", "00", "01", "-0", "-1", "+1", " 1", "1 ", "1\n", "1_0", "1.0", "1e3", "0x1"),
+    *("\u0661", "\u00b2", "\uff11", "12345678901234567890", "\x00", "1\x00"),
+]
+
+
+def _fence_by_model(value: Any) -> int | None:
+    """A fence as the model reads one: ``COUNTER_RE``, then the bound below 2**63."""
+    if not isinstance(value, str) or not COUNTER_RE.match(value) or int(value) >= 2**63:
+        return None
+    return int(value)
+
+
+@given(st.sampled_from(_FENCE_EDGES) | st.text(max_size=21) | st.integers().map(str))
+def test_the_fence_reader_takes_what_the_model_takes(value: str) -> None:
+    """``_fence`` reads a counter with ``int`` and a comparison, not the model's regular
+    expression: the same strings, to the same integers."""
+    assert _fence(value) == _fence_by_model(value)
+
+
+def test_the_fence_reader_takes_strings_only() -> None:
+    for value in (1, 1.0, True, None, ["1"], {"1": 1}):
+        assert _fence(value) is None
+
+
+def test_the_usual_outcome_is_read_at_once_and_nothing_like_it() -> None:
+    """``{"ok": true, "result": null}`` is the one outcome read without the walk; a
+    near miss goes the full way (and is refused there, or read as what it is)."""
+    assert read_outcome({"ok": True, "result": None}) is _NO_RESULT
+    assert read_outcome({"ok": True}) is _NO_RESULT
+    assert read_outcome({"ok": True, "result": None, "error": None}) is _NO_RESULT
+    for near in ({"ok": 1, "result": None}, {"ok": True, "result": None, "x": 1}, {"ok": None}):
+        assert read_outcome(near) is None
+    assert read_outcome({"ok": True, "result": 0}) == Outcome.success(0)
+    assert read_outcome({"ok": False, "result": None, "error": {"code": "E"}}) == Outcome.failure(
+        "E", "", True
+    )

@@ -8,6 +8,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -16,6 +17,7 @@ from pydantic import BaseModel
 from orbit.core.model import (
     Backoff,
     Capability,
+    Grant,
     Outcome,
     Task,
     TaskSpec,
@@ -26,6 +28,7 @@ from orbit.core.model import (
 )
 from orbit.core.states import TaskState
 from orbit.core.transitions import new_task
+from orbit.core.validate import check_payload
 from orbit.protocol.convert import EPOCH, instant_to_wire
 from orbit.protocol.decode import (
     MAX_DEPTH,
@@ -46,7 +49,7 @@ from orbit.protocol.messages import (
     TasksMessage,
     TaskView,
 )
-from orbit.server.gateway import tasks_wire
+from orbit.server.gateway import tasks_frame
 from orbit.server.views import assignment_wire, lease_wire, receipt_wire, task_wire
 from orbit.store import open_store
 
@@ -214,10 +217,13 @@ def test_worker_replies_are_their_models_dumped(tmp_path: Path) -> None:
         assert model.model_validate(wire).model_dump(mode="json") == wire
         assert json.loads(compact_json(wire)) == wire
 
-    for grant in grants:
-        same(Assignment, assignment_wire(grant))
-    same(TasksMessage, tasks_wire(None, grants))
-    same(TasksMessage, tasks_wire("r1", []))
+    def same_text(model: type[BaseModel], text: str | bytes) -> None:
+        assert model.model_validate_json(text).model_dump(mode="json") == json.loads(text)
+
+    for grant in grants:  # its payload a fragment of stored JSON, which only orjson writes
+        same_text(Assignment, orjson.dumps(assignment_wire(grant)))
+    same_text(TasksMessage, tasks_frame(None, grants))
+    same_text(TasksMessage, tasks_frame("r1", []))
     lease_dicts = [lease_wire(x) for x in leases if not isinstance(x, Exception)]
     assert len(lease_dicts) == 2
     same(StartedMessage, {"type": "started", "req_id": "r2", "lease": lease_dicts[0]})
@@ -295,3 +301,85 @@ def test_parse_json_falls_back_where_orjson_refuses() -> None:
     assert parse_json('"\\ud800"') == "\ud800"  # a lone surrogate, as json.loads reads it
     big = compact_json({"b": 1, "a": 2**70}, sort_keys=True)
     assert big == b'{"a":1180591620717411303424,"b":1}'
+
+
+def _reparsed_frame(req_id: str | None, grants: list[Grant]) -> str:
+    """The ``tasks`` frame as it was written before the payload went in as a fragment:
+    each payload parsed from its stored text, then the whole frame encoded again."""
+    tasks = [{**assignment_wire(g), "payload": parse_json(g.task.payload)} for g in grants]
+    return compact_json({"type": "tasks", "req_id": req_id, "tasks": tasks}).decode("utf-8")
+
+
+def _frames_alike(frame: str, reparsed: str, payload: Any) -> None:
+    """``frame`` says what ``reparsed`` said, as the worker reads either (``parse_json``),
+    types and all; and a reader of exact JSON finds the very payload submitted in it,
+    where the parsed payload had an integer past 64 bits as a float (orjson's reading)."""
+    assert _typed(parse_json(frame)) == _typed(parse_json(reparsed))
+    for task in json.loads(frame)["tasks"]:
+        assert _typed(task.pop("payload")) == _typed(payload)
+        assert task == {k: v for k, v in json.loads(reparsed)["tasks"][0].items() if k != "payload"}
+
+
+def _typed(value: Any) -> Any:
+    """A JSON value with the type of every scalar beside it (``==`` takes 1 for 1.0 and
+    for True), floats by their ``repr`` (so -0.0 is not 0.0)."""
+    if isinstance(value, dict):
+        return {k: _typed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    return (type(value).__name__, repr(value) if isinstance(value, float) else value)
+
+
+@pytest.fixture(scope="module")
+def claimed(tmp_path_factory: pytest.TempPathFactory) -> Grant:
+    """One real claimed attempt, whose task's payload the tests below replace."""
+    store = open_store(f"sqlite:///{tmp_path_factory.mktemp('claim')}/orbit.db")
+    try:
+        store.queue_create("q", max_concurrency=10, rate=0)
+        store.task_submit(TaskSpec(queue="q", handler="h", payload={"n": 1}))
+        session, _ = store.session_open(
+            name="w", node_id="n", capabilities=[Capability("h", 10)], max_concurrency=10
+        )
+        (grant,) = store.attempt_claim_many(session.id, session.epoch, 10)
+        return grant
+    finally:
+        store.close()
+
+
+def _holding(grant: Grant, payload: Any) -> Grant:
+    """``grant`` with its task's payload stored as Orbit stores one (``check_payload``)."""
+    text, _ = check_payload(payload, 1 << 30)
+    return Grant(evolve(grant.task, payload=text), grant.attempt)
+
+
+_ODD_PAYLOADS: list[Any] = [
+    None,
+    {},
+    [],
+    "",
+    {"id": "p1", "t": 0.0, "kind": "noop"},
+    {"é": "ünïcødé ☃ \U0001f600", "quote": '"\\/', "ctl": "\t\n\x01\x1f\x7f", "ls": "\u2028"},
+    {"big": 2**70, "neg": -(2**70), "edge": [2**63 - 1, -(2**63), 2**64 - 1, 2**64]},
+    {"f": [1e16, 1e17, 1.5e300, 1e-5, 6.103515625e-05, 0.1, -0.0, 5e-324, 123456789.123456]},
+    {"nested": [[{"a": [{"b": [1, 2.5, None, True, "x"]}]}]] * 2},
+    {"z": 1, "a": {"y": 2, "b": [3, {"x": 4}]}},
+]
+
+
+@pytest.mark.parametrize("payload", _ODD_PAYLOADS, ids=range(len(_ODD_PAYLOADS)))
+def test_a_payload_fragment_frames_what_parsing_it_framed(claimed: Grant, payload: Any) -> None:
+    """The ``tasks`` frame with each payload a fragment of its stored text is the same
+    JSON, types and all, as the frame that parsed the payload and wrote it again, and
+    gives the worker the payload it was submitted with."""
+    grant = _holding(claimed, payload)
+    frame = tasks_frame(None, [grant])
+    _frames_alike(frame, _reparsed_frame(None, [grant]), payload)
+    TasksMessage.model_validate_json(frame)
+
+
+@given(_JSON_VALUES)
+def test_any_payload_fragment_frames_what_parsing_it_framed(claimed: Grant, payload: Any) -> None:
+    """As above, over any JSON value a payload may be (integers of any size: the
+    Python API stores what the wire's decoder would refuse)."""
+    grant = _holding(claimed, payload)
+    _frames_alike(tasks_frame("r", [grant, grant]), _reparsed_frame("r", [grant, grant]), payload)
