@@ -239,12 +239,7 @@ class _Running:
     ctx: Context
     fence: str
     task: asyncio.Task[Any] | None = None  # the whole attempt: start, handler, finish
-    #: the task the handler runs in while it runs: its own (a plain function, or a time
-    #: limit), or ``task`` itself (an async handler with no limit: ``Worker._run_inline``)
-    handler_task: asyncio.Task[Any] | None = None
-    #: cancels this runner sent ``task`` while the handler ran in it (``Worker._cancel``);
-    #: more than these on the task were the attempt's own (its abandonment, a shutdown)
-    cancels: int = 0
+    handler_task: asyncio.Task[Any] | None = None  # just the handler
     #: done once the attempt is over or abandoned: made only for a drain to wait on
     over: asyncio.Future[None] | None = None
     lost: bool = False
@@ -743,7 +738,7 @@ class Worker:
     # ------------------------------------------------------------------ attempts
 
     def _accept(self, a: dict[str, Any]) -> None:
-        # Positional, in the fields' order (tests/unit/test_worker_inline.py holds it to
+        # Positional, in the fields' order (tests/unit/test_worker_handler_task.py holds it to
         # the keywords): a call of a dataclass's __init__ by keywords took twice as long,
         # 1.6 µs of these two, a task.
         ctx = Context(
@@ -844,8 +839,6 @@ class Worker:
                 retryable=False,
             )
         limit, by_deadline = self._time_limit(running)
-        if limit is None and reg.is_async:
-            return await self._run_inline(running, reg, payload)
         task = running.handler_task = asyncio.create_task(self._call(running, reg, payload))
         if ctx.cancelled:
             # Cancelled (a cancel pushed, a drain past its grace) while the start was in
@@ -883,47 +876,6 @@ class Worker:
             return {"result": task.result()}
         except (asyncio.CancelledError, Exception) as exc:
             return _failure(running, exc)
-
-    async def _run_inline(
-        self, running: _Running, reg: _Registered, payload: Any
-    ) -> dict[str, Any] | None:
-        """Run an async handler with no time limit in its attempt's own task: what
-        ``_invoke`` does with a task of the handler's own, without that task (two tasks
-        an attempt, with the future that waited for the second, were a tenth of a busy
-        worker's instructions). A cancel of the handler (``_cancel``) is a cancel of the
-        attempt's task, counted in ``running.cancels`` and taken back once the handler
-        is over; a cancel beyond those is the attempt's own (a shutdown's, the event
-        loop's close), and ends the attempt, as it did. A handler that ignores its cancel
-        is abandoned by ``_abandon_if_running``, which lets the attempt go
-        (``_forget``) while its task is left to the handler."""
-        ctx = running.ctx
-        attempt = running.task  # the task this runs in (``_accept``)
-        assert attempt is not None
-        running.handler_task = attempt
-        if ctx.cancelled:  # as in _invoke: the handler is entered, then sees the cancel
-            asyncio.get_running_loop().call_soon(self._cancel, running, ctx.reason or "cancelled")
-        value: Any = None
-        caught: BaseException | None = None
-        try:
-            value = await reg.fn(ctx, payload)
-        except (Exception, asyncio.CancelledError) as exc:
-            caught = exc
-        except KeyboardInterrupt:
-            raise  # Ctrl-C under arun(), the process's, not the handler's (as in _call)
-        except BaseException as exc:  # SystemExit and the like: its attempt's failure
-            caught = _Exited(exc)
-        finally:
-            running.handler_task = None
-            for _ in range(running.cancels):
-                attempt.uncancel()
-            running.cancels = 0
-        if attempt.cancelling():  # the attempt's own cancel, which the handler met
-            raise asyncio.CancelledError
-        if running.abandoned:  # let go meanwhile: whatever it ended with is not reported
-            return None
-        if caught is None:
-            return {"result": value}
-        return _failure(running, caught)
 
     def _time_limit(self, running: _Running) -> tuple[float | None, bool]:
         """Seconds the handler may run: its attempt timeout or the task deadline, timed
@@ -1069,8 +1021,6 @@ class Worker:
         task = running.handler_task
         if task is None or task.done():
             return
-        if task is running.task:  # the handler runs in its attempt's task (_run_inline)
-            running.cancels += 1
         task.cancel()
         if not running.watched and (running.on_loop or self.handlers[running.ctx.handler].is_async):
             # A plain function's thread is waited for in _in_thread; an async handler
@@ -1086,15 +1036,7 @@ class Worker:
         if task is None or task.done() or attempt is None or attempt.done():
             return
         self._abandon(running)
-        if task is attempt:
-            # One task for both (``_run_inline``): cancelled once more, as the attempt's
-            # own cancel cancelled the handler's task, but the attempt is let go here
-            # rather than by that task's end, which the handler holds off.
-            running.cancels += 1
-            attempt.cancel()
-            self._forget(running)
-        else:
-            attempt.cancel()
+        attempt.cancel()
 
     def _abandon(self, running: _Running) -> None:
         if not running.abandoned:

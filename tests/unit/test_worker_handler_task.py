@@ -1,8 +1,9 @@
-"""An async handler with no time limit runs in its attempt's own task
-(``Worker._run_inline``), not in a task of its own: each case here runs the same handler
-both ways (no limit: inline; an hour's ``attempt_timeout``: the handler's own task, the
-path every handler took before) and holds the two to the same outcome, the same
-cancellation, abandonment and shutdown. Driven against ``FakeGateway``."""
+"""A handler runs in an asyncio task of its own, apart from its attempt's, with or
+without a time limit: each case here runs the same handler both ways (no limit; an
+hour's ``attempt_timeout``) and holds the two to the same outcome, the same cancellation,
+abandonment and shutdown; and a cancel the handler leaves on its own task is its own
+outcome, never its attempt's (a version that ran a handler with no limit in its attempt's
+task dropped such a handler's result). Driven against ``FakeGateway``."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ from tests.unit.fake_gateway import FakeGateway, assignment
 from tests.unit.test_worker_recovery import _finished, _is, running
 
 Handler = Callable[[Context, Any], Awaitable[Any]]
-#: no time limit runs inline; an hour's runs in a task of its own, as before
-LIMITS = pytest.mark.parametrize("limit", [None, 3600.0], ids=["inline", "own-task"])
+#: no time limit, and an hour's: the handler's task is timed or not
+LIMITS = pytest.mark.parametrize("limit", [None, 3600.0], ids=["no-limit", "limit"])
 
 
 def _push(attempt_id: str = "a1", limit: float | None = None) -> dict[str, Any]:
@@ -125,8 +126,8 @@ def test_a_handler_reports_the_same_outcome_in_either_task(
     assert _outcome(handler, limit) == _outcome(handler, 3600.0 if limit is None else None)
 
 
-def test_an_async_handler_without_a_limit_runs_in_its_attempts_task() -> None:
-    """The point of the inline path: one task per attempt, not two."""
+def test_a_handler_never_runs_in_its_attempts_task() -> None:
+    """With or without a limit: a cancel the handler puts on its own task stays its own."""
     tasks: list[bool] = []
 
     async def which_task(ctx: Context, payload: Any) -> Any:
@@ -145,7 +146,7 @@ def test_an_async_handler_without_a_limit_runs_in_its_attempts_task() -> None:
 
     worker: Worker
     asyncio.run(main())
-    assert tasks == [True, False]
+    assert tasks == [False, False]
 
 
 #: what the cancel tests' handlers saw, in order
@@ -228,8 +229,8 @@ def test_a_handler_that_ignores_its_cancel_is_abandoned_and_reports_nothing(
     limit: float | None,
 ) -> None:
     """Abandoned after ``cancel_grace``: it leaves ``running`` (renewals and the drain
-    no longer wait for it), is cancelled once more, and what it returns later, inline,
-    is never reported."""
+    no longer wait for it), is cancelled once more, and what it returns later is never
+    reported."""
     _SEEN.clear()
     report, abandoned = _cancel_outcome(_ignores_every_cancel, limit)
     assert report is None
@@ -312,9 +313,8 @@ def test_a_cancel_of_the_attempt_itself_ends_it_unreported(
 
 @LIMITS
 def test_a_drain_ends_when_an_ignoring_handler_is_abandoned(limit: float | None) -> None:
-    """The drain waits for attempts to be over or abandoned, not for their tasks: an
-    abandoned handler inline keeps its attempt's task alive, and the drain once waited
-    ``cancel_grace`` and the report grace in full for it."""
+    """The drain waits for attempts to be over or abandoned: it ends once an ignoring
+    handler is abandoned, not ``cancel_grace`` and the report grace later."""
 
     released = asyncio.Event()
 
@@ -388,3 +388,40 @@ def test_the_context_is_the_one_its_keywords_make(fields: dict[str, Any]) -> Non
     names = [f.name for f in dataclasses.fields(Context) if not f.name.startswith("_")]
     assert [getattr(ctx, n) for n in names] == [getattr(expected, n) for n in names]
     assert [type(getattr(ctx, n)) for n in names] == [type(getattr(expected, n)) for n in names]
+
+
+async def _cancels_itself_and_catches_it(ctx: Context, payload: Any) -> Any:
+    """A cancel of its own task, caught: what an old timeout library (async-timeout
+    before 4.0.3, anyio before 4) leaves behind on Python 3.11, a cancel never taken
+    back."""
+    task = asyncio.current_task()
+    assert task is not None
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.sleep(0.01)
+    return "ok"
+
+
+async def _cancels_itself_and_returns(ctx: Context, payload: Any) -> Any:
+    task = asyncio.current_task()
+    assert task is not None
+    task.cancel()
+    return "ok"
+
+
+@LIMITS
+def test_a_cancel_a_handler_leaves_on_its_own_task_is_not_its_attempts(
+    limit: float | None,
+) -> None:
+    """Its result is reported (the attempt is not ended unreported, which would leave a
+    finished task to its lease: run again, or sent to review)."""
+    assert _outcome(_cancels_itself_and_catches_it, limit) == {"ok": True, "result": "ok"}
+
+
+@LIMITS
+def test_a_handler_that_cancels_itself_and_returns_reports_its_cancel(
+    limit: float | None,
+) -> None:
+    """The cancel lands on its own task as it returns: reported as a cancel."""
+    report = _outcome(_cancels_itself_and_returns, limit)
+    assert report["ok"] is False and report["error"]["code"] == "CANCELLED"
