@@ -285,7 +285,7 @@ def task_write_columns(pairs: Sequence[tuple[Task, Task]]) -> RowColumns:
     (never the payload: it can be large and is written once), each row guarded by the
     version its plan was built from. Columns (``RowColumns``) rather than a dict per
     row, which the PostgreSQL driver took apart again into these columns: a batch of
-    starts or finishes writes hundreds (the SQLite driver reads them as dicts)."""
+    starts or finishes writes hundreds (the SQLite driver binds them by position)."""
     afters = [after for _, after in pairs]
     return RowColumns(
         {

@@ -39,7 +39,11 @@ def _encoded_rows(rows: Sequence[Row]) -> list[Params]:
     read as dicts and encoded one by one, they made two dicts per row."""
     if not isinstance(rows, RowColumns):
         return [_encode(r) for r in rows]
-    columns = _encoded_columns(rows)
+    return _row_dicts(_encoded_columns(rows))
+
+
+def _row_dicts(columns: dict[str, list[Any]]) -> list[Params]:
+    """Encoded columns as one dict per row: for a statement ``positional`` cannot bind."""
     names = tuple(columns)
     return [dict(zip(names, row, strict=True)) for row in zip(*columns.values(), strict=True)]
 
@@ -81,8 +85,9 @@ def positional(statement: str, names: tuple[str, ...]) -> tuple[str, tuple[str, 
 def joined(chunks: Sequence[Sequence[Row]]) -> Sequence[Row]:
     """The rows of several chunks as one sequence, in order. Chunks held by column alike
     (``RowColumns``, a batch submit's) stay so, each column the chunks' lists chained:
-    ``_encoded_rows`` then encodes a column at a time, where a dict per row (what a
-    ``RowColumns`` gives a reader of rows) was encoded again into a second dict per row."""
+    ``write_many`` then encodes a column at a time and binds each row by position
+    (``_write_columns``), where a dict per row (what a ``RowColumns`` gives a reader of
+    rows) was encoded again into a second dict per row."""
     columned = [c for c in chunks if isinstance(c, RowColumns)]
     if columned and len(columned) == len(chunks):
         names = list(columned[0].columns)
@@ -142,10 +147,7 @@ class _SqliteConnection:
         for statement in self._writes[name]:
             form = positional(statement, names)
             if form is None:
-                dicts = [
-                    dict(zip(names, r, strict=True)) for r in zip(*columns.values(), strict=True)
-                ]
-                count = self._cx.executemany(statement, dicts).rowcount
+                count = self._cx.executemany(statement, _row_dicts(columns)).rowcount
             else:
                 sql, order = form
                 count = self._cx.executemany(
