@@ -19,34 +19,16 @@ from orbit.core.model import (
     Lease,
     Outcome,
     Receipt,
-    Session,
     Task,
     assemble,
     canonical_json,
     copied,
 )
-from orbit.core.states import AttemptState, SessionState, TaskState
+from orbit.core.states import AttemptState, TaskState
 from orbit.core.transitions import Digests, Plan, digest, receipt_json, spell
-from tests.unit.test_rows import _attempt, _task
+from tests.unit.test_rows import _attempt, _session, _task
 
 NOW = 50
-
-
-def _session() -> Session:
-    return Session(
-        id="s",
-        name="w",
-        node_id="n",
-        epoch=1,
-        secret_hash="x",
-        capabilities=(),
-        max_concurrency=10,
-        capacity_seq=0,
-        draining=False,
-        state=SessionState.LIVE,
-        expires_at=10_000,
-        created_at=0,
-    )
 
 
 def _whole(record: Any) -> None:
