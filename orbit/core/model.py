@@ -37,11 +37,7 @@ def evolve(record: R, **changes: Any) -> R:
         names = _FIELDS[cls] = frozenset(f.name for f in fields(cls))  # type: ignore[arg-type]
     if not changes.keys() <= names:
         raise TypeError(f"{cls.__name__} has no field {sorted(changes.keys() - names)}")
-    copy = object.__new__(cls)
-    state = copy.__dict__
-    state.update(record.__dict__)
-    state.update(changes)
-    return copy
+    return copied(record, changes)
 
 
 def build(cls: type[R], **values: Any) -> R:
