@@ -92,7 +92,15 @@ def read_frame(frame: bytes) -> Any:
 
 def outcome(*, result: Any = None, error: dict[str, Any] | None = None) -> dict[str, Any]:
     """The wire form of an attempt's outcome: a result, or an error."""
-    return {"ok": True, "result": result} if error is None else {"ok": False, "error": error}
+    return outcome_wire({"result": result} if error is None else {"error": error})
+
+
+def outcome_wire(report: dict[str, Any]) -> dict[str, Any]:
+    """The wire form of the runner's outcome ``report`` (``{"result": …}`` or
+    ``{"error": …}``), without a call by keywords: one per finish."""
+    if "error" in report:
+        return {"ok": False, "error": report["error"]}
+    return {"ok": True, "result": report["result"]}
 
 
 class WorkerConnection:

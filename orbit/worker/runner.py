@@ -71,7 +71,7 @@ from orbit.tokens import TokenError, load_token
 from orbit.urls import check_server_url
 from orbit.worker import outcomes
 from orbit.worker.batching import MAX_BATCH, Coalescer
-from orbit.worker.connection import ServerError, WorkerConnection
+from orbit.worker.connection import ServerError, WorkerConnection, outcome_wire
 
 log = logging.getLogger("orbit.worker")
 #: seconds before a failed renewal is tried again, doubled at each failure up to the
@@ -805,7 +805,7 @@ class Worker:
                 # Sent while the lease is ours. If the reply is lost, the same outcome is
                 # re-sent after a reconnect: the server answers with the original receipt,
                 # or refuses a copy that arrived too late (and keeps it as evidence).
-                item = (ctx.attempt_id, running.fence, _wire(report))
+                item = (ctx.attempt_id, running.fence, outcome_wire(report))
                 await self._finishes.submit(item, size=size)
                 self.finished += 1
             except ServerError as exc:
@@ -1262,13 +1262,6 @@ def _sendable(report: dict[str, Any]) -> tuple[dict[str, Any], int]:
         log.error("the handler's result cannot be sent: %s", exc.message)
         failure = outcomes.error(exc.code, exc.message, retryable=False)
         return failure, outcomes.wire_size(failure["error"])
-
-
-def _wire(report: dict[str, Any]) -> dict[str, Any]:
-    """``connection.outcome(**report)``, without a call by keywords for each finish."""
-    if "error" in report:
-        return {"ok": False, "error": report["error"]}
-    return {"ok": True, "result": report["result"]}
 
 
 def _plain_outcome(report: dict[str, Any]) -> bool:
