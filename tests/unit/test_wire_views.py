@@ -25,6 +25,7 @@ from orbit.core.model import (
     compact_json,
     evolve,
     parse_json,
+    sorted_json_texts,
 )
 from orbit.core.states import TaskState
 from orbit.core.transitions import new_task
@@ -284,6 +285,18 @@ def test_compact_json_writes_what_the_standard_library_writes(value: Any) -> Non
         assert sorted_text.decode() == json.dumps(
             value, sort_keys=True, separators=(",", ":"), ensure_ascii=False
         )
+
+
+@given(st.lists(_JSON_VALUES, max_size=6))
+def test_sorted_json_texts_spells_each_value_as_compact_json(values: list[Any]) -> None:
+    """A batch's event data in one loop is each value's ``compact_json(sort_keys=True)``
+    text (None for None), a batch holding what orjson refuses (an integer past 64
+    bits) included."""
+    each = [None if v is None else compact_json(v, sort_keys=True).decode() for v in values]
+    assert sorted_json_texts(values) == each
+    mixed = [{"digest": "ab"}, None, *values, {"n": 2**70, "a": [1.5]}]
+    big = f'{{"a":[1.5],"n":{2**70}}}'
+    assert sorted_json_texts(mixed) == ['{"digest":"ab"}', None, *each, big]
 
 
 def _has_float(value: Any) -> bool:
