@@ -98,7 +98,6 @@ class Occupancy:
 
     def admit(
         self,
-        *,
         queue: str,
         tenant: str,
         handler: str,
@@ -108,7 +107,10 @@ class Occupancy:
         session_cap: int,
         global_cap: int | None,
     ) -> bool:
-        """Take one permit in every scope if all have room; report whether it did."""
+        """Take one permit in every scope if all have room; report whether it did.
+
+        Called for every row a claim reads, so the claim passes its arguments by position:
+        eight keywords, matched by name on each call, cost about as much as the checks."""
         if global_cap is not None and self.total >= global_cap:
             return False
         if self.by_queue.get(queue, 0) >= queue_cap:

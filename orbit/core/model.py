@@ -166,6 +166,18 @@ def compact_json(value: JSON, *, sort_keys: bool = False) -> bytes:
         return text.encode("utf-8")
 
 
+def sorted_json_texts(values: list[JSON]) -> list[str | None]:
+    """``compact_json(value, sort_keys=True)`` of each value as text, None for None: a
+    batch's event data (a finish's ``{"digest": …}``, one per task). orjson is called for
+    each straight from the loop, not through ``compact_json`` and its ``try`` per value;
+    a batch holding a value orjson refuses is spelled through ``compact_json``."""
+    dumps, sort = orjson.dumps, orjson.OPT_SORT_KEYS
+    try:
+        return [None if v is None else dumps(v, option=sort).decode() for v in values]
+    except TypeError:
+        return [None if v is None else compact_json(v, sort_keys=True).decode() for v in values]
+
+
 def parse_json(text: str | bytes) -> JSON:
     """JSON text Orbit wrote itself (a stored payload, result or event, a server's reply
     or frame) back to a value, fast: orjson, falling back to the standard library for

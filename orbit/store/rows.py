@@ -20,7 +20,7 @@ from orbit.core.model import (
     Task,
     TaskSpec,
     Token,
-    compact_json,
+    sorted_json_texts,
 )
 from orbit.core.states import AttemptState, SessionState, TaskState
 from orbit.store.driver import Row, RowColumns, Table
@@ -460,10 +460,7 @@ def event_columns(events: Sequence[Event], at: int) -> RowColumns:
             "attempt_from": [str(a) if (a := e.attempt_from) else None for e in events],
             "attempt_to": [str(a) if (a := e.attempt_to) else None for e in events],
             "code": [e.code for e in events],
-            "data": [
-                None if e.data is None else compact_json(e.data, sort_keys=True).decode()
-                for e in events
-            ],
+            "data": sorted_json_texts([e.data for e in events]),
         }
     )
 

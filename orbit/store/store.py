@@ -1846,6 +1846,8 @@ class Store:
         now: int,
     ) -> Grants:
         tokens = {name: bucket_refill(q, now) for name, q in queues.items()}
+        # each handler's capacity, looked up per row read (``capacity_for`` walks the list)
+        capacity = {c.handler: c.capacity for c in session.capabilities}
         used: dict[str, int] = {}
         grants = Grants()
         skip_ids: list[str] = []
@@ -1880,7 +1882,7 @@ class Store:
                 queues={name: q for name, q in queues.items() if name not in skip_queues},
                 tokens=tokens,
                 tenant_caps={t: c for t, c in tenant_caps.items() if t not in skip_tenants},
-                handler_caps={h: session.capacity_for(h) for h in handlers},
+                handler_caps={h: capacity[h] for h in handlers},
             )
             # With room everywhere every row is granted, so read exactly what is wanted;
             # otherwise a margin, for the rows a cap will turn away.
@@ -1916,17 +1918,16 @@ class Store:
                     grants.blocked = True
                     short.add(task.queue)
                     continue
-                admitted = occ.admit(
-                    queue=task.queue,
-                    tenant=task.tenant,
-                    handler=task.handler,
-                    queue_cap=queue.max_concurrency,
-                    tenant_cap=tenant_caps.get(task.tenant),
-                    handler_cap=session.capacity_for(task.handler),
-                    session_cap=session.max_concurrency,
-                    global_cap=global_cap,
-                )
-                if not admitted:
+                if not occ.admit(  # by position: it runs for every row read
+                    task.queue,
+                    task.tenant,
+                    task.handler,
+                    queue.max_concurrency,
+                    tenant_caps.get(task.tenant),
+                    capacity.get(task.handler, 0),
+                    session.max_concurrency,
+                    global_cap,
+                ):
                     skip_ids.append(task.id)
                     grants.blocked = True
                     continue

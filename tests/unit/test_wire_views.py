@@ -14,19 +14,23 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
+from orbit.core.errors import Code, OrbitError, Rejected
 from orbit.core.model import (
     Backoff,
     Capability,
     Grant,
+    Lease,
     Outcome,
+    Receipt,
     Task,
     TaskSpec,
     canonical_json,
     compact_json,
     evolve,
     parse_json,
+    sorted_json_texts,
 )
-from orbit.core.states import TaskState
+from orbit.core.states import AttemptState, TaskState
 from orbit.core.transitions import new_task
 from orbit.core.validate import check_payload
 from orbit.protocol.convert import EPOCH, instant_to_wire
@@ -49,8 +53,9 @@ from orbit.protocol.messages import (
     TasksMessage,
     TaskView,
 )
-from orbit.server.gateway import tasks_frame
-from orbit.server.views import assignment_wire, lease_wire, receipt_wire, task_wire
+from orbit.server.gateway import any_fenced, finished_many_wire, started_many_wire, tasks_frame
+from orbit.server.metrics import Metrics
+from orbit.server.views import assignments_wire, lease_wire, receipt_wire, task_wire
 from orbit.store import open_store
 
 LAST_INSTANT = 253_370_764_800_000_000 - 1  # 9998-12-31T23:59:59.999999Z, the last valid
@@ -220,8 +225,8 @@ def test_worker_replies_are_their_models_dumped(tmp_path: Path) -> None:
     def same_text(model: type[BaseModel], text: str | bytes) -> None:
         assert model.model_validate_json(text).model_dump(mode="json") == json.loads(text)
 
-    for grant in grants:  # its payload a fragment of stored JSON, which only orjson writes
-        same_text(Assignment, orjson.dumps(assignment_wire(grant)))
+    for wire in assignments_wire(grants):  # its payload a fragment, which only orjson writes
+        same_text(Assignment, orjson.dumps(wire))
     same_text(TasksMessage, tasks_frame(None, grants))
     same_text(TasksMessage, tasks_frame("r1", []))
     lease_dicts = [lease_wire(x) for x in leases if not isinstance(x, Exception)]
@@ -286,6 +291,18 @@ def test_compact_json_writes_what_the_standard_library_writes(value: Any) -> Non
         )
 
 
+@given(st.lists(_JSON_VALUES, max_size=6))
+def test_sorted_json_texts_spells_each_value_as_compact_json(values: list[Any]) -> None:
+    """A batch's event data in one loop is each value's ``compact_json(sort_keys=True)``
+    text (None for None), a batch holding what orjson refuses (an integer past 64
+    bits) included."""
+    each = [None if v is None else compact_json(v, sort_keys=True).decode() for v in values]
+    assert sorted_json_texts(values) == each
+    mixed = [{"digest": "ab"}, None, *values, {"n": 2**70, "a": [1.5]}]
+    big = f'{{"a":[1.5],"n":{2**70}}}'
+    assert sorted_json_texts(mixed) == ['{"digest":"ab"}', None, *each, big]
+
+
 def _has_float(value: Any) -> bool:
     if isinstance(value, float):
         return True
@@ -306,7 +323,10 @@ def test_parse_json_falls_back_where_orjson_refuses() -> None:
 def _reparsed_frame(req_id: str | None, grants: list[Grant]) -> str:
     """The ``tasks`` frame as it was written before the payload went in as a fragment:
     each payload parsed from its stored text, then the whole frame encoded again."""
-    tasks = [{**assignment_wire(g), "payload": parse_json(g.task.payload)} for g in grants]
+    wires = assignments_wire(grants)
+    tasks = [
+        {**w, "payload": parse_json(g.task.payload)} for g, w in zip(grants, wires, strict=True)
+    ]
     return compact_json({"type": "tasks", "req_id": req_id, "tasks": tasks}).decode("utf-8")
 
 
@@ -383,3 +403,121 @@ def test_any_payload_fragment_frames_what_parsing_it_framed(claimed: Grant, payl
     Python API stores what the wire's decoder would refuse)."""
     grant = _holding(claimed, payload)
     _frames_alike(tasks_frame("r", [grant, grant]), _reparsed_frame("r", [grant, grant]), payload)
+
+
+def test_a_batch_of_assignments_spells_each_attempts_own_instants(claimed: Grant) -> None:
+    """``assignments_wire`` spells a claim's shared expiry once, but a batch whose
+    attempts expire at different instants (a claim that read twice, at two clocks) or
+    have deadlines and time limits gets each attempt's own, as the model spells them."""
+    task, attempt = claimed.task, claimed.attempt
+    at = attempt.claim_expires_at
+    grants = [
+        claimed,
+        Grant(task, evolve(attempt, claim_expires_at=at + 1)),
+        Grant(task, evolve(attempt, claim_expires_at=at + 1)),
+        Grant(evolve(task, deadline=at + 7_000_000, attempt_timeout_us=2_500_000), attempt),
+        Grant(task, evolve(attempt, claim_expires_at=at + 1_000_000)),
+        claimed,
+    ]
+    for grant, wire in zip(grants, assignments_wire(grants), strict=True):
+        deadline = grant.task.deadline
+        assert wire["claim_expires_at"] == instant_to_wire(grant.attempt.claim_expires_at)
+        assert wire["deadline"] == instant_to_wire(deadline)
+        left = None if deadline is None else (deadline - grant.attempt.claimed_at) / 1e6
+        assert wire["deadline_left"] == left
+        assert wire["fence"] == str(grant.attempt.fence)
+        Assignment.model_validate_json(orjson.dumps(wire))
+
+
+def test_a_started_many_answer_spells_each_lease_as_lease_wire(tmp_path: Path) -> None:
+    """``started_many_wire`` spells a batch's shared expiry once, but each lease is
+    still ``lease_wire``'s spelling, leases expiring at other instants, lost ones
+    without an expiry and refusals between them included; the answer is its model's."""
+    at = 1_764_944_000_123_456
+    answers: list[Lease | OrbitError] = [
+        Lease("a0", "ok", at, 30_000_000),
+        Lease("a1", "ok", at, 30_000_000),
+        Rejected(Code.STALE_FENCE, "the fence is stale"),
+        Lease("a3", "ok", at + 1, 29_999_999),
+        Lease("a4", "lost", None),
+        Lease("a5", "ok", at + 1, 29_999_999),
+        OrbitError(Code.ATTEMPT_NOT_FOUND, "no attempt"),
+        Lease("a7", "cancel", at, 30_000_000),
+    ]
+    starts = [(f"a{i}", 1) for i in range(len(answers))]
+    store = open_store(f"sqlite:///{tmp_path}/orbit.db")
+    try:
+        wire = started_many_wire("r", starts, answers, Metrics(store))
+    finally:
+        store.close()
+    for result, answer in zip(wire["results"], answers, strict=True):
+        if isinstance(answer, OrbitError):
+            assert result["lease"] is None and result["error"]["code"] == str(answer.code)
+        else:
+            assert result == {
+                "attempt_id": answer.attempt_id,
+                "lease": lease_wire(answer),
+                "error": None,
+            }
+    assert StartedManyMessage.model_validate(wire).model_dump(mode="json") == wire
+
+
+def test_a_batch_is_fenced_only_by_a_fenced_epoch_refusal() -> None:
+    """``any_fenced`` (which closes a superseded connection) finds a FENCED_EPOCH among
+    leases, receipts and other refusals, and nothing in a batch without one."""
+    lease = Lease("a0", "ok", 1, 1)
+    fenced = Rejected(Code.FENCED_EPOCH, "fenced")
+    stale = Rejected(Code.STALE_FENCE, "stale")
+    missing = OrbitError(Code.ATTEMPT_NOT_FOUND, "no attempt")
+    assert not any_fenced([])
+    assert not any_fenced([lease, lease])
+    assert not any_fenced([lease, stale, missing])
+    assert any_fenced([lease, stale, fenced, lease])
+    assert any_fenced([fenced])
+    assert any_fenced([OrbitError(Code.FENCED_EPOCH, "fenced")])
+
+
+def test_a_finished_many_answer_counts_each_task_state(tmp_path: Path) -> None:
+    """``finished_many_wire`` answers each item with its receipt or its refusal, and
+    counts the accepted finishes by task state (one series per state), the refused by
+    code."""
+
+    def receipt(i: int, state: TaskState, ended: AttemptState) -> Receipt:
+        return Receipt(f"t{i}", f"a{i}", i + 1, state, ended, "d" * 64, 1)
+
+    receipts: list[Receipt | OrbitError] = [
+        receipt(0, TaskState.SUCCEEDED, AttemptState.SUCCEEDED),
+        Rejected(Code.STALE_FENCE, "the fence is stale"),
+        receipt(2, TaskState.FAILED, AttemptState.FAILED),
+        receipt(3, TaskState.SUCCEEDED, AttemptState.SUCCEEDED),
+        receipt(4, TaskState.SCHEDULED, AttemptState.FAILED),
+        receipt(5, TaskState.SUCCEEDED, AttemptState.SUCCEEDED),
+    ]
+    finishes = [(f"a{i}", i + 1, Outcome.success(None)) for i in range(len(receipts))]
+    store = open_store(f"sqlite:///{tmp_path}/orbit.db")
+    try:
+        metrics = Metrics(store)
+        wire = finished_many_wire("r", finishes, receipts, metrics)
+
+        def count(state: str) -> float | None:
+            labels = {"task_state": state}
+            return metrics.registry.get_sample_value("orbit_finishes_total", labels)
+
+        assert (count("succeeded"), count("failed"), count("scheduled")) == (3.0, 1.0, 1.0)
+        assert count("cancelled") is None
+        refused = {"code": "STALE_FENCE"}
+        assert metrics.registry.get_sample_value("orbit_rejected_reports_total", refused) == 1.0
+    finally:  # the metrics read the store's queues when collected
+        store.close()
+    for result, answer in zip(wire["results"], receipts, strict=True):
+        if isinstance(answer, OrbitError):
+            assert result["receipt"] is None and result["error"]["code"] == str(answer.code)
+        else:
+            assert result == {
+                "attempt_id": answer.attempt_id,
+                "receipt": receipt_wire(answer),
+                "error": None,
+            }
+    assert FinishedManyMessage.model_validate(wire).model_dump(mode="json") == json.loads(
+        compact_json(wire)
+    )
