@@ -43,7 +43,6 @@ import signal
 import ssl
 import threading
 import time
-import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -140,9 +139,14 @@ class Context:
     #: enough under the GIL, and a threading.Event per attempt was a visible cost
     _stopped: bool = field(default=False, repr=False)
     reason: str | None = None
-    _report: Callable[[float | None, str | None], None] | None = field(default=None, repr=False)
+    #: the worker's progress report (``Worker._report_progress``), given this context
+    _report: Callable[[Context, float | None, str | None], None] | None = field(
+        default=None, repr=False
+    )
+    #: the worker's upload (``Worker._upload``), given this attempt's id and ``_fence``
     _upload: Callable[..., Awaitable[dict[str, Any]]] | None = field(default=None, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
+    _fence: str = field(default="", repr=False)
 
     @property
     def cancelled(self) -> bool:
@@ -172,7 +176,8 @@ class Context:
         if self._report is not None:
             # Cleaned as the server takes a string: a lone surrogate (a file name that is
             # not UTF-8) was refused unread, and its report closed the connection.
-            self._report(fraction, None if message is None else outcomes.clean_text(message, 500))
+            cleaned = None if message is None else outcomes.clean_text(message, 500)
+            self._report(self, fraction, cleaned)
 
     async def upload(
         self,
@@ -187,7 +192,7 @@ class Context:
         the attempt is no longer ours."""
         if self._upload is None:
             raise RuntimeError("this context is not attached to a running worker")
-        return await self._upload(name, data, content_type, ttl)
+        return await self._upload(self.attempt_id, self._fence, name, data, content_type, ttl)
 
     def upload_from_thread(
         self,
@@ -352,6 +357,9 @@ class Worker:
             self._send_finishes, max_bytes=outcomes.frame_room(MAX_BATCH)
         )
         self.session_id: str | None = None
+        # Each context's hooks (``_accept``): bound once, not once an attempt.
+        self._progress_hook = self._report_progress
+        self._upload_hook = self._upload
 
     # ------------------------------------------------------------------ registration
 
@@ -755,23 +763,15 @@ class Worker:
         running = _Running(ctx, a["fence"])
         if a.get("deadline_left") is not None:  # the server's clock, not this host's
             running.deadline_at = time.monotonic() + a["deadline_left"]
-        loop = asyncio.get_running_loop()
-        # The context reaches its attempt's state through a weak reference, and uploads
-        # through the attempt's id and fence: a strong reference back to ``running`` made
-        # every attempt a reference cycle (with its tasks and coroutines), which only the
-        # garbage collector frees; that was a quarter of a busy worker's CPU.
-        attempt_ref = weakref.ref(running)
-
-        def report(fraction: float | None, message: str | None) -> None:
-            current = attempt_ref()
-            if current is None or current.ended:
-                return  # the attempt is over: there is nothing left to report on
-            current.pending_progress = (fraction, message)
-            loop.call_soon_threadsafe(self._flush_progress, current)
-
-        ctx._report = report
-        ctx._loop = loop
-        ctx._upload = partial(self._upload, ctx.attempt_id, running.fence)
+        # The context reaches its attempt's state through the worker's methods, by its
+        # attempt's id (and fence, for uploads): a strong reference back to ``running``
+        # made every attempt a reference cycle (with its tasks and coroutines), which only
+        # the garbage collector frees (a quarter of a busy worker's CPU); and a weak
+        # reference, a closure and a partial made for each attempt were a few more.
+        loop = ctx._loop = asyncio.get_running_loop()
+        ctx._report = self._progress_hook
+        ctx._upload = self._upload_hook
+        ctx._fence = running.fence
         self.running[ctx.attempt_id] = running
         running.task = loop.create_task(self._attempt(running, a["payload"]))
 
@@ -983,6 +983,16 @@ class Worker:
 
     def _token(self) -> str:
         return self.token if self.token is not None else load_token()
+
+    def _report_progress(self, ctx: Context, fraction: float | None, message: str | None) -> None:
+        """``ctx.progress``'s report, from the event loop or a handler's thread: kept for
+        the attempt's next progress message, unless the attempt is over (no longer
+        running, or this context not its own)."""
+        running = self.running.get(ctx.attempt_id)
+        if running is None or running.ctx is not ctx or running.ended or ctx._loop is None:
+            return  # the attempt is over: there is nothing left to report on
+        running.pending_progress = (fraction, message)
+        ctx._loop.call_soon_threadsafe(self._flush_progress, running)
 
     def _flush_progress(self, running: _Running) -> None:
         if not running.sending_progress:
