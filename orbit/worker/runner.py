@@ -89,6 +89,9 @@ REVOKED_CLOSE = 4401
 #: written into ORBIT_TOKEN_FILE is refused once or twice before the new one can be read.
 REFUSALS_TO_STOP = 2
 Handler = Callable[..., Any]
+#: a finish the runner batches: attempt id, fence, outcome in wire form, and whether
+#: that outcome is plain (``_sendable``)
+FinishItem = tuple[str, str, dict[str, Any], bool]
 
 
 class Retry(Exception):
@@ -353,7 +356,7 @@ class Worker:
         self._starts: Coalescer[tuple[str, str], dict[str, Any]] = Coalescer(self._send_starts)
         # A finish batch stops before its frame passes what the server reads (the
         # outcomes' sizes are their JSON on the wire; see orbit.worker.outcomes).
-        self._finishes: Coalescer[tuple[str, str, dict[str, Any]], dict[str, Any]] = Coalescer(
+        self._finishes: Coalescer[FinishItem, dict[str, Any]] = Coalescer(
             self._send_finishes, max_bytes=outcomes.frame_room(MAX_BATCH)
         )
         self.session_id: str | None = None
@@ -727,17 +730,14 @@ class Worker:
         results = await self._request(lambda c: c.start_many(items))
         return [_item(r, "lease") for r in results]
 
-    async def _send_finishes(
-        self, items: list[tuple[str, str, dict[str, Any]]]
-    ) -> list[dict[str, Any] | BaseException]:
+    async def _send_finishes(self, items: list[FinishItem]) -> list[dict[str, Any] | BaseException]:
         if len(items) == 1:
-            ((attempt_id, fence, report),) = items
+            ((attempt_id, fence, report, _),) = items
             try:
                 return [await self._request(lambda c: c.finish_report(attempt_id, fence, report))]
             except ServerError as exc:
                 return [exc]
-        plain = all(_plain_outcome(outcome) for _, _, outcome in items)
-        results = await self._request(lambda c: c.finish_many(items, plain=plain))
+        results = await self._request(lambda c: c.finish_many(items))
         return [_item(r, "receipt") for r in results]
 
     def _lease_valid(self, running: _Running) -> bool:
@@ -800,12 +800,12 @@ class Worker:
                 # The attempt is no longer ours (by the server's word or our own clock):
                 # its result is never sent.
                 return
-            report, size = _sendable(report)
+            report, size, plain = _sendable(report)
             try:
                 # Sent while the lease is ours. If the reply is lost, the same outcome is
                 # re-sent after a reconnect: the server answers with the original receipt,
                 # or refuses a copy that arrived too late (and keeps it as evidence).
-                item = (ctx.attempt_id, running.fence, outcome_wire(report))
+                item = (ctx.attempt_id, running.fence, outcome_wire(report), plain)
                 await self._finishes.submit(item, size=size)
                 self.finished += 1
             except ServerError as exc:
@@ -1258,31 +1258,26 @@ async def _file(path: Path) -> AsyncIterator[bytes]:
             yield chunk
 
 
-def _sendable(report: dict[str, Any]) -> tuple[dict[str, Any], int]:
-    """The outcome to send for ``report`` and its size on the wire: a result the server
-    would refuse (NaN, a set, a NUL, over the frame limit, ...) becomes the attempt's
-    non-retryable failure instead, so that it can neither wedge the worker (refused
-    unread, it got no reply, and was re-sent for ever) nor sink the finishes batched
-    with it (see orbit.worker.outcomes)."""
+def _sendable(report: dict[str, Any]) -> tuple[dict[str, Any], int, bool]:
+    """The outcome to send for ``report``, its size on the wire, and whether it is plain
+    JSON (``connection.frame_text``): a result the server would refuse (NaN, a set, a
+    NUL, over the frame limit, ...) becomes the attempt's non-retryable failure instead,
+    so that it can neither wedge the worker (refused unread, it got no reply, and was
+    re-sent for ever) nor sink the finishes batched with it (see orbit.worker.outcomes).
+
+    Plain: an error, which ``outcomes.error`` made of text and a bool, or a result that
+    ``outcomes.is_plain`` calls so (a scalar other than a float, or a flat list or dict
+    of them, a handler's usual answer; an int beyond 64 bits is refused), as
+    ``outcomes.check_result`` found while it checked it; a float anywhere, a subclass,
+    or anything nested, and the frame takes ``json.dumps``."""
     if "error" in report:
-        return report, outcomes.wire_size(report["error"])
+        return report, outcomes.wire_size(report["error"]), True
     try:
-        return report, outcomes.check_result(report["result"])
+        return report, *outcomes.check_result(report["result"])
     except outcomes.Unsendable as exc:
         log.error("the handler's result cannot be sent: %s", exc.message)
         failure = outcomes.error(exc.code, exc.message, retryable=False)
-        return failure, outcomes.wire_size(failure["error"])
-
-
-def _plain_outcome(report: dict[str, Any]) -> bool:
-    """Whether the runner's outcome ``report`` (``_sendable``'s, in wire form) is plain
-    JSON (``connection.frame_text``): an error, which ``outcomes.error`` made of text and
-    a bool, or a result ``outcomes.is_plain`` calls so (a scalar other than a float, or
-    a flat list or dict of them, a handler's usual answer; ``_sendable`` refused an int
-    beyond 64 bits); a float anywhere, a subclass, or anything nested, and the frame
-    takes ``json.dumps``. Looked at only after ``_sendable`` took the result, so what is
-    plain here is JSON the server reads."""
-    return "error" in report or outcomes.is_plain(report["result"])
+        return failure, outcomes.wire_size(failure["error"]), True
 
 
 def _failure(running: _Running, exc: BaseException) -> dict[str, Any] | None:
