@@ -839,13 +839,16 @@ class Worker:
                 retryable=False,
             )
         limit, by_deadline = self._time_limit(running)
-        task = running.handler_task = asyncio.create_task(self._call(running, reg, payload))
+        # The loop's create_task, as asyncio.create_task calls it, without that wrapper's
+        # Python frame (a task an attempt).
+        loop = asyncio.get_running_loop()
+        task = running.handler_task = loop.create_task(self._call(running, reg, payload))
         if ctx.cancelled:
             # Cancelled (a cancel pushed, a drain past its grace) while the start was in
             # flight, when there was no handler task to cancel: the handler sees it now,
             # as it would a cancel just after it began (``call_soon``: after its first
             # step, so that the function is entered and gets CancelledError inside).
-            asyncio.get_running_loop().call_soon(self._cancel, running, ctx.reason or "cancelled")
+            loop.call_soon(self._cancel, running, ctx.reason or "cancelled")
         # Not wait_for: it raises the same TimeoutError for its limit and for a handler
         # that raised one itself, and a handler's own TimeoutError (a call of its that
         # timed out) is its failure, not the attempt's timeout. Not asyncio.wait either,
