@@ -272,8 +272,9 @@ class WorkerConnection:
         or ``{"attempt_id", "error": {"code", "message"}}``, in the order given."""
         reply = await self.request(
             {"type": "start_many", "items": [{"attempt_id": a, "fence": f} for a, f in items]},
-            # ids and fences are text, as the server gave them (anything else: json.dumps)
-            plain=all(type(a) is str and type(f) is str for a, f in items),
+            # ids and fences are text, as the server gave them (anything else: json.dumps);
+            # a list looked at, not a generator resumed an item
+            plain=all([type(a) is str and type(f) is str for a, f in items]),
         )
         return list(reply["results"])
 

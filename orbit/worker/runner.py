@@ -728,7 +728,7 @@ class Worker:
             except ServerError as exc:
                 return [exc]
         results = await self._request(lambda c: c.start_many(items))
-        return [_item(r, "lease") for r in results]
+        return _items(results, "lease")
 
     async def _send_finishes(self, items: list[FinishItem]) -> list[dict[str, Any] | BaseException]:
         if len(items) == 1:
@@ -738,7 +738,7 @@ class Worker:
             except ServerError as exc:
                 return [exc]
         results = await self._request(lambda c: c.finish_many(items))
-        return [_item(r, "receipt") for r in results]
+        return _items(results, "receipt")
 
     def _lease_valid(self, running: _Running) -> bool:
         return not running.lost and time.monotonic() < running.lease_expires
@@ -1334,6 +1334,15 @@ def _text(value: Any) -> str:
         return str(value)
     except Exception as exc:
         return f"<{type(value).__name__}: str() raised {type(exc).__name__}>"
+
+
+def _items(results: list[dict[str, Any]], key: str) -> list[dict[str, Any] | BaseException]:
+    """A batch reply's answers (``_item``'s), an item with no error and a dict answered
+    in the one expression, without a call of ``_item`` for each."""
+    return [
+        value if r.get("error") is None and type(value := r.get(key)) is dict else _item(r, key)
+        for r in results
+    ]
 
 
 def _item(result: dict[str, Any], key: str) -> dict[str, Any] | BaseException:

@@ -18,13 +18,14 @@ from orbit.core.model import parse_json
 from orbit.protocol.decode import decode_json
 from orbit.worker import outcomes
 from orbit.worker.connection import (
+    ServerError,
     WorkerConnection,
     frame_text,
     outcome,
     outcome_wire,
     read_frame,
 )
-from orbit.worker.runner import _ended_or_timed_out, _sendable
+from orbit.worker.runner import _ended_or_timed_out, _item, _items, _sendable
 from tests.unit.fake_gateway import FakeGateway
 
 
@@ -370,3 +371,23 @@ def test_an_unreadable_frame_closes_the_connection_and_a_readable_one_arrives() 
                     await conn.close()
 
     asyncio.run(main())
+
+
+def test_a_batch_reply_is_answered_item_by_item_as_item_answers_each() -> None:
+    """``_items`` takes the usual item (no error, a dict) in one expression and hands
+    every other to ``_item``: the same answers, the same objects, the same errors."""
+    lease = {"attempt_id": "a", "status": "ok", "lease_left": 1.0}
+    pairs = [["status", "ok"]]
+    results: list[dict[str, Any]] = [
+        {"attempt_id": "a", "lease": lease, "error": None},
+        {"attempt_id": "b", "lease": lease},  # no error field: as FakeGateway answers
+        {"attempt_id": "c", "lease": None, "error": {"code": "STALE_FENCE", "message": "m"}},
+        {"attempt_id": "d", "lease": pairs, "error": None},  # not a dict: copied as one
+    ]
+    fast, slow = _items(results, "lease"), [_item(r, "lease") for r in results]
+    assert fast[0] is lease and fast[1] is lease
+    assert fast[3] == slow[3] == {"status": "ok"}
+    assert isinstance(fast[2], ServerError) and isinstance(slow[2], ServerError)
+    assert (fast[2].code, fast[2].message) == (slow[2].code, slow[2].message)
+    with pytest.raises(KeyError):
+        _items([{"attempt_id": "e", "error": None}], "lease")  # as _item raises
