@@ -13,6 +13,7 @@ import itertools
 import json
 import logging
 import ssl
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -271,25 +272,27 @@ class WorkerConnection:
         or ``{"attempt_id", "error": {"code", "message"}}``, in the order given."""
         reply = await self.request(
             {"type": "start_many", "items": [{"attempt_id": a, "fence": f} for a, f in items]},
-            # ids and fences are text, as the server gave them (anything else: json.dumps)
-            plain=all(type(a) is str and type(f) is str for a, f in items),
+            # ids and fences are text, as the server gave them (anything else: json.dumps);
+            # a list looked at, not a generator resumed an item
+            plain=all([type(a) is str and type(f) is str for a, f in items]),
         )
         return list(reply["results"])
 
     async def finish_many(
-        self, items: list[tuple[str, str, dict[str, Any]]], *, plain: bool = False
+        self, items: Sequence[tuple[str, str, dict[str, Any], bool]]
     ) -> list[dict[str, Any]]:
-        """Report many outcomes in one request (``outcome`` as :func:`outcome` builds it).
-        Each result is ``{"attempt_id", "receipt"}`` or ``{"attempt_id", "error"}``.
-        ``plain``: the ids, fences and outcomes are plain values (:func:`frame_text`)."""
+        """Report many outcomes in one request: each item's attempt id, fence, outcome
+        (as :func:`outcome` builds it), and whether that outcome is a plain value
+        (:func:`frame_text`; the ids and fences are text, as the server gave them).
+        Each result is ``{"attempt_id", "receipt"}`` or ``{"attempt_id", "error"}``."""
         reply = await self.request(
             {
                 "type": "finish_many",
                 "items": [
-                    {"attempt_id": a, "fence": f, "outcome": outcome} for a, f, outcome in items
+                    {"attempt_id": a, "fence": f, "outcome": outcome} for a, f, outcome, _ in items
                 ],
             },
-            plain=plain,
+            plain=all([plain for _, _, _, plain in items]),
         )
         return list(reply["results"])
 

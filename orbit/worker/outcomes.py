@@ -152,11 +152,12 @@ def _text_fine(text: str) -> bool:
     return "\x00" not in text and not _not_utf8(text)
 
 
-def check_result(value: Any) -> int:
+def check_result(value: Any) -> tuple[int, bool]:
     """Raise ``Unsendable`` if the server would refuse ``value`` as a result; else return
-    its size on the wire."""
+    its size on the wire, and whether it is plain (``is_plain``, which the one pass of a
+    plain value has found out already: the runner's batch then takes orjson)."""
     if value is None or value is True or value is False:
-        return wire_size(value)
+        return wire_size(value), True
     plain = _plain_and_fine(value)
     if not plain:
         _check(value, _RESULT_DEPTH, "result")  # which also names what is wrong
@@ -170,7 +171,7 @@ def check_result(value: Any) -> int:
             f"the result is {size} characters of JSON; at most {MAX_OUTCOME_CHARS} fit in "
             "a message (attach large outputs with ctx.upload)",
         )
-    return size
+    return size, plain
 
 
 def _not_json(path: str, why: str) -> Unsendable:

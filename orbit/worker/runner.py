@@ -43,7 +43,6 @@ import signal
 import ssl
 import threading
 import time
-import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -90,6 +89,9 @@ REVOKED_CLOSE = 4401
 #: written into ORBIT_TOKEN_FILE is refused once or twice before the new one can be read.
 REFUSALS_TO_STOP = 2
 Handler = Callable[..., Any]
+#: a finish the runner batches: attempt id, fence, outcome in wire form, and whether
+#: that outcome is plain (``_sendable``)
+FinishItem = tuple[str, str, dict[str, Any], bool]
 
 
 class Retry(Exception):
@@ -140,9 +142,14 @@ class Context:
     #: enough under the GIL, and a threading.Event per attempt was a visible cost
     _stopped: bool = field(default=False, repr=False)
     reason: str | None = None
-    _report: Callable[[float | None, str | None], None] | None = field(default=None, repr=False)
+    #: the worker's progress report (``Worker._report_progress``), given this context
+    _report: Callable[[Context, float | None, str | None], None] | None = field(
+        default=None, repr=False
+    )
+    #: the worker's upload (``Worker._upload``), given this attempt's id and ``_fence``
     _upload: Callable[..., Awaitable[dict[str, Any]]] | None = field(default=None, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
+    _fence: str = field(default="", repr=False)
 
     @property
     def cancelled(self) -> bool:
@@ -172,7 +179,8 @@ class Context:
         if self._report is not None:
             # Cleaned as the server takes a string: a lone surrogate (a file name that is
             # not UTF-8) was refused unread, and its report closed the connection.
-            self._report(fraction, None if message is None else outcomes.clean_text(message, 500))
+            cleaned = None if message is None else outcomes.clean_text(message, 500)
+            self._report(self, fraction, cleaned)
 
     async def upload(
         self,
@@ -187,7 +195,7 @@ class Context:
         the attempt is no longer ours."""
         if self._upload is None:
             raise RuntimeError("this context is not attached to a running worker")
-        return await self._upload(name, data, content_type, ttl)
+        return await self._upload(self.attempt_id, self._fence, name, data, content_type, ttl)
 
     def upload_from_thread(
         self,
@@ -348,10 +356,13 @@ class Worker:
         self._starts: Coalescer[tuple[str, str], dict[str, Any]] = Coalescer(self._send_starts)
         # A finish batch stops before its frame passes what the server reads (the
         # outcomes' sizes are their JSON on the wire; see orbit.worker.outcomes).
-        self._finishes: Coalescer[tuple[str, str, dict[str, Any]], dict[str, Any]] = Coalescer(
+        self._finishes: Coalescer[FinishItem, dict[str, Any]] = Coalescer(
             self._send_finishes, max_bytes=outcomes.frame_room(MAX_BATCH)
         )
         self.session_id: str | None = None
+        # Each context's hooks (``_accept``): bound once, not once an attempt.
+        self._progress_hook = self._report_progress
+        self._upload_hook = self._upload
 
     # ------------------------------------------------------------------ registration
 
@@ -717,20 +728,17 @@ class Worker:
             except ServerError as exc:
                 return [exc]
         results = await self._request(lambda c: c.start_many(items))
-        return [_item(r, "lease") for r in results]
+        return _items(results, "lease")
 
-    async def _send_finishes(
-        self, items: list[tuple[str, str, dict[str, Any]]]
-    ) -> list[dict[str, Any] | BaseException]:
+    async def _send_finishes(self, items: list[FinishItem]) -> list[dict[str, Any] | BaseException]:
         if len(items) == 1:
-            ((attempt_id, fence, report),) = items
+            ((attempt_id, fence, report, _),) = items
             try:
                 return [await self._request(lambda c: c.finish_report(attempt_id, fence, report))]
             except ServerError as exc:
                 return [exc]
-        plain = all(_plain_outcome(outcome) for _, _, outcome in items)
-        results = await self._request(lambda c: c.finish_many(items, plain=plain))
-        return [_item(r, "receipt") for r in results]
+        results = await self._request(lambda c: c.finish_many(items))
+        return _items(results, "receipt")
 
     def _lease_valid(self, running: _Running) -> bool:
         return not running.lost and time.monotonic() < running.lease_expires
@@ -755,23 +763,15 @@ class Worker:
         running = _Running(ctx, a["fence"])
         if a.get("deadline_left") is not None:  # the server's clock, not this host's
             running.deadline_at = time.monotonic() + a["deadline_left"]
-        loop = asyncio.get_running_loop()
-        # The context reaches its attempt's state through a weak reference, and uploads
-        # through the attempt's id and fence: a strong reference back to ``running`` made
-        # every attempt a reference cycle (with its tasks and coroutines), which only the
-        # garbage collector frees; that was a quarter of a busy worker's CPU.
-        attempt_ref = weakref.ref(running)
-
-        def report(fraction: float | None, message: str | None) -> None:
-            current = attempt_ref()
-            if current is None or current.ended:
-                return  # the attempt is over: there is nothing left to report on
-            current.pending_progress = (fraction, message)
-            loop.call_soon_threadsafe(self._flush_progress, current)
-
-        ctx._report = report
-        ctx._loop = loop
-        ctx._upload = partial(self._upload, ctx.attempt_id, running.fence)
+        # The context reaches its attempt's state through the worker's methods, by its
+        # attempt's id (and fence, for uploads): a strong reference back to ``running``
+        # made every attempt a reference cycle (with its tasks and coroutines), which only
+        # the garbage collector frees (a quarter of a busy worker's CPU); and a weak
+        # reference, a closure and a partial made for each attempt were a few more.
+        loop = ctx._loop = asyncio.get_running_loop()
+        ctx._report = self._progress_hook
+        ctx._upload = self._upload_hook
+        ctx._fence = running.fence
         self.running[ctx.attempt_id] = running
         running.task = loop.create_task(self._attempt(running, a["payload"]))
 
@@ -800,12 +800,12 @@ class Worker:
                 # The attempt is no longer ours (by the server's word or our own clock):
                 # its result is never sent.
                 return
-            report, size = _sendable(report)
+            report, size, plain = _sendable(report)
             try:
                 # Sent while the lease is ours. If the reply is lost, the same outcome is
                 # re-sent after a reconnect: the server answers with the original receipt,
                 # or refuses a copy that arrived too late (and keeps it as evidence).
-                item = (ctx.attempt_id, running.fence, outcome_wire(report))
+                item = (ctx.attempt_id, running.fence, outcome_wire(report), plain)
                 await self._finishes.submit(item, size=size)
                 self.finished += 1
             except ServerError as exc:
@@ -839,13 +839,16 @@ class Worker:
                 retryable=False,
             )
         limit, by_deadline = self._time_limit(running)
-        task = running.handler_task = asyncio.create_task(self._call(running, reg, payload))
+        # The loop's create_task, as asyncio.create_task calls it, without that wrapper's
+        # Python frame (a task an attempt).
+        loop = asyncio.get_running_loop()
+        task = running.handler_task = loop.create_task(self._call(running, reg, payload))
         if ctx.cancelled:
             # Cancelled (a cancel pushed, a drain past its grace) while the start was in
             # flight, when there was no handler task to cancel: the handler sees it now,
             # as it would a cancel just after it began (``call_soon``: after its first
             # step, so that the function is entered and gets CancelledError inside).
-            asyncio.get_running_loop().call_soon(self._cancel, running, ctx.reason or "cancelled")
+            loop.call_soon(self._cancel, running, ctx.reason or "cancelled")
         # Not wait_for: it raises the same TimeoutError for its limit and for a handler
         # that raised one itself, and a handler's own TimeoutError (a call of its that
         # timed out) is its failure, not the attempt's timeout. Not asyncio.wait either,
@@ -983,6 +986,16 @@ class Worker:
 
     def _token(self) -> str:
         return self.token if self.token is not None else load_token()
+
+    def _report_progress(self, ctx: Context, fraction: float | None, message: str | None) -> None:
+        """``ctx.progress``'s report, from the event loop or a handler's thread: kept for
+        the attempt's next progress message, unless the attempt is over (no longer
+        running, or this context not its own)."""
+        running = self.running.get(ctx.attempt_id)
+        if running is None or running.ctx is not ctx or running.ended or ctx._loop is None:
+            return  # the attempt is over: there is nothing left to report on
+        running.pending_progress = (fraction, message)
+        ctx._loop.call_soon_threadsafe(self._flush_progress, running)
 
     def _flush_progress(self, running: _Running) -> None:
         if not running.sending_progress:
@@ -1248,31 +1261,26 @@ async def _file(path: Path) -> AsyncIterator[bytes]:
             yield chunk
 
 
-def _sendable(report: dict[str, Any]) -> tuple[dict[str, Any], int]:
-    """The outcome to send for ``report`` and its size on the wire: a result the server
-    would refuse (NaN, a set, a NUL, over the frame limit, ...) becomes the attempt's
-    non-retryable failure instead, so that it can neither wedge the worker (refused
-    unread, it got no reply, and was re-sent for ever) nor sink the finishes batched
-    with it (see orbit.worker.outcomes)."""
+def _sendable(report: dict[str, Any]) -> tuple[dict[str, Any], int, bool]:
+    """The outcome to send for ``report``, its size on the wire, and whether it is plain
+    JSON (``connection.frame_text``): a result the server would refuse (NaN, a set, a
+    NUL, over the frame limit, ...) becomes the attempt's non-retryable failure instead,
+    so that it can neither wedge the worker (refused unread, it got no reply, and was
+    re-sent for ever) nor sink the finishes batched with it (see orbit.worker.outcomes).
+
+    Plain: an error, which ``outcomes.error`` made of text and a bool, or a result that
+    ``outcomes.is_plain`` calls so (a scalar other than a float, or a flat list or dict
+    of them, a handler's usual answer; an int beyond 64 bits is refused), as
+    ``outcomes.check_result`` found while it checked it; a float anywhere, a subclass,
+    or anything nested, and the frame takes ``json.dumps``."""
     if "error" in report:
-        return report, outcomes.wire_size(report["error"])
+        return report, outcomes.wire_size(report["error"]), True
     try:
-        return report, outcomes.check_result(report["result"])
+        return report, *outcomes.check_result(report["result"])
     except outcomes.Unsendable as exc:
         log.error("the handler's result cannot be sent: %s", exc.message)
         failure = outcomes.error(exc.code, exc.message, retryable=False)
-        return failure, outcomes.wire_size(failure["error"])
-
-
-def _plain_outcome(report: dict[str, Any]) -> bool:
-    """Whether the runner's outcome ``report`` (``_sendable``'s, in wire form) is plain
-    JSON (``connection.frame_text``): an error, which ``outcomes.error`` made of text and
-    a bool, or a result ``outcomes.is_plain`` calls so (a scalar other than a float, or
-    a flat list or dict of them, a handler's usual answer; ``_sendable`` refused an int
-    beyond 64 bits); a float anywhere, a subclass, or anything nested, and the frame
-    takes ``json.dumps``. Looked at only after ``_sendable`` took the result, so what is
-    plain here is JSON the server reads."""
-    return "error" in report or outcomes.is_plain(report["result"])
+        return failure, outcomes.wire_size(failure["error"]), True
 
 
 def _failure(running: _Running, exc: BaseException) -> dict[str, Any] | None:
@@ -1326,6 +1334,15 @@ def _text(value: Any) -> str:
         return str(value)
     except Exception as exc:
         return f"<{type(value).__name__}: str() raised {type(exc).__name__}>"
+
+
+def _items(results: list[dict[str, Any]], key: str) -> list[dict[str, Any] | BaseException]:
+    """A batch reply's answers (``_item``'s), an item with no error and a dict answered
+    in the one expression, without a call of ``_item`` for each."""
+    return [
+        value if r.get("error") is None and type(value := r.get(key)) is dict else _item(r, key)
+        for r in results
+    ]
 
 
 def _item(result: dict[str, Any], key: str) -> dict[str, Any] | BaseException:

@@ -17,8 +17,15 @@ from hypothesis import strategies as st
 from orbit.core.model import parse_json
 from orbit.protocol.decode import decode_json
 from orbit.worker import outcomes
-from orbit.worker.connection import WorkerConnection, frame_text, outcome, read_frame
-from orbit.worker.runner import _ended_or_timed_out, _plain_outcome
+from orbit.worker.connection import (
+    ServerError,
+    WorkerConnection,
+    frame_text,
+    outcome,
+    outcome_wire,
+    read_frame,
+)
+from orbit.worker.runner import _ended_or_timed_out, _item, _items, _sendable
 from tests.unit.fake_gateway import FakeGateway
 
 
@@ -68,11 +75,19 @@ def test_a_frame_with_floats_written_by_orjson_is_the_same_value(value: Any) -> 
     _same_value(frame_text(message, plain=True), message)
 
 
+def _plain(result: Any) -> bool:
+    """Whether the runner calls a handler's ``result`` plain (``_sendable``, once the
+    result is taken; one it refuses is sent as its failure instead)."""
+    report, _, plain = _sendable({"result": result})
+    assert "result" in report, report
+    return plain
+
+
 def test_the_float_that_orjson_writes_longer_is_not_plain() -> None:
     report = outcome(result=6.103515625e-05)
     message = {"type": "finish_many", "items": [{"outcome": report}]}
-    assert not _plain_outcome(report)
-    assert frame_text(message, plain=_plain_outcome(report)) == _json(message)
+    assert not _plain(6.103515625e-05)
+    assert frame_text(message, plain=_plain(6.103515625e-05)) == _json(message)
     assert len(frame_text(message, plain=True)) > len(_json(message))
 
 
@@ -119,9 +134,12 @@ NOT_PLAIN = [
 
 @pytest.mark.parametrize("value", NOT_PLAIN)
 def test_a_finish_the_runner_does_not_call_plain_is_written_by_json_dumps(value: Any) -> None:
-    report = outcome(result=value)
-    message = {"type": "finish_many", "items": [{"outcome": report}]}
-    assert frame_text(message, plain=_plain_outcome(report)) == _json(message)
+    """What the runner takes of these it writes as json.dumps does, byte for byte: by
+    json.dumps (not plain), or by orjson's fallback to it (non-ASCII); what it refuses
+    (NaN, an int beyond 64 bits) it sends as its failure, plain, and that too."""
+    report, _, plain = _sendable({"result": value})
+    message = {"type": "finish_many", "items": [{"outcome": outcome_wire(report)}]}
+    assert frame_text(message, plain=plain) == _json(message)
 
 
 @pytest.mark.parametrize(
@@ -135,15 +153,15 @@ def test_what_orjson_refuses_or_writes_past_ascii_takes_json_dumps_even_called_p
 
 
 def test_the_runner_calls_plain_only_what_is() -> None:
-    assert _plain_outcome(outcome(result=None))
-    assert _plain_outcome(outcome(result=True))
+    assert _plain(None)
+    assert _plain(True)
     failed = outcomes.error(_Text("CODE\x00"), _Text("message \udcff"), retryable=False)
-    assert _plain_outcome(outcome(**failed))
+    assert _sendable(failed) == (failed, outcomes.wire_size(failed["error"]), True)
     assert all(type(v) in (str, bool) for v in failed["error"].values())
     # a handler's usual answers: a scalar, or a flat dict or list of them
     for result in (1, -(2**63), "text", "", {"a": 1, "b": "x", "c": None, "d": False}, [1, "a"]):
-        assert _plain_outcome(outcome(result=result)), result
-    assert _plain_outcome(outcome(result={})) and _plain_outcome(outcome(result=[]))
+        assert _plain(result), result
+    assert _plain({}) and _plain([])
     # anything else takes json.dumps: floats, subclasses, Enums, other keys, nesting
     for result in (
         _Coded.OK,
@@ -159,7 +177,7 @@ def test_the_runner_calls_plain_only_what_is() -> None:
         [[1]],
         {"a": [1]},
     ):
-        assert not _plain_outcome(outcome(result=result)), result
+        assert not _plain(result), result
 
 
 _flat_leaves = (
@@ -186,14 +204,12 @@ def test_a_finish_the_runner_calls_plain_is_the_value_json_dumps_writes_and_no_l
     """Whatever the runner calls plain (after ``outcomes.check_result`` took it, as
     ``_sendable`` does) is written as the value ``json.dumps`` writes, never longer (the
     size the batch counted); the rest is ``json.dumps``'s byte for byte."""
-    try:
-        outcomes.check_result(value)
-    except outcomes.Unsendable:
+    report, _, plain = _sendable({"result": value})
+    if "error" in report:
         return  # the runner sends its failure instead
-    report = outcome(result=value)
-    message = {"type": "finish_many", "items": [{"outcome": report}]}
-    written = frame_text(message, plain=_plain_outcome(report))
-    if not _plain_outcome(report):
+    message = {"type": "finish_many", "items": [{"outcome": outcome_wire(report)}]}
+    written = frame_text(message, plain=plain)
+    if not plain:
         assert written == _json(message)
         return
     assert len(written) <= len(_json(message))
@@ -355,3 +371,23 @@ def test_an_unreadable_frame_closes_the_connection_and_a_readable_one_arrives() 
                     await conn.close()
 
     asyncio.run(main())
+
+
+def test_a_batch_reply_is_answered_item_by_item_as_item_answers_each() -> None:
+    """``_items`` takes the usual item (no error, a dict) in one expression and hands
+    every other to ``_item``: the same answers, the same objects, the same errors."""
+    lease = {"attempt_id": "a", "status": "ok", "lease_left": 1.0}
+    pairs = [["status", "ok"]]
+    results: list[dict[str, Any]] = [
+        {"attempt_id": "a", "lease": lease, "error": None},
+        {"attempt_id": "b", "lease": lease},  # no error field: as FakeGateway answers
+        {"attempt_id": "c", "lease": None, "error": {"code": "STALE_FENCE", "message": "m"}},
+        {"attempt_id": "d", "lease": pairs, "error": None},  # not a dict: copied as one
+    ]
+    fast, slow = _items(results, "lease"), [_item(r, "lease") for r in results]
+    assert fast[0] is lease and fast[1] is lease
+    assert fast[3] == slow[3] == {"status": "ok"}
+    assert isinstance(fast[2], ServerError) and isinstance(slow[2], ServerError)
+    assert (fast[2].code, fast[2].message) == (slow[2].code, slow[2].message)
+    with pytest.raises(KeyError):
+        _items([{"attempt_id": "e", "error": None}], "lease")  # as _item raises

@@ -12,6 +12,7 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -453,7 +454,7 @@ def test_an_error_the_server_could_not_address_to_a_request_is_logged(
 def _context() -> tuple[Context, list[tuple[Any, Any]]]:
     reports: list[tuple[Any, Any]] = []
     ctx = Context("t1", "a1", 1, "h", "q", "default", None, None)
-    ctx._report = lambda fraction, message: reports.append((fraction, message))
+    ctx._report = lambda _, fraction, message: reports.append((fraction, message))
     return ctx, reports
 
 
@@ -486,6 +487,54 @@ def test_progress_takes_what_it_should() -> None:
     with pytest.raises(ValueError, match=r"fraction must be in \[0, 1\]"):
         ctx.progress(float("nan"))
     assert reports == [(0, "start"), (1, None), (None, "only words")]
+
+
+def test_progress_reaches_the_server_from_the_loop_and_a_thread_and_none_once_over() -> None:
+    """A context reports through its worker by its attempt's id and fence, from an async
+    handler and from a plain one's thread; a context kept past its attempt reports
+    nothing (its attempt is no longer running), as when it held a weak reference to its
+    attempt's state."""
+    kept: list[Context] = []
+    worker = Worker("http://127.0.0.1:1", "token", grace=0.2, cancel_grace=0.3)
+
+    @worker.handler("h")
+    async def on_loop(ctx: Context, payload: Any) -> Any:
+        kept.append(ctx)
+        ctx.progress(0.5, "on the loop")
+        for _ in range(5):  # the report's turn of the loop, and its send
+            await asyncio.sleep(0)
+        return 1
+
+    @worker.handler("t")
+    def in_thread(ctx: Context, payload: Any) -> Any:
+        ctx.progress(0.25, "in a thread")
+        time.sleep(0.05)  # the loop sends it meanwhile
+        return 2
+
+    def progress(attempt_id: str) -> Callable[[dict[str, Any]], bool]:
+        return lambda m: m["type"] == "progress" and m["attempt_id"] == attempt_id
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker.url = gw.url
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                tasks = [assignment("a1", "h", fence="7"), assignment("a2", "t")]
+                await gw.push({"type": "tasks", "req_id": None, "tasks": tasks})
+                sent = [await gw.wait_for(progress(a)) for a in ("a1", "a2")]
+                assert [(m["fence"], m["fraction"], m["message"]) for m in sent] == [
+                    ("7", 0.5, "on the loop"),
+                    ("1", 0.25, "in a thread"),
+                ]
+                async with asyncio.timeout(10):
+                    while worker.finished < 2 or worker.running:
+                        await asyncio.sleep(0.01)
+                kept[0].progress(1.0, "after the attempt")  # over: dropped, no error
+                await asyncio.sleep(0.1)
+            assert kept[0]._fence == "7"
+            assert sum(1 for m in gw.received if m["type"] == "progress") == 2
+
+    asyncio.run(main())
 
 
 # --------------------------------------------------------------------------- hello bounds

@@ -7,7 +7,6 @@ import asyncio
 import socket
 import threading
 from collections.abc import Iterator
-from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 from typing import Any
@@ -23,7 +22,8 @@ def _context(worker: Worker, loop: asyncio.AbstractEventLoop) -> Context:
     worker._conn = SimpleNamespace(session_id="s1", epoch="1")  # type: ignore[assignment]
     ctx = Context("t1", "a1", 1, "h", "q", "default", None, None)
     ctx._loop = loop
-    ctx._upload = partial(worker._upload, "a1", "1")
+    ctx._upload = worker._upload
+    ctx._fence = "1"
     return ctx
 
 
