@@ -149,13 +149,13 @@ def serve(ws_kind: str, endpoint: str, rounds: int, binary: bool, offer_deflate:
     import uvicorn
 
     from orbit.gctune import tune_for_throughput
-    from orbit.server.denials import QuietDenials
+    from orbit.server.denials import UVICORN_WS
 
-    protocol: Any = {"sansio": QuietDenials, "legacy": "websockets", "wsproto": "wsproto"}
+    protocol: Any = {"sansio": UVICORN_WS["ws"], "legacy": "websockets", "wsproto": "wsproto"}
     app = make_app(endpoint, binary)
     config = uvicorn.Config(
         app,
-        ws=protocol[ws_kind],
+        **{**UVICORN_WS, "ws": protocol[ws_kind]},
         log_level="warning",
         log_config=None,
         access_log=False,
