@@ -142,7 +142,7 @@ async def serve(host: str, port: int, data_dir: Path, once: bool) -> int:
     from orbit.client import AsyncClient
     from orbit.logs import configure
     from orbit.server import ServerSettings, create_app
-    from orbit.server.denials import QuietDenials
+    from orbit.server.denials import UVICORN_WS
     from orbit.store import StoreConfig
 
     configure("warning")
@@ -163,7 +163,7 @@ async def serve(host: str, port: int, data_dir: Path, once: bool) -> int:
     url = url_of(sock, host)
     api = create_app(settings)
     server = uvicorn.Server(
-        uvicorn.Config(api, log_level="warning", access_log=False, log_config=None, ws=QuietDenials)
+        uvicorn.Config(api, log_level="warning", access_log=False, log_config=None, **UVICORN_WS)
     )
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:

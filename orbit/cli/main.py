@@ -374,7 +374,7 @@ def server(
 
     from orbit.gctune import tune_for_throughput
     from orbit.server import ServerSettings, create_app
-    from orbit.server.denials import QuietDenials
+    from orbit.server.denials import UVICORN_WS
     from orbit.store import StoreConfig, open_store, sqlite_path
 
     _check_url(db)
@@ -443,7 +443,7 @@ def server(
         ssl_keyfile=str(tls_key) if tls_key else None,
         access_log=False,  # request lines are not needed and must never carry tokens
         log_config=None,  # keep our handler: it redacts secrets from every record
-        ws=QuietDenials,  # a refused upgrade is no ERROR line (orbit.server.denials)
+        **UVICORN_WS,  # a refused upgrade is no ERROR line, no deflate (orbit.server.denials)
     )
 
     class Announced(uvicorn.Server):

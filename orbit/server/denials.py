@@ -1,4 +1,5 @@
-"""uvicorn's WebSocket protocol, quiet about an upgrade refused with an HTTP status.
+"""uvicorn's WebSocket protocol, quiet about an upgrade refused with an HTTP status, and
+the WebSocket options every Orbit server gives uvicorn (``UVICORN_WS``).
 
 ``errors.refuse_upgrade`` answers a refused upgrade (a wrong token 401, a wrong scope
 403, a node at its cap 503) through the denial response extension
@@ -13,7 +14,7 @@ an app that really returned without answering (a route that forgot to accept).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
@@ -30,3 +31,12 @@ class QuietDenials(WebSocketsSansIOProtocol):
             and self.close_sent
         ):
             self.handshake_complete = True
+
+
+#: ``uvicorn.Config``'s WebSocket options for an Orbit server (``orbit server`` and ``orbit
+#: dev``). permessage-deflate is never negotiated: uvicorn's default accepts it from any
+#: client that offers it (the websockets library's and browsers' default; Orbit's worker
+#: and client never do), and deflating a drain's frames then cost the server about eleven
+#: times the instructions of its whole WebSocket layer without it (``benchmarks/wslayer.py``):
+#: the frames are JSON on a LAN or loopback, where the bytes saved are worth less than that.
+UVICORN_WS: Final[dict[str, Any]] = {"ws": QuietDenials, "ws_per_message_deflate": False}

@@ -382,6 +382,23 @@ def test_a_refused_upgrade_logs_no_error(
     assert "without completing handshake" not in log, log
 
 
+def test_no_socket_negotiates_permessage_deflate(node: Node, tokens: Tokens) -> None:
+    """Frames travel uncompressed whatever the client offers. uvicorn's default accepted
+    permessage-deflate from any client offering it, as the websockets library and browsers
+    do by default (Orbit's own worker and client never do): deflating a drain's frames
+    cost the server about eleven times the instructions of the rest of its WebSocket layer
+    (``benchmarks/wslayer.py``)."""
+    for token, path in ((tokens.worker, "/v1/worker"), (tokens.admin, "/v1/events/ws")):
+        with connect(
+            ws_url(node, path),
+            additional_headers=auth(token),
+            compression="deflate",
+            open_timeout=PATIENCE,
+        ) as ws:
+            assert ws.protocol.extensions == [], path
+            assert "Sec-WebSocket-Extensions" not in ws.response.headers, path
+
+
 @pytest.mark.parametrize("form", ["sync", "async"])
 def test_subscribe_aborts_a_connection_it_gives_up_on(
     api: httpx.Client, fast: Node, tokens: Tokens, form: Literal["sync", "async"]
