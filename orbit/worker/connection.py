@@ -279,21 +279,25 @@ class WorkerConnection:
         return list(reply["results"])
 
     async def finish_many(
+        self, items: Sequence[tuple[str, str, dict[str, Any]]], *, plain: bool = False
+    ) -> list[dict[str, Any]]:
+        """Report many outcomes in one request (``outcome`` as :func:`outcome` builds it).
+        Each result is ``{"attempt_id", "receipt"}`` or ``{"attempt_id", "error"}``.
+        ``plain``: the ids, fences and outcomes are plain values (:func:`frame_text`)."""
+        wire = [{"attempt_id": a, "fence": f, "outcome": outcome} for a, f, outcome in items]
+        return await self._finish(wire, plain)
+
+    async def finish_flagged(
         self, items: Sequence[tuple[str, str, dict[str, Any], bool]]
     ) -> list[dict[str, Any]]:
-        """Report many outcomes in one request: each item's attempt id, fence, outcome
-        (as :func:`outcome` builds it), and whether that outcome is a plain value
-        (:func:`frame_text`; the ids and fences are text, as the server gave them).
-        Each result is ``{"attempt_id", "receipt"}`` or ``{"attempt_id", "error"}``."""
-        reply = await self.request(
-            {
-                "type": "finish_many",
-                "items": [
-                    {"attempt_id": a, "fence": f, "outcome": outcome} for a, f, outcome, _ in items
-                ],
-            },
-            plain=all([plain for _, _, _, plain in items]),
-        )
+        """``finish_many`` for items that say each whether its outcome is plain (the
+        runner's, which found it when it checked the result): the batch is plain when
+        every one of them is (the ids and fences are text, as the server gave them)."""
+        wire = [{"attempt_id": a, "fence": f, "outcome": outcome} for a, f, outcome, _ in items]
+        return await self._finish(wire, all([plain for _, _, _, plain in items]))
+
+    async def _finish(self, items: list[dict[str, Any]], plain: bool) -> list[dict[str, Any]]:
+        reply = await self.request({"type": "finish_many", "items": items}, plain=plain)
         return list(reply["results"])
 
     async def renew(

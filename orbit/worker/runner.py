@@ -737,7 +737,7 @@ class Worker:
                 return [await self._request(lambda c: c.finish_report(attempt_id, fence, report))]
             except ServerError as exc:
                 return [exc]
-        results = await self._request(lambda c: c.finish_many(items))
+        results = await self._request(lambda c: c.finish_flagged(items))
         return _items(results, "receipt")
 
     def _lease_valid(self, running: _Running) -> bool:

@@ -391,3 +391,30 @@ def test_a_batch_reply_is_answered_item_by_item_as_item_answers_each() -> None:
     assert (fast[2].code, fast[2].message) == (slow[2].code, slow[2].message)
     with pytest.raises(KeyError):
         _items([{"attempt_id": "e", "error": None}], "lease")  # as _item raises
+
+
+def test_finish_many_keeps_its_signature_and_sends_what_finish_flagged_sends() -> None:
+    """``WorkerConnection.finish_many`` is public (``orbit.worker``): items of id, fence
+    and outcome, ``plain`` a keyword defaulting to the standard library's writing. The
+    runner's ``finish_flagged`` takes each item's plainness instead; both put the same
+    items on the wire and get the same answers."""
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            conn = await WorkerConnection.connect(gw.ws_url, "token")
+            try:
+                items = [("a1", "1", outcome(result={"n": 1})), ("a2", "2", outcome(result=2.5))]
+                by_default = await conn.finish_many(items)
+                said_plain = await conn.finish_many(items[:1], plain=True)
+                flagged = await conn.finish_flagged(
+                    [(a, f, o, p) for (a, f, o), p in zip(items, [True, False], strict=True)]
+                )
+            finally:
+                await conn.close()
+            sent = [m["items"] for m in gw.received if m["type"] == "finish_many"]
+            assert sent[0] == sent[2] and sent[1] == sent[0][:1]
+            assert [r["attempt_id"] for r in by_default] == ["a1", "a2"]
+            assert [r["attempt_id"] for r in flagged] == ["a1", "a2"]
+            assert [r["attempt_id"] for r in said_plain] == ["a1"]
+
+    asyncio.run(main())
