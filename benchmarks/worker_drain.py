@@ -136,7 +136,7 @@ def _text(message: dict[str, Any]) -> str:
 
 
 def _assignment(n: int) -> dict[str, Any]:
-    """Task ``n`` as ``gateway.tasks_frame`` writes it (``views.assignment_wire``)."""
+    """Task ``n`` as ``gateway.tasks_frame`` writes it (``views.assignments_wire``)."""
     return {
         "task_id": f"01a229a4-555a-7c20-92ff-{n:012x}",
         "attempt_id": f"01a229a4-55fa-7a0c-a53f-{n:012x}",
