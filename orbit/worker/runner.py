@@ -873,7 +873,7 @@ class Worker:
         for it any more."""
         running.ended = True  # a thread that outlived it reports nothing more
         self.running.pop(running.ctx.attempt_id, None)
-        if running.slot is not None or running.holds_slot:
+        if self.prefetch:
             self._unwait(running)
         if running.over is not None and not running.over.done():
             running.over.set_result(None)
