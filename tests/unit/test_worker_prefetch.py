@@ -330,3 +330,32 @@ def test_more_waiting_than_the_prefetch_drops_the_oldest_claim_unstarted() -> No
 
     asyncio.run(main())
     assert gate.ran == ["h1", "h3"]
+
+
+def test_a_run_ended_by_a_refused_token_drops_the_waiting_attempts_unreported() -> None:
+    """A close for a revoked token, and the token refused at the reconnect: the run ends
+    with the refusal; the running attempt is reported unconfirmed as without a prefetch,
+    and the waiting ones, never started, are neither released nor counted unreported
+    (the server gives their claims back)."""
+    gate = Gate()
+
+    async def main() -> tuple[Worker, FakeGateway]:
+        async with FakeGateway() as gw:
+            worker = _worker(gw, concurrency=1, prefetch=2, reconnect_max=0.1, grace=60.0)
+            worker.handler("h")(gate)
+            runner = asyncio.create_task(worker.arun())
+            await gw.wait_for(_is("hello"))
+            await _push(gw, "h1", "h2", "h3")
+            await gate.until(lambda: gate.inside == {"h1"} and len(worker._waiting) == 2)
+            gw.accepted_token = "another-token"  # "token" is refused from now on
+            await gw.connections[-1].close(4401, "UNAUTHENTICATED")
+            with pytest.raises(Exception, match="401"):
+                await asyncio.wait_for(runner, 10)
+            await asyncio.sleep(0.05)  # the dropped attempts' tasks end
+            return worker, gw
+
+    worker, gw = asyncio.run(main())
+    assert worker.unreported == ["h1"]
+    assert worker.running == {} and not worker._waiting
+    assert _started(gw) == ["h1"] and _released(gw) == []
+    assert gate.ran == ["h1"]
