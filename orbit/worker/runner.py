@@ -43,7 +43,6 @@ import signal
 import ssl
 import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -245,7 +244,7 @@ class _Registered:
     retry_safe: bool | None  # None: the handler accepts tasks either way
 
 
-@dataclass(eq=False)  # one attempt's state, itself: the waiting line finds it by identity
+@dataclass
 class _Running:
     ctx: Context
     fence: str
@@ -266,10 +265,6 @@ class _Running:
     renew_at: float = 0.0  # monotonic instant its lease is half spent
     pending_progress: tuple[float | None, str | None] | None = None
     sending_progress: bool = False
-    #: with a prefetch: set while the claimed attempt waits for a slot (True: granted,
-    #: False: dropped unstarted), and whether it holds one (``Worker._take_slot``)
-    slot: asyncio.Future[bool] | None = None
-    holds_slot: bool = False
 
 
 class Worker:
@@ -337,11 +332,15 @@ class Worker:
         #: ``concurrency`` (and of each handler's capacity), they wait here claimed, not
         #: started, and start the moment a handler ends (docs/worker.md, "Prefetch")
         self.prefetch = prefetch
-        #: with a prefetch: the handlers running (or starting) in all and per handler,
-        #: and the attempts waiting, in the order they came, for a slot
+        #: with a prefetch: the handlers running (or starting) in all and per handler, the
+        #: attempts (by id) that hold a slot, and those waiting for one in the order they
+        #: came, each with the future that says whether it was granted (True) or dropped
+        #: unstarted (False). Kept here, not in ``_Running``: an attempt without a prefetch
+        #: pays nothing for them.
         self._busy = 0
         self._busy_by: dict[str, int] = {}
-        self._waiting: deque[_Running] = deque()
+        self._holding: set[str] = set()
+        self._waiting: dict[str, tuple[_Running, asyncio.Future[bool]]] = {}
         self.cafile = cafile
         self.grace = grace
         self.cancel_grace = cancel_grace
@@ -513,8 +512,8 @@ class Worker:
         and the worker exited 0 as if every result had landed."""
         # Waiting for a slot, never started: nothing to report. Dropped as lost (no
         # release can reach the server now), their claims are the server's to give back.
-        dropped = {r.ctx.attempt_id for r in self._waiting}
-        for r in list(self._waiting):
+        dropped = set(self._waiting)
+        for r, _ in list(self._waiting.values()):
             self._lose(r, "worker stopped")
         left = [
             r for r in self.running.values() if not r.abandoned and r.ctx.attempt_id not in dropped
@@ -812,20 +811,17 @@ class Worker:
         ctx._upload = self._upload_hook
         ctx._fence = running.fence
         self.running[ctx.attempt_id] = running
-        running.task = loop.create_task(self._attempt(running, a["payload"]))
+        # Each call spelled out: a bound method picked first was one more object a task.
+        if self.prefetch:
+            running.task = loop.create_task(self._prefetched(running, a["payload"]))
+        else:
+            running.task = loop.create_task(self._attempt(running, a["payload"]))
 
     async def _attempt(self, running: _Running, payload: Any) -> None:
         ctx = running.ctx
         try:
             if self._stopping or ctx.handler not in self.handlers:
                 await self._request(lambda c: c.release(ctx.attempt_id, running.fence))
-                return
-            if self.prefetch and not await self._slot(running):
-                # Dropped while it waited, never started, so no handler ran: a drain gives
-                # it back for another worker to take at once; a cancel or a lost session
-                # has already taken it from us on the server.
-                if ctx.reason == STOPPING and not running.lost:
-                    await self._request(lambda c: c.release(ctx.attempt_id, running.fence))
                 return
             try:
                 sent = time.monotonic()
@@ -842,7 +838,7 @@ class Worker:
                 self._cancel(running, "task cancelled")
             report = await self._invoke(running, payload)
             running.ended = True  # progress still pending is dropped, not sent after it
-            if running.holds_slot:
+            if self.prefetch:
                 # The next waiting attempt starts now, while this one's finish travels.
                 self._free_slot(running)
             if report is None or not self._lease_valid(running):
@@ -873,8 +869,6 @@ class Worker:
         for it any more."""
         running.ended = True  # a thread that outlived it reports nothing more
         self.running.pop(running.ctx.attempt_id, None)
-        if self.prefetch:
-            self._unwait(running)
         if running.over is not None and not running.over.done():
             running.over.set_result(None)
 
@@ -1082,6 +1076,30 @@ class Worker:
 
     # ------------------------------------------------------------------ prefetch
 
+    async def _prefetched(self, running: _Running, payload: Any) -> None:
+        """An attempt's task with a prefetch: it waits, claimed and not started, for a
+        slot (``_slot``), then runs as any other (``_attempt``, which gives the slot back
+        as soon as its handler is over). One dropped while it waited runs no handler: a
+        drain gives it back (``release``) for another worker to take at once; a cancel, a
+        claim that ran out or a lost session has already taken it from us on the server."""
+        ctx = running.ctx
+        try:
+            if self._stopping or ctx.handler not in self.handlers or await self._slot(running):
+                await self._attempt(running, payload)  # a drain's or a stranger's: released
+            elif ctx.reason == STOPPING and not running.lost:
+                await self._request(lambda c: c.release(ctx.attempt_id, running.fence))
+        except ServerError as exc:
+            log.warning("release of %s refused: %s", ctx.attempt_id, exc.code)
+        except Exception:
+            log.exception("attempt %s failed in the runner", ctx.attempt_id)
+        finally:
+            # Also when its task was cancelled while it waited; ``_forget`` twice is once.
+            self._forget(running)
+            waiting = self._waiting.pop(ctx.attempt_id, None)
+            if waiting is not None:
+                waiting[1].cancel()
+            self._free_slot(running)
+
     async def _slot(self, running: _Running) -> bool:
         """Wait until ``running`` may start: fewer than ``concurrency`` handlers run, and
         fewer than its handler's capacity. True once it holds a slot; False if it was
@@ -1092,8 +1110,8 @@ class Worker:
             return True
         if running.ctx.cancelled:  # cancelled before it could wait: dropped as it would be
             return False
-        running.slot = asyncio.get_running_loop().create_future()
-        self._waiting.append(running)
+        slot: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiting[running.ctx.attempt_id] = (running, slot)
         if len(self._waiting) > self.prefetch and self._busy >= self.concurrency:
             # More waiting than the server pushes while every slot is busy (it counts the
             # busy ones as live): the oldest claim ran out, the reaper gave its task back,
@@ -1102,10 +1120,10 @@ class Worker:
             # handlers longer than the claim lease do not pile up stale claims here. (A
             # lease lost meanwhile frees a server slot early: a claim dropped then is
             # still live, and waits out its claim lease before the reaper frees it.)
-            oldest = self._waiting[0]
+            oldest, _ = next(iter(self._waiting.values()))
             oldest.ctx._stop("claim expired")
             self._drop(oldest)
-        return await running.slot
+        return await slot
 
     def _take_slot(self, running: _Running) -> bool:
         name = running.ctx.handler
@@ -1114,45 +1132,36 @@ class Worker:
             return False
         self._busy += 1
         self._busy_by[name] = held + 1
-        running.holds_slot = True
+        self._holding.add(running.ctx.attempt_id)
         return True
 
     def _free_slot(self, running: _Running) -> None:
-        """Give ``running``'s slot back and start the waiting attempts that now fit. Not
-        while stopping: the drain gives those back to the server instead."""
-        running.holds_slot = False
+        """Give ``running``'s slot back, if it holds one, and start the waiting attempts
+        that now fit. Not while stopping: the drain gives those back to the server."""
+        if running.ctx.attempt_id not in self._holding:
+            return
+        self._holding.discard(running.ctx.attempt_id)
         self._busy -= 1
         self._busy_by[running.ctx.handler] -= 1
         if self._stopping or not self._waiting:
             return
-        for waiting in list(self._waiting):
+        for attempt_id, (waiting, slot) in list(self._waiting.items()):
             if self._busy >= self.concurrency:
                 break
             if self._take_slot(waiting):
-                self._waiting.remove(waiting)
-                assert waiting.slot is not None
-                waiting.slot.set_result(True)
+                del self._waiting[attempt_id]
+                slot.set_result(True)
 
     def _drop(self, running: _Running) -> None:
-        """A waiting attempt will not be started: its ``_attempt`` ends unstarted."""
-        self._waiting.remove(running)
-        assert running.slot is not None
-        running.slot.set_result(False)
-
-    def _unwait(self, running: _Running) -> None:
-        """The attempt is over: out of the waiting line if it was still in it (its task
-        was cancelled while it waited), and its slot given back if it held one."""
-        if running.slot is not None and not running.slot.done():
-            self._waiting.remove(running)
-            running.slot.cancel()
-        if running.holds_slot:
-            self._free_slot(running)
+        """A waiting attempt will not be started: its task ends unstarted."""
+        _, slot = self._waiting.pop(running.ctx.attempt_id)
+        slot.set_result(False)
 
     def _cancel(self, running: _Running, reason: str) -> None:
         running.ctx._stop(reason)
         task = running.handler_task
         if task is None or task.done():
-            if running.slot is not None and not running.slot.done():
+            if running.ctx.attempt_id in self._waiting:
                 self._drop(running)  # waiting, unstarted: its handler never runs
             return
         task.cancel()
@@ -1329,7 +1338,7 @@ class Worker:
             await asyncio.wait_for(self._request(lambda c: c.drain()), timeout=5)
         # Claimed ahead and not started: given back (``release``) for another worker to
         # take at once, not started during the drain (``_free_slot`` starts none now).
-        for r in list(self._waiting):
+        for r, _ in list(self._waiting.values()):
             self._cancel(r, STOPPING)
         await self._attempts_over(self.grace)
         for r in list(self.running.values()):
