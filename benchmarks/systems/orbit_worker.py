@@ -6,6 +6,8 @@ work every peer does. The settings come from the environment the harness (throug
 
 - ``ORBIT_URL`` / ``ORBIT_TOKEN_FILE``: the server and the token (read by ``orbit.Worker``)
 - ``BENCH_CONCURRENCY``: attempts in flight in this process (``WorkerSpec.concurrency``)
+- ``BENCH_PREFETCH``: attempts claimed ahead of a free slot (``orbit.Worker(prefetch=…)``;
+  the tuned profile's I/O-bound workload only, else 0)
 - ``BENCH_REC_DIR`` / ``BENCH_HOLD``: read by :mod:`benchmarks.recorder`
 """
 
@@ -21,6 +23,7 @@ worker = Worker(
     os.environ.get("ORBIT_URL", "http://127.0.0.1:8000"),
     name=os.environ.get("BENCH_WORKER_NAME", "bench"),
     concurrency=int(os.environ.get("BENCH_CONCURRENCY", "10")),
+    prefetch=int(os.environ.get("BENCH_PREFETCH", "0")),
 )
 
 

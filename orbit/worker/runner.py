@@ -88,6 +88,8 @@ REVOKED_CLOSE = 4401
 #: rotated token longer. Two, not one: a token revoked just before its replacement is
 #: written into ORBIT_TOKEN_FILE is refused once or twice before the new one can be read.
 REFUSALS_TO_STOP = 2
+#: the reason a drain gives the attempts it cancels (and the waiting ones it gives back)
+STOPPING = "worker stopping"
 Handler = Callable[..., Any]
 #: a finish the runner batches: attempt id, fence, outcome in wire form, and whether
 #: that outcome is plain (``_sendable``)
@@ -275,6 +277,7 @@ class Worker:
         *,
         name: str = "worker",
         concurrency: int = 10,
+        prefetch: int = 0,
         cafile: str | None = None,
         grace: float = 30.0,
         cancel_grace: float = 5.0,
@@ -292,6 +295,16 @@ class Worker:
         if concurrency > MAX_WORKER_CONCURRENCY:
             raise ValueError(
                 f"concurrency must be at most {MAX_WORKER_CONCURRENCY} "
+                "(the most attempts a worker session holds)"
+            )
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int):
+            raise TypeError(f"prefetch must be a whole number; got {prefetch!r}")
+        if prefetch < 0:
+            raise ValueError("prefetch must be 0 or more")
+        if concurrency + prefetch > MAX_WORKER_CONCURRENCY:
+            # the hello declares both as the session's slots
+            raise ValueError(
+                f"concurrency + prefetch must be at most {MAX_WORKER_CONCURRENCY} "
                 "(the most attempts a worker session holds)"
             )
         _check_name("name", name)
@@ -315,6 +328,19 @@ class Worker:
         self.token = token
         self.name = name
         self.concurrency = concurrency
+        #: attempts claimed ahead of a free slot: declared to the server on top of
+        #: ``concurrency`` (and of each handler's capacity), they wait here claimed, not
+        #: started, and start the moment a handler ends (docs/worker.md, "Prefetch")
+        self.prefetch = prefetch
+        #: with a prefetch: the handlers running (or starting) in all and per handler, the
+        #: attempts (by id) that hold a slot, and those waiting for one in the order they
+        #: came, each with the future that says whether it was granted (True) or dropped
+        #: unstarted (False). Kept here, not in ``_Running``: an attempt without a prefetch
+        #: pays nothing for them.
+        self._busy = 0
+        self._busy_by: dict[str, int] = {}
+        self._holding: set[str] = set()
+        self._waiting: dict[str, tuple[_Running, asyncio.Future[bool]]] = {}
         self.cafile = cafile
         self.grace = grace
         self.cancel_grace = cancel_grace
@@ -484,7 +510,14 @@ class Worker:
         abandoned) but no outcome confirmed: say so, and end their tasks. Left running,
         each waited for a connection for ever, in the caller's loop under ``arun()``;
         and the worker exited 0 as if every result had landed."""
-        left = [r for r in self.running.values() if not r.abandoned]
+        # Waiting for a slot, never started: nothing to report. Dropped as lost (no
+        # release can reach the server now), their claims are the server's to give back.
+        dropped = set(self._waiting)
+        for r, _ in list(self._waiting.values()):
+            self._lose(r, "worker stopped")
+        left = [
+            r for r in self.running.values() if not r.abandoned and r.ctx.attempt_id not in dropped
+        ]
         for r in left:
             log.error(
                 "attempt %s (task %s) ended without its outcome confirmed by the server; "
@@ -537,7 +570,12 @@ class Worker:
         (``REFUSALS_TO_STOP``)."""
         self._connected.clear()
         delay = 0.1
-        caps = {name: reg.capacity for name, reg in self.handlers.items()}
+        # With a prefetch, the server holds ``prefetch`` more attempts for us than run.
+        extra = self.prefetch
+        caps = {
+            name: min(reg.capacity + extra, MAX_HANDLER_CAPACITY)
+            for name, reg in self.handlers.items()
+        }
         refused_token: str | None = None  # the token the last refusal was of
         refusals = 0  # how many times it was refused since another token last was
         while True:
@@ -550,7 +588,7 @@ class Worker:
                 conn = await WorkerConnection.connect(self._ws_url(), token, cafile=self.cafile)
                 conn.request_timeout = self.request_timeout
                 if self._session is None:
-                    await conn.hello(self.name, caps, self.concurrency)
+                    await conn.hello(self.name, caps, self.concurrency + extra)
                     assert conn.session_id and conn.resume_secret
                     self._session = (conn.session_id, conn.resume_secret)
                     self.session_id = conn.session_id
@@ -773,7 +811,11 @@ class Worker:
         ctx._upload = self._upload_hook
         ctx._fence = running.fence
         self.running[ctx.attempt_id] = running
-        running.task = loop.create_task(self._attempt(running, a["payload"]))
+        # Each call spelled out: a bound method picked first was one more object a task.
+        if self.prefetch:
+            running.task = loop.create_task(self._prefetched(running, a["payload"]))
+        else:
+            running.task = loop.create_task(self._attempt(running, a["payload"]))
 
     async def _attempt(self, running: _Running, payload: Any) -> None:
         ctx = running.ctx
@@ -796,6 +838,9 @@ class Worker:
                 self._cancel(running, "task cancelled")
             report = await self._invoke(running, payload)
             running.ended = True  # progress still pending is dropped, not sent after it
+            if self.prefetch:
+                # The next waiting attempt starts now, while this one's finish travels.
+                self._free_slot(running)
             if report is None or not self._lease_valid(running):
                 # The attempt is no longer ours (by the server's word or our own clock):
                 # its result is never sent.
@@ -1029,10 +1074,95 @@ class Worker:
         finally:
             running.sending_progress = False
 
+    # ------------------------------------------------------------------ prefetch
+
+    async def _prefetched(self, running: _Running, payload: Any) -> None:
+        """An attempt's task with a prefetch: it waits, claimed and not started, for a
+        slot (``_slot``), then runs as any other (``_attempt``, which gives the slot back
+        as soon as its handler is over). One dropped while it waited runs no handler: a
+        drain gives it back (``release``) for another worker to take at once; a cancel, a
+        claim that ran out or a lost session has already taken it from us on the server."""
+        ctx = running.ctx
+        try:
+            if self._stopping or ctx.handler not in self.handlers or await self._slot(running):
+                await self._attempt(running, payload)  # a drain's or a stranger's: released
+            elif ctx.reason == STOPPING and not running.lost:
+                await self._request(lambda c: c.release(ctx.attempt_id, running.fence))
+        except ServerError as exc:
+            log.warning("release of %s refused: %s", ctx.attempt_id, exc.code)
+        except Exception:
+            log.exception("attempt %s failed in the runner", ctx.attempt_id)
+        finally:
+            # Also when its task was cancelled while it waited; ``_forget`` twice is once.
+            self._forget(running)
+            waiting = self._waiting.pop(ctx.attempt_id, None)
+            if waiting is not None:
+                waiting[1].cancel()
+            self._free_slot(running)
+
+    async def _slot(self, running: _Running) -> bool:
+        """Wait until ``running`` may start: fewer than ``concurrency`` handlers run, and
+        fewer than its handler's capacity. True once it holds a slot; False if it was
+        dropped meanwhile (``_drop``). Waiting ones are granted in the order they came,
+        as slots free (``_free_slot``), so one that arrives to a free slot never passes
+        one that could have used it."""
+        if self._take_slot(running):
+            return True
+        if running.ctx.cancelled:  # cancelled before it could wait: dropped as it would be
+            return False
+        slot: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiting[running.ctx.attempt_id] = (running, slot)
+        if len(self._waiting) > self.prefetch and self._busy >= self.concurrency:
+            # More waiting than the server pushes while every slot is busy (it counts the
+            # busy ones as live): the oldest claim ran out, the reaper gave its task back,
+            # and the server pushed another in its place. Dropped unstarted, unreleased (a
+            # start or release of it would be refused, each an evidence row), so that
+            # handlers longer than the claim lease do not pile up stale claims here. (A
+            # lease lost meanwhile frees a server slot early: a claim dropped then is
+            # still live, and waits out its claim lease before the reaper frees it.)
+            oldest, _ = next(iter(self._waiting.values()))
+            oldest.ctx._stop("claim expired")
+            self._drop(oldest)
+        return await slot
+
+    def _take_slot(self, running: _Running) -> bool:
+        name = running.ctx.handler
+        held = self._busy_by.get(name, 0)
+        if self._busy >= self.concurrency or held >= self.handlers[name].capacity:
+            return False
+        self._busy += 1
+        self._busy_by[name] = held + 1
+        self._holding.add(running.ctx.attempt_id)
+        return True
+
+    def _free_slot(self, running: _Running) -> None:
+        """Give ``running``'s slot back, if it holds one, and start the waiting attempts
+        that now fit. Not while stopping: the drain gives those back to the server."""
+        if running.ctx.attempt_id not in self._holding:
+            return
+        self._holding.discard(running.ctx.attempt_id)
+        self._busy -= 1
+        self._busy_by[running.ctx.handler] -= 1
+        if self._stopping or not self._waiting:
+            return
+        for attempt_id, (waiting, slot) in list(self._waiting.items()):
+            if self._busy >= self.concurrency:
+                break
+            if self._take_slot(waiting):
+                del self._waiting[attempt_id]
+                slot.set_result(True)
+
+    def _drop(self, running: _Running) -> None:
+        """A waiting attempt will not be started: its task ends unstarted."""
+        _, slot = self._waiting.pop(running.ctx.attempt_id)
+        slot.set_result(False)
+
     def _cancel(self, running: _Running, reason: str) -> None:
         running.ctx._stop(reason)
         task = running.handler_task
         if task is None or task.done():
+            if running.ctx.attempt_id in self._waiting:
+                self._drop(running)  # waiting, unstarted: its handler never runs
             return
         task.cancel()
         if not running.watched and (running.on_loop or self.handlers[running.ctx.handler].is_async):
@@ -1206,9 +1336,13 @@ class Worker:
         """No new claims; running handlers get ``grace`` seconds, then are cancelled."""
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._request(lambda c: c.drain()), timeout=5)
+        # Claimed ahead and not started: given back (``release``) for another worker to
+        # take at once, not started during the drain (``_free_slot`` starts none now).
+        for r, _ in list(self._waiting.values()):
+            self._cancel(r, STOPPING)
         await self._attempts_over(self.grace)
         for r in list(self.running.values()):
-            self._cancel(r, "worker stopping")
+            self._cancel(r, STOPPING)
         await self._attempts_over(self.cancel_grace + self._report_grace)
         if self.abandoned:
             log.error("%d handler(s) ignored cancellation and were abandoned", len(self.abandoned))
@@ -1291,7 +1425,7 @@ def _failure(running: _Running, exc: BaseException) -> dict[str, Any] | None:
             # outcome is unknown: the lease runs out, and the server decides (a task
             # that is not retry_safe goes to needs_review, never silently replayed).
             return None
-        stopping = running.ctx.reason == "worker stopping"
+        stopping = running.ctx.reason == STOPPING
         return outcomes.error("CANCELLED", running.ctx.reason or "cancelled", retryable=stopping)
     # Codes and messages as text, whatever the handler gave: ``Fail(exc)`` or
     # ``Retry(code=503)`` (not strings), or an exception whose own ``str()`` fails,

@@ -73,8 +73,13 @@ async def run_until(worker: Worker, done: Callable[[], bool], timeout: float = 3
         await asyncio.wait_for(runner, 30)
 
 
-def test_concurrency_limits_are_honoured(fast: Node, tokens: Tokens, api: httpx.Client) -> None:
-    worker = Worker(fast.http, tokens.worker, concurrency=3)
+@pytest.mark.parametrize("prefetch", [0, 3])
+def test_concurrency_limits_are_honoured(
+    fast: Node, tokens: Tokens, api: httpx.Client, prefetch: int
+) -> None:
+    """Also with a prefetch: the server pushes up to 6 (3 + 3) attempts, and the worker
+    still runs at most 3 handlers, at most 2 of ``narrow``."""
+    worker = Worker(fast.http, tokens.worker, concurrency=3, prefetch=prefetch)
     live = {"now": 0, "peak": 0, "h": 0, "h_peak": 0}
 
     @worker.handler("narrow", capacity=2)
@@ -102,6 +107,105 @@ def test_concurrency_limits_are_honoured(fast: Node, tokens: Tokens, api: httpx.
     assert live["peak"] <= 3 and live["h_peak"] <= 2
     assert live["peak"] == 3  # the cap was reached, so the limit really held something back
     assert all(api.get(f"/v1/tasks/{i}").json()["state"] == "succeeded" for i in ids)
+
+
+def test_a_prefetched_attempt_waits_claimed_not_started_until_a_slot_frees(
+    fast: Node, tokens: Tokens, api: httpx.Client
+) -> None:
+    """Concurrency 2, prefetch 2, six tasks: the server sees 4 slots, so 2 tasks run and
+    2 more wait on the worker, `claimed` in the store (no start, no lease); each
+    handler's end starts one of them."""
+    worker = Worker(fast.http, tokens.worker, concurrency=2, prefetch=2)
+    inside: set[str] = set()
+    ran: list[str] = []
+    go = asyncio.Event()
+
+    @worker.handler("gated")
+    async def gated(ctx: Context, payload: Any) -> Any:
+        inside.add(ctx.task_id)
+        ran.append(ctx.task_id)
+        try:
+            await go.wait()
+        finally:
+            inside.discard(ctx.task_id)
+        return "ok"
+
+    ids = [submit(api, "gated") for _ in range(6)]
+
+    def states() -> list[str]:
+        return [api.get(f"/v1/tasks/{i}").json()["state"] for i in ids]
+
+    async def main() -> list[str]:
+        runner = asyncio.create_task(worker.arun())
+        try:
+            end = time.monotonic() + 30
+            while sorted(seen := await asyncio.to_thread(states)) != sorted(
+                ["running"] * 2 + ["claimed"] * 2 + ["queued"] * 2
+            ):
+                assert time.monotonic() < end, seen
+                assert not runner.done(), runner.exception()
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)  # nothing more starts while the two run
+            assert len(inside) == 2 and len(ran) == 2
+            now = await asyncio.to_thread(states)
+            waiting = [i for i, s in zip(ids, now, strict=True) if s == "claimed"]
+            assert len(waiting) == 2 and not set(waiting) & set(ran)
+            for i in waiting:
+                assert api.get(f"/v1/tasks/{i}").json()["attempts_used"] == 0
+            go.set()
+            while worker.finished < len(ids):
+                assert time.monotonic() < end, "timed out"
+                await asyncio.sleep(0.02)
+            return waiting
+        finally:
+            worker.stop()
+            await asyncio.wait_for(runner, 30)
+
+    waiting = asyncio.run(main())
+    assert sorted(ran) == sorted(ids) and set(waiting) <= set(ran)
+    assert all(api.get(f"/v1/tasks/{i}").json()["state"] == "succeeded" for i in ids)
+
+
+def test_a_prefetched_attempt_whose_claim_runs_out_is_never_run_under_it(
+    fast: Node, tokens: Tokens, api: httpx.Client
+) -> None:
+    """The claim lease is 2 s here and the running handler takes 2.8 s: the attempt
+    waiting behind it loses its claim (the reaper puts the task back), and it is not run
+    under that claim: the task runs once, under a later claim, and the worker goes on."""
+    worker = Worker(fast.http, tokens.worker, concurrency=1, prefetch=1)
+    seen: dict[str, list[int]] = {}
+
+    @worker.handler("h")
+    async def h(ctx: Context, payload: Any) -> Any:
+        seen.setdefault(ctx.task_id, []).append(ctx.attempt)
+        await asyncio.sleep(payload["seconds"])
+        return "ok"
+
+    async def main() -> tuple[str, str]:
+        runner = asyncio.create_task(worker.arun())
+        try:
+            slow = await asyncio.to_thread(submit, api, "h", {"seconds": 2.8})
+            end = time.monotonic() + 30
+            while slow not in seen:
+                assert time.monotonic() < end and not runner.done()
+                await asyncio.sleep(0.02)
+            late = await asyncio.to_thread(submit, api, "h", {"seconds": 0})
+            while worker.finished < 2:
+                assert time.monotonic() < end, "timed out"
+                assert not runner.done(), runner.exception()
+                await asyncio.sleep(0.02)
+            return slow, late
+        finally:
+            worker.stop()
+            await asyncio.wait_for(runner, 30)
+
+    slow, late = asyncio.run(main())
+    assert seen[slow] == [1]
+    assert seen[late] == [2]  # its first claim ran out unstarted; the second one ran
+    task = api.get(f"/v1/tasks/{late}").json()
+    assert task["state"] == "succeeded" and task["attempts_used"] == 1
+    attempts = api.get(f"/v1/tasks/{late}/attempts").json()["items"]
+    assert [a["state"] for a in attempts] == ["released", "succeeded"]
 
 
 def test_renewal_keeps_a_three_lease_handler_alive(
@@ -496,6 +600,36 @@ def test_sigterm_drains(fast: Node, tokens: Tokens, api: httpx.Client, tmp_path:
     assert not (tmp_path / f"start-{later}").exists()  # no new claims while draining
     assert api.get(f"/v1/tasks/{later}").json()["state"] == "queued"
     assert "Bearer" not in out and tokens.worker not in out
+
+
+def test_sigterm_gives_prefetched_attempts_back_unstarted(
+    fast: Node, tokens: Tokens, api: httpx.Client, tmp_path: Path
+) -> None:
+    """A real worker process, concurrency 1 and prefetch 2: on SIGTERM the two attempts
+    waiting on it are released (their tasks `queued` again, for another worker to take at
+    once), never started, while the running one finishes."""
+    proc = _worker_process(
+        fast, tokens, tmp_path, ORBIT_TEST_CONCURRENCY="1", ORBIT_TEST_PREFETCH="2"
+    )
+    try:
+        tid = submit(api, "sleep", {"seconds": 2.0})
+        _wait_for(tmp_path / f"start-{tid}")
+        waiting = [submit(api, "sleep", {"seconds": 0}) for _ in range(2)]
+        for w in waiting:
+            wait_state(api, w, {"claimed"})
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert api.get(f"/v1/tasks/{tid}").json()["state"] == "succeeded"
+    for w in waiting:
+        assert not (tmp_path / f"start-{w}").exists()
+        task = api.get(f"/v1/tasks/{w}").json()
+        assert task["state"] == "queued" and task["attempts_used"] == 0
+        attempts = api.get(f"/v1/tasks/{w}/attempts").json()["items"]
+        assert [a["state"] for a in attempts] == ["released"]
 
 
 def test_an_uncooperative_handler_cannot_hang_shutdown(

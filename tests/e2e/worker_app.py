@@ -18,6 +18,7 @@ worker = Worker(
     os.environ.get("ORBIT_URL", "http://127.0.0.1:8000"),
     name=os.environ.get("ORBIT_TEST_NAME", "test-worker"),
     concurrency=int(os.environ.get("ORBIT_TEST_CONCURRENCY", "4")),
+    prefetch=int(os.environ.get("ORBIT_TEST_PREFETCH", "0")),
     grace=float(os.environ.get("ORBIT_TEST_GRACE", "10")),
     cancel_grace=float(os.environ.get("ORBIT_TEST_CANCEL_GRACE", "1")),
     reconnect_max=float(os.environ.get("ORBIT_TEST_RECONNECT_MAX", "5")),
