@@ -88,6 +88,9 @@ REVOKED_CLOSE = 4401
 #: rotated token longer. Two, not one: a token revoked just before its replacement is
 #: written into ORBIT_TOKEN_FILE is refused once or twice before the new one can be read.
 REFUSALS_TO_STOP = 2
+#: how long a prefetched attempt waits before the runner may take it for a claim that ran
+#: out (``Worker._drop_stale``): the server's default claim lease (docs/concepts.md)
+CLAIM_STALE_S = 30.0
 #: the reason a drain gives the attempts it cancels (and the waiting ones it gives back)
 STOPPING = "worker stopping"
 Handler = Callable[..., Any]
@@ -340,7 +343,9 @@ class Worker:
         self._busy = 0
         self._busy_by: dict[str, int] = {}
         self._holding: set[str] = set()
-        self._waiting: dict[str, tuple[_Running, asyncio.Future[bool]]] = {}
+        #: attempt id -> (attempt, its slot's future, when it began to wait: monotonic)
+        self._waiting: dict[str, tuple[_Running, asyncio.Future[bool], float]] = {}
+        self._waiting_by: dict[str, int] = {}  # waiting attempts per handler
         self.cafile = cafile
         self.grace = grace
         self.cancel_grace = cancel_grace
@@ -456,6 +461,10 @@ class Worker:
         self._session = self.session_id = None
         self._refused = None
         self.abandoned, self.unreported = [], []
+        # The prefetch's books start empty too: an attempt a last run left hung (a handler
+        # that ignored its cancel) must not hold one of this run's slots.
+        self._busy, self._busy_by, self._holding = 0, {}, set()
+        self._waiting, self._waiting_by = {}, {}
         try:
             if self._stopping:
                 log.info("stopped before it started: not connecting")
@@ -513,7 +522,7 @@ class Worker:
         # Waiting for a slot, never started: nothing to report. Dropped as lost (no
         # release can reach the server now), their claims are the server's to give back.
         dropped = set(self._waiting)
-        for r, _ in list(self._waiting.values()):
+        for r, _, _ in list(self._waiting.values()):
             self._lose(r, "worker stopped")
         left = [
             r for r in self.running.values() if not r.abandoned and r.ctx.attempt_id not in dropped
@@ -1095,9 +1104,9 @@ class Worker:
         finally:
             # Also when its task was cancelled while it waited; ``_forget`` twice is once.
             self._forget(running)
-            waiting = self._waiting.pop(ctx.attempt_id, None)
-            if waiting is not None:
-                waiting[1].cancel()
+            slot = self._unwait(ctx.attempt_id)
+            if slot is not None:
+                slot.cancel()
             self._free_slot(running)
 
     async def _slot(self, running: _Running) -> bool:
@@ -1111,19 +1120,42 @@ class Worker:
         if running.ctx.cancelled:  # cancelled before it could wait: dropped as it would be
             return False
         slot: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._waiting[running.ctx.attempt_id] = (running, slot)
-        if len(self._waiting) > self.prefetch and self._busy >= self.concurrency:
-            # More waiting than the server pushes while every slot is busy (it counts the
-            # busy ones as live): the oldest claim ran out, the reaper gave its task back,
-            # and the server pushed another in its place. Dropped unstarted, unreleased (a
-            # start or release of it would be refused, each an evidence row), so that
-            # handlers longer than the claim lease do not pile up stale claims here. (A
-            # lease lost meanwhile frees a server slot early: a claim dropped then is
-            # still live, and waits out its claim lease before the reaper frees it.)
-            oldest, _ = next(iter(self._waiting.values()))
-            oldest.ctx._stop("claim expired")
-            self._drop(oldest)
+        name = running.ctx.handler
+        self._waiting[running.ctx.attempt_id] = (running, slot, time.monotonic())
+        self._waiting_by[name] = self._waiting_by.get(name, 0) + 1
+        self._drop_stale(name)
         return await slot
+
+    def _drop_stale(self, handler: str) -> None:
+        """Drop the claims that ran out while they waited, so that handlers longer than
+        the claim lease do not pile stale ones up here, each to cost a refused start (and
+        an evidence row) before a live one gets its slot. The server holds no more for
+        this session than the slots it was told (``concurrency + prefetch`` in all, and
+        each handler's capacity + ``prefetch``): more here, busy and waiting, means one of
+        ours ran out, its task was given back and pushed again. The oldest waiting of the
+        scope that is over goes, unstarted and unreleased (a start or release of it would
+        be refused), but only once it has waited ``CLAIM_STALE_S`` (the server's default
+        claim lease): until then the excess may be ours to wait out instead, handlers
+        still ending after a lost session or a lost lease, whose slots the server freed
+        first, and a live claim is kept."""
+        now = time.monotonic()
+        capacity = min(self.handlers[handler].capacity + self.prefetch, MAX_HANDLER_CAPACITY)
+        while self._waiting:
+            if self._busy + len(self._waiting) > self.concurrency + self.prefetch:
+                scope = None  # the session's slots are over: the oldest of any handler
+            elif self._busy_by.get(handler, 0) + self._waiting_by.get(handler, 0) > capacity:
+                scope = handler
+            else:
+                return
+            oldest = next(
+                (r, since)
+                for r, _, since in self._waiting.values()
+                if scope is None or r.ctx.handler == scope
+            )
+            if now - oldest[1] < CLAIM_STALE_S:
+                return
+            oldest[0].ctx._stop("claim expired")
+            self._drop(oldest[0])
 
     def _take_slot(self, running: _Running) -> bool:
         name = running.ctx.handler
@@ -1145,17 +1177,28 @@ class Worker:
         self._busy_by[running.ctx.handler] -= 1
         if self._stopping or not self._waiting:
             return
-        for attempt_id, (waiting, slot) in list(self._waiting.items()):
+        for attempt_id, (waiting, _, _) in list(self._waiting.items()):
             if self._busy >= self.concurrency:
                 break
             if self._take_slot(waiting):
-                del self._waiting[attempt_id]
-                slot.set_result(True)
+                slot = self._unwait(attempt_id)
+                if slot is not None and not slot.done():
+                    slot.set_result(True)
 
     def _drop(self, running: _Running) -> None:
         """A waiting attempt will not be started: its task ends unstarted."""
-        _, slot = self._waiting.pop(running.ctx.attempt_id)
-        slot.set_result(False)
+        slot = self._unwait(running.ctx.attempt_id)
+        if slot is not None and not slot.done():
+            slot.set_result(False)
+
+    def _unwait(self, attempt_id: str) -> asyncio.Future[bool] | None:
+        """Take an attempt out of the waiting line; its slot's future, if it waited."""
+        entry = self._waiting.pop(attempt_id, None)
+        if entry is None:
+            return None
+        name = entry[0].ctx.handler
+        self._waiting_by[name] -= 1
+        return entry[1]
 
     def _cancel(self, running: _Running, reason: str) -> None:
         running.ctx._stop(reason)
@@ -1338,7 +1381,7 @@ class Worker:
             await asyncio.wait_for(self._request(lambda c: c.drain()), timeout=5)
         # Claimed ahead and not started: given back (``release``) for another worker to
         # take at once, not started during the drain (``_free_slot`` starts none now).
-        for r, _ in list(self._waiting.values()):
+        for r, _, _ in list(self._waiting.values()):
             self._cancel(r, STOPPING)
         await self._attempts_over(self.grace)
         for r in list(self.running.values()):

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from orbit.core.validate import MAX_WORKER_CONCURRENCY
+from orbit.worker import runner
 from orbit.worker.runner import Context, Worker
 from tests.unit.fake_gateway import FakeGateway, assignment
 from tests.unit.test_worker_recovery import _finished, _is, running
@@ -304,11 +305,15 @@ def test_a_refused_session_drops_the_waiting_attempts_unreported() -> None:
     assert gate.ran == ["h1"]
 
 
-def test_more_waiting_than_the_prefetch_drops_the_oldest_claim_unstarted() -> None:
+def test_more_waiting_than_the_prefetch_drops_the_oldest_claim_unstarted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """With every slot busy the server pushes at most ``prefetch`` attempts more, unless
     the oldest waiting claim ran out (the reaper gave its task back, and the server pushed
     another in its place): that one is dropped, neither started nor released, so handlers
-    longer than the claim lease pile up no stale claims."""
+    longer than the claim lease pile up no stale claims. (The claim lease is the server's;
+    ``CLAIM_STALE_S`` stands for it here, made short.)"""
+    monkeypatch.setattr(runner, "CLAIM_STALE_S", 0.05)
     gate = Gate()
 
     async def main() -> None:
@@ -319,6 +324,7 @@ def test_more_waiting_than_the_prefetch_drops_the_oldest_claim_unstarted() -> No
                 await gw.wait_for(_is("hello"))
                 await _push(gw, "h1", "h2")
                 await gate.until(lambda: gate.inside == {"h1"})
+                await asyncio.sleep(0.1)  # h2's claim ages past the (shortened) lease
                 await _push(gw, "h3")
                 await gate.until(lambda: "h2" not in worker.running)
                 assert list(worker._waiting) == ["h3"]
@@ -330,6 +336,70 @@ def test_more_waiting_than_the_prefetch_drops_the_oldest_claim_unstarted() -> No
 
     asyncio.run(main())
     assert gate.ran == ["h1", "h3"]
+
+
+def test_stale_claims_are_dropped_where_a_handlers_capacity_is_the_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The handler's capacity, not the worker's concurrency, holds the line: the server
+    holds no more than capacity + prefetch of that handler's attempts for the session, so
+    more waiting than that, once they are old, are claims that ran out (found by review:
+    with concurrency 4, prefetch 1 and a handler of capacity 1, five waited and none was
+    dropped)."""
+    monkeypatch.setattr(runner, "CLAIM_STALE_S", 0.05)
+    gate = Gate()
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = _worker(gw, concurrency=4, prefetch=1)
+            worker.handler("h", capacity=1)(gate)
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                await _push(gw, "h1", "h2")
+                await gate.until(lambda: gate.inside == {"h1"})
+                for late in ("h3", "h4", "h5"):
+                    await asyncio.sleep(0.1)  # the waiting one ages past the lease
+                    await _push(gw, late)
+                    await gate.until(lambda late=late: list(worker._waiting) == [late])
+                gate.go("h1")
+                await gate.until(lambda: gate.inside == {"h5"})
+                gate.go("h5")
+                await gw.wait_for(_finished("h5"))
+                assert _started(gw) == ["h1", "h5"] and _released(gw) == []
+
+    asyncio.run(main())
+    assert gate.ran == ["h1", "h5"]
+
+
+def test_fresh_claims_past_the_slots_wait_rather_than_drop() -> None:
+    """More waiting than the slots allow is not always a claim that ran out: handlers
+    still ending after a lost lease or session hold slots the server already freed, and
+    the claims it pushed in their place are live. Those are kept (until they are as old
+    as a claim lease) and start as the handlers end (found by review: they were dropped
+    at once, unreleased, and held the session's slots for a claim lease)."""
+    gate = Gate()
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = _worker(gw, concurrency=1, prefetch=1)
+            worker.handler("h")(gate)
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                await _push(gw, "h1", "h2")
+                await gate.until(lambda: gate.inside == {"h1"})
+                await _push(gw, "h3")  # the server freed h1's slot early: h3 is live
+                await gate.until(lambda: "h3" in worker._waiting)
+                assert list(worker._waiting) == ["h2", "h3"]
+                gate.go("h1")
+                await gate.until(lambda: gate.inside == {"h2"})
+                gate.go("h2")
+                await gate.until(lambda: gate.inside == {"h3"})
+                gate.go("h3")
+                await gw.wait_for(_finished("h3"))
+                assert _started(gw) == ["h1", "h2", "h3"] and _released(gw) == []
+
+    asyncio.run(main())
+    assert gate.ran == ["h1", "h2", "h3"]
 
 
 def test_a_run_ended_by_a_refused_token_drops_the_waiting_attempts_unreported() -> None:
