@@ -335,12 +335,11 @@ class Worker:
         #: ``concurrency`` (and of each handler's capacity), they wait here claimed, not
         #: started, and start the moment a handler ends (docs/worker.md, "Prefetch")
         self.prefetch = prefetch
-        #: with a prefetch: the handlers running (or starting) in all and per handler, the
-        #: attempts (by id) that hold a slot, and those waiting for one in the order they
-        #: came, each with the future that says whether it was granted (True) or dropped
-        #: unstarted (False). Kept here, not in ``_Running``: an attempt without a prefetch
-        #: pays nothing for them.
-        self._busy = 0
+        #: with a prefetch: the handlers running (or starting) per handler, the attempts
+        #: (by id) that hold a slot (``_busy`` counts them), and those waiting for one in
+        #: the order they came, each with the future that says whether it was granted
+        #: (True) or dropped unstarted (False). Kept here, not in ``_Running``: an attempt
+        #: without a prefetch pays nothing for them.
         self._busy_by: dict[str, int] = {}
         self._holding: set[str] = set()
         #: attempt id -> (attempt, its slot's future, when it began to wait: monotonic)
@@ -463,7 +462,7 @@ class Worker:
         self.abandoned, self.unreported = [], []
         # The prefetch's books start empty too: an attempt a last run left hung (a handler
         # that ignored its cancel) must not hold one of this run's slots.
-        self._busy, self._busy_by, self._holding = 0, {}, set()
+        self._busy_by, self._holding = {}, set()
         self._waiting, self._waiting_by = {}, {}
         try:
             if self._stopping:
@@ -1147,22 +1146,26 @@ class Worker:
                 scope = handler
             else:
                 return
-            oldest = next(
+            oldest, since = next(
                 (r, since)
                 for r, _, since in self._waiting.values()
                 if scope is None or r.ctx.handler == scope
             )
-            if now - oldest[1] < CLAIM_STALE_S:
+            if now - since < CLAIM_STALE_S:
                 return
-            oldest[0].ctx._stop("claim expired")
-            self._drop(oldest[0])
+            oldest.ctx._stop("claim expired")
+            self._drop(oldest)
+
+    @property
+    def _busy(self) -> int:
+        """Handlers running (or starting) with a prefetch: the attempts holding a slot."""
+        return len(self._holding)
 
     def _take_slot(self, running: _Running) -> bool:
         name = running.ctx.handler
         held = self._busy_by.get(name, 0)
         if self._busy >= self.concurrency or held >= self.handlers[name].capacity:
             return False
-        self._busy += 1
         self._busy_by[name] = held + 1
         self._holding.add(running.ctx.attempt_id)
         return True
@@ -1173,17 +1176,21 @@ class Worker:
         if running.ctx.attempt_id not in self._holding:
             return
         self._holding.discard(running.ctx.attempt_id)
-        self._busy -= 1
         self._busy_by[running.ctx.handler] -= 1
         if self._stopping or not self._waiting:
             return
-        for attempt_id, (waiting, _, _) in list(self._waiting.items()):
+        # Granted while walking the line, taken out of it after: no copy of the whole
+        # line for each slot freed (a freed slot usually grants the first in it).
+        granted: list[str] = []
+        for attempt_id, (waiting, _, _) in self._waiting.items():
             if self._busy >= self.concurrency:
                 break
             if self._take_slot(waiting):
-                slot = self._unwait(attempt_id)
-                if slot is not None and not slot.done():
-                    slot.set_result(True)
+                granted.append(attempt_id)
+        for attempt_id in granted:
+            slot = self._unwait(attempt_id)
+            if slot is not None and not slot.done():
+                slot.set_result(True)
 
     def _drop(self, running: _Running) -> None:
         """A waiting attempt will not be started: its task ends unstarted."""
