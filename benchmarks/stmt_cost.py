@@ -8,7 +8,10 @@ a worker's slots hold. Around every round trip the driver makes, it reads the CP
 of the database backend that ran it (``/proc/<pid>/schedstat``: nanoseconds on CPU, so a
 busy neighbour adds waiting, not CPU) and, with ``--wal``, the cluster's WAL position
 (``pg_current_wal_insert_lsn``, from another connection: any other writer on the
-cluster counts too, so run it alone). It prints each round trip's share a task, by
+cluster counts too, so run it alone) and, over the whole drain, ``pg_stat_wal``'s records,
+full-page images and bytes a task; a ``CHECKPOINT`` between the fill and the drain makes
+every page's first change log its image, as a drain that a checkpoint precedes does
+(``--no-checkpoint``: none). It prints each round trip's share a task, by
 phase, largest first, and the totals. ``--sql`` runs statements on the fresh database
 after its migrations (a variant of the schema: ``DROP INDEX ...``), ``--explain N``
 prints ``EXPLAIN (ANALYZE, BUFFERS, WAL)`` of each phase's statements once, at its N-th
@@ -55,6 +58,8 @@ class _Meter:
         self.explain_at = 0
         self.explained: set[tuple[str, bool]] = set()
         self.trips: collections.Counter[str] = collections.Counter()
+        #: the cluster's WAL a task over the drain (``pg_stat_wal``), with ``--wal``
+        self.cluster_wal: dict[str, float] = {}
 
     def lsn(self) -> int:
         if self.wal is None:
@@ -133,6 +138,15 @@ class _Meter:
         D._Raw.pipeline = pipeline_  # type: ignore[method-assign]
 
 
+def _wal_stats(cx: psycopg.Connection[Any] | None) -> dict[str, float]:
+    """The cluster's WAL counters (``pg_stat_wal``): records, full-page images, bytes."""
+    if cx is None:
+        return {}
+    row = cx.execute("SELECT wal_records, wal_fpi, wal_bytes FROM pg_stat_wal").fetchone()
+    assert row is not None
+    return {"records": float(row[0]), "fpi": float(row[1]), "bytes": float(row[2])}
+
+
 def _cpu_ns(pid: int) -> int:
     with open(f"/proc/{pid}/schedstat") as f:
         return int(f.read().split()[0])
@@ -145,7 +159,9 @@ def _label(sql: str) -> str:
     return flat[:40] + " | " + ",".join(touched)
 
 
-def drain(meter: _Meter, tasks: int, batch: int, live_max: int, sql: str, wal: bool) -> None:
+def drain(
+    meter: _Meter, tasks: int, batch: int, live_max: int, sql: str, wal: bool, checkpoint: bool
+) -> None:
     hour = 3600 * SECOND
     config = StoreConfig(claim_ttl_us=hour, lease_ttl_us=hour, session_ttl_us=hour)
     with _store_url("postgres", DEFAULT_ADMIN_DSN) as url:
@@ -166,8 +182,9 @@ def drain(meter: _Meter, tasks: int, batch: int, live_max: int, sql: str, wal: b
                 store.task_submit_many(
                     [TaskSpec(queue="q", handler="h", payload={"n": at + i}) for i in range(count)]
                 )
-            if meter.wal is not None:
-                meter.wal.execute("CHECKPOINT")  # the drain's full-page images, as in a drain
+            if meter.wal is not None and checkpoint:
+                meter.wal.execute("CHECKPOINT")  # every page's first change logs its image
+            wal_before = _wal_stats(meter.wal)
             claimed: list[list[tuple[str, int]]] = []
             started: list[list[tuple[str, int]]] = []
             done = live = 0
@@ -194,6 +211,9 @@ def drain(meter: _Meter, tasks: int, batch: int, live_max: int, sql: str, wal: b
                         assert not isinstance(answer, Exception), answer
                     live -= len(attempts)
                     done += len(attempts)
+            if meter.wal is not None:
+                after = _wal_stats(meter.wal)
+                meter.cluster_wal = {k: (after[k] - wal_before[k]) / tasks for k in after}
         finally:
             store.close()
             if meter.wal is not None:
@@ -244,6 +264,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=180, help="tasks a claim, start, finish")
     parser.add_argument("--live", type=int, default=1000, help="claim while fewer are live")
     parser.add_argument("--wal", action="store_true", help="the cluster's WAL a task too")
+    parser.add_argument(
+        "--no-checkpoint", action="store_true", help="no CHECKPOINT between fill and drain"
+    )
     parser.add_argument("--sql", default="", help="run on the database after migrating")
     parser.add_argument("--explain", type=int, default=0, help="plans at this round trip")
     parser.add_argument("--json", default=None, help="write the rows here too")
@@ -251,7 +274,7 @@ def main() -> None:
     meter = _Meter()
     meter.explain_at = args.explain
     meter.install()
-    drain(meter, args.tasks, args.batch, args.live, args.sql, args.wal)
+    drain(meter, args.tasks, args.batch, args.live, args.sql, args.wal, not args.no_checkpoint)
     rows = report(meter, args.tasks)
     for r in rows:
         if r["label"] == "TOTAL" or r["us_task"] >= 0.3:
@@ -259,6 +282,11 @@ def main() -> None:
                 f"{r['phase']:6} {r['calls']:6} {r['us_task']:8.2f} µs {r['wal_task']:7.0f} B"
                 f"  {r['label'][:300]}"
             )
+    if meter.cluster_wal:
+        print(
+            "cluster WAL a task over the drain (pg_stat_wal): "
+            + ", ".join(f"{k} {v:.2f}" for k, v in meter.cluster_wal.items())
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f)
