@@ -100,14 +100,15 @@ def test_migration_5_keeps_the_tasks_and_drops_only_the_queue_key(tmp_path: Path
             assert [q.name for q in new.queue_list()] == ["q"]
             with psycopg.connect(dsn) as cx:
                 assert cx.execute(_PG_QUEUE_FKS).fetchall() == []
-                # the other foreign keys stay (a task's parent, an attempt's task)
+                # the other foreign keys stay (a task's parent; an attempt's task until
+                # migration 12, tests/store/test_attempt_task_reference.py)
                 kept = {
                     r[0]
                     for r in cx.execute(
                         "SELECT conname FROM pg_constraint WHERE contype = 'f'"
                     ).fetchall()
                 }
-            assert {"orbit_tasks_parent_id_fkey", "orbit_attempts_task_id_fkey"} <= kept
+            assert {"orbit_tasks_parent_id_fkey", "orbit_artifacts_task_id_fkey"} <= kept
             with pytest.raises(OrbitError) as err:
                 new.task_submit(TaskSpec(queue="nope", handler="h"))
             assert err.value.code == Code.QUEUE_NOT_FOUND

@@ -68,11 +68,12 @@ SELECT * FROM orbit_queues WHERE name = :name FOR SHARE;
 
 -- name: queue_share_for_attempts
 -- The queues of these attempts' tasks, shared: read after the tasks are locked (their
--- queue never changes), in the order every transaction takes queue locks.
+-- queue never changes), in the order every transaction takes queue locks. An attempt
+-- carries its task's queue (copied by the claim, and neither ever changes), so the
+-- attempts alone name them: joining the tasks again cost a start's batch of 180 a
+-- lookup of the tasks' key each, half of this read (EXPLAIN ANALYZE, 0.64 -> 0.27 ms).
 SELECT * FROM orbit_queues
-WHERE name IN (
-    SELECT t.queue FROM orbit_tasks AS t JOIN orbit_attempts AS a ON a.task_id = t.id
-    WHERE a.id = ANY(CAST(:ids AS text[])))
+WHERE name IN (SELECT queue FROM orbit_attempts WHERE id = ANY(CAST(:ids AS text[])))
 ORDER BY name FOR SHARE;
 
 -- name: queue_set_paused

@@ -68,10 +68,10 @@ SELECT * FROM orbit_queues WHERE name = :name;
 SELECT * FROM orbit_queues WHERE name = :name;
 
 -- name: queue_share_for_attempts
+-- An attempt carries its task's queue (copied by the claim; neither ever changes): the
+-- attempts alone name the queues, without a second lookup of each task.
 SELECT * FROM orbit_queues
-WHERE name IN (
-    SELECT t.queue FROM orbit_tasks AS t JOIN orbit_attempts AS a ON a.task_id = t.id
-    WHERE a.id IN (SELECT value FROM json_each(:ids)))
+WHERE name IN (SELECT queue FROM orbit_attempts WHERE id IN (SELECT value FROM json_each(:ids)))
 ORDER BY name;
 
 -- name: queue_set_paused

@@ -1,0 +1,13 @@
+-- An attempt's task is checked by the store, not by a foreign key, as a task's queue has
+-- been since migration 0005. PostgreSQL checks a foreign key one inserted row at a time
+-- (a query per row, with a KEY SHARE lock on the task's row), and every claim inserts an
+-- attempt a task: the check was 5.5 µs of PostgreSQL's CPU a claimed task, an eighth of
+-- the claim's batched write (benchmarks/stmt_cost.py, 20,000 tasks claimed, started and
+-- finished 180 at a time, alternating with the key). What it guarded still holds
+-- without it: an attempt is inserted only by a claim, in the statement that writes its
+-- task's row (locked FOR UPDATE by the claim's read, and guarded by the version it was
+-- read at, so a task that is gone fails the whole transaction), an attempt's task never
+-- changes, and no statement deletes a task. SQLite keeps its foreign key, as it keeps
+-- the queue's: there the check is a lookup in the same process, and dropping it would
+-- mean rebuilding the attempts table.
+ALTER TABLE orbit_attempts DROP CONSTRAINT orbit_attempts_task_id_fkey;
