@@ -39,7 +39,7 @@ FILL_BATCH = 1000
 
 
 @contextmanager
-def _store_url(backend: str, admin_dsn: str) -> Iterator[str]:
+def store_url(backend: str, admin_dsn: str) -> Iterator[str]:
     """A fresh database for one run, dropped (or deleted) after it."""
     if backend == "sqlite":
         with tempfile.TemporaryDirectory(prefix="orbit-phases-") as where:
@@ -114,7 +114,7 @@ def run(
     keeps its own)."""
     hour = 3600 * SECOND
     config = StoreConfig(claim_ttl_us=hour, lease_ttl_us=hour, session_ttl_us=hour)
-    with _store_url(backend, admin_dsn) as url:
+    with store_url(backend, admin_dsn) as url:
         store = open_store(url, config)
         try:
             if tune_gc:

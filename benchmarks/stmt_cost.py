@@ -35,7 +35,7 @@ from typing import Any
 
 import psycopg
 
-from benchmarks.phases import DEFAULT_ADMIN_DSN, _store_url
+from benchmarks.phases import DEFAULT_ADMIN_DSN, store_url
 from orbit.core.model import SECOND, Capability, Outcome, TaskSpec
 from orbit.store import StoreConfig, open_store
 from orbit.store.postgres import driver as D
@@ -164,7 +164,7 @@ def drain(
 ) -> None:
     hour = 3600 * SECOND
     config = StoreConfig(claim_ttl_us=hour, lease_ttl_us=hour, session_ttl_us=hour)
-    with _store_url("postgres", DEFAULT_ADMIN_DSN) as url:
+    with store_url("postgres", DEFAULT_ADMIN_DSN) as url:
         store = open_store(url, config)
         try:
             if sql:

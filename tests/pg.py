@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -36,3 +38,15 @@ def as_url(dsn: str) -> str:
     port = p.get("port", "5432")
     auth = user if not p.get("password") else f"{user}:{p['password']}"
     return f"postgresql://{auth}@{host}:{port}/{p['dbname']}"
+
+
+def postgres_migrations_up_to(version: int, into: Path) -> Path:
+    """A directory holding PostgreSQL's migrations 1..``version`` only: a store opened
+    on it builds an older schema, for a test of the migration after it."""
+    from orbit.store.postgres import driver
+
+    into.mkdir()
+    for path in sorted((Path(driver.__file__).parent / "migrations").glob("*.sql")):
+        if int(path.name.split("_")[0]) <= version:
+            shutil.copy(path, into / path.name)
+    return into

@@ -9,7 +9,6 @@ queue), not through the tasks again."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import psycopg
 from orbit.core.model import Outcome, TaskSpec
 from orbit.store import Store, open_store
 from orbit.store.postgres.driver import PostgresDriver, to_positional
-from tests.pg import as_url, temporary_database
+from tests.pg import as_url, postgres_migrations_up_to, temporary_database
 from tests.store.helpers import claim_one, queue, submit, worker
 
 _FKS = """
@@ -103,13 +102,7 @@ def test_migration_12_keeps_the_attempts_and_drops_only_their_task_key(
     """A database at schema version 11, with claimed attempts in it, migrates to 12: the
     attempts are as they were, the attempts' foreign key to the tasks is gone (and only
     it), and the attempts are started and finished as before."""
-    from orbit.store.postgres import driver
-
-    eleven = tmp_path / "migrations-11"
-    eleven.mkdir()
-    for path in sorted((Path(driver.__file__).parent / "migrations").glob("*.sql")):
-        if int(path.name.split("_")[0]) <= 11:
-            shutil.copy(path, eleven / path.name)
+    eleven = postgres_migrations_up_to(11, tmp_path / "migrations-11")
     with temporary_database() as dsn:
         url = as_url(dsn)
         old = open_store(url, migrate=False)

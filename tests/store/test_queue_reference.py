@@ -6,7 +6,6 @@ must carry a database's tasks over unchanged."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import psycopg
@@ -16,7 +15,7 @@ from orbit.core.errors import Code, OrbitError
 from orbit.core.model import TaskSpec
 from orbit.store import Store, open_store
 from orbit.store.store import SUBMIT_CHUNK
-from tests.pg import as_url, temporary_database
+from tests.pg import as_url, postgres_migrations_up_to, temporary_database
 from tests.store.helpers import queue
 
 _PG_QUEUE_FKS = """
@@ -71,13 +70,7 @@ def test_migration_5_keeps_the_tasks_and_drops_only_the_queue_key(tmp_path: Path
 
     The queue and tasks are written in SQL as schema 4 has them: today's store writes
     columns later migrations add (``max_queued``, 9), so it cannot write a schema 4."""
-    from orbit.store.postgres import driver
-
-    four = tmp_path / "migrations-4"
-    four.mkdir()
-    for path in sorted((Path(driver.__file__).parent / "migrations").glob("*.sql")):
-        if int(path.name.split("_")[0]) <= 4:
-            shutil.copy(path, four / path.name)
+    four = postgres_migrations_up_to(4, tmp_path / "migrations-4")
     with temporary_database() as dsn:
         url = as_url(dsn)
         old = open_store(url, migrate=False)
