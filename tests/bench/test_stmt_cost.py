@@ -19,9 +19,9 @@ from tests.pg import ADMIN_DSN
 def _backend_is_here() -> bool:
     """Whether the test server's backends are processes of this machine: the tool reads
     their CPU from ``/proc/<pid>/schedstat``, which a server elsewhere does not have."""
-    with psycopg.connect(ADMIN_DSN) as cx:
+    with psycopg.connect(ADMIN_DSN) as cx:  # looked for while the backend is alive
         row = cx.execute("SELECT pg_backend_pid()").fetchone()
-    return row is not None and Path(f"/proc/{row[0]}/schedstat").exists()
+        return row is not None and Path(f"/proc/{row[0]}/schedstat").exists()
 
 
 def test_a_tiny_drain_reports_every_phase(tmp_path: Path) -> None:
