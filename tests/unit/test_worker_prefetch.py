@@ -7,8 +7,9 @@ tests/e2e/test_runner.py holds the same against a real server on both backends."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -72,6 +73,18 @@ def _worker(gw: FakeGateway, **options: Any) -> Worker:
     worker = Worker(gw.url, "token", **{"grace": 0.5, "cancel_grace": 0.3, **options})
     worker._report_grace = 0.2
     return worker
+
+
+@contextlib.asynccontextmanager
+async def _serving(
+    gw: FakeGateway, gate: Gate, *, capacity: int | None = None, **options: Any
+) -> AsyncIterator[Worker]:
+    """A worker with the one handler ``h`` run by ``gate``, running and past its hello."""
+    worker = _worker(gw, **options)
+    worker.handler("h", capacity=capacity)(gate)
+    async with running(worker):
+        await gw.wait_for(_is("hello"))
+        yield worker
 
 
 async def _push(gw: FakeGateway, *ids: str) -> None:
@@ -140,26 +153,22 @@ def test_at_most_concurrency_handlers_run_and_the_rest_wait_unstarted() -> None:
     gate = Gate()
 
     async def main() -> tuple[list[str], list[str]]:
-        async with FakeGateway() as gw:
-            worker = _worker(gw, concurrency=2, prefetch=4)
-            worker.handler("h")(gate)
-            async with running(worker):
-                await gw.wait_for(_is("hello"))
-                await _push(gw, "h1", "h2", "h3", "h4", "h5", "h6")
-                await gate.until(lambda: len(gate.inside) == 2)
-                await asyncio.sleep(0.1)  # time enough for a start that should not go out
-                assert sorted(_started(gw)) == ["h1", "h2"]
-                assert set(worker.running) == {"h1", "h2", "h3", "h4", "h5", "h6"}
-                waiting = [worker.running[a] for a in ("h3", "h4", "h5", "h6")]
-                assert all(r.lease_expires == 0.0 for r in waiting)  # no lease: unstarted
-                gate.go("h1")
-                await gate.until(lambda: "h3" in gate.inside)
-                assert _started(gw)[2:] == ["h3"] and len(gate.inside) == 2
-                for a in ("h2", "h3", "h4", "h5", "h6"):
-                    gate.go(a)
-                for a in ("h1", "h2", "h3", "h4", "h5", "h6"):
-                    await gw.wait_for(_finished(a))
-                return gate.ran, _started(gw)
+        async with FakeGateway() as gw, _serving(gw, gate, concurrency=2, prefetch=4) as worker:
+            await _push(gw, "h1", "h2", "h3", "h4", "h5", "h6")
+            await gate.until(lambda: len(gate.inside) == 2)
+            await asyncio.sleep(0.1)  # time enough for a start that should not go out
+            assert sorted(_started(gw)) == ["h1", "h2"]
+            assert set(worker.running) == {"h1", "h2", "h3", "h4", "h5", "h6"}
+            waiting = [worker.running[a] for a in ("h3", "h4", "h5", "h6")]
+            assert all(r.lease_expires == 0.0 for r in waiting)  # no lease: unstarted
+            gate.go("h1")
+            await gate.until(lambda: "h3" in gate.inside)
+            assert _started(gw)[2:] == ["h3"] and len(gate.inside) == 2
+            for a in ("h2", "h3", "h4", "h5", "h6"):
+                gate.go(a)
+            for a in ("h1", "h2", "h3", "h4", "h5", "h6"):
+                await gw.wait_for(_finished(a))
+            return gate.ran, _started(gw)
 
     ran, started = asyncio.run(main())
     assert gate.peak == 2
@@ -202,21 +211,20 @@ def test_a_waiting_attempt_whose_claim_expired_is_dropped_and_the_worker_goes_on
 
     async def main() -> None:
         hook = _refuse_starts({"h2": "CLAIM_EXPIRED"})
-        async with FakeGateway(on_request=hook) as gw:
-            worker = _worker(gw, concurrency=1, prefetch=2)
-            worker.handler("h")(gate)
-            async with running(worker):
-                await gw.wait_for(_is("hello"))
-                await _push(gw, "h1", "h2", "h3")
-                await gate.until(lambda: gate.inside == {"h1"})
-                gate.go("h1")
-                # h2's start is refused: its handler never runs, and h3 takes the slot
-                await gate.until(lambda: gate.inside == {"h3"})
-                gate.go("h3")
-                await gw.wait_for(_finished("h3"))
-                assert "h2" not in worker.running
-                assert _started(gw) == ["h1", "h2", "h3"]
-                assert "h2" not in gw.finished and _released(gw) == []
+        async with (
+            FakeGateway(on_request=hook) as gw,
+            _serving(gw, gate, concurrency=1, prefetch=2) as worker,
+        ):
+            await _push(gw, "h1", "h2", "h3")
+            await gate.until(lambda: gate.inside == {"h1"})
+            gate.go("h1")
+            # h2's start is refused: its handler never runs, and h3 takes the slot
+            await gate.until(lambda: gate.inside == {"h3"})
+            gate.go("h3")
+            await gw.wait_for(_finished("h3"))
+            assert "h2" not in worker.running
+            assert _started(gw) == ["h1", "h2", "h3"]
+            assert "h2" not in gw.finished and _released(gw) == []
 
     asyncio.run(main())
     assert gate.ran == ["h1", "h3"]
@@ -226,23 +234,19 @@ def test_a_cancel_for_a_waiting_attempt_drops_it_without_its_handler() -> None:
     gate = Gate()
 
     async def main() -> None:
-        async with FakeGateway() as gw:
-            worker = _worker(gw, concurrency=1, prefetch=2)
-            worker.handler("h")(gate)
-            async with running(worker):
-                await gw.wait_for(_is("hello"))
-                await _push(gw, "h1", "h2", "h3")
-                await gate.until(lambda: gate.inside == {"h1"})
-                await gw.push({"type": "cancel", "attempt_ids": ["h2"]})
-                await gate.until(lambda: "h2" not in worker.running)
-                gate.go("h1")
-                await gate.until(lambda: gate.inside == {"h3"})
-                gate.go("h3")
-                await gw.wait_for(_finished("h3"))
-                # never started, never reported, not released: the server's cancel of a
-                # claimed task has already released its attempt
-                assert "h2" not in _started(gw) and "h2" not in gw.finished
-                assert _released(gw) == []
+        async with FakeGateway() as gw, _serving(gw, gate, concurrency=1, prefetch=2) as worker:
+            await _push(gw, "h1", "h2", "h3")
+            await gate.until(lambda: gate.inside == {"h1"})
+            await gw.push({"type": "cancel", "attempt_ids": ["h2"]})
+            await gate.until(lambda: "h2" not in worker.running)
+            gate.go("h1")
+            await gate.until(lambda: gate.inside == {"h3"})
+            gate.go("h3")
+            await gw.wait_for(_finished("h3"))
+            # never started, never reported, not released: the server's cancel of a
+            # claimed task has already released its attempt
+            assert "h2" not in _started(gw) and "h2" not in gw.finished
+            assert _released(gw) == []
 
     asyncio.run(main())
     assert gate.ran == ["h1", "h3"]
@@ -288,18 +292,17 @@ def test_a_refused_session_drops_the_waiting_attempts_unreported() -> None:
         return False
 
     async def main() -> None:
-        async with FakeGateway(on_request=refuse_resume) as gw:
-            worker = _worker(gw, concurrency=1, prefetch=2)
-            worker.handler("h")(gate)
-            async with running(worker):
-                await gw.wait_for(_is("hello"))
-                await _push(gw, "h1", "h2", "h3")
-                await gate.until(lambda: gate.inside == {"h1"})
-                await gw.connections[-1].close()
-                await gw.count(_is("hello"), 2)
-                await gate.until(lambda: not worker.running)
-                assert _started(gw) == ["h1"] and _released(gw) == []
-                assert worker._busy == 0 and not worker._waiting
+        async with (
+            FakeGateway(on_request=refuse_resume) as gw,
+            _serving(gw, gate, concurrency=1, prefetch=2) as worker,
+        ):
+            await _push(gw, "h1", "h2", "h3")
+            await gate.until(lambda: gate.inside == {"h1"})
+            await gw.connections[-1].close()
+            await gw.count(_is("hello"), 2)
+            await gate.until(lambda: not worker.running)
+            assert _started(gw) == ["h1"] and _released(gw) == []
+            assert worker._busy == 0 and not worker._waiting
 
     asyncio.run(main())
     assert gate.ran == ["h1"]
@@ -317,22 +320,18 @@ def test_more_waiting_than_the_prefetch_drops_the_oldest_claim_unstarted(
     gate = Gate()
 
     async def main() -> None:
-        async with FakeGateway() as gw:
-            worker = _worker(gw, concurrency=1, prefetch=1)
-            worker.handler("h")(gate)
-            async with running(worker):
-                await gw.wait_for(_is("hello"))
-                await _push(gw, "h1", "h2")
-                await gate.until(lambda: gate.inside == {"h1"})
-                await asyncio.sleep(0.1)  # h2's claim ages past the (shortened) lease
-                await _push(gw, "h3")
-                await gate.until(lambda: "h2" not in worker.running)
-                assert list(worker._waiting) == ["h3"]
-                gate.go("h1")
-                await gate.until(lambda: gate.inside == {"h3"})
-                gate.go("h3")
-                await gw.wait_for(_finished("h3"))
-                assert _started(gw) == ["h1", "h3"] and _released(gw) == []
+        async with FakeGateway() as gw, _serving(gw, gate, concurrency=1, prefetch=1) as worker:
+            await _push(gw, "h1", "h2")
+            await gate.until(lambda: gate.inside == {"h1"})
+            await asyncio.sleep(0.1)  # h2's claim ages past the (shortened) lease
+            await _push(gw, "h3")
+            await gate.until(lambda: "h2" not in worker.running)
+            assert list(worker._waiting) == ["h3"]
+            gate.go("h1")
+            await gate.until(lambda: gate.inside == {"h3"})
+            gate.go("h3")
+            await gw.wait_for(_finished("h3"))
+            assert _started(gw) == ["h1", "h3"] and _released(gw) == []
 
     asyncio.run(main())
     assert gate.ran == ["h1", "h3"]
@@ -350,22 +349,21 @@ def test_stale_claims_are_dropped_where_a_handlers_capacity_is_the_limit(
     gate = Gate()
 
     async def main() -> None:
-        async with FakeGateway() as gw:
-            worker = _worker(gw, concurrency=4, prefetch=1)
-            worker.handler("h", capacity=1)(gate)
-            async with running(worker):
-                await gw.wait_for(_is("hello"))
-                await _push(gw, "h1", "h2")
-                await gate.until(lambda: gate.inside == {"h1"})
-                for late in ("h3", "h4", "h5"):
-                    await asyncio.sleep(0.1)  # the waiting one ages past the lease
-                    await _push(gw, late)
-                    await gate.until(lambda late=late: list(worker._waiting) == [late])
-                gate.go("h1")
-                await gate.until(lambda: gate.inside == {"h5"})
-                gate.go("h5")
-                await gw.wait_for(_finished("h5"))
-                assert _started(gw) == ["h1", "h5"] and _released(gw) == []
+        async with (
+            FakeGateway() as gw,
+            _serving(gw, gate, concurrency=4, prefetch=1, capacity=1) as worker,
+        ):
+            await _push(gw, "h1", "h2")
+            await gate.until(lambda: gate.inside == {"h1"})
+            for late in ("h3", "h4", "h5"):
+                await asyncio.sleep(0.1)  # the waiting one ages past the lease
+                await _push(gw, late)
+                await gate.until(lambda late=late: list(worker._waiting) == [late])
+            gate.go("h1")
+            await gate.until(lambda: gate.inside == {"h5"})
+            gate.go("h5")
+            await gw.wait_for(_finished("h5"))
+            assert _started(gw) == ["h1", "h5"] and _released(gw) == []
 
     asyncio.run(main())
     assert gate.ran == ["h1", "h5"]
@@ -380,23 +378,19 @@ def test_fresh_claims_past_the_slots_wait_rather_than_drop() -> None:
     gate = Gate()
 
     async def main() -> None:
-        async with FakeGateway() as gw:
-            worker = _worker(gw, concurrency=1, prefetch=1)
-            worker.handler("h")(gate)
-            async with running(worker):
-                await gw.wait_for(_is("hello"))
-                await _push(gw, "h1", "h2")
-                await gate.until(lambda: gate.inside == {"h1"})
-                await _push(gw, "h3")  # the server freed h1's slot early: h3 is live
-                await gate.until(lambda: "h3" in worker._waiting)
-                assert list(worker._waiting) == ["h2", "h3"]
-                gate.go("h1")
-                await gate.until(lambda: gate.inside == {"h2"})
-                gate.go("h2")
-                await gate.until(lambda: gate.inside == {"h3"})
-                gate.go("h3")
-                await gw.wait_for(_finished("h3"))
-                assert _started(gw) == ["h1", "h2", "h3"] and _released(gw) == []
+        async with FakeGateway() as gw, _serving(gw, gate, concurrency=1, prefetch=1) as worker:
+            await _push(gw, "h1", "h2")
+            await gate.until(lambda: gate.inside == {"h1"})
+            await _push(gw, "h3")  # the server freed h1's slot early: h3 is live
+            await gate.until(lambda: "h3" in worker._waiting)
+            assert list(worker._waiting) == ["h2", "h3"]
+            gate.go("h1")
+            await gate.until(lambda: gate.inside == {"h2"})
+            gate.go("h2")
+            await gate.until(lambda: gate.inside == {"h3"})
+            gate.go("h3")
+            await gw.wait_for(_finished("h3"))
+            assert _started(gw) == ["h1", "h2", "h3"] and _released(gw) == []
 
     asyncio.run(main())
     assert gate.ran == ["h1", "h2", "h3"]
