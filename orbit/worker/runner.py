@@ -580,10 +580,7 @@ class Worker:
         delay = 0.1
         # With a prefetch, the server holds ``prefetch`` more attempts for us than run.
         extra = self.prefetch
-        caps = {
-            name: min(reg.capacity + extra, MAX_HANDLER_CAPACITY)
-            for name, reg in self.handlers.items()
-        }
+        caps = {name: self._declared_capacity(name) for name in self.handlers}
         refused_token: str | None = None  # the token the last refusal was of
         refusals = 0  # how many times it was refused since another token last was
         while True:
@@ -1138,7 +1135,7 @@ class Worker:
         still ending after a lost session or a lost lease, whose slots the server freed
         first, and a live claim is kept."""
         now = time.monotonic()
-        capacity = min(self.handlers[handler].capacity + self.prefetch, MAX_HANDLER_CAPACITY)
+        capacity = self._declared_capacity(handler)
         while self._waiting:
             if self._busy + len(self._waiting) > self.concurrency + self.prefetch:
                 scope = None  # the session's slots are over: the oldest of any handler
@@ -1155,6 +1152,11 @@ class Worker:
                 return
             oldest.ctx._stop("claim expired")
             self._drop(oldest)
+
+    def _declared_capacity(self, handler: str) -> int:
+        """The slots the hello declares for ``handler``: its capacity, and the prefetch
+        the server may push on top of it."""
+        return min(self.handlers[handler].capacity + self.prefetch, MAX_HANDLER_CAPACITY)
 
     @property
     def _busy(self) -> int:
