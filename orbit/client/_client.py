@@ -34,6 +34,7 @@ from orbit.client._http import (
     path_segment as _seg,
 )
 from orbit.client._sse import Following
+from orbit.client._tls import ThreadSafeTLS
 from orbit.client._ws import (
     MAX_FRAME,
     Subscription,
@@ -562,14 +563,24 @@ def _upgrade_failed(exc: Exception, where: str, timeout: float) -> Unreachable |
 
 
 def _socket_options(
-    server: SplitResult, headers: dict[str, str], cafile: str | None, timeout: float
+    server: SplitResult,
+    headers: dict[str, str],
+    cafile: str | None,
+    timeout: float,
+    *,
+    threaded: bool,
 ) -> tuple[str, dict[str, Any]]:
     """Where and how both clients open an event stream's WebSocket (``subscribe``): the
     ``ws(s)://`` base of the server's URL, and the options: the token in the upgrade's
     header, certificates verified as the HTTP calls verify them, no compression (small
     JSON frames), the upgrade given the client's timeout, and websockets' debug log of
-    the headers redacted."""
-    tls = ssl.create_default_context(cafile=cafile) if server.scheme == "https" else None
+    the headers redacted. ``threaded`` for websockets' synchronous connection, which
+    reads in a thread while others write: its TLS is ``ThreadSafeTLS``."""
+    tls: ssl.SSLContext | ThreadSafeTLS | None = None
+    if server.scheme == "https":
+        tls = ssl.create_default_context(cafile=cafile)
+        if threaded:
+            tls = ThreadSafeTLS(tls)
     options = {
         "additional_headers": headers,
         "ssl": tls,
@@ -597,7 +608,9 @@ class Client:
         self._http = Transport(url.rstrip("/"), headers, cafile=cafile, timeout=self._timeout)
         server = check_server_url(url)
         self._where = where(server)
-        self._socket_base, self._socket = _socket_options(server, headers, cafile, self._timeout)
+        self._socket_base, self._socket = _socket_options(
+            server, headers, cafile, self._timeout, threaded=True
+        )
 
     @property
     def timeout(self) -> float:
@@ -1122,7 +1135,7 @@ class AsyncClient:
         self._timeout = checked_timeout(timeout)
         headers = _headers(token)
         self._socket_base, self._socket = _socket_options(
-            check_server_url(url), headers, cafile, self._timeout
+            check_server_url(url), headers, cafile, self._timeout, threaded=False
         )
         self._http = httpx.AsyncClient(
             base_url=url.rstrip("/"),
