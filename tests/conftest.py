@@ -13,6 +13,7 @@ from _pytest.logging import LogCaptureHandler
 from orbit.logs import RedactSecrets
 from orbit.store import Store, StoreConfig, open_store
 from tests.pg import as_url, temporary_database
+from tests.redacted_reports import pytest_runtest_makereport  # noqa: F401 (a hook)
 
 BACKENDS = ["sqlite", "postgres"]
 TABLES = [
