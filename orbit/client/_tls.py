@@ -83,11 +83,18 @@ class ThreadSafeTLSSocket:
         return result
 
     def _flush(self) -> None:
-        with self._sending:
-            with self._session:
-                data = self._outgoing.read()
-            if data:
+        """Send what the session wrote, unless a writer is sending: then it sends these
+        bytes too once it is done (``sendall``), so a reader never waits for a writer
+        (one blocked by a peer that reads no more until it is read from)."""
+        while self._outgoing.pending:
+            if not self._sending.acquire(blocking=False):
+                return
+            try:
+                with self._session:
+                    data = self._outgoing.read()
                 self._sock.sendall(data)
+            finally:
+                self._sending.release()
 
     def _receive(self) -> None:
         """Wait for the peer's next bytes (the socket's timeout applies) and hand them to
@@ -133,6 +140,7 @@ class ThreadSafeTLSSocket:
                     view = view[self._tls.write(view) :]
                 encrypted = self._outgoing.read()
             self._sock.sendall(encrypted)
+        self._flush()  # what a reader left while this was sending
 
     def settimeout(self, timeout: float | None) -> None:
         self._sock.settimeout(timeout)
