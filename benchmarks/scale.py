@@ -25,13 +25,14 @@ PHYSICAL_BATCH = 200
 #: a fresh worker, and the first tasks after that pay for it: on PostgreSQL a
 #: statement's first runs on each pooled connection (a prepared statement is planned
 #: anew for its first five executions, and Orbit's durable pool hands out four
-#: connections in turn), cold caches. With one warm-up job (until 2026-12-05: 9 session
-#: runs, 18:27-18:40 UTC), Orbit's first six timed tasks took 1.9-3.6 times the run's
-#: median on average, and 0-6 of its first ten (2 at the median) were among the ten
-#: slowest that set the p99; Celery's and PgQueuer's first task 1.1-2.7 times, among the
-#: ten slowest once in 9 runs each. As warm-up jobs, Orbit's settle after about 15; 50
-#: (0.5 s at 100/s) is the 20 it takes four connections to run each statement five
-#: times, twice over, and the same for every system.
+#: connections in turn), cold caches. With one warm-up job (until 2026-12-05), Orbit's
+#: first ten timed tasks held 48 of the 270 places among the ten slowest of 27 session
+#: runs (chance: 2.7), most in the first run after the system was prepared; Celery's 14
+#: and PgQueuer's 13. As warm-up jobs, Orbit's first six took 1.0-3.6 times the run's
+#: median on average and settled within 10-20; 50 (0.5 s at 100/s) is the 20 it takes
+#: four connections to run each statement five times, twice over. The same for every
+#: system; it moved no system's p99 beyond the spread of a noisy hour
+#: (docs/benchmarks.md, the fixes table: *the latency workload's single warm-up job*).
 LATENCY_WARM_UP = 50
 
 
