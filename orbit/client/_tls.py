@@ -30,14 +30,26 @@ T = TypeVar("T")
 
 class ThreadSafeTLS:
     """What websockets' synchronous ``connect`` is given as its ``ssl`` context: it only
-    calls ``wrap_socket``, which here makes a ``ThreadSafeTLSSocket``."""
+    calls ``wrap_socket``, which here makes a ``ThreadSafeTLSSocket``.
+
+    ``context`` is made to refuse TLS 1.2 renegotiation: a write that meets one would
+    have to wait for a read (``SSLWantReadError``), which only the reading thread does.
+    """
 
     def __init__(self, context: ssl.SSLContext) -> None:
+        context.options |= ssl.OP_NO_RENEGOTIATION
         self.context = context
 
     def wrap_socket(
         self, sock: socket.socket, server_hostname: str | None = None
     ) -> ThreadSafeTLSSocket:
+        if isinstance(sock, ssl.SSLSocket):
+            # websockets' own TLS to an https:// proxy, under this one: its reads and
+            # writes would again enter one session from two threads at once
+            raise ssl.SSLError(
+                "wss:// through an https:// proxy is not supported by Client.subscribe "
+                "(an http:// proxy is)"
+            )
         return ThreadSafeTLSSocket(sock, self.context, server_hostname)
 
 
@@ -70,14 +82,22 @@ class ThreadSafeTLSSocket:
 
     def _step(self, call: Callable[[], T]) -> T | None:
         """``call`` on the session; None if it needs more bytes from the peer first.
-        Whatever it wrote for the peer (a handshake message, an alert, a reply to a key
-        update) is sent, in order."""
+        Whatever it wrote for the peer (a handshake message, a reply to a key update, the
+        alert of a failed handshake, such as a certificate refused) is sent, in order."""
+        failed: ssl.SSLError | None = None
+        result: T | None = None
         with self._session:
             try:
-                result: T | None = call()
+                result = call()
             except ssl.SSLWantReadError:
-                result = None
+                pass
+            except ssl.SSLError as exc:
+                failed = exc
             pending = self._outgoing.pending
+        if failed is not None:
+            with contextlib.suppress(OSError):  # the alert is a courtesy to the peer
+                self._flush()
+            raise failed
         if pending:
             self._flush()
         return result

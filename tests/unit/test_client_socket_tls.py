@@ -36,6 +36,9 @@ class TLSServer:
     ca: trustme.CA = field(default_factory=trustme.CA)
     listener: socket.socket = field(default_factory=lambda: socket.create_server(("127.0.0.1", 0)))
     connections: list[ssl.SSLSocket] = field(default_factory=list)
+    #: why each handshake that failed did (what the client's alert said, if it sent one)
+    refusals: list[str] = field(default_factory=list)
+    refused: threading.Event = field(default_factory=threading.Event)
 
     @property
     def port(self) -> int:
@@ -54,7 +57,9 @@ class TLSServer:
                 return
             try:
                 tls = context.wrap_socket(conn, server_side=True)
-            except OSError:  # a client that refused the certificate
+            except OSError as exc:  # a client that refused the certificate
+                self.refusals.append(str(exc))
+                self.refused.set()
                 conn.close()
                 continue
             self.connections.append(tls)
@@ -119,10 +124,10 @@ def says_bye() -> Iterator[TLSServer]:
 
 
 def _connect(server: TLSServer, tmp_path: Path) -> ThreadSafeTLSSocket:
+    """A client connection to ``server``; its reads wait 10 s at most (a test that hangs
+    fails in 10 s, not at pytest's timeout)."""
     raw = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-    tls = ThreadSafeTLS(server.client_context(tmp_path)).wrap_socket(raw, "127.0.0.1")
-    tls.settimeout(None)  # as websockets does once the handshake is over
-    return tls
+    return ThreadSafeTLS(server.client_context(tmp_path)).wrap_socket(raw, "127.0.0.1")
 
 
 def test_an_upgrade_never_answered_over_tls_fails_after_the_timeout(
@@ -151,6 +156,7 @@ def test_an_upgrade_never_answered_over_tls_fails_after_the_timeout(
 
 def test_close_wakes_a_thread_waiting_in_recv(silent: TLSServer, tmp_path: Path) -> None:
     tls = _connect(silent, tmp_path)
+    tls.settimeout(None)  # as websockets does once the handshake is over
     got: list[bytes | BaseException] = []
 
     def read() -> None:
@@ -167,7 +173,7 @@ def test_close_wakes_a_thread_waiting_in_recv(silent: TLSServer, tmp_path: Path)
     tls.close()
     reader.join(10)
     assert not reader.is_alive(), "recv still waits after close"
-    assert got in ([b""],) or isinstance(got[0], OSError), got
+    assert got == [b""] or isinstance(got[0], OSError), got
 
 
 def test_writes_while_another_thread_reads_keep_the_session_whole(
@@ -209,8 +215,32 @@ def test_the_peers_close_is_the_end_of_the_stream(says_bye: TLSServer, tmp_path:
 def test_a_certificate_not_trusted_is_refused_in_the_handshake(
     silent: TLSServer, tmp_path: Path
 ) -> None:
-    raw = socket.create_connection(("127.0.0.1", silent.port), timeout=10)
+    """Refused with the alert an ``ssl.SSLSocket`` sends, so the server's log says why
+    (it read an end of stream before)."""
     other = ssl.create_default_context()  # the system's CAs: not the test CA
-    with pytest.raises(ssl.SSLCertVerificationError):
+    with (
+        socket.create_connection(("127.0.0.1", silent.port), timeout=10) as raw,
+        pytest.raises(ssl.SSLCertVerificationError),
+    ):
         ThreadSafeTLS(other).wrap_socket(raw, "127.0.0.1")
-    raw.close()
+    assert silent.refused.wait(10)  # the server's thread records it as its handshake ends
+    [refusal] = silent.refusals
+    assert "ALERT_UNKNOWN_CA" in refusal or "unknown ca" in refusal, refusal
+
+
+def test_tls_through_an_https_proxy_is_refused_clearly(silent: TLSServer, tmp_path: Path) -> None:
+    """websockets wraps its own TLS connection to an ``https://`` proxy: this TLS over it
+    would enter that session from two threads again, so it is refused with a reason."""
+    context = silent.client_context(tmp_path)
+    with (
+        socket.create_connection(("127.0.0.1", silent.port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname="127.0.0.1") as to_proxy,
+        pytest.raises(ssl.SSLError, match=r"https:// proxy is not supported"),
+    ):
+        ThreadSafeTLS(context).wrap_socket(to_proxy, "127.0.0.1")
+
+
+def test_renegotiation_is_refused() -> None:
+    """A TLS 1.2 renegotiation would make a write wait for a read."""
+    tls = ThreadSafeTLS(ssl.create_default_context())
+    assert tls.context.options & ssl.OP_NO_RENEGOTIATION
