@@ -23,14 +23,15 @@ PHYSICAL_BATCH = 200
 #: its readiness job and before the timed ones. The harness resets each system before a
 #: run (a ``TRUNCATE``; Celery's Redis db flushed and its client built anew) and starts
 #: a fresh worker, and the first tasks after that pay for it: on PostgreSQL a
-#: statement's first runs on each pooled connection (a prepared statement is planned
-#: anew for its first five executions, and Orbit's durable pool hands out four
+#: statement's first runs on each pooled connection (on a connection new in the run, a
+#: prepared statement's first five runs are custom plans; after a ``TRUNCATE`` on one
+#: already open, its first run plans it again; Orbit's durable pool hands out four
 #: connections in turn), cold caches. With one warm-up job (until 2026-12-05), Orbit's
 #: first ten timed tasks held 48 of the 270 places among the ten slowest of 27 session
 #: runs (chance: 2.7), most in the first run after the system was prepared; Celery's 14
 #: and PgQueuer's 13. As warm-up jobs, Orbit's first six took 1.0-3.6 times the run's
-#: median on average and settled within 10-20; 50 (0.5 s at 100/s) is the 20 it takes
-#: four connections to run each statement five times, twice over. The same for every
+#: median on average and settled within 10-20; 50 (0.5 s at 100/s) is more than twice
+#: the 20 tasks in which four new connections run each statement five times. The same for every
 #: system; it moved no system's p99 beyond the spread of a noisy hour
 #: (docs/benchmarks.md, the fixes table: *the latency workload's single warm-up job*).
 LATENCY_WARM_UP = 50

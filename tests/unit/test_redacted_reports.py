@@ -16,6 +16,8 @@ SECRET = "SeCrEtPaRtOfTheToken"
 TOKEN = "orbit_" + "a" * 32 + "_" + SECRET
 
 FAILING = f'''
+import threading
+
 def connect(url, token):
     raise TimeoutError("timed out while waiting for handshake response")
 
@@ -23,6 +25,17 @@ def test_upgrade():
     headers = {{"Authorization": "Bearer {TOKEN}"}}
     print("connecting with", headers)
     connect("wss://127.0.0.1:1/v1/events/ws", "{TOKEN}")
+
+def test_long_arguments():
+    # saferepr cuts an argument past 240 characters in its middle, here in the token's id
+    connect("wss://127.0.0.1:1/v1/events/ws", ["q" * 150, "{TOKEN}", "p" * 70])
+
+def test_a_thread_raises():
+    def follow():
+        raise ConnectionError("refused: Authorization: Bearer {TOKEN}")
+    thread = threading.Thread(target=follow)
+    thread.start()
+    thread.join()
 '''
 
 
@@ -48,6 +61,8 @@ def test_a_failed_report_has_no_token(tmp_path: Path, workers: list[str]) -> Non
     assert f"orbit_{'a' * 32}_[redacted]" in out  # the frame's argument, redacted
     assert "Bearer [redacted]" in out  # the captured output, redacted
     assert "timed out while waiting for handshake response" in out
+    assert "2 failed, 1 passed" in out
+    assert "PytestUnhandledThreadExceptionWarning" in out  # the thread's, redacted
 
 
 def test_without_the_plugin_the_report_shows_the_token(tmp_path: Path) -> None:
