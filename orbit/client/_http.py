@@ -32,6 +32,7 @@ from urllib.parse import SplitResult, quote, urlencode
 import httpcore
 
 from orbit.client._errors import ApiError
+from orbit.client._tls import ProxyNotSupported
 from orbit.urls import check_server_url
 
 #: Bytes read at a time from a streamed body.
@@ -370,13 +371,14 @@ def _untrusted(exc: BaseException) -> bool:
     """Whether TLS failed somewhere in ``exc``'s chain in a way that no waiting mends, a
     client set up wrong: the server's certificate failed verification (its CA, the host
     name), or the server speaks no TLS on that port (WRONG_VERSION_NUMBER: an https://
-    URL for a plain HTTP server). Taken for an outage, a ``wait`` said so only when its
-    whole timeout had run out."""
+    URL for a plain HTTP server), or ``Client.subscribe`` was given an ``https://`` proxy
+    (``ProxyNotSupported``). Taken for an outage, a ``wait`` said so only when its whole
+    timeout had run out."""
     seen: BaseException | None = exc
     for _ in range(10):
         if seen is None:
             return False
-        if isinstance(seen, ssl.SSLCertVerificationError):
+        if isinstance(seen, ssl.SSLCertVerificationError | ProxyNotSupported):
             return True
         if isinstance(seen, ssl.SSLError) and seen.reason == "WRONG_VERSION_NUMBER":
             return True

@@ -28,6 +28,12 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+class ProxyNotSupported(ssl.SSLError):
+    """``wss://`` through an ``https://`` proxy, which ``ThreadSafeTLS`` refuses: a
+    client set up wrong, which no waiting mends, so a follow raises it at once
+    (``orbit.client._http.server_down``)."""
+
+
 class ThreadSafeTLS:
     """What websockets' synchronous ``connect`` is given as its ``ssl`` context: it only
     calls ``wrap_socket``, which here makes a ``ThreadSafeTLSSocket``.
@@ -46,7 +52,7 @@ class ThreadSafeTLS:
         if isinstance(sock, ssl.SSLSocket):
             # websockets' own TLS to an https:// proxy, under this one: its reads and
             # writes would again enter one session from two threads at once
-            raise ssl.SSLError(
+            raise ProxyNotSupported(
                 "wss:// through an https:// proxy is not supported by Client.subscribe "
                 "(an http:// proxy is)"
             )
