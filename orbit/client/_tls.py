@@ -90,22 +90,17 @@ class ThreadSafeTLSSocket:
         """``call`` on the session; None if it needs more bytes from the peer first.
         Whatever it wrote for the peer (a handshake message, a reply to a key update, the
         alert of a failed handshake, such as a certificate refused) is sent, in order."""
-        failed: ssl.SSLError | None = None
-        result: T | None = None
-        with self._session:
-            try:
-                result = call()
-            except ssl.SSLWantReadError:
-                pass
-            except ssl.SSLError as exc:
-                failed = exc
-            pending = self._outgoing.pending
-        if failed is not None:
+        try:
+            with self._session:
+                try:
+                    result: T | None = call()
+                except ssl.SSLWantReadError:
+                    result = None
+        except ssl.SSLError:
             with contextlib.suppress(OSError):  # the alert is a courtesy to the peer
                 self._flush()
-            raise failed
-        if pending:
-            self._flush()
+            raise
+        self._flush()
         return result
 
     def _flush(self) -> None:

@@ -74,10 +74,14 @@ class TLSServer:
                 conn.shutdown(socket.SHUT_RDWR)
             conn.close()
 
-    def client_context(self, tmp_path: Path) -> ssl.SSLContext:
+    def cafile(self, tmp_path: Path) -> str:
+        """The test CA's certificate as a file, for a client's ``cafile``."""
         cafile = tmp_path / "ca.pem"
         self.ca.cert_pem.write_to_path(str(cafile))
-        return ssl.create_default_context(cafile=str(cafile))
+        return str(cafile)
+
+    def client_context(self, tmp_path: Path) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=self.cafile(tmp_path))
 
 
 def _silent(conn: ssl.SSLSocket) -> None:
@@ -134,12 +138,11 @@ def _connect(server: TLSServer, tmp_path: Path) -> ThreadSafeTLSSocket:
 def test_an_upgrade_never_answered_over_tls_fails_after_the_timeout(
     silent: TLSServer, tmp_path: Path
 ) -> None:
-    cafile = tmp_path / "ca.pem"
-    silent.ca.cert_pem.write_to_path(str(cafile))
+    cafile = silent.cafile(tmp_path)
     raised: list[BaseException] = []
 
     def follow() -> None:
-        with Client(f"https://127.0.0.1:{silent.port}", TOKEN, cafile=str(cafile), timeout=1) as c:
+        with Client(f"https://127.0.0.1:{silent.port}", TOKEN, cafile=cafile, timeout=1) as c:
             try:
                 next(c.subscribe(outage=0))
             except BaseException as exc:
