@@ -578,8 +578,6 @@ class Worker:
         (``REFUSALS_TO_STOP``)."""
         self._connected.clear()
         delay = 0.1
-        # With a prefetch, the server holds ``prefetch`` more attempts for us than run.
-        extra = self.prefetch
         caps = {name: self._declared_capacity(name) for name in self.handlers}
         refused_token: str | None = None  # the token the last refusal was of
         refusals = 0  # how many times it was refused since another token last was
@@ -593,7 +591,7 @@ class Worker:
                 conn = await WorkerConnection.connect(self._ws_url(), token, cafile=self.cafile)
                 conn.request_timeout = self.request_timeout
                 if self._session is None:
-                    await conn.hello(self.name, caps, self.concurrency + extra)
+                    await conn.hello(self.name, caps, self._declared_slots)
                     assert conn.session_id and conn.resume_secret
                     self._session = (conn.session_id, conn.resume_secret)
                     self.session_id = conn.session_id
@@ -1137,7 +1135,7 @@ class Worker:
         now = time.monotonic()
         capacity = self._declared_capacity(handler)
         while self._waiting:
-            if self._busy + len(self._waiting) > self.concurrency + self.prefetch:
+            if self._busy + len(self._waiting) > self._declared_slots:
                 scope = None  # the session's slots are over: the oldest of any handler
             elif self._busy_by.get(handler, 0) + self._waiting_by.get(handler, 0) > capacity:
                 scope = handler
@@ -1152,6 +1150,12 @@ class Worker:
                 return
             oldest.ctx._stop("claim expired")
             self._drop(oldest)
+
+    @property
+    def _declared_slots(self) -> int:
+        """The session's slots the hello declares: its concurrency, and the prefetch the
+        server holds for it on top (attempts claimed that wait for a handler)."""
+        return self.concurrency + self.prefetch
 
     def _declared_capacity(self, handler: str) -> int:
         """The slots the hello declares for ``handler``: its capacity, and the prefetch
