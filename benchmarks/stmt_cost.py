@@ -35,6 +35,7 @@ from typing import Any
 
 import psycopg
 
+from benchmarks.event_cost import backend_cpu_ns
 from benchmarks.phases import DEFAULT_ADMIN_DSN, store_url
 from orbit.core.model import SECOND, Capability, Outcome, TaskSpec
 from orbit.store import StoreConfig, open_store
@@ -71,9 +72,9 @@ class _Meter:
     def measure(self, raw: Any, label: str, call: Callable[[], Any]) -> Any:
         pid = raw._cx.info.backend_pid
         wal_before = self.lsn()
-        cpu_before = _cpu_ns(pid)
+        cpu_before = backend_cpu_ns(pid)
         result = call()
-        cpu = _cpu_ns(pid) - cpu_before
+        cpu = backend_cpu_ns(pid) - cpu_before
         wal = self.lsn() - wal_before
         entry = self.stats[(self.phase, label)]
         entry[0] += 1
@@ -145,11 +146,6 @@ def _wal_stats(cx: psycopg.Connection[Any] | None) -> dict[str, float]:
     row = cx.execute("SELECT wal_records, wal_fpi, wal_bytes FROM pg_stat_wal").fetchone()
     assert row is not None
     return {"records": float(row[0]), "fpi": float(row[1]), "bytes": float(row[2])}
-
-
-def _cpu_ns(pid: int) -> int:
-    with open(f"/proc/{pid}/schedstat") as f:
-        return int(f.read().split()[0])
 
 
 def _label(sql: str) -> str:
