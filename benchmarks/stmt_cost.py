@@ -37,6 +37,7 @@ import psycopg
 
 from benchmarks.event_cost import backend_cpu_ns
 from benchmarks.phases import DEFAULT_ADMIN_DSN, store_url
+from benchmarks.wal import POSITION_SQL, lsn_bytes
 from orbit.core.model import SECOND, Capability, Outcome, TaskSpec
 from orbit.store import StoreConfig, open_store
 from orbit.store.postgres import driver as D
@@ -65,9 +66,9 @@ class _Meter:
     def lsn(self) -> int:
         if self.wal is None:
             return 0
-        row = self.wal.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()
+        row = self.wal.execute(POSITION_SQL).fetchone()
         assert row is not None
-        return int(row[0])
+        return lsn_bytes(row[0])
 
     def measure(self, raw: Any, label: str, call: Callable[[], Any]) -> Any:
         pid = raw._cx.info.backend_pid
