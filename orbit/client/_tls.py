@@ -149,9 +149,19 @@ class ThreadSafeTLSSocket:
                 raise
             except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
                 chunk = b""  # closed, with a close_notify or without (a ragged end)
-            if not chunk:
+            if not chunk:  # the end of the stream
+                if chunks:
+                    self._end_reads()
                 return b"".join(chunks)
             chunks.append(chunk)
+
+    def _end_reads(self) -> None:
+        """The peer closed in the read that brought the last bytes: the end is in the
+        session, where websockets' ``select`` on the socket cannot see it while the peer
+        keeps TCP open, so the socket's read side is shut down to wake that ``select``;
+        the next ``recv`` then returns b"" from the session. Nothing more can come."""
+        with contextlib.suppress(OSError):  # closed by now
+            self._sock.shutdown(socket.SHUT_RD)
 
     def sendall(self, data: bytes) -> None:
         with self._sending:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import select
 import socket
 import ssl
 import threading
@@ -104,6 +105,20 @@ def _says_bye(conn: ssl.SSLSocket) -> None:
         conn.unwrap().close()
 
 
+#: set once ``_says_bye_and_stays`` has sent its bytes and its close_notify
+BYE_SENT = threading.Event()
+
+
+def _says_bye_and_stays(conn: ssl.SSLSocket) -> None:
+    """Sends a few bytes and a close_notify, then keeps the TCP connection open (as a
+    proxy may), so only the close_notify says the stream has ended."""
+    conn.sendall(b"bye")
+    conn.setblocking(False)  # sends the close_notify without waiting for the client's
+    with contextlib.suppress(ssl.SSLWantReadError):
+        conn.unwrap()
+    BYE_SENT.set()
+
+
 def _server(serve: Callable[[ssl.SSLSocket], None]) -> Iterator[TLSServer]:
     server = TLSServer(serve)
     server.start()
@@ -126,6 +141,12 @@ def echo() -> Iterator[TLSServer]:
 @pytest.fixture
 def says_bye() -> Iterator[TLSServer]:
     yield from _server(_says_bye)
+
+
+@pytest.fixture
+def says_bye_and_stays() -> Iterator[TLSServer]:
+    BYE_SENT.clear()
+    yield from _server(_says_bye_and_stays)
 
 
 def _connect(server: TLSServer, tmp_path: Path) -> ThreadSafeTLSSocket:
@@ -212,6 +233,22 @@ def test_the_peers_close_is_the_end_of_the_stream(says_bye: TLSServer, tmp_path:
     while data := tls.recv(1024):
         received += data
     assert received == b"bye"
+    assert tls.recv(1024) == b""
+    tls.close()
+
+
+def test_a_close_that_came_with_the_last_bytes_wakes_the_next_select(
+    says_bye_and_stays: TLSServer, tmp_path: Path
+) -> None:
+    """websockets' reader waits in ``select`` on the socket before each ``recv``. When the
+    last bytes and the close_notify arrive in one read, the close is in the session, not
+    on the socket: the socket must still wake the next ``select`` (the peer keeps TCP
+    open), or the reader sees the end only when its close timeout runs out."""
+    tls = _connect(says_bye_and_stays, tmp_path)
+    assert BYE_SENT.wait(10)
+    assert tls.recv(1024) == b"bye"  # the bytes and the close, read together
+    readable, _, _ = select.select([tls], [], [], 5)
+    assert readable == [tls], "the end of the stream did not wake select"
     assert tls.recv(1024) == b""
     tls.close()
 
