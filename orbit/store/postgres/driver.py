@@ -1101,6 +1101,9 @@ def _end(cx: psycopg.Connection[Any], tx: _PostgresConnection, *, failed: bool) 
 #: How long opening the store waits for PostgreSQL to answer before it says why not.
 CONNECT_TIMEOUT_S = 10
 
+#: the reads whose horizon looks at other databases' transactions in pg_stat_activity
+HORIZON_READS = frozenset({"event_list", "event_list_task"})
+
 
 class PostgresDriver:
     """Two pools over one database: durable connections for every transaction a reply
@@ -1179,8 +1182,14 @@ class PostgresDriver:
             pool.putconn(cx)
 
     def read(self, name: str, params: Params) -> list[Row]:
-        """The statement alone in autocommit: its own transaction, one round trip."""
+        """The statement alone in autocommit: its own transaction, one round trip. An
+        event read (``HORIZON_READS``) goes after ``activity_snapshot`` in the same round
+        trip, which libpq's pipeline runs as one implicit transaction (until its sync),
+        so that its horizon sees other databases' transactions as they were before its
+        snapshot (queries.sql, ``event_list``)."""
         with self._connection(self._pool, autocommit=True) as (_, tx):
+            if name in HORIZON_READS:
+                tx.prelude("activity_snapshot", {})
             return tx.fetch(name, params)
 
     def is_retryable(self, exc: BaseException) -> bool:

@@ -483,14 +483,24 @@ FROM json_to_recordset(CAST(:rows AS json)) AS x(
     code text, data text)
 RETURNING id;
 
+-- name: activity_snapshot
+-- Reads pg_stat_activity once, so that PostgreSQL keeps what it showed for the rest of
+-- the transaction (a backend's status is read once a transaction): sent before an
+-- event_list in one implicit transaction (PostgresDriver.read), it makes the horizon's
+-- look at other databases older than the read's snapshot.
+SELECT count(*) FROM pg_stat_activity;
+
 -- name: event_list
 -- The log after the event at (after_xid, after_id) ((0, 0): from the start) in (xid, id)
 -- order, through the primary key, with the
 -- horizon: the oldest transaction of this database still running when the statement's
 -- snapshot was taken (pg_snapshot_xmin, but for the running transactions
 -- pg_stat_activity shows in another database: one of those, a CREATE DATABASE next
--- door, can add no event here; a transaction it no longer shows counts, as it may have
--- been this database's). Every transaction below the horizon has ended, so no event can
+-- door, can add no event here; a transaction it does not show counts, as it may be
+-- this database's). pg_stat_activity is read before the snapshot is taken
+-- (activity_snapshot): read after it, a transaction of another database that ended in
+-- between was in the snapshot and no longer shown, so it counted and held back events
+-- for nothing. Every transaction below the horizon has ended, so no event can
 -- ever be added before the rows below it: the store returns those and waits for the
 -- others (Store.event_list). A position no event has matches nothing. The xid
 -- goes out as txid: named xid, ORDER BY xid would sort by that text ('10' < '9').
