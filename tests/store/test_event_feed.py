@@ -237,15 +237,21 @@ def test_another_databases_commits_never_hold_an_event_back(make_store: Any) -> 
     store: Store = make_store()
     queue(store)
     stop = threading.Event()
+    commits = [0, 0, 0]  # each writer's, so that the test cannot pass with none racing
+    failures: list[BaseException] = []
 
-    def commit_elsewhere() -> None:
-        with psycopg.connect(ADMIN_DSN, autocommit=True) as cx:
-            while not stop.is_set():
-                with cx.transaction():
-                    cx.execute("SELECT pg_current_xact_id()")  # takes a transaction id
-                    time.sleep(0.003)  # held open, as a short write would be
+    def commit_elsewhere(n: int) -> None:
+        try:
+            with psycopg.connect(ADMIN_DSN, autocommit=True) as cx:
+                while not stop.is_set():
+                    with cx.transaction():
+                        cx.execute("SELECT pg_current_xact_id()")  # takes a transaction id
+                        time.sleep(0.003)  # held open, as a short write would be
+                    commits[n] += 1
+        except BaseException as exc:  # re-raised by the test, not lost in the thread
+            failures.append(exc)
 
-    writers = [threading.Thread(target=commit_elsewhere) for _ in range(3)]
+    writers = [threading.Thread(target=commit_elsewhere, args=(n,)) for n in range(3)]
     for w in writers:
         w.start()
     try:
@@ -259,7 +265,10 @@ def test_another_databases_commits_never_hold_an_event_back(make_store: Any) -> 
         stop.set()
         for w in writers:
             w.join()
+    if failures:
+        raise failures[0]
     assert held == []
+    assert min(commits) >= 100, commits  # each writer raced the reads all along
 
 
 @pytest.mark.parametrize("backend", ["postgres"])
