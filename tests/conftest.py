@@ -13,7 +13,10 @@ from _pytest.logging import LogCaptureHandler
 from orbit.logs import RedactSecrets
 from orbit.store import Store, StoreConfig, open_store
 from tests.pg import as_url, temporary_database
-from tests.redacted_reports import pytest_runtest_makereport  # noqa: F401 (a hook)
+
+#: no secret in a test's report: every hook of the plugin (a failed report's text, a
+#: warning's message), loaded whole rather than imported hook by hook
+pytest_plugins = ["tests.redacted_reports"]
 
 BACKENDS = ["sqlite", "postgres"]
 TABLES = [

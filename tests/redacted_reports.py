@@ -6,8 +6,8 @@ failed report's traceback and captured sections, and every warning's message (an
 exception a thread raised is one, with its traceback), pass through ``orbit.logs.redact``,
 the redaction Orbit's own logs use, and through ``CUT``.
 
-Loaded by ``tests/conftest.py``; ``tests/unit/test_redacted_reports.py`` runs failing
-tests with and without it."""
+Loaded whole by ``tests/conftest.py`` (``pytest_plugins``);
+``tests/unit/test_redacted_reports.py`` runs failing tests with and without it."""
 
 from __future__ import annotations
 

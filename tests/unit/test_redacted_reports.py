@@ -67,3 +67,13 @@ def test_a_failed_report_has_no_token(tmp_path: Path, workers: list[str]) -> Non
 
 def test_without_the_plugin_the_report_shows_the_token(tmp_path: Path) -> None:
     assert SECRET in _pytest_output(tmp_path)
+
+
+def test_the_suite_loads_every_hook_of_the_plugin(pytestconfig: pytest.Config) -> None:
+    """The suite's own runs use the plugin whole (``pytest_plugins`` in
+    tests/conftest.py), its warnings' hook too, not only a hook imported by name."""
+    manager = pytestconfig.pluginmanager
+    plugin = manager.get_plugin("tests.redacted_reports")
+    assert plugin is not None
+    hooks = {impl.plugin for impl in manager.hook.pytest_warning_recorded.get_hookimpls()}
+    assert plugin in hooks
