@@ -41,6 +41,8 @@ class TLSServer:
     #: why each handshake that failed did (what the client's alert said, if it sent one)
     refusals: list[str] = field(default_factory=list)
     refused: threading.Event = field(default_factory=threading.Event)
+    #: set once ``serve`` has returned for a connection
+    served: threading.Event = field(default_factory=threading.Event)
 
     @property
     def port(self) -> int:
@@ -65,7 +67,11 @@ class TLSServer:
                 conn.close()
                 continue
             self.connections.append(tls)
-            threading.Thread(target=self.serve, args=(tls,), daemon=True).start()
+            threading.Thread(target=self._serve, args=(tls,), daemon=True).start()
+
+    def _serve(self, conn: ssl.SSLSocket) -> None:
+        self.serve(conn)
+        self.served.set()
 
     def stop(self) -> None:
         self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
@@ -105,10 +111,6 @@ def _says_bye(conn: ssl.SSLSocket) -> None:
         conn.unwrap().close()
 
 
-#: set once ``_says_bye_and_stays`` has sent its bytes and its close_notify
-BYE_SENT = threading.Event()
-
-
 def _says_bye_and_stays(conn: ssl.SSLSocket) -> None:
     """Sends a few bytes and a close_notify, then keeps the TCP connection open (as a
     proxy may), so only the close_notify says the stream has ended."""
@@ -116,7 +118,6 @@ def _says_bye_and_stays(conn: ssl.SSLSocket) -> None:
     conn.setblocking(False)  # sends the close_notify without waiting for the client's
     with contextlib.suppress(ssl.SSLWantReadError):
         conn.unwrap()
-    BYE_SENT.set()
 
 
 def _server(serve: Callable[[ssl.SSLSocket], None]) -> Iterator[TLSServer]:
@@ -145,7 +146,6 @@ def says_bye() -> Iterator[TLSServer]:
 
 @pytest.fixture
 def says_bye_and_stays() -> Iterator[TLSServer]:
-    BYE_SENT.clear()
     yield from _server(_says_bye_and_stays)
 
 
@@ -245,7 +245,7 @@ def test_a_close_that_came_with_the_last_bytes_wakes_the_next_select(
     on the socket: the socket must still wake the next ``select`` (the peer keeps TCP
     open), or the reader sees the end only when its close timeout runs out."""
     tls = _connect(says_bye_and_stays, tmp_path)
-    assert BYE_SENT.wait(10)
+    assert says_bye_and_stays.served.wait(10)  # the bytes and the close_notify are sent
     assert tls.recv(1024) == b"bye"  # the bytes and the close, read together
     readable, _, _ = select.select([tls], [], [], 5)
     assert readable == [tls], "the end of the stream did not wake select"
