@@ -47,9 +47,14 @@ class _Instant(System):
     def enqueue_one(self, job: Job) -> None:
         assert self.rec_dir is not None
         now = time.time()
-        line = f"F {job['id']} {job['t']:.6f} {now:.6f} {now:.6f} {os.getpid()}\n"
-        with (self.rec_dir / "instant.rec").open("a") as out:
+        started = self.started(job, now)
+        line = f"F {job['id']} {job['t']:.6f} {started:.6f} {now:.6f} {os.getpid()}\n"
+        with (self.rec_dir / f"{self.name}.rec").open("a") as out:
             out.write(line)
+
+    def started(self, job: Job, now: float) -> float:
+        """When the job's record says it started: as it was enqueued."""
+        return now
 
     def start_workers(self, spec: WorkerSpec) -> list[subprocess.Popen[bytes]]:
         self.rec_dir = spec.rec_dir
