@@ -193,8 +193,9 @@ class ClaimGuess:
     what was ready for it (an idle worker, one task at a time) usually asks the same
     thing next time, so its next claim sends the select with these filters in the first
     read's round trip (``task_ready_guess``), and uses its rows only if the filters it
-    works out then are the same, and it wants no more rows than this ``limit``: the
-    rows are then what its own select would have read. Otherwise it selects as before,
+    works out then are the same, and it wants no more rows than this ``limit`` or the
+    guess found fewer than that (every ready row): the rows are then what its own
+    select would have read. Otherwise it selects as before,
     and the rows the guess locked stay locked, unclaimed, until the claim commits (no
     other claim runs meanwhile: the claim lock). A session whose claims fill their
     window (a drain) is not guessed for: there the guess would lock rows it may not use."""
@@ -1939,7 +1940,7 @@ class Store:
             # otherwise a margin, for the rows a cap will turn away.
             window = want if room else want * 2 + 8
             asked = ClaimGuess(tuple(handlers), tuple(skip_queues), tuple(skip_tenants), window)
-            if guessed is not None and _guess_fits(guessed[0], asked):
+            if guessed is not None and _guess_fits(*guessed, asked):
                 # the first rows of the guess are what this select would have read
                 ready = Table(guessed[1].names, guessed[1].rows[:window])
             else:
@@ -2679,14 +2680,17 @@ def _refuse_past_deadline(task: Task, now: int) -> None:
         )
 
 
-def _guess_fits(guess: ClaimGuess, asked: ClaimGuess) -> bool:
-    """Whether the first ``asked.limit`` rows of the ready select ``guess`` sent are the
-    rows a select of ``asked`` would read: the same filters, and no more rows wanted."""
+def _guess_fits(guess: ClaimGuess, read: Table, asked: ClaimGuess) -> bool:
+    """Whether the first ``asked.limit`` rows of what the ready select ``guess`` sent
+    has ``read`` are the rows a select of ``asked`` would read: the same filters, and no
+    more rows wanted than it read, unless it read every ready row (fewer than its limit:
+    an idle session's claim, after an empty one made while a task of it was live, wants
+    one row more than that one did)."""
     return (
         guess.handlers == asked.handlers
         and guess.skip_queues == asked.skip_queues
         and guess.skip_tenants == asked.skip_tenants
-        and asked.limit <= guess.limit
+        and (asked.limit <= guess.limit or len(read.rows) < guess.limit)
     )
 
 

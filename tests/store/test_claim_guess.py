@@ -123,6 +123,26 @@ def test_a_claim_wanting_more_rows_than_the_guess_selects_them(
     assert reads == [("guess", 2), ("select", 5)]
 
 
+def test_a_guess_that_found_every_ready_task_serves_a_claim_wanting_more(
+    live_store: Store, reads: list[tuple[str, int]]
+) -> None:
+    """An idle session's claim may want one row more than its last, empty, claim did
+    (made while a task of the session was live); a guess that found fewer rows than it
+    asked for found every ready one, so it serves a bigger window too."""
+    store = live_store
+    queue(store, max_concurrency=100)  # room under every cap: a claim reads what it wants
+    session, _ = worker(store, max_concurrency=50, handlers={"h": 50})
+    first = submit(store)
+    (grant,) = store.attempt_claim_many(session.id, session.epoch, 50)
+    assert _claim_ids(store, session, 50) == []  # a task live, 49 slots: a guess of 49
+    store.attempt_release(session.id, session.epoch, grant.attempt.id, grant.attempt.fence)
+    reads.clear()
+    # 50 slots again; the guess of 49 rows finds the released task and a new one
+    second = submit(store)
+    assert _claim_ids(store, session, 50) == [first, second]
+    assert reads == _guessed(store, 49, window=50)
+
+
 def test_a_claim_whose_filters_changed_selects_with_its_own(
     live_store: Store, reads: list[tuple[str, int]]
 ) -> None:
