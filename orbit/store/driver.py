@@ -188,18 +188,6 @@ class Connection(Protocol):
         runs it first, as a statement of its own."""
         ...
 
-    def trailer(self, name: str, params: Params) -> None:
-        """A read whose rows this transaction may want later, on a guess of its
-        parameters. A backend may send it right after the next statement, in that
-        statement's round trip (so it runs after it), and keep its rows for
-        ``take_trailer``; one with no round trip to save (SQLite) does not run it."""
-        ...
-
-    def take_trailer(self) -> Table | None:
-        """The rows of the ``trailer`` read, once; None if it was not run (a backend
-        that does not send trailers, or none was asked for)."""
-        ...
-
     def now(self) -> int: ...
 
     def run_script(self, sql: str) -> None: ...

@@ -182,34 +182,6 @@ class Grants(list[Grant]):
 CLAIM_PAYLOAD_BYTES = 4 * 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimGuess:
-    """The filters of a session's last claim's first ready select, kept when that select
-    found fewer ready tasks than it asked for (``Store._claim``).
-
-    A claim's ready select needs what its first read returns (the session's handlers,
-    the queues and tenants at a cap), so on PostgreSQL it was a round trip of its own
-    after that read, on every task's path from submit to start. A session that emptied
-    what was ready for it (an idle worker, one task at a time) usually asks the same
-    thing next time, so its next claim sends the select with these filters in the first
-    read's round trip (``task_ready_guess``), and uses its rows only if the filters it
-    works out then are the same, and it wants no more rows than this ``limit`` or the
-    guess found fewer than that (every ready row): the rows are then what its own
-    select would have read. Otherwise it selects as before,
-    and the rows the guess locked stay locked, unclaimed, until the claim commits (no
-    other claim runs meanwhile: the claim lock). A session whose claims fill their
-    window (a drain) is not guessed for: there the guess would lock rows it may not use."""
-
-    handlers: tuple[str, ...]
-    skip_queues: tuple[str, ...]
-    skip_tenants: tuple[str, ...]
-    limit: int
-
-
-#: the most sessions a store keeps a ``ClaimGuess`` for (then it forgets them all)
-CLAIM_GUESSES_MAX = 10_000
-
-
 def _utf8_len(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8"))
 
@@ -319,7 +291,6 @@ class Store:
         #: a second wake would cost an empty claim transaction per commit.
         self.origin = uuid.uuid4().hex[:16]
         self._depth_gates = _DepthGates()
-        self._claim_guesses: dict[str, ClaimGuess] = {}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -1812,20 +1783,9 @@ class Store:
         """Claim up to ``n`` ready tasks for a session, within every cap and rate."""
         check_int("n", n, 1, self.config.max_batch)
 
-        # Not with a test clock: the guess judges ready by the database's clock.
-        guess = self._claim_guesses.get(session_id) if self._clock is None else None
-
         def build(tx: _Tx) -> tuple[Plan, Grants]:
             plan = Plan()
             tx.prelude("claim_lock")  # sent with the reads below, and held before them
-            if guess is not None:  # sent with them too, after them (see ClaimGuess)
-                tx.trailer(
-                    "task_ready_guess",
-                    handlers=list(guess.handlers),
-                    skip_queues=list(guess.skip_queues),
-                    skip_tenants=list(guess.skip_tenants),
-                    limit=guess.limit,
-                )
             # Everything a claim weighs, then the clock, read after the claim lock in one
             # round trip (one statement on PostgreSQL). Claims are serialised by that lock,
             # so queue rows need no lock here: only claims write the token buckets, and a
@@ -1858,18 +1818,8 @@ class Store:
                     occ.session_total += k
             tenant_caps = {r["name"]: int(r["max_concurrency"]) for r in tenant_rows}
             global_cap = _int_or_none(setting[0]["int_value"]) if setting else None
-            guessed = tx.take_trailer() if guess is not None else None
             grants = self._claim(
-                tx,
-                plan,
-                session,
-                queues,
-                occ,
-                tenant_caps,
-                global_cap,
-                n=n,
-                now=now,
-                guessed=None if guessed is None or guess is None else (guess, guessed),
+                tx, plan, session, queues, occ, tenant_caps, global_cap, n=n, now=now
             )
             return plan, grants
 
@@ -1894,7 +1844,6 @@ class Store:
         *,
         n: int,
         now: int,
-        guessed: tuple[ClaimGuess, Table] | None = None,
     ) -> Grants:
         tokens = {name: bucket_refill(q, now) for name, q in queues.items()}
         # each handler's capacity, looked up per row read (``capacity_for`` walks the list)
@@ -1904,8 +1853,7 @@ class Store:
         skip_ids: list[str] = []
         payload_bytes = 0
         short: set[str] = set()  # rate-limited queues that held back for want of a token
-        for round_number in range(8):
-            first_round = round_number == 0
+        for _ in range(8):
             want = min(n - len(grants), session.max_concurrency - occ.session_total)
             if global_cap is not None:
                 want = min(want, global_cap - occ.total)
@@ -1939,23 +1887,15 @@ class Store:
             # With room everywhere every row is granted, so read exactly what is wanted;
             # otherwise a margin, for the rows a cap will turn away.
             window = want if room else want * 2 + 8
-            asked = ClaimGuess(tuple(handlers), tuple(skip_queues), tuple(skip_tenants), window)
-            if guessed is not None and _guess_fits(*guessed, asked):
-                # the first rows of the guess are what this select would have read
-                ready = Table(guessed[1].names, guessed[1].rows[:window])
-            else:
-                ready = tx.fetch_table(
-                    "task_ready_select",
-                    now=now,
-                    handlers=handlers,
-                    skip_queues=skip_queues,
-                    skip_tenants=skip_tenants,
-                    skip_ids=skip_ids,
-                    limit=window,
-                )
-            if first_round:
-                self._remember_guess(session.id, asked, short=len(ready.rows) < window)
-                guessed = None
+            ready = tx.fetch_table(
+                "task_ready_select",
+                now=now,
+                handlers=handlers,
+                skip_queues=skip_queues,
+                skip_tenants=skip_tenants,
+                skip_ids=skip_ids,
+                limit=window,
+            )
             # The clock again, now that these rows are locked: a release that committed
             # while we waited must not end after our claim begins. PostgreSQL read it
             # with the last row, after every lock (`locked_at`); nothing locked, nothing
@@ -2027,17 +1967,6 @@ class Store:
         ]
         tx.write_many("queue_tokens_write_many", limited, expect=len(limited))
         return grants
-
-    def _remember_guess(self, session_id: str, asked: ClaimGuess, *, short: bool) -> None:
-        """Keep what a claim's first select asked for, as the session's next guess, if it
-        found fewer ready tasks than that (``ClaimGuess``); else forget the guess."""
-        guesses = self._claim_guesses
-        if not short:
-            guesses.pop(session_id, None)
-            return
-        if len(guesses) >= CLAIM_GUESSES_MAX and session_id not in guesses:
-            guesses.clear()  # sessions that ended are never looked up again
-        guesses[session_id] = asked
 
     # ------------------------------------------------------------------ worker reports
 
@@ -2680,20 +2609,6 @@ def _refuse_past_deadline(task: Task, now: int) -> None:
         )
 
 
-def _guess_fits(guess: ClaimGuess, read: Table, asked: ClaimGuess) -> bool:
-    """Whether the first ``asked.limit`` rows of what the ready select ``guess`` sent
-    has ``read`` are the rows a select of ``asked`` would read: the same filters, and no
-    more rows wanted than it read, unless it read every ready row (fewer than its limit:
-    an idle session's claim, after an empty one made while a task of it was live, wants
-    one row more than that one did)."""
-    return (
-        guess.handlers == asked.handlers
-        and guess.skip_queues == asked.skip_queues
-        and guess.skip_tenants == asked.skip_tenants
-        and (asked.limit <= guess.limit or len(read.rows) < guess.limit)
-    )
-
-
 def _claimed_by(tx: _Tx, session_id: str) -> list[tuple[Task, Attempt]]:
     """The attempts the session has claimed and not started, each with its task: the
     tasks locked (by id), then the attempts read under those locks. Taken after the claim
@@ -3103,14 +3018,6 @@ class _Tx:
     def prelude(self, query: str, /, **params: Any) -> None:
         self._armed(query)
         self.cx.prelude(query, params)
-
-    def trailer(self, query: str, /, **params: Any) -> None:
-        """A read sent after the next statement, on a guess (``Connection.trailer``)."""
-        self._armed(query)
-        self.cx.trailer(query, params)
-
-    def take_trailer(self) -> Table | None:
-        return self.cx.take_trailer()
 
     def write_many(self, name: str, rows: Sequence[Row], *, expect: int | None = None) -> int:
         if not rows:

@@ -725,9 +725,6 @@ class _PostgresConnection:
         self.begun = autocommit
         #: preludes (positional SQL and values) waiting to go with the next statement
         self._preludes: list[tuple[str, list[Any]]] = []
-        #: a trailer waiting to go after the next statement, and the result of one sent
-        self._trailer: tuple[str, list[Any]] | None = None
-        self._trailed: pq.abc.PGresult | None = None
         #: whether the transaction's last write took its COMMIT with it (``commit_with``)
         self.committed = False
 
@@ -748,7 +745,7 @@ class _PostgresConnection:
         this transaction through libpq with ``params`` in that order."""
         self._open()
         sql, values = _bound(statement, params)
-        if self.begun and not self._preludes and self._trailer is None:
+        if self.begun and not self._preludes:
             return self.raw.run(sql, values)
         return self._pipelined_run([(sql, values)])[0]
 
@@ -757,36 +754,19 @@ class _PostgresConnection:
     ) -> list[pq.abc.PGresult]:
         """Positional statements and their values in one round trip (``_Raw.pipeline``),
         after ``BEGIN`` if the transaction has not begun and after any preludes, and with
-        ``COMMIT`` after them if ``commit``; the statements' results. A trailer goes
-        after the statements (not after a ``COMMIT``: then it is dropped), and its result
-        is kept for ``take_trailer``."""
+        ``COMMIT`` after them if ``commit``; the statements' results."""
         self._open()
-        trailer = [] if self._trailer is None or commit or not statements else [self._trailer]
         # a bad value raises here, before anything is sent or any prelude is dropped
-        prepared = [
-            self.raw.prepare(*statement) for statement in [*self._preludes, *statements, *trailer]
-        ]
+        prepared = [self.raw.prepare(*statement) for statement in [*self._preludes, *statements]]
         sent_before = len(self._preludes)
         self._preludes = []
-        self._trailer = None
         begin = not self.begun
         self.begun = True  # before the round trip: if a statement fails, a rollback follows
-        results = self.raw.pipeline(prepared, begin=begin, commit=commit)
-        if trailer:
-            self._trailed = results.pop()
-        return results[sent_before:]
+        return self.raw.pipeline(prepared, begin=begin, commit=commit)[sent_before:]
 
     def prelude(self, name: str, params: Params) -> None:
         self._open()
         self._preludes.append(_bound(self._positional(name, one_each(params)), _arrays(params)))
-
-    def trailer(self, name: str, params: Params) -> None:
-        self._open()
-        self._trailer = _bound(self._positional(name, one_each(params)), _arrays(params))
-
-    def take_trailer(self) -> Table | None:
-        result, self._trailed = self._trailed, None
-        return None if result is None else self._table(result)
 
     def flush(self) -> None:
         """Send the preludes still waiting (a transaction that ends after one)."""

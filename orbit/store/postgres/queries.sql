@@ -317,22 +317,6 @@ ORDER BY priority DESC, id
 LIMIT :limit
 FOR UPDATE SKIP LOCKED) AS r;
 
--- name: task_ready_guess
--- `task_ready_select` sent on a guess of its filters before the claim has read what
--- they depend on (Store._claim, `ClaimGuess`): in the same round trip as the claim's
--- first read, after it. Ready is judged by the clock as each row is read, which is
--- after the first read's clock and before the row's `locked_at`.
-SELECT r.*, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS locked_at FROM (
-SELECT * FROM orbit_tasks
-WHERE state IN ('queued', 'scheduled')
-  AND run_after <= (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
-  AND handler = ANY(CAST(:handlers AS text[]))
-  AND NOT (queue = ANY(CAST(:skip_queues AS text[])))
-  AND NOT (tenant = ANY(CAST(:skip_tenants AS text[])))
-ORDER BY priority DESC, id
-LIMIT :limit
-FOR UPDATE SKIP LOCKED) AS r;
-
 -- name: task_write_many
 UPDATE orbit_tasks AS t SET
     state = x.state, attempts_used = x.attempts_used, fence = x.fence,

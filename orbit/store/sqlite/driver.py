@@ -193,12 +193,6 @@ class _SqliteConnection:
     def prelude(self, name: str, params: Params) -> None:
         self.execute(name, params)  # in-process: no round trip to save
 
-    def trailer(self, name: str, params: Params) -> None:
-        pass  # in-process: no round trip to save, so the read is made when it is wanted
-
-    def take_trailer(self) -> Table | None:
-        return None
-
     def now(self) -> int:
         return time.time_ns() // 1000
 
