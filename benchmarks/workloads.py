@@ -340,7 +340,8 @@ def latency(ctx: RunContext) -> Outcome:
        for all of their records: the first tasks after the harness's reset pay for it (a
        statement's first runs on each pooled connection, cold caches), which is not the
        steady state this workload measures (``benchmarks.scale.LATENCY_WARM_UP``). Their
-       latencies are kept under ``detail["warm_up"]``, never in the samples.
+       latencies are kept under ``detail["warm_up"]``, never in the samples; the
+       readiness job of step 1 under ``detail["ready"]``.
     3. The timed jobs, ``Scale.latency_jobs`` at ``Scale.latency_rate``.
 
     Its CPU is read at the start and the end of the paced phase only: the sampler's
@@ -359,8 +360,8 @@ def latency(ctx: RunContext) -> Outcome:
     ids: list[str] = [f"lat{ctx.run}-{i}" for i in range(s.latency_jobs)]
     warm_ids: list[str] = [f"warm{ctx.run}paced-{i}" for i in range(s.latency_warm_up_jobs)]
     with running(system, WorkerSpec(1, s.worker_concurrency, rec_dir)) as procs:
-        warm = _warm_up(ctx, reader, "lat", s.ready_timeout_s)
-        if not warm["ready"]:
+        ready = _warm_up(ctx, reader, "lat", s.ready_timeout_s)
+        if not ready["ready"]:
             raise RunFailed(f"the worker ran no warm-up job in {s.ready_timeout_s:g} s")
         warm_calls, _ = _paced(system, warm_ids, s.latency_rate)
         warm_done = wait_done(
@@ -379,7 +380,7 @@ def latency(ctx: RunContext) -> Outcome:
             done = wait_done(
                 system,
                 reader,
-                ids={*ids, warm["id"], *warm_ids},
+                ids={*ids, ready["id"], *warm_ids},
                 need=len(ids) + 1 + len(warm_ids),
                 base=base,
                 timeout=s.timeout_s,
@@ -390,10 +391,12 @@ def latency(ctx: RunContext) -> Outcome:
     warm_ms = [
         (warm_done.records[i].started - warm_done.records[i].enqueued) * 1000 for i in warm_ids
     ]
-    warm["jobs"] = len(warm_ids)
-    warm["rate_per_s"] = s.latency_rate
-    warm["latencies_ms"] = [round(v, 3) for v in warm_ms]
-    warm["enqueue_call_ms_max"] = max(warm_calls) * 1000 if warm_calls else None
+    warm = {
+        "jobs": len(warm_ids),
+        "rate_per_s": s.latency_rate,
+        "latencies_ms": [round(v, 3) for v in warm_ms],
+        "enqueue_call_ms_max": max(warm_calls) * 1000 if warm_calls else None,
+    }
     return Outcome(
         {
             "p50_ms": percentile(lat_ms, 50),
@@ -404,6 +407,7 @@ def latency(ctx: RunContext) -> Outcome:
         {
             "jobs": len(ids),
             "rate_per_s": s.latency_rate,
+            "ready": ready,
             "warm_up": warm,
             "latencies_ms": [round(v, 3) for v in lat_ms],
             "enqueue_call_ms": {

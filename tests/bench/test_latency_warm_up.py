@@ -49,8 +49,9 @@ def test_warm_up_jobs_are_recorded_and_never_sampled(tmp_path: Path) -> None:
 
     outcome = latency(ctx)
 
+    assert outcome.detail["ready"]["ready"]  # the readiness job (arrival 0) still comes first
     warm = outcome.detail["warm_up"]
-    assert warm["ready"]  # the readiness job (arrival 0) still comes first
+    assert set(warm) == {"jobs", "rate_per_s", "latencies_ms", "enqueue_call_ms_max"}
     assert warm["jobs"] == 7
     assert warm["rate_per_s"] == scale.latency_rate
     assert _order(warm["latencies_ms"]) == list(range(1, 8))  # kept, untimed
