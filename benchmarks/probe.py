@@ -11,9 +11,18 @@ in turn, several times, in both orders (A B B A …), never against an old figur
     python -m benchmarks.probe --tasks 40000 --py-spy /tmp/server.txt  # and a profile
     python -m benchmarks.probe --tasks 20000 --payload-bytes 8192  # tasks with arguments
     python -m benchmarks.probe --paced 100 --tasks 1000  # latency, and its stages
+    python -m benchmarks.probe --tasks 5000 --concurrency 200 --sleep-ms 20 --prefetch 200
 
 A paced run also splits each task's enqueue→start into its stages (``STAGES``), from the
 times the database recorded for it: where a paced task's time goes, without a profiler.
+
+``--sleep-ms MS`` drains tasks that each sleep MS ms instead (the I/O-bound workload's
+tasks; ``--prefetch P`` gives the worker the prefetch the tuned profile gives it there) and
+also reports how many handlers ran at once on average (``in_flight_mean``, of
+``--concurrency``) and, per task, the median and p90 of the time from the start's clock
+(``started_at``, read once the start's rows are locked) to its handler's first line
+(``start_to_handler_ms``): the start's write, its durable commit and its reply, which a
+waiting handler waits for.
 
 ``--py-spy FILE`` records the server (``--worker`` records the worker instead) for the
 first seconds of the drain with ``py-spy record --gil -f raw``: stacks that held the GIL,
@@ -41,7 +50,7 @@ from typing import Any
 import psycopg
 
 from benchmarks.cpu import CpuSampler
-from benchmarks.recorder import RecordReader
+from benchmarks.recorder import Record, RecordReader
 from benchmarks.systems.base import create_database, drop_database
 from benchmarks.systems.orbit_system import TUNED_CONCURRENCY
 from benchmarks.workloads import percentile
@@ -136,12 +145,13 @@ def _orbit(admin_dsn: str) -> Iterator[_Orbit]:
         drop_database(admin_dsn, name)
 
 
-def _start_worker(orbit: _Orbit, concurrency: int) -> subprocess.Popen[bytes]:
+def _start_worker(orbit: _Orbit, concurrency: int, prefetch: int = 0) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "ORBIT_URL": orbit.base,
         "ORBIT_TOKEN_FILE": str(orbit.token_file),
         "BENCH_CONCURRENCY": str(concurrency),
+        "BENCH_PREFETCH": str(prefetch),
         "BENCH_REC_DIR": str(orbit.work),
         "PYTHONPATH": str(REPO),
     }
@@ -199,22 +209,24 @@ def drain(
     spy: str | None,
     spy_worker: bool,
     payload_bytes: int = 0,
+    sleep_ms: int = 0,
+    prefetch: int = 0,
 ) -> dict[str, Any]:
     """Fill ``tasks`` no-op tasks, start one worker, and time the drain. With
     ``payload_bytes``, each payload also carries a string of that many hex digits (random,
     so that PostgreSQL's compression does not shrink it away), as a real task's
-    arguments would."""
+    arguments would. With ``sleep_ms``, each task sleeps that long instead (``_waves``
+    adds what the handlers' overlap shows); ``prefetch`` is the worker's."""
     if tasks < 1 or concurrency < 1:
         raise ValueError("tasks and concurrency must be at least 1")
-    if payload_bytes < 0:
-        raise ValueError("payload bytes must be at least 0")
+    if payload_bytes < 0 or sleep_ms < 0 or prefetch < 0:
+        raise ValueError("payload bytes, sleep ms and prefetch must be at least 0")
+    work: dict[str, Any] = {"kind": "sleep", "ms": sleep_ms} if sleep_ms else {"kind": "noop"}
     if spy is not None:
         _py_spy()  # refuse before anything starts
     with _orbit(admin_dsn) as orbit:
         bodies = [
-            task_body(
-                "bench", "bench", {"id": f"p{i}", "t": 0.0, "kind": "noop", **_pad(payload_bytes)}
-            )
+            task_body("bench", "bench", {"id": f"p{i}", "t": 0.0, **work, **_pad(payload_bytes)})
             for i in range(tasks)
         ]
         # The fill is the batch-enqueue workload: timed, with the CPU of each side
@@ -226,7 +238,7 @@ def drain(
             fill_s = time.perf_counter() - f0
         with psycopg.connect(orbit.url, autocommit=True) as cx:
             cx.execute("ANALYZE")
-        worker = _start_worker(orbit, concurrency)
+        worker = _start_worker(orbit, concurrency, prefetch)
         done_sql = "SELECT count(*) FROM orbit_tasks WHERE state = 'succeeded'"
         with psycopg.connect(orbit.url, autocommit=True) as cx:
 
@@ -255,10 +267,13 @@ def drain(
                 elapsed = time.perf_counter() - t0
         filled = {p["pid"]: p["cpu_s"] for p in filling.result["processes"]}
         per_task = 1000 / tasks
+        waves = _waves(orbit.url, reader.finished()) if sleep_ms else {}
         return {
             "tasks": tasks,
             "concurrency": concurrency,
+            **({"sleep_ms": sleep_ms, "prefetch": prefetch} if sleep_ms else {}),
             "tasks_per_s": round(tasks / elapsed, 1),
+            **waves,
             "cpu_ms_per_task": _cpu_per_task(sampler, tasks, orbit.server, worker),
             "enqueue": {
                 "batch": 1000,
@@ -270,6 +285,28 @@ def drain(
                 },
             },
         }
+
+
+def _waves(url: str, records: Sequence[Record]) -> dict[str, Any]:
+    """What the handlers' records and the database say of a drain of sleeping tasks:
+    how many handlers ran at once on average, from the first start to the last end, and
+    the time from each start's clock to its handler (p50 and p90)."""
+    spans = [(r.started, r.ended) for r in records if r.ended is not None]
+    begin = min(start for start, _ in spans)
+    span = max(end for _, end in spans) - begin
+    busy = sum(end - start for start, end in spans)
+    with psycopg.connect(url) as cx:
+        rows = cx.execute(
+            "SELECT CAST(t.payload AS json)->>'id', a.started_at"
+            " FROM orbit_tasks t JOIN orbit_attempts a ON a.task_id = t.id"
+            " WHERE a.started_at IS NOT NULL"
+        ).fetchall()
+    started = dict(rows)
+    waits = [(r.started * 1e6 - started[r.job_id]) / 1000 for r in records if r.job_id in started]
+    return {
+        "in_flight_mean": round(busy / span, 1) if span > 0 else None,
+        "start_to_handler_ms": _spread(waits, quantiles=(50, 90)),
+    }
 
 
 def paced(
@@ -335,8 +372,10 @@ def paced(
 STAGES = ("to_submit_tx", "submit_to_claim", "claim_to_start", "start_to_handler")
 
 
-def _spread(values: Sequence[float], *, with_max: bool = False) -> dict[str, float]:
-    spread = {f"p{p}": round(percentile(values, p), 3) for p in (50, 99)}
+def _spread(
+    values: Sequence[float], *, with_max: bool = False, quantiles: Sequence[int] = (50, 99)
+) -> dict[str, float]:
+    spread = {f"p{p}": round(percentile(values, p), 3) for p in quantiles}
     return {**spread, "max": round(max(values), 3)} if with_max else spread
 
 
@@ -396,8 +435,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="N",
         help="pad each drained task's payload with N random hex digits (default 0)",
     )
+    parser.add_argument(
+        "--sleep-ms",
+        type=int,
+        default=0,
+        metavar="MS",
+        help="drain tasks that each sleep MS ms (the I/O-bound workload's; default 0: no-op)",
+    )
+    parser.add_argument(
+        "--prefetch",
+        type=int,
+        default=0,
+        metavar="P",
+        help="the worker's prefetch (Worker(prefetch=P); default 0, Orbit's own)",
+    )
     parser.add_argument("--pg-dsn", default=DEFAULT_ADMIN_DSN, help="may CREATE DATABASE")
     args = parser.parse_args(argv)
+    if args.paced is not None and (args.sleep_ms or args.prefetch or args.payload_bytes):
+        parser.error("--sleep-ms, --prefetch and --payload-bytes are for a drain, not --paced")
     try:
         if args.paced is not None:
             result = paced(
@@ -416,6 +471,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 spy=args.spy,
                 spy_worker=args.worker,
                 payload_bytes=args.payload_bytes,
+                sleep_ms=args.sleep_ms,
+                prefetch=args.prefetch,
             )
     except ValueError as exc:
         parser.error(str(exc))

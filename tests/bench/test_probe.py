@@ -1,6 +1,6 @@
-"""benchmarks.probe: a tiny real drain gives a rate and CPU per process, a tiny paced
-run gives latency percentiles, and bad arguments are refused before any database is
-created."""
+"""benchmarks.probe: a tiny real drain gives a rate and CPU per process, a tiny drain of
+sleeping tasks what the handlers' overlap shows, a tiny paced run gives latency
+percentiles, and bad arguments are refused before any database is created."""
 
 from __future__ import annotations
 
@@ -35,6 +35,24 @@ def test_a_tiny_paced_run_reports_latency_and_cpu() -> None:
     assert all(v >= 0 for v in result["cpu_ms_per_task"].values())
 
 
+def test_a_tiny_drain_of_sleeping_tasks_reports_the_handlers_overlap() -> None:
+    result = probe.drain(
+        ADMIN_DSN, tasks=30, concurrency=5, spy=None, spy_worker=False, sleep_ms=5, prefetch=2
+    )
+    assert (result["tasks"], result["sleep_ms"], result["prefetch"]) == (30, 5, 2)
+    assert result["tasks_per_s"] > 0
+    # handlers ran at once, never more than the worker's concurrency (its slots, not
+    # its slots and the prefetch: the waiting attempts run no handler)
+    assert 0 < result["in_flight_mean"] <= 5
+    waits = result["start_to_handler_ms"]
+    assert 0 < waits["p50"] <= waits["p90"]
+
+
+def test_a_no_op_drain_reports_no_overlap() -> None:
+    result = probe.drain(ADMIN_DSN, tasks=10, concurrency=2, spy=None, spy_worker=False)
+    assert not {"sleep_ms", "prefetch", "in_flight_mean", "start_to_handler_ms"} & set(result)
+
+
 def _no_database(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_database(*args: object, **kwargs: object) -> str:
         raise AssertionError("a database was about to be created")
@@ -53,7 +71,10 @@ def test_a_padded_drain_carries_payloads_of_the_size_asked() -> None:
     assert result["tasks"] == 20 and result["tasks_per_s"] > 0
 
 
-@pytest.mark.parametrize("bad", [{"tasks": 0}, {"concurrency": 0}, {"payload_bytes": -1}])
+@pytest.mark.parametrize(
+    "bad",
+    [{"tasks": 0}, {"concurrency": 0}, {"payload_bytes": -1}, {"sleep_ms": -1}, {"prefetch": -1}],
+)
 def test_bad_arguments_are_refused_first(
     bad: dict[str, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -81,3 +102,14 @@ def test_bad_paced_arguments_are_refused_first(
             spy=None,
             spy_worker=False,
         )
+
+
+@pytest.mark.parametrize("option", [["--sleep-ms", "20"], ["--prefetch", "3"]])
+def test_a_drains_options_are_refused_with_paced(
+    option: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _no_database(monkeypatch)
+    with pytest.raises(SystemExit) as exited:
+        probe.main(["--paced", "100", "--tasks", "5", *option])
+    assert exited.value.code == 2
+    assert "not --paced" in capsys.readouterr().err
