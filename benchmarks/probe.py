@@ -271,7 +271,8 @@ def drain(
         return {
             "tasks": tasks,
             "concurrency": concurrency,
-            **({"sleep_ms": sleep_ms, "prefetch": prefetch} if sleep_ms else {}),
+            **({"sleep_ms": sleep_ms} if sleep_ms else {}),
+            **({"prefetch": prefetch} if prefetch else {}),
             "tasks_per_s": round(tasks / elapsed, 1),
             **waves,
             "cpu_ms_per_task": _cpu_per_task(sampler, tasks, orbit.server, worker),
