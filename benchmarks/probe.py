@@ -1,4 +1,4 @@
-"""A quick same-code probe: one Orbit server, one worker, N pre-enqueued no-op tasks.
+"""A quick same-code probe: one Orbit server, one worker, N pre-enqueued tasks (no-ops).
 
 The full harness compares systems; this answers a narrower question fast: did a change
 make Orbit's drain cheaper? It prints tasks/s and the CPU each process spent per task
@@ -22,7 +22,9 @@ also reports how many handlers ran at once on average (``in_flight_mean``, of
 ``--concurrency``) and, per task, the median and p90 of the time from the start's clock
 (``started_at``, read once the start's rows are locked) to its handler's first line
 (``start_to_handler_ms``): the start's write, its durable commit and its reply, which a
-waiting handler waits for.
+waiting handler waits for. A drain with a prefetch also reports the slots the worker's
+session declared (``worker_slots``: its concurrency and the prefetch), as the server
+recorded them.
 
 ``--py-spy FILE`` records the server (``--worker`` records the worker instead) for the
 first seconds of the drain with ``py-spy record --gil -f raw``: stacks that held the GIL,
@@ -268,11 +270,13 @@ def drain(
         filled = {p["pid"]: p["cpu_s"] for p in filling.result["processes"]}
         per_task = 1000 / tasks
         waves = _waves(orbit.url, reader.finished()) if sleep_ms else {}
+        slots = {"worker_slots": _session_slots(orbit.url)} if prefetch else {}
         return {
             "tasks": tasks,
             "concurrency": concurrency,
             **({"sleep_ms": sleep_ms} if sleep_ms else {}),
             **({"prefetch": prefetch} if prefetch else {}),
+            **slots,
             "tasks_per_s": round(tasks / elapsed, 1),
             **waves,
             "cpu_ms_per_task": _cpu_per_task(sampler, tasks, orbit.server, worker),
@@ -291,23 +295,32 @@ def drain(
 def _waves(url: str, records: Sequence[Record]) -> dict[str, Any]:
     """What the handlers' records and the database say of a drain of sleeping tasks:
     how many handlers ran at once on average, from the first start to the last end, and
-    the time from each start's clock to its handler (p50 and p90)."""
+    the time from each start's clock to its handler (p50 and p90). A task that ran
+    twice counts once, by its last attempt and its last record; None where nothing
+    could be measured."""
+    last = {r.job_id: r for r in sorted(records, key=lambda r: r.started)}
     spans = [(r.started, r.ended) for r in records if r.ended is not None]
-    begin = min(start for start, _ in spans)
-    span = max(end for _, end in spans) - begin
+    span = max(end for _, end in spans) - min(start for start, _ in spans) if spans else 0.0
     busy = sum(end - start for start, end in spans)
     with psycopg.connect(url) as cx:
         rows = cx.execute(
-            "SELECT CAST(t.payload AS json)->>'id', a.started_at"
+            "SELECT DISTINCT ON (t.id) CAST(t.payload AS json)->>'id', a.started_at"
             " FROM orbit_tasks t JOIN orbit_attempts a ON a.task_id = t.id"
-            " WHERE a.started_at IS NOT NULL"
+            " WHERE a.started_at IS NOT NULL ORDER BY t.id, a.number DESC"
         ).fetchall()
-    started = dict(rows)
-    waits = [(r.started * 1e6 - started[r.job_id]) / 1000 for r in records if r.job_id in started]
+    # µs since the epoch (the database) against seconds (the records): milliseconds
+    waits = [(last[job].started * 1e6 - at) / 1000 for job, at in rows if job in last]
     return {
         "in_flight_mean": round(busy / span, 1) if span > 0 else None,
-        "start_to_handler_ms": _spread(waits, quantiles=(50, 90)),
+        "start_to_handler_ms": _spread(waits, quantiles=(50, 90)) if waits else None,
     }
+
+
+def _session_slots(url: str) -> int | None:
+    """The slots the (one) worker's session declared, as the server recorded them."""
+    with psycopg.connect(url) as cx:
+        row = cx.execute("SELECT max(max_concurrency) FROM orbit_sessions").fetchone()
+    return None if row is None or row[0] is None else int(row[0])
 
 
 def paced(
@@ -412,7 +425,7 @@ def _check_alive(orbit: _Orbit, worker: subprocess.Popen[bytes], finished: int) 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.probe",
-        description="Time one Orbit server and worker draining pre-enqueued no-op tasks.",
+        description="Time one Orbit server and worker draining pre-enqueued tasks.",
     )
     parser.add_argument("--tasks", type=int, default=20_000, help="tasks to drain")
     parser.add_argument(
