@@ -267,18 +267,19 @@ def drain(
                     finished += sum(r.kind == "F" for r in reader.poll())
                     time.sleep(0.01)
                 elapsed = time.perf_counter() - t0
+            # after the timed drain, on the connection that polled it
+            shown: dict[str, Any] = {}
+            if sleep_ms:
+                shown.update(sleep_ms=sleep_ms, **_waves(cx, reader.finished()))
+            if prefetch:
+                shown.update(prefetch=prefetch, worker_slots=_session_slots(cx))
         filled = {p["pid"]: p["cpu_s"] for p in filling.result["processes"]}
         per_task = 1000 / tasks
-        waves = _waves(orbit.url, reader.finished()) if sleep_ms else {}
-        slots = {"worker_slots": _session_slots(orbit.url)} if prefetch else {}
         return {
             "tasks": tasks,
             "concurrency": concurrency,
-            **({"sleep_ms": sleep_ms} if sleep_ms else {}),
-            **({"prefetch": prefetch} if prefetch else {}),
-            **slots,
             "tasks_per_s": round(tasks / elapsed, 1),
-            **waves,
+            **shown,
             "cpu_ms_per_task": _cpu_per_task(sampler, tasks, orbit.server, worker),
             "enqueue": {
                 "batch": 1000,
@@ -292,22 +293,21 @@ def drain(
         }
 
 
-def _waves(url: str, records: Sequence[Record]) -> dict[str, Any]:
+def _waves(cx: psycopg.Connection[Any], records: Sequence[Record]) -> dict[str, Any]:
     """What the handlers' records and the database say of a drain of sleeping tasks:
     how many handlers ran at once on average, from the first start to the last end, and
     the time from each start's clock to its handler (p50 and p90). A task that ran
     twice counts once, by its last attempt and its last record; None where nothing
     could be measured."""
     last = {r.job_id: r for r in sorted(records, key=lambda r: r.started)}
-    spans = [(r.started, r.ended) for r in records if r.ended is not None]
+    spans = [(r.started, r.ended) for r in last.values() if r.ended is not None]
     span = max(end for _, end in spans) - min(start for start, _ in spans) if spans else 0.0
     busy = sum(end - start for start, end in spans)
-    with psycopg.connect(url) as cx:
-        rows = cx.execute(
-            "SELECT DISTINCT ON (t.id) CAST(t.payload AS json)->>'id', a.started_at"
-            " FROM orbit_tasks t JOIN orbit_attempts a ON a.task_id = t.id"
-            " WHERE a.started_at IS NOT NULL ORDER BY t.id, a.number DESC"
-        ).fetchall()
+    rows = cx.execute(
+        "SELECT DISTINCT ON (t.id) CAST(t.payload AS json)->>'id', a.started_at"
+        " FROM orbit_tasks t JOIN orbit_attempts a ON a.task_id = t.id"
+        " WHERE a.started_at IS NOT NULL ORDER BY t.id, a.number DESC"
+    ).fetchall()
     # µs since the epoch (the database) against seconds (the records): milliseconds
     waits = [(last[job].started * 1e6 - at) / 1000 for job, at in rows if job in last]
     return {
@@ -316,10 +316,9 @@ def _waves(url: str, records: Sequence[Record]) -> dict[str, Any]:
     }
 
 
-def _session_slots(url: str) -> int | None:
+def _session_slots(cx: psycopg.Connection[Any]) -> int | None:
     """The slots the (one) worker's session declared, as the server recorded them."""
-    with psycopg.connect(url) as cx:
-        row = cx.execute("SELECT max(max_concurrency) FROM orbit_sessions").fetchone()
+    row = cx.execute("SELECT max(max_concurrency) FROM orbit_sessions").fetchone()
     return None if row is None or row[0] is None else int(row[0])
 
 
