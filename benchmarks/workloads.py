@@ -23,7 +23,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,7 +102,7 @@ def make_jobs(prefix: str, n: int, kind: str = "noop", **extra: Any) -> list[Job
     return [{"id": f"{prefix}-{i}", "t": t, "kind": kind, **extra} for i in range(n)]
 
 
-def percentile(values: list[float], q: float) -> float:
+def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (q in [0, 100]): always a value that was measured."""
     ordered = sorted(values)
     rank = max(1, math.ceil(q / 100 * len(ordered)))
