@@ -13,7 +13,7 @@ import pytest
 from orbit.core.model import Capability, Grant, Session, TaskSpec
 from orbit.store import Store
 from orbit.store import store as store_module
-from orbit.store.postgres.driver import PostgresDriver
+from orbit.store.postgres.driver import PostgresDriver, to_positional
 
 #: a safety net for the race tests' waits: every one ends on an event long before
 RACE_WAIT = 30.0
@@ -116,3 +116,36 @@ def until_done_or_waiting_on_a_lock(thread: threading.Thread, url: str) -> None:
         while thread.is_alive() and watch.execute(query).fetchone() == (0,):
             assert time.monotonic() < deadline, "the thread neither ended nor waited"
             thread.join(0.01)
+
+
+def _pg_literal(value: Any) -> str:
+    """A parameter as SQL text for ``EXECUTE``: NULL, a number, a quoted string, or a
+    text array for a list."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, list | tuple):
+        return "'{" + ",".join(value) + "}'"
+    return repr(value)
+
+
+def query_plan(store: Store, query: str, params: dict[str, Any], *, seqscan: bool = True) -> str:
+    """How the database reads a named query, as text: on SQLite its query plan, on
+    PostgreSQL the generic plan of the prepared statement, which the driver runs once a
+    statement has been planned for its parameters five times. ``seqscan=False`` turns
+    PostgreSQL's sequential scans off, where a tiny table would be read whole otherwise."""
+    sql = store.driver.queries[query]
+    if store.backend == "sqlite":
+        store.driver.queries["test_plan"] = "EXPLAIN QUERY PLAN " + sql
+        with store.driver.transaction() as cx:
+            return " ".join(str(r["detail"]) for r in cx.fetch("test_plan", params))
+    assert isinstance(store.driver, PostgresDriver)
+    positional, names = to_positional(sql)
+    with psycopg.connect(store.driver.dsn, autocommit=True) as raw:
+        raw.execute("SET plan_cache_mode = force_generic_plan")
+        if not seqscan:
+            raw.execute("SET enable_seqscan = off")
+        raw.execute(f"PREPARE test_plan AS {positional}")
+        literals = ", ".join(_pg_literal(params[n]) for n in names)
+        execute = f"EXECUTE test_plan({literals})" if names else "EXECUTE test_plan"
+        rows = raw.execute(f"EXPLAIN {execute}").fetchall()
+    return " ".join(str(r[0]) for r in rows)

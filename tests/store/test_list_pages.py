@@ -9,14 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-import psycopg
 import pytest
 
 from orbit.core.errors import Code, OrbitError
 from orbit.store import Store
-from orbit.store.postgres.driver import PostgresDriver, to_positional
 from tests.conftest import ManualClock
-from tests.store.helpers import claim_one, queue, submit, worker
+from tests.store.helpers import claim_one, query_plan, queue, submit, worker
 
 K = TypeVar("K")
 
@@ -157,25 +155,6 @@ def test_an_attempt_number_out_of_range_is_refused(store: Store, after: int) -> 
     assert refused.value.code == Code.INVALID_ARGUMENT
 
 
-def _plan(store: Store, query: str, params: dict[str, Any]) -> str:
-    """How the database reads a named query, as text: on PostgreSQL the generic plan of
-    the prepared statement, which the driver runs after five executions."""
-    sql = store.driver.queries[query]
-    if store.backend == "sqlite":
-        store.driver.queries["test_plan"] = "EXPLAIN QUERY PLAN " + sql
-        with store.driver.transaction() as cx:
-            return " ".join(str(r["detail"]) for r in cx.fetch("test_plan", params))
-    assert isinstance(store.driver, PostgresDriver)
-    positional, names = to_positional(sql)
-    with psycopg.connect(store.driver.dsn, autocommit=True) as raw:
-        raw.execute("SET plan_cache_mode = force_generic_plan")
-        raw.execute("SET enable_seqscan = off")  # a tiny table is read whole otherwise
-        raw.execute(f"PREPARE test_plan AS {positional}")
-        literals = ", ".join("NULL" if params[n] is None else repr(params[n]) for n in names)
-        rows = raw.execute(f"EXPLAIN EXECUTE test_plan({literals})").fetchall()
-    return " ".join(str(r[0]) for r in rows)
-
-
 @pytest.mark.parametrize(
     ("query", "params", "index"),
     [
@@ -207,7 +186,7 @@ def test_a_page_is_a_range_of_the_keys_index(
     """A later page starts where the cursor points, in the index: with the ``:x IS NULL
     OR`` form of a first page, SQLite and PostgreSQL's generic plan both read the index
     from its start and skip every row before the cursor (a walk of N pages read N^2/2)."""
-    plan = _plan(store, query, params)
+    plan = query_plan(store, query, params, seqscan=False)
     if store.backend == "sqlite":
         assert f"SEARCH orbit_{query.split('_')[0]}s USING" in plan and index[1] in plan, plan
         assert ">?" in plan.replace(" ", ""), plan

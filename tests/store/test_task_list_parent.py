@@ -5,12 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import psycopg
-
 from orbit.store import Store
-from orbit.store.postgres.driver import PostgresDriver, to_positional
 from tests.conftest import ManualClock
-from tests.store.helpers import queue, submit
+from tests.store.helpers import query_plan, queue, submit
 
 
 def test_the_task_list_filters_by_parent(store: Store, clock: ManualClock) -> None:
@@ -40,26 +37,6 @@ def test_the_task_list_filters_by_parent(store: Store, clock: ManualClock) -> No
     assert len(store.task_list()) == 11  # without it: every task
 
 
-def _plan(store: Store, params: dict[str, Any]) -> str:
-    """How the database would read the parent filter's query, as text: on PostgreSQL the
-    generic plan of the prepared statement, which is what the driver runs once a
-    statement has been planned for its parameters five times."""
-    sql = store.driver.queries["task_list_by_parent"]
-    if store.backend == "sqlite":
-        store.driver.queries["test_plan"] = "EXPLAIN QUERY PLAN " + sql
-        with store.driver.transaction() as cx:
-            return " ".join(str(r["detail"]) for r in cx.fetch("test_plan", params))
-    assert isinstance(store.driver, PostgresDriver)
-    positional, names = to_positional(sql)
-    with psycopg.connect(store.driver.dsn, autocommit=True) as raw:
-        raw.execute("SET plan_cache_mode = force_generic_plan")
-        raw.execute("SET enable_seqscan = off")  # a tiny table is read whole otherwise
-        raw.execute(f"PREPARE test_plan AS {positional}")
-        literals = ", ".join("NULL" if params[n] is None else repr(params[n]) for n in names)
-        rows = raw.execute(f"EXPLAIN EXECUTE test_plan({literals})").fetchall()
-    return " ".join(str(r[0]) for r in rows)
-
-
 def test_the_parent_filter_reads_the_parent_index(store: Store) -> None:
     """The filter is its own query, ``parent_id = :parent_id`` without the ``:x IS NULL
     OR`` form of the others: SQLite cannot use an index through that form (it walked
@@ -75,5 +52,5 @@ def test_the_parent_filter_reads_the_parent_index(store: Store) -> None:
         "after_id": None,
         "limit": 100,
     }
-    plan = _plan(store, params)
+    plan = query_plan(store, "task_list_by_parent", params, seqscan=False)
     assert "orbit_tasks_parent" in plan, plan
