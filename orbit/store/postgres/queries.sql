@@ -420,14 +420,16 @@ GROUP BY queue, tenant, handler, session_id;
 -- name: attempt_cancelling_for_sessions
 -- The running attempts of these sessions whose task is cancelling: the cancels a node
 -- may have missed while its LISTEN connection was away (orbit/server/listen.py). Reads
--- the partial index orbit_attempts_live_session; no lock, it only decides what to push.
+-- the live attempts (orbit_attempts_one_live); no lock, it only decides what to push.
 SELECT a.session_id, a.id FROM orbit_attempts AS a JOIN orbit_tasks AS t ON t.id = a.task_id
 WHERE a.session_id = ANY(CAST(:session_ids AS text[]))
-    AND a.state = 'running' AND t.state = 'cancelling'
+    AND a.state IN ('claimed', 'running') AND a.state = 'running' AND t.state = 'cancelling'
 ORDER BY a.session_id, a.id;
 
 -- name: attempt_claimed_for_session
-SELECT task_id FROM orbit_attempts WHERE session_id = :session_id AND state = 'claimed';
+-- A session's claimed attempts: a walk of the live ones (orbit_attempts_one_live).
+SELECT task_id FROM orbit_attempts
+WHERE state IN ('claimed', 'running') AND state = 'claimed' AND session_id = :session_id;
 
 -- name: session_insert
 INSERT INTO orbit_sessions (id, name, node_id, epoch, secret_hash, capabilities,
@@ -553,9 +555,13 @@ SELECT id FROM orbit_events
 WHERE xid = CAST(CAST(CAST(:xid AS bigint) AS text) AS xid8) AND id = :id;
 
 -- name: reap_candidates
-SELECT task_id AS id FROM orbit_attempts WHERE state = 'claimed' AND claim_expires_at <= :now
-UNION
-SELECT task_id AS id FROM orbit_attempts WHERE state = 'running' AND lease_expires_at <= :now
+-- The tasks a reaper pass acts on: a claim or lease run out (one walk of the live
+-- attempts, through orbit_attempts_one_live: the condition names the index's predicate
+-- in full, which SQLite's planner needs to use it), a live task past its deadline, a
+-- scheduled task due.
+SELECT task_id AS id FROM orbit_attempts
+WHERE state IN ('claimed', 'running')
+    AND CASE state WHEN 'claimed' THEN claim_expires_at ELSE lease_expires_at END <= :now
 UNION
 SELECT id FROM orbit_tasks
 WHERE deadline <= :now AND state IN ('queued', 'scheduled', 'claimed', 'running')
@@ -566,12 +572,13 @@ LIMIT :limit;
 -- name: reap_next_due
 -- The soonest instant a reaper pass has work, or NULL when nothing is pending: a claim or
 -- a lease running out, a live task's deadline, a scheduled task falling due, a live
--- session or an artifact expiring (each the head of its partial index, read as
+-- session or an artifact expiring (the live attempts' soonest expiry, walked as
+-- reap_candidates walks them, and each other the head of its partial index, read as
 -- reap_candidates, session_expired_select and artifact_expired_delete read them).
 SELECT min(due) AS due FROM (
-    SELECT min(claim_expires_at) AS due FROM orbit_attempts WHERE state = 'claimed'
-    UNION ALL
-    SELECT min(lease_expires_at) FROM orbit_attempts WHERE state = 'running'
+    SELECT min(CASE state WHEN 'claimed' THEN claim_expires_at ELSE lease_expires_at END)
+        AS due
+    FROM orbit_attempts WHERE state IN ('claimed', 'running')
     UNION ALL
     SELECT min(deadline) FROM orbit_tasks
     WHERE deadline IS NOT NULL AND state IN ('queued', 'scheduled', 'claimed', 'running')
