@@ -4,8 +4,10 @@
 -- besides one_live and the keys, and a start (a new version, as its state is in the
 -- predicates) into lease_expiry and live_session again. Those were 4 of the ~25 index
 -- entries a task's life wrote, and adding index entries was the largest share of
--- PostgreSQL's CPU in a drain. Without them a claim, start and finish cost PostgreSQL 12 %
--- less CPU and 5 % less WAL a task (benchmarks/stmt_cost.py, 20,000 tasks, alternating).
+-- PostgreSQL's CPU in a drain (docs/benchmarks.md, round 42). Without them a claim, start
+-- and finish write 5 % less WAL, and a drain costs PostgreSQL 3-8 % less CPU a task
+-- (benchmarks/stmt_cost.py and benchmarks/probe.py, alternating: docs/benchmarks.md,
+-- round 43).
 -- Their readers (the reaper's expiry reads, a session's claimed attempts, the cancels a
 -- node may have missed) now walk the live attempts, which are as many as the workers'
 -- slots, not as many as the tasks: each says `state IN ('claimed', 'running')` in full,
