@@ -39,11 +39,10 @@ def _end_many(store: Store, n: int) -> None:
 
 
 def _analyze(store: Store) -> None:
-    """Fresh statistics, as autovacuum (PostgreSQL) or ``PRAGMA optimize`` (SQLite)
-    would leave them on a database that has run for a while."""
+    """PostgreSQL's statistics as autovacuum leaves them on a database that has run for a
+    while. SQLite has none to refresh: its planner takes a partial index whose condition
+    the query states, with or without statistics."""
     if store.backend == "sqlite":
-        with store.driver.transaction() as cx:
-            cx.run_script("ANALYZE")
         return
     with psycopg.connect(store.driver.dsn, autocommit=True) as raw:  # type: ignore[attr-defined]
         raw.execute("ANALYZE orbit_attempts")
@@ -93,7 +92,7 @@ def test_the_reaper_still_finds_each_expiry_among_many_ended_attempts(
     clock.advance(5)
     report = store.reap()
     assert report.expired_leases == 1 and report.released == 0
-    assert store.task_get(running.task.id).state != "running"
+    assert str(store.task_get(running.task.id).state) == "needs_review"  # not retry-safe
     assert store.reap_due_in() == pytest.approx(4)  # the claim's, 10 s after it was made
     clock.advance(4)
     assert store.reap().released == 1

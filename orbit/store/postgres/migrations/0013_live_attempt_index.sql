@@ -5,8 +5,8 @@
 -- predicates) into lease_expiry and live_session again. Those were 4 of the ~25 index
 -- entries a task's life wrote, and adding index entries was the largest share of
 -- PostgreSQL's CPU in a drain (docs/benchmarks.md, round 42). Without them a claim, start
--- and finish write 5 % less WAL, and a drain costs PostgreSQL 3-8 % less CPU a task
--- (benchmarks/stmt_cost.py and benchmarks/probe.py, alternating: docs/benchmarks.md,
+-- and finish write 5 % less WAL (benchmarks/stmt_cost.py), and PostgreSQL spent 3-8 % less
+-- CPU a task in four alternating pairs of drains (benchmarks/probe.py; docs/benchmarks.md,
 -- round 43).
 -- Their readers (the reaper's expiry reads, a session's claimed attempts, the cancels a
 -- node may have missed) now walk the live attempts, which are as many as the workers'
