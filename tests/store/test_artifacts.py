@@ -18,13 +18,13 @@ from tests.conftest import ManualClock, store_url
 from tests.invariants import check_all
 from tests.store.helpers import (
     RACE_WAIT,
+    query_plan,
     queue,
     run_one,
     submit,
     until_done_or_waiting_on_a_lock,
     worker,
 )
-from tests.store.test_list_pages import _plan
 
 
 @dataclass
@@ -451,7 +451,7 @@ def test_a_commit_draws_its_place_without_reading_the_artifacts(store: Store, ba
     300,000 artifacts, and growing). The fallback stays for a counter row deleted by
     hand: the next place is still after every place given."""
     if backend == "sqlite":  # (PostgreSQL draws from a sequence)
-        assert "orbit_artifacts" not in _plan(store, "artifact_ready_seq", {})
+        assert "orbit_artifacts" not in query_plan(store, "artifact_ready_seq", {})
     run = _running(store)
     tid = run.task_id
     for name in ("before", "after"):

@@ -16,9 +16,8 @@ import psycopg
 
 from orbit.core.model import Outcome, TaskSpec
 from orbit.store import Store, open_store
-from orbit.store.postgres.driver import PostgresDriver, to_positional
 from tests.pg import as_url, postgres_migrations_up_to, temporary_database
-from tests.store.helpers import claim_one, queue, submit, worker
+from tests.store.helpers import claim_one, query_plan, queue, submit, worker
 
 _FKS = """
 SELECT conrelid::regclass::text, conname FROM pg_constraint WHERE contype = 'f'
@@ -55,25 +54,6 @@ def test_a_drain_leaves_every_attempt_with_its_task(store: Store) -> None:
     assert _orphans(store) == []
 
 
-def _plan(store: Store, query: str, ids: list[str]) -> str:
-    """How the database reads ``query`` for these attempt ids (PostgreSQL: the prepared
-    statement's generic plan, which the driver runs after five executions)."""
-    sql = store.driver.queries[query]
-    if store.backend == "sqlite":
-        store.driver.queries["test_plan"] = "EXPLAIN QUERY PLAN " + sql
-        with store.driver.transaction() as cx:
-            return " ".join(str(r["detail"]) for r in cx.fetch("test_plan", {"ids": ids}))
-    assert isinstance(store.driver, PostgresDriver)
-    positional, names = to_positional(sql)
-    assert tuple(names) == ("ids",)
-    with psycopg.connect(store.driver.dsn, autocommit=True) as raw:
-        raw.execute("SET plan_cache_mode = force_generic_plan")
-        raw.execute(f"PREPARE test_plan AS {positional}")
-        literal = "'{" + ",".join(ids) + "}'"
-        rows = raw.execute(f"EXPLAIN EXECUTE test_plan({literal})").fetchall()
-    return " ".join(str(r[0]) for r in rows)
-
-
 def test_a_start_reads_its_queues_through_the_attempts_alone(store: Store) -> None:
     """The queues a batch of starts shares come from the attempts' own ``queue``: the
     tasks were already locked by the batch's first read, and looking each one up again
@@ -85,7 +65,7 @@ def test_a_start_reads_its_queues_through_the_attempts_alone(store: Store) -> No
     submit(store, "other")
     grants = [claim_one(store, session), claim_one(store, session)]
     ids = sorted(g.attempt.id for g in grants)
-    plan = _plan(store, "queue_share_for_attempts", ids)
+    plan = query_plan(store, "queue_share_for_attempts", {"ids": ids})
     assert "orbit_tasks" not in plan and "orbit_attempts" in plan, plan
     # and the read names the queues of exactly these attempts, each once, in order
     with store.driver.transaction() as cx:
