@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from orbit.core.model import Capability, Grant, Session, TaskSpec
+from orbit.core.model import Capability, Grant, Outcome, Session, TaskSpec
 from orbit.store import Store
 from orbit.store import store as store_module
 from orbit.store.postgres.driver import PostgresDriver, to_positional
@@ -57,6 +57,20 @@ def run_one(store: Store, session: Session) -> Grant:
     g = claim_one(store, session)
     store.attempt_start(session.id, session.epoch, g.attempt.id, g.attempt.fence)
     return g
+
+
+def start_and_succeed(store: Store, session: Session, grants: list[Grant]) -> None:
+    """Start the granted attempts in one batch and finish each with a success in
+    another; neither batch refuses any of them."""
+    pairs = [(g.attempt.id, g.attempt.fence) for g in grants]
+    assert not any(
+        isinstance(r, Exception) for r in store.attempt_start_many(session.id, session.epoch, pairs)
+    )
+    items = [(a, f, Outcome.success(None)) for a, f in pairs]
+    assert not any(
+        isinstance(r, Exception)
+        for r in store.attempt_finish_many(session.id, session.epoch, items)
+    )
 
 
 def postgres_driver(store: Store, queries: dict[str, str]) -> PostgresDriver:

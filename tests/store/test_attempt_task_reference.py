@@ -17,7 +17,7 @@ import psycopg
 from orbit.core.model import Outcome, TaskSpec
 from orbit.store import Store, open_store
 from tests.pg import as_url, postgres_migrations_up_to, temporary_database
-from tests.store.helpers import claim_one, query_plan, queue, submit, worker
+from tests.store.helpers import claim_one, query_plan, queue, start_and_succeed, submit, worker
 
 _FKS = """
 SELECT conrelid::regclass::text, conname FROM pg_constraint WHERE contype = 'f'
@@ -41,15 +41,7 @@ def test_a_drain_leaves_every_attempt_with_its_task(store: Store) -> None:
     ids = [s.task.id for s in store.task_submit_many([TaskSpec(queue="q", handler="h")] * 20)]
     grants = store.attempt_claim_many(session.id, session.epoch, 20)
     assert sorted(g.task.id for g in grants) == sorted(ids)
-    pairs = [(g.attempt.id, g.attempt.fence) for g in grants]
-    assert not any(
-        isinstance(a, Exception) for a in store.attempt_start_many(session.id, session.epoch, pairs)
-    )
-    items = [(a, f, Outcome.success(None)) for a, f in pairs]
-    assert not any(
-        isinstance(a, Exception)
-        for a in store.attempt_finish_many(session.id, session.epoch, items)
-    )
+    start_and_succeed(store, session, grants)
     assert {str(store.task_get(i).state) for i in ids} == {"succeeded"}
     assert _orphans(store) == []
 

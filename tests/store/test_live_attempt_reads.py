@@ -10,10 +10,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from orbit.core.model import SECOND, Outcome, TaskSpec
+from orbit.core.model import SECOND, TaskSpec
 from orbit.store import Store, StoreConfig
 from tests.conftest import ManualClock
-from tests.store.helpers import claim_one, query_plan, queue, submit, worker
+from tests.store.helpers import claim_one, query_plan, queue, start_and_succeed, submit, worker
 
 #: attempts that have ended, so that a walk of the whole table would be the slow read
 ENDED = 2000
@@ -25,16 +25,8 @@ def _end_many(store: Store, n: int) -> None:
     session, _ = worker(store, {"h": BATCH}, max_concurrency=BATCH, name="filler")
     for _ in range(n // BATCH):
         store.task_submit_many([TaskSpec(queue="q", handler="h")] * BATCH)
-        grants = store.attempt_claim_many(session.id, session.epoch, BATCH)
-        pairs = [(g.attempt.id, g.attempt.fence) for g in grants]
-        assert not any(
-            isinstance(r, Exception)
-            for r in store.attempt_start_many(session.id, session.epoch, pairs)
-        )
-        items = [(a, f, Outcome.success(None)) for a, f in pairs]
-        assert not any(
-            isinstance(r, Exception)
-            for r in store.attempt_finish_many(session.id, session.epoch, items)
+        start_and_succeed(
+            store, session, store.attempt_claim_many(session.id, session.epoch, BATCH)
         )
 
 
