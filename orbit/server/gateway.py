@@ -418,7 +418,11 @@ class Dispatcher:
         n = min(conn.max_concurrency, self.store.config.max_batch)
         frees = self.frees
         try:
-            grants = await in_thread(self.store.attempt_claim_many, conn.session_id, conn.epoch, n)
+            with self.metrics.worker_call("claim") as call:
+                grants = await in_thread(
+                    self.store.attempt_claim_many, conn.session_id, conn.epoch, n
+                )
+                call.items = len(grants)
         except Rejected as exc:
             if exc.code == Code.SESSION_DRAINING:
                 conn.push = False  # drained from elsewhere (the HTTP API): stop offering
@@ -609,38 +613,50 @@ class _Protocol:
         metrics = self.dispatcher.metrics
         try:
             if isinstance(msg, Claim):
-                grants = await in_thread(store.attempt_claim_many, sid, epoch, msg.n)
+                with metrics.worker_call("claim") as call:
+                    grants = await in_thread(store.attempt_claim_many, sid, epoch, msg.n)
+                    call.items = len(grants)
                 metrics.claims.inc(len(grants))
                 await conn.send_tasks(store, rid, grants)
             elif isinstance(msg, Start):
-                lease = await in_thread(
-                    store.attempt_start, sid, epoch, msg.attempt_id, int(msg.fence)
-                )
+                with metrics.worker_call("start", 1):
+                    lease = await in_thread(
+                        store.attempt_start, sid, epoch, msg.attempt_id, int(msg.fence)
+                    )
                 metrics.starts.inc()
                 await conn.send({"type": "started", "req_id": rid, "lease": lease_wire(lease)})
             elif isinstance(msg, StartBatch | StartMany):
                 starts = (msg if isinstance(msg, StartBatch) else start_batch(msg)).items
-                answers = await in_thread(store.attempt_start_many, sid, epoch, starts)
+                with metrics.worker_call("start", len(starts)):
+                    answers = await in_thread(store.attempt_start_many, sid, epoch, starts)
                 await conn.send(started_many_wire(rid, starts, answers, metrics))
                 await self._close_if_fenced(answers)
             elif isinstance(msg, FinishBatch | FinishMany):
                 finishes = (msg if isinstance(msg, FinishBatch) else finish_batch(msg)).items
-                receipts = await in_thread(store.attempt_finish_many, sid, epoch, finishes)
+                with metrics.worker_call("finish", len(finishes)):
+                    receipts = await in_thread(store.attempt_finish_many, sid, epoch, finishes)
                 await conn.send(finished_many_wire(rid, finishes, receipts, metrics))
                 await self._close_if_fenced(receipts)
             elif isinstance(msg, Renew):
-                leases = await in_thread(store.lease_renew_many, sid, epoch, list(msg.attempt_ids))
+                with metrics.worker_call("renew", len(msg.attempt_ids)):
+                    leases = await in_thread(
+                        store.lease_renew_many, sid, epoch, list(msg.attempt_ids)
+                    )
                 renewed = [lease_wire(x) for x in leases]
                 await conn.send({"type": "renewed", "req_id": rid, "leases": renewed})
             elif isinstance(msg, Finish):
                 outcome = outcome_of(msg)
-                done = await in_thread(
-                    store.attempt_finish, sid, epoch, msg.attempt_id, int(msg.fence), outcome
-                )
+                with metrics.worker_call("finish", 1):
+                    done = await in_thread(
+                        store.attempt_finish, sid, epoch, msg.attempt_id, int(msg.fence), outcome
+                    )
                 metrics.finishes.labels(str(done.task_state)).inc()
                 await conn.send({"type": "finished", "req_id": rid, "receipt": receipt_wire(done)})
             elif isinstance(msg, Release):
-                await in_thread(store.attempt_release, sid, epoch, msg.attempt_id, int(msg.fence))
+                with metrics.worker_call("release", 1):
+                    await in_thread(
+                        store.attempt_release, sid, epoch, msg.attempt_id, int(msg.fence)
+                    )
                 await conn.send(AckMessage(req_id=rid, op="release"))
             elif isinstance(msg, CapacityUpdate):
                 caps = [Capability(c.handler, c.capacity) for c in msg.capabilities]

@@ -1,11 +1,14 @@
 """Prometheus metrics: counters bumped by the gateway and duties, gauges read from the
-store at scrape time (tasks by queue and state, queue depth, oldest queued age)."""
+store at scrape time (tasks by queue and state, queue depth, oldest queued age), and the
+time the worker protocol's transactions take (``worker_call``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from time import perf_counter
+from types import TracebackType
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -14,6 +17,14 @@ from orbit.store import Store
 
 #: ``orbit_refused_submits_total``'s ``reason`` of each backpressure code.
 REFUSAL_REASONS = {Code.QUEUE_FULL: "queue_full", Code.TENANT_FULL: "tenant_full"}
+
+#: The worker protocol's store transactions ``Metrics.worker_call`` times, by ``op``: a
+#: claim (the dispatcher's or a worker's ``claim``) and the reports, alone or batched.
+WORKER_OPS = ("claim", "start", "finish", "renew", "release")
+
+#: ``orbit_worker_transaction_seconds``' buckets: a one-task transaction takes about a
+#: millisecond on an idle node, a batch of hundreds in a busy drain tens of them.
+WORKER_CALL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class _StoreCollector(Collector):
@@ -44,6 +55,34 @@ class _StoreCollector(Collector):
         yield by_state
         yield depth
         yield oldest
+
+
+class WorkerCall:
+    """One timed store transaction of the worker protocol (``Metrics.worker_call``): a
+    context manager around the ``await`` of the call, which records, as it exits
+    (raising or not), the seconds the call took and ``items``, the tasks it granted or
+    the reports it carried (set inside the block when known only from the answer)."""
+
+    __slots__ = ("_began", "_items", "_seconds", "items")
+
+    def __init__(self, seconds: Histogram, items: Counter, count: int) -> None:
+        self._seconds = seconds
+        self._items = items
+        self._began = 0.0
+        self.items = count
+
+    def __enter__(self) -> WorkerCall:
+        self._began = perf_counter()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._seconds.observe(perf_counter() - self._began)
+        self._items.inc(self.items)
 
 
 class Metrics:
@@ -78,4 +117,31 @@ class Metrics:
             "Run leases that expired without a report",
             registry=self.registry,
         )
+        # The worker protocol's transactions, timed on the event loop around their await
+        # (the hop to a store thread, any wait for one, the transaction and its commit):
+        # rate() of the sum is how many were in flight on average, and the items over the
+        # count how large they were; every op's series is there from the start, at 0.
+        self.worker_seconds = Histogram(
+            "orbit_worker_transaction_seconds",
+            "Worker protocol store transactions (claims and reports), by op",
+            ["op"],
+            buckets=WORKER_CALL_BUCKETS,
+            registry=self.registry,
+        )
+        self.worker_items = Counter(
+            "orbit_worker_transaction_items_total",
+            "Tasks claimed, or reports carried, by those transactions",
+            ["op"],
+            registry=self.registry,
+        )
+        #: each op's two series, looked up once: a call costs no label lookup
+        self._worker_series = {
+            op: (self.worker_seconds.labels(op), self.worker_items.labels(op)) for op in WORKER_OPS
+        }
         self.registry.register(_StoreCollector(store))
+
+    def worker_call(self, op: str, items: int = 0) -> WorkerCall:
+        """Time one worker-protocol transaction of ``op`` (one of ``WORKER_OPS``) carrying
+        ``items``: ``with metrics.worker_call("start", len(starts)): await ...``."""
+        seconds, counted = self._worker_series[op]
+        return WorkerCall(seconds, counted, items)
