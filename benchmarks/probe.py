@@ -3,7 +3,10 @@
 The full harness compares systems; this answers a narrower question fast: did a change
 make Orbit's drain cheaper? It prints tasks/s and the CPU each process spent per task
 (server, worker, PostgreSQL), measured from the first success to the last, and the same
-for the fill (``enqueue``: batches of 1,000 through ``Client.submit_many``). This
+for the fill (``enqueue``: batches of 1,000 through ``Client.submit_many``). A drain also
+reports the server's worker-protocol ``transactions`` over it, by op (claim, start,
+finish): how many, their mean size and wall time, and how many were in flight on average,
+from the server's ``orbit_worker_transaction_*`` metrics read before and after. This
 machine's speed drifts by the hour, so compare two builds by running the probe on each
 in turn, several times, in both orders (A B B A …), never against an old figure::
 
@@ -49,7 +52,9 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
+from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.cpu import CpuSampler
 from benchmarks.recorder import Record, RecordReader
@@ -254,6 +259,7 @@ def drain(
                 time.sleep(0.01)
             # readings at the start and the end only: no sampling thread in the way
             target = worker.pid if spy_worker else orbit.server.pid
+            calls_before, m0 = _worker_calls(orbit.base), time.perf_counter()
             with CpuSampler(interval=0) as sampler, _spying(spy, target):
                 t0 = time.perf_counter()
                 # The handlers' records first (file reads), then the count that says
@@ -267,6 +273,7 @@ def drain(
                     finished += sum(r.kind == "F" for r in reader.poll())
                     time.sleep(0.01)
                 elapsed = time.perf_counter() - t0
+            calls = _transactions(calls_before, _worker_calls(orbit.base), time.perf_counter() - m0)
             # after the timed drain, on the connection that polled it
             shown: dict[str, Any] = {}
             if sleep_ms:
@@ -281,6 +288,7 @@ def drain(
             "tasks_per_s": round(tasks / elapsed, 1),
             **shown,
             "cpu_ms_per_task": _cpu_per_task(sampler, tasks, orbit.server, worker),
+            "transactions": calls,
             "enqueue": {
                 "batch": 1000,
                 "tasks_per_s": round(tasks / fill_s, 1),
@@ -291,6 +299,46 @@ def drain(
                 },
             },
         }
+
+
+#: the server's counts of its worker-protocol transactions, by op: calls, seconds, items
+Calls = dict[str, tuple[float, float, float]]
+
+
+def _worker_calls(base: str) -> Calls:
+    """What the server's ``/metrics`` says of its worker-protocol transactions so far
+    (``orbit_worker_transaction_seconds`` and ``_items_total``), by op."""
+    text = httpx.get(f"{base}/metrics", timeout=30).raise_for_status().text
+    found: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            op = sample.labels.get("op")
+            slot = {
+                "orbit_worker_transaction_seconds_count": 0,
+                "orbit_worker_transaction_seconds_sum": 1,
+                "orbit_worker_transaction_items_total": 2,
+            }.get(sample.name)
+            if op is not None and slot is not None:
+                found.setdefault(op, [0.0, 0.0, 0.0])[slot] = sample.value
+    return {op: (v[0], v[1], v[2]) for op, v in found.items()}
+
+
+def _transactions(before: Calls, after: Calls, seconds: float) -> dict[str, Any]:
+    """Per op with calls between the two readings ``seconds`` apart: how many, their mean
+    size (tasks claimed, reports carried) and wall time, and how many were in flight on
+    average (their seconds over the interval's: one claim at a time reads up to 1)."""
+    shown: dict[str, Any] = {}
+    for op, (count, total_s, items) in after.items():
+        count0, total0, items0 = before.get(op, (0.0, 0.0, 0.0))
+        calls = count - count0
+        if calls > 0:
+            shown[op] = {
+                "calls": int(calls),
+                "items_mean": round((items - items0) / calls, 1),
+                "ms_mean": round((total_s - total0) / calls * 1000, 2),
+                "in_flight": round((total_s - total0) / seconds, 2),
+            }
+    return shown
 
 
 def _waves(cx: psycopg.Connection[Any], records: Sequence[Record]) -> dict[str, Any]:

@@ -1,6 +1,7 @@
-"""benchmarks.probe: a tiny real drain gives a rate and CPU per process, a tiny drain of
-sleeping tasks what the handlers' overlap shows, a tiny paced run gives latency
-percentiles, and bad arguments are refused before any database is created."""
+"""benchmarks.probe: a tiny real drain gives a rate, CPU per process and the server's
+worker transactions (from its /metrics), a tiny drain of sleeping tasks what the
+handlers' overlap shows, a tiny paced run gives latency percentiles, and bad arguments
+are refused before any database is created."""
 
 from __future__ import annotations
 
@@ -20,6 +21,27 @@ def test_a_tiny_fill_and_drain_report_rate_and_cpu() -> None:
     assert enqueue["tasks_per_s"] > 0
     assert set(enqueue["cpu_ms_per_task"]) == {"server", "client", "postgres"}
     assert all(v >= 0 for v in enqueue["cpu_ms_per_task"].values())
+    # the server's worker transactions during the drain, from its /metrics: 35 tasks or
+    # more were still to claim, start and finish after the first success
+    calls = result["transactions"]
+    assert {"claim", "start", "finish"} <= set(calls) <= {"claim", "start", "finish", "renew"}
+    for op in ("claim", "start", "finish"):
+        assert calls[op]["calls"] >= 1
+        assert 0 < calls[op]["items_mean"] <= 5  # the worker's 5 slots
+        assert calls[op]["ms_mean"] > 0 and calls[op]["in_flight"] > 0
+
+
+def test_transactions_are_the_difference_of_two_readings() -> None:
+    before = {"claim": (2.0, 0.5, 300.0), "start": (4.0, 1.0, 400.0)}
+    after = {
+        "claim": (6.0, 2.5, 1100.0),
+        "start": (4.0, 1.0, 400.0),  # no call between the readings: left out
+        "finish": (5.0, 2.0, 500.0),  # not in the first reading: counted from 0
+    }
+    assert probe._transactions(before, after, 4.0) == {
+        "claim": {"calls": 4, "items_mean": 200.0, "ms_mean": 500.0, "in_flight": 0.5},
+        "finish": {"calls": 5, "items_mean": 100.0, "ms_mean": 400.0, "in_flight": 0.5},
+    }
 
 
 def test_a_tiny_paced_run_reports_latency_and_cpu() -> None:
