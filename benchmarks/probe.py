@@ -6,7 +6,8 @@ make Orbit's drain cheaper? It prints tasks/s and the CPU each process spent per
 for the fill (``enqueue``: batches of 1,000 through ``Client.submit_many``). A drain also
 reports the server's worker-protocol ``transactions`` over it, by op (claim, start,
 finish): how many, their mean size and wall time, and how many were in flight on average,
-from the server's ``orbit_worker_transaction_*`` metrics read before and after. This
+from the server's ``orbit_worker_transaction_*`` metrics, read before the worker
+starts and after the drain (outside its timing: a scrape counts the task table). This
 machine's speed drifts by the hour, so compare two builds by running the probe on each
 in turn, several times, in both orders (A B B A …), never against an old figure::
 
@@ -50,7 +51,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import psycopg
@@ -245,6 +246,9 @@ def drain(
             fill_s = time.perf_counter() - f0
         with psycopg.connect(orbit.url, autocommit=True) as cx:
             cx.execute("ANALYZE")
+        # before the worker is there, off the timed drain (nothing to count yet: the
+        # fill made no worker transactions)
+        calls_before = _worker_calls(orbit.base)
         worker = _start_worker(orbit, concurrency, prefetch)
         done_sql = "SELECT count(*) FROM orbit_tasks WHERE state = 'succeeded'"
         with psycopg.connect(orbit.url, autocommit=True) as cx:
@@ -259,7 +263,6 @@ def drain(
                 time.sleep(0.01)
             # readings at the start and the end only: no sampling thread in the way
             target = worker.pid if spy_worker else orbit.server.pid
-            calls_before, m0 = _worker_calls(orbit.base), time.perf_counter()
             with CpuSampler(interval=0) as sampler, _spying(spy, target):
                 t0 = time.perf_counter()
                 # The handlers' records first (file reads), then the count that says
@@ -273,7 +276,9 @@ def drain(
                     finished += sum(r.kind == "F" for r in reader.poll())
                     time.sleep(0.01)
                 elapsed = time.perf_counter() - t0
-            calls = _transactions(calls_before, _worker_calls(orbit.base), time.perf_counter() - m0)
+            # read once the timed drain is over, outside the CPU sampler: the scrape
+            # counts the task table, a tenth of a second of the server's time
+            calls = _transactions(calls_before, _worker_calls(orbit.base), elapsed)
             # after the timed drain, on the connection that polled it
             shown: dict[str, Any] = {}
             if sleep_ms:
@@ -301,42 +306,53 @@ def drain(
         }
 
 
-#: the server's counts of its worker-protocol transactions, by op: calls, seconds, items
-Calls = dict[str, tuple[float, float, float]]
+class Tally(NamedTuple):
+    """One op's worker-protocol transactions, as the server's metrics count them."""
+
+    calls: float
+    seconds: float
+    items: float
 
 
-def _worker_calls(base: str) -> Calls:
-    """What the server's ``/metrics`` says of its worker-protocol transactions so far
-    (``orbit_worker_transaction_seconds`` and ``_items_total``), by op."""
+#: the sample of ``/metrics`` each of ``Tally``'s fields is read from
+TALLY_SAMPLES = {
+    "orbit_worker_transaction_seconds_count": "calls",
+    "orbit_worker_transaction_seconds_sum": "seconds",
+    "orbit_worker_transaction_items_total": "items",
+}
+
+
+def _worker_calls(base: str) -> dict[str, Tally]:
+    """What the server's ``/metrics`` says of its worker-protocol transactions so far,
+    by op."""
     text = httpx.get(f"{base}/metrics", timeout=30).raise_for_status().text
-    found: dict[str, list[float]] = {}
+    found: dict[str, dict[str, float]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            op = sample.labels.get("op")
-            slot = {
-                "orbit_worker_transaction_seconds_count": 0,
-                "orbit_worker_transaction_seconds_sum": 1,
-                "orbit_worker_transaction_items_total": 2,
-            }.get(sample.name)
-            if op is not None and slot is not None:
-                found.setdefault(op, [0.0, 0.0, 0.0])[slot] = sample.value
-    return {op: (v[0], v[1], v[2]) for op, v in found.items()}
+            op, field = sample.labels.get("op"), TALLY_SAMPLES.get(sample.name)
+            if op is not None and field is not None:
+                found.setdefault(op, {})[field] = sample.value
+    return {op: Tally(**fields) for op, fields in found.items()}
 
 
-def _transactions(before: Calls, after: Calls, seconds: float) -> dict[str, Any]:
-    """Per op with calls between the two readings ``seconds`` apart: how many, their mean
-    size (tasks claimed, reports carried) and wall time, and how many were in flight on
-    average (their seconds over the interval's: one claim at a time reads up to 1)."""
+def _transactions(
+    before: dict[str, Tally], after: dict[str, Tally], seconds: float
+) -> dict[str, Any]:
+    """Per op with calls between the two readings: how many, their mean size (tasks
+    claimed, reports carried) and wall time, and how many were in flight on average over
+    ``seconds`` (the timed drain's; the few calls made before its first success count
+    too). One claim at a time reads up to 1."""
     shown: dict[str, Any] = {}
-    for op, (count, total_s, items) in after.items():
-        count0, total0, items0 = before.get(op, (0.0, 0.0, 0.0))
-        calls = count - count0
+    for op, now in after.items():
+        then = before.get(op, Tally(0.0, 0.0, 0.0))
+        calls = now.calls - then.calls
         if calls > 0:
+            spent = now.seconds - then.seconds
             shown[op] = {
                 "calls": int(calls),
-                "items_mean": round((items - items0) / calls, 1),
-                "ms_mean": round((total_s - total0) / calls * 1000, 2),
-                "in_flight": round((total_s - total0) / seconds, 2),
+                "items_mean": round((now.items - then.items) / calls, 1),
+                "ms_mean": round(spent / calls * 1000, 2),
+                "in_flight": round(spent / seconds, 2),
             }
     return shown
 
