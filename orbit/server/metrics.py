@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from time import perf_counter
 from types import TracebackType
+from typing import Literal, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -20,7 +21,8 @@ REFUSAL_REASONS = {Code.QUEUE_FULL: "queue_full", Code.TENANT_FULL: "tenant_full
 
 #: The worker protocol's store transactions ``Metrics.worker_call`` times, by ``op``: a
 #: claim (the dispatcher's or a worker's ``claim``) and the reports, alone or batched.
-WORKER_OPS = ("claim", "start", "finish", "renew", "release")
+WorkerOp = Literal["claim", "start", "finish", "renew", "release"]
+WORKER_OPS: tuple[WorkerOp, ...] = get_args(WorkerOp)
 
 #: ``orbit_worker_transaction_seconds``' buckets: a one-task transaction takes about a
 #: millisecond on an idle node, a batch of hundreds in a busy drain tens of them.
@@ -63,13 +65,13 @@ class WorkerCall:
     (raising or not), the seconds the call took and ``items``, the tasks it granted or
     the reports it carried (set inside the block when known only from the answer)."""
 
-    __slots__ = ("_began", "_items", "_seconds", "items")
+    __slots__ = ("_began", "_counter", "_seconds", "items")
 
-    def __init__(self, seconds: Histogram, items: Counter, count: int) -> None:
+    def __init__(self, seconds: Histogram, counter: Counter, items: int) -> None:
         self._seconds = seconds
-        self._items = items
+        self._counter = counter
         self._began = 0.0
-        self.items = count
+        self.items = items
 
     def __enter__(self) -> WorkerCall:
         self._began = perf_counter()
@@ -82,7 +84,7 @@ class WorkerCall:
         tb: TracebackType | None,
     ) -> None:
         self._seconds.observe(perf_counter() - self._began)
-        self._items.inc(self.items)
+        self._counter.inc(self.items)
 
 
 class Metrics:
@@ -123,7 +125,7 @@ class Metrics:
         # count how large they were; every op's series is there from the start, at 0.
         self.worker_seconds = Histogram(
             "orbit_worker_transaction_seconds",
-            "Worker protocol store transactions (claims and reports), by op",
+            "Store transactions made for workers (claims, starts, finishes, renewals, releases)",
             ["op"],
             buckets=WORKER_CALL_BUCKETS,
             registry=self.registry,
@@ -140,7 +142,7 @@ class Metrics:
         }
         self.registry.register(_StoreCollector(store))
 
-    def worker_call(self, op: str, items: int = 0) -> WorkerCall:
+    def worker_call(self, op: WorkerOp, items: int = 0) -> WorkerCall:
         """Time one worker-protocol transaction of ``op`` (one of ``WORKER_OPS``) carrying
         ``items``: ``with metrics.worker_call("start", len(starts)): await ...``."""
         seconds, counted = self._worker_series[op]

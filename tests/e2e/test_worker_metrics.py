@@ -8,6 +8,8 @@ two PostgreSQL nodes each counts only what went through it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -33,7 +35,7 @@ def worker_transactions(node: Node) -> tuple[Counts, dict[str, float]]:
     seconds: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            op = sample.labels.get("op")
+            op = sample.labels.get("op", "")
             if sample.name == "orbit_worker_transaction_seconds_count":
                 calls[op] = sample.value
             elif sample.name == "orbit_worker_transaction_seconds_sum":
@@ -59,18 +61,28 @@ def submit(admin: httpx.Client, queue: str, n: int) -> None:
     assert reply.status_code == 201, reply.text
 
 
+@contextlib.asynccontextmanager
+async def session(node: Node, tokens: Tokens, *, push: bool) -> AsyncIterator[WorkerConnection]:
+    """A worker session of handler ``h`` (10 slots) on ``node``, closed afterwards."""
+    conn = await WorkerConnection.connect(node.ws, tokens.worker)
+    try:
+        await conn.hello("w", {"h": 10}, max_concurrency=10, push=push)
+        yield conn
+    finally:
+        await conn.close()
+
+
 def test_each_worker_transaction_is_counted_with_its_items(
     node: Node, tokens: Tokens, admin: httpx.Client
 ) -> None:
     counts, seconds = worker_transactions(node)
     assert counts == {op: (0, 0) for op in WORKER_OPS}  # every series, before any call
+    assert seconds == {op: 0.0 for op in WORKER_OPS}
     make_queue(admin, "q")
     submit(admin, "q", 6)
 
     async def work() -> None:
-        conn = await WorkerConnection.connect(node.ws, tokens.worker)
-        try:
-            await conn.hello("w", {"h": 10}, max_concurrency=10, push=False)
+        async with session(node, tokens, push=False) as conn:
             first = await conn.claim(4)
             assert len(first) == 4
             (a, fa), (b, fb), (c, fc), (d, fd) = [(t["attempt_id"], t["fence"]) for t in first]
@@ -88,8 +100,6 @@ def test_each_worker_transaction_is_counted_with_its_items(
             rest = await conn.claim(4)
             assert len(rest) == 2
             await conn.release(rest[0]["attempt_id"], rest[0]["fence"])
-        finally:
-            await conn.close()
 
     asyncio.run(work())
     counts, seconds = worker_transactions(node)
@@ -110,17 +120,13 @@ def test_a_push_counts_as_the_dispatchers_claim(
     submit(admin, "pushed", 5)
 
     async def work() -> int:
-        conn = await WorkerConnection.connect(node.ws, tokens.worker)
-        try:
-            await conn.hello("w", {"h": 10}, max_concurrency=10, push=True)
+        async with session(node, tokens, push=True) as conn:
             got = 0
             while got < 5:
                 message = await conn.next_push(30)
                 assert message["type"] == "tasks", message
                 got += len(message["tasks"])
             return got
-        finally:
-            await conn.close()
 
     assert asyncio.run(work()) == 5
     calls, items = worker_transactions(node)[0]["claim"]
@@ -143,12 +149,8 @@ def test_each_node_counts_only_what_went_through_it(tmp_path: Path) -> None:
                     submit(admin, "spread", 3)
 
                 async def claim_through(node: Node) -> int:
-                    conn = await WorkerConnection.connect(node.ws, tokens.worker)
-                    try:
-                        await conn.hello("w", {"h": 10}, max_concurrency=10, push=False)
+                    async with session(node, tokens, push=False) as conn:
                         return len(await conn.claim(10))
-                    finally:
-                        await conn.close()
 
                 assert asyncio.run(claim_through(b)) == 3
                 assert worker_transactions(b)[0]["claim"] == (1, 3)
