@@ -334,14 +334,16 @@ GROUP BY queue, tenant, handler, session_id;
 -- name: attempt_cancelling_for_sessions
 -- The running attempts of these sessions whose task is cancelling: the cancels a node
 -- may have missed while its LISTEN connection was away (orbit/server/listen.py). Reads
--- the live attempts (orbit_attempts_one_live); no lock, it only decides what to push.
+-- the live attempts (orbit_attempts_one_live, whose predicate is stated in full for
+-- SQLite's planner, as in reap_candidates); no lock, it only decides what to push.
 SELECT a.session_id, a.id FROM orbit_attempts AS a JOIN orbit_tasks AS t ON t.id = a.task_id
 WHERE a.session_id IN (SELECT value FROM json_each(:session_ids))
     AND a.state IN ('claimed', 'running') AND a.state = 'running' AND t.state = 'cancelling'
 ORDER BY a.session_id, a.id;
 
 -- name: attempt_claimed_for_session
--- A session's claimed attempts: a walk of the live ones (orbit_attempts_one_live).
+-- A session's claimed attempts: a walk of the live ones (orbit_attempts_one_live, its
+-- predicate stated in full for SQLite's planner, as in reap_candidates).
 SELECT task_id FROM orbit_attempts
 WHERE state IN ('claimed', 'running') AND state = 'claimed' AND session_id = :session_id;
 
