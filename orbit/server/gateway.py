@@ -68,7 +68,7 @@ from orbit.server.errors import ApiError, refuse_upgrade
 from orbit.server.metrics import Metrics
 from orbit.server.threads import in_thread
 from orbit.server.views import assignments_wire, lease_wire, receipt_wire
-from orbit.store import Store
+from orbit.store import Grants, Store
 
 log = logging.getLogger("orbit.gateway")
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -409,6 +409,16 @@ class Dispatcher:
             if await self._offer(conn):
                 exhausted.append(conn.handlers)
 
+    async def claim(self, session_id: str, epoch: int, n: int) -> Grants:
+        """``Store.attempt_claim_many`` on a store thread, timed and counted as the
+        worker protocol's claim (``orbit_worker_transaction_*``, ``orbit_claims_total``):
+        the one way this node claims for a worker, pushed or asked."""
+        with self.metrics.worker_call("claim") as call:
+            grants = await in_thread(self.store.attempt_claim_many, session_id, epoch, n)
+            call.items = len(grants)
+        self.metrics.claims.inc(len(grants))
+        return grants
+
     async def _offer(self, conn: WorkerConnection) -> bool:
         """Claim for ``conn`` and push what it got; whether the claim took every ready
         task of its handlers (see ``offer_all``)."""
@@ -418,11 +428,7 @@ class Dispatcher:
         n = min(conn.max_concurrency, self.store.config.max_batch)
         frees = self.frees
         try:
-            with self.metrics.worker_call("claim") as call:
-                grants = await in_thread(
-                    self.store.attempt_claim_many, conn.session_id, conn.epoch, n
-                )
-                call.items = len(grants)
+            grants = await self.claim(conn.session_id, conn.epoch, n)
         except Rejected as exc:
             if exc.code == Code.SESSION_DRAINING:
                 conn.push = False  # drained from elsewhere (the HTTP API): stop offering
@@ -446,7 +452,6 @@ class Dispatcher:
             # have counted the permit as taken, so claim again rather than lose the wake.
             self._wake.set()
         if grants:
-            self.metrics.claims.inc(len(grants))
             conn.send_nowait(conn.send_tasks(self.store, None, grants), then=self._wake.set)
         if grants.more or len(grants) == n < conn.max_concurrency:
             # a claim's worth of tasks or of payload bytes, and maybe slots to spare:
@@ -613,10 +618,7 @@ class _Protocol:
         metrics = self.dispatcher.metrics
         try:
             if isinstance(msg, Claim):
-                with metrics.worker_call("claim") as call:
-                    grants = await in_thread(store.attempt_claim_many, sid, epoch, msg.n)
-                    call.items = len(grants)
-                metrics.claims.inc(len(grants))
+                grants = await self.dispatcher.claim(sid, epoch, msg.n)
                 await conn.send_tasks(store, rid, grants)
             elif isinstance(msg, Start):
                 with metrics.worker_call("start", 1):
