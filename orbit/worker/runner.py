@@ -91,6 +91,14 @@ REFUSALS_TO_STOP = 2
 #: how long a prefetched attempt waits before the runner may take it for a claim that ran
 #: out (``Worker._drop_stale``): the server's default claim lease (docs/concepts.md)
 CLAIM_STALE_S = 30.0
+#: The answer to a ``resume`` that says the server could not try it (its store failed:
+#: a database failover, a node starting), not that the session is gone: the resume is
+#: tried again, as after a failed connect. Any other refusal (``BAD_SECRET``,
+#: ``SESSION_NOT_FOUND``) starts a new session, and the old one's attempts are lost to
+#: this worker. Starting anew on a failure as well lost every running handler, and, past
+#: its lease, sent every task that is not ``retry_safe`` to ``needs_review``, whenever a
+#: node restarted while its database hiccuped.
+RESUME_NOT_TRIED = "INTERNAL"
 #: the reason a drain gives the attempts it cancels (and the waiting ones it gives back)
 STOPPING = "worker stopping"
 Handler = Callable[..., Any]
@@ -599,6 +607,11 @@ class Worker:
                     try:
                         await conn.resume(*self._session)
                     except ServerError as exc:
+                        if exc.code == RESUME_NOT_TRIED:
+                            # Retried below like a failed connect; meanwhile each running
+                            # attempt keeps its lease until it runs out by this host's
+                            # clock (the renew loop's check), and then it is lost.
+                            raise
                         log.warning("resume refused (%s); starting a new session", exc.code)
                         for running in self.running.values():
                             self._lose(running, "session lost")
@@ -667,7 +680,7 @@ class Worker:
                 else:
                     log.warning(
                         "connect failed (%s); retrying in %.1fs",
-                        f"HTTP {status}" if status is not None else type(exc).__name__,
+                        f"HTTP {status}" if status is not None else _failure_name(exc),
                         delay,
                     )
                 await asyncio.sleep(delay)
@@ -1421,6 +1434,12 @@ async def _close_quietly(conn: WorkerConnection | None) -> None:
     if conn is not None:
         with contextlib.suppress(Exception):
             await conn.close()
+
+
+def _failure_name(exc: Exception) -> str:
+    """How a failed connect is logged: the server's code for an answer (a resume it could
+    not try), else the exception's kind (the network, the handshake)."""
+    return f"{exc.code} from the server" if isinstance(exc, ServerError) else type(exc).__name__
 
 
 def _upload_reply(status: int, raw: bytes) -> dict[str, Any]:

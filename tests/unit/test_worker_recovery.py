@@ -301,6 +301,106 @@ def test_a_start_without_a_reply_makes_the_runner_resume_on_a_new_connection() -
     asyncio.run(main())
 
 
+def _answer_resumes(*codes: str) -> Callable[..., Any]:
+    """A gateway hook that answers the first resumes with these error codes, one each,
+    and the ones after as a well-behaved server does."""
+
+    async def hook(gw: FakeGateway, ws: ServerConnection, msg: dict[str, Any]) -> bool:
+        nth = sum(m["type"] == "resume" for m in gw.received)
+        if msg["type"] != "resume" or nth > len(codes):
+            return False
+        error = {"type": "error", "req_id": msg["req_id"], "code": codes[nth - 1], "message": ""}
+        await ws.send(json.dumps(error))
+        return True
+
+    return hook
+
+
+@pytest.mark.parametrize("failures", [1, 3])
+def test_a_resume_the_server_could_not_try_is_tried_again_and_the_handler_goes_on(
+    failures: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A resume answered ``INTERNAL`` (the node's store failed: a failover, a restart)
+    says nothing of the session, whose leases may be intact: the runner tries the resume
+    again after a pause, as after a failed connect, instead of starting a new session. So
+    the running handler is not cancelled, no second hello is sent, and its finish is
+    taken. (Before, any refusal of a resume started a new session: the handler was
+    cancelled as "session lost" and its task waited for its lease to run out.)"""
+    caplog.set_level(logging.WARNING, "orbit.worker")
+
+    async def main() -> None:
+        entered, go = asyncio.Event(), asyncio.Event()
+        seen: dict[str, Any] = {}
+
+        async def held(ctx: Context, payload: Any) -> Any:
+            entered.set()
+            await go.wait()
+            seen["cancelled"] = ctx.cancelled
+            return "done"
+
+        async with FakeGateway(on_request=_answer_resumes(*["INTERNAL"] * failures)) as gw:
+            worker = Worker(gw.url, "token", reconnect_max=0.2)
+            worker.handler("h")(held)
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                await _push_a1(gw)
+                await entered.wait()
+                await gw.connections[-1].close()
+                await gw.count(_is("resume"), failures + 1)
+                go.set()
+                await gw.wait_for(_finished("a1"))
+            kinds = [m["type"] for m in gw.received]
+            assert kinds.count("hello") == 1 and kinds.count("resume") == failures + 1
+            assert gw.finished["a1"] == {"ok": True, "result": "done"}
+            assert seen == {"cancelled": False}
+
+    asyncio.run(main())
+    retried = [r.getMessage() for r in caplog.records if "INTERNAL from the server" in r.message]
+    assert len(retried) == failures, retried
+    assert not any("starting a new session" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("code", ["BAD_SECRET", "SESSION_NOT_FOUND"])
+def test_a_resume_refused_for_its_session_starts_a_new_one_and_loses_the_handler(
+    code: str,
+) -> None:
+    """A resume refused because the session is not this worker's to resume (a wrong
+    secret, a session the server no longer has) starts a new session at once: the old
+    one's running attempt is lost to this worker, its handler cancelled, and nothing of
+    it reported (the server's lease decides)."""
+
+    async def main() -> None:
+        entered = asyncio.Event()
+        seen: dict[str, Any] = {}
+
+        async def held(ctx: Context, payload: Any) -> Any:
+            entered.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                seen["cancelled"] = ctx.cancelled
+                raise
+
+        async with FakeGateway(on_request=_answer_resumes(code)) as gw:
+            worker = Worker(gw.url, "token", cancel_grace=0.3)
+            worker.handler("h")(held)
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                await _push_a1(gw)
+                await entered.wait()
+                await gw.connections[-1].close()
+                await gw.count(_is("hello"), 2)
+                async with asyncio.timeout(10):
+                    while "a1" in worker.running:
+                        await asyncio.sleep(0.005)
+            kinds = [m["type"] for m in gw.received]
+            assert kinds.count("resume") == 1
+            assert "a1" not in gw.finished
+            assert seen == {"cancelled": True}
+
+    asyncio.run(main())
+
+
 def _watch_cancels(worker: Worker) -> asyncio.Queue[str]:
     """The reasons the runner cancels attempts for, as it does."""
     reasons: asyncio.Queue[str] = asyncio.Queue()
