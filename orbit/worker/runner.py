@@ -1339,21 +1339,45 @@ class Worker:
             if not alive:  # every one lost by the answers so far
                 return
             try:
-                soonest = min(alive) - time.monotonic()
-                # Never wait on a hung connection past the soonest lease: the expiry check
-                # at the top of the loop must run in time.
-                # A renewal not answered in that time closes the connection (as any
-                # request that times out): the runner resumes on a new one rather than
-                # wait on it.
-                timeout = min(10.0, self.request_timeout, max(soonest, 0.05))
+                # A renewal not answered in time closes the connection (as any request
+                # that times out): the runner resumes on a new one rather than wait on it.
+                timeout = min(10.0, self.request_timeout)
                 sent = time.monotonic()
-                leases = await conn.renew(ids[start : start + MAX_RENEW_IDS], timeout)
+                renewal = asyncio.ensure_future(
+                    conn.renew(ids[start : start + MAX_RENEW_IDS], timeout)
+                )
+                leases = await self._renewal_answer(renewal, live)
             except (TimeoutError, ServerError, ConnectionError, OSError) as exc:
                 log.warning("renew failed: %s", exc)
                 self._defer_renewals(pending[start:])
                 return
             self._renew_retry = RENEW_RETRY_FIRST
             self._renewed(leases, sent)
+
+    async def _renewal_answer(
+        self, renewal: asyncio.Future[list[dict[str, Any]]], live: list[_Running]
+    ) -> list[dict[str, Any]]:
+        """The answer to ``renewal``; while it is awaited, each of the ``live`` leases that
+        runs out by this host's clock is lost at once, as the check at the top of the loop
+        would. The renewal was once timed out at the soonest lease instead, so that the
+        check ran in time; but a lease that cannot be extended (capped by its attempt
+        timeout or its task's deadline) shrinks towards nothing, and a server slower than
+        what was left of it closed the connection, and every other attempt's renewal
+        with it, again and again."""
+        try:
+            while True:
+                alive = [r.lease_expires for r in live if not r.lost]
+                wait = max(min(alive) - time.monotonic(), 0.0) if alive else None
+                done, _ = await asyncio.wait((renewal,), timeout=wait)
+                if done:
+                    return renewal.result()
+                now = time.monotonic()
+                for r in live:
+                    if not r.lost and r.lease_expires <= now:
+                        self._lose(r, "lease expired")
+        finally:
+            if not renewal.done():
+                renewal.cancel()  # this turn was cancelled: the runner is stopping
 
     def _defer_renewals(self, failed: list[_Running]) -> None:
         """Try the renewal of leases whose renew failed again later, not at the next turn:

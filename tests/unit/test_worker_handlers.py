@@ -23,7 +23,7 @@ from orbit.protocol.decode import DecodeError, decode_model
 from orbit.protocol.messages import Hello, Renew
 from orbit.worker.runner import Context, Fail, Retry, Worker, _Running
 from tests.unit.fake_gateway import FakeGateway, assignment
-from tests.unit.test_worker_recovery import _is, _run_one, running
+from tests.unit.test_worker_recovery import _finished, _is, _run_one, running
 
 
 def _outcome_of(handler: Any, *, attempt: str = "a1") -> dict[str, Any]:
@@ -644,6 +644,107 @@ def test_a_refused_renewal_is_retried_with_backoff_within_the_lease() -> None:
         assert last - second < 0.45  # half of what was left of the lease (0.125), not 0.5 s
 
     asyncio.run(main())
+
+
+class _CappedLease:
+    """A fake gateway's answers for two attempts: ``capped``, whose lease the server will
+    not extend past an end 0.6 s after its start (as an attempt timeout or a task's
+    deadline caps it), and ``free``, whose lease is a minute. Each renewal is answered
+    after ``delay`` seconds, or never once ``hang_after`` renewals were answered."""
+
+    def __init__(self, delay: float, hang_after: int | None = None) -> None:
+        self.delay = delay
+        self.hang_after = hang_after
+        self.end = 0.0
+        self.renewals = 0
+
+    def lease(self, attempt_id: str) -> dict[str, Any]:
+        left = max(self.end - time.monotonic(), 0.0) if attempt_id == "capped" else 60.0
+        return {"attempt_id": attempt_id, "status": "ok", "lease_left": left}
+
+    async def __call__(self, gw: FakeGateway, ws: Any, msg: dict[str, Any]) -> bool:
+        kind = msg["type"]
+        if kind not in ("start_many", "renew"):
+            return False
+        if kind == "renew":
+            self.renewals += 1
+            if self.hang_after is not None and self.renewals > self.hang_after:
+                return True  # never answered
+            await asyncio.sleep(self.delay)
+            reply = {"type": "renewed", "leases": [self.lease(a) for a in msg["attempt_ids"]]}
+        else:
+            self.end = time.monotonic() + 0.6
+            items = [
+                {"attempt_id": i["attempt_id"], "lease": self.lease(i["attempt_id"])}
+                for i in msg["items"]
+            ]
+            reply = {"type": "started_many", "results": items}
+        await ws.send(json.dumps({**reply, "req_id": msg["req_id"]}))
+        return True
+
+
+async def _run_capped(server: _CappedLease, **options: Any) -> tuple[FakeGateway, list[str]]:
+    """Run ``capped`` and ``free`` against ``server`` until ``capped`` is given up (checked
+    to happen at its end by this host's clock, which times a lease from when its renewal
+    was sent, so a little before the server's end, never after it), then let ``free``
+    finish; the gateway, and the attempts whose handlers were cancelled."""
+    cancelled: list[str] = []
+    go = asyncio.Event()
+    async with FakeGateway(on_request=server) as gw:
+        worker = Worker(gw.url, "token", grace=5.0, cancel_grace=0.3, **options)
+
+        @worker.handler("h")
+        async def waits(ctx: Context, payload: Any) -> Any:
+            try:
+                await go.wait()
+            except asyncio.CancelledError:
+                cancelled.append(ctx.attempt_id)
+                raise
+            return "ok"
+
+        async with running(worker):
+            await gw.wait_for(_is("hello"))
+            tasks = [assignment("capped", "h"), assignment("free", "h")]
+            await gw.push({"type": "tasks", "req_id": None, "tasks": tasks})
+            await gw.wait_for(_is("start_many"))
+            async with asyncio.timeout(10):
+                while "capped" in worker.running or not server.end:
+                    await asyncio.sleep(0.005)
+            assert server.end - 0.3 <= time.monotonic() <= server.end + 0.5
+            go.set()
+            await gw.wait_for(_finished("free"), timeout=20)
+    return gw, cancelled
+
+
+def test_a_lease_that_cannot_be_extended_ends_without_closing_the_connection() -> None:
+    """A lease capped by the server shrinks at each renewal towards its end. The renewal
+    was timed out at the soonest lease, so that the end was noticed in time; near it the
+    timeout fell to 50 ms, and a server slower than that (80 ms here) had the connection
+    closed and resumed, again and again, every other attempt's renewal with it. Now a
+    renewal waits as any request does, the capped lease is given up when it ends (its
+    handler cancelled, its result dropped), and the other attempt goes on, on the one
+    connection."""
+    server = _CappedLease(delay=0.08)
+    gw, cancelled = asyncio.run(_run_capped(server))
+    kinds = [m["type"] for m in gw.received]
+    assert kinds.count("renew") >= 2, kinds  # at half of what was left, and again
+    assert "resume" not in kinds and len(gw.connections) == 1
+    assert cancelled == ["capped"]
+    assert "capped" not in gw.finished
+    assert gw.finished["free"] == {"ok": True, "result": "ok"}
+
+
+def test_a_lease_ends_on_time_while_its_renewal_goes_unanswered() -> None:
+    """A renewal that gets no answer is waited for up to the request timeout (2 s here),
+    but a lease that ends meanwhile is given up at its end, not when the wait does: a
+    handler never runs on past its lease by this host's clock. The other attempt's finish
+    goes on meanwhile."""
+    server = _CappedLease(delay=0.0, hang_after=1)
+    gw, cancelled = asyncio.run(_run_capped(server, request_timeout=2.0))
+    assert server.renewals == 2  # the second, never answered, was still awaited
+    assert cancelled == ["capped"]
+    assert "capped" not in gw.finished
+    assert gw.finished["free"] == {"ok": True, "result": "ok"}
 
 
 def test_a_new_lease_wakes_the_renew_loop_without_a_look_at_every_attempt() -> None:
