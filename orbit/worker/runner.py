@@ -92,13 +92,18 @@ REFUSALS_TO_STOP = 2
 #: out (``Worker._drop_stale``): the server's default claim lease (docs/concepts.md)
 CLAIM_STALE_S = 30.0
 #: The answer to a ``resume`` that says the server could not try it (its store failed:
-#: a database failover, a node starting), not that the session is gone: the resume is
-#: tried again, as after a failed connect. Any other refusal (``BAD_SECRET``,
-#: ``SESSION_NOT_FOUND``) starts a new session, and the old one's attempts are lost to
-#: this worker. Starting anew on a failure as well lost every running handler, and, past
-#: its lease, sent every task that is not ``retry_safe`` to ``needs_review``, whenever a
-#: node restarted while its database hiccuped.
+#: a database failover, a node starting), not that the session is gone: while some
+#: running attempt still holds its lease, the resume is tried again, as after a failed
+#: connect. Any other refusal (``BAD_SECRET``, ``SESSION_NOT_FOUND``, a malformed
+#: request), or this one with no lease left to keep, starts a new session, and the old
+#: one's attempts are lost to this worker. Starting anew at once lost every running
+#: handler, and, past its lease, sent every task that is not ``retry_safe`` to
+#: ``needs_review``, whenever a node restarted while its database hiccuped.
 RESUME_NOT_TRIED = "INTERNAL"
+#: How often, at most, leases are checked while a renewal's answer is awaited (the renew
+#: loop's shortest sleep, ``Worker._interval``'s): an attempt started meanwhile may hold
+#: a lease shorter than the wait.
+LEASE_CHECK_S = 0.05
 #: the reason a drain gives the attempts it cancels (and the waiting ones it gives back)
 STOPPING = "worker stopping"
 Handler = Callable[..., Any]
@@ -607,7 +612,9 @@ class Worker:
                     try:
                         await conn.resume(*self._session)
                     except ServerError as exc:
-                        if exc.code == RESUME_NOT_TRIED:
+                        if exc.code == RESUME_NOT_TRIED and any(
+                            self._lease_valid(r) for r in self.running.values()
+                        ):
                             # Retried below like a failed connect; meanwhile each running
                             # attempt keeps its lease until it runs out by this host's
                             # clock (the renew loop's check), and then it is lost.
@@ -1346,7 +1353,7 @@ class Worker:
                 renewal = asyncio.ensure_future(
                     conn.renew(ids[start : start + MAX_RENEW_IDS], timeout)
                 )
-                leases = await self._renewal_answer(renewal, live)
+                leases = await self._renewal_answer(renewal)
             except (TimeoutError, ServerError, ConnectionError, OSError) as exc:
                 log.warning("renew failed: %s", exc)
                 self._defer_renewals(pending[start:])
@@ -1355,19 +1362,20 @@ class Worker:
             self._renewed(leases, sent)
 
     async def _renewal_answer(
-        self, renewal: asyncio.Future[list[dict[str, Any]]], live: list[_Running]
+        self, renewal: asyncio.Future[list[dict[str, Any]]]
     ) -> list[dict[str, Any]]:
-        """The answer to ``renewal``; while it is awaited, each of the ``live`` leases that
-        runs out by this host's clock is lost at once, as the check at the top of the loop
-        would. The renewal was once timed out at the soonest lease instead, so that the
-        check ran in time; but a lease that cannot be extended (capped by its attempt
-        timeout or its task's deadline) shrinks towards nothing, and a server slower than
-        what was left of it closed the connection, and every other attempt's renewal
-        with it, again and again."""
+        """The answer to ``renewal``; while it is awaited, each running lease that runs
+        out by this host's clock (those of attempts started meanwhile too) is lost at
+        once, as the check at the top of the loop would. The renewal was once timed out
+        at the soonest lease instead, so that the check ran in time; but a lease that
+        cannot be extended (capped by its attempt timeout or its task's deadline) shrinks
+        towards nothing, and a server slower than what was left of it closed the
+        connection, and every other attempt's renewal with it, again and again."""
         try:
             while True:
-                alive = [r.lease_expires for r in live if not r.lost]
-                wait = max(min(alive) - time.monotonic(), 0.0) if alive else None
+                live = [r for r in self.running.values() if r.lease_expires and not r.lost]
+                soonest = min((r.lease_expires for r in live), default=math.inf)
+                wait = min(max(soonest - time.monotonic(), 0.0), LEASE_CHECK_S)
                 done, _ = await asyncio.wait((renewal,), timeout=wait)
                 if done:
                     return renewal.result()

@@ -664,7 +664,7 @@ class _CappedLease:
 
     async def __call__(self, gw: FakeGateway, ws: Any, msg: dict[str, Any]) -> bool:
         kind = msg["type"]
-        if kind not in ("start_many", "renew"):
+        if kind not in ("start", "start_many", "renew"):
             return False
         if kind == "renew":
             self.renewals += 1
@@ -673,21 +673,26 @@ class _CappedLease:
             await asyncio.sleep(self.delay)
             reply = {"type": "renewed", "leases": [self.lease(a) for a in msg["attempt_ids"]]}
         else:
-            self.end = time.monotonic() + 0.6
+            self.end = self.end or time.monotonic() + 0.6
             items = [
                 {"attempt_id": i["attempt_id"], "lease": self.lease(i["attempt_id"])}
-                for i in msg["items"]
+                for i in msg.get("items", [msg])
             ]
-            reply = {"type": "started_many", "results": items}
+            reply = (
+                {"type": "started", "lease": items[0]["lease"]}
+                if kind == "start"
+                else {"type": "started_many", "results": items}
+            )
         await ws.send(json.dumps({**reply, "req_id": msg["req_id"]}))
         return True
 
 
-async def _run_capped(server: _CappedLease, **options: Any) -> tuple[FakeGateway, list[str]]:
+async def _run_capped(server: _CappedLease, **options: Any) -> tuple[FakeGateway, list[str], int]:
     """Run ``capped`` and ``free`` against ``server`` until ``capped`` is given up (checked
     to happen at its end by this host's clock, which times a lease from when its renewal
     was sent, so a little before the server's end, never after it), then let ``free``
-    finish; the gateway, and the attempts whose handlers were cancelled."""
+    finish; the gateway, the attempts whose handlers were cancelled, and how many
+    connections the worker had made when ``capped`` was given up."""
     cancelled: list[str] = []
     go = asyncio.Event()
     async with FakeGateway(on_request=server) as gw:
@@ -706,14 +711,14 @@ async def _run_capped(server: _CappedLease, **options: Any) -> tuple[FakeGateway
             await gw.wait_for(_is("hello"))
             tasks = [assignment("capped", "h"), assignment("free", "h")]
             await gw.push({"type": "tasks", "req_id": None, "tasks": tasks})
-            await gw.wait_for(_is("start_many"))
             async with asyncio.timeout(10):
                 while "capped" in worker.running or not server.end:
                     await asyncio.sleep(0.005)
             assert server.end - 0.3 <= time.monotonic() <= server.end + 0.5
+            connections = len(gw.connections)
             go.set()
             await gw.wait_for(_finished("free"), timeout=20)
-    return gw, cancelled
+    return gw, cancelled, connections
 
 
 def test_a_lease_that_cannot_be_extended_ends_without_closing_the_connection() -> None:
@@ -725,7 +730,7 @@ def test_a_lease_that_cannot_be_extended_ends_without_closing_the_connection() -
     handler cancelled, its result dropped), and the other attempt goes on, on the one
     connection."""
     server = _CappedLease(delay=0.08)
-    gw, cancelled = asyncio.run(_run_capped(server))
+    gw, cancelled, _ = asyncio.run(_run_capped(server))
     kinds = [m["type"] for m in gw.received]
     assert kinds.count("renew") >= 2, kinds  # at half of what was left, and again
     assert "resume" not in kinds and len(gw.connections) == 1
@@ -740,11 +745,71 @@ def test_a_lease_ends_on_time_while_its_renewal_goes_unanswered() -> None:
     handler never runs on past its lease by this host's clock. The other attempt's finish
     goes on meanwhile."""
     server = _CappedLease(delay=0.0, hang_after=1)
-    gw, cancelled = asyncio.run(_run_capped(server, request_timeout=2.0))
-    assert server.renewals == 2  # the second, never answered, was still awaited
+    gw, cancelled, connections = asyncio.run(_run_capped(server, request_timeout=2.0))
+    assert connections == 1  # given up while the second renewal was still awaited
+    assert server.renewals == 2
     assert cancelled == ["capped"]
     assert "capped" not in gw.finished
     assert gw.finished["free"] == {"ok": True, "result": "ok"}
+
+
+def test_an_attempt_started_while_a_renewal_goes_unanswered_ends_with_its_lease() -> None:
+    """The leases watched while a renewal's answer is awaited include those of attempts
+    started meanwhile: ``later`` starts with a lease shorter than the wait (the renewal
+    of ``first``'s is never answered, and awaited up to the 6 s request timeout), and is
+    given up at its own end, not when the wait ends."""
+    leases = {"first": 1.0, "later": 0.5}
+    ends: dict[str, float] = {}
+
+    async def hang_renewals(gw: FakeGateway, ws: Any, msg: dict[str, Any]) -> bool:
+        if msg["type"] == "renew":
+            return True  # never answered
+        if msg["type"] not in ("start", "start_many"):
+            return False
+        results = []
+        for item in msg.get("items", [msg]):
+            left = leases[item["attempt_id"]]
+            ends[item["attempt_id"]] = time.monotonic() + left
+            lease = {"attempt_id": item["attempt_id"], "status": "ok", "lease_left": left}
+            results.append({"attempt_id": item["attempt_id"], "lease": lease})
+        if msg["type"] == "start":
+            reply = {"type": "started", "lease": results[0]["lease"]}
+        else:
+            reply = {"type": "started_many", "results": results}
+        await ws.send(json.dumps({**reply, "req_id": msg["req_id"]}))
+        return True
+
+    async def main() -> dict[str, float]:
+        given_up: dict[str, float] = {}
+
+        async def waits(ctx: Context, payload: Any) -> Any:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                given_up[ctx.attempt_id] = time.monotonic()
+                raise
+
+        async with FakeGateway(on_request=hang_renewals) as gw:
+            worker = Worker(gw.url, "token", request_timeout=6.0, cancel_grace=0.3)
+            worker.handler("h")(waits)
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                await gw.push(
+                    {"type": "tasks", "req_id": None, "tasks": [assignment("first", "h")]}
+                )
+                await gw.wait_for(_is("renew"))  # first's, at half its lease: never answered
+                await gw.push(
+                    {"type": "tasks", "req_id": None, "tasks": [assignment("later", "h")]}
+                )
+                async with asyncio.timeout(10):
+                    while len(given_up) < 2:
+                        await asyncio.sleep(0.005)
+                assert len(gw.connections) == 1  # the renewal was still awaited
+        return given_up
+
+    given_up = asyncio.run(main())
+    for attempt_id in ("first", "later"):
+        assert ends[attempt_id] - 0.3 <= given_up[attempt_id] <= ends[attempt_id] + 0.5
 
 
 def test_a_new_lease_wakes_the_renew_loop_without_a_look_at_every_attempt() -> None:

@@ -360,6 +360,26 @@ def test_a_resume_the_server_could_not_try_is_tried_again_and_the_handler_goes_o
     assert not any("starting a new session" in r.getMessage() for r in caplog.records)
 
 
+def test_a_resume_the_server_could_not_try_with_no_lease_to_keep_starts_a_new_session() -> None:
+    """Retrying a resume answered ``INTERNAL`` is worth it only while some running
+    attempt holds a lease the resume would keep. An idle worker (or one whose leases have
+    all run out) starts a new session at once instead: a node that fails every resume of
+    one session (any error it cannot name is ``INTERNAL``) would otherwise keep the
+    worker connected to no session for ever."""
+
+    async def main() -> None:
+        async with FakeGateway(on_request=_answer_resumes(*["INTERNAL"] * 50)) as gw:
+            worker = _idle_worker(gw.url, "token")
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                await gw.connections[-1].close()
+                await gw.count(_is("hello"), 2)
+            kinds = [m["type"] for m in gw.received]
+            assert kinds.count("resume") == 1
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("code", ["BAD_SECRET", "SESSION_NOT_FOUND"])
 def test_a_resume_refused_for_its_session_starts_a_new_one_and_loses_the_handler(
     code: str,
