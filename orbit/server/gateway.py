@@ -585,6 +585,13 @@ class _Protocol:
         try:
             while not self.conn.closed:
                 msg = await self.receive()
+                if self.conn.closed:
+                    # Closed while the frame waited to be read (its token revoked, its
+                    # session resumed elsewhere): not acted on. A start read after a
+                    # revoke's close ran beside the release of the session's claims and
+                    # could start an attempt whose reply nobody would read, leaving a
+                    # task that never ran to its lease and then to needs_review.
+                    break
                 if isinstance(msg, CONCURRENT_REPORTS):
                     await slots.acquire()
                     task = asyncio.create_task(report(msg))

@@ -28,9 +28,11 @@ from starlette.exceptions import StarletteDeprecationWarning
 from starlette.websockets import WebSocketDisconnect
 
 from orbit.core.model import SECOND, Capability, Outcome, TaskSpec
-from orbit.server import ServerSettings, create_app
+from orbit.protocol.messages import Start
+from orbit.server import ServerSettings, create_app, gateway
 from orbit.server.gateway import Dispatcher
 from orbit.store import Grants, Store, StoreConfig, open_store
+from orbit.tokens import token_id
 from orbit.worker import WorkerConnection
 from tests.e2e.servers import Node, Tokens
 
@@ -754,6 +756,71 @@ def test_a_claim_undelivered_because_of_a_resume_here_is_released(db_url: str) -
                 pushed = _receive(second)
                 assert [t["task_id"] for t in pushed["tasks"]] == [task_id], pushed
                 assert pushed["tasks"][0]["fence"] == "2"  # a new attempt, the first released
+    finally:
+        store.close()
+
+
+def test_a_request_read_after_a_close_for_a_revoked_token_is_not_acted_on(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's ``start`` waits to be read while its node hears that the worker's token
+    was revoked: the connection is closed (4401) and its claims are released. The serve
+    loop then read the start and ran it beside the release: when it won, the attempt was
+    started for a worker that would never hear of it (its connection closed, its token
+    unusable), and the task, which never ran, waited for its lease to end and then went
+    to needs_review. A request read after the close is not acted on now: the start is
+    never made, and the task is queued again at once."""
+    store, token = _worker_store(db_url, StoreConfig(claim_ttl_us=600 * SECOND))
+    try:
+        starts: list[Any] = []
+        start = store.attempt_start
+
+        def counted(*args: Any) -> Any:
+            starts.append(args)
+            return start(*args)
+
+        released = threading.Event()
+        release = store.session_release_claims
+
+        def release_then_tell(*args: Any) -> Any:
+            try:
+                return release(*args)
+            finally:
+                released.set()
+
+        store.attempt_start = counted  # type: ignore[method-assign]
+        store.session_release_claims = release_then_tell  # type: ignore[method-assign]
+        app = create_app(ServerSettings(db_url=db_url, poll_interval=3600), store=store)
+        read = gateway.read_request
+
+        def read_then_revoke(frame: str | bytes) -> Any:
+            msg = read(frame)
+            if isinstance(msg, Start):  # the revoke is heard while the start waits
+                app.state.dispatcher.close_revoked([token_id(token)])
+            return msg
+
+        monkeypatch.setattr(gateway, "read_request", read_then_revoke)
+        auth = {"Authorization": f"Bearer {token}"}
+        with (
+            TestClient(app) as client,
+            client.websocket_connect("/v1/worker", headers=auth) as ws,
+        ):
+            _hello(ws)
+            task_id = store.task_submit(TaskSpec(queue="q", handler="h")).task.id
+            [pushed] = _receive(ws)["tasks"]
+            ws.send_json(
+                {
+                    "type": "start",
+                    "req_id": "r2",
+                    "attempt_id": pushed["attempt_id"],
+                    "fence": pushed["fence"],
+                }
+            )
+            assert _close_code(ws) == 4401
+            assert released.wait(WAIT)
+        assert starts == []
+        task = store.task_get(task_id)
+        assert (task.state, task.attempts_used) == ("queued", 0)
     finally:
         store.close()
 
