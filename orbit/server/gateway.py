@@ -179,16 +179,32 @@ class WorkerConnection:
             then()
 
     async def close(self, code: int, reason: str) -> None:
-        """Mark the connection closed and close its socket (quietly: it may be gone)."""
+        """Mark the connection closed and close its socket (quietly: it may be gone).
+
+        Sends still waiting for the socket (``backlog``: the worker stopped reading) are
+        cancelled: a closed connection's worker will not read them. A push among them is
+        released (``send_tasks``). Left waiting, the push of a connection fenced by a
+        resume elsewhere held its attempts, and the resumed session's slots, until their
+        claim lease ran out: the socket took no bytes, so the send never failed."""
         self.closed = True
+        for sending in list(self.backlog):
+            if sending is not asyncio.current_task():
+                sending.cancel()
         with contextlib.suppress(Exception):
             await self.ws.close(code=code, reason=reason)
 
     async def send_tasks(self, store: Store, req_id: str | None, grants: Sequence[Grant]) -> None:
         """Send claimed attempts; if they cannot reach the worker, release them at once
-        (back to queued) rather than leave them to their claim lease."""
-        if await self.send(tasks_frame(req_id, grants)):
-            return
+        (back to queued) rather than leave them to their claim lease. A push cancelled
+        by ``close`` while it waited for the socket is released too: a socket write is
+        made whole once the socket can take it, so a cancelled one sent nothing, and the
+        connection is closed anyway (a start from it would be fenced or refused)."""
+        try:
+            if await self.send(tasks_frame(req_id, grants)):
+                return
+        except asyncio.CancelledError:
+            await in_thread(release_undelivered, store, self.session_id, self.epoch, grants)
+            raise
         await in_thread(release_undelivered, store, self.session_id, self.epoch, grants)
 
 

@@ -760,6 +760,54 @@ def test_a_claim_undelivered_because_of_a_resume_here_is_released(db_url: str) -
         store.close()
 
 
+def test_a_push_waiting_for_a_socket_fenced_by_a_resume_is_released(db_url: str) -> None:
+    """A push worker's socket takes no bytes (a half-open link: its worker has gone on
+    over another), so the push of its claim waits in the send. The worker resumes on a
+    new connection, which closes the old one (4409): the waiting push is cancelled and its
+    attempt released at once, and the task goes to the resumed connection. Before, the
+    push went on waiting on the old socket, and the attempt held the session's one slot
+    until its claim lease (ten minutes here) ran out."""
+    store, token = _worker_store(db_url, StoreConfig(claim_ttl_us=600 * SECOND))
+    try:
+        app = create_app(ServerSettings(db_url=db_url, poll_interval=3600), store=store)
+        auth = {"Authorization": f"Bearer {token}"}
+        with (
+            TestClient(app) as client,
+            client.websocket_connect("/v1/worker", headers=auth) as first,
+        ):
+            welcome = _hello(first)
+            conn = app.state.dispatcher.connections[welcome["session_id"]]
+            waiting = threading.Event()
+            never = asyncio.Event()
+
+            async def takes_no_bytes(text: str) -> None:
+                waiting.set()
+                await never.wait()
+
+            conn.ws.send_text = takes_no_bytes  # type: ignore[method-assign]
+            task_id = store.task_submit(TaskSpec(queue="q", handler="h")).task.id
+            assert waiting.wait(WAIT)  # claimed for epoch 1, its push waiting
+            assert store.task_get(task_id).state == "claimed"
+            with client.websocket_connect("/v1/worker", headers=auth) as second:
+                resume = {
+                    "type": "resume",
+                    "req_id": "r1",
+                    "session_id": welcome["session_id"],
+                    "secret": welcome["resume_secret"],
+                    "push": True,
+                }
+                second.send_json(resume)
+                assert _receive(second)["epoch"] == "2"
+                pushed = _receive(second)
+                assert [t["task_id"] for t in pushed["tasks"]] == [task_id], pushed
+                assert pushed["tasks"][0]["fence"] == "2"  # a new attempt, the first released
+            assert not conn.backlog
+        [old, new] = store.attempt_list(task_id)
+        assert (old.state, new.state) == ("released", "claimed")
+    finally:
+        store.close()
+
+
 def test_a_request_read_after_a_close_for_a_revoked_token_is_not_acted_on(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
