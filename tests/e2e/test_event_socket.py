@@ -63,6 +63,7 @@ from tests.e2e.streams_common import (
     all_events,
     auth,
     follow_a_task_to_its_end,
+    follow_across_a_database_outage,
     follow_across_a_restart,
     refusal,
     socket,
@@ -424,3 +425,11 @@ def test_subscribe_aborts_a_connection_it_gives_up_on(
         closes = [r for r in proxy.records("up") if r.link <= held and r.opcode == 8]
     assert closes == []  # no closing handshake with the connection given up on
     assert not follower.thread.is_alive()
+
+
+def test_subscribe_rides_a_database_outage(
+    db_url: str, fast: Node, tokens: Tokens, api: httpx.Client
+) -> None:
+    """The database away under an open follow: ``subscribe`` rides the failed read and the
+    reconnects answered 500 INTERNAL, and goes on from its cursor once it is back."""
+    follow_across_a_database_outage(db_url, fast, tokens, api, carrier="ws")

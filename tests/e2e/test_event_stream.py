@@ -45,6 +45,7 @@ from tests.e2e.streams_common import (
     auth,
     create_queue,
     follow_a_task_to_its_end,
+    follow_across_a_database_outage,
     follow_across_a_restart,
     sse_has,
     stream,
@@ -267,3 +268,11 @@ def test_a_client_that_stops_reading_loses_its_slot(
                 assert time.monotonic() < deadline, "the stalled stream's slot was never freed"
         finally:
             stalled.close()
+
+
+def test_stream_events_rides_a_database_outage(
+    db_url: str, fast: Node, tokens: Tokens, api: httpx.Client
+) -> None:
+    """The database away under an open follow: ``stream_events`` rides the failed read and the
+    reconnects answered 500 INTERNAL, and goes on from its cursor once it is back."""
+    follow_across_a_database_outage(db_url, fast, tokens, api, carrier="sse")
