@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 from orbit.client._errors import ApiError
 from orbit.client._http import Unreachable, path_segment, server_down
@@ -136,9 +137,18 @@ class Following:
 
     @property
     def path(self) -> str:
-        if self.task_id is None:
-            return "/v1/events/stream"
-        return f"/v1/tasks/{path_segment(self.task_id)}/events/stream"
+        """The stream's path, with ``?cursor=`` once there is one to resume after: the
+        server reads ``Last-Event-ID`` (``headers``) first, and the query when the header
+        is empty, as an empty cursor given as the start is. The header alone took that
+        for no cursor at all, as the SSE standard says, and the stream began again from
+        the start of the log, every event repeated, where every other read refuses an
+        empty cursor (``INVALID_CURSOR``)."""
+        path = (
+            "/v1/events/stream"
+            if self.task_id is None
+            else f"/v1/tasks/{path_segment(self.task_id)}/events/stream"
+        )
+        return path if self.cursor is None else path + "?" + urlencode({"cursor": self.cursor})
 
     @property
     def headers(self) -> dict[str, str]:

@@ -1278,11 +1278,14 @@ def test_a_limit_is_plain_digits_on_every_list_route(api: httpx.Client) -> None:
 
 
 def test_an_empty_cursor_is_refused_by_the_routes_and_the_clients(
-    api: httpx.Client, cluster: tuple[Node, Tokens, str]
+    api: httpx.Client, cli: Run, cluster: tuple[Node, Tokens, str]
 ) -> None:
     """The task list refuses ``cursor=`` (INVALID_CURSOR), but ``Client.events(cursor="")``
     dropped the empty cursor and read the events from the start, a page that looked like
-    an answer. The routes and both clients now refuse it alike."""
+    an answer. The routes and both clients now refuse it alike, the streams too:
+    ``stream_events(cursor="")`` sent it as an empty ``Last-Event-ID``, which is no
+    cursor, and replayed the log from its start (``orbit event ls --follow --cursor ""``
+    as well)."""
     import asyncio
 
     from orbit import AsyncClient, Client
@@ -1332,6 +1335,30 @@ def test_an_empty_cursor_is_refused_by_the_routes_and_the_clients(
         return codes
 
     assert asyncio.run(refused_async()) == ["INVALID_CURSOR"] * len(calls)
+
+    streams = ((), (task_id,))  # the whole log's, and the task's
+    with Client(node.http, tokens.admin) as c:
+        for args in streams:
+            for follow in (c.stream_events, c.subscribe):
+                with pytest.raises(BadRequest) as refused:
+                    next(follow(*args, cursor="", outage=0))
+                assert refused.value.code == "INVALID_CURSOR", (follow, args)
+
+    async def streams_refused_async() -> list[str]:
+        codes = []
+        async with AsyncClient(node.http, tokens.admin) as c:
+            for args in streams:
+                for follow in (c.stream_events, c.subscribe):
+                    with pytest.raises(BadRequest) as refused:
+                        await anext(follow(*args, cursor="", outage=0))
+                    codes.append(refused.value.code)
+        return codes
+
+    assert asyncio.run(streams_refused_async()) == ["INVALID_CURSOR"] * 4
+    for args in ((), ("--task", task_id)):
+        followed = cli("event", "ls", "--follow", "--cursor", "", *args)
+        assert followed.returncode == 3, followed
+        assert "INVALID_CURSOR" in followed.stderr
 
 
 def test_the_worker_list_is_paged_and_the_clients_and_cli_walk_it(
