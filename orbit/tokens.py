@@ -1,6 +1,6 @@
 """Where SDKs and workers find their token: ``ORBIT_TOKEN`` or ``ORBIT_TOKEN_FILE``.
 
-A token file must not be readable by group or others (like an SSH key); an empty or
+A token file must not be open to group or others (like an SSH key); an empty or
 missing token, or one holding a character no HTTP header can carry, is refused with a
 message that says exactly which source was wrong. The token itself never appears in a
 message.
@@ -74,7 +74,7 @@ def load_token(env: Mapping[str, str] | None = None) -> str:
         raise TokenError(f"ORBIT_TOKEN_FILE {file} is not a regular file")
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise TokenError(
-            f"ORBIT_TOKEN_FILE {file} is readable by group or others "
+            f"ORBIT_TOKEN_FILE {file} is open to group or others "
             f"(mode {stat.S_IMODE(mode):o}); run: chmod 600 {file}"
         )
     try:

@@ -207,6 +207,7 @@ async def serve(host: str, port: int, data_dir: Path, once: bool) -> int:
         "  orbit worker ls\n"
         "Press Ctrl-C to stop.",
         highlight=False,
+        soft_wrap=True,  # the commands to paste stay one line each, however narrow
     )
     if not once:
         await stop.wait()

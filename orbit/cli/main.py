@@ -150,17 +150,9 @@ def token_create(
     name: Annotated[str, typer.Option(help="a label for the token, e.g. the service using it")],
     scope: Annotated[list[str], typer.Option(help="admin, submit or worker (repeatable)")],
 ) -> None:
-    """Create a token and print it once; only its hash is stored."""
-    from orbit.store import open_store
-
-    with database(db):
-        store = open_store(db)
-    try:
-        token_id, token = store.token_create(name, scope)
-    except OrbitError as exc:
-        _fail(exc.message)
-    finally:
-        store.close()
+    """Create a token and print it once; only its hash is stored. A SQLite --db that
+    names no file is refused, not created (``orbit db migrate`` creates one)."""
+    token_id, token = _on_existing_store(db, lambda store: store.token_create(name, scope))
     typer.echo(token)
     typer.secho(
         f"token {token_id} ({', '.join(sorted(set(scope)))}): store it now, it is not shown again",
@@ -259,7 +251,7 @@ def token_revoke(
     if not as_json:
         typer.secho(
             f"token {token.id} is revoked: servers refuse it, and close the worker "
-            "connections open with it, within 10 seconds",
+            "connections open with it, within their --token-cache (10 s by default)",
             err=True,
         )
 

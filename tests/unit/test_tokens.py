@@ -41,7 +41,7 @@ def test_token_file_readable_by_others_is_refused(tmp_path: Path, mode: int) -> 
     f = tmp_path / "token"
     f.write_text(SECRET)
     f.chmod(mode)
-    with pytest.raises(TokenError, match="readable by group or others") as err:
+    with pytest.raises(TokenError, match="open to group or others") as err:
         load_token({"ORBIT_TOKEN_FILE": str(f)})
     assert SECRET not in str(err.value)
 
