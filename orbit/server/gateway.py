@@ -88,6 +88,8 @@ ROUND_RETRY_S = 1.0
 #: a decoded worker message: a model, or a batch of reports read at once (reports.py)
 Request = BaseModel | StartBatch | FinishBatch
 
+#: What a worker sends to begin work: not acted on once its connection is closed.
+OPENING_WORK = (Start, StartMany, StartBatch, Claim)
 CONCURRENT_REPORTS = (
     Start,
     StartMany,
@@ -130,6 +132,10 @@ class WorkerConnection:
         #: pushes still waiting for the socket to take them (``send_nowait``): the worker
         #: is not reading, or reads slower than pushes come
         self.backlog: set[asyncio.Task[Any]] = set()
+        #: the pushes of claimed attempts among them (``push_nowait``), and whether
+        #: ``close`` cancelled them (for a fence), so that they release their attempts
+        self.pushes: set[asyncio.Task[Any]] = set()
+        self.pushes_dropped = False
         self._send_lock = asyncio.Lock()
 
     async def send(self, message: BaseModel | dict[str, Any] | str) -> bool:
@@ -157,19 +163,28 @@ class WorkerConnection:
 
     def send_nowait(
         self, sending: Coroutine[Any, Any, Any], then: Callable[[], None] | None = None
-    ) -> None:
+    ) -> asyncio.Task[Any] | None:
         """Run ``sending`` (a ``send``, ``send_tasks`` or ``close`` of this connection)
         without waiting for the socket. A socket that takes the bytes takes them at once,
         so the send usually completes right here, before this returns. One that does not
         (the worker stopped reading: its process is stopped, or a handler blocks its event
         loop, and the kernel's and the server's buffers are full) leaves the send waiting
-        in a task of its own, in ``backlog``; ``then`` is called when it is done. Sends
-        keep their order: each waits for the one before it (the send lock)."""
+        in a task of its own, in ``backlog``, and returned; ``then`` is called when it is
+        done. Sends keep their order: each waits for the one before it (the send lock)."""
         task = start_eagerly(sending)
         if task is None:
-            return
+            return None
         self.backlog.add(task)
         task.add_done_callback(partial(self._sent, then=then))
+        return task
+
+    def push_nowait(self, store: Store, grants: Sequence[Grant], then: Callable[[], None]) -> None:
+        """``send_tasks`` of attempts claimed for this worker, not waited for; kept in
+        ``pushes`` while it waits for the socket, for ``close(drop_pushes=True)``."""
+        task = self.send_nowait(self.send_tasks(store, None, grants), then=then)
+        if task is not None:
+            self.pushes.add(task)
+            task.add_done_callback(self.pushes.discard)
 
     def _sent(self, task: asyncio.Task[Any], then: Callable[[], None] | None) -> None:
         self.backlog.discard(task)
@@ -178,32 +193,38 @@ class WorkerConnection:
         if then is not None:
             then()
 
-    async def close(self, code: int, reason: str) -> None:
+    async def close(self, code: int, reason: str, *, drop_pushes: bool = False) -> None:
         """Mark the connection closed and close its socket (quietly: it may be gone).
 
-        Sends still waiting for the socket (``backlog``: the worker stopped reading) are
-        cancelled: a closed connection's worker will not read them. A push among them is
-        released (``send_tasks``). Left waiting, the push of a connection fenced by a
-        resume elsewhere held its attempts, and the resumed session's slots, until their
-        claim lease ran out: the socket took no bytes, so the send never failed."""
+        ``drop_pushes``, for a connection fenced by a resume: its pushes still waiting for
+        the socket (the worker stopped reading it, having gone on over another) are
+        cancelled, and so released (``send_tasks``). Left waiting, they held their
+        attempts, and the resumed session's slots, until their claim lease ran out: the
+        socket took no bytes, so the send never failed. Other closes leave them: a
+        revoke's release (``release_revoked``) and the reaper give such attempts back
+        with their own codes, and a release of ours beside them would race them. A close
+        waiting for the socket is never cancelled: Starlette marks the socket closed
+        before it writes the frame, so a second close could not send one."""
         self.closed = True
-        for sending in list(self.backlog):
-            if sending is not asyncio.current_task():
-                sending.cancel()
+        if drop_pushes:
+            self.pushes_dropped = True
+            for push in list(self.pushes):
+                push.cancel()
         with contextlib.suppress(Exception):
             await self.ws.close(code=code, reason=reason)
 
     async def send_tasks(self, store: Store, req_id: str | None, grants: Sequence[Grant]) -> None:
         """Send claimed attempts; if they cannot reach the worker, release them at once
         (back to queued) rather than leave them to their claim lease. A push cancelled
-        by ``close`` while it waited for the socket is released too: a socket write is
-        made whole once the socket can take it, so a cancelled one sent nothing, and the
-        connection is closed anyway (a start from it would be fenced or refused)."""
+        by ``close(drop_pushes=True)`` while it waited for the socket is released too: a
+        socket write is made whole once the socket can take it, so a cancelled one sent
+        nothing, and the connection is fenced anyway (a start from it is refused)."""
         try:
             if await self.send(tasks_frame(req_id, grants)):
                 return
         except asyncio.CancelledError:
-            await in_thread(release_undelivered, store, self.session_id, self.epoch, grants)
+            if self.pushes_dropped:  # not the server stopping: that releases nothing
+                await in_thread(release_undelivered, store, self.session_id, self.epoch, grants)
             raise
         await in_thread(release_undelivered, store, self.session_id, self.epoch, grants)
 
@@ -327,7 +348,7 @@ class Dispatcher:
         request or a dispatch round to find out. Not waited for, as in ``_offer``."""
         conn = self.connections.get(session_id)
         if conn is not None and conn.epoch < epoch and not conn.closed:
-            conn.send_nowait(conn.close(4409, str(Code.FENCED_EPOCH)))
+            conn.send_nowait(conn.close(4409, str(Code.FENCED_EPOCH), drop_pushes=True))
 
     def close_revoked(self, token_ids: Collection[str]) -> int:
         """Close each connection opened with one of these (revoked) tokens: 4401, reason
@@ -452,7 +473,8 @@ class Dispatcher:
                 # Superseded by a resume, or lapsed: the worker must resume on a new
                 # connection, so close this one and stop offering to it. Not waited for:
                 # the close frame waits behind anything the socket has not taken yet.
-                conn.send_nowait(conn.close(4409, str(exc.code)))
+                fenced = exc.code == Code.FENCED_EPOCH
+                conn.send_nowait(conn.close(4409, str(exc.code), drop_pushes=fenced))
             return False
         except Exception:  # a database hiccup must not stop dispatch
             log.exception("dispatch failed")
@@ -468,7 +490,7 @@ class Dispatcher:
             # have counted the permit as taken, so claim again rather than lose the wake.
             self._wake.set()
         if grants:
-            conn.send_nowait(conn.send_tasks(self.store, None, grants), then=self._wake.set)
+            conn.push_nowait(self.store, grants, then=self._wake.set)
         if grants.more or len(grants) == n < conn.max_concurrency:
             # a claim's worth of tasks or of payload bytes, and maybe slots to spare:
             # offer again now (a session with none left gets an empty claim)
@@ -581,7 +603,9 @@ class _Protocol:
             superseded = self.dispatcher.attach(conn)
             if superseded is not None:
                 # Not waited for: the old connection's worker may no longer read it.
-                superseded.send_nowait(superseded.close(4409, "session resumed elsewhere"))
+                superseded.send_nowait(
+                    superseded.close(4409, "session resumed elsewhere", drop_pushes=True)
+                )
             self.dispatcher.refuse_revoked(conn)
             return conn
 
@@ -601,13 +625,15 @@ class _Protocol:
         try:
             while not self.conn.closed:
                 msg = await self.receive()
-                if self.conn.closed:
+                if self.conn.closed and isinstance(msg, OPENING_WORK):
                     # Closed while the frame waited to be read (its token revoked, its
-                    # session resumed elsewhere): not acted on. A start read after a
-                    # revoke's close ran beside the release of the session's claims and
-                    # could start an attempt whose reply nobody would read, leaving a
-                    # task that never ran to its lease and then to needs_review.
-                    break
+                    # session resumed elsewhere): a start or claim is not acted on. A
+                    # start read after a revoke's close ran beside the release of the
+                    # session's claims and could start an attempt nobody would run (its
+                    # reply unread), leaving a task that never ran to its lease and then
+                    # to needs_review. Other reports are still taken: a finish carries a
+                    # result, and the store fences what a resume superseded.
+                    continue
                 if isinstance(msg, CONCURRENT_REPORTS):
                     await slots.acquire()
                     task = asyncio.create_task(report(msg))

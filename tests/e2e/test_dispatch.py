@@ -28,7 +28,7 @@ from starlette.exceptions import StarletteDeprecationWarning
 from starlette.websockets import WebSocketDisconnect
 
 from orbit.core.model import SECOND, Capability, Outcome, TaskSpec
-from orbit.protocol.messages import Start
+from orbit.protocol.messages import Finish, Start
 from orbit.server import ServerSettings, create_app, gateway
 from orbit.server.gateway import Dispatcher
 from orbit.store import Grants, Store, StoreConfig, open_store
@@ -869,6 +869,102 @@ def test_a_request_read_after_a_close_for_a_revoked_token_is_not_acted_on(
         assert starts == []
         task = store.task_get(task_id)
         assert (task.state, task.attempts_used) == ("queued", 0)
+    finally:
+        store.close()
+
+
+def test_a_finish_read_after_a_close_for_a_revoked_token_is_taken(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a request that would begin work (a start, a claim) is dropped once its
+    connection is closed: a ``finish`` waiting to be read when the revoke is heard still
+    commits its result (a revoke ends no session and changes no epoch), where dropping it
+    would have had the finished task run again after its lease."""
+    store, token = _worker_store(db_url, StoreConfig(claim_ttl_us=600 * SECOND))
+    try:
+        app = create_app(ServerSettings(db_url=db_url, poll_interval=3600), store=store)
+        finished = threading.Event()
+        finish_many = store.attempt_finish_many
+
+        def finish_then_tell(*args: Any) -> Any:
+            try:
+                return finish_many(*args)
+            finally:
+                finished.set()
+
+        store.attempt_finish_many = finish_then_tell  # type: ignore[method-assign]
+        read = gateway.read_request
+
+        def read_then_revoke(frame: str | bytes) -> Any:
+            msg = read(frame)
+            if isinstance(msg, Finish):  # the revoke is heard while the finish waits
+                app.state.dispatcher.close_revoked([token_id(token)])
+            return msg
+
+        monkeypatch.setattr(gateway, "read_request", read_then_revoke)
+        auth = {"Authorization": f"Bearer {token}"}
+        with (
+            TestClient(app) as client,
+            client.websocket_connect("/v1/worker", headers=auth) as ws,
+        ):
+            _hello(ws)
+            task_id = store.task_submit(TaskSpec(queue="q", handler="h")).task.id
+            [pushed] = _receive(ws)["tasks"]
+            attempt = {"attempt_id": pushed["attempt_id"], "fence": pushed["fence"]}
+            ws.send_json({"type": "start", "req_id": "r2", **attempt})
+            assert _receive(ws)["type"] == "started"
+            outcome = {"ok": True, "result": 1}
+            ws.send_json({"type": "finish", "req_id": "r3", **attempt, "outcome": outcome})
+            assert _close_code(ws) == 4401
+            assert finished.wait(WAIT)
+        assert store.task_get(task_id).state == "succeeded"
+    finally:
+        store.close()
+
+
+def test_a_revoke_leaves_a_waiting_push_to_its_own_release(db_url: str) -> None:
+    """A push waits for a socket that takes no bytes when the worker's token is revoked:
+    the close (4401) leaves the push waiting, and the revoke's release gives its attempt
+    back with the code ``TOKEN_REVOKED``, alone. Cancelling the push there released the
+    attempt beside it, and the two raced: the release event lost its code, or a refused
+    release no worker sent left a ``rejected`` event."""
+    store, token = _worker_store(db_url, StoreConfig(claim_ttl_us=600 * SECOND))
+    try:
+        released = threading.Event()
+        release = store.session_release_claims
+
+        def release_then_tell(*args: Any) -> Any:
+            try:
+                return release(*args)
+            finally:
+                released.set()
+
+        store.session_release_claims = release_then_tell  # type: ignore[method-assign]
+        app = create_app(ServerSettings(db_url=db_url, poll_interval=3600), store=store)
+        auth = {"Authorization": f"Bearer {token}"}
+        with (
+            TestClient(app) as client,
+            client.websocket_connect("/v1/worker", headers=auth) as ws,
+        ):
+            welcome = _hello(ws)
+            conn = app.state.dispatcher.connections[welcome["session_id"]]
+            waiting = threading.Event()
+            never = asyncio.Event()
+
+            async def takes_no_bytes(text: str) -> None:
+                waiting.set()
+                await never.wait()
+
+            conn.ws.send_text = takes_no_bytes  # type: ignore[method-assign]
+            task_id = store.task_submit(TaskSpec(queue="q", handler="h")).task.id
+            assert waiting.wait(WAIT)
+            client.portal.call(app.state.dispatcher.close_revoked, [token_id(token)])
+            assert _close_code(ws) == 4401
+            assert released.wait(WAIT)
+            assert conn.pushes  # still waiting: not cancelled, so not released a second time
+        events = [(e["kind"], e["code"]) for e in store.event_list(task_id=task_id)]
+        assert events[-1] == ("released", "TOKEN_REVOKED"), events
+        assert not any(kind == "rejected" for kind, _ in events), events
     finally:
         store.close()
 
