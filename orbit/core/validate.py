@@ -21,6 +21,12 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")  # \Z: $ would pas
 MAX_PRIORITY = 1_000_000
 MAX_ATTEMPTS_LIMIT = 1_000
 MAX_KEY_LEN = 255
+#: Idempotency keys that only schedules make (``orbit.store.store.fire_key``): a submit
+#: may not use one. Their shape is documented and their parts are readable with the
+#: submit scope, and a fire takes a task it finds under its key as its own: a client
+#: could have a schedule's fire take its task, or, with another payload, refuse the fire
+#: (``IDEMPOTENCY_CONFLICT``) at every pass.
+SCHEDULE_KEY_PREFIX = "schedule:"
 #: The largest attempt number: ``orbit_attempts.number`` is a 32-bit integer in PostgreSQL.
 MAX_ATTEMPT_NUMBER = 2**31 - 1
 #: The largest duration Orbit accepts anywhere: a year, in microseconds.
@@ -197,6 +203,15 @@ def check_spec(spec: TaskSpec, max_payload_bytes: int) -> tuple[str, int]:
     ):
         raise OrbitError(
             Code.INVALID_ARGUMENT, f"idempotency_key must be 1-{MAX_KEY_LEN} characters"
+        )
+    if isinstance(spec.idempotency_key, str) and spec.idempotency_key.startswith(
+        SCHEDULE_KEY_PREFIX
+    ):
+        raise OrbitError(
+            Code.INVALID_ARGUMENT,
+            f"idempotency_key may not start with {SCHEDULE_KEY_PREFIX!r}: schedules' fires "
+            "use those keys",
+            field="idempotency_key",
         )
     if spec.parent_id is not None and not isinstance(spec.parent_id, str):
         raise OrbitError(Code.INVALID_ARGUMENT, "parent_id must be a task id")

@@ -27,7 +27,13 @@ from typing import Any
 
 from orbit.core.batches import LazyBatch, UnusualTask
 from orbit.core.model import DEFAULT_BACKOFF, TaskSpec, assemble
-from orbit.core.validate import MAX_ATTEMPTS_LIMIT, MAX_KEY_LEN, MAX_PRIORITY, is_name
+from orbit.core.validate import (
+    MAX_ATTEMPTS_LIMIT,
+    MAX_KEY_LEN,
+    MAX_PRIORITY,
+    SCHEDULE_KEY_PREFIX,
+    is_name,
+)
 from orbit.protocol.decode import short_text, values_ok
 
 #: the fields read here; a task with any other goes the strict way
@@ -61,6 +67,17 @@ def _optional_text(value: Any, most: int) -> bool:
     return value is None or short_text(value, most)
 
 
+def _usual_key(value: Any) -> bool:
+    """An idempotency key ``check_spec`` takes: 1-``MAX_KEY_LEN`` characters, and not
+    one of the schedules' own (``SCHEDULE_KEY_PREFIX``)."""
+    return short_text(value, MAX_KEY_LEN) and not value.startswith(SCHEDULE_KEY_PREFIX)
+
+
+def _optional_key(value: Any) -> bool:
+    """None, or ``_usual_key``."""
+    return value is None or _usual_key(value)
+
+
 def _int(value: Any, least: int, most: int) -> bool:
     return type(value) is int and least <= value <= most
 
@@ -84,7 +101,7 @@ def _shape_ok(task: Any) -> bool:
     return (
         is_name(task["queue"])
         and is_name(get("tenant", "default"))
-        and _optional_text(get("idempotency_key"), MAX_KEY_LEN)
+        and _optional_key(get("idempotency_key"))
         and _optional_text(get("parent_id"), _ID_MAX)
     )
 
@@ -182,7 +199,7 @@ class UsualBatch(LazyBatch):
         if not (
             all(map(is_name, queues))
             and all(map(is_name, tenants))
-            and all(short_text(key, MAX_KEY_LEN) for _, _, key in keys)
+            and all(_usual_key(key) for _, _, key in keys)
             and all(short_text(p, _ID_MAX) for p in parents)
         ):
             return None

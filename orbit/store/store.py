@@ -1117,7 +1117,12 @@ class Store:
 
         spec = replace(s.template, idempotency_key=key)
         try:
-            done = self.task_submit_rendered([spec], _same, first=first, made=fired)
+            # fields_checked: the template was checked as a submit is when it was stored
+            # (``check_schedule``), and the key is the schedule's own, which a submit's
+            # check refuses (``SCHEDULE_KEY_PREFIX``); the payload is checked again.
+            done = self.task_submit_rendered(
+                [spec], _same, fields_checked=True, first=first, made=fired
+            )
         except _Moved:
             return 0
         return int(done[0].created)

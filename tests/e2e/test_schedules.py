@@ -170,6 +170,35 @@ def test_every_refusal_says_why_and_writes_nothing(admin: httpx.Client) -> None:
     assert wrong == []
 
 
+def test_a_submit_may_not_take_a_schedules_key(
+    node: Node, tokens: Tokens, admin: httpx.Client
+) -> None:
+    """A fire's idempotency key (``schedule:<name>:<created_at>:<instant>``) is documented
+    and its parts are readable with the submit scope, and a fire takes a task it finds
+    under its key as its own. So a submit (with only the submit scope) could have the
+    next fire take its task, whatever its handler, or refuse the fire at every pass with
+    another payload. A key starting ``schedule:`` is refused (400, on the single and the
+    batch route), and nothing is written."""
+    _queue(admin)
+    assert admin.post("/v1/schedules", json=_schedule()).status_code == 201
+    view = admin.get("/v1/schedules/nightly").json()
+    created = to_us(datetime.fromisoformat(view["created_at"]))
+    instant = to_us(datetime.fromisoformat(view["next_fire_at"]))
+    key = f"schedule:nightly:{created}:{instant}"
+    task = {"queue": "sq", "handler": "evil.handler", "payload": {"a": 1}, "idempotency_key": key}
+    with httpx.Client(
+        base_url=node.http, timeout=30, headers={"Authorization": f"Bearer {tokens.submit}"}
+    ) as submitter:
+        before = _events(admin)
+        for path, body in (("/v1/tasks", task), ("/v1/tasks/batch", {"tasks": [task]})):
+            refused = submitter.post(path, json=body)
+            assert refused.status_code == 400, (path, refused.text)
+            error = refused.json()["error"]
+            assert (error["code"], error["field"]) == ("INVALID_ARGUMENT", "idempotency_key"), error
+        assert _events(admin) == before  # nothing written
+        assert admin.get("/v1/tasks", params={"queue": "sq"}).json()["items"] == []
+
+
 def test_a_taken_name_is_409(admin: httpx.Client) -> None:
     _queue(admin)
     assert admin.post("/v1/schedules", json=_schedule()).status_code == 201

@@ -91,6 +91,11 @@ def test_oversize_payload(make_store: Any, clock: ManualClock) -> None:
         ({"handler": ""}, Code.INVALID_ARGUMENT),
         ({"tenant": "a b"}, Code.INVALID_ARGUMENT),
         ({"idempotency_key": ""}, Code.INVALID_ARGUMENT),
+        # the schedules' own keys (orbit.core.validate.SCHEDULE_KEY_PREFIX)
+        (
+            {"idempotency_key": "schedule:nightly:1800000000000000:1800000060000000"},
+            Code.INVALID_ARGUMENT,
+        ),
         ({"payload": float("nan")}, Code.INVALID_ARGUMENT),
         ({"payload": {"x": object()}}, Code.INVALID_ARGUMENT),
         ({"payload": "\ud800"}, Code.INVALID_ARGUMENT),
