@@ -2363,8 +2363,10 @@ class Store:
         self._tx(lambda tx: tx.execute("artifact_delete", id=artifact_id))
 
     def artifact_get(self, artifact_id: str) -> Artifact:
-        """A ready artifact, not of a cancelled attempt, and not expired by the store's
-        clock: an expired one is gone even before the reaper's pass deletes it."""
+        """A ready artifact, not of a cancelled attempt (nor of the live attempt of a task
+        being cancelled, which can only end cancelled: cancel wins from the moment it is
+        asked), and not expired by the store's clock: an expired one is gone even before
+        the reaper's pass deletes it."""
 
         def read(tx: _Tx) -> tuple[list[Row], int]:
             return tx.fetch("artifact_get", id=artifact_id), tx.now()
@@ -2374,6 +2376,10 @@ class Store:
             not found
             or found[0]["state"] != "ready"
             or found[0]["attempt_state"] == "cancelled"
+            or (
+                found[0]["task_state"] == "cancelling"
+                and found[0]["attempt_state"] in ("claimed", "running")
+            )
             or int(found[0]["expires_at"]) <= now
         ):
             raise OrbitError(Code.ARTIFACT_NOT_FOUND, f"no artifact {artifact_id!r:.80}")

@@ -182,7 +182,9 @@ def test_bad_upload_options(store: Store, kw: dict[str, object], code: Code) -> 
 def test_a_cancel_refuses_new_artifacts_and_hides_the_attempts_own(store: Store) -> None:
     """Cancel wins over artifacts as over results (DESIGN §5.1): once cancel is asked,
     no artifact is begun or committed (evidence left), and one committed before is no
-    longer listed or read once the attempt ends cancelled."""
+    longer listed or read, from the moment cancel is asked (the task ``cancelling``,
+    its attempt still running, as a success result is not shown) and once the attempt
+    ends cancelled."""
     run = _running(store)
     tid, s, a = run.task_id, run.session, run.grant.attempt
     before = run.upload("early.png", [b"early"])
@@ -190,6 +192,10 @@ def test_a_cancel_refuses_new_artifacts_and_hides_the_attempts_own(store: Store)
     store.artifact_write(pending, 0, b"x")
     store.task_cancel(tid)
     assert store.task_get(tid).state == "cancelling"
+    assert store.artifact_list(tid) == []
+    with pytest.raises(OrbitError) as err:
+        store.artifact_get(before.id)
+    assert err.value.code == Code.ARTIFACT_NOT_FOUND
     with pytest.raises(Rejected) as err:
         run.begin("late")
     assert err.value.code == Code.TASK_CANCELLED

@@ -659,8 +659,9 @@ WHERE EXISTS (SELECT 1 FROM orbit_artifacts WHERE id = :artifact_id AND state = 
               FOR SHARE);
 
 -- name: artifact_get
-SELECT f.*, a.state AS attempt_state FROM orbit_artifacts f
+SELECT f.*, a.state AS attempt_state, t.state AS task_state FROM orbit_artifacts f
 JOIN orbit_attempts a ON a.id = f.attempt_id
+JOIN orbit_tasks t ON t.id = f.task_id
 WHERE f.id = :id;
 
 -- name: artifact_lock
@@ -688,13 +689,16 @@ DELETE FROM orbit_artifacts WHERE id = :id;
 
 -- name: artifact_list
 -- Artifacts of cancelled attempts are never shown: cancel wins over everything an
--- attempt produced, its result and its blobs alike. An expired one is gone by the
+-- attempt produced, its result and its blobs alike; nor are those of the live attempt
+-- of a task being cancelled, which can only end cancelled. An expired one is gone by the
 -- clock, whether or not the reaper has deleted it yet. Keyset pages in the order the
 -- uploads were committed (ready_seq, 0 for the first page: numbers start at 1), a range
 -- of the (task_id, ready_seq) index; an upload not yet committed has none.
 SELECT f.* FROM orbit_artifacts f JOIN orbit_attempts a ON a.id = f.attempt_id
+JOIN orbit_tasks t ON t.id = f.task_id
 WHERE f.task_id = :task_id AND f.ready_seq > :after_seq AND f.state = 'ready'
   AND a.state <> 'cancelled' AND f.expires_at > :now
+  AND NOT (t.state = 'cancelling' AND a.state IN ('claimed', 'running'))
 ORDER BY f.ready_seq
 LIMIT :limit;
 
