@@ -214,11 +214,12 @@ async def artifact_content(request: Request, artifact_id: str) -> StreamingRespo
         "X-Orbit-Sha256": artifact.sha256 or "",
         "Content-Disposition": attachment(artifact.name),
         # The Content-Type is the uploader's word: a browser must not second-guess it
-        # (an uploaded page sniffed as text/html would run as this origin's page).
+        # (an uploaded page sniffed as text/html would run as this origin's page). Set
+        # as a header, not as media_type, to which Starlette adds "; charset=utf-8" for
+        # text/*: a Shift_JIS text/plain file was labelled UTF-8.
+        "Content-Type": artifact.content_type,
         "X-Content-Type-Options": "nosniff",
     }
     return StreamingResponse(
-        iterate_in_threadpool(store.artifact_chunks(artifact_id)),
-        media_type=artifact.content_type,
-        headers=headers,
+        iterate_in_threadpool(store.artifact_chunks(artifact_id)), headers=headers
     )

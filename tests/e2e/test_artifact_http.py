@@ -88,8 +88,23 @@ def test_a_download_is_an_attachment_the_browser_may_not_sniff(served: Served) -
     reply = served.client.get(f"/v1/artifacts/{made.json()['id']}/content", headers=served.submit)
     assert reply.status_code == 200 and reply.content == page
     assert reply.headers["x-content-type-options"] == "nosniff"
-    assert reply.headers["content-type"].startswith("text/plain")
+    assert reply.headers["content-type"] == "text/plain"
     assert reply.headers["content-disposition"] == 'attachment; filename="page.txt"'
+
+
+@pytest.mark.parametrize(
+    "content_type", ["text/plain; charset=shift_jis", "text/html", "image/png", "a/b; x=1"]
+)
+def test_a_download_has_the_content_type_it_was_uploaded_with(
+    served: Served, content_type: str
+) -> None:
+    """Exactly as uploaded: Starlette added ``; charset=utf-8`` to a ``text/*`` type
+    given as the response's media type, so a Shift_JIS file was labelled UTF-8."""
+    made = _put(served, "typed.bin", "日本".encode("shift_jis"), content_type)
+    assert made.status_code == 201, made.text
+    reply = served.client.get(f"/v1/artifacts/{made.json()['id']}/content", headers=served.submit)
+    assert reply.status_code == 200
+    assert reply.headers["content-type"] == content_type
 
 
 @pytest.mark.parametrize(
