@@ -21,12 +21,20 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")  # \Z: $ would pas
 MAX_PRIORITY = 1_000_000
 MAX_ATTEMPTS_LIMIT = 1_000
 MAX_KEY_LEN = 255
-#: Idempotency keys that only schedules make (``orbit.store.store.fire_key``): a submit
-#: may not use one. Their shape is documented and their parts are readable with the
-#: submit scope, and a fire takes a task it finds under its key as its own: a client
+#: The idempotency keys only schedules make (``orbit.store.store.fire_key``:
+#: ``schedule:<name>:<created_at>:<instant>``, a schedule's name and two whole numbers): a
+#: submit may not use one. Their shape is documented and their parts are readable with
+#: the submit scope, and a fire takes a task it finds under its key as its own: a client
 #: could have a schedule's fire take its task, or, with another payload, refuse the fire
-#: (``IDEMPOTENCY_CONFLICT``) at every pass.
-SCHEDULE_KEY_PREFIX = "schedule:"
+#: (``IDEMPOTENCY_CONFLICT``) at every pass. Other keys starting ``schedule:`` are free.
+FIRE_KEY_RE = re.compile(r"^schedule:[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}:[0-9]+:[0-9]+\Z")
+
+
+def is_fire_key(key: object) -> bool:
+    """Whether ``key`` has the shape of a schedule's fire key (``FIRE_KEY_RE``)."""
+    return isinstance(key, str) and key.startswith("schedule:") and bool(FIRE_KEY_RE.match(key))
+
+
 #: The largest attempt number: ``orbit_attempts.number`` is a 32-bit integer in PostgreSQL.
 MAX_ATTEMPT_NUMBER = 2**31 - 1
 #: The largest duration Orbit accepts anywhere: a year, in microseconds.
@@ -204,13 +212,11 @@ def check_spec(spec: TaskSpec, max_payload_bytes: int) -> tuple[str, int]:
         raise OrbitError(
             Code.INVALID_ARGUMENT, f"idempotency_key must be 1-{MAX_KEY_LEN} characters"
         )
-    if isinstance(spec.idempotency_key, str) and spec.idempotency_key.startswith(
-        SCHEDULE_KEY_PREFIX
-    ):
+    if is_fire_key(spec.idempotency_key):
         raise OrbitError(
             Code.INVALID_ARGUMENT,
-            f"idempotency_key may not start with {SCHEDULE_KEY_PREFIX!r}: schedules' fires "
-            "use those keys",
+            "idempotency_key may not have the shape schedule:<name>:<number>:<number>: "
+            "schedules' fires use those keys",
             field="idempotency_key",
         )
     if spec.parent_id is not None and not isinstance(spec.parent_id, str):

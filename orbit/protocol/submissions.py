@@ -31,7 +31,7 @@ from orbit.core.validate import (
     MAX_ATTEMPTS_LIMIT,
     MAX_KEY_LEN,
     MAX_PRIORITY,
-    SCHEDULE_KEY_PREFIX,
+    is_fire_key,
     is_name,
 )
 from orbit.protocol.decode import short_text, values_ok
@@ -69,8 +69,8 @@ def _optional_text(value: Any, most: int) -> bool:
 
 def _usual_key(value: Any) -> bool:
     """An idempotency key ``check_spec`` takes: 1-``MAX_KEY_LEN`` characters, and not
-    one of the schedules' own (``SCHEDULE_KEY_PREFIX``)."""
-    return short_text(value, MAX_KEY_LEN) and not value.startswith(SCHEDULE_KEY_PREFIX)
+    one of the schedules' own (``is_fire_key``)."""
+    return short_text(value, MAX_KEY_LEN) and not is_fire_key(value)
 
 
 def _optional_key(value: Any) -> bool:

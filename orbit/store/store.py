@@ -1115,11 +1115,11 @@ class Store:
             )
             tx.events([event])
 
+        # The template checked as a submit is, and then given the fire's key, which a
+        # submit's check refuses (``is_fire_key``): so ``fields_checked``.
+        check_spec(s.template, self.config.max_payload_bytes)
         spec = replace(s.template, idempotency_key=key)
         try:
-            # fields_checked: the template was checked as a submit is when it was stored
-            # (``check_schedule``), and the key is the schedule's own, which a submit's
-            # check refuses (``SCHEDULE_KEY_PREFIX``); the payload is checked again.
             done = self.task_submit_rendered(
                 [spec], _same, fields_checked=True, first=first, made=fired
             )
@@ -1171,7 +1171,8 @@ class Store:
 
         ``fields_checked``: every spec comes from ``orbit.protocol.submissions``' reader,
         which accepts only what ``check_spec`` accepts (a test holds the two to each
-        other), so only the payloads are checked here: half of ``check_spec``'s time,
+        other), or is a schedule's fire, checked by ``check_spec`` before its key was set,
+        so only the payloads are checked here: half of ``check_spec``'s time,
         which runs before the transaction begins, while the database waits.
 
         A ``LazyBatch`` (the reader's, over HTTP) is read and its payloads checked before

@@ -91,7 +91,7 @@ def test_oversize_payload(make_store: Any, clock: ManualClock) -> None:
         ({"handler": ""}, Code.INVALID_ARGUMENT),
         ({"tenant": "a b"}, Code.INVALID_ARGUMENT),
         ({"idempotency_key": ""}, Code.INVALID_ARGUMENT),
-        # the schedules' own keys (orbit.core.validate.SCHEDULE_KEY_PREFIX)
+        # the schedules' own keys (orbit.core.validate.is_fire_key)
         (
             {"idempotency_key": "schedule:nightly:1800000000000000:1800000060000000"},
             Code.INVALID_ARGUMENT,
@@ -122,6 +122,14 @@ def test_deadline_in_the_past_or_before_run_after(store: Store, clock: ManualClo
         Code.INVALID_DEADLINE,
         lambda: submit(store, deadline=clock.now + 10 * SECOND, run_after=clock.now + 20 * SECOND),
     )
+
+
+def test_only_a_fire_shaped_key_is_the_schedules_own(store: Store) -> None:
+    """A key of a fire's shape (``schedule:<name>:<number>:<number>``) is refused above;
+    any other key starting ``schedule:`` is a key like any other."""
+    queue(store)
+    for key in ("schedule:daily-report", "schedule:a:b", "schedule:x:1:2:3b"):
+        assert store.task_get(submit(store, idempotency_key=key)).idempotency_key == key
 
 
 def test_idempotency_conflict(store: Store) -> None:
