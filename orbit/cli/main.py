@@ -251,7 +251,8 @@ def token_revoke(
     if not as_json:
         typer.secho(
             f"token {token.id} is revoked: servers refuse it, and close the worker "
-            "connections open with it, within their --token-cache (10 s by default)",
+            f"connections open with it, within their --token-cache ({CACHE_SECONDS:g} s by "
+            "default)",
             err=True,
         )
 

@@ -148,7 +148,12 @@ class Following:
             if self.task_id is None
             else f"/v1/tasks/{path_segment(self.task_id)}/events/stream"
         )
-        return path if self.cursor is None else path + "?" + urlencode({"cursor": self.cursor})
+        return path + self.cursor_query
+
+    @property
+    def cursor_query(self) -> str:
+        """``?cursor=…`` to resume after ``cursor``, or nothing before there is one."""
+        return "" if self.cursor is None else "?" + urlencode({"cursor": self.cursor})
 
     @property
     def headers(self) -> dict[str, str]:

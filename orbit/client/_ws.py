@@ -15,7 +15,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
-from urllib.parse import SplitResult, urlencode
+from urllib.parse import SplitResult
 
 from websockets.asyncio.client import ClientConnection as AsyncConnection
 from websockets.exceptions import ConnectionClosed
@@ -55,8 +55,7 @@ class Subscription(Following):
             if self.task_id is None
             else f"/v1/tasks/{path_segment(self.task_id)}/events/ws"
         )
-        query = "" if self.cursor is None else "?" + urlencode({"cursor": self.cursor})
-        return base + path + query
+        return base + path + self.cursor_query
 
     def frame(self, data: str | bytes) -> tuple[str, dict[str, Any]] | None:
         """The ``(cursor, event)`` of an event frame; None for any other (a keep-alive,

@@ -603,8 +603,12 @@ class _Protocol:
             superseded = self.dispatcher.attach(conn)
             if superseded is not None:
                 # Not waited for: the old connection's worker may no longer read it.
+                # Its pushes are dropped as a fence's, unless a revoke closed it first:
+                # then the revoke's release has them (``close``).
                 superseded.send_nowait(
-                    superseded.close(4409, "session resumed elsewhere", drop_pushes=True)
+                    superseded.close(
+                        4409, "session resumed elsewhere", drop_pushes=not superseded.closed
+                    )
                 )
             self.dispatcher.refuse_revoked(conn)
             return conn

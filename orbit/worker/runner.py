@@ -100,10 +100,19 @@ CLAIM_STALE_S = 30.0
 #: handler, and, past its lease, sent every task that is not ``retry_safe`` to
 #: ``needs_review``, whenever a node restarted while its database hiccuped.
 RESUME_NOT_TRIED = "INTERNAL"
-#: How often, at most, leases are checked while a renewal's answer is awaited (the renew
-#: loop's shortest sleep, ``Worker._interval``'s): an attempt started meanwhile may hold
-#: a lease shorter than the wait.
+#: The longest gap between two checks of the leases while a renewal's answer is awaited
+#: (the renew loop's shortest sleep, ``Worker._interval``'s): an attempt started meanwhile
+#: may hold a lease shorter than the wait.
 LEASE_CHECK_S = 0.05
+#: The least a renewal's answer is waited for, however little is left of the soonest
+#: lease. A renewal not answered by the soonest lease's end closes the connection, so that
+#: the runner resumes on a new one in time to renew the others (a link gone half-open);
+#: but a lease the server will not extend (capped by its attempt timeout or its task's
+#: deadline) shrinks towards nothing, and near its end the wait fell to 50 ms: a server
+#: slower than that closed the connection, and every other attempt's renewal with it,
+#: again and again. Leases that end meanwhile are given up on time all the same
+#: (``Worker._renewal_answer``).
+RENEW_WAIT_FLOOR_S = 1.0
 #: the reason a drain gives the attempts it cancels (and the waiting ones it gives back)
 STOPPING = "worker stopping"
 Handler = Callable[..., Any]
@@ -1348,7 +1357,8 @@ class Worker:
             try:
                 # A renewal not answered in time closes the connection (as any request
                 # that times out): the runner resumes on a new one rather than wait on it.
-                timeout = min(10.0, self.request_timeout)
+                soonest = min(alive) - time.monotonic()
+                timeout = min(10.0, self.request_timeout, max(soonest, RENEW_WAIT_FLOOR_S))
                 sent = time.monotonic()
                 renewal = asyncio.ensure_future(
                     conn.renew(ids[start : start + MAX_RENEW_IDS], timeout)
@@ -1364,13 +1374,10 @@ class Worker:
     async def _renewal_answer(
         self, renewal: asyncio.Future[list[dict[str, Any]]]
     ) -> list[dict[str, Any]]:
-        """The answer to ``renewal``; while it is awaited, each running lease that runs
-        out by this host's clock (those of attempts started meanwhile too) is lost at
-        once, as the check at the top of the loop would. The renewal was once timed out
-        at the soonest lease instead, so that the check ran in time; but a lease that
-        cannot be extended (capped by its attempt timeout or its task's deadline) shrinks
-        towards nothing, and a server slower than what was left of it closed the
-        connection, and every other attempt's renewal with it, again and again."""
+        """The answer to ``renewal``; while it is awaited (up to its timeout, at least
+        ``RENEW_WAIT_FLOOR_S``), each running lease that runs out by this host's clock
+        (those of attempts started meanwhile too) is lost at once, as the check at the
+        top of the loop would."""
         try:
             while True:
                 live = [r for r in self.running.values() if r.lease_expires and not r.lost]

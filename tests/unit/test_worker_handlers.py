@@ -694,7 +694,7 @@ async def _run_capped(server: _CappedLease, **options: Any) -> tuple[FakeGateway
     finish; the gateway, the attempts whose handlers were cancelled, and how many
     connections the worker had made when ``capped`` was given up."""
     cancelled: list[str] = []
-    go = asyncio.Event()
+    go, given_up = asyncio.Event(), asyncio.Event()
     async with FakeGateway(on_request=server) as gw:
         worker = Worker(gw.url, "token", grace=5.0, cancel_grace=0.3, **options)
 
@@ -704,6 +704,7 @@ async def _run_capped(server: _CappedLease, **options: Any) -> tuple[FakeGateway
                 await go.wait()
             except asyncio.CancelledError:
                 cancelled.append(ctx.attempt_id)
+                given_up.set()
                 raise
             return "ok"
 
@@ -711,10 +712,9 @@ async def _run_capped(server: _CappedLease, **options: Any) -> tuple[FakeGateway
             await gw.wait_for(_is("hello"))
             tasks = [assignment("capped", "h"), assignment("free", "h")]
             await gw.push({"type": "tasks", "req_id": None, "tasks": tasks})
-            async with asyncio.timeout(10):
-                while "capped" in worker.running or not server.end:
-                    await asyncio.sleep(0.005)
-            assert server.end - 0.3 <= time.monotonic() <= server.end + 0.5
+            await asyncio.wait_for(given_up.wait(), 10)
+            # given up at its end by this host's clock, at most a lease check late
+            assert server.end - 0.5 <= time.monotonic() <= server.end + 0.5
             connections = len(gw.connections)
             go.set()
             await gw.wait_for(_finished("free"), timeout=20)
@@ -740,10 +740,9 @@ def test_a_lease_that_cannot_be_extended_ends_without_closing_the_connection() -
 
 
 def test_a_lease_ends_on_time_while_its_renewal_goes_unanswered() -> None:
-    """A renewal that gets no answer is waited for up to the request timeout (2 s here),
-    but a lease that ends meanwhile is given up at its end, not when the wait does: a
-    handler never runs on past its lease by this host's clock. The other attempt's finish
-    goes on meanwhile."""
+    """A renewal that gets no answer is waited for at least a second (then the
+    connection is closed), but a lease that ends meanwhile is given up at its end, not
+    when the wait does: a handler never runs on past its lease by this host's clock."""
     server = _CappedLease(delay=0.0, hang_after=1)
     gw, cancelled, connections = asyncio.run(_run_capped(server, request_timeout=2.0))
     assert connections == 1  # given up while the second renewal was still awaited
@@ -755,10 +754,10 @@ def test_a_lease_ends_on_time_while_its_renewal_goes_unanswered() -> None:
 
 def test_an_attempt_started_while_a_renewal_goes_unanswered_ends_with_its_lease() -> None:
     """The leases watched while a renewal's answer is awaited include those of attempts
-    started meanwhile: ``later`` starts with a lease shorter than the wait (the renewal
-    of ``first``'s is never answered, and awaited up to the 6 s request timeout), and is
-    given up at its own end, not when the wait ends."""
-    leases = {"first": 1.0, "later": 0.5}
+    started meanwhile: ``first``'s renewal, at half its 4 s lease, is never answered and
+    is awaited for the 2 s left of it; ``later`` starts meanwhile with a 0.5 s lease, and
+    is given up at its own end, not when the wait ends (1.5 s after that)."""
+    leases = {"first": 4.0, "later": 0.5}
     ends: dict[str, float] = {}
 
     async def hang_renewals(gw: FakeGateway, ws: Any, msg: dict[str, Any]) -> bool:
@@ -781,12 +780,15 @@ def test_an_attempt_started_while_a_renewal_goes_unanswered_ends_with_its_lease(
 
     async def main() -> dict[str, float]:
         given_up: dict[str, float] = {}
+        both = asyncio.Event()
 
         async def waits(ctx: Context, payload: Any) -> Any:
             try:
                 await asyncio.Event().wait()
             except asyncio.CancelledError:
                 given_up[ctx.attempt_id] = time.monotonic()
+                if len(given_up) == 2:
+                    both.set()
                 raise
 
         async with FakeGateway(on_request=hang_renewals) as gw:
@@ -801,15 +803,68 @@ def test_an_attempt_started_while_a_renewal_goes_unanswered_ends_with_its_lease(
                 await gw.push(
                     {"type": "tasks", "req_id": None, "tasks": [assignment("later", "h")]}
                 )
-                async with asyncio.timeout(10):
-                    while len(given_up) < 2:
-                        await asyncio.sleep(0.005)
-                assert len(gw.connections) == 1  # the renewal was still awaited
+                await asyncio.wait_for(both.wait(), 10)
         return given_up
 
     given_up = asyncio.run(main())
     for attempt_id in ("first", "later"):
         assert ends[attempt_id] - 0.3 <= given_up[attempt_id] <= ends[attempt_id] + 0.5
+
+
+def test_a_renewal_unanswered_by_the_soonest_lease_end_resumes_in_time_for_the_others() -> None:
+    """A link gone half-open: the first connection swallows every renewal. The renewal is
+    given up when the soonest lease ends (at least a second after it was sent), and the
+    connection with it, so the runner resumes on a new one while the longer lease still
+    runs and renews it there; its handler finishes. The short lease is given up at its
+    end. Waiting for the request timeout instead lost every lease shorter than it."""
+    leases = {"short": 1.0, "long": 5.0}
+
+    async def half_open_first(gw: FakeGateway, ws: Any, msg: dict[str, Any]) -> bool:
+        if msg["type"] == "renew" and ws is gw.connections[0]:
+            return True  # never answered
+        if msg["type"] not in ("start", "start_many"):
+            return False
+        results = [
+            {"attempt_id": a, "lease": {"attempt_id": a, "status": "ok", "lease_left": leases[a]}}
+            for a in (i["attempt_id"] for i in msg.get("items", [msg]))
+        ]
+        reply = (
+            {"type": "started", "lease": results[0]["lease"]}
+            if msg["type"] == "start"
+            else {"type": "started_many", "results": results}
+        )
+        await ws.send(json.dumps({**reply, "req_id": msg["req_id"]}))
+        return True
+
+    async def main() -> tuple[FakeGateway, list[str]]:
+        cancelled: list[str] = []
+        resumed = asyncio.Event()
+
+        async def waits(ctx: Context, payload: Any) -> Any:
+            try:
+                await resumed.wait()
+            except asyncio.CancelledError:
+                cancelled.append(ctx.attempt_id)
+                raise
+            return "ok"
+
+        async with FakeGateway(on_request=half_open_first) as gw:
+            worker = Worker(gw.url, "token", request_timeout=30.0, cancel_grace=0.3)
+            worker.handler("h")(waits)
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                tasks = [assignment("short", "h"), assignment("long", "h")]
+                await gw.push({"type": "tasks", "req_id": None, "tasks": tasks})
+                await gw.wait_for(_is("resume"), timeout=4.0)  # before the long lease ends
+                await gw.count(_is("renew"), 2)  # the long lease renewed on the new one
+                resumed.set()
+                await gw.wait_for(_finished("long"))
+        return gw, cancelled
+
+    gw, cancelled = asyncio.run(main())
+    assert cancelled == ["short"]
+    assert "short" not in gw.finished
+    assert gw.finished["long"] == {"ok": True, "result": "ok"}
 
 
 def test_a_new_lease_wakes_the_renew_loop_without_a_look_at_every_attempt() -> None:

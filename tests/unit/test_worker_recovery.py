@@ -390,7 +390,7 @@ def test_a_resume_refused_for_its_session_starts_a_new_one_and_loses_the_handler
     it reported (the server's lease decides)."""
 
     async def main() -> None:
-        entered = asyncio.Event()
+        entered, lost = asyncio.Event(), asyncio.Event()
         seen: dict[str, Any] = {}
 
         async def held(ctx: Context, payload: Any) -> Any:
@@ -399,6 +399,7 @@ def test_a_resume_refused_for_its_session_starts_a_new_one_and_loses_the_handler
                 await asyncio.Event().wait()
             except asyncio.CancelledError:
                 seen["cancelled"] = ctx.cancelled
+                lost.set()
                 raise
 
         async with FakeGateway(on_request=_answer_resumes(code)) as gw:
@@ -410,9 +411,7 @@ def test_a_resume_refused_for_its_session_starts_a_new_one_and_loses_the_handler
                 await entered.wait()
                 await gw.connections[-1].close()
                 await gw.count(_is("hello"), 2)
-                async with asyncio.timeout(10):
-                    while "a1" in worker.running:
-                        await asyncio.sleep(0.005)
+                await asyncio.wait_for(lost.wait(), 10)
             kinds = [m["type"] for m in gw.received]
             assert kinds.count("resume") == 1
             assert "a1" not in gw.finished
