@@ -222,6 +222,20 @@ def _receive(ws: Any) -> Any:
         raise AssertionError("nothing arrived") from None
 
 
+def _resume(ws: Any, welcome: dict[str, Any]) -> Any:
+    """Resume the session ``welcome`` opened, on ``ws`` (pushes on); the reply."""
+    ws.send_json(
+        {
+            "type": "resume",
+            "req_id": "r1",
+            "session_id": welcome["session_id"],
+            "secret": welcome["resume_secret"],
+            "push": True,
+        }
+    )
+    return _receive(ws)
+
+
 def _close_code(ws: Any) -> int:
     """The code the server closes a test client's socket with (within WAIT seconds);
     a message arriving first fails the test."""
@@ -742,15 +756,7 @@ def test_a_claim_undelivered_because_of_a_resume_here_is_released(db_url: str) -
             assert claimed.wait(WAIT)  # the task is claimed for epoch 1
             assert store.task_get(task_id).state == "claimed"
             with client.websocket_connect("/v1/worker", headers=auth) as second:
-                resume = {
-                    "type": "resume",
-                    "req_id": "r1",
-                    "session_id": welcome["session_id"],
-                    "secret": welcome["resume_secret"],
-                    "push": True,
-                }
-                second.send_json(resume)
-                assert _receive(second)["epoch"] == "2"
+                assert _resume(second, welcome)["epoch"] == "2"
                 assert _close_code(first) == 4409
                 back.set()  # the claim reaches the dispatcher: its connection is closed
                 pushed = _receive(second)
@@ -758,6 +764,52 @@ def test_a_claim_undelivered_because_of_a_resume_here_is_released(db_url: str) -
                 assert pushed["tasks"][0]["fence"] == "2"  # a new attempt, the first released
     finally:
         store.close()
+
+
+def _told_after(store: Store, method: str) -> threading.Event:
+    """Replace the store's ``method`` by one that sets the returned event once a call of
+    it has returned (or raised): the test waits on that, not on a guess of time."""
+    done = threading.Event()
+    call = getattr(store, method)
+
+    def then_tell(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return call(*args, **kwargs)
+        finally:
+            done.set()
+
+    setattr(store, method, then_tell)
+    return done
+
+
+def _revoke_on_reading(
+    monkeypatch: pytest.MonkeyPatch, app: Any, token: str, kind: type[Any]
+) -> None:
+    """Have the node hear that ``token`` was revoked while a worker's request of ``kind``
+    waits to be read: as the gateway reads it, the revoke's close comes first."""
+    read = gateway.read_request
+
+    def read_then_revoke(frame: str | bytes) -> Any:
+        msg = read(frame)
+        if isinstance(msg, kind):
+            app.state.dispatcher.close_revoked([token_id(token)])
+        return msg
+
+    monkeypatch.setattr(gateway, "read_request", read_then_revoke)
+
+
+def _stall_sends(conn: Any) -> threading.Event:
+    """Make ``conn``'s socket take no bytes, as a worker's that stopped reading: each
+    send waits for ever. The returned event is set once a send has begun waiting."""
+    waiting = threading.Event()
+    never = asyncio.Event()
+
+    async def takes_no_bytes(text: str) -> None:
+        waiting.set()
+        await never.wait()
+
+    conn.ws.send_text = takes_no_bytes
+    return waiting
 
 
 def test_a_push_waiting_for_a_socket_fenced_by_a_resume_is_released(db_url: str) -> None:
@@ -777,27 +829,12 @@ def test_a_push_waiting_for_a_socket_fenced_by_a_resume_is_released(db_url: str)
         ):
             welcome = _hello(first)
             conn = app.state.dispatcher.connections[welcome["session_id"]]
-            waiting = threading.Event()
-            never = asyncio.Event()
-
-            async def takes_no_bytes(text: str) -> None:
-                waiting.set()
-                await never.wait()
-
-            conn.ws.send_text = takes_no_bytes  # type: ignore[method-assign]
+            waiting = _stall_sends(conn)
             task_id = store.task_submit(TaskSpec(queue="q", handler="h")).task.id
             assert waiting.wait(WAIT)  # claimed for epoch 1, its push waiting
             assert store.task_get(task_id).state == "claimed"
             with client.websocket_connect("/v1/worker", headers=auth) as second:
-                resume = {
-                    "type": "resume",
-                    "req_id": "r1",
-                    "session_id": welcome["session_id"],
-                    "secret": welcome["resume_secret"],
-                    "push": True,
-                }
-                second.send_json(resume)
-                assert _receive(second)["epoch"] == "2"
+                assert _resume(second, welcome)["epoch"] == "2"
                 pushed = _receive(second)
                 assert [t["task_id"] for t in pushed["tasks"]] == [task_id], pushed
                 assert pushed["tasks"][0]["fence"] == "2"  # a new attempt, the first released
@@ -827,27 +864,10 @@ def test_a_request_read_after_a_close_for_a_revoked_token_is_not_acted_on(
             starts.append(args)
             return start(*args)
 
-        released = threading.Event()
-        release = store.session_release_claims
-
-        def release_then_tell(*args: Any) -> Any:
-            try:
-                return release(*args)
-            finally:
-                released.set()
-
         store.attempt_start = counted  # type: ignore[method-assign]
-        store.session_release_claims = release_then_tell  # type: ignore[method-assign]
+        released = _told_after(store, "session_release_claims")
         app = create_app(ServerSettings(db_url=db_url, poll_interval=3600), store=store)
-        read = gateway.read_request
-
-        def read_then_revoke(frame: str | bytes) -> Any:
-            msg = read(frame)
-            if isinstance(msg, Start):  # the revoke is heard while the start waits
-                app.state.dispatcher.close_revoked([token_id(token)])
-            return msg
-
-        monkeypatch.setattr(gateway, "read_request", read_then_revoke)
+        _revoke_on_reading(monkeypatch, app, token, Start)
         auth = {"Authorization": f"Bearer {token}"}
         with (
             TestClient(app) as client,
@@ -883,25 +903,8 @@ def test_a_finish_read_after_a_close_for_a_revoked_token_is_taken(
     store, token = _worker_store(db_url, StoreConfig(claim_ttl_us=600 * SECOND))
     try:
         app = create_app(ServerSettings(db_url=db_url, poll_interval=3600), store=store)
-        finished = threading.Event()
-        finish_many = store.attempt_finish_many
-
-        def finish_then_tell(*args: Any) -> Any:
-            try:
-                return finish_many(*args)
-            finally:
-                finished.set()
-
-        store.attempt_finish_many = finish_then_tell  # type: ignore[method-assign]
-        read = gateway.read_request
-
-        def read_then_revoke(frame: str | bytes) -> Any:
-            msg = read(frame)
-            if isinstance(msg, Finish):  # the revoke is heard while the finish waits
-                app.state.dispatcher.close_revoked([token_id(token)])
-            return msg
-
-        monkeypatch.setattr(gateway, "read_request", read_then_revoke)
+        finished = _told_after(store, "attempt_finish_many")
+        _revoke_on_reading(monkeypatch, app, token, Finish)
         auth = {"Authorization": f"Bearer {token}"}
         with (
             TestClient(app) as client,
@@ -930,16 +933,7 @@ def test_a_revoke_leaves_a_waiting_push_to_its_own_release(db_url: str) -> None:
     release no worker sent left a ``rejected`` event."""
     store, token = _worker_store(db_url, StoreConfig(claim_ttl_us=600 * SECOND))
     try:
-        released = threading.Event()
-        release = store.session_release_claims
-
-        def release_then_tell(*args: Any) -> Any:
-            try:
-                return release(*args)
-            finally:
-                released.set()
-
-        store.session_release_claims = release_then_tell  # type: ignore[method-assign]
+        released = _told_after(store, "session_release_claims")
         app = create_app(ServerSettings(db_url=db_url, poll_interval=3600), store=store)
         auth = {"Authorization": f"Bearer {token}"}
         with (
@@ -948,14 +942,7 @@ def test_a_revoke_leaves_a_waiting_push_to_its_own_release(db_url: str) -> None:
         ):
             welcome = _hello(ws)
             conn = app.state.dispatcher.connections[welcome["session_id"]]
-            waiting = threading.Event()
-            never = asyncio.Event()
-
-            async def takes_no_bytes(text: str) -> None:
-                waiting.set()
-                await never.wait()
-
-            conn.ws.send_text = takes_no_bytes  # type: ignore[method-assign]
+            waiting = _stall_sends(conn)
             task_id = store.task_submit(TaskSpec(queue="q", handler="h")).task.id
             assert waiting.wait(WAIT)
             client.portal.call(app.state.dispatcher.close_revoked, [token_id(token)])

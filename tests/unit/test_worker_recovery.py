@@ -301,6 +301,20 @@ def test_a_start_without_a_reply_makes_the_runner_resume_on_a_new_connection() -
     asyncio.run(main())
 
 
+@contextlib.asynccontextmanager
+async def _a1_running_then_dropped(
+    gw: FakeGateway, worker: Worker, entered: asyncio.Event
+) -> AsyncIterator[None]:
+    """``worker`` running attempt ``a1`` (its handler has begun: ``entered``), then its
+    connection closed by the gateway; the worker is stopped on the way out."""
+    async with running(worker):
+        await gw.wait_for(_is("hello"))
+        await _push_a1(gw)
+        await entered.wait()
+        await gw.connections[-1].close()
+        yield
+
+
 def _answer_resumes(*codes: str) -> Callable[..., Any]:
     """A gateway hook that answers the first resumes with these error codes, one each,
     and the ones after as a well-behaved server does."""
@@ -341,11 +355,7 @@ def test_a_resume_the_server_could_not_try_is_tried_again_and_the_handler_goes_o
         async with FakeGateway(on_request=_answer_resumes(*["INTERNAL"] * failures)) as gw:
             worker = Worker(gw.url, "token", reconnect_max=0.2)
             worker.handler("h")(held)
-            async with running(worker):
-                await gw.wait_for(_is("hello"))
-                await _push_a1(gw)
-                await entered.wait()
-                await gw.connections[-1].close()
+            async with _a1_running_then_dropped(gw, worker, entered):
                 await gw.count(_is("resume"), failures + 1)
                 go.set()
                 await gw.wait_for(_finished("a1"))
@@ -405,11 +415,7 @@ def test_a_resume_refused_for_its_session_starts_a_new_one_and_loses_the_handler
         async with FakeGateway(on_request=_answer_resumes(code)) as gw:
             worker = Worker(gw.url, "token", cancel_grace=0.3)
             worker.handler("h")(held)
-            async with running(worker):
-                await gw.wait_for(_is("hello"))
-                await _push_a1(gw)
-                await entered.wait()
-                await gw.connections[-1].close()
+            async with _a1_running_then_dropped(gw, worker, entered):
                 await gw.count(_is("hello"), 2)
                 await asyncio.wait_for(lost.wait(), 10)
             kinds = [m["type"] for m in gw.received]
