@@ -443,15 +443,18 @@ class Waiting:
     def failed(self, exc: Unreachable | ApiError) -> None:
         """A poll that raised. A refusal (NotFound, Forbidden, an untrusted certificate,
         an https:// URL for a plain HTTP server) is raised again. The server out of reach,
-        directly or behind a proxy's own 502, 503 or 504 page, is asked again, until the
-        wait is over: Unreachable then, saying for how long. Once, the first such poll
-        ended the wait, and a server restarting (a rolling deploy) failed every waiting
-        caller.
+        directly or behind a proxy's own 502, 503 or 504 page, or failing (500
+        ``INTERNAL``: its database away), is asked again, until the wait is over:
+        Unreachable then, saying for how long, or the server's last ``INTERNAL``. Once,
+        the first such poll ended the wait, and a server restarting (a rolling deploy)
+        failed every waiting caller, as a database hiccup of a second did until the
+        follows and this wait took ``INTERNAL`` for an outage too.
 
         A poll that timed out after ``request_timeout`` cut it short met the end of the
         wait, not a server that is down: WaitTimeout then, unless the server was out of
         reach before it."""
-        if not server_down(exc):
+        failing = isinstance(exc, ApiError) and exc.code == "INTERNAL"
+        if not (server_down(exc) or failing):
             raise exc
         now = time.monotonic()
         cut_short = self._cut and _timed_out(exc)
@@ -459,6 +462,8 @@ class Waiting:
             self._down_since = now
         if now < self._end:
             return
+        if failing:
+            raise exc
         if self._down_since is None:
             seen = f"is still {self._state}" if self._state else "was not seen"
             raise WaitTimeout(
@@ -809,8 +814,9 @@ class Client:
     def wait(self, task_id: str, timeout: float = 60.0, poll: float = 0.2) -> dict[str, Any]:
         """Block until the task ends (or needs review); raise WaitTimeout after ``timeout``.
         A server that cannot be reached (a restart, a rolling deploy; behind a proxy, its
-        own 502, 503 or 504 page) is asked again until then: Unreachable only if it still
-        cannot be at the end. A refusal (ApiError, such as NotFound) is raised at once.
+        own 502, 503 or 504 page) or that fails (500 INTERNAL) is asked again until then:
+        Unreachable only if it still cannot be reached at the end, the 500 if it still
+        fails. A refusal (ApiError, such as NotFound) is raised at once.
         No poll waits for its answer past the end (save for ``POLL_TIMEOUT_FLOOR``)."""
         waiting = Waiting(task_id, timeout, poll)
         while True:

@@ -44,6 +44,8 @@ class _Server(ThreadingHTTPServer):
     drop_on_reuse = 0
     #: requests answered by a proxy in front whose server is away: (status, how many)
     gateway_first = (502, 0)
+    #: requests answered by Orbit's own 500 INTERNAL (its database away)
+    internal_first = 0
     seen: list[dict[str, Any]]
     #: set at teardown: what holds the answers to /v1/tasks/slow after its first
     released: threading.Event
@@ -93,6 +95,10 @@ class _Handler(BaseHTTPRequestHandler):
         status, body = self._reply(urlsplit(self.path))
         data = json.dumps(body).encode()
         kind = "application/json"
+        if srv.internal_first > 0:  # Orbit's answer while its database is away
+            srv.internal_first -= 1
+            status, body = 500, {"error": {"code": "INTERNAL", "message": "unprocessed"}}
+            data = json.dumps(body).encode()
         if srv.gateway_first[1] > 0:  # nginx's own page: the upstream is restarting
             status, left = srv.gateway_first
             srv.gateway_first = (status, left - 1)
@@ -204,6 +210,27 @@ def test_wait_rides_over_a_proxy_whose_server_is_briefly_away(server: _Server, s
 
     assert asyncio.run(main())["state"] == "succeeded"
     assert len(server.seen) == 8
+
+
+def test_wait_rides_over_a_server_whose_database_is_briefly_away(server: _Server) -> None:
+    """A database hiccup: the server answers its own 500 INTERNAL to the first polls.
+    ``wait`` raised it at once, as a refusal, though the server asks clients to try
+    again; it polls on until its timeout, and raises the 500 only if it lasts."""
+    server.internal_first = 3
+    with Client(_url(server), "t0ken") as c:
+        assert c.wait("t1", timeout=10, poll=0.05)["state"] == "succeeded"
+    server.internal_first = 3
+
+    async def main() -> dict[str, Any]:
+        async with AsyncClient(_url(server), "t0ken") as c:
+            return await c.wait("t1", timeout=10, poll=0.05)
+
+    assert asyncio.run(main())["state"] == "succeeded"
+    assert len(server.seen) == 8
+    server.internal_first = 1000
+    with Client(_url(server), "t0ken") as c, pytest.raises(ApiError) as caught:
+        c.wait("t1", timeout=0.3, poll=0.05)
+    assert (caught.value.status, caught.value.code) == (500, "INTERNAL")
 
 
 def test_wait_raises_unreachable_when_the_proxy_never_reaches_the_server(
