@@ -27,6 +27,7 @@ from orbit.client._http import (
     checked_timeout,
     sent_again,
     server_down,
+    server_failing,
     unreachable,
     where,
 )
@@ -453,7 +454,7 @@ class Waiting:
         A poll that timed out after ``request_timeout`` cut it short met the end of the
         wait, not a server that is down: WaitTimeout then, unless the server was out of
         reach before it."""
-        failing = isinstance(exc, ApiError) and exc.code == "INTERNAL"
+        failing = server_failing(exc)
         if not (server_down(exc) or failing):
             raise exc
         now = time.monotonic()

@@ -367,6 +367,12 @@ def server_down(exc: Unreachable | ApiError) -> bool:
     return exc.status in _GATEWAY_DOWN and exc.code == "HTTP_ERROR"
 
 
+def server_failing(exc: Unreachable | ApiError) -> bool:
+    """Whether the server answered its own 500 ``INTERNAL``: a check that failed (its
+    database away), which it asks clients to try again, unlike a refusal."""
+    return isinstance(exc, ApiError) and exc.code == "INTERNAL"
+
+
 def _untrusted(exc: BaseException) -> bool:
     """Whether TLS failed somewhere in ``exc``'s chain in a way that no waiting mends, a
     client set up wrong: the server's certificate failed verification (its CA, the host

@@ -10,18 +10,14 @@ from typing import Any
 from urllib.parse import urlencode
 
 from orbit.client._errors import ApiError
-from orbit.client._http import Unreachable, path_segment, server_down
+from orbit.client._http import Unreachable, path_segment, server_down, server_failing
 from orbit.core.model import parse_json
 
 #: the SSE event that ends a task stream: the task has ended and its events are all out
 END = "stream.end"
 #: the server's refusals that a later try may not meet: the node at its cap of streams,
-#: or shutting down (another node, or this one back, can take the stream), or a check
-#: that failed (``INTERNAL``, 500: its database failing over, which is also why the
-#: stream broke, a 1011 close or an SSE body ending, whose reconnect the server asks
-#: for). A follow took a 500 for a refusal and ended, and a database hiccup of a second
-#: ended every follow open at the time.
-BUSY = frozenset({"TOO_MANY_STREAMS", "SHUTTING_DOWN", "INTERNAL"})
+#: or shutting down (another node, or this one back, can take the stream)
+BUSY = frozenset({"TOO_MANY_STREAMS", "SHUTTING_DOWN"})
 #: the media type of a stream's answer; any other is not followed (``opened``)
 EVENT_STREAM = "text/event-stream"
 #: the first pause before a reconnect, doubling up to ``MAX_PAUSE``
@@ -215,9 +211,12 @@ class Following:
         """The stream ended without ``stream.end`` (``exc`` None: a clean close, as when a
         server shuts down) or could not be opened. A refusal (a bad cursor, a token
         refused, an unknown task) is raised; a server out of reach, behind a proxy's own
-        502, 503 or 504, busy or failing (``BUSY``) is tried again until it has been so
-        for ``outage`` seconds: Unreachable then, or the server's last refusal."""
-        if isinstance(exc, ApiError) and exc.code in BUSY:
+        502, 503 or 504, busy (``BUSY``) or failing (``server_failing``: its database
+        away, which is also why the stream broke, a 1011 close or an SSE body ending; a
+        follow took that 500 for a refusal and ended, and a database hiccup of a second
+        ended every follow open at the time) is tried again until it has been so for
+        ``outage`` seconds: Unreachable then, or the server's last refusal."""
+        if isinstance(exc, ApiError) and (exc.code in BUSY or server_failing(exc)):
             pass
         elif exc is not None and not server_down(exc):
             raise exc

@@ -17,7 +17,8 @@ from orbit.core.model import (
     is_shallow,
 )
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")  # \Z: $ would pass a final newline
+_NAME = r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}"
+NAME_RE = re.compile(rf"^{_NAME}\Z")  # \Z: $ would pass a final newline
 MAX_PRIORITY = 1_000_000
 MAX_ATTEMPTS_LIMIT = 1_000
 MAX_KEY_LEN = 255
@@ -27,11 +28,12 @@ MAX_KEY_LEN = 255
 #: the submit scope, and a fire takes a task it finds under its key as its own: a client
 #: could have a schedule's fire take its task, or, with another payload, refuse the fire
 #: (``IDEMPOTENCY_CONFLICT``) at every pass. Other keys starting ``schedule:`` are free.
-FIRE_KEY_RE = re.compile(r"^schedule:[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}:[0-9]+:[0-9]+\Z")
+FIRE_KEY_RE = re.compile(rf"^schedule:{_NAME}:[0-9]+:[0-9]+\Z")
 
 
 def is_fire_key(key: object) -> bool:
-    """Whether ``key`` has the shape of a schedule's fire key (``FIRE_KEY_RE``)."""
+    """Whether ``key`` has the shape of a schedule's fire key (``FIRE_KEY_RE``). Every
+    submitted key comes here: the prefix test spares nearly all of them the regex."""
     return isinstance(key, str) and key.startswith("schedule:") and bool(FIRE_KEY_RE.match(key))
 
 

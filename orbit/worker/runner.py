@@ -1339,10 +1339,7 @@ class Worker:
         if not self._renewal_due():
             return
         live = [r for r in self.running.values() if r.lease_expires and not r.lost]
-        now = time.monotonic()
-        for r in live:
-            if r.lease_expires <= now:  # could not renew in time: it is not ours now
-                self._lose(r, "lease expired")
+        self._lose_expired(live)
         pending = [r for r in live if not r.lost]
         ids = [r.ctx.attempt_id for r in pending]
         conn = self._conn
@@ -1386,13 +1383,18 @@ class Worker:
                 done, _ = await asyncio.wait((renewal,), timeout=wait)
                 if done:
                     return renewal.result()
-                now = time.monotonic()
-                for r in live:
-                    if not r.lost and r.lease_expires <= now:
-                        self._lose(r, "lease expired")
+                self._lose_expired(live)
         finally:
             if not renewal.done():
                 renewal.cancel()  # this turn was cancelled: the runner is stopping
+
+    def _lose_expired(self, leases: list[_Running]) -> None:
+        """Lose each of ``leases`` that has run out by this host's clock: not renewed in
+        time, it is not ours now."""
+        now = time.monotonic()
+        for r in leases:
+            if not r.lost and r.lease_expires <= now:
+                self._lose(r, "lease expired")
 
     def _defer_renewals(self, failed: list[_Running]) -> None:
         """Try the renewal of leases whose renew failed again later, not at the next turn:
