@@ -18,6 +18,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -798,18 +799,45 @@ def _revoke_on_reading(
     monkeypatch.setattr(gateway, "read_request", read_then_revoke)
 
 
-def _stall_sends(conn: Any) -> threading.Event:
-    """Make ``conn``'s socket take no bytes, as a worker's that stopped reading: each
-    send waits for ever. The returned event is set once a send has begun waiting."""
-    waiting = threading.Event()
-    never = asyncio.Event()
+@dataclass
+class StalledPush:
+    """A worker attached to an in-process node, whose socket takes no bytes (a worker
+    that stopped reading it), and the push of a task's claim waiting in the send."""
 
-    async def takes_no_bytes(text: str) -> None:
-        waiting.set()
-        await never.wait()
+    store: Store
+    app: Any
+    client: TestClient
+    ws: Any
+    welcome: dict[str, Any]
+    conn: Any
+    task_id: str
+    token: str
 
-    conn.ws.send_text = takes_no_bytes
-    return waiting
+
+@contextmanager
+def _a_stalled_push(store: Store, token: str, db_url: str) -> Iterator[StalledPush]:
+    """A node on ``store``, a worker attached with ``token`` whose socket takes no bytes
+    (each send waits for ever), and a task submitted and claimed for it: yielded once
+    the push of its claim has begun waiting."""
+    app = create_app(ServerSettings(db_url=db_url, poll_interval=3600), store=store)
+    auth = {"Authorization": f"Bearer {token}"}
+    with (
+        TestClient(app) as client,
+        client.websocket_connect("/v1/worker", headers=auth) as ws,
+    ):
+        welcome = _hello(ws)
+        conn = app.state.dispatcher.connections[welcome["session_id"]]
+        waiting = threading.Event()
+        never = asyncio.Event()
+
+        async def takes_no_bytes(text: str) -> None:
+            waiting.set()
+            await never.wait()
+
+        conn.ws.send_text = takes_no_bytes
+        task_id = store.task_submit(TaskSpec(queue="q", handler="h")).task.id
+        assert waiting.wait(WAIT)  # claimed, its push waiting
+        yield StalledPush(store, app, client, ws, welcome, conn, task_id, token)
 
 
 def test_a_push_waiting_for_a_socket_fenced_by_a_resume_is_released(db_url: str) -> None:
@@ -821,28 +849,39 @@ def test_a_push_waiting_for_a_socket_fenced_by_a_resume_is_released(db_url: str)
     until its claim lease (ten minutes here) ran out."""
     store, token = _worker_store(db_url, StoreConfig(claim_ttl_us=600 * SECOND))
     try:
-        app = create_app(ServerSettings(db_url=db_url, poll_interval=3600), store=store)
-        auth = {"Authorization": f"Bearer {token}"}
-        with (
-            TestClient(app) as client,
-            client.websocket_connect("/v1/worker", headers=auth) as first,
-        ):
-            welcome = _hello(first)
-            conn = app.state.dispatcher.connections[welcome["session_id"]]
-            waiting = _stall_sends(conn)
-            task_id = store.task_submit(TaskSpec(queue="q", handler="h")).task.id
-            assert waiting.wait(WAIT)  # claimed for epoch 1, its push waiting
-            assert store.task_get(task_id).state == "claimed"
-            with client.websocket_connect("/v1/worker", headers=auth) as second:
-                assert _resume(second, welcome)["epoch"] == "2"
+        with _a_stalled_push(store, token, db_url) as stalled:
+            task_id = stalled.task_id
+            assert store.task_get(task_id).state == "claimed"  # for epoch 1
+            auth = {"Authorization": f"Bearer {token}"}
+            with stalled.client.websocket_connect("/v1/worker", headers=auth) as second:
+                assert _resume(second, stalled.welcome)["epoch"] == "2"
                 pushed = _receive(second)
                 assert [t["task_id"] for t in pushed["tasks"]] == [task_id], pushed
                 assert pushed["tasks"][0]["fence"] == "2"  # a new attempt, the first released
-            assert not conn.backlog
+            assert not stalled.conn.backlog
         [old, new] = store.attempt_list(task_id)
         assert (old.state, new.state) == ("released", "claimed")
     finally:
         store.close()
+
+
+@contextmanager
+def _a_pushed_task(
+    store: Store, token: str, db_url: str
+) -> Iterator[tuple[Any, Any, str, dict[str, str]]]:
+    """A node on ``store``, a worker attached with ``token`` (pushes on), and a task
+    claimed and pushed to it: the app, the worker's socket, the task's id and its
+    attempt (``attempt_id`` and ``fence``, as a report names them)."""
+    app = create_app(ServerSettings(db_url=db_url, poll_interval=3600), store=store)
+    auth = {"Authorization": f"Bearer {token}"}
+    with (
+        TestClient(app) as client,
+        client.websocket_connect("/v1/worker", headers=auth) as ws,
+    ):
+        _hello(ws)
+        task_id = store.task_submit(TaskSpec(queue="q", handler="h")).task.id
+        [pushed] = _receive(ws)["tasks"]
+        yield app, ws, task_id, {"attempt_id": pushed["attempt_id"], "fence": pushed["fence"]}
 
 
 def test_a_request_read_after_a_close_for_a_revoked_token_is_not_acted_on(
@@ -866,24 +905,9 @@ def test_a_request_read_after_a_close_for_a_revoked_token_is_not_acted_on(
 
         store.attempt_start = counted  # type: ignore[method-assign]
         released = _told_after(store, "session_release_claims")
-        app = create_app(ServerSettings(db_url=db_url, poll_interval=3600), store=store)
-        _revoke_on_reading(monkeypatch, app, token, Start)
-        auth = {"Authorization": f"Bearer {token}"}
-        with (
-            TestClient(app) as client,
-            client.websocket_connect("/v1/worker", headers=auth) as ws,
-        ):
-            _hello(ws)
-            task_id = store.task_submit(TaskSpec(queue="q", handler="h")).task.id
-            [pushed] = _receive(ws)["tasks"]
-            ws.send_json(
-                {
-                    "type": "start",
-                    "req_id": "r2",
-                    "attempt_id": pushed["attempt_id"],
-                    "fence": pushed["fence"],
-                }
-            )
+        with _a_pushed_task(store, token, db_url) as (app, ws, task_id, attempt):
+            _revoke_on_reading(monkeypatch, app, token, Start)
+            ws.send_json({"type": "start", "req_id": "r2", **attempt})
             assert _close_code(ws) == 4401
             assert released.wait(WAIT)
         assert starts == []
@@ -902,18 +926,9 @@ def test_a_finish_read_after_a_close_for_a_revoked_token_is_taken(
     would have had the finished task run again after its lease."""
     store, token = _worker_store(db_url, StoreConfig(claim_ttl_us=600 * SECOND))
     try:
-        app = create_app(ServerSettings(db_url=db_url, poll_interval=3600), store=store)
         finished = _told_after(store, "attempt_finish_many")
-        _revoke_on_reading(monkeypatch, app, token, Finish)
-        auth = {"Authorization": f"Bearer {token}"}
-        with (
-            TestClient(app) as client,
-            client.websocket_connect("/v1/worker", headers=auth) as ws,
-        ):
-            _hello(ws)
-            task_id = store.task_submit(TaskSpec(queue="q", handler="h")).task.id
-            [pushed] = _receive(ws)["tasks"]
-            attempt = {"attempt_id": pushed["attempt_id"], "fence": pushed["fence"]}
+        with _a_pushed_task(store, token, db_url) as (app, ws, task_id, attempt):
+            _revoke_on_reading(monkeypatch, app, token, Finish)
             ws.send_json({"type": "start", "req_id": "r2", **attempt})
             assert _receive(ws)["type"] == "started"
             outcome = {"ok": True, "result": 1}
@@ -934,21 +949,14 @@ def test_a_revoke_leaves_a_waiting_push_to_its_own_release(db_url: str) -> None:
     store, token = _worker_store(db_url, StoreConfig(claim_ttl_us=600 * SECOND))
     try:
         released = _told_after(store, "session_release_claims")
-        app = create_app(ServerSettings(db_url=db_url, poll_interval=3600), store=store)
-        auth = {"Authorization": f"Bearer {token}"}
-        with (
-            TestClient(app) as client,
-            client.websocket_connect("/v1/worker", headers=auth) as ws,
-        ):
-            welcome = _hello(ws)
-            conn = app.state.dispatcher.connections[welcome["session_id"]]
-            waiting = _stall_sends(conn)
-            task_id = store.task_submit(TaskSpec(queue="q", handler="h")).task.id
-            assert waiting.wait(WAIT)
-            client.portal.call(app.state.dispatcher.close_revoked, [token_id(token)])
-            assert _close_code(ws) == 4401
+        with _a_stalled_push(store, token, db_url) as stalled:
+            task_id = stalled.task_id
+            dispatcher = stalled.app.state.dispatcher
+            stalled.client.portal.call(dispatcher.close_revoked, [token_id(token)])
+            assert _close_code(stalled.ws) == 4401
             assert released.wait(WAIT)
-            assert conn.pushes  # still waiting: not cancelled, so not released a second time
+            # still waiting: not cancelled, so not released a second time
+            assert stalled.conn.pushes
         events = [(e["kind"], e["code"]) for e in store.event_list(task_id=task_id)]
         assert events[-1] == ("released", "TOKEN_REVOKED"), events
         assert not any(kind == "rejected" for kind, _ in events), events

@@ -177,13 +177,13 @@ def test_task_wait_says_unreachable_when_the_server_stays_away() -> None:
     assert "was unreachable for the last" in str(caught.value)
 
 
-def test_wait_rides_over_a_server_that_is_briefly_unreachable(server: _Server) -> None:
-    """A rolling deploy: the first polls find the server hanging up. ``wait`` raised the
-    first Unreachable at once; it polls on until its timeout."""
-    server.drop_first = 3
+def _waits_ride_over(server: _Server, outage: Callable[[], None]) -> None:
+    """``Client.wait`` and then ``AsyncClient.wait``, each after ``outage`` has made the
+    server fail its next 3 polls: both end with the task succeeded, 4 polls each."""
+    outage()
     with Client(_url(server), "t0ken") as c:
         assert c.wait("t1", timeout=10, poll=0.05)["state"] == "succeeded"
-    server.drop_first = 3
+    outage()
 
     async def main() -> dict[str, Any]:
         async with AsyncClient(_url(server), "t0ken") as c:
@@ -191,6 +191,12 @@ def test_wait_rides_over_a_server_that_is_briefly_unreachable(server: _Server) -
 
     assert asyncio.run(main())["state"] == "succeeded"
     assert len(server.seen) == 8
+
+
+def test_wait_rides_over_a_server_that_is_briefly_unreachable(server: _Server) -> None:
+    """A rolling deploy: the first polls find the server hanging up. ``wait`` raised the
+    first Unreachable at once; it polls on until its timeout."""
+    _waits_ride_over(server, lambda: setattr(server, "drop_first", 3))
 
 
 @pytest.mark.parametrize("status", [502, 503, 504])
@@ -199,34 +205,14 @@ def test_wait_rides_over_a_proxy_whose_server_is_briefly_away(server: _Server, s
     reached, and the proxy says so with its own 502, 503 or 504 page, not Orbit's JSON.
     ``wait`` raised that ApiError (HTTP_ERROR) at the first poll, as if the server had
     refused the call, though it rode over the same outage seen directly."""
-    server.gateway_first = (status, 3)
-    with Client(_url(server), "t0ken") as c:
-        assert c.wait("t1", timeout=10, poll=0.05)["state"] == "succeeded"
-    server.gateway_first = (status, 3)
-
-    async def main() -> dict[str, Any]:
-        async with AsyncClient(_url(server), "t0ken") as c:
-            return await c.wait("t1", timeout=10, poll=0.05)
-
-    assert asyncio.run(main())["state"] == "succeeded"
-    assert len(server.seen) == 8
+    _waits_ride_over(server, lambda: setattr(server, "gateway_first", (status, 3)))
 
 
 def test_wait_rides_over_a_server_whose_database_is_briefly_away(server: _Server) -> None:
     """A database hiccup: the server answers its own 500 INTERNAL to the first polls.
     ``wait`` raised it at once, as a refusal, though the server asks clients to try
     again; it polls on until its timeout, and raises the 500 only if it lasts."""
-    server.internal_first = 3
-    with Client(_url(server), "t0ken") as c:
-        assert c.wait("t1", timeout=10, poll=0.05)["state"] == "succeeded"
-    server.internal_first = 3
-
-    async def main() -> dict[str, Any]:
-        async with AsyncClient(_url(server), "t0ken") as c:
-            return await c.wait("t1", timeout=10, poll=0.05)
-
-    assert asyncio.run(main())["state"] == "succeeded"
-    assert len(server.seen) == 8
+    _waits_ride_over(server, lambda: setattr(server, "internal_first", 3))
     server.internal_first = 1000
     with Client(_url(server), "t0ken") as c, pytest.raises(ApiError) as caught:
         c.wait("t1", timeout=0.3, poll=0.05)
