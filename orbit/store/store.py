@@ -2700,11 +2700,14 @@ class _DepthGates:
             self._capped |= now
 
     def keys(self, scopes: Iterable[tuple[str, str]]) -> list[int]:
-        """The depth keys of the scopes last seen capped, in order."""
+        """The depth keys of the scopes last seen capped, in order, each once: two
+        scopes of one batch may share a key (a CRC-32 of their names), and a gate taken
+        twice by one submit waited on itself for ever, and every later submit to either
+        scope behind it."""
         if not self._capped:  # no cap seen anywhere
             return []
         with self._lock:
-            return sorted(k for s in scopes if (k := depth_key(*s)) in self._capped)
+            return sorted({k for s in scopes if (k := depth_key(*s)) in self._capped})
 
     def held(self, scopes: Iterable[tuple[str, str]]) -> AbstractContextManager[None]:
         """Hold the gates of the scopes last seen capped, in key order, for the block

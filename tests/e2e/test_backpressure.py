@@ -129,6 +129,21 @@ def test_a_batch_that_can_never_fit_is_413_without_retry_after(
     assert ok.status_code == 201  # the cap's worth fits
 
 
+def test_a_batch_to_two_tenants_sharing_a_depth_key_is_answered(admin: httpx.Client) -> None:
+    """Two tenants whose names share a CRC-32 share a depth key; a batch to both, one of
+    them capped, took the node's gate of that key twice and never answered, and every
+    later submit to either tenant on that node waited behind it until the node was
+    killed (SIGTERM waited for the request too)."""
+    admin.post("/v1/queues", json={"name": "bp", "max_concurrency": 1, "rate": 0})
+    assert admin.put("/v1/limits/tenants/t928096", json={"max_queued": 5}).status_code == 200
+    assert admin.post("/v1/tasks", json=_task(tenant="t928096")).status_code == 201
+    both = {"tasks": [_task(tenant="t928096"), _task(tenant="t11200040")]}
+    reply = admin.post("/v1/tasks/batch", json=both, timeout=30)
+    assert reply.status_code == 201, reply.text
+    assert admin.post("/v1/tasks", json=_task(tenant="t11200040"), timeout=30).status_code == 201
+    assert len(_tasks(admin)) == 4
+
+
 #: every max_queued the API refuses: out of range, not an integer
 BAD_CAPS: list[Any] = [0, -1, 1_000_000_001, True, 2.5, "3", {}]
 

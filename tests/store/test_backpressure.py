@@ -501,3 +501,45 @@ def test_submits_waiting_for_a_full_scope_leave_the_node_connections(
         t.join(RACE_WAIT)
     assert len(outcomes) == 13 and all(isinstance(o, str) for o in outcomes), outcomes
     assert node.task_counts() == {"queued": 14}
+
+
+#: two tenant names with one CRC-32, so one depth key (``depth_key``)
+SHARED_KEY = ("t928096", "t11200040")
+
+
+def test_two_capped_scopes_sharing_a_depth_key_are_gated_once_and_counted_apart(
+    store: Store,
+) -> None:
+    """A batch to two capped tenants whose names share a depth key took that key's gate
+    twice; the gate is a plain lock, so the submit waited on itself for ever, and so did
+    every later submit to either tenant on that node. Each key is held once now, and the
+    two tenants still count their own tasks."""
+    a, b = SHARED_KEY
+    assert store_module.depth_key("tenant", a) == store_module.depth_key("tenant", b)
+    queue(store)
+    store.tenant_limit_set(a, max_queued=2)
+    store.tenant_limit_set(b, max_queued=2)
+    submit(store, tenant=a)  # the store has seen that the tenants have caps
+    assert store.depth_gated([("tenant", a), ("tenant", b)]) == [
+        store_module.depth_key("tenant", a)
+    ]
+    outcome: list[Any] = []
+
+    def batch() -> None:
+        try:
+            outcome.append(store.task_submit_many([_spec(tenant=a), _spec(tenant=b)]))
+        except Exception as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=batch, daemon=True)  # a regression hangs it, not the run
+    t.start()
+    t.join(RACE_WAIT)
+    assert not t.is_alive(), "the batch waited on its own gate"
+    assert [s.created for s in outcome[0]] == [True, True]
+    submit(store, tenant=b)  # b's own count: 2 of 2
+    with pytest.raises(Backpressure) as refused:
+        submit(store, tenant=a)
+    assert refused.value.code == Code.TENANT_FULL and refused.value.scope == a
+    with pytest.raises(Backpressure) as refused:
+        submit(store, tenant=b)
+    assert refused.value.scope == b
