@@ -114,6 +114,30 @@ def test_every_connection_discards_its_plans_once_after_a_drift() -> None:
     assert a.sent == ["sizes", "DISCARD PLANS"]  # once, on its next transaction
 
 
+def test_every_connection_drops_its_statements_once_after_they_went_stale() -> None:
+    """After a statement failed for a change of the tables (``statements_stale``), each
+    connection drops its prepared statements (and the driver forgets them) before its
+    next transaction; a later drift only discards plans again."""
+    now = [0.0]
+    forgotten: list[object] = []
+    watch = PlanWatch(interval=1.0, clock=lambda: now[0], forget=forgotten.append)
+    sizes = [0, 0, 0, 0]
+    a, b = _Recorder(sizes), _Recorder(sizes)
+    watch.before_transaction(a)  # type: ignore[arg-type]
+    watch.before_transaction(b)  # type: ignore[arg-type]
+    watch.statements_stale()
+    for cx in (a, b, a, b):
+        watch.before_transaction(cx)  # type: ignore[arg-type]
+    assert a.sent == ["sizes", "DEALLOCATE ALL"] and b.sent == ["DEALLOCATE ALL"]
+    assert forgotten == [a, b]
+    sizes[1] = 1000 * PAGE
+    now[0] = 1.5
+    watch.before_transaction(a)  # type: ignore[arg-type]
+    watch.before_transaction(b)  # type: ignore[arg-type]
+    assert a.sent[2:] == ["sizes", "DISCARD PLANS"] and b.sent[1:] == ["DISCARD PLANS"]
+    assert forgotten == [a, b]
+
+
 @pytest.mark.parametrize("backend", ["postgres"])
 def test_a_small_batched_write_updates_by_primary_key(make_store: Any) -> None:
     """A batched write unpacks its rows from JSON, and PostgreSQL guesses that a

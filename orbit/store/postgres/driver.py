@@ -537,6 +537,11 @@ class _Statements:
         with self._lock:
             self._prepared.setdefault(cx, set()).add(name)
 
+    def forget(self, cx: psycopg.Connection[Any]) -> None:
+        """``cx`` dropped its prepared statements (``DEALLOCATE ALL``)."""
+        with self._lock:
+            self._prepared.pop(cx, None)
+
     @staticmethod
     def form(
         cache: dict[tuple[K, bool], Positional], key: K, one: bool, build: Callable[[], str]
@@ -1098,6 +1103,18 @@ def _end(cx: psycopg.Connection[Any], tx: _PostgresConnection, *, failed: bool) 
     tx.raw.command(b"COMMIT")
 
 
+def stale_statement(exc: BaseException) -> bool:
+    """Whether PostgreSQL refused a statement prepared before the tables changed: the
+    columns of its result changed (``0A000``, "cached plan must not change result type":
+    a ``SELECT *`` after another node's migration added a column), or it is gone
+    (``26000``). Told by SQLSTATE, not by the message, which the server's locale words;
+    another ``0A000`` (a feature a statement cannot use) fails its transaction again
+    after the statements are prepared afresh, and is raised then."""
+    return isinstance(
+        exc, psycopg.errors.FeatureNotSupported | psycopg.errors.InvalidSqlStatementName
+    )
+
+
 #: How long opening the store waits for PostgreSQL to answer before it says why not.
 CONNECT_TIMEOUT_S = 10
 
@@ -1144,7 +1161,7 @@ class PostgresDriver:
             configure=_relax,
             name="orbit-relaxed",
         )
-        self.plans = PlanWatch()
+        self.plans = PlanWatch(forget=self._statements.forget)
 
     @contextmanager
     def transaction(self, *, durable: bool = True) -> Iterator[_PostgresConnection]:
@@ -1152,8 +1169,10 @@ class PostgresDriver:
             try:
                 yield tx
                 tx.flush()  # a prelude the work sent no statement after
-            except BaseException:
+            except BaseException as exc:
                 _end(cx, tx, failed=True)
+                if stale_statement(exc):
+                    self.plans.statements_stale()
                 raise
             _end(cx, tx, failed=False)
 
@@ -1187,16 +1206,26 @@ class PostgresDriver:
         trip, which libpq's pipeline runs as one implicit transaction (until its sync),
         so that its horizon sees other databases' transactions as they were before its
         snapshot (queries.sql, ``event_list``)."""
-        with self._connection(self._pool, autocommit=True) as (_, tx):
-            if name in HORIZON_READS:
-                tx.prelude("activity_snapshot", {})
-            return tx.fetch(name, params)
+        for tries in (1, 2):
+            try:
+                with self._connection(self._pool, autocommit=True) as (_, tx):
+                    if name in HORIZON_READS:
+                        tx.prelude("activity_snapshot", {})
+                    return tx.fetch(name, params)
+            except psycopg.Error as exc:
+                if tries == 2 or not stale_statement(exc):
+                    raise
+                self.plans.statements_stale()  # and read again, prepared afresh
+        raise AssertionError("unreachable")
 
     def is_retryable(self, exc: BaseException) -> bool:
+        """A deadlock, a serialisation failure, or a statement prepared before the
+        tables changed (``stale_statement``): each fails a statement before the
+        ``COMMIT`` behind it, so the transaction committed nothing and may run again."""
         return isinstance(
             exc,
             psycopg.errors.DeadlockDetected | psycopg.errors.SerializationFailure,
-        )
+        ) or stale_statement(exc)
 
     def is_unavailable(self, exc: BaseException) -> bool:
         """``OperationalError``: a connection refused, lost or closed, the server

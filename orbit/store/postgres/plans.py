@@ -55,13 +55,22 @@ def drifted(planned: tuple[int, ...], now: tuple[int, ...]) -> bool:
 class PlanWatch:
     """Decides, per transaction, whether its connection must discard its cached plans."""
 
-    def __init__(self, interval: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        interval: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        forget: Callable[[psycopg.Connection[Any]], None] = lambda cx: None,
+    ) -> None:
         self.interval = interval
         self._clock = clock
+        self._forget = forget
         self._lock = threading.Lock()
         self._next_check = 0.0
         self._planned_for: tuple[int, ...] | None = None
         self.epoch = 0  # bumped each time every connection's plans must be remade
+        #: the epoch from which a connection that saw an earlier one must drop its
+        #: prepared statements, not only their plans (``statements_stale``)
+        self._deallocate_from = 0
         self._seen: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
     def before_transaction(self, cx: psycopg.Connection[Any]) -> None:
@@ -75,8 +84,24 @@ class PlanWatch:
         if seen is None:  # a new connection has no plans yet
             self._seen[cx] = self.epoch
         elif seen != self.epoch:
-            cx.execute("DISCARD PLANS")
+            if seen < self._deallocate_from:
+                # psycopg reads this command's status and forgets its own statements
+                cx.execute("DEALLOCATE ALL")
+                self._forget(cx)
+            else:
+                cx.execute("DISCARD PLANS")
             self._seen[cx] = self.epoch
+
+    def statements_stale(self) -> None:
+        """The tables changed under the prepared statements (another node's migration
+        added a column): every connection drops them before its next transaction and
+        prepares each again at its next use. PostgreSQL refuses to run a prepared
+        statement whose result's columns changed (a ``SELECT *``), and ``DISCARD PLANS``
+        does not lift that: each connection failed every such statement until the pool
+        replaced it, an hour later."""
+        with self._lock:
+            self.epoch += 1
+            self._deallocate_from = self.epoch
 
     def _claim_check(self) -> bool:
         """One transaction per interval reads the sizes; the others go on."""

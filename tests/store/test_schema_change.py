@@ -1,0 +1,90 @@
+"""A running node whose tables change under it (another node's migration adds a
+column), on both backends.
+
+A node of the new version migrates when it starts, while the other nodes still serve.
+On PostgreSQL every statement a node runs is prepared once per connection, and
+PostgreSQL refuses to run a prepared statement whose result's columns changed (a
+``SELECT *``): each of the node's connections failed every such statement (a start, a
+finish, a task read) until the pool replaced it, an hour later. The node now drops its
+prepared statements and runs the transaction again."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from orbit.core.model import Outcome
+from orbit.store import Store, open_store, sqlite_path
+from tests.conftest import ManualClock
+from tests.pg import as_url, temporary_database
+from tests.store.helpers import queue, run_one, start_and_succeed, submit, worker
+
+#: the tables whose rows a task's path reads whole
+TABLES = ("orbit_tasks", "orbit_attempts", "orbit_queues", "orbit_sessions")
+
+
+@pytest.fixture
+def fresh_url(backend: str, tmp_path: Path) -> Iterator[str]:
+    """A database of its own: these tests change its tables."""
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path}/orbit.db"
+    else:
+        with temporary_database() as dsn:
+            yield as_url(dsn)
+
+
+def _alter(url: str, statements: list[str]) -> None:
+    """Run DDL on a connection of its own, as another node's migration would."""
+    path = sqlite_path(url)
+    if path is None:
+        with psycopg.connect(url, autocommit=True) as cx:
+            for sql in statements:
+                cx.execute(sql)
+    else:
+        with closing(sqlite3.connect(path, isolation_level=None)) as cx:
+            for sql in statements:
+                cx.execute(sql)
+
+
+def _task_path(store: Store) -> str:
+    """One task submitted, claimed, started and finished one call at a time, and two
+    more in batches; the first one's id."""
+    session, _ = worker(store)
+    tid = submit(store)
+    g = run_one(store, session)
+    store.attempt_finish(
+        session.id, session.epoch, g.attempt.id, g.attempt.fence, Outcome.success(1)
+    )
+    submit(store)
+    submit(store)
+    grants = store.attempt_claim_many(session.id, session.epoch, 2)
+    start_and_succeed(store, session, grants)
+    return tid
+
+
+def test_a_column_added_and_dropped_under_a_running_store_breaks_nothing(
+    fresh_url: str, clock: ManualClock
+) -> None:
+    store = open_store(fresh_url, clock=clock)
+    try:
+        queue(store)
+        first = _task_path(store)  # every statement of the path prepared
+        assert store.task_get(first).state == "succeeded"
+
+        _alter(fresh_url, [f"ALTER TABLE {t} ADD COLUMN later_col integer" for t in TABLES])
+        assert store.task_get(first).state == "succeeded"  # a read of its own first
+        second = _task_path(store)  # then the transactions
+        assert store.task_get(second).state == "succeeded"
+        assert store.queue_get("q").name == "q"
+
+        _alter(fresh_url, [f"ALTER TABLE {t} DROP COLUMN later_col" for t in TABLES])
+        third = _task_path(store)
+        assert [store.task_get(t).state for t in (first, second, third)] == ["succeeded"] * 3
+        assert store.task_counts() == {"succeeded": 9}
+    finally:
+        store.close()
