@@ -24,7 +24,7 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager, nullco
 from dataclasses import dataclass, replace
 from enum import Enum
 from functools import partial
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, overload
 
 from orbit.core import transitions
 from orbit.core.batches import LazyBatch
@@ -2576,8 +2576,17 @@ class Store:
                 # below include its and are released with the session's others.
                 tx.fetch("claim_lock")
             for row in expired:
-                claimed = _claimed_by(tx, row["id"])
-                session = tx.session(row["id"], lock=True)
+                # Under the claim lock, which every claim on every node waits for, a row
+                # lock is never waited for: a row another transaction holds (a node cut
+                # off mid-report holds its locks until PostgreSQL gives its connection
+                # up, hours later) stopped every reaper and every claim of the cluster.
+                # Such a session is left for a later pass; until then it can claim and
+                # start nothing (its expiry is read by both).
+                claimed = _claimed_by(tx, row["id"], skip_locked=True)
+                locked = tx.fetch("session_lock_skip_locked", id=row["id"])
+                if claimed is None or not locked:
+                    continue
+                session = R.session_from_row(locked[0])
                 now = tx.now()
                 if session.state != SessionState.LIVE or session.expires_at > now:
                     continue
@@ -2621,15 +2630,27 @@ def _refuse_past_deadline(task: Task, now: int) -> None:
         )
 
 
-def _claimed_by(tx: _Tx, session_id: str) -> list[tuple[Task, Attempt]]:
+@overload
+def _claimed_by(tx: _Tx, session_id: str) -> list[tuple[Task, Attempt]]: ...
+@overload
+def _claimed_by(
+    tx: _Tx, session_id: str, *, skip_locked: bool
+) -> list[tuple[Task, Attempt]] | None: ...
+def _claimed_by(
+    tx: _Tx, session_id: str, *, skip_locked: bool = False
+) -> list[tuple[Task, Attempt]] | None:
     """The attempts the session has claimed and not started, each with its task: the
     tasks locked (by id), then the attempts read under those locks. Taken after the claim
     lock, so that a claim in flight for the session has committed and its attempts are
-    among them."""
+    among them. ``skip_locked``: None, and no wait, if another transaction holds one of
+    the tasks."""
     task_ids = sorted(
         r["task_id"] for r in tx.fetch("attempt_claimed_for_session", session_id=session_id)
     )
-    tasks = {r["id"]: R.task_from_row(r) for r in tx.fetch("task_lock_many", ids=task_ids)}
+    lock = "task_lock_many_skip_locked" if skip_locked else "task_lock_many"
+    tasks = {r["id"]: R.task_from_row(r) for r in tx.fetch(lock, ids=task_ids)}
+    if skip_locked and len(tasks) < len(set(task_ids)):
+        return None
     attempts = (
         R.attempt_from_row(r) for r in tx.fetch("attempt_live_for_tasks", task_ids=task_ids)
     )

@@ -445,6 +445,9 @@ SELECT * FROM orbit_sessions WHERE id = :id;
 -- name: session_lock
 SELECT * FROM orbit_sessions WHERE id = :id FOR UPDATE;
 
+-- name: session_lock_skip_locked
+SELECT * FROM orbit_sessions WHERE id = :id FOR UPDATE SKIP LOCKED;
+
 -- name: session_share
 SELECT * FROM orbit_sessions WHERE id = :id FOR SHARE;
 

@@ -359,6 +359,9 @@ SELECT * FROM orbit_sessions WHERE id = :id;
 -- name: session_lock
 SELECT * FROM orbit_sessions WHERE id = :id;
 
+-- name: session_lock_skip_locked
+SELECT * FROM orbit_sessions WHERE id = :id;
+
 -- name: session_share
 SELECT * FROM orbit_sessions WHERE id = :id;
 
