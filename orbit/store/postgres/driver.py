@@ -572,8 +572,15 @@ def _dump(value: Any) -> bytes | None:
 
 
 def _checked(result: pq.abc.PGresult) -> pq.abc.PGresult:
-    """``result``, or the psycopg error it reports (the class its SQLSTATE names)."""
+    """``result``, or the psycopg error it reports: the class its SQLSTATE names, or,
+    for libpq's own error (a connection lost or closed, which has no SQLSTATE),
+    ``OperationalError``, as psycopg's cursors raise it. psycopg names that one the base
+    ``DatabaseError``, which ``PostgresDriver.is_unavailable`` did not take for a lost
+    database: a schedule's fire blamed its schedule for it, and went on to the next."""
     if result.status not in (ExecStatus.COMMAND_OK, ExecStatus.TUPLES_OK):
+        if result.error_field(pq.DiagnosticField.SQLSTATE) is None:
+            message = result.error_message.decode("utf-8", "replace").strip()
+            raise psycopg.OperationalError(message or "the connection to PostgreSQL failed")
         raise psycopg.errors.error_from_result(result)
     return result
 
@@ -1078,9 +1085,28 @@ def _fit_connection(pool: ConnectionPool[Any]) -> psycopg.Connection[Any]:
     return cx
 
 
+#: How long PostgreSQL lets a transaction of Orbit's wait for its next statement before
+#: it ends the connection (``idle_in_transaction_session_timeout``, milliseconds).
+IDLE_IN_TRANSACTION_MS = 60_000
+
+
+def _configure(cx: psycopg.Connection[Any]) -> None:
+    """Every pooled connection's setting, made once when the pool opens it: PostgreSQL
+    ends a transaction of ours that waits ``IDLE_IN_TRANSACTION_MS`` for its next
+    statement. A node cut off from the database in the middle of a transaction (its host
+    gone, a partition) held that transaction's row locks until the database's own
+    keepalives gave the connection up, two hours by default, and every claim of the
+    cluster could wait behind them meanwhile (a resume locks the session's row under the
+    claim lock). Orbit's transactions wait for nothing but the database between their
+    statements: a request's body is read before, an artifact's download reads a chunk a
+    transaction."""
+    cx.execute(f"SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_MS}")
+
+
 def _relax(cx: psycopg.Connection[Any]) -> None:
-    """A relaxed connection's setting, made once when the pool opens it: its commits
+    """A relaxed connection's settings, made once when the pool opens it: its commits
     return before their WAL is flushed (``Driver.transaction(durable=False)``)."""
+    _configure(cx)
     cx.execute("SET synchronous_commit = off")
 
 
@@ -1150,6 +1176,7 @@ class PostgresDriver:
             max_size=max_size,
             open=True,
             kwargs={"autocommit": True},  # transactions begun by their first read
+            configure=_configure,
             name="orbit",
         )
         self._relaxed = ConnectionPool(
