@@ -19,6 +19,7 @@ from fastapi.routing import APIRoute
 from prometheus_client import generate_latest
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
@@ -296,6 +297,7 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
     app.add_exception_handler(DecodeError, errors.on_decode_error)
     app.add_exception_handler(RequestValidationError, errors.on_validation_error)
     app.add_exception_handler(StarletteHTTPException, errors.on_http_error)
+    app.add_exception_handler(ClientDisconnect, errors.on_client_gone)
     app.add_exception_handler(Exception, errors.on_unexpected)
 
     app.include_router(router)

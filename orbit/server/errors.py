@@ -7,8 +7,9 @@ import logging
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.websockets import WebSocket
 
 from orbit.core.errors import Backpressure, OrbitError
@@ -112,6 +113,18 @@ async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status_code, "HTTP_ERROR")
     return error_response(exc.status_code, code, str(exc.detail))
+
+
+async def on_client_gone(request: Request, exc: Exception) -> Response:
+    """A client that closed its connection before its body was read whole: routine (a
+    timeout, a killed process), so logged at debug, not as an error with a traceback
+    (twice: by ``on_unexpected``, then by the server's last resort). The answer reaches
+    no one; an empty 400 is what the access log shows."""
+    assert isinstance(exc, ClientDisconnect)
+    logging.getLogger("orbit.server").debug(
+        "%s %s: the client left before its body arrived", request.method, request.url.path
+    )
+    return Response(status_code=400)
 
 
 async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:

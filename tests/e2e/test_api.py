@@ -327,6 +327,31 @@ def test_worker_socket_answers_500_when_the_token_check_fails(
     asyncio.run(hello())
 
 
+@pytest.mark.parametrize("path", ["/v1/tasks", "/v1/tasks/batch"])
+def test_a_client_gone_before_its_body_is_not_logged_as_an_error(
+    nodes: object, tokens: Tokens, path: str
+) -> None:
+    """A client that closes its connection part way through its body (a timeout, a
+    killed process) is routine: it was logged as two errors with their tracebacks, the
+    node's and the server's last resort's."""
+    node: Node = nodes(node_id="verbose", args=["--log-level", "debug"])  # type: ignore[operator]
+    with socket.create_connection(("127.0.0.1", node.port)) as raw:
+        raw.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {tokens.submit}\r\nContent-Length: 1000\r\n\r\n"
+            '{"queue": '.encode()
+        )
+    gone = f"POST {path}: the client left before its body arrived"
+    deadline = time.monotonic() + 30
+    while gone not in node.log_text():  # the node's own line: the request is over
+        assert time.monotonic() < deadline, node.log_text()
+        time.sleep(0.05)
+    log = node.log_text()
+    assert "ERROR" not in log and "Traceback" not in log, log
+    admin = httpx.Client(base_url=node.http, headers={"Authorization": f"Bearer {tokens.admin}"})
+    assert admin.get("/v1/tasks").json()["items"] == []  # nothing was written
+
+
 def test_no_token_or_secret_reaches_the_log(nodes: object, tokens: Tokens, db_url: str) -> None:
     node: Node = nodes(node_id="verbose", args=["--log-level", "debug"])  # type: ignore[operator]
     admin = httpx.Client(base_url=node.http, headers={"Authorization": f"Bearer {tokens.admin}"})
