@@ -170,9 +170,11 @@ def reap_delay(interval: float, due_in: float | None, *, did_work: bool) -> floa
 
 
 async def _reaper(store: Store, interval: float, metrics: Metrics) -> None:
-    # Never asleep for longer than the shortest claim, lease or session: an expiry made
-    # while the reaper sleeps is at least that far away, so the reaper always reads it
-    # (after its next pass) before it falls due.
+    # Never asleep for longer than the shortest claim, lease or session TTL: a full
+    # claim, lease or session made while the reaper sleeps is read by its next pass before
+    # it falls due. What falls due sooner (a retry's backoff, a deadline, a lease a
+    # deadline or timeout cuts short) waits for that pass, at most ``interval``; claim,
+    # start and finish read the clock themselves, so nothing runs past its instant.
     config = store.config
     shortest = min(config.claim_ttl_us, config.lease_ttl_us, config.session_ttl_us)
     interval = min(interval, shortest / 1_000_000)
