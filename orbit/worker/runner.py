@@ -280,6 +280,9 @@ class _Running:
     lost: bool = False
     abandoned: bool = False  # its handler ignored cancellation: it reports nothing
     watched: bool = False  # an async handler, cancelled: abandoned unless it ends in time
+    #: its handler was cancelled once: a later cancel (every renewal says ``cancel`` again)
+    #: cut an async handler's cleanup short, and broke a plain function's grace off
+    cancelled: bool = False
     #: a plain handler that returned a coroutine: it runs on the loop, as an async one
     on_loop: bool = False
     #: the handler is over: progress reported now would reach the server after the finish,
@@ -1009,11 +1012,17 @@ class Worker:
         except asyncio.CancelledError:
             running.ctx._stop(running.ctx.reason or "attempt timeout")
             try:
-                await asyncio.wait_for(asyncio.shield(done), self.cancel_grace)
+                value = await asyncio.wait_for(asyncio.shield(done), self.cancel_grace)
             except TimeoutError:
                 self._abandon(running)
             except BaseException:
                 pass
+            else:
+                if running.ctx.reason == STOPPING:
+                    # A drain's cancel, and the function finished its work meanwhile:
+                    # its result is the attempt's outcome (a cancel of the task wins
+                    # whatever it returned; a timeout is reported as one).
+                    return value
             raise
 
     async def _upload(
@@ -1249,6 +1258,9 @@ class Worker:
             if running.ctx.attempt_id in self._waiting:
                 self._drop(running)  # waiting, unstarted: its handler never runs
             return
+        if running.cancelled:
+            return  # once: the handler is stopping, or is abandoned after cancel_grace
+        running.cancelled = True
         task.cancel()
         if not running.watched and (running.on_loop or self.handlers[running.ctx.handler].is_async):
             # A plain function's thread is waited for in _in_thread; an async handler
@@ -1541,8 +1553,21 @@ def _failure(running: _Running, exc: BaseException) -> dict[str, Any] | None:
             # outcome is unknown: the lease runs out, and the server decides (a task
             # that is not retry_safe goes to needs_review, never silently replayed).
             return None
-        stopping = running.ctx.reason == STOPPING
-        return outcomes.error("CANCELLED", running.ctx.reason or "cancelled", retryable=stopping)
+        if running.ctx.reason != STOPPING:
+            return outcomes.error("CANCELLED", running.ctx.reason or "cancelled", retryable=False)
+        if running.ctx.retry_safe:
+            return outcomes.error("CANCELLED", STOPPING, retryable=True)  # run again
+        # Stopped part way by the drain: an effect may have happened (an async handler
+        # is cancelled at whichever await it is on), and a retryable report replayed a
+        # task that is not retry_safe (I6). Nothing is reported: the lease runs out and
+        # the server decides (needs_review).
+        log.warning(
+            "attempt %s (task %s) was stopped by the drain part way and is not retry_safe: "
+            "it is left to its lease (needs_review)",
+            running.ctx.attempt_id,
+            running.ctx.task_id,
+        )
+        return None
     # Codes and messages as text, whatever the handler gave: ``Fail(exc)`` or
     # ``Retry(code=503)`` (not strings), or an exception whose own ``str()`` fails,
     # made the runner's outcome fail instead, and the attempt reported nothing.

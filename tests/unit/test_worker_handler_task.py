@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -425,3 +426,101 @@ def test_a_handler_that_cancels_itself_and_returns_reports_its_cancel(
     """The cancel lands on its own task as it returns: reported as a cancel."""
     report = _outcome(_cancels_itself_and_returns, limit)
     assert report["ok"] is False and report["error"]["code"] == "CANCELLED"
+
+
+async def _until(done: Callable[[], object]) -> None:
+    async with asyncio.timeout(10):
+        while not done():
+            await asyncio.sleep(0.005)
+
+
+def test_a_second_cancel_leaves_an_async_handlers_cleanup_alone() -> None:
+    """Every renewal after a cancel says ``cancel`` again, and a cancel may be pushed
+    twice: the handler's task was cancelled each time, so cleanup it awaited in its
+    ``except CancelledError`` (a page to close) was cut short part way."""
+    seen: list[str] = []
+
+    async def cleans_up(ctx: Context, payload: Any) -> Any:
+        seen.append("in")
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            await asyncio.sleep(0.3)  # the cleanup's own work
+            seen.append("cleaned up")
+            raise
+
+    async def main() -> dict[str, Any]:
+        async with FakeGateway() as gw:
+            async with running(_worker(gw, cleans_up, cancel_grace=5)):
+                await gw.wait_for(_is("hello"))
+                await gw.push(_push())
+                await _until(lambda: "in" in seen)
+                await gw.push({"type": "cancel", "attempt_ids": ["a1"]})
+                await _until(lambda: "cancelled" in seen)
+                await gw.push({"type": "cancel", "attempt_ids": ["a1"]})
+                await gw.wait_for(_finished("a1"))
+            return gw.finished["a1"]
+
+    report = asyncio.run(main())
+    assert seen == ["in", "cancelled", "cleaned up"]
+    assert report["error"]["code"] == "CANCELLED"
+
+
+def test_a_second_cancel_does_not_hide_a_plain_function_that_ignores_it() -> None:
+    """A plain function that never looks at ``ctx.cancelled`` is abandoned after
+    ``cancel_grace`` and reports nothing. A second cancel broke its grace off, and the
+    attempt reported CANCELLED at once while the function ran on: its slot and the
+    server's permit were freed under it, nothing was logged, and the worker exited 0."""
+    entered, noticed, release = threading.Event(), threading.Event(), threading.Event()
+
+    def ignores(ctx: Context, payload: Any) -> Any:
+        entered.set()
+        while not ctx.cancelled:  # seen, and ignored
+            time.sleep(0.005)
+        noticed.set()
+        release.wait(10)
+        return "too late"
+
+    async def main() -> tuple[dict[str, Any], list[str]]:
+        async with FakeGateway() as gw:
+            worker = _worker(gw, ignores, cancel_grace=0.5)
+            try:
+                async with running(worker):
+                    await gw.wait_for(_is("hello"))
+                    await gw.push(_push())
+                    await _until(entered.is_set)
+                    await gw.push({"type": "cancel", "attempt_ids": ["a1"]})
+                    await _until(noticed.is_set)  # its grace has begun
+                    await gw.push({"type": "cancel", "attempt_ids": ["a1"]})  # a renewal's
+                    await _until(lambda: worker.abandoned or "a1" in gw.finished)
+            finally:
+                release.set()
+            return gw.finished, worker.abandoned
+
+    finished, abandoned = asyncio.run(main())
+    assert abandoned == ["a1"] and finished == {}
+
+
+def test_a_plain_function_that_finishes_after_a_drains_cancel_reports_its_result() -> None:
+    """The drain cancels a plain function, which finishes its work within
+    ``cancel_grace``: its result is the outcome. It was reported CANCELLED, and the task
+    run again although its work was done."""
+
+    def finishes(ctx: Context, payload: Any) -> Any:
+        while not ctx.cancelled:
+            time.sleep(0.005)
+        return "done anyway"
+
+    async def main() -> dict[str, Any]:
+        async with FakeGateway() as gw:
+            worker = _worker(gw, finishes, grace=0, cancel_grace=5)
+            async with running(worker) as runner:
+                await gw.wait_for(_is("hello"))
+                await gw.push(_push())
+                await _until(lambda: "a1" in worker.running)
+                worker.stop()
+                assert await asyncio.wait_for(runner, 10) == 0
+            return gw.finished["a1"]
+
+    assert asyncio.run(main()) == {"ok": True, "result": "done anyway"}

@@ -262,9 +262,9 @@ def _idle_worker(url: str, token: str | None = None, **options: Any) -> Worker:
     return worker
 
 
-async def _push_a1(gw: FakeGateway) -> None:
-    """Push attempt ``a1``, for handler ``h``."""
-    await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h")]})
+async def _push_a1(gw: FakeGateway, **kw: Any) -> None:
+    """Push attempt ``a1``, for handler ``h`` (``kw``: the assignment's other fields)."""
+    await gw.push({"type": "tasks", "req_id": None, "tasks": [assignment("a1", "h", **kw)]})
 
 
 def test_a_request_that_times_out_closes_the_connection() -> None:
@@ -475,18 +475,22 @@ class HeldStart:
     reasons: asyncio.Queue[str]
     seen: dict[str, Any] = field(default_factory=dict)
 
-    async def answer_once_cancelled(self, reason: str) -> None:
+    async def answer_once_cancelled(self, reason: str, *, finish: bool = True) -> None:
         """Once the runner has cancelled the attempt for ``reason``, answer its start
-        and wait for its finish."""
+        and (if ``finish``) wait for its finish."""
         assert await asyncio.wait_for(self.reasons.get(), 10) == reason
         await self.ws.send(json.dumps(self.gw.answer(self.start)))
-        await self.gw.wait_for(_finished("a1"))
+        if finish:
+            await self.gw.wait_for(_finished("a1"))
 
 
 @contextlib.asynccontextmanager
-async def _a_held_start(kind: str, **options: Any) -> AsyncIterator[HeldStart]:
+async def _a_held_start(
+    kind: str, *, retry_safe: bool = False, **options: Any
+) -> AsyncIterator[HeldStart]:
     """A ``Worker(..., **options)`` running, its handler ``h`` (``kind``) given attempt
-    ``a1``, whose ``start`` the gateway holds; stopped (drained) on the way out."""
+    ``a1`` (of a task ``retry_safe`` or not), whose ``start`` the gateway holds; stopped
+    (drained) on the way out."""
     held: asyncio.Queue[tuple[ServerConnection, dict[str, Any]]] = asyncio.Queue()
 
     async def hold(gw: FakeGateway, ws: ServerConnection, msg: dict[str, Any]) -> bool:
@@ -502,7 +506,7 @@ async def _a_held_start(kind: str, **options: Any) -> AsyncIterator[HeldStart]:
         reasons = _watch_cancels(worker)
         async with running(worker) as runner:
             await gw.wait_for(_is("hello"))
-            await _push_a1(gw)
+            await _push_a1(gw, retry_safe=retry_safe)
             ws, start = await asyncio.wait_for(held.get(), 10)
             yield HeldStart(gw, worker, runner, ws, start, reasons, seen)
 
@@ -522,15 +526,28 @@ def test_a_cancel_while_the_start_is_in_flight_reaches_the_handler(kind: str) ->
 
 
 @pytest.mark.parametrize("kind", ["async", "sync"])
-def test_a_drain_while_the_start_is_in_flight_reaches_the_handler(kind: str) -> None:
+@pytest.mark.parametrize("retry_safe", [True, False])
+def test_a_drain_while_the_start_is_in_flight_reaches_the_handler(
+    kind: str, retry_safe: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The handler sees the drain's cancel. A retry_safe task's attempt reports
+    CANCELLED, retryably, to run again elsewhere; any other's reports nothing, and its
+    lease decides (needs_review): stopped part way, its effects are unknown, and a
+    retryable report replayed it (I6)."""
+
     async def main() -> None:
-        async with _a_held_start(kind, grace=0, cancel_grace=5) as held:
-            held.worker.stop()  # no grace: running attempts are cancelled at once
-            await held.answer_once_cancelled("worker stopping")
+        options = {"grace": 0, "cancel_grace": 5}  # no grace: cancelled at once
+        async with _a_held_start(kind, retry_safe=retry_safe, **options) as held:
+            held.worker.stop()
+            await held.answer_once_cancelled("worker stopping", finish=retry_safe)
             assert await asyncio.wait_for(held.runner, 10) == 0
         assert held.seen["reason"] == "worker stopping"
-        error = held.gw.finished["a1"]["error"]
-        assert error["code"] == "CANCELLED" and error["retryable"] is True
+        if retry_safe:
+            error = held.gw.finished["a1"]["error"]
+            assert error["code"] == "CANCELLED" and error["retryable"] is True
+        else:
+            assert "a1" not in held.gw.finished
+            assert "left to its lease (needs_review)" in caplog.text
 
     asyncio.run(main())
 
