@@ -379,8 +379,10 @@ class _Calls:
 
     @staticmethod
     def resolve(task_id: str, decision: str, result: Any, error: dict[str, Any] | None) -> Request:
+        # The result goes with any decision it is given with: the server refuses one a
+        # decision would drop, where leaving it out lost the operator's result in silence.
         body: dict[str, Any] = {"decision": decision}
-        if decision == "succeeded":
+        if decision == "succeeded" or result is not None:
             body["result"] = result
         if error is not None:
             body["error"] = error

@@ -59,6 +59,11 @@ def test_sync_client_calls_and_errors(node: Node, tokens: Tokens) -> None:
             c.result(task["id"], timeout=5)
         assert failed.value.state == "cancelled"
         assert c.retry(task["id"])["state"] == "queued"
+        # A result the decision would drop is refused, not left out in silence.
+        for decision in ("failed", "retry"):
+            with pytest.raises(BadRequest) as dropped:
+                c.resolve(task["id"], decision, result={"charged": True})
+            assert dropped.value.field == "result", decision
         assert c.events(task["id"])["items"][0]["kind"] == "submitted"
         assert c.attempts(task["id"]) == [] and c.artifacts(task["id"]) == []
         assert c.workers() == []
@@ -91,6 +96,8 @@ def test_async_client(node: Node, tokens: Tokens) -> None:
             with pytest.raises(TaskFailed):
                 await c.result(task["id"], timeout=5)
             assert (await c.retry(task["id"]))["state"] == "queued"
+            with pytest.raises(BadRequest):
+                await c.resolve(task["id"], "failed", result=0)
             assert (await c.events(task["id"]))["items"][0]["kind"] == "submitted"
             assert await c.attempts(task["id"]) == []
             assert await c.workers() == []
