@@ -9,6 +9,7 @@ field names, nulls where a value is required, and fields that only responses car
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any, TypeGuard, TypeVar
 
 import orjson
@@ -80,22 +81,65 @@ def _float(text: str) -> float:
     return value
 
 
-def _check_strings(value: Any, path: str = "") -> None:
+def _check_strings(value: Any) -> None:
     """Every string valid UTF-8."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise DecodeError(
-                "LONE_SURROGATE", "a string holds a lone surrogate", path or None
-            ) from None
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            _check_strings(k, path)
-            _check_strings(v, f"{path}.{k}" if path else k)
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            _check_strings(v, f"{path}[{i}]")
+    for item, _, keys in _walk(value):
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise DecodeError(
+                    "LONE_SURROGATE", "a string holds a lone surrogate", _path(keys)
+                ) from None
+
+
+#: The most of a path a refusal names (its ``field``): a hostile document's keys can be
+#: megabytes long, and so could the path to a value nested under them.
+MAX_FIELD = 120
+
+
+def _walk(value: Any, depth: int = 0, path: str = "") -> Iterator[tuple[Any, int, list[str | int]]]:
+    """Every value in ``value``, each dict's keys too, in document order: with its depth
+    (a key or an item one level below its container, as ``values_ok`` counts) and its
+    path, the keys to it (a dict's key: the dict's). The path is one list the walk
+    changes as it goes: read it at once (``_path``). Paths are never spelled along the
+    way, and the walk is a loop, not a recursion: a document nested some 900 levels
+    under keys of thousands of characters (within the frame limits) made a path string
+    at every level, each kept until the walk came back up, and took gigabytes and
+    seconds of the event loop."""
+    keys: list[str | int] = [path] if path else []
+    # (value, its depth, the length of its container's path, its key in it or None)
+    stack: list[tuple[Any, int, int, str | int | None]] = [(value, depth, len(keys), None)]
+    while stack:
+        item, depth, at, key = stack.pop()
+        del keys[at:]
+        if key is not None:
+            keys.append(key)
+        yield item, depth, keys
+        here, inner = len(keys), depth + 1
+        if isinstance(item, dict):
+            for k, v in reversed(item.items()):
+                stack.append((v, inner, here, k))
+                stack.append((k, inner, here, None))
+        elif isinstance(item, list):
+            for i in range(len(item) - 1, -1, -1):
+                stack.append((item[i], inner, here, i))
+
+
+def _path(keys: list[str | int]) -> str | None:
+    """A path as a refusal names it (``a.b[2].c``), at most ``MAX_FIELD`` characters."""
+    parts: list[str] = []
+    size = 0
+    for key in keys:
+        if isinstance(key, int):
+            part = f"[{key}]"
+        else:
+            part = f".{key[:MAX_FIELD]}" if parts else key[:MAX_FIELD]
+        parts.append(part)
+        size += len(part)
+        if size >= MAX_FIELD:
+            break
+    return "".join(parts)[:MAX_FIELD] or None
 
 
 def short_text(value: Any, most: int) -> TypeGuard[str]:
@@ -175,20 +219,13 @@ def _check_values(value: Any, path: str) -> None:
 
 
 def _find_bad_value(value: Any, path: str, depth: int = 0) -> None:
-    """Raise the error for the first value that breaks ``_check_values``'s rules, naming
-    where it is."""
-    if depth > MAX_DEPTH:
-        raise DecodeError("TOO_DEEP", f"values nest at most {MAX_DEPTH} levels", path or None)
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise DecodeError("NUL_CHARACTER", "a string holds a NUL character", path or None)
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            _find_bad_value(k, path, depth + 1)
-            _find_bad_value(v, f"{path}.{k}" if path else k, depth + 1)
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            _find_bad_value(v, f"{path}[{i}]", depth + 1)
+    """Raise the error for the first value that breaks ``_check_values``'s rules (from
+    ``depth``), naming where it is (under ``path``)."""
+    for item, level, keys in _walk(value, depth, path):
+        if level > MAX_DEPTH:
+            raise DecodeError("TOO_DEEP", f"values nest at most {MAX_DEPTH} levels", _path(keys))
+        if isinstance(item, str) and "\x00" in item:
+            raise DecodeError("NUL_CHARACTER", "a string holds a NUL character", _path(keys))
 
 
 def _canonical(raw: bytes | str) -> tuple[bool, Any]:
