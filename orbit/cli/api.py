@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 from orbit.core.states import TaskState
@@ -192,8 +192,23 @@ def _queues_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
+def _id_column(name: str, ids: list[str]) -> Column:
+    """A column of ids, never cut short: an id shortened to fit an 80-column terminal
+    (``01a24af6-5679-7d…``) was printed, and the commands it is copied into refused it
+    (TASK_NOT_FOUND). The other columns fold instead (``_folding``)."""
+    return Column(name, no_wrap=True, min_width=max((len(i) for i in ids), default=0))
+
+
+def _folding(*names: str) -> list[Column]:
+    """Columns that wrap a long value onto more lines rather than end it with ``…``."""
+    return [Column(name, overflow="fold") for name in names]
+
+
 def _tasks_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table("id", "queue", "handler", "state", "attempts", "created")
+    table = Table(
+        _id_column("id", [t["id"] for t in rows]),
+        *_folding("queue", "handler", "state", "attempts", "created"),
+    )
     for t in rows:
         table.add_row(
             t["id"],
@@ -547,10 +562,19 @@ def task_submit(
     max_attempts: Annotated[
         int | None, typer.Option(help="started attempts at most, 1..1000 (default 3)")
     ] = None,
-    timeout: Annotated[float | None, typer.Option(help="attempt timeout, seconds")] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(help="attempt timeout: how long one attempt may run, seconds"),
+    ] = None,
     deadline: Annotated[str | None, typer.Option(help="RFC 3339 instant")] = None,
     run_after: Annotated[str | None, typer.Option(help="RFC 3339 instant")] = None,
-    wait: Annotated[bool, typer.Option(help="wait for the task to end")] = False,
+    wait: Annotated[
+        bool, typer.Option(help="wait for the task to end (exit codes as task wait's)")
+    ] = False,
+    wait_timeout: Annotated[
+        float | None,
+        typer.Option(min=0.1, help="with --wait: give up waiting after, seconds [default: 3600]"),
+    ] = None,
     url: Url = DEFAULT_URL,
     cafile: CaFile = None,
     as_json: AsJson = False,
@@ -561,6 +585,9 @@ def task_submit(
     """
     body = parse_json(payload, "--payload")
     finite(timeout, "--timeout")
+    finite(wait_timeout, "--wait-timeout")
+    if wait_timeout is not None and not wait:
+        fail("--wait-timeout goes with --wait", EXIT_USAGE)
     with client(url, cafile) as c:
         task = c.submit(
             queue,
@@ -577,7 +604,7 @@ def task_submit(
             run_after=run_after,
         )
         if wait:
-            _wait(c, task["id"], 3600.0, as_json)
+            _wait(c, task["id"], 3600.0 if wait_timeout is None else wait_timeout, as_json)
             return
         emit(task, as_json, lambda t: _tasks_table([t]))
 
@@ -653,12 +680,22 @@ def task_show(
         emit({"task": task, "attempts": attempts, "events": events}, True)
         return
     out.print(_tasks_table([task]))
-    if task["result"] is not None:
-        out.print(f"result: {json.dumps(task['result'])}", highlight=False)
-    if task["error"]:
-        out.print(
-            f"error: {task['error']['code']} {task['error']['message'] or ''}", highlight=False
+    _print_outcome(task)
+    if attempts:
+        tried = Table(
+            _id_column("attempt", [a["id"] for a in attempts]),
+            *_folding("#", "state", "session", "started", "ended"),
         )
+        for a in attempts:
+            tried.add_row(
+                a["id"],
+                str(a["number"]),
+                a["state"],
+                a["session_id"],
+                (a["started_at"] or "")[:23],
+                (a["ended_at"] or "")[:23],
+            )
+        out.print(tried)
     history = Table("at", "event", "task", "attempt", "code")
     for e in events:
         history.add_row(
@@ -787,6 +824,16 @@ def _last_events(follower: _EventFollower, within: Callable[[], float]) -> list[
         return []
 
 
+def _print_outcome(task: dict[str, Any]) -> None:
+    """A task's result or error, one line each, under its table."""
+    if task["result"] is not None:
+        out.print(f"result: {json.dumps(task['result'])}", highlight=False)
+    if task["error"]:
+        out.print(
+            f"error: {task['error']['code']} {task['error']['message'] or ''}", highlight=False
+        )
+
+
 def _wait(c: Client, task_id: str, timeout: float, as_json: bool) -> None:
     """Follow the task until it ends, asking again while the server cannot be reached
     (a restart, a rolling deploy), as ``Client.wait`` does: the first such poll ended the
@@ -833,6 +880,8 @@ def _wait(c: Client, task_id: str, timeout: float, as_json: bool) -> None:
                 fail(str(exc), EXIT_TIMEOUT)
             time.sleep(0.2)
     emit(task, as_json, lambda t: _tasks_table([t]))
+    if not as_json:
+        _print_outcome(task)  # why it failed, not only that it did
     if task["state"] != "succeeded":
         raise typer.Exit(EXIT_TASK_FAILED)
 
@@ -840,7 +889,9 @@ def _wait(c: Client, task_id: str, timeout: float, as_json: bool) -> None:
 @task_app.command("wait")
 def task_wait(
     task_id: str,
-    timeout: Annotated[float, typer.Option(min=0.1, help="give up after, seconds")] = 300.0,
+    timeout: Annotated[
+        float, typer.Option(min=0.1, help="how long to wait, seconds (then exit 5)")
+    ] = 300.0,
     url: Url = DEFAULT_URL,
     cafile: CaFile = None,
     as_json: AsJson = False,
@@ -854,7 +905,10 @@ def task_wait(
 
 
 def _workers_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table("session", "name", "node", "epoch", "state", "draining", "capabilities")
+    table = Table(
+        _id_column("session", [w["session_id"] for w in rows]),
+        *_folding("name", "node", "epoch", "state", "draining", "capabilities"),
+    )
     for w in rows:
         caps = ", ".join(f"{c['handler']}:{c['capacity']}" for c in w["capabilities"])
         table.add_row(
@@ -894,7 +948,7 @@ def _events_table(rows: list[dict[str, Any]]) -> Table:
     """One line an event (``_event_text``)."""
     table = Table("id", "at")
     table.add_column("kind", no_wrap=True)  # what a reader scans for, never cut short
-    table.add_column("subject")
+    table.add_column("subject", overflow="fold")  # a task id: wrapped, never cut short
     table.add_column("data", overflow="fold")
     for e in rows:
         subject, data = _event_text(e)

@@ -232,6 +232,52 @@ def test_task_show_and_wait_read_every_page_of_events(
     assert "→ succeeded" in waited.stderr
 
 
+def test_an_80_column_terminal_shows_whole_ids_attempts_and_why_a_task_failed(
+    orbit: Run, cluster: tuple[Node, Tokens, str]
+) -> None:
+    """In an 80-column terminal the tables cut ids short (``01a24af6-5679-7d…``), and
+    the commands they were copied into refused them. ``task show`` printed no attempts
+    though its help promised them, and ``task wait`` (and ``submit --wait``) said a task
+    failed, exit 1, but not why."""
+    import asyncio
+
+    from orbit.worker import WorkerConnection
+
+    node, tokens, _ = cluster
+    narrow = {"COLUMNS": "80"}
+    ok(orbit("queue", "create", "narrow", "--max-concurrency", "1", "--rate", "0"))
+    submitted = ok(orbit("task", "submit", "narrow", "breaks", **narrow))
+    tid = json.loads(ok(orbit("task", "ls", "--queue", "narrow", "--json")))["items"][0]["id"]
+    assert tid in submitted and tid in ok(orbit("task", "ls", "--queue", "narrow", **narrow))
+
+    async def fail_it() -> tuple[str, str]:
+        conn = await WorkerConnection.connect(node.ws, tokens.worker)
+        await conn.hello("narrow-worker", {"breaks": 1}, 1, push=False)
+        [a] = await conn.claim(1)
+        await conn.start(a["attempt_id"], a["fence"])
+        error = {"code": "BOOM", "message": "it broke", "retryable": False}
+        await conn.finish(a["attempt_id"], a["fence"], error=error)
+        await conn.close()
+        assert conn.session_id is not None
+        return a["attempt_id"], conn.session_id
+
+    attempt_id, session_id = asyncio.run(fail_it())
+    shown = ok(orbit("task", "show", tid, **narrow))
+    assert tid in shown and attempt_id in shown and "error: BOOM it broke" in shown
+    assert session_id in ok(orbit("worker", "ls", **narrow))
+    waited = orbit("task", "wait", tid, **narrow)
+    assert waited.returncode == 1 and "error: BOOM it broke" in waited.stdout, waited.stdout
+
+    # --wait-timeout bounds submit --wait, and goes with --wait only.
+    alone = orbit("task", "submit", "narrow", "nobody", "--wait-timeout", "5")
+    assert alone.returncode == 2 and "--wait-timeout goes with --wait" in alone.stderr
+    assert json.loads(ok(orbit("task", "ls", "--queue", "narrow", "--json")))["items"] == [
+        json.loads(ok(orbit("task", "show", tid, "--json")))["task"]
+    ]  # nothing submitted
+    gave_up = orbit("task", "submit", "narrow", "nobody", "--wait", "--wait-timeout", "0.5")
+    assert gave_up.returncode == 5, gave_up.stderr
+
+
 def test_db_and_token_commands(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path}/x.db"
     migrate = _orbit("db", "migrate", "--db", db)
