@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -10,6 +11,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import httpx
 
 
 def test_orbit_dev_runs_the_demo_and_serves_until_interrupted(tmp_path: Path) -> None:
@@ -30,6 +33,12 @@ def test_orbit_dev_runs_the_demo_and_serves_until_interrupted(tmp_path: Path) ->
             if "Press Ctrl-C to stop." in line:
                 break
             assert time.monotonic() < deadline, "".join(lines)
+        # The URL it prints, opened as a browser would: the API's pages (it was a 404).
+        url = re.search(r"Orbit is running at (\S+)", "".join(lines))
+        assert url is not None, "".join(lines)
+        opened = httpx.get(url.group(1), follow_redirects=True, timeout=10)
+        assert opened.status_code == 200 and "text/html" in opened.headers["content-type"]
+        assert str(opened.url).endswith("/docs")
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=30)
     finally:
@@ -152,3 +161,5 @@ def test_orbit_dev_names_its_token_file_by_an_absolute_path(tmp_path: Path) -> N
     assert run.returncode == 0, run.stdout + run.stderr
     token_file = tmp_path.resolve() / "rel-dir" / "token"
     assert f"ORBIT_TOKEN_FILE={token_file}" in run.stdout, run.stdout
+    # --once stops at once, and says so rather than that it is running until Ctrl-C
+    assert "stopping (--once)" in run.stdout and "Ctrl-C" not in run.stdout, run.stdout

@@ -198,14 +198,19 @@ async def serve(host: str, port: int, data_dir: Path, once: bool) -> int:
                 outcome,
             )
         console.print(table)
+    # Under --once it stops now: it says so, and what a run without it would serve.
+    running = (
+        f"The demo ran on {url}; stopping (--once). Without --once it keeps serving"
+        if once
+        else f"Orbit is running at {url}  (API docs: {url}/docs)"
+    )
     console.print(
-        f"\nOrbit is running at {url}  (API docs: {url}/docs)\n"
+        f"\n{running}\n"
         "Try, in another shell:\n"
         f"  export ORBIT_URL={url} ORBIT_TOKEN_FILE={here / 'token'}\n"
         "  orbit task submit demo demo.echo --payload '{\"hi\": 1}' --wait\n"
         "  orbit task ls\n"
-        "  orbit worker ls\n"
-        "Press Ctrl-C to stop.",
+        "  orbit worker ls\n" + ("" if once else "Press Ctrl-C to stop."),
         highlight=False,
         soft_wrap=True,  # the commands to paste stay one line each, however narrow
     )

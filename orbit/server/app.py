@@ -14,7 +14,7 @@ from typing import Any, Generic, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from fastapi.routing import APIRoute
 from prometheus_client import generate_latest
 from starlette.concurrency import run_in_threadpool
@@ -311,6 +311,12 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
     assert len(direct) == len(DIRECT), "every direct endpoint is a route of the /v1 router"
     app.add_middleware(DirectRoutes, routes=direct)
     app.add_middleware(RefuseOddUrlsMiddleware)
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> Response:
+        """The address ``orbit dev`` and ``orbit server`` print, opened in a browser: the
+        API's pages, where it answered 404."""
+        return RedirectResponse("/docs", status_code=307)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> JSONResponse:
