@@ -34,7 +34,7 @@ def test_low_level_example(node: Node, tokens: Tokens) -> None:
 def test_history_example(node: Node, tokens: Tokens) -> None:
     result = history.main(node.http, tokens.admin)
     assert result["first_page"] == 2 and result["total"] == 5
-    assert result["history"] == [("submitted", "queued")]
+    assert result["history"] == [("submitted", "queued"), ("cancelled", "cancelled")]
 
 
 def test_cancellation_example(node: Node, tokens: Tokens) -> None:
@@ -74,6 +74,53 @@ def test_web_app_with_its_worker(node: Node, tokens: Tokens) -> None:
         assert status["result"]["width"] == 320  # type: ignore[index]
     finally:
         app.shutdown()
+        worker.terminate()
+        out, _ = worker.communicate(timeout=30)
+    assert worker.returncode == 0, out
+
+
+def _readme_snippets() -> list[str]:
+    """The README's Python blocks, in order."""
+    text = (ROOT / "README.md").read_text()
+    return [block.split("```", 1)[0] for block in text.split("```python\n")[1:]]
+
+
+def test_the_readmes_worker_and_submitter_run_as_written(
+    node: Node, tokens: Tokens, tmp_path: Path
+) -> None:
+    """The README's worker module under ``orbit worker``, and its submitter run twice (a
+    second run finds the queue made). As one script, the submitter waited for a worker
+    that was only made after it, and a second run failed on the existing queue."""
+    worker_code, submitter = (
+        s.replace("http://127.0.0.1:8000", node.http) for s in _readme_snippets()
+    )
+    (tmp_path / "myapp").mkdir()
+    (tmp_path / "myapp" / "__init__.py").write_text("")
+    (tmp_path / "myapp" / "jobs.py").write_text(worker_code)
+    (tmp_path / "submit.py").write_text(submitter)
+    env = {k: v for k, v in os.environ.items() if k not in ("ORBIT_TOKEN", "ORBIT_TOKEN_FILE")}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "orbit.cli", "worker", "myapp.jobs:worker"],
+        env={**env, "ORBIT_TOKEN": tokens.worker, "PYTHONPATH": str(tmp_path)},
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        for _ in range(2):
+            done = subprocess.run(
+                [sys.executable, "submit.py"],
+                env={**env, "ORBIT_TOKEN": tokens.admin},
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=90,
+                check=False,
+            )
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert "'rendered': 'https://example.com'" in done.stdout, done.stdout
+    finally:
         worker.terminate()
         out, _ = worker.communicate(timeout=30)
     assert worker.returncode == 0, out
