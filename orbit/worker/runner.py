@@ -620,6 +620,13 @@ class Worker:
                     assert conn.session_id and conn.resume_secret
                     self._session = (conn.session_id, conn.resume_secret)
                     self.session_id = conn.session_id
+                    # Said once it holds: a worker that printed nothing until it stopped
+                    # could not be told from one stuck connecting.
+                    log.info(
+                        "connected as session %s, handlers: %s",
+                        conn.session_id,
+                        ", ".join(f"{n} ({c})" for n, c in caps.items()),
+                    )
                 else:
                     try:
                         await conn.resume(*self._session)
@@ -637,6 +644,7 @@ class Worker:
                         self._session = None
                         await conn.close()
                         continue
+                    log.info("resumed session %s", self._session[0])
                 if self._stopping:
                     # After a resume, and after the hello of a session made anew (the
                     # resume refused): undrained, the server pushed it tasks to release.

@@ -124,3 +124,4 @@ def test_the_readmes_worker_and_submitter_run_as_written(
         worker.terminate()
         out, _ = worker.communicate(timeout=30)
     assert worker.returncode == 0, out
+    assert "connected as session" in out, out  # it says when it is up
