@@ -60,33 +60,37 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 #: What every command of these groups shares, said in their --help.
 CONNECTION_HELP = (
     "\n\nThe server is --url (or ORBIT_URL); the token comes from ORBIT_TOKEN or "
-    "ORBIT_TOKEN_FILE, never from the command line. Exit codes: 0 done; 1 the task ended "
-    "other than succeeded; 2 bad arguments; 3 refused by the server; 4 server "
-    "unreachable; 5 timed out; 6 the queue or tenant is full (backpressure: nothing was "
-    "submitted, try again later)."
+    "ORBIT_TOKEN_FILE, never from the command line. Exit codes: 0 done; 2 bad arguments "
+    "(those the command checks itself); 3 refused by the server (a value only it checks "
+    "too); 4 server unreachable"
+)
+#: The task commands' own exit codes, after those of every group.
+TASK_EXITS = (
+    "; 1 the task ended other than succeeded; 5 timed out; 6 the queue or tenant is "
+    "full (backpressure: nothing was submitted, try again later)."
 )
 queue_app = typer.Typer(
-    help="Queues: create, list, update caps, pause, resume." + CONNECTION_HELP,
+    help="Queues: create, list, update caps, pause, resume." + CONNECTION_HELP + ".",
     no_args_is_help=True,
 )
 limit_app = typer.Typer(
     help="Caps of tenants (live attempts, waiting tasks) and of the whole cluster (live "
-    "attempts): list, show, set, remove." + CONNECTION_HELP,
+    "attempts): list, show, set, remove." + CONNECTION_HELP + ".",
     no_args_is_help=True,
 )
 event_app = typer.Typer(
     help="The event log, in its order: every task's events and the operators' changes "
-    "(queue, tenant and global caps, pauses, sessions)." + CONNECTION_HELP,
+    "(queue, tenant and global caps, pauses, sessions)." + CONNECTION_HELP + ".",
     no_args_is_help=True,
 )
 schedule_app = typer.Typer(
     help="Schedules: a cron expression in a time zone that submits a task at each of its "
-    "instants, once across the cluster. Create, list, show, pause, resume, delete."
-    + CONNECTION_HELP,
+    "instants, once across the cluster. Create, update, list, show, pause, resume, "
+    "delete." + CONNECTION_HELP + ".",
     no_args_is_help=True,
 )
 task_app = typer.Typer(
-    help="Tasks: submit, list, show, cancel, retry, resolve, wait." + CONNECTION_HELP,
+    help="Tasks: submit, list, show, cancel, retry, resolve, wait." + CONNECTION_HELP + TASK_EXITS,
     no_args_is_help=True,
 )
 

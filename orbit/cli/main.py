@@ -38,6 +38,8 @@ app = typer.Typer(
     "  orbit server --db postgresql://orbit@127.0.0.1/orbit --port 8000",
     no_args_is_help=True,
     add_completion=False,
+    # -h as well as --help, for every command (each inherits it)
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 token_app = typer.Typer(
@@ -463,10 +465,7 @@ def server(
         raise typer.Exit(3)  # uvicorn's code for a failed start-up; it said why
 
 
-@app.command(
-    "worker",
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+@app.command("worker")
 def worker_command(
     args: Annotated[
         list[str], typer.Argument(help="ls | drain SESSION_ID | MODULE:OBJ", show_default=False)

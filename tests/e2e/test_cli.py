@@ -809,10 +809,12 @@ def test_text_that_looks_like_markup_is_printed_as_it_is(
 
 def test_the_api_groups_help_says_where_the_token_comes_from_and_the_exit_codes() -> None:
     """``orbit queue --help`` and ``orbit task --help`` named neither the token's source
-    nor the exit codes that scripts branch on; only docs/quickstart.md did."""
-    for group in ("queue", "task"):
+    nor the exit codes that scripts branch on; only docs/quickstart.md did. Each group
+    names the codes its commands exit with (the queue commands listed the task ones,
+    1, 5 and 6, too), and -h is --help everywhere (only ``orbit worker`` took it)."""
+    for group, flag in (("queue", "--help"), ("task", "-h"), ("schedule", "-h")):
         helped = subprocess.run(
-            [sys.executable, "-m", "orbit.cli", group, "--help"],
+            [sys.executable, "-m", "orbit.cli", group, flag],
             capture_output=True,
             text=True,
             timeout=60,
@@ -822,7 +824,11 @@ def test_the_api_groups_help_says_where_the_token_comes_from_and_the_exit_codes(
         assert helped.returncode == 0, helped.stderr
         text = " ".join(helped.stdout.split())
         assert "ORBIT_TOKEN or ORBIT_TOKEN_FILE" in text, text
-        assert "4 server unreachable; 5 timed out" in text, text
+        assert "3 refused by the server" in text and "4 server unreachable" in text, text
+        task_only = ("1 the task ended", "5 timed out", "6 the queue or tenant is full")
+        assert all((code in text) == (group == "task") for code in task_only), text
+        if group == "schedule":
+            assert "Create, update, list" in text, text
 
 
 def test_server_with_a_node_id_no_worker_could_attach_to_is_refused(tmp_path: Path) -> None:
