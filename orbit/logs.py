@@ -17,6 +17,10 @@ import re
 import sys
 
 _PATTERNS = [
+    # websockets' debug line of a data frame (``< TEXT '{"type": …}' [88 bytes]``): the
+    # payload goes whole. It is shortened in its middle, which can cut a secret's key off
+    # and keep its value's tail, and a fragment (CONT) carries no key at all.
+    (re.compile(r"^([<>] (?:TEXT|BINARY|CONT) ).*( \[[^\]]*\])$", re.DOTALL), r"\1[payload]\2"),
     (re.compile(r"(?i)(bearer\s+)[^\s'\",]+"), r"\1[redacted]"),
     (re.compile(r"orbit_([0-9a-f]{32})_[A-Za-z0-9_\-]+"), r"orbit_\1_[redacted]"),
     (

@@ -67,3 +67,22 @@ def test_a_worker_connection_logs_no_token_even_at_debug(
     ours = [r.getMessage() for r in caplog.records if not r.name.startswith("websockets.server")]
     assert any("authorization" in m.lower() for m in ours)  # the headers were logged
     assert not [m for m in ours if "S9M0" in m]
+
+
+@pytest.mark.parametrize("opcode", ["TEXT", "CONT"])
+def test_a_websockets_frame_line_keeps_no_part_of_a_secret(opcode: str) -> None:
+    """websockets logs each frame at debug, shortened in its middle: a resume written in
+    the protocol's own key order lost its ``"secret":`` key to the cut and kept its
+    value's tail, and a fragment (CONT) has no key at all. The payload goes whole."""
+    from websockets.frames import Frame, Opcode
+
+    secret = "c_v9MODlf9UzT9wUHzieg" + "x" * 22
+    resume = '{"type":"resume","req_id":"r","session_id":"' + "s" * 60 + f'","secret":"{secret}"}}'
+    frame = Frame(Opcode[opcode], resume.encode(), fin=opcode == "TEXT")
+    record = logging.LogRecord(
+        "websockets.server", logging.DEBUG, __file__, 1, "< %s", (frame,), None
+    )
+    assert RedactSecrets().filter(record)
+    shown = record.getMessage()
+    assert secret[-12:] not in shown and "payload" in shown, shown
+    assert f"{len(resume)} bytes" in shown  # what the frame was is still said
