@@ -30,11 +30,19 @@ from orbit.core.validate import (
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 COUNTER_RE = re.compile(r"^(0|[1-9][0-9]{0,18})\Z")
+#: a counter's spelling in the schema (the values from 2^63 to 19 nines it lets by are
+#: refused NUMBER_OUT_OF_RANGE, as are longer ones)
+COUNTER_PATTERN = "^(0|[1-9][0-9]{0,18})$"
+_DIGITS_RE = re.compile(r"^[1-9][0-9]*\Z")
 MAX_SECONDS = 366 * 24 * 3600.0
 
 
 def _counter(value: str) -> str:
+    """A canonical decimal below 2^63. One of twenty digits or more is out of range as one
+    of nineteen above 2^63 - 1 is (protocol.md), not a bad spelling."""
     if not COUNTER_RE.match(value):
+        if _DIGITS_RE.match(value):
+            raise PydanticCustomError("number_out_of_range", "a counter must be below 2^63")
         raise ValueError("a counter is a decimal string without sign or leading zeros")
     if int(value) > 2**63 - 1:
         raise PydanticCustomError("number_out_of_range", "a counter must be below 2^63")
@@ -78,7 +86,11 @@ Rate = Annotated[
     ),
     AfterValidator(_rate),
 ]
-Counter = Annotated[str, Field(examples=["1"]), AfterValidator(_counter)]
+Counter = Annotated[
+    str,
+    Field(examples=["1"], json_schema_extra={"pattern": COUNTER_PATTERN}),
+    AfterValidator(_counter),
+]
 Instant = Annotated[str, Field(examples=["2026-11-29T12:00:00Z"]), AfterValidator(_instant)]
 Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
 ReqId = Annotated[str, Field(min_length=1, max_length=64)]

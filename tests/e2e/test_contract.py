@@ -558,6 +558,9 @@ WS_CASES = [
       "fence"),
     w("start-fence-2^63-string", "claimed", start(',"fence":"9223372036854775808"'),
       "NUMBER_OUT_OF_RANGE", "s1", "fence"),
+    # twenty digits: out of range as 2^63 is, not a bad spelling (it was INVALID_VALUE)
+    w("start-fence-20-digits", "claimed", start(',"fence":"99999999999999999999"'),
+      "NUMBER_OUT_OF_RANGE", "s1", "fence"),
     w("start-fence-json-number", "claimed", start(',"fence":@F'), "INVALID_TYPE", "s1", "fence"),
     w("start-fence-null", "claimed", start(',"fence":null'), "NULL_NOT_ALLOWED", "s1", "fence"),
     w("start-case-Fence", "claimed", start(',"Fence":"@F"'), "FIELD_CASE_MISMATCH", "s1",
