@@ -287,6 +287,19 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
         # messages and traces from this process; Orbit exposes /metrics instead.
         telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
+    served_openapi = app.openapi
+
+    def openapi_with_bearer() -> dict[str, Any]:
+        """FastAPI's document, with the bearer token every /v1 route takes: /docs then
+        offers to authorize, and its calls carry the token (each was a 401)."""
+        document = served_openapi()
+        document.setdefault("components", {})["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer"}
+        }
+        document["security"] = [{"bearer": []}]
+        return document
+
+    app.openapi = openapi_with_bearer  # type: ignore[method-assign]
     app.state.settings = settings
     app.state.streams = Streams(
         settings.max_streams,

@@ -132,6 +132,12 @@ def test_server_serves_the_openapi_document(app: FastAPI) -> None:
     assert app.openapi() == openapi()
     committed = json.loads((SCHEMA_DIR / OPENAPI_NAME).read_text(encoding="utf-8"))
     assert app.openapi() == committed, f"/openapi.json differs from schema/openapi.json. {FIX}"
+    # the token every /v1 route takes: /docs offers to authorize, or each call was a 401
+    document = app.openapi()
+    assert document["components"]["securitySchemes"] == {
+        "bearer": {"type": "http", "scheme": "bearer"}
+    }
+    assert document["security"] == [{"bearer": []}]
 
 
 def test_openapi_covers_every_v1_route(app: FastAPI) -> None:
