@@ -127,5 +127,17 @@ def make_store(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> 
 
 
 @pytest.fixture
+def fresh_url(backend: str, tmp_path: Path) -> Iterator[str]:
+    """A database of the test's own, not the run's shared PostgreSQL one: for a test
+    that changes its schema (a migration from an older one, a table altered, a version
+    from the future) and would break every later store."""
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path}/orbit.db"
+    else:
+        with temporary_database() as dsn:
+            yield as_url(dsn)
+
+
+@pytest.fixture
 def store(make_store: object, clock: ManualClock) -> Store:
     return make_store(clock=clock)  # type: ignore[operator]

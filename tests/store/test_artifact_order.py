@@ -6,26 +6,12 @@ committed, after them, and a cursor issued before it (an artifact id) still resu
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from orbit.store import open_store
 from orbit.store.driver import migration_files
 from tests.invariants import check_all
-from tests.pg import as_url, temporary_database
 from tests.store.helpers import queue, run_one, submit, worker
-
-
-@pytest.fixture
-def fresh_url(backend: str, tmp_path: Path) -> Iterator[str]:
-    """A database of its own: the test migrates it from an older schema."""
-    if backend == "sqlite":
-        yield f"sqlite:///{tmp_path}/orbit.db"
-    else:
-        with temporary_database() as dsn:
-            yield as_url(dsn)
 
 
 def test_artifacts_stored_before_the_migration_keep_their_order_and_come_first(

@@ -11,31 +11,17 @@ prepared statements and runs the transaction again."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from contextlib import closing
-from pathlib import Path
 
 import psycopg
-import pytest
 
 from orbit.core.model import Outcome
 from orbit.store import Store, open_store, sqlite_path
 from tests.conftest import ManualClock
-from tests.pg import as_url, temporary_database
 from tests.store.helpers import queue, run_one, start_and_succeed, submit, worker
 
 #: the tables whose rows a task's path reads whole
 TABLES = ("orbit_tasks", "orbit_attempts", "orbit_queues", "orbit_sessions")
-
-
-@pytest.fixture
-def fresh_url(backend: str, tmp_path: Path) -> Iterator[str]:
-    """A database of its own: these tests change its tables."""
-    if backend == "sqlite":
-        yield f"sqlite:///{tmp_path}/orbit.db"
-    else:
-        with temporary_database() as dsn:
-            yield as_url(dsn)
 
 
 def _alter(url: str, statements: list[str]) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
 from contextlib import suppress
 from pathlib import Path
 
@@ -13,18 +12,6 @@ import pytest
 from orbit.store import SchemaTooNew, Store, open_store, sqlite_path
 from orbit.store.driver import migration_files
 from orbit.store.sqlite import SqliteDriver
-from tests.pg import as_url, temporary_database
-
-
-@pytest.fixture
-def fresh_url(backend: str, tmp_path: Path) -> Iterator[str]:
-    """A database of its own (not the session's shared PostgreSQL one): these tests
-    write schema versions that would stop every later store from opening."""
-    if backend == "sqlite":
-        yield f"sqlite:///{tmp_path}/orbit.db"
-    else:
-        with temporary_database() as dsn:
-            yield as_url(dsn)
 
 
 def _held(url: str) -> set[object]:
