@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from orbit.store import open_store
-from orbit.store.sqlite.driver import CACHE_KIB, JOURNAL_LIMIT_BYTES, DatabaseNotWal, set_wal
+from orbit.store.sqlite.driver import (
+    CACHE_KIB,
+    JOURNAL_LIMIT_BYTES,
+    DatabaseLinked,
+    DatabaseNotWal,
+    set_wal,
+)
 
 
 def test_the_sqlite_connection_runs_with_wal_full_sync_and_a_large_page_cache(
@@ -86,3 +92,23 @@ def test_a_new_sqlite_database_is_readable_by_its_owner_only(tmp_path: Path) -> 
         assert stat.S_IMODE(shared.stat().st_mode) == 0o640
     finally:
         os.umask(old_umask)
+
+
+def test_a_database_file_with_another_name_is_refused_by_every_name(tmp_path: Path) -> None:
+    """A hard link gives SQLite a second name for the file and a second -wal and -shm
+    beside it: a server on each name (the one-server lock is named from the path) wrote
+    past the other's locks, and the file ended "malformed". Either name is refused, and
+    the database is left as it was; once the link is gone it opens again."""
+    first = tmp_path / "a.db"
+    open_store(f"sqlite:///{first}").close()
+    second = tmp_path / "b.db"
+    os.link(first, second)
+    before = first.read_bytes()
+    for name in (first, second):
+        with pytest.raises(DatabaseLinked) as refused:
+            open_store(f"sqlite:///{name}")
+        assert "2 hard links" in str(refused.value) and str(name) in str(refused.value)
+    assert first.read_bytes() == before
+    assert not (tmp_path / "b.db-wal").exists()
+    second.unlink()
+    open_store(f"sqlite:///{first}").close()

@@ -2,10 +2,18 @@
 
 from orbit.store.sqlite.driver import (
     DatabaseInUse,
+    DatabaseLinked,
     DatabaseNotWal,
     DatabaseReadOnly,
     SqliteDriver,
     hold_for_server,
 )
 
-__all__ = ["DatabaseInUse", "DatabaseNotWal", "DatabaseReadOnly", "SqliteDriver", "hold_for_server"]
+__all__ = [
+    "DatabaseInUse",
+    "DatabaseLinked",
+    "DatabaseNotWal",
+    "DatabaseReadOnly",
+    "SqliteDriver",
+    "hold_for_server",
+]

@@ -259,6 +259,28 @@ def _check_writable(path: str) -> None:
             raise DatabaseReadOnly(f"{name} is read-only to this user: Orbit writes to it")
 
 
+class DatabaseLinked(Exception):
+    """The SQLite database file has more than one name (hard links)."""
+
+
+def _check_one_name(path: str) -> None:
+    """Refuse a database file with hard links: SQLite keeps its ``-wal`` and ``-shm``
+    beside the name it was opened by, so two processes opening two names of one file
+    write past each other's locks, and the file is corrupted ("Multiple links to the
+    same file", SQLite's *How To Corrupt An SQLite Database File*). A second server
+    through a link also passed the one-server lock, which is named from the path."""
+    try:
+        links = os.stat(path).st_nlink
+    except FileNotFoundError:
+        return  # made here: one name
+    if links > 1:
+        raise DatabaseLinked(
+            f"{path} has {links} hard links: SQLite cannot keep a database consistent "
+            "through more than one name (its -wal file goes by name); remove the other "
+            "links, or copy the file"
+        )
+
+
 class DatabaseNotWal(Exception):
     """SQLite cannot put this database in WAL mode (its file system, or its VFS)."""
 
@@ -320,6 +342,7 @@ class SqliteDriver:
         self.migrations = _HERE / "migrations"
         self._lock = threading.RLock()
         if self.path != ":memory:":
+            _check_one_name(self.path)
             _check_writable(self.path)
             _create_private(self.path)
         self._cx = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
