@@ -24,7 +24,10 @@ class TokenCheck:
     An answer is remembered from when it was read, not renewed by use: a revoked token
     is refused by the first check ``ttl`` seconds after the answer that still took it,
     or at once once this node has heard of the revoke (``forget``). A worker's WebSocket
-    is checked at its upgrade; its open connection is closed when its token is revoked
+    is checked at its upgrade against the database, not the cache (``fresh``): let in by
+    a cached answer, a connection opened just before that answer ran out lived until the
+    re-check after it, nearly twice the cache period after an unheard revoke, claiming
+    and starting tasks. Its open connection is closed when its token is revoked
     (orbit/server/revocation.py)."""
 
     def __init__(self, store: Store, ttl: float = CACHE_SECONDS) -> None:
@@ -36,14 +39,16 @@ class TokenCheck:
         #: token before its revoke, so its answer is used but not cached
         self._forgets = 0
 
-    async def scopes(self, headers: Headers) -> frozenset[str]:
+    async def scopes(self, headers: Headers, *, fresh: bool = False) -> frozenset[str]:
+        """The token's scopes, or 401. ``fresh``: read the database whatever the cache
+        holds (and cache that answer)."""
         token = bearer_token(headers)
         if token is None:
             raise ApiError(401, "UNAUTHENTICATED", "send Authorization: Bearer <token>")
         key = hashlib.sha256(token.encode()).hexdigest()
         hit = self._cache.get(key)
         now = time.monotonic()
-        if hit is not None and hit[0] > now:
+        if hit is not None and hit[0] > now and not fresh:
             granted = hit[1]
         else:
             forgets = self._forgets
@@ -65,8 +70,8 @@ class TokenCheck:
         for key in stale:
             del self._cache[key]
 
-    async def require(self, headers: Headers, scope: str) -> frozenset[str]:
-        granted = await self.scopes(headers)
+    async def require(self, headers: Headers, scope: str, *, fresh: bool = False) -> frozenset[str]:
+        granted = await self.scopes(headers, fresh=fresh)
         if scope not in granted and "admin" not in granted:
             raise ApiError(403, "FORBIDDEN", f"this call needs the {scope!r} scope")
         return granted

@@ -893,7 +893,9 @@ def read_request(frame: str | bytes) -> Request:
 async def worker_endpoint(ws: WebSocket) -> None:
     app = ws.app
     try:
-        await app.state.tokens.require(ws.headers, "worker")
+        # One read a connect: a revoke no notice told this node of takes effect for new
+        # connections at once, and for open ones at the next re-check (revocation.py).
+        await app.state.tokens.require(ws.headers, "worker", fresh=True)
     except ApiError as exc:  # refuse the upgrade: 401/403 before any frame
         await refuse_upgrade(ws, exc)  # (4401 or 4403 without the denial extension)
         return

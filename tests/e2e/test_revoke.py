@@ -248,3 +248,29 @@ def test_a_worker_whose_token_was_revoked_while_its_server_was_down_exits_3(
     assert out.count("connect refused: HTTP 401") == 2, out
     assert "4401" not in out, out
     assert leaked not in out
+
+
+def test_a_connection_opened_after_an_unheard_revoke_is_refused_at_once(
+    nodes: Callable[..., Node], db_url: str
+) -> None:
+    """A worker's upgrade reads the token from the database, not from the node's cache:
+    let in by a cached answer, a connection opened after a revoke the node never heard
+    of claimed and started tasks until the re-check after that answer ran out, nearly
+    twice ``--token-cache`` after the revoke (here: ten minutes)."""
+    node = nodes(args=LONG_TOKEN_CACHE)
+    store = open_store(db_url)
+    try:
+        token_id, leaked = store.token_create("leaked", ["worker"])
+    finally:
+        store.close()
+
+    async def scenario() -> None:
+        first = await WorkerConnection.connect(node.ws, leaked)  # the node caches it
+        await first.hello("before", {"h": 1}, 1, push=False)
+        await first.close()
+        _revoke_unannounced(db_url, token_id)
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            await WorkerConnection.connect(node.ws, leaked)
+        assert refused.value.response.status_code == 401
+
+    asyncio.run(scenario())
