@@ -2610,10 +2610,15 @@ class Store:
                     counts["sessions_expired"] += 1
                 elif event.kind == "queued" and event.task_from == TaskState.SCHEDULED:
                     counts["promoted"] += 1
+                elif event.attempt_from == "running":
+                    # A run lease that ran out, at the task's deadline too (renew caps a
+                    # lease there): it was counted as a deadline alone, and missed by
+                    # orbit_lease_expiries_total, which has no other source.
+                    counts["expired_leases"] += 1
+                    if event.code == Code.DEADLINE_EXCEEDED:
+                        counts["deadlines"] += 1
                 elif event.code == Code.DEADLINE_EXCEEDED:
                     counts["deadlines"] += 1
-                elif event.attempt_from == "running":
-                    counts["expired_leases"] += 1
                 elif event.attempt_from == "claimed":
                     counts["released"] += 1
         return ReapReport(**counts)
