@@ -6,6 +6,7 @@ HTTP client nor the server (``tests/unit/test_public_api.py``).
 
 from __future__ import annotations
 
+import ssl
 from urllib.parse import SplitResult, urlsplit
 
 
@@ -27,3 +28,18 @@ def check_server_url(url: str) -> SplitResult:
     if parts.username is not None or parts.password is not None:
         raise ValueError("the server URL must not hold credentials: pass token= instead")
     return parts
+
+
+def check_cafile(cafile: str | None) -> None:
+    """ValueError, naming the file, if ``cafile`` cannot be loaded as the CAs to trust:
+    a worker given a missing or non-PEM file connected and failed, and retried for ever
+    saying only ``FileNotFoundError`` or ``SSLError``."""
+    if cafile is None:
+        return
+    try:
+        ssl.create_default_context(cafile=cafile)
+    except (OSError, ssl.SSLError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ValueError(
+            f"cafile {cafile}: cannot load CA certificates from it ({reason})"
+        ) from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -527,7 +528,7 @@ def _run_worker(target: str, url: str, cafile: str | None) -> None:
 
     from orbit.logs import configure
     from orbit.tokens import TokenError
-    from orbit.urls import check_server_url
+    from orbit.urls import check_cafile, check_server_url
     from orbit.worker.connection import ServerError
     from orbit.worker.runner import Worker
 
@@ -555,6 +556,7 @@ def _run_worker(target: str, url: str, cafile: str | None) -> None:
         obj.cafile = cafile
     try:
         check_server_url(obj.url)
+        check_cafile(obj.cafile)
     except ValueError as exc:
         _fail(str(exc))
     configure("info")
@@ -570,6 +572,8 @@ def _run_worker(target: str, url: str, cafile: str | None) -> None:
         )
     except ServerError as exc:  # the server refused the hello itself
         _fail(f"the server refused this worker: {exc.code}: {exc.message}", 3)
+    except ssl.SSLCertVerificationError as exc:  # at the first connection: set up wrong
+        _fail(f"the server's certificate is not trusted: {exc.verify_message or exc}", 2)
     raise typer.Exit(code)
 
 

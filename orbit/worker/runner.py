@@ -67,7 +67,7 @@ from orbit.core.validate import (
 )
 from orbit.gctune import tune_for_throughput
 from orbit.tokens import TokenError, load_token
-from orbit.urls import check_server_url
+from orbit.urls import check_cafile, check_server_url
 from orbit.worker import outcomes
 from orbit.worker.batching import MAX_BATCH, Coalescer
 from orbit.worker.connection import ServerError, WorkerConnection, outcome_wire
@@ -370,6 +370,7 @@ class Worker:
         #: attempt id -> (attempt, its slot's future, when it began to wait: monotonic)
         self._waiting: dict[str, tuple[_Running, asyncio.Future[bool], float]] = {}
         self._waiting_by: dict[str, int] = {}  # waiting attempts per handler
+        check_cafile(cafile)
         self.cafile = cafile
         self.grace = grace
         self.cancel_grace = cancel_grace
@@ -672,7 +673,10 @@ class Worker:
                 status = exc.response.status_code if isinstance(exc, InvalidStatus) else None
                 bad_token = isinstance(exc, TokenError)
                 refused = bad_token or status in (401, 403)
-                if first and isinstance(exc, ServerError):
+                if first and isinstance(exc, ServerError | ssl.SSLCertVerificationError):
+                    # The server's refusal of the hello, or a certificate the CAs do not
+                    # vouch for (a wrong cafile, an expired certificate, another host's):
+                    # a worker set up wrong, which no retry mends, as the clients judge it.
                     raise
                 if (first or revoked) and refused:
                     raise

@@ -202,6 +202,24 @@ def test_orbit_worker_trusts_the_ca_its_cafile_option_names(tmp_path: Path) -> N
         out, _ = proc.communicate(timeout=30)
         assert proc.returncode == 0, out
         assert "CERTIFICATE_VERIFY_FAILED" not in out and "SSLCert" not in out, out
+        # A cafile it cannot load, or none for a private CA: one line and exit 2, where it
+        # retried for ever saying FileNotFoundError or SSLCertVerificationError.
+        (tmp_path / "not-a-ca.pem").write_text("not a certificate\n")
+        for extra, said in (
+            (["--cafile", str(tmp_path / "missing.pem")], "missing.pem: cannot load"),
+            (["--cafile", str(tmp_path / "not-a-ca.pem")], "not-a-ca.pem: cannot load"),
+            ([], "certificate is not trusted"),
+        ):
+            wrong = subprocess.run(
+                [sys.executable, "-m", "orbit.cli", *command, *extra],
+                env=env,
+                cwd=root,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert wrong.returncode == 2 and said in wrong.stderr, (extra, wrong.stderr)
     finally:
         if proc is not None and proc.poll() is None:
             proc.kill()

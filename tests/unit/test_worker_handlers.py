@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -413,6 +414,16 @@ def test_timings_a_worker_cannot_work_with_are_refused(option: str, value: float
     pause; a negative grace was taken for none."""
     with pytest.raises(ValueError, match=option):
         Worker("http://127.0.0.1:1", "token", **{option: value})
+
+
+def test_a_cafile_that_cannot_be_loaded_is_refused_naming_it(tmp_path: Path) -> None:
+    """A missing or non-PEM ``cafile`` was taken, and every connection then failed and
+    was retried for ever as "connect failed (FileNotFoundError)" or "(SSLError)"."""
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    for cafile in (tmp_path / "missing.pem", garbage):
+        with pytest.raises(ValueError, match=f"cafile {cafile}: cannot load"):
+            Worker("https://127.0.0.1:1", "token", cafile=str(cafile))
 
 
 def test_the_least_timings_a_worker_works_with_are_taken() -> None:
