@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import ssl
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -31,6 +32,7 @@ from orbit.core.validate import (
     is_rate,
 )
 from orbit.tokens import TokenError, load_token
+from orbit.urls import check_cafile
 
 if TYPE_CHECKING:
     from orbit.client import Client
@@ -112,6 +114,7 @@ def client(url: str, cafile: str | None) -> Iterator[Client]:
     except TokenError as exc:
         fail(str(exc), EXIT_USAGE)
     try:
+        check_cafile(cafile)  # named, where a missing file said only "[Errno 2] ..."
         api = Client(url, token, cafile=cafile)
     except (ValueError, OSError) as exc:  # a URL it cannot use, a CA file it cannot read
         fail(str(exc), EXIT_USAGE)
@@ -124,7 +127,12 @@ def client(url: str, cafile: str | None) -> Iterator[Client]:
     except ApiError as exc:
         fail(f"{exc.code}: {exc.message}", EXIT_REFUSED)
     except Unreachable as exc:
-        fail(f"cannot reach {url}: {type(exc.__cause__ or exc).__name__}", EXIT_UNREACHABLE)
+        cause = exc.__cause__
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            # reached, but not trusted: a set-up to mend (--cafile), not an outage
+            why = cause.verify_message or str(cause)
+            fail(f"the server's certificate is not trusted: {why} (see --cafile)", EXIT_USAGE)
+        fail(f"cannot reach {url}: {type(cause or exc).__name__}", EXIT_UNREACHABLE)
 
 
 def emit(data: Any, as_json: bool, table: Callable[[Any], Table] | None = None) -> None:

@@ -220,6 +220,22 @@ def test_orbit_worker_trusts_the_ca_its_cafile_option_names(tmp_path: Path) -> N
                 check=False,
             )
             assert wrong.returncode == 2 and said in wrong.stderr, (extra, wrong.stderr)
+        # The other commands alike: they said "cannot reach …: SSLCertVerificationError",
+        # exit 4 (unreachable), and "[Errno 2] No such file or directory".
+        admin_env = {**env, "ORBIT_TOKEN": tokens.admin}
+        for extra, said in (
+            (["--cafile", str(tmp_path / "missing.pem")], "missing.pem: cannot load"),
+            ([], "certificate is not trusted"),
+        ):
+            wrong = subprocess.run(
+                [sys.executable, "-m", "orbit.cli", "queue", "ls", "--url", node.http, *extra],
+                env=admin_env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert wrong.returncode == 2 and said in wrong.stderr, (extra, wrong.stderr)
     finally:
         if proc is not None and proc.poll() is None:
             proc.kill()
