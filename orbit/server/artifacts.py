@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
-from orbit.core.errors import Code, OrbitError, Rejected
+from orbit.core.errors import Code, OrbitError
 from orbit.core.model import SECOND, Artifact
 from orbit.core.validate import MAX_DURATION_US
 from orbit.protocol.messages import ArtifactPage, ArtifactView
@@ -71,9 +71,9 @@ async def artifact_upload(request: Request, attempt_id: str, name: str) -> JSONR
     optional X-Orbit-Sha256 (checked) and X-Orbit-TTL (seconds)."""
     try:
         artifact = await _receive(request, attempt_id, name)
-    except Rejected as exc:
+    except OrbitError as exc:
         # A refused upload is a refused worker report: counted as the gateway counts one.
-        request.app.state.metrics.rejected.labels(str(exc.code)).inc()
+        request.app.state.metrics.report_refused(exc)
         raise
     return JSONResponse(artifact_view(artifact).model_dump(mode="json"), status_code=201)
 

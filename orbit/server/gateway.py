@@ -754,8 +754,7 @@ class _Protocol:
                 log.exception("worker request failed")
                 await self.error(rid, "INTERNAL", "the server could not process this request")
                 return
-            if isinstance(exc, Rejected):
-                metrics.rejected.labels(str(exc.code)).inc()
+            metrics.report_refused(exc)
             if exc.code == Code.FENCED_EPOCH:
                 await self.error(rid, str(exc.code), exc.message)
                 await conn.close(4409, "session resumed elsewhere")
@@ -774,8 +773,7 @@ def any_fenced(answers: Sequence[object]) -> bool:
 
 def _item_error(exc: OrbitError, metrics: Metrics) -> dict[str, str]:
     """One refused item of a batch as the wire's ``ItemError``."""
-    if isinstance(exc, Rejected):
-        metrics.rejected.labels(str(exc.code)).inc()
+    metrics.report_refused(exc)
     return {"code": str(exc.code), "message": exc.message}
 
 

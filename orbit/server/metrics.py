@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from orbit.core.errors import Code
+from orbit.core.errors import Code, OrbitError, Rejected
 from orbit.store import Store
 
 #: ``orbit_refused_submits_total``'s ``reason`` of each backpressure code.
@@ -141,6 +141,13 @@ class Metrics:
             op: (self.worker_seconds.labels(op), self.worker_items.labels(op)) for op in WORKER_OPS
         }
         self.registry.register(_StoreCollector(store))
+
+    def report_refused(self, exc: OrbitError) -> None:
+        """Count a worker report the store refused: a fenced one (``Rejected``, which
+        leaves an event) or one for an attempt it does not know (which leaves none, and
+        went uncounted)."""
+        if isinstance(exc, Rejected) or exc.code == Code.ATTEMPT_NOT_FOUND:
+            self.rejected.labels(str(exc.code)).inc()
 
     def worker_call(self, op: WorkerOp, items: int = 0) -> WorkerCall:
         """Time one worker-protocol transaction of ``op`` (one of ``WORKER_OPS``) carrying

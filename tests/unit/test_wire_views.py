@@ -492,6 +492,9 @@ def test_a_finished_many_answer_counts_each_task_state(tmp_path: Path) -> None:
         receipt(3, TaskState.SUCCEEDED, AttemptState.SUCCEEDED),
         receipt(4, TaskState.SCHEDULED, AttemptState.FAILED),
         receipt(5, TaskState.SUCCEEDED, AttemptState.SUCCEEDED),
+        # a report for an attempt the store does not know: no event, but refused all
+        # the same (it was left out of the count)
+        OrbitError(Code.ATTEMPT_NOT_FOUND, "no attempt"),
     ]
     finishes = [(f"a{i}", i + 1, Outcome.success(None)) for i in range(len(receipts))]
     store = open_store(f"sqlite:///{tmp_path}/orbit.db")
@@ -505,8 +508,9 @@ def test_a_finished_many_answer_counts_each_task_state(tmp_path: Path) -> None:
 
         assert (count("succeeded"), count("failed"), count("scheduled")) == (3.0, 1.0, 1.0)
         assert count("cancelled") is None
-        refused = {"code": "STALE_FENCE"}
-        assert metrics.registry.get_sample_value("orbit_rejected_reports_total", refused) == 1.0
+        for code in ("STALE_FENCE", "ATTEMPT_NOT_FOUND"):
+            refused = {"code": code}
+            assert metrics.registry.get_sample_value("orbit_rejected_reports_total", refused) == 1.0
     finally:  # the metrics read the store's queues when collected
         store.close()
     for result, answer in zip(wire["results"], receipts, strict=True):
