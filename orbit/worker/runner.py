@@ -391,6 +391,9 @@ class Worker:
         self._conn: WorkerConnection | None = None
         self._connected = asyncio.Event()
         self._stop_requested = asyncio.Event()
+        #: set once the drain has been asked for (answered, or given up on): an attempt
+        #: pushed after the stop is released only then (``_attempt``)
+        self._drain_asked = asyncio.Event()
         self._lease_changed = asyncio.Event()
         #: no live lease's renewal is due before this instant (monotonic): a bound under
         #: every ``renew_at``, lowered as each is set and raised only by a full look
@@ -479,6 +482,7 @@ class Worker:
         # once dropped with the old event, and the worker then ran until signalled).
         self._connected = asyncio.Event()
         self._stop_requested = asyncio.Event()
+        self._drain_asked = asyncio.Event()
         self._lease_changed = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         # A session of its own: the last run's was drained, for good, and resumed it was
@@ -868,6 +872,11 @@ class Worker:
         ctx = running.ctx
         try:
             if self._stopping or ctx.handler not in self.handlers:
+                if self._stopping:
+                    # Pushed after the stop: given back once the session is draining.
+                    # Released before, its task was claimed again for this session (not
+                    # draining yet) and pushed back here, to be released a second time.
+                    await self._drain_asked.wait()
                 await self._request(lambda c: c.release(ctx.attempt_id, running.fence))
                 return
             try:
@@ -1468,8 +1477,11 @@ class Worker:
 
     async def _drain(self) -> None:
         """No new claims; running handlers get ``grace`` seconds, then are cancelled."""
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._request(lambda c: c.drain()), timeout=5)
+        try:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._request(lambda c: c.drain()), timeout=5)
+        finally:
+            self._drain_asked.set()  # the attempts pushed since the stop go back now
         # Claimed ahead and not started: given back (``release``) for another worker to
         # take at once, not started during the drain (``_free_slot`` starts none now).
         for r, _, _ in list(self._waiting.values()):

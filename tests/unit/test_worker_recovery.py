@@ -552,6 +552,50 @@ def test_a_drain_while_the_start_is_in_flight_reaches_the_handler(
     asyncio.run(main())
 
 
+def test_an_attempt_pushed_after_the_stop_is_released_once_the_drain_is_answered() -> None:
+    """A push read in the turn the stop was, released at once, could reach the server
+    before the drain: the release made its task ready, the server claimed it again for
+    this session (not draining yet) and pushed it back, to be released a second time (a
+    task with two released attempts, seen once in CI under load). It is released only
+    once the drain has been answered. The gateway holds the drain's answer until a
+    release comes, or 2 s: a release that came first is the defect."""
+    release_seen = asyncio.Event()
+    answers: list[asyncio.Task[None]] = []
+
+    async def answer_later(gw: FakeGateway, ws: Any, msg: dict[str, Any]) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(release_seen.wait(), 2)
+        gw.received.append({"type": "drain answered"})
+        await ws.send(json.dumps(gw.answer(msg)))
+
+    async def hold_the_drain(gw: FakeGateway, ws: Any, msg: dict[str, Any]) -> bool:
+        if msg["type"] == "release":
+            release_seen.set()
+        if msg["type"] != "drain":
+            return False
+        # answered from a task of its own: the gateway goes on reading meanwhile
+        answers.append(asyncio.create_task(answer_later(gw, ws, msg)))
+        return True
+
+    async def main() -> list[str]:
+        async with FakeGateway(on_request=hold_the_drain) as gw:
+            worker = _idle_worker(gw.url, "token", prefetch=1)
+            runner = asyncio.create_task(worker.arun())
+            async with asyncio.timeout(10):  # connected: the run is under way
+                while not worker._connected.is_set():
+                    await asyncio.sleep(0.005)
+            worker.stop()
+            await gw.wait_for(_is("drain"))
+            await _push_a1(gw)
+            await gw.wait_for(_is("release"))
+            assert await asyncio.wait_for(runner, 10) == 0
+            return [m["type"] for m in gw.received]
+
+    kinds = asyncio.run(main())
+    assert kinds.index("drain answered") < kinds.index("release"), kinds
+    assert kinds.count("release") == 1
+
+
 def test_a_stop_before_the_run_is_honoured() -> None:
     async def main() -> None:
         async with FakeGateway() as gw:
