@@ -22,6 +22,7 @@ import os
 import statistics
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,10 +97,15 @@ def _cpu_s(proc: psutil.Process) -> float:
 class CpuSampler:
     """Use as a context manager around one measurement; read ``result`` afterwards."""
 
-    def __init__(self, interval: float = INTERVAL_S) -> None:
+    def __init__(self, interval: float = INTERVAL_S, exclude: Iterable[int] = ()) -> None:
         """``interval`` <= 0: no sampling thread, only readings at the start and the end
-        (what a parallel smoke run uses: cheap, and its numbers mean nothing anyway)."""
+        (what a parallel smoke run uses: cheap, and its numbers mean nothing anyway).
+
+        ``exclude``: pids of this process's children that are not part of the
+        measurement (another system's idle server): they and every process under them
+        are left out of ``children`` and of the per-process list."""
         self.interval = interval
+        self.exclude = frozenset(exclude)
         self.result: dict[str, Any] = {}
         self._me = psutil.Process()
         self._procs: dict[int, psutil.Process] = {}
@@ -109,6 +115,7 @@ class CpuSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="cpu-sampler", daemon=True)
         self._t0 = 0.0
+        self._before: frozenset[int] = frozenset()
         self._reapers: dict[str, list[tuple[psutil.Process, float]]] = {}
 
     def _reaped_s(self) -> dict[str, float]:
@@ -134,6 +141,12 @@ class CpuSampler:
         return False
 
     def __enter__(self) -> CpuSampler:
+        # Every pid alive as the window opens: a process found later whose pid is not
+        # here was born inside the window, and all its CPU time counts. Not decided by
+        # ``create_time``: psutil builds it on a boot time in whole seconds, so on Linux
+        # it reads up to 1 s early, and a worker started just after the window opened
+        # would pass for one already running (its CPU before its first scan dropped).
+        self._before = frozenset(psutil.pids())
         self._t0 = time.time()
         self._last_times = psutil.cpu_times()
         for group, procs in (("children", [self._me]), ("postgres", _postmasters())):
@@ -178,11 +191,12 @@ class CpuSampler:
 
     def _discover(self, *, first: bool) -> None:
         """Find the processes of interest (a full process scan: 3-6 ms of CPU on a quiet
-        machine, hence not every tick) and sample them. A process born since the last
-        scan is seen whole: all its CPU time was spent inside the window."""
+        machine, hence not every tick) and sample them. A process born since the window
+        opened (its pid not among those alive then) is seen whole: all its CPU time was
+        spent inside the window."""
         found: list[tuple[psutil.Process, str]] = [(self._me, "harness")]
         with contextlib.suppress(psutil.Error):
-            found += [(p, "children") for p in self._me.children(recursive=True)]
+            found += [(p, "children") for p in self._children()]
         for p, name in _named():
             if name == "postgres":
                 found.append((p, "postgres"))
@@ -193,7 +207,7 @@ class CpuSampler:
                 continue
             try:
                 used = _cpu_s(proc)
-                born_inside = not first and proc.create_time() >= self._t0 - 0.05
+                born_inside = not first and proc.pid not in self._before
                 self._seen[proc.pid] = _Seen(
                     _label(proc), group, 0.0 if born_inside else used, used, proc.ppid()
                 )
@@ -201,6 +215,25 @@ class CpuSampler:
             except (psutil.Error, OSError):
                 continue
         self._update()
+
+    def _children(self) -> list[psutil.Process]:
+        """This process's descendants, less the excluded ones and everything under them."""
+        kids = self._me.children(recursive=True)
+        if not self.exclude:
+            return kids
+        parent = {}
+        for p in kids:
+            with contextlib.suppress(psutil.Error, OSError):
+                parent[p.pid] = p.ppid()
+
+        def excluded(pid: int) -> bool:
+            while pid in parent:
+                if pid in self.exclude:
+                    return True
+                pid = parent[pid]
+            return pid in self.exclude
+
+        return [p for p in kids if not excluded(p.pid)]
 
     def _update(self) -> None:
         """Read the cumulative CPU time of every known process (cheap: no scan)."""

@@ -1,9 +1,21 @@
 """The harness: every registered system, the same workloads, alternating run by run.
 
-For each workload, run 1 goes through every system in registry order, then run 2, and so
-on (A B C A B C …), so that a drift of the machine over time (other load, a warming page
-cache, a growing WAL) is spread over every system instead of landing on one. Each run
-writes one raw JSON file; ``summary.json`` aggregates them (see :mod:`benchmarks.summary`).
+For each workload, run 1 goes through every system, then run 2, and so on, each run in
+another order: a Williams design, a rotation and then the same order reversed (run 1:
+A B C, run 2: C B A, run 3: B C A, run 4: A C B, …), so that a drift of the machine over
+time (other load, a warming page cache, a growing WAL) is spread over every system
+instead of landing on one, and over the runs each system follows each other system about
+equally often instead of always the same predecessor (whose leftovers, a checkpoint or a
+vacuum it set off, it would always pay for). A plain rotation (A B C, B C A, …) would not
+do that: it keeps the cycle, so B would follow A in every run but one. Each run writes
+one raw JSON file holding that run's order; ``summary.json`` aggregates them (see
+:mod:`benchmarks.summary`).
+
+The backlog workload keeps its large queue in a second instance of each system (a
+database of its own), filled, vacuumed, analysed and checkpointed before any timed run
+and maintained the same way after each top-up; each run then drains the small and the
+large backlog back to back (the second half even when the first failed), so that each
+run's large/small ratio is measured close in time (``plan``).
 
 The registry names systems by module path, so this file (and the smoke test, which runs
 everything registered) imports nothing of a peer until it runs it.
@@ -12,9 +24,12 @@ everything registered) imports nothing of a peer until it runs it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import importlib
 import inspect
 import json
+import math
 import os
 import platform
 import subprocess
@@ -32,7 +47,7 @@ import psutil
 
 from benchmarks import summary as summarise
 from benchmarks.scale import Scale
-from benchmarks.systems.base import Env, System
+from benchmarks.systems.base import Env, System, WorkerSpec
 from benchmarks.workloads import WORKLOADS, RunContext
 
 REPO = Path(__file__).resolve().parents[1]
@@ -164,6 +179,9 @@ class Slot:
     system: System | None = None
     error: str | None = None
     state: dict[str, Any] = field(default_factory=dict)
+    env: Env | None = None
+    #: the backlog workload's large queue: a second instance, a database of its own
+    large: System | None = None
 
 
 @dataclass(frozen=True)
@@ -172,22 +190,102 @@ class Step:
     run: int
     key: str
     phase: str = ""
+    #: the systems in the order this run goes through them (recorded in the run's file)
+    order: tuple[str, ...] = ()
 
     @property
     def file(self) -> str:
         return f"{self.workload}-{self.key}-{self.run}.json"
 
 
+#: the backlog's phase that fills the large queue (no run file: ``Slot.state``)
+FILL = "fill"
+
+
+def _williams_row(n: int, row: int) -> list[int]:
+    """Row ``row`` (0-based) of a Williams design for ``n`` treatments: the base sequence
+    0, 1, n-1, 2, n-2, … shifted by ``row``."""
+    base = [0] + [(j + 1) // 2 if j % 2 else n - j // 2 for j in range(1, n)]
+    return [(b + row) % n for b in base]
+
+
+def run_order(keys: list[str], run: int) -> list[str]:
+    """The systems in the order run ``run`` (1-based) goes through them: a Williams
+    design, odd runs a row of it and even runs the same row reversed (A B C, C B A,
+    B C A, A C B, C A B, B A C for three systems; run 1 in the order given). Every run
+    has every system once, so each system's runs alternate with the others'; over 2n
+    runs (n for an even n) each system follows each other one equally often and stands
+    in each position equally often; over fewer runs each still follows several others,
+    not always the same one."""
+    if not keys:
+        return []
+    n = len(keys)
+    # keys[j] is the design's treatment base[j], so run 1 goes through them as given
+    # (renaming the treatments keeps the design balanced)
+    name = dict(zip(_williams_row(n, 0), keys, strict=True))
+    row = _williams_row(n, ((run - 1) // 2) % n)
+    if run % 2 == 0:
+        row.reverse()
+    return [name[i] for i in row]
+
+
 def plan(workloads: list[str], keys: list[str], runs: int) -> list[Step]:
-    """Every step in execution order; the backlog's two halves each alternate on their own
-    (all "small" runs first, then the large backlog is filled once and kept)."""
+    """Every step in execution order (``run_order`` for each run). The backlog workload
+    first fills every system's large queue (phase ``fill``: untimed, then vacuumed,
+    analysed and checkpointed), then each run drains the small and the large backlog of a
+    system back to back, small first in odd runs and large first in even ones, so neither
+    half always comes first."""
     steps: list[Step] = []
     for w in workloads:
-        phases = ["small", "large"] if w == "backlog" else [""]
-        for phase in phases:
-            for run in range(1, runs + 1):
-                steps.extend(Step(w, run, k, phase) for k in keys)
+        if w == "backlog":
+            steps.extend(Step(w, 0, k, FILL) for k in keys)
+        for run in range(1, runs + 1):
+            order = tuple(run_order(keys, run))
+            for k in order:
+                if w != "backlog":
+                    steps.append(Step(w, run, k, "", order))
+                    continue
+                phases = ("small", "large") if run % 2 else ("large", "small")
+                steps.extend(Step(w, run, k, phase, order) for phase in phases)
     return steps
+
+
+#: How this harness measures, where earlier ones differed (the report's captions say it
+#: only for a summary that records it).
+METHOD = {
+    "cpu_window": "from the workers' launch to the last finish (their shutdown after it "
+    "is not counted), and servers + workers are the system under test's processes only "
+    "(other systems' idle servers are left out)",
+    "recovery_clock": "the clock starts at the kill signal (the victim is reaped and "
+    "confirmed gone after it)",
+    "backlog": "The large backlog is a second instance of each system with a database of "
+    "its own, filled before the first timed run, then vacuumed, analysed and checkpointed, "
+    "and vacuumed, analysed and checkpointed again (untimed) after each run's top-up; "
+    "each run drains the small and the large backlog back to back (small first in odd "
+    "runs, large first in even ones), so each run's ratio is measured close in time",
+    "order": "each run's system order from a Williams design, a row then the same row "
+    "reversed (A B C, C B A, B C A, A C B, …), so each system follows each other one about "
+    "equally often",
+}
+
+#: the recovery cap's margin over the slowest documented recovery of the run's systems
+RECOVERY_MARGIN = 1.25
+RECOVERY_MARGIN_MIN_S = 5.0
+
+
+def recovery_cap(scale_cap: float, bounds: dict[str, float | None]) -> float:
+    """The recovery workload's cap: the scale's, raised above the longest documented
+    recovery of any system in the run (``System.recovery_bound_s``) with a margin
+    (x ``RECOVERY_MARGIN``, at least ``RECOVERY_MARGIN_MIN_S`` more), so a peer whose
+    documented recovery takes longer than the scale's cap is measured, not cut off. Systems
+    that never recover (None) do not raise it."""
+    known = [b for b in bounds.values() if b is not None]
+    if not known:
+        return scale_cap
+    longest = max(known)
+    return float(
+        max(scale_cap, math.ceil(max(longest * RECOVERY_MARGIN, longest + RECOVERY_MARGIN_MIN_S)))
+    )
 
 
 # ---------------------------------------------------------------------- invocation metadata
@@ -279,6 +377,8 @@ class Harness:
         self.runs_dir = opts.out / "runs"
         self.work_dir = opts.out / "work"
         self._lock = threading.Lock()
+        #: the scale the runs use: the options' with the recovery cap raised (``run``)
+        self.scale = opts.scale
 
     def log(self, text: str) -> None:
         with self._lock:
@@ -291,20 +391,33 @@ class Harness:
             raise FileExistsError(f"{self.runs_dir} already holds runs; choose a new --out")
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         started = datetime.now(UTC)
+        keys = [s.entry.key for s in self.slots]
+        fits = opts.scale.recovery_cap_fits_systems and "recovery" in self.workloads
+        cap = self.recovery_cap() if fits else None
+        if cap is not None:
+            self.scale = dataclasses.replace(opts.scale, recovery_cap_s=cap["cap_s"])
         meta: dict[str, Any] = {
             "started_at": started.isoformat(),
             "argv": sys.argv,
             "runs": opts.runs,
-            "scale": opts.scale.as_dict(),
+            "scale": self.scale.as_dict(),
             "workloads": self.workloads,
-            "systems": [s.entry.key for s in self.slots],
+            "systems": keys,
             "parallel": opts.parallel,
-            "order": "alternating: for each workload, run 1 of every system, then run 2, …",
+            "order": "alternating, balanced: for each workload, run 1 of every system, then "
+            "run 2, …, each run's order a row of a Williams design or its reverse (A B C, "
+            "C B A, B C A, A C B, …); the backlog fills every large queue first, then "
+            "drains small and large back to back per run and system (small first in odd "
+            "runs, large first in even ones)",
+            "run_orders": {str(r): run_order(keys, r) for r in range(1, opts.runs + 1)},
             "host": host(),
             "postgres": _postgres(opts.pg_dsn),
             "redis": _redis(opts.redis_url),
             "git": _git(),
         }
+        if cap is not None:
+            meta["recovery_cap"] = cap
+        meta["method"] = METHOD
         physical: dict[str, Any] = {}
 
         def measure_physical() -> None:
@@ -337,23 +450,69 @@ class Harness:
         (opts.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
         return result
 
+    def recovery_cap(self) -> dict[str, Any]:
+        """The recovery workload's cap for this run (``recovery_cap``), from every
+        system's documented recovery bound; each system is constructed for it, not
+        prepared (a system that cannot even be constructed has no bound)."""
+        bounds: dict[str, float | None] = {}
+        for slot in self.slots:
+            try:
+                bounds[slot.entry.key] = slot.entry.load().recovery_bound_s()
+            except Exception:
+                continue
+        cap = recovery_cap(self.opts.scale.recovery_cap_s, bounds)
+        return {
+            "cap_s": cap,
+            "scale_cap_s": self.opts.scale.recovery_cap_s,
+            "bounds_s": bounds,
+            "rule": f"the scale's cap, raised to the longest documented recovery of any "
+            f"system here x {RECOVERY_MARGIN:g} (at least {RECOVERY_MARGIN_MIN_S:g} s more), "
+            "rounded up; None: the system never recovers held jobs",
+        }
+
+    def _in_flight(self, system: System) -> dict[str, str]:
+        """What one worker process holds at once, per workload, in the system's terms."""
+        s, here = self.scale, Path(".")
+        specs = {
+            "throughput": WorkerSpec(1, s.worker_concurrency, here),
+            "latency": WorkerSpec(1, s.worker_concurrency, here),
+            "backlog": WorkerSpec(1, s.worker_concurrency, here),
+            "io": WorkerSpec(1, s.io_concurrency, here, io_bound=True),
+        }
+        return {w: system.in_flight(spec) for w, spec in specs.items()}
+
     def _descriptions(self) -> dict[str, Any]:
         found: dict[str, Any] = {}
         for slot in self.slots:
             d: dict[str, Any] = {"module": slot.entry.module, "kwargs": dict(slot.entry.kwargs)}
             if slot.system is not None:
+                system = slot.system
                 d.update(
-                    name=slot.system.name,
-                    profile=slot.system.profile,
-                    uses_postgres=slot.system.uses_postgres,
-                    versions=_safe(slot.system.versions),
-                    settings=_safe(slot.system.settings),
-                    recovery_note=_safe(slot.system.recovery_note),
-                    recovery_settings=_safe(slot.system.recovery_settings),
+                    name=system.name,
+                    profile=system.profile,
+                    uses_postgres=system.uses_postgres,
+                    versions=_safe(system.versions),
+                    settings=_safe(system.settings),
+                    in_flight=_safe(functools.partial(self._in_flight, system)),
+                    # the spec the backlog measures it with (``workloads.backlog``)
+                    claim_probe=_safe(
+                        functools.partial(
+                            system.claim_probe,
+                            WorkerSpec(1, self.scale.worker_concurrency, Path(".")),
+                        )
+                    ),
+                    recovery_note=_safe(system.recovery_note),
+                    recovery_settings=_safe(system.recovery_settings),
+                    recovery_bound_s=_safe(system.recovery_bound_s),
                 )
             if slot.entry.backlog_skip:
                 d["backlog_skipped"] = slot.entry.backlog_skip
-            for key in ("prepare_s", "backlog_fill"):
+            elif "backlog" in self.workloads:
+                d["backlog_large"] = (
+                    "a second instance of the system, with a database of its own, holds the "
+                    "large backlog; prepared and filled before the first timed run"
+                )
+            for key in ("prepare_s", "backlog_fill", "backlog_large_prepare_s"):
                 if key in slot.state:
                     d[key] = slot.state[key]
             if slot.error:
@@ -378,6 +537,7 @@ class Harness:
             work_dir=(self.work_dir / key).resolve(),
         )
         env.work_dir.mkdir(parents=True, exist_ok=True)
+        slot.env = env
         self.log(f"prepare {key} …")
         t0 = time.time()
         try:
@@ -392,11 +552,67 @@ class Harness:
 
     def _close_all(self) -> None:
         for slot in self.slots:
-            if slot.system is not None:
-                try:
-                    slot.system.close()
-                except Exception:
-                    self.log(f"close {slot.entry.key} failed:\n{traceback.format_exc()}")
+            for system in (slot.large, slot.system):
+                if system is not None:
+                    try:
+                        system.close()
+                    except Exception:
+                        self.log(f"close {slot.entry.key} failed:\n{traceback.format_exc()}")
+
+    def _foreign_pids(self, system: System) -> list[int]:
+        """The long-lived processes of every system but ``system`` (their servers)."""
+        pids: list[int] = []
+        for slot in self.slots:
+            for other in (slot.system, slot.large):
+                if other is not None and other is not system:
+                    with contextlib.suppress(Exception):
+                        pids.extend(other.own_pids())
+        return pids
+
+    def _fill(self, step: Step, slot: Slot) -> None:
+        """The backlog's large queue: a second instance of the system (a database of its
+        own, so the small half's resets never touch it), filled, vacuumed, analysed and
+        checkpointed (``workloads.backlog``'s fill phase) before any timed run."""
+        key = slot.entry.key
+        if slot.system is None or slot.entry.backlog_skip or slot.env is None:
+            return
+        label = f"backlog/fill {key}"
+        self.log(f"{label} …")
+        t0 = time.time()
+        ctx: RunContext | None = None
+        try:
+            large = slot.entry.load()
+            slot.large = large
+            large.prepare(
+                dataclasses.replace(slot.env, work_dir=slot.env.work_dir / "backlog-large")
+            )
+            slot.state["backlog_large_prepare_s"] = round(time.time() - t0, 3)
+            ctx = self._context(step, slot, large)
+            WORKLOADS[step.workload](ctx)
+        except Exception:
+            error = traceback.format_exc()
+            slot.state["backlog_broken"] = True
+            slot.state["backlog_fill"] = {"error": error.strip().splitlines()[-1]}
+            self.log(f"  {label} FAILED: {error.strip().splitlines()[-1]}")
+        else:
+            fill = slot.state.get("backlog_fill", {})
+            self.log(f"  {label}: {_brief({k: v for k, v in fill.items() if k != 'maintenance'})}")
+        finally:
+            if ctx is not None:
+                ctx.cleanup()
+
+    def _context(self, step: Step, slot: Slot, system: System) -> RunContext:
+        return RunContext(
+            system=system,
+            scale=self.scale,
+            run=step.run,
+            rec_root=self.work_dir / step.key / "records" / step.workload,
+            state=slot.state,
+            phase=step.phase,
+            keep_records=self.opts.keep_records,
+            pg_dsn=self.opts.pg_dsn if system.uses_postgres else None,
+            foreign_pids=lambda: self._foreign_pids(system),
+        )
 
     def _run_parallel(self, steps: list[Step]) -> None:
         """One thread per system: prepare it, then go through its own steps in order."""
@@ -418,15 +634,23 @@ class Harness:
 
     def _step(self, step: Step) -> None:
         slot = next(s for s in self.slots if s.entry.key == step.key)
+        if step.phase == FILL:
+            self._fill(step, slot)
+            return
         path = self.runs_dir / step.file
         label = f"{step.workload}{'/' + step.phase if step.phase else ''} {step.key} #{step.run}"
-        record: dict[str, Any] = _read(path) if step.phase == "large" else {}
+        # a backlog run's two phases share one file: the second adds to the first's
+        record: dict[str, Any] = _read(path) if step.phase else {}
         record.update(
             workload=step.workload,
             system=step.key,
             run=step.run,
-            scale=self.opts.scale.name,
+            scale=self.scale.name,
+            order=list(step.order),
+            position=step.order.index(step.key) if step.key in step.order else None,
         )
+        if step.phase:
+            record.setdefault("phases", []).append(step.phase)
         if slot.system is None:
             record["error"] = f"system unavailable: {slot.error}"
             _write(path, record)
@@ -437,27 +661,35 @@ class Harness:
             record["skipped"] = slot.entry.backlog_skip
             _write(path, record)
             return
-        if step.phase == "large" and (record.get("error") or slot.state.get("backlog_broken")):
-            return  # no large-backlog numbers after a failed small run or a failed fill
-        ctx = RunContext(
-            system=system,
-            scale=self.opts.scale,
-            run=step.run,
-            rec_root=self.work_dir / step.key / "records" / step.workload,
-            state=slot.state,
-            phase=step.phase,
-            keep_records=self.opts.keep_records,
-            pg_dsn=self.opts.pg_dsn if system.uses_postgres else None,
-        )
+        # A backlog run's second half runs even when its first failed: the small and the
+        # large backlog are separate instances, so one half's failure leaves the other's
+        # queue as it was (a failed large half marks only the large one broken).
+        if step.phase == "large":
+            if slot.large is None or slot.state.get("backlog_broken"):
+                record.setdefault("detail", {})["large"] = {
+                    "skipped": "the large backlog is unavailable (its fill or a run failed)"
+                }
+                _write(path, record)
+                return
+            system = slot.large
+        ctx = self._context(step, slot, system)
         self.log(f"{label} …")
         t0 = time.time()
         try:
             outcome = WORKLOADS[step.workload](ctx)
         except Exception:
-            record["error"] = traceback.format_exc()
+            error = traceback.format_exc()
+            if step.phase:
+                # both halves of a backlog run may fail: keep the first half's error too
+                record.setdefault("detail", {}).setdefault(step.phase, {})["error"] = (
+                    error.strip().splitlines()[-1]
+                )
+                if record.get("error"):
+                    error = f"{record['error'].rstrip()}\n{error}"
+            record["error"] = error
             if step.phase == "large":
                 slot.state["backlog_broken"] = True
-            self.log(f"  {label} FAILED: {record['error'].strip().splitlines()[-1]}")
+            self.log(f"  {label} FAILED: {error.strip().splitlines()[-1]}")
         else:
             record.setdefault("metrics", {}).update(outcome.metrics)
             detail = record.setdefault("detail", {})

@@ -191,6 +191,8 @@ def _header(summary: dict[str, Any]) -> str:
     dirty = " (uncommitted changes)" if git.get("dirty") else ""
     started = str(meta.get("started_at", "?"))[:16].replace("T", " ")
     order = "all systems side by side" if meta.get("parallel") else "alternating run by run"
+    if not meta.get("parallel") and meta.get("run_orders"):
+        order += ", the systems' order changed each run (balanced: forward and reversed)"
     scale = meta.get("scale", {}).get("name")
     if meta.get("parallel") or scale == "smoke":
         banner = [
@@ -277,21 +279,72 @@ def _workload(
     return text
 
 
+def _measured(summary: dict[str, Any], workload: str) -> list[str]:
+    """The systems ``workload`` measured: those it skipped (Celery in the backlog) left
+    out of its caption."""
+    results = summary["results"].get(workload, {})
+    return [k for k, r in results.items() if not (isinstance(r, dict) and r.get("skipped"))]
+
+
+def _in_flight(summary: dict[str, Any], workload: str) -> str:
+    """Each system's own in-flight setting for ``workload``, as its settings make it
+    (``System.in_flight``, recorded by the harness); "" for a summary without them."""
+    systems = summary.get("systems", {})
+    found = [
+        f"`{key}` {d['in_flight'][workload]}"
+        for key in _measured(summary, workload)
+        if isinstance((d := systems.get(key) or {}).get("in_flight"), dict)
+        and workload in d["in_flight"]
+    ]
+    return f" In flight per worker process: {'; '.join(found)}." if found else ""
+
+
+def _requested(summary: dict[str, Any], workload: str, requested: int | None) -> str:
+    """The in-flight line of ``workload``'s caption: each system's own figure, or (a
+    summary from before the harness recorded them) what the workload asked for."""
+    return _in_flight(summary, workload) or (
+        f" The workload asks each worker process for {requested} in flight; each system's "
+        "settings (above) say what it made of that."
+    )
+
+
+def _claim_probes(summary: dict[str, Any]) -> str:
+    """What each system's claim-statement figure times (``System.claim_probe``)."""
+    systems = summary.get("systems", {})
+    found = [
+        f"`{key}`: {systems[key]['claim_probe']}"
+        for key in _measured(summary, "backlog")
+        if isinstance((systems.get(key) or {}).get("claim_probe"), str)
+        and systems[key]["claim_probe"]
+    ]
+    return " Claim statement, per system: " + "; ".join(found) + "." if found else ""
+
+
 def _scale_note(workload: str, summary: dict[str, Any]) -> str:
     s = summary["meta"].get("scale", {})
+    cap = summary["meta"].get("recovery_cap") or {}
+    method = summary["meta"].get("method") or {}
+    raised = (
+        f" (the scale's {cap['scale_cap_s']:g} s raised above the slowest documented recovery "
+        "of the systems here, with a margin)"
+        if cap and cap.get("cap_s") != cap.get("scale_cap_s")
+        else ""
+    )
     notes = {
-        "throughput": f"{s.get('throughput_jobs'):,} jobs, {s.get('worker_concurrency')} in "
-        "flight per worker process; from the first job's start to the last finish, and from "
-        "launching the workers (start-up included).",
+        "throughput": f"{s.get('throughput_jobs'):,} jobs; from the first job's start to the "
+        "last finish, and from launching the workers (start-up included)."
+        + _requested(summary, "throughput", s.get("worker_concurrency")),
         "enqueue": f"{s.get('enqueue_one_jobs'):,} jobs one call each; "
         f"{s.get('enqueue_batch_jobs'):,} jobs in batches of {s.get('batch'):,}.",
         "latency": f"{s.get('latency_jobs'):,} jobs at {s.get('latency_rate'):g}/s to one "
-        f"waiting worker process ({s.get('worker_concurrency')} slots).",
+        "waiting worker process." + _requested(summary, "latency", s.get("worker_concurrency")),
         "io": f"{s.get('io_jobs'):,} jobs sleeping {s.get('io_sleep_ms')} ms, "
         f"{s.get('io_concurrency')} at once in 1 process (ideal: "
-        f"{s.get('io_concurrency', 0) * 1000 // max(1, s.get('io_sleep_ms', 1)):,} tasks/s).",
+        f"{s.get('io_concurrency', 0) * 1000 // max(1, s.get('io_sleep_ms', 1)):,} tasks/s)."
+        + _in_flight(summary, "io"),
         "recovery": f"{s.get('recovery_jobs')} jobs held; cap {s.get('recovery_cap_s'):g} s "
-        "after the kill (a run that does not finish within it counts as not recovered).",
+        f"after the kill{raised} (a run that does not finish within it counts as not "
+        "recovered)" + (f"; {method['recovery_clock']}." if "recovery_clock" in method else "."),
         "backlog": f"1 worker drains {s.get('backlog_small'):,} jobs with "
         f"{s.get('backlog_small'):,} queued (small) and with {s.get('backlog_large'):,} "
         "queued (large); the claim statement is timed at both sizes. Jobs taken per job "
@@ -299,7 +352,10 @@ def _scale_note(workload: str, summary: dict[str, Any]) -> str:
         "counted job; the excess was claimed ahead (up to the worker's concurrency) and "
         "its claims and starts fall in the timed window uncounted, so well above 1 the "
         "ratio of rates reflects that depth against a short drain more than the queue's "
-        "size.",
+        "size."
+        + (f" {method['backlog']}." if "backlog" in method else "")
+        + _requested(summary, "backlog", s.get("worker_concurrency"))
+        + _claim_probes(summary),
     }
     return notes.get(workload, "")
 
@@ -326,9 +382,23 @@ def _physical(summary: dict[str, Any]) -> str:
     text = (
         "### Physical limit\n\n"
         f"`benchmarks.physical.measure` ({', '.join(f'{k}={v}' for k, v in args.items())}): "
-        f"**{fmt(lim['jobs_per_s'])} jobs/s** ({_which(lim['which'])}): Orbit's own SQL for a "
-        "task's life, driven by pgbench with nothing else in between, on the same server "
-        "in the same invocation."
+        "Orbit's own SQL for a task's life, driven by pgbench with nothing else in between, "
+        "on the same server in the same invocation."
+    )
+    drain = physical.get("drain_limit")
+    if drain:
+        text += (
+            f"\n\n- Drain only (claim, start, finish): **{fmt(drain['jobs_per_s'])} jobs/s** "
+            f"({_which(drain['which'])}; the pipeline's rate x total / (total {DASH} submit) "
+            "from its per-step latencies, the submit step being "
+            f"{100 * drain['submit_share']:.1f} % of an iteration). Orbit's throughput drains "
+            "tasks queued before its clock starts, so this is the bound the ratios compare it "
+            "with."
+        )
+    text += (
+        f"\n{'- ' if drain else ''}Including the submit step (submit, claim, start, finish): "
+        f"**{fmt(lim['jobs_per_s'])} jobs/s** ({_which(lim['which'])})"
+        + (": it pays for a submit Orbit's drain does not make." if drain else ".")
     )
     submit = physical.get("submit_limit")
     if submit:
@@ -403,7 +473,12 @@ def _cpu(summary: dict[str, Any]) -> str:
         f"Sampled every {summary['meta'].get('scale', {}).get('cpu_interval_s', '?')} s with "
         "psutil and averaged over the drains (a process that exits inside a drain is "
         "counted through its parent's children times); CPU per task is the one-worker "
-        "drain's CPU seconds over its tasks, from the worker's launch. "
+        "drain's CPU seconds over its tasks, "
+        + (
+            f"{summary['meta']['method']['cpu_window']}. "
+            if "cpu_window" in (summary["meta"].get("method") or {})
+            else "from the worker's launch. "
+        )
         + (
             "WAL per task is how far PostgreSQL's WAL insert position moved over the same "
             "drain (cluster-wide; the systems run one at a time), over its tasks: every row "

@@ -23,7 +23,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,8 @@ class RunContext:
     keep_records: bool = False
     #: PostgreSQL to read the WAL statistics from (None: the system does not use it)
     pg_dsn: str | None = None
+    #: processes of other systems (their idle servers), left out of this run's CPU
+    foreign_pids: Callable[[], Iterable[int]] = tuple
     cpu: dict[str, Any] = field(default_factory=dict)
     _dirs: list[Path] = field(default_factory=list)
 
@@ -79,8 +81,12 @@ class RunContext:
         """Sample host CPU over the block, and the WAL PostgreSQL wrote in it (for a system
         that uses PostgreSQL); the result is kept under ``cpu[name]`` (the WAL under its
         ``"wal"``). ``periodic=False``: readings at the start and the end only, never the
-        scale's sampling thread (``latency``: why)."""
-        sampler = CpuSampler(self.scale.cpu_interval_s if periodic else 0.0)
+        scale's sampling thread (``latency``: why). Only the system under test's
+        processes count among the harness's children: another system's idle server
+        (``foreign_pids``) is left out."""
+        sampler = CpuSampler(
+            self.scale.cpu_interval_s if periodic else 0.0, exclude=set(self.foreign_pids())
+        )
         wal = WalMeter(self.pg_dsn) if self.pg_dsn else contextlib.nullcontext()
         with wal, sampler:
             yield
@@ -190,15 +196,19 @@ def running(system: System, spec: WorkerSpec) -> Iterator[list[subprocess.Popen[
         system.stop_workers(procs)
 
 
-def kill_tree(proc: subprocess.Popen[bytes]) -> list[int]:
+def kill_tree(proc: subprocess.Popen[bytes]) -> tuple[list[int], float]:
     """SIGKILL a worker and every process under it, and confirm all are gone.
 
     A worker may run its jobs in child processes (a prefork pool): killing only the
-    parent would leave the children holding the jobs, which is not a dead worker."""
+    parent would leave the children holding the jobs, which is not a dead worker.
+    Returns the pids killed and ``t_kill``, the ``time.time()`` just before the first
+    ``os.kill``: the moment the worker died, and the recovery clock's start (reaping and
+    the confirmation come after it and must not count as recovery time)."""
     try:
         kids = psutil.Process(proc.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         kids = []
+    t_kill = time.time()
     for pid in [proc.pid, *(k.pid for k in kids)]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -207,13 +217,37 @@ def kill_tree(proc: subprocess.Popen[bytes]) -> list[int]:
     alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     if alive:
         raise RunFailed(f"processes survived SIGKILL: {[p.pid for p in alive]}")
-    return [proc.pid, *(k.pid for k in kids)]
+    return [proc.pid, *(k.pid for k in kids)], t_kill
+
+
+@contextlib.contextmanager
+def launched(
+    ctx: RunContext, spec: WorkerSpec, cpu: str | None
+) -> Iterator[tuple[list[subprocess.Popen[bytes]], float]]:
+    """Start workers (and the launch time) and always stop them, like ``running``; with
+    ``cpu``, inside a CPU and WAL window (``RunContext.sampled``) that opens just before
+    the launch and closes when the block ends, before the workers are stopped: a drain's
+    window ends at its last finish, and the workers' shutdown is not counted."""
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        with ctx.sampled(cpu) if cpu else contextlib.nullcontext():
+            t_launch = time.time()
+            procs = ctx.system.start_workers(spec)
+            yield procs, t_launch
+    finally:
+        ctx.system.stop_workers(procs)
 
 
 def drain(
-    ctx: RunContext, jobs: list[Job], spec: WorkerSpec, *, ids: set[str] | None = None
+    ctx: RunContext,
+    jobs: list[Job],
+    spec: WorkerSpec,
+    *,
+    ids: set[str] | None = None,
+    cpu: str | None = None,
 ) -> dict[str, Any]:
-    """Start workers on an already filled queue and time them until the jobs are done.
+    """Start workers on an already filled queue and time them until the jobs are done;
+    with ``cpu``, sample the CPU from the launch to the last finish (``launched``).
 
     Returns tasks/s from the first job's start to the last finish, and from launching
     the worker processes (so start-up counts) to the last finish."""
@@ -221,8 +255,7 @@ def drain(
     base = system.done_count()
     reader = RecordReader(spec.rec_dir)
     n = len(jobs)
-    t_launch = time.time()
-    with running(system, spec) as procs:
+    with launched(ctx, spec, cpu) as (procs, t_launch):
         done = wait_done(
             system,
             reader,
@@ -272,8 +305,7 @@ def throughput(ctx: RunContext) -> Outcome:
         jobs = make_jobs(f"tp{ctx.run}{key}", s.throughput_jobs)
         enqueue_s = timed_enqueue(ctx.system, jobs, s.batch)
         spec = WorkerSpec(procs, s.worker_concurrency, ctx.rec_dir(key))
-        with ctx.sampled(key):
-            result = drain(ctx, jobs, spec)
+        result = drain(ctx, jobs, spec, cpu=key)
         result["enqueue_s"] = enqueue_s
         detail[key] = result
         metrics[f"{key}_tasks_per_s"] = result["tasks_per_s"]
@@ -427,8 +459,7 @@ def io_bound(ctx: RunContext) -> Outcome:
     jobs = make_jobs(f"io{ctx.run}", s.io_jobs, "sleep", ms=s.io_sleep_ms)
     enqueue_s = timed_enqueue(ctx.system, jobs, s.batch)
     spec = WorkerSpec(1, s.io_concurrency, ctx.rec_dir("io"), io_bound=True)
-    with ctx.sampled("io"):
-        result = drain(ctx, jobs, spec)
+    result = drain(ctx, jobs, spec, cpu="io")
     result["enqueue_s"] = enqueue_s
     result["ideal_tasks_per_s"] = s.io_concurrency * 1000 / s.io_sleep_ms
     return Outcome(
@@ -447,7 +478,8 @@ def recovery(ctx: RunContext) -> Outcome:
        and then sleeps for an hour.
     2. A warm-up job is sent and a rescuer worker started. The victim is full, so only the
        rescuer can run the warm-up: its record proves the rescuer is up and claiming.
-    3. The victim (and any process under it) is SIGKILLed and reaped; the clock starts.
+    3. The victim (and any process under it) is SIGKILLed: the clock starts at the kill;
+       then it is reaped and confirmed gone.
     4. The clock stops when the system records every hold job (and the warm-up) as done.
     """
     s, system = ctx.scale, ctx.system
@@ -474,9 +506,9 @@ def recovery(ctx: RunContext) -> Outcome:
         warm = _warm_up(ctx, reader, "rescuer", s.rescuer_ready_s)
         detail["rescuer_warm_up"] = warm
         with ctx.sampled("recovery"):
-            detail["killed_pids"] = kill_tree(victim[0])
-            t_kill = time.time()
+            detail["killed_pids"], t_kill = kill_tree(victim[0])
             detail["t_kill"] = t_kill
+            detail["kill_confirmed_after_s"] = time.time() - t_kill
             try:
                 done = wait_done(
                     system,
@@ -528,11 +560,20 @@ def _wait_started(
 
 def backlog(ctx: RunContext) -> Outcome:
     """Drain ``backlog_small`` jobs with 1 worker when only they are queued ("small"
-    phase, after a reset) and when ``backlog_large`` are queued ("large" phase; the large
-    backlog is filled once per system and topped back up after every run, never reset).
+    phase, after a reset) and when ``backlog_large`` are queued ("large" phase).
+
+    The large backlog lives in an instance of the system of its own (its own database;
+    the harness prepares it), so the two halves can alternate run by run: the "fill"
+    phase queues it once, before any timed large run, then vacuums, analyses and
+    checkpoints that database (``System.maintain``), and every large run tops it back up
+    afterwards, never resetting it, and maintains it again (untimed), so every large run
+    starts from the state the first one did.
     """
     if ctx.phase == "small":
         return _backlog_small(ctx)
+    if ctx.phase == "fill":
+        ctx.state["backlog_fill"] = fill = _fill(ctx, ctx.scale.backlog_large)
+        return Outcome({}, {"fill": fill})
     return _backlog_large(ctx)
 
 
@@ -542,11 +583,10 @@ def _backlog_small(ctx: RunContext) -> Outcome:
     jobs = make_jobs(f"bs{ctx.run}", s.backlog_small)
     system.enqueue(jobs, s.batch)
     system.settle()
-    claim_ms = system.claim_statement_ms()
     spec = WorkerSpec(1, s.worker_concurrency, ctx.rec_dir("small"))
-    with ctx.sampled("small"):
-        result = drain(ctx, jobs, spec)
-    result.update(queued=s.backlog_small, claim_ms=claim_ms)
+    claim_ms = system.claim_statement_ms(spec)
+    result = drain(ctx, jobs, spec, cpu="small")
+    result.update(queued=s.backlog_small, claim_ms=claim_ms, claim_probe=system.claim_probe(spec))
     return Outcome(
         {
             "small_tasks_per_s": result["tasks_per_s"],
@@ -560,16 +600,14 @@ def _backlog_small(ctx: RunContext) -> Outcome:
 def _backlog_large(ctx: RunContext) -> Outcome:
     s, system = ctx.scale, ctx.system
     detail: dict[str, Any] = {}
-    if "backlog_fill" not in ctx.state:
-        system.reset()
+    if "backlog_fill" not in ctx.state:  # no "fill" phase ran first (the harness runs one)
         ctx.state["backlog_fill"] = detail["fill"] = _fill(ctx, s.backlog_large)
-    claim_ms = system.claim_statement_ms()
     rec_dir = ctx.rec_dir("large")
+    spec = WorkerSpec(1, s.worker_concurrency, rec_dir)
+    claim_ms = system.claim_statement_ms(spec)
     base = system.done_count()
     reader = RecordReader(rec_dir)
-    spec = WorkerSpec(1, s.worker_concurrency, rec_dir)
-    t_launch = time.time()
-    with ctx.sampled("large"), running(system, spec) as procs:
+    with launched(ctx, spec, "large") as (procs, t_launch):
         done = wait_done(
             system,
             reader,
@@ -584,6 +622,12 @@ def _backlog_large(ctx: RunContext) -> Outcome:
     reader.poll()
     drained = len({r.job_id for r in reader.finished()})
     top_up_s = timed_enqueue(system, _next_jobs(ctx, drained), s.batch)
+    # Untimed, as after the fill: VACUUM ANALYZE and CHECKPOINT, so the next large run
+    # starts from the state the first one did (no dead rows, no dirty pages of the last
+    # drain and top-up), not only the first.
+    m0 = time.perf_counter()
+    maintenance = system.maintain()
+    maintenance_s = round(time.perf_counter() - m0, 3)
     busy = done.t_last - done.first_start
     rate = n / busy if busy > 0 else None
     rate_incl = n / (done.t_last - t_launch)
@@ -594,8 +638,11 @@ def _backlog_large(ctx: RunContext) -> Outcome:
         "tasks_per_s_incl_startup": rate_incl,
         "startup_s": done.first_start - t_launch,
         "claim_ms": claim_ms,
+        "claim_probe": system.claim_probe(spec),
         "drained_before_stop": drained,
         "top_up_s": top_up_s,
+        "maintenance": maintenance,
+        "maintenance_s": maintenance_s,
         "finish_from": "done_count" if done.durable else "handler records",
     }
     detail["large"] = result
@@ -618,8 +665,11 @@ def _next_jobs(ctx: RunContext, n: int) -> list[Job]:
 
 
 def _fill(ctx: RunContext, total: int) -> dict[str, Any]:
-    """Queue ``total`` jobs in batches, a chunk at a time (1M job dicts at once is a lot
-    of memory for nothing)."""
+    """Empty the system, queue ``total`` jobs in batches, a chunk at a time (1M job dicts
+    at once is a lot of memory for nothing), then ``System.maintain``: VACUUM ANALYZE of
+    the system's own database and a CHECKPOINT, so the first timed run neither meets a
+    million rows without their visibility map nor pays for the fill's dirty pages."""
+    ctx.system.reset()
     chunk = 50_000
     t0 = time.perf_counter()
     left = total
@@ -628,8 +678,15 @@ def _fill(ctx: RunContext, total: int) -> dict[str, Any]:
         ctx.system.enqueue(_next_jobs(ctx, n), ctx.scale.batch)
         left -= n
     seconds = time.perf_counter() - t0
-    ctx.system.settle()
-    return {"jobs": total, "seconds": seconds, "jobs_per_s": total / seconds}
+    m0 = time.perf_counter()
+    maintenance = ctx.system.maintain()
+    return {
+        "jobs": total,
+        "seconds": seconds,
+        "jobs_per_s": total / seconds,
+        "maintenance": maintenance,
+        "maintenance_s": round(time.perf_counter() - m0, 3),
+    }
 
 
 #: every workload, in the order a run executes them (backlog last: its large queue stays)

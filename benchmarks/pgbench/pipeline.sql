@@ -15,6 +15,11 @@
 --   pgbench -n -M prepared -f benchmarks/pgbench/pipeline.sql -c 4 -j 4 -T 10 <db url>
 -- on a database migrated by `orbit db migrate` holding a queue named 'bench'.
 --
+-- The steps must stay in this order, one SQL command each: pgbench's per-step latencies
+-- are read by position (submit, claim, start, finish), and the report's drain-only bound
+-- (benchmarks.summary.drain_only_jobs_per_s: rate x total / (total - submit)) takes the
+-- submit step out, since Orbit's throughput drains tasks queued before its clock starts.
+--
 -- Identifiers are time-ordered like Orbit's UUIDv7 (hex microseconds, then random), so the
 -- primary-key indexes grow at their right edge as Orbit's do.
 

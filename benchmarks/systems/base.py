@@ -105,10 +105,37 @@ class System(ABC):
         query planner (Celery on Redis) have nothing to do."""
         return None
 
-    def claim_statement_ms(self) -> float | None:
+    def maintain(self) -> dict[str, Any]:
+        """After a bulk fill (the backlog workload's large queue) and after each top-up
+        of it, untimed: VACUUM ANALYZE the system's own database and CHECKPOINT
+        (``vacuum_checkpoint``), so no timed run meets a freshly written table without
+        its visibility map or pays for the fill's (or the last run's) dirty pages.
+        Returns what was done. The default only brings the statistics up to
+        date (``settle``): a system without a database (Celery on Redis) has nothing
+        more to do."""
+        self.settle()
+        return {"settle": True}
+
+    def claim_statement_ms(self, spec: WorkerSpec | None = None) -> float | None:
         """Time of one claim statement on the current backlog (EXPLAIN ANALYZE of the
-        system's own claim query), or None where that does not apply."""
+        system's own claim query) as a worker started with ``spec`` would run it, or
+        None where that does not apply."""
         return None
+
+    def claim_probe(self, spec: WorkerSpec | None = None) -> str:
+        """What ``claim_statement_ms(spec)`` times, in a few words, for the report."""
+        return ""
+
+    def in_flight(self, spec: WorkerSpec) -> str:
+        """How many jobs one worker process started with ``spec`` holds at once, in this
+        system's own terms (its slots, its fetch batch, its pool times its prefetch),
+        as its settings make it: the report's captions say it for every system."""
+        return f"{spec.concurrency:,} slots"
+
+    def own_pids(self) -> list[int]:
+        """Processes the system keeps running between runs (a server), not its workers:
+        the CPU accounting of another system's run leaves them out."""
+        return []
 
     def recovery_note(self) -> str:
         """The system's documented behaviour when a worker dies holding jobs."""
@@ -117,6 +144,13 @@ class System(ABC):
     def recovery_settings(self) -> dict[str, Any]:
         """Settings the recovery workload uses (e.g. lease TTL); {} if none."""
         return {}
+
+    def recovery_bound_s(self) -> float | None:
+        """The longest the system's documented recovery, as configured for the recovery
+        workload, may take after the kill (every timeout and poll it waits for, added),
+        or None when held jobs are never recovered. The harness sets the recovery cap
+        above the largest of these in the run, so no system's recovery is cut short."""
+        return None
 
     @abstractmethod
     def close(self) -> None:
@@ -199,6 +233,46 @@ def analyze(url: str) -> None:
 
     with psycopg.connect(url, autocommit=True) as cx:
         cx.execute("ANALYZE")
+
+
+def vacuum_checkpoint(url: str) -> dict[str, Any]:
+    """VACUUM ANALYZE a system's whole database, then CHECKPOINT (PostgreSQL; best
+    effort: only a superuser or a member of pg_checkpoint may), so the vacuum's own writes
+    are flushed too; on SQLite (``sqlite:///path``) ANALYZE and a TRUNCATE checkpoint of
+    its write-ahead log. Returns the seconds each step took."""
+    import time
+
+    done: dict[str, Any] = {}
+    if url.startswith("sqlite:///"):
+        import sqlite3
+
+        cx = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None, timeout=60)
+        try:
+            cx.execute("PRAGMA busy_timeout = 60000")
+            t0 = time.perf_counter()
+            cx.execute("ANALYZE")
+            done["analyze_s"] = round(time.perf_counter() - t0, 3)
+            t0 = time.perf_counter()
+            row = cx.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            done["wal_checkpoint_s"] = round(time.perf_counter() - t0, 3)
+            done["wal_checkpoint"] = list(row) if row else None  # (busy, log, checkpointed)
+        finally:
+            cx.close()
+        return done
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as cx:
+        t0 = time.perf_counter()
+        cx.execute("VACUUM ANALYZE")
+        done["vacuum_analyze_s"] = round(time.perf_counter() - t0, 3)
+        t0 = time.perf_counter()
+        try:
+            cx.execute("CHECKPOINT")
+        except psycopg.errors.InsufficientPrivilege as exc:
+            done["checkpoint"] = f"not allowed: {exc}"
+        else:
+            done["checkpoint_s"] = round(time.perf_counter() - t0, 3)
+    return done
 
 
 def create_database(admin_dsn: str, dbname: str) -> str:

@@ -39,6 +39,7 @@ from benchmarks.systems.celery_app import (
     TASK_NAME,
     TUNED_PREFETCH_MULTIPLIER,
     build_app,
+    config,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -228,6 +229,19 @@ class CelerySystem(PeerSystem):
     def done_count(self) -> int:
         return -1
 
+    def in_flight(self, spec: WorkerSpec) -> str:
+        """The pool's size times the prefetch multiplier: the messages one worker
+        reserves at once (Celery's prefetch limit), of which the pool runs ``size``."""
+        recovery = self.profile == "tuned" and spec.hold  # the recovery workload's victim
+        prefetch = config(self.profile, recovery=recovery)["worker_prefetch_multiplier"]
+        if spec.io_bound or spec.hold:
+            pool, size = "threads", spec.concurrency
+        elif self.profile == "tuned":
+            pool, size = "prefork", tuned_prefork_concurrency(spec)
+        else:
+            pool, size = "prefork", os.cpu_count() or 1  # celery worker's default
+        return f"{pool} pool of {size:,} x prefetch {prefetch} = {size * prefetch:,} reserved"
+
     # -- recovery -------------------------------------------------------------------------
 
     def recovery_note(self) -> str:
@@ -261,6 +275,19 @@ class CelerySystem(PeerSystem):
             "visibility_timeout_s": 3600,
             "source": "celery defaults (running jobs are lost)",
         }
+
+    def recovery_bound_s(self) -> float | None:
+        """Tuned: the visibility timeout (it counts from delivery, before the kill), the
+        sweep mutex's expiry (the worst case celery_app.py names: the victim killed while
+        holding the restore mutex stalls every other worker's sweep until it expires) and
+        one unacked-restore sweep. Defaults: never (acknowledged at start, so lost)."""
+        if self.profile != "tuned":
+            return None
+        return float(
+            RECOVERY_VISIBILITY_TIMEOUT
+            + RECOVERY_MUTEX_EXPIRE
+            + RECOVERY_RESTORE_INTERVAL * RECOVERY_RESTORE_THROTTLE
+        )
 
     # -- helpers --------------------------------------------------------------------------
 

@@ -41,7 +41,9 @@ from benchmarks.systems.base import (
     analyze,
     create_database,
     drop_database,
+    vacuum_checkpoint,
 )
+from orbit.store import StoreConfig
 
 QUEUE = "bench"
 HANDLER = "bench"
@@ -49,8 +51,11 @@ LEASE_TTL_S = 5.0
 TUNED_CONCURRENCY = 1500
 REAP_INTERVAL_S = 0.5
 SUBMIT_BATCH_MAX = 1000  # the API's batch limit (POST /v1/tasks/batch)
-#: the claim window the store asks for when a worker has 10 free slots (want * 2 + 8)
-CLAIM_WINDOW = 28
+#: The most one claim grants (``StoreConfig.max_batch``, the server's default): the
+#: server offers a pushing worker min(its declared slots, this) at a time
+#: (``orbit.server.gateway``'s ``_offer``), and with room in every queue and cap the
+#: store reads exactly that many ready rows (``Store._claim``'s window is ``want``).
+MAX_CLAIM = StoreConfig().max_batch
 #: every table that holds jobs; queues, tokens, sessions and settings survive a reset
 JOB_TABLES = [
     "orbit_artifact_chunks",
@@ -90,15 +95,16 @@ def _named_query(path: Path, name: str) -> str | None:
     return body.strip().rstrip(";")
 
 
-def _claim_params(now_us: int) -> dict[str, Any]:
-    """Parameters of the ready-task select, as a worker with one handler would send them."""
+def _claim_params(now_us: int, window: int) -> dict[str, Any]:
+    """Parameters of the ready-task select, as a worker with one handler would send them,
+    reading ``window`` rows (``OrbitSystem.claim_window``)."""
     return {
         "now": now_us,
         "handlers": [HANDLER],
         "skip_queues": [],
         "skip_tenants": [],
         "skip_ids": [],
-        "limit": CLAIM_WINDOW,
+        "limit": window,
     }
 
 
@@ -207,9 +213,7 @@ class OrbitSystem(System):
                 "max_attempts": "default (3)",
             },
             "done_count": "SELECT count(*) FROM orbit_tasks WHERE state = 'succeeded'",
-            "claim_statement": "task_ready_select from orbit/store/"
-            f"{self.backend}/queries.sql, limit {CLAIM_WINDOW}"
-            + (", EXPLAIN ANALYZE, rolled back" if self.uses_postgres else ", timed, rolled back"),
+            "claim_statement": self.claim_probe(),
         }
 
     def recovery_note(self) -> str:
@@ -228,6 +232,19 @@ class OrbitSystem(System):
             "reap_interval_s": REAP_INTERVAL_S,
             "target_s": LEASE_TTL_S + 1.0,
         }
+
+    def recovery_bound_s(self) -> float:
+        """The lease runs out, then the reaper's next pass (a live worker claims at once)."""
+        return LEASE_TTL_S + REAP_INTERVAL_S
+
+    def in_flight(self, spec: WorkerSpec) -> str:
+        slots = self._concurrency(spec)
+        prefetch = self._prefetch(spec)
+        text = f"{slots:,} slots"
+        return text + (f" + {prefetch:,} prefetched" if prefetch else "")
+
+    def own_pids(self) -> list[int]:
+        return [self._server.pid] if self._server is not None else []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -404,14 +421,37 @@ class OrbitSystem(System):
     def settle(self) -> None:
         analyze(self._db_url)
 
-    def claim_statement_ms(self) -> float | None:
+    def maintain(self) -> dict[str, Any]:
+        return vacuum_checkpoint(self._db_url)
+
+    def claim_window(self, spec: WorkerSpec | None) -> int:
+        """The ready rows a claim reads for a worker started with ``spec`` (None: the
+        scale-independent default worker, 10 slots) on an idle start: every slot it
+        declares (its concurrency and prefetch) is free, the server offers
+        min(slots, ``MAX_CLAIM``), and with room in every queue and cap (the benchmark's
+        queue has no cap and no rate) the store reads exactly that many (``want``)."""
+        spec = spec if spec is not None else WorkerSpec(1, 10, Path("."))
+        return min(self._concurrency(spec) + self._prefetch(spec), MAX_CLAIM)
+
+    def claim_probe(self, spec: WorkerSpec | None = None) -> str:
+        """What ``claim_statement_ms(spec)`` times, at the window it reads for ``spec``."""
+        how = "EXPLAIN ANALYZE" if self.uses_postgres else "timed"
+        return (
+            f"the ready-task select alone (task_ready_select, orbit/store/{self.backend}/"
+            f"queries.sql; {how}, rolled back) at LIMIT {self.claim_window(spec):,}, the rows "
+            "the claim of this profile's worker reads; not the claim's writes, which Orbit sends "
+            "with its COMMIT in one round trip and cannot be run apart and rolled back"
+        )
+
+    def claim_statement_ms(self, spec: WorkerSpec | None = None) -> float | None:
         """The median of 5 executions of the ready-task select every claim runs (the
-        first of 6 only warms the cache), on the current backlog, rolled back."""
+        first of 6 only warms the cache), on the current backlog, rolled back, reading as
+        many rows as the claim of a worker started with ``spec`` (``claim_window``)."""
         path = REPO / "orbit" / "store" / self.backend / "queries.sql"
         sql = _named_query(path, "task_ready_select")
         if sql is None:
             return None
-        params = _claim_params(time.time_ns() // 1000 + 1_000_000)
+        params = _claim_params(time.time_ns() // 1000 + 1_000_000, self.claim_window(spec))
         if set(_PARAM_RE.findall(sql)) - params.keys():
             return None  # the query changed shape: better no number than a wrong one
         timings = [self._time_claim(sql, params) for _ in range(6)][1:]

@@ -30,7 +30,14 @@ from pgqueuer.queries import SyncQueries
 from psycopg import sql
 
 from benchmarks.recorder import HOLD_ENV, REC_DIR_ENV
-from benchmarks.systems.base import Env, Job, PostgresPeer, WorkerSpec, analyze
+from benchmarks.systems.base import (
+    Env,
+    Job,
+    PostgresPeer,
+    WorkerSpec,
+    analyze,
+    vacuum_checkpoint,
+)
 from benchmarks.systems.pgqueuer_worker import DRIVER_ENV, DSN_ENV, ENTRYPOINT, default_driver
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -250,11 +257,39 @@ class PgQueuerSystem(PostgresPeer):
     def settle(self) -> None:
         analyze(self._dsn)
 
-    def claim_statement_ms(self) -> float | None:
+    def maintain(self) -> dict[str, Any]:
+        return vacuum_checkpoint(self._dsn)
+
+    def in_flight(self, spec: WorkerSpec) -> str:
+        params = self.worker_params(spec)
+        cap = (
+            "no cap on concurrent jobs"
+            if params.max_concurrent_tasks is None
+            else f"at most {params.max_concurrent_tasks:,} concurrent jobs"
+        )
+        return f"dequeue batch {params.batch_size:,}, {cap}"
+
+    def claim_probe(self, spec: WorkerSpec | None = None) -> str:
+        return (
+            "PgQueuer's whole dequeue statement (its query builder's, select and UPDATE "
+            "in one), at the worker's batch size; EXPLAIN ANALYZE, rolled back"
+        )
+
+    def recovery_bound_s(self) -> float:
+        """The heartbeat goes stale (at most heartbeat_timeout after the kill), then the
+        idle rescuer's next dequeue (at most dequeue_timeout later)."""
+        settings = self.recovery_settings()  # the recovery workload's (recovery mode)
+        return float(settings["heartbeat_timeout_s"]) + float(settings["dequeue_timeout_s"])
+
+    def claim_statement_ms(self, spec: WorkerSpec | None = None) -> float | None:
         """EXPLAIN ANALYZE of the dequeue statement PgQueuer's own query builder renders
-        for the parameters of the last started workers (or the profile's, before any),
-        inside a transaction that is rolled back so nothing stays claimed."""
-        params = self._last_params or self.worker_params(None)
+        for the parameters of a worker started with ``spec`` (without one: the last
+        started workers', or the profile's before any), inside a transaction that is
+        rolled back so nothing stays claimed."""
+        if spec is not None:
+            params = self.worker_params(spec)
+        else:
+            params = self._last_params or self.worker_params(None)
         query = QueryQueueBuilder().build_dequeue_query(
             batch_size=params.batch_size,
             entrypoints=[QueueEntrypoint(ENTRYPOINT)],

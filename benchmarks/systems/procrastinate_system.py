@@ -26,7 +26,14 @@ from procrastinate.types import JSONDict
 from psycopg import sql
 
 from benchmarks.recorder import HOLD_ENV, REC_DIR_ENV
-from benchmarks.systems.base import Env, Job, PostgresPeer, WorkerSpec, analyze
+from benchmarks.systems.base import (
+    Env,
+    Job,
+    PostgresPeer,
+    WorkerSpec,
+    analyze,
+    vacuum_checkpoint,
+)
 from benchmarks.systems.procrastinate_worker import (
     DSN_ENV,
     PROFILE_ENV,
@@ -41,6 +48,8 @@ from benchmarks.systems.procrastinate_worker import (
 ROOT = Path(__file__).resolve().parents[2]
 APP_PATH = "benchmarks.systems.procrastinate_worker.app"
 DEFAULT_CONCURRENCY = 1  # procrastinate.worker.WORKER_CONCURRENCY
+#: how often an idle worker polls when no notification wakes it (procrastinate default)
+FETCH_JOB_POLLING_INTERVAL_S = 5.0
 TABLES = (
     "procrastinate_events",
     "procrastinate_periodic_defers",
@@ -98,7 +107,9 @@ class ProcrastinateSystem(PostgresPeer):
                 else "procrastinate default (worker --concurrency)",
             ),
             "listen_notify": _setting(True, "procrastinate default"),
-            "fetch_job_polling_interval_s": _setting(5.0, "procrastinate default"),
+            "fetch_job_polling_interval_s": _setting(
+                FETCH_JOB_POLLING_INTERVAL_S, "procrastinate default"
+            ),
             "delete_jobs": _setting(
                 "never", "procrastinate default; finished jobs stay as the completion record"
             ),
@@ -209,7 +220,28 @@ class ProcrastinateSystem(PostgresPeer):
     def settle(self) -> None:
         analyze(self._dsn)
 
-    def claim_statement_ms(self) -> float | None:
+    def maintain(self) -> dict[str, Any]:
+        return vacuum_checkpoint(self._dsn)
+
+    def in_flight(self, spec: WorkerSpec) -> str:
+        n = self.worker_concurrency(spec)
+        return f"{n:,} at once (--concurrency), one job per fetch"
+
+    def claim_probe(self, spec: WorkerSpec | None = None) -> str:
+        return (
+            "Procrastinate's whole fetch_job statement (one job: select and UPDATE in one); "
+            "EXPLAIN ANALYZE, rolled back"
+        )
+
+    def recovery_bound_s(self) -> float | None:
+        """Tuned: the worker's heartbeat is older than seconds_since_heartbeat, the
+        periodic retry task's next second re-queues the job, and an idle worker fetches
+        it at the latest on its next poll. Defaults: never (no retry task)."""
+        if self.profile != "tuned":
+            return None
+        return STALLED_AFTER + 1.0 + FETCH_JOB_POLLING_INTERVAL_S
+
+    def claim_statement_ms(self, spec: WorkerSpec | None = None) -> float | None:
         """EXPLAIN ANALYZE of Procrastinate's own ``fetch_job`` query as a worker runs it
         (all queues, a registered worker id), in a transaction that is rolled back, so the
         worker row and the claim both vanish."""

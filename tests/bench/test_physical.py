@@ -48,6 +48,9 @@ def test_measure_shape_rates_and_cleanup() -> None:
         assert set(run["step_latency_ms"]) == set(physical.STEPS)
         assert all(v > 0 for v in run["step_latency_ms"].values())
         assert result["jobs_per_s"][key] == {"1": run["jobs_per_s"]}
+        # without the submit step the same client drains faster (the drain-only bound)
+        assert run["drain_jobs_per_s"] > run["jobs_per_s"]
+        assert result["drain_jobs_per_s"][key] == {"1": run["drain_jobs_per_s"]}
     # The submit ceiling: whole batches of tasks, each with its event, counted in the table.
     assert result["submit"]["batch"] == 10
     (run,) = result["submit"]["runs"]
@@ -56,6 +59,7 @@ def test_measure_shape_rates_and_cleanup() -> None:
     assert run["tasks_succeeded"] == run["iterations"] * 10  # here: tasks inserted
     assert result["submit_jobs_per_s"] == {"1": run["jobs_per_s"]}
     assert run["jobs_per_s"] > 0
+    assert run["drain_jobs_per_s"] is None  # one step, the submit: nothing to take out
     assert result["commits"] == 5
     assert set(result["commit_latency_ms"]) == {"durable", "relaxed"}
     for latency in result["commit_latency_ms"].values():
