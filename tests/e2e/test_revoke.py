@@ -142,6 +142,15 @@ def _revoke_unannounced(db_url: str, token_id: str) -> None:
         store.close()
 
 
+def _worker_token(db_url: str) -> tuple[str, str]:
+    """A worker token made straight in the database: its id and its secret."""
+    store = open_store(db_url)
+    try:
+        return store.token_create("leaked", ["worker"])
+    finally:
+        store.close()
+
+
 def test_a_revoke_no_node_heard_of_closes_the_connection_within_the_token_cache_period(
     nodes: Callable[..., Node], db_url: str, tokens: Tokens
 ) -> None:
@@ -151,11 +160,7 @@ def test_a_revoke_no_node_heard_of_closes_the_connection_within_the_token_cache_
     refuses the token at once (it forgot its cached answer). Before, the connection stayed
     open and was served for good."""
     node = nodes(args=["--token-cache", f"{TOKEN_CACHE_S:g}"])
-    store = open_store(db_url)
-    try:
-        token_id, leaked = store.token_create("leaked", ["worker"])
-    finally:
-        store.close()
+    token_id, leaked = _worker_token(db_url)
 
     async def scenario() -> None:
         held = await WorkerConnection.connect(node.ws, leaked)
@@ -212,11 +217,7 @@ def test_a_worker_whose_token_was_revoked_while_its_server_was_down_exits_3(
     3 with the start-up's message. Before, it retried for ever, an error logged each
     time."""
     first = nodes(args=FAST)
-    store = open_store(db_url)
-    try:
-        token_id, leaked = store.token_create("leaked", ["worker"])
-    finally:
-        store.close()
+    token_id, leaked = _worker_token(db_url)
     with httpx.Client(
         base_url=first.http, timeout=30, headers={"Authorization": f"Bearer {tokens.admin}"}
     ) as admin:
@@ -258,11 +259,7 @@ def test_a_connection_opened_after_an_unheard_revoke_is_refused_at_once(
     of claimed and started tasks until the re-check after that answer ran out, nearly
     twice ``--token-cache`` after the revoke (here: ten minutes)."""
     node = nodes(args=LONG_TOKEN_CACHE)
-    store = open_store(db_url)
-    try:
-        token_id, leaked = store.token_create("leaked", ["worker"])
-    finally:
-        store.close()
+    token_id, leaked = _worker_token(db_url)
 
     async def scenario() -> None:
         first = await WorkerConnection.connect(node.ws, leaked)  # the node caches it
