@@ -966,6 +966,7 @@ class Worker:
             raise
         if not task.done():
             ctx._stop("attempt timeout")
+            running.cancelled = True  # a cancel heard meanwhile must not cut its grace
             task.cancel()
             if reg.is_async or running.on_loop:
                 ended, _ = await asyncio.wait((task,), timeout=self.cancel_grace)
@@ -975,6 +976,10 @@ class Worker:
                 await asyncio.wait((task,))  # a plain function: cancel_grace at most
             if by_deadline:
                 return None  # past the deadline the server refuses any report
+            if ctx.reason == STOPPING:
+                # The drain had stopped it part way before the limit came: the drain's
+                # rule decides (a task that is not retry_safe is left to its lease).
+                return _failure(running, asyncio.CancelledError())
             return outcomes.error("ATTEMPT_TIMEOUT", "the attempt timed out", retryable=True)
         try:
             return {"result": task.result()}
@@ -1044,6 +1049,10 @@ class Worker:
                     # its result is the attempt's outcome (a cancel of the task wins
                     # whatever it returned; a timeout is reported as one).
                     return value
+            if running.ctx.reason == STOPPING and done.done() and not done.cancelled():
+                failed = done.exception()
+                if failed is not None and not isinstance(failed, asyncio.CancelledError):
+                    raise failed from None  # a Fail or Retry it raised on the cancel: its own
             raise
 
     async def _upload(

@@ -524,3 +524,62 @@ def test_a_plain_function_that_finishes_after_a_drains_cancel_reports_its_result
             return gw.finished["a1"]
 
     assert asyncio.run(main()) == {"ok": True, "result": "done anyway"}
+
+
+def test_a_drain_then_the_attempt_timeout_still_leaves_a_task_that_is_not_retry_safe_alone() -> (
+    None
+):
+    """The drain cancels a handler whose cleanup then runs past the attempt's timeout:
+    the timeout's branch reported ATTEMPT_TIMEOUT, retryably, and the task ran again,
+    though the drain had stopped it part way (what the drain's rule forbids for a task
+    that is not retry_safe). The drain's rule decides: nothing is reported."""
+    seen: list[str] = []
+
+    async def slow_cleanup(ctx: Context, payload: Any) -> Any:
+        seen.append("in")
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            await asyncio.sleep(2)  # its cleanup, past the 1 s attempt timeout
+            raise
+
+    async def main() -> tuple[dict[str, Any], list[str]]:
+        async with FakeGateway() as gw:
+            worker = _worker(gw, slow_cleanup, grace=0, cancel_grace=5)
+            async with running(worker) as runner:
+                await gw.wait_for(_is("hello"))
+                await gw.push(_push(limit=1.0))
+                await _until(lambda: "in" in seen)
+                worker.stop()
+                assert await asyncio.wait_for(runner, 20) == 0
+            return gw.finished, worker.abandoned
+
+    finished, abandoned = asyncio.run(main())
+    assert seen == ["in", "cancelled"] and abandoned == []
+    assert finished == {}  # left to its lease: needs_review
+
+
+def test_a_plain_function_that_fails_on_a_drains_cancel_reports_its_own_failure() -> None:
+    """A plain function that answers the drain's cancel with ``Fail`` (it stopped at a
+    point it knows): that is its outcome. It was replaced by the cancel, and the task
+    left to its lease."""
+
+    def fails(ctx: Context, payload: Any) -> Any:
+        while not ctx.cancelled:
+            time.sleep(0.005)
+        raise Fail("stopped before charging", code="STOPPED")
+
+    async def main() -> dict[str, Any]:
+        async with FakeGateway() as gw:
+            worker = _worker(gw, fails, grace=0, cancel_grace=5)
+            async with running(worker) as runner:
+                await gw.wait_for(_is("hello"))
+                await gw.push(_push())
+                await _until(lambda: "a1" in worker.running)
+                worker.stop()
+                assert await asyncio.wait_for(runner, 10) == 0
+            return gw.finished["a1"]
+
+    error = asyncio.run(main())["error"]
+    assert (error["code"], error["retryable"]) == ("STOPPED", False)
