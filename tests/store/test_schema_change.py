@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import sqlite3
 from contextlib import closing
+from typing import Any
 
 import psycopg
+import pytest
 
 from orbit.core.model import Outcome
 from orbit.store import Store, open_store, sqlite_path
@@ -72,5 +74,37 @@ def test_a_column_added_and_dropped_under_a_running_store_breaks_nothing(
         third = _task_path(store)
         assert [store.task_get(t).state for t in (first, second, third)] == ["succeeded"] * 3
         assert store.task_counts() == {"succeeded": 9}
+    finally:
+        store.close()
+
+
+def test_a_statement_refused_for_itself_runs_twice_and_is_raised(
+    fresh_url: str, backend: str
+) -> None:
+    """A refusal with the stale statements' SQLSTATE that is the statement's own (``FOR
+    UPDATE`` with an aggregate is ``0A000`` too) runs again once, on statements prepared
+    afresh, and is then raised: each of the store's retries had dropped every
+    connection's statements once more. On SQLite the statement is refused at once."""
+    store = open_store(fresh_url)
+    try:
+        store.driver.queries["test_aggregate_lock"] = (
+            "SELECT count(*) AS n FROM orbit_tasks FOR UPDATE"
+        )
+        runs = 0
+
+        def work(tx: Any) -> None:
+            nonlocal runs
+            runs += 1
+            tx.fetch("test_aggregate_lock")
+
+        before = getattr(getattr(store.driver, "plans", None), "epoch", 0)
+        with pytest.raises((psycopg.Error, sqlite3.Error)) as refused:
+            store._tx(work)
+        if backend == "postgres":
+            assert isinstance(refused.value, psycopg.errors.FeatureNotSupported)
+            assert runs == 2 and store.driver.plans.epoch == before + 1  # type: ignore[attr-defined]
+            queue(store)  # the connections work on
+        else:
+            assert runs == 1
     finally:
         store.close()

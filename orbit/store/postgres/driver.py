@@ -1134,8 +1134,8 @@ def stale_statement(exc: BaseException) -> bool:
     columns of its result changed (``0A000``, "cached plan must not change result type":
     a ``SELECT *`` after another node's migration added a column), or it is gone
     (``26000``). Told by SQLSTATE, not by the message, which the server's locale words;
-    another ``0A000`` (a feature a statement cannot use) fails its transaction again
-    after the statements are prepared afresh, and is raised then."""
+    another ``0A000`` (a feature a statement cannot use) fails again on statements
+    prepared afresh, and is raised then (``PostgresDriver._stale_once``)."""
     return isinstance(
         exc, psycopg.errors.FeatureNotSupported | psycopg.errors.InvalidSqlStatementName
     )
@@ -1189,6 +1189,9 @@ class PostgresDriver:
             name="orbit-relaxed",
         )
         self.plans = PlanWatch(forget=self._statements.forget)
+        #: per thread: whether its last transaction was refused for stale statements and
+        #: is being run again (``_stale_once``); the store's retry runs on the same thread
+        self._local = threading.local()
 
     @contextmanager
     def transaction(self, *, durable: bool = True) -> Iterator[_PostgresConnection]:
@@ -1199,9 +1202,25 @@ class PostgresDriver:
             except BaseException as exc:
                 _end(cx, tx, failed=True)
                 if stale_statement(exc):
-                    self.plans.statements_stale()
+                    self._stale_once(exc)
+                else:
+                    self._local.run_again = False
                 raise
             _end(cx, tx, failed=False)
+            self._local.run_again = False
+
+    def _stale_once(self, exc: BaseException) -> None:
+        """A statement refused as prepared before the tables changed: drop every
+        connection's statements and have the transaction run again (``is_retryable``),
+        once. Refused again on that run, on statements prepared afresh, it is the
+        statement's own refusal (a feature it cannot use): raised, where each of the
+        store's retries dropped every connection's statements once more."""
+        if getattr(self._local, "run_again", False):
+            self._local.run_again = False
+            return
+        self.plans.statements_stale()
+        self._local.run_again = True
+        exc.orbit_run_again = True  # type: ignore[attr-defined]
 
     @contextmanager
     def _connection(
@@ -1247,12 +1266,13 @@ class PostgresDriver:
 
     def is_retryable(self, exc: BaseException) -> bool:
         """A deadlock, a serialisation failure, or a statement prepared before the
-        tables changed (``stale_statement``): each fails a statement before the
-        ``COMMIT`` behind it, so the transaction committed nothing and may run again."""
+        tables changed (``stale_statement``, once: ``_stale_once``): each fails a
+        statement before the ``COMMIT`` behind it, so the transaction committed nothing
+        and may run again."""
         return isinstance(
             exc,
             psycopg.errors.DeadlockDetected | psycopg.errors.SerializationFailure,
-        ) or stale_statement(exc)
+        ) or bool(getattr(exc, "orbit_run_again", False))
 
     def is_unavailable(self, exc: BaseException) -> bool:
         """``OperationalError``: a connection refused, lost or closed, the server
