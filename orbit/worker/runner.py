@@ -1027,9 +1027,13 @@ class Worker:
             except BaseException as exc:  # handed to the loop as the outcome
                 if not isinstance(exc, Exception | asyncio.CancelledError):
                     exc = _Exited(exc)  # SystemExit re-raised on the loop ended the worker
-                loop.call_soon_threadsafe(_settle, done, None, exc)
+                outcome: tuple[Any, BaseException | None] = (None, exc)
             else:
-                loop.call_soon_threadsafe(_settle, done, value, None)
+                outcome = (value, None)
+            # An abandoned function may end after the run's event loop has closed: its
+            # outcome has no one to go to, where it printed "Exception in thread".
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_settle, done, *outcome)
 
         name = f"orbit-{running.ctx.attempt_id}"
         threading.Thread(target=target, name=name, daemon=True).start()
