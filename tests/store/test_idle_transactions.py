@@ -30,6 +30,13 @@ def test_every_pooled_connection_ends_a_transaction_left_waiting(store: Store) -
         shown = [tx._cx.execute(SHOW).fetchone()[0] for tx in (relaxed, durable)]  # type: ignore[attr-defined]
     assert shown == ["1min", "1min"]
     assert pg_driver.IDLE_IN_TRANSACTION_MS == 60_000
+    # and the server's own TCP checks of the connection, for a node cut off mid-statement
+    with store.driver.transaction() as durable:
+        checks = [
+            durable._cx.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[attr-defined]
+            for name in ("tcp_keepalives_idle", "tcp_keepalives_count", "tcp_user_timeout")
+        ]
+    assert checks == ["10", "3", "30000"]
 
 
 @pytest.mark.parametrize("backend", ["postgres"])

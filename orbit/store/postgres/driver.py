@@ -1101,6 +1101,13 @@ def _configure(cx: psycopg.Connection[Any]) -> None:
     statements: a request's body is read before, an artifact's download reads a chunk a
     transaction."""
     cx.execute(f"SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_MS}")
+    # The same bounds for a node cut off while its backend is busy (mid-pipeline, or
+    # writing a result), which that timer does not cover: the server's own TCP checks
+    # of this connection, as libpq's are set at our end (``TCP_CHECKS``).
+    cx.execute(
+        "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5;"
+        " SET tcp_keepalives_count = 3; SET tcp_user_timeout = 30000"
+    )
 
 
 def _relax(cx: psycopg.Connection[Any]) -> None:
