@@ -502,6 +502,31 @@ def test_a_second_cancel_does_not_hide_a_plain_function_that_ignores_it() -> Non
     assert abandoned == ["a1"] and finished == {}
 
 
+def _drained(
+    handler: Any, started: Callable[[Worker], object], limit: float | None = None
+) -> tuple[dict[str, Any], list[str]]:
+    """Run ``handler`` for attempt ``a1`` (``limit``: its attempt timeout), drain the
+    worker (no grace) once ``started(worker)`` holds, and return what it reported and
+    which attempts it abandoned; the run ends with exit code 0."""
+
+    async def main() -> tuple[dict[str, Any], list[str]]:
+        async with FakeGateway() as gw:
+            worker = _worker(gw, handler, grace=0, cancel_grace=5)
+            async with running(worker) as runner:
+                await gw.wait_for(_is("hello"))
+                await gw.push(_push(limit=limit))
+                await _until(lambda: started(worker))
+                worker.stop()
+                assert await asyncio.wait_for(runner, 20) == 0
+            return gw.finished, worker.abandoned
+
+    return asyncio.run(main())
+
+
+def _holds_a1(worker: Worker) -> bool:
+    return "a1" in worker.running
+
+
 def test_a_plain_function_that_finishes_after_a_drains_cancel_reports_its_result() -> None:
     """The drain cancels a plain function, which finishes its work within
     ``cancel_grace``: its result is the outcome. It was reported CANCELLED, and the task
@@ -512,18 +537,8 @@ def test_a_plain_function_that_finishes_after_a_drains_cancel_reports_its_result
             time.sleep(0.005)
         return "done anyway"
 
-    async def main() -> dict[str, Any]:
-        async with FakeGateway() as gw:
-            worker = _worker(gw, finishes, grace=0, cancel_grace=5)
-            async with running(worker) as runner:
-                await gw.wait_for(_is("hello"))
-                await gw.push(_push())
-                await _until(lambda: "a1" in worker.running)
-                worker.stop()
-                assert await asyncio.wait_for(runner, 10) == 0
-            return gw.finished["a1"]
-
-    assert asyncio.run(main()) == {"ok": True, "result": "done anyway"}
+    finished, _ = _drained(finishes, _holds_a1)
+    assert finished["a1"] == {"ok": True, "result": "done anyway"}
 
 
 def test_a_drain_then_the_attempt_timeout_still_leaves_a_task_that_is_not_retry_safe_alone() -> (
@@ -544,18 +559,7 @@ def test_a_drain_then_the_attempt_timeout_still_leaves_a_task_that_is_not_retry_
             await asyncio.sleep(2)  # its cleanup, past the 1 s attempt timeout
             raise
 
-    async def main() -> tuple[dict[str, Any], list[str]]:
-        async with FakeGateway() as gw:
-            worker = _worker(gw, slow_cleanup, grace=0, cancel_grace=5)
-            async with running(worker) as runner:
-                await gw.wait_for(_is("hello"))
-                await gw.push(_push(limit=1.0))
-                await _until(lambda: "in" in seen)
-                worker.stop()
-                assert await asyncio.wait_for(runner, 20) == 0
-            return gw.finished, worker.abandoned
-
-    finished, abandoned = asyncio.run(main())
+    finished, abandoned = _drained(slow_cleanup, lambda _: "in" in seen, limit=1.0)
     assert seen == ["in", "cancelled"] and abandoned == []
     assert finished == {}  # left to its lease: needs_review
 
@@ -570,16 +574,6 @@ def test_a_plain_function_that_fails_on_a_drains_cancel_reports_its_own_failure(
             time.sleep(0.005)
         raise Fail("stopped before charging", code="STOPPED")
 
-    async def main() -> dict[str, Any]:
-        async with FakeGateway() as gw:
-            worker = _worker(gw, fails, grace=0, cancel_grace=5)
-            async with running(worker) as runner:
-                await gw.wait_for(_is("hello"))
-                await gw.push(_push())
-                await _until(lambda: "a1" in worker.running)
-                worker.stop()
-                assert await asyncio.wait_for(runner, 10) == 0
-            return gw.finished["a1"]
-
-    error = asyncio.run(main())["error"]
+    finished, _ = _drained(fails, _holds_a1)
+    error = finished["a1"]["error"]
     assert (error["code"], error["retryable"]) == ("STOPPED", False)
