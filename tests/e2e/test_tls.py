@@ -202,40 +202,32 @@ def test_orbit_worker_trusts_the_ca_its_cafile_option_names(tmp_path: Path) -> N
         out, _ = proc.communicate(timeout=30)
         assert proc.returncode == 0, out
         assert "CERTIFICATE_VERIFY_FAILED" not in out and "SSLCert" not in out, out
-        # A cafile it cannot load, or none for a private CA: one line and exit 2, where it
-        # retried for ever saying FileNotFoundError or SSLCertVerificationError.
+        # A cafile it cannot load, or none for a private CA: one line and exit 2, where the
+        # worker retried for ever saying FileNotFoundError or SSLCertVerificationError,
+        # and the other commands said "cannot reach …: SSLCertVerificationError", exit 4
+        # (unreachable), or "[Errno 2] No such file or directory".
         (tmp_path / "not-a-ca.pem").write_text("not a certificate\n")
-        for extra, said in (
-            (["--cafile", str(tmp_path / "missing.pem")], "missing.pem: cannot load"),
-            (["--cafile", str(tmp_path / "not-a-ca.pem")], "not-a-ca.pem: cannot load"),
-            ([], "certificate is not trusted"),
+        missing = ["--cafile", str(tmp_path / "missing.pem")]
+        not_a_ca = ["--cafile", str(tmp_path / "not-a-ca.pem")]
+        queue_ls = ["queue", "ls", "--url", node.http]
+        admin_env = {**env, "ORBIT_TOKEN": tokens.admin}
+        for args, run_env, said in (
+            (command + missing, env, "missing.pem: cannot load"),
+            (command + not_a_ca, env, "not-a-ca.pem: cannot load"),
+            (command, env, "certificate is not trusted"),
+            (queue_ls + missing, admin_env, "missing.pem: cannot load"),
+            (queue_ls, admin_env, "certificate is not trusted"),
         ):
             wrong = subprocess.run(
-                [sys.executable, "-m", "orbit.cli", *command, *extra],
-                env=env,
+                [sys.executable, "-m", "orbit.cli", *args],
+                env=run_env,
                 cwd=root,
                 capture_output=True,
                 text=True,
                 timeout=60,
                 check=False,
             )
-            assert wrong.returncode == 2 and said in wrong.stderr, (extra, wrong.stderr)
-        # The other commands alike: they said "cannot reach …: SSLCertVerificationError",
-        # exit 4 (unreachable), and "[Errno 2] No such file or directory".
-        admin_env = {**env, "ORBIT_TOKEN": tokens.admin}
-        for extra, said in (
-            (["--cafile", str(tmp_path / "missing.pem")], "missing.pem: cannot load"),
-            ([], "certificate is not trusted"),
-        ):
-            wrong = subprocess.run(
-                [sys.executable, "-m", "orbit.cli", "queue", "ls", "--url", node.http, *extra],
-                env=admin_env,
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
-            assert wrong.returncode == 2 and said in wrong.stderr, (extra, wrong.stderr)
+            assert wrong.returncode == 2 and said in wrong.stderr, (args, wrong.stderr)
     finally:
         if proc is not None and proc.poll() is None:
             proc.kill()
