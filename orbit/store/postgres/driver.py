@@ -1100,21 +1100,26 @@ def _configure(cx: psycopg.Connection[Any]) -> None:
     claim lock). Orbit's transactions wait for nothing but the database between their
     statements: a request's body is read before, an artifact's download reads a chunk a
     transaction."""
-    cx.execute(f"SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_MS}")
-    # The same bounds for a node cut off while its backend is busy (mid-pipeline, or
-    # writing a result), which that timer does not cover: the server's own TCP checks
-    # of this connection, as libpq's are set at our end (``TCP_CHECKS``).
-    cx.execute(
-        "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5;"
+    cx.execute(_settings())
+
+
+def _settings() -> str:
+    """``_configure``'s settings, one round trip: with the timer, the bounds for a node
+    cut off while its backend is busy (mid-pipeline, or writing a result), which that
+    timer does not cover: the server's own TCP checks of the connection, as libpq's are
+    set at our end (``TCP_CHECKS``)."""
+    return (
+        f"SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_MS};"
+        " SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5;"
         " SET tcp_keepalives_count = 3; SET tcp_user_timeout = 30000"
     )
 
 
 def _relax(cx: psycopg.Connection[Any]) -> None:
-    """A relaxed connection's settings, made once when the pool opens it: its commits
-    return before their WAL is flushed (``Driver.transaction(durable=False)``)."""
-    _configure(cx)
-    cx.execute("SET synchronous_commit = off")
+    """A relaxed connection's settings, made once when the pool opens it, in the same
+    round trip as every pooled connection's: its commits return before their WAL is
+    flushed (``Driver.transaction(durable=False)``)."""
+    cx.execute(_settings() + "; SET synchronous_commit = off")
 
 
 def _end(cx: psycopg.Connection[Any], tx: _PostgresConnection, *, failed: bool) -> None:
