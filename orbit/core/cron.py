@@ -30,6 +30,7 @@ Instants are microseconds since the epoch (UTC), as everywhere in ``orbit.core``
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
@@ -152,11 +153,31 @@ def check_cron(expr: object) -> str:
     fields one space apart (the text stored), or INVALID_CRON naming the bad field."""
     if not isinstance(expr, str) or not expr.strip() or len(expr) > MAX_CRON_LEN:
         raise _bad_cron(expr, f"it must be 1-{MAX_CRON_LEN} characters")
+    if not expr.isascii():
+        raise _bad_cron(expr, _not_ascii(expr))
     fields = expr.split()
-    if not expr.isascii() or len(fields) != 5:
+    if len(fields) != 5:
         raise _bad_cron(expr, "it must have exactly 5 fields: minute hour day month weekday")
     _parse(fields)
     return " ".join(fields)
+
+
+def _not_ascii(expr: str) -> str:
+    """Why ``expr``, not all ASCII, is refused: its first other character, by code point
+    and name, and the field it is in when the text has five fields around it. Such a
+    character is most often pasted with the text (an en dash for the hyphen of
+    ``mon-fri``, a no-break or zero-width space), invisible or alike to the eye, so
+    "exactly 5 fields" would send its author counting fields the text has."""
+    char = next(c for c in expr if not c.isascii())
+    why = f"{char!r} (U+{ord(char):04X} {unicodedata.name(char, 'unnamed')}) is not ASCII"
+    # Fields apart on ASCII white space only: a non-ASCII space stays in a field (and
+    # joins two into one, so that no field can be named).
+    fields = re.findall(r"\S+", expr, re.ASCII)
+    if len(fields) == 5:
+        for field, text in zip(_FIELDS, fields, strict=True):
+            if not text.isascii():
+                return f"its {field.name} field {text!r:.40}: {why}"
+    return why
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,8 +202,10 @@ def _reading(expr: str) -> _Reading:
     a day matching either matches (``0 0 1 * mon``: the 1st and every Monday); either
     starting with ``*`` (``*/2`` too), a day must match both (``0 0 */2 * mon``: the
     odd-numbered Mondays). croniter's own default ORs them whenever neither is exactly
-    ``*``, which fired ``*/2`` every other day. Vixie cron's ``*`` flags, which
-    ``wildcard_time`` follows too, are set by a field's first character."""
+    ``*``, which fired ``*/2`` every other day; its OR needs croniter 7 (pyproject's
+    floor), as 6.x finds no date for one side that never comes (``0 0 31 2 mon``), where
+    Vixie cron fires the other. Vixie cron's ``*`` flags, which ``wildcard_time``
+    follows too, are set by a field's first character."""
     fields = expr.split()
     try:
         parsed = _parse(fields)
@@ -209,23 +232,43 @@ _NOT_ZONE_PREFIXES = ("right/", "posix/")
 
 
 def check_timezone(name: object) -> ZoneInfo:
-    """An IANA time zone (``Europe/Berlin``, ``UTC``), or INVALID_TIMEZONE."""
+    """An IANA time zone (``Europe/Berlin``, ``UTC``) given now, or INVALID_TIMEZONE."""
     if not isinstance(name, str) or not 0 < len(name) <= 64 or not name.isascii():
         raise _bad_zone(name)
     if name in _NOT_ZONES or name.startswith(_NOT_ZONE_PREFIXES):
         raise _bad_zone(name)
+    return stored_zone(name)
+
+
+def stored_zone(name: str) -> ZoneInfo:
+    """The zone a stored schedule names, or INVALID_TIMEZONE if this node cannot load it.
+    ``check_timezone``'s refusals are for what is written now: a zone an older Orbit
+    took (``localtime``, ``right/UTC``) still loads and fires, as stored cron text does,
+    rather than leave its schedule never to fire, resume or update again."""
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        # OSError: a directory of the database (``Europe``, ``America/Argentina``), which
+        # the ``tzdata`` package opens, IsADirectoryError, where a system database is
+        # passed over as not found
         raise _bad_zone(name) from None
 
 
 def _bad_zone(name: object) -> OrbitError:
-    return OrbitError(
-        Code.INVALID_TIMEZONE,
-        f"timezone {name!r:.80} is not an IANA time zone (e.g. UTC, Europe/Berlin)",
-        field="timezone",
-    )
+    why = "is not an IANA time zone (e.g. UTC, Europe/Berlin)"
+    if not _has_zone_database():
+        why = "cannot be read: this node has no time zone database (install tzdata)"
+    return OrbitError(Code.INVALID_TIMEZONE, f"timezone {name!r:.80} {why}", field="timezone")
+
+
+def _has_zone_database() -> bool:
+    """Whether ``zoneinfo`` finds a database (the host's, or the ``tzdata`` package's),
+    so that a refusal does not call UTC no time zone where there is none to read."""
+    try:
+        ZoneInfo("UTC")
+    except ZoneInfoNotFoundError:
+        return False
+    return True
 
 
 def to_us(at: datetime) -> int:

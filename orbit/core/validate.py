@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 
-from orbit.core.cron import check_cron, check_timezone
+from orbit.core.cron import check_cron, check_timezone, stored_zone
 from orbit.core.errors import Code, OrbitError
 from orbit.core.model import (
     JSON,
@@ -312,19 +312,24 @@ def check_schedule(
     max_payload_bytes: int,
     *,
     cron_stored: bool = False,
+    timezone_stored: bool = False,
 ) -> tuple[str, str]:
     """Validate a schedule (``orbit.core.model.Schedule``) before anything is written;
     return its cron expression as stored (``check_cron``: fields one space apart) and
     its template's canonical payload JSON. ``cron_stored``: ``cron`` is the one already
     stored, which an update that does not change it keeps unchecked (an older Orbit took
-    croniter's extensions, which still fire). The template is checked exactly as a
-    submit is (``check_spec``), and may not name what each fire sets itself: the
-    idempotency key (derived from the schedule and the instant, so that no instant fires
-    twice), a parent, a deadline or a ``run_after`` (instants, which would be past after
-    the first fire)."""
+    croniter's extensions, which still fire); ``timezone_stored`` likewise for the zone,
+    which need only load (an older Orbit took ``localtime``, ``right/`` zones:
+    ``stored_zone``). The template is checked exactly as a submit is (``check_spec``),
+    and may not name what each fire sets itself: the idempotency key (derived from the
+    schedule and the instant, so that no instant fires twice), a parent, a deadline or a
+    ``run_after`` (instants, which would be past after the first fire)."""
     check_name("schedule", name)
     stored = cron if cron_stored and isinstance(cron, str) else check_cron(cron)
-    check_timezone(timezone)
+    if timezone_stored and isinstance(timezone, str):
+        stored_zone(timezone)
+    else:
+        check_timezone(timezone)
     if misfire not in MISFIRE_POLICIES:
         raise OrbitError(
             Code.INVALID_ARGUMENT,

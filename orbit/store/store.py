@@ -28,7 +28,7 @@ from typing import Any, Final, TypeVar, overload
 
 from orbit.core import transitions
 from orbit.core.batches import LazyBatch
-from orbit.core.cron import check_timezone, latest, next_after
+from orbit.core.cron import check_timezone, latest, next_after, stored_zone
 from orbit.core.errors import Backpressure, Code, OrbitError, Rejected
 from orbit.core.ids import random8, uuid7, uuid7_many
 from orbit.core.limits import (
@@ -843,7 +843,7 @@ class Store:
             now = tx.now()
             next_fire = s.next_fire_at
             if not paused:
-                next_fire = next_after(s.cron, check_timezone(s.timezone), now)
+                next_fire = next_after(s.cron, stored_zone(s.timezone), now)
             _guarded(
                 "schedule_write",
                 tx.execute(
@@ -913,6 +913,7 @@ class Store:
                 new.max_catch_up,
                 self.config.max_payload_bytes,
                 cron_stored=cron is None,
+                timezone_stored=timezone is None,
             )
             new = replace(new, cron=checked_cron)
             if template is not None and not tx.fetch("queue_get", name=template.queue):
@@ -924,7 +925,8 @@ class Store:
             now = tx.now()
             next_fire = s.next_fire_at
             if (new.cron, new.timezone) != (s.cron, s.timezone):
-                next_fire = next_after(new.cron, check_timezone(new.timezone), now)
+                # a zone given was checked (check_schedule); one kept is read as stored
+                next_fire = next_after(new.cron, stored_zone(new.timezone), now)
             _guarded(
                 "schedule_update",
                 tx.execute(
@@ -2921,7 +2923,7 @@ def fire_plan(s: Schedule, now: int) -> FirePlan:
     fire): ``skip`` drops them, ``run_once`` fires the latest of them once for all,
     ``catch_up`` fires each of the latest ``max_catch_up`` of them, oldest first. One
     instant per fire; the next fire (the next pass) takes the next kept one."""
-    zone = check_timezone(s.timezone)
+    zone = stored_zone(s.timezone)
     n = s.max_catch_up + 2 if s.misfire == "catch_up" else 3
     due = latest(s.cron, zone, now, s.next_fire_at, n)
     on_time = [d for d in due if now - d <= MISFIRE_GRACE_US]

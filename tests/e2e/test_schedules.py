@@ -112,6 +112,8 @@ REFUSED: list[tuple[dict[str, Any], int, str, str | None]] = [
     ({"cron": "0 0 * * 5#2"}, 400, "INVALID_CRON", "cron"),
     ({"cron": "*/60 * * * *"}, 400, "INVALID_CRON", "cron"),
     ({"timezone": "Mars/Olympus"}, 400, "INVALID_TIMEZONE", "timezone"),
+    # a directory of the zone database: tzdata opens it (IsADirectoryError), no 500
+    ({"timezone": "America/Argentina"}, 400, "INVALID_TIMEZONE", "timezone"),
     ({"misfire": "later"}, 400, "INVALID_VALUE", "misfire"),
     ({"max_catch_up": 0}, 400, "NUMBER_OUT_OF_RANGE", "max_catch_up"),
     ({"max_catch_up": 1001}, 400, "NUMBER_OUT_OF_RANGE", "max_catch_up"),

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import pytest
 
@@ -270,6 +271,8 @@ BAD: list[tuple[dict[str, Any], Code, str]] = [
     ({"timezone": "Mars/Olympus"}, Code.INVALID_TIMEZONE, "timezone"),
     ({"timezone": "../etc/passwd"}, Code.INVALID_TIMEZONE, "timezone"),
     ({"timezone": ""}, Code.INVALID_TIMEZONE, "timezone"),
+    ({"timezone": "America/Argentina"}, Code.INVALID_TIMEZONE, "timezone"),  # a directory
+    ({"timezone": "localtime"}, Code.INVALID_TIMEZONE, "timezone"),  # each node's own
     ({"misfire": "later"}, Code.INVALID_ARGUMENT, "misfire"),
     ({"misfire": "catch_up", "max_catch_up": 0}, Code.INVALID_ARGUMENT, "max_catch_up"),
     ({"max_catch_up": 1001}, Code.INVALID_ARGUMENT, "max_catch_up"),
@@ -548,10 +551,12 @@ def test_the_expression_is_stored_with_its_fields_one_space_apart(st: Store) -> 
     assert st.schedule_update(s.name, cron=" 0  3 * * * ").cron == "0 3 * * *"
 
 
-def _store_as_an_older_orbit(st: Store, s: Schedule, cron: str, next_fire_at: int) -> None:
-    """Write ``cron`` (and its ``next_fire_at``) into ``s``'s row unchecked, as an Orbit
-    that took croniter's extensions did (the store's own update query, past its
-    checks)."""
+def _store_as_an_older_orbit(
+    st: Store, s: Schedule, cron: str, next_fire_at: int, timezone: str | None = None
+) -> None:
+    """Write ``cron`` (and its ``next_fire_at``, and a ``timezone`` if given) into
+    ``s``'s row unchecked, as an Orbit that took croniter's extensions, or zones refused
+    since, did (the store's own update query, past its checks)."""
     payload = json.dumps(s.template.payload)
     with st.driver.transaction() as cx:
         cx.execute(
@@ -560,7 +565,7 @@ def _store_as_an_older_orbit(st: Store, s: Schedule, cron: str, next_fire_at: in
                 "name": s.name,
                 "version": s.version,
                 "cron": cron,
-                "timezone": s.timezone,
+                "timezone": timezone or s.timezone,
                 "template": R.template_json(s.template, payload),
                 "misfire": s.misfire,
                 "max_catch_up": s.max_catch_up,
@@ -592,6 +597,36 @@ def test_a_schedule_stored_with_an_extension_still_fires_and_updates(
     assert _fire_all(st) == 1
     assert _instants(st) == [last_of_january]
     assert st.schedule_get("monthly").next_fire_at == to_us(datetime(2027, 2, 28, tzinfo=UTC))
+
+
+@pytest.mark.parametrize("zone", ["localtime", "posixrules", "posix/UTC", "right/UTC"])
+def test_a_schedule_stored_with_a_zone_taken_before_still_fires_resumes_and_updates(
+    st: Store, sched_clock: ManualClock, zone: str
+) -> None:
+    """As with cron text: a zone an older Orbit took and ``check_timezone`` now refuses
+    (each node's own ``localtime``, leap-second ``right/``) loads, fires, resumes, and
+    takes an update that leaves it alone; an update that gives it again is refused.
+    Only a zone this node's database has (the ``tzdata`` package has none of these)."""
+    try:
+        ZoneInfo(zone)
+    except ZoneInfoNotFoundError:
+        pytest.skip(f"this host's zone database has no {zone}")
+    s = _make(st, "legacy")
+    _store_as_an_older_orbit(st, s, s.cron, s.next_fire_at, timezone=zone)
+    sched_clock.now = s.next_fire_at + 30 * 1_000_000  # due, on time
+    assert st.schedule_fire_due() == 1
+    assert st.schedule_get("legacy").last_fire_at == s.next_fire_at
+    st.schedule_pause("legacy")
+    resumed = st.schedule_resume("legacy")
+    assert (resumed.timezone, resumed.paused) == (zone, False)
+    s = st.schedule_update("legacy", misfire="run_once")
+    s = st.schedule_update("legacy", cron="0 3 * * *")  # a new cron, the zone kept
+    assert s.timezone == zone
+    with pytest.raises(OrbitError) as err:
+        st.schedule_update("legacy", timezone=zone)
+    assert (err.value.code, err.value.field) == (Code.INVALID_TIMEZONE, "timezone")
+    assert st.schedule_get("legacy") == s
+    assert st.schedule_update("legacy", timezone="UTC").timezone == "UTC"
 
 
 #: New York, 2026-11-01: clocks go back from 02:00 EDT (06:00 UTC) to 01:00 EST.

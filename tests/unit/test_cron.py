@@ -5,12 +5,23 @@ time, at each occurrence for one whose minute or hour field starts with ``*``.""
 
 from __future__ import annotations
 
+import sys
+import zoneinfo
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
 
-from orbit.core.cron import check_cron, check_timezone, from_us, latest, next_after, to_us
+from orbit.core.cron import (
+    check_cron,
+    check_timezone,
+    from_us,
+    latest,
+    next_after,
+    stored_zone,
+    to_us,
+)
 from orbit.core.errors import Code, OrbitError
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -265,6 +276,28 @@ def test_classic_cron_is_taken(expr: str) -> None:
     assert check_cron(expr) == expr
 
 
+@pytest.mark.parametrize(
+    ("expr", "why"),
+    [
+        ("0 9 * * mon\u2013fri", "day of week field 'mon\u2013fri': '\u2013' (U+2013 EN DASH)"),
+        ("0 9 * * 1-5\u200b", "day of week field '1-5\\u200b': '\\u200b' (U+200B ZERO WIDTH"),
+        ("0 9 * \u0031\u20e3 *", "month field '1\u20e3': '\u20e3' (U+20E3 COMBINING"),
+        ("* * * * \uff17", "day of week field '\uff17': '\uff17' (U+FF17 FULLWIDTH DIGIT"),
+        # between two fields, it makes them one: no field to name
+        ("0\u00a09 * * 1-5", ": '\\xa0' (U+00A0 NO-BREAK SPACE) is not ASCII"),
+    ],
+)
+def test_a_character_that_is_not_ascii_is_named_not_miscounted_as_fields(
+    expr: str, why: str
+) -> None:
+    """Pasted text brings look-alikes (an en dash for a hyphen) and invisible spaces:
+    the refusal names the character and its field, rather than "exactly 5 fields"."""
+    with pytest.raises(OrbitError) as err:
+        check_cron(expr)
+    assert (err.value.code, err.value.field) == (Code.INVALID_CRON, "cron")
+    assert why in err.value.message and "5 fields" not in err.value.message, err.value.message
+
+
 def test_the_text_is_kept_with_its_fields_one_space_apart() -> None:
     assert check_cron("  0  3\t* *   MON ") == "0 3 * * MON"
 
@@ -333,6 +366,69 @@ def test_bad_timezones_are_refused(zone: object) -> None:
     assert (err.value.code, err.value.field) == (Code.INVALID_TIMEZONE, "timezone")
 
 
+@pytest.fixture
+def no_system_zone_database() -> Iterator[None]:
+    """As on a host without /usr/share/zoneinfo (python:*-alpine, distroless, Windows):
+    ``zoneinfo`` has only the ``tzdata`` package to read."""
+    zoneinfo.reset_tzpath(to=[])
+    zoneinfo.ZoneInfo.clear_cache()
+    try:
+        yield
+    finally:
+        zoneinfo.reset_tzpath()
+        zoneinfo.ZoneInfo.clear_cache()
+
+
+@pytest.mark.parametrize("name", ["UTC", "Europe/Berlin", "America/Argentina/Salta"])
+def test_zones_are_read_without_a_system_zone_database(
+    no_system_zone_database: None, name: str
+) -> None:
+    """Orbit depends on ``tzdata`` (pyproject.toml), zoneinfo's own fallback."""
+    assert str(check_timezone(name)) == name
+
+
+def test_without_any_zone_database_the_refusal_says_so(
+    no_system_zone_database: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Should ``tzdata`` be missing after all, a refusal of UTC says the node lacks a
+    database, not that UTC is no zone."""
+    for module in [m for m in sys.modules if m.split(".")[0] == "tzdata"] + ["tzdata"]:
+        monkeypatch.setitem(sys.modules, module, None)  # its import fails
+    with pytest.raises(OrbitError) as err:
+        check_timezone("UTC")
+    assert (err.value.code, err.value.field) == (Code.INVALID_TIMEZONE, "timezone")
+    assert "no time zone database" in err.value.message, err.value.message
+
+
+@pytest.mark.parametrize("name", ["Europe", "Etc", "America/Argentina"])
+def test_a_directory_of_the_zone_database_is_no_zone(
+    no_system_zone_database: None, name: str
+) -> None:
+    """``tzdata`` opens a directory of its database where a system database is passed
+    over: IsADirectoryError, an OSError, not ZoneInfoNotFoundError."""
+    for check in (check_timezone, stored_zone):
+        with pytest.raises(OrbitError) as err:
+            check(name)
+        assert (err.value.code, err.value.field) == (Code.INVALID_TIMEZONE, "timezone")
+
+
+@pytest.mark.parametrize("name", ["localtime", "posixrules", "posix/UTC", "right/UTC"])
+def test_a_zone_an_older_orbit_stored_still_loads(name: str) -> None:
+    """``check_timezone`` refuses these for what is written now; a schedule an older
+    Orbit stored with one keeps its zone (``stored_zone``), as far as the node's
+    database has it (the ``tzdata`` package has none of them)."""
+    try:
+        ZoneInfo(name)
+    except zoneinfo.ZoneInfoNotFoundError:
+        pytest.skip(f"this host's zone database has no {name}")
+    assert str(stored_zone(name)) == name
+    with pytest.raises(OrbitError):
+        check_timezone(name)
+    with pytest.raises(OrbitError) as err:
+        stored_zone("Mars/Olympus")
+    assert err.value.code == Code.INVALID_TIMEZONE
+
+
 def test_day_of_month_and_day_of_week_as_classic_cron_reads_them() -> None:
     """Vixie cron: when both day fields are restricted, a day matching either fires;
     when either starts with ``*`` (``*/2`` too), a day must match both. croniter's
@@ -357,6 +453,30 @@ def test_day_of_month_and_day_of_week_as_classic_cron_reads_them() -> None:
         _utc(2026, 1, 5),
         _utc(2026, 1, 19),
     ]
+
+
+@pytest.mark.parametrize(
+    ("expr", "first"),
+    [
+        ("0 0 31 2 mon", _utc(2027, 2, 1)),  # 31 February (never) or a Monday in February
+        ("0 0 30 2 mon", _utc(2027, 2, 1)),
+        ("0 0 31 4 fri", _utc(2027, 4, 2)),  # 31 April (never) or a Friday in April
+    ],
+)
+def test_a_day_of_month_that_never_comes_ored_with_a_weekday_fires_on_the_weekday(
+    expr: str, first: int
+) -> None:
+    """Vixie cron: that day-of-month side adds no days; the weekday side still fires.
+    croniter 6 refuses these as matching no date (hence pyproject's croniter>=7)."""
+    assert next_after(expr, ZoneInfo("UTC"), _utc(2027, 1, 15)) == first
+
+
+def test_latest_finds_a_leap_day_walking_back() -> None:
+    """The 29th or Sundays: Tuesday 29 February 2028, seen an hour late, is among the
+    last instants (croniter 6.0 passes it by, and a catch-up fire of it was lost)."""
+    utc = ZoneInfo("UTC")
+    got = latest("0 23 29 * sun", utc, _utc(2028, 3, 1), _utc(2028, 2, 20), 10)
+    assert got == [_utc(2028, 2, 20, 23), _utc(2028, 2, 27, 23), _utc(2028, 2, 29, 23)]
 
 
 def _offset(at: datetime, zone: ZoneInfo) -> timedelta:
