@@ -34,7 +34,9 @@ log = logging.getLogger("orbit.server")
 router = APIRouter(prefix="/v1")
 CHUNK = 256 * 1024
 _COUNTER = re.compile(r"^(0|[1-9][0-9]{0,18})\Z")
-_SHA = re.compile(r"^[0-9a-f]{64}\Z")
+#: a digest in either case: what sha256sum gives, and what certutil or .NET's
+#: Convert.ToHexString give (upper-case); compared lower-cased
+_SHA = re.compile(r"^[0-9a-fA-F]{64}\Z")
 _SECONDS = re.compile(r"^[0-9]{1,9}\Z")
 #: the longest X-Orbit-TTL, in seconds: the store keeps an artifact at most the longest
 #: duration Orbit accepts anywhere
@@ -87,8 +89,10 @@ async def _receive(request: Request, attempt_id: str, name: str) -> Artifact:
     epoch = _header_counter(request, "x-orbit-epoch")
     fence = _header_counter(request, "x-orbit-fence")
     expected = request.headers.get("x-orbit-sha256")
-    if expected is not None and not _SHA.match(expected):
-        raise ApiError(400, "INVALID_ARGUMENT", "X-Orbit-Sha256 must be 64 hex digits")
+    if expected is not None:
+        if not _SHA.match(expected):
+            raise ApiError(400, "INVALID_ARGUMENT", "X-Orbit-Sha256 must be 64 hex digits")
+        expected = expected.lower()  # as hexdigest() writes the body's
     ttl = request.headers.get("x-orbit-ttl")
     ttl_us = None
     if ttl is not None:

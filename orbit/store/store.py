@@ -1249,6 +1249,7 @@ class Store:
             # so its deadline is not checked: a client retrying a submit after its
             # deadline gets the task it made, not INVALID_DEADLINE.
             by_key = self._existing_by_key(tx, keys)
+            stored = frozenset(by_key)  # the keys of tasks made before this batch
             for spec in eager:
                 if _key_of(spec) not in by_key:
                     check_deadline(spec, now)
@@ -1316,7 +1317,7 @@ class Store:
                     ids = self._new_ids(now, end - start, start)
                     chunk, chunk_payloads = read(start, end, now, by_key)
                     for spec, payload, task_id in zip(chunk, chunk_payloads, ids, strict=True):
-                        done = self._submitted(spec, payload, now, by_key, task_id)
+                        done = self._submitted(spec, payload, now, by_key, stored, task_id)
                         results.append(done)
                         if done.created:
                             if done.task.state == _QUEUED:
@@ -1358,20 +1359,25 @@ class Store:
         payload: str,
         now: int,
         by_key: dict[tuple[str, str, str], Task],
+        stored: frozenset[tuple[str, str, str]],
         task_id: str,
     ) -> Submitted:
         """One spec of a batch: the task its idempotency key already names in ``by_key``
         (the same payload, or IDEMPOTENCY_CONFLICT), or a new task with ``task_id``, which
-        joins it."""
+        joins it. ``stored``: the keys of ``by_key`` that name tasks made before the batch,
+        which a conflict names (task ids are no secret) so that the submitter can find it;
+        a key given twice in the batch names a task the refusal leaves unmade."""
         key = _key_of(spec)
         digest = transitions.digest(payload)
         prior = by_key.get(key) if key else None
         if prior is not None:
             if prior.payload_digest != digest:
+                named = f"idempotency key {spec.idempotency_key!r:.80}"
                 raise OrbitError(
                     Code.IDEMPOTENCY_CONFLICT,
-                    f"idempotency key {spec.idempotency_key!r:.80} was used with a "
-                    "different payload",
+                    f"{named} already names task {prior.id}, submitted with a different payload"
+                    if key in stored
+                    else f"{named} is given twice in this batch, with different payloads",
                 )
             return assemble(Submitted, {"task": prior, "created": False})
         task = transitions.new_task(
@@ -2269,6 +2275,9 @@ class Store:
             # An upload of this name left unfinished would hold the name for the rest of
             # the attempt: one whose server was killed mid-body is never aborted.
             tx.execute("artifact_uploading_delete", attempt_id=attempt.id, name=name)
+            # expires_at - created_at holds the TTL until the commit counts it from there;
+            # the reaper expires only committed artifacts (an unfinished upload goes once
+            # its attempt has ended: artifact_abandoned_delete).
             made = tx.fetch(
                 "artifact_insert",
                 id=artifact_id,
@@ -2323,7 +2332,16 @@ class Store:
             plan = Plan()
             task, attempt, session = self._report_rows(tx, attempt_id, session_id)
             found = tx.fetch("artifact_lock", id=artifact_id)
-            if not found or found[0]["attempt_id"] != attempt_id:
+            if not found:
+                # The id was this upload's own (its begin made it): a later begin of its
+                # name replaced it (the worker's retry of an upload it took for stuck), or
+                # it was aborted. A conflict, as for its chunks (artifact_write), not 404.
+                raise OrbitError(
+                    Code.INVALID_STATE,
+                    f"upload {artifact_id!r:.80} is no longer open: a later upload of its "
+                    "name replaced it, or it was aborted",
+                )
+            if found[0]["attempt_id"] != attempt_id:
                 raise OrbitError(Code.ARTIFACT_NOT_FOUND, f"no upload {artifact_id!r:.80}")
             now = tx.now()
             if not transitions.check_artifact(
@@ -2334,13 +2352,24 @@ class Store:
             if not found_seq:  # SQLite's counter row deleted by hand (PostgreSQL: a sequence)
                 found_seq = tx.fetch("artifact_ready_seq_first")
             drawn = int(found_seq[0]["ready_seq"])
+            # Kept for its TTL from now: the begin wrote begin + TTL, and counted from
+            # there an upload slower than its TTL was committed already expired.
+            expires_at = now + int(found[0]["expires_at"]) - int(found[0]["created_at"])
             made = tx.execute(
-                "artifact_ready", id=artifact_id, size=size, sha256=sha256, ready_seq=drawn
+                "artifact_ready",
+                id=artifact_id,
+                size=size,
+                sha256=sha256,
+                ready_seq=drawn,
+                expires_at=expires_at,
             )
-            ready_seq = drawn if made else found[0]["ready_seq"]  # ready already: its own
+            if made:
+                ready_seq = drawn
+            else:  # ready already: its own place and expiry
+                ready_seq, expires_at = found[0]["ready_seq"], int(found[0]["expires_at"])
             artifact = R.artifact_from_row(
                 {**found[0], "state": "ready", "size": size, "sha256": sha256}
-                | {"ready_seq": ready_seq}
+                | {"ready_seq": ready_seq, "expires_at": expires_at}
             )
             plan.note(
                 "artifact",

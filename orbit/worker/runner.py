@@ -56,7 +56,7 @@ from websockets.exceptions import InvalidStatus
 
 from orbit import aio
 from orbit.aio import stop_tasks
-from orbit.core.errors import OrbitError
+from orbit.core.errors import Code, OrbitError
 from orbit.core.model import parse_json
 from orbit.core.validate import (
     MAX_HANDLER_CAPACITY,
@@ -115,6 +115,13 @@ LEASE_CHECK_S = 0.05
 RENEW_WAIT_FLOOR_S = 1.0
 #: the reason a drain gives the attempts it cancels (and the waiting ones it gives back)
 STOPPING = "worker stopping"
+#: The most times one ``ctx.upload`` is sent. It is sent again only when it was refused
+#: ``FENCED_EPOCH`` because this worker resumed its session while it was on its way (a
+#: dropped socket, a node restarted in a rolling deploy), and the attempt is still the
+#: worker's (``Worker._resumed_since``): once for each new epoch. The epoch is read when
+#: the PUT starts and checked again at its commit, so such an upload was refused while the
+#: same attempt then finished normally under the new epoch, with no artifact.
+UPLOAD_SENDS = 4
 Handler = Callable[..., Any]
 #: a finish the runner batches: attempt id, fence, outcome in wire form, and whether
 #: that outcome is plain (``_sendable``)
@@ -219,7 +226,8 @@ class Context:
     ) -> dict[str, Any]:
         """Attach an artifact to this attempt (bytes, or a file streamed from disk).
         Returns its metadata: id, size, sha256. Fenced like every report: refused once
-        the attempt is no longer ours."""
+        the attempt is no longer ours (an upload cut short by the worker's resume of its
+        session, the attempt still its own, is sent again)."""
         if self._upload is None:
             raise RuntimeError("this context is not attached to a running worker")
         return await self._upload(self.attempt_id, self._fence, name, data, content_type, ttl)
@@ -1068,15 +1076,78 @@ class Worker:
         content_type: str,
         ttl: int | None,
     ) -> dict[str, Any]:
-        conn = self._conn
-        if conn is None or conn.session_id is None or conn.epoch is None:
-            raise ConnectionError("not connected")
+        """Upload an artifact for the attempt; send it again (the bytes again, a file read
+        again from its start) when it was refused ``FENCED_EPOCH`` for an epoch this
+        worker's resume replaced meanwhile, the attempt still its own (``UPLOAD_SENDS``)."""
+        try:
+            check_name("artifact name", name)
+        except OrbitError as exc:
+            # Refused here as the server refuses it: sent, a '/' in the name was refused
+            # for its encoding in the URL's path (%2F), and '.' or '..', dot segments
+            # that httpx removes from a path, sent the PUT to another route (404).
+            error = {"code": str(exc.code), "message": exc.message}
+            raise ServerError(error["code"], exc.message, error) from None
+        sends = 0
+        while True:
+            conn = self._conn
+            if conn is None or conn.session_id is None or conn.epoch is None:
+                raise ConnectionError("not connected")
+            session_id, epoch = conn.session_id, conn.epoch
+            sends += 1
+            try:
+                return await self._send_upload(
+                    attempt_id, fence, name, data, content_type, ttl, session_id, epoch
+                )
+            except ServerError as exc:
+                if (
+                    exc.code != Code.FENCED_EPOCH
+                    or sends >= UPLOAD_SENDS
+                    or not await self._resumed_since(attempt_id, fence, session_id, epoch)
+                ):
+                    raise
+
+    async def _resumed_since(
+        self, attempt_id: str, fence: str, session_id: str, epoch: str
+    ) -> bool:
+        """Whether this worker has resumed ``session_id`` past ``epoch`` while the attempt
+        is still its own (not lost, not over, its lease not run out by this host's clock).
+        Only this worker holds the session's resume secret, so a refusal for a newer epoch
+        is its own resume, done or under way: one under way is waited for, at most until
+        the lease runs out (the renew loop then loses the attempt)."""
+        while True:
+            running = self.running.get(attempt_id)
+            if (
+                running is None
+                or running.fence != fence
+                or running.ended
+                or not self._lease_valid(running)
+            ):
+                return False
+            conn = self._conn
+            if self._connected.is_set() and conn is not None:
+                return conn.session_id == session_id and conn.epoch != epoch
+            with contextlib.suppress(TimeoutError):
+                left = running.lease_expires - time.monotonic()
+                await asyncio.wait_for(self._connected.wait(), left)
+
+    async def _send_upload(
+        self,
+        attempt_id: str,
+        fence: str,
+        name: str,
+        data: bytes | Path,
+        content_type: str,
+        ttl: int | None,
+        session_id: str,
+        epoch: str,
+    ) -> dict[str, Any]:
+        """One PUT of the upload, under ``session_id`` and ``epoch``."""
         headers = {
             "Authorization": f"Bearer {self._token()}",
             "Accept-Encoding": "identity",  # the reply's bytes as sent: see _upload_reply
             "Content-Type": content_type,
-            "X-Orbit-Session": conn.session_id,
-            "X-Orbit-Epoch": conn.epoch,
+            "X-Orbit-Session": session_id,
+            "X-Orbit-Epoch": epoch,
             "X-Orbit-Fence": fence,
         }
         if ttl is not None:

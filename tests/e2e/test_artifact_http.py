@@ -136,6 +136,36 @@ def test_a_name_with_a_quote_or_a_non_ascii_letter_is_refused(served: Served, na
     assert served.store.artifact_list(served.task_id) == []
 
 
+def test_an_upper_case_sha256_header_is_checked_as_any_other(served: Served) -> None:
+    """``X-Orbit-Sha256`` in upper-case hex (what certutil or .NET's
+    ``Convert.ToHexString`` give) is checked like lower-case: it was refused "must be 64
+    hex digits", which it is. A digest that does not match is still refused."""
+    digest = _sha(b"data").upper()
+    made = served.client.put(
+        f"{served.upload}/upper.bin",
+        content=b"data",
+        headers={**served.worker, "Content-Type": "a/b", "X-Orbit-Sha256": digest},
+    )
+    assert made.status_code == 201, made.text
+    assert made.json()["sha256"] == _sha(b"data")  # stored and served lower-case
+    wrong = served.client.put(
+        f"{served.upload}/wrong.bin",
+        content=b"other data",
+        headers={**served.worker, "Content-Type": "a/b", "X-Orbit-Sha256": digest},
+    )
+    assert wrong.status_code == 400, wrong.text
+    assert wrong.json()["error"]["code"] == "DIGEST_MISMATCH"
+    for bad in (digest[:-1], digest[:-1] + "G"):
+        reply = served.client.put(
+            f"{served.upload}/bad.bin",
+            content=b"data",
+            headers={**served.worker, "Content-Type": "a/b", "X-Orbit-Sha256": bad},
+        )
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["error"]["message"] == "X-Orbit-Sha256 must be 64 hex digits"
+    assert [a.name for a in served.store.artifact_list(served.task_id)] == ["upper.bin"]
+
+
 def test_a_tasks_artifacts_are_listed_a_page_at_a_time(served: Served) -> None:
     """``GET /v1/tasks/{id}/artifacts`` pages as ``GET /v1/tasks`` does: ``limit`` (1-1000,
     100 by default) and an opaque ``cursor``, answered as ``{"items", "next_cursor"}``.

@@ -9,6 +9,7 @@ import os
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,10 @@ import pytest
 
 from orbit import Client
 from orbit.worker import ServerError, WorkerConnection
+from orbit.worker import runner as runner_module
 from orbit.worker.runner import Context, Worker
 from tests.e2e.servers import Node, Tokens
+from tests.e2e.test_runner import run_until
 
 LIMIT = 2_000_000
 
@@ -351,6 +354,100 @@ def test_an_upload_cut_off_half_way_leaves_nothing_behind(
     assert retried.status_code == 201, retried.text
     assert _upload_rows(db_url) == [("shot", "ready", 2)]
     assert retried.json()["task_id"] == tid
+
+
+def test_an_upload_across_a_resume_of_the_session_is_sent_again(
+    nodes: Callable[..., Node], tokens: Tokens, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's socket drops during an upload and the runner resumes its session
+    (a new epoch), the attempt still its own (DESIGN §2, §5.6). The upload's epoch was
+    read when its PUT started and checked again at its commit: refused FENCED_EPOCH, it
+    raised in the handler, and the attempt then finished under the new epoch with no
+    artifact. The runner sends it again, the file read again from its start."""
+    node = nodes()  # default leases (30 s): the resume, not a lease, is what is tested
+    worker = Worker(node.http, tokens.worker)
+    on_disk = tmp_path / "shot.bin"
+    on_disk.write_bytes(os.urandom(600_000))
+    epochs: list[str | None] = []  # each send's, as the runner reads the file for it
+    read = runner_module._file
+
+    async def cut_by_a_resume(path: Path) -> AsyncIterator[bytes]:
+        """The file as the runner reads it; on the first send, after its first chunk the
+        worker's socket drops, and the rest follows once the runner has resumed."""
+        conn = worker._conn
+        assert conn is not None
+        first = not epochs
+        epochs.append(conn.epoch)
+        async for chunk in read(path):
+            yield chunk
+            if first:
+                first = False
+                await conn.ws.close()
+                for _ in range(400):
+                    if worker._conn is not conn and worker._connected.is_set():
+                        break
+                    await asyncio.sleep(0.025)
+                else:
+                    pytest.fail("the runner did not resume")
+
+    monkeypatch.setattr(runner_module, "_file", cut_by_a_resume)
+
+    @worker.handler("shoot")
+    async def shoot(ctx: Context, payload: Any) -> Any:
+        return (await ctx.upload("shot.bin", on_disk, "application/octet-stream"))["id"]
+
+    with httpx.Client(
+        base_url=node.http, timeout=30, headers={"Authorization": f"Bearer {tokens.admin}"}
+    ) as api:
+        api.post("/v1/queues", json={"name": "q", "max_concurrency": 4, "rate": 0})
+        tid = api.post("/v1/tasks", json={"queue": "q", "handler": "shoot"}).json()["task"]["id"]
+        asyncio.run(run_until(worker, lambda: worker.finished == 1))
+        task = api.get(f"/v1/tasks/{tid}").json()
+        assert task["state"] == "succeeded" and task["attempts_used"] == 1, task
+        assert len(epochs) == 2 and epochs[0] != epochs[1], epochs  # sent again once
+        items = api.get(f"/v1/tasks/{tid}/artifacts").json()["items"]
+        assert [(a["id"], a["name"]) for a in items] == [(task["result"], "shot.bin")]
+        content = api.get(f"/v1/artifacts/{task['result']}/content").content
+        assert content == on_disk.read_bytes()
+
+
+def test_an_upload_slower_than_its_ttl_is_kept_for_its_ttl_from_its_commit(
+    small: Node, tokens: Tokens
+) -> None:
+    """``X-Orbit-TTL: 2`` and a body that takes 2.5 s to arrive, the reaper passing
+    every 0.2 s. The TTL counted from the begin: the reaper deleted the upload in flight
+    (its PUT answered 409 INVALID_STATE "the artifact is not being uploaded"), and
+    without a pass between, the artifact was committed already expired (404 to every
+    read). Its expiry is now the commit's instant + its TTL."""
+    with httpx.Client(
+        base_url=small.http, timeout=30, headers={"Authorization": f"Bearer {tokens.admin}"}
+    ) as api:
+        api.post("/v1/queues", json={"name": "q", "max_concurrency": 4, "rate": 0})
+        api.post("/v1/tasks", json={"queue": "q", "handler": "h"})
+
+        async def slow() -> AsyncIterator[bytes]:
+            yield b"first half "
+            await asyncio.sleep(2.5)
+            yield b"second half"
+
+        async def upload() -> httpx.Response:
+            conn, url, headers = await _started(small, tokens)
+            try:
+                async with httpx.AsyncClient(timeout=30) as http:
+                    return await http.put(
+                        f"{url}/slow.txt", content=slow(), headers={**headers, "X-Orbit-TTL": "2"}
+                    )
+            finally:
+                await conn.close()
+
+        made = asyncio.run(upload())
+        assert made.status_code == 201, made.text
+        got = api.get(f"/v1/artifacts/{made.json()['id']}/content")
+        assert got.status_code == 200 and got.content == b"first half second half", got.text
+        kept = datetime.fromisoformat(made.json()["expires_at"]) - datetime.fromisoformat(
+            made.json()["created_at"]
+        )
+        assert kept >= timedelta(seconds=4.5)  # begun at created_at, committed 2.5 s on
 
 
 def test_a_download_cut_off_by_a_server_sigkill_is_an_error_not_a_short_artifact(

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from orbit.core.errors import Code, OrbitError, Rejected
-from orbit.core.model import Artifact, Grant, Outcome, Session
+from orbit.core.model import SECOND, Artifact, Grant, Outcome, Session
 from orbit.store import Store, open_store
 from orbit.store import store as store_module
 from tests.conftest import ManualClock, store_url
@@ -160,6 +160,33 @@ def test_the_reaper_expires_artifacts(store: Store, clock: ManualClock) -> None:
     assert list(store.artifact_chunks(artifact_id)) == []
 
 
+def test_an_artifact_is_kept_for_its_ttl_from_its_commit(store: Store, clock: ManualClock) -> None:
+    """An upload slower than its TTL (2 s; the upload 3 s, well inside its 30 s lease) is
+    kept for its TTL from its commit. The TTL counted from the begin: such an upload was
+    committed already expired (never readable), and a reaper pass in between deleted it
+    in flight (its next chunk refused INVALID_STATE). Nor does an upload in flight wake
+    the reaper: only a committed artifact's expiry is its next due instant."""
+    run = _running(store)
+    upload = run.begin("slow.bin", ttl_us=2 * SECOND)
+    store.artifact_write(upload, 0, b"x")
+    clock.advance(3)
+    assert store.reap_due_in() == pytest.approx(27)  # the run lease's, not the upload's
+    reaped = store.reap()
+    assert (reaped.artifacts_expired, reaped.uploads_dropped) == (0, 0)
+    store.artifact_write(upload, 1, b"y")  # still uploading
+    made = run.commit(upload, b"xy")
+    assert made.expires_at == clock.now + 2 * SECOND
+    assert store.artifact_get(upload).expires_at == made.expires_at
+    assert store.reap_due_in() == pytest.approx(2)  # the artifact's expiry, now
+    clock.advance(1.5)
+    assert [x.id for x in store.artifact_list(run.task_id)] == [upload]
+    assert store.reap().artifacts_expired == 0
+    clock.advance(0.5)
+    assert store.reap().artifacts_expired == 1
+    assert list(store.artifact_chunks(upload)) == []
+    assert check_all(store) == []
+
+
 @pytest.mark.parametrize(
     ("kw", "code"),
     [
@@ -234,6 +261,25 @@ def test_an_upload_cut_off_half_way_neither_blocks_its_name_nor_stays_stored(
     assert store.reap().uploads_dropped == 1
     assert list(store.artifact_chunks(left)) == []
     assert b"".join(store.artifact_chunks(done.id)) == b"all of it"
+    assert check_all(store) == []
+
+
+def test_the_commit_of_a_replaced_upload_is_refused_invalid_state(store: Store) -> None:
+    """The worker's retry of a name (a new begin) replaces the upload still under way; that
+    upload's own commit, its body all sent, is then refused ``INVALID_STATE`` (409) as its
+    chunks are, and as docs/protocol.md says. It was ``ARTIFACT_NOT_FOUND`` (404): the
+    worker was told that its own upload did not exist."""
+    run = _running(store)
+    old = run.begin("shot.png")
+    store.artifact_write(old, 0, b"all of the old body")
+    new = run.begin("shot.png")
+    with pytest.raises(OrbitError) as err:
+        run.commit(old, b"all of the old body")
+    assert (err.value.code, err.value.status) == (Code.INVALID_STATE, 409)
+    assert "replaced" in err.value.message
+    store.artifact_write(new, 0, b"the retry")
+    run.commit(new, b"the retry")
+    assert [x.id for x in store.artifact_list(run.task_id)] == [new]
     assert check_all(store) == []
 
 

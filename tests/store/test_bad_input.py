@@ -133,14 +133,21 @@ def test_only_a_fire_shaped_key_is_the_schedules_own(store: Store) -> None:
 
 
 def test_idempotency_conflict(store: Store) -> None:
+    """The refusal names the task the key already names (task ids are no secret), so the
+    submitter can look it up; a key given twice in one batch names no task, as the
+    refused batch makes none."""
     queue(store)
-    submit(store, payload={"a": 1}, idempotency_key="k")
+    tid = submit(store, payload={"a": 1}, idempotency_key="k")
     err = _rejects(
         store,
         Code.IDEMPOTENCY_CONFLICT,
         lambda: submit(store, payload={"a": 2}, idempotency_key="k"),
     )
     assert err.status == 409
+    assert f"already names task {tid}" in err.message, err.message
+    twice = [TaskSpec(queue="q", handler="h", payload=n, idempotency_key="k2") for n in (1, 2)]
+    err = _rejects(store, Code.IDEMPOTENCY_CONFLICT, lambda: store.task_submit_many(twice))
+    assert "given twice in this batch" in err.message and "task" not in err.message, err.message
 
 
 def test_one_bad_task_rejects_the_whole_batch(store: Store) -> None:

@@ -1,20 +1,25 @@
 """What ``ctx.upload`` and ``ctx.upload_from_thread`` raise when the server is not there
-or does not answer, against real sockets on a loopback port."""
+or does not answer, or refuses an upload for an epoch the worker's resume replaced (and
+when the upload is sent again), against real sockets on a loopback port."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from orbit.worker.connection import ServerError
-from orbit.worker.runner import Context, Worker
+from orbit.worker.runner import UPLOAD_SENDS, Context, Worker, _Running
 
 
 def _context(worker: Worker, loop: asyncio.AbstractEventLoop) -> Context:
@@ -171,3 +176,169 @@ def test_an_upload_answered_with_no_orbit_reply_raises_server_error(
         assert caught.value.code == code
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("name", ["reports/summary.pdf", "..", ".", "bad name.png", ""])
+def test_a_bad_artifact_name_is_refused_before_it_is_sent(name: str) -> None:
+    """Refused as the server refuses it (``INVALID_ARGUMENT``, "artifact name must be
+    ..."), nothing sent (nothing listens here). Sent, a '/' was refused for its encoding
+    in the URL's path ("%2F"), and '.' and '..', dot segments that httpx removes from a
+    path, went to another route and were answered 404 "Not Found": not a word about the
+    name."""
+
+    async def main() -> None:
+        worker = Worker(f"http://127.0.0.1:{_free_port()}", "t0ken")
+        ctx = _context(worker, asyncio.get_running_loop())
+        with pytest.raises(ServerError) as caught:
+            await ctx.upload(name, b"data", "text/plain")
+        assert caught.value.code == "INVALID_ARGUMENT"
+        assert caught.value.message.startswith("artifact name must be 1-128 characters")
+
+    asyncio.run(main())
+
+
+class _Fenced(BaseHTTPRequestHandler):
+    """An Orbit server's upload route as a session's resume meets it: each PUT is kept
+    (its X-Orbit-Epoch and body) and answered 201 or ``409 FENCED_EPOCH``, as the
+    server's ``accept`` says, given the epoch sent."""
+
+    protocol_version = "HTTP/1.1"
+    server: _FencedServer
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+    def _body(self) -> bytes:
+        if "Content-Length" in self.headers:
+            return self.rfile.read(int(self.headers["Content-Length"]))
+        body = b""  # a file is streamed: chunked
+        while size := int(self.rfile.readline().strip(), 16):
+            body += self.rfile.read(size)
+            self.rfile.readline()
+        self.rfile.readline()
+        return body
+
+    def do_PUT(self) -> None:
+        epoch = self.headers["X-Orbit-Epoch"]
+        self.server.puts.append((epoch, self._body()))
+        answer: dict[str, Any]
+        if self.server.accept(epoch):
+            status, answer = 201, {"id": "f1"}
+        else:
+            error = {"code": "FENCED_EPOCH", "message": "the session has a newer epoch"}
+            status, answer = 409, {"error": error}
+        body = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class _FencedServer(ThreadingHTTPServer):
+    daemon_threads = True
+    puts: list[tuple[str, bytes]]
+    accept: Callable[[str], bool]
+
+
+@pytest.fixture
+def fenced() -> Iterator[_FencedServer]:
+    srv = _FencedServer(("127.0.0.1", 0), _Fenced)
+    srv.puts = []
+    thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def _running_attempt(worker: Worker, ctx: Context) -> _Running:
+    """``ctx``'s attempt, started and held by ``worker`` over a live connection."""
+    running = _Running(ctx, ctx._fence, lease_expires=time.monotonic() + 30)
+    worker.running[ctx.attempt_id] = running
+    worker._connected.set()
+    return running
+
+
+def _resumed(worker: Worker, session_id: str, epoch: str) -> None:
+    worker._conn = SimpleNamespace(session_id=session_id, epoch=epoch)  # type: ignore[assignment]
+
+
+def test_an_upload_fenced_off_by_the_workers_resume_is_sent_again(
+    fenced: _FencedServer, tmp_path: Path
+) -> None:
+    """The socket dropped during the upload and the worker resumed its session (epoch 1
+    to 2): the commit was refused ``FENCED_EPOCH`` though the attempt was still the
+    worker's, which then finished it with no artifact. Sent again now under the new
+    epoch (a file read again from its start), once the resume under way is done."""
+    data = os.urandom(600_000)  # three chunks of the file's reads
+    (tmp_path / "out.bin").write_bytes(data)
+
+    async def main() -> None:
+        worker = Worker(f"http://127.0.0.1:{fenced.server_address[1]}", "t0ken")
+        loop = asyncio.get_running_loop()
+        ctx = _context(worker, loop)
+        _running_attempt(worker, ctx)
+
+        def accept(epoch: str) -> bool:
+            if epoch == "1":  # the resume is under way when the refusal arrives
+                loop.call_soon_threadsafe(worker._connected.clear)
+                loop.call_soon_threadsafe(loop.call_later, 0.2, resume)
+            return epoch == "2"
+
+        def resume() -> None:
+            _resumed(worker, "s1", "2")
+            worker._connected.set()
+
+        fenced.accept = accept
+        made = await ctx.upload("out.bin", tmp_path / "out.bin")
+        assert made == {"id": "f1"}
+
+    asyncio.run(main())
+    assert fenced.puts == [("1", data), ("2", data)]
+
+
+@pytest.mark.parametrize(
+    ("case", "sends"),
+    [
+        ("each send fenced off by a resume", UPLOAD_SENDS),
+        ("no resume", 1),
+        ("a new session", 1),
+        ("the attempt lost", 1),
+        ("the attempt over", 1),
+        ("the lease run out", 1),
+    ],
+)
+def test_an_upload_is_sent_again_only_after_a_resume_while_the_attempt_is_ours(
+    fenced: _FencedServer, case: str, sends: int
+) -> None:
+    """A ``FENCED_EPOCH`` refusal is raised as it came (the upload not sent again) when
+    the worker has not resumed the same session since, or the attempt is no longer its
+    own; and after ``UPLOAD_SENDS`` sends whatever happens."""
+
+    async def main() -> None:
+        worker = Worker(f"http://127.0.0.1:{fenced.server_address[1]}", "t0ken")
+        ctx = _context(worker, asyncio.get_running_loop())
+        running = _running_attempt(worker, ctx)
+
+        def accept(epoch: str) -> bool:
+            if case != "no resume":
+                session = "s2" if case == "a new session" else "s1"
+                _resumed(worker, session, str(int(epoch) + 1))
+            if case == "the attempt lost":
+                running.lost = True
+            elif case == "the attempt over":
+                worker.running.clear()
+            elif case == "the lease run out":
+                running.lease_expires = time.monotonic()
+            return False
+
+        fenced.accept = accept
+        with pytest.raises(ServerError) as caught:
+            await ctx.upload("out.bin", b"data")
+        assert caught.value.code == "FENCED_EPOCH"
+
+    asyncio.run(main())
+    assert [epoch for epoch, _ in fenced.puts] == [str(n) for n in range(1, sends + 1)]

@@ -432,7 +432,7 @@ LIMIT :limit;
 -- name: reap_next_due
 -- The soonest instant a reaper pass has work, or NULL when nothing is pending: a claim or
 -- a lease running out, a live task's deadline, a scheduled task falling due, a live
--- session or an artifact expiring (the live attempts' soonest expiry, walked as
+-- session or a committed artifact expiring (the live attempts' soonest expiry, walked as
 -- reap_candidates walks them, and each other the head of its partial index, read as
 -- reap_candidates, session_expired_select and artifact_expired_delete read them).
 SELECT min(due) AS due FROM (
@@ -447,7 +447,7 @@ SELECT min(due) AS due FROM (
     UNION ALL
     SELECT min(expires_at) FROM orbit_sessions WHERE state = 'live'
     UNION ALL
-    SELECT min(expires_at) FROM orbit_artifacts
+    SELECT min(expires_at) FROM orbit_artifacts WHERE state = 'ready'
 ) AS heads;
 
 -- name: token_insert
@@ -529,8 +529,10 @@ VALUES ('artifact_ready_seq', (SELECT coalesce(max(ready_seq), 0) + 1 FROM orbit
 RETURNING int_value AS ready_seq;
 
 -- name: artifact_ready
+-- :expires_at is the commit's instant + the upload's TTL: an artifact is kept for its TTL
+-- from when it became readable, however long its upload took.
 UPDATE orbit_artifacts SET state = 'ready', size = :size, sha256 = :sha256,
-    ready_seq = :ready_seq
+    ready_seq = :ready_seq, expires_at = :expires_at
 WHERE id = :id AND state = 'uploading';
 
 -- name: artifact_seq
@@ -571,8 +573,10 @@ WHERE id IN (SELECT f.id FROM orbit_artifacts f JOIN orbit_attempts a ON a.id = 
 RETURNING id;
 
 -- name: artifact_expired_delete
+-- Committed artifacts only: an upload's TTL counts from its commit, and one still
+-- uploading is dropped once its attempt has ended (artifact_abandoned_delete).
 DELETE FROM orbit_artifacts
-WHERE id IN (SELECT id FROM orbit_artifacts WHERE expires_at <= :now
+WHERE id IN (SELECT id FROM orbit_artifacts WHERE state = 'ready' AND expires_at <= :now
              ORDER BY expires_at LIMIT :limit)
 RETURNING id;
 
