@@ -165,7 +165,8 @@ class Grants(list[Grant]):
     """
 
     blocked: bool = False
-    #: The claim stopped at CLAIM_PAYLOAD_BYTES with ready tasks left: claim again now.
+    #: The claim stopped with ready tasks left that a claim now may take (at
+    #: CLAIM_PAYLOAD_BYTES, or at its last round): claim again now.
     more: bool = False
     #: A rate-limited queue held tasks back for want of a token (it was skipped, or ran
     #: out during the claim): microseconds until the soonest such queue has one again
@@ -1860,6 +1861,11 @@ class Store:
         now: int,
     ) -> Grants:
         tokens = {name: bucket_refill(q, now) for name, q in queues.items()}
+        # The instant the buckets hold their tokens at: ``now`` moves on below (the clock
+        # read again after each window's locks), and a bucket written back stamped with
+        # that later instant lost the refill between the two reads, a claim's round trip
+        # and select at every claim (a queue drained at about 85 % of its rate).
+        refilled_at = now
         # each handler's capacity, looked up per row read (``capacity_for`` walks the list)
         capacity = {c.handler: c.capacity for c in session.capabilities}
         used: dict[str, int] = {}
@@ -1967,7 +1973,15 @@ class Store:
             if len(ready.rows) < window:
                 break
         else:
-            grants.blocked = True  # ran out of rounds, not out of ready tasks
+            # Ran out of rounds, not out of ready tasks: with more capped queues or
+            # tenants ahead in claim order than rounds, each round granted one of them and
+            # capped it for the next, and tasks behind them that no cap holds stayed
+            # hidden. Claim again now (the next claim skips those scopes from its first
+            # round), rather than wait for a freed permit or the poll; a claim that
+            # granted nothing found only rows that no claim can take now (past their
+            # deadline, the reaper's), and claiming again would read them again.
+            grants.blocked = True
+            grants.more = bool(grants)
         waits = [
             token_wait_us(tokens[name], queues[name].rate)
             for name in short
@@ -1975,7 +1989,7 @@ class Store:
         ]
         grants.token_wait_us = min((w for w in waits if w), default=None)
         limited = [
-            {"name": name, "tokens": tokens[name], "tokens_at": now}
+            {"name": name, "tokens": tokens[name], "tokens_at": refilled_at}
             for name in sorted(used)
             if queues[name].rate > 0
         ]

@@ -141,3 +141,33 @@ def test_a_freed_permit_wakes_no_round_for_a_worker_that_takes_no_pushes(store: 
     dispatcher._wake.clear()
     dispatcher._wake_if_blocked()  # what a finish's freed permit calls
     assert not dispatcher._wake.is_set()
+
+
+def test_a_claim_that_ran_out_of_rounds_is_made_again_at_once(store: Store) -> None:
+    """More capped queues ahead in claim order than a claim has rounds: the first claim
+    grants one task of each of eight and stops with ready work behind them. The
+    dispatcher claims again by itself (the claim says so, ``Grants.more``, and a push
+    that went out wakes it too), with a 60 s poll and no permit freed: the worker's free
+    slots must not wait for either."""
+    for i in range(10):
+        queue(store, f"c{i}", max_concurrency=1)
+        store.task_submit_many([TaskSpec(queue=f"c{i}", handler="h")] * 300)
+    queue(store, "bulk", max_concurrency=100)
+    bulk = {store.task_submit(TaskSpec(queue="bulk", handler="h")).task.id for _ in range(20)}
+    session, _ = worker(store=store, handlers={"h": 100}, max_concurrency=100)
+    dispatcher = Dispatcher(store, poll_interval=60, metrics=Metrics(store))
+    socket = RecordingSocket()
+    dispatcher.attach(WorkerConnection(cast(WebSocket, socket), session, push=True))
+
+    async def until_pushed(count: int) -> None:
+        running = asyncio.create_task(dispatcher.run())
+        try:
+            async with asyncio.timeout(30):
+                while len(socket.task_ids) < count:
+                    await asyncio.sleep(0)  # the pushes are the loop's own tasks
+        finally:
+            running.cancel()
+
+    asyncio.run(until_pushed(30))  # ten capped queues' one each, and the 20 behind them
+    assert bulk <= set(socket.task_ids)
+    assert len(socket.task_ids) == 30
