@@ -2346,6 +2346,14 @@ class Store:
             plan = Plan()
             task, attempt, session = self._report_rows(tx, attempt_id, session_id)
             found = tx.fetch("artifact_lock", id=artifact_id)
+            now = tx.now()
+            # The fence first: an attempt that ended (its lease run out, the reaper's pass
+            # then dropping its unfinished upload) is refused for that, with its evidence,
+            # as every late report is, not for the upload it no longer has.
+            if not transitions.check_artifact(
+                plan, task, attempt, session, epoch=epoch, fence=fence, now=now
+            ):
+                return plan, None
             if not found:
                 # The id was this upload's own (its begin made it): a later begin of its
                 # name replaced it (the worker's retry of an upload it took for stuck), or
@@ -2357,11 +2365,6 @@ class Store:
                 )
             if found[0]["attempt_id"] != attempt_id:
                 raise OrbitError(Code.ARTIFACT_NOT_FOUND, f"no upload {artifact_id!r:.80}")
-            now = tx.now()
-            if not transitions.check_artifact(
-                plan, task, attempt, session, epoch=epoch, fence=fence, now=now
-            ):
-                return plan, None
             found_seq = tx.fetch("artifact_ready_seq")
             if not found_seq:  # SQLite's counter row deleted by hand (PostgreSQL: a sequence)
                 found_seq = tx.fetch("artifact_ready_seq_first")

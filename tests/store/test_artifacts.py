@@ -283,6 +283,27 @@ def test_the_commit_of_a_replaced_upload_is_refused_invalid_state(store: Store) 
     assert check_all(store) == []
 
 
+def test_the_commit_of_an_upload_whose_attempt_ended_is_refused_for_the_attempt(
+    store: Store, clock: ManualClock
+) -> None:
+    """The lease runs out mid-upload, a reaper pass ends the attempt and the next drops
+    its unfinished upload: the commit that comes after is refused for the attempt
+    (``ATTEMPT_ENDED``, with a ``rejected`` event), as every late report is. The missing
+    upload was checked first, and the commit told it had been replaced or aborted."""
+    run = _running(store)
+    upload = run.begin("late.bin")
+    store.artifact_write(upload, 0, b"all of it")
+    clock.advance(31)  # the 30 s run lease runs out mid-upload
+    store.reap()  # the attempt ends
+    assert store.reap().uploads_dropped == 1  # its upload, never committed, goes
+    with pytest.raises(Rejected) as err:
+        run.commit(upload, b"all of it")
+    assert err.value.code == Code.ATTEMPT_ENDED
+    last = store.event_list(task_id=run.task_id)[-1]
+    assert last["kind"] == "rejected" and last["code"] == Code.ATTEMPT_ENDED
+    assert check_all(store) == []
+
+
 def test_an_expired_artifact_is_not_served_before_the_reaper_deletes_it(
     store: Store, clock: ManualClock
 ) -> None:
