@@ -199,6 +199,12 @@ class StoreConfig:
     reap_batch: int = 500
     max_tx_retries: int = 5
     artifact_ttl_us: int = 7 * 24 * 3600 * SECOND
+    #: The longest an upload may stay unfinished: the reaper drops one older than this
+    #: even while its attempt runs. An upload whose server was killed mid-body is never
+    #: aborted, and its TTL counts only from its commit, so a long handler that renews
+    #: its lease for weeks would otherwise keep its bytes (up to ``max_artifact_bytes``
+    #: a name) that long.
+    upload_max_us: int = 24 * 3600 * SECOND
     max_artifact_bytes: int = 256 * 1024 * 1024
     #: how long ``event_list`` waits for older transactions to end (PostgreSQL)
     event_wait_us: int = 2 * SECOND
@@ -2648,7 +2654,14 @@ class Store:
             )
 
         def uploads_pass(tx: _Tx) -> int:
-            return len(tx.fetch("artifact_abandoned_delete", limit=self.config.reap_batch))
+            stale_before = tx.now() - self.config.upload_max_us
+            return len(
+                tx.fetch(
+                    "artifact_abandoned_delete",
+                    stale_before=stale_before,
+                    limit=self.config.reap_batch,
+                )
+            )
 
         counts["artifacts_expired"] = self._tx(artifacts_pass)
         counts["uploads_dropped"] = self._tx(uploads_pass)

@@ -12,7 +12,7 @@ import pytest
 
 from orbit.core.errors import Code, OrbitError, Rejected
 from orbit.core.model import SECOND, Artifact, Grant, Outcome, Session
-from orbit.store import Store, open_store
+from orbit.store import Store, StoreConfig, open_store
 from orbit.store import store as store_module
 from tests.conftest import ManualClock, store_url
 from tests.invariants import check_all
@@ -301,6 +301,30 @@ def test_the_commit_of_an_upload_whose_attempt_ended_is_refused_for_the_attempt(
     assert err.value.code == Code.ATTEMPT_ENDED
     last = store.event_list(task_id=run.task_id)[-1]
     assert last["kind"] == "rejected" and last["code"] == Code.ATTEMPT_ENDED
+    assert check_all(store) == []
+
+
+def test_an_upload_left_unfinished_goes_after_a_day_though_its_attempt_runs(
+    make_store: Callable[..., Store],
+) -> None:
+    """An upload whose server was killed mid-body is never aborted, and its TTL counts
+    only from a commit: while its attempt ran (a handler renewing its lease for weeks) it
+    was kept, bytes and all, for as long. The reaper drops it once it is a day old
+    (``StoreConfig.upload_max_us``), its attempt still running, and not before."""
+    clock = ManualClock()
+    days = 3 * 24 * 3600 * SECOND  # the lease and the session stand for renewals
+    store = make_store(clock=clock, config=StoreConfig(lease_ttl_us=days, session_ttl_us=days))
+    run = _running(store)
+    left = run.begin("left.bin")
+    store.artifact_write(left, 0, b"half of it")
+    clock.advance(24 * 3600 - 1)
+    assert store.reap().uploads_dropped == 0
+    clock.advance(1)
+    assert store.reap().uploads_dropped == 1
+    assert store.attempt_get(run.grant.attempt.id).state == "running"
+    assert list(store.artifact_chunks(left)) == []
+    done = run.upload("done.bin", [b"the retry"])  # the name is free again
+    assert [a.id for a in store.artifact_list(run.task_id)] == [done.id]
     assert check_all(store) == []
 
 

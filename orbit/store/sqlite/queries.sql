@@ -565,10 +565,13 @@ SELECT data FROM orbit_artifact_chunks WHERE artifact_id = :artifact_id AND seq 
 -- name: artifact_abandoned_delete
 -- Uploads whose attempt no longer runs can never be committed (artifact_commit is guarded
 -- like any report): their server died mid-body before it could abort them. A commit in
--- flight holds its row (and its attempt is running), so it is never dropped here.
+-- flight holds its row (and its attempt is running), so it is never dropped here. Nor is
+-- an upload kept for ever while its attempt runs: one begun before :stale_before
+-- (StoreConfig.upload_max_us, a day) is dropped too.
 DELETE FROM orbit_artifacts
 WHERE id IN (SELECT f.id FROM orbit_artifacts f JOIN orbit_attempts a ON a.id = f.attempt_id
-             WHERE f.state = 'uploading' AND a.state <> 'running'
+             WHERE f.state = 'uploading'
+               AND (a.state <> 'running' OR f.created_at <= :stale_before)
              LIMIT :limit)
 RETURNING id;
 
