@@ -11,8 +11,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
+
+from tests.e2e.network import idle_connection_answers
 
 
 def test_orbit_dev_runs_the_demo_and_serves_until_interrupted(tmp_path: Path) -> None:
@@ -39,6 +42,10 @@ def test_orbit_dev_runs_the_demo_and_serves_until_interrupted(tmp_path: Path) ->
         opened = httpx.get(url.group(1), follow_redirects=True, timeout=10)
         assert opened.status_code == 200 and "text/html" in opened.headers["content-type"]
         assert str(opened.url).endswith("/docs")
+        # an idle connection is kept open past uvicorn's default 5 s, as ``orbit server``
+        # keeps one (``KEEP_ALIVE``): a client's next request never meets its close
+        port = urlsplit(url.group(1)).port
+        assert port is not None and idle_connection_answers(port, idle=6.0)
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=30)
     finally:

@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from orbit.cli.listening import bind, url_of
+from orbit.cli.listening import KEEP_ALIVE, bind, url_of
 from orbit.core.errors import OrbitError
 from orbit.core.model import SECOND
 from orbit.gctune import tune_for_throughput
@@ -163,7 +163,14 @@ async def serve(host: str, port: int, data_dir: Path, once: bool) -> int:
     url = url_of(sock, host)
     api = create_app(settings)
     server = uvicorn.Server(
-        uvicorn.Config(api, log_level="warning", access_log=False, log_config=None, **UVICORN_WS)
+        uvicorn.Config(
+            api,
+            log_level="warning",
+            access_log=False,
+            log_config=None,
+            timeout_keep_alive=KEEP_ALIVE,  # as ``orbit server``'s
+            **UVICORN_WS,
+        )
     )
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:

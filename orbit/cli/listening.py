@@ -25,6 +25,15 @@ from pathlib import Path
 
 import typer
 
+#: Seconds the server keeps an idle keep-alive connection open (uvicorn's
+#: ``timeout_keep_alive``; its default is 5 s). A client that reuses a connection idle
+#: about that long met the server's close on the wire: the request it sent was never
+#: read, and a POST, which no client sends twice, failed as Unreachable from a healthy
+#: server. Orbit's clients close a connection idle for 4 s (``KEEPALIVE_EXPIRY``), and a
+#: load balancer in front closes idle ones after 60 s by default (AWS's), before a
+#: server that waits longer than both: its close never meets a request.
+KEEP_ALIVE = 75
+
 
 def bind(host: str, port: int, *, unread_timeout: float) -> socket.socket:
     """A listening TCP socket on ``host:port`` (IPv6 if the host is an IPv6 address);

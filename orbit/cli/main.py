@@ -19,7 +19,7 @@ from urllib.parse import unquote
 
 import typer
 
-from orbit.cli.listening import announcement, bind, url_of
+from orbit.cli.listening import KEEP_ALIVE, announcement, bind, url_of
 from orbit.core.errors import OrbitError
 from orbit.core.model import SECOND
 from orbit.core.validate import is_name
@@ -439,6 +439,7 @@ def server(
         ssl_keyfile=str(tls_key) if tls_key else None,
         access_log=False,  # request lines are not needed and must never carry tokens
         log_config=None,  # keep our handler: it redacts secrets from every record
+        timeout_keep_alive=KEEP_ALIVE,  # an idle connection's close never meets a request
         **UVICORN_WS,  # a refused upgrade is no ERROR line, no deflate (orbit.server.denials)
     )
 

@@ -21,6 +21,7 @@ from websockets.sync.client import connect as ws_open
 
 from orbit.client._errors import ApiError, TaskFailed, WaitTimeout, error_from
 from orbit.client._http import (
+    KEEPALIVE_EXPIRY,
     Reply,
     Transport,
     Unreachable,
@@ -28,6 +29,7 @@ from orbit.client._http import (
     sent_again,
     server_down,
     server_failing,
+    timed_out,
     unreachable,
     where,
 )
@@ -172,6 +174,20 @@ def task_body(
     return body
 
 
+class SubmittedTask(dict[str, Any]):
+    """What ``submit`` returns (and ``submit_many`` with ``reply="full"``, for each task):
+    the task's view, a dict as before, and ``created``, whether this submit made the task
+    (True) or its idempotency key named one that was there already (False: nothing new
+    was made, and this is that task). The server says so in every answer, and the view
+    alone could not tell a resubmit from a new task."""
+
+    __slots__ = ("created",)
+
+    def __init__(self, view: dict[str, Any], created: bool) -> None:
+        super().__init__(view)
+        self.created = created
+
+
 #: A cap argument's "leave it as it is", where None removes the cap.
 Keep = Literal["keep"]
 KEEP: Keep = "keep"
@@ -209,7 +225,7 @@ class _Calls:
         body: dict[str, Any] = {k: v for k, v in caps.items() if v is not None}
         if max_queued != KEEP:
             body["max_queued"] = max_queued
-        return ("PATCH", f"/v1/queues/{_seg(name)}", None, body)
+        return ("PATCH", f"/v1/queues/{_seg(name, 'name')}", None, body)
 
     @staticmethod
     def tenant_limit(
@@ -220,7 +236,7 @@ class _Calls:
         put: bool,
     ) -> Request:
         """The caps given (None removes one; ``"keep"`` leaves it out of the body)."""
-        path = f"/v1/limits/tenants/{_seg(tenant)}"
+        path = f"/v1/limits/tenants/{_seg(tenant, 'tenant')}"
         if put:
             caps = {"max_concurrency": max_concurrency, "max_queued": max_queued}
             return ("PUT", path, None, {k: v for k, v in caps.items() if v != KEEP})
@@ -245,11 +261,16 @@ class _Calls:
 
     @staticmethod
     def artifacts_list(task_id: str, limit: int, cursor: str | None) -> Request:
-        return ("GET", f"/v1/tasks/{_seg(task_id)}/artifacts", _page(limit, cursor), None)
+        return (
+            "GET",
+            f"/v1/tasks/{_seg(task_id, 'task_id')}/artifacts",
+            _page(limit, cursor),
+            None,
+        )
 
     @staticmethod
     def attempts_list(task_id: str, limit: int, cursor: str | None) -> Request:
-        return ("GET", f"/v1/tasks/{_seg(task_id)}/attempts", _page(limit, cursor), None)
+        return ("GET", f"/v1/tasks/{_seg(task_id, 'task_id')}/attempts", _page(limit, cursor), None)
 
     @staticmethod
     def queues_list(limit: int, cursor: str | None) -> Request:
@@ -261,7 +282,7 @@ class _Calls:
 
     @staticmethod
     def events(task_id: str, limit: int, cursor: str | None) -> Request:
-        return ("GET", f"/v1/tasks/{_seg(task_id)}/events", _page(limit, cursor), None)
+        return ("GET", f"/v1/tasks/{_seg(task_id, 'task_id')}/events", _page(limit, cursor), None)
 
     @staticmethod
     def event_log(limit: int, cursor: str | None) -> Request:
@@ -276,9 +297,12 @@ class _Calls:
 
     @staticmethod
     def submitted(reply: BatchReply, items: Any) -> list[dict[str, Any]]:
-        """A batch reply's items, in the order submitted: each task's view
-        (``reply="full"``), or each ``{"id", "created"}`` (``reply="ids"``)."""
-        return [dict(r["task"]) for r in items] if reply == "full" else [dict(r) for r in items]
+        """A batch reply's items, in the order submitted: each task's view with whether
+        it was made (``SubmittedTask``, ``reply="full"``), or each ``{"id", "created"}``
+        (``reply="ids"``)."""
+        if reply == "full":
+            return [SubmittedTask(r["task"], r["created"]) for r in items]
+        return [dict(r) for r in items]
 
     @staticmethod
     def workers_list(state: str | None, limit: int, cursor: str | None) -> Request:
@@ -287,7 +311,7 @@ class _Calls:
 
     @staticmethod
     def queue_action(name: str, action: Literal["pause", "resume"]) -> Request:
-        return ("POST", f"/v1/queues/{_seg(name)}/{action}", None, None)
+        return ("POST", f"/v1/queues/{_seg(name, 'name')}/{action}", None, None)
 
     @staticmethod
     def schedule_create(
@@ -318,11 +342,11 @@ class _Calls:
 
     @staticmethod
     def schedule(name: str) -> Request:
-        return ("GET", f"/v1/schedules/{_seg(name)}", None, None)
+        return ("GET", f"/v1/schedules/{_seg(name, 'name')}", None, None)
 
     @staticmethod
     def schedule_action(name: str, action: Literal["pause", "resume"]) -> Request:
-        return ("POST", f"/v1/schedules/{_seg(name)}/{action}", None, None)
+        return ("POST", f"/v1/schedules/{_seg(name, 'name')}/{action}", None, None)
 
     @staticmethod
     def schedule_update(
@@ -342,11 +366,11 @@ class _Calls:
         given: dict[str, Any] = {"cron": cron, "timezone": timezone, "misfire": misfire}
         given["max_catch_up"] = max_catch_up
         body.update({k: v for k, v in given.items() if v is not None})
-        return ("PATCH", f"/v1/schedules/{_seg(name)}", None, body)
+        return ("PATCH", f"/v1/schedules/{_seg(name, 'name')}", None, body)
 
     @staticmethod
     def schedule_delete(name: str) -> Request:
-        return ("DELETE", f"/v1/schedules/{_seg(name)}", None, None)
+        return ("DELETE", f"/v1/schedules/{_seg(name, 'name')}", None, None)
 
     @staticmethod
     def tenant_limits_list(limit: int, cursor: str | None) -> Request:
@@ -359,15 +383,15 @@ class _Calls:
 
     @staticmethod
     def task(task_id: str) -> Request:
-        return ("GET", f"/v1/tasks/{_seg(task_id)}", None, None)
+        return ("GET", f"/v1/tasks/{_seg(task_id, 'task_id')}", None, None)
 
     @staticmethod
     def task_action(task_id: str, action: Literal["cancel", "retry"]) -> Request:
-        return ("POST", f"/v1/tasks/{_seg(task_id)}/{action}", None, None)
+        return ("POST", f"/v1/tasks/{_seg(task_id, 'task_id')}/{action}", None, None)
 
     @staticmethod
     def worker_drain(session_id: str) -> Request:
-        return ("POST", f"/v1/workers/{_seg(session_id)}/drain", None, None)
+        return ("POST", f"/v1/workers/{_seg(session_id, 'session_id')}/drain", None, None)
 
     @staticmethod
     def token_create(name: str, scopes: list[str]) -> Request:
@@ -375,7 +399,7 @@ class _Calls:
 
     @staticmethod
     def token_revoke(token_id: str) -> Request:
-        return ("POST", f"/v1/tokens/{_seg(token_id)}/revoke", None, None)
+        return ("POST", f"/v1/tokens/{_seg(token_id, 'token_id')}/revoke", None, None)
 
     @staticmethod
     def resolve(task_id: str, decision: str, result: Any, error: dict[str, Any] | None) -> Request:
@@ -386,7 +410,7 @@ class _Calls:
             body["result"] = result
         if error is not None:
             body["error"] = error
-        return ("POST", f"/v1/tasks/{_seg(task_id)}/resolve", None, body)
+        return ("POST", f"/v1/tasks/{_seg(task_id, 'task_id')}/resolve", None, body)
 
 
 def _headers(token: str | None) -> dict[str, str]:
@@ -460,7 +484,7 @@ class Waiting:
         if not (server_down(exc) or failing):
             raise exc
         now = time.monotonic()
-        cut_short = self._cut and _timed_out(exc)
+        cut_short = self._cut and timed_out(exc)
         if self._down_since is None and not cut_short:
             self._down_since = now
         if now < self._end:
@@ -486,19 +510,6 @@ class Waiting:
         return pause
 
 
-def _timed_out(exc: BaseException) -> bool:
-    """Whether a poll failed for want of an answer in its time (either client's timeout
-    in ``exc``'s chain), rather than being refused a connection or cut off."""
-    seen: BaseException | None = exc
-    for _ in range(10):
-        if seen is None:
-            return False
-        if isinstance(seen, TimeoutError | httpx.TimeoutException):
-            return True
-        seen = seen.__cause__
-    return False
-
-
 def _unwrap(reply: httpx.Response | Reply) -> Any:
     """A call's answer: its JSON. A refusal is raised as its ApiError; a redirect, and a
     success with no JSON (an empty body too, on which the calls raised TypeError), as an
@@ -509,7 +520,9 @@ def _unwrap(reply: httpx.Response | Reply) -> Any:
     # holds a thousand task views, which json.loads took most of the client's time to read
     try:
         body = parse_json(reply.content) if reply.content else None
-    except ValueError:  # a proxy's error page, or a URL that names no Orbit server
+    except (ValueError, RecursionError):
+        # a proxy's error page, a URL that names no Orbit server, or JSON nested past what
+        # the parsers take (the standard library's, orjson's fallback, raises RecursionError)
         body = None
     if reply.status_code >= 400:
         retry_after = (
@@ -632,7 +645,16 @@ class Client:
         self.close()
 
     def close(self) -> None:
+        """Close the client's connections, the streams being read in other threads too:
+        each of their follows (``stream_events``, ``subscribe``, ``artifact_stream``)
+        ends with RuntimeError, "the client is closed"."""
         self._http.close()
+
+    def _check_open(self, exc: BaseException | None = None) -> None:
+        """RuntimeError if the client was closed: a follow's stream broke because
+        ``close`` shut it down, and is not reopened."""
+        if self._http.closed:
+            raise RuntimeError("the client is closed") from exc
 
     def _call(self, request: Request, timeout: float | None = None) -> Any:
         method, path, query, body = request
@@ -797,17 +819,19 @@ class Client:
     # tasks
     def submit(
         self, queue: str, handler: str, payload: Any = None, **options: Any
-    ) -> dict[str, Any]:
-        """Submit a task; returns it (an existing one when the idempotency key matched)."""
+    ) -> SubmittedTask:
+        """Submit a task; returns it (an existing one when the idempotency key matched),
+        a dict whose ``created`` attribute says which: False for the existing one."""
         reply = self._call(_Calls.submit(task_body(queue, handler, payload, **options)))
-        return dict(reply["task"])
+        return SubmittedTask(reply["task"], reply["created"])
 
     def submit_many(
         self, tasks: list[dict[str, Any]], *, reply: BatchReply = "full"
     ) -> list[dict[str, Any]]:
         """Submit up to 1000 tasks atomically (each a ``task_body``-shaped dict); returns
-        each task's view in order, or with ``reply="ids"`` each ``{"id", "created"}``:
-        a tenth of the bytes, and the quickest way to enqueue many."""
+        each task's view in order (with ``created``, as ``submit``'s), or with
+        ``reply="ids"`` each ``{"id", "created"}``: a tenth of the bytes, and the quickest
+        way to enqueue many."""
         return _Calls.submitted(reply, self._call(_Calls.submit_many(tasks, reply)))
 
     def get(self, task_id: str, *, timeout: float | None = None) -> dict[str, Any]:
@@ -954,10 +978,12 @@ class Client:
         server has been out of reach for ``outage`` seconds. A refusal (a bad cursor, a
         token refused, an unknown task) is raised at once, and so is a 200 that is no
         event stream (its Content-Type not ``text/event-stream``, or its body's first line
-        no SSE field nor comment: a proxy's page, some other server), as an ApiError with
-        code NOT_EVENT_STREAM. Keep the client's ``timeout``
-        above the server's keep-alive interval (15 s by default): a read that waits
-        longer takes the stream for broken, and reopens it."""
+        no SSE field nor comment: a proxy's page, some other server; or an event whose data
+        is no JSON object), as an ApiError with code NOT_EVENT_STREAM. A client ``timeout``
+        under the server's keep-alive interval (15 s by default) makes a read of an idle
+        stream time out: the stream is reopened, and since the server answered it, that
+        is no outage. ``close()`` (from any thread) ends the follow: RuntimeError, "the
+        client is closed"."""
         following = Following(task_id, cursor, outage)
         while True:
             try:
@@ -974,8 +1000,10 @@ class Client:
                         yield from following.feed(chunk)
                         if following.ended:
                             return
+                self._check_open()
                 following.broke(None)
             except (Unreachable, ApiError) as exc:
+                self._check_open(exc)
                 following.broke(exc)
             time.sleep(following.pause())
 
@@ -986,9 +1014,9 @@ class Client:
         ws``): the same ``(cursor, event)`` in the same order, the same end of a task's
         stream, the same reconnect from the last cursor within ``outage``, and the same
         refusals, raised at once. A 2xx answer to the upgrade (no Orbit server's) is an
-        ApiError with code NOT_EVENT_STREAM. Keep the client's ``timeout`` above the
-        server's keep-alive interval (15 s by default): a read that waits longer takes
-        the connection for broken, and reopens it."""
+        ApiError with code NOT_EVENT_STREAM. As there, a client ``timeout`` under the
+        server's keep-alive interval reopens an idle stream, which is no outage, and
+        ``close()`` ends the follow."""
         following = Subscription(task_id, cursor, outage)
         while True:
             try:
@@ -996,7 +1024,9 @@ class Client:
                     conn = ws_open(following.url(self._socket_base), **self._socket)
                 except (OSError, InvalidHandshake, InvalidURI) as exc:  # TimeoutError is an OSError
                     raise _upgrade_failed(exc, self._where, self._timeout) from exc
-                with held(conn):  # aborted, not closed, when given up on
+                following.reached()
+                # aborted, not closed, when given up on; shut down by close()
+                with held(conn), self._http.held(conn.socket):
                     while True:
                         try:
                             data = conn.recv(timeout=self._timeout)
@@ -1012,6 +1042,7 @@ class Client:
                         if following.ended:
                             return
             except (Unreachable, ApiError) as exc:
+                self._check_open(exc)
                 following.broke(exc)
             time.sleep(following.pause())
 
@@ -1058,19 +1089,16 @@ class Client:
 
     def artifact_content(self, artifact_id: str) -> bytes:
         """An artifact's bytes (use ``artifact_stream`` for large ones)."""
-        reply = self._http.request("GET", f"/v1/artifacts/{_seg(artifact_id)}/content", None, None)
+        path = f"/v1/artifacts/{_seg(artifact_id, 'artifact_id')}/content"
+        reply = self._http.request("GET", path, None, None)
         if reply.status_code >= 300:  # a redirect's body is no artifact's
             _unwrap(reply)
         return reply.content
 
     def artifact_stream(self, artifact_id: str) -> Iterator[bytes]:
         """An artifact's bytes as they arrive, without holding them all."""
-        with self._http.stream("GET", f"/v1/artifacts/{_seg(artifact_id)}/content") as (
-            status,
-            location,
-            _,
-            chunks,
-        ):
+        path = f"/v1/artifacts/{_seg(artifact_id, 'artifact_id')}/content"
+        with self._http.stream("GET", path) as (status, location, _, chunks):
             if status >= 300:
                 _unwrap(Reply(status, b"".join(chunks), location))
             yield from chunks
@@ -1153,6 +1181,11 @@ class AsyncClient:
             # httpx's verify=True trusts certifi's bundle instead.
             verify=ssl.create_default_context(cafile=cafile),
             timeout=self._timeout,
+            # httpx's other defaults, and idle connections closed before a server's idle
+            # timeout can meet a request on them: httpx's own expiry (5 s) is uvicorn's.
+            limits=httpx.Limits(
+                max_connections=100, max_keepalive_connections=20, keepalive_expiry=KEEPALIVE_EXPIRY
+            ),
         )
 
     async def __aenter__(self) -> AsyncClient:
@@ -1462,6 +1495,7 @@ class AsyncClient:
                     conn = await ws_open_async(following.url(self._socket_base), **self._socket)
                 except (OSError, InvalidHandshake, InvalidURI) as exc:
                     raise _upgrade_failed(exc, self._where, self._timeout) from exc
+                following.reached()
                 async with aheld(conn):  # aborted, not closed, when given up on
                     while True:
                         try:
@@ -1508,7 +1542,7 @@ class AsyncClient:
         server sent, as Client reads them. Asked for with no content coding and read raw:
         a body a proxy labelled gzip that was not raised httpx's DecodingError, unwrapped,
         where Client returned the bytes."""
-        path = f"/v1/artifacts/{_seg(artifact_id)}/content"
+        path = f"/v1/artifacts/{_seg(artifact_id, 'artifact_id')}/content"
         reply = await self._send("GET", path, None, None, raw=True)
         try:
             await _refused(reply)
@@ -1539,9 +1573,10 @@ class AsyncClient:
 
     async def submit(
         self, queue: str, handler: str, payload: Any = None, **options: Any
-    ) -> dict[str, Any]:
-        body = task_body(queue, handler, payload, **options)
-        return dict((await self._call(_Calls.submit(body)))["task"])
+    ) -> SubmittedTask:
+        """As ``Client.submit``."""
+        reply = await self._call(_Calls.submit(task_body(queue, handler, payload, **options)))
+        return SubmittedTask(reply["task"], reply["created"])
 
     async def submit_many(
         self, tasks: list[dict[str, Any]], *, reply: BatchReply = "full"

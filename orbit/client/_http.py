@@ -8,28 +8,32 @@ start (``docs/benchmarks.md``). ``AsyncClient`` still uses httpx.
 
 A connection is reused only when it is idle and open: before a request, a readable
 socket means the server closed it (or sent what no request asked for), and it is
-replaced. A request that fails once sent is not retried, since the server may have
-acted on it; the caller sees :class:`Unreachable`, as for a server that is down. The one
-exception, :func:`sent_again`, is the rule of both clients: a GET on a reused connection
-that the server closed as the request went out (its idle timeout met the request on the
-wire): not a byte of an answer came, a GET changes nothing, and it is sent once more on a
-fresh connection.
+replaced; one idle for ``KEEPALIVE_EXPIRY`` or longer is closed unused, before a server's
+idle timeout can close it just as a request goes out on it. A request that fails once
+sent is not retried, since the server may have acted on it; the caller sees
+:class:`Unreachable`, as for a server that is down. The one exception,
+:func:`sent_again`, is the rule of both clients: a GET on a reused connection that the
+server closed as the request went out (its idle timeout met the request on the wire):
+not a byte of an answer came, a GET changes nothing, and it is sent once more on a fresh
+connection.
 """
 
 from __future__ import annotations
 
 import http.client
-import math
 import os
 import select
+import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 from urllib.parse import SplitResult, quote, urlencode
 
 import httpcore
+import httpx
 
 from orbit.client._errors import ApiError
 from orbit.client._tls import ProxyNotSupported
@@ -37,6 +41,16 @@ from orbit.urls import check_server_url
 
 #: Bytes read at a time from a streamed body.
 STREAM_CHUNK = 64 * 1024
+#: Seconds a kept-alive connection may sit idle in either client's pool before it is
+#: closed rather than reused: under uvicorn's default idle timeout (5 s), which closed a
+#: connection idle that long just as a request went out on it (a POST, never sent again,
+#: then raised Unreachable from a healthy server). Orbit's server waits far longer
+#: (``orbit.cli.listening.KEEP_ALIVE``); this covers a server or proxy that does not.
+KEEPALIVE_EXPIRY = 4.0
+#: The longest ``timeout`` a request may be given (about 31 years): a socket holds its
+#: timeout in nanoseconds in 64 bits, and a lock's wait (websockets' ``recv``) takes at
+#: most ``threading.TIMEOUT_MAX``; a larger one raised OverflowError at the first call.
+MAX_TIMEOUT = min(1e9, threading.TIMEOUT_MAX)
 
 
 class Unreachable(ConnectionError):
@@ -87,6 +101,10 @@ class Transport:
         self._timeout = timeout
         self._tls = ssl.create_default_context(cafile=cafile) if self._https else None
         self._idle: list[http.client.HTTPConnection] = []
+        #: when each idle connection went back to the pool (``time.monotonic``)
+        self._idle_since: dict[http.client.HTTPConnection, float] = {}
+        #: the sockets of the streams being read (``held``), which ``close`` shuts down
+        self._held: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._closed = False
         self._pid = os.getpid()  # the process whose connections the pool holds
@@ -126,24 +144,55 @@ class Transport:
         end closes the connection rather than go back to the pool. ``headers``: sent
         besides the transport's. ``live``: a read returns what has come (``read1``) rather
         than wait for a whole chunk: an event stream's messages are small and come one by
-        one."""
+        one. ``close``, from any thread, ends the read of a stream in progress
+        (``held``)."""
         conn, response = self._open(method, path, None, None, self._timeout, headers)
         try:
-            yield (
-                response.status,
-                response.getheader("Location"),
-                response.getheader("Content-Type"),
-                self._chunks(response, live),
-            )
+            with self.held(conn.sock):
+                yield (
+                    response.status,
+                    response.getheader("Location"),
+                    response.getheader("Content-Type"),
+                    self._chunks(response, live),
+                )
         finally:
             self._done(conn, response)
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` has been called: a stream that broke then is not reopened."""
+        return self._closed
+
+    @contextmanager
+    def held(self, sock: socket.socket) -> Iterator[None]:
+        """``sock`` (a stream's: an event stream's or a WebSocket's) shut down by
+        ``close`` if the block still runs then, so that a read waiting on it in another
+        thread ends at once: the whole log's stream never ends by itself, and a follow
+        went on reading from a client that was closed. RuntimeError if the transport is
+        closed already."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the client is closed")
+            self._held.add(sock)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held.discard(sock)
+
     def close(self) -> None:
+        """Close the idle connections, and shut down the streams being read (``held``):
+        each ends with RuntimeError, "the client is closed"."""
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
+            self._idle_since.clear()
+            held, self._held = self._held, set()
         for conn in idle:
             conn.close()
+        for sock in held:
+            with suppress(OSError):  # closed by its reader meanwhile
+                sock.shutdown(socket.SHUT_RDWR)
 
     def _open(
         self,
@@ -191,16 +240,22 @@ class Transport:
             try:
                 chunk = read(STREAM_CHUNK)
             except (OSError, http.client.HTTPException) as exc:
-                raise self._unreachable(exc, self._timeout) from exc
+                raise self._broken(exc) from exc
             if not chunk:
                 # http.client's read(n) answers b"" when the connection closes before the
                 # Content-Length is reached (``length`` is what is still owed): a body cut
                 # off, never a whole one.
                 if response.length:
-                    cut = http.client.IncompleteRead(b"", response.length)
-                    raise self._unreachable(cut, self._timeout)
+                    raise self._broken(http.client.IncompleteRead(b"", response.length))
                 return
             yield chunk
+
+    def _broken(self, exc: BaseException) -> Exception:
+        """What a stream's failed read raises: RuntimeError if ``close`` shut it down
+        (the client is closed, not the server out of reach), Unreachable otherwise."""
+        if self._closed:
+            return RuntimeError("the client is closed")
+        return self._unreachable(exc, self._timeout)
 
     def _done(self, conn: http.client.HTTPConnection, response: http.client.HTTPResponse) -> None:
         """Back to the pool if the server keeps it open and the body was read out."""
@@ -210,6 +265,7 @@ class Transport:
         with self._lock:
             if not self._closed and len(self._idle) < MAX_IDLE:
                 self._idle.append(conn)
+                self._idle_since[conn] = time.monotonic()
                 return
         conn.close()
 
@@ -227,9 +283,11 @@ class Transport:
                 if self._closed:
                     raise RuntimeError("the client is closed")
                 conn = self._idle.pop() if self._idle else None
+                since = self._idle_since.pop(conn, 0.0) if conn is not None else 0.0
             if conn is None:
                 return self._connect(timeout), False
-            if _still_open(conn) and conn.sock is not None:
+            fresh = time.monotonic() - since < KEEPALIVE_EXPIRY
+            if fresh and _still_open(conn) and conn.sock is not None:
                 conn.timeout = timeout
                 conn.sock.settimeout(timeout)
                 return conn, True
@@ -242,6 +300,8 @@ class Transport:
         its copies (the parent's sockets stay open) and starts a pool of its own, with a
         lock of its own (the parent's may have been held by a thread the child has not)."""
         idle, self._idle = self._idle, []
+        self._idle_since = {}
+        self._held = set()  # the parent's streams, read by its threads
         self._lock = threading.Lock()
         self._pid = os.getpid()
         for conn in idle:
@@ -261,18 +321,22 @@ class Transport:
 
 
 def checked_timeout(timeout: object) -> float:
-    """``timeout`` if a request can be given it: a positive, finite number of seconds;
-    ValueError if not, before anything is sent. Taken as it was, 0 failed the sync
-    client's connect (BlockingIOError, raised as Unreachable from a server that was
-    well) and timed out every async call at once; a negative one, NaN or infinity raised
-    ValueError, OverflowError or Unreachable at the first call."""
+    """``timeout`` if a request can be given it: a positive, finite number of seconds, at
+    most ``MAX_TIMEOUT``; ValueError if not, before anything is sent. Taken as it was, 0
+    failed the sync client's connect (BlockingIOError, raised as Unreachable from a
+    server that was well) and timed out every async call at once; a negative one, NaN,
+    infinity or one past ``MAX_TIMEOUT`` (``sys.maxsize``, "for ever") raised ValueError,
+    OverflowError or Unreachable at the first call."""
     if (
         isinstance(timeout, int | float)
         and not isinstance(timeout, bool)  # True is no number of seconds
-        and 0 < timeout < math.inf
+        and 0 < timeout <= MAX_TIMEOUT
     ):
         return float(timeout)
-    raise ValueError(f"timeout must be a positive, finite number of seconds, not {timeout!r}")
+    raise ValueError(
+        f"timeout must be a positive, finite number of seconds, at most {MAX_TIMEOUT:g}, "
+        f"not {timeout!r}"
+    )
 
 
 def where(parts: SplitResult) -> str:
@@ -297,6 +361,19 @@ def sent_again(method: str, reused: bool, exc: BaseException) -> bool:
     request on a fresh connection, nor any other failure (a timeout, a refusal). The rule
     of both clients: ``Transport`` here, ``AsyncClient`` over httpx."""
     return reused and method in _IDEMPOTENT and _closed_unanswered(exc)
+
+
+def timed_out(exc: BaseException) -> bool:
+    """Whether a call failed for want of an answer in its time (either client's timeout
+    in ``exc``'s chain), rather than being refused a connection or cut off."""
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return False
+        if isinstance(seen, TimeoutError | httpx.TimeoutException):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 def _closed_unanswered(exc: BaseException) -> bool:
@@ -392,10 +469,15 @@ def _untrusted(exc: BaseException) -> bool:
     return False
 
 
-def path_segment(value: str) -> str:
+def path_segment(value: str, name: str) -> str:
     """An id or a name as one path segment, percent-encoded, so that the server reads it
     whole: unencoded, a space made the sync transport refuse the URL (``Unreachable``),
     a non-ASCII letter raised UnicodeEncodeError, and '?' or '#' cut the id short. A
-    segment of dots is encoded too, which neither transport then folds into its parent."""
+    segment of dots is encoded too, which neither transport then folds into its parent.
+    An empty one (an unset variable, an empty form field) is a ValueError naming the
+    argument (``name``), nothing sent: sent, ``get("")`` asked for ``/v1/tasks/``, which
+    the server redirects to the list, and the caller was told to change the server URL."""
+    if value == "":
+        raise ValueError(f"{name} must not be empty")
     part = quote(value, safe="")
     return part.replace(".", "%2E") if part.strip(".") == "" else part

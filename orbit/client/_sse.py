@@ -10,7 +10,13 @@ from typing import Any
 from urllib.parse import urlencode
 
 from orbit.client._errors import ApiError
-from orbit.client._http import Unreachable, path_segment, server_down, server_failing
+from orbit.client._http import (
+    Unreachable,
+    path_segment,
+    server_down,
+    server_failing,
+    timed_out,
+)
 from orbit.core.model import parse_json
 
 #: the SSE event that ends a task stream: the task has ended and its events are all out
@@ -130,6 +136,8 @@ class Following:
         self._down_since: float | None = None
         self._delay = FIRST_PAUSE
         self._parser = Parser()
+        #: whether the stream being read was opened (answered 200, or upgraded)
+        self._open = False
 
     @property
     def path(self) -> str:
@@ -142,7 +150,7 @@ class Following:
         path = (
             "/v1/events/stream"
             if self.task_id is None
-            else f"/v1/tasks/{path_segment(self.task_id)}/events/stream"
+            else f"/v1/tasks/{path_segment(self.task_id, 'task_id')}/events/stream"
         )
         return path + self.cursor_query
 
@@ -170,6 +178,11 @@ class Following:
                 f"the reply has {got}, not {EVENT_STREAM}: is the URL an Orbit server's?",
             )
         self._parser = Parser()
+        self.reached()
+
+    def reached(self) -> None:
+        """The stream opened: the server answered, whatever its body then says."""
+        self._open = True
 
     def feed(self, chunk: bytes) -> list[tuple[str, dict[str, Any]]]:
         """The ``(cursor, event)`` of each event in the chunk, up to the end of a task
@@ -195,8 +208,8 @@ class Following:
                 self.ended = True
                 break
             if message.id is not None:
-                self.cursor = message.id
-                out.append((message.id, dict(parse_json(message.data.encode()))))
+                out.append((message.id, _event(message.data)))
+                self.cursor = message.id  # only once its event is read
         if self._parser.spoke:
             self.heard()
         return out
@@ -215,7 +228,17 @@ class Following:
         away, which is also why the stream broke, a 1011 close or an SSE body ending; a
         follow took that 500 for a refusal and ended, and a database hiccup of a second
         ended every follow open at the time) is tried again until it has been so for
-        ``outage`` seconds: Unreachable then, or the server's last refusal."""
+        ``outage`` seconds: Unreachable then, or the server's last refusal.
+
+        A stream that opened and then said nothing for the client's timeout (a read timed
+        out) broke on a server that answered: it is idle, its keep-alive further apart
+        than the timeout, not out of reach. Counted as an outage, a client whose timeout
+        was under the keep-alive interval gave up after ``outage`` on a healthy server
+        that answered every reopen."""
+        was_open, self._open = self._open, False
+        if was_open and exc is not None and timed_out(exc):
+            self.heard()
+            return
         if isinstance(exc, ApiError) and (exc.code in BUSY or server_failing(exc)):
             pass
         elif exc is not None and not server_down(exc):
@@ -238,3 +261,22 @@ class Following:
         pause = self._delay
         self._delay = min(self._delay * 2, MAX_PAUSE)
         return pause
+
+
+def _event(data: str) -> dict[str, Any]:
+    """An event message's ``data``: a JSON object, or an ApiError, NOT_EVENT_STREAM, as
+    for a WebSocket frame that is none (no Orbit server sends one: a proxy's injected
+    message, some other server's stream). Text that is no JSON, a list and JSON nested
+    past what the parser takes raised JSONDecodeError, TypeError or RecursionError out of
+    the follow. The message names no byte of the data."""
+    try:
+        event = parse_json(data.encode())
+    except (ValueError, RecursionError):
+        event = None
+    if not isinstance(event, dict):
+        raise ApiError(
+            200,
+            "NOT_EVENT_STREAM",
+            "an event's data is not a JSON object: is the URL an Orbit server's?",
+        )
+    return event

@@ -53,7 +53,7 @@ class Subscription(Following):
         path = (
             "/v1/events/ws"
             if self.task_id is None
-            else f"/v1/tasks/{path_segment(self.task_id)}/events/ws"
+            else f"/v1/tasks/{path_segment(self.task_id, 'task_id')}/events/ws"
         )
         return base + path + self.cursor_query
 
@@ -65,7 +65,7 @@ class Subscription(Following):
         object), is an ApiError, NOT_EVENT_STREAM: no Orbit server sends one."""
         try:
             msg = parse_json(data)
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past the parser's depth
             msg = None
         if not isinstance(msg, dict):
             raise _not_ours("a frame is not a JSON object")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from orbit import AsyncClient, Client, TaskFailed
 from orbit.client import BadRequest, Conflict, NotFound, WaitTimeout
+from tests.e2e.network import DelayRelay, idle_connection_answers
 from tests.e2e.servers import Node, Tokens
 
 
@@ -112,6 +114,73 @@ def test_async_client(node: Node, tokens: Tokens) -> None:
             assert (await c.token_revoke(made["id"]))["revoked_at"] is not None
 
     asyncio.run(scenario())
+
+
+def test_submit_says_whether_it_made_the_task(node: Node, tokens: Tokens) -> None:
+    """The server answers a submit with ``created`` (201, or 200 with ``created: false``
+    when the idempotency key named an existing task), and a full batch with the same for
+    each item; the clients returned the task's view alone, and a caller could not tell a
+    deduplicated resubmit from a new task. The view is a dict as before, with a
+    ``created`` attribute, from both clients."""
+    keyed = {"queue": "q", "handler": "h", "payload": {"a": 1}, "idempotency_key": "k"}
+    with Client(node.http, tokens.admin) as c:
+        c.queue_create("q", max_concurrency=1, rate=0)
+        first = c.submit("q", "h", {"a": 1}, idempotency_key="k")
+        again = c.submit("q", "h", {"a": 1}, idempotency_key="k")
+        assert again == first == c.get(first["id"])  # the view, nothing added to it
+        assert first.created is True and again.created is False
+        made, kept = c.submit_many([{"queue": "q", "handler": "h"}, keyed])
+        assert made.created is True and kept.created is False  # type: ignore[attr-defined]
+        assert kept == first
+
+    async def main() -> None:
+        async with AsyncClient(node.http, tokens.admin) as c:
+            again = await c.submit("q", "h", {"a": 1}, idempotency_key="k")
+            fresh = await c.submit("q", "h", {"a": 1}, idempotency_key="k2")
+            assert again["id"] == first["id"] and again.created is False
+            assert fresh.created is True
+            made, kept = await c.submit_many([{"queue": "q", "handler": "h"}, keyed])
+            assert made.created is True and kept.created is False  # type: ignore[attr-defined]
+
+    asyncio.run(main())
+
+
+#: one-way latency of the relay (a cross-region link, a congested VPN)
+DELAY = 0.3
+#: an idle gap before a submit: under uvicorn's default keep-alive timeout (5 s), and
+#: within one round trip of it
+GAP = 4.7
+
+
+def test_a_submit_after_an_idle_gap_near_uvicorns_keep_alive_is_not_lost(
+    node: Node, tokens: Tokens
+) -> None:
+    """A submit a little under 5 s after the client's last call, over a network with
+    some latency, met uvicorn's keep-alive timeout on the wire: the client still saw the
+    connection open (the server's FIN in flight), sent the POST on it, the server never
+    read it, and the caller got Unreachable from a healthy server, not knowing whether
+    the task was made. Neither client now sends on a connection idle that long, and the
+    server keeps an idle one open far longer (``KEEP_ALIVE``)."""
+    with DelayRelay(node.port, delay=DELAY) as relay:
+        with Client(relay.http, tokens.admin) as c:
+            c.queue_create("q", max_concurrency=1, rate=0)
+            time.sleep(GAP)
+            assert c.submit("q", "h", {"n": 1})["state"] == "queued"
+
+        async def main() -> None:
+            async with AsyncClient(relay.http, tokens.admin) as c:
+                await c.queue_create("aq", max_concurrency=1, rate=0)
+                await asyncio.sleep(GAP)
+                assert (await c.submit("aq", "h", {"n": 1}))["state"] == "queued"
+
+        asyncio.run(main())
+
+
+def test_the_server_keeps_an_idle_connection_open_past_uvicorns_default(node: Node) -> None:
+    """uvicorn closes a connection idle for 5 s by default: the close of a connection a
+    client is about to reuse meets its request on the wire. ``orbit server`` keeps one
+    open far longer than any client keeps it idle (``orbit.cli.listening.KEEP_ALIVE``)."""
+    assert idle_connection_answers(node.port, idle=6.0)
 
 
 #: ids and names no server issues: a space (a control character to http.client), a

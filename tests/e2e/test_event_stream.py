@@ -12,6 +12,9 @@ stream``) against real ``orbit server`` processes, on both backends.
 - An idle stream sends keep-alive comments; SIGTERM ends open streams and the server
   exits; ``Client.stream_events`` rides a SIGKILL and restart of the server and misses
   nothing written while it was down.
+- ``Client.close()`` ends the follows (``stream_events``, ``subscribe``) other threads
+  read; a client whose timeout is under the keep-alive interval follows an idle stream
+  without giving up on it.
 
 The setup, the readers and the scenarios shared with the WebSocket twins
 (tests/e2e/test_event_socket.py) are in tests/e2e/streams_common.py. The tests that read
@@ -23,8 +26,10 @@ from __future__ import annotations
 import base64
 import json
 import os
+import queue
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +37,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from orbit.client import Client
 from tests.e2e import streams_common
 from tests.e2e.servers import Node, Tokens
 from tests.e2e.streams_common import (
@@ -215,6 +221,66 @@ def test_a_revoked_tokens_stream_ends(served: Served) -> None:
         with pytest.raises(StopIteration):  # no stream.end: the task has not ended
             task.next()
     assert api.get(f"/v1/tasks/{task_id}").json()["state"] == "queued"
+
+
+def _follow(
+    c: Client, carrier: str, task_id: str | None = None, *, outage: float = 60.0
+) -> tuple[threading.Event, queue.Queue[BaseException | None]]:
+    """``c``'s follow (``stream_events`` or ``subscribe``) on a thread: an event set once
+    it yields, and a queue that gets what ended it (None: its end)."""
+    yielded, ended = threading.Event(), queue.Queue[BaseException | None]()
+
+    def run() -> None:
+        follow = c.stream_events if carrier == "sse" else c.subscribe
+        try:
+            for _ in follow(task_id, outage=outage):
+                yielded.set()
+        except BaseException as exc:  # what ended it, for the test thread
+            ended.put(exc)
+        else:
+            ended.put(None)
+
+    threading.Thread(target=run, daemon=True).start()
+    return yielded, ended
+
+
+def _closed_error(ended: queue.Queue[BaseException | None]) -> None:
+    """The follow ended, soon, with the closed client's error."""
+    exc = ended.get(timeout=5)
+    assert isinstance(exc, RuntimeError) and str(exc) == "the client is closed", repr(exc)
+
+
+@pytest.mark.parametrize("carrier", ["sse", "ws"])
+def test_closing_the_client_ends_its_follows_in_other_threads(served: Served, carrier: str) -> None:
+    """``Client.close()`` closed only the idle pooled connections: a follow read by
+    another thread kept its own and read on, yielding events from a client that was
+    closed, until its connection happened to break (a task's stream that does not end,
+    the whole log's never). ``close`` shuts the follows' connections down: each ends at
+    once with RuntimeError, "the client is closed"."""
+    task_id = submit_task(served.api)
+    c = Client(served.node.http, served.tokens.submit)
+    yielded, ended = _follow(c, carrier, task_id)
+    assert yielded.wait(PATIENCE)  # open: the task's first event came
+    c.close()
+    _closed_error(ended)
+
+
+def test_a_client_timeout_under_the_keep_alive_interval_is_no_outage(
+    nodes: Callable[..., Node], tokens: Tokens
+) -> None:
+    """A client made with a timeout under the server's keep-alive interval takes an
+    idle stream for broken when a read times out, and reopens it, each reopen answered.
+    No line of SSE (no frame) came before the next read timed out, so the follow never
+    counted the server as heard, and after ``outage`` it raised "the event stream could
+    not be reopened" from a healthy server. A stream that opened and then said nothing
+    is an idle one: both carriers follow on."""
+    node = nodes(args=["--stream-keepalive", "3"])
+    clients = {carrier: Client(node.http, tokens.admin, timeout=1) for carrier in ("sse", "ws")}
+    follows = {carrier: _follow(c, carrier, outage=1.5) for carrier, c in clients.items()}
+    time.sleep(5)  # reads timed out, and reopened, past the outage more than once
+    for carrier, c in clients.items():
+        c.close()
+        _closed_error(follows[carrier][1])  # not Unreachable: still following till then
 
 
 def _stalled_client(node: Node, token: str, path: str, *, upgrade: bool) -> socket.socket:

@@ -10,6 +10,7 @@ import json
 import math
 import pickle
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,7 +34,7 @@ from orbit.client import (
     WaitTimeout,
 )
 from orbit.client._client import POLL_TIMEOUT_FLOOR, Waiting
-from orbit.client._http import Transport
+from orbit.client._http import MAX_TIMEOUT, Transport
 
 
 class _Server(ThreadingHTTPServer):
@@ -345,12 +346,16 @@ def test_task_wait_for_a_task_that_ended_is_not_failed_by_its_last_events_read(
     assert "the task's last events could not be read" in errors
 
 
-@pytest.mark.parametrize("timeout", [0, -1.0, math.nan, math.inf, None, True, "30"])
+@pytest.mark.parametrize(
+    "timeout", [0, -1.0, math.nan, math.inf, None, True, "30", 1e10, sys.maxsize]
+)
 def test_a_timeout_no_request_can_use_is_refused_at_once(server: _Server, timeout: Any) -> None:
     """Taken as it was, 0 raised Unreachable (sync: BlockingIOError) from a server that
     was well, at the first call; -1 Unreachable (async: "within -1 s") or ValueError;
-    NaN and infinity ValueError or OverflowError there. Refused now, with nothing sent:
-    a client's, and one call's (where None is the client's)."""
+    NaN and infinity ValueError or OverflowError there, and so did a finite one too large
+    for a socket's timeout (1e10 s, ``sys.maxsize``: "for ever"), leaking the connection.
+    Refused now, with nothing sent: a client's, and one call's (where None is the
+    client's)."""
     with pytest.raises(ValueError, match="timeout must be a positive, finite number"):
         Client(_url(server), "t0ken", timeout=timeout)
     with pytest.raises(ValueError, match="timeout must be a positive, finite number"):
@@ -386,6 +391,72 @@ def test_wait_refuses_a_timeout_or_a_poll_it_cannot_keep(
         async with AsyncClient(_url(server), "t0ken") as c:
             with pytest.raises(ValueError, match="wait's"):
                 await c.wait("t1", timeout=timeout, poll=poll)
+
+    asyncio.run(main())
+    assert server.seen == []
+
+
+def test_the_largest_timeout_taken_is_one_every_call_can_use(server: _Server) -> None:
+    """``MAX_TIMEOUT``, the most ``checked_timeout`` takes, goes to a socket, httpx and
+    asyncio without an OverflowError, as the client's timeout and as one call's."""
+    with Client(_url(server), "t0ken", timeout=MAX_TIMEOUT) as c:
+        assert c.get("t1")["state"] == "succeeded"
+        assert c.get("t1", timeout=MAX_TIMEOUT)["state"] == "succeeded"
+
+    async def main() -> None:
+        async with AsyncClient(_url(server), "t0ken", timeout=MAX_TIMEOUT) as c:
+            assert (await c.get("t1"))["state"] == "succeeded"
+            assert (await c.get("t1", timeout=MAX_TIMEOUT))["state"] == "succeeded"
+
+    asyncio.run(main())
+
+
+def _calls_with_an_id(c: Any) -> list[tuple[str, Callable[[str], Any]]]:
+    """Every call of ``c`` (either client) that puts an id or a name in the path, given
+    that id or name, with the argument it names it by."""
+    return [
+        ("task_id", lambda v: c.get(v)),
+        ("task_id", lambda v: c.wait(v, timeout=1)),
+        ("task_id", lambda v: c.cancel(v)),
+        ("task_id", lambda v: c.events(v)),
+        ("task_id", lambda v: c.list_attempts(v)),
+        ("task_id", lambda v: c.list_artifacts(v)),
+        ("task_id", lambda v: c.resolve(v, "failed")),
+        ("name", lambda v: c.schedule(v)),
+        ("name", lambda v: c.schedule_update(v, cron="* * * * *")),
+        ("name", lambda v: c.schedule_delete(v)),
+        ("name", lambda v: c.queue_update(v, rate=1)),
+        ("name", lambda v: c.queue_pause(v)),
+        ("tenant", lambda v: c.tenant_limit(v)),
+        ("tenant", lambda v: c.tenant_limit_set(v, 5)),
+        ("session_id", lambda v: c.worker_drain(v)),
+        ("token_id", lambda v: c.token_revoke(v)),
+        ("artifact_id", lambda v: c.artifact_content(v)),
+    ]
+
+
+def test_an_empty_id_or_name_is_refused_before_anything_is_sent(server: _Server) -> None:
+    """An empty id or name went as an empty path segment: ``get("")`` asked for
+    ``/v1/tasks/``, which the server answers with a 307 to the task list, and the caller
+    was told (REDIRECT) to give the client the URL the server redirects to: advice about
+    the server's URL, for an unset variable or an empty form field. Both clients refuse
+    it with a ValueError naming the argument, follows too, and send nothing."""
+    with Client(_url(server), "t0ken") as c:
+        for argument, call in _calls_with_an_id(c):
+            with pytest.raises(ValueError, match=f"^{argument} must not be empty$"):
+                call("")
+        for follow in (c.stream_events, c.subscribe):
+            with pytest.raises(ValueError, match=r"^task_id must not be empty$"):
+                next(follow(""))
+
+    async def main() -> None:
+        async with AsyncClient(_url(server), "t0ken") as c:
+            for argument, call in _calls_with_an_id(c):
+                with pytest.raises(ValueError, match=f"^{argument} must not be empty$"):
+                    await call("")
+            for follow in (c.stream_events, c.subscribe):
+                with pytest.raises(ValueError, match=r"^task_id must not be empty$"):
+                    await anext(follow(""))
 
     asyncio.run(main())
     assert server.seen == []

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from orbit.client import AsyncClient, Client, Unreachable
-from orbit.client._http import STREAM_CHUNK, Transport, _still_open
+from orbit.client._http import KEEPALIVE_EXPIRY, STREAM_CHUNK, Transport, _still_open
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -48,6 +48,15 @@ class _Handler(BaseHTTPRequestHandler):
         )
         if self.path.startswith("/slow"):
             time.sleep(1.0)
+        if self.path.startswith("/endless"):  # a body that never ends: read on till closed
+            self.send_response(200)
+            self.send_header("Content-Length", str(10 * STREAM_CHUNK))
+            self.end_headers()
+            self.wfile.write(b"x" * 10)
+            self.wfile.flush()
+            self.rfile.read(1)  # until the client hangs up
+            self.close_connection = True
+            return
         if self.path.startswith(("/moved", "/empty")):  # a proxy's redirect; no body at all
             moved = self.path.startswith("/moved")
             self.send_response(308 if moved else 200)
@@ -70,10 +79,14 @@ class _Handler(BaseHTTPRequestHandler):
             payload, kind = b"<html><body>Bad Gateway</body></html>", "text/html"
         elif self.path.startswith("/fake-sse"):  # a page mislabelled as an event stream
             payload, kind = b"<!DOCTYPE html>\n<html><body>Hi</body></html>\n", "text/event-stream"
+        elif self.path.startswith("/text-data"):  # SSE whose event's data is no JSON object
+            payload, kind = b"id: MQ\nevent: submitted\ndata: hello\n\n", "text/event-stream"
+        elif self.path.startswith("/deep"):  # JSON nested past what any parser takes
+            payload = b"[" * 200_000
         else:
             payload = json.dumps({"path": self.path}).encode()
         status = 404 if self.path.startswith("/missing") else 200
-        self.send_response(502 if self.path.startswith("/html-502") else status)
+        self.send_response(502 if self.path.startswith(("/html-502", "/deep-502")) else status)
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(payload)))
         if self.path.startswith("/close"):
@@ -229,6 +242,31 @@ def test_a_connection_the_server_dropped_while_idle_is_replaced() -> None:
         srv.server_close()
 
 
+def test_a_connection_idle_for_the_keep_alive_expiry_is_not_reused(server: _Server) -> None:
+    """uvicorn closes a keep-alive connection idle for 5 s (its default): a request sent
+    on one idle about that long met the close on the wire, and a POST, never sent twice,
+    raised Unreachable from a healthy server. Client's pool never let a connection
+    expire, and AsyncClient's (httpx's) expired one idle 5 s, the server's own limit.
+    Both now close one idle ``KEEPALIVE_EXPIRY`` (4 s) rather than send on it; one idle
+    for less is reused."""
+    with Client(_url(server), token="t0ken") as c:
+
+        async def main() -> None:
+            async with AsyncClient(_url(server), token="t0ken") as ac:
+                for path in ("/s1", "/s2"):
+                    c._call(("POST", path, None, {}))
+                for path in ("/a1", "/a2"):
+                    await ac._call(("POST", path, None, {}))
+                await asyncio.sleep(KEEPALIVE_EXPIRY + 0.2)  # both idle that long
+                await ac._call(("POST", "/a3", None, {}))
+
+        asyncio.run(main())
+        c._call(("POST", "/s3", None, {}))
+    port = {seen["path"]: seen["port"] for seen in server.seen}
+    assert port["/s1"] == port["/s2"] != port["/s3"]
+    assert port["/a1"] == port["/a2"] != port["/a3"]
+
+
 def test_a_streamed_body_arrives_in_chunks_and_an_unread_one_is_not_reused(
     server: _Server,
 ) -> None:
@@ -241,6 +279,37 @@ def test_a_streamed_body_arrives_in_chunks_and_an_unread_one_is_not_reused(
         next(chunks)
     assert not t._idle  # the same one went out, and was closed rather than returned
     t.close()
+
+
+def test_closing_the_transport_ends_a_stream_read_in_another_thread(server: _Server) -> None:
+    """``close`` closed only the idle connections: a stream read in another thread (an
+    event stream that never ends by itself, an artifact's bytes) went on from a client
+    that was closed. Its connection is shut down now, and its read ends at once with
+    RuntimeError, "the client is closed"; a stream opened after that is refused so."""
+    t = _transport(_url(server), timeout=30)
+    read: list[bytes] = []
+    ended: list[BaseException] = []
+
+    def follow() -> None:
+        try:
+            with t.stream("GET", "/endless", live=True) as (_, _, _, chunks):
+                read.extend(chunks)
+        except BaseException as exc:  # what ended it, for the test thread
+            ended.append(exc)
+
+    reader = threading.Thread(target=follow, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 10
+    while not read:  # the stream is open, its first bytes read
+        assert time.monotonic() < deadline and reader.is_alive(), ended
+        time.sleep(0.01)
+    t.close()
+    reader.join(5)
+    assert not reader.is_alive(), "the read goes on after the close"
+    [exc] = ended
+    assert isinstance(exc, RuntimeError) and str(exc) == "the client is closed"
+    with pytest.raises(RuntimeError, match="closed"), t.stream("GET", "/endless"):
+        pass
 
 
 def test_threads_each_get_a_connection(server: _Server) -> None:
@@ -422,6 +491,31 @@ def test_a_body_that_claims_gzip_and_is_not_is_an_api_error_from_both_clients(
     asyncio.run(main())
 
 
+def test_a_body_nested_past_the_parsers_depth_is_an_api_error(server: _Server) -> None:
+    """orjson refuses JSON nested past 1024 levels and the standard library's parser,
+    its fallback, raises RecursionError: a reply of 200 KB of ``[`` (a broken or hostile
+    proxy, some other server at the URL) raised RecursionError out of every call, and
+    out of ``wait``, which rides a proxy's 502. It is an unreadable body, as any page
+    that is no JSON: NOT_JSON, or the error status's HTTP_ERROR."""
+    from orbit.client import ApiError
+
+    expected = [("/deep", 200, "NOT_JSON"), ("/deep-502", 502, "HTTP_ERROR")]
+    with Client(_url(server), token="t0ken") as c:
+        for path, status, code in expected:
+            with pytest.raises(ApiError) as caught:
+                c._call(("GET", path, None, None))
+            assert (caught.value.status, caught.value.code) == (status, code)
+
+    async def main() -> None:
+        async with AsyncClient(_url(server), token="t0ken") as c:
+            for path, status, code in expected:
+                with pytest.raises(ApiError) as caught:
+                    await c._call(("GET", path, None, None))
+                assert (caught.value.status, caught.value.code) == (status, code)
+
+    asyncio.run(main())
+
+
 def test_a_redirect_or_an_empty_reply_is_an_api_error(server: _Server) -> None:
     """A proxy in front that redirects (plain HTTP to https, say) or answers 200 with no
     body: the calls raised TypeError ("'NoneType' object is not iterable"), and
@@ -576,6 +670,18 @@ def test_a_200_labelled_an_event_stream_that_holds_no_sse_is_an_api_error_at_onc
         assert (error.status, error.code) == (200, "NOT_EVENT_STREAM")
         assert "no Server-Sent Events" in str(error)
         assert "DOCTYPE" not in str(error) and "t0ken" not in str(error)
+    assert len(server.seen) == 2  # one request each: not tried again
+
+
+def test_event_data_that_is_no_json_object_is_an_api_error_at_once(server: _Server) -> None:
+    """An event stream whose event ``data`` is no JSON object (a proxy's injected
+    message, another server's stream) raised a bare JSONDecodeError (or TypeError, for a
+    list) out of ``stream_events``, where ``subscribe`` raised NOT_EVENT_STREAM for the
+    same content in a frame. Both clients now raise that, after the one request, quoting
+    nothing of the data."""
+    for error in _first_item_raises(_url(server, "/text-data"), "stream_events"):
+        assert (error.status, error.code) == (200, "NOT_EVENT_STREAM")
+        assert "not a JSON object" in str(error) and "hello" not in str(error)
     assert len(server.seen) == 2  # one request each: not tried again
 
 

@@ -3,6 +3,9 @@ for what breaks a stream and what ends it."""
 
 from __future__ import annotations
 
+import time
+
+import httpx
 import pytest
 
 from orbit.client._errors import ApiError, BadRequest, error_from
@@ -52,6 +55,58 @@ def test_a_refusal_is_raised_and_an_outage_ridden_until_it_lasts_too_long() -> N
     down.broke(Unreachable("refused"))
     with pytest.raises(Unreachable, match="could not be reopened"):
         down.broke(None)
+
+
+def _timed_out(cause: BaseException) -> Unreachable:
+    """A read that waited the client's timeout, as each client raises it."""
+    error = Unreachable("no answer from h:1 within 1.0 s")
+    error.__cause__ = cause
+    return error
+
+
+def test_a_stream_that_opened_and_then_timed_out_is_no_outage() -> None:
+    """A client whose timeout is under the server's keep-alive interval (15 s) takes an
+    idle stream for broken and reopens it, each reopen answered. No line of SSE came
+    before the next read timed out, so none counted the server as heard: after
+    ``outage`` the follow raised "could not be reopened" from a healthy server. A stream
+    that opened (200, or an upgrade) and then went silent is an idle one; a read that
+    timed out before the stream opened, and any other break, still count."""
+    for cause in (TimeoutError("timed out"), httpx.ReadTimeout("timed out")):
+        following = Following(None, None, outage=0)
+        for _ in range(3):
+            following.opened("text/event-stream")  # the reopen: answered
+            time.sleep(0.01)  # past the outage (0 s)
+            following.broke(_timed_out(cause))
+        following.reached()  # the WebSocket follow's upgrade
+        following.broke(_timed_out(cause))
+    unopened = Following(None, None, outage=0)
+    unopened.broke(_timed_out(TimeoutError("timed out")))  # no answer to the open
+    time.sleep(0.01)
+    with pytest.raises(Unreachable, match="could not be reopened"):
+        unopened.broke(_timed_out(TimeoutError("timed out")))
+    cut = Following(None, None, outage=0)
+    cut.opened("text/event-stream")
+    cut.broke(None)  # the body ended: a server going down
+    time.sleep(0.01)
+    cut.opened("text/event-stream")
+    with pytest.raises(Unreachable, match="could not be reopened"):
+        cut.broke(Unreachable("h:1: IncompleteRead"))  # cut off again
+
+
+@pytest.mark.parametrize("data", [b"hello", b"[1, 2]", b"5", b'"x"', b"[" * 200_000])
+def test_event_data_that_is_no_json_object_is_refused(data: bytes) -> None:
+    """An event's data must be a JSON object: text, a list, a number, or JSON nested
+    past what the parsers take raised JSONDecodeError, TypeError or RecursionError out
+    of the follow. NOT_EVENT_STREAM, as a WebSocket frame that is none, the cursor left
+    at the last event handed out."""
+    following = Following(None, None, outage=5)
+    following.opened("text/event-stream")
+    assert following.feed(b'id: c1\nevent: submitted\ndata: {"id": "1"}\n\n')
+    with pytest.raises(ApiError) as caught:
+        following.feed(b"id: c2\nevent: submitted\ndata: " + data + b"\n\n")
+    assert (caught.value.status, caught.value.code) == (200, "NOT_EVENT_STREAM")
+    assert "not a JSON object" in caught.value.message
+    assert following.cursor == "c1"
 
 
 def test_an_outage_must_be_a_finite_number() -> None:
