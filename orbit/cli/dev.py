@@ -40,7 +40,13 @@ DEMO: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
         {"backoff": {"base": 0.5, "factor": 1, "max": 0.5}, "retry_safe": True},
     ),
     "cancelled": ("demo.slow", {"seconds": 60}, {}),
-    "times out": ("demo.slow", {"seconds": 60}, {"attempt_timeout": 1.0, "max_attempts": 1}),
+    # retry_safe: the runner reports the timeout of a retry_safe task only (any other is
+    # left to its lease, and needs review); one attempt allowed, so the task fails
+    "times out": (
+        "demo.slow",
+        {"seconds": 60},
+        {"attempt_timeout": 1.0, "max_attempts": 1, "retry_safe": True},
+    ),
 }
 
 

@@ -701,6 +701,8 @@ def finish(
             after = evolve(base, state=T.FAILED, error_code=final, finished_at=now)
             if final != code:
                 after = evolve(after, error_message=f"{code}: {outcome.error_message or ''}")
+            if final == Code.DEADLINE_EXCEEDED:  # no retry can come, whatever the error
+                after = evolve(after, error_retryable=False)
             kind = "failed"
     # assemble(): the frozen __init__ set its seven fields one call each
     receipt = assemble(
@@ -1050,9 +1052,18 @@ def _lease_expired(plan: Plan, task: Task, live: Attempt, now: int, rand: float)
             )
         else:
             final = decision.final_code or code
+            # DEADLINE_EXCEEDED is never retryable, whichever way the deadline ended it (a
+            # retry that would fall past it, too): the reaper's own end at it says so
+            retryable = base.error_retryable and final != Code.DEADLINE_EXCEEDED
             plan.move(
                 task,
-                evolve(base, state=T.FAILED, error_code=final, finished_at=now),
+                evolve(
+                    base,
+                    state=T.FAILED,
+                    error_code=final,
+                    error_retryable=retryable,
+                    finished_at=now,
+                ),
                 "failed",
                 attempt_before=live,
                 attempt_after=ended,

@@ -988,7 +988,7 @@ class Worker:
                 # The drain had stopped it part way before the limit came: the drain's
                 # rule decides (a task that is not retry_safe is left to its lease).
                 return _failure(running, asyncio.CancelledError())
-            return outcomes.error("ATTEMPT_TIMEOUT", "the attempt timed out", retryable=True)
+            return _timed_out(running)
         try:
             return {"result": task.result()}
         except (asyncio.CancelledError, Exception) as exc:
@@ -1651,6 +1651,32 @@ def _sendable(report: dict[str, Any]) -> tuple[dict[str, Any], int, bool]:
         log.error("the handler's result cannot be sent: %s", exc.message)
         failure = outcomes.error(exc.code, exc.message, retryable=False)
         return failure, outcomes.wire_size(failure["error"]), True
+
+
+def _timed_out(running: _Running) -> dict[str, Any] | None:
+    """The outcome of a handler its attempt timeout stopped; None to report nothing.
+
+    Reported ``ATTEMPT_TIMEOUT``, retryably, only when nothing can come of a second run:
+    the handler has ended and the task is ``retry_safe``. An abandoned handler (it
+    outlived ``cancel_grace``) may still be at work, and a retry started beside it; a
+    handler that is not retry_safe was stopped at whichever point it had reached, an
+    effect maybe made, and a retryable report ran it again with no operator's decision
+    (I6), where the drain's stop and a silent worker's lease both send it to
+    needs_review. Either is left to its lease, which the server ends at the timeout (and
+    its report grace): ``timed_out`` and a retry for a retry_safe task, ``needs_review``
+    for any other."""
+    ctx = running.ctx
+    if running.abandoned:
+        return None  # _abandon said so in the log
+    if not ctx.retry_safe:
+        log.warning(
+            "attempt %s (task %s) was stopped by its attempt timeout part way and is not "
+            "retry_safe: it is left to its lease (needs_review)",
+            ctx.attempt_id,
+            ctx.task_id,
+        )
+        return None
+    return outcomes.error("ATTEMPT_TIMEOUT", "the attempt timed out", retryable=True)
 
 
 def _failure(running: _Running, exc: BaseException) -> dict[str, Any] | None:

@@ -529,13 +529,15 @@ def test_a_timeout_error_raised_by_the_handler_is_its_own_failure(
     )
 
 
-def test_an_async_handler_that_swallows_its_timeout_is_abandoned_and_reported(
+def test_an_async_handler_that_swallows_its_timeout_is_abandoned_and_never_run_twice(
     fast: Node, tokens: Tokens, api: httpx.Client
 ) -> None:
     """An async handler that catches the CancelledError of its attempt timeout once held
-    its attempt for ever: the runner waited for the handler without a bound, so the
-    timeout was never reported. It is now waited for ``cancel_grace``, as a thread is,
-    then abandoned, and the attempt reports ATTEMPT_TIMEOUT."""
+    its attempt for ever: the runner waited for the handler without a bound. It is now
+    waited for ``cancel_grace``, as a thread is, then abandoned, and reports nothing: it
+    may still be at work. It reported a retryable ATTEMPT_TIMEOUT, and a task that is not
+    retry_safe, with attempts left, ran again beside it (I6). Its lease sends it to
+    needs_review, its one attempt ``unknown``."""
     worker = Worker(fast.http, tokens.worker, cancel_grace=0.2)
     release = asyncio.Event()
 
@@ -546,16 +548,17 @@ def test_an_async_handler_that_swallows_its_timeout_is_abandoned_and_reported(
                 await release.wait()
         return "too late"
 
-    def reported() -> bool:
-        if worker.finished:
+    def abandoned() -> bool:
+        if worker.abandoned:
             release.set()  # the test is over: let the handler end with the loop
-        return worker.finished == 1
+        return bool(worker.abandoned)
 
-    tid = submit(api, "stubborn", attempt_timeout=1, max_attempts=1)
-    asyncio.run(run_until(worker, reported))
-    task = wait_state(api, tid, {"failed"})
-    assert task["error"]["code"] == "ATTEMPT_TIMEOUT" and task["attempts_used"] == 1
-    assert len(worker.abandoned) == 1
+    tid = submit(api, "stubborn", attempt_timeout=1, max_attempts=3)
+    asyncio.run(run_until(worker, abandoned))
+    task = wait_state(api, tid, {"needs_review"})
+    assert task["attempts_used"] == 1 and worker.finished == 0
+    attempts = api.get(f"/v1/tasks/{tid}/attempts").json()["items"]
+    assert [a["state"] for a in attempts] == ["unknown"]
 
 
 def _worker_process(node: Node, tokens: Tokens, marks: Path, **env: str) -> subprocess.Popen[str]:

@@ -789,3 +789,28 @@ def test_renew_while_cancelling_says_cancel_and_does_not_extend(
     assert store.task_get(tid).state == "cancelled"
     assert store.attempt_get(g.attempt.id).state == "cancelled"
     assert check_all(store) == []
+
+
+def test_deadline_exceeded_is_never_retryable(store: Store, clock: ManualClock) -> None:
+    """A task the deadline ended says its error is not retryable, whichever way it ended:
+    a reported failure whose retry would fall past the deadline, a lost lease the same,
+    or the reaper at the deadline. The first two said ``retryable: true``, the third
+    false: one code, two answers to "may this be retried?"."""
+    queue(store)
+    s, _ = worker(store)
+    backoff = Backoff(base_us=20 * SECOND, factor=1.0, max_us=20 * SECOND)
+    reported = submit(store, deadline=clock.now + 5 * SECOND, backoff=backoff)
+    lost = submit(store, deadline=clock.now + 40 * SECOND, backoff=backoff, retry_safe=True)
+    reaped = submit(store, deadline=clock.now + 10 * SECOND, retry_safe=True)
+    grants = {g.task.id: g for g in (run_one(store, s), run_one(store, s), run_one(store, s))}
+    g = grants[reported]
+    store.attempt_finish(s.id, s.epoch, g.attempt.id, g.attempt.fence, Outcome.failure("E"))
+    clock.advance(11)  # reaped's lease ends at its deadline
+    store.reap()
+    clock.advance(20)  # lost's lease (30 s) runs out; its retry would fall past its deadline
+    store.reap()
+    ended = [store.task_get(tid) for tid in (reported, lost, reaped)]
+    assert [(t.state, t.error_code, t.error_retryable) for t in ended] == [
+        ("failed", "DEADLINE_EXCEEDED", False)
+    ] * 3
+    assert check_all(store) == []

@@ -162,7 +162,8 @@ def test_a_plain_handler_that_returns_a_coroutine_has_it_awaited_on_the_loop() -
 def test_a_returned_coroutine_is_timed_and_abandoned_as_an_async_handler_is() -> None:
     """Its coroutine runs on the loop: past the attempt timeout it is cancelled, and one
     that ignores that is abandoned after ``cancel_grace`` (waited for, it held the
-    attempt for ever)."""
+    attempt for ever). Abandoned, it reports nothing (a retry_safe task too): it may
+    still be at work, and a retryable ``ATTEMPT_TIMEOUT`` started a retry beside it."""
 
     @_sync_decorator
     async def stubborn(ctx: Context, payload: Any) -> Any:
@@ -175,11 +176,66 @@ def test_a_returned_coroutine_is_timed_and_abandoned_as_an_async_handler_is() ->
         async with FakeGateway() as gw:
             worker = Worker(gw.url, "token", cancel_grace=0.1, grace=0.1)
             worker.handler("h")(stubborn)
-            await _run_one(gw, worker, assignment("a1", "h", attempt_timeout=0.1))
-            assert gw.finished["a1"]["error"]["code"] == "ATTEMPT_TIMEOUT"
+            task = assignment("a1", "h", attempt_timeout=0.1, retry_safe=True)
+            await _abandoned_then_stopped(gw, worker, task)
             assert worker.abandoned == ["a1"]
+            assert "a1" not in gw.finished  # the lease decides
 
     asyncio.run(main())
+
+
+async def _abandoned_then_stopped(gw: FakeGateway, worker: Worker, task: dict[str, Any]) -> None:
+    """Run ``worker`` with ``task`` until the runner abandons its handler, then stop it."""
+    async with running(worker):
+        await gw.wait_for(_is("hello"))
+        await gw.push({"type": "tasks", "req_id": None, "tasks": [task]})
+        async with asyncio.timeout(10):
+            while not worker.abandoned:
+                await asyncio.sleep(0.01)  # no message tells of an abandonment
+
+
+@pytest.mark.parametrize("retry_safe", [True, False])
+def test_a_handler_its_attempt_timeout_stopped_reports_a_timeout_only_if_retry_safe(
+    retry_safe: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A handler that stops at its attempt timeout, in time: a retry_safe task reports
+    ``ATTEMPT_TIMEOUT``, retryably. Any other reports nothing: it was stopped wherever it
+    had got to, an effect maybe made, and a retryable report started it again with no
+    operator's decision (I6); its lease sends it to needs_review, as a drain's stop
+    does. A second attempt, pushed after, shows the first was passed over, not lost."""
+
+    async def slow(ctx: Context, payload: Any) -> Any:
+        if payload == "quick":
+            return "done"
+        await asyncio.sleep(60)
+
+    async def main() -> None:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, "token", cancel_grace=1.0)
+            worker.handler("h")(slow)
+            timed = assignment("a1", "h", attempt_timeout=0.1, retry_safe=retry_safe)
+            async with running(worker):
+                await gw.wait_for(_is("hello"))
+                await gw.push({"type": "tasks", "req_id": None, "tasks": [timed]})
+                if retry_safe:
+                    await gw.wait_for(_finished("a1"))
+                else:
+                    async with asyncio.timeout(10):
+                        while "stopped by its attempt timeout" not in caplog.text:
+                            await asyncio.sleep(0.01)  # the runner's word, then nothing
+                quick = assignment("a2", "h", "quick")
+                await gw.push({"type": "tasks", "req_id": None, "tasks": [quick]})
+                await gw.wait_for(_finished("a2"))
+            if retry_safe:
+                error = gw.finished["a1"]["error"]
+                assert (error["code"], error["retryable"]) == ("ATTEMPT_TIMEOUT", True)
+            else:
+                assert "a1" not in gw.finished
+            assert gw.finished["a2"]["result"] == "done"
+            assert worker.abandoned == []
+
+    with caplog.at_level(logging.WARNING, logger="orbit.worker"):
+        asyncio.run(main())
 
 
 @pytest.mark.parametrize("capacity", [0, -1])
