@@ -543,9 +543,9 @@ def _run_worker(target: str, url: str, cafile: str | None) -> None:
     sys.path.insert(0, ".")
     try:
         obj = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        # ValueError: what Worker(...) refuses as it is built (a bad name, concurrency,
-        # timing), which was a traceback
+    except (ImportError, AttributeError, ValueError, TypeError) as exc:
+        # ValueError, TypeError: what Worker(...) refuses as it is built (a bad name,
+        # concurrency, timing; prefetch=1.5), which was a traceback
         _fail(f"cannot load {target}: {exc}")
     if not isinstance(obj, Worker):
         _fail(f"{target} is a {type(obj).__name__}, not an orbit Worker")

@@ -129,20 +129,33 @@ FinishItem = tuple[str, str, dict[str, Any], bool]
 
 
 class Retry(Exception):
-    """Raise from a handler to fail this attempt as retryable (the default for errors)."""
+    """Raise from a handler to fail this attempt as retryable (the default for errors).
 
-    def __init__(self, message: str = "", code: str = "RETRY") -> None:
+    ``code`` and ``message`` are class attributes too: a subclass may give its code as
+    one (``code = "THROTTLED"``), and one whose ``__init__`` does not call this one is
+    still reported (it reported nothing, its outcome failing in the runner)."""
+
+    code: str = "RETRY"
+    message: str = ""
+
+    def __init__(self, message: str = "", code: str | None = None) -> None:
         super().__init__(message)
-        self.code = code
+        if code is not None:  # else the class's: it was overwritten with the default
+            self.code = code
         self.message = message
 
 
 class Fail(Exception):
-    """Raise from a handler to fail the task for good (no retry)."""
+    """Raise from a handler to fail the task for good (no retry). ``code`` and
+    ``message`` are class attributes too, as ``Retry``'s are."""
 
-    def __init__(self, message: str = "", code: str = "FAILED") -> None:
+    code: str = "FAILED"
+    message: str = ""
+
+    def __init__(self, message: str = "", code: str | None = None) -> None:
         super().__init__(message)
-        self.code = code
+        if code is not None:
+            self.code = code
         self.message = message
 
 
@@ -151,8 +164,10 @@ class Cancelled(Exception):
 
 
 class _Exited(Exception):
-    """A handler raised a BaseException that is no Exception (SystemExit, ...): its
-    attempt's failure, carried as an Exception so that it ends no more than that."""
+    """A handler raised a BaseException that is no Exception (SystemExit, ...), or one
+    that a thread cannot hand to the loop as it is (StopIteration, which a future
+    refuses; CancelledError, taken for the attempt's own cancel): its attempt's failure,
+    carried as an Exception so that it ends no more than that."""
 
     def __init__(self, exc: BaseException) -> None:
         super().__init__(type(exc).__name__)
@@ -230,6 +245,15 @@ class Context:
         session, the attempt still its own, is sent again)."""
         if self._upload is None:
             raise RuntimeError("this context is not attached to a running worker")
+        # Refused before the request: a str path or text failed mid-request with an
+        # AttributeError; bytes-like data (bytearray, memoryview) is taken as bytes.
+        if not isinstance(data, bytes | Path):
+            try:
+                data = bytes(memoryview(data))
+            except TypeError:
+                raise TypeError(
+                    f"data must be bytes or a pathlib.Path, not {type(data).__name__}"
+                ) from None
         return await self._upload(self.attempt_id, self._fence, name, data, content_type, ttl)
 
     def upload_from_thread(
@@ -456,8 +480,16 @@ class Worker:
         if capacity is not None and capacity > MAX_HANDLER_CAPACITY:
             raise ValueError(f"handler {name}: capacity must be at most {MAX_HANDLER_CAPACITY}")
         _check_name("handler name", name)
+        # Anything else was taken: ``retry_safe=0`` (or "false" from a config file) then
+        # passed the guard ``is False``, and a replayable task ran a handler meant never
+        # to be replayed.
+        if retry_safe is not None and not isinstance(retry_safe, bool):
+            raise TypeError(
+                f"handler {name}: retry_safe must be True, False or None; got {retry_safe!r}"
+            )
 
         def register(fn: Handler) -> Handler:
+            _check_handler(name, fn)
             if name in self.handlers:
                 raise ValueError(f"handler {name} is registered twice")
             if len(self.handlers) >= MAX_WORKER_HANDLERS:
@@ -512,10 +544,21 @@ class Worker:
             self._stopping = False  # this run is over; the next one starts afresh
 
     async def _run(self, install_signals: bool) -> int:
-        if install_signals:
-            loop = asyncio.get_running_loop()
+        if not install_signals:
+            return await self._serve()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+        try:
+            return await self._serve()
+        finally:
+            # The loop is the caller's (``arun``): left installed, a later Ctrl-C went to
+            # this finished worker's stop() and the caller could no longer be stopped.
             for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.stop)
+                loop.remove_signal_handler(sig)
+
+    async def _serve(self) -> int:
+        """The run itself, apart from ``_run``, which installs the signals around it."""
         # A stop() while the first connection is still being made (a server that is down
         # is retried for ever) ends the run there.
         connecting = asyncio.create_task(self._connect(first=True), name="connect")
@@ -909,7 +952,7 @@ class Worker:
                 # The attempt is no longer ours (by the server's word or our own clock):
                 # its result is never sent.
                 return
-            report, size, plain = _sendable(report)
+            report, size, plain = _sendable(report, ctx)
             try:
                 # Sent while the lease is ours. If the reply is lost, the same outcome is
                 # re-sent after a reconnect: the server answers with the original receipt,
@@ -992,7 +1035,15 @@ class Worker:
         try:
             return {"result": task.result()}
         except (asyncio.CancelledError, Exception) as exc:
-            return _failure(running, exc)
+            try:
+                return _failure(running, exc)
+            except Exception:
+                # An exception whose outcome cannot be made (a code property that
+                # raises, ...) still fails the attempt: it reported nothing, for ever.
+                log.exception("attempt %s: its failure's outcome cannot be made", ctx.attempt_id)
+                kind = _text(type(exc).__name__)
+                message = f"the handler raised {kind}, whose outcome cannot be made"
+                return outcomes.error("", message, retryable=not isinstance(exc, Fail))
 
     def _time_limit(self, running: _Running) -> tuple[float | None, bool]:
         """Seconds the handler may run: its attempt timeout or the task deadline, timed
@@ -1033,8 +1084,12 @@ class Worker:
             try:
                 value = fn(running.ctx, payload)
             except BaseException as exc:  # handed to the loop as the outcome
-                if not isinstance(exc, Exception | asyncio.CancelledError):
-                    exc = _Exited(exc)  # SystemExit re-raised on the loop ended the worker
+                # SystemExit re-raised on the loop ended the worker; StopIteration left
+                # the future unsettled (set_exception refuses it) and the attempt running
+                # for ever; and asyncio cannot cancel a thread, so a CancelledError here
+                # is the function's own (its asyncio.run's), not the attempt's timeout.
+                if not isinstance(exc, Exception) or isinstance(exc, StopIteration):
+                    exc = _Exited(exc)
                 outcome: tuple[Any, BaseException | None] = (None, exc)
             else:
                 outcome = (value, None)
@@ -1631,7 +1686,9 @@ async def _file(path: Path) -> AsyncIterator[bytes]:
             yield chunk
 
 
-def _sendable(report: dict[str, Any]) -> tuple[dict[str, Any], int, bool]:
+def _sendable(
+    report: dict[str, Any], ctx: Context | None = None
+) -> tuple[dict[str, Any], int, bool]:
     """The outcome to send for ``report``, its size on the wire, and whether it is plain
     JSON (``connection.frame_text``): a result the server would refuse (NaN, a set, a
     NUL, over the frame limit, ...) becomes the attempt's non-retryable failure instead,
@@ -1648,7 +1705,12 @@ def _sendable(report: dict[str, Any]) -> tuple[dict[str, Any], int, bool]:
     try:
         return report, *outcomes.check_result(report["result"])
     except outcomes.Unsendable as exc:
-        log.error("the handler's result cannot be sent: %s", exc.message)
+        log.error(
+            "attempt %s (task %s): the handler's result cannot be sent: %s",
+            ctx.attempt_id if ctx is not None else "?",
+            ctx.task_id if ctx is not None else "?",
+            exc.message,
+        )
         failure = outcomes.error(exc.code, exc.message, retryable=False)
         return failure, outcomes.wire_size(failure["error"]), True
 
@@ -1702,15 +1764,41 @@ def _failure(running: _Running, exc: BaseException) -> dict[str, Any] | None:
             running.ctx.task_id,
         )
         return None
+    if isinstance(exc, BaseExceptionGroup):
+        # A Fail raised in an asyncio.TaskGroup arrives in a group: still a Fail (it was
+        # reported as a retryable ExceptionGroup, and the task retried for ever).
+        fails = exc.subgroup(Fail)
+        if fails is not None:
+            exc = _first_leaf(fails)
     # Codes and messages as text, whatever the handler gave: ``Fail(exc)`` or
     # ``Retry(code=503)`` (not strings), or an exception whose own ``str()`` fails,
-    # made the runner's outcome fail instead, and the attempt reported nothing.
-    if isinstance(exc, Fail):
-        return outcomes.error(_text(exc.code), _text(exc.message), retryable=False)
-    if isinstance(exc, Retry):
-        return outcomes.error(_text(exc.code), _text(exc.message), retryable=True)
+    # made the runner's outcome fail instead, and the attempt reported nothing. By
+    # getattr: a subclass may have set neither (its __init__ not calling ours).
+    if isinstance(exc, Fail | Retry):
+        code = _text(getattr(exc, "code", None))
+        message = _text(getattr(exc, "message", None))
+        if not message and "message" not in vars(exc):  # its __init__ skipped ours
+            message = _text(exc)
+        return outcomes.error(code, message, retryable=not isinstance(exc, Fail))
     failed = exc.exc if isinstance(exc, _Exited) else exc  # any other: retryably
+    # The server is told its class and str() only: its traceback is logged here, or it
+    # was nowhere, and a failing handler could not be traced to its line.
+    log.warning(
+        "attempt %s (task %s): the handler raised %s",
+        running.ctx.attempt_id,
+        running.ctx.task_id,
+        type(failed).__name__,
+        exc_info=failed,
+    )
     return outcomes.error(type(failed).__name__[:100], _text(failed)[:2000], retryable=True)
+
+
+def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:
+    """The first exception of ``group`` that is no group itself (groups nest)."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _check_name(kind: str, value: object) -> None:
@@ -1719,6 +1807,20 @@ def _check_name(kind: str, value: object) -> None:
         check_name(kind, value)
     except OrbitError as exc:
         raise ValueError(exc.message) from None
+
+
+def _check_handler(name: str, fn: object) -> None:
+    """TypeError for what can never handle a task, refused at registration rather than
+    failing each attempt: no callable, or a generator function (sync or async), whose
+    call returns a generator and runs none of its body."""
+    if not callable(fn):
+        raise TypeError(f"handler {name}: {type(fn).__name__} is not callable")
+    while isinstance(fn, partial):
+        fn = fn.func
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        raise TypeError(
+            f"handler {name}: a generator function cannot be a handler (use return, not yield)"
+        )
 
 
 def _is_async(fn: Handler) -> bool:
@@ -1785,9 +1887,17 @@ def _wake(waiter: asyncio.Future[None], timer: asyncio.TimerHandle | None, *_: o
 
 
 def _settle(future: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
+    """Settle a thread's ``future`` with its function's outcome. Never left unsettled: an
+    exception asyncio refuses to carry (``set_exception`` raises TypeError for
+    StopIteration) left its attempt waiting, and its lease renewed, for ever."""
     if future.done():
         return
-    if exc is not None:
-        future.set_exception(exc)
-    else:
+    if exc is None:
         future.set_result(value)
+        return
+    try:
+        future.set_exception(exc)
+    except TypeError:
+        future.set_exception(
+            RuntimeError(f"the handler raised {type(exc).__name__}, which asyncio cannot carry")
+        )

@@ -436,6 +436,52 @@ def test_fail_and_exceptions_choose_the_outcome(
     assert "attempt 2 halfway" in messages  # progress reaches the history
 
 
+class _NotFound(Fail):
+    def __init__(self, key: str) -> None:  # no Fail.__init__: no code, no message set
+        Exception.__init__(self, f"no such key {key}")
+
+
+class _Declined(Fail):
+    code = "CARD_DECLINED"
+
+
+def test_odd_exceptions_still_finish_their_tasks(
+    fast: Node, tokens: Tokens, api: httpx.Client
+) -> None:
+    """Each of these reported nothing, and its task stayed running (StopIteration, which
+    a thread's future refused: its lease renewed for ever) or went to needs_review on its
+    lease (a Fail subclass that skipped Fail.__init__); a class-level code was lost."""
+    worker = Worker(fast.http, tokens.worker)
+
+    @worker.handler("first")
+    def first(ctx: Context, payload: Any) -> Any:
+        return next(iter(payload["items"]))
+
+    @worker.handler("lookup")
+    async def lookup(ctx: Context, payload: Any) -> Any:
+        raise _NotFound("k1")
+
+    @worker.handler("charge")
+    def charge(ctx: Context, payload: Any) -> Any:
+        raise _Declined("card declined")
+
+    first_id = submit(api, "first", {"items": []}, max_attempts=1)
+    lookup_id = submit(api, "lookup")
+    charge_id = submit(api, "charge")
+    asyncio.run(run_until(worker, lambda: worker.finished == 3))
+    first_task = wait_state(api, first_id, {"failed"})
+    assert first_task["error"]["code"] == "StopIteration"
+    assert first_task["error"]["retryable"] is True
+    lookup_task = wait_state(api, lookup_id, {"failed"})
+    assert lookup_task["error"] == {
+        "code": "FAILED",
+        "message": "no such key k1",
+        "retryable": False,
+    }
+    charge_task = wait_state(api, charge_id, {"failed"})
+    assert charge_task["error"]["code"] == "CARD_DECLINED"
+
+
 def test_a_progress_message_with_a_lone_surrogate_or_a_nul_is_recorded(
     fast: Node, tokens: Tokens, api: httpx.Client
 ) -> None:

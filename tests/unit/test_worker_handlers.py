@@ -8,7 +8,10 @@ import asyncio
 import functools
 import json
 import logging
+import os
 import re
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -19,10 +22,11 @@ from typing import Any
 
 import pytest
 
+import orbit
 from orbit.core import validate
 from orbit.protocol.decode import DecodeError, decode_model
 from orbit.protocol.messages import Hello, Renew
-from orbit.worker.runner import Context, Fail, Retry, Worker, _Running
+from orbit.worker.runner import Context, Fail, Retry, Worker, _Running, _settle
 from tests.unit.fake_gateway import FakeGateway, assignment
 from tests.unit.test_worker_recovery import _finished, _is, _run_one, running
 
@@ -969,3 +973,268 @@ def test_a_new_lease_wakes_the_renew_loop_without_a_look_at_every_attempt() -> N
     assert looks == 2
     assert not worker._renewal_due() and worker._interval() == 10.0
     assert looks == 2
+
+
+def _next_of_nothing(ctx: Context, payload: Any) -> Any:
+    return next(iter([]))
+
+
+def _raises_stop_iteration_of_its_own(ctx: Context, payload: Any) -> Any:
+    raise StopIteration("spent")
+
+
+@pytest.mark.parametrize("handler", [_next_of_nothing, _raises_stop_iteration_of_its_own])
+def test_a_plain_function_raising_stop_iteration_fails_its_attempt_retryably(
+    handler: Any,
+) -> None:
+    """``next()`` of an empty iterator in a thread: the future refused StopIteration
+    (TypeError in the loop's callback), and the attempt ran, its lease renewed, for ever."""
+    error = _outcome_of(handler)["error"]
+    assert error["code"] == "StopIteration"
+    assert error["retryable"] is True
+
+
+def test_a_thread_future_is_settled_even_with_an_exception_asyncio_refuses() -> None:
+    async def main() -> BaseException | None:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        _settle(future, None, StopIteration("spent"))
+        assert future.done()
+        return future.exception()
+
+    settled = asyncio.run(main())
+    assert isinstance(settled, RuntimeError)
+    assert "StopIteration" in str(settled)
+
+
+class _NotFound(Fail):
+    """A Fail whose __init__ does not call Fail's: it had no code and no message."""
+
+    def __init__(self, key: str) -> None:
+        Exception.__init__(self, f"no such key {key}")
+
+
+class _Throttled(Retry):
+    def __init__(self, after: float) -> None:
+        self.after = after
+
+
+class _Declined(Fail):
+    code = "CARD_DECLINED"
+
+
+class _Busy(Retry):
+    code = "BUSY"
+
+
+class _CodeThatRaises(Fail):
+    @property
+    def code(self) -> str:  # type: ignore[override]
+        raise RuntimeError("no code for this one")
+
+
+def _raises(exc: BaseException) -> Callable[[Context, Any], Any]:
+    async def handler(ctx: Context, payload: Any) -> Any:
+        raise exc
+
+    return handler
+
+
+@pytest.mark.parametrize(
+    ("make", "code", "message", "retryable"),
+    [
+        (partial(_NotFound, "k1"), "FAILED", "no such key k1", False),
+        (partial(_Throttled, 3.0), "RETRY", "3.0", True),
+        (partial(_Declined, "card 4242 declined"), "CARD_DECLINED", "card 4242 declined", False),
+        (partial(_Declined, "x", code="OTHER"), "OTHER", "x", False),
+        (_Busy, "BUSY", "", True),
+        (partial(Retry, "x"), "RETRY", "x", True),
+        (partial(Fail, "x"), "FAILED", "x", False),
+        (partial(_CodeThatRaises, "x"), "FAILED", None, False),
+    ],
+)
+def test_fail_and_retry_subclasses_report_their_class_code_or_the_default(
+    make: Callable[[], Exception], code: str, message: str | None, retryable: bool
+) -> None:
+    """A subclass that skipped ``super().__init__`` reported nothing (its outcome failed
+    in the runner), and one whose code is a class attribute had it overwritten with
+    FAILED; an outcome that cannot be made at all still fails the attempt."""
+    error = _outcome_of(_raises(make()))["error"]
+    assert (error["code"], error["retryable"]) == (code, retryable)
+    if message is not None:
+        assert error["message"] == message
+
+
+async def _fails_in_a_task_group(ctx: Context, payload: Any) -> Any:
+    async def part() -> None:
+        raise Fail("bad input", code="BAD_INPUT")
+
+    async def other() -> None:
+        raise RuntimeError("transient")
+
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(other())
+        tg.create_task(part())
+
+
+async def _raises_a_nested_group(ctx: Context, payload: Any) -> Any:
+    raise ExceptionGroup("outer", [ValueError("v"), ExceptionGroup("inner", [Fail("f", "F")])])
+
+
+async def _raises_a_group_without_a_fail(ctx: Context, payload: Any) -> Any:
+    raise ExceptionGroup("outer", [ValueError("v")])
+
+
+@pytest.mark.parametrize(
+    ("handler", "code", "retryable"),
+    [
+        (_fails_in_a_task_group, "BAD_INPUT", False),
+        (_raises_a_nested_group, "F", False),
+        (_raises_a_group_without_a_fail, "ExceptionGroup", True),
+    ],
+)
+def test_a_fail_in_an_exception_group_fails_the_task(
+    handler: Any, code: str, retryable: bool
+) -> None:
+    """A Fail raised in an asyncio.TaskGroup arrives in an ExceptionGroup: it was
+    reported as a retryable ExceptionGroup, and the task retried though it had failed."""
+    error = _outcome_of(handler)["error"]
+    assert (error["code"], error["retryable"]) == (code, retryable)
+
+
+def _asyncio_run_cancelled(ctx: Context, payload: Any) -> Any:
+    async def inner() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        await asyncio.sleep(1)
+
+    return asyncio.run(inner())
+
+
+def test_a_plain_function_raising_cancelled_error_fails_retryably_not_as_a_timeout() -> None:
+    """Its own asyncio.run's CancelledError was taken for the attempt's timeout: a
+    non-retryable CANCELLED "attempt timeout", with no timeout set."""
+    error = _outcome_of(_asyncio_run_cancelled)["error"]
+    assert (error["code"], error["retryable"]) == ("CancelledError", True)
+
+
+@pytest.mark.parametrize("retry_safe", [0, 1, "false", "no"])
+def test_a_retry_safe_that_is_no_bool_is_refused_at_registration(retry_safe: Any) -> None:
+    """``retry_safe=0`` passed the guard ``is False``: a replayable task then ran a
+    handler meant never to be replayed."""
+    worker = Worker("http://127.0.0.1:8000", "token")
+    with pytest.raises(TypeError, match="retry_safe must be True, False or None"):
+        worker.handler("h", retry_safe=retry_safe)
+
+
+def _a_generator(ctx: Context, payload: Any) -> Any:
+    yield payload
+
+
+async def _an_async_generator(ctx: Context, payload: Any) -> Any:
+    yield payload
+
+
+@pytest.mark.parametrize(
+    ("fn", "words"),
+    [
+        ("not a function", "is not callable"),
+        (None, "is not callable"),
+        (_a_generator, "generator function"),
+        (_an_async_generator, "generator function"),
+        (partial(_a_generator), "generator function"),
+    ],
+)
+def test_a_handler_that_can_never_work_is_refused_at_registration(fn: Any, words: str) -> None:
+    worker = Worker("http://127.0.0.1:8000", "token")
+    with pytest.raises(TypeError, match=words):
+        worker.handler("h")(fn)
+    assert "h" not in worker.handlers
+
+
+def _deep_in_the_handler() -> None:
+    raise KeyError("missing")
+
+
+def _raises_from_deep(ctx: Context, payload: Any) -> Any:
+    _deep_in_the_handler()
+
+
+def test_a_handlers_unexpected_exception_is_logged_with_its_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The server is told its class and str(): no traceback was anywhere."""
+    with caplog.at_level(logging.WARNING, logger="orbit"):
+        error = _outcome_of(_raises_from_deep, attempt="a7")["error"]
+    assert error["code"] == "KeyError"
+    logged = [r for r in caplog.records if r.exc_info and r.exc_info[1] is not None]
+    assert len(logged) == 1
+    assert logged[0].levelno == logging.WARNING
+    assert "a7" in logged[0].getMessage() and "t-a7" in logged[0].getMessage()
+    assert "_deep_in_the_handler" in caplog.text
+    assert "token" not in caplog.text
+
+
+def test_a_fail_or_retry_is_not_logged_as_unexpected(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="orbit"):
+        _outcome_of(_raises(Fail("bad", "BAD")))
+        _outcome_of(_raises(Retry("later")))
+    assert not [r for r in caplog.records if r.exc_info]
+
+
+def test_a_result_that_cannot_be_sent_is_logged_with_its_attempt_and_task(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def returns_nan(ctx: Context, payload: Any) -> Any:
+        return float("nan")
+
+    with caplog.at_level(logging.ERROR, logger="orbit"):
+        _outcome_of(returns_nan, attempt="a8")
+    line = next(r.getMessage() for r in caplog.records if "cannot be sent" in r.getMessage())
+    assert "a8" in line and "t-a8" in line
+
+
+def test_arun_removes_its_signal_handlers_when_it_returns() -> None:
+    """Left on the caller's loop, a later Ctrl-C went to the finished worker's stop()."""
+
+    async def main() -> bool:
+        async with FakeGateway() as gw:
+            worker = Worker(gw.url, "token", grace=0.1, cancel_grace=0.1)
+            worker.handler("h")(_returns_at_once)
+            runner = asyncio.create_task(worker.arun(install_signals=True))
+            await gw.wait_for(_is("hello"))
+            worker.stop()
+            assert await asyncio.wait_for(runner, 10) == 0
+            return asyncio.get_running_loop().remove_signal_handler(signal.SIGINT)
+
+    assert asyncio.run(main()) is False
+
+
+def test_a_worker_module_that_cannot_build_its_worker_is_one_line_and_exit_2(
+    tmp_path: Path,
+) -> None:
+    """``Worker(prefetch=1.5)`` raises TypeError, which was a traceback."""
+    (tmp_path / "badworker.py").write_text(
+        "from orbit.worker.runner import Worker\n"
+        "worker = Worker('http://127.0.0.1:8000', 'token', prefetch=1.5)\n"
+    )
+    root = str(Path(orbit.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": root}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from orbit.cli.main import main; main()",
+            "worker",
+            "badworker:worker",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "cannot load badworker:worker" in done.stderr
+    assert "prefetch must be a whole number" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -342,3 +342,36 @@ def test_an_upload_is_sent_again_only_after_a_resume_while_the_attempt_is_ours(
 
     asyncio.run(main())
     assert [epoch for epoch, _ in fenced.puts] == [str(n) for n in range(1, sends + 1)]
+
+
+@pytest.mark.parametrize("data", [bytearray(b"out"), memoryview(b"out")])
+def test_bytes_like_data_is_uploaded_as_its_bytes(fenced: _FencedServer, data: Any) -> None:
+    """A bytearray or a memoryview failed with AttributeError once the PUT had begun."""
+
+    async def main() -> None:
+        worker = Worker(f"http://127.0.0.1:{fenced.server_address[1]}", "t0ken")
+        ctx = _context(worker, asyncio.get_running_loop())
+        _running_attempt(worker, ctx)
+        fenced.accept = lambda epoch: True
+        assert await ctx.upload("out.txt", data, "text/plain") == {"id": "f1"}
+
+    asyncio.run(main())
+    assert [body for _, body in fenced.puts] == [b"out"]
+
+
+@pytest.mark.parametrize("data", ["out.txt", 42, None])
+def test_data_neither_bytes_nor_a_path_is_refused_before_it_is_sent(
+    fenced: _FencedServer, data: Any
+) -> None:
+    """A str file name raised AttributeError ("'str' object has no attribute 'open'")
+    from deep in the request, after the PUT had begun."""
+
+    async def main() -> None:
+        worker = Worker(f"http://127.0.0.1:{fenced.server_address[1]}", "t0ken")
+        ctx = _context(worker, asyncio.get_running_loop())
+        name = type(data).__name__
+        with pytest.raises(TypeError, match=f"data must be bytes or a pathlib.Path, not {name}"):
+            await ctx.upload("out.txt", data, "text/plain")
+
+    asyncio.run(main())
+    assert fenced.puts == []
