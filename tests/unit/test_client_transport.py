@@ -455,6 +455,26 @@ def test_a_reply_that_is_not_json_is_an_api_error(server: _Server) -> None:
         assert caught.value.status == status, caught.value
 
 
+def _refused(c: Client, expected: list[tuple[str, int, str]]) -> None:
+    """Each GET of ``expected``'s paths raises the ApiError of its status and code."""
+    from orbit.client import ApiError
+
+    for path, status, code in expected:
+        with pytest.raises(ApiError) as caught:
+            c._call(("GET", path, None, None))
+        assert (caught.value.status, caught.value.code) == (status, code)
+
+
+async def _refused_async(c: AsyncClient, expected: list[tuple[str, int, str]]) -> None:
+    """``_refused`` through an AsyncClient."""
+    from orbit.client import ApiError
+
+    for path, status, code in expected:
+        with pytest.raises(ApiError) as caught:
+            await c._call(("GET", path, None, None))
+        assert (caught.value.status, caught.value.code) == (status, code)
+
+
 def test_a_body_that_claims_gzip_and_is_not_is_an_api_error_from_both_clients(
     server: _Server,
 ) -> None:
@@ -467,19 +487,13 @@ def test_a_body_that_claims_gzip_and_is_not_is_an_api_error_from_both_clients(
 
     expected = [("/gzip", 200, "NOT_JSON"), ("/gzip-502", 502, "HTTP_ERROR")]
     with Client(_url(server), token="t0ken") as c:
-        for path, status, code in expected:
-            with pytest.raises(ApiError) as caught:
-                c._call(("GET", path, None, None))
-            assert (caught.value.status, caught.value.code) == (status, code)
+        _refused(c, expected)
     with Client(_url(server, "/gzip"), token="t0ken") as c:
         assert c.artifact_content("a1") == b"not gzip!!"
 
     async def main() -> None:
         async with AsyncClient(_url(server), token="t0ken") as c:
-            for path, status, code in expected:
-                with pytest.raises(ApiError) as caught:
-                    await c._call(("GET", path, None, None))
-                assert (caught.value.status, caught.value.code) == (status, code)
+            await _refused_async(c, expected)
             # and the connection each went out on is not left half read
             assert (await c._call(("GET", "/after", None, None))) == {"path": "/after"}
         async with AsyncClient(_url(server, "/gzip"), token="t0ken") as c:
@@ -497,21 +511,14 @@ def test_a_body_nested_past_the_parsers_depth_is_an_api_error(server: _Server) -
     proxy, some other server at the URL) raised RecursionError out of every call, and
     out of ``wait``, which rides a proxy's 502. It is an unreadable body, as any page
     that is no JSON: NOT_JSON, or the error status's HTTP_ERROR."""
-    from orbit.client import ApiError
 
     expected = [("/deep", 200, "NOT_JSON"), ("/deep-502", 502, "HTTP_ERROR")]
     with Client(_url(server), token="t0ken") as c:
-        for path, status, code in expected:
-            with pytest.raises(ApiError) as caught:
-                c._call(("GET", path, None, None))
-            assert (caught.value.status, caught.value.code) == (status, code)
+        _refused(c, expected)
 
     async def main() -> None:
         async with AsyncClient(_url(server), token="t0ken") as c:
-            for path, status, code in expected:
-                with pytest.raises(ApiError) as caught:
-                    await c._call(("GET", path, None, None))
-                assert (caught.value.status, caught.value.code) == (status, code)
+            await _refused_async(c, expected)
 
     asyncio.run(main())
 
