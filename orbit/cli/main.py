@@ -78,6 +78,18 @@ DbUrl = Annotated[
 ]
 
 
+def _raised_by_orbit(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by Orbit's own code (its innermost frame's module is in
+    the ``orbit`` package): a refusal of ours, rather than a bug of the user's module."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    module = str(tb.tb_frame.f_globals.get("__name__", ""))
+    return module == "orbit" or module.startswith("orbit.")
+
+
 def _fail(message: str, code: int = 2) -> NoReturn:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
@@ -543,9 +555,14 @@ def _run_worker(target: str, url: str, cafile: str | None) -> None:
     sys.path.insert(0, ".")
     try:
         obj = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError, TypeError) as exc:
-        # ValueError, TypeError: what Worker(...) refuses as it is built (a bad name,
-        # concurrency, timing; prefetch=1.5), which was a traceback
+    except (ImportError, AttributeError) as exc:
+        _fail(f"cannot load {target}: {exc}")
+    except (ValueError, TypeError) as exc:
+        # What Worker(...) refuses as it is built (a bad name, concurrency, timing;
+        # prefetch=1.5) was a traceback: one line now. The module's own bug (len(5) in a
+        # helper) keeps its traceback, which names its file and line.
+        if not _raised_by_orbit(exc):
+            raise
         _fail(f"cannot load {target}: {exc}")
     if not isinstance(obj, Worker):
         _fail(f"{target} is a {type(obj).__name__}, not an orbit Worker")

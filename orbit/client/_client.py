@@ -187,6 +187,11 @@ class SubmittedTask(dict[str, Any]):
         super().__init__(view)
         self.created = created
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # With ``__slots__`` and no state of its own, pickle protocols 0 and 1 refused
+        # it, where the plain dict it replaces was taken by every protocol.
+        return (SubmittedTask, (dict(self), self.created))
+
 
 #: A cap argument's "leave it as it is", where None removes the cap.
 Keep = Literal["keep"]
@@ -647,7 +652,9 @@ class Client:
     def close(self) -> None:
         """Close the client's connections, the streams being read in other threads too:
         each of their follows (``stream_events``, ``subscribe``, ``artifact_stream``)
-        ends with RuntimeError, "the client is closed"."""
+        ends with RuntimeError, "the client is closed". A follow still waiting for its
+        stream to open (a slow or unreachable server) ends so once the open returns, at
+        most the client's ``timeout`` later."""
         self._http.close()
 
     def _check_open(self, exc: BaseException | None = None) -> None:

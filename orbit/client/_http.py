@@ -27,6 +27,7 @@ import socket
 import ssl
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -105,6 +106,11 @@ class Transport:
         self._idle_since: dict[http.client.HTTPConnection, float] = {}
         #: the sockets of the streams being read (``held``), which ``close`` shuts down
         self._held: set[socket.socket] = set()
+        #: each connection's socket, as it connected: a response that says
+        #: ``Connection: close`` takes it from the connection (``conn.sock`` is None then)
+        self._sock_of: weakref.WeakKeyDictionary[http.client.HTTPConnection, socket.socket] = (
+            weakref.WeakKeyDictionary()
+        )
         self._lock = threading.Lock()
         self._closed = False
         self._pid = os.getpid()  # the process whose connections the pool holds
@@ -148,7 +154,8 @@ class Transport:
         (``held``)."""
         conn, response = self._open(method, path, None, None, self._timeout, headers)
         try:
-            with self.held(conn.sock):
+            sock = conn.sock or self._sock_of.get(conn)  # the response's, if it took it
+            with self.held(sock):
                 yield (
                     response.status,
                     response.getheader("Location"),
@@ -164,7 +171,7 @@ class Transport:
         return self._closed
 
     @contextmanager
-    def held(self, sock: socket.socket) -> Iterator[None]:
+    def held(self, sock: socket.socket | None) -> Iterator[None]:
         """``sock`` (a stream's: an event stream's or a WebSocket's) shut down by
         ``close`` if the block still runs then, so that a read waiting on it in another
         thread ends at once: the whole log's stream never ends by itself, and a follow
@@ -173,12 +180,14 @@ class Transport:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the client is closed")
-            self._held.add(sock)
+            if sock is not None:
+                self._held.add(sock)
         try:
             yield
         finally:
             with self._lock:
-                self._held.discard(sock)
+                if sock is not None:
+                    self._held.discard(sock)
 
     def close(self) -> None:
         """Close the idle connections, and shut down the streams being read (``held``):
@@ -317,6 +326,8 @@ class Transport:
             conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
         with self._closed_on_error(conn, timeout):
             conn.connect()  # which sets TCP_NODELAY
+        if conn.sock is not None:
+            self._sock_of[conn] = conn.sock
         return conn
 
 

@@ -138,11 +138,12 @@ class Retry(Exception):
     code: str = "RETRY"
     message: str = ""
 
-    def __init__(self, message: str = "", code: str | None = None) -> None:
-        super().__init__(message)
+    def __init__(self, message: str | None = None, code: str | None = None) -> None:
+        super().__init__(message or "")
         if code is not None:  # else the class's: it was overwritten with the default
             self.code = code
-        self.message = message
+        if message is not None:  # else the class's, as the code
+            self.message = message
 
 
 class Fail(Exception):
@@ -152,11 +153,12 @@ class Fail(Exception):
     code: str = "FAILED"
     message: str = ""
 
-    def __init__(self, message: str = "", code: str | None = None) -> None:
-        super().__init__(message)
+    def __init__(self, message: str | None = None, code: str | None = None) -> None:
+        super().__init__(message or "")
         if code is not None:
             self.code = code
-        self.message = message
+        if message is not None:
+            self.message = message
 
 
 class Cancelled(Exception):

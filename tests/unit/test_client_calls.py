@@ -657,3 +657,16 @@ def test_what_was_added_to_an_error_crosses_a_process_boundary_too(
     back = pickle.loads(pickle.dumps(error))
     assert back.__notes__ == ["while waiting for t2"]
     assert back.attempt == 3  # type: ignore[attr-defined]
+
+
+def test_a_submitted_task_pickles_by_every_protocol_and_keeps_created() -> None:
+    """``submit``'s dict with ``created``: the plain dict it replaced was taken by every
+    pickle protocol, and its ``__slots__`` made protocols 0 and 1 refuse it."""
+    import pickle
+
+    from orbit.client._client import SubmittedTask
+
+    task = SubmittedTask({"id": "t1", "state": "queued"}, False)
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        back = pickle.loads(pickle.dumps(task, protocol))
+        assert back == {"id": "t1", "state": "queued"} and back.created is False

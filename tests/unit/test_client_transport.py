@@ -51,6 +51,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.startswith("/endless"):  # a body that never ends: read on till closed
             self.send_response(200)
             self.send_header("Content-Length", str(10 * STREAM_CHUNK))
+            if self.path.startswith("/endless-close"):
+                self.send_header("Connection", "close")  # the response takes the socket
             self.end_headers()
             self.wfile.write(b"x" * 10)
             self.wfile.flush()
@@ -281,18 +283,23 @@ def test_a_streamed_body_arrives_in_chunks_and_an_unread_one_is_not_reused(
     t.close()
 
 
-def test_closing_the_transport_ends_a_stream_read_in_another_thread(server: _Server) -> None:
+@pytest.mark.parametrize("path", ["/endless", "/endless-close"])
+def test_closing_the_transport_ends_a_stream_read_in_another_thread(
+    server: _Server, path: str
+) -> None:
     """``close`` closed only the idle connections: a stream read in another thread (an
     event stream that never ends by itself, an artifact's bytes) went on from a client
     that was closed. Its connection is shut down now, and its read ends at once with
-    RuntimeError, "the client is closed"; a stream opened after that is refused so."""
+    RuntimeError, "the client is closed"; a stream opened after that is refused so. A
+    response that says ``Connection: close`` takes the socket from its connection
+    (``conn.sock`` is None): ``close`` raised AttributeError, and the read went on."""
     t = _transport(_url(server), timeout=30)
     read: list[bytes] = []
     ended: list[BaseException] = []
 
     def follow() -> None:
         try:
-            with t.stream("GET", "/endless", live=True) as (_, _, _, chunks):
+            with t.stream("GET", path, live=True) as (_, _, _, chunks):
                 read.extend(chunks)
         except BaseException as exc:  # what ended it, for the test thread
             ended.append(exc)

@@ -1026,6 +1026,11 @@ class _Busy(Retry):
     code = "BUSY"
 
 
+class _Refused(Fail):
+    code = "REFUSED"
+    message = "the order was refused"  # a class's message, as its code
+
+
 class _CodeThatRaises(Fail):
     @property
     def code(self) -> str:  # type: ignore[override]
@@ -1049,6 +1054,8 @@ def _raises(exc: BaseException) -> Callable[[Context, Any], Any]:
         (_Busy, "BUSY", "", True),
         (partial(Retry, "x"), "RETRY", "x", True),
         (partial(Fail, "x"), "FAILED", "x", False),
+        (_Refused, "REFUSED", "the order was refused", False),
+        (partial(_Refused, "this one"), "REFUSED", "this one", False),
         (partial(_CodeThatRaises, "x"), "FAILED", None, False),
     ],
 )
@@ -1238,3 +1245,24 @@ def test_a_worker_module_that_cannot_build_its_worker_is_one_line_and_exit_2(
     assert "cannot load badworker:worker" in done.stderr
     assert "prefetch must be a whole number" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+WORKER_ARGS = ("worker", "buggyworker:worker")
+
+
+def test_a_type_error_of_the_worker_modules_own_keeps_its_traceback(tmp_path: Path) -> None:
+    """A bug in the module (``len(5)``) is no refusal of Orbit's: its traceback, which
+    names its file and line, is printed, where one line hid them."""
+    (tmp_path / "buggyworker.py").write_text("n = len(5)\n")
+    root = str(Path(orbit.__file__).resolve().parent.parent)
+    done = subprocess.run(
+        [sys.executable, "-c", "from orbit.cli.main import main; main()", *WORKER_ARGS],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": root, "COLUMNS": "400"},  # no path elided
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "Traceback" in done.stderr and "buggyworker.py" in done.stderr  # its file
+    assert done.stderr.rstrip().endswith("TypeError: object of type 'int' has no len()")
