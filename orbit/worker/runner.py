@@ -43,6 +43,7 @@ import signal
 import ssl
 import threading
 import time
+import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -122,6 +123,8 @@ STOPPING = "worker stopping"
 #: the PUT starts and checked again at its commit, so such an upload was refused while the
 #: same attempt then finished normally under the new epoch, with no artifact.
 UPLOAD_SENDS = 4
+#: the most of a handler's traceback one log line holds (characters)
+TRACE_MAX = 20_000
 Handler = Callable[..., Any]
 #: a finish the runner batches: attempt id, fence, outcome in wire form, and whether
 #: that outcome is plain (``_sendable``)
@@ -1784,13 +1787,17 @@ def _failure(running: _Running, exc: BaseException) -> dict[str, Any] | None:
         return outcomes.error(code, message, retryable=not isinstance(exc, Fail))
     failed = exc.exc if isinstance(exc, _Exited) else exc  # any other: retryably
     # The server is told its class and str() only: its traceback is logged here, or it
-    # was nowhere, and a failing handler could not be traced to its line.
+    # was nowhere, and a failing handler could not be traced to its line. Written out
+    # and cleaned as the report's text is (exc_info would carry the exception's own text
+    # as it is): a lone surrogate in it failed a UTF-8 log file's write, and pytest-xdist
+    # could not send a captured log holding one.
+    trace = "".join(traceback.format_exception(failed))
     log.warning(
-        "attempt %s (task %s): the handler raised %s",
+        "attempt %s (task %s): the handler raised %s\n%s",
         running.ctx.attempt_id,
         running.ctx.task_id,
         type(failed).__name__,
-        exc_info=failed,
+        outcomes.clean_text(trace, TRACE_MAX).rstrip("\n"),
     )
     return outcomes.error(type(failed).__name__[:100], _text(failed)[:2000], retryable=True)
 
