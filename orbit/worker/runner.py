@@ -1732,18 +1732,29 @@ def _timed_out(running: _Running) -> dict[str, Any] | None:
     needs_review. Either is left to its lease, which the server ends at the timeout (and
     its report grace): ``timed_out`` and a retry for a retry_safe task, ``needs_review``
     for any other."""
-    ctx = running.ctx
     if running.abandoned:
         return None  # _abandon said so in the log
-    if not ctx.retry_safe:
-        log.warning(
-            "attempt %s (task %s) was stopped by its attempt timeout part way and is not "
-            "retry_safe: it is left to its lease (needs_review)",
-            ctx.attempt_id,
-            ctx.task_id,
-        )
-        return None
-    return outcomes.error("ATTEMPT_TIMEOUT", "the attempt timed out", retryable=True)
+    return _stopped(running, "its attempt timeout", "ATTEMPT_TIMEOUT", "the attempt timed out")
+
+
+def _stopped(running: _Running, by: str, code: str, message: str) -> dict[str, Any] | None:
+    """The outcome of a handler the runner stopped part way (``by``: the drain, its
+    attempt timeout) that has ended: ``code``, retryably, if its task is retry_safe, to
+    run again. Any other reports nothing: an effect may have happened (an async handler
+    is cancelled at whichever await it is on), and a retryable report replayed a task
+    that is not retry_safe (I6); the lease runs out and the server decides
+    (needs_review)."""
+    ctx = running.ctx
+    if ctx.retry_safe:
+        return outcomes.error(code, message, retryable=True)
+    log.warning(
+        "attempt %s (task %s) was stopped by %s part way and is not retry_safe: "
+        "it is left to its lease (needs_review)",
+        ctx.attempt_id,
+        ctx.task_id,
+        by,
+    )
+    return None
 
 
 def _failure(running: _Running, exc: BaseException) -> dict[str, Any] | None:
@@ -1756,19 +1767,7 @@ def _failure(running: _Running, exc: BaseException) -> dict[str, Any] | None:
             return None
         if running.ctx.reason != STOPPING:
             return outcomes.error("CANCELLED", running.ctx.reason or "cancelled", retryable=False)
-        if running.ctx.retry_safe:
-            return outcomes.error("CANCELLED", STOPPING, retryable=True)  # run again
-        # Stopped part way by the drain: an effect may have happened (an async handler
-        # is cancelled at whichever await it is on), and a retryable report replayed a
-        # task that is not retry_safe (I6). Nothing is reported: the lease runs out and
-        # the server decides (needs_review).
-        log.warning(
-            "attempt %s (task %s) was stopped by the drain part way and is not retry_safe: "
-            "it is left to its lease (needs_review)",
-            running.ctx.attempt_id,
-            running.ctx.task_id,
-        )
-        return None
+        return _stopped(running, "the drain", "CANCELLED", STOPPING)
     if isinstance(exc, BaseExceptionGroup):
         # A Fail raised in an asyncio.TaskGroup arrives in a group: still a Fail (it was
         # reported as a retryable ExceptionGroup, and the task retried for ever).
