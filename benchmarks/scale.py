@@ -33,7 +33,7 @@ PHYSICAL_BATCH = 200
 #: median on average and settled within 10-20; 50 (0.5 s at 100/s) is more than twice
 #: the 20 tasks in which four new connections run each statement five times. The same for every
 #: system; it moved no system's p99 beyond the spread of a noisy hour
-#: (docs/benchmarks.md, the fixes table: *the latency workload's single warm-up job*).
+#: (docs/benchmarks/history.md, the fixes table: *the latency workload's single warm-up job*).
 LATENCY_WARM_UP = 50
 
 

@@ -381,7 +381,7 @@ def latency(ctx: RunContext) -> Outcome:
     on the machine (``benchmarks.cpu``, 3-6 ms of CPU and of this process's GIL), which
     the job in flight then waited for. With it, the jobs whose path overlapped a scan
     took 9.2 ms at the median against 5.3 for all (Orbit, 1,000 jobs at 100/s), and they
-    were half of the ten slowest jobs that set the p99 (docs/benchmarks.md, the fixes
+    were half of the ten slowest jobs that set the p99 (docs/benchmarks/history.md, the fixes
     table). The readings at the ends still count every process's CPU over the phase,
     and the host's busy share as its mean."""
     s, system = ctx.scale, ctx.system

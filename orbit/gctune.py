@@ -4,7 +4,7 @@ CPython starts a collection of its youngest generation every 700 net allocations
 server answering batches of hundreds of tasks allocates tens of thousands of short-lived
 objects per request (rows, records, wire dicts) and so collected dozens of times per
 batch, about a tenth of its CPU in a drain (``python -m benchmarks.probe``; see
-docs/benchmarks.md). Hardly any of those objects are in reference cycles: reference
+docs/benchmarks/history.md). Hardly any of those objects are in reference cycles: reference
 counting frees them the moment they are dropped, and the collector exists only to find
 cycles. So Orbit's processes collect the young generation every 50,000 allocations
 instead, and first freeze what start-up loaded (modules, the app), which no full

@@ -4,7 +4,7 @@ small pool of keep-alive connections.
 httpx, which this replaced for ``Client``, spent 0.7-1 ms of CPU on a one-task submit
 (request and response models, header validation, two ``send`` calls for the headers and
 the body) against 0.25 ms here, and that time sat in every submit's path to a worker's
-start (``docs/benchmarks.md``). ``AsyncClient`` still uses httpx.
+start (``docs/benchmarks/history.md``). ``AsyncClient`` still uses httpx.
 
 A connection is reused only when it is idle and open: before a request, a readable
 socket means the server closed it (or sent what no request asked for), and it is

@@ -33,7 +33,7 @@ log = logging.getLogger("orbit.server")
 #: the least time between two notices: a burst of commits sends one per gap. The first
 #: commit after a quiet spell is announced at once; in a busy spell the finishes' own
 #: notices (``freed``) wake the other nodes far more often than this anyway, and ten
-#: notices a second cost the node a fraction of what fifty did (docs/benchmarks.md)
+#: notices a second cost the node a fraction of what fifty did (docs/benchmarks/history.md)
 GAP_S = 0.1
 #: the pause before connecting again after the connection failed
 RETRY_S = 1.0

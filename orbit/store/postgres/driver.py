@@ -308,7 +308,7 @@ def one_each_sql(sql: str) -> str:
 
     A statement with a ``LIMIT`` of its own (the claim's ready select: ``LIMIT :limit``,
     ``run_after <= :now``) stays as it is: its generic plan, blind to those values,
-    read the whole table and sorted it (docs/benchmarks.md, "tried and not kept")."""
+    read the whole table and sorted it (docs/benchmarks/history.md, "tried and not kept")."""
     if _OTHER_LIMIT_RE.search(sql):
         return sql
     return _ROWS_LIMIT_RE.sub("LIMIT 1", _ANY_RE.sub(r"= (CAST(\1 AS \2[]))[1]", sql))
