@@ -36,19 +36,15 @@ def write(
     run_dir: Path, *, docs: Path = DOC, images: Path = IMAGES, latest: Path | None = None
 ) -> list[Path]:
     """Write the plots and the docs section; copy the summary to ``latest`` if given."""
+    text = docs.read_text() if docs.exists() else "# Benchmarks\n"
+    head, tail = _around_results(text, docs)
     summary = json.loads((run_dir / "summary.json").read_text())
     summary["ratios"] = ratios(summary)  # derived from the medians: always today's rules
     images.mkdir(parents=True, exist_ok=True)
     written = plots(summary, images)
     rel = Path(os.path.relpath(images, docs.parent))
     section = render(summary, {p.stem: rel / p.name for p in written})
-    text = docs.read_text() if docs.exists() else "# Benchmarks\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-        text = f"{head}{BEGIN}\n{section}\n{END}{tail}"
-    else:
-        text = f"{text.rstrip()}\n\n{BEGIN}\n{section}\n{END}\n"
+    text = f"{head}{BEGIN}\n{section}\n{END}{tail}"
     docs.parent.mkdir(parents=True, exist_ok=True)
     docs.write_text(text)
     written.append(docs)
@@ -60,6 +56,27 @@ def write(
 
 
 # ---------------------------------------------------------------------- plots
+
+
+def _around_results(text: str, docs: Path) -> tuple[str, str]:
+    """The page before and after its generated section, which is replaced whole.
+
+    A page with no markers gets the section at its end. Markers out of order, doubled or
+    alone are refused before anything is written: the section is replaced from the begin
+    marker to the end marker, so a begin marker left above hand-written text (as one once
+    sat above two rounds' sections) would have the report erase that text."""
+    begins, ends = text.count(BEGIN), text.count(END)
+    if begins == ends == 0:
+        return f"{text.rstrip()}\n\n", "\n"
+    if begins != 1 or ends != 1 or text.index(BEGIN) > text.index(END):
+        found = "in the wrong order" if begins == ends == 1 else f"{begins} and {ends}"
+        raise ValueError(
+            f"{docs}: expected one {BEGIN} line before one {END} line around the results "
+            f"section; found {found}. Nothing was written; put the markers back around "
+            "the generated section only."
+        )
+    head, rest = text.split(BEGIN, 1)
+    return head, rest.split(END, 1)[1]
 
 
 def plots(summary: dict[str, Any], images: Path) -> list[Path]:

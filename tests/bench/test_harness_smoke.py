@@ -225,3 +225,28 @@ def test_bounds_place_each_target_against_what_postgresql_allows() -> None:
         "| physical limit incl. submit / pgqueuer: throughput, 1 worker | **1.2** "
         "| 6,000 / pgqueuer" in table
     )
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        f"# B\n\nrounds\n\n{report.END}\n",  # an end with no begin
+        f"# B\n\n{report.BEGIN}\nold\n",  # a begin with no end
+        f"# B\n\n{report.END}\nrounds\n{report.BEGIN}\nold\n",  # the wrong order
+        f"# B\n\n{report.BEGIN}\nround 47\n{report.BEGIN}\nold\n{report.END}\n",  # two begins
+    ],
+)
+def test_report_refuses_misplaced_markers_and_writes_nothing(tmp_path: Path, page: str) -> None:
+    docs = tmp_path / "benchmarks.md"
+    docs.write_text(page)
+    images = tmp_path / "img"
+    with pytest.raises(ValueError, match="Nothing was written"):
+        report.write(tmp_path / "no-run", docs=docs, images=images, latest=tmp_path / "latest")
+    assert docs.read_text() == page
+    assert not images.exists() and not (tmp_path / "latest").exists()
+
+
+def test_report_places_the_section_between_its_markers_or_at_the_end() -> None:
+    page = f"# B\n\nmethod\n\n{report.BEGIN}\nold\n{report.END}\n\nafter\n"
+    assert report._around_results(page, Path("b.md")) == ("# B\n\nmethod\n\n", "\n\nafter\n")
+    assert report._around_results("# B\n\nmethod\n", Path("b.md")) == ("# B\n\nmethod\n\n", "\n")
