@@ -724,8 +724,8 @@ def task_show(
 def task_cancel(
     task_id: str, url: Url = DEFAULT_URL, cafile: CaFile = None, as_json: AsJson = False
 ) -> None:
-    """Cancel a task and its descendants: a running one's worker is told at once (or at
-    its next renewal, if it was not connected), and it ends cancelled when its handler
+    """Cancel a task and its descendants: a running one's worker is told at once (or as
+    it reconnects, if it was not connected), and it ends cancelled when its handler
     stops or its lease runs out."""
     with client(url, cafile) as c:
         emit(c.cancel(task_id), as_json, lambda t: _tasks_table([t]))
@@ -764,8 +764,10 @@ def task_resolve(
         fail("--error-code and --error-message go only with --decision failed", EXIT_USAGE)
     if error_message and error_code is None:
         fail("--error-message needs --error-code", EXIT_USAGE)
+    if error_code == "":  # was sent as no error at all, its --error-message dropped
+        fail("--error-code must not be empty", EXIT_USAGE)
     value = parse_json(result, "--result")
-    error = {"code": error_code, "message": error_message} if error_code else None
+    error = {"code": error_code, "message": error_message} if error_code is not None else None
     with client(url, cafile) as c:
         emit(
             c.resolve(task_id, decision, result=value, error=error),

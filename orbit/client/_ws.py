@@ -100,15 +100,20 @@ def closed(exc: ConnectionClosed, where: str) -> Unreachable:
 @contextlib.contextmanager
 def held(conn: SyncConnection) -> Iterator[SyncConnection]:
     """``conn`` for the block, then closed: with the closing handshake when the follow
-    ends or is closed by its caller, but aborted first (its socket closed, no close
-    frame) when the follow gives up on it (Unreachable: it closed without a close frame,
-    or a read waited the client's timeout). A peer that went silent (a host gone, a
-    network cut) never answers the handshake, and ``close()`` waited websockets' close
-    timeout (10 s) for it before the follow could reconnect."""
+    has ended (the server closes after ``stream.end``), but aborted first (its socket
+    closed, no close frame) when anything else leaves the block: the follow gives up on
+    it (Unreachable: it closed without a close frame, or a read waited the client's
+    timeout), or its caller stops it (GeneratorExit, a break out of its loop) or raises
+    through it. A peer that went silent (a host gone, a network cut) never answers the
+    handshake; and while frames the caller will never read keep coming (a follow left
+    with a backlog), websockets stops reading the socket once 16 wait, so the answer
+    queued behind them is never read. Either way ``close()`` waited websockets' close
+    timeout (10 s): before the follow could reconnect, or before the caller's loop went
+    on. A stream is only read: nothing is lost by not saying goodbye."""
     with conn:  # whose close, after an abort, finds the protocol CLOSED: no wait
         try:
             yield conn
-        except Unreachable:
+        except BaseException:
             conn.close_socket()  # the protocol is CLOSED when it returns
             conn.recv_events_thread.join()  # ends once its socket is closed
             raise
@@ -116,11 +121,12 @@ def held(conn: SyncConnection) -> Iterator[SyncConnection]:
 
 @contextlib.asynccontextmanager
 async def aheld(conn: AsyncConnection) -> AsyncIterator[AsyncConnection]:
-    """As ``held``, for ``AsyncClient.subscribe``."""
+    """As ``held``, for ``AsyncClient.subscribe`` (there the caller stops it by
+    ``aclose()``, or by cancelling its task)."""
     async with conn:
         try:
             yield conn
-        except Unreachable:
+        except BaseException:
             conn.transport.abort()
             await conn.wait_closed()  # the abort's connection_lost: at once
             raise

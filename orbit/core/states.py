@@ -116,7 +116,11 @@ TRANSITIONS: tuple[Transition, ...] = (
     ),
     Transition("cancel", (_T.CLAIMED,), _T.CANCELLED, "claimed -> released", "as above"),
     Transition(
-        "cancel", (_T.RUNNING,), _T.CANCELLING, "-", "as above; delivered on the next renew"
+        "cancel",
+        (_T.RUNNING,),
+        _T.CANCELLING,
+        "-",
+        "as above; pushed to the worker at once, and said by its next renew",
     ),
     Transition(
         "reap claim", (_T.CLAIMED,), _T.QUEUED, "claimed -> released", "claim lease expired"
@@ -198,13 +202,13 @@ TRANSITIONS: tuple[Transition, ...] = (
         (_T.NEEDS_REVIEW,),
         _T.QUEUED,
         "-",
-        "operator decision: run it again; no ancestor cancelled",
+        "operator decision: run it again; no ancestor cancelled; deadline not passed",
     ),
     Transition(
         "retry",
         (_T.FAILED, _T.CANCELLED),
         _T.QUEUED,
         "-",
-        "operator decision; no ancestor cancelled; one more attempt allowed",
+        "operator decision; no ancestor cancelled; deadline not passed; one more attempt allowed",
     ),
 )

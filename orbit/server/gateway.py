@@ -524,6 +524,8 @@ class _Protocol:
         self.node_id = node_id
         self.heartbeat_interval = store.config.session_ttl_us / 3_000_000
         self.conn: WorkerConnection | None = None
+        #: the session was resumed (not opened) by this connection's handshake
+        self.resumed = False
 
     async def error(
         self, req_id: str | None, code: str, message: str, field: str | None = None
@@ -582,6 +584,7 @@ class _Protocol:
                         heartbeat_interval=self.heartbeat_interval,
                     )
                     push = msg.push
+                    self.resumed = True
                 else:
                     await self.error(
                         getattr(msg, "req_id", None), "HELLO_FIRST", "send hello or resume first"
@@ -627,6 +630,8 @@ class _Protocol:
                 slots.release()
 
         try:
+            if self.resumed:
+                await self._push_missed_cancels(self.conn)
             while not self.conn.closed:
                 msg = await self.receive()
                 if self.conn.closed and isinstance(msg, OPENING_WORK):
@@ -654,6 +659,23 @@ class _Protocol:
             if in_flight:
                 await asyncio.gather(*in_flight, return_exceptions=True)
             self.dispatcher.detach(self.conn)
+
+    async def _push_missed_cancels(self, conn: WorkerConnection) -> None:
+        """Push ``cancel`` for the session's running attempts whose task is `cancelling`,
+        once a resume has attached it here: a cancel committed while no connection held
+        the session (the worker reconnecting, a node restarting) was pushed to no one, and
+        the worker heard of it only at its next renew, up to half a lease later. Read
+        after the attach, so a cancel committed since is pushed by its own notice (a
+        cancel may come twice: a repeat is a no-op)."""
+        if conn.closed:
+            return
+        try:
+            pairs = await in_thread(self.store.attempt_cancelling_for_sessions, [conn.session_id])
+        except Exception as exc:  # the next renew still says `cancel`
+            log.warning("re-checking cancels after a resume failed (%s)", type(exc).__name__)
+            return
+        if pairs and not conn.closed:
+            self.dispatcher.push_cancel(pairs)
 
     async def _close_if_fenced(self, answers: Sequence[object]) -> None:
         """A batch answered FENCED_EPOCH came from a superseded connection: close it, as a

@@ -13,6 +13,7 @@ from functools import partial
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, BeforeValidator
 from starlette.requests import HTTPConnection
 from starlette.responses import Response
@@ -40,6 +41,7 @@ from orbit.protocol.messages import (
     ScheduleTemplate,
     ScheduleUpdate,
     ScheduleView,
+    Strict,
     Submitted,
     SubmittedId,
     TaskBatch,
@@ -141,6 +143,20 @@ async def _document(request: Request) -> Any:
 
 async def _body(request: Request, model: type[M]) -> M:
     return decode_model(model, await _document(request), parsed=True)
+
+
+class _NoFields(Strict):
+    """The body of an action that takes no input: none, or ``{}``."""
+
+
+async def _no_fields(request: Request) -> None:
+    """Refuse a body the action would ignore, before anything is touched: a cancel sent
+    with ``{"cascade": false}`` cancelled the whole tree all the same, and said nothing.
+    No body, or ``{}``, is taken; a field is ``UNKNOWN_FIELD``, naming it."""
+    length = request.headers.get("content-length")
+    if "transfer-encoding" not in request.headers and length in (None, "0"):
+        return
+    decode_model(_NoFields, await _document(request), parsed=True)
 
 
 def _json(model: BaseModel | list[Any] | dict[str, Any], status: int = 200) -> Response:
@@ -348,10 +364,25 @@ def _batch_reply(request: Request) -> Callable[[Stored], dict[str, Any]]:
 
 def each_query_once(request: HTTPConnection) -> None:
     """A list route's filters take one value each: ``?state=queued&state=running`` was
-    read as its last value alone, a list of running tasks that looked like an answer."""
+    read as its last value alone, a list of running tasks that looked like an answer.
+    And a list takes only the parameters it names: ``GET /v1/events?task_id=…`` or
+    ``GET /v1/tasks?status=failed`` was answered with the whole list, a page that looked
+    filtered. An event stream (``…/stream``) still ignores the others: a browser's
+    EventSource polyfill may add its own."""
     for name in request.query_params:
         if len(request.query_params.getlist(name)) > 1:
             raise ApiError(400, "INVALID_ARGUMENT", f"{name}: give it once", name)
+    route = request.scope.get("route")
+    if isinstance(route, APIRoute) and not route.path.endswith("/stream"):
+        known = {p.alias for p in route.dependant.query_params}  # the endpoint's own
+        for name in request.query_params:
+            if name not in known:
+                raise ApiError(
+                    400,
+                    "INVALID_ARGUMENT",
+                    f"{name}: not a parameter of this list (it takes {', '.join(sorted(known))})",
+                    name,
+                )
 
 
 #: the dependencies of a route whose query holds filters, a limit and a cursor
@@ -393,6 +424,7 @@ async def queue_list(request: Request, limit: Limit = 100, cursor: str | None = 
     "/queues/{name}/pause", dependencies=[Depends(require("admin"))], response_model=QueueView
 )
 async def queue_pause(request: Request, name: str) -> Response:
+    await _no_fields(request)
     return _json(queue_view(await in_thread(_store(request).queue_pause, name)))
 
 
@@ -400,6 +432,7 @@ async def queue_pause(request: Request, name: str) -> Response:
     "/queues/{name}/resume", dependencies=[Depends(require("admin"))], response_model=QueueView
 )
 async def queue_resume(request: Request, name: str) -> Response:
+    await _no_fields(request)
     return _json(queue_view(await in_thread(_store(request).queue_resume, name)))
 
 
@@ -554,6 +587,7 @@ async def task_get(request: Request, task_id: str) -> Response:
     "/tasks/{task_id}/cancel", dependencies=[Depends(require("submit"))], response_model=TaskView
 )
 async def task_cancel(request: Request, task_id: str) -> Response:
+    await _no_fields(request)
     return _json(task_wire(await in_thread(_store(request).task_cancel, task_id)))
 
 
@@ -561,6 +595,7 @@ async def task_cancel(request: Request, task_id: str) -> Response:
     "/tasks/{task_id}/retry", dependencies=[Depends(require("admin"))], response_model=TaskView
 )
 async def task_retry(request: Request, task_id: str) -> Response:
+    await _no_fields(request)
     return _json(task_wire(await in_thread(_store(request).task_retry, task_id)))
 
 
@@ -575,6 +610,16 @@ async def task_resolve(request: Request, task_id: str) -> Response:
         )
     if msg.error is not None and msg.decision != "failed":
         raise ApiError(400, "INVALID_ARGUMENT", "error goes only with decision 'failed'", "error")
+    if msg.error is not None and msg.error.retryable and "retryable" in msg.error.model_fields_set:
+        # Stored as false whatever was asked, without a word: nothing retries a task an
+        # operator failed (its decision 'retry' runs it again)
+        raise ApiError(
+            400,
+            "INVALID_ARGUMENT",
+            "a failure an operator resolves is never retried by itself; resolve with "
+            "decision 'retry' to run the task again",
+            "error.retryable",
+        )
     outcome = None
     if msg.decision == "succeeded":
         outcome = Outcome.success(msg.result)
@@ -871,6 +916,7 @@ async def schedule_get(request: Request, name: str) -> Response:
 )
 async def schedule_pause(request: Request, name: str) -> Response:
     """Stop firing; idempotent."""
+    await _no_fields(request)
     return _json(schedule_view(await in_thread(_store(request).schedule_pause, name)))
 
 
@@ -882,6 +928,7 @@ async def schedule_pause(request: Request, name: str) -> Response:
 async def schedule_resume(request: Request, name: str) -> Response:
     """Fire again from the first instant after now (the instants passed while paused are
     not fired, whatever the misfire policy); idempotent."""
+    await _no_fields(request)
     return _json(schedule_view(await in_thread(_store(request).schedule_resume, name)))
 
 
@@ -1059,6 +1106,7 @@ async def worker_list(
     response_model=WorkerView,
 )
 async def worker_drain(request: Request, session_id: str) -> Response:
+    await _no_fields(request)
     session = await in_thread(_store(request).session_drain, session_id)
     return _json(worker_view(session))
 
@@ -1101,4 +1149,5 @@ async def token_revoke(request: Request, token_id: str) -> Response:
     token checks (``orbit server --token-cache``, default ``orbit.tokens.CACHE_SECONDS``),
     and closes the worker connections open with it within that time (orbit/server/
     revocation.py). Idempotent."""
+    await _no_fields(request)
     return _json(token_wire(await in_thread(_store(request).token_revoke, token_id)))

@@ -320,6 +320,9 @@ class _Running:
     #: its handler was cancelled once: a later cancel (every renewal says ``cancel`` again)
     #: cut an async handler's cleanup short, and broke a plain function's grace off
     cancelled: bool = False
+    #: the server said its task was cancelled (a push, a renewal, a repeated start): any
+    #: report now ends the task cancelled, so one is always made (``_stopped``)
+    task_cancelled: bool = False
     #: a plain handler that returned a coroutine: it runs on the loop, as an async one
     on_loop: bool = False
     #: the handler is over: progress reported now would reach the server after the finish,
@@ -838,6 +841,7 @@ class Worker:
             for attempt_id in msg["attempt_ids"]:
                 running = self.running.get(attempt_id)
                 if running is not None:
+                    running.task_cancelled = True
                     self._cancel(running, "task cancelled")
         elif kind == "error":
             # A request the server refused unread (not JSON, too large, a req_id it could
@@ -947,6 +951,7 @@ class Worker:
             self._set_lease(running, lease, sent)
             self._lease_changed.set()
             if lease.get("status") == "cancel":  # a repeated start, after a cancel
+                running.task_cancelled = True
                 self._cancel(running, "task cancelled")
             report = await self._invoke(running, payload)
             running.ended = True  # progress still pending is dropped, not sent after it
@@ -1596,6 +1601,7 @@ class Worker:
             else:
                 self._set_lease(running, lease, sent)
                 if lease["status"] == "cancel":
+                    running.task_cancelled = True
                     self._cancel(running, "task cancelled")
 
     async def _heartbeat_loop(self) -> None:
@@ -1744,6 +1750,11 @@ def _stopped(running: _Running, by: str, code: str, message: str) -> dict[str, A
     is cancelled at whichever await it is on), and a retryable report replayed a task
     that is not retry_safe (I6); the lease runs out and the server decides
     (needs_review)."""
+    if running.task_cancelled:
+        # Its task was cancelled while it stopped: the server ends the task cancelled
+        # whatever is reported, so a report replays nothing, where reporting nothing (for
+        # a task that is not retry_safe) left it `cancelling` until its lease ran out.
+        return outcomes.error("CANCELLED", "task cancelled", retryable=False)
     ctx = running.ctx
     if ctx.retry_safe:
         return outcomes.error(code, message, retryable=True)

@@ -489,6 +489,41 @@ def test_a_list_filter_given_twice_is_refused(admin: httpx.Client) -> None:
     assert [t["id"] for t in once.json()["items"]] == [task_id]
 
 
+def test_a_list_refuses_a_query_parameter_it_does_not_take(admin: httpx.Client) -> None:
+    """An unknown query parameter was ignored, so a filter a list does not have (or a
+    misspelt one) answered the whole list, a page that looked filtered:
+    ``/v1/events?task_id=…`` gave every task's events, ``/v1/tasks?status=failed`` every
+    task. A list refuses it, INVALID_ARGUMENT naming it; an event stream still ignores
+    it (a browser's EventSource polyfill may add its own)."""
+    admin.post("/v1/queues", json={"name": "q", "max_concurrency": 2, "rate": 0})
+    task_id = admin.post("/v1/tasks", json={"queue": "q", "handler": "h"}).json()["task"]["id"]
+    for path, name, value in (
+        ("/v1/tasks", "status", "failed"),
+        ("/v1/tasks", "Queue", "q"),
+        ("/v1/events", "task_id", task_id),
+        ("/v1/events", "kind", "submitted"),
+        (f"/v1/tasks/{task_id}/events", "kind", "submitted"),
+        (f"/v1/tasks/{task_id}/attempts", "state", "running"),
+        (f"/v1/tasks/{task_id}/artifacts", "name", "a.png"),
+        ("/v1/workers", "name", "w"),
+        ("/v1/queues", "name", "q"),
+        ("/v1/tokens", "scope", "admin"),
+        ("/v1/limits/tenants", "tenant", "t"),
+        ("/v1/schedules", "paused", "true"),
+    ):
+        reply = admin.get(path, params={"limit": 5, name: value})
+        assert reply.status_code == 400, (path, name, reply.text)
+        error = reply.json()["error"]
+        assert (error["code"], error["field"]) == ("INVALID_ARGUMENT", name), (path, error)
+        assert error["message"].startswith(f"{name}: not a parameter of this list"), error
+    # what a list does take is still taken
+    page = admin.get("/v1/tasks", params={"state": "queued", "queue": "q", "limit": 5})
+    assert [t["id"] for t in page.json()["items"]] == [task_id]
+    for path in ("/v1/events/stream", f"/v1/tasks/{task_id}/events/stream"):
+        with admin.stream("GET", path, params={"lastEventId": "x"}) as stream:
+            assert stream.status_code == 200, path
+
+
 def _last_event_cursor(admin: httpx.Client, path: str) -> tuple[int, int]:
     """The position (xid, id) the cursor of ``path``'s last event stands for: the
     ``next_cursor`` of a page as long as the feed (events carry no xid of their own)."""

@@ -14,7 +14,8 @@ against real ``orbit server`` processes, on both backends: the SSE streams' twin
   revoked token closes it 4401.
 - ``Client.subscribe`` and ``AsyncClient.subscribe`` ride a SIGKILL and restart of the
   server and miss nothing written while it was down, and abort (no close frame) a
-  connection that went silent before reconnecting; ``AsyncClient.subscribe`` follows a
+  connection that went silent before reconnecting, or that their caller leaves while
+  frames are still coming (no wait for a closing handshake); ``AsyncClient.subscribe`` follows a
   task to its end; both raise a refusal at once.
 - A refused upgrade is no ERROR line in the server's log.
 
@@ -433,3 +434,47 @@ def test_subscribe_rides_a_database_outage(
     """The database away under an open follow: ``subscribe`` rides the failed read and the
     reconnects answered 500 INTERNAL, and goes on from its cursor once it is back."""
     follow_across_a_database_outage(db_url, fast, tokens, api, carrier="ws")
+
+
+@pytest.mark.parametrize("form", ["sync", "async"])
+def test_leaving_a_subscribe_with_frames_still_coming_closes_it_at_once(
+    served: Served, form: Literal["sync", "async"]
+) -> None:
+    """A caller that stops its follow (it breaks out of its loop at the event it waited
+    for) while the log goes on coming: websockets stops reading the socket once 16 frames
+    wait unread, so the server's answer to a closing handshake, queued behind the frames
+    still on their way, was never read, and leaving the loop took websockets' whole close
+    timeout (10 s by default; here far longer than the test waits). Both forms now abort
+    the connection, as they abort one they give up on: a stream is only read."""
+    api, node, tokens = served.api, served.node, served.tokens
+    tasks = [{"queue": "q", "handler": "h"}] * 300  # hundreds of frames behind the first
+    api.post("/v1/tasks/batch", json={"tasks": tasks}).raise_for_status()
+    left: queue.Queue[BaseException | None] = queue.Queue()
+
+    def leave() -> None:
+        with Client(node.http, tokens.admin, timeout=PATIENCE) as c:
+            c._socket["close_timeout"] = 100 * PATIENCE
+            follow = c.subscribe(outage=PATIENCE)
+            next(follow)
+            follow.close()
+
+    async def leave_async() -> None:
+        async with AsyncClient(node.http, tokens.admin, timeout=PATIENCE) as c:
+            c._socket["close_timeout"] = 100 * PATIENCE
+            follow = c.subscribe(outage=PATIENCE)
+            await anext(follow)
+            await follow.aclose()
+
+    def run() -> None:
+        try:
+            leave() if form == "sync" else asyncio.run(leave_async())
+        except BaseException as exc:
+            left.put(exc)
+        else:
+            left.put(None)
+
+    threading.Thread(target=run, daemon=True).start()
+    try:
+        assert left.get(timeout=PATIENCE) is None
+    except queue.Empty:
+        pytest.fail("leaving the follow waited for a closing handshake")
