@@ -41,11 +41,17 @@ def token_fault(token: str) -> str | None:
 
 def token_id(token: str) -> str | None:
     """The id part of a token ``orbit_<id>_<secret>`` (not secret: ``orbit token ls``
-    shows it), or None for a string of another shape, which no server accepts."""
+    shows it), or None for a string of another shape, which no server accepts. An id is
+    1 to 64 ASCII letters and digits, as ``orbit token revoke`` takes one (a server makes
+    32 hex digits): a node's token cache kept the "id" of every bogus token it was sent,
+    so a client with no token could fill it with 10,000 of a megabyte each."""
     parts = token.split("_", 2)
-    if len(parts) != 3 or parts[0] != "orbit" or not parts[1].isalnum():
+    if len(parts) != 3 or parts[0] != "orbit":
         return None
-    return parts[1]
+    found = parts[1]
+    if not (0 < len(found) <= 64 and found.isascii() and found.isalnum()):
+        return None
+    return found
 
 
 def load_token(env: Mapping[str, str] | None = None) -> str:
@@ -70,6 +76,12 @@ def load_token(env: Mapping[str, str] | None = None) -> str:
         raise TokenError(f"ORBIT_TOKEN_FILE {file} does not exist") from None
     except PermissionError:
         raise TokenError(f"ORBIT_TOKEN_FILE {file} cannot be read") from None
+    except OSError as exc:
+        # A path through a file (ENOTDIR), a symlink loop, a name too long: the raw error
+        # was a traceback from the CLI, and a worker retried it for ever as a network
+        # failure.
+        reason = exc.strerror or type(exc).__name__
+        raise TokenError(f"ORBIT_TOKEN_FILE {file} cannot be read: {reason}") from None
     if not stat.S_ISREG(mode):
         raise TokenError(f"ORBIT_TOKEN_FILE {file} is not a regular file")
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
@@ -79,7 +91,7 @@ def load_token(env: Mapping[str, str] | None = None) -> str:
         )
     try:
         token = file.read_text(encoding="utf-8").strip()
-    except (PermissionError, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise TokenError(f"ORBIT_TOKEN_FILE {file} cannot be read: {type(exc).__name__}") from None
     if not token:
         raise TokenError(f"ORBIT_TOKEN_FILE {file} is empty")

@@ -49,6 +49,7 @@ from orbit.client._ws import (
 )
 from orbit.core.model import compact_json, parse_json
 from orbit.tokens import load_token, token_fault
+from orbit.tokens import token_id as token_id_of
 from orbit.urls import check_server_url
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "needs_review"})
@@ -404,6 +405,13 @@ class _Calls:
 
     @staticmethod
     def token_revoke(token_id: str) -> Request:
+        if token_id_of(token_id) is not None:
+            # A whole token, secret included: sent, it went in the URL (the server refuses
+            # it, but a proxy's access log had it by then). Refused here, not repeated.
+            raise ValueError(
+                "token_id is a whole token, secret included: give its id, the part between "
+                "'orbit_' and the next '_' (nothing was sent)"
+            )
         return ("POST", f"/v1/tokens/{_seg(token_id, 'token_id')}/revoke", None, None)
 
     @staticmethod

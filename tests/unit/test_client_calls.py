@@ -462,6 +462,28 @@ def test_an_empty_id_or_name_is_refused_before_anything_is_sent(server: _Server)
     assert server.seen == []
 
 
+def test_a_whole_token_given_for_its_id_is_refused_before_anything_is_sent(
+    server: _Server,
+) -> None:
+    """``token_revoke`` given a whole token (its id pasted with its secret) put the secret
+    in the request's path: the server refused it (400) without repeating it, but a proxy's
+    access log on the way held it by then. Both clients refuse it, send nothing, and do
+    not repeat it."""
+    whole = "orbit_0123456789abcdef0123456789abcdef_s3cr3tS3cr3t-_x"
+    with Client(_url(server), "t0ken") as c, pytest.raises(ValueError, match="whole token") as e:
+        c.token_revoke(whole)
+    assert "s3cr3t" not in str(e.value)
+
+    async def main() -> None:
+        async with AsyncClient(_url(server), "t0ken") as c:
+            with pytest.raises(ValueError, match="whole token") as e:
+                await c.token_revoke(whole)
+            assert "s3cr3t" not in str(e.value)
+
+    asyncio.run(main())
+    assert server.seen == []
+
+
 # --------------------------------------------------------------------------- cursors
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,30 @@ def test_empty_token_file_and_directory_are_refused(tmp_path: Path) -> None:
     tmp_path.chmod(0o700)
     with pytest.raises(TokenError, match="not a regular file"):
         load_token({"ORBIT_TOKEN_FILE": str(tmp_path)})
+
+
+@pytest.mark.parametrize("where", ["through a file", "a symlink loop", "a name too long"])
+def test_a_token_file_path_the_system_cannot_follow_is_refused_naming_it(
+    tmp_path: Path, where: str
+) -> None:
+    """A path through a regular file (ENOTDIR), a symlink loop (ELOOP) or a name too long
+    raised the bare OSError: ``orbit task ls`` printed a traceback, and a worker took it
+    for a network failure and retried its first connection for ever. It is a TokenError
+    naming the variable and the file, as a missing file is."""
+    plain = tmp_path / "plain"
+    plain.write_text(SECRET)
+    plain.chmod(0o600)
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    path = {
+        "through a file": plain / "token",
+        "a symlink loop": loop,
+        "a name too long": tmp_path / ("x" * 300),
+    }[where]
+    says = f"^ORBIT_TOKEN_FILE {re.escape(str(path))} cannot be read"
+    with pytest.raises(TokenError, match=says) as err:
+        load_token({"ORBIT_TOKEN_FILE": str(path)})
+    assert "s3cr3t" not in str(err.value)
 
 
 @pytest.mark.parametrize(
@@ -113,3 +138,26 @@ def test_a_worker_connection_refuses_a_token_no_header_can_carry_without_echoing
     with pytest.raises(TokenError) as ended:
         asyncio.run(asyncio.wait_for(worker.arun(), 10))
     assert "s3cr3t" not in str(ended.value)
+
+
+@pytest.mark.parametrize(
+    ("token", "found"),
+    [
+        ("orbit_0123456789abcdef0123456789abcdef_s3cr3t", "0123456789abcdef0123456789abcdef"),
+        ("orbit_abc_s3cr3t_with_underscores", "abc"),
+        ("orbit_" + "a" * 64 + "_s3cr3t", "a" * 64),
+        ("orbit_" + "a" * 65 + "_s3cr3t", None),  # longer than any id
+        ("orbit_\u00e9t\u00e9_s3cr3t", None),  # letters, not ASCII
+        ("orbit__s3cr3t", None),
+        ("orbit_ab-c_s3cr3t", None),
+        ("ORBIT_abc_s3cr3t", None),
+        ("orbit_abc", None),
+    ],
+)
+def test_a_token_id_is_1_to_64_ascii_letters_and_digits(token: str, found: str | None) -> None:
+    """What ``token_id`` takes for an id is what ``orbit token revoke`` takes: an id is no
+    longer than 64 ASCII letters and digits, so no node keeps a bogus token's megabyte
+    "id" (tests/store/test_token_check.py)."""
+    from orbit.tokens import token_id
+
+    assert token_id(token) == found

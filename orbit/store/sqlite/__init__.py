@@ -3,6 +3,7 @@
 from orbit.store.sqlite.driver import (
     DatabaseInUse,
     DatabaseLinked,
+    DatabaseNotAFile,
     DatabaseNotWal,
     DatabaseReadOnly,
     SqliteDriver,
@@ -12,6 +13,7 @@ from orbit.store.sqlite.driver import (
 __all__ = [
     "DatabaseInUse",
     "DatabaseLinked",
+    "DatabaseNotAFile",
     "DatabaseNotWal",
     "DatabaseReadOnly",
     "SqliteDriver",

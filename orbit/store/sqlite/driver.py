@@ -10,6 +10,7 @@ import json
 import os
 import re
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -222,9 +223,46 @@ def _create_private(path: str) -> None:
     exist yet. It holds token and resume-secret hashes, and ``sqlite3.connect`` would
     create it with the umask's mode (0644 under the usual 022), readable by every user of
     the machine; SQLite gives its WAL and shared-memory files the database file's mode.
-    An existing file keeps the mode its operator gave it."""
+    An existing file keeps the mode its operator gave it.
+
+    A symlink is followed, as SQLite follows it: ``O_EXCL`` refuses a path that is a
+    symlink, even one to no file yet, so a database made through a dangling link was
+    left to ``sqlite3.connect``, which made it with the umask's mode."""
     with suppress(FileExistsError):
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        os.close(os.open(os.path.realpath(path), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+
+
+class DatabaseNotAFile(Exception):
+    """The SQLite database path names a directory, or something else that is no file."""
+
+
+def _check_regular(path: str) -> None:
+    """Refuse, with one line that says what it is, a path that names a directory (or a
+    FIFO, a device, a socket) rather than a database file. A directory was refused as a
+    file with "2 hard links" (a directory's own count of links), which sent its operator
+    looking for links that are not there."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return  # made here: a file
+    if stat.S_ISDIR(mode):
+        raise DatabaseNotAFile(
+            f"{path} is a directory: give the path of the database file "
+            f"(e.g. {os.path.join(path, 'orbit.db')})"
+        )
+    if not stat.S_ISREG(mode):
+        raise DatabaseNotAFile(f"{path} is not a regular file: give the path of a database file")
+
+
+def open_to_others(path: str) -> int | None:
+    """The database file's permission bits if users other than its owner and its group
+    may read or write it (a file an Orbit before 0600 made, under the usual umask),
+    else None: ``orbit server`` says so when it starts, and leaves the mode as it is."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return None
+    return mode if mode & 0o006 else None
 
 
 class DatabaseReadOnly(Exception):
@@ -300,6 +338,14 @@ def set_wal(cx: sqlite3.Connection, path: str) -> None:
         )
 
 
+def check_path(path: str) -> None:
+    """Refuse a database path SQLite cannot serve Orbit through, with one line: a
+    directory, a file with other names, a file or directory this user cannot write."""
+    _check_regular(path)
+    _check_one_name(path)
+    _check_writable(path)
+
+
 class DatabaseInUse(Exception):
     """Another server process serves this SQLite database."""
 
@@ -315,7 +361,13 @@ def hold_for_server(path: str) -> int:
     that was killed leaves nothing to clean up. The lock file is named from the path
     with its symlinks resolved, as SQLite resolves them to find the file (and puts its
     ``-wal`` beside the target): a server given a link to the database must meet the
-    lock of one given the file."""
+    lock of one given the file.
+
+    The path is checked as the driver checks it (no directory, one name, writable)
+    before the lock file is made: the lock is taken before the store is opened, so that
+    a second server is refused before it migrates or writes anything, and a path the
+    store would refuse leaves no lock file behind."""
+    check_path(path)
     real = os.path.realpath(path)
     fd = os.open(f"{real}-server.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
@@ -342,8 +394,7 @@ class SqliteDriver:
         self.migrations = _HERE / "migrations"
         self._lock = threading.RLock()
         if self.path != ":memory:":
-            _check_one_name(self.path)
-            _check_writable(self.path)
+            check_path(self.path)
             _create_private(self.path)
         self._cx = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
@@ -351,6 +402,10 @@ class SqliteDriver:
             set_wal(self._cx, self.path)
             self._cx.execute(f"PRAGMA journal_size_limit = {JOURNAL_LIMIT_BYTES}")
             self._cx.execute(self.queries["commit_durable"])
+            # On macOS fsync() returns with the commit in the drive's cache, which a power
+            # loss loses: F_FULLFSYNC (SQLite's fullfsync, off by default) flushes it, for
+            # the WAL's syncs and the checkpoints'. Elsewhere SQLite's sync is the same.
+            self._cx.execute("PRAGMA fullfsync = ON")
             self._cx.execute("PRAGMA foreign_keys = ON")
             self._cx.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
         except BaseException:
