@@ -102,6 +102,33 @@ def test_orbit_dev_refuses_what_it_cannot_use_before_writing_anything(tmp_path: 
         assert "Traceback" not in run.stderr, run.stderr
 
 
+def test_a_second_orbit_dev_on_one_data_dir_is_refused_before_it_writes(tmp_path: Path) -> None:
+    """A second ``orbit dev`` on a directory one already serves opened the database,
+    migrated it, made the demo queue and, with no usable token saved, minted an admin
+    token and wrote the token file, and only then met the first's lock. It is refused
+    first: one line, exit 1, nothing written. The first is this process holding the
+    one-server lock (``hold_for_server``, what a running ``orbit dev`` holds) on a
+    directory an earlier run prepared, whose token file has been removed since."""
+    from orbit.cli.dev import _prepare
+    from orbit.store.sqlite import hold_for_server
+
+    data = tmp_path / "dot-orbit"
+    _prepare(data)
+    (data / "token").unlink()
+    held = hold_for_server(str(data / "orbit.db"))
+    try:
+        second = _dev("--port", "0", "--data-dir", str(data))
+    finally:
+        os.close(held)
+    assert second.returncode == 1, second.stdout + second.stderr
+    assert "another orbit server is serving" in second.stderr, second.stderr
+    assert "Traceback" not in second.stderr, second.stderr
+    assert not (data / "token").exists()
+    with sqlite3.connect(data / "orbit.db") as cx:
+        assert cx.execute("SELECT count(*) FROM orbit_tokens").fetchone() == (1,)
+    cx.close()
+
+
 def test_the_token_file_is_written_afresh_with_mode_600(tmp_path: Path) -> None:
     """The admin token goes into a new file made with mode 600 and then renamed into
     place: never through a ``token`` symlink into whatever it points at, and never into
@@ -150,6 +177,34 @@ def test_orbit_dev_keeps_its_admin_token_from_one_run_to_the_next(tmp_path: Path
     assert saved
 
 
+def test_a_saved_token_others_could_read_is_revoked_as_it_is_replaced(tmp_path: Path) -> None:
+    """A token file open to group or others is not used again: another admin token is
+    minted and saved in its place. The old one, which other users could read, stayed
+    valid for ever, its only copy overwritten. It is revoked; a token of the user's own
+    left in that file (not one ``orbit dev`` made) is left alone."""
+    from orbit.cli.dev import _prepare
+    from orbit.store import open_store
+
+    data = tmp_path / "dot-orbit"
+    _, first = _prepare(data)
+    (data / "token").chmod(0o644)
+    _, second = _prepare(data)
+    store = open_store(f"sqlite:///{data / 'orbit.db'}")
+    try:
+        _, mine = store.token_create("mine", ["admin"])
+        (data / "token").write_text(mine + "\n")
+        (data / "token").chmod(0o640)
+        _, third = _prepare(data)
+        # compared first, so that a failure prints no token
+        first_refused = store.token_scopes(first) is None
+        second_taken = store.token_scopes(second) == frozenset({"admin"})
+        mine_taken = store.token_scopes(mine) == frozenset({"admin"})
+        third_taken = store.token_scopes(third) == frozenset({"admin"})
+    finally:
+        store.close()
+    assert first_refused and second_taken and mine_taken and third_taken
+
+
 def test_orbit_dev_prints_a_data_dir_that_looks_like_markup_as_it_is(tmp_path: Path) -> None:
     """The data dir's path is printed as written: one holding ``[/x]`` was read as rich
     markup, and its closing tag that matched nothing was a MarkupError traceback once
@@ -170,3 +225,47 @@ def test_orbit_dev_names_its_token_file_by_an_absolute_path(tmp_path: Path) -> N
     assert f"ORBIT_TOKEN_FILE={token_file}" in run.stdout, run.stdout
     # --once stops at once, and says so rather than that it is running until Ctrl-C
     assert "stopping (--once)" in run.stdout and "Ctrl-C" not in run.stdout, run.stdout
+
+
+def test_orbit_dev_interrupted_while_it_starts_stops_cleanly(tmp_path: Path) -> None:
+    """Ctrl-C in ``orbit dev``'s first second (the database prepared, the server
+    starting) cancelled the start-up half way: uvicorn logged the cancelled start as an
+    ERROR with its traceback, and the command exited 130. The signal asks for the same
+    clean stop from the start as once it serves. The one-server lock is the first thing
+    it writes, before it prepares the database: the signal is sent once it is there."""
+    data = tmp_path / "dot-orbit"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orbit.cli", "dev", "--port", "0", "--data-dir", str(data)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    try:
+        lock = data / "orbit.db-server.lock"
+        deadline = time.monotonic() + 60
+        while not lock.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.poll()
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out
+    assert "Traceback" not in out and "ERROR" not in out, out
+    assert out.rstrip().endswith("stopped"), out
+
+
+def test_the_demo_that_fails_on_purpose_prints_no_traceback(tmp_path: Path) -> None:
+    """The "retries" demo's first attempt raised a RuntimeError of its own, which the
+    runner logs at warning with its traceback: the first screen of ``orbit dev`` showed
+    a traceback among the demo's lines, as if something had broken. It raises ``Retry``
+    (retryable, not logged), and the task is still retried and succeeds."""
+    run = _dev("--port", "0", "--data-dir", str(tmp_path / "dot-orbit"))
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out
+    assert "Traceback" not in out and "fails on purpose" not in out, out
+    [retries] = [line for line in run.stdout.splitlines() if "retries" in line]
+    assert "succeeded" in retries and "2/3" in retries, out

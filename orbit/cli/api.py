@@ -69,7 +69,8 @@ CONNECTION_HELP = (
 #: The task commands' own exit codes, after those of every group.
 TASK_EXITS = (
     "; 1 the task ended other than succeeded; 5 timed out; 6 the queue or tenant is "
-    "full (backpressure: nothing was submitted, try again later)."
+    "full (backpressure: nothing was submitted, try again later); 130 interrupted "
+    "(Ctrl-C: a task waited for goes on)."
 )
 queue_app = typer.Typer(
     help="Queues: create, list, update caps, pause, resume." + CONNECTION_HELP + ".",
@@ -133,6 +134,11 @@ def client(url: str, cafile: str | None) -> Iterator[Client]:
             why = cause.verify_message or str(cause)
             fail(f"the server's certificate is not trusted: {why} (see --cafile)", EXIT_USAGE)
         fail(f"cannot reach {url}: {type(cause or exc).__name__}", EXIT_UNREACHABLE)
+    except ValueError as exc:
+        # The client's refusal of an argument before anything is sent: an empty id or
+        # name (`orbit task show "$ID"` with ID unset) was a traceback and exit 1, which
+        # `task wait` means as a task that ended other than succeeded.
+        fail(str(exc), EXIT_USAGE)
 
 
 def emit(data: Any, as_json: bool, table: Callable[[Any], Table] | None = None) -> None:
@@ -585,7 +591,11 @@ def task_submit(
     ] = False,
     wait_timeout: Annotated[
         float | None,
-        typer.Option(min=0.1, help="with --wait: give up waiting after, seconds [default: 3600]"),
+        typer.Option(
+            min=0.1,
+            # not "[default: 3600]": rich, which renders the help, took it for markup
+            help="with --wait: give up waiting after this many seconds (default 3600)",
+        ),
     ] = None,
     url: Url = DEFAULT_URL,
     cafile: CaFile = None,
@@ -972,7 +982,10 @@ def _events_table(rows: list[dict[str, Any]]) -> Table:
 
 @event_app.command("ls")
 def event_ls(
-    limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    limit: Annotated[
+        int | None,
+        typer.Option(min=1, max=1000, help="events on the page, 1-1000 (default 50)"),
+    ] = None,
     cursor: Annotated[str | None, typer.Option(help="continue from a previous page")] = None,
     task: Annotated[
         str | None, typer.Option(help="only this task's events (a submit token will do)")
@@ -996,14 +1009,17 @@ def event_ls(
 
     Example: orbit event ls --limit 100 --cursor …; orbit event ls --follow --task ID
     """
+    if follow and limit is not None:  # it was taken, and followed every event regardless
+        fail("--limit is a page's size; --follow prints every event as it comes", EXIT_USAGE)
     with client(url, cafile) as c:
         if follow:
             _follow_events(c, task, cursor, as_json)
             return
+        size = 50 if limit is None else limit
         if task is None:
-            page = c.event_log(limit=limit, cursor=cursor)
+            page = c.event_log(limit=size, cursor=cursor)
         else:
-            page = c.events(task, limit=limit, cursor=cursor)
+            page = c.events(task, limit=size, cursor=cursor)
     if as_json:
         emit(page, True)
         return

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import stat
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -24,10 +25,12 @@ from orbit.cli.listening import KEEP_ALIVE, bind, url_of
 from orbit.core.errors import OrbitError
 from orbit.core.model import SECOND
 from orbit.gctune import tune_for_throughput
-from orbit.tokens import TokenError, load_token
-from orbit.worker.runner import Context, Worker
+from orbit.tokens import TokenError, load_token, token_id
+from orbit.worker.runner import Context, Retry, Worker
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from orbit.client import AsyncClient
     from orbit.store import Store
 
@@ -60,7 +63,9 @@ def demo_worker(url: str, token: str) -> Worker:
     @worker.handler("demo.flaky")
     async def flaky(ctx: Context, payload: Any) -> Any:
         if ctx.attempt <= int(payload.get("fail_times", 1)):
-            raise RuntimeError(f"attempt {ctx.attempt} fails on purpose")
+            # Retry, not an exception of its own: the runner logs those with their
+            # traceback, which the demo's first screen showed as if something had broken
+            raise Retry(f"attempt {ctx.attempt} fails on purpose")
         return {"succeeded_on_attempt": ctx.attempt}
 
     @worker.handler("demo.slow")
@@ -78,8 +83,45 @@ def _saved_admin_token(token_file: Path, store: Store) -> str | None:
     try:
         token = load_token({"ORBIT_TOKEN_FILE": str(token_file)})
     except TokenError:
+        _revoke_exposed(token_file, store)
         return None
     return token if "admin" in (store.token_scopes(token) or ()) else None
+
+
+def _revoke_exposed(token_file: Path, store: Store) -> None:
+    """Revoke the admin token an earlier run saved in ``token_file`` if the file is open
+    to group or others: a new token replaced it, and the old one, which other users could
+    read, stayed valid for ever, its only copy overwritten. Only a token of this database
+    that an earlier ``orbit dev`` made (its name ``orbit-dev``) is revoked."""
+    try:
+        mode = token_file.stat().st_mode
+        if not stat.S_ISREG(mode) or not mode & (stat.S_IRWXG | stat.S_IRWXO):
+            return
+        token = token_file.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return
+    found = token_id(token)
+    if found is None or store.token_scopes(token) is None:
+        return
+    if any(t.id == found and t.name == "orbit-dev" for t in store.token_list()):
+        store.token_revoke(found)
+        console.print(
+            f"{token_file} was open to group or others: its token {found} is revoked, "
+            "and a new one is saved"
+        )
+
+
+def _make_data_dir(data_dir: Path) -> None:
+    """Make ``--data-dir`` if it is not there; one that is a file, or that cannot be
+    made, is a usage error, not a traceback."""
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise typer.BadParameter(f"--data-dir {data_dir} is not a directory") from None
+    except OSError as exc:
+        raise typer.BadParameter(
+            f"--data-dir {data_dir} cannot be made: {exc.strerror or exc}"
+        ) from None
 
 
 def _prepare(data_dir: Path) -> tuple[str, str]:
@@ -89,14 +131,7 @@ def _prepare(data_dir: Path) -> tuple[str, str]:
     from orbit.cli.main import database
     from orbit.store import open_store
 
-    try:
-        data_dir.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise typer.BadParameter(f"--data-dir {data_dir} is not a directory") from None
-    except OSError as exc:
-        raise typer.BadParameter(
-            f"--data-dir {data_dir} cannot be made: {exc.strerror or exc}"
-        ) from None
+    _make_data_dir(data_dir)
     db_url = f"sqlite:///{data_dir / 'orbit.db'}"
     with database(db_url):  # a file that is no database: one line, exit 1
         store = open_store(db_url)
@@ -152,23 +187,42 @@ async def serve(host: str, port: int, data_dir: Path, once: bool) -> int:
     from orbit.store import StoreConfig
 
     configure("warning")
+    # SIGINT and SIGTERM ask for the stop below from the start: Ctrl-C while the database
+    # was prepared or the server started cancelled the start-up half way, which uvicorn
+    # logged as an ERROR with its traceback (exit 130). The server leaves them to us.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
     # Bound before anything is written: a port in use or a host that cannot be listened
     # on is refused with no database made and no admin token minted for nothing.
     sock = bind(host, port, unread_timeout=StoreConfig().session_ttl_us / SECOND)
+    held: int | None = None
     try:
-        db_url, token = _prepare(data_dir)
         from orbit.cli.main import database
         from orbit.store.sqlite import hold_for_server
 
-        with database(db_url):  # another server on this file: one line, exit 1
+        # The lock first: a second `orbit dev` on this directory is refused before it
+        # migrates the database, or mints an admin token and rewrites the token file.
+        _make_data_dir(data_dir)
+        with database(f"sqlite:///{data_dir / 'orbit.db'}"):  # one line, exit 1
             held = hold_for_server(str(data_dir / "orbit.db"))
+        db_url, token = _prepare(data_dir)
     except BaseException:
+        if held is not None:
+            os.close(held)
         sock.close()
         raise
     settings = ServerSettings(db_url=db_url, node_id="orbit-dev")
     url = url_of(sock, host)
     api = create_app(settings)
-    server = uvicorn.Server(
+    server = Server(
         uvicorn.Config(
             api,
             log_level="warning",
@@ -188,10 +242,6 @@ async def serve(host: str, port: int, data_dir: Path, once: bool) -> int:
     console.print(f"Orbit dev server on SQLite ({here / 'orbit.db'}) at {url}")
     worker = demo_worker(url, token)
     working = asyncio.create_task(worker.arun())
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     async with AsyncClient(url, token) as client:
         results = await _demo(client)
         table = Table("demo task", "state", "attempts", "history", "result / error")

@@ -31,6 +31,11 @@ if TYPE_CHECKING:
     from orbit.store import Store
 
 T = TypeVar("T")
+#: The most any of `orbit server`'s durations may be, seconds (a day): infinity, taken
+#: as a number, was an OverflowError traceback (a TTL is whole microseconds), and a TTL
+#: past the database's 64-bit microseconds failed at the first claim, after a start that
+#: looked well. A day also keeps --session-ttl within TCP_USER_TIMEOUT's milliseconds.
+DAY = 86400.0
 
 app = typer.Typer(
     help="Orbit: durable job execution. Examples:\n\n"
@@ -166,7 +171,7 @@ def token_create(
     scope: Annotated[list[str], typer.Option(help="admin, submit or worker (repeatable)")],
 ) -> None:
     """Create a token and print it once; only its hash is stored. A SQLite --db that
-    names no file is refused, not created (``orbit db migrate`` creates one)."""
+    names no file is refused, not created (orbit db migrate creates one)."""
     token_id, token = _on_existing_store(db, lambda store: store.token_create(name, scope))
     typer.echo(token)
     typer.secho(
@@ -303,12 +308,13 @@ def server(
         typer.Option(exists=True, dir_okay=False, help="PEM private key for --tls-cert"),
     ] = None,
     poll_interval: Annotated[
-        float, typer.Option(min=0.05, help="dispatch fallback, seconds")
+        float, typer.Option(min=0.05, max=DAY, help="dispatch fallback, seconds")
     ] = 5.0,
     reap_interval: Annotated[
         float,
         typer.Option(
             min=0.05,
+            max=DAY,
             help="longest pause between reaper passes, seconds (it also wakes when a "
             "claim, lease, deadline or session falls due)",
         ),
@@ -323,12 +329,13 @@ def server(
             "than a minute late is a misfire)",
         ),
     ] = 1.0,
-    claim_ttl: Annotated[float, typer.Option(min=0.1, help="claim lease, seconds")] = 30.0,
-    lease_ttl: Annotated[float, typer.Option(min=0.1, help="run lease, seconds")] = 30.0,
+    claim_ttl: Annotated[float, typer.Option(min=0.1, max=DAY, help="claim lease, seconds")] = 30.0,
+    lease_ttl: Annotated[float, typer.Option(min=0.1, max=DAY, help="run lease, seconds")] = 30.0,
     session_ttl: Annotated[
         float,
         typer.Option(
             min=0.1,
+            max=DAY,
             help="session heartbeat TTL, seconds; a connection whose peer takes none of "
             "the server's bytes for this long is also dropped",
         ),
@@ -357,6 +364,7 @@ def server(
         float,
         typer.Option(
             min=0.05,
+            max=DAY,
             help="the longest an open event stream goes without reading the log, s: "
             "commits wake streams at once, and this poll finds what a lost wake missed",
         ),
@@ -364,13 +372,16 @@ def server(
     stream_keepalive: Annotated[
         float,
         typer.Option(
-            min=0.1, help="an idle event stream's keep-alive comment every this many seconds"
+            min=0.1,
+            max=DAY,
+            help="an idle event stream's keep-alive comment every this many seconds",
         ),
     ] = 15.0,
     stream_send_timeout: Annotated[
         float,
         typer.Option(
             min=0.1,
+            max=DAY,
             help="an event stream whose client has not taken a message within this many "
             "seconds is closed and its slot freed (a client that stopped reading)",
         ),
@@ -428,19 +439,23 @@ def server(
     held: int | None = None  # SQLite: the lock that keeps a second server off the file
     try:
         with database(db):  # opened here, so a database that cannot be is one clear line
-            store = open_store(db, settings.store_config)
             path = sqlite_path(db)
             if path is not None:
                 from orbit.store.sqlite import hold_for_server
 
-                try:  # after open_store, which makes the file's directory
-                    held = hold_for_server(path)
-                except BaseException:
-                    store.close()
-                    raise
+                # Before open_store: a second server is refused before it migrates the
+                # file under the first (an upgraded one started beside an older one).
+                # open_store would make the file's directory; the lock file goes in it.
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                held = hold_for_server(path)
+            store = open_store(db, settings.store_config)
+            if path is not None:
+                _warn_if_open_to_others(path)
     except BaseException:
         # The command ends here (one line, exit 1): the bound socket stayed open while
         # the error lived, and was collected with a ResourceWarning.
+        if held is not None:
+            os.close(held)
         sock.close()
         raise
     api = create_app(settings, store=store)
@@ -467,6 +482,19 @@ def server(
             api.state.streams.close()
             await super().shutdown(sockets)
 
+        @contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            # uvicorn raises the signal that stopped it once more after its shutdown, for
+            # a program that embeds it. Here that made a clean stop on SIGTERM a death by
+            # the signal (143), before the store below was closed: SQLite's -wal left
+            # behind, every PostgreSQL connection cut off. The node has stopped as asked:
+            # the command closes the store and exits 0, as on Ctrl-C.
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    self._captured_signals.clear()
+
     server = Announced(config)
     tune_for_throughput()  # after the imports and the app: see orbit.gctune
     try:
@@ -477,6 +505,26 @@ def server(
             os.close(held)
     if not server.started:
         raise typer.Exit(3)  # uvicorn's code for a failed start-up; it said why
+
+
+def _warn_if_open_to_others(path: str) -> None:
+    """A SQLite file other users may read holds what they should not: task payloads and
+    results, and the hashes of tokens and resume secrets. Orbit makes a new file 0600,
+    but one an older Orbit made (0644 under the usual umask) kept its mode, and nothing
+    said so. It is said once at start; the mode is the operator's to change."""
+    import logging
+
+    from orbit.store.sqlite.driver import open_to_others
+
+    mode = open_to_others(path)
+    if mode is not None:
+        logging.getLogger("orbit.server").warning(
+            "the database file %s is open to other users of this machine (mode %03o): it "
+            "holds task payloads and results; chmod o-rwx it (its -wal and -shm take the "
+            "file's mode when they are made again)",
+            path,
+            mode,
+        )
 
 
 @app.command("worker")
@@ -510,8 +558,9 @@ def worker_command(
     SIGTERM or SIGINT: no new claims, running handlers finish within the grace period,
     then are cancelled. Exit codes of a running worker: 0 drained; 1 a handler ignored
     its cancellation, or an outcome the server never confirmed (its lease decides); 2 bad
-    arguments, no token or an unusable URL; 3 the server refused the token. Of ls and
-    drain: 0 done; 2 bad arguments; 3 refused by the server; 4 server unreachable.
+    arguments, no token, an unusable URL or CA file, a server certificate not trusted, or
+    no handler registered; 3 the server refused the token or the worker's hello. Of ls
+    and drain: 0 done; 2 bad arguments; 3 refused by the server; 4 server unreachable.
     """
     from orbit.cli import api
 

@@ -560,6 +560,93 @@ def test_a_second_server_on_one_sqlite_file_is_refused_until_the_first_is_gone(
     second.stop()
 
 
+def test_a_server_stopped_by_sigterm_or_ctrl_c_closes_its_store_and_exits_0(
+    tmp_path: Path,
+) -> None:
+    """uvicorn raises the signal that stopped it once more after its shutdown: on
+    SIGTERM (what a supervisor sends) ``orbit server`` then died of it (-15) before it
+    closed its store. It exits 0 now, as on Ctrl-C, the store closed (SQLite removes the
+    ``-wal`` file as the last connection closes)."""
+    import signal
+
+    db = tmp_path / "orbit.db"
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        node = start_server(f"sqlite:///{db}", tmp_path, node_id=f"stopped-{sig.name}")
+        try:
+            node.proc.send_signal(sig)
+            node.proc.wait(timeout=30)
+        finally:
+            node.stop()
+        said = node.log_text()
+        assert node.proc.returncode == 0, (sig, said)
+        assert "Aborted" not in said and "Traceback" not in said, (sig, said)
+        assert not Path(f"{db}-wal").exists(), (sig, said)
+
+
+def test_a_second_server_is_refused_before_it_migrates_the_file_the_first_serves(
+    tmp_path: Path,
+) -> None:
+    """The second server opened the store, migrations and all, and only then met the
+    first's lock: an upgraded server started beside an older one that still served the
+    file migrated the schema under it, then was refused. The lock is taken first: the
+    second is refused with one line and the file stays at its version. The first server
+    is this process holding the one-server lock (``hold_for_server``, what every server
+    holds) on a database one migration behind this Orbit, as an older Orbit left it."""
+    import sqlite3
+    from contextlib import closing
+
+    from orbit.store import Store
+    from orbit.store.driver import migration_files
+    from orbit.store.sqlite import SqliteDriver, hold_for_server
+
+    path = tmp_path / "orbit.db"
+    driver = SqliteDriver(path)
+    shipped = migration_files(driver.migrations)
+    older = tmp_path / "older-migrations"
+    older.mkdir()
+    for _, file in shipped[:-1]:
+        (older / file.name).write_text(file.read_text(encoding="utf-8"), encoding="utf-8")
+    driver.migrations = older
+    store = Store(driver)
+    try:
+        previous = store.migrate()
+    finally:
+        store.close()
+    assert previous == shipped[-2][0]
+    held = hold_for_server(str(path))
+    try:
+        _cannot_open(["server", "--db", f"sqlite:///{path}", "--port", "0"], "another orbit server")
+    finally:
+        os.close(held)
+    with closing(sqlite3.connect(path)) as cx:
+        assert cx.execute("SELECT max(version) FROM orbit_schema_version").fetchone() == (previous,)
+
+
+def test_a_server_on_a_sqlite_file_other_users_may_read_says_so(tmp_path: Path) -> None:
+    """Orbit makes a new database file 0600, but a file an older Orbit made (0644 under
+    the usual umask) kept its mode, and with it every task's payload and result stayed
+    readable by every user of the machine, and nothing said so. The server says it
+    once when it starts, naming the file and its mode, and leaves the mode as it is; a
+    file only its owner (and group) may read gets no such line."""
+    from orbit.store import open_store
+
+    exposed, private = tmp_path / "exposed.db", tmp_path / "private.db"
+    for path in (exposed, private):
+        open_store(f"sqlite:///{path}").close()
+    exposed.chmod(0o644)
+    private.chmod(0o640)
+    said = "is open to other users of this machine"
+    for path, warned in ((exposed, True), (private, False)):
+        node = start_server(f"sqlite:///{path}", tmp_path, node_id=path.stem)
+        try:
+            log = node.log_text()
+        finally:
+            node.stop()
+        assert (f"the database file {path} {said} (mode 644)" in log) is warned, log
+        assert (said in log) is warned, log
+    assert oct(exposed.stat().st_mode & 0o777) == oct(0o644)
+
+
 def test_a_server_whose_database_cannot_be_opened_says_why_at_once(tmp_path: Path) -> None:
     """``orbit server`` (and ``db migrate``) on a PostgreSQL that refuses connections, or
     on a file that is no database, print one line that names the cause and exit 1. On
@@ -843,6 +930,39 @@ def test_server_with_a_node_id_no_worker_could_attach_to_is_refused(tmp_path: Pa
     assert not db.exists()
 
 
+def test_server_durations_past_a_day_or_infinite_are_refused_before_anything(
+    tmp_path: Path,
+) -> None:
+    """``--lease-ttl inf`` (or ``--claim-ttl``, ``--session-ttl``) was an OverflowError
+    traceback, and ``--claim-ttl 1e300`` started a node whose first claim overflowed the
+    database's 64-bit microseconds. Every duration of ``orbit server`` is now at most a
+    day: more is a usage error (exit 2) naming the option, before the database is made.
+    In this process, as the command parses its options first: the TTLs come first, so
+    that without the bound the test fails at once rather than start a server here."""
+    from typer.testing import CliRunner
+
+    from orbit.cli.main import app
+
+    db = tmp_path / "orbit.db"
+    for option in (
+        "--lease-ttl",
+        "--claim-ttl",
+        "--session-ttl",
+        "--poll-interval",
+        "--reap-interval",
+        "--stream-poll",
+        "--stream-keepalive",
+        "--stream-send-timeout",
+    ):
+        for value in ("inf", "1e300", "86401"):
+            args = ["server", "--db", f"sqlite:///{db}", "--port", "0", option, value]
+            result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+            assert isinstance(result.exception, SystemExit), (option, value, result.exception)
+            assert result.exit_code == 2, (option, value, result.output)
+            assert option in result.stderr, (option, value, result.stderr)
+    assert not db.exists()
+
+
 @pytest.fixture
 def cli(cluster: tuple[Node, Tokens, str]) -> Run:
     """``orbit`` run in this process against the module's server: a few milliseconds a
@@ -996,6 +1116,66 @@ def test_task_cancel_help_says_a_running_task_is_told_at_once() -> None:
     text = " ".join(helped.stdout.split())
     assert "running ones stop at their next renewal" not in text, text
     assert "a running one's worker is told at once" in text, text
+
+
+def test_an_empty_id_or_name_is_one_line_and_exit_2() -> None:
+    """The client refuses an empty id or name before it sends anything (a ValueError
+    naming the argument): ``orbit task show "$ID"`` with ID unset, and every command
+    like it, printed that as a traceback and exited 1, which for ``task wait`` means a
+    task that ended other than succeeded. No server is needed: nothing is sent."""
+    from typer.testing import CliRunner
+
+    from orbit.cli.main import app
+
+    env: dict[str, str | None] = {
+        "ORBIT_URL": "http://127.0.0.1:9",
+        "ORBIT_TOKEN": "orbit_00_unused",
+        "ORBIT_TOKEN_FILE": None,
+    }
+    for args in (
+        ["task", "show", ""],
+        ["task", "wait", ""],
+        ["task", "cancel", ""],
+        ["task", "retry", ""],
+        ["task", "resolve", "", "--decision", "retry"],
+        ["queue", "pause", ""],
+        ["queue", "update", "", "--rate", "1"],
+        ["schedule", "show", ""],
+        ["worker", "drain", ""],
+        ["limit", "tenant", ""],
+        ["event", "ls", "--task", ""],
+        ["event", "ls", "--follow", "--task", ""],
+    ):
+        result = CliRunner().invoke(app, args, env=env)
+        assert isinstance(result.exception, SystemExit), (args, result.exception)
+        assert result.exit_code == 2, (args, result.output)
+        assert "must not be empty" in result.stderr, (args, result.stderr)
+
+
+def test_event_ls_refuses_a_limit_with_follow_which_would_ignore_it(cli: Run) -> None:
+    """``orbit event ls --follow --limit 5`` took the --limit and followed every event
+    regardless: a flag that did nothing. It is refused (exit 2) before anything is
+    sent; without --follow it still sizes the page."""
+    absent = "01a229a4-0000-7000-8000-000000000000"  # sent, the stream would be a 404
+    refused = cli("event", "ls", "--follow", "--task", absent, "--limit", "5")
+    assert refused.returncode == 2, (refused.stdout, refused.stderr)
+    assert "--limit" in refused.stderr and "TASK_NOT_FOUND" not in refused.stderr
+    ok(cli("queue", "create", "paged-events", "--max-concurrency", "1", "--rate", "0"))
+    page = json.loads(ok(cli("event", "ls", "--limit", "1", "--json")))
+    assert len(page["items"]) == 1 and page["next_cursor"], page
+
+
+def test_task_submit_help_gives_the_wait_timeouts_default() -> None:
+    """``--wait-timeout``'s help ended "[default: 3600]", which rich, rendering the help,
+    took for a markup tag and dropped: the help never said how long --wait waits."""
+    from typer.testing import CliRunner
+
+    from orbit.cli.main import app
+
+    helped = CliRunner().invoke(app, ["task", "submit", "--help"], env={"COLUMNS": "300"})
+    assert helped.exit_code == 0, helped.output
+    text = " ".join(helped.stdout.split())
+    assert "give up waiting after this many seconds (default 3600)" in text, text
 
 
 def test_queue_caps_and_limits_over_http_the_clients_and_the_cli(

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import queue
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -250,7 +249,7 @@ def test_sigterm_closes_open_sockets_and_the_server_exits(
         log.events_until(lambda seen: len(seen) == 1)
         fast.proc.terminate()
         assert log.close_code()[0] == 1012  # service restart: reconnect from the cursor
-    assert fast.proc.wait(timeout=PATIENCE) == -signal.SIGTERM
+    assert fast.proc.wait(timeout=PATIENCE) == 0
     assert "Application shutdown complete" in fast.log_text()
 
 
