@@ -111,7 +111,7 @@ def test_a_cancel_heard_while_a_drain_stops_the_handler_ends_the_task_at_once(
         task_id = api.post("/v1/tasks", json={"queue": "q", "handler": "h"}).json()["task"]["id"]
         worker = Worker(node.http, tokens.worker, grace=0, cancel_grace=30)
         started, stopping = threading.Event(), threading.Event()
-        heard = asyncio.Event()  # the runner has taken the pushed cancel
+        heard = _heard_cancel(worker)
         seen: dict[str, Any] = {}
 
         @worker.handler("h")
@@ -125,15 +125,6 @@ def test_a_cancel_heard_while_a_drain_stops_the_handler_ends_the_task_at_once(
                 await heard.wait()  # cleaning up while the task's cancel comes
                 raise
             return "never"
-
-        take_push = worker._on_push
-
-        def on_push(msg: dict[str, Any]) -> None:
-            take_push(msg)
-            if msg.get("type") == "cancel":
-                heard.set()
-
-        worker._on_push = on_push  # type: ignore[method-assign]
 
         async def run() -> int:
             running = asyncio.create_task(worker.arun())
@@ -193,7 +184,7 @@ def test_a_cancel_heard_while_the_attempt_timeout_stops_the_handler_is_reported(
         task_id = api.post("/v1/tasks", json=spec).json()["task"]["id"]
         worker = Worker(node.http, tokens.worker, cancel_grace=30)
         stopping = threading.Event()
-        heard = asyncio.Event()
+        heard = _heard_cancel(worker)
         seen: dict[str, Any] = {}
 
         @worker.handler("h")
@@ -206,15 +197,6 @@ def test_a_cancel_heard_while_the_attempt_timeout_stops_the_handler_is_reported(
                 await heard.wait()
                 raise
             return "never"
-
-        take_push = worker._on_push
-
-        def on_push(msg: dict[str, Any]) -> None:
-            take_push(msg)
-            if msg.get("type") == "cancel":
-                heard.set()
-
-        worker._on_push = on_push  # type: ignore[method-assign]
 
         async def run() -> int:
             running = asyncio.create_task(worker.arun())
@@ -262,3 +244,17 @@ def test_the_other_bodiless_actions_refuse_a_body_too(admin: httpx.Client) -> No
     assert admin.post("/v1/schedules/nightly/pause").json()["paused"] is True
     assert admin.post(f"/v1/tokens/{token_id}/revoke", json={}).json()["revoked_at"]
     assert admin.post("/v1/workers/no-such-session/drain").status_code == 404
+
+
+def _heard_cancel(worker: Worker) -> asyncio.Event:
+    """Set once ``worker``'s runner has taken a pushed ``cancel`` (after its own handling)."""
+    heard = asyncio.Event()
+    take_push = worker._on_push
+
+    def on_push(msg: dict[str, Any]) -> None:
+        take_push(msg)
+        if msg.get("type") == "cancel":
+            heard.set()
+
+    worker._on_push = on_push  # type: ignore[method-assign]
+    return heard
