@@ -126,6 +126,11 @@ def _store(request: HTTPConnection) -> Store:
 
 async def _document(request: Request) -> Any:
     """The body, within the size limit, parsed under the strict JSON rules."""
+    return decode_json(await _raw_body(request))
+
+
+async def _raw_body(request: Request) -> bytes:
+    """The body's bytes, within the size limit."""
     limit: int = request.app.state.settings.max_body_bytes
     if declares_over(request.headers.get("content-length"), limit):
         raise ApiError(413, "BODY_TOO_LARGE", f"the body is over {limit} bytes")
@@ -138,7 +143,7 @@ async def _document(request: Request) -> Any:
         if size > limit:
             raise ApiError(413, "BODY_TOO_LARGE", f"the body is over {limit} bytes")
         chunks.append(chunk)
-    return decode_json(b"".join(chunks))
+    return b"".join(chunks)
 
 
 async def _body(request: Request, model: type[M]) -> M:
@@ -156,7 +161,10 @@ async def _no_fields(request: Request) -> None:
     length = request.headers.get("content-length")
     if "transfer-encoding" not in request.headers and length in (None, "0"):
         return
-    decode_model(_NoFields, await _document(request), parsed=True)
+    raw = await _raw_body(request)
+    if not raw:  # sent chunked with no bytes (a client that streams its body): no body
+        return
+    decode_model(_NoFields, decode_json(raw), parsed=True)
 
 
 def _json(model: BaseModel | list[Any] | dict[str, Any], status: int = 200) -> Response:
