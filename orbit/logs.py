@@ -29,10 +29,15 @@ _PATTERNS = [
     ),
     # A database password, wherever libpq reads one: after the user name in a URL (which
     # may be empty), and as a ``password`` parameter of a URL's query or of a key=value
-    # conninfo string, quoted or not.
-    (re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)[^@\s]+@"), r"\1[redacted]@"),
+    # conninfo string, quoted or not. In a URL it runs to the LAST ``@`` before a space:
+    # a password with an unencoded ``@`` (``user:p@ss@host``) kept its tail up to the
+    # first one. Going too far (an ``@`` in the path) hides a host, never a password.
+    (re.compile(r"(?i)(postgres(?:ql)?://[^:/@\s]*:)\S*@"), r"\1[redacted]@"),
     (
-        re.compile(r"(?i)(\bpassword\s*=\s*)(?:'(?:[^'\\]|\\.)*'|[^\s&'\",]+)"),
+        re.compile(
+            r"(?i)(\bpassword\s*=\s*)"
+            r"(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\s&'\",]+)"
+        ),
         r"\1[redacted]",
     ),
 ]

@@ -103,6 +103,12 @@ def _fail(message: str, code: int = 2) -> NoReturn:
 def _check_url(url: str) -> None:
     if not url.startswith(("sqlite://", "postgresql://", "postgres://")):
         _fail("--db must start with sqlite:// or postgresql://")
+    if _unencoded_in_password(url):
+        # libpq ends the user part at the first ``@`` (or ``/``): ``user:p@ss@host`` is
+        # password ``p`` on host ``ss@host``, which it looks up in DNS and names in its
+        # error, with the rest of the password. Refused before the driver sees it, and
+        # without echoing it.
+        _fail("the password in --db holds an unencoded @ or /: percent-encode it (%40, %2F)")
     from orbit.store import sqlite_path
 
     path = sqlite_path(url)
@@ -110,6 +116,17 @@ def _check_url(url: str) -> None:
         # The store opens these in memory: a schema, a token or a server's state that is
         # gone when the command ends (`token create` printed a token nothing accepts).
         _fail("--db names no file: give sqlite:///path/orbit.db (or sqlite:////abs/path)")
+
+
+def _unencoded_in_password(url: str) -> bool:
+    """Whether a PostgreSQL URL's password (from the first ``:`` of its user part to the
+    last ``@`` before its query) holds an ``@`` or a ``/`` that is not percent-encoded."""
+    if url.startswith("sqlite://"):
+        return False
+    rest = url.partition("://")[2].partition("?")[0]
+    userinfo = rest.rpartition("@")[0]
+    password = userinfo.partition(":")[2]
+    return "@" in password or "/" in password
 
 
 def _passwords(url: str) -> list[str]:

@@ -733,6 +733,34 @@ def test_a_database_url_password_is_in_no_error_line() -> None:
             assert secret not in said and "hun%zzter2" not in said, (url, said)
 
 
+def test_a_database_password_with_an_unencoded_at_or_slash_is_refused_unechoed() -> None:
+    """libpq ends a URL's user part at its first ``@`` or ``/``: ``user:hun@ter2@host``
+    is password ``hun`` on host ``ter2@host``, which it looked up in DNS and named in its
+    error ("failed to resolve host 'ter2@…'"), so the line kept the password's tail. Such
+    a URL is refused before the driver sees it, with a line that says how to write it
+    and holds no part of it."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from tests.pg import ADMIN_DSN
+
+    pg = conninfo_to_dict(ADMIN_DSN)
+    at = f"{pg.get('host', '127.0.0.1')}:{pg.get('port', '5432')}"
+    user = pg.get("user", "postgres")
+    for password in ("hun@ter2", "hun/ter2", "h@un/ter2@x"):
+        url = f"postgresql://{user}:{password}@{at}/review_redact_none"
+        for args in (
+            ["db", "migrate", "--db", url],
+            ["token", "ls", "--db", url],
+            ["server", "--port", "0", "--db", url],
+        ):
+            run = _orbit(*args)
+            said = run.stdout + run.stderr
+            # Plain booleans: a failed assertion shows no part of the output it checked.
+            refused, explained = run.returncode == 2, "percent-encode" in said
+            clean = "Traceback" not in said and "hun" not in said and "ter2" not in said
+            assert refused and explained and clean, (args[:2], refused, explained, clean)
+
+
 def test_server_on_an_address_it_cannot_listen_on_is_refused_and_touches_nothing(
     tmp_path: Path,
 ) -> None:

@@ -45,6 +45,25 @@ def test_a_database_password_is_redacted_in_every_place_libpq_reads_one() -> Non
         assert "[redacted]" in cleaned and "db" in cleaned, cleaned
 
 
+def test_a_database_password_with_reserved_characters_leaves_no_part_behind() -> None:
+    """A password with an unencoded ``@`` (``user:hun@ter2@host``) kept its tail: the URL
+    pattern stopped at the first ``@``. So did a scheme in capitals, and a double-quoted
+    ``password="…"`` (a repr or a JSON string of a conninfo)."""
+    for text in (
+        "postgresql://orbit:hun@ter2@db:5432/orbit",
+        "postgresql://orbit:h@un@ter2@db/orbit",
+        "postgresql://orbit:hun/ter2@db/orbit",
+        "postgresql://orbit:hun:ter2@db/orbit",
+        "failed: 'postgres://orbit:hun@ter2@db/orbit' at boot",
+        "POSTGRESQL://orbit:hunter2@db/orbit",
+        'host=db password="hun ter2" dbname=orbit',
+    ):
+        cleaned = redact(text)
+        kept = "hun" in cleaned or "ter2" in cleaned  # a bool: a failure shows no part
+        assert not kept
+        assert "[redacted]" in cleaned and "db" in cleaned, cleaned
+
+
 def test_a_worker_connection_logs_no_token_even_at_debug(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
