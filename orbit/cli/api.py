@@ -853,8 +853,11 @@ def _print_outcome(task: dict[str, Any]) -> None:
     if task["result"] is not None:
         out.print(f"result: {json.dumps(task['result'])}", highlight=False)
     if task["error"]:
+        # A task cancelled while it waited for a retry (or from needs_review) keeps its last
+        # attempt's error as history: it did not end because of it.
+        label = "last attempt's error" if task["state"] == "cancelled" else "error"
         out.print(
-            f"error: {task['error']['code']} {task['error']['message'] or ''}", highlight=False
+            f"{label}: {task['error']['code']} {task['error']['message'] or ''}", highlight=False
         )
 
 

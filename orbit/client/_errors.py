@@ -102,17 +102,27 @@ def error_from(status: int, body: Any, retry_after: str | None = None) -> ApiErr
 
 
 class TaskFailed(Exception):
-    """``result()`` of a task that ended without a result (failed, cancelled, needs_review)."""
+    """``result()`` of a task that ended without a result (failed, cancelled, needs_review).
+
+    ``code`` is why it ended: the task's error code, or ``TASK_CANCELLED`` for a cancelled
+    task. A task cancelled while it waited for a retry (or from ``needs_review``) keeps
+    its last attempt's error in its view (the history of what happened); that error is
+    ``last_error`` here, never ``code``: the task did not end because of it."""
 
     def __init__(self, task: dict[str, Any]) -> None:
         error = task.get("error") or {}
-        # A task cancelled before it ran has no error: it said "...: None".
-        detail = " ".join(str(p) for p in (error.get("code"), error.get("message")) if p)
-        said = f": {detail}" if detail else " (no error recorded)"
-        super().__init__(f"task {task['id']} ended {task['state']}{said}")
         self.task = task
         self.state = task["state"]
-        self.code = error.get("code")
+        self.last_error: dict[str, Any] | None = error or None
+        detail = " ".join(str(p) for p in (error.get("code"), error.get("message")) if p)
+        if self.state == "cancelled":
+            self.code: str | None = "TASK_CANCELLED"
+            # A task cancelled before it ran has no error: it said "...: None".
+            said = f" (its last attempt's error: {detail})" if detail else " (no error recorded)"
+        else:
+            self.code = error.get("code")
+            said = f": {detail}" if detail else " (no error recorded)"
+        super().__init__(f"task {task['id']} ended {task['state']}{said}")
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled by the task it was made from, with its ``__dict__`` (as ``ApiError``)."""

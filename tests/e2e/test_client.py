@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -81,6 +82,59 @@ def test_sync_client_calls_and_errors(node: Node, tokens: Tokens) -> None:
         assert made["token"].startswith("orbit_")
         assert made["id"] in [t["id"] for t in c.token_list()]
         assert c.token_revoke(made["id"])["revoked_at"] is not None
+
+
+def test_a_task_cancelled_while_it_waited_for_a_retry_fails_as_cancelled(
+    node: Node, tokens: Tokens
+) -> None:
+    """A task whose attempt failed (retryable) waits ``scheduled`` for its retry and is
+    cancelled then. Its view keeps the last attempt's error (history). Old code: the
+    clients' ``TaskFailed`` carried that error's code (``E``, retryable) as why the task
+    ended, and ``orbit task wait`` printed it as ``error:``; now the code is
+    ``TASK_CANCELLED``, the attempt's error is ``last_error``, and the command says whose
+    error it is."""
+    from typer.testing import CliRunner
+
+    from orbit.cli.main import app
+    from orbit.worker import WorkerConnection
+
+    error = {"code": "E", "message": "m", "retryable": True}
+    with Client(node.http, tokens.admin) as c:
+        c.queue_create("q", max_concurrency=1, rate=0)
+        backoff = {"base": 3600, "factor": 2, "max": 3600}  # the retry waits past the test
+        task_id = c.submit("q", "h", max_attempts=3, backoff=backoff)["id"]
+
+        async def fail_once() -> dict[str, Any]:
+            conn = await WorkerConnection.connect(node.ws, tokens.worker)
+            try:
+                await conn.hello("w", {"h": 1}, 1)
+                [task] = (await conn.next_push(10.0))["tasks"]
+                await conn.start(task["attempt_id"], task["fence"])
+                return await conn.finish(task["attempt_id"], task["fence"], error=error)
+            finally:
+                await conn.close()
+
+        assert asyncio.run(fail_once())["task_state"] == "scheduled"
+        assert c.cancel(task_id)["state"] == "cancelled"
+        assert c.get(task_id)["error"] == error  # the view is unchanged: history
+        with pytest.raises(TaskFailed) as failed:
+            c.result(task_id, timeout=5)
+        assert failed.value.state == "cancelled" and failed.value.code == "TASK_CANCELLED"
+        assert failed.value.last_error == error
+        assert "ended cancelled (its last attempt's error: E m)" in str(failed.value)
+
+    async def async_result() -> TaskFailed:
+        async with AsyncClient(node.http, tokens.admin) as ac:
+            with pytest.raises(TaskFailed) as raised:
+                await ac.result(task_id, timeout=5)
+            return raised.value
+
+    assert asyncio.run(async_result()).code == "TASK_CANCELLED"
+    env = {"ORBIT_URL": node.http, "ORBIT_TOKEN": tokens.admin, "ORBIT_TOKEN_FILE": None}
+    run = CliRunner().invoke(app, ["task", "wait", task_id, "--timeout", "5"], env=env)
+    assert run.exit_code == 1, run.output
+    assert "last attempt's error: E m" in run.output, run.output
+    assert "\nerror: " not in run.output, run.output
 
 
 def test_async_client(node: Node, tokens: Tokens) -> None:

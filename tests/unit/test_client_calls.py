@@ -551,6 +551,24 @@ def test_a_task_that_ended_without_an_error_says_so() -> None:
     )
 
 
+def test_a_task_cancelled_after_a_failed_attempt_fails_as_cancelled() -> None:
+    """A task cancelled while it waited for a retry keeps its last attempt's error in its
+    view. ``TaskFailed`` gave that error's code as why the task ended; now it is
+    ``TASK_CANCELLED``, and the attempt's error is ``last_error`` (and in the message as
+    what it is). A failed task is as before: ``last_error`` is its error."""
+    error = {"code": "HANDLER_ERROR", "message": "boom", "retryable": True}
+    cancelled = TaskFailed({"id": "t1", "state": "cancelled", "error": error})
+    assert cancelled.code == "TASK_CANCELLED" and cancelled.last_error == error
+    assert (
+        str(cancelled) == "task t1 ended cancelled (its last attempt's error: HANDLER_ERROR boom)"
+    )
+    bare = TaskFailed({"id": "t2", "state": "cancelled", "error": None})
+    assert bare.code == "TASK_CANCELLED" and bare.last_error is None
+    failed = TaskFailed({"id": "t3", "state": "failed", "error": error})
+    assert failed.code == "HANDLER_ERROR" and failed.last_error == error
+    assert pickle.loads(pickle.dumps(cancelled)).last_error == error
+
+
 # --------------------------------------------------------------------------- keep-alive
 
 
