@@ -137,8 +137,21 @@ def client(url: str, cafile: str | None) -> Iterator[Client]:
     except ValueError as exc:
         # The client's refusal of an argument before anything is sent: an empty id or
         # name (`orbit task show "$ID"` with ID unset) was a traceback and exit 1, which
-        # `task wait` means as a task that ended other than succeeded.
+        # `task wait` means as a task that ended other than succeeded. Only the client's
+        # own: any other ValueError is a fault, and keeps its traceback.
+        if not _raised_by_client(exc):
+            raise
         fail(str(exc), EXIT_USAGE)
+
+
+def _raised_by_client(exc: BaseException) -> bool:
+    """Whether ``exc``'s innermost frame is in ``orbit.client``: a refusal of an
+    argument there, rather than a fault in printing or in the command's own code."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    module = "" if tb is None else str(tb.tb_frame.f_globals.get("__name__", ""))
+    return module.startswith("orbit.client")
 
 
 def emit(data: Any, as_json: bool, table: Callable[[Any], Table] | None = None) -> None:

@@ -2145,3 +2145,18 @@ def test_schedule_commands(orbit: Run) -> None:
     gone = orbit("schedule", "show", "nightly")
     assert gone.returncode == 3 and "SCHEDULE_NOT_FOUND" in gone.stderr
     assert "catch_up" in ok(orbit("schedule", "create", "--help"))
+
+
+def test_only_the_clients_own_value_errors_become_one_line() -> None:
+    """The commands turn the client's refusal of an argument into one line and exit 2;
+    a ValueError from anywhere else (printing, the command's own code) is a fault and
+    keeps its traceback."""
+    from orbit.cli.api import _raised_by_client
+    from orbit.client._client import _Calls
+
+    with pytest.raises(ValueError) as refused:
+        _Calls.task_action("", "cancel")
+    assert _raised_by_client(refused.value)
+    with pytest.raises(ValueError) as other:
+        int("not a number")
+    assert not _raised_by_client(other.value)
