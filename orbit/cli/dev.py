@@ -280,6 +280,11 @@ async def serve(host: str, port: int, data_dir: Path, once: bool) -> int:
     if not once:
         await stop.wait()
     worker.stop()
+    # 10 s, though grace + cancel_grace + the report grace add up to 12: the demo's
+    # handlers all end at once when cancelled (none ignores it, so cancel_grace is never
+    # waited out) and the server here answers until the worker is done, so the drain
+    # takes grace (2 s) and a round trip. Past 10 s only a server that stopped answering
+    # is waited on; the run is cancelled then, and its leases decide.
     with contextlib.suppress(Exception):
         await asyncio.wait_for(working, 10)
     api.state.streams.close()  # open event streams end: uvicorn waits for every response

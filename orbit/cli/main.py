@@ -577,11 +577,12 @@ def worker_command(
 
     The token comes from ORBIT_TOKEN or ORBIT_TOKEN_FILE. A running worker drains on
     SIGTERM or SIGINT: no new claims, running handlers finish within the grace period,
-    then are cancelled. Exit codes of a running worker: 0 drained; 1 a handler ignored
-    its cancellation, or an outcome the server never confirmed (its lease decides); 2 bad
-    arguments, no token, an unusable URL or CA file, a server certificate not trusted, or
-    no handler registered; 3 the server refused the token or the worker's hello. Of ls
-    and drain: 0 done; 2 bad arguments; 3 refused by the server; 4 server unreachable.
+    then are cancelled; a second Ctrl-C (SIGINT) cancels them at once. Exit codes of a
+    running worker: 0 drained; 1 a handler ignored its cancellation, or an outcome the
+    server never confirmed (its lease decides); 2 bad arguments, no token, an unusable URL
+    or CA file, a server certificate not trusted, or no handler registered; 3 the server
+    refused the token or the worker's hello. Of ls and drain: 0 done; 2 bad arguments; 3
+    refused by the server; 4 server unreachable.
     """
     from orbit.cli import api
 

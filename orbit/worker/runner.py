@@ -7,7 +7,7 @@ right, so a handler is just a function.
     async def screenshot(ctx: Context, payload: dict) -> dict:
         ...
 
-    worker.run()   # SIGTERM or SIGINT: drain, then exit
+    worker.run()   # SIGTERM or SIGINT: drain, then exit (a second SIGINT: at once)
 
 Guarantees the runner keeps:
 - a handler's result is sent only while its attempt is still ours: when the server says
@@ -50,7 +50,7 @@ from datetime import datetime
 from functools import partial
 from pathlib import Path
 from types import CoroutineType
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 from websockets.exceptions import InvalidStatus
@@ -434,6 +434,7 @@ class Worker:
         #: set once the drain has been asked for (answered, or given up on): an attempt
         #: pushed after the stop is released only then (``_attempt``)
         self._drain_asked = asyncio.Event()
+        self._hurry = asyncio.Event()
         self._lease_changed = asyncio.Event()
         #: no live lease's renewal is due before this instant (monotonic): a bound under
         #: every ``renew_at``, lowered as each is set and raised only by a full look
@@ -531,6 +532,7 @@ class Worker:
         self._connected = asyncio.Event()
         self._stop_requested = asyncio.Event()
         self._drain_asked = asyncio.Event()
+        self._hurry = asyncio.Event()  # stop(now=True): the grace is over
         self._lease_changed = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         # A session of its own: the last run's was drained, for good, and resumed it was
@@ -555,15 +557,37 @@ class Worker:
         if not install_signals:
             return await self._serve()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stop)
+        handlers = {signal.SIGTERM: self.stop, signal.SIGINT: self._interrupted}
+        # The loop is the caller's (``arun``): a handler the caller had put on it is put
+        # back when the run ends (it was removed, and the caller's Ctrl-C then did
+        # nothing); ours, left installed, sent a later Ctrl-C to this finished worker.
+        # Without one, the process's own handler is put back: ``asyncio.run``'s for SIGINT
+        # (which cancels its main task) became Python's, a KeyboardInterrupt anywhere.
+        before: dict[signal.Signals, tuple[Callable[..., object], tuple[Any, ...]] | None] = {}
+        python_level = {sig: signal.getsignal(sig) for sig in handlers}
+        for sig, handler in handlers.items():
+            found = _loop_signal_handler(loop, sig)
+            if found is False:
+                # uvloop keeps its handlers out of reach: one the caller put there could
+                # not be put back, so it is left alone and the caller's stays in charge.
+                log.info("%s already has a handler on this loop: left to it", sig.name)
+                continue
+            before[sig] = found
+            loop.add_signal_handler(sig, handler)
         try:
             return await self._serve()
         finally:
-            # The loop is the caller's (``arun``): left installed, a later Ctrl-C went to
-            # this finished worker's stop() and the caller could no longer be stopped.
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
+            for installed, previous in before.items():
+                loop.remove_signal_handler(installed)
+                if previous is not None:
+                    loop.add_signal_handler(installed, previous[0], *previous[1])
+                elif python_level[installed] is not None:  # None: not set from Python
+                    signal.signal(installed, python_level[installed])
+
+    def _interrupted(self) -> None:
+        """SIGINT: the first drains, as SIGTERM does; a second one (Ctrl-C pressed again)
+        cuts the grace short, as ``orbit server`` stops at once on a second Ctrl-C."""
+        self.stop(now=self._stopping)
 
     async def _serve(self) -> int:
         """The run itself, apart from ``_run``, which installs the signals around it."""
@@ -632,11 +656,17 @@ class Worker:
         await self._starts.stop()
         await self._finishes.stop()
 
-    def stop(self) -> None:
+    def stop(self, *, now: bool = False) -> None:
         """Ask the worker to drain and exit (what SIGTERM and SIGINT do). Safe from any
         thread: from one other than the worker's, an asyncio.Event set directly woke
-        nothing, and the run went on until something else woke its loop."""
-        log.info("stopping: draining")
+        nothing, and the run went on until something else woke its loop.
+
+        ``now=True`` (what a second SIGINT does) skips what is left of ``grace``: running
+        handlers are cancelled at once, and the drain goes on as when ``grace`` runs out."""
+        if now:
+            log.warning("stopping now: running handlers are cancelled")
+        else:
+            log.info("stopping: draining")
         self._stopping = True
         loop = self._loop
         if loop is not None and not loop.is_closed():
@@ -646,9 +676,14 @@ class Worker:
                 here = None
             if here is not loop:
                 with contextlib.suppress(RuntimeError):  # closed meanwhile: the run is over
-                    loop.call_soon_threadsafe(self._stop_requested.set)
+                    loop.call_soon_threadsafe(self._stop_events, now)
                 return
+        self._stop_events(now)
+
+    def _stop_events(self, now: bool) -> None:
         self._stop_requested.set()
+        if now:
+            self._hurry.set()
 
     # ------------------------------------------------------------------ connection
 
@@ -1636,24 +1671,57 @@ class Worker:
         # take at once, not started during the drain (``_free_slot`` starts none now).
         for r, _, _ in list(self._waiting.values()):
             self._cancel(r, STOPPING)
-        await self._attempts_over(self.grace)
+        await self._attempts_over(self.grace, hurry=True)
         for r in list(self.running.values()):
             self._cancel(r, STOPPING)
         await self._attempts_over(self.cancel_grace + self._report_grace)
         if self.abandoned:
             log.error("%d handler(s) ignored cancellation and were abandoned", len(self.abandoned))
 
-    async def _attempts_over(self, timeout: float) -> None:
+    async def _attempts_over(self, timeout: float, *, hurry: bool = False) -> None:
         """Wait at most ``timeout`` seconds for the running attempts to be over or
-        abandoned: not for their tasks, of which an abandoned async handler's lives on."""
+        abandoned: not for their tasks, of which an abandoned async handler's lives on.
+        With ``hurry``, no longer once ``stop(now=True)`` has been asked for."""
         loop = asyncio.get_running_loop()
-        overs = []
+        overs: list[asyncio.Future[Any]] = []
         for r in self.running.values():
             if r.over is None:
                 r.over = loop.create_future()
             overs.append(r.over)
-        if overs:
+        if not overs or (hurry and self._hurry.is_set()):
+            return
+        if not hurry:
             await asyncio.wait(overs, timeout=timeout)
+            return
+        # All of them over, or the hurry: whichever comes first (cancelling the wait
+        # for them cancels none of them)
+        waits = [
+            asyncio.ensure_future(asyncio.wait(overs)),
+            asyncio.ensure_future(self._hurry.wait()),
+        ]
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+
+
+def _loop_signal_handler(
+    loop: asyncio.AbstractEventLoop, sig: int
+) -> tuple[Callable[..., object], tuple[Any, ...]] | Literal[False] | None:
+    """The handler ``loop.add_signal_handler`` put on ``sig`` (its callback and
+    arguments), None if there is none, or False if there is one that cannot be read
+    (uvloop keeps its handlers to itself: it is seen by the Python handler it installs)."""
+    handlers = getattr(loop, "_signal_handlers", None)  # asyncio's Unix loops
+    if isinstance(handlers, dict):
+        handle = handlers.get(sig)
+        if handle is None:
+            return None
+        return handle._callback, tuple(handle._args)
+    own = getattr(loop, "_Loop__sighandler", None)  # uvloop's
+    if own is not None and signal.getsignal(sig) == own:
+        return False
+    return None
 
 
 async def _close_quietly(conn: WorkerConnection | None) -> None:
