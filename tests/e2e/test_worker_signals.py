@@ -3,22 +3,19 @@ signal handlers its caller had on the loop. Real processes, as a user would run 
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from tests.e2e.servers import Node, Tokens
+from tests.e2e.test_runner import FAST, _wait_for, _worker_process, submit, wait_state
 
 ROOT = Path(__file__).resolve().parents[2]
-FAST = ["--lease-ttl", "1", "--claim-ttl", "2", "--reap-interval", "0.1", "--poll-interval", "0.5"]
 
 
 @pytest.fixture
@@ -33,29 +30,6 @@ def api(fast: Node, tokens: Tokens) -> Iterator[httpx.Client]:
     ) as client:
         client.post("/v1/queues", json={"name": "q", "max_concurrency": 50, "rate": 0})
         yield client
-
-
-def _submit(api: httpx.Client, handler: str, payload: Any, **kw: Any) -> str:
-    reply = api.post("/v1/tasks", json={"queue": "q", "handler": handler, "payload": payload, **kw})
-    assert reply.status_code == 201, reply.text
-    return str(reply.json()["task"]["id"])
-
-
-def _wait_state(api: httpx.Client, task_id: str, states: set[str]) -> dict[str, Any]:
-    end = time.monotonic() + 30
-    while True:
-        task = api.get(f"/v1/tasks/{task_id}").json()
-        if task["state"] in states:
-            return dict(task)
-        assert time.monotonic() < end, f"task stayed {task['state']}"
-        time.sleep(0.05)
-
-
-def _wait_for(path: Path) -> None:
-    end = time.monotonic() + 30
-    while not path.exists():
-        assert time.monotonic() < end, f"{path.name} never appeared"
-        time.sleep(0.02)
 
 
 def _read_until(proc: subprocess.Popen[str], text: str) -> list[str]:
@@ -78,23 +52,11 @@ def test_a_second_ctrl_c_cancels_running_handlers_at_once(
     follows the grace's rules (a retry_safe one reported CANCELLED and run again, any
     other left to its lease, needs_review). The second Ctrl-C once did nothing: the
     worker waited out the whole grace."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orbit.cli", "worker", "tests.e2e.worker_app:worker"],
-        env={
-            **os.environ,
-            "ORBIT_URL": fast.http,
-            "ORBIT_TOKEN": tokens.worker,
-            "ORBIT_TEST_MARKS": str(tmp_path),
-            "ORBIT_TEST_GRACE": "600",
-            "ORBIT_TEST_CANCEL_GRACE": "5",
-        },
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=ROOT,
+    proc = _worker_process(
+        fast, tokens, tmp_path, ORBIT_TEST_GRACE="600", ORBIT_TEST_CANCEL_GRACE="5"
     )
     try:
-        tid = _submit(api, "sleep", {"seconds": 600}, retry_safe=retry_safe, max_attempts=3)
+        tid = submit(api, "sleep", {"seconds": 600}, retry_safe=retry_safe, max_attempts=3)
         _wait_for(tmp_path / f"start-{tid}")
         proc.send_signal(signal.SIGINT)
         lines = _read_until(proc, "stopping: draining")
@@ -109,11 +71,11 @@ def test_a_second_ctrl_c_cancels_running_handlers_at_once(
     assert "stopping now" in out
     assert not (tmp_path / f"done-{tid}").exists()
     if retry_safe:
-        task = _wait_state(api, tid, {"queued", "scheduled"})
+        task = wait_state(api, tid, {"queued", "scheduled"})
         events = api.get(f"/v1/tasks/{tid}/events").json()["items"]
         assert "CANCELLED" in [e["code"] for e in events], events
     else:
-        task = _wait_state(api, tid, {"needs_review", "queued", "scheduled", "failed"})
+        task = wait_state(api, tid, {"needs_review", "queued", "scheduled", "failed"})
         assert task["state"] == "needs_review", task
     assert task["attempts_used"] == 1
 
