@@ -18,15 +18,21 @@ import httpx
 from tests.e2e.network import idle_connection_answers
 
 
-def test_orbit_dev_runs_the_demo_and_serves_until_interrupted(tmp_path: Path) -> None:
-    data = tmp_path / "dot-orbit"
-    proc = subprocess.Popen(
+def _serving_dev(data: Path) -> subprocess.Popen[str]:
+    """``orbit dev`` on a free port with ``data`` as its data directory, serving until it
+    is stopped, its output on one pipe and wide enough not to wrap."""
+    return subprocess.Popen(
         [sys.executable, "-m", "orbit.cli", "dev", "--port", "0", "--data-dir", str(data)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, "COLUMNS": "200"},
     )
+
+
+def test_orbit_dev_runs_the_demo_and_serves_until_interrupted(tmp_path: Path) -> None:
+    data = tmp_path / "dot-orbit"
+    proc = _serving_dev(data)
     assert proc.stdout is not None
     lines: list[str] = []
     deadline = time.monotonic() + 120
@@ -234,13 +240,7 @@ def test_orbit_dev_interrupted_while_it_starts_stops_cleanly(tmp_path: Path) -> 
     clean stop from the start as once it serves. The one-server lock is the first thing
     it writes, before it prepares the database: the signal is sent once it is there."""
     data = tmp_path / "dot-orbit"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orbit.cli", "dev", "--port", "0", "--data-dir", str(data)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    proc = _serving_dev(data)
     try:
         lock = data / "orbit.db-server.lock"
         deadline = time.monotonic() + 60
