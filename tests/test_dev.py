@@ -97,6 +97,8 @@ def test_orbit_dev_refuses_what_it_cannot_use_before_writing_anything(tmp_path: 
     bad_host = _dev("--host", "no-such-host.invalid", "--port", "0", "--data-dir", str(data))
     assert bad_host.returncode == 2, bad_host.stderr
     assert "cannot listen on no-such-host.invalid" in bad_host.stderr, bad_host.stderr
+    empty_host = _dev("--host", "", "--port", "0", "--data-dir", str(data))
+    assert empty_host.returncode == 2 and "--host is empty" in empty_host.stderr, empty_host.stderr
     assert not data.exists()
     a_file = tmp_path / "a-file"
     a_file.write_text("mine")

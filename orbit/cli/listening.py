@@ -40,7 +40,14 @@ def bind(host: str, port: int, *, unread_timeout: float) -> socket.socket:
     a port in use, or a host that names no address of this machine, is a clear usage
     error, not a traceback. The kernel drops a connection whose peer has taken none of
     its bytes, or acknowledged none, for ``unread_timeout`` seconds (Linux; elsewhere
-    TCP's own limits apply)."""
+    TCP's own limits apply). An empty host is refused: the kernel took it for every
+    interface, where the default serves this machine only, and the URL made from it
+    (``http://:8000``) reached nothing."""
+    if not host.strip():
+        raise typer.BadParameter(
+            "--host is empty: give the address to listen on (127.0.0.1 for this machine "
+            "only, 0.0.0.0 for every interface)"
+        )
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         sock = socket.socket(family, socket.SOCK_STREAM)

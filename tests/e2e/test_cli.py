@@ -765,7 +765,8 @@ def test_server_on_an_address_it_cannot_listen_on_is_refused_and_touches_nothing
     tmp_path: Path,
 ) -> None:
     """A ``--host`` that names no address (or none of this machine's) is a usage error
-    that names it, not a traceback from ``bind``, and no database is created."""
+    that names it, not a traceback from ``bind``, and no database is created. An empty
+    one too: it listened on every interface."""
     db = tmp_path / "orbit.db"
     for host in ("no-such-host.invalid", "192.0.2.1"):
         command = ["server", "--db", f"sqlite:///{db}", "--host", host, "--port", "0"]
@@ -773,6 +774,11 @@ def test_server_on_an_address_it_cannot_listen_on_is_refused_and_touches_nothing
         assert result.returncode == 2, result.stderr
         assert "Traceback" not in result.stderr, result.stderr
         assert f"cannot listen on {host}" in result.stderr, result.stderr
+    for empty in ("", " "):  # the kernel took it for every interface
+        command = ["server", "--db", f"sqlite:///{db}", "--host", empty, "--port", "0"]
+        result = _orbit(*command)
+        assert result.returncode == 2, result.stderr
+        assert "--host is empty" in result.stderr, result.stderr
     assert not db.exists()
 
 
