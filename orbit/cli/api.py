@@ -144,14 +144,20 @@ def client(url: str, cafile: str | None) -> Iterator[Client]:
         fail(str(exc), EXIT_USAGE)
 
 
-def _raised_by_client(exc: BaseException) -> bool:
-    """Whether ``exc``'s innermost frame is in ``orbit.client``: a refusal of an
-    argument there, rather than a fault in printing or in the command's own code."""
+def raised_in(exc: BaseException, package: str) -> bool:
+    """Whether ``exc`` was raised in ``package`` (its innermost frame's module is the
+    package or in it): a refusal of Orbit's, rather than a fault elsewhere."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
     module = "" if tb is None else str(tb.tb_frame.f_globals.get("__name__", ""))
-    return module.startswith("orbit.client")
+    return module == package or module.startswith(f"{package}.")
+
+
+def _raised_by_client(exc: BaseException) -> bool:
+    """A refusal of an argument by ``orbit.client``, rather than a fault in printing or
+    in the command's own code."""
+    return raised_in(exc, "orbit.client")
 
 
 def emit(data: Any, as_json: bool, table: Callable[[Any], Table] | None = None) -> None:

@@ -83,18 +83,6 @@ DbUrl = Annotated[
 ]
 
 
-def _raised_by_orbit(exc: BaseException) -> bool:
-    """Whether ``exc`` was raised by Orbit's own code (its innermost frame's module is in
-    the ``orbit`` package): a refusal of ours, rather than a bug of the user's module."""
-    tb = exc.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    module = str(tb.tb_frame.f_globals.get("__name__", ""))
-    return module == "orbit" or module.startswith("orbit.")
-
-
 def _fail(message: str, code: int = 2) -> NoReturn:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
@@ -610,6 +598,7 @@ def _run_worker(target: str, url: str, cafile: str | None) -> None:
 
     from websockets.exceptions import InvalidStatus
 
+    from orbit.cli.api import raised_in
     from orbit.logs import configure
     from orbit.tokens import TokenError
     from orbit.urls import check_cafile, check_server_url
@@ -632,7 +621,7 @@ def _run_worker(target: str, url: str, cafile: str | None) -> None:
         # What Worker(...) refuses as it is built (a bad name, concurrency, timing;
         # prefetch=1.5) was a traceback: one line now. The module's own bug (len(5) in a
         # helper) keeps its traceback, which names its file and line.
-        if not _raised_by_orbit(exc):
+        if not raised_in(exc, "orbit"):  # a refusal of ours, not the module's bug
             raise
         _fail(f"cannot load {target}: {exc}")
     if not isinstance(obj, Worker):
