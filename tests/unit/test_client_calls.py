@@ -35,6 +35,7 @@ from orbit.client import (
 )
 from orbit.client._client import POLL_TIMEOUT_FLOOR, Waiting
 from orbit.client._http import MAX_TIMEOUT, Transport
+from tests.http_servers import serving
 
 
 class _Server(ThreadingHTTPServer):
@@ -136,14 +137,11 @@ def server() -> Iterator[_Server]:
     srv = _Server(("127.0.0.1", 0), _Handler)
     srv.seen = []
     srv.released = threading.Event()
-    thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield srv
-    finally:
-        srv.released.set()
-        srv.shutdown()
-        srv.server_close()
+    with serving(srv):
+        try:
+            yield srv
+        finally:
+            srv.released.set()
 
 
 def _url(srv: _Server) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -26,6 +25,7 @@ import trustme
 
 from orbit.client import AsyncClient, Client, Unreachable
 from orbit.worker.runner import Worker
+from tests.http_servers import serving
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -70,13 +70,8 @@ def only_certifi_trusts_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> I
     ca.issue_cert("127.0.0.1").configure_cert(context)
     srv = _Server(("127.0.0.1", 0), _Handler)
     srv.socket = context.wrap_socket(srv.socket, server_side=True)
-    thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
+    with serving(srv):
         yield f"https://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_client_does_not_trust_a_ca_of_certifis_alone(only_certifi_trusts_it: str) -> None:

@@ -19,6 +19,7 @@ import pytest
 
 from orbit.client import AsyncClient, Client, Unreachable
 from orbit.client._http import KEEPALIVE_EXPIRY, STREAM_CHUNK, Transport, _still_open
+from tests.http_servers import serving
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -110,13 +111,8 @@ class _Server(ThreadingHTTPServer):
 def server() -> Iterator[_Server]:
     srv = _Server(("127.0.0.1", 0), _Handler)
     srv.seen = []
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(srv):
         yield srv
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def _url(srv: _Server, path: str = "") -> str:

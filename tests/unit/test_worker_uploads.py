@@ -20,6 +20,7 @@ import pytest
 
 from orbit.worker.connection import ServerError
 from orbit.worker.runner import UPLOAD_SENDS, Context, Worker, _Running
+from tests.http_servers import serving
 
 
 def _context(worker: Worker, loop: asyncio.AbstractEventLoop) -> Context:
@@ -148,13 +149,8 @@ class _NotOrbit(BaseHTTPRequestHandler):
 def not_orbit() -> Iterator[str]:
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _NotOrbit)
     srv.daemon_threads = True
-    thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
+    with serving(srv):
         yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 @pytest.mark.parametrize(
@@ -245,13 +241,8 @@ class _FencedServer(ThreadingHTTPServer):
 def fenced() -> Iterator[_FencedServer]:
     srv = _FencedServer(("127.0.0.1", 0), _Fenced)
     srv.puts = []
-    thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
+    with serving(srv):
         yield srv
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def _running_attempt(worker: Worker, ctx: Context) -> _Running:
