@@ -876,8 +876,7 @@ class Worker:
             for attempt_id in msg["attempt_ids"]:
                 running = self.running.get(attempt_id)
                 if running is not None:
-                    running.task_cancelled = True
-                    self._cancel(running, "task cancelled")
+                    self._cancel_task(running)
         elif kind == "error":
             # A request the server refused unread (not JSON, too large, a req_id it could
             # not take): it cannot say which, and that request times out. Said here, or
@@ -986,8 +985,7 @@ class Worker:
             self._set_lease(running, lease, sent)
             self._lease_changed.set()
             if lease.get("status") == "cancel":  # a repeated start, after a cancel
-                running.task_cancelled = True
-                self._cancel(running, "task cancelled")
+                self._cancel_task(running)
             report = await self._invoke(running, payload)
             running.ended = True  # progress still pending is dropped, not sent after it
             if self.prefetch:
@@ -1456,6 +1454,13 @@ class Worker:
         self._waiting_by[name] -= 1
         return entry[1]
 
+    def _cancel_task(self, running: _Running) -> None:
+        """The server said ``running``'s task was cancelled (a push, a renewal, a repeated
+        start): remembered, since any report now ends the task cancelled (``_stopped``),
+        and the handler cancelled."""
+        running.task_cancelled = True
+        self._cancel(running, "task cancelled")
+
     def _cancel(self, running: _Running, reason: str) -> None:
         running.ctx._stop(reason)
         task = running.handler_task
@@ -1636,8 +1641,7 @@ class Worker:
             else:
                 self._set_lease(running, lease, sent)
                 if lease["status"] == "cancel":
-                    running.task_cancelled = True
-                    self._cancel(running, "task cancelled")
+                    self._cancel_task(running)
 
     async def _heartbeat_loop(self) -> None:
         """Keep the session alive while idle; a lapsed session is resumed on reconnect."""
