@@ -167,6 +167,11 @@ async def _no_fields(request: Request) -> None:
     decode_model(_NoFields, decode_json(raw), parsed=True)
 
 
+#: the dependencies of an action that takes no input (pause, resume, cancel, retry, drain,
+#: revoke): a body it would ignore is refused before anything is touched
+BODILESS = [Depends(_no_fields)]
+
+
 def _json(model: BaseModel | list[Any] | dict[str, Any], status: int = 200) -> Response:
     """A view (a model, a plain dict such as ``task_wire``'s, or a list of either) as a
     JSON response."""
@@ -429,18 +434,20 @@ async def queue_list(request: Request, limit: Limit = 100, cursor: str | None = 
 
 
 @router.post(
-    "/queues/{name}/pause", dependencies=[Depends(require("admin"))], response_model=QueueView
+    "/queues/{name}/pause",
+    dependencies=[Depends(require("admin")), *BODILESS],
+    response_model=QueueView,
 )
 async def queue_pause(request: Request, name: str) -> Response:
-    await _no_fields(request)
     return _json(queue_view(await in_thread(_store(request).queue_pause, name)))
 
 
 @router.post(
-    "/queues/{name}/resume", dependencies=[Depends(require("admin"))], response_model=QueueView
+    "/queues/{name}/resume",
+    dependencies=[Depends(require("admin")), *BODILESS],
+    response_model=QueueView,
 )
 async def queue_resume(request: Request, name: str) -> Response:
-    await _no_fields(request)
     return _json(queue_view(await in_thread(_store(request).queue_resume, name)))
 
 
@@ -592,18 +599,20 @@ async def task_get(request: Request, task_id: str) -> Response:
 
 
 @router.post(
-    "/tasks/{task_id}/cancel", dependencies=[Depends(require("submit"))], response_model=TaskView
+    "/tasks/{task_id}/cancel",
+    dependencies=[Depends(require("submit")), *BODILESS],
+    response_model=TaskView,
 )
 async def task_cancel(request: Request, task_id: str) -> Response:
-    await _no_fields(request)
     return _json(task_wire(await in_thread(_store(request).task_cancel, task_id)))
 
 
 @router.post(
-    "/tasks/{task_id}/retry", dependencies=[Depends(require("admin"))], response_model=TaskView
+    "/tasks/{task_id}/retry",
+    dependencies=[Depends(require("admin")), *BODILESS],
+    response_model=TaskView,
 )
 async def task_retry(request: Request, task_id: str) -> Response:
-    await _no_fields(request)
     return _json(task_wire(await in_thread(_store(request).task_retry, task_id)))
 
 
@@ -919,24 +928,22 @@ async def schedule_get(request: Request, name: str) -> Response:
 
 @router.post(
     "/schedules/{name}/pause",
-    dependencies=[Depends(require("admin"))],
+    dependencies=[Depends(require("admin")), *BODILESS],
     response_model=ScheduleView,
 )
 async def schedule_pause(request: Request, name: str) -> Response:
     """Stop firing; idempotent."""
-    await _no_fields(request)
     return _json(schedule_view(await in_thread(_store(request).schedule_pause, name)))
 
 
 @router.post(
     "/schedules/{name}/resume",
-    dependencies=[Depends(require("admin"))],
+    dependencies=[Depends(require("admin")), *BODILESS],
     response_model=ScheduleView,
 )
 async def schedule_resume(request: Request, name: str) -> Response:
     """Fire again from the first instant after now (the instants passed while paused are
     not fired, whatever the misfire policy); idempotent."""
-    await _no_fields(request)
     return _json(schedule_view(await in_thread(_store(request).schedule_resume, name)))
 
 
@@ -1110,11 +1117,10 @@ async def worker_list(
 
 @router.post(
     "/workers/{session_id}/drain",
-    dependencies=[Depends(require("admin"))],
+    dependencies=[Depends(require("admin")), *BODILESS],
     response_model=WorkerView,
 )
 async def worker_drain(request: Request, session_id: str) -> Response:
-    await _no_fields(request)
     session = await in_thread(_store(request).session_drain, session_id)
     return _json(worker_view(session))
 
@@ -1150,12 +1156,13 @@ async def token_list(request: Request, limit: Limit = 100, cursor: str | None = 
 
 
 @router.post(
-    "/tokens/{token_id}/revoke", dependencies=[Depends(require("admin"))], response_model=TokenView
+    "/tokens/{token_id}/revoke",
+    dependencies=[Depends(require("admin")), *BODILESS],
+    response_model=TokenView,
 )
 async def token_revoke(request: Request, token_id: str) -> Response:
     """Refuse a token from now on; each node may accept it for as long as it caches
     token checks (``orbit server --token-cache``, default ``orbit.tokens.CACHE_SECONDS``),
     and closes the worker connections open with it within that time (orbit/server/
     revocation.py). Idempotent."""
-    await _no_fields(request)
     return _json(token_wire(await in_thread(_store(request).token_revoke, token_id)))
