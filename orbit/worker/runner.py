@@ -39,6 +39,7 @@ import inspect
 import logging
 import math
 import numbers
+import random
 import signal
 import ssl
 import threading
@@ -89,6 +90,18 @@ REVOKED_CLOSE = 4401
 #: rotated token longer. Two, not one: a token revoked just before its replacement is
 #: written into ORBIT_TOKEN_FILE is refused once or twice before the new one can be read.
 REFUSALS_TO_STOP = 2
+#: the reconnect back-off's first base, in seconds (``reconnect_max`` if that is less):
+#: the pause after the first failed try is between half of it and all of it
+#: (``ReconnectBackoff``)
+RECONNECT_FIRST_S = 0.1
+#: The longest ``Retry-After`` a refused reconnect waits for, in seconds: a longer one (a
+#: proxy's maintenance page asking for an hour) is taken as this, so a refused worker
+#: looks again within a minute (twice this, at most) and a node back sooner is not left
+#: without its workers for the hour.
+RETRY_AFTER_MAX_S = 30.0
+#: the refusals of an upgrade whose ``Retry-After`` is waited out: a proxy or balancer in
+#: front whose nodes are away (503), or that limits the rate of connections (429)
+RETRY_AFTER_STATUSES = frozenset({429, 503})
 #: how long a prefetched attempt waits before the runner may take it for a claim that ran
 #: out (``Worker._drop_stale``): the server's default claim lease (docs/concepts.md)
 CLAIM_STALE_S = 30.0
@@ -416,6 +429,9 @@ class Worker:
         self.cancel_grace = cancel_grace
         self.renew_interval = renew_interval
         self.reconnect_max = reconnect_max
+        #: the reconnect pauses' random source, floats in [0, 1) (``ReconnectBackoff``); a
+        #: test sets its own to know the pauses
+        self._reconnect_random: Callable[[], float] = random.random
         #: seconds a request waits for its reply before the connection is given up and
         #: the session resumed on a new one (``WorkerConnection.request_timeout``)
         self.request_timeout = request_timeout
@@ -701,7 +717,9 @@ class Worker:
         not matter), and is still the token read after the pause that follows
         (``REFUSALS_TO_STOP``)."""
         self._connected.clear()
-        delay = 0.1
+        # The first try is made at once (a lone worker that lost its connection is back
+        # without a pause); each failed one is followed by a pause (ReconnectBackoff).
+        backoff = ReconnectBackoff(self.reconnect_max, self._reconnect_random)
         caps = {name: self._declared_capacity(name) for name in self.handlers}
         refused_token: str | None = None  # the token the last refusal was of
         refusals = 0  # how many times it was refused since another token last was
@@ -792,6 +810,7 @@ class Worker:
                     if now is not None and now != token:
                         log.error("connect refused: HTTP %d; trying the token read again", status)
                         continue
+                    delay = backoff.pause()
                     log.error(
                         "connect refused: HTTP %d (bad credentials?); %s",
                         status,
@@ -802,18 +821,23 @@ class Worker:
                     await asyncio.sleep(delay)
                     if refusals >= REFUSALS_TO_STOP and self._token_now() == token:
                         raise
-                    delay = min(delay * 2, self.reconnect_max)
                     continue
+                # A proxy or balancer in front whose nodes are away (503), or that limits
+                # the rate of connections (429), may say when to come back: retried at
+                # the back-off's pace instead, it spent on refusals the load it was
+                # shedding. (Orbit's worker endpoint itself refuses no upgrade with 503.)
+                retry_after = _retry_after(exc)
+                delay = backoff.pause(retry_after)
                 if bad_token:
                     log.error("no token to reconnect with (%s); retrying", exc)
                 else:
                     log.warning(
-                        "connect failed (%s); retrying in %.1fs",
+                        "connect failed (%s%s); retrying in %.1fs",
                         f"HTTP {status}" if status is not None else _failure_name(exc),
+                        "" if retry_after is None else f", Retry-After {retry_after:g}",
                         delay,
                     )
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self.reconnect_max)
 
     def _token_now(self) -> str | None:
         """The token as read now, or None if it cannot be read (a file being rewritten,
@@ -1726,6 +1750,61 @@ def _loop_signal_handler(
     if own is not None and signal.getsignal(sig) == own:
         return False
     return None
+
+
+class ReconnectBackoff:
+    """The pauses between a worker's tries to connect: exponential back-off with "equal
+    jitter". The base starts at ``RECONNECT_FIRST_S`` (``most`` if that is less) and
+    doubles after each pause up to ``most`` (``reconnect_max``); each pause is drawn
+    between half the base and the whole of it.
+
+    Jitter, because without it every worker a server restart dropped retried at the
+    same instants (0.1, 0.3, 0.7 s, ... then every 5 s) and all of them reached the node
+    coming back at once. Equal rather than "full" jitter (anywhere from 0 to the base):
+    a pause is never under half its base, so no worker tries a node that is down faster
+    than the back-off means it to (full jitter draws pauses near 0 now and then), and a
+    fleet once spread reaches the node at a lower rate (the mean pause is 3/4 of the
+    base, not 1/2); half the base is spread enough to break the lockstep. The first
+    pause is at most ``RECONNECT_FIRST_S``: a lone worker that lost its connection is
+    not kept waiting for nothing (and its first try, before any pause, is made at once).
+
+    A refusal that says when to come back (``Retry-After``) is waited out: that pause's
+    base is raised to twice the delay asked for (capped at ``RETRY_AFTER_MAX_S``), so
+    the pause is at least that delay and at most twice it (or the back-off's, if
+    longer). Waiting exactly the delay would bring back together a fleet that a front
+    refused together. ``rand`` gives floats in [0, 1): ``random.random``,
+    or a test's own."""
+
+    def __init__(self, most: float, rand: Callable[[], float]) -> None:
+        self.most = most
+        self.rand = rand
+        self.base = min(RECONNECT_FIRST_S, most)
+
+    def pause(self, retry_after: float | None = None) -> float:
+        """The pause after a failed try (``retry_after``: what its refusal asked for, in
+        seconds), in seconds; the next one's base doubles."""
+        base = self.base
+        if retry_after is not None:
+            base = max(base, 2 * min(retry_after, RETRY_AFTER_MAX_S))
+        self.base = min(self.base * 2, self.most)
+        return base / 2 + self.rand() * base / 2
+
+
+def _retry_after(exc: Exception) -> float | None:
+    """The seconds a refused upgrade asks the worker to wait: its ``Retry-After`` on a
+    status of ``RETRY_AFTER_STATUSES``, in whole seconds as Orbit sends it. None for
+    another status, no header, or one that cannot be trusted (not whole seconds, or
+    given twice): the back-off decides then. An HTTP date is not read either: it would
+    set this host's clock against the server's."""
+    if not isinstance(exc, InvalidStatus):
+        return None
+    if exc.response.status_code not in RETRY_AFTER_STATUSES:
+        return None
+    values = exc.response.headers.get_all("Retry-After")
+    if len(values) != 1:
+        return None
+    value = values[0].strip()
+    return float(value) if value.isascii() and value.isdigit() else None
 
 
 async def _close_quietly(conn: WorkerConnection | None) -> None:
