@@ -1,10 +1,14 @@
 """What a SQLite ``--db`` path names, as the driver and the one-server lock meet it: a
-directory or another file that is no database file, a symlink to a file not made yet."""
+directory or another file that is no database file, a symlink to a file not made yet,
+every other path to the same file (links, bind mounts)."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,3 +68,91 @@ def test_a_database_made_through_a_symlink_to_no_file_yet_is_its_owners_only(
         os.umask(old_umask)
     assert link.is_symlink() and "orbit.db-wal" in modes, modes
     assert modes == dict.fromkeys(modes, 0o600), {k: oct(v) for k, v in modes.items()}
+
+
+#: Run in a mount namespace of its own (``unshare``): hold the one-server lock on the
+#: database by its path, then try it again by every other path to the same file, and
+#: print what each try met.
+EVERY_PATH = r"""
+import json, os, subprocess, sys
+from pathlib import Path
+from orbit.store import open_store
+from orbit.store.sqlite import hold_for_server
+
+root = Path(sys.argv[1])
+data, real = root / "data", root / "data" / "orbit.db"
+data.mkdir()
+open_store(f"sqlite:///{real}").close()
+for d in ("bind dir", "other place", "other"):
+    (root / d).mkdir()
+(root / "other place" / "orbit.db").touch()
+subprocess.run(["mount", "--bind", str(data), str(root / "bind dir")], check=True)
+subprocess.run(["mount", "--bind", str(real), str(root / "other place" / "orbit.db")], check=True)
+(root / "link.db").symlink_to(real)
+(root / "linked-dir").symlink_to(data)
+
+def met(call):
+    try:
+        call()
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+    return "taken", ""
+
+def lock(name):
+    return lambda: os.close(hold_for_server(str(root / name)))
+
+held = hold_for_server(str(real))
+seen = {}
+for name in ("link.db", "linked-dir/orbit.db", "bind dir/orbit.db", "other place/orbit.db"):
+    seen[name] = met(lock(name))
+mounted = root / "other place" / "orbit.db"
+seen["open other place"] = met(lambda: open_store(f"sqlite:///{mounted}").close())
+os.link(real, root / "other" / "orbit.db")
+seen["other/orbit.db"] = met(lock("other/orbit.db"))
+os.unlink(root / "other" / "orbit.db")
+os.close(held)
+seen["beside"] = sorted(p.name for d in ("other place", "other") for p in (root / d).iterdir())
+print(json.dumps(seen))
+"""
+
+
+def test_every_path_to_the_database_meets_the_one_server_lock_or_is_refused(
+    tmp_path: Path,
+) -> None:
+    """The lock file is named from the path: a symlink is resolved, a bind mount of the
+    directory shares the lock file, a hard link is refused; but a bind mount of the file
+    itself (``docker run -v /srv/orbit.db:/data/orbit.db``) named another lock file, in
+    another directory, so a second server through it served the same file, deaf to the
+    first's wakes (and SQLite made a second -wal there). It is refused, as a hard link
+    is, by the server's lock and by the store. Real mounts, in a mount namespace of the
+    test's own; the bind-mounted file's path holds a space, which the kernel's list of
+    mounts (``/proc/self/mountinfo``) writes as ``\\040``."""
+    probe = ["unshare", "--user", "--map-root-user", "--mount"]
+    try:
+        usable = subprocess.run([*probe, "true"], capture_output=True, check=False).returncode == 0
+    except FileNotFoundError:
+        usable = False
+    if not usable:
+        pytest.skip("needs unshare with user and mount namespaces")
+    run = subprocess.run(
+        [*probe, sys.executable, "-c", EVERY_PATH, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout)
+    for name in ("link.db", "linked-dir/orbit.db", "bind dir/orbit.db"):
+        other = tmp_path / name
+        assert seen[name] == [
+            "DatabaseInUse",
+            f"another orbit server is serving {other}: "
+            "SQLite takes one server (use PostgreSQL for more)",
+        ], seen
+    mounted = tmp_path / "other place" / "orbit.db"
+    for name in ("other place/orbit.db", "open other place"):
+        assert seen[name][0] == "DatabaseMounted", seen
+        assert seen[name][1].startswith(f"{mounted} is a mount point of its own"), seen
+    assert seen["other/orbit.db"][0] == "DatabaseLinked", seen
+    assert seen["beside"] == ["orbit.db"], seen  # no lock file, no -wal there

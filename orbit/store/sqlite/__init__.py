@@ -3,7 +3,9 @@
 from orbit.store.sqlite.driver import (
     DatabaseInUse,
     DatabaseLinked,
+    DatabaseMounted,
     DatabaseNotAFile,
+    DatabaseNotOrbit,
     DatabaseNotWal,
     DatabaseReadOnly,
     SqliteDriver,
@@ -13,7 +15,9 @@ from orbit.store.sqlite.driver import (
 __all__ = [
     "DatabaseInUse",
     "DatabaseLinked",
+    "DatabaseMounted",
     "DatabaseNotAFile",
+    "DatabaseNotOrbit",
     "DatabaseNotWal",
     "DatabaseReadOnly",
     "SqliteDriver",

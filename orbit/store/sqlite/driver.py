@@ -18,6 +18,7 @@ from contextlib import contextmanager, suppress
 from itertools import chain
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from orbit.store.driver import Notice, Params, Row, RowColumns, Table, load_queries
 
@@ -319,6 +320,123 @@ def _check_one_name(path: str) -> None:
         )
 
 
+class DatabaseMounted(Exception):
+    """The SQLite database file is a mount point of its own (a bind mount of the file)."""
+
+
+#: where Linux lists this process's mounts; a system without it has no bind mount of a file
+MOUNTINFO = Path("/proc/self/mountinfo")
+_ESCAPE_RE = re.compile(r"\\([0-7]{3})")
+
+
+def mount_points(mountinfo: str) -> set[str]:
+    """The mount points ``/proc/self/mountinfo`` lists (its fifth field), with the octal
+    escapes the kernel writes for a space, a tab, a newline and a backslash undone."""
+    return {
+        _ESCAPE_RE.sub(lambda m: chr(int(m.group(1), 8)), line.split(" ")[4])
+        for line in mountinfo.splitlines()
+        if line.count(" ") >= 4
+    }
+
+
+def _check_not_mounted(path: str) -> None:
+    """Refuse a database file that is itself a mount point (``mount --bind`` of the file,
+    ``docker run -v /srv/orbit.db:/data/orbit.db``): the file then has a second name in
+    another directory, as a hard link gives it, and is as unsafe. SQLite makes its
+    ``-wal`` and ``-shm`` beside the name it was opened by, so a process on the other
+    name wrote past this one's WAL index, and a container's ``-wal`` lived in the
+    container, not beside the file, and went with it; a second server through it passed
+    the one-server lock (``hold_for_server``). A bind mount of the directory is safe:
+    the files beside the database are then the same files by either path."""
+    real = os.path.realpath(path)
+    try:
+        mounts = MOUNTINFO.read_text(encoding="utf-8", errors="surrogateescape")
+    except OSError:
+        return  # not Linux: no bind mount of a single file
+    if real in mount_points(mounts) and os.path.isfile(real):
+        raise DatabaseMounted(
+            f"{path} is a mount point of its own (a bind mount of the file): SQLite "
+            "cannot keep a database consistent through more than one name (its -wal "
+            "file goes by name); mount the directory that holds it instead"
+        )
+
+
+class DatabaseNotOrbit(Exception):
+    """The SQLite file holds another application's database, or is no database at all."""
+
+
+#: What an existing file holds, read before Orbit changes anything in it: whether it has
+#: Orbit's migration table, up to three of its other schema objects, and the two numbers
+#: an application marks its own database with (Orbit sets neither).
+_OWNER_SQL = """
+SELECT
+    (SELECT count(*) FROM sqlite_master
+     WHERE type = 'table' AND name = 'orbit_schema_version') AS orbit,
+    (SELECT group_concat(name, ', ') FROM (
+        SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite~_%' ESCAPE '~'
+        ORDER BY name LIMIT 3)) AS objects,
+    (SELECT user_version FROM pragma_user_version) AS user_version,
+    (SELECT application_id FROM pragma_application_id) AS application_id
+"""
+
+
+def _check_orbit(path: str) -> None:
+    """Refuse, changing nothing, an existing file that is not Orbit's database: opened
+    as it was, Orbit put another application's database in WAL mode and added its own
+    tables to it. Orbit's is a database with Orbit's migration table
+    (``orbit_schema_version``, whatever else an operator added to it); a new one is no
+    file, an empty file, or a SQLite database with no table, view, index or trigger and
+    no ``user_version`` or ``application_id``. Anything else is another application's;
+    a file that is no SQLite database is refused in SQLite's words.
+
+    The file is read through SQLite alone, never opened by Orbit itself: closing any
+    descriptor of a file drops every POSIX lock this process holds on it, and another
+    connection of this process (a second store on one file) holds SQLite's. Without a
+    ``-wal`` beside it no one has it open in WAL mode, and it is read ``immutable``
+    (no lock, no file made: a read-only open of a WAL database makes a ``-wal`` and a
+    ``-shm`` and leaves them); with one, it is read as any reader reads it, through
+    that WAL. What looks new is read again read-only, under SQLite's shared lock, so
+    that a rollback-mode database in the middle of another program's first write is
+    not taken for an empty one (a file made there is Orbit's to use, as it is new)."""
+    real = os.path.realpath(path)
+    try:
+        size = os.stat(real).st_size
+    except FileNotFoundError:
+        return  # made here: Orbit's
+    live = os.path.exists(f"{real}-wal")  # a WAL database in use (or left by a crash)
+    if size == 0 and not live:
+        return
+    owner = _read_owner(path, real, "mode=ro" if live else "immutable=1")
+    if not live and owner == (0, None, 0, 0):
+        owner = _read_owner(path, real, "mode=ro")
+    orbit, objects, user_version, application_id = owner
+    marks = [
+        f"{n} {v}"
+        for n, v in (("user_version", user_version), ("application_id", application_id))
+        if v
+    ]
+    if not orbit and (objects or marks):
+        raise DatabaseNotOrbit(
+            f"{path} is not an Orbit database: it holds another application's data "
+            f"({objects or ', '.join(marks)}) and no orbit_schema_version table; Orbit "
+            "changed nothing in it: give Orbit a file of its own"
+        )
+
+
+def _read_owner(path: str, real: str, mode: str) -> tuple[int, str | None, int, int]:
+    """``_OWNER_SQL``'s answer from ``real`` opened with the URI parameter ``mode``."""
+    cx = sqlite3.connect(f"file:{quote(real)}?{mode}", uri=True)
+    try:
+        orbit, objects, user_version, application_id = cx.execute(_OWNER_SQL).fetchone()
+    except sqlite3.DatabaseError as exc:
+        if "file is not a database" not in str(exc):
+            raise
+        raise DatabaseNotOrbit(f"{path} is not an Orbit database: {exc}") from None
+    finally:
+        cx.close()
+    return int(orbit), objects, int(user_version), int(application_id)
+
+
 class DatabaseNotWal(Exception):
     """SQLite cannot put this database in WAL mode (its file system, or its VFS)."""
 
@@ -340,10 +458,13 @@ def set_wal(cx: sqlite3.Connection, path: str) -> None:
 
 def check_path(path: str) -> None:
     """Refuse a database path SQLite cannot serve Orbit through, with one line: a
-    directory, a file with other names, a file or directory this user cannot write."""
+    directory, a file with other names (hard links, a bind mount of the file), a file or
+    directory this user cannot write, a file that is another application's database."""
     _check_regular(path)
     _check_one_name(path)
+    _check_not_mounted(path)
     _check_writable(path)
+    _check_orbit(path)
 
 
 class DatabaseInUse(Exception):
@@ -358,15 +479,28 @@ def hold_for_server(path: str) -> int:
     would wait for the slow poll. The lock is an exclusive ``flock`` of a file beside the
     database (``<path>-server.lock``), never of the database itself, whose locks are
     SQLite's; the kernel drops it when the process ends, however it ends, so a server
-    that was killed leaves nothing to clean up. The lock file is named from the path
-    with its symlinks resolved, as SQLite resolves them to find the file (and puts its
-    ``-wal`` beside the target): a server given a link to the database must meet the
-    lock of one given the file.
+    that was killed leaves nothing to clean up.
 
-    The path is checked as the driver checks it (no directory, one name, writable)
-    before the lock file is made: the lock is taken before the store is opened, so that
-    a second server is refused before it migrates or writes anything, and a path the
-    store would refuse leaves no lock file behind."""
+    Every path that reaches the file meets the same lock. The lock file is named from
+    the path with its symlinks resolved, as SQLite resolves them to find the file (and
+    puts its ``-wal`` beside the target). ``check_path`` refuses a file with a second
+    name (a hard link, a bind mount of the file itself), which SQLite cannot serve
+    safely anyway; so the file has one directory entry, and every other path (through a
+    symlink, a bind mount of its directory or of a directory above, a second mount of
+    its file system) reaches it through that one directory, where ``<name>-server.lock``
+    is one file, whichever mount it is reached by, and ``flock`` locks the file.
+    Rejected: a ``flock`` of the database file itself, on a descriptor of Orbit's own.
+    Closing any descriptor of a file drops every POSIX lock the process holds on it,
+    SQLite's included (the shared lock that tells others a WAL database is in use), so
+    that descriptor could never be closed while the store is open; and where ``flock``
+    is emulated by byte-range locks (NFS on Linux) it would conflict with SQLite's own.
+    A lock file named from the inode: a bind mount of the file puts it in another
+    directory, and a file restored from a backup (a new inode) leaves the old ones.
+
+    The path is checked as the driver checks it (no directory, one name, writable, no
+    other application's database) before the lock file is made: the lock is taken
+    before the store is opened, so that a second server is refused before it migrates
+    or writes anything, and a path the store would refuse leaves no lock file behind."""
     check_path(path)
     real = os.path.realpath(path)
     fd = os.open(f"{real}-server.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
