@@ -10,7 +10,7 @@ import math
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 from urllib.parse import SplitResult
 
@@ -63,10 +63,16 @@ BatchReply = Literal["full", "ids"]
 
 
 def _instant(value: datetime | str | None, what: str = "deadline and run_after") -> str | None:
+    """An aware datetime as RFC 3339, the only spelling the server takes; text is sent as
+    it is. An offset that is not whole minutes (``+05:30:15``, which ``isoformat``
+    writes so and RFC 3339 cannot) is written as the same instant in UTC."""
     if value is None or isinstance(value, str):
         return value
-    if value.tzinfo is None:
+    offset = value.utcoffset()
+    if offset is None:
         raise ValueError(f"{what} need a timezone (e.g. datetime.now(UTC))")
+    if offset % timedelta(minutes=1):
+        value = value.astimezone(UTC)
     return value.isoformat()
 
 

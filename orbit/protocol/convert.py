@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
@@ -41,8 +42,32 @@ def _second_to_wire(seconds: int) -> str:
 instant_text = _instant_to_wire
 
 
+#: RFC 3339's ``date-time`` (section 5.6): a full date, ``T``, hours, minutes and seconds,
+#: an optional fraction, and an offset, ``Z`` or ``±hh:mm`` (``T`` and ``Z`` may be
+#: lowercase, as the RFC allows); ASCII digits only
+_RFC3339 = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?"
+    r"(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+)
+
+
+def rfc3339(text: str) -> datetime:
+    """An RFC 3339 date-time as an aware datetime, to the microsecond (finer digits are
+    dropped); ValueError for any other text, and for a date or a time that does not exist
+    (a leap second too: no datetime holds it). ``datetime.fromisoformat`` alone takes
+    ISO 8601's other forms as well: a date or a time without an offset (an instant in no
+    one's time zone), week dates (``2026-W01-1T00:00:00Z``), compact ones
+    (``20260101T000000Z``), a space or any other character for ``T``, minutes or seconds
+    left out, a comma for the point, offsets such as ``+05``, ``+0530`` or ``+05:30:15``,
+    and ``+05:60`` read as ``+06:00``."""
+    if not isinstance(text, str) or not _RFC3339.fullmatch(text):
+        raise ValueError("not an RFC 3339 date-time with an offset")
+    return datetime.fromisoformat(text.upper())
+
+
 def instant_from_wire(text: str) -> int:
-    return (datetime.fromisoformat(text) - EPOCH) // _US
+    """An RFC 3339 date-time (``rfc3339``) as microseconds since the epoch."""
+    return (rfc3339(text) - EPOCH) // _US
 
 
 def seconds_to_us(seconds: float) -> int:

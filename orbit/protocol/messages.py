@@ -9,7 +9,7 @@ Schemas under ``schema/`` are generated from these classes (``orbit.protocol.sch
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -27,6 +27,7 @@ from orbit.core.validate import (
     RATE_RANGE,
     is_rate,
 )
+from orbit.protocol.convert import rfc3339
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 COUNTER_RE = re.compile(r"^(0|[1-9][0-9]{0,18})\Z")
@@ -50,12 +51,14 @@ def _counter(value: str) -> str:
 
 
 def _instant(value: str) -> str:
+    """An RFC 3339 date-time with its offset (``orbit.protocol.convert.rfc3339``, which the
+    routes read it with), from 1970 to 9998 in UTC."""
     try:
-        parsed = datetime.fromisoformat(value)
+        parsed = rfc3339(value)
     except ValueError:
-        raise ValueError("an instant is an RFC 3339 timestamp") from None
-    if parsed.tzinfo is None:
-        raise ValueError("an instant needs a UTC offset (e.g. Z or +00:00)")
+        raise ValueError(
+            "an instant is an RFC 3339 date-time with an offset, e.g. 2026-11-29T12:00:00Z"
+        ) from None
     try:
         year = parsed.astimezone(UTC).year
     except OverflowError:
@@ -454,17 +457,31 @@ class TaskPage(Response):
     next_cursor: str | None
 
 
+class AttemptOutcome(Response):
+    """How an attempt ended, as the event log recorded it: the ``kind`` and ``code`` of the
+    event written in the transaction that ended it (docs/protocol.md, the attempt list)."""
+
+    kind: str
+    code: str | None
+
+
 class AttemptView(Response):
     id: str
     task_id: str
     number: int
     session_id: str
+    #: the session's epoch that claimed it (a counter, as ``fence``)
+    session_epoch: str
     fence: str
     state: str
     claimed_at: str
+    #: when the claim lapses unless the attempt starts
+    claim_expires_at: str
     started_at: str | None
     lease_expires_at: str | None
     ended_at: str | None
+    #: null while the attempt is claimed or running
+    outcome: AttemptOutcome | None
 
 
 class AttemptPage(Response):

@@ -21,7 +21,7 @@ from starlette.websockets import WebSocket
 
 from orbit.core.batches import UnusualTask
 from orbit.core.errors import Code, OrbitError
-from orbit.core.model import DEFAULT_BACKOFF, Backoff, Outcome, TaskSpec, build
+from orbit.core.model import DEFAULT_BACKOFF, Attempt, Backoff, Outcome, TaskSpec, build
 from orbit.core.states import SessionState, TaskState
 from orbit.core.validate import MAX_ATTEMPT_NUMBER, is_name
 from orbit.protocol.convert import instant_from_wire, seconds_to_us, token_wire
@@ -282,27 +282,30 @@ def artifact_cursor(cursor: str | None) -> tuple[int, str | None]:
 #: databases, and a PostgreSQL transaction id (xid8) stays far below it
 MAX_EVENT_ID = 2**63 - 1
 
-
-def _event_number(text: str) -> int | None:
-    """One number of an events cursor: plain ASCII digits up to 2^63 - 1, else None.
-    ``str.isdigit`` also admits other scripts' digits ('١٢') and superscripts ('²'), and
-    a number past 2^63 - 1 overflows the database's integer."""
-    if not (text.isascii() and text.isdigit()) or int(text) > MAX_EVENT_ID:
-        return None
-    return int(text)
+#: an events cursor as the server spells it (``event_position_cursor``): ``<xid>.<id>``,
+#: each in plain ASCII digits without sign or leading zero, the id from 1 (an xid is 0 on
+#: SQLite, and for PostgreSQL's events from before migration 0008); or a bare id, a cursor
+#: issued before that migration
+_EVENT_POSITION = re.compile(r"(?:(0|[1-9][0-9]*)\.)?([1-9][0-9]*)")
 
 
 def event_cursor(after: str | None) -> tuple[int, int]:
-    """The position (xid, event id) an events cursor resumes after ((0, 0): the start).
-    A cursor is ``<xid>.<id>``; a bare id is a cursor issued before migration 0008, whose
-    events all have xid 0 (if the id is of a later event, no event is at that position
-    and the store refuses it)."""
+    """The position (xid, event id) an events cursor resumes after ((0, 0): the start,
+    for no cursor at all). Only a spelling the server issues is one: ``0``, ``0.0`` and
+    ``00.00`` were read as the start, and ``05`` or ``0.005`` as event 5, where every
+    other list refuses a cursor it did not issue ('0' for an attempt list's start
+    among them). Other scripts' digits ('١٢'), which ``str.isdigit`` admits, and a
+    number past 2^63 - 1, which overflows the database's integer, are not one either. A
+    bare id of an event written after migration 0008 names no event, and the store
+    refuses it."""
     if after is None:
         return 0, 0
-    xid_text, dot, id_text = after.rpartition(".")
-    xid = _event_number(xid_text) if dot else 0
-    event_id = _event_number(id_text)
-    if xid is None or event_id is None:
+    found = _EVENT_POSITION.fullmatch(after)
+    if found is None:
+        raise _bad_cursor()
+    xid_text, id_text = found.groups()
+    xid, event_id = int(xid_text or "0"), int(id_text)
+    if xid > MAX_EVENT_ID or event_id > MAX_EVENT_ID:
         raise _bad_cursor()
     return xid, event_id
 
@@ -556,11 +559,14 @@ async def task_list(
     for name, value in (("created_after", created_after), ("created_before", created_before)):
         try:
             # ``is not None``: an empty value (``?created_after=``) is refused, not read
-            # as no filter at all
+            # as no filter at all. RFC 3339 only, as a body's deadline and run_after: a
+            # date alone or a time without an offset names no one instant
             bounds[name] = instant_from_wire(value) if value is not None else None
         except (ValueError, TypeError):
             raise DecodeError(
-                "INVALID_VALUE", f"{name} must be an RFC 3339 instant", name
+                "INVALID_VALUE",
+                f"{name} must be an RFC 3339 date-time with an offset, e.g. 2026-01-01T00:00:00Z",
+                name,
             ) from None
     if state is not None and state not in TASK_STATES:
         raise ApiError(
@@ -656,13 +662,22 @@ async def task_attempts(
 ) -> Response:
     """A task's attempts a page at a time in number order, the cursor standing for the
     last one's number. Released claims do not count against ``max_attempts``, so a task
-    can gather any number of attempts."""
+    can gather any number of attempts. Each ended one comes with its outcome, read from
+    the events that ended it after the attempts themselves: an attempt read as ended
+    has its event committed with it."""
     after = attempt_cursor(cursor)
     store = _store(request)
     await in_thread(store.task_get, task_id)  # 404 for an unknown task
-    attempts = await in_thread(lambda: store.attempt_list(task_id, after_number=after, limit=limit))
+
+    def read() -> tuple[list[Attempt], dict[str, tuple[str, str | None]]]:
+        attempts = store.attempt_list(task_id, after_number=after, limit=limit)
+        ended = [a.id for a in attempts if not a.live]
+        return attempts, store.attempt_outcomes(task_id, ended)
+
+    attempts, outcomes = await in_thread(read)
     nxt = encode_cursor(str(attempts[-1].number)) if len(attempts) == limit else None
-    return _json(AttemptPage(items=[attempt_view(a) for a in attempts], next_cursor=nxt))
+    items = [attempt_view(a, outcomes.get(a.id)) for a in attempts]
+    return _json(AttemptPage(items=items, next_cursor=nxt))
 
 
 async def _event_rows(

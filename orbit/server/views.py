@@ -22,6 +22,7 @@ from orbit.core.model import (
 from orbit.protocol.convert import instant_text, instant_to_wire, json_or_none, us_to_seconds
 from orbit.protocol.messages import (
     ArtifactView,
+    AttemptOutcome,
     AttemptView,
     EventView,
     QueueView,
@@ -84,18 +85,23 @@ def queue_view(q: Queue) -> QueueView:
     )
 
 
-def attempt_view(a: Attempt) -> AttemptView:
+def attempt_view(a: Attempt, outcome: tuple[str, str | None] | None = None) -> AttemptView:
+    """An attempt with its ``outcome``: the ``(kind, code)`` of the event that ended it
+    (``Store.attempt_outcomes``), None while it is live."""
     return AttemptView(
         id=a.id,
         task_id=a.task_id,
         number=a.number,
         session_id=a.session_id,
+        session_epoch=str(a.session_epoch),
         fence=str(a.fence),
         state=str(a.state),
         claimed_at=_at(a.claimed_at),
+        claim_expires_at=_at(a.claim_expires_at),
         started_at=instant_to_wire(a.started_at),
         lease_expires_at=instant_to_wire(a.lease_expires_at),
         ended_at=instant_to_wire(a.ended_at),
+        outcome=None if outcome is None else AttemptOutcome(kind=outcome[0], code=outcome[1]),
     )
 
 

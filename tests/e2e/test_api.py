@@ -489,6 +489,64 @@ def test_a_list_filter_given_twice_is_refused(admin: httpx.Client) -> None:
     assert [t["id"] for t in once.json()["items"]] == [task_id]
 
 
+def test_the_task_list_window_takes_rfc3339_only(
+    admin: httpx.Client, node: Node, tokens: Tokens
+) -> None:
+    """``created_after``/``created_before`` are RFC 3339 date-times, as the docs say and
+    as a submit's ``deadline`` is: ``datetime.fromisoformat`` also took a date alone, a
+    time without an offset (an instant in no time zone), week dates, compact forms, a
+    space for ``T``, offsets such as ``+05`` or ``+05:30:15``, and ``+05:60`` read as
+    ``+06:00``. Each is INVALID_VALUE naming its parameter; every RFC 3339 spelling of
+    the instant (lowercase ``t``/``z``, another offset, more digits) is taken. The
+    clients still send what passes: an aware datetime whose offset is not whole minutes
+    goes as the same instant in UTC."""
+    from datetime import datetime, timedelta, timezone
+
+    from orbit import Client
+
+    admin.post("/v1/queues", json={"name": "q", "max_concurrency": 2, "rate": 0})
+    first = admin.post("/v1/tasks", json={"queue": "q", "handler": "h"}).json()["task"]
+    second = admin.post("/v1/tasks", json={"queue": "q", "handler": "h"}).json()["task"]
+    at = second["created_at"]  # 2026-12-06T18:00:00.123456Z
+    assert at.endswith("Z") and len(at) == 27, at
+    aware = datetime.fromisoformat(at)
+    date, clock = at[:10], at[11:19]
+    in_india = aware.astimezone(timezone(timedelta(hours=5, minutes=30))).isoformat()
+    same = [at, at.lower(), at[:-1] + "000Z", at[:-1] + "+00:00", at[:-1] + "-00:00", in_india]
+    for text in same:
+        after = admin.get("/v1/tasks", params={"created_after": text}).json()["items"]
+        assert [t["id"] for t in after] == [second["id"]], text
+        before = admin.get("/v1/tasks", params={"created_before": text}).json()["items"]
+        assert [t["id"] for t in before] == [first["id"]], text
+    year, week, weekday = aware.isocalendar()
+    not_rfc3339 = [
+        date,
+        at[:-1],  # no offset
+        f"{date} {at[11:]}",
+        f"{date}X{at[11:]}",
+        f"{year}-W{week:02d}-{weekday}T{at[11:]}",
+        at.replace("-", "").replace(":", ""),
+        at[:16] + "Z",  # no seconds
+        at[:-1].replace(".", ",") + "Z",
+        at[:-1] + "+00",
+        at[:-1] + "+0000",
+        at[:-1] + "+00:00:00",
+        f"{date}T{clock}+05:60",
+        at + " ",
+    ]
+    for text in not_rfc3339:
+        for name in ("created_after", "created_before"):
+            reply = admin.get("/v1/tasks", params={name: text})
+            assert reply.status_code == 400, (name, text, reply.text)
+            error = reply.json()["error"]
+            assert (error["code"], error["field"]) == ("INVALID_VALUE", name), (text, error)
+            assert "RFC 3339" in error["message"], error
+    odd = aware.astimezone(timezone(timedelta(hours=5, minutes=30, seconds=15)))
+    with Client(node.http, tokens.admin) as c:
+        assert [t["id"] for t in c.list_tasks(created_after=odd)["items"]] == [second["id"]]
+        assert [t["id"] for t in c.list_tasks(created_before=odd)["items"]] == [first["id"]]
+
+
 def test_a_list_refuses_a_query_parameter_it_does_not_take(admin: httpx.Client) -> None:
     """An unknown query parameter was ignored, so a filter a list does not have (or a
     misspelt one) answered the whole list, a page that looked filtered:
@@ -537,22 +595,40 @@ def _last_event_cursor(admin: httpx.Client, path: str) -> tuple[int, int]:
 
 def test_events_cursor_must_be_a_position_of_64_bit_decimals(admin: httpx.Client) -> None:
     """An events cursor decodes to an event's position, ``<xid>.<id>``, or to a bare id
-    (a cursor from before migration 0008, xid 0): anything but plain ASCII digits of at
-    most 2^63 - 1 there is INVALID_CURSOR, never a 500 from int() or from the database's
-    integer (nor, for other scripts' digits, a page read from a misparsed id)."""
+    (a cursor from before migration 0008, xid 0), spelt as the server spells them: plain
+    ASCII digits of at most 2^63 - 1, no sign, no leading zero, an id from 1. Anything
+    else is INVALID_CURSOR naming ``cursor``, never a 500 from int() or from the
+    database's integer (nor, for other scripts' digits, a page read from a misparsed
+    id). ``0``, ``0.0`` and ``00.00`` were read as the start of the log, and a real
+    position with a leading zero as that position: spellings the server never issues
+    (no cursor at all is the start), refused as every other list refuses a cursor it
+    did not issue."""
     admin.post("/v1/queues", json={"name": "q", "max_concurrency": 2, "rate": 0})
     task_id = admin.post("/v1/tasks", json={"queue": "q", "handler": "h"}).json()["task"]["id"]
     bad = ["\u0661\u0662", "\u00b2", "+5", " 5", "-1", "1_0", str(2**63), "9" * 40]
     bad += ["1.", ".1", "1..2", "1.2.3", "-1.2", "1.-2", f"{2**63}.1", "\u0661.1", "1 .2"]
+    bad += ["0", "0.0", "00.00", "00", "0.00"]
     for path in ("/v1/events", f"/v1/tasks/{task_id}/events"):
-        for text in bad:
+        xid, event_id = _last_event_cursor(admin, path)
+        spelt_otherwise = [f"0{xid}.{event_id}", f"{xid}.0{event_id}", f"{xid}.+{event_id}"]
+        for text in bad + spelt_otherwise + ([] if xid else [f"0{event_id}"]):
             reply = admin.get(path, params={"cursor": encode_cursor(text)})
             assert reply.status_code == 400, (path, text, reply.text)
-            assert reply.json()["error"]["code"] == "INVALID_CURSOR", (path, text)
-        xid, event_id = _last_event_cursor(admin, path)
-        for text in ("0", "0.0", f"{xid}.{event_id}"):
+            error = reply.json()["error"]
+            assert (error["code"], error["field"]) == ("INVALID_CURSOR", "cursor"), text
+        # the streams read their cursor (or Last-Event-ID) by the same rule, refused
+        # before the stream starts
+        for text in ("0", "0.0", f"0{xid}.{event_id}"):
+            cursor = encode_cursor(text)
+            for params, headers in (({"cursor": cursor}, {}), ({}, {"Last-Event-ID": cursor})):
+                reply = admin.get(f"{path}/stream", params=params, headers=headers)
+                assert reply.status_code == 400, (path, text, headers, reply.text)
+                assert reply.json()["error"]["code"] == "INVALID_CURSOR", (path, text)
+        for text in [f"{xid}.{event_id}"] + ([] if xid else [str(event_id)]):
             reply = admin.get(path, params={"cursor": encode_cursor(text)})
             assert reply.status_code == 200, (path, text, reply.text)
+            assert reply.json() == {"items": [], "next_cursor": None}, (path, text)
+        assert admin.get(path).json()["items"], path  # no cursor: from the start
 
 
 def test_events_cursor_must_name_an_event(admin: httpx.Client) -> None:
@@ -644,6 +720,79 @@ def test_the_queue_token_and_attempt_lists_page_on_each_backend(
     last = encode_cursor(str(2**31 - 1))  # the largest number is a cursor: an empty page
     reply = admin.get(f"/v1/tasks/{task_id}/attempts", params={"cursor": last})
     assert reply.json() == {"items": [], "next_cursor": None}
+
+
+def test_an_attempt_shows_its_session_epoch_claim_expiry_and_outcome(
+    admin: httpx.Client, node: Node, tokens: Tokens
+) -> None:
+    """DESIGN's Attempt has ``session_epoch``, ``claim_expires_at`` and ``outcome``, which
+    ``AttemptView`` lacked. Each attempt now shows the epoch of the session that claimed
+    it (a resumed session's later claims the new one), the claim's expiry the worker was
+    given, and, once it has ended, the ``kind`` and ``code`` of the event that ended it
+    (null while it is live): a release, a failure with its code, a success."""
+    from orbit.protocol.messages import AttemptView
+
+    admin.post("/v1/queues", json={"name": "q", "max_concurrency": 5, "rate": 0})
+
+    def submit() -> str:
+        reply = admin.post("/v1/tasks", json={"queue": "q", "handler": "h"})
+        return str(reply.json()["task"]["id"])
+
+    async def work() -> tuple[dict[str, str], dict[str, list[dict[str, Any]]], str]:
+        conn = await WorkerConnection.connect(node.ws, tokens.worker)
+        again = await WorkerConnection.connect(node.ws, tokens.worker)
+        try:
+            await conn.hello("w", {"h": 2}, 2, push=False)
+            tasks, grants = {"failed": submit()}, {}
+            released = (await conn.claim(1))[0]
+            await conn.release(released["attempt_id"], released["fence"])
+            failed = (await conn.claim(1))[0]
+            await conn.start(failed["attempt_id"], failed["fence"])
+            error = {"code": "BAD_INPUT", "message": "no such page", "retryable": False}
+            await conn.finish(failed["attempt_id"], failed["fence"], error=error)
+            grants["failed"] = [released, failed]
+            tasks["succeeded"] = submit()
+            succeeded = (await conn.claim(1))[0]
+            await conn.start(succeeded["attempt_id"], succeeded["fence"])
+            await conn.finish(succeeded["attempt_id"], succeeded["fence"], result={"ok": 1})
+            grants["succeeded"] = [succeeded]
+            assert conn.session_id is not None and conn.resume_secret is not None
+            await again.resume(conn.session_id, conn.resume_secret, push=False)
+            tasks["live"] = submit()
+            grants["live"] = await again.claim(1)
+            return tasks, grants, conn.session_id
+        finally:
+            await again.close()
+            await conn.close()
+
+    tasks, grants, session_id = asyncio.run(work())
+    shown = {
+        name: admin.get(f"/v1/tasks/{task_id}/attempts").json()["items"]
+        for name, task_id in tasks.items()
+    }
+    for name, attempts in shown.items():
+        assert [a["id"] for a in attempts] == [g["attempt_id"] for g in grants[name]], name
+        for a, granted in zip(attempts, grants[name], strict=True):
+            AttemptView.model_validate(a)  # the documented schema
+            assert a["session_id"] == session_id
+            assert a["claim_expires_at"] == granted["claim_expires_at"], (name, a)
+    assert [(a["session_epoch"], a["state"], a["outcome"]) for a in shown["failed"]] == [
+        ("1", "released", {"kind": "released", "code": None}),
+        ("1", "failed", {"kind": "failed", "code": "BAD_INPUT"}),
+    ]
+    assert [(a["session_epoch"], a["state"], a["outcome"]) for a in shown["succeeded"]] == [
+        ("1", "succeeded", {"kind": "succeeded", "code": None})
+    ]
+    assert [(a["session_epoch"], a["state"], a["outcome"]) for a in shown["live"]] == [
+        ("2", "claimed", None)
+    ]
+    # the outcome is the event that ended the attempt, as the task's events show it
+    events = admin.get(f"/v1/tasks/{tasks['failed']}/events").json()["items"]
+    for a in shown["failed"]:
+        [ended] = [
+            e for e in events if e["attempt_id"] == a["id"] and e["attempt_to"] == a["state"]
+        ]
+        assert a["outcome"] == {"kind": ended["kind"], "code": ended["code"]}
 
 
 def test_the_tenant_limit_list_pages_on_each_backend(

@@ -326,6 +326,16 @@ WHERE task_id = :task_id AND number > :after_number
 ORDER BY number
 LIMIT coalesce(:limit, -1);
 
+-- name: attempt_outcome_list
+-- The events that ended these attempts of the task (claimed or running to any other
+-- state), in the log's order: each attempt's end is written in the transaction that
+-- ends it. A range of the task's event index, filtered; read for an attempt list only.
+SELECT attempt_id, kind, code FROM orbit_events
+WHERE task_id = :task_id AND attempt_id IN (SELECT value FROM json_each(:ids))
+  AND attempt_from IN ('claimed', 'running')
+  AND attempt_to NOT IN ('claimed', 'running')
+ORDER BY id;
+
 -- name: attempt_live_counts
 SELECT queue, tenant, handler, session_id, count(*) AS n FROM orbit_attempts
 WHERE state IN ('claimed', 'running')
