@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import queue
 import re
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -258,6 +260,11 @@ def test_orbit_dev_interrupted_while_it_starts_stops_cleanly(tmp_path: Path) -> 
     assert proc.returncode == 0, out
     assert "Traceback" not in out and "ERROR" not in out, out
     assert out.rstrip().endswith("stopped"), out
+    # ... and the demo is skipped: it ran first (some 3 s), and only then did it stop
+    assert "demo task" not in out and "Press Ctrl-C" not in out, out
+    with sqlite3.connect(data / "orbit.db") as cx:
+        assert cx.execute("SELECT count(*) FROM orbit_tasks").fetchone() == (0,)
+    cx.close()
 
 
 def test_the_demo_that_fails_on_purpose_prints_no_traceback(tmp_path: Path) -> None:
@@ -271,3 +278,154 @@ def test_the_demo_that_fails_on_purpose_prints_no_traceback(tmp_path: Path) -> N
     assert "Traceback" not in out and "fails on purpose" not in out, out
     [retries] = [line for line in run.stdout.splitlines() if "retries" in line]
     assert "succeeded" in retries and "2/3" in retries, out
+
+
+def test_orbit_dev_interrupted_during_its_demo_cuts_it_short_and_cancels_its_tasks(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C while the demo runs stops without waiting for the rest of it (it ran to its
+    end, some 3 s, first); the demo tasks that had not ended are cancelled, rather than
+    left to the next run's worker (the slow one, not retry_safe, needing review)."""
+    data = tmp_path / "dot-orbit"
+    proc = _serving_dev(data)
+    try:
+        deadline = time.monotonic() + 60
+        while _task_states(data) == []:  # the demo has submitted its first task
+            assert proc.poll() is None and time.monotonic() < deadline, proc.poll()
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out
+    assert "Traceback" not in out and "ERROR" not in out, out
+    assert out.rstrip().endswith("stopped"), out
+    assert "demo task" not in out and "Press Ctrl-C" not in out, out
+    states = _task_states(data)
+    assert states and set(states) <= {"succeeded", "failed", "cancelled"}, states
+    assert "cancelled" in states, states
+
+
+def _task_states(data: Path) -> list[str]:
+    """The states of the tasks in ``orbit dev``'s database (none while it has none)."""
+    if not (data / "orbit.db").exists():
+        return []
+    with sqlite3.connect(data / "orbit.db") as cx:
+        try:
+            rows = cx.execute("SELECT state FROM orbit_tasks").fetchall()
+        except sqlite3.OperationalError:  # its schema not made yet
+            rows = []
+    cx.close()
+    return [r[0] for r in rows]
+
+
+class _Output:
+    """A process's output lines, read on a thread of their own: a wait for a line is
+    bounded, where a read from the pipe blocks for as long as the process is silent."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        self.lines: list[str] = []
+        self._fed: queue.Queue[str | None] = queue.Queue()
+        stdout = proc.stdout
+
+        def read() -> None:
+            for line in stdout:
+                self._fed.put(line)
+            self._fed.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+
+    def until(self, text: str, timeout: float = 120) -> None:
+        """Read up to the first line holding ``text``."""
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._fed.get(timeout=max(end - time.monotonic(), 0))
+            except queue.Empty:
+                raise AssertionError(f"no {text!r} within {timeout} s:\n{self.text}") from None
+            if line is None:
+                raise AssertionError(f"no {text!r} before the output ended:\n{self.text}")
+            self.lines.append(line)
+            if text in line:
+                return
+
+    def rest(self) -> str:
+        """Everything, once the process has ended."""
+        while (line := self._fed.get(timeout=30)) is not None:
+            self.lines.append(line)
+        return self.text
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+
+def test_a_second_ctrl_c_stops_orbit_dev_at_once(tmp_path: Path) -> None:
+    """The first Ctrl-C stops cleanly: the demo worker drains (its handlers get their
+    grace) and the server waits for the requests under way, here one whose body never
+    comes. A second Ctrl-C did nothing, as it does in ``orbit server`` and ``orbit
+    worker``: the stop waited for that request for ever. It stops at once now: the
+    worker's running handler is cancelled without its grace, the server waits for no
+    request, and the store is still closed (SQLite removes its -wal file as the last
+    connection closes)."""
+    data = tmp_path / "dot-orbit"
+    proc = _serving_dev(data)
+    out = _Output(proc)
+    stalled = socket.socket()
+    try:
+        out.until("Press Ctrl-C to stop.")
+        found = re.search(r"Orbit is running at (\S+)", out.text)
+        assert found is not None, out.text
+        url = found.group(1)
+        bearer = f"Bearer {(data / 'token').read_text().strip()}"
+        with httpx.Client(base_url=url, headers={"Authorization": bearer}, timeout=30) as api:
+            made = api.post(
+                "/v1/tasks",
+                json={
+                    "queue": "demo",
+                    "handler": "demo.slow",
+                    "payload": {"seconds": 600},
+                    "retry_safe": True,
+                },
+            )
+            assert made.status_code == 201, made.text
+            task_id = made.json()["task"]["id"]
+            deadline = time.monotonic() + 60
+            while api.get(f"/v1/tasks/{task_id}").json()["state"] != "running":
+                assert time.monotonic() < deadline, "the slow demo task never started"
+                time.sleep(0.05)
+            port = urlsplit(url).port
+            assert port is not None
+            stalled.connect(("127.0.0.1", port))
+            stalled.sendall(
+                b"POST /v1/queues HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                + f"Authorization: {bearer}\r\n".encode()
+                + b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+            )
+            assert api.get("/healthz").status_code == 200  # served after the stalled one
+        proc.send_signal(signal.SIGINT)
+        out.until("stopping (Ctrl-C again stops at once)")
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)  # a guard: the first stop alone waits for ever
+        text = out.rest()
+    finally:
+        stalled.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, text
+    assert "stopping at once" in text, text
+    assert "running handlers are cancelled" in text, text  # the demo worker's, at once
+    assert "Traceback" not in text, text
+    assert text.rstrip().endswith("stopped"), text
+    assert not (data / "orbit.db-wal").exists(), text
+    with sqlite3.connect(data / "orbit.db") as cx:
+        state, used = cx.execute(
+            "SELECT state, attempts_used FROM orbit_tasks WHERE id = ?", (task_id,)
+        ).fetchone()
+    cx.close()
+    # cancelled as the worker stopped: retry_safe, so reported CANCELLED and due again
+    assert state in ("queued", "scheduled") and used == 1, (state, used)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import ssl
 import sys
 import time
@@ -35,7 +36,10 @@ from orbit.tokens import TokenError, load_token
 from orbit.urls import check_cafile
 
 if TYPE_CHECKING:
-    from orbit.client import Client
+    from rich.status import Status
+
+    from orbit.client import Client, WaitTimeout
+    from orbit.client._client import Waiting
 
 EXIT_TASK_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_TIMEOUT = 1, 2, 3, 4, 5
 #: backpressure: a queue or tenant is full (429); nothing was written, try again later
@@ -45,10 +49,39 @@ EXIT_FULL = 6
 out = Console(markup=False, emoji=False)
 err = Console(stderr=True, markup=False, emoji=False)
 
-Url = Annotated[str, typer.Option("--url", envvar="ORBIT_URL", help="server URL")]
+
+def option_source(ctx: typer.Context, name: str) -> str | None:
+    """Where option ``name``'s value came from: ``COMMANDLINE``, ``ENVIRONMENT``,
+    ``DEFAULT``... By name: typer carries a click of its own, whose ParameterSource is
+    not the one ``import click`` gives."""
+    source = ctx.get_parameter_source(name)
+    return None if source is None else source.name
+
+
+def no_empty_env(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+    """An option's environment variable that is set but empty (``ORBIT_URL=$UNSET``) is
+    refused, one line and exit 2, as an empty ORBIT_TOKEN is: click takes it for unset,
+    so ``orbit task submit`` went to the default URL, and ``orbit worker`` replaced its
+    module's URL with the default. The option given on the command line wins over it."""
+    envvar = param.envvar
+    given = option_source(ctx, str(param.name)) == "COMMANDLINE"
+    if isinstance(envvar, str) and not given and os.environ.get(envvar, "x").strip() == "":
+        option = param.opts[0] if param.opts else envvar
+        fail(f"{envvar} is set but empty: give {option}, or unset {envvar}", EXIT_USAGE)
+    return value
+
+
+Url = Annotated[
+    str, typer.Option("--url", envvar="ORBIT_URL", help="server URL", callback=no_empty_env)
+]
 CaFile = Annotated[
     str | None,
-    typer.Option("--cafile", envvar="ORBIT_CAFILE", help="CA file for a server with a private CA"),
+    typer.Option(
+        "--cafile",
+        envvar="ORBIT_CAFILE",
+        help="CA file for a server with a private CA",
+        callback=no_empty_env,
+    ),
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
 #: a queue's caps, as ``queue create`` and ``queue update`` take them
@@ -61,10 +94,10 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 
 #: What every command of these groups shares, said in their --help.
 CONNECTION_HELP = (
-    "\n\nThe server is --url (or ORBIT_URL); the token comes from ORBIT_TOKEN or "
-    "ORBIT_TOKEN_FILE, never from the command line. Exit codes: 0 done; 2 bad arguments "
-    "(those the command checks itself); 3 refused by the server (a value only it checks "
-    "too); 4 server unreachable"
+    "\n\nThe server is --url (or ORBIT_URL; set but empty, it is refused); the token "
+    "comes from ORBIT_TOKEN or ORBIT_TOKEN_FILE, never from the command line. Exit codes: "
+    "0 done; 2 bad arguments (those the command checks itself); 3 refused by the server "
+    "(a value only it checks too); 4 server unreachable"
 )
 #: The task commands' own exit codes, after those of every group.
 TASK_EXITS = (
@@ -645,7 +678,8 @@ def task_submit(
             run_after=run_after,
         )
         if wait:
-            _wait(c, task["id"], 3600.0 if wait_timeout is None else wait_timeout, as_json)
+            waited = 3600.0 if wait_timeout is None else wait_timeout
+            _wait(c, task["id"], waited, as_json, seen=task)
             return
         emit(task, as_json, lambda t: _tasks_table([t]))
 
@@ -880,56 +914,76 @@ def _print_outcome(task: dict[str, Any]) -> None:
         )
 
 
-def _wait(c: Client, task_id: str, timeout: float, as_json: bool) -> None:
-    """Follow the task until it ends, asking again while the server cannot be reached
-    (a restart, a rolling deploy), as ``Client.wait`` does: the first such poll ended the
-    command (exit 4) though the task went on. Unreachable to the end is still exit 4.
-    No request waits for its answer past the end of the wait (``Waiting``)."""
-    from orbit.client import ApiError, Unreachable, WaitTimeout
+def _wait(
+    c: Client, task_id: str, timeout: float, as_json: bool, seen: dict[str, Any] | None = None
+) -> None:
+    """Follow the task until it ends: exit 0 if it succeeded, 1 if not, 5 when the wait
+    is over first. With ``--json`` a wait that is over prints the task as last seen
+    (``seen``: as already known, which ``submit`` has), as an ended one is printed: a
+    script reading stdout got nothing, not even the id of the task it had submitted."""
     from orbit.client._client import Waiting
 
     waiting = Waiting(task_id, timeout)
+    with err.status(Text(f"waiting for {task_id}")) as status:  # Text: no markup
+        task, over = _follow(c, waiting, status, as_json, seen)
+    # Printed once the status line is gone: on a terminal it sends stdout's writes to stderr.
+    if task is not None and (as_json or over is None):
+        emit(task, as_json, lambda t: _tasks_table([t]))
+    if over is not None:
+        fail(str(over), EXIT_TIMEOUT)
+    assert task is not None  # an ended task was seen
+    if not as_json:
+        _print_outcome(task)  # why it failed, not only that it did
+    if task["state"] != "succeeded":
+        raise typer.Exit(EXIT_TASK_FAILED)
+
+
+def _follow(
+    c: Client, waiting: Waiting, status: Status, as_json: bool, seen: dict[str, Any] | None
+) -> tuple[dict[str, Any] | None, WaitTimeout | None]:
+    """Poll the task until it ends: it, and None; or, once the wait is over, the task as
+    last seen and the WaitTimeout. Asks again while the server cannot be reached (a
+    restart, a rolling deploy), as ``Client.wait`` does: the first such poll ended the
+    command (exit 4) though the task went on. Unreachable to the end is still exit 4.
+    No request waits for its answer past the end of the wait (``Waiting``)."""
+    from orbit.client import ApiError, Unreachable, WaitTimeout
+
+    task_id = waiting.task_id
     follower = _EventFollower(c, task_id)
 
     def within() -> float:
         return waiting.request_timeout(c.timeout)
 
-    with err.status(Text(f"waiting for {task_id}")) as status:  # Text: no markup
-        while True:
+    while True:
+        try:
+            fresh = follower.new(within)
+            task = seen = c.get(task_id, timeout=within())
+        except (Unreachable, ApiError) as exc:
             try:
-                fresh = follower.new(within)
-                task = c.get(task_id, timeout=within())
-            except (Unreachable, ApiError) as exc:
-                try:
-                    waiting.failed(exc)  # a refusal is raised: exit 3; an outage to the end: 4
-                except WaitTimeout as over:  # the end of the wait cut the last poll short
-                    fail(str(over), EXIT_TIMEOUT)
-                status.update(Text(f"{task_id}: the server cannot be reached; asking again"))
-                time.sleep(0.2)
-                continue
-            for e in fresh:
-                if not as_json:
-                    _show_event(e)
-            status.update(
-                Text(
-                    f"{task_id}: {task['state']} "
-                    f"(attempt {task['attempts_used']}/{task['max_attempts']})"
-                )
-            )
-            try:
-                if waiting.ended(task):
-                    for e in _last_events(follower, within):
-                        if not as_json:
-                            _show_event(e)
-                    break
-            except WaitTimeout as exc:
-                fail(str(exc), EXIT_TIMEOUT)
+                waiting.failed(exc)  # a refusal is raised: exit 3; an outage to the end: 4
+            except WaitTimeout as over:  # the end of the wait cut the last poll short
+                return seen, over
+            status.update(Text(f"{task_id}: the server cannot be reached; asking again"))
             time.sleep(0.2)
-    emit(task, as_json, lambda t: _tasks_table([t]))
-    if not as_json:
-        _print_outcome(task)  # why it failed, not only that it did
-    if task["state"] != "succeeded":
-        raise typer.Exit(EXIT_TASK_FAILED)
+            continue
+        for e in fresh:
+            if not as_json:
+                _show_event(e)
+        status.update(
+            Text(
+                f"{task_id}: {task['state']} "
+                f"(attempt {task['attempts_used']}/{task['max_attempts']})"
+            )
+        )
+        try:
+            if waiting.ended(task):
+                for e in _last_events(follower, within):
+                    if not as_json:
+                        _show_event(e)
+                return task, None
+        except WaitTimeout as over:
+            return task, over
+        time.sleep(0.2)
 
 
 @task_app.command("wait")
@@ -942,7 +996,8 @@ def task_wait(
     cafile: CaFile = None,
     as_json: AsJson = False,
 ) -> None:
-    """Follow a task live until it ends; exit 0 if it succeeded, 1 if not, 5 on timeout."""
+    """Follow a task live until it ends; exit 0 if it succeeded, 1 if not, 5 on timeout
+    (with --json, the task as last seen is printed then too, as task submit --wait does)."""
     with client(url, cafile) as c:
         _wait(c, task_id, timeout, as_json)
 

@@ -3,7 +3,7 @@
 It opens SQLite under ``.orbit/``, starts a server and a demo worker in this process,
 runs four demo tasks that show the rules at work (one succeeds, one fails and is retried,
 one is cancelled while running, one times out), prints what happened and what to try
-next, and keeps serving until Ctrl-C.
+next, and keeps serving until Ctrl-C (``_Stopping``: a second one stops at once).
 """
 
 from __future__ import annotations
@@ -14,14 +14,16 @@ import os
 import signal
 import stat
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from orbit.cli.listening import KEEP_ALIVE, bind, url_of
+from orbit.aio import stop_tasks
+from orbit.cli.listening import KEEP_ALIVE, bind, quiet_abandoned, url_of
 from orbit.core.errors import OrbitError
 from orbit.core.model import SECOND
 from orbit.gctune import tune_for_throughput
@@ -29,10 +31,13 @@ from orbit.tokens import TokenError, load_token, token_id
 from orbit.worker.runner import Context, Retry, Worker
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Coroutine, Iterator
+    from socket import socket
 
     from orbit.client import AsyncClient
     from orbit.store import Store
+
+T = TypeVar("T")
 
 console = Console(markup=False, emoji=False)  # paths and results are data, not markup
 DEMO: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
@@ -158,11 +163,75 @@ def _prepare(data_dir: Path) -> tuple[str, str]:
     return db_url, token
 
 
-async def _demo(client: AsyncClient) -> dict[str, dict[str, Any]]:
+class _Stopping:
+    """What SIGINT and SIGTERM ask of ``orbit dev``, from its first moment (Ctrl-C while
+    the database was prepared or the server started cancelled the start-up half way,
+    which uvicorn logged as an ERROR with its traceback, exit 130). The first asks for a
+    clean stop: a demo not yet over is cut short (one asked for during start-up still
+    ran the whole demo, some 3 s, first), the worker drains, the server ends its
+    requests. A second SIGINT (Ctrl-C again, after a SIGTERM too) stops at once, as it
+    stops ``orbit server`` and ``orbit worker``: the worker's running handlers are
+    cancelled without their grace, and the server waits for no request under way; the
+    store is closed all the same. A second Ctrl-C did nothing: the stop waited for all
+    of that, a request that never ended for ever."""
+
+    def __init__(self) -> None:
+        self.asked = asyncio.Event()
+        self.now = False
+        self._hurry: list[Callable[[], object]] = []
+
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.add_signal_handler(signal.SIGINT, self.interrupted)
+        loop.add_signal_handler(signal.SIGTERM, self.ask)
+
+    def ask(self) -> None:
+        """SIGTERM, or a first SIGINT: a clean stop (a second SIGTERM changes nothing)."""
+        if not self.asked.is_set():
+            console.print("stopping (Ctrl-C again stops at once)")
+            self.asked.set()
+
+    def interrupted(self) -> None:
+        """SIGINT: the first asks for a clean stop, the next for a stop at once."""
+        if not self.asked.is_set():
+            self.ask()
+        elif not self.now:
+            self.now = True
+            console.print("stopping at once")
+            for hurry in self._hurry:
+                hurry()
+
+    def at_once(self, hurry: Callable[[], object]) -> None:
+        """Have ``hurry`` called on a stop at once; now, if it was asked for already."""
+        self._hurry.append(hurry)
+        if self.now:
+            hurry()
+
+
+async def _unless(stop: asyncio.Event, work: Coroutine[Any, Any, T]) -> T | None:
+    """``work``'s result, or None once ``stop`` is set first (``work`` is cancelled)."""
+    doing = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((doing, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await stop_tasks([stopped])
+        finished = doing.done()
+        if not finished:
+            await stop_tasks([doing])
+    return doing.result() if finished else None
+
+
+async def _submit_demo(client: AsyncClient) -> dict[str, str]:
+    """Submit the demo tasks: their ids by name."""
     ids: dict[str, str] = {}
     for name, (handler, payload, options) in DEMO.items():
         task = await client.submit("demo", handler, payload, **options)
         ids[name] = task["id"]
+    return ids
+
+
+async def _demo(client: AsyncClient, ids: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Cancel the slow task once it runs, then wait for all four to end."""
     # Cancel the slow task once it is really running: cancel wins over its result.
     for _ in range(300):
         if (await client.get(ids["cancelled"]))["state"] == "running":
@@ -177,91 +246,51 @@ async def _history(client: AsyncClient, task_id: str) -> str:
     return " → ".join(e["task_to"] for e in page["items"] if e["task_to"])
 
 
-async def serve(host: str, port: int, data_dir: Path, once: bool) -> int:
-    import uvicorn
-
-    from orbit.client import AsyncClient
-    from orbit.logs import configure
-    from orbit.server import ServerSettings, create_app
-    from orbit.server.denials import UVICORN_WS
-    from orbit.store import StoreConfig
-
-    configure("warning")
-    # SIGINT and SIGTERM ask for the stop below from the start: Ctrl-C while the database
-    # was prepared or the server started cancelled the start-up half way, which uvicorn
-    # logged as an ERROR with its traceback (exit 130). The server leaves them to us.
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-
-    class Server(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
-
-    # Bound before anything is written: a port in use or a host that cannot be listened
-    # on is refused with no database made and no admin token minted for nothing.
-    sock = bind(host, port, unread_timeout=StoreConfig().session_ttl_us / SECOND)
-    held: int | None = None
-    try:
-        from orbit.cli.main import database
-        from orbit.store.sqlite import hold_for_server
-
-        # The lock first: a second `orbit dev` on this directory is refused before it
-        # migrates the database, or mints an admin token and rewrites the token file.
-        _make_data_dir(data_dir)
-        with database(f"sqlite:///{data_dir / 'orbit.db'}"):  # one line, exit 1
-            held = hold_for_server(str(data_dir / "orbit.db"))
-        db_url, token = _prepare(data_dir)
-    except BaseException:
-        if held is not None:
-            os.close(held)
-        sock.close()
-        raise
-    settings = ServerSettings(db_url=db_url, node_id="orbit-dev")
-    url = url_of(sock, host)
-    api = create_app(settings)
-    server = Server(
-        uvicorn.Config(
-            api,
-            log_level="warning",
-            access_log=False,
-            log_config=None,
-            timeout_keep_alive=KEEP_ALIVE,  # as ``orbit server``'s
-            **UVICORN_WS,
+async def _demo_table(client: AsyncClient, ids: dict[str, str]) -> Table:
+    """What became of each demo task, once all have ended, as a table."""
+    results = await _demo(client, ids)
+    table = Table("demo task", "state", "attempts", "history", "result / error")
+    for name, task in results.items():
+        outcome = (
+            str(task["result"])
+            if task["result"] is not None
+            else f"{task['error']['code']}"
+            if task["error"]
+            else ""
         )
-    )
-    serving = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if serving.done():
-            return 1
-        await asyncio.sleep(0.02)
-    # Absolute: the commands below are to be pasted into another shell, maybe elsewhere.
-    here = data_dir.resolve()
-    console.print(f"Orbit dev server on SQLite ({here / 'orbit.db'}) at {url}")
-    worker = demo_worker(url, token)
-    working = asyncio.create_task(worker.arun())
+        table.add_row(
+            name,
+            task["state"],
+            f"{task['attempts_used']}/{task['max_attempts']}",
+            await _history(client, task["id"]),
+            outcome,
+        )
+    return table
+
+
+async def _run_demo(url: str, token: str, stop: asyncio.Event) -> Table | None:
+    """The demo's table, or None if a stop was asked for before it was over: its tasks
+    not ended yet are cancelled then, rather than left to the next run's worker (a slow
+    one, not retry_safe, would have needed review)."""
+    from orbit.client import ApiError, AsyncClient, Unreachable
+
     async with AsyncClient(url, token) as client:
-        results = await _demo(client)
-        table = Table("demo task", "state", "attempts", "history", "result / error")
-        for name, task in results.items():
-            outcome = (
-                str(task["result"])
-                if task["result"] is not None
-                else f"{task['error']['code']}"
-                if task["error"]
-                else ""
-            )
-            table.add_row(
-                name,
-                task["state"],
-                f"{task['attempts_used']}/{task['max_attempts']}",
-                await _history(client, task["id"]),
-                outcome,
-            )
-        console.print(table)
-    # Under --once it stops now: it says so, and what a run without it would serve.
+        if stop.is_set():
+            return None
+        # Not cut short: a submit cut off in flight may have made its task, whose id was
+        # then never known, nor the task cancelled. The four take some milliseconds.
+        ids = await _submit_demo(client)
+        table = await _unless(stop, _demo_table(client, ids))
+        if table is None:
+            for task_id in ids.values():
+                with contextlib.suppress(ApiError, Unreachable):
+                    await client.cancel(task_id)
+    return table
+
+
+def _next_steps(url: str, here: Path, once: bool) -> None:
+    """What to try next. Under --once it stops now: it says so, and what a run without
+    it would serve."""
     running = (
         f"The demo ran on {url}; stopping (--once). Without --once it keeps serving"
         if once
@@ -277,20 +306,105 @@ async def serve(host: str, port: int, data_dir: Path, once: bool) -> int:
         highlight=False,
         soft_wrap=True,  # the commands to paste stay one line each, however narrow
     )
-    if not once:
-        await stop.wait()
-    worker.stop()
-    # 10 s, though grace + cancel_grace + the report grace add up to 12: the demo's
-    # handlers all end at once when cancelled (none ignores it, so cancel_grace is never
-    # waited out) and the server here answers until the worker is done, so the drain
-    # takes grace (2 s) and a round trip. Past 10 s only a server that stopped answering
-    # is waited on; the run is cancelled then, and its leases decide.
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(working, 10)
+
+
+async def _work(url: str, token: str, here: Path, once: bool, stopping: _Stopping) -> None:
+    """The demo worker, the demo and, but under --once, serving until a stop is asked."""
+    worker = demo_worker(url, token)
+    working = asyncio.create_task(worker.arun())
+    stopping.at_once(lambda: None if working.done() else worker.stop(now=True))
+    try:
+        table = await _run_demo(url, token, stopping.asked)
+        if table is not None:
+            console.print(table)
+            _next_steps(url, here, once)
+            if not once:
+                await stopping.asked.wait()
+    finally:
+        worker.stop()
+        # 10 s, though grace + cancel_grace + the report grace add up to 12: the demo's
+        # handlers all end at once when cancelled (none ignores it, so cancel_grace is
+        # never waited out) and the server here answers until the worker is done, so the
+        # drain takes grace (2 s) and a round trip. Past 10 s only a server that stopped
+        # answering is waited on; the run is cancelled then, and its leases decide.
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(working, 10)
+
+
+def _open(host: str, port: int, data_dir: Path, after: ExitStack) -> tuple[socket, str, Store]:
+    """Bind, take the one-server lock, prepare the database and open its store; ``after``
+    closes each once the event loop is closed (as ``orbit server`` closes its store once
+    uvicorn has returned: a stop at once leaves the application's shutdown out). Returns
+    the socket, the admin token and the store."""
+    from orbit.cli.main import database
+    from orbit.store import StoreConfig, open_store
+    from orbit.store.sqlite import hold_for_server
+
+    # Bound before anything is written: a port in use or a host that cannot be listened
+    # on is refused with no database made and no admin token minted for nothing.
+    sock = bind(host, port, unread_timeout=StoreConfig().session_ttl_us / SECOND)
+    after.callback(sock.close)
+    # The lock first: a second `orbit dev` on this directory is refused before it
+    # migrates the database, or mints an admin token and rewrites the token file.
+    _make_data_dir(data_dir)
+    with database(f"sqlite:///{data_dir / 'orbit.db'}"):  # one line, exit 1
+        held = hold_for_server(str(data_dir / "orbit.db"))
+    after.callback(os.close, held)
+    db_url, token = _prepare(data_dir)
+    with database(db_url):
+        store = open_store(db_url)
+    after.callback(store.close)
+    return sock, token, store
+
+
+async def serve(host: str, port: int, data_dir: Path, once: bool, after: ExitStack) -> int:
+    """Serve until stopped; ``after`` holds what is closed once the event loop is."""
+    import uvicorn
+
+    from orbit.logs import configure
+    from orbit.server import ServerSettings, create_app
+    from orbit.server.denials import UVICORN_WS
+
+    configure("warning")
+    # Signals ask for the stop below from the start; the server leaves them to us.
+    stopping = _Stopping()
+    stopping.install(asyncio.get_running_loop())
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    sock, token, store = _open(host, port, data_dir, after)
+    db_url = f"sqlite:///{data_dir / 'orbit.db'}"
+    api = create_app(ServerSettings(db_url=db_url, node_id="orbit-dev"), store=store)
+    url = url_of(sock, host)
+    server = Server(
+        uvicorn.Config(
+            api,
+            log_level="warning",
+            access_log=False,
+            log_config=None,
+            timeout_keep_alive=KEEP_ALIVE,  # as ``orbit server``'s
+            **UVICORN_WS,
+        )
+    )
+    stopping.at_once(lambda: setattr(server, "force_exit", True))  # waits for no request
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if serving.done():
+            return 1
+        await asyncio.sleep(0.02)
+    if not stopping.asked.is_set():  # asked during start-up: no demo, no worker
+        # Absolute: the commands printed are to be pasted into another shell, maybe elsewhere.
+        here = data_dir.resolve()
+        console.print(f"Orbit dev server on SQLite ({here / 'orbit.db'}) at {url}")
+        await _work(url, token, here, once, stopping)
     api.state.streams.close()  # open event streams end: uvicorn waits for every response
     server.should_exit = True
     await serving
-    os.close(held)
+    if server.force_exit:
+        quiet_abandoned()  # cancelled as the loop closes, before the store is closed
     console.print("stopped")
     return 0
 
@@ -308,4 +422,7 @@ def dev(
     Example: orbit dev --port 8000
     """
     tune_for_throughput()
-    raise typer.Exit(asyncio.run(serve(host, port, data_dir, once)))
+    # Closed once the loop is, the tasks it still held (a stop at once leaves some) ended.
+    with ExitStack() as after:
+        code = asyncio.run(serve(host, port, data_dir, once, after))
+    raise typer.Exit(code)

@@ -69,6 +69,17 @@ def bind(host: str, port: int, *, unread_timeout: float) -> socket.socket:
     return sock
 
 
+def quiet_abandoned() -> None:
+    """After a stop at once (a second Ctrl-C: uvicorn's ``force_exit``): what it left
+    running, the requests under way and the application's background duties, is
+    cancelled as the event loop closes, and uvicorn logged each as an ERROR with its
+    traceback ("Exception in ASGI application"), for a stop that did as it was asked.
+    Its error log is silenced from then on; the process is about to end."""
+    import logging
+
+    logging.getLogger("uvicorn.error").disabled = True
+
+
 def url_of(sock: socket.socket, host: str, scheme: str = "http") -> str:
     """The base URL a bound socket answers on."""
     port = sock.getsockname()[1]

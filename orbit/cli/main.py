@@ -19,7 +19,8 @@ from urllib.parse import unquote
 
 import typer
 
-from orbit.cli.listening import KEEP_ALIVE, announcement, bind, url_of
+from orbit.cli.api import DEFAULT_URL, CaFile, Url, option_source
+from orbit.cli.listening import KEEP_ALIVE, announcement, bind, quiet_abandoned, url_of
 from orbit.core.errors import OrbitError
 from orbit.core.model import SECOND
 from orbit.core.validate import is_name
@@ -486,6 +487,8 @@ def server(
             # before it stops, and a stream would never finish of itself.
             api.state.streams.close()
             await super().shutdown(sockets)
+            if self.force_exit:  # a second Ctrl-C: the store is closed below all the same
+                quiet_abandoned()
 
         @contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -541,15 +544,9 @@ def worker_command(
     args: Annotated[
         list[str], typer.Argument(help="ls | drain SESSION_ID | MODULE:OBJ", show_default=False)
     ],
-    url: Annotated[
-        str, typer.Option("--url", envvar="ORBIT_URL", help="server URL")
-    ] = "http://127.0.0.1:8000",
-    cafile: Annotated[
-        str | None,
-        typer.Option(
-            "--cafile", envvar="ORBIT_CAFILE", help="CA file for a server with a private CA"
-        ),
-    ] = None,
+    ctx: typer.Context,
+    url: Url = DEFAULT_URL,
+    cafile: CaFile = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON (ls, drain)")] = False,
     state: Annotated[
         str | None,
@@ -563,7 +560,9 @@ def worker_command(
       orbit worker ls [--state live]     list every worker session (expired ones stay listed)
       orbit worker drain SESSION_ID      stop new claims for a session (durable)
 
-    The token comes from ORBIT_TOKEN or ORBIT_TOKEN_FILE. A running worker drains on
+    The token comes from ORBIT_TOKEN or ORBIT_TOKEN_FILE. --url (or ORBIT_URL) and
+    --cafile (or ORBIT_CAFILE), when given, replace those the module's Worker names,
+    whatever their value; a variable set but empty is refused. A running worker drains on
     SIGTERM or SIGINT: no new claims, running handlers finish within the grace period,
     then are cancelled; a second Ctrl-C (SIGINT) cancels them at once. Exit codes of a
     running worker: 0 drained; 1 a handler ignored its cancellation, or an outcome the
@@ -586,15 +585,23 @@ def worker_command(
         _fail("give `ls`, `drain SESSION_ID` or MODULE:OBJ (e.g. myapp.jobs:worker)")
     if as_json:
         _fail("--json applies to `ls` and `drain`; a running worker logs lines")
-    _run_worker(args[0], url, cafile)
+    _run_worker(args[0], url if _given(ctx, "url") else None, cafile)
 
 
-def _run_worker(target: str, url: str, cafile: str | None) -> None:
-    """Load and run the worker. What makes it useless from the start (no token, a token
-    the server refuses, a URL it cannot use) is one line and exit 2 or 3, as for the other
-    commands: the runner raised it as a traceback, or retried a URL it could never use
-    for ever."""
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether option ``name`` was given, on the command line or in its environment
+    variable, whatever its value: ``--url`` was taken as given only when it differed from
+    the default, so ``--url http://127.0.0.1:8000`` left the module's own URL in place."""
+    return option_source(ctx, name) in ("COMMANDLINE", "ENVIRONMENT")
+
+
+def _run_worker(target: str, url: str | None, cafile: str | None) -> None:
+    """Load and run the worker; ``url`` and ``cafile``, when given (not None), replace
+    the module's. What makes it useless from the start (no token, a token the server
+    refuses, a URL it cannot use) is one line and exit 2 or 3, as for the other commands:
+    the runner raised it as a traceback, or retried a URL it could never use for ever."""
     import importlib
+    import logging
 
     from websockets.exceptions import InvalidStatus
 
@@ -605,8 +612,7 @@ def _run_worker(target: str, url: str, cafile: str | None) -> None:
     from orbit.worker.connection import ServerError
     from orbit.worker.runner import Worker
 
-    given = "ORBIT_URL" in os.environ or url != "http://127.0.0.1:8000"
-    if given:  # before the module's import, whose Worker(...) may read ORBIT_URL itself
+    if url is not None:  # before the module's import, whose Worker(...) may read ORBIT_URL
         try:
             check_server_url(url)
         except ValueError as exc:
@@ -628,7 +634,7 @@ def _run_worker(target: str, url: str, cafile: str | None) -> None:
         _fail(f"{target} is a {type(obj).__name__}, not an orbit Worker")
     if not obj.handlers:  # run() refuses it with ValueError, which was a traceback
         _fail(f"{target} has no handler: register one with @worker.handler(NAME)")
-    if given:
+    if url is not None:
         obj.url = url.rstrip("/")
     if cafile is not None:  # --cafile or ORBIT_CAFILE: it was accepted, then ignored
         obj.cafile = cafile
@@ -638,6 +644,14 @@ def _run_worker(target: str, url: str, cafile: str | None) -> None:
     except ValueError as exc:
         _fail(str(exc))
     configure("info")
+    # Which server, and from where: an option that did not take effect was found only
+    # by a worker that never showed up (the URL holds no credentials: checked above).
+    logging.getLogger("orbit.worker").info(
+        "worker %s: server %s (%s)",
+        obj.name,
+        obj.url,
+        "the module's" if url is None else "--url or ORBIT_URL",
+    )
     try:
         code = obj.run()
     except TokenError as exc:

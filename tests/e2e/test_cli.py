@@ -583,6 +583,42 @@ def test_a_server_stopped_by_sigterm_or_ctrl_c_closes_its_store_and_exits_0(
         assert not Path(f"{db}-wal").exists(), (sig, said)
 
 
+def test_a_second_ctrl_c_stops_a_server_at_once_quietly_and_closes_its_store(
+    tmp_path: Path,
+) -> None:
+    """The first Ctrl-C waits for the requests under way, here one whose body never
+    comes; the second stops without waiting for it. What that left running was then
+    cancelled as the process ended, and uvicorn logged each as an ERROR with its
+    traceback. Now: exit 0, no traceback, the store closed (no -wal file left)."""
+    import signal
+    import time
+
+    db = tmp_path / "orbit.db"
+    tokens = make_tokens(f"sqlite:///{db}")
+    node = start_server(f"sqlite:///{db}", tmp_path, node_id="forced")
+    try:
+        with socket.create_connection(("127.0.0.1", node.port)) as stalled:
+            stalled.sendall(
+                b"POST /v1/queues HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                + f"Authorization: Bearer {tokens.admin}\r\n".encode()
+                + b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+            )
+            assert httpx.get(f"{node.http}/healthz", timeout=10).is_success
+            node.proc.send_signal(signal.SIGINT)
+            deadline = time.monotonic() + 60
+            while "Waiting for connections to close" not in node.log_text():
+                assert node.proc.poll() is None and time.monotonic() < deadline, node.log_text()
+                time.sleep(0.02)
+            node.proc.send_signal(signal.SIGINT)
+            node.proc.wait(timeout=60)  # a guard: the first stop alone waits for ever
+    finally:
+        node.stop()
+    said = node.log_text()
+    assert node.proc.returncode == 0, said
+    assert "Traceback" not in said and "ERROR" not in said, said
+    assert not Path(f"{db}-wal").exists(), said
+
+
 def test_a_second_server_is_refused_before_it_migrates_the_file_the_first_serves(
     tmp_path: Path,
 ) -> None:
@@ -2166,3 +2202,113 @@ def test_only_the_clients_own_value_errors_become_one_line() -> None:
     with pytest.raises(ValueError) as other:
         int("not a number")
     assert not _raised_by_client(other.value)
+
+
+#: A worker module whose Worker names a URL of its own, and that marks its import.
+URL_MODULE = """
+from pathlib import Path
+
+from orbit import Worker
+
+Path(__file__).with_name("imported").touch()
+worker = Worker("http://127.0.0.1:9", name="own-url")
+
+
+@worker.handler("h")
+async def h(ctx, payload):
+    return None
+"""
+
+
+def _worker_says(where: Path, *args: str, **env: str) -> str:
+    """The first line ``orbit worker own_url:worker ARGS`` logs (which server it uses),
+    run in ``where`` with ``env`` (ORBIT_URL unset unless given); then it is stopped."""
+    unset = ("ORBIT_URL", "ORBIT_CAFILE", "ORBIT_TOKEN_FILE")
+    environment = {k: v for k, v in os.environ.items() if k not in unset}
+    environment.update(ORBIT_TOKEN="orbit_00_unused", **env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orbit.cli", "worker", "own_url:worker", *args],
+        cwd=where,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+    finally:
+        proc.terminate()  # before it has connected: it stops at once, exit 0
+        proc.communicate(timeout=60)
+    return line
+
+
+def test_a_worker_url_given_equal_to_the_default_still_replaces_the_modules(
+    tmp_path: Path,
+) -> None:
+    """``orbit worker --url URL`` took the option as given only when it differed from the
+    default: ``--url http://127.0.0.1:8000`` (or ORBIT_URL set to it) left the module's
+    own URL in place. Given is given, whatever its value; not given, the module's stands.
+    The worker says which server it uses, and whence, before it connects."""
+    (tmp_path / "own_url.py").write_text(URL_MODULE)
+    default = "http://127.0.0.1:8000"
+    given = "server http://127.0.0.1:8000 (--url or ORBIT_URL)"
+    assert given in _worker_says(tmp_path, "--url", default)
+    assert given in _worker_says(tmp_path, ORBIT_URL=default)
+    other = _worker_says(tmp_path, "--url", "http://127.0.0.1:7")
+    assert "server http://127.0.0.1:7 (--url or ORBIT_URL)" in other, other
+    own = _worker_says(tmp_path)
+    assert "server http://127.0.0.1:9 (the module's)" in own, own
+
+
+def test_an_empty_orbit_url_or_cafile_is_refused_and_changes_nothing(
+    orbit: Run, cluster: tuple[Node, Tokens, str], tmp_path: Path
+) -> None:
+    """An ORBIT_URL set but empty (``ORBIT_URL=$UNSET``) was taken for unset: a command
+    went to the default URL, and ``orbit worker`` replaced its module's URL with it. It
+    is refused, one line and exit 2, as an empty ORBIT_TOKEN is, before anything is
+    sent or the worker's module is imported; so is an empty ORBIT_CAFILE. The option
+    given on the command line wins over the variable."""
+    (tmp_path / "own_url.py").write_text(URL_MODULE)
+    ok(orbit("queue", "create", "empty-env", "--max-concurrency", "1", "--rate", "0"))
+
+    def tasks() -> list[Any]:
+        return json.loads(ok(orbit("task", "ls", "--queue", "empty-env", "--json")))["items"]
+
+    cases = [
+        (("task", "submit", "empty-env", "h"), {"ORBIT_URL": ""}, "ORBIT_URL is set but empty"),
+        (("task", "submit", "empty-env", "h"), {"ORBIT_URL": " "}, "ORBIT_URL is set but empty"),
+        (("queue", "ls"), {"ORBIT_CAFILE": ""}, "ORBIT_CAFILE is set but empty"),
+        (("worker", "own_url:worker"), {"ORBIT_URL": ""}, "ORBIT_URL is set but empty"),
+        (("worker", "own_url:worker"), {"ORBIT_CAFILE": ""}, "ORBIT_CAFILE is set but empty"),
+        (("worker", "ls"), {"ORBIT_URL": ""}, "ORBIT_URL is set but empty"),
+    ]
+    for args, env, says in cases:
+        run = orbit(*args, PYTHONPATH=str(tmp_path), **env)
+        assert run.returncode == 2, (args, env, run.stderr)
+        assert "Traceback" not in run.stderr, run.stderr
+        [line] = [x for x in run.stderr.splitlines() if x.startswith("error:")]
+        assert says in line, (args, env, line)
+    assert tasks() == []
+    assert not (tmp_path / "imported").exists()  # refused before the module's import
+    given = orbit("queue", "ls", "--url", cluster[0].http, ORBIT_URL="")
+    assert given.returncode == 0 and "empty-env" in given.stdout, given.stderr
+
+
+def test_submit_wait_and_wait_print_the_task_as_json_when_they_time_out(orbit: Run) -> None:
+    """``orbit task submit --wait --json`` that timed out printed nothing on stdout: a
+    script reading it had not even the id of the task it had just submitted (the error
+    line on stderr named it). ``task wait --json`` printed nothing either. Both print the
+    task as last seen, as when it has ended, and still exit 5."""
+    ok(orbit("queue", "create", "nobody", "--max-concurrency", "1", "--rate", "0"))
+    submitted = orbit("task", "submit", "nobody", "h", "--wait", "--wait-timeout", "0.5", "--json")
+    assert submitted.returncode == 5, submitted.stderr
+    assert "still queued" in submitted.stderr, submitted.stderr
+    task = json.loads(submitted.stdout)
+    assert task["queue"] == "nobody" and task["state"] == "queued", task
+    waited = orbit("task", "wait", task["id"], "--timeout", "0.5", "--json")
+    assert waited.returncode == 5 and "still queued" in waited.stderr, waited.stderr
+    again = json.loads(waited.stdout)
+    assert again["id"] == task["id"] and again.keys() == task.keys(), again
+    people = orbit("task", "wait", task["id"], "--timeout", "0.5")  # a table is for ended ones
+    assert people.returncode == 5 and people.stdout == "", people.stdout
