@@ -167,11 +167,6 @@ async def _no_fields(request: Request) -> None:
     decode_model(_NoFields, decode_json(raw), parsed=True)
 
 
-#: the dependencies of an action that takes no input (pause, resume, cancel, retry, drain,
-#: revoke): a body it would ignore is refused before anything is touched
-BODILESS = [Depends(_no_fields)]
-
-
 def _json(model: BaseModel | list[Any] | dict[str, Any], status: int = 200) -> Response:
     """A view (a model, a plain dict such as ``task_wire``'s, or a list of either) as a
     JSON response."""
@@ -390,26 +385,69 @@ def each_query_once(request: HTTPConnection) -> None:
             raise ApiError(400, "INVALID_ARGUMENT", f"{name}: give it once", name)
     route = request.scope.get("route")
     if isinstance(route, APIRoute) and not route.path.endswith("/stream"):
-        known = {p.alias for p in route.dependant.query_params}  # the endpoint's own
-        for name in request.query_params:
-            if name not in known:
-                raise ApiError(
-                    400,
-                    "INVALID_ARGUMENT",
-                    f"{name}: not a parameter of this list (it takes {', '.join(sorted(known))})",
-                    name,
-                )
+        _known_queries_only(request, _route_queries(route), "list")
+
+
+def _route_queries(route: APIRoute) -> set[str]:
+    """The query parameters a route takes: its endpoint's own, and those its OpenAPI
+    entry names (the batch submit reads ``reply`` itself)."""
+    known = {p.alias for p in route.dependant.query_params}
+    extra = (route.openapi_extra or {}).get("parameters", [])
+    known.update(p["name"] for p in extra if p.get("in") == "query")
+    return known
+
+
+def _known_queries_only(request: HTTPConnection, known: Iterable[str], what: str) -> None:
+    """Refuse a query parameter that is not one of ``known``."""
+    known = set(known)
+    for name in request.query_params:
+        if name not in known:
+            takes = f"it takes {', '.join(sorted(known))}" if known else "it takes none"
+            raise ApiError(
+                400, "INVALID_ARGUMENT", f"{name}: not a parameter of this {what} ({takes})", name
+            )
+
+
+def only_queries(request: Request, known: Iterable[str]) -> None:
+    """An action (a POST, PUT, PATCH or DELETE) takes only the query parameters it names,
+    once each, refused before its body is read or anything is touched:
+    ``DELETE /v1/schedules/nightly?dry_run=true`` deleted the schedule and
+    ``POST /v1/tasks?dry_run=1`` submitted the task, each answering as if the flag had
+    been heard. A request with no query string costs one lookup (the submits call this
+    on their direct path, ``orbit.server.direct``)."""
+    if not request.scope.get("query_string"):
+        return
+    for name in request.query_params:
+        if len(request.query_params.getlist(name)) > 1:
+            raise ApiError(400, "INVALID_ARGUMENT", f"{name}: give it once", name)
+    _known_queries_only(request, known, "action")
+
+
+def action_query(request: Request) -> None:
+    """``only_queries`` for a route FastAPI resolves, with the parameters it declares."""
+    route = request.scope.get("route")
+    if isinstance(route, APIRoute):
+        only_queries(request, _route_queries(route))
 
 
 #: the dependencies of a route whose query holds filters, a limit and a cursor
 LISTING = [Depends(each_query_once)]
+#: the dependencies of an action that takes a body: no query parameter it does not name
+ACTION = [Depends(action_query)]
+#: the dependencies of an action that takes no input (pause, resume, cancel, retry, drain,
+#: revoke, a schedule's delete): a query parameter or a body it would ignore is refused
+#: before anything is touched
+BODILESS = [*ACTION, Depends(_no_fields)]
 
 
 # ----------------------------------------------------------------------------- queues
 
 
 @router.post(
-    "/queues", dependencies=[Depends(require("admin"))], status_code=201, response_model=QueueView
+    "/queues",
+    dependencies=[Depends(require("admin")), *ACTION],
+    status_code=201,
+    response_model=QueueView,
 )
 async def queue_create(request: Request) -> Response:
     msg = await _body(request, QueueCreate)
@@ -481,6 +519,7 @@ FULL_RESPONSE: dict[int | str, dict[str, Any]] = {
     responses=FULL_RESPONSE,
 )
 async def task_submit(request: Request) -> Response:
+    only_queries(request, ())  # served directly: no dependency runs (orbit.server.direct)
     raw = await _document(request)
     spec = read_task(raw)  # the usual shape, read at once (orbit.protocol.submissions)
     if spec is None:
@@ -515,6 +554,7 @@ BATCH_RESPONSES: dict[int | str, dict[str, Any]] = {
     openapi_extra={"parameters": [BATCH_REPLY_QUERY]},
 )
 async def task_submit_batch(request: Request) -> Response:
+    only_queries(request, ("reply",))  # served directly, as task_submit
     render = _batch_reply(request)
     raw = await _document(request)
     store = _store(request)
@@ -623,7 +663,9 @@ async def task_retry(request: Request, task_id: str) -> Response:
 
 
 @router.post(
-    "/tasks/{task_id}/resolve", dependencies=[Depends(require("admin"))], response_model=TaskView
+    "/tasks/{task_id}/resolve",
+    dependencies=[Depends(require("admin")), *ACTION],
+    response_model=TaskView,
 )
 async def task_resolve(request: Request, task_id: str) -> Response:
     msg = await _body(request, TaskResolve)
@@ -895,7 +937,7 @@ SCHEDULE_REFUSALS: dict[int | str, dict[str, Any]] = {
 
 @router.post(
     "/schedules",
-    dependencies=[Depends(require("admin"))],
+    dependencies=[Depends(require("admin")), *ACTION],
     status_code=201,
     response_model=ScheduleView,
     responses=SCHEDULE_REFUSALS,
@@ -964,7 +1006,7 @@ async def schedule_resume(request: Request, name: str) -> Response:
 
 @router.patch(
     "/schedules/{name}",
-    dependencies=[Depends(require("admin"))],
+    dependencies=[Depends(require("admin")), *ACTION],
     response_model=ScheduleView,
     responses={
         400: SCHEDULE_REFUSALS[400],
@@ -994,14 +1036,18 @@ async def schedule_update(request: Request, name: str) -> Response:
 
 
 @router.delete(
-    "/schedules/{name}", dependencies=[Depends(require("admin"))], response_model=ScheduleView
+    "/schedules/{name}",
+    dependencies=[Depends(require("admin")), *BODILESS],
+    response_model=ScheduleView,
 )
 async def schedule_delete(request: Request, name: str) -> Response:
     """Delete a schedule, answering it as it was; the tasks it made stay."""
     return _json(schedule_view(await in_thread(_store(request).schedule_delete, name)))
 
 
-@router.patch("/queues/{name}", dependencies=[Depends(require("admin"))], response_model=QueueView)
+@router.patch(
+    "/queues/{name}", dependencies=[Depends(require("admin")), *ACTION], response_model=QueueView
+)
 async def queue_update(request: Request, name: str) -> Response:
     """Change a queue's caps: only the fields given (see QueueUpdate)."""
     msg = await _body(request, QueueUpdate)
@@ -1028,7 +1074,9 @@ async def limit_global_get(request: Request) -> Response:
 
 
 @router.put(
-    "/limits/global", dependencies=[Depends(require("admin"))], response_model=GlobalLimitView
+    "/limits/global",
+    dependencies=[Depends(require("admin")), *ACTION],
+    response_model=GlobalLimitView,
 )
 async def limit_global_set(request: Request) -> Response:
     """Cap live attempts across the cluster; ``max_concurrency: null`` removes the cap."""
@@ -1078,7 +1126,7 @@ def _tenant_view(store: Store, tenant: str) -> TenantLimitView:
 
 @router.put(
     "/limits/tenants/{tenant}",
-    dependencies=[Depends(require("admin"))],
+    dependencies=[Depends(require("admin")), *ACTION],
     response_model=TenantLimitView,
 )
 async def limit_tenant_set(request: Request, tenant: str) -> Response:
@@ -1145,7 +1193,7 @@ async def worker_drain(request: Request, session_id: str) -> Response:
 
 @router.post(
     "/tokens",
-    dependencies=[Depends(require("admin"))],
+    dependencies=[Depends(require("admin")), *ACTION],
     status_code=201,
     response_model=TokenCreated,
 )

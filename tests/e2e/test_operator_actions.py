@@ -246,6 +246,80 @@ def test_the_other_bodiless_actions_refuse_a_body_too(admin: httpx.Client) -> No
     assert admin.post("/v1/workers/no-such-session/drain").status_code == 404
 
 
+def test_a_schedules_delete_refuses_a_body_it_would_ignore(admin: httpx.Client) -> None:
+    """``DELETE /v1/schedules/{name}`` takes no input, and deleted the schedule whatever it
+    was sent (``{"dry_run": true}``, or no JSON at all): the one bodiless action the
+    others' check had missed. A field is UNKNOWN_FIELD and text INVALID_JSON now, and the
+    schedule stays; no body is taken as before."""
+    admin.post("/v1/queues", json={"name": "sq", "max_concurrency": 1, "rate": 0})
+    schedule = {"name": "keep", "cron": "0 3 * * *", "template": {"queue": "sq", "handler": "h"}}
+    assert admin.post("/v1/schedules", json=schedule).status_code == 201
+    for body, code in ((b'{"dry_run": true}', "UNKNOWN_FIELD"), (b"not json", "INVALID_JSON")):
+        refused = admin.request("DELETE", "/v1/schedules/keep", content=body)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["code"] == code, refused.text
+        assert admin.get("/v1/schedules/keep").status_code == 200
+    assert admin.delete("/v1/schedules/keep").status_code == 200
+    assert admin.get("/v1/schedules/keep").status_code == 404
+
+
+def test_actions_refuse_a_query_parameter_they_would_ignore(admin: httpx.Client) -> None:
+    """An action took any query parameter and ignored it: ``DELETE
+    /v1/schedules/keep?dry_run=true`` deleted the schedule, ``POST /v1/tasks?dry_run=1``
+    submitted the task, ``POST /v1/queues/q/pause?dry_run=true`` paused the queue, each
+    answering as though the flag had been heard. Each is INVALID_ARGUMENT naming the
+    parameter now, and nothing changes; the batch submit still takes its ``reply``."""
+    admin.post("/v1/queues", json={"name": "sq", "max_concurrency": 1, "rate": 0})
+    task_id = admin.post("/v1/tasks", json={"queue": "sq", "handler": "h"}).json()["task"]["id"]
+    schedule = {"name": "keep", "cron": "0 3 * * *", "template": {"queue": "sq", "handler": "h"}}
+    assert admin.post("/v1/schedules", json=schedule).status_code == 201
+    token_id = admin.post("/v1/tokens", json={"name": "ops", "scopes": ["submit"]}).json()["id"]
+    tasks_before = admin.get("/v1/tasks").json()["items"]
+    template = {"queue": "sq", "handler": "h"}
+    actions: tuple[tuple[str, str, dict[str, object] | None], ...] = (
+        ("POST", "/v1/queues", {"name": "q2", "max_concurrency": 1, "rate": 0}),
+        ("PATCH", "/v1/queues/sq", {"max_concurrency": 5}),
+        ("POST", "/v1/queues/sq/pause", None),
+        ("POST", "/v1/queues/sq/resume", None),
+        ("POST", "/v1/tasks", {"queue": "sq", "handler": "h"}),
+        ("POST", "/v1/tasks/batch", {"tasks": [{"queue": "sq", "handler": "h"}]}),
+        ("POST", f"/v1/tasks/{task_id}/cancel", None),
+        ("POST", f"/v1/tasks/{task_id}/retry", None),
+        ("POST", f"/v1/tasks/{task_id}/resolve", {"decision": "failed"}),
+        ("POST", "/v1/schedules", {"name": "s2", "cron": "0 4 * * *", "template": template}),
+        ("PATCH", "/v1/schedules/keep", {"cron": "0 5 * * *"}),
+        ("POST", "/v1/schedules/keep/pause", None),
+        ("DELETE", "/v1/schedules/keep", None),
+        ("PUT", "/v1/limits/global", {"max_concurrency": 3}),
+        ("PUT", "/v1/limits/tenants/t1", {"max_concurrency": 3}),
+        ("POST", "/v1/tokens", {"name": "more", "scopes": ["submit"]}),
+        ("POST", f"/v1/tokens/{token_id}/revoke", None),
+        ("POST", "/v1/workers/no-such-session/drain", None),
+    )
+    for method, path, body in actions:
+        refused = admin.request(method, path, json=body, params={"dry_run": "true"})
+        assert refused.status_code == 400, (method, path, refused.text)
+        error = refused.json()["error"]
+        assert (error["code"], error["field"]) == ("INVALID_ARGUMENT", "dry_run"), (path, error)
+        assert error["message"].startswith("dry_run: not a parameter of this action"), error
+    # nothing changed
+    assert [q["name"] for q in admin.get("/v1/queues").json()["items"]] == ["sq"]
+    [queue] = admin.get("/v1/queues").json()["items"]
+    assert (queue["max_concurrency"], queue["paused"]) == (1, False)
+    assert admin.get("/v1/tasks").json()["items"] == tasks_before
+    kept = admin.get("/v1/schedules/keep").json()
+    assert (kept["cron"], kept["paused"]) == ("0 3 * * *", False)
+    assert admin.get("/v1/schedules/s2").status_code == 404
+    assert admin.get("/v1/limits/global").json()["max_concurrency"] is None
+    assert admin.get("/v1/limits/tenants").json()["items"] == []
+    tokens = admin.get("/v1/tokens").json()["items"]
+    assert [t["name"] for t in tokens if t["name"] in ("ops", "more")] == ["ops"]
+    assert all(t["revoked_at"] is None for t in tokens if t["id"] == token_id)
+    # what an action does take is still taken
+    ids = admin.post("/v1/tasks/batch", params={"reply": "ids"}, json={"tasks": [template]})
+    assert ids.status_code == 201 and list(ids.json()[0]) == ["id", "created"], ids.text
+
+
 def _heard_cancel(worker: Worker) -> asyncio.Event:
     """Set once ``worker``'s runner has taken a pushed ``cancel`` (after its own handling)."""
     heard = asyncio.Event()
