@@ -111,7 +111,7 @@ queue_app = typer.Typer(
 )
 limit_app = typer.Typer(
     help="Caps of tenants (live attempts, waiting tasks) and of the whole cluster (live "
-    "attempts): list, show, set, remove." + CONNECTION_HELP + ".",
+    "attempts): ls lists them; tenant and global show, set or remove one." + CONNECTION_HELP + ".",
     no_args_is_help=True,
 )
 event_app = typer.Typer(

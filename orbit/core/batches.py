@@ -45,3 +45,13 @@ class LazyBatch(ABC):
         be read so. The same tasks may be read more than once (a retried transaction; a
         batch naming a cancelled parent is read whole before its chunks), and must read
         the same each time."""
+
+    def first_naming(self, field: str, value: str) -> int | None:
+        """The index of the first task whose ``field`` (``queue``, ``parent_id``) is
+        ``value``, or None: a refusal of that value (no such queue, no such parent) names
+        that task. Read whole here; a reader that holds the tasks as sent looks there,
+        reading no chunk."""
+        for index, spec in enumerate(self.read(0, len(self))):
+            if getattr(spec, field) == value:
+                return index
+        return None

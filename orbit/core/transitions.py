@@ -852,7 +852,7 @@ def _release(
             task,
             state=T.FAILED,
             error_code=str(Code.DEADLINE_EXCEEDED),
-            error_message="the deadline passed before the task started",
+            error_message=_unrun_deadline_message(task),
             error_retryable=False,
             updated_at=now,
             finished_at=now,
@@ -983,7 +983,7 @@ def reap(plan: Plan, task: Task, live: Attempt | None, now: int, rand: float) ->
                 task,
                 state=T.FAILED,
                 error_code=str(Code.DEADLINE_EXCEEDED),
-                error_message="the deadline passed before the task could run",
+                error_message=_unrun_deadline_message(task),
                 error_retryable=False,
                 updated_at=now,
                 finished_at=now,
@@ -991,6 +991,21 @@ def reap(plan: Plan, task: Task, live: Attempt | None, now: int, rand: float) ->
             plan.move(task, after, "failed", code=str(Code.DEADLINE_EXCEEDED))
         elif task.state == T.SCHEDULED and task.run_after <= now:
             plan.move(task, evolve(task, state=T.QUEUED, updated_at=now), "queued")
+
+
+def _unrun_deadline_message(task: Task) -> str:
+    """Why a task that no attempt is running fails at its deadline. A task that never
+    started says so; one that ran and waits for a retry failed before its next attempt,
+    and the message keeps its last attempt's error (``code: message``, as a finish
+    whose retry would fall past the deadline does), which DEADLINE_EXCEEDED replaces as
+    the task's error: the view has no other place for it."""
+    if task.attempts_used == 0:
+        return "the deadline passed before the task could run"
+    used = f"{task.attempts_used} of {task.max_attempts} attempts used"
+    passed = f"the deadline passed before its next attempt ({used})"
+    if task.error_code is None:
+        return passed
+    return f"{passed}; the last attempt failed {task.error_code}: {task.error_message or ''}"
 
 
 def _task_retry(task: Task, retryable: bool, now: int, rand: float, code: str) -> RetryPlan:

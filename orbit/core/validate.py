@@ -91,21 +91,26 @@ def is_name(value: object) -> bool:
     return True
 
 
-def check_name(kind: str, value: object) -> str:
+def check_name(kind: str, value: object, *, field: str | None = None) -> str:
+    """``value`` if it is a name (``is_name``); ``field``: the request field it came from."""
     if not is_name(value):
         raise OrbitError(
             Code.INVALID_ARGUMENT,
             f"{kind} must be 1-128 characters of letters, digits, '_', '.', ':' or '-', "
             f"starting with a letter or digit; got {value!r:.80}",
+            field=field,
         )
     assert isinstance(value, str)
     return value
 
 
-def check_int(name: str, value: object, low: int, high: int) -> int:
+def check_int(name: str, value: object, low: int, high: int, *, field: str | None = None) -> int:
+    """``value`` if it is an integer in ``[low, high]``; ``field``: the request field."""
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise OrbitError(
-            Code.INVALID_ARGUMENT, f"{name} must be an integer in [{low}, {high}]; got {value!r}"
+            Code.INVALID_ARGUMENT,
+            f"{name} must be an integer in [{low}, {high}]; got {value!r}",
+            field=field,
         )
     return value
 
@@ -150,20 +155,41 @@ def check_max_queued(max_queued: int | None) -> None:
 
 
 def check_backoff(backoff: Backoff) -> None:
+    """A backoff's three values, each refusal naming its field (``backoff.base``, …)."""
     if isinstance(backoff.base_us, bool) or not isinstance(backoff.base_us, int):
-        raise OrbitError(Code.INVALID_BACKOFF, "backoff base must be an integer of microseconds")
+        raise OrbitError(
+            Code.INVALID_BACKOFF,
+            "backoff base must be an integer of microseconds",
+            field="backoff.base",
+        )
     if not 0 < backoff.base_us <= MAX_DURATION_US:
-        raise OrbitError(Code.INVALID_BACKOFF, "backoff base must be > 0 and at most a year")
+        raise OrbitError(
+            Code.INVALID_BACKOFF,
+            "backoff base must be > 0 and at most a year",
+            field="backoff.base",
+        )
     factor = backoff.factor
     if isinstance(factor, bool) or not isinstance(factor, int | float):
-        raise OrbitError(Code.INVALID_BACKOFF, "backoff factor must be a number")
+        raise OrbitError(
+            Code.INVALID_BACKOFF, "backoff factor must be a number", field="backoff.factor"
+        )
     if not math.isfinite(factor) or not 1.0 <= factor <= 100.0:
-        raise OrbitError(Code.INVALID_BACKOFF, f"backoff factor must be in [1, 100]; got {factor}")
+        raise OrbitError(
+            Code.INVALID_BACKOFF,
+            f"backoff factor must be in [1, 100]; got {factor}",
+            field="backoff.factor",
+        )
     if isinstance(backoff.max_us, bool) or not isinstance(backoff.max_us, int):
-        raise OrbitError(Code.INVALID_BACKOFF, "backoff max must be an integer of microseconds")
+        raise OrbitError(
+            Code.INVALID_BACKOFF,
+            "backoff max must be an integer of microseconds",
+            field="backoff.max",
+        )
     if not backoff.base_us <= backoff.max_us <= MAX_DURATION_US:
         raise OrbitError(
-            Code.INVALID_BACKOFF, "backoff max must be at least the base and at most a year"
+            Code.INVALID_BACKOFF,
+            "backoff max must be at least the base and at most a year",
+            field="backoff.max",
         )
 
 
@@ -200,19 +226,23 @@ def check_spec(spec: TaskSpec, max_payload_bytes: int) -> tuple[str, int]:
     """Validate a submission, all but what needs the clock (:func:`check_deadline`);
     return its canonical payload JSON and its encoded size. The store runs it before
     its transaction begins, so bad input costs the database nothing."""
-    check_name("queue", spec.queue)
-    check_name("handler", spec.handler)
-    check_name("tenant", spec.tenant)
-    check_int("priority", spec.priority, -MAX_PRIORITY, MAX_PRIORITY)
-    check_int("max_attempts", spec.max_attempts, 1, MAX_ATTEMPTS_LIMIT)
+    check_name("queue", spec.queue, field="queue")
+    check_name("handler", spec.handler, field="handler")
+    check_name("tenant", spec.tenant, field="tenant")
+    check_int("priority", spec.priority, -MAX_PRIORITY, MAX_PRIORITY, field="priority")
+    check_int("max_attempts", spec.max_attempts, 1, MAX_ATTEMPTS_LIMIT, field="max_attempts")
     if not isinstance(spec.retry_safe, bool):
-        raise OrbitError(Code.INVALID_ARGUMENT, "retry_safe must be true or false")
+        raise OrbitError(
+            Code.INVALID_ARGUMENT, "retry_safe must be true or false", field="retry_safe"
+        )
     if spec.idempotency_key is not None and (
         not isinstance(spec.idempotency_key, str)
         or not 0 < len(spec.idempotency_key) <= MAX_KEY_LEN
     ):
         raise OrbitError(
-            Code.INVALID_ARGUMENT, f"idempotency_key must be 1-{MAX_KEY_LEN} characters"
+            Code.INVALID_ARGUMENT,
+            f"idempotency_key must be 1-{MAX_KEY_LEN} characters",
+            field="idempotency_key",
         )
     if is_fire_key(spec.idempotency_key):
         raise OrbitError(
@@ -222,7 +252,7 @@ def check_spec(spec: TaskSpec, max_payload_bytes: int) -> tuple[str, int]:
             field="idempotency_key",
         )
     if spec.parent_id is not None and not isinstance(spec.parent_id, str):
-        raise OrbitError(Code.INVALID_ARGUMENT, "parent_id must be a task id")
+        raise OrbitError(Code.INVALID_ARGUMENT, "parent_id must be a task id", field="parent_id")
     check_backoff(spec.backoff)
     if spec.attempt_timeout_us is not None and (
         isinstance(spec.attempt_timeout_us, bool)
@@ -230,18 +260,24 @@ def check_spec(spec: TaskSpec, max_payload_bytes: int) -> tuple[str, int]:
         or not 0 < spec.attempt_timeout_us <= MAX_DURATION_US
     ):
         raise OrbitError(
-            Code.INVALID_TIMEOUT, "attempt_timeout must be a positive duration of at most a year"
+            Code.INVALID_TIMEOUT,
+            "attempt_timeout must be a positive duration of at most a year",
+            field="attempt_timeout",
         )
     if spec.deadline is not None and not _is_instant(spec.deadline):
-        raise OrbitError(Code.INVALID_DEADLINE, f"deadline must be {AN_INSTANT}")
+        raise OrbitError(Code.INVALID_DEADLINE, f"deadline must be {AN_INSTANT}", field="deadline")
     if spec.run_after is not None:
         if not _is_instant(spec.run_after):
-            raise OrbitError(Code.INVALID_ARGUMENT, f"run_after must be {AN_INSTANT}")
+            raise OrbitError(
+                Code.INVALID_ARGUMENT, f"run_after must be {AN_INSTANT}", field="run_after"
+            )
         if spec.deadline is not None and spec.run_after >= spec.deadline:
-            raise OrbitError(Code.INVALID_DEADLINE, "run_after must be before the deadline")
+            raise OrbitError(
+                Code.INVALID_DEADLINE, "run_after must be before the deadline", field="run_after"
+            )
     for name, text in (("idempotency_key", spec.idempotency_key), ("parent_id", spec.parent_id)):
         if isinstance(text, str) and "\x00" in text:
-            raise OrbitError(Code.INVALID_ARGUMENT, f"{name} holds a NUL character")
+            raise OrbitError(Code.INVALID_ARGUMENT, f"{name} holds a NUL character", field=name)
     return check_payload(spec.payload, max_payload_bytes)
 
 
@@ -260,6 +296,7 @@ def check_payload(value: JSON, max_payload_bytes: int) -> tuple[str, int]:
             raise OrbitError(
                 Code.PAYLOAD_TOO_LARGE,
                 f"payload is {len(encoded)} bytes; the limit is {max_payload_bytes} bytes",
+                field="payload",
             )
         return encoded.decode("utf-8"), len(encoded)
     check_json_depth(value, "payload")
@@ -267,7 +304,9 @@ def check_payload(value: JSON, max_payload_bytes: int) -> tuple[str, int]:
         payload = canonical_json(value)
     except (TypeError, ValueError) as exc:
         raise OrbitError(
-            Code.INVALID_ARGUMENT, f"payload must be JSON (no NaN or Infinity): {exc}"
+            Code.INVALID_ARGUMENT,
+            f"payload must be JSON (no NaN or Infinity): {exc}",
+            field="payload",
         ) from None
     try:
         size = len(payload.encode("utf-8"))
@@ -275,12 +314,15 @@ def check_payload(value: JSON, max_payload_bytes: int) -> tuple[str, int]:
         size = len(payload.encode("utf-8", "surrogatepass"))
         if size <= max_payload_bytes:
             raise OrbitError(
-                Code.INVALID_ARGUMENT, "payload contains a lone surrogate (not valid UTF-8)"
+                Code.INVALID_ARGUMENT,
+                "payload contains a lone surrogate (not valid UTF-8)",
+                field="payload",
             ) from None
     if size > max_payload_bytes:
         raise OrbitError(
             Code.PAYLOAD_TOO_LARGE,
             f"payload is {size} bytes; the limit is {max_payload_bytes} bytes",
+            field="payload",
         )
     return payload, size
 
@@ -288,7 +330,7 @@ def check_payload(value: JSON, max_payload_bytes: int) -> tuple[str, int]:
 def check_deadline(spec: TaskSpec, now: int) -> None:
     """The part of :func:`check_spec` that needs the clock (the transaction's)."""
     if spec.deadline is not None and spec.deadline <= now:
-        raise OrbitError(Code.INVALID_DEADLINE, "deadline is already in the past")
+        raise OrbitError(Code.INVALID_DEADLINE, "deadline is already in the past", field="deadline")
 
 
 #: catch_up's bound: the most missed instants one schedule fires after a downtime
@@ -357,7 +399,6 @@ def check_schedule(
             )
     try:
         return stored, check_spec(template, max_payload_bytes)[0]
-    except OrbitError as exc:
-        if exc.field is None:
-            exc.field = "template"
+    except OrbitError as exc:  # the template as a whole, whichever field of it
+        exc.field = "template"
         raise

@@ -210,6 +210,14 @@ class UsualBatch(LazyBatch):
     def __len__(self) -> int:
         return len(self._tasks)
 
+    def first_naming(self, field: str, value: str) -> int | None:
+        """``LazyBatch.first_naming`` from the tasks as sent (``of`` has checked the
+        queues and parents it is asked about): no chunk is read for it."""
+        for index, task in enumerate(self._tasks):
+            if task.get(field) == value:
+                return index
+        return None
+
     def read(self, start: int, end: int) -> list[TaskSpec]:
         specs: list[TaskSpec] = []
         tasks = self._tasks

@@ -195,8 +195,10 @@ async def _scheduler(store: Store, interval: float) -> None:
     """Fire the schedules due now, every ``interval`` seconds, on every node: each fire
     is its own transaction, which locks its schedule's row and skips one another node's
     fire holds (``Store.schedule_fire``), so nodes share the work and never fire one
-    instant twice. A pass that fired something runs again at once: a schedule catching
-    up after a downtime fires one instant per transaction."""
+    instant twice. A pass works about a second at most (``SCHEDULE_PASS_S``), and one
+    that fired something runs again at once: a schedule catching up after a downtime
+    fires one instant per transaction and per round, and the instants that come due
+    meanwhile, on time, between its rounds."""
     while True:
         delay = interval
         try:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from functools import partial
 from typing import Any, Final, TypeVar, overload
+from zoneinfo import ZoneInfo
 
 from orbit.core import transitions
 from orbit.core.batches import LazyBatch
@@ -95,6 +96,14 @@ from orbit.tokens import token_id as parse_token_id
 _log = logging.getLogger("orbit.store")
 T = TypeVar("T")
 Clock = Callable[[], int]
+
+
+#: How long one pass of the schedule duty (``Store.schedule_fire_due``) works before it
+#: hands back to the duty, which runs the next at once: a long catch-up does not hold
+#: the duty's thread, which a stop of the server waits for, for minutes on end.
+SCHEDULE_PASS_S = 1.0
+#: The most dropped instants a ``schedule.skipped`` event counts (``Dropped.count``).
+MAX_DROPPED_COUNT = 1000
 
 
 #: A batch submit larger than this goes to the database a chunk at a time, each chunk's
@@ -298,6 +307,8 @@ class Store:
         #: a second wake would cost an empty claim transaction per commit.
         self.origin = uuid.uuid4().hex[:16]
         self._depth_gates = _DepthGates()
+        #: The schedule duty's stretch of back-to-back work (``schedule_fire_due``).
+        self._fire_stretch: _FireStretch | None = None
 
     # ------------------------------------------------------------------ plumbing
 
@@ -989,32 +1000,70 @@ class Store:
             return None
         return (int(soonest) - self._now()) / 1_000_000
 
-    def schedule_fire_due(self, limit: int = 100) -> int:
-        """Fire what is due now: each due schedule's next instant, each in its own
-        transaction (``schedule_fire``); return how many tasks were made. The due
-        schedules are read ``limit`` at a time, oldest first, until none is left: one
-        whose fire failed (a full queue, say) stays due, the oldest, and is tried again
-        by the next pass, and a page of those must not hide the schedules after them. A
-        schedule with more due (catch_up) may be read again, further on, in this pass.
+    def schedule_fire_due(self, limit: int = 100, budget_s: float = SCHEDULE_PASS_S) -> int:
+        """Fire what is due, each fire its own transaction (``schedule_fire``), in
+        rounds; return how many tasks were made. A round reads the clock, then every
+        schedule due then, ``limit`` at a time, oldest first, and fires each at most
+        once: a schedule catching up fires its next instant in the next round, after
+        the instants that came due meanwhile have had theirs, so a long catch-up never
+        holds a fresh instant back behind its backlog. Rounds go on until one does
+        nothing (nothing due, or every fire refused) or ``budget_s`` has passed; the
+        duty then runs the next pass at once if this one made anything.
 
-        A fire that fails in any other way (a bug, a row that cannot be read) is logged
-        with its traceback and passed by too, or that schedule, always the oldest due,
-        would end every pass before the others. A failure of the database itself
-        (``Driver.is_unavailable``) ends the pass instead: the next schedule's fire would
-        fail the same way, and the duty logs it once."""
-        now = self._now()
+        While rounds follow one another, the duty is busy: an instant that came due
+        since the first of them (``_FireStretch``) is on time however late the round
+        that fires it (the documented meaning of a missed instant: the cluster was down,
+        or its fire refused all that time). A round that does nothing ends the stretch.
+
+        A fire refused (a full queue, say) writes nothing: the schedule stays due, and
+        is tried again by the next pass, not by this one's later rounds; a page of those
+        does not hide the schedules after them. A fire that fails in any other way (a
+        bug, a row that cannot be read) is logged with its traceback and passed by too.
+        A failure of the database itself (``Driver.is_unavailable``) ends the pass
+        instead: the next schedule's fire would fail the same way, and the duty logs it
+        once."""
+        ends = time.monotonic() + budget_s
         made = 0
+        failed: set[str] = set()
+        try:
+            while True:
+                now = self._now()
+                if self._fire_stretch is None:
+                    self._fire_stretch = _FireStretch(began=now)
+                round_made, acted = self._schedule_round(now, limit, failed)
+                made += round_made
+                if not acted:
+                    self._fire_stretch = None
+                    return made
+                if time.monotonic() >= ends:
+                    return made
+        except BaseException:
+            self._fire_stretch = None
+            raise
+
+    def _schedule_round(self, now: int, limit: int, failed: set[str]) -> tuple[int, int]:
+        """One round of ``schedule_fire_due`` at ``now``: each due schedule not in
+        ``failed`` fired once (one that fails is added to it). Return the tasks made and
+        the fires that went through (a task made or found, or the schedule moved on)."""
+        made = acted = 0
+        done: set[str] = set()
         after_at, after_name = -(2**62), ""
         while True:
             rows = self._read(
                 "schedule_due", now=now, after_at=after_at, after_name=after_name, limit=limit
             )
             for row in rows:
+                name = str(row["name"])
+                if name in done or name in failed:
+                    continue  # fired in this round (its next instant is the next round's)
+                done.add(name)
                 try:
                     made += self.schedule_fire(R.schedule_from_row(row), now)
+                    acted += 1
                 except OrbitError as exc:
                     # Nothing was written: the instant stays due and the next pass tries it.
-                    _log.warning("schedule %s did not fire: %s", row["name"], exc)
+                    failed.add(name)
+                    _log.warning("schedule %s did not fire: %s", name, exc)
                 except Exception as exc:
                     if self.driver.is_unavailable(exc):
                         raise  # the database's failure, no schedule's: the pass ends
@@ -1022,17 +1071,21 @@ class Store:
                     # rolled back, it stays due, and the schedules after it go on. The
                     # record names the schedule, never its template (payloads may hold
                     # secrets); the traceback has the error's own message only.
-                    _log.exception("schedule %s did not fire", row["name"])
+                    failed.add(name)
+                    _log.exception("schedule %s did not fire", name)
             if len(rows) < limit:
-                return made
+                return made, acted
             after_at, after_name = int(rows[-1]["next_fire_at"]), str(rows[-1]["name"])
 
     def schedule_fire(self, s: Schedule, now: int) -> int:
         """Fire ``s`` (as read at ``now``, when it was due) once: submit its template for
         the oldest instant its misfire policy keeps (``fire_plan``) in the transaction
         that advances its ``next_fire_at`` and writes a ``schedule.fired`` event, or,
-        if the policy keeps none, only advance it past now (``schedule.skipped``).
-        Return the tasks made (0 or 1).
+        if the policy keeps none, only advance it past now. Missed instants the policy
+        drops are written down in the same transaction, whether or not an instant
+        fires: a ``schedule.skipped`` event (``_skipped``). On time is judged from the
+        duty's stretch, when one is under way (``_FireStretch``). Return the tasks made
+        (0 or 1).
 
         Two guards keep an instant from firing twice. The row is locked as read (its
         version, and its ``created_at``: a schedule deleted and made again under its
@@ -1042,7 +1095,11 @@ class Store:
         idempotency key is the schedule's and the instant's (``fire_key``): a fire that
         committed but whose reply was lost, then retried, finds its task rather than
         making another."""
-        plan = fire_plan(s, now)
+        stretch = self._fire_stretch
+        if stretch is None:
+            plan = fire_plan(s, now)
+        else:
+            plan = fire_plan(s, now, stretch.began - MISFIRE_GRACE_US, stretch.kept_from(s))
         if plan.instant is None:
 
             def advance(tx: _Tx) -> None:
@@ -1068,12 +1125,7 @@ class Store:
                     ),
                     1,
                 )
-                data: dict[str, Any] = {
-                    "schedule": s.name,
-                    "missed_from": s.next_fire_at,
-                    "next_fire_at": plan.next_fire_at,
-                }
-                tx.events([Event(kind="schedule.skipped", queue=s.template.queue, data=data)])
+                tx.events(_skipped(s, plan))
 
             self._tx(advance)
             return 0
@@ -1122,7 +1174,7 @@ class Store:
                 tenant=s.template.tenant,
                 data=data,
             )
-            tx.events([event])
+            tx.events([*_skipped(s, plan), event])
 
         # The template checked as a submit is, and then given the fire's key, which a
         # submit's check refuses (``is_fire_key``): so ``fields_checked``.
@@ -1130,10 +1182,12 @@ class Store:
         spec = replace(s.template, idempotency_key=key)
         try:
             done = self.task_submit_rendered(
-                [spec], _same, fields_checked=True, first=first, made=fired
+                [spec], _same, fields_checked=True, first=first, made=fired, batch=False
             )
         except _Moved:
             return 0
+        if stretch is not None:
+            stretch.kept[(s.name, s.created_at)] = (s.version + 1, instant)
         return int(done[0].created)
 
     def _now(self) -> int:
@@ -1147,7 +1201,9 @@ class Store:
     # ------------------------------------------------------------------ submit
 
     def task_submit(self, spec: TaskSpec) -> Submitted:
-        return self.task_submit_many([spec])[0]
+        """One task: its refusals name its fields as they are (``deadline``), where a
+        batch's name the task too (``tasks.0.deadline``)."""
+        return self.task_submit_rendered([spec], _same, batch=False)[0]
 
     def task_submit_many(self, specs: Sequence[TaskSpec]) -> list[Submitted]:
         """Submit tasks in one transaction: all of them or none."""
@@ -1169,6 +1225,7 @@ class Store:
         fields_checked: bool = False,
         first: Callable[[_Tx], None] | None = None,
         made: Callable[[_Tx, Sequence[Submitted]], None] | None = None,
+        batch: bool = True,
     ) -> list[T]:
         """``task_submit_many``, each result passed through ``render`` while the database
         writes the chunk after it (or its own, for the last): an HTTP reply's views are
@@ -1189,7 +1246,12 @@ class Store:
         the database inserts the chunk before (``orbit.core.batches``). Its bad task is
         then found inside the transaction, which rolls back with nothing written:
         ``UnusualTask`` for what its reader cannot take, the payload's own error for
-        the rest."""
+        the rest.
+
+        ``batch``: the specs are a batch's tasks, and a refusal of one of them names it,
+        as the decoder's do: its ``field`` is ``tasks.<index>.<field>`` and its message
+        starts with that (``_of_task``). A single submit's and a schedule's fire's say
+        their field alone."""
         if len(specs) > self.config.max_batch:
             raise OrbitError(
                 Code.INVALID_ARGUMENT,
@@ -1207,13 +1269,23 @@ class Store:
         if not count:
             return []
         most = self.config.max_payload_bytes
-        for spec in eager:
+        named = _of_task if batch else _as_is
+        for index, spec in enumerate(eager):
             if not isinstance(spec, TaskSpec):
-                raise OrbitError(Code.INVALID_ARGUMENT, "each task must be a TaskSpec")
-        if fields_checked:
-            payloads = [check_payload(s.payload, most)[0] for s in eager]
-        else:
-            payloads = [check_spec(s, most)[0] for s in eager]
+                refusal = OrbitError(Code.INVALID_ARGUMENT, "each task must be a TaskSpec")
+                raise named(refusal, index)
+
+        def checked(spec: TaskSpec) -> tuple[str, int]:
+            """A spec's payload as ``fields_checked`` asks (asked again for a refusal)."""
+            return check_payload(spec.payload, most) if fields_checked else check_spec(spec, most)
+
+        try:  # a comprehension each, the hot path: no call per spec beyond the check
+            if fields_checked:
+                payloads = [check_payload(s.payload, most)[0] for s in eager]
+            else:
+                payloads = [check_spec(s, most)[0] for s in eager]
+        except OrbitError as exc:
+            raise _refusal(eager, 0, checked, named) or exc from None
         if lazy is None:
             queues = sorted({s.queue for s in eager})
             parents = sorted({s.parent_id for s in eager if s.parent_id})
@@ -1232,10 +1304,41 @@ class Store:
             if lazy is None:
                 return eager[start:end], payloads[start:end]
             chunk = lazy.read(start, end)
-            for spec in chunk:
-                if _key_of(spec) not in by_key:
-                    check_deadline(spec, now)
-            return chunk, [check_payload(s.payload, most)[0] for s in chunk]
+            check_deadlines(chunk, start, now, by_key)
+            try:
+                return chunk, [check_payload(s.payload, most)[0] for s in chunk]
+            except OrbitError as exc:
+                raise _refusal(chunk, start, payload_of, named) or exc from None
+
+        def payload_of(spec: TaskSpec) -> tuple[str, int]:
+            return check_payload(spec.payload, most)
+
+        def check_deadlines(
+            specs: Sequence[TaskSpec], start: int, now: int, by_key: Mapping[Any, Task]
+        ) -> None:
+            """``check_deadline`` for the specs (the batch's from ``start``) whose keys
+            name no task yet, a refusal naming its task (``_refusal``)."""
+            try:
+                for spec in specs:
+                    if _key_of(spec) not in by_key:
+                        check_deadline(spec, now)
+            except OrbitError as exc:
+
+                def deadline(spec: TaskSpec) -> None:
+                    if _key_of(spec) not in by_key:
+                        check_deadline(spec, now)
+
+                raise _refusal(specs, start, deadline, named) or exc from None
+
+        def naming(field: str, value: str, exc: OrbitError) -> OrbitError:
+            """``exc``, the refusal of a value that tasks share (a queue, a parent), as
+            the first task's that names it (``named``). A ``LazyBatch`` finds it without
+            reading a chunk (``first_naming``)."""
+            if lazy is not None:
+                index = lazy.first_naming(field, value)
+            else:
+                index = next((i for i, s in enumerate(eager) if getattr(s, field) == value), None)
+            return exc if index is None else named(exc, index)
 
         def work(tx: _Tx) -> list[T]:
             if first is not None:
@@ -1250,16 +1353,17 @@ class Store:
             known = {row["name"] for row in queue_rows}
             for q in queues:
                 if q not in known:
-                    raise OrbitError(Code.QUEUE_NOT_FOUND, f"no queue named {q!r:.80}")
+                    missing = OrbitError(
+                        Code.QUEUE_NOT_FOUND, f"no queue named {q!r:.80}", field="queue"
+                    )
+                    raise naming("queue", q, missing)
             # The tasks each idempotency key already names: the database's, then this
             # batch's own as they are made. A spec whose key names a task makes nothing,
             # so its deadline is not checked: a client retrying a submit after its
             # deadline gets the task it made, not INVALID_DEADLINE.
             by_key = self._existing_by_key(tx, keys)
             stored = frozenset(by_key)  # the keys of tasks made before this batch
-            for spec in eager:
-                if _key_of(spec) not in by_key:
-                    check_deadline(spec, now)
+            check_deadlines(eager, 0, now, by_key)
             # Every parent must exist, whatever its children's keys name. A cancelled
             # one takes no new child, but a spec whose key names a task made before
             # this batch makes nothing: it is an idempotent retry, and gets its task
@@ -1269,7 +1373,12 @@ class Store:
             for parent_id in parents:
                 found = tx.fetch("task_share", id=parent_id)
                 if not found:
-                    raise OrbitError(Code.PARENT_NOT_FOUND, f"no parent task {parent_id!r:.80}")
+                    missing = OrbitError(
+                        Code.PARENT_NOT_FOUND,
+                        f"no parent task {parent_id!r:.80}",
+                        field="parent_id",
+                    )
+                    raise naming("parent_id", parent_id, missing)
                 parent = R.task_from_row(found[0])
                 if parent.cancel_requested or parent.state == TaskState.CANCELLED:
                     cancelled[parent_id] = parent_id
@@ -1289,6 +1398,7 @@ class Store:
                     cancelled,
                     frozenset(by_key),
                     lambda k: self._existing_by_key(tx, k),
+                    named,
                 )
             capped = {
                 ("queue", str(r["name"])): int(r["max_queued"])
@@ -1323,8 +1433,13 @@ class Store:
                     made: list[Task] = []
                     ids = self._new_ids(now, end - start, start)
                     chunk, chunk_payloads = read(start, end, now, by_key)
-                    for spec, payload, task_id in zip(chunk, chunk_payloads, ids, strict=True):
-                        done = self._submitted(spec, payload, now, by_key, stored, task_id)
+                    for index, (spec, payload, task_id) in enumerate(
+                        zip(chunk, chunk_payloads, ids, strict=True), start
+                    ):
+                        try:
+                            done = self._submitted(spec, payload, now, by_key, stored, task_id)
+                        except OrbitError as exc:
+                            raise named(exc, index) from None
                         results.append(done)
                         if done.created:
                             if done.task.state == _QUEUED:
@@ -1370,21 +1485,24 @@ class Store:
         task_id: str,
     ) -> Submitted:
         """One spec of a batch: the task its idempotency key already names in ``by_key``
-        (the same payload, or IDEMPOTENCY_CONFLICT), or a new task with ``task_id``, which
-        joins it. ``stored``: the keys of ``by_key`` that name tasks made before the batch,
-        which a conflict names (task ids are no secret) so that the submitter can find it;
-        a key given twice in the batch names a task the refusal leaves unmade."""
+        (the same payload, handler and parent, or IDEMPOTENCY_CONFLICT: ``_differs``),
+        or a new task with ``task_id``, which joins it. ``stored``: the keys of ``by_key``
+        that name tasks made before the batch, which a conflict names (task ids are no
+        secret) so that the submitter can find it; a key given twice in the batch names a
+        task the refusal leaves unmade."""
         key = _key_of(spec)
         digest = transitions.digest(payload)
         prior = by_key.get(key) if key else None
         if prior is not None:
-            if prior.payload_digest != digest:
+            differs = _differs(prior, spec, digest)
+            if differs is not None:
                 named = f"idempotency key {spec.idempotency_key!r:.80}"
                 raise OrbitError(
                     Code.IDEMPOTENCY_CONFLICT,
-                    f"{named} already names task {prior.id}, submitted with a different payload"
+                    f"{named} already names task {prior.id}, submitted with {differs[0]}"
                     if key in stored
-                    else f"{named} is given twice in this batch, with different payloads",
+                    else f"{named} is given twice in this batch, with {differs[1]}",
+                    field="idempotency_key",
                 )
             return assemble(Submitted, {"task": prior, "created": False})
         task = transitions.new_task(
@@ -2981,36 +3099,103 @@ def _no_schedule(name: str) -> OrbitError:
 
 
 @dataclass(frozen=True)
+class Dropped:
+    """The missed instants one fire of a schedule passes over for good: the first and
+    the last, and how many (None: more than ``MAX_DROPPED_COUNT``)."""
+
+    first: int
+    last: int
+    count: int | None
+
+
+@dataclass(frozen=True)
 class FirePlan:
     """What one fire of a schedule does: submit for ``instant`` (None: nothing), then
-    wait for ``next_fire_at``."""
+    wait for ``next_fire_at``; ``dropped``, the missed instants it drops, if any."""
 
     instant: int | None
     next_fire_at: int
+    dropped: Dropped | None = None
 
 
-def fire_plan(s: Schedule, now: int) -> FirePlan:
+class _FireStretch:
+    """The schedule duty's current stretch of work on this node: passes back to back
+    since ``began`` (the clock at its first round), each round firing something. An
+    instant that came due during it could not be fired sooner, the duty being busy, so
+    it is on time however long the stretch takes (``fire_plan``'s ``on_time_from``).
+
+    ``kept`` remembers, for each schedule this stretch fired past missed instants, the
+    row version its fire wrote and the instant it fired: every due instant from there
+    on is kept (the policy's choice is a run of consecutive instants), so its next fires
+    need no second look back over ``max_catch_up`` instants, which made a catch-up's
+    cost grow with the square of its bound. A row another node or an operator wrote
+    since has another version and is looked at afresh."""
+
+    def __init__(self, began: int) -> None:
+        self.began = began
+        self.kept: dict[tuple[str, int], tuple[int, int]] = {}
+
+    def kept_from(self, s: Schedule) -> int | None:
+        found = self.kept.get((s.name, s.created_at))
+        return found[1] if found is not None and found[0] == s.version else None
+
+
+def fire_plan(
+    s: Schedule, now: int, on_time_from: int | None = None, kept_from: int | None = None
+) -> FirePlan:
     """The misfire policy applied to the instants due at ``now`` (docs/concepts.md,
-    "Schedules"). An instant no more than ``MISFIRE_GRACE_US`` old is on time and always
-    fires; older ones were missed (the cluster was down, or a full queue refused the
-    fire): ``skip`` drops them, ``run_once`` fires the latest of them once for all,
-    ``catch_up`` fires each of the latest ``max_catch_up`` of them, oldest first. One
-    instant per fire; the next fire (the next pass) takes the next kept one."""
+    "Schedules"). An instant at or after ``on_time_from`` (by default ``now -
+    MISFIRE_GRACE_US``; the duty's stretch can make it earlier: ``_FireStretch``) is on
+    time and always fires; older ones were missed (the cluster was down, or a full queue
+    refused the fire): ``skip`` drops them, ``run_once`` fires the latest of them once
+    for all, ``catch_up`` fires each of the latest ``max_catch_up`` of them, oldest
+    first, and drops the older. One instant per fire; the next fire (the next round)
+    takes the next kept one. ``kept_from``: an instant from which every due one is known
+    kept (``_FireStretch.kept``)."""
     zone = stored_zone(s.timezone)
-    n = s.max_catch_up + 2 if s.misfire == "catch_up" else 3
-    due = latest(s.cron, zone, now, s.next_fire_at, n)
-    on_time = [d for d in due if now - d <= MISFIRE_GRACE_US]
-    missed = [d for d in due if now - d > MISFIRE_GRACE_US]
-    kept = []
-    if s.misfire == "run_once":
-        kept = missed[-1:]
-    elif s.misfire == "catch_up":
-        kept = missed[-s.max_catch_up :]
-    fire = sorted(kept + on_time)
-    if not fire:
-        return FirePlan(None, next_after(s.cron, zone, max(now, s.next_fire_at)))
-    following = fire[1] if len(fire) > 1 else next_after(s.cron, zone, fire[0])
-    return FirePlan(fire[0], following)
+    cut = now - MISFIRE_GRACE_US if on_time_from is None else min(on_time_from, now)
+    first = next_after(s.cron, zone, s.next_fire_at - 1)
+    if first > now:  # next_fire_at no instant of the expression: none is due yet
+        return FirePlan(None, first)
+    if first >= cut or (kept_from is not None and first >= kept_from):
+        return FirePlan(first, next_after(s.cron, zone, first))
+    keep = {"skip": 0, "run_once": 1}.get(s.misfire, s.max_catch_up)
+    # The latest missed instants: those kept, and the last one dropped before them.
+    tail = latest(s.cron, zone, cut - 1, first, keep + 1)
+    kept = tail[-keep:] if keep else []
+    dropped = None
+    if len(tail) > keep:
+        last = tail[-keep - 1]
+        dropped = Dropped(first, last, _count(s, zone, first, last))
+    if kept:
+        following = kept[1] if len(kept) > 1 else next_after(s.cron, zone, kept[0])
+        return FirePlan(kept[0], following, dropped)
+    on_time = next_after(s.cron, zone, tail[-1])
+    if on_time <= now:
+        return FirePlan(on_time, next_after(s.cron, zone, on_time), dropped)
+    return FirePlan(None, on_time, dropped)
+
+
+def _count(s: Schedule, zone: ZoneInfo, first: int, last: int) -> int | None:
+    """How many instants of ``s`` lie in ``[first, last]``, if no more than
+    ``MAX_DROPPED_COUNT`` (a year of a minutely schedule would take seconds to count)."""
+    found = latest(s.cron, zone, last, first, MAX_DROPPED_COUNT + 1)
+    return len(found) if len(found) <= MAX_DROPPED_COUNT else None
+
+
+def _skipped(s: Schedule, plan: FirePlan) -> list[Event]:
+    """The ``schedule.skipped`` event of the missed instants ``plan`` drops (none if it
+    drops none): the first and last of them and how many, and the next instant."""
+    if plan.dropped is None:
+        return []
+    data: dict[str, Any] = {
+        "schedule": s.name,
+        "missed_from": plan.dropped.first,
+        "missed_to": plan.dropped.last,
+        "missed": plan.dropped.count,
+        "next_fire_at": plan.next_fire_at,
+    }
+    return [Event(kind="schedule.skipped", queue=s.template.queue, data=data)]
 
 
 def fire_key(s: Schedule, instant: int) -> str:
@@ -3354,19 +3539,22 @@ def _refuse_new_children(
     cancelled: Mapping[str, str],
     stored: frozenset[tuple[str, str, str]],
     look: Callable[[list[tuple[str, str, str]]], dict[tuple[str, str, str], Task]],
+    named: Callable[[OrbitError, int], OrbitError],
 ) -> None:
     """PARENT_CANCELLED for the first spec that would make a task under a ``cancelled``
     parent (one mapped to itself, or to its cancelled ancestor): one whose key named no
     task when the batch looked (``stored``). If its key names one now (``look``: a
     concurrent submit of the same task committed after the look, and then the cancel that
     cancelled both), StaleWrite: the transaction runs again, finds the task and returns
-    it."""
-    for spec in specs:
+    it. ``named``: the refusal as the task's at an index (``_of_task``, or as it is)."""
+    for index, spec in enumerate(specs):
         parent = spec.parent_id
         if parent is not None and parent in cancelled and (key := _key_of(spec)) not in stored:
             if key is not None and look([key]):
                 raise StaleWrite(f"idempotency key {spec.idempotency_key!r:.80} was taken")
-            raise _parent_cancelled(parent, cancelled[parent])
+            refusal = _parent_cancelled(parent, cancelled[parent])
+            refusal.field = "parent_id"
+            raise named(refusal, index)
 
 
 def _cancelled_lineage(tx: _Tx, ids: Sequence[str]) -> dict[str, str]:
@@ -3403,6 +3591,60 @@ def _refuse_under_cancelled(tx: _Tx, task: Task) -> None:
     if cancelled is not None:
         error = _parent_cancelled(task.parent_id, cancelled)
         raise OrbitError(error.code, f"{error.message}; retry it first")
+
+
+def _of_task(exc: OrbitError, index: int) -> OrbitError:
+    """A batch's refusal of its task ``index``, named as the decoder names a batch's
+    fields: ``field`` ``tasks.<index>.<field>`` (``tasks.<index>`` for a refusal of no
+    one field), and the message led by it. A batch of a thousand tasks said only
+    "deadline is already in the past", and the client had to find which."""
+    field = f"tasks.{index}.{exc.field}" if exc.field else f"tasks.{index}"
+    return OrbitError(exc.code, f"{field}: {exc.message}", field=field)
+
+
+def _as_is(exc: OrbitError, index: int) -> OrbitError:
+    """A single submit's refusal: its own field already says where."""
+    return exc
+
+
+def _refusal(
+    specs: Sequence[TaskSpec],
+    start: int,
+    check: Callable[[TaskSpec], object],
+    named: Callable[[OrbitError, int], OrbitError],
+) -> OrbitError | None:
+    """The first refusal ``check`` raises for ``specs`` (the batch's tasks from ``start``),
+    as its task's (``named``). Asked again once a check over every spec at once has
+    refused one, so the checks that pass keep their loops free of the bookkeeping."""
+    for offset, spec in enumerate(specs):
+        try:
+            check(spec)
+        except OrbitError as exc:
+            return named(exc, start + offset)
+    return None
+
+
+def _differs(prior: Task, spec: TaskSpec, digest: str) -> tuple[str, str] | None:
+    """What sets ``spec`` apart from ``prior``, the task its idempotency key names, if
+    anything a retry keeps: its payload, handler or parent (said two ways: against the
+    stored task, and against an earlier task of the same batch). Other options are not
+    compared: a client retrying may compute a deadline (now + 1 h) or a priority afresh
+    each time, and still means the same task; a different handler or parent is another
+    job, which a 200 ``created: false`` would have lost. Only a key that names a task
+    pays for the comparison."""
+    if prior.payload_digest != digest:
+        return "a different payload", "different payloads"
+    if prior.handler != spec.handler:
+        return (
+            f"handler {prior.handler!r:.80}, not {spec.handler!r:.80}",
+            f"handlers {prior.handler!r:.80} and {spec.handler!r:.80}",
+        )
+    if prior.parent_id != spec.parent_id:
+        return (
+            f"parent {prior.parent_id or 'none'}, not {spec.parent_id or 'none'}",
+            f"parents {prior.parent_id or 'none'} and {spec.parent_id or 'none'}",
+        )
+    return None
 
 
 def _key_of(spec: TaskSpec) -> tuple[str, str, str] | None:

@@ -959,7 +959,7 @@ def test_a_large_batch_with_a_late_bad_task_is_refused_whole(admin: httpx.Client
         ({"handler": "a b"}, 400, "INVALID_VALUE", "tasks.550.handler"),
         ({"retry_safe": 1}, 400, "INVALID_TYPE", "tasks.550.retry_safe"),
         ({"priority": 1_000_001}, 400, "NUMBER_OUT_OF_RANGE", "tasks.550.priority"),
-        ({"payload": "x" * 300_000}, 413, "PAYLOAD_TOO_LARGE", None),
+        ({"payload": "x" * 300_000}, 413, "PAYLOAD_TOO_LARGE", "tasks.550.payload"),
         ({"payload": {"nul": "a\u0000b"}}, 400, "NUL_CHARACTER", "tasks[550].payload.nul"),
     ]
     for late, status, code, field in cases:

@@ -192,11 +192,14 @@ def test_a_submit_may_not_take_a_schedules_key(
         base_url=node.http, timeout=30, headers={"Authorization": f"Bearer {tokens.submit}"}
     ) as submitter:
         before = _events(admin)
-        for path, body in (("/v1/tasks", task), ("/v1/tasks/batch", {"tasks": [task]})):
+        for path, body, field in (
+            ("/v1/tasks", task, "idempotency_key"),
+            ("/v1/tasks/batch", {"tasks": [task]}, "tasks.0.idempotency_key"),  # names the task
+        ):
             refused = submitter.post(path, json=body)
             assert refused.status_code == 400, (path, refused.text)
             error = refused.json()["error"]
-            assert (error["code"], error["field"]) == ("INVALID_ARGUMENT", "idempotency_key"), error
+            assert (error["code"], error["field"]) == ("INVALID_ARGUMENT", field), error
         assert _events(admin) == before  # nothing written
         assert admin.get("/v1/tasks", params={"queue": "sq"}).json()["items"] == []
 

@@ -227,7 +227,7 @@ class OrbitMachine(RuleBasedStateMachine):
         # on row order in the database, or hypothesis could not replay an example.
         self.task_ids: list[str] = []
         self.children: dict[str, list[str]] = {}
-        self.keys: dict[tuple[str, str, str], tuple[str, int]] = {}
+        self.keys: dict[tuple[str, str, str], tuple[str, int, str, str | None]] = {}
         self.workers: list[Worker] = []
         self.attempt_ids: list[str] = []
         self.reported: dict[str, tuple[Outcome, Receipt]] = {}
@@ -534,7 +534,8 @@ class OrbitMachine(RuleBasedStateMachine):
         except OrbitError as exc:
             if parent_cancelled and prior is None:
                 expected = Code.PARENT_CANCELLED
-            elif prior is not None and prior[1] != payload:
+            elif prior is not None and prior[1:] != (payload, handler, parent_id):
+                # another payload, handler or parent under the key: another job
                 expected = Code.IDEMPOTENCY_CONFLICT
             else:
                 raise
@@ -543,7 +544,7 @@ class OrbitMachine(RuleBasedStateMachine):
         # A resubmit whose key names a task is idempotent even under a cancelled parent.
         assert not parent_cancelled or prior is not None, "a new child under a cancelled parent"
         if prior is not None:
-            assert prior[1] == payload, "an idempotency key was reused with another payload"
+            assert prior[1:] == (payload, handler, parent_id), "a key was reused for another job"
             assert not submitted.created and submitted.task.id == prior[0]
             self._expect_nothing(before, "submit (idempotent)")
             return
@@ -559,7 +560,7 @@ class OrbitMachine(RuleBasedStateMachine):
         if parent_id:
             self.children.setdefault(parent_id, []).append(task.id)
         if key:
-            self.keys[(tenant, queue, key)] = (task.id, payload)
+            self.keys[(tenant, queue, key)] = (task.id, payload, handler, parent_id)
 
     @precondition(lambda self: self.task_ids)
     @rule(i=INDEX)
