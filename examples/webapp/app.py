@@ -2,6 +2,8 @@
 
 POST /thumbnails  {"url": "https://…"}   -> 202 {"id": …}   (idempotent per URL)
 GET  /thumbnails/<id>                    -> {"state": …, "result": …}
+
+An unknown (or empty) id is 404; Orbit out of reach is 503, so a caller can try again.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from orbit import Client
-from orbit.client import ApiError
+from orbit.client import ApiError, Unreachable
 from orbit.tokens import load_token
 
 
@@ -40,24 +42,32 @@ def make_server(port: int, orbit_url: str, token: str) -> ThreadingHTTPServer:
             except (ValueError, KeyError, TypeError):
                 return self._reply(400, {"error": 'send {"url": "https://…"}'})
             key = hashlib.sha256(url.encode()).hexdigest()  # the same URL → the same job
-            task = client.submit(
-                "thumbnails",
-                "thumbnail.make",
-                {"url": url},
-                idempotency_key=key,
-                retry_safe=True,
-                attempt_timeout=30,
-            )
+            try:
+                task = client.submit(
+                    "thumbnails",
+                    "thumbnail.make",
+                    {"url": url},
+                    idempotency_key=key,
+                    retry_safe=True,
+                    attempt_timeout=30,
+                )
+            except ApiError as exc:
+                return self._reply(exc.status, {"error": exc.code})
+            except Unreachable:  # safe to send again: the key makes it one job
+                return self._reply(503, {"error": "orbit unreachable, try again"})
             return self._reply(202, {"id": task["id"], "state": task["state"]})
 
         def do_GET(self) -> None:
             prefix = "/thumbnails/"
-            if not self.path.startswith(prefix):
+            task_id = self.path[len(prefix) :]
+            if not self.path.startswith(prefix) or not task_id:  # the client refuses ""
                 return self._reply(404, {"error": "not found"})
             try:
-                task = client.get(self.path[len(prefix) :])
+                task = client.get(task_id)
             except ApiError as exc:
                 return self._reply(exc.status, {"error": exc.code})
+            except Unreachable:
+                return self._reply(503, {"error": "orbit unreachable, try again"})
             return self._reply(
                 200,
                 {

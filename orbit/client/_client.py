@@ -4,6 +4,7 @@ async transport; certificates are always verified (a custom CA file is accepted)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import enum
 import math
@@ -15,6 +16,8 @@ from typing import Any, Literal
 from urllib.parse import SplitResult
 
 import httpx
+import orjson
+from websockets.asyncio.client import ClientConnection as AsyncConnection
 from websockets.asyncio.client import connect as ws_open_async
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 from websockets.sync.client import connect as ws_open
@@ -50,7 +53,7 @@ from orbit.client._ws import (
 from orbit.core.model import compact_json, parse_json
 from orbit.tokens import load_token, token_fault
 from orbit.tokens import token_id as token_id_of
-from orbit.urls import check_server_url
+from orbit.urls import check_cafile, check_server_url
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "needs_review"})
 Request = tuple[str, str, dict[str, Any] | None, dict[str, Any] | list[Any] | None]
@@ -93,11 +96,38 @@ def request_json(body: dict[str, Any] | list[Any]) -> bytes:
     (``compact_json``) writes them as ``null``: ``submit(payload={"x": float("nan")})``
     stored ``{"x": null}``, and ``attempt_timeout=float("inf")`` gave a task no timeout
     at all, without a word. Each of them comes out as ``null``, so the value is walked
-    only when its JSON holds one."""
-    data = compact_json(body)
+    only when its JSON holds one.
+
+    A dict key that is not a string (``{1: "a"}``, ``{None: 1}``) is a TypeError naming
+    the key and where it is: orjson refuses one, and the standard library it falls back
+    to wrote it as text, so ``{1: "a"}`` was stored as ``{"1": "a"}`` and ``{None: 1}``
+    as ``{"null": 1}`` without a word (and ``{1: "a", "1": "b"}`` was the server's
+    DUPLICATE_KEY). Only a body orjson refuses is walked for one."""
+    try:
+        data = orjson.dumps(body)  # compact_json's first try, and all it does when it works
+    except TypeError:
+        _refuse_non_text_keys(body, "")
+        data = compact_json(body)
     if b"null" in data and _holds_non_finite(body):
         raise ValueError("JSON cannot carry NaN or an infinity: send a number, or null")
     return data
+
+
+def _refuse_non_text_keys(value: Any, path: str) -> None:
+    """TypeError if a dict anywhere in ``value`` (at ``path``: ``payload.items[0]``) has
+    a key that is not a string, which JSON cannot hold."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                where = f"in {path}" if path else "at the top of the request body"
+                raise TypeError(
+                    f"JSON object keys must be strings: the key {key!r:.60} "
+                    f"({type(key).__name__}) {where} (nothing was sent)"
+                )
+            _refuse_non_text_keys(item, f"{path}.{key}" if path else key)
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _refuse_non_text_keys(item, f"{path}[{i}]")
 
 
 def _holds_non_finite(value: Any) -> bool:
@@ -411,6 +441,7 @@ class _Calls:
 
     @staticmethod
     def token_revoke(token_id: str) -> Request:
+        segment = _seg(token_id, "token_id")  # a TypeError for an id that is no text
         if token_id_of(token_id) is not None:
             # A whole token, secret included: sent, it went in the URL (the server refuses
             # it, but a proxy's access log had it by then). Refused here, not repeated.
@@ -418,7 +449,7 @@ class _Calls:
                 "token_id is a whole token, secret included: give its id, the part between "
                 "'orbit_' and the next '_' (nothing was sent)"
             )
-        return ("POST", f"/v1/tokens/{_seg(token_id, 'token_id')}/revoke", None, None)
+        return ("POST", f"/v1/tokens/{segment}/revoke", None, None)
 
     @staticmethod
     def resolve(task_id: str, decision: str, result: Any, error: dict[str, Any] | None) -> Request:
@@ -430,6 +461,25 @@ class _Calls:
         if error is not None:
             body["error"] = error
         return ("POST", f"/v1/tasks/{_seg(task_id, 'task_id')}/resolve", None, body)
+
+
+def _checked_setup(
+    url: str, token: str | None, cafile: str | None, timeout: float
+) -> tuple[SplitResult, float, dict[str, str]]:
+    """What both clients are made with, checked in one order, so that a mistake is the
+    same error from either (a ValueError at once, nothing connected): the URL, the
+    timeout, the CA file (one that cannot be loaded is named, even for an ``http://`` URL,
+    which Client took and AsyncClient refused with a bare FileNotFoundError), then the
+    token. ``Client(None)`` raised AttributeError from ``None.rstrip``."""
+    if not isinstance(url, str):  # None, bytes, a number: urlsplit took some, not all
+        raise ValueError(
+            "the server URL must be http://host[:port] or https://host[:port], "
+            f"not {type(url).__name__}"
+        )
+    server = check_server_url(url)
+    checked = checked_timeout(timeout)
+    check_cafile(cafile)
+    return server, checked, _headers(token)
 
 
 def _headers(token: str | None) -> dict[str, str]:
@@ -445,6 +495,11 @@ def _headers(token: str | None) -> dict[str, str]:
 POLL_TIMEOUT_FLOOR = 0.5
 
 
+def _seconds(value: object) -> bool:
+    """Whether ``value`` is a number (of seconds): an int or a float, not a bool."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 class Waiting:
     """A wait for one task, from poll to poll: when it is over, how long to pause, and
     since when the server has been unreachable. ``Client.wait``, ``AsyncClient.wait``
@@ -453,10 +508,12 @@ class Waiting:
     def __init__(self, task_id: str, timeout: float, poll: float = 0.2) -> None:
         """ValueError for a ``timeout`` of NaN, which no clock passes (the wait went on
         for ever), and a ``poll`` that is not a positive, finite number of seconds (0
-        asked the server in a tight loop; less raised from ``time.sleep``)."""
-        if not isinstance(timeout, int | float) or math.isnan(timeout):
+        asked the server in a tight loop; less raised from ``time.sleep``). True or False
+        is no number of seconds either (``checked_timeout`` refuses them too): True was
+        taken as a wait of 1 s."""
+        if not _seconds(timeout) or math.isnan(timeout):
             raise ValueError(f"a wait's timeout must be a number of seconds, not {timeout!r}")
-        if not isinstance(poll, int | float) or not 0 < poll < math.inf:
+        if not _seconds(poll) or not 0 < poll < math.inf:
             raise ValueError(f"a wait's poll must be a positive number of seconds, not {poll!r}")
         self.task_id = task_id
         self._end = time.monotonic() + timeout
@@ -643,10 +700,8 @@ class Client:
         cafile: str | None = None,
         timeout: float = 30.0,
     ) -> None:
-        self._timeout = checked_timeout(timeout)
-        headers = _headers(token)
+        server, self._timeout, headers = _checked_setup(url, token, cafile, timeout)
         self._http = Transport(url.rstrip("/"), headers, cafile=cafile, timeout=self._timeout)
-        server = check_server_url(url)
         self._where = where(server)
         self._socket_base, self._socket = _socket_options(
             server, headers, cafile, self._timeout, threaded=True
@@ -666,9 +721,10 @@ class Client:
     def close(self) -> None:
         """Close the client's connections, the streams being read in other threads too:
         each of their follows (``stream_events``, ``subscribe``, ``artifact_stream``)
-        ends with RuntimeError, "the client is closed". A follow still waiting for its
-        stream to open (a slow or unreachable server) ends so once the open returns, at
-        most the client's ``timeout`` later."""
+        ends with RuntimeError, "the client is closed", and so does a call waiting for
+        its answer (a ``get``, a ``wait``), which went on for its whole timeout. One still
+        connecting, or a ``subscribe`` still opening its WebSocket, ends so once that
+        returns, at most the client's ``timeout`` later."""
         self._http.close()
 
     def _check_open(self, exc: BaseException | None = None) -> None:
@@ -1188,12 +1244,10 @@ class AsyncClient:
         cafile: str | None = None,
         timeout: float = 30.0,
     ) -> None:
-        # As Client: a URL or a timeout it cannot use is a ValueError, at once.
-        self._where = where(check_server_url(url))
-        self._timeout = checked_timeout(timeout)
-        headers = _headers(token)
+        server, self._timeout, headers = _checked_setup(url, token, cafile, timeout)
+        self._where = where(server)
         self._socket_base, self._socket = _socket_options(
-            check_server_url(url), headers, cafile, self._timeout, threaded=False
+            server, headers, cafile, self._timeout, threaded=False
         )
         self._http = httpx.AsyncClient(
             base_url=url.rstrip("/"),
@@ -1202,12 +1256,21 @@ class AsyncClient:
             # httpx's verify=True trusts certifi's bundle instead.
             verify=ssl.create_default_context(cafile=cafile),
             timeout=self._timeout,
-            # httpx's other defaults, and idle connections closed before a server's idle
-            # timeout can meet a request on them: httpx's own expiry (5 s) is uvicorn's.
+            # No cap on connections, as Client has none: each follow (``stream_events``)
+            # and ``artifact_stream`` holds one for as long as it is read, and with
+            # httpx's default cap (100) a hundred follows left every other call waiting
+            # for a connection until it timed out (Unreachable, "no answer"). httpx's
+            # other defaults, and idle connections closed before a server's idle timeout
+            # can meet a request on them: httpx's own expiry (5 s) is uvicorn's.
             limits=httpx.Limits(
-                max_connections=100, max_keepalive_connections=20, keepalive_expiry=KEEPALIVE_EXPIRY
+                max_connections=None,
+                max_keepalive_connections=20,
+                keepalive_expiry=KEEPALIVE_EXPIRY,
             ),
         )
+        self._closed = False
+        #: the WebSockets of the follows being read (``subscribe``), aborted by ``aclose``
+        self._sockets: set[AsyncConnection] = set()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -1221,24 +1284,89 @@ class AsyncClient:
         return self._timeout
 
     async def aclose(self) -> None:
+        """Close the client's connections, and end the follows being read in other tasks
+        (``stream_events``, ``subscribe``, ``artifact_stream``): each raises RuntimeError,
+        "the client is closed", as does one started (or reconnecting) after. As
+        ``Client.close``: ``subscribe``'s WebSocket, which httpx does not hold, is
+        aborted here, where it went on yielding, and one opened after was served."""
+        self._closed = True
+        sockets, self._sockets = self._sockets, set()
+        for conn in sockets:
+            conn.transport.abort()
         await self._http.aclose()
 
+    def _check_open(self, exc: BaseException | None = None) -> None:
+        """RuntimeError if the client was closed (``aclose``): a follow's stream broke
+        because it was shut down, and is not reopened."""
+        if self._closed:
+            raise RuntimeError("the client is closed") from exc
+
+    @contextlib.contextmanager
+    def _holding(self, conn: AsyncConnection) -> Iterator[None]:
+        """``conn`` (a follow's WebSocket) aborted by ``aclose`` while the block runs;
+        RuntimeError if the client is closed already (the caller's ``aheld`` aborts it)."""
+        self._check_open()
+        self._sockets.add(conn)
+        try:
+            yield
+        finally:
+            self._sockets.discard(conn)
+
+    async def _stream(self, path: str, headers: dict[str, str] | None = None) -> httpx.Response:
+        """A streamed GET (a follow's, an artifact's), its body read raw, or RuntimeError
+        ("the client is closed") after ``aclose``, where httpx said "Cannot send a
+        request, as the client has been closed"."""
+        self._check_open()
+        try:
+            return await self._send("GET", path, None, None, raw=True, headers=headers)
+        except RuntimeError as exc:
+            self._check_open(exc)
+            raise
+
     async def _call(self, request: Request, timeout: float | None = None) -> Any:
+        """One call, its request sent and its whole answer read within ``timeout`` (the
+        client's if None), as Client's: httpx gives each read of the socket the timeout,
+        and a server that sent a byte every 0.3 s kept a call with a 2 s timeout waiting
+        for ever. Unreachable, "no answer … within …", when it runs out."""
         method, path, query, body = request
         content = None if body is None else request_json(body)
         timeout = self._timeout if timeout is None else checked_timeout(timeout)
-        reply = await self._send(method, path, query, content, timeout=timeout)
+        # After aclose, and for a call it cut short, "the client is closed", as Client
+        # says: httpx's "Cannot send a request, as the client has been closed", or an
+        # Unreachable (ReadError) for a call in flight, said nothing of the sort.
+        self._check_open()
         try:
-            await reply.aread()
-        except httpx.DecodingError:
-            # A body labelled with a coding it is not in (gzip, from a proxy): no JSON, as
-            # Client, which asks for no coding and reads the bytes as they came, finds
-            # it. httpx's DecodingError came out as it was, neither ApiError nor Unreachable.
-            return _unwrap(Reply(reply.status_code, b"", reply.headers.get("location")))
-        except httpx.TransportError as exc:  # the body cut off
-            raise self._unreachable(exc, timeout) from exc
-        finally:
-            await reply.aclose()
+            return await self._answer(method, path, query, content, timeout)
+        except (Unreachable, RuntimeError) as exc:
+            self._check_open(exc)
+            raise
+
+    async def _answer(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, Any] | None,
+        content: bytes | None,
+        timeout: float,
+    ) -> Any:
+        """``_call``'s request sent and its whole answer read within ``timeout``."""
+        try:
+            async with asyncio.timeout(timeout):
+                reply = await self._send(method, path, query, content, timeout=timeout)
+                try:
+                    await reply.aread()
+                except httpx.DecodingError:
+                    # A body labelled with a coding it is not in (gzip, from a proxy): no
+                    # JSON, as Client, which asks for no coding and reads the bytes as they
+                    # came, finds it. httpx's DecodingError came out as it was, neither
+                    # ApiError nor Unreachable.
+                    return _unwrap(Reply(reply.status_code, b"", reply.headers.get("location")))
+                except httpx.TransportError as exc:  # the body cut off
+                    raise self._unreachable(exc, timeout) from exc
+                finally:
+                    await reply.aclose()
+        except TimeoutError as exc:
+            raise unreachable(self._where, timeout, exc, timed_out=True) from exc
         return _unwrap(reply)
 
     async def _send(
@@ -1257,7 +1385,9 @@ class AsyncClient:
         ``timeout``: this request's, in place of the client's (None). The body is left to
         read, and the reply to close, to the caller. ``raw``: the body is asked for with
         no content coding (``identity``), as Client asks for every one. ``headers``: sent
-        besides the client's."""
+        besides the client's. The request is sent and the answer's head read within
+        ``timeout`` as a whole (both sends, if sent again), not per read: a stream's
+        body, read by its caller, waits per read."""
         timeout = self._timeout if timeout is None else checked_timeout(timeout)
         sent = {**(headers or {})}
         if content is not None:
@@ -1275,14 +1405,18 @@ class AsyncClient:
             extensions={"trace": trace},
         )
         try:
-            return await self._http.send(request, stream=True)
-        except httpx.TransportError as exc:
-            if trace.answered or not sent_again(method, not trace.connected, exc):
-                raise self._unreachable(exc, timeout) from exc
-        try:
-            return await self._http.send(request, stream=True)
-        except httpx.TransportError as exc:
-            raise self._unreachable(exc, timeout) from exc
+            async with asyncio.timeout(timeout):
+                try:
+                    return await self._http.send(request, stream=True)
+                except httpx.TransportError as exc:
+                    if trace.answered or not sent_again(method, not trace.connected, exc):
+                        raise self._unreachable(exc, timeout) from exc
+                try:
+                    return await self._http.send(request, stream=True)
+                except httpx.TransportError as exc:
+                    raise self._unreachable(exc, timeout) from exc
+        except TimeoutError as exc:
+            raise unreachable(self._where, timeout, exc, timed_out=True) from exc
 
     def _unreachable(self, exc: httpx.TransportError, timeout: float) -> Unreachable:
         """As Client raises it: the server's host and port, and the time waited (httpx's
@@ -1480,13 +1614,14 @@ class AsyncClient:
         self, task_id: str | None = None, *, cursor: str | None = None, outage: float = 60.0
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """As ``Client.stream_events``. Close the iterator when done with it before its
-        end (``contextlib.aclosing``), so that its connection closes at once."""
+        end (``contextlib.aclosing``), so that its connection closes at once. Each open
+        follow holds a connection of its own; the client opens as many as its calls and
+        follows need at once (no cap, as Client), so follows never hold up other calls.
+        ``aclose()`` ends it: RuntimeError, "the client is closed"."""
         following = Following(task_id, cursor, outage)
         while True:
             try:
-                reply = await self._send(
-                    "GET", following.path, None, None, raw=True, headers=following.headers
-                )
+                reply = await self._stream(following.path, following.headers)
                 try:
                     await _refused(reply)
                     following.opened(reply.headers.get("content-type"))
@@ -1496,11 +1631,14 @@ class AsyncClient:
                         if following.ended:
                             return
                 except httpx.TransportError as exc:  # as Client raises it
+                    self._check_open(exc)
                     raise self._unreachable(exc, self._timeout) from exc
                 finally:
                     await reply.aclose()
+                self._check_open()
                 following.broke(None)
             except (Unreachable, ApiError) as exc:
+                self._check_open(exc)
                 following.broke(exc)
             await asyncio.sleep(following.pause())
 
@@ -1508,32 +1646,37 @@ class AsyncClient:
         self, task_id: str | None = None, *, cursor: str | None = None, outage: float = 60.0
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """As ``Client.subscribe``. Close the iterator when done with it before its end
-        (``contextlib.aclosing``), so that its connection closes at once."""
+        (``contextlib.aclosing``), so that its connection closes at once. ``aclose()``
+        ends it: RuntimeError, "the client is closed"."""
         following = Subscription(task_id, cursor, outage)
         while True:
             try:
+                self._check_open()
                 try:
                     conn = await ws_open_async(following.url(self._socket_base), **self._socket)
                 except (OSError, InvalidHandshake, InvalidURI) as exc:
                     raise _upgrade_failed(exc, self._where, self._timeout) from exc
                 following.reached()
-                async with aheld(conn):  # aborted, not closed, when given up on
-                    while True:
-                        try:
-                            async with asyncio.timeout(self._timeout):
-                                data = await conn.recv()
-                        except ConnectionClosed as exc:
-                            raise closed(exc, self._where) from exc
-                        except TimeoutError as exc:
-                            raise unreachable(
-                                self._where, self._timeout, exc, timed_out=True
-                            ) from exc
-                        item = following.frame(data)
-                        if item is not None:
-                            yield item
-                        if following.ended:
-                            return
+                # aborted, not closed, when given up on; aborted by aclose()
+                async with aheld(conn):
+                    with self._holding(conn):
+                        while True:
+                            try:
+                                async with asyncio.timeout(self._timeout):
+                                    data = await conn.recv()
+                            except ConnectionClosed as exc:
+                                raise closed(exc, self._where) from exc
+                            except TimeoutError as exc:
+                                raise unreachable(
+                                    self._where, self._timeout, exc, timed_out=True
+                                ) from exc
+                            item = following.frame(data)
+                            if item is not None:
+                                yield item
+                            if following.ended:
+                                return
             except (Unreachable, ApiError) as exc:
+                self._check_open(exc)
                 following.broke(exc)
             await asyncio.sleep(following.pause())
 
@@ -1564,12 +1707,13 @@ class AsyncClient:
         a body a proxy labelled gzip that was not raised httpx's DecodingError, unwrapped,
         where Client returned the bytes."""
         path = f"/v1/artifacts/{_seg(artifact_id, 'artifact_id')}/content"
-        reply = await self._send("GET", path, None, None, raw=True)
+        reply = await self._stream(path)
         try:
             await _refused(reply)
             async for chunk in reply.aiter_raw():
                 yield chunk
         except httpx.TransportError as exc:  # as Client raises it
+            self._check_open(exc)
             raise self._unreachable(exc, self._timeout) from exc
         finally:
             await reply.aclose()

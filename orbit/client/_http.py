@@ -21,6 +21,7 @@ connection.
 from __future__ import annotations
 
 import http.client
+import io
 import os
 import select
 import socket
@@ -30,7 +31,7 @@ import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult, quote, urlencode
 
 import httpcore
@@ -39,6 +40,9 @@ import httpx
 from orbit.client._errors import ApiError
 from orbit.client._tls import ProxyNotSupported
 from orbit.urls import check_server_url
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 #: Bytes read at a time from a streamed body.
 STREAM_CHUNK = 64 * 1024
@@ -101,14 +105,14 @@ class Transport:
         self._headers = headers
         self._timeout = timeout
         self._tls = ssl.create_default_context(cafile=cafile) if self._https else None
-        self._idle: list[http.client.HTTPConnection] = []
+        self._idle: list[_Connection] = []
         #: when each idle connection went back to the pool (``time.monotonic``)
-        self._idle_since: dict[http.client.HTTPConnection, float] = {}
+        self._idle_since: dict[_Connection, float] = {}
         #: the sockets of the streams being read (``held``), which ``close`` shuts down
         self._held: set[socket.socket] = set()
         #: each connection's socket, as it connected: a response that says
         #: ``Connection: close`` takes it from the connection (``conn.sock`` is None then)
-        self._sock_of: weakref.WeakKeyDictionary[http.client.HTTPConnection, socket.socket] = (
+        self._sock_of: weakref.WeakKeyDictionary[_Connection, socket.socket] = (
             weakref.WeakKeyDictionary()
         )
         self._lock = threading.Lock()
@@ -123,9 +127,12 @@ class Transport:
         body: bytes | None,
         timeout: float | None = None,
     ) -> Reply:
-        """``timeout``: this request's, in place of the transport's (None)."""
+        """``timeout``: this request's, in place of the transport's (None): the whole
+        request, from the connect to the body's last byte, not each read of the socket
+        (``_Response``)."""
         timeout = self._timeout if timeout is None else checked_timeout(timeout)
-        conn, response = self._open(method, path, query, body, timeout)
+        deadline = time.monotonic() + timeout
+        conn, response = self._open(method, path, query, body, timeout, deadline)
         with self._closed_on_error(conn, timeout):
             content = response.read()
         self._done(conn, response)
@@ -151,10 +158,16 @@ class Transport:
         besides the transport's. ``live``: a read returns what has come (``read1``) rather
         than wait for a whole chunk: an event stream's messages are small and come one by
         one. ``close``, from any thread, ends the read of a stream in progress
-        (``held``)."""
-        conn, response = self._open(method, path, None, None, self._timeout, headers)
+        (``held``). Its open, up to the end of the answer's head, is a request given the
+        transport's timeout as a whole, as ``request`` is: only its body, which a follow
+        reads for as long as it goes on, waits per read."""
+        deadline = time.monotonic() + self._timeout
+        conn, response = self._open(method, path, None, None, self._timeout, deadline, headers)
         try:
             sock = conn.sock or self._sock_of.get(conn)  # the response's, if it took it
+            conn.deadline = None  # each read of the body waits the socket's timeout
+            if sock is not None:
+                sock.settimeout(self._timeout)
             with self.held(sock):
                 yield (
                     response.status,
@@ -177,21 +190,30 @@ class Transport:
         thread ends at once: the whole log's stream never ends by itself, and a follow
         went on reading from a client that was closed. RuntimeError if the transport is
         closed already."""
+        self._hold(sock)
+        try:
+            yield
+        finally:
+            self._release(sock)
+
+    def _hold(self, sock: socket.socket | None) -> None:
+        """``sock`` shut down by ``close`` until ``_release``: ``held``, without a
+        context manager's cost in every request's path (``_closed_on_error``)."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("the client is closed")
             if sock is not None:
                 self._held.add(sock)
-        try:
-            yield
-        finally:
+
+    def _release(self, sock: socket.socket | None) -> None:
+        if sock is not None:
             with self._lock:
-                if sock is not None:
-                    self._held.discard(sock)
+                self._held.discard(sock)
 
     def close(self) -> None:
-        """Close the idle connections, and shut down the streams being read (``held``):
-        each ends with RuntimeError, "the client is closed"."""
+        """Close the idle connections, and shut down the streams being read and the
+        requests waiting for their answer (``held``): each ends with RuntimeError, "the
+        client is closed"."""
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
@@ -210,35 +232,49 @@ class Transport:
         query: dict[str, Any] | None,
         body: bytes | None,
         timeout: float,
+        deadline: float,
         extra: dict[str, str] | None = None,
-    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    ) -> tuple[_Connection, http.client.HTTPResponse]:
+        """The request sent and its answer's head read, all by ``deadline``
+        (``time.monotonic``), the one sent once more too (``sent_again``)."""
         target = self._prefix + path + ("?" + urlencode(query) if query else "")
         headers = self._headers if body is None else {**self._headers, **_JSON}
         if extra:
             headers = {**headers, **extra}
-        conn, reused = self._take(timeout)
+        conn, reused = self._take(timeout, deadline)
         try:
             with self._closed_on_error(conn, timeout):
+                conn.answer_by(deadline)
                 # one send for the headers and a bytes body (http.client joins them)
                 conn.request(method, target, body=body, headers=headers)
                 return conn, conn.getresponse()
         except Unreachable as exc:
             if not sent_again(method, reused, exc):
                 raise
-        conn = self._connect(timeout)
+        conn = self._connect(timeout, deadline)
         with self._closed_on_error(conn, timeout):
+            conn.answer_by(deadline)
             conn.request(method, target, body=body, headers=headers)
             return conn, conn.getresponse()
 
     @contextmanager
-    def _closed_on_error(self, conn: http.client.HTTPConnection, timeout: float) -> Iterator[None]:
+    def _closed_on_error(self, conn: _Connection, timeout: float) -> Iterator[None]:
         """Any error closes ``conn`` (its state is unknown); a transport error is raised
-        as ``Unreachable`` (``timeout``: what the request was given, as it says)."""
+        as ``Unreachable`` (``timeout``: what the request was given, as it says), or as
+        RuntimeError, "the client is closed", once ``close`` has been called. The block
+        holds ``conn``'s socket (``held``): ``close`` from another thread ends a request
+        waiting for its answer at once, as it ends a stream's read; a ``wait`` on a server
+        that did not answer went on for the client's whole timeout after the close."""
+        sock = self._sock_of.get(conn)
         try:
-            yield
+            self._hold(sock)
+            try:
+                yield
+            finally:
+                self._release(sock)
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
-            raise self._unreachable(exc, timeout) from exc
+            raise self._broken(exc, timeout) from exc
         except BaseException:
             conn.close()
             raise
@@ -249,24 +285,27 @@ class Transport:
             try:
                 chunk = read(STREAM_CHUNK)
             except (OSError, http.client.HTTPException) as exc:
-                raise self._broken(exc) from exc
+                raise self._broken(exc, self._timeout) from exc
             if not chunk:
                 # http.client's read(n) answers b"" when the connection closes before the
                 # Content-Length is reached (``length`` is what is still owed): a body cut
                 # off, never a whole one.
                 if response.length:
-                    raise self._broken(http.client.IncompleteRead(b"", response.length))
+                    raise self._broken(
+                        http.client.IncompleteRead(b"", response.length), self._timeout
+                    )
                 return
             yield chunk
 
-    def _broken(self, exc: BaseException) -> Exception:
-        """What a stream's failed read raises: RuntimeError if ``close`` shut it down
-        (the client is closed, not the server out of reach), Unreachable otherwise."""
+    def _broken(self, exc: BaseException, timeout: float) -> Exception:
+        """What a request's or a stream's failed read raises: RuntimeError if ``close``
+        shut it down (the client is closed, not the server out of reach), Unreachable
+        otherwise (``timeout``: what the request was given)."""
         if self._closed:
             return RuntimeError("the client is closed")
-        return self._unreachable(exc, self._timeout)
+        return self._unreachable(exc, timeout)
 
-    def _done(self, conn: http.client.HTTPConnection, response: http.client.HTTPResponse) -> None:
+    def _done(self, conn: _Connection, response: http.client.HTTPResponse) -> None:
         """Back to the pool if the server keeps it open and the body was read out."""
         if response.will_close or not response.isclosed() or conn.sock is None:
             conn.close()
@@ -281,10 +320,10 @@ class Transport:
     def _unreachable(self, exc: BaseException, timeout: float) -> Unreachable:
         return unreachable(self._where, timeout, exc, timed_out=isinstance(exc, TimeoutError))
 
-    def _take(self, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
-        """A connection for a request given ``timeout`` (a kept-alive one keeps the
-        timeout of its last request until told), and whether it is a kept-alive one (it
-        served a request)."""
+    def _take(self, timeout: float, deadline: float) -> tuple[_Connection, bool]:
+        """A connection for a request given ``timeout``, due by ``deadline`` (a kept-alive
+        one keeps the timeout of its last request until told: ``answer_by``), and whether
+        it is a kept-alive one (it served a request)."""
         if self._pid != os.getpid():
             self._forget_the_parents()
         while True:
@@ -294,11 +333,9 @@ class Transport:
                 conn = self._idle.pop() if self._idle else None
                 since = self._idle_since.pop(conn, 0.0) if conn is not None else 0.0
             if conn is None:
-                return self._connect(timeout), False
+                return self._connect(timeout, deadline), False
             fresh = time.monotonic() - since < KEEPALIVE_EXPIRY
             if fresh and _still_open(conn) and conn.sock is not None:
-                conn.timeout = timeout
-                conn.sock.settimeout(timeout)
                 return conn, True
             conn.close()
 
@@ -316,15 +353,16 @@ class Transport:
         for conn in idle:
             conn.close()
 
-    def _connect(self, timeout: float) -> http.client.HTTPConnection:
-        conn: http.client.HTTPConnection
+    def _connect(self, timeout: float, deadline: float) -> _Connection:
+        """A fresh connection, made in the time left before ``deadline`` (``timeout``:
+        what the request was given, as its error says)."""
+        conn: _Connection
         if self._tls is not None:
-            conn = http.client.HTTPSConnection(
-                self._host, self._port, timeout=timeout, context=self._tls
-            )
+            conn = _TLSConnection(self._host, self._port, timeout=timeout, context=self._tls)
         else:
-            conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+            conn = _Connection(self._host, self._port, timeout=timeout)
         with self._closed_on_error(conn, timeout):
+            conn.timeout = _left(deadline)
             conn.connect()  # which sets TCP_NODELAY
         if conn.sock is not None:
             self._sock_of[conn] = conn.sock
@@ -405,6 +443,80 @@ def _closed_unanswered(exc: BaseException) -> bool:
     return False
 
 
+def _left(deadline: float) -> float:
+    """Seconds left before ``deadline`` (``time.monotonic``); TimeoutError if none are:
+    the request's time has run out (``Unreachable``, "no answer … within …")."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("timed out")
+    return left
+
+
+class _Connection(http.client.HTTPConnection):
+    """http.client's connection, its requests each answered by a deadline of their own
+    (``answer_by``) rather than within a timeout per read of the socket: a server that
+    sent a byte every 0.3 s kept a call with a 2 s timeout waiting for ever."""
+
+    #: when the answer must have come (``time.monotonic``); None: each read of the
+    #: socket waits its timeout (a stream's body, read for as long as the follow goes on)
+    deadline: float | None = None
+
+    def answer_by(self, deadline: float) -> None:
+        """The next request sent, and its answer read (``_Response``), by ``deadline``."""
+        self.deadline = deadline
+        if self.sock is not None:
+            self.sock.settimeout(_left(deadline))
+
+    # http.client makes each answer with ``response_class(sock, ...)``: this one reads
+    # its socket by the connection's deadline.
+    def response_class(  # type: ignore[override]
+        self, sock: socket.socket, *args: Any, **kwargs: Any
+    ) -> http.client.HTTPResponse:
+        return _Response(sock, self, *args, **kwargs)
+
+
+class _TLSConnection(http.client.HTTPSConnection, _Connection):
+    """The same over TLS."""
+
+
+class _Response(http.client.HTTPResponse):
+    """An answer whose every read of the socket (its head's, its body's) is given the
+    time left before its connection's deadline (``_Paced``)."""
+
+    def __init__(self, sock: socket.socket, conn: _Connection, *args: Any, **kwargs: Any) -> None:
+        super().__init__(sock, *args, **kwargs)
+        # the socket's own reader (``makefile``'s), under a buffer that paces its reads
+        self.fp = io.BufferedReader(_Paced(self.fp.detach(), sock, conn))
+
+
+class _Paced(io.RawIOBase):
+    """The reads of an answer from ``sock`` (``raw``: the socket's own reader, which
+    keeps the socket open while the answer is read), each given the time left before
+    ``conn``'s deadline, or, with none, the socket's timeout."""
+
+    def __init__(self, raw: io.RawIOBase, sock: socket.socket, conn: _Connection) -> None:
+        super().__init__()
+        self._raw = raw
+        self._sock = sock
+        self._conn = conn
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: WriteableBuffer) -> int | None:
+        if self._conn.deadline is not None:
+            self._sock.settimeout(_left(self._conn.deadline))
+        return self._raw.readinto(buffer)
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    def close(self) -> None:
+        if not self.closed:
+            self._raw.close()  # the answer's hold on the socket, which may close it now
+        super().close()
+
+
 #: Idle connections kept per client (one per thread that calls it at once, up to this).
 MAX_IDLE = 8
 
@@ -480,14 +592,23 @@ def _untrusted(exc: BaseException) -> bool:
     return False
 
 
-def path_segment(value: str, name: str) -> str:
+def path_segment(value: object, name: str) -> str:
     """An id or a name as one path segment, percent-encoded, so that the server reads it
     whole: unencoded, a space made the sync transport refuse the URL (``Unreachable``),
     a non-ASCII letter raised UnicodeEncodeError, and '?' or '#' cut the id short. A
     segment of dots is encoded too, which neither transport then folds into its parent.
     An empty one (an unset variable, an empty form field) is a ValueError naming the
     argument (``name``), nothing sent: sent, ``get("")`` asked for ``/v1/tasks/``, which
-    the server redirects to the list, and the caller was told to change the server URL."""
+    the server redirects to the list, and the caller was told to change the server URL.
+    A ``uuid.UUID`` is taken as its text (``submit(parent_id=...)`` takes one so); any
+    other type (None, a number) is a TypeError naming the argument, where ``quote`` said
+    only "quote_from_bytes() expected bytes"."""
+    import uuid  # here, not at the top: only this function of the module needs it
+
+    if isinstance(value, uuid.UUID):
+        value = str(value)
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, not {type(value).__name__}")
     if value == "":
         raise ValueError(f"{name} must not be empty")
     part = quote(value, safe="")

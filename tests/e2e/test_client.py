@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -309,3 +312,122 @@ def test_both_clients_have_the_same_calls() -> None:
     assert sorted(sync) == sorted(asynchronous)
     for name, signature in sync.items():
         assert list(signature.parameters) == list(asynchronous[name].parameters), name
+
+
+#: more follows than httpx's default pool held connections (100)
+FOLLOWS = 110
+
+
+def test_open_follows_never_hold_up_the_async_clients_other_calls(
+    nodes: Callable[..., Node], tokens: Tokens
+) -> None:
+    """Each ``stream_events`` follow holds a connection for as long as it is read. With
+    httpx's default cap of 100 connections, a hundred open follows left every other call
+    of the AsyncClient waiting for one until its timeout: Unreachable, "no answer within
+    5 s", from a server that was well. The AsyncClient has no cap now, as Client has
+    none: with 110 follows open, a call is answered."""
+    node = nodes(args=["--max-streams", str(FOLLOWS + 10)])
+
+    async def main() -> None:
+        async with AsyncClient(node.http, tokens.admin, timeout=5) as c:
+            await c.queue_create("q", max_concurrency=1, rate=0)
+            task = await c.submit("q", "h")
+            opened = 0
+            all_open = asyncio.Event()
+
+            async def follow() -> None:
+                nonlocal opened
+                async with contextlib.aclosing(c.stream_events()) as events:
+                    async for _ in events:
+                        opened += 1
+                        if opened == FOLLOWS:
+                            all_open.set()
+                        await asyncio.Event().wait()  # holds its stream open
+
+            follows = [asyncio.create_task(follow()) for _ in range(FOLLOWS)]
+            try:
+                await asyncio.wait_for(all_open.wait(), 60)
+                assert [q["name"] for q in await c.queues()] == ["q"]
+                assert (await c.get(task["id"]))["state"] == "queued"
+            finally:
+                for f in follows:
+                    f.cancel()
+                await asyncio.gather(*follows, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+def test_aclose_ends_the_async_follows_and_refuses_new_ones(node: Node, tokens: Tokens) -> None:
+    """As ``Client.close``: ``aclose()`` ends the follows being read in other tasks, and
+    a follow started after it is refused, each with RuntimeError("the client is closed").
+    ``subscribe``'s WebSocket, which httpx does not hold, went on being read after
+    ``aclose()``, and one opened after it was served; ``stream_events`` ended with httpx's
+    "Cannot send a request, as the client has been closed"."""
+
+    async def main() -> None:
+        async with AsyncClient(node.http, tokens.admin) as setup:
+            await setup.queue_create("q", max_concurrency=1, rate=0)
+            await setup.submit("q", "h")
+        c = AsyncClient(node.http, tokens.admin)
+        opened = {"stream_events": asyncio.Event(), "subscribe": asyncio.Event()}
+
+        async def follow(name: str) -> BaseException | None:
+            try:
+                async for _ in getattr(c, name)():
+                    opened[name].set()
+            except BaseException as exc:  # what ended it is the test's to judge
+                return exc
+            return None
+
+        following = {name: asyncio.create_task(follow(name)) for name in opened}
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in opened.values())), 30)
+        await c.aclose()
+        for name, task in following.items():
+            ended = await asyncio.wait_for(task, 30)
+            assert isinstance(ended, RuntimeError), (name, ended)
+            assert str(ended) == "the client is closed", name
+        for name in opened:
+            with pytest.raises(RuntimeError, match=r"^the client is closed$"):
+                await anext(getattr(c, name)())
+        with pytest.raises(RuntimeError, match=r"^the client is closed$"):
+            await anext(c.artifact_stream("a1"))
+
+    asyncio.run(main())
+
+
+def test_ids_given_as_uuids_are_taken(node: Node, tokens: Tokens) -> None:
+    """``submit(parent_id=UUID)`` took a ``uuid.UUID``; ``get`` and ``cancel`` raised
+    ``TypeError: quote_from_bytes() expected bytes`` for one. Both clients take one now."""
+    with Client(node.http, tokens.admin) as c:
+        c.queue_create("q", max_concurrency=1, rate=0)
+        first, second = (uuid.UUID(c.submit("q", "h")["id"]) for _ in range(2))
+        assert c.get(first)["id"] == str(first)  # type: ignore[arg-type]
+        assert c.cancel(first)["state"] == "cancelled"  # type: ignore[arg-type]
+
+    async def main() -> None:
+        async with AsyncClient(node.http, tokens.admin) as c:
+            assert (await c.get(second))["id"] == str(second)  # type: ignore[arg-type]
+            assert (await c.cancel(second))["state"] == "cancelled"  # type: ignore[arg-type]
+
+    asyncio.run(main())
+
+
+def test_a_payload_key_that_is_no_text_is_refused_and_nothing_is_made(
+    node: Node, tokens: Tokens
+) -> None:
+    """``{1: "a"}`` was stored as ``{"1": "a"}`` and ``{None: 1}`` as ``{"null": 1}``:
+    both clients refuse such a payload now (TypeError naming the key), and no task is
+    made."""
+    with Client(node.http, tokens.admin) as c:
+        c.queue_create("q", max_concurrency=1, rate=0)
+        for payload in ({1: "a"}, {None: 1}):
+            with pytest.raises(TypeError, match="JSON object keys must be strings"):
+                c.submit("q", "h", payload)
+
+        async def main() -> None:
+            async with AsyncClient(node.http, tokens.admin) as ac:
+                with pytest.raises(TypeError, match=r"the key 1 \(int\) in tasks\[0\]\.payload"):
+                    await ac.submit_many([{"queue": "q", "handler": "h", "payload": {1: "a"}}])
+
+        asyncio.run(main())
+        assert c.list_tasks()["items"] == []

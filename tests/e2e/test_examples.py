@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -77,6 +78,37 @@ def test_web_app_with_its_worker(node: Node, tokens: Tokens) -> None:
         worker.terminate()
         out, _ = worker.communicate(timeout=30)
     assert worker.returncode == 0, out
+
+
+def _answer(port: int, method: str, path: str, body: object = None) -> tuple[int, object]:
+    """The web app's status and JSON body for one request, an error status included."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read())
+
+
+def test_web_app_answers_an_empty_id_and_an_orbit_out_of_reach(node: Node, tokens: Tokens) -> None:
+    """``GET /thumbnails/`` dropped the connection (the client's ValueError for an empty
+    id, uncaught), and so did any request while Orbit was out of reach (Unreachable,
+    uncaught): 404 and 503 now."""
+    app = make_server(0, node.http, tokens.admin)
+    port = app.server_port
+    threading.Thread(target=app.serve_forever, daemon=True).start()
+    try:
+        assert _answer(port, "GET", "/thumbnails/") == (404, {"error": "not found"})
+        status, made = _answer(port, "POST", "/thumbnails", {"url": "https://example.test/a"})
+        assert status == 202, made
+        node.stop()
+        down = (503, {"error": "orbit unreachable, try again"})
+        assert _answer(port, "GET", f"/thumbnails/{made['id']}") == down  # type: ignore[index]
+        assert _answer(port, "POST", "/thumbnails", {"url": "https://example.test/b"}) == down
+        assert _answer(port, "GET", "/thumbnails/") == (404, {"error": "not found"})
+    finally:
+        app.shutdown()
 
 
 def _readme_snippets() -> list[str]:

@@ -9,10 +9,12 @@ import asyncio
 import json
 import math
 import pickle
+import re
 import socket
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -372,8 +374,50 @@ def test_a_timeout_no_request_can_use_is_refused_at_once(server: _Server, timeou
     assert server.seen == []
 
 
+def _made(cls: type, *args: Any, **kw: Any) -> str:
+    """How making a client of ``cls`` with these arguments ends: "made", or its error."""
+    try:
+        cls(*args, **kw)
+    except Exception as exc:  # each kind is what the test compares
+        return f"{type(exc).__name__}: {exc}"
+    return "made"
+
+
+def test_both_clients_check_what_they_are_made_with_alike(tmp_path: Any) -> None:
+    """The same checks in the same order (URL, timeout, CA file, token), to the same
+    error from either client, nothing connected. ``Client(None)`` raised AttributeError
+    (AsyncClient a ValueError); a CA file that cannot be loaded was taken by Client for an
+    ``http://`` URL (AsyncClient: FileNotFoundError), and named by neither."""
+    not_pem = tmp_path / "ca.pem"
+    not_pem.write_text("not a certificate\n")
+    usage = "ValueError: the server URL must be http://host[:port] or https://host[:port]"
+    missing = "ValueError: cafile /nope.pem: cannot load CA certificates from it"
+    cases: list[tuple[tuple[Any, ...], dict[str, Any], str]] = [
+        ((None, "t0ken"), {}, f"{usage}, not NoneType"),
+        ((123, "t0ken"), {}, f"{usage}, not int"),
+        (("http://127.0.0.1:1", "t0ken"), {"cafile": "/nope.pem"}, missing),
+        (("https://127.0.0.1:1", "t0ken"), {"cafile": "/nope.pem"}, missing),
+        (
+            ("http://127.0.0.1:1", "t0ken"),
+            {"cafile": str(not_pem)},
+            f"ValueError: cafile {not_pem}",
+        ),
+        # the order: the URL, then the timeout, then the CA file, then the token
+        (("bad", ""), {"timeout": 0, "cafile": "/nope.pem"}, usage),
+        (("http://127.0.0.1:1", ""), {"timeout": 0, "cafile": "/nope.pem"}, "ValueError: timeout"),
+        (("http://127.0.0.1:1", ""), {"cafile": "/nope.pem"}, missing),
+        (("http://127.0.0.1:1", ""), {}, "ValueError: the token is empty"),
+        (("http://127.0.0.1:1", "t0ken"), {}, "made"),
+    ]
+    for args, kw, expected in cases:
+        made = _made(Client, *args, **kw)
+        assert made.startswith(expected), (args, kw, made)
+        assert _made(AsyncClient, *args, **kw) == made, (args, kw)
+
+
 @pytest.mark.parametrize(
-    ("timeout", "poll"), [(math.nan, 0.2), (10.0, 0.0), (10.0, -1.0), (10.0, math.nan)]
+    ("timeout", "poll"),
+    [(math.nan, 0.2), (10.0, 0.0), (10.0, -1.0), (10.0, math.nan), (True, 0.2), (10.0, True)],
 )
 def test_wait_refuses_a_timeout_or_a_poll_it_cannot_keep(
     server: _Server, timeout: float, poll: float
@@ -381,7 +425,8 @@ def test_wait_refuses_a_timeout_or_a_poll_it_cannot_keep(
     """A NaN timeout never ran out (no clock is past NaN): a wait for a task that did not
     end went on for ever. A poll of 0 (or less) asked the server in a tight loop, and
     a negative one raised ValueError from time.sleep after the first poll. Refused now,
-    before anything is sent."""
+    before anything is sent; and so is True, which is no number of seconds (taken as 1 s,
+    where ``checked_timeout`` refuses it)."""
     with Client(_url(server), "t0ken") as c, pytest.raises(ValueError, match="wait's"):
         c.wait("t1", timeout=timeout, poll=poll)
 
@@ -455,6 +500,97 @@ def test_an_empty_id_or_name_is_refused_before_anything_is_sent(server: _Server)
             for follow in (c.stream_events, c.subscribe):
                 with pytest.raises(ValueError, match=r"^task_id must not be empty$"):
                     await anext(follow(""))
+
+    asyncio.run(main())
+    assert server.seen == []
+
+
+@pytest.mark.parametrize("value", [None, 123, b"t1", 1.5])
+def test_an_id_or_name_that_is_no_text_is_refused_before_anything_is_sent(
+    server: _Server, value: Any
+) -> None:
+    """``get(None)``, ``get(123)`` raised ``TypeError: quote_from_bytes() expected
+    bytes``, naming no argument. Both clients refuse any id or name that is neither text
+    nor a UUID with a TypeError naming the argument and its type, follows too (where None
+    is the whole log's follow), and send nothing."""
+    kind = type(value).__name__
+    follows = value is not None
+    with Client(_url(server), "t0ken") as c:
+        for argument, call in _calls_with_an_id(c):
+            with pytest.raises(TypeError, match=f"^{argument} must be a string, not {kind}$"):
+                call(value)
+        for follow in (c.stream_events, c.subscribe) if follows else ():
+            with pytest.raises(TypeError, match=f"^task_id must be a string, not {kind}$"):
+                next(follow(value))
+
+    async def main() -> None:
+        async with AsyncClient(_url(server), "t0ken") as c:
+            for argument, call in _calls_with_an_id(c):
+                with pytest.raises(TypeError, match=f"^{argument} must be a string, not {kind}$"):
+                    await call(value)
+            for follow in (c.stream_events, c.subscribe) if follows else ():
+                with pytest.raises(TypeError, match=f"^task_id must be a string, not {kind}$"):
+                    await anext(follow(value))
+
+    asyncio.run(main())
+    assert server.seen == []
+
+
+def test_a_uuid_is_sent_as_its_text(server: _Server) -> None:
+    """``get(uuid.UUID(...))`` raised TypeError where ``submit(parent_id=UUID)`` took
+    one: an id given as a UUID is sent as its text, by both clients."""
+    task_id = uuid.UUID("01234567-89ab-7def-8123-456789abcdef")
+    with Client(_url(server), "t0ken") as c:
+        c.get(task_id)  # type: ignore[arg-type]
+        c.cancel(task_id)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        async with AsyncClient(_url(server), "t0ken") as c:
+            await c.get(task_id)  # type: ignore[arg-type]
+            await c.cancel(task_id)  # type: ignore[arg-type]
+
+    asyncio.run(main())
+    assert [(s["method"], s["path"]) for s in server.seen] == [
+        ("GET", f"/v1/tasks/{task_id}"),
+        ("POST", f"/v1/tasks/{task_id}/cancel"),
+    ] * 2
+
+
+#: payloads with a key JSON cannot hold, and where the refusal says it is
+KEYS_NOT_TEXT = [
+    ({1: "a"}, "the key 1 (int) in payload"),
+    ({1: "a", "1": "b"}, "the key 1 (int) in payload"),
+    ({None: 1}, "the key None (NoneType) in payload"),
+    ({True: 1}, "the key True (bool) in payload"),
+    ({"a": [{"b": {1.5: 2}}]}, "the key 1.5 (float) in payload.a[0].b"),
+]
+
+
+@pytest.mark.parametrize(("payload", "where"), KEYS_NOT_TEXT)
+def test_a_payload_key_that_is_no_text_is_refused_before_anything_is_sent(
+    server: _Server, payload: Any, where: str
+) -> None:
+    """A payload's non-text key went as text (orjson refused it and the standard library
+    it fell back to wrote it so): ``{1: "a"}`` was stored as ``{"1": "a"}``, ``{None: 1}``
+    as ``{"null": 1}``, and ``{1: "a", "1": "b"}`` met the server's DUPLICATE_KEY. Both
+    clients refuse it (TypeError naming the key and where it is) and send nothing: a
+    submit, a batch (the key's place in it named), a resolve's result."""
+    batch_where = where.replace("in payload", "in tasks[1].payload")
+    result_where = where.replace("in payload", "in result")
+    with Client(_url(server), "t0ken") as c:
+        with pytest.raises(TypeError, match=re.escape(where)):
+            c.submit("q", "h", payload)
+        with pytest.raises(TypeError, match=re.escape(batch_where)):
+            c.submit_many([{"queue": "q", "handler": "h"}, {"queue": "q", "payload": payload}])
+        with pytest.raises(TypeError, match=re.escape(result_where)):
+            c.resolve("t1", "succeeded", result=payload)
+
+    async def main() -> None:
+        async with AsyncClient(_url(server), "t0ken") as c:
+            with pytest.raises(TypeError, match=re.escape(where)):
+                await c.submit("q", "h", payload)
+            with pytest.raises(TypeError, match=re.escape(batch_where)):
+                await c.submit_many([{"queue": "q", "payload": payload}, {"queue": "q"}][::-1])
 
     asyncio.run(main())
     assert server.seen == []

@@ -125,7 +125,7 @@ NOT_PLAIN = [
     _Coded.OK,
     {"k": _Coded.OK},
     _Text("x"),
-    {1: "a"},  # a key json.dumps converts and orjson refuses
+    {1: "a"},  # a key that is no text: refused (RESULT_NOT_JSON), the failure sent
     {"é": "日本語"},  # non-ASCII: escaped, as json.dumps writes it
     2**64,
     {"a": 1.5},
@@ -172,12 +172,14 @@ def test_the_runner_calls_plain_only_what_is() -> None:
         [1.0],
         {"a": _Text("x")},
         [_Coded.OK],
-        {1: "a"},
         {"a": {"b": 1}},
         [[1]],
         {"a": [1]},
     ):
         assert not _plain(result), result
+    # a key that is no text is not sent at all (json.dumps wrote it as text: changed)
+    refused, _, _ = _sendable({"result": {1: "a"}})
+    assert refused["error"]["code"] == "RESULT_NOT_JSON"
 
 
 _flat_leaves = (
