@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -30,6 +31,24 @@ def _serving_dev(data: Path) -> subprocess.Popen[str]:
         text=True,
         env={**os.environ, "COLUMNS": "200"},
     )
+
+
+def _interrupted_when(data: Path, ready: Callable[[], bool]) -> tuple[int, str]:
+    """``orbit dev`` on ``data``, sent one SIGINT once ``ready()`` holds (polled: it reads
+    what the process writes to its data directory): its exit status and its output."""
+    proc = _serving_dev(data)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.poll()
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, out
 
 
 def test_orbit_dev_runs_the_demo_and_serves_until_interrupted(tmp_path: Path) -> None:
@@ -244,20 +263,9 @@ def test_orbit_dev_interrupted_while_it_starts_stops_cleanly(tmp_path: Path) -> 
     clean stop from the start as once it serves. The one-server lock is the first thing
     it writes, before it prepares the database: the signal is sent once it is there."""
     data = tmp_path / "dot-orbit"
-    proc = _serving_dev(data)
-    try:
-        lock = data / "orbit.db-server.lock"
-        deadline = time.monotonic() + 60
-        while not lock.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.poll()
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, out
+    lock = data / "orbit.db-server.lock"
+    status, out = _interrupted_when(data, lock.exists)
+    assert status == 0, out
     assert "Traceback" not in out and "ERROR" not in out, out
     assert out.rstrip().endswith("stopped"), out
     # ... and the demo is skipped: it ran first (some 3 s), and only then did it stop
@@ -287,19 +295,9 @@ def test_orbit_dev_interrupted_during_its_demo_cuts_it_short_and_cancels_its_tas
     end, some 3 s, first); the demo tasks that had not ended are cancelled, rather than
     left to the next run's worker (the slow one, not retry_safe, needing review)."""
     data = tmp_path / "dot-orbit"
-    proc = _serving_dev(data)
-    try:
-        deadline = time.monotonic() + 60
-        while _task_states(data) == []:  # the demo has submitted its first task
-            assert proc.poll() is None and time.monotonic() < deadline, proc.poll()
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, out
+    # once the demo has submitted its first task
+    status, out = _interrupted_when(data, lambda: _task_states(data) != [])
+    assert status == 0, out
     assert "Traceback" not in out and "ERROR" not in out, out
     assert out.rstrip().endswith("stopped"), out
     assert "demo task" not in out and "Press Ctrl-C" not in out, out
