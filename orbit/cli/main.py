@@ -609,8 +609,9 @@ def _run_worker(target: str, url: str | None, cafile: str | None) -> None:
     from orbit.logs import configure
     from orbit.tokens import TokenError
     from orbit.urls import check_cafile, check_server_url
+    from orbit.worker import runner
     from orbit.worker.connection import ServerError
-    from orbit.worker.runner import Worker
+    from orbit.worker.runner import RunDuringImport, Worker
 
     if url is not None:  # before the module's import, whose Worker(...) may read ORBIT_URL
         try:
@@ -619,8 +620,11 @@ def _run_worker(target: str, url: str | None, cafile: str | None) -> None:
             _fail(str(exc))
     module_name, _, attr = target.partition(":")
     sys.path.insert(0, ".")
+    runner._cli_importing = module_name  # a run() during the import is refused
     try:
         obj = getattr(importlib.import_module(module_name), attr)
+    except RunDuringImport as exc:
+        _fail(str(exc))
     except (ImportError, AttributeError) as exc:
         _fail(f"cannot load {target}: {exc}")
     except (ValueError, TypeError) as exc:
@@ -630,6 +634,8 @@ def _run_worker(target: str, url: str | None, cafile: str | None) -> None:
         if not raised_in(exc, "orbit"):  # a refusal of ours, not the module's bug
             raise
         _fail(f"cannot load {target}: {exc}")
+    finally:
+        runner._cli_importing = None
     if not isinstance(obj, Worker):
         _fail(f"{target} is a {type(obj).__name__}, not an orbit Worker")
     if not obj.handlers:  # run() refuses it with ValueError, which was a traceback

@@ -1165,12 +1165,11 @@ class Client:
         return list(self.iter_artifacts(task_id))
 
     def artifact_content(self, artifact_id: str) -> bytes:
-        """An artifact's bytes (use ``artifact_stream`` for large ones)."""
-        path = f"/v1/artifacts/{_seg(artifact_id, 'artifact_id')}/content"
-        reply = self._http.request("GET", path, None, None)
-        if reply.status_code >= 300:  # a redirect's body is no artifact's
-            _unwrap(reply)
-        return reply.content
+        """An artifact's bytes, all in memory (``artifact_stream`` holds one chunk at a
+        time). Read as ``artifact_stream`` reads them, as AsyncClient's is: the client's
+        timeout bounds the answer's head and then each read of the body, not the whole
+        download, which a large artifact on a slow link could never finish within it."""
+        return b"".join(self.artifact_stream(artifact_id))
 
     def artifact_stream(self, artifact_id: str) -> Iterator[bytes]:
         """An artifact's bytes as they arrive, without holding them all."""

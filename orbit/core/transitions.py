@@ -351,9 +351,12 @@ def _check_owner(
             Code.NOT_OWNER, "the attempt belongs to another session", report, task, attempt, session
         )
     if epoch != session.epoch:
+        # Older: a resume fenced it. Newer: no resume made it (the session never had it),
+        # and "fenced by a resume" sent a reader looking for one that never happened.
+        why = "was fenced by a resume" if epoch < session.epoch else "is not the session's epoch"
         return plan.refuse(
             Code.FENCED_EPOCH,
-            f"epoch {epoch} was fenced by a resume (current epoch {session.epoch})",
+            f"epoch {epoch} {why} (current epoch {session.epoch})",
             report,
             task,
             attempt,

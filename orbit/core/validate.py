@@ -115,6 +115,35 @@ def check_int(name: str, value: object, low: int, high: int, *, field: str | Non
     return value
 
 
+#: The longest artifact TTL, in whole seconds (X-Orbit-TTL, ``Context.upload``'s
+#: ``ttl``): an artifact is kept at most the longest duration Orbit accepts anywhere.
+MAX_ARTIFACT_TTL_S = MAX_DURATION_US // 1_000_000
+#: The longest content type an artifact may carry, in characters.
+MAX_CONTENT_TYPE_LEN = 200
+
+
+def content_type_problem(value: object) -> str | None:
+    """Why ``value`` is no artifact content type, or None if it is one: ``type/subtype``
+    (with parameters if any), 3 to ``MAX_CONTENT_TYPE_LEN`` characters, each what an
+    HTTP header carries as text (a tab, printable ASCII, or Latin-1 from U+0080 to
+    U+00FF). The store and the worker's ``Context.upload`` judge by this one rule: the
+    worker refused ``name=日本`` only inside httpx, with a raw UnicodeEncodeError, and a
+    252-character type was refused without naming the limit it broke."""
+    if not isinstance(value, str):
+        return f"content_type must be a string, not {type(value).__name__}"
+    if not 3 <= len(value) <= MAX_CONTENT_TYPE_LEN:
+        return f"content_type must be 3 to {MAX_CONTENT_TYPE_LEN} characters long; got {len(value)}"
+    if "/" not in value:
+        return "content_type must look like type/subtype"
+    for char in value:
+        if char != "\t" and not (" " <= char <= "~" or "\x80" <= char <= "\xff"):
+            return (
+                "content_type must hold only a tab, printable ASCII or Latin-1 characters "
+                f"(what an HTTP header carries); got {char!r}"
+            )
+    return None
+
+
 def is_rate(rate: float) -> bool:
     """Whether a finite ``rate`` is in the one range every entry point takes."""
     return rate == 0 or MIN_RATE <= rate <= MAX_RATE

@@ -127,7 +127,9 @@ def _walk(value: Any, depth: int = 0, path: str = "") -> Iterator[tuple[Any, int
 
 
 def _path(keys: list[str | int]) -> str | None:
-    """A path as a refusal names it (``a.b[2].c``), at most ``MAX_FIELD`` characters."""
+    """A path as a refusal names it (``a.b[2].c``), at most ``MAX_FIELD`` characters: a
+    list's index in brackets, the one spelling clients may parse, whichever check
+    refused (the walks here, ``_check_fields``, pydantic's errors, the store's)."""
     parts: list[str] = []
     size = 0
     for key in keys:
@@ -372,7 +374,10 @@ def decode_model(model: type[M], raw: bytes | str | Any, *, parsed: bool = False
         return model.model_validate(data, strict=True)
     except ValidationError as exc:
         err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or None
+        # ``_path``'s spelling, as every other refusal's (``tasks[1].priority``): joined
+        # with dots, pydantic's location said ``tasks.1.priority`` for a bad value where
+        # an unknown field of the same task was ``tasks[1].Priority``
+        where = _path(list(err["loc"]))
         kind = err["type"]
         if err.get("input", 0) is None and kind != "missing":
             code = "NULL_NOT_ALLOWED"

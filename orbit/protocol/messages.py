@@ -633,6 +633,11 @@ class Renew(Strict):
 
 
 class OutcomeSpec(Strict):
+    """A success with its result (``{"ok": true, "result": ...}``), or a failure with its
+    error and no result (``{"ok": false, "error": {...}}``). A success with an error, or a
+    failure without one or with a non-null result, is INVALID_ARGUMENT: a failure's
+    result was dropped, and left out of the report's digest (``outcome_of``)."""
+
     ok: bool
     result: Any = None
     error: ErrorSpec | None = None
@@ -753,7 +758,7 @@ class Assignment(Response):
     queue: str
     tenant: str
     payload: Any
-    attempt: int
+    attempt: int = Field(description="the claim's number (its fence): released claims count")
     retry_safe: bool
     deadline: str | None
     deadline_left: float | None = Field(
@@ -761,6 +766,14 @@ class Assignment(Response):
     )
     attempt_timeout: float | None
     claim_expires_at: str
+    # Optional, after the fields older workers read: a worker that does not know them
+    # ignores them, and one that does falls back to ``attempt`` without them.
+    attempts_used: int | None = Field(
+        default=None,
+        description="the task's started attempts at the claim: this attempt, once started, "
+        "is number attempts_used + 1 of max_attempts (the SDK's ctx.attempt)",
+    )
+    max_attempts: int | None = Field(default=None, description="the task's max_attempts")
 
 
 class TasksMessage(Response):

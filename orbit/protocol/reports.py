@@ -116,7 +116,7 @@ def read_start_many(raw: dict[str, Any]) -> StartBatch | None:
 
 def _outcome(spec: Any) -> Outcome | None:
     """An outcome in its usual shape (a success with its result, or a failure with its
-    error), or None."""
+    error and no result), or None."""
     if type(spec) is not dict:
         return None
     ok = spec.get("ok")
@@ -134,6 +134,8 @@ def _outcome(spec: Any) -> Outcome | None:
         if error is not None:
             return None
         return _NO_RESULT if result is None else Outcome.success(result)
+    if result is not None:  # a failure with a result: refused by the strict path
+        return None
     if type(error) is not dict or not error.keys() <= _ERROR_KEYS:
         return None
     code = error.get("code")
@@ -178,20 +180,35 @@ def start_batch(msg: StartMany) -> StartBatch:
 
 def finish_batch(msg: FinishMany) -> FinishBatch:
     """A ``finish_many`` the strict path decoded, as the reader would have read it;
-    OrbitError (INVALID_ARGUMENT) if an outcome is both a success and an error, or a
-    failure without one."""
+    OrbitError (INVALID_ARGUMENT) if an outcome breaks ``outcome_of``'s rules, its
+    ``field`` under ``items[<i>].outcome``."""
     return FinishBatch(
-        msg.req_id, [(item.attempt_id, int(item.fence), outcome_of(item)) for item in msg.items]
+        msg.req_id,
+        [
+            (item.attempt_id, int(item.fence), outcome_of(item, f"items[{i}].outcome"))
+            for i, item in enumerate(msg.items)
+        ],
     )
 
 
-def outcome_of(msg: Finish | FinishItem) -> Outcome:
-    """The outcome a decoded finish reports."""
+def outcome_of(msg: Finish | FinishItem, where: str = "outcome") -> Outcome:
+    """The outcome a decoded finish reports; OrbitError (INVALID_ARGUMENT, ``field`` the
+    part at fault under ``where``) for a success with an error, a failure without one,
+    or a failure with a result. A failure's result was dropped without a word (the task
+    failed with no result), and the report's digest, which has no result for a failure,
+    answered a repeat with another result with the first receipt, not ALREADY_FINISHED."""
     spec = msg.outcome
     if spec.ok:
         if spec.error is not None:
-            raise OrbitError(Code.INVALID_ARGUMENT, "a successful outcome carries no error")
+            raise _refused(f"{where}.error", "a successful outcome carries no error")
         return Outcome.success(spec.result)
     if spec.error is None:
-        raise OrbitError(Code.INVALID_ARGUMENT, "a failed outcome needs an error")
+        raise _refused(f"{where}.error", "a failed outcome needs an error")
+    if spec.result is not None:
+        raise _refused(f"{where}.result", "a failed outcome carries no result")
     return Outcome.failure(spec.error.code, spec.error.message, spec.error.retryable)
+
+
+def _refused(field: str, rule: str) -> OrbitError:
+    """An outcome's refusal, led by its field as the decoder's messages are."""
+    return OrbitError(Code.INVALID_ARGUMENT, f"{field}: {rule}", field=field)

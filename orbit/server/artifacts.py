@@ -16,7 +16,7 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from orbit.core.errors import Code, OrbitError
 from orbit.core.model import SECOND, Artifact
-from orbit.core.validate import MAX_DURATION_US
+from orbit.core.validate import MAX_ARTIFACT_TTL_S
 from orbit.protocol.messages import ArtifactPage, ArtifactView
 from orbit.server.auth import require
 from orbit.server.errors import ApiError
@@ -39,8 +39,8 @@ _COUNTER = re.compile(r"^(0|[1-9][0-9]{0,18})\Z")
 _SHA = re.compile(r"^[0-9a-fA-F]{64}\Z")
 _SECONDS = re.compile(r"^[0-9]{1,9}\Z")
 #: the longest X-Orbit-TTL, in seconds: the store keeps an artifact at most the longest
-#: duration Orbit accepts anywhere
-MAX_TTL_S = MAX_DURATION_US // SECOND
+#: duration Orbit accepts anywhere (the worker's ``Context.upload`` checks the same bound)
+MAX_TTL_S = MAX_ARTIFACT_TTL_S
 
 
 def attachment(name: str) -> str:

@@ -781,7 +781,7 @@ class _Protocol:
                 await self.error(rid, str(exc.code), exc.message)
                 await conn.close(4409, "session resumed elsewhere")
                 return
-            await self.error(rid, str(exc.code), exc.message)
+            await self.error(rid, str(exc.code), exc.message, exc.field)
 
 
 def any_fenced(answers: Sequence[object]) -> bool:

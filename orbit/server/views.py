@@ -184,6 +184,8 @@ def assignments_wire(grants: Sequence[Grant]) -> list[dict[str, Any]]:
                 ),
                 "attempt_timeout": None if timeout is None else timeout / 1e6,
                 "claim_expires_at": expires,
+                "attempts_used": task.attempts_used,
+                "max_attempts": task.max_attempts,
             }
         )
     return wires

@@ -79,6 +79,7 @@ from orbit.core.validate import (
     check_queue_caps,
     check_schedule,
     check_spec,
+    content_type_problem,
 )
 from orbit.store import rows as R
 from orbit.store.driver import (
@@ -215,6 +216,12 @@ class StoreConfig:
     #: a name) that long.
     upload_max_us: int = 24 * 3600 * SECOND
     max_artifact_bytes: int = 256 * 1024 * 1024
+    #: How long the reaper leaves an expired artifact's bytes in place. Every read
+    #: treats it as gone from its ``expires_at`` (404, not listed), so no download
+    #: starts after it; one that started before goes on reading chunk after chunk, each
+    #: in its own transaction, and a delete under it cut the body short. Ten minutes
+    #: read the largest artifact (``max_artifact_bytes``, 256 MiB) at about 440 KiB/s.
+    artifact_grace_us: int = 10 * 60 * SECOND
     #: how long ``event_list`` waits for older transactions to end (PostgreSQL)
     event_wait_us: int = 2 * SECOND
 
@@ -1202,7 +1209,7 @@ class Store:
 
     def task_submit(self, spec: TaskSpec) -> Submitted:
         """One task: its refusals name its fields as they are (``deadline``), where a
-        batch's name the task too (``tasks.0.deadline``)."""
+        batch's name the task too (``tasks[0].deadline``)."""
         return self.task_submit_rendered([spec], _same, batch=False)[0]
 
     def task_submit_many(self, specs: Sequence[TaskSpec]) -> list[Submitted]:
@@ -1249,7 +1256,7 @@ class Store:
         the rest.
 
         ``batch``: the specs are a batch's tasks, and a refusal of one of them names it,
-        as the decoder's do: its ``field`` is ``tasks.<index>.<field>`` and its message
+        as the decoder's do: its ``field`` is ``tasks[<index>].<field>`` and its message
         starts with that (``_of_task``). A single submit's and a schedule's fire's say
         their field alone."""
         if len(specs) > self.config.max_batch:
@@ -1835,10 +1842,14 @@ class Store:
         capabilities: Sequence[Capability],
         max_concurrency: int,
     ) -> Session:
-        """Replace (never add to) the session's capacity; ``seq`` must increase."""
+        """Replace (never add to) the session's capacity; ``seq`` must increase.
+
+        ``seq`` 0 is a counter the wire takes, and no newer than a new session's: it is
+        judged as any stale seq (STALE_CAPACITY, and its event), not refused before the
+        transaction as INVALID_ARGUMENT without one."""
         caps = _check_capabilities(capabilities)
         check_int("max_concurrency", max_concurrency, 1, 100_000)
-        check_int("seq", seq, 1, 2**63 - 1)
+        check_int("seq", seq, 0, 2**63 - 1)
 
         def build(tx: _Tx) -> tuple[Plan, Session]:
             plan = Plan()
@@ -2405,13 +2416,9 @@ class Store:
     ) -> str:
         """Open an upload for a running attempt (fenced like any report); return its id."""
         check_name("artifact name", name)
-        if (
-            not isinstance(content_type, str)
-            or not 3 <= len(content_type) <= 200
-            or "/" not in content_type
-            or any(c in content_type for c in "\x00\r\n")
-        ):
-            raise OrbitError(Code.INVALID_ARGUMENT, "content_type must look like type/subtype")
+        problem = content_type_problem(content_type)
+        if problem is not None:
+            raise OrbitError(Code.INVALID_ARGUMENT, problem)
         ttl = self.config.artifact_ttl_us if ttl_us is None else ttl_us
         check_int("ttl", ttl, SECOND, MAX_DURATION_US)
 
@@ -2606,7 +2613,11 @@ class Store:
         return [R.artifact_from_row(r) for r in self._tx(read)]
 
     def artifact_chunks(self, artifact_id: str) -> Iterator[bytes]:
-        """The artifact's bytes, one stored chunk at a time (never all in memory)."""
+        """The artifact's bytes, one stored chunk at a time (never all in memory), each
+        read in a transaction of its own. A download that began before the artifact
+        expired reads on to its end: the reaper deletes the chunks only
+        ``StoreConfig.artifact_grace_us`` after the expiry, while ``artifact_get`` refuses
+        to start one from the expiry on."""
         seq = 0
         while True:
             found = self._read("artifact_chunk_get", artifact_id=artifact_id, seq=seq)
@@ -2710,7 +2721,8 @@ class Store:
         is acted on when it runs out rather than up to an interval later."""
 
         def read(tx: _Tx) -> float | None:
-            due = tx.fetch("reap_next_due")[0]["due"]
+            grace = self.config.artifact_grace_us
+            due = tx.fetch("reap_next_due", artifact_grace=grace)[0]["due"]
             return None if due is None else (int(due) - tx.now()) / 1_000_000
 
         return self._tx(read)
@@ -2781,8 +2793,15 @@ class Store:
             return plan
 
         def artifacts_pass(tx: _Tx) -> int:
+            # Expired before now - grace: a download begun just before its expiry ends
+            # whole (StoreConfig.artifact_grace_us).
+            expired_before = tx.now() - self.config.artifact_grace_us
             return len(
-                tx.fetch("artifact_expired_delete", now=tx.now(), limit=self.config.reap_batch)
+                tx.fetch(
+                    "artifact_expired_delete",
+                    expired_before=expired_before,
+                    limit=self.config.reap_batch,
+                )
             )
 
         def uploads_pass(tx: _Tx) -> int:
@@ -3595,10 +3614,11 @@ def _refuse_under_cancelled(tx: _Tx, task: Task) -> None:
 
 def _of_task(exc: OrbitError, index: int) -> OrbitError:
     """A batch's refusal of its task ``index``, named as the decoder names a batch's
-    fields: ``field`` ``tasks.<index>.<field>`` (``tasks.<index>`` for a refusal of no
+    fields: ``field`` ``tasks[<index>].<field>`` (``tasks[<index>]`` for a refusal of no
     one field), and the message led by it. A batch of a thousand tasks said only
-    "deadline is already in the past", and the client had to find which."""
-    field = f"tasks.{index}.{exc.field}" if exc.field else f"tasks.{index}"
+    "deadline is already in the past", and the client had to find which; and spelt
+    ``tasks.<index>`` it was a second spelling of one path for a client to parse."""
+    field = f"tasks[{index}].{exc.field}" if exc.field else f"tasks[{index}]"
     return OrbitError(exc.code, f"{field}: {exc.message}", field=field)
 
 

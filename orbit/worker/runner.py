@@ -7,7 +7,8 @@ right, so a handler is just a function.
     async def screenshot(ctx: Context, payload: dict) -> dict:
         ...
 
-    worker.run()   # SIGTERM or SIGINT: drain, then exit (a second SIGINT: at once)
+    if __name__ == "__main__":  # not at import: ``orbit worker`` runs it itself
+        worker.run()  # SIGTERM or SIGINT: drain, then exit (a second SIGINT: at once)
 
 Guarantees the runner keeps:
 - a handler's result is sent only while its attempt is still ours: when the server says
@@ -61,11 +62,13 @@ from orbit.aio import stop_tasks
 from orbit.core.errors import Code, OrbitError
 from orbit.core.model import parse_json
 from orbit.core.validate import (
+    MAX_ARTIFACT_TTL_S,
     MAX_HANDLER_CAPACITY,
     MAX_RENEW_IDS,
     MAX_WORKER_CONCURRENCY,
     MAX_WORKER_HANDLERS,
     check_name,
+    content_type_problem,
 )
 from orbit.gctune import tune_for_throughput
 from orbit.tokens import TokenError, load_token
@@ -114,6 +117,14 @@ CLAIM_STALE_S = 30.0
 #: handler, and, past its lease, sent every task that is not ``retry_safe`` to
 #: ``needs_review``, whenever a node restarted while its database hiccuped.
 RESUME_NOT_TRIED = "INTERNAL"
+#: The answer to a ``finish`` (or a whole ``finish_many``) that says the server could not
+#: commit it (its database failed or was out of reach), not that the report was refused:
+#: it is sent again while the lease lasts (``Worker._finish``), after FINISH_RETRY_FIRST
+#: seconds, doubled at each try up to FINISH_RETRY_MAX, never past half of what is left
+#: of the lease.
+FINISH_NOT_TRIED = "INTERNAL"
+FINISH_RETRY_FIRST = 0.1
+FINISH_RETRY_MAX = 5.0
 #: The longest gap between two checks of the leases while a renewal's answer is awaited
 #: (the renew loop's shortest sleep, ``Worker._interval``'s): an attempt started meanwhile
 #: may hold a lease shorter than the wait.
@@ -192,12 +203,36 @@ class _Exited(Exception):
         self.exc = exc
 
 
+def _check_upload_options(content_type: object, ttl: object) -> int | None:
+    """Refuse, before anything is sent, a content type the store would refuse (one rule:
+    ``content_type_problem``) and a ``ttl`` that is no whole number of seconds in the
+    server's range. ``int(ttl)`` sent 1.5 as 1 s and True as 1, "10" went as 10, and 0.5
+    came back as the server's complaint about a header, X-Orbit-TTL, the handler never
+    set; a content type httpx cannot encode (``name=日本``) raised its UnicodeEncodeError.
+    Returns ``ttl`` as an int (a numpy integer is one too), or None."""
+    problem = content_type_problem(content_type)
+    if problem is not None:
+        if not isinstance(content_type, str):
+            raise TypeError(problem)
+        raise ValueError(problem)
+    if ttl is None:
+        return None
+    if isinstance(ttl, bool) or not isinstance(ttl, numbers.Integral):
+        raise TypeError(f"ttl must be whole seconds (an int) or None, not {type(ttl).__name__}")
+    seconds = int(ttl)
+    if not 1 <= seconds <= MAX_ARTIFACT_TTL_S:
+        raise ValueError(f"ttl must be from 1 to {MAX_ARTIFACT_TTL_S} seconds; got {seconds}")
+    return seconds
+
+
 @dataclass
 class Context:
     """What a handler knows about its attempt."""
 
     task_id: str
     attempt_id: str
+    #: which started attempt this is: 1, 2, ... up to max_attempts (released claims,
+    #: never started, do not count)
     attempt: int
     handler: str
     queue: str
@@ -205,6 +240,8 @@ class Context:
     deadline: datetime | None
     attempt_timeout: float | None
     retry_safe: bool = False
+    #: the task's max_attempts; None from a server too old to send it
+    max_attempts: int | None = None
     #: set once (by the event loop) and read from handler threads: a plain flag is
     #: enough under the GIL, and a threading.Event per attempt was a visible cost
     _stopped: bool = field(default=False, repr=False)
@@ -260,9 +297,11 @@ class Context:
         """Attach an artifact to this attempt (bytes, or a file streamed from disk).
         Returns its metadata: id, size, sha256. Fenced like every report: refused once
         the attempt is no longer ours (an upload cut short by the worker's resume of its
-        session, the attempt still its own, is sent again)."""
+        session, the attempt still its own, is sent again). ``ttl``: whole seconds, from 1
+        to ``MAX_ARTIFACT_TTL_S``, or None for the server's default."""
         if self._upload is None:
             raise RuntimeError("this context is not attached to a running worker")
+        ttl = _check_upload_options(content_type, ttl)
         # Refused before the request: a str path or text failed mid-request with an
         # AttributeError; bytes-like data (bytearray, memoryview) is taken as bytes.
         if not isinstance(data, bytes | Path):
@@ -328,6 +367,7 @@ class _Running:
     #: done once the attempt is over or abandoned: made only for a drain to wait on
     over: asyncio.Future[None] | None = None
     lost: bool = False
+    lost_reason: str = ""  # why (``_lose``): said again if a finished outcome is dropped
     abandoned: bool = False  # its handler ignored cancellation: it reports nothing
     watched: bool = False  # an async handler, cancelled: abandoned unless it ends in time
     #: its handler was cancelled once: a later cancel (every renewal says ``cancel`` again)
@@ -346,6 +386,25 @@ class _Running:
     renew_at: float = 0.0  # monotonic instant its lease is half spent
     pending_progress: tuple[float | None, str | None] | None = None
     sending_progress: bool = False
+
+
+_cli_importing: str | None = None
+"""The module ``orbit worker`` is importing, while it imports it (set by the CLI): a
+``worker.run()`` at the module's top level then ran a hidden worker during the import,
+which ignored ``--url``, and the CLI started a second one after it."""
+
+
+class RunDuringImport(RuntimeError):
+    """``run()``/``arun()`` called while ``orbit worker`` imports the worker's module."""
+
+
+def _refuse_run_during_import() -> None:
+    if _cli_importing is not None:
+        raise RunDuringImport(
+            f"Worker.run() was called while orbit worker imported {_cli_importing}: "
+            'put the call under `if __name__ == "__main__":` (orbit worker runs the worker '
+            "itself)"
+        )
 
 
 class Worker:
@@ -396,11 +455,10 @@ class Worker:
             ("reconnect_max", reconnect_max),
             ("renew_interval", renew_interval),
         ):
-            if value is not None and not value > 0:
-                raise ValueError(f"{option} must be more than 0 seconds")
+            if value is not None or option != "renew_interval":  # None: the lease's pace
+                _check_seconds(option, value, zero=False)
         for option, value in (("grace", grace), ("cancel_grace", cancel_grace)):
-            if not value >= 0:
-                raise ValueError(f"{option} must be 0 seconds or more")
+            _check_seconds(option, value, zero=True)
         # Refused here, as the clients refuse it: a URL the worker cannot use was tried
         # again and again as if the server were down (credentials in it went as Basic
         # auth in place of the token; one with no scheme could not be opened at all).
@@ -535,12 +593,14 @@ class Worker:
         """Run until SIGTERM/SIGINT, then drain. Returns 0, or 1 if an attempt was left
         without a confirmed outcome (its handler abandoned, or its finish unanswered).
         This owns the process, so it also tunes the garbage collector (``orbit.gctune``)."""
+        _refuse_run_during_import()
         tune_for_throughput()
         # An abandoned async handler's task never ends: the loop closes without it rather
         # than wait for it for ever (as asyncio.run would).
         return aio.run(self.arun(install_signals=True), leftovers=1.0)
 
     async def arun(self, *, install_signals: bool = False) -> int:
+        _refuse_run_during_import()
         if not self.handlers:
             raise ValueError("register at least one handler before running")
         # Fresh events for this loop; a stop() asked for before this run is kept (it was
@@ -956,16 +1016,21 @@ class Worker:
         # Positional, in the fields' order (tests/unit/test_worker_handler_task.py holds it to
         # the keywords): a call of a dataclass's __init__ by keywords took twice as long,
         # 1.6 µs of these two, a task.
+        used = a.get("attempts_used")
         ctx = Context(
             a["task_id"],
             a["attempt_id"],
-            int(a["attempt"]),
+            # Which started attempt this is (1, 2, ...): the wire's ``attempt`` counts
+            # claims, released ones too, so a task with max_attempts=1 saw attempt=3. A
+            # server too old to send attempts_used leaves the claim's number.
+            int(a["attempt"]) if used is None else int(used) + 1,
             a["handler"],
             a["queue"],
             a["tenant"],
             datetime.fromisoformat(a["deadline"]) if a["deadline"] else None,
             a["attempt_timeout"],
             bool(a["retry_safe"]),
+            a.get("max_attempts"),
         )
         running = _Running(ctx, a["fence"])
         if a.get("deadline_left") is not None:  # the server's clock, not this host's
@@ -1015,20 +1080,20 @@ class Worker:
             if self.prefetch:
                 # The next waiting attempt starts now, while this one's finish travels.
                 self._free_slot(running)
-            if report is None or not self._lease_valid(running):
+            if report is None:
+                return  # nothing to report: lost, abandoned or stopped (see _invoke)
+            if not self._lease_valid(running):
                 # The attempt is no longer ours (by the server's word or our own clock):
-                # its result is never sent.
+                # its result is never sent, but never silently either.
+                _log_dropped(running)
                 return
             report, size, plain = _sendable(report, ctx)
-            try:
-                # Sent while the lease is ours. If the reply is lost, the same outcome is
-                # re-sent after a reconnect: the server answers with the original receipt,
-                # or refuses a copy that arrived too late (and keeps it as evidence).
-                item = (ctx.attempt_id, running.fence, outcome_wire(report), plain)
-                await self._finishes.submit(item, size=size)
+            # Sent while the lease is ours. If the reply is lost, the same outcome is
+            # re-sent after a reconnect: the server answers with the original receipt,
+            # or refuses a copy that arrived too late (and keeps it as evidence).
+            item = (ctx.attempt_id, running.fence, outcome_wire(report), plain)
+            if await self._finish(running, item, size):
                 self.finished += 1
-            except ServerError as exc:
-                log.warning("finish of %s refused: %s", ctx.attempt_id, exc.code)
         except ServerError as exc:
             log.warning("release of %s refused: %s", ctx.attempt_id, exc.code)
         except Exception:
@@ -1037,6 +1102,40 @@ class Worker:
             log.exception("attempt %s failed in the runner", ctx.attempt_id)
         finally:
             self._forget(running)
+
+    async def _finish(self, running: _Running, item: FinishItem, size: int) -> bool:
+        """Send ``running``'s finish; whether the server took it (a receipt).
+
+        A finish the server could not try (``FINISH_NOT_TRIED``: its database failed the
+        transaction, or was out of reach past the pool's wait) was logged and dropped: the
+        attempt was forgotten, its lease ran out, and a task that is not ``retry_safe``
+        went to ``needs_review`` although its handler had finished. It is sent again, the
+        very same outcome (a copy that did commit is answered with its receipt: same
+        digest), after a back-off, for as long as the lease is ours by this host's clock.
+        The attempt stays in ``running`` meanwhile, so the renew loop keeps its lease."""
+        attempt_id = running.ctx.attempt_id
+        delay = FINISH_RETRY_FIRST
+        while True:
+            try:
+                await self._finishes.submit(item, size=size)
+                return True
+            except ServerError as exc:
+                if exc.code != FINISH_NOT_TRIED or not self._lease_valid(running):
+                    log.warning("finish of %s refused: %s", attempt_id, exc.code)
+                    return False
+                wait = min(delay, max(running.lease_expires - time.monotonic(), 0.0) / 2)
+                log.warning(
+                    "finish of %s answered %s (%s); sending it again in %.2fs",
+                    attempt_id,
+                    exc.code,
+                    exc.message,
+                    wait,
+                )
+            await asyncio.sleep(wait)
+            delay = min(delay * 2, FINISH_RETRY_MAX)
+            if not self._lease_valid(running):
+                log.warning("finish of %s given up: its lease is no longer ours", attempt_id)
+                return False
 
     def _forget(self, running: _Running) -> None:
         """The attempt is over, or abandoned: no renewal, drain or progress report is
@@ -1273,7 +1372,10 @@ class Worker:
             "X-Orbit-Fence": fence,
         }
         if ttl is not None:
-            headers["X-Orbit-TTL"] = str(int(ttl))
+            headers["X-Orbit-TTL"] = str(ttl)  # an int in range: Context.upload checked it
+        # As bytes: httpx encodes a str header as ASCII, and a Latin-1 content type
+        # (name=é), which the server takes, raised its UnicodeEncodeError.
+        raw_headers = {k.encode("ascii"): v.encode("latin-1") for k, v in headers.items()}
         body: bytes | AsyncIterator[bytes] = data if isinstance(data, bytes) else _file(data)
         # The CAs the connection trusts (the system's, or cafile's): httpx's verify=True
         # trusts certifi's bundle instead.
@@ -1287,7 +1389,7 @@ class Worker:
         try:
             async with (
                 httpx.AsyncClient(base_url=self.url, verify=verify, timeout=300) as http,
-                http.stream("PUT", path, content=body, headers=headers) as reply,
+                http.stream("PUT", path, content=body, headers=raw_headers) as reply,
             ):
                 raw = b"".join([chunk async for chunk in reply.aiter_raw()])
         except httpx.TransportError as exc:
@@ -1523,6 +1625,18 @@ class Worker:
             self.abandoned.append(running.ctx.attempt_id)
 
     def _lose(self, running: _Running, reason: str) -> None:
+        """The attempt is no longer ours: its handler is cancelled and its outcome never
+        sent. Logged once, as a warning: a lease lost this way (a blocked event loop
+        that renewed nothing) once threw a finished handler's result away without a
+        word, and the task went to needs_review for no reason the log showed."""
+        if not running.lost:
+            log.warning(
+                "attempt %s (task %s) lost: %s; its outcome will not be reported",
+                running.ctx.attempt_id,
+                running.ctx.task_id,
+                reason,
+            )
+            running.lost_reason = reason
         running.lost = True
         self._cancel(running, reason)
 
@@ -1919,9 +2033,25 @@ def _stopped(running: _Running, by: str, code: str, message: str) -> dict[str, A
     return None
 
 
+def _log_dropped(running: _Running) -> None:
+    """Say that a finished handler's outcome is thrown away, and why."""
+    log.warning(
+        "attempt %s (task %s): the handler finished, but its outcome is dropped: %s",
+        running.ctx.attempt_id,
+        running.ctx.task_id,
+        running.lost_reason or "its lease ran out by this worker's clock",
+    )
+
+
 def _failure(running: _Running, exc: BaseException) -> dict[str, Any] | None:
-    """The outcome of a handler that raised ``exc``; None to report nothing."""
-    if isinstance(exc, asyncio.CancelledError | Cancelled):
+    """The outcome of a handler that raised ``exc``; None to report nothing.
+
+    A cancel is the runner's (``CANCELLED``, or the drain's and timeout's rules) only when
+    the runner stopped the handler. One the handler made itself, never stopped
+    (``asyncio.current_task().cancel()``, ``raise Cancelled``), is its own failure, as
+    any other exception is: it failed the task for good with CANCELLED, never retried."""
+    stopped = running.cancelled or running.ctx.cancelled
+    if isinstance(exc, asyncio.CancelledError | Cancelled) and stopped:
         if running.lost or running.abandoned:
             # Lost: not ours to report. Abandoned: it may still be at work, so its
             # outcome is unknown: the lease runs out, and the server decides (a task
@@ -1971,6 +2101,21 @@ def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:
     return exc
 
 
+def _check_seconds(option: str, value: object, *, zero: bool) -> None:
+    """A timing option as ``Worker(...)`` takes it: a real number of seconds, not a bool
+    (TypeError; ``grace="5"`` raised a bare comparison's TypeError that named nothing),
+    finite and more than 0 (or 0 or more with ``zero``) (ValueError): an infinite
+    ``cancel_grace`` let a handler that ignores its cancel hang the drain for ever."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{option} must be a number of seconds; got {value!r}")
+    seconds = float(value)
+    if not math.isfinite(seconds):
+        raise ValueError(f"{option} must be a finite number of seconds; got {value!r}")
+    if not (seconds >= 0 if zero else seconds > 0):
+        more = "0 seconds or more" if zero else "more than 0 seconds"
+        raise ValueError(f"{option} must be {more}; got {value!r}")
+
+
 def _check_name(kind: str, value: object) -> None:
     """``value`` as the hello takes a name, or ValueError (the server's own words)."""
     try:
@@ -1981,16 +2126,37 @@ def _check_name(kind: str, value: object) -> None:
 
 def _check_handler(name: str, fn: object) -> None:
     """TypeError for what can never handle a task, refused at registration rather than
-    failing each attempt: no callable, or a generator function (sync or async), whose
-    call returns a generator and runs none of its body."""
+    failing each attempt: no callable, a generator function (sync or async), whose call
+    returns a generator and runs none of its body, an object whose ``__call__`` is one,
+    and a callable that cannot be called as ``fn(ctx, payload)`` (``lambda: 1``: each
+    attempt failed with TypeError, retried up to max_attempts times)."""
     if not callable(fn):
         raise TypeError(f"handler {name}: {type(fn).__name__} is not callable")
+    _check_arity(name, fn)
     while isinstance(fn, partial):
         fn = fn.func
-    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+    call = getattr(fn, "__call__", None)  # noqa: B004 - the method itself is asked about
+    for inner in (fn, call):
+        if inspect.isgeneratorfunction(inner) or inspect.isasyncgenfunction(inner):
+            raise TypeError(
+                f"handler {name}: a generator function cannot be a handler (use return, not yield)"
+            )
+
+
+def _check_arity(name: str, fn: object) -> None:
+    """TypeError unless ``fn(ctx, payload)`` binds to ``fn``'s signature, when it has one
+    (a builtin or a C extension's callable may have none: it is taken on trust)."""
+    try:
+        signature = inspect.signature(fn)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError as exc:
         raise TypeError(
-            f"handler {name}: a generator function cannot be a handler (use return, not yield)"
-        )
+            f"handler {name}: cannot be called as handler(ctx, payload): its signature is "
+            f"{signature} ({exc})"
+        ) from None
 
 
 def _is_async(fn: Handler) -> bool:

@@ -956,10 +956,10 @@ def test_a_large_batch_with_a_late_bad_task_is_refused_whole(admin: httpx.Client
     admin.post("/v1/queues", json={"name": "q", "max_concurrency": 2, "rate": 0})
     usual = [{"queue": "q", "handler": "h", "payload": {"i": i}} for i in range(600)]
     cases: list[tuple[dict[str, Any], int, str, str | None]] = [
-        ({"handler": "a b"}, 400, "INVALID_VALUE", "tasks.550.handler"),
-        ({"retry_safe": 1}, 400, "INVALID_TYPE", "tasks.550.retry_safe"),
-        ({"priority": 1_000_001}, 400, "NUMBER_OUT_OF_RANGE", "tasks.550.priority"),
-        ({"payload": "x" * 300_000}, 413, "PAYLOAD_TOO_LARGE", "tasks.550.payload"),
+        ({"handler": "a b"}, 400, "INVALID_VALUE", "tasks[550].handler"),
+        ({"retry_safe": 1}, 400, "INVALID_TYPE", "tasks[550].retry_safe"),
+        ({"priority": 1_000_001}, 400, "NUMBER_OUT_OF_RANGE", "tasks[550].priority"),
+        ({"payload": "x" * 300_000}, 413, "PAYLOAD_TOO_LARGE", "tasks[550].payload"),
         ({"payload": {"nul": "a\u0000b"}}, 400, "NUL_CHARACTER", "tasks[550].payload.nul"),
     ]
     for late, status, code, field in cases:

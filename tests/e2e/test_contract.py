@@ -517,7 +517,7 @@ WS_CASES = [
       hello(caps='[{"handler":"@H","capacity":1,"weight":2}]'), "UNKNOWN_FIELD", "c1",
       "capabilities[0].weight"),
     w("hello-capacity-zero", "connected", hello(caps='[{"handler":"@H","capacity":0}]'),
-      "NUMBER_OUT_OF_RANGE", "c1"),
+      "NUMBER_OUT_OF_RANGE", "c1", "capabilities[0].capacity"),
     w("hello-dup-key", "connected", hello(',"name":"v"'), "DUPLICATE_KEY", None, "name"),
     w("hello-int-2^64", "connected", hello(mc="18446744073709551616"), "NUMBER_OUT_OF_RANGE",
       None),
@@ -628,7 +628,7 @@ WS_CASES = [
       "INVALID_ARGUMENT", "b3"),
     w("start_many-missing-fence", "claimed",
       '{"type":"start_many","req_id":"b4","items":[{"attempt_id":"@A"}]}', "MISSING_FIELD",
-      "b4", "items.0.fence"),
+      "b4", "items[0].fence"),
     w("finish_many-nan", "running", '{"type":"finish_many","req_id":"b5","items":[{'
       '"attempt_id":"@A","fence":"@F","outcome":{"ok":true,"result":NaN}}]}',
       "NON_FINITE_NUMBER", None),
@@ -638,6 +638,19 @@ WS_CASES = [
     w("finish_many-ok-with-error", "running", '{"type":"finish_many","req_id":"b7","items":[{'
       '"attempt_id":"@A","fence":"@F","outcome":{"ok":true,"error":{"code":"E","message":"m",'
       '"retryable":false}}}]}', "INVALID_ARGUMENT", "b7"),
+    # a failure with a result: the result was dropped, and left out of the digest, so a
+    # repeat with another result got the first receipt (now refused as a success with an
+    # error is, with the field at fault)
+    w("finish-failure-with-result", "running",
+      finish('{"ok":false,"result":{"rows":500},"error":{"code":"E","retryable":false}}'),
+      "INVALID_ARGUMENT", "f1", "outcome.result"),
+    w("finish-success-with-error", "running",
+      finish('{"ok":true,"result":1,"error":{"code":"E"}}'), "INVALID_ARGUMENT", "f1",
+      "outcome.error"),
+    w("finish_many-failure-with-result", "running",
+      '{"type":"finish_many","req_id":"b8","items":[{"attempt_id":"@A","fence":"@F",'
+      '"outcome":{"ok":false,"result":[1],"error":{"code":"E"}}}]}', "INVALID_ARGUMENT", "b8",
+      "items[0].outcome.result"),
 ]
 # fmt: on
 
@@ -749,6 +762,98 @@ def test_ws_batches_answer_each_report_on_its_own(env: Env) -> None:
         assert refused["error"]["code"] == "FINISH_WITHOUT_START", refused
         assert env.admin.get(f"/v1/tasks/{a['task_id']}").json()["state"] == "succeeded"
         assert env.admin.get(f"/v1/tasks/{b['task_id']}").json()["state"] == "claimed"
+    finally:
+        p.wire.close()
+
+
+def test_ws_a_failure_repeated_with_a_result_gets_no_receipt(env: Env) -> None:
+    """A failure's digest leaves out a result it has none of: a repeat that added one
+    (``finish`` or ``finish_many``) was answered with the first receipt, as the same
+    report. It is refused INVALID_ARGUMENT; the task stays failed without a result."""
+    p = prepare(env, "running")
+    try:
+        error = {"code": "E", "retryable": False}
+        item = {"attempt_id": p.attempt["attempt_id"], "fence": p.attempt["fence"]}
+        first = p.wire.call({"type": "finish", **item, "outcome": {"ok": False, "error": error}})
+        assert first["type"] == "finished" and first["receipt"]["task_state"] == "failed", first
+        before = env.watch.snapshot(workers=True)
+        other = {"ok": False, "result": {"rows_written": 7}, "error": error}
+        again = p.wire.call({"type": "finish", **item, "outcome": other})
+        many = p.wire.call({"type": "finish_many", "items": [{**item, "outcome": other}]})
+        assert (again["type"], again["code"], again["field"]) == (
+            "error", "INVALID_ARGUMENT", "outcome.result"), again  # fmt: skip
+        assert (many["type"], many["code"], many["field"]) == (
+            "error", "INVALID_ARGUMENT", "items[0].outcome.result"), many  # fmt: skip
+        assert_unchanged(before, env.watch.snapshot(workers=True))
+        task = env.admin.get(f"/v1/tasks/{p.attempt['task_id']}").json()
+        assert task["state"] == "failed" and task["result"] is None, task
+    finally:
+        p.wire.close()
+
+
+# ----------------------------------------------- one spelling of a list item's path
+
+#: (a batch's second task's fields, the status, the code, the field): refusals of the
+#: decoder and of the store alike name the task by its index in brackets
+BATCH_PATHS = [
+    pytest.param({"priority": 1_000_001}, 400, "NUMBER_OUT_OF_RANGE", "tasks[1].priority",
+                 id="decoder-value"),
+    pytest.param({"backoff": {"base": None}}, 400, "NULL_NOT_ALLOWED", "tasks[1].backoff.base",
+                 id="decoder-null-nested"),
+    pytest.param({"deadline": "2020-01-01T00:00:00Z"}, 400, "INVALID_DEADLINE",
+                 "tasks[1].deadline", id="store-deadline"),
+    pytest.param({"queue": "no-such-queue"}, 404, "QUEUE_NOT_FOUND", "tasks[1].queue",
+                 id="store-queue"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("bad", "status", "code", "where"), BATCH_PATHS)
+def test_http_names_a_batch_task_by_its_index_in_brackets(
+    env: Env, bad: dict[str, Any], status: int, code: str, where: str
+) -> None:
+    """``field`` and the message's lead are ``tasks[1].<field>``: a bad value was named
+    ``tasks.1.priority`` where an unknown field of the same task was ``tasks[1].Priority``."""
+    tasks = [{"queue": env.queue_http, "handler": "h"}, {"queue": env.queue_http, "handler": "h"}]
+    tasks[1].update(bad)
+    before = env.watch.snapshot()
+    r = env.admin.post("/v1/tasks/batch", json={"tasks": tasks})
+    assert r.status_code == status, r.text
+    err = assert_error_body(r)
+    assert_unchanged(before, env.watch.snapshot())
+    assert (err["code"], err.get("field")) == (code, where), err
+    assert err["message"].startswith(f"{where}: "), err
+
+
+# fmt: off
+WS_PATHS = [
+    w("hello-second-capacity", "connected",
+      hello(caps='[{"handler":"@H","capacity":1},{"handler":"z@H","capacity":0}]'),
+      "NUMBER_OUT_OF_RANGE", "c1", "capabilities[1].capacity"),
+    w("renew-second-id", "welcomed", '{"type":"renew","req_id":"p1","attempt_ids":["a",7]}',
+      "INVALID_TYPE", "p1", "attempt_ids[1]"),
+    w("start_many-second-fence", "claimed", '{"type":"start_many","req_id":"p2","items":['
+      '{"attempt_id":"@A","fence":"@F"},{"attempt_id":"@A"}]}', "MISSING_FIELD", "p2",
+      "items[1].fence"),
+    w("finish_many-nested", "running", '{"type":"finish_many","req_id":"p3","items":[{'
+      '"attempt_id":"@A","fence":"@F","outcome":{"ok":"yes"}}]}', "INVALID_TYPE", "p3",
+      "items[0].outcome.ok"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", WS_PATHS)
+def test_ws_names_a_list_item_by_its_index_in_brackets(env: Env, case: Frame) -> None:
+    """The worker's refusals spell a path as the HTTP ones do, in ``field`` and message."""
+    p = prepare(env, case.stage)
+    try:
+        before = env.watch.snapshot(workers=True)
+        reply = p.wire.raw(fill(case.data, p.values()).decode())
+        assert_ws_error(reply)
+        assert reply["req_id"] == case.req_id, reply
+        assert_unchanged(before, env.watch.snapshot(workers=True))
+        ws_follow_up(p, case.stage)
+        assert (reply["code"], reply["field"]) == (case.code, case.where), reply
+        assert reply["message"].startswith(f"{case.where}: "), reply
     finally:
         p.wire.close()
 

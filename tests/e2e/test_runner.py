@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -18,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
+from orbit.store import sqlite_path
 from orbit.worker import connection as connection_module
 from orbit.worker.runner import Context, Fail, Worker
 from tests.e2e.servers import Node, Tokens
@@ -201,7 +205,9 @@ def test_a_prefetched_attempt_whose_claim_runs_out_is_never_run_under_it(
 
     slow, late = asyncio.run(main())
     assert seen[slow] == [1]
-    assert seen[late] == [2]  # its first claim ran out unstarted; the second one ran
+    # Its first claim ran out unstarted, and the second one ran (the attempts below):
+    # its first started attempt, which ctx.attempt counts (released claims do not).
+    assert seen[late] == [1]
     task = api.get(f"/v1/tasks/{late}").json()
     assert task["state"] == "succeeded" and task["attempts_used"] == 1
     attempts = api.get(f"/v1/tasks/{late}/attempts").json()["items"]
@@ -934,3 +940,109 @@ def test_an_error_the_server_cannot_take_is_cleaned_not_lost(
     assert errors["error.nul"]["message"] == "bad byte \\x00 here"
     assert errors["error.surrogate"]["code"] == "FileNotFoundError"
     assert errors["error.surrogate"]["message"] == "no such file: '\\udcff.txt'"
+
+
+#: The fault the next test injects: the database itself refuses every finish (an attempt
+#: leaving ``running`` for an outcome) while ``test_fault`` holds a row. The server answers
+#: such a finish INTERNAL, as it does one whose database is out of reach; renewals, the
+#: reaper and every other write go on.
+_FAULT_SQLITE = [
+    "CREATE TABLE test_fault (on_finish integer)",
+    "INSERT INTO test_fault VALUES (1)",
+    "CREATE TRIGGER test_fault_finish BEFORE UPDATE OF state ON orbit_attempts"
+    " WHEN OLD.state = 'running' AND NEW.state IN ('succeeded', 'failed')"
+    " AND EXISTS (SELECT 1 FROM test_fault)"
+    " BEGIN SELECT RAISE(ABORT, 'test fault: finishes fail'); END",
+]
+_FAULT_POSTGRES = [
+    "CREATE TABLE test_fault (on_finish integer)",
+    "INSERT INTO test_fault VALUES (1)",
+    "CREATE FUNCTION test_fault_finish() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+    " IF EXISTS (SELECT 1 FROM test_fault) THEN RAISE EXCEPTION 'test fault: finishes fail';"
+    " END IF; RETURN NEW; END $$",
+    "CREATE TRIGGER test_fault_finish BEFORE UPDATE OF state ON orbit_attempts FOR EACH ROW"
+    " WHEN (OLD.state = 'running' AND NEW.state IN ('succeeded', 'failed'))"
+    " EXECUTE FUNCTION test_fault_finish()",
+]
+
+
+def _sql(db_url: str, statements: list[str]) -> None:
+    """Run ``statements`` on a connection of the test's own, beside the server's."""
+    path = sqlite_path(db_url)
+    if path is None:
+        with psycopg.connect(db_url, autocommit=True) as cx:
+            for sql in statements:
+                cx.execute(sql)
+        return
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None, timeout=10)) as cx:
+        for sql in statements:
+            cx.execute(sql)
+
+
+class _OnInternal(logging.Handler):
+    """Calls ``then`` once the worker has logged a finish answered INTERNAL for each of
+    ``attempts`` (filled in as the handlers run)."""
+
+    def __init__(self, attempts: set[str], n: int, then: Callable[[], None]) -> None:
+        super().__init__(logging.WARNING)
+        self.attempts, self.n, self.then = attempts, n, then
+        self.seen: set[str] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if "INTERNAL" not in text or len(self.seen) == self.n:
+            return
+        self.seen |= {a for a in self.attempts if a in text}
+        if len(self.seen) == self.n:
+            self.then()
+
+
+def test_a_finish_answered_internal_is_sent_again_while_the_lease_lasts(
+    fast: Node,
+    tokens: Tokens,
+    api: httpx.Client,
+    db_url: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The server could not commit the finishes (its database failed them: INTERNAL).
+    They were logged and dropped, their attempts forgotten, their leases left to run out,
+    and tasks that are not retry_safe went to needs_review although their handlers had
+    finished. The runner now keeps renewing and sends the same outcomes again: once the
+    database takes them, each is committed once, every handler having run once."""
+    n = 3
+    _sql(db_url, _FAULT_POSTGRES if sqlite_path(db_url) is None else _FAULT_SQLITE)
+    attempts: set[str] = set()
+    watcher = _OnInternal(attempts, n, lambda: _sql(db_url, ["DELETE FROM test_fault"]))
+    caplog.set_level(logging.INFO, logger="orbit.worker")
+    logging.getLogger("orbit.worker").addHandler(watcher)
+    worker = Worker(fast.http, tokens.worker, concurrency=n)
+    everyone = asyncio.Event()
+
+    @worker.handler("once")
+    async def once(ctx: Context, payload: Any) -> Any:
+        attempts.add(ctx.attempt_id)
+        if len(attempts) == n:
+            everyone.set()
+        await asyncio.wait_for(everyone.wait(), 20)
+        return {"task": ctx.task_id}
+
+    tids = [submit(api, "once", retry_safe=False) for _ in range(n)]
+    ended = {"succeeded", "failed", "needs_review", "cancelled"}
+
+    def over() -> bool:
+        return all(api.get(f"/v1/tasks/{t}").json()["state"] in ended for t in tids)
+
+    try:
+        asyncio.run(run_until(worker, over))
+    finally:
+        logging.getLogger("orbit.worker").removeHandler(watcher)
+    assert watcher.seen == attempts and len(attempts) == n  # each finish failed at least once
+    assert "test fault: finishes fail" in fast.log_text()
+    for tid in tids:
+        task = api.get(f"/v1/tasks/{tid}").json()
+        assert task["state"] == "succeeded" and task["result"] == {"task": tid}, task
+        assert task["result_version"] == "1" and task["attempts_used"] == 1
+        events = api.get(f"/v1/tasks/{tid}/events").json()["items"]
+        assert [e["kind"] for e in events].count("succeeded") == 1
+    resent = [m for m in caplog.messages if "sending it again" in m]
+    assert {a for a in attempts if any(a in m for m in resent)} == attempts

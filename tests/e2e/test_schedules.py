@@ -194,7 +194,7 @@ def test_a_submit_may_not_take_a_schedules_key(
         before = _events(admin)
         for path, body, field in (
             ("/v1/tasks", task, "idempotency_key"),
-            ("/v1/tasks/batch", {"tasks": [task]}, "tasks.0.idempotency_key"),  # names the task
+            ("/v1/tasks/batch", {"tasks": [task]}, "tasks[0].idempotency_key"),  # names the task
         ):
             refused = submitter.post(path, json=body)
             assert refused.status_code == 400, (path, refused.text)

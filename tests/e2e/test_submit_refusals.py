@@ -1,5 +1,5 @@
 """A refused submit's HTTP answer, through a real server on both backends: a batch's
-refusal names its task (``field`` ``tasks.<index>.<field>``, leading the message too)
+refusal names its task (``field`` ``tasks[<index>].<field>``, leading the message too)
 whichever way the batch is read (the one-pass reader's chunks, or the strict decoder),
 a single submit's names its field, and an idempotency key reused for another handler
 is a 409, not the other task. Nothing is written by any of them."""
@@ -46,7 +46,7 @@ def test_a_refused_batch_names_its_task(admin: httpx.Client, size: int) -> None:
             headers={"content-type": "application/json"},
         )
         error = reply.json().get("error") or {}
-        where = f"tasks.{size - 1}.{field}"
+        where = f"tasks[{size - 1}].{field}"
         got = (reply.status_code, error.get("code"), error.get("field"))
         if got != (status, code, where) or not error["message"].startswith(f"{where}: "):
             wrong.append((bad, reply.text[:200]))
@@ -87,7 +87,7 @@ def test_a_key_reused_for_another_handler_is_a_conflict(admin: httpx.Client) -> 
         assert reply.status_code == 409, reply.text
         error = reply.json()["error"]
         assert error["code"] == "IDEMPOTENCY_CONFLICT", error
-        assert error["field"] == (field or "tasks.1.idempotency_key"), error
+        assert error["field"] == (field or "tasks[1].idempotency_key"), error
         assert f"already names task {tid}, submitted with handler 'x', not 'y'" in error["message"]
     assert [t["id"] for t in admin.get("/v1/tasks").json()["items"]] == [tid]
     assert admin.get("/v1/events").json()["items"] == events  # nothing written

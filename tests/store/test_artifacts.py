@@ -150,11 +150,12 @@ def _expiring_in_ten_seconds(run: Running) -> str:
 
 
 def test_the_reaper_expires_artifacts(store: Store, clock: ManualClock) -> None:
+    """Deleted once the grace after its expiry has passed (``artifact_grace_us``)."""
     run = _running(store)
     artifact_id = _expiring_in_ten_seconds(run)
     clock.advance(9)
     assert store.reap().artifacts_expired == 0
-    clock.advance(2)
+    clock.advance(2 + store.config.artifact_grace_us / SECOND)
     assert store.reap().artifacts_expired == 1
     assert store.artifact_list(run.task_id) == []
     assert list(store.artifact_chunks(artifact_id)) == []
@@ -177,14 +178,70 @@ def test_an_artifact_is_kept_for_its_ttl_from_its_commit(store: Store, clock: Ma
     made = run.commit(upload, b"xy")
     assert made.expires_at == clock.now + 2 * SECOND
     assert store.artifact_get(upload).expires_at == made.expires_at
-    assert store.reap_due_in() == pytest.approx(2)  # the artifact's expiry, now
+    grace = store.config.artifact_grace_us / SECOND
+    # the run lease's still: the artifact is due at its expiry's grace, 2 + 600 s on
+    assert store.reap_due_in() == pytest.approx(27)
     clock.advance(1.5)
     assert [x.id for x in store.artifact_list(run.task_id)] == [upload]
     assert store.reap().artifacts_expired == 0
     clock.advance(0.5)
+    assert store.artifact_list(run.task_id) == []  # gone for readers from its expiry
+    clock.advance(grace)
     assert store.reap().artifacts_expired == 1
     assert list(store.artifact_chunks(upload)) == []
     assert check_all(store) == []
+
+
+def test_a_download_begun_before_the_expiry_reads_on_to_its_end(
+    make_store: Callable[..., Store], clock: ManualClock
+) -> None:
+    """A 40 MB download, its artifact expiring 3.5 s into it: the reaper's pass deleted
+    the chunks under it, and the body stopped at 4.4 MB. The reaper now leaves an expired
+    artifact's bytes for ``artifact_grace_us`` (10 minutes by default), while every read
+    treats it as gone from its expiry (no download starts, it is not listed, its
+    metadata is 404), and only then deletes it. The reaper sleeps through the grace too:
+    its next due instant is the grace's end, not the expiry it has passed."""
+    assert StoreConfig().artifact_grace_us == 10 * 60 * SECOND
+    day = 24 * 3600 * SECOND  # a session that outlives the grace: the artifact is due first
+    store = make_store(clock=clock, config=StoreConfig(session_ttl_us=day))
+    grace = store.config.artifact_grace_us / SECOND
+    run = _running(store)
+    chunks = [bytes([i]) * 1000 for i in range(4)]
+    upload = run.begin("big.bin", ttl_us=2 * SECOND)
+    for seq, chunk in enumerate(chunks):
+        store.artifact_write(upload, seq, chunk)
+    run.commit(upload, b"".join(chunks))
+    run.finish()
+    reading = store.artifact_chunks(upload)
+    assert next(reading) == chunks[0]  # a download has started
+    clock.advance(2)  # the artifact expires
+    assert store.artifact_list(run.task_id) == []
+    with pytest.raises(OrbitError) as err:
+        store.artifact_get(upload)  # no download starts now
+    assert err.value.code == Code.ARTIFACT_NOT_FOUND
+    assert store.reap().artifacts_expired == 0
+    assert store.reap_due_in() == pytest.approx(grace)
+    assert next(reading) == chunks[1]
+    clock.advance(grace - 0.001)
+    assert store.reap().artifacts_expired == 0
+    assert list(reading) == chunks[2:]  # whole, however the reaper ran meanwhile
+    clock.advance(0.001)
+    assert store.reap().artifacts_expired == 1
+    assert list(store.artifact_chunks(upload)) == []
+    assert check_all(store) == []
+
+
+def test_the_grace_is_the_stores_to_set(
+    make_store: Callable[..., Store], clock: ManualClock
+) -> None:
+    """``artifact_grace_us`` is a setting: 0 deletes an artifact at its expiry."""
+    store = make_store(clock=clock, config=StoreConfig(artifact_grace_us=0))
+    run = _running(store)
+    artifact_id = _expiring_in_ten_seconds(run)
+    assert store.reap_due_in() == pytest.approx(10)
+    clock.advance(10)
+    assert store.reap().artifacts_expired == 1
+    assert list(store.artifact_chunks(artifact_id)) == []
 
 
 @pytest.mark.parametrize(
@@ -204,6 +261,47 @@ def test_bad_upload_options(store: Store, kw: dict[str, object], code: Code) -> 
         run.begin(**args)  # type: ignore[arg-type]
     assert err.value.code == code
     assert len(store.event_list()) == before
+
+
+@pytest.mark.parametrize(
+    ("content_type", "says"),
+    [
+        ("a/" + "b" * 250, "content_type must be 3 to 200 characters long; got 252"),
+        ("a/", "content_type must be 3 to 200 characters long; got 2"),
+        ("png", "content_type must look like type/subtype"),
+        ("text/plain; name=日本", "Latin-1 characters (what an HTTP header carries); got '日'"),
+        ("text/plain\x01", r"got '\x01'"),
+        ("text/pl\x7fain", r"got '\x7f'"),
+    ],
+)
+def test_a_content_type_is_refused_naming_the_rule_it_breaks(
+    store: Store, content_type: str, says: str
+) -> None:
+    """A 252-character type was refused as not looking like type/subtype, which it did:
+    the message names the limit now, and every other rule by what broke it. Refused
+    before anything is written."""
+    run = _running(store)
+    before = len(store.event_list())
+    with pytest.raises(OrbitError) as err:
+        run.begin("x.bin", content_type)
+    assert err.value.code == Code.INVALID_ARGUMENT
+    assert says in err.value.message
+    assert len(store.event_list()) == before
+    upload = run.begin("x.bin", "a/b")  # the name was not taken by the refusal
+    run.commit(upload, b"")
+    assert [a.name for a in store.artifact_list(run.task_id)] == ["x.bin"]
+
+
+@pytest.mark.parametrize(
+    "content_type", ["a/" + "b" * 198, "text/plain; name=\xe9", "text/plain;\tq=1", "a/b"]
+)
+def test_a_content_type_an_http_header_carries_is_kept_as_given(
+    store: Store, content_type: str
+) -> None:
+    """The bounds themselves, a Latin-1 parameter and a tab: what the server takes."""
+    run = _running(store)
+    upload = run.begin("x.bin", content_type)
+    assert run.commit(upload, b"").content_type == content_type
 
 
 def test_a_cancel_refuses_new_artifacts_and_hides_the_attempts_own(store: Store) -> None:

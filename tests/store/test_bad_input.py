@@ -147,10 +147,10 @@ def test_idempotency_conflict(store: Store) -> None:
     assert f"already names task {tid}" in err.message, err.message
     twice = [TaskSpec(queue="q", handler="h", payload=n, idempotency_key="k2") for n in (1, 2)]
     err = _rejects(store, Code.IDEMPOTENCY_CONFLICT, lambda: store.task_submit_many(twice))
-    # the message leads with the second task's field (tasks.1...), and names no task id
-    said = err.message.removeprefix("tasks.1.idempotency_key: ")
+    # the message leads with the second task's field (tasks[1]...), and names no task id
+    said = err.message.removeprefix("tasks[1].idempotency_key: ")
     assert "given twice in this batch" in said and "task" not in said, err.message
-    assert err.field == "tasks.1.idempotency_key"
+    assert err.field == "tasks[1].idempotency_key"
 
 
 def test_one_bad_task_rejects_the_whole_batch(store: Store) -> None:

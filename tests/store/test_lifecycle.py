@@ -529,6 +529,35 @@ def test_capacity_updates_are_absolute_and_sequenced(store: Store) -> None:
     assert len(store.attempt_claim_many(s.id, s.epoch, 10)) == 2
 
 
+def test_capacity_seq_zero_is_stale_and_leaves_its_event(store: Store) -> None:
+    """A new session's seq is 0, so a capacity update with seq 0 is not newer: it was
+    refused INVALID_ARGUMENT before the transaction, without the event every refused
+    capacity update leaves. It is STALE_CAPACITY, with its event, and changes nothing;
+    a negative seq (no counter the wire can carry) is still refused before."""
+    s, _ = worker(store, handlers={"h": 10}, max_concurrency=10)
+    before = store.session_get(s.id)
+    events = len(store.event_list())
+    with pytest.raises(Rejected) as err:
+        store.session_capacity_set(
+            s.id, s.epoch, seq=0, capabilities=[Capability("h", 2)], max_concurrency=2
+        )
+    assert err.value.code == Code.STALE_CAPACITY
+    assert store.session_get(s.id) == before
+    [event] = store.event_list()[events:]
+    assert (event["kind"], event["code"], event["session_id"]) == (
+        "rejected",
+        "STALE_CAPACITY",
+        s.id,
+    )
+    with pytest.raises(OrbitError) as bad:
+        store.session_capacity_set(
+            s.id, s.epoch, seq=-1, capabilities=[Capability("h", 2)], max_concurrency=2
+        )
+    assert bad.value.code == Code.INVALID_ARGUMENT
+    assert store.session_get(s.id) == before
+    assert len(store.event_list()) == events + 1
+
+
 def test_drain_is_durable_and_stops_claims(make_store: object, clock: ManualClock) -> None:
     store: Store = make_store(clock=clock)  # type: ignore[operator]
     queue(store)

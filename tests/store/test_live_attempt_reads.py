@@ -57,7 +57,7 @@ def test_each_read_of_the_live_attempts_walks_their_index(busy_store: Store) -> 
     session = "01a229a4-0000-7000-8000-000000000000"
     reads: dict[str, dict[str, Any]] = {
         "reap_candidates": {"now": 0, "limit": 100},
-        "reap_next_due": {},
+        "reap_next_due": {"artifact_grace": 0},
         "attempt_claimed_for_session": {"session_id": session},
         "attempt_cancelling_for_sessions": {"session_ids": [session]},
     }

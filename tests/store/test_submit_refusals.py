@@ -1,5 +1,5 @@
 """What a refused submit says, on both backends: a batch's refusal names the task it is
-about (``tasks.<index>.<field>``, the decoder's spelling, also leading the message) and
+about (``tasks[<index>].<field>``, the decoder's spelling, also leading the message) and
 a single submit's names the field; an idempotency key reused for another job (another
 handler or parent) is a conflict, not the other task; and a task that ran and then
 reached its deadline waiting for a retry says so, keeping its last attempt's error."""
@@ -64,11 +64,11 @@ def test_a_refused_batch_names_its_task_and_a_single_submit_its_field(
     queue(store)
     wrong = replace(GOOD, **bad(clock.now))
     err = _refused(store, lambda: store.task_submit_many([GOOD, GOOD, wrong, GOOD]))
-    assert (err.code, err.field) == (code, f"tasks.2.{field}"), err
-    assert err.message.startswith(f"tasks.2.{field}: "), err.message
+    assert (err.code, err.field) == (code, f"tasks[2].{field}"), err
+    assert err.message.startswith(f"tasks[2].{field}: "), err.message
     err = _refused(store, lambda: store.task_submit(wrong))
     assert (err.code, err.field) == (code, field), err
-    assert not err.message.startswith("tasks."), err.message
+    assert not err.message.startswith("tasks"), err.message
 
 
 def test_a_lazy_batch_names_its_late_task(store: Store) -> None:
@@ -90,8 +90,8 @@ def test_a_lazy_batch_names_its_late_task(store: Store) -> None:
         batch = UsualBatch.of({"tasks": tasks})
         assert batch is not None
         err = _refused(store, lambda b=batch: store.task_submit_rendered(b, lambda d: d))
-        assert (err.code, err.field) == (code, f"tasks.{late}.{field}"), err
-        assert err.message.startswith(f"tasks.{late}.{field}: "), err.message
+        assert (err.code, err.field) == (code, f"tasks[{late}].{field}"), err
+        assert err.message.startswith(f"tasks[{late}].{field}: "), err.message
 
 
 def test_a_batch_names_the_task_that_reuses_a_key(store: Store) -> None:
@@ -99,7 +99,7 @@ def test_a_batch_names_the_task_that_reuses_a_key(store: Store) -> None:
     submit(store, payload=1, idempotency_key="k")
     clash = TaskSpec(queue="q", handler="h", payload=2, idempotency_key="k")
     err = _refused(store, lambda: store.task_submit_many([GOOD, clash]))
-    assert (err.code, err.field) == (Code.IDEMPOTENCY_CONFLICT, "tasks.1.idempotency_key")
+    assert (err.code, err.field) == (Code.IDEMPOTENCY_CONFLICT, "tasks[1].idempotency_key")
     err = _refused(store, lambda: store.task_submit(clash))
     assert (err.code, err.field) == (Code.IDEMPOTENCY_CONFLICT, "idempotency_key")
 
@@ -122,7 +122,7 @@ def test_a_key_reused_for_another_handler_or_parent_is_a_conflict(store: Store) 
         assert f"already names task {first.task.id}, submitted with {said}" in err.message
     twice = [TaskSpec(queue="q", handler=h, payload=1, idempotency_key="k2") for h in ("a", "b")]
     err = _refused(store, lambda: store.task_submit_many(twice))
-    assert err.code == Code.IDEMPOTENCY_CONFLICT and err.field == "tasks.1.idempotency_key"
+    assert err.code == Code.IDEMPOTENCY_CONFLICT and err.field == "tasks[1].idempotency_key"
     assert "given twice in this batch, with handlers 'a' and 'b'" in err.message, err.message
     assert store.task_get(first.task.id).payload_digest == digest  # the digest is unchanged
 

@@ -175,6 +175,10 @@ def test_the_usual_batches_are_read_without_the_strict_path() -> None:
         (lambda m: m["items"][0].update(status="ok"), "UNKNOWN_FIELD"),
         (lambda m: m["items"][0].update(attempt_id="a\x00"), "NUL_CHARACTER"),
         (lambda m: m["items"][0]["outcome"].update(error={"code": "E"}), "INVALID_ARGUMENT"),
+        (
+            lambda m: m["items"][0]["outcome"].update(ok=False, result=1, error={"code": "E"}),
+            "INVALID_ARGUMENT",
+        ),
         (lambda m: m["items"][0]["outcome"].update(result=_deep(MAX_DEPTH)), "TOO_DEEP"),
         (lambda m: m.update(items=[]), "INVALID_VALUE"),
     ],

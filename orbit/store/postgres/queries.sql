@@ -587,7 +587,8 @@ LIMIT :limit;
 -- name: reap_next_due
 -- The soonest instant a reaper pass has work, or NULL when nothing is pending: a claim or
 -- a lease running out, a live task's deadline, a scheduled task falling due, a live
--- session or a committed artifact expiring (the live attempts' soonest expiry, walked as
+-- session or a committed artifact's grace after its expiry running out (:artifact_grace,
+-- StoreConfig.artifact_grace_us; the live attempts' soonest expiry, walked as
 -- reap_candidates walks them, and each other the head of its partial index, read as
 -- reap_candidates, session_expired_select and artifact_expired_delete read them).
 SELECT min(due) AS due FROM (
@@ -602,7 +603,8 @@ SELECT min(due) AS due FROM (
     UNION ALL
     SELECT min(expires_at) FROM orbit_sessions WHERE state = 'live'
     UNION ALL
-    SELECT min(expires_at) FROM orbit_artifacts WHERE state = 'ready'
+    SELECT min(expires_at) + CAST(:artifact_grace AS bigint) FROM orbit_artifacts
+    WHERE state = 'ready'
 ) AS heads;
 
 -- name: token_insert
@@ -735,9 +737,13 @@ RETURNING id;
 
 -- name: artifact_expired_delete
 -- Committed artifacts only: an upload's TTL counts from its commit, and one still
--- uploading is dropped once its attempt has ended (artifact_abandoned_delete).
+-- uploading is dropped once its attempt has ended (artifact_abandoned_delete). Those that
+-- expired by :expired_before, the store's now less StoreConfig.artifact_grace_us: every
+-- read treats an artifact as gone from its expiry, and a download begun before it reads
+-- its chunks on meanwhile (a delete under it cut its body short).
 DELETE FROM orbit_artifacts
-WHERE id IN (SELECT id FROM orbit_artifacts WHERE state = 'ready' AND expires_at <= :now
+WHERE id IN (SELECT id FROM orbit_artifacts WHERE state = 'ready'
+               AND expires_at <= :expired_before
              ORDER BY expires_at LIMIT :limit FOR UPDATE SKIP LOCKED)
 RETURNING id;
 
