@@ -13,7 +13,7 @@ import pytest
 from orbit.core.validate import MAX_ARTIFACT_TTL_S
 from orbit.server.artifacts import MAX_TTL_S
 from orbit.worker.runner import Context, Worker
-from tests.e2e.servers import Node, Tokens
+from tests.e2e.servers import Node, Tokens, run_until_finished
 
 #: What each bad option raised before: 1.5 was kept 1 s, True taken as 1, "10" as 10 s,
 #: 0.5 came back as the server's word on a header the handler never set, and a content
@@ -43,15 +43,7 @@ def _run(node: Node, tokens: Tokens, handler: Any) -> Any:
     worker.handler("h")(handler)
     tid = api.post("/v1/tasks", json={"queue": "q", "handler": "h"}).json()["task"]["id"]
 
-    async def run() -> None:
-        running = asyncio.create_task(worker.arun())
-        while worker.finished < 1:
-            assert not running.done(), running.exception()
-            await asyncio.sleep(0.02)
-        worker.stop()
-        await running
-
-    asyncio.run(run())
+    asyncio.run(run_until_finished(worker, 1))
     task = api.get(f"/v1/tasks/{tid}").json()
     assert task["state"] == "succeeded", task
     listed = api.get(f"/v1/tasks/{tid}/artifacts").json()["items"]
