@@ -380,12 +380,17 @@ def each_query_once(request: HTTPConnection) -> None:
     ``GET /v1/tasks?status=failed`` was answered with the whole list, a page that looked
     filtered. An event stream (``…/stream``) still ignores the others: a browser's
     EventSource polyfill may add its own."""
-    for name in request.query_params:
-        if len(request.query_params.getlist(name)) > 1:
-            raise ApiError(400, "INVALID_ARGUMENT", f"{name}: give it once", name)
+    _each_once(request)
     route = request.scope.get("route")
     if isinstance(route, APIRoute) and not route.path.endswith("/stream"):
         _known_queries_only(request, _route_queries(route), "list")
+
+
+def _each_once(request: HTTPConnection) -> None:
+    """Refuse a query parameter given more than once: each takes one value."""
+    for name in request.query_params:
+        if len(request.query_params.getlist(name)) > 1:
+            raise ApiError(400, "INVALID_ARGUMENT", f"{name}: give it once", name)
 
 
 def _route_queries(route: APIRoute) -> set[str]:
@@ -417,9 +422,7 @@ def only_queries(request: Request, known: Iterable[str]) -> None:
     on their direct path, ``orbit.server.direct``)."""
     if not request.scope.get("query_string"):
         return
-    for name in request.query_params:
-        if len(request.query_params.getlist(name)) > 1:
-            raise ApiError(400, "INVALID_ARGUMENT", f"{name}: give it once", name)
+    _each_once(request)
     _known_queries_only(request, known, "action")
 
 

@@ -59,6 +59,7 @@ from websockets.exceptions import InvalidStatus
 
 from orbit import aio
 from orbit.aio import stop_tasks
+from orbit.client._errors import retry_after_seconds
 from orbit.core.errors import Code, OrbitError
 from orbit.core.model import parse_json
 from orbit.core.validate import (
@@ -1915,10 +1916,7 @@ def _retry_after(exc: Exception) -> float | None:
     if exc.response.status_code not in RETRY_AFTER_STATUSES:
         return None
     values = exc.response.headers.get_all("Retry-After")
-    if len(values) != 1:
-        return None
-    value = values[0].strip()
-    return float(value) if value.isascii() and value.isdigit() else None
+    return retry_after_seconds(values[0]) if len(values) == 1 else None
 
 
 async def _close_quietly(conn: WorkerConnection | None) -> None:
