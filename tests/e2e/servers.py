@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
@@ -19,7 +18,6 @@ import httpx
 
 from orbit.cli.listening import announced_port
 from orbit.store import open_store
-from orbit.worker.runner import Worker
 from tests.pg import as_url, temporary_database
 
 
@@ -138,15 +136,3 @@ def start_server(
             node.stop()
             raise RuntimeError(f"server did not come up:\n{node.log_text()}")
         time.sleep(0.05)
-
-
-async def run_until_finished(worker: Worker, finished: int) -> None:
-    """Run ``worker`` until it has finished ``finished`` attempts, then stop it and wait
-    for its run to end; its run's error, if it ends first, fails the test. Polled: the
-    worker sets no event per finish, and the count is read on this loop's thread."""
-    running = asyncio.create_task(worker.arun())
-    while worker.finished < finished:
-        assert not running.done(), running.exception()
-        await asyncio.sleep(0.02)
-    worker.stop()
-    await running

@@ -13,7 +13,8 @@ import pytest
 from orbit.core.validate import MAX_ARTIFACT_TTL_S
 from orbit.server.artifacts import MAX_TTL_S
 from orbit.worker.runner import Context, Worker
-from tests.e2e.servers import Node, Tokens, run_until_finished
+from tests.e2e.servers import Node, Tokens
+from tests.e2e.test_runner import run_until
 
 #: What each bad option raised before: 1.5 was kept 1 s, True taken as 1, "10" as 10 s,
 #: 0.5 came back as the server's word on a header the handler never set, and a content
@@ -43,7 +44,7 @@ def _run(node: Node, tokens: Tokens, handler: Any) -> Any:
     worker.handler("h")(handler)
     tid = api.post("/v1/tasks", json={"queue": "q", "handler": "h"}).json()["task"]["id"]
 
-    asyncio.run(run_until_finished(worker, 1))
+    asyncio.run(run_until(worker, lambda: worker.finished >= 1))
     task = api.get(f"/v1/tasks/{tid}").json()
     assert task["state"] == "succeeded", task
     listed = api.get(f"/v1/tasks/{tid}/artifacts").json()["items"]

@@ -21,7 +21,7 @@ from orbit import Client
 from orbit.worker import ServerError, WorkerConnection
 from orbit.worker import runner as runner_module
 from orbit.worker.runner import Context, Worker
-from tests.e2e.servers import Node, Tokens, run_until_finished
+from tests.e2e.servers import Node, Tokens
 from tests.e2e.test_runner import run_until
 
 LIMIT = 2_000_000
@@ -77,7 +77,7 @@ def test_handler_uploads_and_client_downloads(small: Node, tokens: Tokens, tmp_p
     tid = api.post("/v1/tasks", json={"queue": "q", "handler": "shoot"}).json()["task"]["id"]
     sid = api.post("/v1/tasks", json={"queue": "q", "handler": "sync"}).json()["task"]["id"]
 
-    asyncio.run(run_until_finished(worker, 2))
+    asyncio.run(run_until(worker, lambda: worker.finished >= 2))
     result = api.get(f"/v1/tasks/{tid}").json()["result"]
     listed = {a["name"]: a for a in api.get(f"/v1/tasks/{tid}/artifacts").json()["items"]}
     assert set(listed) == {"shot.png", "report.zip"}  # the refused upload left nothing
@@ -204,7 +204,7 @@ def test_async_client_downloads_as_the_sync_one_does(small: Node, tokens: Tokens
     tid = api.post("/v1/tasks", json={"queue": "q", "handler": "shoot"}).json()["task"]["id"]
 
     async def run() -> tuple[bytes, bytes, list[str]]:
-        await run_until_finished(worker, 1)
+        await run_until(worker, lambda: worker.finished >= 1)
         artifact_id = api.get(f"/v1/tasks/{tid}").json()["result"]
         codes = []
         async with AsyncClient(small.http, tokens.submit) as client:
