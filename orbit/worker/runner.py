@@ -59,7 +59,6 @@ from websockets.exceptions import InvalidStatus
 
 from orbit import aio
 from orbit.aio import stop_tasks
-from orbit.client._errors import retry_after_seconds
 from orbit.core.errors import Code, OrbitError
 from orbit.core.model import parse_json
 from orbit.core.validate import (
@@ -1915,8 +1914,13 @@ def _retry_after(exc: Exception) -> float | None:
         return None
     if exc.response.status_code not in RETRY_AFTER_STATUSES:
         return None
+    # Read here, not with the client's retry_after_seconds: a worker process imports
+    # neither the HTTP client nor httpx (tests/unit/test_public_api.py).
     values = exc.response.headers.get_all("Retry-After")
-    return retry_after_seconds(values[0]) if len(values) == 1 else None
+    if len(values) != 1:
+        return None
+    value = values[0].strip()
+    return float(value) if value.isascii() and value.isdigit() else None
 
 
 async def _close_quietly(conn: WorkerConnection | None) -> None:
