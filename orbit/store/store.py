@@ -1364,6 +1364,11 @@ class Store:
                         Code.QUEUE_NOT_FOUND, f"no queue named {q!r:.80}", field="queue"
                     )
                     raise naming("queue", q, missing)
+            if len(keys) > 1:
+                # Two batches sharing keys in different orders each held a key the other
+                # was inserting next, and PostgreSQL aborted one as a deadlock, 1 s later,
+                # five times over (500 INTERNAL): every key's lock first, in one order.
+                tx.fetch("idempotency_lock", keys=[str(k) for k in sorted(map(key_lock, keys))])
             # The tasks each idempotency key already names: the database's, then this
             # batch's own as they are made. A spec whose key names a task makes nothing,
             # so its deadline is not checked: a client retrying a submit after its
@@ -2902,6 +2907,8 @@ def _int_or_none(value: Any) -> int | None:
 #: The advisory lock key's high bits for each kind of capped scope (``depth_key``): above
 #: 2^32, apart from the small constants the claim and migration locks use.
 _DEPTH_LOCK_KIND = {"queue": 7270602, "tenant": 7270603}
+#: The high bits of an idempotency key's advisory lock (``key_lock``).
+_KEY_LOCK_KIND = 7270604
 
 #: The longest ``Retry-After`` a full queue or tenant is answered with, in seconds.
 MAX_RETRY_AFTER = 60
@@ -2967,6 +2974,14 @@ def depth_key(kind: str, name: str) -> int:
     """The advisory lock key (``depth_lock``) of a capped queue or tenant: its kind in the
     high 32 bits, a CRC-32 of its name in the low ones."""
     return (_DEPTH_LOCK_KIND[kind] << 32) | zlib.crc32(name.encode("utf-8"))
+
+
+def key_lock(key: tuple[str, str, str]) -> int:
+    """The advisory lock key (``idempotency_lock``) of a ``(tenant, queue, key)``: its
+    kind in the high 32 bits, a CRC-32 of the three in the low ones. Two keys sharing
+    one only wait for each other more."""
+    joined = "\0".join(key).encode("utf-8")
+    return (_KEY_LOCK_KIND << 32) | zlib.crc32(joined)
 
 
 def retry_after(adding: int, rate: float | None, *, paused: bool = False) -> int:

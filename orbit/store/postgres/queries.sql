@@ -138,6 +138,18 @@ SELECT count(pg_advisory_xact_lock(k)) AS locked FROM (
     SELECT CAST(k AS bigint) AS k FROM unnest(CAST(:keys AS text[])) AS u(k)
     ORDER BY 1 OFFSET 0) AS s;
 
+-- name: idempotency_lock
+-- Serialises, cluster-wide, the batches that share idempotency keys (Store.submit_many):
+-- one transaction-scoped advisory lock per key (orbit.store.store.key_lock), taken in
+-- the order of the keys, before the batch reads which keys name tasks. Without it two
+-- batches listing shared keys in different orders each inserted a key the other then
+-- waited on (ON CONFLICT waits for the row's inserter), a cycle PostgreSQL broke as a
+-- deadlock a second later. Its own statement, before the read of the keys' tasks, which
+-- then sees the tasks of the batch it waited for.
+SELECT count(pg_advisory_xact_lock(k)) AS locked FROM (
+    SELECT CAST(k AS bigint) AS k FROM unnest(CAST(:keys AS text[])) AS u(k)
+    ORDER BY 1 OFFSET 0) AS s;
+
 -- name: queue_depth
 -- A queue's max_queued as it is now and its waiting tasks (queued or scheduled), counted
 -- up to the first that leaves no room for :adding more. The tasks are read through

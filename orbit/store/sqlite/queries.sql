@@ -124,6 +124,10 @@ SELECT int_value FROM orbit_settings WHERE name = :name;
 -- SQLite has one writer: BEGIN IMMEDIATE serialises the submits already.
 SELECT 1 AS locked;
 
+-- name: idempotency_lock
+-- SQLite has one writer: BEGIN IMMEDIATE serialises the submits already.
+SELECT 1 AS locked;
+
 -- name: queue_depth
 -- A queue's max_queued as it is now and its waiting tasks (queued or scheduled), counted
 -- up to the first that leaves no room for :adding more. The tasks are read through
