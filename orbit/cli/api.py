@@ -681,7 +681,13 @@ def task_submit(
             waited = 3600.0 if wait_timeout is None else wait_timeout
             _wait(c, task["id"], waited, as_json, seen=task)
             return
-        emit(task, as_json, lambda t: _tasks_table([t]))
+        # Whether this submit made the task or its --key named one made before: the
+        # same view either way, and a resubmit said nothing of it.
+        created = bool(getattr(task, "created", True))
+        view = {**task, "created": created} if as_json else task
+        emit(view, as_json, lambda t: _tasks_table([t]))
+        if not created and not as_json:
+            err.print(f"--key {key} names this existing task: nothing new was submitted")
 
 
 @task_app.command("ls")

@@ -2312,3 +2312,25 @@ def test_submit_wait_and_wait_print_the_task_as_json_when_they_time_out(orbit: R
     assert again["id"] == task["id"] and again.keys() == task.keys(), again
     people = orbit("task", "wait", task["id"], "--timeout", "0.5")  # a table is for ended ones
     assert people.returncode == 5 and people.stdout == "", people.stdout
+
+
+def test_task_submit_says_whether_its_key_named_an_existing_task(orbit: Run) -> None:
+    """A resubmit under the same ``--key`` printed the same table and the same JSON as
+    the submit that made the task: ``--json`` now carries ``created``, and the table is
+    followed by a line on stderr saying nothing new was submitted."""
+    ok(orbit("queue", "create", "keyed", "--max-concurrency", "1", "--rate", "0"))
+    first = orbit("task", "submit", "keyed", "h", "--key", "k-1", "--json")
+    ok(first)
+    made = json.loads(first.stdout)
+    assert made["created"] is True, made
+    again = orbit("task", "submit", "keyed", "h", "--key", "k-1", "--json")
+    ok(again)
+    found = json.loads(again.stdout)
+    assert found["created"] is False and found["id"] == made["id"], found
+    table = orbit("task", "submit", "keyed", "h", "--key", "k-1")
+    ok(table)
+    assert made["id"] in table.stdout, table.stdout
+    assert "names this existing task" in table.stderr, table.stderr
+    fresh = orbit("task", "submit", "keyed", "h", "--key", "k-2")
+    ok(fresh)
+    assert fresh.stderr == "", fresh.stderr
