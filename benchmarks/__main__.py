@@ -7,6 +7,7 @@ into docs/benchmarks.md. See ``python -m benchmarks --help``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -38,7 +39,45 @@ with --systems/--workloads/--runs while iterating. Method: docs/benchmarks.md.
 
 
 def _csv(text: str) -> list[str]:
+    """The names in a comma-separated list (empty and repeated ones are refused later,
+    by ``harness.entries`` and ``harness.workload_names``)."""
     return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _check_run(run: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, before anything starts, what would fail or mislead later: an unknown,
+    repeated or empty system or workload list, and an --out the run cannot use."""
+    for check, names in ((harness.entries, args.systems), (harness.workload_names, args.workloads)):
+        try:
+            check(names)
+        except ValueError as exc:
+            run.error(str(exc))
+    if args.out is not None:
+        problem = _out_problem(args.out)
+        if problem:
+            run.error(f"--out {args.out}: {problem}")
+
+
+def _out_problem(out: Path) -> str | None:
+    """Why ``out`` cannot take a new run, or None (nothing is created here)."""
+    if out.exists() and not out.is_dir():
+        return "not a directory"
+    if any((out / "runs").glob("*.json")):
+        # the summary aggregates every file there: never mix two invocations
+        return "already holds runs; choose a new directory"
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be at least 0")
+    return value
 
 
 def _positive(text: str) -> int:
@@ -74,7 +113,8 @@ def parser() -> argparse.ArgumentParser:
         "--scale",
         choices=sorted(SCALES),
         default="full",
-        help="job counts: full (20,000 jobs…; default) or smoke (a few dozen)",
+        help="job counts: full (20,000 jobs…; default), session (the same workloads with "
+        "fewer jobs: about 45 minutes for eight systems and 5 runs) or smoke (a few dozen)",
     )
     run.add_argument(
         "--out", type=Path, help="a new output directory (default benchmarks/results/<UTC time>)"
@@ -90,7 +130,10 @@ def parser() -> argparse.ArgumentParser:
         help="Redis, without a db number ($BENCH_REDIS_URL, or %(default)s)",
     )
     run.add_argument(
-        "--redis-db-base", type=int, default=1, help="first Redis db number handed out (1)"
+        "--redis-db-base",
+        type=_non_negative,
+        default=1,
+        help="first Redis db number handed out (1)",
     )
     run.add_argument(
         "--no-physical", action="store_true", help="skip the pgbench physical-limit measurement"
@@ -112,10 +155,13 @@ def parser() -> argparse.ArgumentParser:
         help="where to copy the summary the docs were built from (benchmarks/results/latest)",
     )
     rep.add_argument("--no-latest", action="store_true", help="do not copy the summary")
+    for sub_parser in (run, rep):  # for its usage line in the errors found after parsing
+        sub_parser.set_defaults(parser=sub_parser)
     return top
 
 
-def _run(args: argparse.Namespace) -> Path:
+def _run(args: argparse.Namespace) -> tuple[Path, bool]:
+    """Run, print the tables; the output directory and whether every run succeeded."""
     out = args.out or _default_out()
     opts = harness.Options(
         runs=args.runs,
@@ -130,33 +176,56 @@ def _run(args: argparse.Namespace) -> Path:
         parallel=args.parallel,
         keep_records=args.keep_records,
     )
-    result = harness.Harness(opts).run()
+    bench = harness.Harness(opts)
+    with harness.interrupts_end_the_run():
+        result = bench.run()
     print(summary.table(result))
     print(f"\nwrote {out / 'summary.json'}")
-    return out
+    if bench.failed:
+        print(f"\n{len(bench.failed)} failure(s):", *bench.failed, sep="\n  ", file=sys.stderr)
+    return out, not bench.failed
+
+
+def _report(rep: argparse.ArgumentParser, args: argparse.Namespace) -> list[Path]:
+    if not (args.dir / "summary.json").is_file():
+        rep.error(f"{args.dir}: no summary.json there (the output directory of a run)")
+    latest = None if args.no_latest else args.latest
+    try:
+        return report.write(args.dir, docs=args.docs, images=args.images, latest=latest)
+    except ValueError as exc:  # markers out of place, or a summary with no results
+        rep.error(str(exc))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Exit 0 when everything ran; 1 when a run failed or a system was unavailable (the
+    summary is written, the report is not: ``make bench`` stops before it); 2 on bad
+    input."""
     argv = list(sys.argv[1:] if argv is None else argv)
     top = parser()
     if not argv:  # everything, at full scale, then the report
-        out = _run(top.parse_args(["run"]))
+        args = top.parse_args(["run"])
+        _check_run(args.parser, args)
+        out, ok = _run(args)
+        if not ok:
+            return 1
         args = top.parse_args(["report", str(out)])
-        report.write(args.dir, docs=args.docs, images=args.images, latest=args.latest)
+        _report(args.parser, args)
         return 0
     args = top.parse_args(argv)
     if args.command == "run":
-        _run(args)
-    elif args.command == "report":
-        latest = None if args.no_latest else args.latest
-        written = report.write(args.dir, docs=args.docs, images=args.images, latest=latest)
-        for path in written:
+        _check_run(args.parser, args)
+        return 0 if _run(args)[1] else 1
+    if args.command == "report":
+        for path in _report(args.parser, args):
             print(f"wrote {path}")
-    else:
-        top.print_help()
-        return 2
-    return 0
+        return 0
+    top.print_help()
+    return 2
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except KeyboardInterrupt:  # the systems are closed by now: no traceback
+        print("interrupted", file=sys.stderr)
+        raise SystemExit(130) from None

@@ -32,12 +32,14 @@ import json
 import math
 import os
 import platform
+import re
+import signal
 import subprocess
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -135,23 +137,78 @@ REGISTRY: list[Entry] = [
 ]
 
 
+@contextlib.contextmanager
+def interrupts_end_the_run() -> Iterator[None]:
+    """SIGTERM (what ``timeout`` and ``kill`` send) ends the run as Ctrl-C does: the
+    ``finally`` blocks stop the workers and close every system. After the first SIGINT or
+    SIGTERM both are swallowed until the block ends, so a second one cannot cut that
+    clean-up short (a handler, not SIG_IGN: processes started meanwhile must not inherit
+    an ignored SIGTERM). Only the main thread may install handlers."""
+
+    def first(signum: int, _frame: Any) -> None:
+        signal.signal(signal.SIGINT, later)
+        signal.signal(signal.SIGTERM, later)
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(128 + signum)
+
+    def later(signum: int, _frame: Any) -> None:
+        os.write(2, f"{signal.Signals(signum).name}: still cleaning up\n".encode())
+
+    before = {s: signal.signal(s, first) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
+_SECRETS = (
+    (re.compile(r"(://[^:/@\s]*:)[^@\s]+@"), r"\1***@"),
+    (re.compile(r"(password\s*=\s*)\S+", re.IGNORECASE), r"\1***"),
+)
+
+
+def one_line_error(exc: BaseException) -> str:
+    """``Type: message`` on one line (psycopg's span several: the log would show only the
+    last), with any password in a DSN or URL masked."""
+    text = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+    for pattern, replacement in _SECRETS:
+        text = pattern.sub(replacement, text)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _named_once(kind: str, names: list[str]) -> None:
+    """An empty list would mean everything, a repeated name a second run that overwrites
+    the first's files (and a second prepare that deletes the first's live SQLite files)."""
+    if not names:
+        raise ValueError(f"no {kind} named")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"{kind} named more than once: {', '.join(repeated)}")
+
+
 def entries(keys: list[str] | None) -> list[Entry]:
-    if not keys:
+    """The registered systems named (all of them for None), in the order given."""
+    if keys is None:
         return list(REGISTRY)
+    _named_once("systems", keys)
     known = {e.key: e for e in REGISTRY}
     unknown = [k for k in keys if k not in known]
     if unknown:
-        raise ValueError(f"unknown systems {unknown}; known: {', '.join(known)}")
+        raise ValueError(f"unknown systems {', '.join(unknown)}; known: {', '.join(known)}")
     return [known[k] for k in keys]
 
 
 def workload_names(names: list[str] | None) -> list[str]:
-    """The requested workloads in canonical order (backlog always last)."""
-    if not names:
+    """The requested workloads (all of them for None) in canonical order (backlog always
+    last)."""
+    if names is None:
         return list(WORKLOADS)
+    _named_once("workloads", names)
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
-        raise ValueError(f"unknown workloads {unknown}; known: {', '.join(WORKLOADS)}")
+        raise ValueError(f"unknown workloads {', '.join(unknown)}; known: {', '.join(WORKLOADS)}")
     return [w for w in WORKLOADS if w in names]
 
 
@@ -379,6 +436,12 @@ class Harness:
         self._lock = threading.Lock()
         #: the scale the runs use: the options' with the recovery cap raised (``run``)
         self.scale = opts.scale
+        #: one line per failed run or unavailable system: the CLI exits non-zero on any
+        self.failed: list[str] = []
+
+    def _failed(self, text: str) -> None:
+        with self._lock:
+            self.failed.append(text)
 
     def log(self, text: str) -> None:
         with self._lock:
@@ -541,14 +604,30 @@ class Harness:
         self.log(f"prepare {key} …")
         t0 = time.time()
         try:
+            # set before prepare: an interrupt inside it leaves _close_all what it started
             slot.system = slot.entry.load()
             slot.system.prepare(env)
-        except Exception:
-            slot.error = traceback.format_exc()
-            self.log(f"  {key} unavailable: {slot.error.strip().splitlines()[-1]}")
+        except Exception as exc:
+            slot.error = one_line_error(exc)
+            self.log(f"  {key} unavailable: {slot.error}")
+            self._failed(f"{key} unavailable: {slot.error}")
+            self._close_half_prepared(slot)
         else:
             slot.state["prepare_s"] = round(time.time() - t0, 3)
             self.log(f"  {key} prepared in {slot.state['prepare_s']:.1f} s")
+
+    def _close_half_prepared(self, slot: Slot) -> None:
+        """Close what a failed prepare started and mark the system unavailable, so no step
+        runs against it. Its close may fail on what prepare never made (a database never
+        created): one line, not a traceback, and none when it repeats prepare's error."""
+        system, slot.system = slot.system, None
+        if system is None:
+            return
+        try:
+            system.close()
+        except Exception as exc:
+            if one_line_error(exc) != slot.error:
+                self.log(f"  closing the half-prepared {slot.entry.key}: {one_line_error(exc)}")
 
     def _close_all(self) -> None:
         for slot in self.slots:
@@ -594,6 +673,7 @@ class Harness:
             slot.state["backlog_broken"] = True
             slot.state["backlog_fill"] = {"error": error.strip().splitlines()[-1]}
             self.log(f"  {label} FAILED: {error.strip().splitlines()[-1]}")
+            self._failed(f"{label}: {error.strip().splitlines()[-1]}")
         else:
             fill = slot.state.get("backlog_fill", {})
             self.log(f"  {label}: {_brief({k: v for k, v in fill.items() if k != 'maintenance'})}")
@@ -615,22 +695,50 @@ class Harness:
         )
 
     def _run_parallel(self, steps: list[Step]) -> None:
-        """One thread per system: prepare it, then go through its own steps in order."""
+        """One thread per system: prepare it, then go through its own steps in order. An
+        interrupt (only the main thread gets it) sets ``stop``, which each thread checks
+        between steps, and waits for the threads before ``run`` closes the systems: a
+        system closed under a running step would have its workers started after the close
+        and left behind. The main thread waits on an event, not in ``join``: an interrupt
+        inside ``Thread.join`` can leave the thread marked finished while it runs on."""
+        if not self.slots:
+            return
+        stop, all_done = threading.Event(), threading.Event()
+        left = [len(self.slots)]
 
         def one(i: int, slot: Slot) -> None:
-            self._prepare(i, slot)
-            for step in steps:
-                if step.key == slot.entry.key:
-                    self._step(step)
+            try:
+                if stop.is_set():
+                    return
+                self._prepare(i, slot)
+                for step in steps:
+                    if stop.is_set():
+                        return
+                    if step.key == slot.entry.key:
+                        self._step(step)
+            finally:
+                with self._lock:
+                    left[0] -= 1
+                    if not left[0]:
+                        all_done.set()
 
         threads = [
             threading.Thread(target=one, args=(i, slot), name=f"bench-{slot.entry.key}")
             for i, slot in enumerate(self.slots)
         ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                t.start()
+            all_done.wait()
+            for t in threads:
+                t.join()
+        except BaseException:
+            stop.set()
+            self.log("interrupted: waiting for each system's current step to end …")
+            for t in threads:
+                if t.ident is not None:  # started
+                    t.join()
+            raise
 
     def _step(self, step: Step) -> None:
         slot = next(s for s in self.slots if s.entry.key == step.key)
@@ -654,7 +762,7 @@ class Harness:
         if slot.system is None:
             record["error"] = f"system unavailable: {slot.error}"
             _write(path, record)
-            return
+            return  # counted once, as unavailable, by _prepare
         system = slot.system
         record.update(name=system.name, profile=system.profile)
         if step.workload == "backlog" and slot.entry.backlog_skip:
@@ -690,6 +798,7 @@ class Harness:
             if step.phase == "large":
                 slot.state["backlog_broken"] = True
             self.log(f"  {label} FAILED: {error.strip().splitlines()[-1]}")
+            self._failed(f"{label}: {error.strip().splitlines()[-1]}")
         else:
             record.setdefault("metrics", {}).update(outcome.metrics)
             detail = record.setdefault("detail", {})

@@ -58,6 +58,7 @@ import psycopg
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.cpu import CpuSampler
+from benchmarks.harness import interrupts_end_the_run, one_line_error
 from benchmarks.recorder import Record, RecordReader
 from benchmarks.systems.base import create_database, drop_database
 from benchmarks.systems.orbit_system import TUNED_CONCURRENCY
@@ -530,29 +531,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.paced is not None and (args.sleep_ms or args.prefetch or args.payload_bytes):
         parser.error("--sleep-ms, --prefetch and --payload-bytes are for a drain, not --paced")
-    try:
-        if args.paced is not None:
-            result = paced(
-                args.pg_dsn,
-                tasks=args.tasks,
-                rate=args.paced,
-                concurrency=args.concurrency,
-                spy=args.spy,
-                spy_worker=args.worker,
-            )
-        else:
-            result = drain(
-                args.pg_dsn,
-                tasks=args.tasks,
-                concurrency=args.concurrency,
-                spy=args.spy,
-                spy_worker=args.worker,
-                payload_bytes=args.payload_bytes,
-                sleep_ms=args.sleep_ms,
-                prefetch=args.prefetch,
-            )
-    except ValueError as exc:
-        parser.error(str(exc))
+    try:  # before anything starts, so a bad DSN is one line, not a traceback
+        psycopg.connect(args.pg_dsn, connect_timeout=5).close()
+    except psycopg.Error as exc:
+        parser.error(f"--pg-dsn: cannot connect: {one_line_error(exc)}")
+    # SIGTERM unwinds as Ctrl-C does: the server and worker stopped, the database dropped
+    with interrupts_end_the_run():
+        try:
+            if args.paced is not None:
+                result = paced(
+                    args.pg_dsn,
+                    tasks=args.tasks,
+                    rate=args.paced,
+                    concurrency=args.concurrency,
+                    spy=args.spy,
+                    spy_worker=args.worker,
+                )
+            else:
+                result = drain(
+                    args.pg_dsn,
+                    tasks=args.tasks,
+                    concurrency=args.concurrency,
+                    spy=args.spy,
+                    spy_worker=args.worker,
+                    payload_bytes=args.payload_bytes,
+                    sleep_ms=args.sleep_ms,
+                    prefetch=args.prefetch,
+                )
+        except ValueError as exc:
+            parser.error(str(exc))
     json.dump(result, sys.stdout)
     sys.stdout.write("\n")
     return 0

@@ -39,6 +39,11 @@ def write(
     text = docs.read_text() if docs.exists() else "# Benchmarks\n"
     head, tail = _around_results(text, docs)
     summary = json.loads((run_dir / "summary.json").read_text())
+    if not _has_results(summary):
+        raise ValueError(
+            f"{run_dir / 'summary.json'} holds no measured value (every run failed or was "
+            "skipped). Nothing was written."
+        )
     summary["ratios"] = ratios(summary)  # derived from the medians: always today's rules
     images.mkdir(parents=True, exist_ok=True)
     written = plots(summary, images)
@@ -53,6 +58,27 @@ def write(
         shutil.copyfile(run_dir / "summary.json", latest / "summary.json")
         written.append(latest / "summary.json")
     return written
+
+
+def _sampling(interval_s: float | None) -> str:
+    """How the CPU was read: an interval of 0 (the smoke scale) means at each phase's
+    start and end only."""
+    if interval_s is None:
+        return "Sampled"
+    if interval_s == 0:
+        return "Read at the start and end of each phase (no periodic samples)"
+    return f"Sampled every {interval_s:g} s"
+
+
+def _has_results(summary: dict[str, Any]) -> bool:
+    """Whether any system measured anything: a section of failed rows would replace the
+    published results with dashes."""
+    return any(
+        "median" in res.get("metrics", {}).get(metric, {})
+        for workload, systems in summary.get("results", {}).items()
+        for res in systems.values()
+        for metric, *_ in COLUMNS.get(workload, [])
+    )
 
 
 # ---------------------------------------------------------------------- plots
@@ -279,7 +305,7 @@ def _workload(
             rows.append([f"`{system}`", "skipped (below)", *[""] * max(0, len(cols) - 1)])
             notes.append(f"- `{system}` skipped: {res['skipped']}.")
             continue
-        row = [f"`{system}`", *[cell(res["metrics"].get(m)) for m, _, _, _ in cols]]
+        row = [f"`{system}`", *[cell(res["metrics"].get(m), unit) for m, _, unit, _ in cols]]
         if res.get("errors"):
             row[-1] += f" (failed runs: {', '.join(str(e['run']) for e in res['errors'])})"
         rows.append(row)
@@ -361,7 +387,10 @@ def _scale_note(workload: str, summary: dict[str, Any]) -> str:
         + _in_flight(summary, "io"),
         "recovery": f"{s.get('recovery_jobs')} jobs held; cap {s.get('recovery_cap_s'):g} s "
         f"after the kill{raised} (a run that does not finish within it counts as not "
-        "recovered)" + (f"; {method['recovery_clock']}." if "recovery_clock" in method else "."),
+        "recovered)"
+        + (f"; {method['recovery_clock']}." if "recovery_clock" in method else ".")
+        + " Runs recovered: how many runs recovered of those that measured it (k of n), "
+        "not a median.",
         "backlog": f"1 worker drains {s.get('backlog_small'):,} jobs with "
         f"{s.get('backlog_small'):,} queued (small) and with {s.get('backlog_large'):,} "
         "queued (large); the claim statement is timed at both sizes. Jobs taken per job "
@@ -487,7 +516,7 @@ def _cpu(summary: dict[str, Any]) -> str:
     wal = any(m.endswith("_wal_bytes_per_task") for m, _, _ in cols)
     return (
         "### Host CPU during the throughput runs\n\n"
-        f"Sampled every {summary['meta'].get('scale', {}).get('cpu_interval_s', '?')} s with "
+        f"{_sampling(summary['meta'].get('scale', {}).get('cpu_interval_s'))} with "
         "psutil and averaged over the drains (a process that exits inside a drain is "
         "counted through its parent's children times); CPU per task is the one-worker "
         "drain's CPU seconds over its tasks, "

@@ -255,11 +255,30 @@ def report(meter: _Meter, tasks: int) -> list[dict[str, Any]]:
     return rows + totals
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", type=int, default=20000)
-    parser.add_argument("--batch", type=int, default=180, help="tasks a claim, start, finish")
-    parser.add_argument("--live", type=int, default=1000, help="claim while fewer are live")
+def _positive(text: str) -> int:
+    """A count of at least 1: with ``--live 0`` the drain never claims (and spins for
+    good), with ``--batch 0`` or ``--tasks 0`` the store refuses the first call."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.stmt_cost",
+        description=__doc__.split("\n\n")[0],
+        epilog="It creates (and drops) a database of its own on the PostgreSQL that "
+        "$BENCH_PG_DSN names (default postgresql://postgres@127.0.0.1:5432/test), which "
+        "must run on this host.",
+    )
+    parser.add_argument("--tasks", type=_positive, default=20000, help="tasks to drain (20000)")
+    parser.add_argument(
+        "--batch", type=_positive, default=180, help="tasks a claim, start, finish (180)"
+    )
+    parser.add_argument(
+        "--live", type=_positive, default=1000, help="claim while fewer are live (1000)"
+    )
     parser.add_argument("--wal", action="store_true", help="the cluster's WAL a task too")
     parser.add_argument(
         "--no-checkpoint", action="store_true", help="no CHECKPOINT between fill and drain"
@@ -267,7 +286,7 @@ def main() -> None:
     parser.add_argument("--sql", default="", help="run on the database after migrating")
     parser.add_argument("--explain", type=int, default=0, help="plans at this round trip")
     parser.add_argument("--json", default=None, help="write the rows here too")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     meter = _Meter()
     meter.explain_at = args.explain
     meter.install()

@@ -20,6 +20,10 @@ DASH = "\u2013"  # an en dash: "12 [10\u201314]"
 PEER_FAMILIES = ("pgqueuer", "procrastinate", "celery")
 
 #: how each workload's metrics are shown: (metric, label, unit, higher is better)
+#: the unit of a 0/1 metric (recovered or not), whose cell counts its ones: ``3 of 5``
+#: runs recovered, where a median would say 1
+RUNS_OF = "k of n runs"
+
 COLUMNS: dict[str, list[tuple[str, str, str, bool]]] = {
     "throughput": [
         ("w1_tasks_per_s", "1 worker", "tasks/s", True),
@@ -42,7 +46,7 @@ COLUMNS: dict[str, list[tuple[str, str, str, bool]]] = {
     ],
     "recovery": [
         ("recovery_s", "recovered after kill", "s", False),
-        ("recovered", "runs recovered", "share", True),
+        ("recovered", "runs recovered", RUNS_OF, True),
     ],
     "backlog": [
         ("small_tasks_per_s", "small backlog", "tasks/s", True),
@@ -508,11 +512,15 @@ def fmt(value: float | None) -> str:
     return f"{value:.3g}"
 
 
-def cell(agg: dict[str, Any] | None) -> str:
-    """``median [min-max]`` (and ``n/runs`` when some runs gave no number)."""
+def cell(agg: dict[str, Any] | None, unit: str = "") -> str:
+    """``median [min-max]``, or for a 0/1 metric (unit ``RUNS_OF``) ``k of n``; and
+    ``n/runs`` when some runs gave no number."""
     if not agg or "median" not in agg:
         return DASH if not agg else f"{DASH} (0/{agg['runs']})"
-    text = f"{fmt(agg['median'])} [{fmt(agg['min'])}{DASH}{fmt(agg['max'])}]"
+    if unit == RUNS_OF:
+        text = f"{fmt(sum(agg['values']))} of {agg['n']}"
+    else:
+        text = f"{fmt(agg['median'])} [{fmt(agg['min'])}{DASH}{fmt(agg['max'])}]"
     if agg["n"] < agg["runs"]:
         text += f" ({agg['n']}/{agg['runs']})"
     return text
@@ -535,7 +543,7 @@ def table(summary: dict[str, Any]) -> str:
                 rows.append([system, "skipped"])
                 notes.append(f"  {system} skipped: {res['skipped']}")
                 continue
-            row = [system, *[cell(res["metrics"].get(m)) for m, _, _, _ in cols]]
+            row = [system, *[cell(res["metrics"].get(m), unit) for m, _, unit, _ in cols]]
             if res["errors"]:
                 row.append(f"errors in runs {[e['run'] for e in res['errors']]}")
             rows.append(row)
