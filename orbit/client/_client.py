@@ -10,7 +10,7 @@ import enum
 import math
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 from urllib.parse import SplitResult
@@ -177,6 +177,21 @@ def _page(limit: int, cursor: str | None) -> dict[str, Any]:
     return {"limit": limit, **({} if cursor is None else {"cursor": cursor})}
 
 
+def _duration(value: Any) -> Any:
+    """A duration as the seconds the server takes: a ``timedelta`` as its
+    ``total_seconds()`` (json cannot write one, and the TypeError named no argument);
+    anything else as it is, for the server to check."""
+    return value.total_seconds() if isinstance(value, timedelta) else value
+
+
+def _backoff(backoff: Any) -> Any:
+    """A backoff with its durations (``base``, ``max``) in seconds (``_duration``);
+    anything but a mapping as it is, for the server to refuse naming the field."""
+    if not isinstance(backoff, Mapping):
+        return backoff
+    return {key: _duration(value) for key, value in backoff.items()}
+
+
 def task_body(
     queue: str,
     handler: str,
@@ -188,12 +203,15 @@ def task_body(
     parent_id: str | None = None,
     retry_safe: bool | None = None,
     max_attempts: int | None = None,
-    backoff: dict[str, float] | None = None,
-    attempt_timeout: float | None = None,
+    backoff: Mapping[str, float | timedelta] | None = None,
+    attempt_timeout: float | timedelta | None = None,
     deadline: datetime | str | None = None,
     run_after: datetime | str | None = None,
 ) -> dict[str, Any]:
-    """The submit body; options left as None take the server's defaults."""
+    """The submit body; options left as None take the server's defaults. Durations
+    (``attempt_timeout``, ``backoff``'s ``base`` and ``max``) are seconds or a
+    ``timedelta``; instants (``deadline``, ``run_after``) an aware ``datetime`` or
+    RFC 3339 text."""
     body: dict[str, Any] = {"queue": queue, "handler": handler, "payload": payload}
     optional = {
         "tenant": tenant,
@@ -202,8 +220,8 @@ def task_body(
         "parent_id": parent_id,
         "retry_safe": retry_safe,
         "max_attempts": max_attempts,
-        "backoff": backoff,
-        "attempt_timeout": attempt_timeout,
+        "backoff": _backoff(backoff),
+        "attempt_timeout": _duration(attempt_timeout),
         "deadline": _instant(deadline),
         "run_after": _instant(run_after),
     }
@@ -898,7 +916,10 @@ class Client:
         self, queue: str, handler: str, payload: Any = None, **options: Any
     ) -> SubmittedTask:
         """Submit a task; returns it (an existing one when the idempotency key matched),
-        a dict whose ``created`` attribute says which: False for the existing one."""
+        a dict whose ``created`` attribute says which: False for the existing one.
+        ``options``: ``task_body``'s; a duration (``attempt_timeout``, ``backoff``'s
+        ``base`` and ``max``) is seconds or a ``timedelta``, an instant (``deadline``,
+        ``run_after``) an aware ``datetime`` or RFC 3339 text."""
         reply = self._call(_Calls.submit(task_body(queue, handler, payload, **options)))
         return SubmittedTask(reply["task"], reply["created"])
 
@@ -1738,7 +1759,7 @@ class AsyncClient:
     async def submit(
         self, queue: str, handler: str, payload: Any = None, **options: Any
     ) -> SubmittedTask:
-        """As ``Client.submit``."""
+        """As ``Client.submit``: a duration is seconds or a ``timedelta``."""
         reply = await self._call(_Calls.submit(task_body(queue, handler, payload, **options)))
         return SubmittedTask(reply["task"], reply["created"])
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from orbit.core.model import Backoff
+
+#: The most characters a task's error message holds (``ErrorSpec.message``'s bound).
+MAX_ERROR_MESSAGE = 10_000
 
 
 def backoff_delay(backoff: Backoff, attempts_used: int, rand: float) -> int:
@@ -29,10 +33,14 @@ def backoff_delay(backoff: Backoff, attempts_used: int, rand: float) -> int:
 
 @dataclass(frozen=True)
 class RetryPlan:
-    """Either ``retry_at`` is set (schedule another attempt) or ``final_code`` says why not."""
+    """Either ``retry_at`` is set (schedule another attempt) or ``final_code`` says why not.
+    ``past_deadline``: when the next attempt was refused for falling past the deadline,
+    that attempt's instant and the deadline, so the task's message can say why it failed
+    ``DEADLINE_EXCEEDED`` before its deadline."""
 
     retry_at: int | None
     final_code: str | None
+    past_deadline: tuple[int, int] | None = None
 
 
 def plan_retry(
@@ -51,5 +59,25 @@ def plan_retry(
         return RetryPlan(None, error_code)
     at = now + backoff_delay(backoff, attempts_used, rand)
     if deadline is not None and at >= deadline:
-        return RetryPlan(None, "DEADLINE_EXCEEDED")
+        return RetryPlan(None, "DEADLINE_EXCEEDED", (at, deadline))
     return RetryPlan(at, None)
+
+
+def past_deadline_message(past_deadline: tuple[int, int], code: str, message: str | None) -> str:
+    """The message of a task failed ``DEADLINE_EXCEEDED`` because its next attempt would
+    fall past the deadline (``RetryPlan.past_deadline``), which may be well before the
+    deadline: it says so, then what the last attempt reported, within the bound a
+    message has."""
+    at, deadline = past_deadline
+    last = f"{code}: {message}" if message else code
+    text = (
+        f"the next attempt (at {_rfc3339(at)}) would fall past the deadline "
+        f"({_rfc3339(deadline)}); last attempt: {last}"
+    )
+    return text[:MAX_ERROR_MESSAGE]
+
+
+def _rfc3339(us: int) -> str:
+    """Microseconds since the epoch as RFC 3339 in UTC, as the API spells instants."""
+    seconds, micros = divmod(us, 1_000_000)
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(seconds))}.{micros:06d}Z"

@@ -35,7 +35,7 @@ from orbit.core.model import (
     copied,
     evolve,
 )
-from orbit.core.retry import RetryPlan, plan_retry
+from orbit.core.retry import RetryPlan, past_deadline_message, plan_retry
 from orbit.core.states import AttemptState, SessionState, TaskState
 
 A = AttemptState
@@ -702,8 +702,9 @@ def finish(
         else:
             final = decision.final_code or code
             after = evolve(base, state=T.FAILED, error_code=final, finished_at=now)
-            if final != code:
-                after = evolve(after, error_message=f"{code}: {outcome.error_message or ''}")
+            if decision.past_deadline is not None:  # says why it ended before the deadline
+                message = past_deadline_message(decision.past_deadline, code, outcome.error_message)
+                after = evolve(after, error_message=message)
             if final == Code.DEADLINE_EXCEEDED:  # no retry can come, whatever the error
                 after = evolve(after, error_retryable=False)
             kind = "failed"
@@ -999,9 +1000,9 @@ def reap(plan: Plan, task: Task, live: Attempt | None, now: int, rand: float) ->
 def _unrun_deadline_message(task: Task) -> str:
     """Why a task that no attempt is running fails at its deadline. A task that never
     started says so; one that ran and waits for a retry failed before its next attempt,
-    and the message keeps its last attempt's error (``code: message``, as a finish
-    whose retry would fall past the deadline does), which DEADLINE_EXCEEDED replaces as
-    the task's error: the view has no other place for it."""
+    and the message keeps its last attempt's error (``code: message``, as the message of
+    a task whose next attempt would fall past the deadline does), which DEADLINE_EXCEEDED
+    replaces as the task's error: the view has no other place for it."""
     if task.attempts_used == 0:
         return "the deadline passed before the task could run"
     used = f"{task.attempts_used} of {task.max_attempts} attempts used"
@@ -1073,12 +1074,16 @@ def _lease_expired(plan: Plan, task: Task, live: Attempt, now: int, rand: float)
             # DEADLINE_EXCEEDED is never retryable, whichever way the deadline ended it (a
             # retry that would fall past it, too): the reaper's own end at it says so
             retryable = base.error_retryable and final != Code.DEADLINE_EXCEEDED
+            message = base.error_message
+            if decision.past_deadline is not None:  # says why it ended before the deadline
+                message = past_deadline_message(decision.past_deadline, code, message)
             plan.move(
                 task,
                 evolve(
                     base,
                     state=T.FAILED,
                     error_code=final,
+                    error_message=message,
                     error_retryable=retryable,
                     finished_at=now,
                 ),

@@ -46,6 +46,11 @@ MAX_DURATION_US = 366 * 24 * 3600 * 1_000_000
 #: every caller to the same range, which both databases' 64-bit integers hold.
 MAX_INSTANT_US = 253_402_300_800 * 1_000_000
 DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
+#: The most characters of JSON a result may take: what fits in a worker's finish, whose
+#: frame the gateway reads up to 4 MiB (``orbit.worker.outcomes.MAX_OUTCOME_CHARS``, the
+#: frame less a message's and an item's own fields; a test holds the two equal). The
+#: runner fails a larger result ``RESULT_TOO_LARGE``; an operator's resolve is refused it.
+MAX_RESULT_CHARS = 4 * 1024 * 1024 - 1024 - 512
 #: A worker's hello (``orbit.protocol.messages.Hello``): the most attempts a session may
 #: hold at once, the most handlers it may declare, and the most attempts of one handler.
 #: ``orbit.worker.runner.Worker`` checks them as it is built, before any connection.
@@ -194,7 +199,7 @@ def check_backoff(backoff: Backoff) -> None:
     if not 0 < backoff.base_us <= MAX_DURATION_US:
         raise OrbitError(
             Code.INVALID_BACKOFF,
-            "backoff base must be > 0 and at most a year",
+            "backoff base must be at least 0.000001 s (1 µs) and at most a year",
             field="backoff.base",
         )
     factor = backoff.factor
@@ -241,6 +246,18 @@ def check_json_depth(value: object, what: str) -> None:
             stack.extend((v, depth + 1) for v in item.values())
         elif isinstance(item, list | tuple):
             stack.extend((v, depth + 1) for v in item)
+
+
+def check_result_size(spelled: str) -> None:
+    """A result, spelled as it is stored, must fit in a worker's finish
+    (``MAX_RESULT_CHARS``): one an operator gives is held to the bound a worker's is."""
+    if len(spelled) > MAX_RESULT_CHARS:
+        raise OrbitError(
+            Code.PAYLOAD_TOO_LARGE,
+            f"the result is {len(spelled)} characters of JSON; at most {MAX_RESULT_CHARS} "
+            "fit in a finish (attach a large output as an artifact)",
+            field="result",
+        )
 
 
 AN_INSTANT = "an instant between 1970 and 9998 (UTC)"
@@ -290,7 +307,7 @@ def check_spec(spec: TaskSpec, max_payload_bytes: int) -> tuple[str, int]:
     ):
         raise OrbitError(
             Code.INVALID_TIMEOUT,
-            "attempt_timeout must be a positive duration of at most a year",
+            "attempt_timeout must be at least 0.000001 s (1 µs) and at most a year",
             field="attempt_timeout",
         )
     if spec.deadline is not None and not _is_instant(spec.deadline):

@@ -402,10 +402,20 @@ class ErrorSpec(Strict):
     retryable: bool = True
 
 
+class ResolveError(Strict):
+    """An operator's error for a task resolved ``failed``: a finish's ``ErrorSpec`` but
+    for ``retryable``, false by default as it is stored (nothing retries a task an
+    operator failed; the route refuses ``true``)."""
+
+    code: Annotated[str, Field(min_length=1, max_length=100)]
+    message: Annotated[str, Field(max_length=10_000)] = ""
+    retryable: bool = False
+
+
 class TaskResolve(Strict):
     decision: Literal["succeeded", "failed", "retry"]
     result: Any = None
-    error: ErrorSpec | None = None
+    error: ResolveError | None = None
 
 
 class TaskError(Response):

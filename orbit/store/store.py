@@ -77,6 +77,7 @@ from orbit.core.validate import (
     check_payload,
     check_queue_cap_values,
     check_queue_caps,
+    check_result_size,
     check_schedule,
     check_spec,
     content_type_problem,
@@ -2672,9 +2673,14 @@ class Store:
             )
         # The operator's result or error is stored as a worker's would be, so it passes the
         # same checks first: nested at most 64 levels, JSON, no NUL (which PostgreSQL's
-        # text refuses and SQLite would have kept).
-        if outcome is not None and (problem := _outcome_problem(outcome)) is not None:
-            raise problem
+        # text refuses and SQLite would have kept), and a result no larger than a finish
+        # can carry (PAYLOAD_TOO_LARGE; a worker's runner fails it RESULT_TOO_LARGE).
+        if outcome is not None:
+            spelled = _spelled_outcome(outcome)
+            if isinstance(spelled, OrbitError):
+                raise spelled
+            if spelled.result is not None:
+                check_result_size(spelled.result)
 
         def build(tx: _Tx) -> tuple[Plan, Task]:
             found = tx.fetch("task_lock_many", ids=[task_id])
@@ -3255,12 +3261,6 @@ def _answer(plan: Plan, value: T | None) -> T | OrbitError:
         assert rejection is not None
         return rejection
     return value
-
-
-def _outcome_problem(outcome: Outcome) -> OrbitError | None:
-    """Why an outcome cannot be stored, checked before any row is touched."""
-    problem = _spelled_outcome(outcome)
-    return problem if isinstance(problem, OrbitError) else None
 
 
 def _spelled_outcome(outcome: Outcome) -> transitions.Spelled | OrbitError:
