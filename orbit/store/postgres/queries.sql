@@ -290,13 +290,13 @@ SELECT * FROM orbit_tasks WHERE id = ANY(CAST(:ids AS text[])) ORDER BY id FOR U
 SELECT * FROM orbit_tasks
 WHERE tenant = :tenant AND queue = :queue AND idempotency_key = ANY(CAST(:keys AS text[]));
 
--- name: task_descendants
-WITH RECURSIVE tree(id) AS (
-    SELECT id FROM orbit_tasks WHERE id = :id
-    UNION ALL
-    SELECT t.id FROM orbit_tasks t JOIN tree ON t.parent_id = tree.id
-)
-SELECT id FROM tree;
+-- name: task_children
+-- The children of these tasks, one level of a tree (store._lock_tree walks it a level
+-- per statement): each level is planned for its own parents, so a chain's level reads
+-- the partial index orbit_tasks_parent. A recursive CTE's step is planned once, blind
+-- to them: where statistics showed a parent with thousands of children, it scanned
+-- the whole table at every level of a deep tree.
+SELECT id FROM orbit_tasks WHERE parent_id = ANY(CAST(:ids AS text[]));
 
 -- name: task_cancelled_lineage
 -- For each of these tasks, the tasks among itself and its ancestors (parent_id, up to

@@ -220,13 +220,11 @@ SELECT * FROM orbit_tasks
 WHERE tenant = :tenant AND queue = :queue
   AND idempotency_key IN (SELECT value FROM json_each(:keys));
 
--- name: task_descendants
-WITH RECURSIVE tree(id) AS (
-    SELECT id FROM orbit_tasks WHERE id = :id
-    UNION ALL
-    SELECT t.id FROM orbit_tasks t JOIN tree ON t.parent_id = tree.id
-)
-SELECT id FROM tree;
+-- name: task_children
+-- The children of these tasks, one level of a tree, through the partial index
+-- orbit_tasks_parent (store._lock_tree walks a tree a level per statement; see
+-- PostgreSQL's task_children for why not a recursive CTE).
+SELECT id FROM orbit_tasks WHERE parent_id IN (SELECT value FROM json_each(:ids));
 
 -- name: task_cancelled_lineage
 -- For each of these tasks, the tasks among itself and its ancestors (parent_id, up to
