@@ -496,6 +496,10 @@ class Worker:
         self.handlers: dict[str, _Registered] = {}
         self.running: dict[str, _Running] = {}
         self.abandoned: list[str] = []  # attempts whose handler ignored cancellation
+        #: each abandoned attempt's handler: done once its code has ended after all
+        self._abandoned_handlers: dict[str, asyncio.Future[Any]] = {}
+        #: the abandoned handlers still running when the drain ended: ``run()`` returns 1
+        self._stuck: list[str] = []
         #: attempts whose outcome the server had not confirmed when the run ended (a
         #: finish unanswered, the server unreachable): their leases decide
         self.unreported: list[str] = []
@@ -591,7 +595,8 @@ class Worker:
 
     def run(self) -> int:
         """Run until SIGTERM/SIGINT, then drain. Returns 0, or 1 if an attempt was left
-        without a confirmed outcome (its handler abandoned, or its finish unanswered).
+        without a confirmed outcome (its handler abandoned and still running when the
+        drain ended, or its finish unanswered).
         This owns the process, so it also tunes the garbage collector (``orbit.gctune``)."""
         _refuse_run_during_import()
         tune_for_throughput()
@@ -616,6 +621,7 @@ class Worker:
         self._session = self.session_id = None
         self._refused = None
         self.abandoned, self.unreported = [], []
+        self._abandoned_handlers, self._stuck = {}, []
         # The prefetch's books start empty too: an attempt a last run left hung (a handler
         # that ignored its cancel) must not hold one of this run's slots.
         self._busy_by, self._holding = {}, set()
@@ -700,7 +706,7 @@ class Worker:
                     await self._conn.close()
         if self._refused is not None:
             raise self._refused
-        return 1 if self.abandoned or self.unreported else 0
+        return 1 if self._stuck or self.unreported else 0
 
     async def _give_up_reports(self) -> None:
         """The attempts still here once the drain is over had their handler end (or
@@ -1188,7 +1194,7 @@ class Worker:
             if reg.is_async or running.on_loop:
                 ended, _ = await asyncio.wait((task,), timeout=self.cancel_grace)
                 if not ended:
-                    self._abandon(running)
+                    self._abandon(running, task)
             else:
                 await asyncio.wait((task,))  # a plain function: cancel_grace at most
             if by_deadline:
@@ -1198,18 +1204,20 @@ class Worker:
                 # rule decides (a task that is not retry_safe is left to its lease).
                 return _failure(running, asyncio.CancelledError())
             return _timed_out(running)
+        outcome: dict[str, Any] | None
         try:
-            return {"result": task.result()}
+            outcome = {"result": task.result()}
         except (asyncio.CancelledError, Exception) as exc:
             try:
-                return _failure(running, exc)
+                outcome = _failure(running, exc)
             except Exception:
                 # An exception whose outcome cannot be made (a code property that
                 # raises, ...) still fails the attempt: it reported nothing, for ever.
                 log.exception("attempt %s: its failure's outcome cannot be made", ctx.attempt_id)
                 kind = _text(type(exc).__name__)
                 message = f"the handler raised {kind}, whose outcome cannot be made"
-                return outcomes.error("", message, retryable=not isinstance(exc, Fail))
+                outcome = outcomes.error("", message, retryable=not isinstance(exc, Fail))
+        return _cancel_wins(running, outcome)
 
     def _time_limit(self, running: _Running) -> tuple[float | None, bool]:
         """Seconds the handler may run: its attempt timeout or the task deadline, timed
@@ -1273,7 +1281,7 @@ class Worker:
             try:
                 value = await asyncio.wait_for(asyncio.shield(done), self.cancel_grace)
             except TimeoutError:
-                self._abandon(running)
+                self._abandon(running, done)
             except BaseException:
                 pass
             else:
@@ -1611,11 +1619,14 @@ class Worker:
         task, attempt = running.handler_task, running.task
         if task is None or task.done() or attempt is None or attempt.done():
             return
-        self._abandon(running)
+        self._abandon(running, task)
         attempt.cancel()
 
-    def _abandon(self, running: _Running) -> None:
+    def _abandon(self, running: _Running, handler: asyncio.Future[Any]) -> None:
+        """Give up on ``running``'s handler, which ignored its cancel; ``handler`` is done
+        once its code ends after all (``_drain`` counts those that have not)."""
         if not running.abandoned:
+            self._abandoned_handlers[running.ctx.attempt_id] = handler
             running.abandoned = True
             log.error(
                 "handler %s ignored cancellation for %.1fs; abandoning it",
@@ -1817,8 +1828,15 @@ class Worker:
         for r in list(self.running.values()):
             self._cancel(r, STOPPING)
         await self._attempts_over(self.cancel_grace + self._report_grace)
-        if self.abandoned:
-            log.error("%d handler(s) ignored cancellation and were abandoned", len(self.abandoned))
+        # Only a handler still running now keeps the exit code at 1: one that ignored a
+        # cancel earlier in the run and has ended since left nothing behind (it once made
+        # every later clean drain of the process exit 1).
+        self._stuck = [a for a, h in self._abandoned_handlers.items() if not h.done()]
+        if self._stuck:
+            log.error(
+                "%d handler(s) ignored cancellation, were abandoned and are still running",
+                len(self._stuck),
+            )
 
     async def _attempts_over(self, timeout: float, *, hurry: bool = False) -> None:
         """Wait at most ``timeout`` seconds for the running attempts to be over or
@@ -2008,6 +2026,25 @@ def _timed_out(running: _Running) -> dict[str, Any] | None:
     if running.abandoned:
         return None  # _abandon said so in the log
     return _stopped(running, "its attempt timeout", "ATTEMPT_TIMEOUT", "the attempt timed out")
+
+
+def _cancel_wins(running: _Running, outcome: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The outcome to report for a handler that ended with ``outcome`` (None: report
+    nothing): ``CANCELLED`` once its task's cancel was received, whatever it returned or
+    raised. The server ends the task cancelled whatever is reported; an async handler
+    that caught ``CancelledError`` and returned a value sent a success, and its attempt's
+    record said it succeeded, where docs/worker.md says the attempt reports CANCELLED (a
+    plain function's did, from ``_in_thread``)."""
+    if outcome is None or not running.task_cancelled:
+        return outcome
+    if "result" in outcome:
+        log.info(
+            "attempt %s (task %s): the handler returned after its task was cancelled; "
+            "reported CANCELLED, its result dropped",
+            running.ctx.attempt_id,
+            running.ctx.task_id,
+        )
+    return outcomes.error("CANCELLED", "task cancelled", retryable=False)
 
 
 def _stopped(running: _Running, by: str, code: str, message: str) -> dict[str, Any] | None:

@@ -1,0 +1,81 @@
+"""Once its task's cancel has reached the worker, a handler's attempt reports
+``CANCELLED`` whatever the handler then returned or raised (docs/worker.md,
+*Cancellation*). An async handler that caught ``CancelledError`` and returned a value
+reported a success: the task still ended cancelled (cancel wins), but its attempt's
+record said the handler succeeded. A real server, SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from orbit.worker.runner import Context, Fail, Worker
+from tests.e2e.servers import Node, Tokens
+from tests.e2e.test_runner import api, fast, run_until, submit, wait_state  # noqa: F401
+
+
+def _reported(client: httpx.Client, tid: str) -> list[dict[str, Any]]:
+    """The outcomes the task's attempts reported, as the events that ended them keep them."""
+    events = client.get(f"/v1/tasks/{tid}/events").json()["items"]
+    return [e["data"]["outcome"] for e in events if (e["data"] or {}).get("outcome")]
+
+
+@pytest.mark.parametrize("how", ["async_returns", "async_fails", "sync_returns"])
+def test_a_handler_that_ends_after_its_cancel_reports_cancelled(
+    fast: Node,  # noqa: F811
+    tokens: Tokens,
+    api: httpx.Client,  # noqa: F811
+    how: str,
+) -> None:
+    """The handler hears the cancel and ends on its own terms: it returns a value (an
+    async one by catching ``CancelledError``) or raises ``Fail``. Either way its attempt
+    reports CANCELLED, and no result is stored."""
+    worker = Worker(fast.http, tokens.worker, cancel_grace=30)
+    started = threading.Event()
+    ended: list[str] = []
+
+    if how.startswith("async"):
+
+        @worker.handler("h")
+        async def catches(ctx: Context, payload: Any) -> str:
+            started.set()
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                ended.append(ctx.task_id)
+                if how == "async_fails":
+                    raise Fail("failed on the way out", code="CLEANUP") from None
+                return "caught the cancel"
+            return "never cancelled"
+    else:
+
+        @worker.handler("h")
+        def looks(ctx: Context, payload: Any) -> str:
+            started.set()
+            end = time.monotonic() + 60
+            while not ctx.cancelled and time.monotonic() < end:
+                time.sleep(0.01)
+            ended.append(ctx.task_id)
+            return "saw the cancel"
+
+    tid = submit(api, "h", max_attempts=3)
+
+    def cancel_when_started() -> None:
+        started.wait(30)
+        api.post(f"/v1/tasks/{tid}/cancel")
+
+    canceller = threading.Thread(target=cancel_when_started)
+    canceller.start()
+    asyncio.run(run_until(worker, lambda: bool(ended) and not worker.running))
+    canceller.join()
+    task = wait_state(api, tid, {"cancelled"})
+    assert task["attempts_used"] == 1 and task["result"] is None, task
+    reported = _reported(api, tid)
+    assert len(reported) == 1, reported
+    assert reported[0]["ok"] is False, reported
+    assert reported[0]["error"]["code"] == "CANCELLED", reported
