@@ -424,6 +424,14 @@ class TaskError(Response):
     retryable: bool | None
 
 
+class BackoffView(Response):
+    """A task's backoff as stored, in seconds (``BackoffSpec`` as submitted)."""
+
+    base: float
+    factor: float
+    max: float
+
+
 class TaskView(Response):
     id: str
     queue: str
@@ -437,6 +445,7 @@ class TaskView(Response):
     retry_safe: bool
     attempts_used: int
     max_attempts: int
+    backoff: BackoffView
     attempt_timeout: float | None
     deadline: str | None
     run_after: str

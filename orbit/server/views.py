@@ -56,6 +56,11 @@ def task_wire(t: Task) -> dict[str, Any]:
         "retry_safe": t.retry_safe,
         "attempts_used": t.attempts_used,
         "max_attempts": t.max_attempts,
+        "backoff": {
+            "base": t.backoff.base_us / 1_000_000,
+            "factor": t.backoff.factor,
+            "max": t.backoff.max_us / 1_000_000,
+        },
         "attempt_timeout": us_to_seconds(t.attempt_timeout_us),
         "deadline": instant_to_wire(t.deadline),
         "run_after": _at(t.run_after),
