@@ -881,6 +881,15 @@ class CancelMessage(Response):
     attempt_ids: list[str]
 
 
+class DrainMessage(Response):
+    """Pushed (no req_id) when the session was drained other than by its worker's own
+    ``drain``: an operator's ``POST /v1/workers/{id}/drain``, or a resume of a session
+    already draining. The worker stops as on SIGTERM: running attempts finish, then it
+    exits."""
+
+    type: Literal["drain"] = "drain"
+
+
 class ErrorMessage(Response):
     type: Literal["error"] = "error"
     req_id: str | None
@@ -899,5 +908,6 @@ WORKER_REPLIES: dict[str, type[Response]] = {
     "finished_many": FinishedManyMessage,
     "ack": AckMessage,
     "cancel": CancelMessage,
+    "drain": DrainMessage,
     "error": ErrorMessage,
 }

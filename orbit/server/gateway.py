@@ -10,10 +10,10 @@ on this node, by NOTIFY from another node on PostgreSQL, or by the slow poll fal
 and pushes ``tasks``; the store's caps decide how many each session gets.
 
 The dispatcher serves every connection on the node from one loop, so it never waits for
-a socket: a push (``tasks``, ``cancel``) goes out at once when the socket takes it, and
-otherwise waits by itself (``WorkerConnection.send_nowait``) while the dispatcher goes on
-to the next worker. A connection with such a push waiting is offered nothing more until
-it has gone out.
+a socket: a push (``tasks``, ``cancel``, ``drain``) goes out at once when the socket
+takes it, and otherwise waits by itself (``WorkerConnection.send_nowait``) while the
+dispatcher goes on to the next worker. A connection with such a push waiting is offered
+nothing more until it has gone out.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from orbit.protocol.messages import (
     CapacityUpdate,
     Claim,
     Drain,
+    DrainMessage,
     ErrorMessage,
     Finish,
     FinishMany,
@@ -125,6 +126,9 @@ class WorkerConnection:
         #: current by ``capacity`` updates)
         self.handlers = handlers_of(session)
         self.push = push
+        #: the session is draining and its worker knows: it asked (``drain``) or was
+        #: pushed ``drain`` on this connection (``Dispatcher.push_drain``)
+        self.draining = False
         self.closed = False
         #: whether the last claim for this worker stopped at a capacity or cap (see
         #: ``Grants.blocked``): only then is a claim worth making when a permit frees
@@ -342,6 +346,18 @@ class Dispatcher:
                 message = CancelMessage(attempt_ids=attempt_ids)
                 conn.send_nowait(conn.send(message), then=self._wake.set)
 
+    def push_drain(self, session_id: str) -> None:
+        """Push ``drain`` to the session's connection here, if it has one: the session
+        was drained other than by its worker's own ``drain`` (an operator's drain, on
+        this node or another), so the worker stops as on SIGTERM once its running
+        attempts finish. Without it, the worker was offered nothing more and never
+        told: it heartbeated an idle session for ever. Not waited for, as a cancel."""
+        conn = self.connections.get(session_id)
+        if conn is not None and not conn.closed:
+            conn.push = False  # offered nothing more (its claims would be refused)
+            conn.draining = True
+            conn.send_nowait(conn.send(DrainMessage()))
+
     def close_fenced(self, session_id: str, epoch: int) -> None:
         """The session resumed elsewhere with ``epoch``: close its connection here if that
         holds an older one (the store fences it), rather than wait for the worker's next
@@ -469,6 +485,10 @@ class Dispatcher:
         except Rejected as exc:
             if exc.code == Code.SESSION_DRAINING:
                 conn.push = False  # drained from elsewhere (the HTTP API): stop offering
+                if not conn.draining:
+                    # Drained by an operator, and the push that says so never came here
+                    # (a NOTIFY sent while this node's LISTEN connection was away)
+                    self.push_drain(conn.session_id)
             elif exc.code in (Code.FENCED_EPOCH, Code.SESSION_EXPIRED):
                 # Superseded by a resume, or lapsed: the worker must resume on a new
                 # connection, so close this one and stop offering to it. Not waited for:
@@ -526,6 +546,8 @@ class _Protocol:
         self.conn: WorkerConnection | None = None
         #: the session was resumed (not opened) by this connection's handshake
         self.resumed = False
+        #: the session it resumed was already draining
+        self.draining = False
 
     async def error(
         self, req_id: str | None, code: str, message: str, field: str | None = None
@@ -585,6 +607,7 @@ class _Protocol:
                     )
                     push = msg.push
                     self.resumed = True
+                    self.draining = session.draining
                 else:
                     await self.error(
                         getattr(msg, "req_id", None), "HELLO_FIRST", "send hello or resume first"
@@ -632,6 +655,10 @@ class _Protocol:
         try:
             if self.resumed:
                 await self._push_missed_cancels(self.conn)
+                if self.draining:
+                    # Drained while no connection held it (an operator's drain while the
+                    # worker reconnected): said after the welcome, as missed cancels are.
+                    self.dispatcher.push_drain(self.conn.session_id)
             while not self.conn.closed:
                 msg = await self.receive()
                 if self.conn.closed and isinstance(msg, OPENING_WORK):
@@ -754,6 +781,7 @@ class _Protocol:
                 await conn.send(AckMessage(req_id=rid, op="capacity"))
                 self.dispatcher.wake_threadsafe()
             elif isinstance(msg, Drain):
+                conn.draining = True  # its own: no drain is pushed back to it
                 await in_thread(store.session_drain, sid, epoch)
                 conn.push = False
                 await conn.send(AckMessage(req_id=rid, op="drain"))

@@ -58,6 +58,9 @@ async def listen(
     dispatch round closes a fenced connection that takes pushes. ``<origin>:revoked:<token
     id>`` says a token was revoked: the connections opened with it here are closed
     (``revocations``; a node of an older version wakes, and leaves them open).
+    ``<origin>:drained:<session id>`` says an operator drained a session: ``drain`` is
+    pushed to it if it is attached here (a node of an older version wakes; its next
+    claim for the session finds it draining and stops offering to it).
     ``orbit_cancel`` carries ``<session id>:<attempt id>``, pushed to the session if it is
     attached here.
 
@@ -84,6 +87,9 @@ async def listen(
             elif kind[:1] == ["revoked"]:
                 if revocations is not None and len(kind) == 2 and kind[1].isalnum():
                     revocations.revoked([kind[1]])
+            elif kind[:1] == ["drained"]:
+                if len(kind) == 2 and kind[1]:
+                    dispatcher.push_drain(kind[1])
             else:
                 dispatcher.wake_threadsafe()
         elif channel == "orbit_cancel":

@@ -1187,7 +1187,12 @@ async def worker_list(
     response_model=WorkerView,
 )
 async def worker_drain(request: Request, session_id: str) -> Response:
+    """Stop new claims for the session, durably. Its worker is pushed `drain` and
+    exits once its running attempts finish."""
     session = await in_thread(_store(request).session_drain, session_id)
+    # Told by this node if it holds the session's connection; on PostgreSQL another
+    # node that holds it hears the drain's NOTIFY (``Store.session_drain``).
+    request.app.state.dispatcher.push_drain(session_id)
     return _json(worker_view(session))
 
 

@@ -1896,13 +1896,19 @@ class Store:
         """Durably stop new claims for the session; running attempts carry on.
 
         A worker's own drain carries its epoch and is fenced like any report; an
-        operator's drain (``epoch=None``) applies to whichever epoch is current.
+        operator's drain (``epoch=None``) applies to whichever epoch is current, and on
+        PostgreSQL tells the other nodes (``NOTIFY orbit_ready``, payload
+        ``<origin>:drained:<session id>``), so that the one holding the session's
+        connection pushes it ``drain`` (the node that drained it pushes it itself). It
+        is sent again by a repeated drain: the worker may have missed the first.
         """
 
         def build(tx: _Tx) -> tuple[Plan, Session]:
             plan = Plan()
             _wait_for_claims(tx)
             session = tx.session(session_id, lock=True)
+            if epoch is None:
+                tx.write_batch(notify=[("orbit_ready", f"{self.origin}:drained:{session_id}")])
             if epoch is not None and epoch != session.epoch:
                 plan.reject(
                     Code.FENCED_EPOCH,

@@ -1,5 +1,5 @@
 """The low-level worker connection: one WebSocket, request/reply by ``req_id``, and a
-queue of what the server pushes (``tasks``, ``cancel``).
+queue of what the server pushes (``tasks``, ``cancel``, ``drain``).
 
 It does no leasing or retrying on its own; the automatic runner builds on it. The token
 travels in the ``Authorization`` header of the upgrade, never in the URL.

@@ -15,7 +15,11 @@ Guarantees the runner keeps:
   the lease is lost (or we cannot renew before it runs out), the handler is cancelled and
   its result is dropped;
 - a finish whose reply was lost is re-sent with the very same outcome after a reconnect
-  and resume; the server answers it with the original receipt, so it commits once;
+  and resume; the server answers it with the original receipt, so it commits once; one
+  not yet sent when the connection dropped is sent after the reconnect only if its lease
+  is still ours, and the pauses between reconnect tries never pass half of what is left
+  of the soonest lease, so a node back in time still gets the results;
+- an operator's drain (the server pushes ``drain``) stops the worker as SIGTERM does;
 - cancellation reaches the handler at once: an async handler's task is cancelled; a plain
   function sees ``ctx.cancelled`` become true and is waited for a bounded time;
 - shutdown never hangs: after the grace period running handlers are cancelled, and a
@@ -105,6 +109,13 @@ RETRY_AFTER_MAX_S = 30.0
 #: the refusals of an upgrade whose ``Retry-After`` is waited out: a proxy or balancer in
 #: front whose nodes are away (503), or that limits the rate of connections (429)
 RETRY_AFTER_STATUSES = frozenset({429, 503})
+#: While running attempts hold leases, a reconnect pause (``Retry-After`` included) is
+#: never longer than half of what is left of the soonest of them, as a failed renewal's
+#: retry is not (``Worker._lease_bound``), nor shorter than this, in seconds. Paced by
+#: the back-off alone (up to ``reconnect_max``, or twice a ``Retry-After``), a worker
+#: slept past its leases although its node was back: the finished handlers' results
+#: were dropped, and their tasks that are not retry_safe went to needs_review.
+RECONNECT_LEASE_FLOOR_S = 0.05
 #: how long a prefetched attempt waits before the runner may take it for a claim that ran
 #: out (``Worker._drop_stale``): the server's default claim lease (docs/concepts.md)
 CLAIM_STALE_S = 30.0
@@ -190,6 +201,11 @@ class Fail(Exception):
 
 class Cancelled(Exception):
     """Raised by ``ctx.check()`` once the attempt must stop."""
+
+
+class _LeaseLapsed(Exception):
+    """A finish not sent: its attempt's lease ran out while it waited for a connection
+    (``Worker._send_finishes``)."""
 
 
 class _Exited(Exception):
@@ -893,7 +909,7 @@ class Worker:
                 # the back-off's pace instead, it spent on refusals the load it was
                 # shedding. (Orbit's worker endpoint itself refuses no upgrade with 503.)
                 retry_after = _retry_after(exc)
-                delay = backoff.pause(retry_after)
+                delay = self._lease_bound(backoff.pause(retry_after))
                 if bad_token:
                     log.error("no token to reconnect with (%s); retrying", exc)
                 else:
@@ -904,6 +920,22 @@ class Worker:
                         delay,
                     )
                 await asyncio.sleep(delay)
+
+    def _lease_bound(self, pause: float) -> float:
+        """``pause`` cut to half of what is left of the soonest lease still held (never
+        under ``RECONNECT_LEASE_FLOOR_S``): a node back before the lease runs out is
+        reached in time to renew it and to send the results waiting for it. A lease
+        beats a server's ``Retry-After``: a try refused again costs one request, an
+        attempt lost costs its work."""
+        now = time.monotonic()
+        left = [
+            r.lease_expires - now
+            for r in self.running.values()
+            if not r.lost and r.lease_expires > now
+        ]
+        if not left:
+            return pause
+        return min(pause, max(min(left) / 2, RECONNECT_LEASE_FLOOR_S))
 
     def _token_now(self) -> str | None:
         """The token as read now, or None if it cannot be read (a file being rewritten,
@@ -967,6 +999,8 @@ class Worker:
                 running = self.running.get(attempt_id)
                 if running is not None:
                     self._cancel_task(running)
+        elif kind == "drain":
+            self._drained_by_server()
         elif kind == "error":
             # A request the server refused unread (not JSON, too large, a req_id it could
             # not take): it cannot say which, and that request times out. Said here, or
@@ -976,6 +1010,22 @@ class Worker:
                 msg.get("code"),
                 msg.get("message"),
             )
+
+    def _drained_by_server(self) -> None:
+        """The server pushed ``drain``: the session was drained by an operator
+        (``POST /v1/workers/{id}/drain``, ``orbit worker drain``), and is offered no more
+        work. Taken as the worker's own graceful stop (SIGTERM): the running attempts
+        finish, then the run ends. Ignored, the worker heartbeated an idle session for
+        ever, and nothing said why it got no more tasks."""
+        if self._stopping:
+            return  # already draining: a repeat, or the push after a resume
+        log.info(
+            "drained by the server (an operator's drain): no new tasks; stopping once the "
+            "%d running attempt(s) finish",
+            len(self.running),
+        )
+        self._stopping = True
+        self._stop_events(False)
 
     async def _request(self, call: Callable[[WorkerConnection], Awaitable[Any]]) -> Any:
         """Run a request, riding over reconnects: wait for a live connection, retry once it
@@ -1004,6 +1054,30 @@ class Worker:
         return _items(results, "lease")
 
     async def _send_finishes(self, items: list[FinishItem]) -> list[dict[str, Any] | BaseException]:
+        """Send a batch of finishes, each for the first time: only those whose lease is
+        still ours once the connection is up. A finish queued while the connection was
+        down was sent after the reconnect however long that took, and the server
+        refused it (``ATTEMPT_ENDED``, a ``rejected`` event) after the runner had logged
+        the attempt lost and its outcome unreported. (A finish whose reply was lost is
+        sent again inside ``_request``, whatever its lease: that copy may have landed.)"""
+        await self._connected.wait()
+        now = time.monotonic()
+        lapsed = {a for a, _, _, _ in items if not self._lease_held(a, now)}
+        if not lapsed:
+            return await self._send_finish_items(items)
+        sendable = [item for item in items if item[0] not in lapsed]
+        answers = iter(await self._send_finish_items(sendable) if sendable else [])
+        return [_LeaseLapsed() if item[0] in lapsed else next(answers) for item in items]
+
+    def _lease_held(self, attempt_id: str, now: float) -> bool:
+        """Whether the attempt's lease is ours at ``now`` (an attempt no longer known
+        here is left to the server to judge)."""
+        running = self.running.get(attempt_id)
+        return running is None or (not running.lost and now < running.lease_expires)
+
+    async def _send_finish_items(
+        self, items: list[FinishItem]
+    ) -> list[dict[str, Any] | BaseException]:
         if len(items) == 1:
             ((attempt_id, fence, report, _),) = items
             try:
@@ -1125,6 +1199,9 @@ class Worker:
             try:
                 await self._finishes.submit(item, size=size)
                 return True
+            except _LeaseLapsed:
+                _log_dropped(running)  # its lease ran out while it waited to be sent
+                return False
             except ServerError as exc:
                 if exc.code != FINISH_NOT_TRIED or not self._lease_valid(running):
                     log.warning("finish of %s refused: %s", attempt_id, exc.code)
