@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -11,9 +12,25 @@ import psycopg
 import pytest
 
 from orbit.core.model import Capability, Grant, Outcome, Session, TaskSpec
+from orbit.server.gateway import Dispatcher
+from orbit.server.metrics import Metrics
 from orbit.store import Store
 from orbit.store import store as store_module
 from orbit.store.postgres.driver import PostgresDriver, to_positional
+
+
+class Watched(Dispatcher):
+    """A node's dispatcher that says when it is first woken: ``listen`` wakes it once
+    LISTEN is established (the tests of notices from another node wait for that)."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store, poll_interval=60, metrics=Metrics(store))
+        self.listening = asyncio.Event()
+
+    def wake_threadsafe(self, *args: Any) -> None:
+        super().wake_threadsafe(*args)
+        self.listening.set()
+
 
 #: a safety net for the race tests' waits: every one ends on an event long before
 RACE_WAIT = 30.0

@@ -19,7 +19,7 @@ from orbit.server.gateway import Dispatcher, WorkerConnection
 from orbit.server.listen import listen
 from orbit.server.metrics import Metrics
 from orbit.store import Store
-from tests.store.helpers import worker
+from tests.store.helpers import Watched, worker
 
 _WAIT = 10.0  # a safety net: every wait below ends on an event long before
 
@@ -53,18 +53,6 @@ class Socket:
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
         raise AssertionError(f"nothing should be closed: {code} {reason}")
-
-
-class Watched(Dispatcher):
-    """Says when it is first woken: ``listen`` wakes it once LISTEN is established."""
-
-    def __init__(self, store: Store) -> None:
-        super().__init__(store, poll_interval=60, metrics=Metrics(store))
-        self.listening = asyncio.Event()
-
-    def wake_threadsafe(self, *args: Any) -> None:
-        super().wake_threadsafe(*args)
-        self.listening.set()
 
 
 def test_a_drain_on_another_node_is_pushed_to_the_worker_here(store: Store) -> None:

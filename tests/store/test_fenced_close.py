@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, cast
+from typing import cast
 
 import psycopg
 import pytest
 from fastapi import WebSocket
 
-from orbit.server.gateway import Dispatcher, WorkerConnection
+from orbit.server.gateway import WorkerConnection
 from orbit.server.listen import listen
-from orbit.server.metrics import Metrics
 from orbit.store import Store
 from tests.invariants import check_all
-from tests.store.helpers import worker
+from tests.store.helpers import Watched, worker
 
 _WAIT = 10.0  # a safety net: every wait below ends on an event long before
 
@@ -38,18 +37,6 @@ class ClosingSocket:
     async def close(self, code: int = 1000, reason: str = "") -> None:
         self.closed_with = (code, reason)
         self.closed.set()
-
-
-class Watched(Dispatcher):
-    """Says when it is first woken: ``listen`` wakes it once LISTEN is established."""
-
-    def __init__(self, store: Store) -> None:
-        super().__init__(store, poll_interval=60, metrics=Metrics(store))
-        self.listening = asyncio.Event()
-
-    def wake_threadsafe(self, *args: Any) -> None:
-        super().wake_threadsafe(*args)
-        self.listening.set()
 
 
 def test_a_resume_elsewhere_notifies_its_new_epoch(store: Store) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, cast
+from typing import cast
 
 import psycopg
 import pytest
@@ -22,7 +22,7 @@ from orbit.server.listen import listen
 from orbit.server.metrics import Metrics
 from orbit.server.revocation import Revocations
 from orbit.store import InjectedFault, Store
-from tests.store.helpers import claim_one, queue, run_one, submit, worker
+from tests.store.helpers import Watched, claim_one, queue, run_one, submit, worker
 
 _WAIT = 10.0  # a safety net: every wait below ends on an event long before
 
@@ -74,18 +74,6 @@ class ClosingSocket:
     async def close(self, code: int = 1000, reason: str = "") -> None:
         self.closed_with = (code, reason)
         self.closed.set()
-
-
-class Watched(Dispatcher):
-    """Says when it is first woken: ``listen`` wakes it once LISTEN is established."""
-
-    def __init__(self, store: Store) -> None:
-        super().__init__(store, poll_interval=60, metrics=Metrics(store))
-        self.listening = asyncio.Event()
-
-    def wake_threadsafe(self, *args: Any) -> None:
-        super().wake_threadsafe(*args)
-        self.listening.set()
 
 
 @pytest.mark.parametrize("missed", [False, True], ids=["notice", "missed-notice"])
