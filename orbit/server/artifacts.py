@@ -67,21 +67,33 @@ def _header_counter(request: Request, name: str) -> int:
     dependencies=[Depends(require("worker"))],
     status_code=201,
     response_model=ArtifactView,
+    responses={
+        200: {
+            "model": ArtifactView,
+            "description": "a repeat: the attempt's artifact of this name, committed "
+            "already with the digest X-Orbit-Sha256 declares (and the body has); nothing "
+            "was written",
+        }
+    },
 )
 async def artifact_upload(request: Request, attempt_id: str, name: str) -> JSONResponse:
     """Headers: X-Orbit-Session, X-Orbit-Epoch, X-Orbit-Fence (the attempt's), Content-Type,
-    optional X-Orbit-Sha256 (checked) and X-Orbit-TTL (seconds)."""
+    optional X-Orbit-Sha256 (checked) and X-Orbit-TTL (seconds). 201 for a new artifact;
+    200 for a repeat of the upload that committed it (same name, same X-Orbit-Sha256:
+    one whose reply was lost, sent again), answered with that artifact."""
     try:
-        artifact = await _receive(request, attempt_id, name)
+        artifact, repeat = await _receive(request, attempt_id, name)
     except OrbitError as exc:
         # A refused upload is a refused worker report: counted as the gateway counts one.
         request.app.state.metrics.report_refused(exc)
         raise
-    return JSONResponse(artifact_view(artifact).model_dump(mode="json"), status_code=201)
+    status = 200 if repeat else 201
+    return JSONResponse(artifact_view(artifact).model_dump(mode="json"), status_code=status)
 
 
-async def _receive(request: Request, attempt_id: str, name: str) -> Artifact:
-    """Stream the body into a fenced upload and commit it; abort it on any failure."""
+async def _receive(request: Request, attempt_id: str, name: str) -> tuple[Artifact, bool]:
+    """Stream the body into a fenced upload and commit it; abort it on any failure.
+    Returns the artifact, and whether the upload was a repeat of the one that stored it."""
     store: Store = request.app.state.store
     session_id = request.headers.get("x-orbit-session", "")
     if not 0 < len(session_id) <= 64:
@@ -107,23 +119,31 @@ async def _receive(request: Request, attempt_id: str, name: str) -> Artifact:
         ttl_us = int(ttl) * SECOND
     limit = store.config.max_artifact_bytes
     if declares_over(request.headers.get("content-length"), limit):
-        raise ApiError(413, str(Code.ARTIFACT_TOO_LARGE), f"artifacts are at most {limit} bytes")
+        raise _too_large(limit)
     content_type = request.headers.get("content-type", "application/octet-stream")
-    artifact_id = await run_in_threadpool(
-        partial(store.artifact_begin, name=name, content_type=content_type, ttl_us=ttl_us),
+    begun = await run_in_threadpool(
+        partial(
+            store.artifact_begin,
+            name=name,
+            content_type=content_type,
+            ttl_us=ttl_us,
+            sha256=expected,
+        ),
         session_id,
         epoch,
         attempt_id,
         fence,
     )
+    if isinstance(begun, Artifact):
+        await _repeated(request, begun, limit)
+        return begun, True
+    artifact_id = begun
     digest, size, seq, buffer = hashlib.sha256(), 0, 0, bytearray()
     try:
         async for piece in request.stream():
             size += len(piece)
             if size > limit:
-                raise ApiError(
-                    413, str(Code.ARTIFACT_TOO_LARGE), f"artifacts are at most {limit} bytes"
-                )
+                raise _too_large(limit)
             digest.update(piece)
             buffer += piece
             while len(buffer) >= CHUNK:
@@ -157,7 +177,26 @@ async def _receive(request: Request, attempt_id: str, name: str) -> Artifact:
                 type(failed).__name__,
             )
         raise
-    return artifact
+    return artifact, False
+
+
+async def _repeated(request: Request, artifact: Artifact, limit: int) -> None:
+    """Read a repeat's body whole and check that it is the bytes its X-Orbit-Sha256
+    declared (the store found the artifact by that digest); write nothing. Read before
+    the answer: one sent while the client was still sending broke its send."""
+    digest, size = hashlib.sha256(), 0
+    async for piece in request.stream():
+        size += len(piece)
+        if size > limit:
+            raise _too_large(limit)
+        digest.update(piece)
+    sha = digest.hexdigest()
+    if sha != artifact.sha256:
+        raise OrbitError(Code.DIGEST_MISMATCH, f"the body's sha256 is {sha}, not {artifact.sha256}")
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, str(Code.ARTIFACT_TOO_LARGE), f"artifacts are at most {limit} bytes")
 
 
 @router.get(

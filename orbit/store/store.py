@@ -2425,16 +2425,26 @@ class Store:
         name: str,
         content_type: str,
         ttl_us: int | None = None,
-    ) -> str:
-        """Open an upload for a running attempt (fenced like any report); return its id."""
+        sha256: str | None = None,
+    ) -> str | Artifact:
+        """Open an upload for a running attempt (fenced like any report); return its id.
+
+        ``sha256``, the digest the upload declares it holds, makes a repeat safe: when the
+        attempt has committed an artifact of this name with that digest (the upload sent
+        again, its reply lost), that artifact is returned instead, nothing written.
+        Without it, or with another digest, the name is ARTIFACT_EXISTS."""
         check_name("artifact name", name)
         problem = content_type_problem(content_type)
         if problem is not None:
             raise OrbitError(Code.INVALID_ARGUMENT, problem)
         ttl = self.config.artifact_ttl_us if ttl_us is None else ttl_us
         check_int("ttl", ttl, SECOND, MAX_DURATION_US)
+        if sha256 is not None:
+            sha256 = str(sha256).lower()  # as hexdigest() wrote the stored one
+            if len(sha256) != 64 or not set(sha256) <= set("0123456789abcdef"):
+                raise OrbitError(Code.INVALID_ARGUMENT, "sha256 must be 64 hex digits")
 
-        def build(tx: _Tx) -> tuple[Plan, str | None]:
+        def build(tx: _Tx) -> tuple[Plan, str | Artifact | None]:
             plan = Plan()
             task, attempt, session = self._report_rows(tx, attempt_id, session_id)
             now = tx.now()
@@ -2459,15 +2469,32 @@ class Store:
                 now=now,
                 expires_at=now + ttl,
             )
-            if not made:
-                raise OrbitError(
-                    Code.ARTIFACT_EXISTS, f"the attempt already has an artifact named {name}"
+            if made:
+                return plan, artifact_id
+            # The name is committed already (its unfinished upload was deleted above).
+            stored = (
+                tx.fetch("artifact_ready_named", attempt_id=attempt.id, name=name)
+                if sha256 is not None
+                else []
+            )
+            if stored and stored[0]["sha256"] == sha256 and int(stored[0]["expires_at"]) > now:
+                return plan, R.artifact_from_row(stored[0])
+            if sha256 is None:
+                why = (
+                    ": send the bytes' sha256 (X-Orbit-Sha256), and a repeat of the upload "
+                    "that stored them is answered with that artifact"
                 )
-            return plan, artifact_id
+            elif stored and stored[0]["sha256"] == sha256:
+                why = ", expired"
+            else:
+                why = ", of other bytes (another sha256)"
+            raise OrbitError(
+                Code.ARTIFACT_EXISTS, f"the attempt already has an artifact named {name}{why}"
+            )
 
-        artifact_id = self._run_plan(build)
-        assert artifact_id is not None
-        return artifact_id
+        begun = self._run_plan(build)
+        assert begun is not None
+        return begun
 
     def artifact_write(self, artifact_id: str, seq: int, data: bytes) -> None:
         """Store one chunk of an upload (each chunk its own short transaction)."""

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import inspect
 import logging
 import math
@@ -313,8 +314,11 @@ class Context:
         """Attach an artifact to this attempt (bytes, or a file streamed from disk).
         Returns its metadata: id, size, sha256. Fenced like every report: refused once
         the attempt is no longer ours (an upload cut short by the worker's resume of its
-        session, the attempt still its own, is sent again). ``ttl``: whole seconds, from 1
-        to ``MAX_ARTIFACT_TTL_S``, or None for the server's default."""
+        session, the attempt still its own, is sent again). The bytes' sha256 goes with
+        them, so the same bytes uploaded again under the same name (a retry after
+        ``Unreachable``, the first upload committed all the same) return the artifact
+        stored. ``ttl``: whole seconds, from 1 to ``MAX_ARTIFACT_TTL_S``, or None for the
+        server's default."""
         if self._upload is None:
             raise RuntimeError("this context is not attached to a running worker")
         ttl = _check_upload_options(content_type, ttl)
@@ -1393,6 +1397,12 @@ class Worker:
             # that httpx removes from a path, sent the PUT to another route (404).
             error = {"code": str(exc.code), "message": exc.message}
             raise ServerError(error["code"], exc.message, error) from None
+        # Sent with its digest (X-Orbit-Sha256): a handler's retry of an upload whose reply
+        # was lost (Unreachable, though the server committed it) is answered with the
+        # stored artifact, where it was refused ARTIFACT_EXISTS. The header goes before
+        # the body, so a file is read for it first (off the loop), then again as it is
+        # sent: one changed in between is refused DIGEST_MISMATCH, not stored.
+        sha256 = await asyncio.to_thread(_sha256_of, data)
         sends = 0
         while True:
             conn = self._conn
@@ -1402,7 +1412,7 @@ class Worker:
             sends += 1
             try:
                 return await self._send_upload(
-                    attempt_id, fence, name, data, content_type, ttl, session_id, epoch
+                    attempt_id, fence, name, data, content_type, ttl, session_id, epoch, sha256
                 )
             except ServerError as exc:
                 if (
@@ -1446,6 +1456,7 @@ class Worker:
         ttl: int | None,
         session_id: str,
         epoch: str,
+        sha256: str,
     ) -> dict[str, Any]:
         """One PUT of the upload, under ``session_id`` and ``epoch``."""
         headers = {
@@ -1455,6 +1466,7 @@ class Worker:
             "X-Orbit-Session": session_id,
             "X-Orbit-Epoch": epoch,
             "X-Orbit-Fence": fence,
+            "X-Orbit-Sha256": sha256,
         }
         if ttl is not None:
             headers["X-Orbit-TTL"] = str(ttl)  # an int in range: Context.upload checked it
@@ -2050,6 +2062,14 @@ def _upload_reply(status: int, raw: bytes) -> dict[str, Any]:
     code = "HTTP_ERROR" if status >= 400 else "REDIRECT" if status >= 300 else "NOT_JSON"
     message = str(error.get("message", f"HTTP {status}"))
     raise ServerError(str(error.get("code", code)), message, error)
+
+
+def _sha256_of(data: bytes | Path) -> str:
+    """The sha256 of an upload's bytes, or of a file's, read in chunks."""
+    if isinstance(data, bytes):
+        return hashlib.sha256(data).hexdigest()
+    with data.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 async def _file(path: Path) -> AsyncIterator[bytes]:

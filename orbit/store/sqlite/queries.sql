@@ -507,6 +507,12 @@ VALUES (:id, :task_id, :attempt_id, :name, :content_type, 0, NULL, 'uploading', 
 ON CONFLICT (attempt_id, name) DO NOTHING
 RETURNING id;
 
+-- name: artifact_ready_named
+-- The attempt's committed artifact of this name: a begin that declares the digest it
+-- holds is a repeat of the upload that stored it (its reply lost), answered with it.
+SELECT * FROM orbit_artifacts
+WHERE attempt_id = :attempt_id AND name = :name AND state = 'ready';
+
 -- name: artifact_uploading_delete
 -- A begin replaces an unfinished upload of its name: the attempt's earlier one was cut
 -- off (its server killed mid-body, so never aborted) or is being given up by its worker.
