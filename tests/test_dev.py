@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import pty
 import queue
 import re
+import select
 import signal
 import socket
 import sqlite3
@@ -150,7 +152,9 @@ def test_a_second_orbit_dev_on_one_data_dir_is_refused_before_it_writes(tmp_path
     finally:
         os.close(held)
     assert second.returncode == 1, second.stdout + second.stderr
-    assert "another orbit server is serving" in second.stderr, second.stderr
+    # in orbit dev's words: the store's ("use PostgreSQL for more") are for servers
+    assert f"another orbit dev (or orbit server) is using --data-dir {data}" in second.stderr
+    assert "PostgreSQL" not in second.stderr, second.stderr
     assert "Traceback" not in second.stderr, second.stderr
     assert not (data / "token").exists()
     with sqlite3.connect(data / "orbit.db") as cx:
@@ -256,6 +260,38 @@ def test_orbit_dev_names_its_token_file_by_an_absolute_path(tmp_path: Path) -> N
     assert "stopping (--once)" in run.stdout and "Ctrl-C" not in run.stdout, run.stdout
 
 
+def test_the_commands_to_try_find_orbit_in_a_fresh_shell(tmp_path: Path) -> None:
+    """ "Try, in another shell: orbit task submit ..." found no ``orbit`` there:
+    ``./scripts/dev`` runs it from ``.venv`` unactivated, and a fresh shell's PATH has
+    none. The lines printed, pasted into a shell with a bare PATH, find this ``orbit``."""
+    run = _dev("--port", "0", "--data-dir", str(tmp_path / "dot-orbit"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    tried = run.stdout.split("Try, in another shell:\n", 1)[1]
+    setup = [line.strip() for line in tried.splitlines() if line.startswith("  source ")]
+    assert setup, run.stdout
+    found = subprocess.run(
+        ["bash", "-c", f"{setup[0]} && command -v orbit"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
+    assert found.returncode == 0, found.stderr
+    assert Path(found.stdout.strip()) == Path(sys.prefix).absolute() / "bin" / "orbit"
+
+
+def test_orbit_dev_on_every_address_prints_a_url_a_client_can_use(tmp_path: Path) -> None:
+    """``--host 0.0.0.0`` printed ``http://0.0.0.0:PORT`` as the URL and as the
+    ``ORBIT_URL`` to export: an address to listen on, not one to connect to. The URL is
+    the loopback one, and the first line says it listens on every address."""
+    run = _dev("--host", "0.0.0.0", "--port", "0", "--data-dir", str(tmp_path / "dot-orbit"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "0.0.0.0:" not in run.stdout, run.stdout
+    found = re.search(r"export ORBIT_URL=(http://127\.0\.0\.1:\d+) ", run.stdout)
+    assert found is not None, run.stdout
+    assert f"at {found.group(1)} (listening on all addresses, 0.0.0.0)" in run.stdout
+
+
 def test_orbit_dev_interrupted_while_it_starts_stops_cleanly(tmp_path: Path) -> None:
     """Ctrl-C in ``orbit dev``'s first second (the database prepared, the server
     starting) cancelled the start-up half way: uvicorn logged the cancelled start as an
@@ -273,6 +309,55 @@ def test_orbit_dev_interrupted_while_it_starts_stops_cleanly(tmp_path: Path) -> 
     with sqlite3.connect(data / "orbit.db") as cx:
         assert cx.execute("SELECT count(*) FROM orbit_tasks").fetchone() == (0,)
     cx.close()
+
+
+def _ctrl_c_on_a_terminal(argv: list[str], after: bytes) -> tuple[int, str]:
+    """``argv`` run on a pty, with Ctrl-C typed (the terminal's SIGINT to its process
+    group, as a user's) once its output holds ``after``: its exit status and output."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the test runner may ignore SIGINT, which exec keeps
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.execv(argv[0], argv)
+    out = b""
+    typed = closed = False
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 1)
+            try:
+                data = os.read(fd, 65536) if ready else b""
+            except OSError:  # EIO: the child's side of the pty is closed; it has ended
+                closed = True
+                break
+            if ready and not data:
+                closed = True
+                break
+            out += data
+            if not typed and after in out:
+                os.write(fd, b"\x03")
+                typed = True
+        assert typed, out.decode(errors="replace")
+    finally:
+        if not closed:  # still running: past the deadline, or an assertion failed
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+    return os.waitstatus_to_exitcode(status), out.decode(errors="replace")
+
+
+def test_ctrl_c_while_orbit_dev_imports_its_server_exits_130_quietly(tmp_path: Path) -> None:
+    """Ctrl-C typed while ``orbit dev`` imported its server (some 0.7 s of its first
+    two) met asyncio.run's own SIGINT handler, ``_Stopping``'s not yet installed: it
+    cancelled the start-up half way, uvicorn logged an ERROR with its traceback, and it
+    exited 130. The import comes before the event loop now: exit 130, no traceback,
+    nothing written. The key is typed on a terminal once ``-X importtime`` reports
+    ``uvicorn`` imported, the first of the server's imports."""
+    data = tmp_path / "dot-orbit"
+    argv = [sys.executable, "-X", "importtime", "-m", "orbit.cli", "dev", "--port", "0"]
+    status, out = _ctrl_c_on_a_terminal([*argv, "--data-dir", str(data)], b"| uvicorn\r\n")
+    assert status == 130, out
+    assert "Traceback" not in out and "ERROR" not in out, out
+    assert not data.exists(), out
 
 
 def test_the_demo_that_fails_on_purpose_prints_no_traceback(tmp_path: Path) -> None:

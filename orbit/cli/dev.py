@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import os
+import shlex
 import signal
 import stat
+import sys
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
@@ -288,6 +291,16 @@ async def _run_demo(url: str, token: str, stop: asyncio.Event) -> Table | None:
     return table
 
 
+def _on_path() -> str:
+    """The line that puts this ``orbit`` on a fresh shell's PATH, if it runs from a
+    virtual environment: the commands printed are for another shell, where ``orbit`` was
+    not found (``./scripts/dev`` runs it from ``.venv`` without activating it)."""
+    activate = Path(sys.prefix) / "bin" / "activate"
+    if sys.prefix == sys.base_prefix or not activate.is_file():
+        return ""
+    return f"  source {shlex.quote(str(activate.absolute()))}\n"
+
+
 def _next_steps(url: str, here: Path, once: bool) -> None:
     """What to try next. Under --once it stops now: it says so, and what a run without
     it would serve."""
@@ -299,6 +312,7 @@ def _next_steps(url: str, here: Path, once: bool) -> None:
     console.print(
         f"\n{running}\n"
         "Try, in another shell:\n"
+        f"{_on_path()}"
         f"  export ORBIT_URL={url} ORBIT_TOKEN_FILE={here / 'token'}\n"
         "  orbit task submit demo demo.echo --payload '{\"hi\": 1}' --wait\n"
         "  orbit task ls\n"
@@ -331,14 +345,34 @@ async def _work(url: str, token: str, here: Path, once: bool, stopping: _Stoppin
             await asyncio.wait_for(working, 10)
 
 
+def _client_url(sock: socket, host: str) -> str:
+    """The URL a client on this machine reaches the server by: a wildcard host
+    (``0.0.0.0``, ``::``) is every address to listen on, not one to connect to, and
+    ``http://0.0.0.0:8000`` was printed as the URL and as ``ORBIT_URL`` to export."""
+    with contextlib.suppress(ValueError):  # a name, not an address
+        if ipaddress.ip_address(host).is_unspecified:
+            return url_of(sock, "::1" if ":" in host else "127.0.0.1")
+    return url_of(sock, host)
+
+
+def _hold(data_dir: Path) -> int | None:
+    """The one-server lock on ``data_dir``'s database, or None if another process holds
+    it (another ``orbit dev``, or an ``orbit server`` on that file)."""
+    from orbit.store.sqlite import DatabaseInUse, hold_for_server
+
+    try:
+        return hold_for_server(str(data_dir / "orbit.db"))
+    except DatabaseInUse:
+        return None
+
+
 def _open(host: str, port: int, data_dir: Path, after: ExitStack) -> tuple[socket, str, Store]:
     """Bind, take the one-server lock, prepare the database and open its store; ``after``
     closes each once the event loop is closed (as ``orbit server`` closes its store once
     uvicorn has returned: a stop at once leaves the application's shutdown out). Returns
     the socket, the admin token and the store."""
-    from orbit.cli.main import database
+    from orbit.cli.main import _fail, database
     from orbit.store import StoreConfig, open_store
-    from orbit.store.sqlite import hold_for_server
 
     # Bound before anything is written: a port in use or a host that cannot be listened
     # on is refused with no database made and no admin token minted for nothing.
@@ -348,7 +382,13 @@ def _open(host: str, port: int, data_dir: Path, after: ExitStack) -> tuple[socke
     # migrates the database, or mints an admin token and rewrites the token file.
     _make_data_dir(data_dir)
     with database(f"sqlite:///{data_dir / 'orbit.db'}"):  # one line, exit 1
-        held = hold_for_server(str(data_dir / "orbit.db"))
+        held = _hold(data_dir)
+    if held is None:  # the store's words ("use PostgreSQL for more") are for servers
+        _fail(
+            f"another orbit dev (or orbit server) is using --data-dir {data_dir}: "
+            "stop it, or pass another --data-dir",
+            1,
+        )
     after.callback(os.close, held)
     db_url, token = _prepare(data_dir)
     with database(db_url):
@@ -359,16 +399,16 @@ def _open(host: str, port: int, data_dir: Path, after: ExitStack) -> tuple[socke
 
 async def serve(host: str, port: int, data_dir: Path, once: bool, after: ExitStack) -> int:
     """Serve until stopped; ``after`` holds what is closed once the event loop is."""
-    import uvicorn
+    # Signals ask for the stop below from the start; the server leaves them to us.
+    stopping = _Stopping()
+    stopping.install(asyncio.get_running_loop())
+    import uvicorn  # imported already (_import_server): these take no time
 
     from orbit.logs import configure
     from orbit.server import ServerSettings, create_app
     from orbit.server.denials import UVICORN_WS
 
     configure("warning")
-    # Signals ask for the stop below from the start; the server leaves them to us.
-    stopping = _Stopping()
-    stopping.install(asyncio.get_running_loop())
 
     class Server(uvicorn.Server):
         @contextlib.contextmanager
@@ -378,7 +418,7 @@ async def serve(host: str, port: int, data_dir: Path, once: bool, after: ExitSta
     sock, token, store = _open(host, port, data_dir, after)
     db_url = f"sqlite:///{data_dir / 'orbit.db'}"
     api = create_app(ServerSettings(db_url=db_url, node_id="orbit-dev"), store=store)
-    url = url_of(sock, host)
+    url = _client_url(sock, host)
     server = Server(
         uvicorn.Config(
             api,
@@ -398,7 +438,8 @@ async def serve(host: str, port: int, data_dir: Path, once: bool, after: ExitSta
     if not stopping.asked.is_set():  # asked during start-up: no demo, no worker
         # Absolute: the commands printed are to be pasted into another shell, maybe elsewhere.
         here = data_dir.resolve()
-        console.print(f"Orbit dev server on SQLite ({here / 'orbit.db'}) at {url}")
+        everywhere = "" if url == url_of(sock, host) else f" (listening on all addresses, {host})"
+        console.print(f"Orbit dev server on SQLite ({here / 'orbit.db'}) at {url}{everywhere}")
         await _work(url, token, here, once, stopping)
     api.state.streams.close()  # open event streams end: uvicorn waits for every response
     server.should_exit = True
@@ -407,6 +448,19 @@ async def serve(host: str, port: int, data_dir: Path, once: bool, after: ExitSta
         quiet_abandoned()  # cancelled as the loop closes, before the store is closed
     console.print("stopped")
     return 0
+
+
+def _import_server() -> None:
+    """Import the server (some 0.7 s) before the event loop runs. Imported in ``serve``,
+    a Ctrl-C met asyncio.run's own SIGINT handler, ``_Stopping``'s not yet installed:
+    it cancelled the start-up half way, which uvicorn logged as an ERROR with its
+    traceback (exit 130). Here a Ctrl-C is a KeyboardInterrupt, before anything is
+    written: a clean exit 130."""
+    import uvicorn  # noqa: F401
+
+    import orbit.logs
+    import orbit.server
+    import orbit.server.denials  # noqa: F401
 
 
 def dev(
@@ -421,7 +475,11 @@ def dev(
 
     Example: orbit dev --port 8000
     """
-    tune_for_throughput()
+    try:
+        tune_for_throughput()
+        _import_server()
+    except KeyboardInterrupt:  # Ctrl-C before the loop runs: nothing is written yet
+        raise typer.Exit(130) from None
     # Closed once the loop is, the tasks it still held (a stop at once leaves some) ended.
     with ExitStack() as after:
         code = asyncio.run(serve(host, port, data_dir, once, after))
