@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 EXIT_TASK_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_TIMEOUT = 1, 2, 3, 4, 5
 #: backpressure: a queue or tenant is full (429); nothing was written, try again later
 EXIT_FULL = 6
+#: Ctrl-C, as a shell reports a command SIGINT ended (128 + 2)
+EXIT_INTERRUPTED = 130
 # What these print is data (results, progress and error messages, ids, paths), never
 # rich markup: a "[/x]" in any of it was a MarkupError traceback, and ":x:" an emoji.
 out = Console(markup=False, emoji=False)
@@ -87,6 +89,12 @@ AsJson = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
 #: a queue's caps, as ``queue create`` and ``queue update`` take them
 MaxConcurrency = Annotated[int | None, typer.Option(help="live attempts at most (>= 1)")]
 Rate = Annotated[float | None, typer.Option(help=RATE_RANGE)]
+#: ``queue create``'s, which refuses a queue without both: said in the help, not made
+#: typer's required options, whose refusal named one of the two and not ``--rate 0``
+CreateMaxConcurrency = Annotated[
+    int | None, typer.Option(help="live attempts at most (>= 1); required")
+]
+CreateRate = Annotated[float | None, typer.Option(help=f"{RATE_RANGE}; required")]
 Burst = Annotated[int | None, typer.Option(help="token bucket size")]
 #: what ``--max-queued`` says, where it may also remove the cap
 MAX_QUEUED_HELP = "waiting (queued or scheduled) tasks at most; a submit past it is refused"
@@ -101,9 +109,10 @@ CONNECTION_HELP = (
 )
 #: The task commands' own exit codes, after those of every group.
 TASK_EXITS = (
-    "; 1 the task ended other than succeeded; 5 timed out; 6 the queue or tenant is "
-    "full (backpressure: nothing was submitted, try again later); 130 interrupted "
-    "(Ctrl-C: a task waited for goes on)."
+    "; 6 the queue or tenant is full (backpressure: nothing was submitted, try again "
+    "later). Of wait and submit --wait only (show exits 0 for any task it shows): 1 the "
+    "task ended other than succeeded; 5 timed out; 130 interrupted (Ctrl-C: the task "
+    "goes on, and the command says how to wait for it again)."
 )
 queue_app = typer.Typer(
     help="Queues: create, list, update caps, pause, resume." + CONNECTION_HELP + ".",
@@ -166,7 +175,7 @@ def client(url: str, cafile: str | None) -> Iterator[Client]:
             # reached, but not trusted: a set-up to mend (--cafile), not an outage
             why = cause.verify_message or str(cause)
             fail(f"the server's certificate is not trusted: {why} (see --cafile)", EXIT_USAGE)
-        fail(f"cannot reach {url}: {type(cause or exc).__name__}", EXIT_UNREACHABLE)
+        fail(f"cannot reach {url}: {_why_unreachable(url, exc)}", EXIT_UNREACHABLE)
     except ValueError as exc:
         # The client's refusal of an argument before anything is sent: an empty id or
         # name (`orbit task show "$ID"` with ID unset) was a traceback and exit 1, which
@@ -175,6 +184,44 @@ def client(url: str, cafile: str | None) -> Iterator[Client]:
         if not _raised_by_client(exc):
             raise
         fail(str(exc), EXIT_USAGE)
+
+
+def _why_unreachable(url: str, exc: BaseException) -> str:
+    """What failed, on one line: the client's message (the transport's error, or how long
+    a wait met it), where the class name alone (``Unreachable``, ``SSLError``) said
+    nothing; and, for a scheme the server does not speak there, which one to use. The URL
+    holds no password (the client refuses one); ``redact`` blots out any other secret."""
+    from http.client import RemoteDisconnected
+    from urllib.parse import urlsplit
+
+    from orbit.client._http import where
+    from orbit.logs import redact
+
+    parts = urlsplit(url)
+    why = " ".join(str(exc).split()).removeprefix(f"{where(parts)}: ")
+    chain = list(_chain(exc))
+    if parts.scheme == "https" and any(_plain_http(e) for e in chain):
+        why += " (the server speaks plain HTTP there? use http://)"
+    elif parts.scheme == "http" and any(isinstance(e, RemoteDisconnected) for e in chain):
+        why += " (if the server serves TLS there, use https://)"
+    return redact(why)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and its causes, innermost last (ten at most: a chain may loop)."""
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return
+        yield seen
+        seen = seen.__cause__ or seen.__context__
+
+
+def _plain_http(exc: BaseException) -> bool:
+    """Whether ``exc`` is a TLS handshake that met no TLS: the answer of a plain HTTP
+    server (OpenSSL 3.2 and later name it RECORD_LAYER_FAILURE)."""
+    reasons = ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE")
+    return isinstance(exc, ssl.SSLError) and exc.reason in reasons
 
 
 def raised_in(exc: BaseException, package: str) -> bool:
@@ -297,8 +344,8 @@ def _tasks_table(rows: list[dict[str, Any]]) -> Table:
 @queue_app.command("create")
 def queue_create(
     name: str,
-    max_concurrency: MaxConcurrency = None,
-    rate: Rate = None,
+    max_concurrency: CreateMaxConcurrency = None,
+    rate: CreateRate = None,
     burst: Burst = None,
     max_queued: Annotated[
         str | None, typer.Option(help=f"{MAX_QUEUED_HELP} (default: no cap)")
@@ -457,8 +504,9 @@ def schedule_create(
     gap's end; one it repeats fires once, at its first occurrence, unless the minute or
     hour field starts with * (as in Vixie cron: then at both).
 
-    Example: orbit schedule create nightly --cron '0 3 * * *' --timezone Europe/Berlin
-    --queue reports --handler report.nightly --payload '{"kind": "daily"}'
+    Example (on `orbit dev`'s server, whose queue is demo; elsewhere, make the queue
+    first with orbit queue create): orbit schedule create nightly --cron '0 3 * * *'
+    --timezone Europe/Berlin --queue demo --handler demo.echo --payload '{"kind": "daily"}'
     """
     body = parse_json(payload, "--payload")
     finite(timeout, "--timeout")
@@ -632,9 +680,14 @@ def task_submit(
     max_attempts: Annotated[
         int | None, typer.Option(help="started attempts at most, 1..1000 (default 3)")
     ] = None,
-    timeout: Annotated[
+    attempt_timeout: Annotated[
         float | None,
-        typer.Option(help="attempt timeout: how long one attempt may run, seconds"),
+        typer.Option(
+            "--attempt-timeout",
+            "--timeout",  # its older spelling, which read as how long --wait waits
+            help="the attempt's limit: how long one attempt may run, seconds (--timeout is "
+            "its older spelling; how long --wait waits is --wait-timeout)",
+        ),
     ] = None,
     deadline: Annotated[str | None, typer.Option(help="RFC 3339 instant")] = None,
     run_after: Annotated[str | None, typer.Option(help="RFC 3339 instant")] = None,
@@ -658,7 +711,7 @@ def task_submit(
     Example: orbit task submit render render.screenshot --payload '{"url": "https://x.test"}'
     """
     body = parse_json(payload, "--payload")
-    finite(timeout, "--timeout")
+    finite(attempt_timeout, "--attempt-timeout (--timeout)")
     finite(wait_timeout, "--wait-timeout")
     if wait_timeout is not None and not wait:
         fail("--wait-timeout goes with --wait", EXIT_USAGE)
@@ -673,7 +726,7 @@ def task_submit(
             parent_id=parent,
             retry_safe=retry_safe or None,
             max_attempts=max_attempts,
-            attempt_timeout=timeout,
+            attempt_timeout=attempt_timeout,
             deadline=deadline,
             run_after=run_after,
         )
@@ -930,8 +983,14 @@ def _wait(
     from orbit.client._client import Waiting
 
     waiting = Waiting(task_id, timeout)
-    with err.status(Text(f"waiting for {task_id}")) as status:  # Text: no markup
-        task, over = _follow(c, waiting, status, as_json, seen)
+    try:
+        with err.status(Text(f"waiting for {task_id}")) as status:  # Text: no markup
+            task, over = _follow(c, waiting, status, as_json, seen)
+    except KeyboardInterrupt:
+        # The id was only in the status line, which is erased on exit (and never shown
+        # when stderr is no terminal): the user could not find the task that goes on.
+        err.print(Text(f"task {task_id} goes on: orbit task wait {task_id}"), soft_wrap=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     # Printed once the status line is gone: on a terminal it sends stdout's writes to stderr.
     if task is not None and (as_json or over is None):
         emit(task, as_json, lambda t: _tasks_table([t]))

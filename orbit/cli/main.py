@@ -77,8 +77,10 @@ DbUrl = Annotated[
     typer.Option(
         "--db",
         envvar="ORBIT_DB",
-        help="sqlite:///file.db or postgresql://…; a password belongs in ORBIT_DB or "
-        "~/.pgpass, not here, where ps shows it",
+        help="sqlite:///file.db or postgresql://…; sqlite:/// with three slashes is "
+        "relative to the working directory, sqlite://// with four is absolute "
+        "(sqlite:////var/lib/orbit/orbit.db), and missing directories are made; a "
+        "password belongs in ORBIT_DB or ~/.pgpass, not here, where ps shows it",
         show_default=False,
     ),
 ]

@@ -385,4 +385,12 @@ def decode_model(model: type[M], raw: bytes | str | Any, *, parsed: bool = False
             code = "INVALID_TYPE"
         else:
             code = _CODES.get(kind, "INVALID_VALUE")
-        raise DecodeError(code, f"{where}: {err['msg']}" if where else err["msg"], where) from None
+        message = error_message(err["msg"])
+        raise DecodeError(code, f"{where}: {message}" if where else message, where) from None
+
+
+def error_message(msg: str) -> str:
+    """pydantic's message for one error, without the "Value error, " it puts before the
+    text of a ValueError a validator raised: "deadline: Value error, an instant is …"
+    spoke of Python, not of the value."""
+    return msg.removeprefix("Value error, ")

@@ -271,7 +271,10 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
             tasks.append(asyncio.create_task(listening, name="listen"))
         if announcer is not None:
             tasks.append(asyncio.create_task(announcer.run(), name="announce"))
-        log.info("orbit node %s serving on %s", settings.node_id, store.backend)
+        # SQLite's file, absolute: sqlite:///x.db is relative to the working directory
+        path = getattr(store.driver, "path", ":memory:")
+        serving = f"sqlite {os.path.abspath(path)}" if path != ":memory:" else store.backend
+        log.info("orbit node %s serving on %s", settings.node_id, serving)
         try:
             yield
         finally:

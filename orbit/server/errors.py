@@ -13,7 +13,7 @@ from starlette.requests import ClientDisconnect
 from starlette.websockets import WebSocket
 
 from orbit.core.errors import Backpressure, OrbitError
-from orbit.protocol.decode import DecodeError
+from orbit.protocol.decode import DecodeError, error_message
 from orbit.server.metrics import REFUSAL_REASONS
 
 
@@ -106,7 +106,8 @@ async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
     if len(loc) > 1 and loc[0] in ("query", "path", "header", "cookie"):
         loc = loc[1:]
     where = ".".join(str(p) for p in loc)
-    return error_response(400, "INVALID_ARGUMENT", f"{where}: {first.get('msg')}", where)
+    message = error_message(str(first.get("msg")))
+    return error_response(400, "INVALID_ARGUMENT", f"{where}: {message}", where)
 
 
 async def on_http_error(_: Request, exc: Exception) -> JSONResponse:

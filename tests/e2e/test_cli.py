@@ -2334,3 +2334,210 @@ def test_task_submit_says_whether_its_key_named_an_existing_task(orbit: Run) -> 
     fresh = orbit("task", "submit", "keyed", "h", "--key", "k-2")
     ok(fresh)
     assert fresh.stderr == "", fresh.stderr
+
+
+def _env(cluster: tuple[Node, Tokens, str]) -> dict[str, str]:
+    """The ``orbit`` fixture's environment, for a process the test drives itself."""
+    node, tokens, _ = cluster
+    environment = {
+        k: v for k, v in os.environ.items() if k not in ("ORBIT_TOKEN", "ORBIT_TOKEN_FILE")
+    }
+    environment.update({"ORBIT_URL": node.http, "ORBIT_TOKEN": tokens.admin, "COLUMNS": "200"})
+    return environment
+
+
+def _interrupted_while_waiting(env: dict[str, str], *args: str) -> tuple[int, str]:
+    """Run ``orbit ARGS`` with stderr on a terminal (a pty), send it SIGINT once its status
+    line says it is waiting, and return its exit code and all it wrote to stderr."""
+    import pty
+    import re
+    import select
+    import signal
+    import time
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orbit.cli", *args],
+        env={**env, "TERM": "xterm"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=slave,
+    )
+    os.close(slave)
+    said, signalled = b"", False
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            if not signalled and b"waiting for" in said:
+                proc.send_signal(signal.SIGINT)
+                signalled = True
+            if not select.select([master], [], [], 0.5)[0]:
+                continue
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the process is gone and the pty closed
+                break
+            if not chunk:
+                break
+            said += chunk
+        code = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
+        os.close(master)
+    assert signalled, said
+    return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", said.decode(errors="replace"))
+
+
+def test_a_wait_interrupted_by_ctrl_c_names_the_task_that_goes_on(
+    orbit: Run, cluster: tuple[Node, Tokens, str]
+) -> None:
+    """Ctrl-C during ``task wait`` or ``task submit --wait`` exited 130 with nothing said:
+    the task's id had been only in the status line, which the interrupt erased. Each now
+    says on stderr which task goes on and how to wait for it again."""
+    ok(orbit("queue", "create", "unworked", "--max-concurrency", "1", "--rate", "0"))
+    task = json.loads(ok(orbit("task", "submit", "unworked", "h", "--json")))
+    code, said = _interrupted_while_waiting(_env(cluster), "task", "wait", task["id"])
+    assert code == 130, said
+    assert f"task {task['id']} goes on: orbit task wait {task['id']}" in said, said
+    code, said = _interrupted_while_waiting(
+        _env(cluster), "task", "submit", "unworked", "h", "--wait"
+    )
+    assert code == 130, said
+    listed = json.loads(ok(orbit("task", "ls", "--queue", "unworked", "--json")))["items"]
+    made = next(t["id"] for t in listed if t["id"] != task["id"])
+    assert f"task {made} goes on: orbit task wait {made}" in said, said
+
+
+def test_task_submit_takes_attempt_timeout_and_its_older_spelling(orbit: Run) -> None:
+    """``--timeout`` on ``task submit`` was the attempt's limit but read as how long
+    ``--wait`` waits (a 2 s "wait" sent a 20 s task to needs_review). It is spelled
+    ``--attempt-timeout`` now; ``--timeout`` still sets the same."""
+    ok(orbit("queue", "create", "limited", "--max-concurrency", "1", "--rate", "0"))
+    new = orbit("task", "submit", "limited", "h", "--attempt-timeout", "7", "--json")
+    assert json.loads(ok(new))["attempt_timeout"] == 7, new.stdout
+    old = orbit("task", "submit", "limited", "h", "--timeout", "9", "--json")
+    assert json.loads(ok(old))["attempt_timeout"] == 9, old.stdout
+    refused = orbit("task", "submit", "limited", "h", "--attempt-timeout", "nan")
+    assert refused.returncode == 2 and "--attempt-timeout" in refused.stderr, refused.stderr
+    helped = " ".join(ok(orbit("task", "submit", "--help")).split())
+    assert "the attempt's limit" in helped and "--wait-timeout" in helped, helped
+
+
+def test_an_unreachable_server_error_says_why_and_which_scheme_to_use(
+    orbit: Run, cluster: tuple[Node, Tokens, str], tmp_path: Path
+) -> None:
+    """ "cannot reach URL: Unreachable" (or ``SSLError``) named only an exception class:
+    the cause's message is said now, on one line, and an https:// URL for a plain HTTP
+    server (or the other way round) is told which scheme to use. A URL with a password
+    is refused before anything is sent, and never echoed."""
+    node, _, _ = cluster
+    closed = "http://127.0.0.1:1"  # a privileged port no test server listens on
+    for args in (("task", "wait", "x", "--timeout", "1"), ("queue", "ls")):
+        refused = orbit(*args, "--url", closed)
+        assert refused.returncode == 4, refused.stderr
+        assert "Connection refused" in refused.stderr, refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        tls_to_plain = orbit(*args, "--url", f"https://127.0.0.1:{node.port}")
+        assert tls_to_plain.returncode == 4, tls_to_plain.stderr
+        assert "SSLError: [SSL:" in tls_to_plain.stderr, tls_to_plain.stderr
+        assert "plain HTTP there? use http://" in tls_to_plain.stderr, tls_to_plain.stderr
+    secret = orbit("queue", "ls", "--url", "http://u:hunter2@127.0.0.1:1")
+    assert secret.returncode == 2 and "hunter2" not in secret.stdout + secret.stderr
+    import trustme
+
+    ca = trustme.CA()
+    issued = ca.issue_cert("127.0.0.1")
+    cert, key, cafile = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "ca.pem"
+    issued.cert_chain_pems[0].write_to_path(str(cert))
+    issued.private_key_pem.write_to_path(str(key))
+    ca.cert_pem.write_to_path(str(cafile))
+    db = f"sqlite:///{tmp_path}/tls.db"
+    make_tokens(db)
+    tls = start_server(db, tmp_path, node_id="tls", tls=(cert, key, cafile))
+    try:
+        plain_to_tls = orbit("queue", "ls", "--url", f"http://127.0.0.1:{tls.port}")
+    finally:
+        tls.stop()
+    assert plain_to_tls.returncode == 4, plain_to_tls.stderr
+    assert "RemoteDisconnected" in plain_to_tls.stderr, plain_to_tls.stderr
+    assert "if the server serves TLS there, use https://" in plain_to_tls.stderr
+
+
+def test_the_server_logs_the_absolute_path_of_a_relative_sqlite_file(tmp_path: Path) -> None:
+    """``sqlite:///x.db`` (three slashes) is relative to the working directory, which the
+    node's log did not show ("serving on sqlite"): ``sqlite:///tmp/x.db`` made
+    ./tmp/x.db unseen. The node names the file's absolute path; --db's help says how a
+    path is read."""
+    from orbit.cli.listening import announced_port
+
+    log = tmp_path / "server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orbit.cli", "server", "--port", "0"],
+            cwd=tmp_path,
+            env={**os.environ, "ORBIT_DB": "sqlite:///sub/x.db"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    node = Node(proc, 0, log)
+    try:
+        announced_port(proc, log, timeout=30)
+    finally:
+        node.stop()
+    where = tmp_path.resolve() / "sub" / "x.db"
+    assert f"serving on sqlite {where}" in node.log_text(), node.log_text()
+    assert where.exists()
+    helped = subprocess.run(
+        [sys.executable, "-m", "orbit.cli", "server", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "COLUMNS": "300"},
+    )
+    text = " ".join(helped.stdout.split())
+    assert "relative to the working directory" in text and "sqlite://// with four" in text
+
+
+def test_a_validators_message_has_no_value_error_prefix_over_http(
+    api: httpx.Client, orbit: Run
+) -> None:
+    """pydantic puts "Value error, " before the text of a validator's ValueError, and
+    it reached users: "deadline: Value error, an instant is …". Neither a body's field
+    (orbit.protocol's decoding) nor a query parameter (FastAPI's) says it now."""
+    ok(orbit("queue", "create", "plain", "--max-concurrency", "1", "--rate", "0"))
+    body = {"queue": "plain", "handler": "h", "payload": {}, "deadline": "2026-12-31"}
+    refused = api.post("/v1/tasks", json=body)
+    assert refused.status_code == 400, refused.text
+    message = refused.json()["error"]["message"]
+    assert message.startswith("deadline: an instant"), message
+    listed = api.get("/v1/tasks", params={"limit": "+5"})
+    assert listed.status_code == 400, listed.text
+    assert listed.json()["error"]["message"] == "limit: give a whole number in plain digits"
+    cli = orbit("task", "submit", "plain", "h", "--deadline", "2026-12-31")
+    assert cli.returncode == 3 and "INVALID_VALUE: deadline: an instant" in cli.stderr
+    assert "Value error" not in cli.stderr, cli.stderr
+    assert api.get("/v1/tasks", params={"queue": "plain"}).json()["items"] == []
+
+
+def test_the_help_marks_queue_creates_caps_required_and_schedules_a_queue_that_exists(
+    orbit: Run,
+) -> None:
+    """``queue create`` refuses a queue without --max-concurrency and --rate, which its
+    options' help did not say; ``schedule create``'s example named a queue ``reports``
+    that a dev server has not (QUEUE_NOT_FOUND). ``task --help`` listed exit 1 among
+    every task command's codes, though only the waits exit with it (``show`` of a failed
+    task exits 0)."""
+    created = " ".join(ok(orbit("queue", "create", "--help")).split())
+    assert "live attempts at most (>= 1); required" in created, created
+    assert "tasks per second; required" in created, created
+    scheduled = " ".join(ok(orbit("schedule", "create", "--help")).split())
+    assert "--queue reports" not in scheduled and "--queue demo" in scheduled, scheduled
+    assert "orbit queue create" in scheduled, scheduled
+    tasks = " ".join(ok(orbit("task", "--help")).split())
+    assert "Of wait and submit --wait only" in tasks, tasks
+    assert tasks.index("Of wait and submit --wait only") < tasks.index("1 the task ended")
