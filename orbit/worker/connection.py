@@ -92,7 +92,11 @@ def read_frame(frame: bytes) -> Any:
 
 
 def outcome(*, result: Any = None, error: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The wire form of an attempt's outcome: a result, or an error."""
+    """The wire form of an attempt's outcome: a result, or an error. Both is refused: the
+    error's outcome carried no result, and the result given with it was dropped unsaid
+    (the server refuses a failed outcome with a result)."""
+    if error is not None and result is not None:
+        raise ValueError("an outcome is a result or an error, not both")
     return outcome_wire({"result": result} if error is None else {"error": error})
 
 

@@ -272,3 +272,12 @@ def test_a_result_the_one_pass_finds_fine_is_one_the_full_check_passes(value: An
         except outcomes.Unsendable:
             return
         assert not outcomes.is_plain(value)  # passed, but not plain: json.dumps's side
+
+
+def test_an_outcome_of_a_result_and_an_error_is_refused() -> None:
+    """``WorkerConnection.finish(result=..., error=...)`` sent the error and dropped the
+    result without a word: it is refused before anything is sent."""
+    with pytest.raises(ValueError, match="a result or an error, not both"):
+        outcome(result={"partial": 1}, error={"code": "E", "message": "m"})
+    assert outcome(result=None, error={"code": "E"}) == {"ok": False, "error": {"code": "E"}}
+    assert outcome(result=0) == {"ok": True, "result": 0}
