@@ -34,7 +34,7 @@ def queue_with_caps(
     after = replace(
         queue,
         max_concurrency=queue.max_concurrency if max_concurrency is None else max_concurrency,
-        rate=queue.rate if rate is None else float(rate),
+        rate=queue.rate if rate is None else float(rate) + 0.0,  # -0.0 is 0: unlimited
         burst=queue.burst if burst is None else burst,
     )
     if (after.rate, after.burst) != (queue.rate, queue.burst):

@@ -458,7 +458,7 @@ class Store:
                 "queue_insert",
                 name=name,
                 max_concurrency=max_concurrency,
-                rate=float(rate),
+                rate=float(rate) + 0.0,  # -0.0 is 0 (unlimited), spelled 0.0 everywhere
                 burst=burst,
                 tokens=float(burst),
                 now=now,

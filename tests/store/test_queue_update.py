@@ -131,3 +131,14 @@ def test_an_unlimited_queue_made_rate_limited_starts_with_a_full_bucket(
     store.queue_update("q", rate=1, burst=3)
     assert len(store.attempt_claim_many(session.id, session.epoch, 10)) == 3
     assert check_all(store) == []
+
+
+def test_a_rate_of_minus_zero_is_stored_and_reported_as_zero(store: Store) -> None:
+    """-0.0 passed every check (it is 0, unlimited) and was kept as it was sent: a queue
+    read back, and its ``queue.updated`` event, said ``-0.0``."""
+    queue(store, rate=-0.0)
+    assert str(store.queue_get("q").rate) == "0.0"
+    store.queue_update("q", rate=3)
+    after = store.queue_update("q", rate=-0.0)
+    assert str(after.rate) == str(store.queue_get("q").rate) == "0.0"
+    assert json.dumps(_updates(store)[-1]) == '{"rate": 0.0, "rate_before": 3.0}'
