@@ -1285,20 +1285,22 @@ class Worker:
                 # rule decides (a task that is not retry_safe is left to its lease).
                 return _failure(running, asyncio.CancelledError())
             return _timed_out(running)
-        outcome: dict[str, Any] | None
+        # What the handler ended with is reported, a cancel of its task or not: the server
+        # ends a cancelled task cancelled whatever it is told, and keeps the outcome as
+        # evidence (DESIGN: finish while cancelling). An async handler that caught the
+        # cancel and finished an irreversible step says so in what it returns.
         try:
-            outcome = {"result": task.result()}
+            return {"result": task.result()}
         except (asyncio.CancelledError, Exception) as exc:
             try:
-                outcome = _failure(running, exc)
+                return _failure(running, exc)
             except Exception:
                 # An exception whose outcome cannot be made (a code property that
                 # raises, ...) still fails the attempt: it reported nothing, for ever.
                 log.exception("attempt %s: its failure's outcome cannot be made", ctx.attempt_id)
                 kind = _text(type(exc).__name__)
                 message = f"the handler raised {kind}, whose outcome cannot be made"
-                outcome = outcomes.error("", message, retryable=not isinstance(exc, Fail))
-        return _cancel_wins(running, outcome)
+                return outcomes.error("", message, retryable=not isinstance(exc, Fail))
 
     def _time_limit(self, running: _Running) -> tuple[float | None, bool]:
         """Seconds the handler may run: its attempt timeout or the task deadline, timed
@@ -2123,25 +2125,6 @@ def _timed_out(running: _Running) -> dict[str, Any] | None:
     if running.abandoned:
         return None  # _abandon said so in the log
     return _stopped(running, "its attempt timeout", "ATTEMPT_TIMEOUT", "the attempt timed out")
-
-
-def _cancel_wins(running: _Running, outcome: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The outcome to report for a handler that ended with ``outcome`` (None: report
-    nothing): ``CANCELLED`` once its task's cancel was received, whatever it returned or
-    raised. The server ends the task cancelled whatever is reported; an async handler
-    that caught ``CancelledError`` and returned a value sent a success, and its attempt's
-    record said it succeeded, where docs/worker.md says the attempt reports CANCELLED (a
-    plain function's did, from ``_in_thread``)."""
-    if outcome is None or not running.task_cancelled:
-        return outcome
-    if "result" in outcome:
-        log.info(
-            "attempt %s (task %s): the handler returned after its task was cancelled; "
-            "reported CANCELLED, its result dropped",
-            running.ctx.attempt_id,
-            running.ctx.task_id,
-        )
-    return outcomes.error("CANCELLED", "task cancelled", retryable=False)
 
 
 def _stopped(running: _Running, by: str, code: str, message: str) -> dict[str, Any] | None:

@@ -1,8 +1,10 @@
-"""Once its task's cancel has reached the worker, a handler's attempt reports
-``CANCELLED`` whatever the handler then returned or raised (docs/worker.md,
-*Cancellation*). An async handler that caught ``CancelledError`` and returned a value
-reported a success: the task still ended cancelled (cancel wins), but its attempt's
-record said the handler succeeded. A real server, SQLite and PostgreSQL."""
+"""A handler that ends on its own terms once its task's cancel has reached the worker:
+the task ends cancelled whatever is reported (cancel wins), and what the handler ended
+with is kept as evidence in the ``cancelled`` event, never as the task's result
+(DESIGN.md: finish while cancelling; docs/worker.md, *Cancellation*). An async handler
+that caught ``CancelledError`` reports what it returned or raised, so that one which
+finished an irreversible step can say so; a plain function reports ``CANCELLED``. A
+real server, SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -26,15 +28,15 @@ def _reported(client: httpx.Client, tid: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("how", ["async_returns", "async_fails", "sync_returns"])
-def test_a_handler_that_ends_after_its_cancel_reports_cancelled(
+def test_a_handler_that_ends_after_its_cancel_is_reported_as_evidence(
     fast: Node,  # noqa: F811
     tokens: Tokens,
     api: httpx.Client,  # noqa: F811
     how: str,
 ) -> None:
     """The handler hears the cancel and ends on its own terms: it returns a value (an
-    async one by catching ``CancelledError``) or raises ``Fail``. Either way its attempt
-    reports CANCELLED, and no result is stored."""
+    async one by catching ``CancelledError``) or raises ``Fail``. No result is stored;
+    the report is the event's evidence."""
     worker = Worker(fast.http, tokens.worker, cancel_grace=30)
     started = threading.Event()
     ended: list[str] = []
@@ -77,5 +79,13 @@ def test_a_handler_that_ends_after_its_cancel_reports_cancelled(
     assert task["attempts_used"] == 1 and task["result"] is None, task
     reported = _reported(api, tid)
     assert len(reported) == 1, reported
-    assert reported[0]["ok"] is False, reported
-    assert reported[0]["error"]["code"] == "CANCELLED", reported
+    expected = {
+        "async_returns": {"ok": True, "result": "caught the cancel"},
+        "async_fails": {"ok": False, "code": "CLEANUP"},
+        "sync_returns": {"ok": False, "code": "CANCELLED"},
+    }[how]
+    got = reported[0]
+    if got["ok"]:
+        assert got == expected, reported
+    else:
+        assert {"ok": False, "code": got["error"]["code"]} == expected, reported
