@@ -1368,8 +1368,9 @@ class Store:
             if len(keys) > 1:
                 # Two batches sharing keys in different orders each held a key the other
                 # was inserting next, and PostgreSQL aborted one as a deadlock, 1 s later,
-                # five times over (500 INTERNAL): every key's lock first, in one order.
-                tx.fetch("idempotency_lock", keys=[str(k) for k in sorted(map(key_lock, keys))])
+                # five times over (500 INTERNAL): the keys' stripes first, in one order.
+                stripes = sorted({key_lock(tenant, queue) for tenant, queue, _ in keys})
+                tx.fetch("idempotency_lock", keys=[str(k) for k in stripes])
             # The tasks each idempotency key already names: the database's, then this
             # batch's own as they are made. A spec whose key names a task makes nothing,
             # so its deadline is not checked: a client retrying a submit after its
@@ -2946,8 +2947,10 @@ def _int_or_none(value: Any) -> int | None:
 #: The advisory lock key's high bits for each kind of capped scope (``depth_key``): above
 #: 2^32, apart from the small constants the claim and migration locks use.
 _DEPTH_LOCK_KIND = {"queue": 7270602, "tenant": 7270603}
-#: The high bits of an idempotency key's advisory lock (``key_lock``).
+#: The high bits of a keyed batch's advisory locks (``key_lock``), and how many there
+#: are: a batch takes at most this many, however many keys and queues it names.
 _KEY_LOCK_KIND = 7270604
+KEY_LOCK_STRIPES = 64
 
 #: The longest ``Retry-After`` a full queue or tenant is answered with, in seconds.
 MAX_RETRY_AFTER = 60
@@ -3015,12 +3018,16 @@ def depth_key(kind: str, name: str) -> int:
     return (_DEPTH_LOCK_KIND[kind] << 32) | zlib.crc32(name.encode("utf-8"))
 
 
-def key_lock(key: tuple[str, str, str]) -> int:
-    """The advisory lock key (``idempotency_lock``) of a ``(tenant, queue, key)``: its
-    kind in the high 32 bits, a CRC-32 of the three in the low ones. Two keys sharing
-    one only wait for each other more."""
-    joined = "\0".join(key).encode("utf-8")
-    return (_KEY_LOCK_KIND << 32) | zlib.crc32(joined)
+def key_lock(tenant: str, queue: str) -> int:
+    """The advisory lock (``idempotency_lock``) a keyed batch takes for the keys of one
+    ``(tenant, queue)``, where they are unique: its kind in the high 32 bits, one of
+    ``KEY_LOCK_STRIPES`` in the low ones (a CRC-32 of the two, folded). Two batches that
+    share a key share its stripe, so they take turns; batches to queues sharing a stripe
+    only wait for each other more. A lock per key ran PostgreSQL out of its shared lock
+    table (``max_locks_per_transaction`` times connections, 6,400 by default): twenty
+    concurrent batches of 1,000 keys failed "out of shared memory"."""
+    joined = f"{tenant}\0{queue}".encode()
+    return (_KEY_LOCK_KIND << 32) | (zlib.crc32(joined) % KEY_LOCK_STRIPES)
 
 
 def retry_after(adding: int, rate: float | None, *, paused: bool = False) -> int:

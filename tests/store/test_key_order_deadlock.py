@@ -77,3 +77,19 @@ def test_batches_sharing_keys_in_other_orders_do_not_deadlock(fresh_url: str, ba
     finally:
         node_b.close()
         node_a.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_batch_of_twenty_thousand_keys_is_made(fresh_url: str) -> None:
+    """A lock per key held them all until the commit, in PostgreSQL's shared lock table
+    (``max_locks_per_transaction`` times ``max_connections``, 6,400 by default): a batch of
+    20,000 keys failed "out of shared memory", as did twenty concurrent batches of
+    1,000. The keyed batch takes a lock per stripe of its queues instead."""
+    store = open_store(fresh_url, StoreConfig(max_batch=20_000, max_tx_retries=0))
+    try:
+        queue(store)
+        specs = [TaskSpec(queue="q", handler="h", idempotency_key=f"k-{i}") for i in range(20_000)]
+        made = store.task_submit_many(specs)
+        assert sum(s.created for s in made) == 20_000
+    finally:
+        store.close()

@@ -139,9 +139,10 @@ SELECT count(pg_advisory_xact_lock(k)) AS locked FROM (
     ORDER BY 1 OFFSET 0) AS s;
 
 -- name: idempotency_lock
--- Serialises, cluster-wide, the batches that share idempotency keys (Store.submit_many):
--- one transaction-scoped advisory lock per key (orbit.store.store.key_lock), taken in
--- the order of the keys, before the batch reads which keys name tasks. Without it two
+-- Serialises, cluster-wide, the batches that may share idempotency keys (Store.submit_many):
+-- one transaction-scoped advisory lock per stripe of the (tenant, queue)s its keys name
+-- (orbit.store.store.key_lock, 64 stripes: a lock per key ran out of the shared lock
+-- table), taken in order, before the batch reads which keys name tasks. Without it two
 -- batches listing shared keys in different orders each inserted a key the other then
 -- waited on (ON CONFLICT waits for the row's inserter), a cycle PostgreSQL broke as a
 -- deadlock a second later. Its own statement, before the read of the keys' tasks, which
