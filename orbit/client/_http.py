@@ -115,7 +115,11 @@ class Transport:
         self._sock_of: weakref.WeakKeyDictionary[_Connection, socket.socket] = (
             weakref.WeakKeyDictionary()
         )
-        self._lock = threading.Lock()
+        # Reentrant: Ctrl-C (KeyboardInterrupt) may land just after a ``with self._lock``
+        # acquired it and before its block began, leaving it held by the interrupted
+        # thread, which then closes the client on its way out (``with Client() as c``, the
+        # CLI): with a plain Lock that close waited for itself for ever.
+        self._lock = threading.RLock()
         self._closed = False
         self._pid = os.getpid()  # the process whose connections the pool holds
 
@@ -348,7 +352,7 @@ class Transport:
         idle, self._idle = self._idle, []
         self._idle_since = {}
         self._held = set()  # the parent's streams, read by its threads
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._pid = os.getpid()
         for conn in idle:
             conn.close()

@@ -707,3 +707,22 @@ def test_an_upgrade_redirected_to_a_page_is_a_redirect_error_at_once(server: _Se
         assert (error.status, error.code) == (308, "REDIRECT")
         assert f"redirects to https://orbit.example{path}" in str(error)
     assert [seen["path"] for seen in server.seen] == ["/moved" + p for p in paths]
+
+
+def test_a_lock_an_interrupt_left_held_does_not_hang_the_close_that_follows() -> None:
+    """Ctrl-C can land just after ``with self._lock`` acquired the transport's lock and
+    before its block began (CPython checks for signals between the two), leaving the lock
+    held by the interrupted thread, which then closes the client on its way out
+    (``with Client(...) as c``; ``orbit task wait`` hung after Ctrl-C under load). The
+    thread below takes the lock as such an interrupt leaves it, then closes."""
+    transport = Transport("http://127.0.0.1:1", {}, cafile=None, timeout=1.0)
+    ended = threading.Event()
+
+    def interrupted_then_closes() -> None:
+        transport._lock.acquire()  # what the interrupted ``with`` left behind
+        transport.close()
+        ended.set()
+
+    threading.Thread(target=interrupted_then_closes, daemon=True).start()
+    assert ended.wait(30), "close waited for a lock its own thread held"
+    assert transport.closed
