@@ -2368,7 +2368,10 @@ def _interrupted_while_waiting(env: dict[str, str], *args: str) -> tuple[int, st
     deadline = time.monotonic() + 60
     try:
         while time.monotonic() < deadline:
-            if not signalled and b"waiting for" in said:
+            # The status line's first text ("waiting for ID") may never be drawn: rich
+            # draws it from a thread 80 ms on, and a quick first poll has replaced it by
+            # then with the task's state ("ID: queued (attempt 0/3)").
+            if not signalled and re.search(rb"waiting for|: queued \(attempt", said):
                 proc.send_signal(signal.SIGINT)
                 signalled = True
             if not select.select([master], [], [], 0.5)[0]:
