@@ -1065,19 +1065,18 @@ class Worker:
         the attempt lost and its outcome unreported. (A finish whose reply was lost is
         sent again inside ``_request``, whatever its lease: that copy may have landed.)"""
         await self._connected.wait()
-        now = time.monotonic()
-        lapsed = {a for a, _, _, _ in items if not self._lease_held(a, now)}
+        # An attempt no longer known here is left to the server to judge
+        running = self.running
+        lapsed = {
+            a
+            for a, _, _, _ in items
+            if (r := running.get(a)) is not None and not self._lease_valid(r)
+        }
         if not lapsed:
             return await self._send_finish_items(items)
         sendable = [item for item in items if item[0] not in lapsed]
         answers = iter(await self._send_finish_items(sendable) if sendable else [])
         return [_LeaseLapsed() if item[0] in lapsed else next(answers) for item in items]
-
-    def _lease_held(self, attempt_id: str, now: float) -> bool:
-        """Whether the attempt's lease is ours at ``now`` (an attempt no longer known
-        here is left to the server to judge)."""
-        running = self.running.get(attempt_id)
-        return running is None or (not running.lost and now < running.lease_expires)
 
     async def _send_finish_items(
         self, items: list[FinishItem]
