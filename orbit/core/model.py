@@ -8,7 +8,9 @@ lease and deadline arithmetic is exact on both backends.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field, fields
+from functools import lru_cache
 from typing import Any, TypeVar
 
 import orjson
@@ -176,6 +178,20 @@ def sorted_json_texts(values: list[JSON]) -> list[str | None]:
         return [None if v is None else dumps(v, option=sort).decode() for v in values]
     except TypeError:
         return [None if v is None else compact_json(v, sort_keys=True).decode() for v in values]
+
+
+@lru_cache(maxsize=4096)
+def instant_text(us: int) -> str:
+    """Microseconds since the epoch as RFC 3339 in UTC, to the microsecond, as the API
+    spells instants (``orbit.protocol.convert.instant_to_wire``, which takes None too;
+    this, the cached formatter itself, serves the hot frames and the core's messages)."""
+    seconds, micros = divmod(us, 1_000_000)
+    return f"{_second_text(seconds)}.{micros:06d}Z"
+
+
+@lru_cache(maxsize=4096)
+def _second_text(seconds: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
 
 
 def parse_json(text: str | bytes) -> JSON:

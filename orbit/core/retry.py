@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
-from orbit.core.model import Backoff
-
-#: The most characters a task's error message holds (``ErrorSpec.message``'s bound).
-MAX_ERROR_MESSAGE = 10_000
+from orbit.core.model import Backoff, instant_text
+from orbit.core.validate import MAX_ERROR_MESSAGE
 
 
 def backoff_delay(backoff: Backoff, attempts_used: int, rand: float) -> int:
@@ -71,13 +68,7 @@ def past_deadline_message(past_deadline: tuple[int, int], code: str, message: st
     at, deadline = past_deadline
     last = f"{code}: {message}" if message else code
     text = (
-        f"the next attempt (at {_rfc3339(at)}) would fall past the deadline "
-        f"({_rfc3339(deadline)}); last attempt: {last}"
+        f"the next attempt (at {instant_text(at)}) would fall past the deadline "
+        f"({instant_text(deadline)}); last attempt: {last}"
     )
     return text[:MAX_ERROR_MESSAGE]
-
-
-def _rfc3339(us: int) -> str:
-    """Microseconds since the epoch as RFC 3339 in UTC, as the API spells instants."""
-    seconds, micros = divmod(us, 1_000_000)
-    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(seconds))}.{micros:06d}Z"

@@ -46,6 +46,9 @@ MAX_DURATION_US = 366 * 24 * 3600 * 1_000_000
 #: every caller to the same range, which both databases' 64-bit integers hold.
 MAX_INSTANT_US = 253_402_300_800 * 1_000_000
 DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
+#: The most characters an error's message holds: a worker's (``ErrorSpec``), an
+#: operator's (``ResolveError``), and the message a task's failure is given.
+MAX_ERROR_MESSAGE = 10_000
 #: The most characters of JSON a result may take: what fits in a worker's finish, whose
 #: frame the gateway reads up to 4 MiB (``orbit.worker.outcomes.MAX_OUTCOME_CHARS``, the
 #: frame less a message's and an item's own fields; a test holds the two equal). The

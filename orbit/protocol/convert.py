@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import re
-import time
 from datetime import UTC, datetime, timedelta
-from functools import lru_cache
 from typing import Any
 
-from orbit.core.model import Token, parse_json
+from orbit.core.model import Token, instant_text, parse_json
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
@@ -23,23 +21,7 @@ def instant_to_wire(us: int | None) -> str | None:
     """
     if us is None:
         return None
-    return _instant_to_wire(us)
-
-
-@lru_cache(maxsize=4096)
-def _instant_to_wire(us: int) -> str:
-    seconds, micros = divmod(us, 1_000_000)
-    return f"{_second_to_wire(seconds)}.{micros:06d}Z"
-
-
-@lru_cache(maxsize=4096)
-def _second_to_wire(seconds: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
-
-
-#: ``instant_to_wire`` of an instant that is never None: the cached formatter itself, for
-#: the hot frames (a claimed task's claim expiry), without the call that checks for None
-instant_text = _instant_to_wire
+    return instant_text(us)
 
 
 #: RFC 3339's ``date-time`` (section 5.6): a full date, ``T``, hours, minutes and seconds,

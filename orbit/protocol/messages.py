@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from pydantic_core import PydanticCustomError
 
 from orbit.core.validate import (
+    MAX_ERROR_MESSAGE,
     MAX_GLOBAL_CAP,
     MAX_HANDLER_CAPACITY,
     MAX_QUEUED_CAP,
@@ -398,7 +399,7 @@ class TaskBatch(Strict):
 
 class ErrorSpec(Strict):
     code: Annotated[str, Field(min_length=1, max_length=100)]
-    message: Annotated[str, Field(max_length=10_000)] = ""
+    message: Annotated[str, Field(max_length=MAX_ERROR_MESSAGE)] = ""
     retryable: bool = True
 
 
@@ -408,7 +409,7 @@ class ResolveError(Strict):
     operator failed; the route refuses ``true``)."""
 
     code: Annotated[str, Field(min_length=1, max_length=100)]
-    message: Annotated[str, Field(max_length=10_000)] = ""
+    message: Annotated[str, Field(max_length=MAX_ERROR_MESSAGE)] = ""
     retryable: bool = False
 
 

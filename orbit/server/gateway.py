@@ -32,8 +32,16 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from orbit.aio import start_eagerly
 from orbit.core.errors import Code, OrbitError, Rejected
-from orbit.core.model import Capability, Grant, Lease, Outcome, Receipt, Session, compact_json
-from orbit.protocol.convert import instant_text
+from orbit.core.model import (
+    Capability,
+    Grant,
+    Lease,
+    Outcome,
+    Receipt,
+    Session,
+    compact_json,
+    instant_text,
+)
 from orbit.protocol.decode import DecodeError, decode_json, decode_model
 from orbit.protocol.messages import (
     WORKER_REQUESTS,

@@ -17,9 +17,10 @@ from orbit.core.model import (
     Schedule,
     Session,
     Task,
+    instant_text,
     parse_json,
 )
-from orbit.protocol.convert import instant_text, instant_to_wire, json_or_none, us_to_seconds
+from orbit.protocol.convert import instant_to_wire, json_or_none, us_to_seconds
 from orbit.protocol.messages import (
     ArtifactView,
     AttemptOutcome,
