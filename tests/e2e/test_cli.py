@@ -2346,6 +2346,116 @@ def _env(cluster: tuple[Node, Tokens, str]) -> dict[str, str]:
     return environment
 
 
+def _polling(pid: int) -> bool:
+    """Whether the process holds an established TCP connection (to the server it polls)."""
+    import psutil
+
+    try:
+        return any(c.status == "ESTABLISHED" for c in psutil.Process(pid).net_connections())
+    except psutil.Error:
+        return False
+
+
+def _sigint_default() -> None:
+    """Give SIGINT its default disposition back (run in the child before exec)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _signal_dispositions(pid: int) -> str:
+    """The SigIgn/SigCgt lines of a live process's /proc status (bit 1 is SIGINT)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return ", ".join(
+                line.strip() for line in status if line.startswith(("SigIgn", "SigCgt"))
+            )
+    except OSError as exc:
+        return f"no status: {exc}"
+
+
+def _interrupted_while_waiting(env: dict[str, str], *args: str) -> tuple[int, str]:
+    """Run ``orbit ARGS`` with stderr on a terminal (a pty), send it SIGINT once its status
+    line says it is waiting, and return its exit code and all it wrote to stderr."""
+    import pty
+    import re
+    import select
+    import signal
+    import time
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orbit.cli", *args],
+        env={**env, "TERM": "xterm"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        # A shell starts a background job with SIGINT ignored, and a Python started so
+        # keeps ignoring it (no KeyboardInterrupt ever): a suite launched in the
+        # background (as CI may be) would see the wait go on. A terminal's Ctrl-C
+        # reaches a process whose SIGINT is the default, so the child gets that back.
+        preexec_fn=_sigint_default,
+    )
+    os.close(slave)
+    said, signalled = b"", False
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            # Waiting: its status line says so, or (should rich not draw it, as in two
+            # fresh-clone CI runs of the whole suite) it holds a connection to the server,
+            # which it opens only inside the wait, to poll.
+            if not signalled and (
+                re.search(rb"waiting for |[0-9a-f]{12}: [a-z_]+ \(", said) or _polling(proc.pid)
+            ):
+                proc.send_signal(signal.SIGINT)
+                signalled = True
+            if not select.select([master], [], [], 0.5)[0]:
+                continue
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the process is gone and the pty closed
+                break
+            if not chunk:
+                break
+            said += chunk
+        try:
+            code = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            # Say what the process made of SIGINT (ignored, caught, neither) and what it
+            # had written: a wait that went on was not explained by the bare timeout.
+            raise AssertionError(f"{_signal_dispositions(proc.pid)}; said {said!r}") from None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
+        os.close(master)
+    assert signalled, said
+    return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", said.decode(errors="replace"))
+
+
+def test_a_wait_interrupted_by_ctrl_c_names_the_task_that_goes_on(
+    orbit: Run, cluster: tuple[Node, Tokens, str]
+) -> None:
+    """Ctrl-C during ``task wait`` or ``task submit --wait`` exited 130 with nothing said:
+    the task's id had been only in the status line, which the interrupt erased. Each now
+    says on stderr which task goes on and how to wait for it again."""
+    ok(orbit("queue", "create", "unworked", "--max-concurrency", "1", "--rate", "0"))
+    # A handler no worker of this module's other tests takes: the task stays queued
+    task = json.loads(ok(orbit("task", "submit", "unworked", "nobody.takes", "--json")))
+    code, said = _interrupted_while_waiting(_env(cluster), "task", "wait", task["id"])
+    assert code == 130, said
+    assert f"task {task['id']} goes on: orbit task wait {task['id']}" in said, said
+    code, said = _interrupted_while_waiting(
+        _env(cluster), "task", "submit", "unworked", "nobody.takes", "--wait"
+    )
+    assert code == 130, said
+    listed = json.loads(ok(orbit("task", "ls", "--queue", "unworked", "--json")))["items"]
+    made = next(t["id"] for t in listed if t["id"] != task["id"])
+    assert f"task {made} goes on: orbit task wait {made}" in said, said
+
+
 def test_task_submit_takes_attempt_timeout_and_its_older_spelling(orbit: Run) -> None:
     """``--timeout`` on ``task submit`` was the attempt's limit but read as how long
     ``--wait`` waits (a 2 s "wait" sent a 20 s task to needs_review). It is spelled
