@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -146,3 +146,28 @@ def test_the_clients_take_a_timedelta_for_a_duration(node: Node, tokens: Tokens)
     task, refusal = asyncio.run(submit_async())
     assert task["attempt_timeout"] == 5.0
     assert (refusal.code, refusal.field) == ("INVALID_BACKOFF", "backoff.max")
+
+
+def test_submit_many_takes_durations_and_instants_as_submit_does(
+    node: Node, tokens: Tokens
+) -> None:
+    """A ``submit_many`` item with ``attempt_timeout=timedelta(...)`` was a bare TypeError
+    from the JSON encoder, where ``submit`` took it: each item's durations go as seconds,
+    its instants as RFC 3339, and a naive instant is refused before anything is sent."""
+    soon = datetime.now(UTC) + timedelta(hours=1)
+    item = {"queue": "q", "handler": "h", **_DURATIONS, "deadline": soon}
+    with Client(node.http, token=tokens.admin) as client:
+        client.queue_create("q", max_concurrency=5, rate=0)
+        [task] = client.submit_many([item])
+        assert task["attempt_timeout"] == 5.0 and task["backoff"]["max"] == 60.0
+        assert datetime.fromisoformat(task["deadline"]) == soon
+        with pytest.raises(ValueError, match="timezone"):
+            client.submit_many([{**item, "deadline": soon.replace(tzinfo=None)}])
+        assert len(list(client.iter_tasks(queue="q"))) == 1  # the refused batch made nothing
+
+    async def submit_async() -> dict[str, Any]:
+        async with AsyncClient(node.http, token=tokens.admin) as client:
+            [task] = await client.submit_many([item])
+            return task
+
+    assert asyncio.run(submit_async())["attempt_timeout"] == 5.0
