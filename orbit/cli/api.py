@@ -453,6 +453,19 @@ def _schedules_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
+#: A schedule's tasks' attempt limit, spelled as ``task submit`` spells it; ``--timeout``
+#: was its only spelling here, the one ``task submit`` gave up as read for a wait's.
+TemplateAttemptTimeout = Annotated[
+    float | None,
+    typer.Option(
+        "--attempt-timeout",
+        "--timeout",
+        help="each task's attempt limit: how long one attempt may run, seconds (--timeout "
+        "is its older spelling)",
+    ),
+]
+
+
 @schedule_app.command("create")
 def schedule_create(
     name: str,
@@ -487,9 +500,7 @@ def schedule_create(
     max_attempts: Annotated[
         int | None, typer.Option(help="each task's started attempts at most, 1..1000")
     ] = None,
-    timeout: Annotated[
-        float | None, typer.Option(help="each task's attempt timeout, seconds")
-    ] = None,
+    attempt_timeout: TemplateAttemptTimeout = None,
     retry_safe: Annotated[
         bool, typer.Option(help="each task may be replayed if its outcome is lost")
     ] = False,
@@ -509,14 +520,14 @@ def schedule_create(
     --timezone Europe/Berlin --queue demo --handler demo.echo --payload '{"kind": "daily"}'
     """
     body = parse_json(payload, "--payload")
-    finite(timeout, "--timeout")
+    finite(attempt_timeout, "--attempt-timeout (--timeout)")
     if misfire not in ("skip", "run_once", "catch_up"):
         fail("--misfire must be skip, run_once or catch_up", EXIT_USAGE)
     template: dict[str, Any] = {
         "tenant": tenant,
         "priority": priority,
         "max_attempts": max_attempts,
-        "attempt_timeout": timeout,
+        "attempt_timeout": attempt_timeout,
         "retry_safe": retry_safe or None,
     }
     with client(url, cafile) as c:
@@ -556,9 +567,7 @@ def schedule_update(
     max_attempts: Annotated[
         int | None, typer.Option(help="each task's started attempts at most, 1..1000")
     ] = None,
-    timeout: Annotated[
-        float | None, typer.Option(help="each task's attempt timeout, seconds")
-    ] = None,
+    attempt_timeout: TemplateAttemptTimeout = None,
     retry_safe: Annotated[
         bool | None, typer.Option(help="each task may (not) be replayed if its outcome is lost")
     ] = None,
@@ -582,10 +591,10 @@ def schedule_update(
         "tenant": tenant,
         "priority": priority,
         "max_attempts": max_attempts,
-        "attempt_timeout": timeout,
+        "attempt_timeout": attempt_timeout,
         "retry_safe": retry_safe,
     }
-    finite(timeout, "--timeout")
+    finite(attempt_timeout, "--attempt-timeout (--timeout)")
     changes = {k: v for k, v in changes.items() if v is not None}
     if payload is not None:
         changes["payload"] = parse_json(payload, "--payload")  # JSON null is a payload too

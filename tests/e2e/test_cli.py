@@ -2585,3 +2585,28 @@ def test_the_help_marks_queue_creates_caps_required_and_schedules_a_queue_that_e
     tasks = " ".join(ok(orbit("task", "--help")).split())
     assert "Of wait and submit --wait only" in tasks, tasks
     assert tasks.index("Of wait and submit --wait only") < tasks.index("1 the task ended")
+
+
+def test_schedule_commands_spell_the_attempt_limit_as_task_submit_does(orbit: Run) -> None:
+    """``schedule create``/``update`` took the tasks' attempt limit only as ``--timeout``,
+    the spelling ``task submit`` gave up for ``--attempt-timeout`` (it read as a wait's).
+    Both commands take ``--attempt-timeout`` and the older ``--timeout``; NaN is refused
+    by either name, and nothing is made or changed."""
+    ok(orbit("queue", "create", "limit-q", "--max-concurrency", "1", "--rate", "0"))
+    made = json.loads(
+        ok(orbit("schedule", "create", "limits", "--cron", "0 3 * * *", "--queue", "limit-q",
+                 "--handler", "h", "--attempt-timeout", "7", "--json"))
+    )  # fmt: skip
+    assert made["template"]["attempt_timeout"] == 7.0
+    older = orbit("schedule", "update", "limits", "--timeout", "9", "--json")
+    assert json.loads(ok(older))["template"]["attempt_timeout"] == 9.0
+    for spelling in ("--attempt-timeout", "--timeout"):
+        refused = orbit("schedule", "update", "limits", spelling, "nan")
+        assert refused.returncode == 2 and "--attempt-timeout" in refused.stderr, refused.stderr
+        nan = orbit("schedule", "create", "nan", "--cron", "0 3 * * *", "--queue", "limit-q",
+                    "--handler", "h", spelling, "nan")  # fmt: skip
+        assert nan.returncode == 2 and "--attempt-timeout" in nan.stderr, nan.stderr
+    shown = json.loads(ok(orbit("schedule", "show", "limits", "--json")))
+    assert shown["template"]["attempt_timeout"] == 9.0
+    assert [s["name"] for s in json.loads(ok(orbit("schedule", "ls", "--json")))] == ["limits"]
+    assert "--attempt-timeout" in ok(orbit("schedule", "create", "--help"))
