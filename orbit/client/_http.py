@@ -392,9 +392,27 @@ def checked_timeout(timeout: object) -> float:
     )
 
 
-def where(parts: SplitResult) -> str:
+class Where(str):
+    """``host:port`` of a checked server URL, as errors name it, knowing whether the URL
+    was plain ``http://`` (for ``unreachable``'s hint)."""
+
+    plain: bool
+
+    def __new__(cls, text: str, *, plain: bool) -> Where:
+        made = super().__new__(cls, text)
+        made.plain = plain
+        return made
+
+
+def where(parts: SplitResult) -> Where:
     """``host:port`` of a checked server URL, as errors name it."""
-    return f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+    https = parts.scheme in ("https", "wss")
+    return Where(f"{parts.hostname}:{parts.port or (443 if https else 80)}", plain=not https)
+
+
+#: What a plain request to a TLS port meets (the server reads no HTTP and hangs up), said
+#: after the cause: "RemoteDisconnected" alone sent users looking for a crashed server.
+_TLS_HINT = " (if the server serves TLS, its URL is https://)"
 
 
 def unreachable(where: str, timeout: float, exc: BaseException, *, timed_out: bool) -> Unreachable:
@@ -402,7 +420,10 @@ def unreachable(where: str, timeout: float, exc: BaseException, *, timed_out: bo
     happened (or how long it was waited for)."""
     if timed_out:
         return Unreachable(f"no answer from {where} within {timeout} s")
-    return Unreachable(f"{where}: {type(exc).__name__}: {exc}"[:300])
+    said = f"{where}: {type(exc).__name__}: {exc}"[:300]
+    if getattr(where, "plain", False) and _closed_unanswered(exc):
+        said += _TLS_HINT
+    return Unreachable(said)
 
 
 def sent_again(method: str, reused: bool, exc: BaseException) -> bool:

@@ -100,6 +100,25 @@ def refused_without_trust(node: Node, tokens: Tokens, ca: Path, tmp_path: Path) 
     # Plain http:// to the TLS port is not served either.
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"http://127.0.0.1:{node.port}/healthz", timeout=10)
+    plain_to_tls(node, tokens)
+
+
+def plain_to_tls(node: Node, tokens: Tokens) -> None:
+    """Orbit's clients asked over http:// of a TLS port said only "RemoteDisconnected:
+    Remote end closed connection without response", which sent users looking for a
+    crashed server: both now say the URL of a TLS server is https://."""
+    plain = f"http://127.0.0.1:{node.port}"
+    with Client(plain, tokens.admin) as c, pytest.raises(Unreachable) as caught:
+        c.queues()
+    assert "its URL is https://" in str(caught.value), caught.value
+
+    async def queues() -> None:
+        async with AsyncClient(plain, tokens.admin) as c:
+            await c.queues()
+
+    with pytest.raises(Unreachable) as caught:
+        asyncio.run(queues())
+    assert "its URL is https://" in str(caught.value), caught.value
 
 
 def orbit_clients_over_tls(node: Node, tokens: Tokens, ca: Path) -> None:
@@ -136,6 +155,7 @@ def orbit_clients_over_tls(node: Node, tokens: Tokens, ca: Path) -> None:
             c.queues()
         assert isinstance(caught.value.__cause__, ssl.SSLCertVerificationError)
         assert tokens.admin not in str(caught.value)
+        assert "https://" not in str(caught.value)  # the plain-URL hint is for http:// only
         # nor does a subscription wait out its outage: a certificate refused is raised
         with Client(url, tokens.admin, cafile=cafile) as c, pytest.raises(Unreachable) as caught:
             next(c.subscribe(outage=600))
