@@ -20,8 +20,10 @@ from pathlib import Path
 CACHE_SECONDS = 10.0
 
 
-class TokenError(Exception):
-    """No usable token; the message names the variable or file at fault."""
+class TokenError(ValueError):
+    """No usable token; the message names the variable or file at fault. A ValueError,
+    as the clients' other setup mistakes (the URL, the timeout, the CA file) are, so one
+    ``except ValueError`` catches each of them."""
 
 
 def token_fault(token: str) -> str | None:

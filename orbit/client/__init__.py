@@ -14,6 +14,7 @@ from orbit.client._errors import (
     WaitTimeout,
 )
 from orbit.client._http import Unreachable
+from orbit.tokens import TokenError
 
 __all__ = [
     "ApiError",
@@ -24,6 +25,7 @@ __all__ = [
     "Forbidden",
     "NotFound",
     "TaskFailed",
+    "TokenError",
     "TooLarge",
     "TooManyRequests",
     "Unauthorized",

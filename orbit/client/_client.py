@@ -7,12 +7,13 @@ import asyncio
 import contextlib
 import dataclasses
 import enum
+import inspect
 import math
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, overload
 from urllib.parse import SplitResult
 
 import httpx
@@ -102,7 +103,10 @@ def request_json(body: dict[str, Any] | list[Any]) -> bytes:
     the key and where it is: orjson refuses one, and the standard library it falls back
     to wrote it as text, so ``{1: "a"}`` was stored as ``{"1": "a"}`` and ``{None: 1}``
     as ``{"null": 1}`` without a word (and ``{1: "a", "1": "b"}`` was the server's
-    DUPLICATE_KEY). Only a body orjson refuses is walked for one."""
+    DUPLICATE_KEY). Only a body orjson refuses is walked for one. A value JSON cannot
+    hold (a set, bytes) is a TypeError naming where it is too: the encoder's said only
+    "Object of type set is not JSON serializable", which left a large payload to be
+    searched by hand."""
     try:
         data = orjson.dumps(body)  # compact_json's first try, and all it does when it works
     except TypeError:
@@ -113,9 +117,14 @@ def request_json(body: dict[str, Any] | list[Any]) -> bytes:
     return data
 
 
+#: What JSON writes as it is: a value of these is never looked into by the walk below.
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
 def _refuse_non_text_keys(value: Any, path: str) -> None:
     """TypeError if a dict anywhere in ``value`` (at ``path``: ``payload.items[0]``) has
-    a key that is not a string, which JSON cannot hold."""
+    a key that is not a string, or if a value there is one ``compact_json`` cannot write
+    (a set, bytes, an object), which JSON cannot hold; the message names its path."""
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
@@ -128,6 +137,18 @@ def _refuse_non_text_keys(value: Any, path: str) -> None:
     elif isinstance(value, list | tuple):
         for i, item in enumerate(value):
             _refuse_non_text_keys(item, f"{path}[{i}]")
+    elif not isinstance(value, _JSON_SCALARS):
+        # Anything else orjson may still write (a dataclass, an enum, a UUID, a datetime).
+        try:
+            compact_json(value)
+        except TypeError:
+            hint = " (send a list)" if isinstance(value, set | frozenset) else ""
+            if isinstance(value, bytes | bytearray | memoryview):
+                hint = " (send text: base64, say)"
+            raise TypeError(
+                f"JSON cannot hold the {type(value).__name__} at "
+                f"{path or 'the top of the request body'}{hint} (nothing was sent)"
+            ) from None
 
 
 def _holds_non_finite(value: Any) -> bool:
@@ -245,6 +266,34 @@ def task_body(
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     return body
+
+
+#: The options ``submit`` takes beside the queue, the handler and the payload.
+SUBMIT_OPTIONS = tuple(
+    name
+    for name, param in inspect.signature(task_body).parameters.items()
+    if param.kind is inspect.Parameter.KEYWORD_ONLY
+)
+
+
+def _submit_body(
+    call: str, queue: str, handler: str, payload: Any, options: dict[str, Any]
+) -> dict[str, Any]:
+    """``task_body`` for ``call`` (``Client.submit``), an option it does not know a
+    TypeError that names ``call``, the option and those it takes: Python's own named
+    ``task_body()``, which no caller had called, and not what ``timeout`` is instead."""
+    unknown = [name for name in options if name not in SUBMIT_OPTIONS]
+    if unknown:
+        hint = (
+            " (a task's time limit is attempt_timeout, in seconds or a timedelta)"
+            if "timeout" in unknown
+            else ""
+        )
+        raise TypeError(
+            f"{call}() got an unexpected keyword argument {', '.join(map(repr, unknown))}"
+            f"{hint}; it takes {', '.join(SUBMIT_OPTIONS)} (nothing was sent)"
+        )
+    return task_body(queue, handler, payload, **options)
 
 
 class SubmittedTask(dict[str, Any]):
@@ -938,12 +987,23 @@ class Client:
         ``options``: ``task_body``'s; a duration (``attempt_timeout``, ``backoff``'s
         ``base`` and ``max``) is seconds or a ``timedelta``, an instant (``deadline``,
         ``run_after``) an aware ``datetime`` or RFC 3339 text."""
-        reply = self._call(_Calls.submit(task_body(queue, handler, payload, **options)))
+        body = _submit_body("Client.submit", queue, handler, payload, options)
+        reply = self._call(_Calls.submit(body))
         return SubmittedTask(reply["task"], reply["created"])
+
+    @overload
+    def submit_many(
+        self, tasks: list[dict[str, Any]], *, reply: Literal["full"] = "full"
+    ) -> list[SubmittedTask]: ...
+
+    @overload
+    def submit_many(
+        self, tasks: list[dict[str, Any]], *, reply: Literal["ids"]
+    ) -> list[dict[str, Any]]: ...
 
     def submit_many(
         self, tasks: list[dict[str, Any]], *, reply: BatchReply = "full"
-    ) -> list[dict[str, Any]]:
+    ) -> list[SubmittedTask] | list[dict[str, Any]]:
         """Submit up to 1000 tasks atomically (each a ``task_body``-shaped dict, its
         durations and instants taken as ``submit`` takes them); returns each task's view in
         order (with ``created``, as ``submit``'s), or with ``reply="ids"`` each ``{"id",
@@ -1778,12 +1838,24 @@ class AsyncClient:
         self, queue: str, handler: str, payload: Any = None, **options: Any
     ) -> SubmittedTask:
         """As ``Client.submit``: a duration is seconds or a ``timedelta``."""
-        reply = await self._call(_Calls.submit(task_body(queue, handler, payload, **options)))
+        body = _submit_body("AsyncClient.submit", queue, handler, payload, options)
+        reply = await self._call(_Calls.submit(body))
         return SubmittedTask(reply["task"], reply["created"])
+
+    @overload
+    async def submit_many(
+        self, tasks: list[dict[str, Any]], *, reply: Literal["full"] = "full"
+    ) -> list[SubmittedTask]: ...
+
+    @overload
+    async def submit_many(
+        self, tasks: list[dict[str, Any]], *, reply: Literal["ids"]
+    ) -> list[dict[str, Any]]: ...
 
     async def submit_many(
         self, tasks: list[dict[str, Any]], *, reply: BatchReply = "full"
-    ) -> list[dict[str, Any]]:
+    ) -> list[SubmittedTask] | list[dict[str, Any]]:
+        """As ``Client.submit_many``: ``reply="full"`` gives each ``SubmittedTask``."""
         return _Calls.submitted(reply, await self._call(_Calls.submit_many(tasks, reply)))
 
     async def get(self, task_id: str, *, timeout: float | None = None) -> dict[str, Any]:

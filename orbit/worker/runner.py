@@ -617,12 +617,29 @@ class Worker:
         """Run until SIGTERM/SIGINT, then drain. Returns 0, or 1 if an attempt was left
         without a confirmed outcome (its handler abandoned and still running when the
         drain ended, or its finish unanswered).
-        This owns the process, so it also tunes the garbage collector (``orbit.gctune``)."""
+        This owns the process, so it also tunes the garbage collector (``orbit.gctune``).
+
+        In the main thread it installs SIGTERM/SIGINT handlers; in another thread (a
+        worker run beside an application) it installs none, which only the main thread
+        may, and the application ends the run with ``stop()``. Inside a running event
+        loop (Jupyter, an async application) it is a RuntimeError that says to ``await
+        arun()``: asyncio refused the second loop, and the coroutine made for it was
+        reported never awaited."""
         _refuse_run_during_import()
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass  # no loop running in this thread: run() makes its own
+        else:
+            raise RuntimeError(
+                "Worker.run() was called inside a running event loop: "
+                "use `await worker.arun()` there"
+            )
         tune_for_throughput()
+        main = threading.current_thread() is threading.main_thread()
         # An abandoned async handler's task never ends: the loop closes without it rather
         # than wait for it for ever (as asyncio.run would).
-        return aio.run(self.arun(install_signals=True), leftovers=1.0)
+        return aio.run(self.arun(install_signals=main), leftovers=1.0)
 
     async def arun(self, *, install_signals: bool = False) -> int:
         _refuse_run_during_import()

@@ -53,7 +53,7 @@ def test_sync_client_calls_and_errors(node: Node, tokens: Tokens) -> None:
         assert set(lean[0]) == {"id", "created"} and lean[0]["created"] is True
         assert c.get(lean[0]["id"])["payload"] == 3
         with pytest.raises(BadRequest) as lean_bad:
-            c.submit_many([{"queue": "q", "handler": "h"}], reply="views")  # type: ignore[arg-type]
+            c.submit_many([{"queue": "q", "handler": "h"}], reply="views")  # type: ignore[call-overload]
         assert lean_bad.value.code == "INVALID_ARGUMENT"
         assert next(t["id"] for t in c.iter_tasks(queue="q", limit=2)) == task["id"]
         assert len(list(c.iter_tasks(limit=2))) == 5
