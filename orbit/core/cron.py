@@ -45,6 +45,8 @@ from orbit.core.errors import Code, OrbitError
 MAX_STEPS = 10_000
 #: the longest expression text taken
 MAX_CRON_LEN = 200
+#: the longest time zone name taken (the IANA database's longest is 32)
+MAX_TIMEZONE_LEN = 64
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: Further than any DST change moves a zone's clock (2 hours at most, Antarctica/Troll):
 #: ``_offsets`` looks this far either side of an instant for the offsets around it.
@@ -150,9 +152,13 @@ def _parse(fields: list[str]) -> list[frozenset[int]]:
 def check_cron(expr: object) -> str:
     """A classic 5-field cron expression (Vixie cron's syntax: ``_parse_field``; no
     ``@daily`` macros, no seconds or years field, none of croniter's extensions), its
-    fields one space apart (the text stored), or INVALID_CRON naming the bad field."""
-    if not isinstance(expr, str) or not expr.strip() or len(expr) > MAX_CRON_LEN:
-        raise _bad_cron(expr, f"it must be 1-{MAX_CRON_LEN} characters")
+    fields one space apart (the text stored), or INVALID_CRON naming the bad field. The
+    length is checked first, here rather than by the HTTP model, so that an empty or
+    over-long text is INVALID_CRON as any other bad text is, and no longer one is parsed."""
+    if not isinstance(expr, str) or not expr.strip():
+        raise _bad_cron(expr, f"it must be 1-{MAX_CRON_LEN} characters, not all spaces")
+    if len(expr) > MAX_CRON_LEN:
+        raise _bad_cron(expr, f"it is {len(expr)} characters, over {MAX_CRON_LEN}")
     if not expr.isascii():
         raise _bad_cron(expr, _not_ascii(expr))
     fields = expr.split()
@@ -232,8 +238,16 @@ _NOT_ZONE_PREFIXES = ("right/", "posix/")
 
 
 def check_timezone(name: object) -> ZoneInfo:
-    """An IANA time zone (``Europe/Berlin``, ``UTC``) given now, or INVALID_TIMEZONE."""
-    if not isinstance(name, str) or not 0 < len(name) <= 64 or not name.isascii():
+    """An IANA time zone (``Europe/Berlin``, ``UTC``) given now, or INVALID_TIMEZONE.
+    The length is checked first, here rather than by the HTTP model (as ``check_cron``'s)."""
+    if isinstance(name, str) and len(name) > MAX_TIMEZONE_LEN:
+        raise OrbitError(
+            Code.INVALID_TIMEZONE,
+            f"timezone {name!r:.80} is {len(name)} characters, over {MAX_TIMEZONE_LEN}: "
+            "not an IANA time zone (e.g. UTC, Europe/Berlin)",
+            field="timezone",
+        )
+    if not isinstance(name, str) or not name or not name.isascii():
         raise _bad_zone(name)
     if name in _NOT_ZONES or name.startswith(_NOT_ZONE_PREFIXES):
         raise _bad_zone(name)

@@ -9,7 +9,7 @@ field names, nulls where a value is required, and fields that only responses car
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, TypeGuard, TypeVar
 
 import orjson
@@ -292,6 +292,9 @@ class _Shape:
     def __init__(self, model: type[BaseModel]) -> None:
         self.known = frozenset(model.model_fields)
         self.response_only: frozenset[str] = getattr(model, "response_only_fields", frozenset())
+        # A change body's field that is not the server's but changed elsewhere (the
+        # URL's name, paused): "set by the server" would send its author astray.
+        self.reasons: Mapping[str, str] = getattr(model, "response_only_reasons", {})
         self.lowered = {name.lower(): name for name in model.model_fields}
         self.nested = {
             name: sub
@@ -328,9 +331,8 @@ def _check_fields(model: type[BaseModel], data: Any, path: str) -> None:
             continue
         where = f"{path}.{key}" if path else key
         if key in shape.response_only:
-            raise DecodeError(
-                "RESPONSE_ONLY_FIELD", f"{key} is set by the server, never sent", where
-            )
+            why = shape.reasons.get(key, f"{key} is set by the server, never sent")
+            raise DecodeError("RESPONSE_ONLY_FIELD", why, where)
         if key.lower() in shape.lowered:
             raise DecodeError(
                 "FIELD_CASE_MISMATCH", f"{key} must be spelled {shape.lowered[key.lower()]}", where

@@ -15,6 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from orbit.core.cron import MAX_CRON_LEN, MAX_TIMEZONE_LEN
 from orbit.core.validate import (
     MAX_ERROR_MESSAGE,
     MAX_GLOBAL_CAP,
@@ -186,6 +187,11 @@ class QueueUpdate(Strict):
     burst: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     max_queued: MaxQueued | None = Field(default=None, description=MAX_QUEUED_DOC)
     response_only_fields = frozenset({"name", "paused", "created_at"})
+    #: why those the server does not set cannot be sent (``decode_model``'s message)
+    response_only_reasons: ClassVar[dict[str, str]] = {
+        "name": "an update cannot change name: it is the URL's (/v1/queues/{name})",
+        "paused": "an update cannot change paused: use POST /v1/queues/{name}/pause or /resume",
+    }
 
     _not_null = field_validator("max_concurrency", "rate", "burst", mode="before")(
         _kept_if_left_out
@@ -308,17 +314,27 @@ class ScheduleTemplate(Strict):
     response_only_fields = frozenset({"idempotency_key"})
 
 
+#: The bounds of ``cron`` and ``timezone``, stated in the schema but checked by
+#: ``check_cron`` and ``check_timezone`` (not by pydantic), so that text out of them is
+#: INVALID_CRON or INVALID_TIMEZONE as any other bad text is, not VALUE_TOO_LONG.
+_CRON_BOUND: dict[str, Any] = {"minLength": 1, "maxLength": MAX_CRON_LEN}
+_TIMEZONE_BOUND: dict[str, Any] = {"minLength": 1, "maxLength": MAX_TIMEZONE_LEN}
+
+
 class ScheduleCreate(Strict):
     """``POST /v1/schedules``: submit ``template`` at each instant of ``cron`` in
     ``timezone`` (docs/concepts.md, "Schedules")."""
 
     name: Name
-    cron: Annotated[str, Field(min_length=1, max_length=200)] = Field(
+    cron: str = Field(
         description="classic cron's 5 fields: minute hour day-of-month month day-of-week "
-        "(e.g. '0 3 * * *')"
+        "(e.g. '0 3 * * *')",
+        json_schema_extra=_CRON_BOUND,
     )
-    timezone: Annotated[str, Field(min_length=1, max_length=64)] = Field(
-        default="UTC", description="an IANA time zone (e.g. Europe/Berlin)"
+    timezone: str = Field(
+        default="UTC",
+        description="an IANA time zone (e.g. Europe/Berlin)",
+        json_schema_extra=_TIMEZONE_BOUND,
     )
     template: ScheduleTemplate
     misfire: Literal["skip", "run_once", "catch_up"] = Field(
@@ -340,13 +356,16 @@ class ScheduleUpdate(Strict):
     model_config = ConfigDict(
         extra="forbid", strict=True, frozen=True, json_schema_extra=_never_null
     )
-    cron: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
+    cron: str | None = Field(
         default=None,
         description="classic cron's 5 fields: minute hour day-of-month month day-of-week "
         "(e.g. '0 3 * * *')",
+        json_schema_extra=_CRON_BOUND,
     )
-    timezone: Annotated[str, Field(min_length=1, max_length=64)] | None = Field(
-        default=None, description="an IANA time zone (e.g. Europe/Berlin)"
+    timezone: str | None = Field(
+        default=None,
+        description="an IANA time zone (e.g. Europe/Berlin)",
+        json_schema_extra=_TIMEZONE_BOUND,
     )
     template: ScheduleTemplate | None = None
     misfire: Literal["skip", "run_once", "catch_up"] | None = None
@@ -354,6 +373,11 @@ class ScheduleUpdate(Strict):
     response_only_fields = frozenset(
         {"name", "paused", "next_fire_at", "last_fire_at", "created_at", "updated_at"}
     )
+    #: why those the server does not set cannot be sent (``decode_model``'s message)
+    response_only_reasons: ClassVar[dict[str, str]] = {
+        "name": "an update cannot change name: it is the URL's (/v1/schedules/{name})",
+        "paused": "an update cannot change paused: use POST /v1/schedules/{name}/pause or /resume",
+    }
 
     _not_null = field_validator(
         "cron", "timezone", "template", "misfire", "max_catch_up", mode="before"

@@ -935,6 +935,11 @@ SCHEDULE_REFUSALS: dict[int | str, dict[str, Any]] = {
     },
     404: {"model": ErrorReply, "description": "QUEUE_NOT_FOUND: the template's queue"},
     409: {"model": ErrorReply, "description": "SCHEDULE_EXISTS: the name is taken"},
+    413: {
+        "model": ErrorReply,
+        "description": "PAYLOAD_TOO_LARGE: the template's payload is over the store's bound "
+        "(field template); BODY_TOO_LARGE: the body is over the server's. Nothing was written",
+    },
 }
 
 
@@ -1017,6 +1022,7 @@ async def schedule_resume(request: Request, name: str) -> Response:
             "model": ErrorReply,
             "description": "SCHEDULE_NOT_FOUND, or QUEUE_NOT_FOUND: the template's queue",
         },
+        413: SCHEDULE_REFUSALS[413],
     },
 )
 async def schedule_update(request: Request, name: str) -> Response:
