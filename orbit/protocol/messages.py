@@ -134,6 +134,11 @@ class QueueCreate(Strict):
     burst: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     max_queued: MaxQueued | None = Field(default=None, description=MAX_QUEUED_DOC)
     response_only_fields = frozenset({"paused", "created_at"})
+    #: why ``paused`` cannot be sent (``decode_model``'s message): the client sets it,
+    #: but by its own call, not at create
+    response_only_reasons: ClassVar[dict[str, str]] = {
+        "paused": "a queue is created running: pause it with POST /v1/queues/{name}/pause",
+    }
 
 
 #: The fields of a body where null means "remove the cap" (``_never_null`` keeps them).

@@ -106,6 +106,16 @@ def test_a_change_body_sending_name_or_paused_is_told_where_each_changes(
         got = _answer(admin.patch(path, json=body))
         if got != (400, "RESPONSE_ONLY_FIELD", field, message):
             wrong.append((path, body, got))
+    created_paused = admin.post(
+        "/v1/queues", json={"name": "p", "max_concurrency": 1, "rate": 0, "paused": True}
+    )
+    if _answer(created_paused) != (
+        400,
+        "RESPONSE_ONLY_FIELD",
+        "paused",
+        "a queue is created running: pause it with POST /v1/queues/{name}/pause",
+    ):
+        wrong.append(("/v1/queues", {"paused": True}, _answer(created_paused)))
     assert wrong == []
     assert admin.get("/v1/schedules/nightly").json() == schedule
     assert admin.get("/v1/queues").json()["items"] == [queue]
