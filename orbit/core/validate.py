@@ -128,15 +128,27 @@ def check_int(name: str, value: object, low: int, high: int, *, field: str | Non
 MAX_ARTIFACT_TTL_S = MAX_DURATION_US // 1_000_000
 #: The longest content type an artifact may carry, in characters.
 MAX_CONTENT_TYPE_LEN = 200
+_TOKEN = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+_QUOTED = r'"(?:[\t !#-\[\]-~\x80-\xff]|\\[\t -~\x80-\xff])*"'
+#: An RFC 9110 media type (section 8.3.1): ``type/subtype``, then ``;`` parameters with
+#: optional whitespace around the ``;``, each ``name=token`` or ``name="quoted"``. An
+#: unquoted value may hold Latin-1 too (``name=é``), as the store kept before this rule.
+#: The whitespace after a ``;`` belongs to the parameter, so no two ways to split it.
+CONTENT_TYPE_RE = re.compile(
+    rf"{_TOKEN}/{_TOKEN}"
+    rf"(?:[ \t]*;(?:[ \t]*{_TOKEN}=(?:{_QUOTED}|[!#$%&'*+\-.^_`|~0-9A-Za-z\x80-\xff]+))?)*"
+)
 
 
 def content_type_problem(value: object) -> str | None:
-    """Why ``value`` is no artifact content type, or None if it is one: ``type/subtype``
-    (with parameters if any), 3 to ``MAX_CONTENT_TYPE_LEN`` characters, each what an
-    HTTP header carries as text (a tab, printable ASCII, or Latin-1 from U+0080 to
-    U+00FF). The store and the worker's ``Context.upload`` judge by this one rule: the
-    worker refused ``name=日本`` only inside httpx, with a raw UnicodeEncodeError, and a
-    252-character type was refused without naming the limit it broke."""
+    """Why ``value`` is no artifact content type, or None if it is one: a media type
+    (``CONTENT_TYPE_RE``: ``type/subtype``, parameters if any, no space or tab at either
+    end), 3 to ``MAX_CONTENT_TYPE_LEN`` characters, each what an HTTP header carries as
+    text (a tab, printable ASCII, or Latin-1 from U+0080 to U+00FF). The store and the
+    worker's ``Context.upload`` judge by this one rule: the worker refused ``name=日本``
+    only inside httpx, with a raw UnicodeEncodeError; ``"text/plain "`` passed here and
+    h11 refused the header, which the handler saw as a retryable ``Unreachable``; and
+    ``ab/`` or ``a b/c d`` were stored and served back as content types."""
     if not isinstance(value, str):
         return f"content_type must be a string, not {type(value).__name__}"
     if not 3 <= len(value) <= MAX_CONTENT_TYPE_LEN:
@@ -149,6 +161,11 @@ def content_type_problem(value: object) -> str | None:
                 "content_type must hold only a tab, printable ASCII or Latin-1 characters "
                 f"(what an HTTP header carries); got {char!r}"
             )
+    if not CONTENT_TYPE_RE.fullmatch(value):
+        return (
+            "content_type must be a media type: type/subtype, then any '; name=value' "
+            f"parameters, no space or tab at either end (RFC 9110); got {value!r:.80}"
+        )
     return None
 
 

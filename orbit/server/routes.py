@@ -189,14 +189,16 @@ def _bad_cursor() -> ApiError:
 
 def decode_cursor(cursor: str | None, longest: int = 64) -> str | None:
     """The text a cursor stands for, at most ``longest`` characters (a queue name's
-    cursor may be 128)."""
+    cursor may be 128). Only the spelling ``encode_cursor`` writes is one: the decoder
+    drops characters outside its alphabet and reads extra padding, so ``M.C.4.z``,
+    ``MC4z!!`` and ``MC4z==`` were read as ``MC4z``."""
     if cursor is None:
         return None
     try:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise _bad_cursor() from None
-    if not text or len(text) > longest:
+    if not text or len(text) > longest or encode_cursor(text) != cursor:
         raise _bad_cursor()
     return text
 
@@ -802,10 +804,12 @@ def stream_start(last_event_id: str | None, cursor: str | None) -> tuple[int, in
     """The position a stream starts after: ``Last-Event-ID`` if the request has one (a
     browser's EventSource reconnects to the URL it was opened with, ``cursor`` and all,
     adding the header), else ``cursor``, else the start of the log. An empty header is
-    none (EventSource sends none after an empty id)."""
+    none (EventSource sends none after an empty id). Both are checked when both are
+    given: a bad ``cursor`` was let through silently behind a good header."""
+    from_query = event_cursor(decode_cursor(cursor))
     if last_event_id:
         return event_cursor(decode_cursor(last_event_id))
-    return event_cursor(decode_cursor(cursor))
+    return from_query
 
 
 async def _open_tail(
