@@ -807,9 +807,13 @@ def stream_start(last_event_id: str | None, cursor: str | None) -> tuple[int, in
     none (EventSource sends none after an empty id). Both are checked when both are
     given: a bad ``cursor`` was let through silently behind a good header."""
     from_query = event_cursor(decode_cursor(cursor))
-    if last_event_id:
+    if not last_event_id:
+        return from_query
+    try:
         return event_cursor(decode_cursor(last_event_id))
-    return from_query
+    except ApiError as refused:  # named as the header, not the query it was taken for
+        refused.field = "Last-Event-ID"
+        raise
 
 
 async def _open_tail(
@@ -829,14 +833,19 @@ async def _open_tail(
     async def first_page() -> tuple[list[dict[str, Any]], bool]:
         return await _event_rows(conn, conn.app.state.streams.read, task_id, position, PAGE)
 
-    return await open_tail(
-        conn,
-        scope=scope,
-        task_id=task_id,
-        position=position,
-        first_page=first_page,
-        cursor_of=event_position_cursor,
-    )
+    try:
+        return await open_tail(
+            conn,
+            scope=scope,
+            task_id=task_id,
+            position=position,
+            first_page=first_page,
+            cursor_of=event_position_cursor,
+        )
+    except ApiError as refused:  # a position naming no event: the header's, if sent
+        if refused.code == "INVALID_CURSOR" and last_event_id:
+            refused.field = "Last-Event-ID"
+        raise
 
 
 @router.get(

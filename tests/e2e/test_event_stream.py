@@ -137,12 +137,14 @@ def test_refusals_come_before_the_stream_starts(served: Served) -> None:
     assert (twice.status_code, twice.json()["error"]["field"]) == (400, "cursor")
     for path in ("/v1/events/stream", f"/v1/tasks/{task_id}/events/stream"):
         for cursor in BAD_CURSORS:
-            for reply in (
-                api.get(path, params={"cursor": cursor}),
-                api.get(path, headers={"Last-Event-ID": cursor}),
+            # the field names which one was at fault (a bad header was called "cursor")
+            for reply, field in (
+                (api.get(path, params={"cursor": cursor}), "cursor"),
+                (api.get(path, headers={"Last-Event-ID": cursor}), "Last-Event-ID"),
             ):
                 assert reply.status_code == 400, reply.text
-                assert reply.json()["error"]["code"] == "INVALID_CURSOR"
+                error = reply.json()["error"]
+                assert (error["code"], error["field"]) == ("INVALID_CURSOR", field), error
     bare = httpx.Client(base_url=str(api.base_url), timeout=PATIENCE)
     assert bare.get("/v1/events/stream").status_code == 401
     assert bare.get(f"/v1/tasks/{task_id}/events/stream").status_code == 401
