@@ -328,6 +328,7 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, errors.on_http_error)
     app.add_exception_handler(ClientDisconnect, errors.on_client_gone)
     app.add_exception_handler(Exception, errors.on_unexpected)
+    errors.log_each_failure_once()
 
     app.include_router(router)
     app.include_router(artifacts.router)

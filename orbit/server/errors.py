@@ -128,7 +128,34 @@ async def on_client_gone(request: Request, exc: Exception) -> Response:
     return Response(status_code=400)
 
 
-async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
-    """Anything unforeseen: logged with its traceback, answered in the usual shape."""
-    logging.getLogger("orbit.server").error("request failed", exc_info=exc)
+#: Marks an exception ``on_unexpected`` has logged and answered (``LoggedOnce``).
+_ANSWERED = "_orbit_answered"
+
+
+async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    """Anything unforeseen: logged with its traceback and the request it failed,
+    answered in the usual shape."""
+    logging.getLogger("orbit.server").error(
+        "request failed: %s %s", request.method, request.url.path, exc_info=exc
+    )
+    with contextlib.suppress(AttributeError, TypeError):  # one that takes no attribute
+        setattr(exc, _ANSWERED, True)
     return error_response(500, "INTERNAL", "the server could not process this request")
+
+
+class LoggedOnce(logging.Filter):
+    """Drops uvicorn's "Exception in ASGI application" for an exception
+    ``on_unexpected`` has logged and answered. Starlette's outermost middleware re-raises
+    after the handler's answer (for the server's last resort), so every 500 was logged
+    twice, two tracebacks, and an alert counting errors counted each failure twice."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        failed = record.exc_info[1] if record.exc_info else None
+        return not getattr(failed, _ANSWERED, False)
+
+
+def log_each_failure_once() -> None:
+    """Put ``LoggedOnce`` on uvicorn's error logger, once however many apps are made."""
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, LoggedOnce) for f in logger.filters):
+        logger.addFilter(LoggedOnce())

@@ -327,6 +327,30 @@ def test_worker_socket_answers_500_when_the_token_check_fails(
     asyncio.run(hello())
 
 
+def test_a_request_that_fails_is_logged_once_naming_it(
+    node: Node, tokens: Tokens, db_url: str
+) -> None:
+    """A 500 was logged twice, two tracebacks: by the server's handler ("request failed")
+    and again by uvicorn ("Exception in ASGI application"), as Starlette re-raises after
+    the handler's answer. It is logged once, with the method and path it failed."""
+    unknown = f"orbit_{'0' * 32}_{'A' * 43}"  # never cached: its check reads the table
+    before = len(node.log_text())
+    _rename_tokens_table(db_url, "orbit_tokens", "orbit_tokens_away")
+    try:
+        with httpx.Client(base_url=node.http, timeout=60) as http:
+            failed = http.get("/v1/queues", headers={"Authorization": f"Bearer {unknown}"})
+            # Answered on the same event loop after the failed request's last step (its
+            # log lines): once this is answered, they are written.
+            assert http.get("/healthz").status_code == 200
+    finally:
+        _rename_tokens_table(db_url, "orbit_tokens_away", "orbit_tokens")
+    assert failed.status_code == 500 and failed.json()["error"]["code"] == "INTERNAL"
+    said = node.log_text()[before:]
+    assert "request failed: GET /v1/queues" in said, said
+    assert said.count("Traceback (most recent call last)") == 1, said
+    assert "Exception in ASGI application" not in said, said
+
+
 @pytest.mark.parametrize("path", ["/v1/tasks", "/v1/tasks/batch"])
 def test_a_client_gone_before_its_body_is_not_logged_as_an_error(
     nodes: object, tokens: Tokens, path: str
