@@ -213,13 +213,17 @@ def _backoff(backoff: Any) -> Any:
     return {key: _duration(value) for key, value in backoff.items()}
 
 
+#: The fields of a task's body that ``_batch_item`` may have to write otherwise.
+_CONVERTED = frozenset({"attempt_timeout", "backoff", "deadline", "run_after"})
+
+
 def _batch_item(task: Any) -> Any:
     """A ``submit_many`` item with its durations and instants written as ``task_body``
     writes them: a ``timedelta`` was a bare TypeError from the JSON encoder, naming no
     task or field, where ``submit`` took one. Anything but a dict is left as it is, for
     the server to refuse naming the item."""
-    if not isinstance(task, dict):
-        return task
+    if not isinstance(task, dict) or _CONVERTED.isdisjoint(task):
+        return task  # the usual item, sent as it is (a copy cost 1 % of a batch's time)
     item = dict(task)
     if "attempt_timeout" in item:
         item["attempt_timeout"] = _duration(item["attempt_timeout"])
