@@ -271,3 +271,43 @@ def test_a_bad_artifact_page_request_is_refused(served: Served) -> None:
             path, params={"cursor": encode_cursor(place)}, headers=served.submit
         )
         assert reply.json() == {"items": [], "next_cursor": None}, place
+
+
+#: no RFC 9110 media type, each once passed ``content_type_problem``: a space or tab at
+#: an end (h11 then refused the worker's header: a retryable Unreachable in the handler)
+#: or not ``type/subtype`` (stored and served back)
+NOT_MEDIA_TYPES = [
+    "text/plain ",
+    " text/plain",
+    "\ttext/x",
+    "ab/",
+    "/ab",
+    "a b/c d",
+    "text/plain/extra",
+    "a/b;x",
+]
+#: media types the rule keeps taking
+MEDIA_TYPES = ["application/json; charset=utf-8", 'a/b; x="y z"', "text/plain;\tq=1"]
+
+
+def test_the_upload_route_refuses_a_content_type_that_is_no_media_type(
+    served: Served,
+) -> None:
+    """400 INVALID_ARGUMENT naming the rule, nothing stored: a space or tab at an end, or
+    no ``type/subtype``, each once stored and served back. A media type with parameters
+    is still stored and served back as given."""
+    for i, content_type in enumerate(NOT_MEDIA_TYPES):
+        reply = _put(served, f"bad-{i}", b"x", content_type)
+        assert reply.status_code == 400, (content_type, reply.text)
+        error = reply.json()["error"]
+        assert error["code"] == "INVALID_ARGUMENT", content_type
+        assert "content_type must be a media type" in error["message"], content_type
+    for i, content_type in enumerate(MEDIA_TYPES):
+        reply = _put(served, f"good-{i}", b"x", content_type)
+        assert reply.status_code == 201, (content_type, reply.text)
+        got = served.client.get(
+            f"/v1/artifacts/{reply.json()['id']}/content", headers=served.submit
+        )
+        assert got.headers["content-type"] == content_type
+    kept = sorted(a.content_type for a in served.store.artifact_list(served.task_id))
+    assert kept == sorted(MEDIA_TYPES)
