@@ -86,6 +86,21 @@ DbUrl = Annotated[
 ]
 
 
+#: ``--db`` of the token commands, which open an existing Orbit database and make nothing
+TokenDbUrl = Annotated[
+    str,
+    typer.Option(
+        "--db",
+        envvar="ORBIT_DB",
+        help="the Orbit database: sqlite:///file.db (three slashes: relative to the working "
+        "directory; four: absolute) or postgresql://…; it must exist and hold Orbit's "
+        "schema (orbit db migrate makes one), nothing is made here; a password belongs in "
+        "ORBIT_DB or ~/.pgpass, not here, where ps shows it",
+        show_default=False,
+    ),
+]
+
+
 def _fail(message: str, code: int = 2) -> NoReturn:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
@@ -102,7 +117,10 @@ def _check_url(url: str) -> None:
         _fail("the password in --db holds an unencoded @ or /: percent-encode it (%40, %2F)")
     from orbit.store import sqlite_path
 
-    path = sqlite_path(url)
+    try:
+        path = sqlite_path(url)
+    except ValueError as exc:  # a query, a host, a directory's trailing /: nothing made
+        _fail(f"--db: {exc}")
     if path is not None and path.lstrip("/") in ("", ":memory:"):
         # The store opens these in memory: a schema, a token or a server's state that is
         # gone when the command ends (`token create` printed a token nothing accepts).
@@ -174,7 +192,7 @@ def db_migrate(db: DbUrl) -> None:
 
 @token_app.command("create")
 def token_create(
-    db: DbUrl,
+    db: TokenDbUrl,
     name: Annotated[str, typer.Option(help="a label for the token, e.g. the service using it")],
     scope: Annotated[list[str], typer.Option(help="admin, submit or worker (repeatable)")],
 ) -> None:
@@ -192,25 +210,54 @@ def _on_existing_store(db: str, call: Callable[[Store], T]) -> T:
     """Open the database, run ``call`` on its store and close it. A SQLite file that does
     not exist is refused, not created: on a mistyped path ``token ls`` would list the
     tokens of an empty database it had just made, and ``token revoke`` refuse every id
-    while leaving that file behind. A database that fails is ``database``'s one line
-    (exit 1); a refusal from the store is its message (exit 2)."""
+    while leaving that file behind. A database without Orbit's schema (an empty file,
+    another application's PostgreSQL database) is refused too, exit 2, changing nothing:
+    it was migrated, given Orbit's tables, just to list no tokens. Orbit's own database
+    at an older version is migrated, as a node would. A database that fails is
+    ``database``'s one line (exit 1); a refusal from the store is its message (exit 2)."""
     from orbit.store import open_store, sqlite_path
 
     _check_url(db)
     path = sqlite_path(db)
     if path is not None and not Path(path).is_file():
         _fail(f"no database at {path}: check --db (orbit db migrate creates one)")
-    refused: OrbitError | None = None
+    not_orbit = (
+        f"{path or 'the database --db names'} is not an Orbit database (it has no "
+        "orbit_schema_version table) and was left as it was: check --db (orbit db "
+        "migrate makes a new one)"
+    )
+    refused: str | None = None
     with database(db):
-        store = open_store(db)
-        try:
-            return call(store)
-        except OrbitError as exc:
-            refused = exc
-        finally:
-            store.close()
+        if path is not None:
+            from orbit.store.sqlite.driver import check_path, holds_orbit
+
+            check_path(path)  # the driver's refusals first, in its words (read-only, …)
+            if not holds_orbit(path):  # read before the driver opens it in WAL mode
+                refused = not_orbit
+        if refused is None:
+            store = open_store(db, migrate=False)
+            try:
+                if not _has_orbit_schema(store):
+                    refused = not_orbit
+                else:
+                    store.migrate()
+                    return call(store)
+            except OrbitError as exc:
+                refused = exc.message
+            finally:
+                store.close()
     assert refused is not None  # database() ends every other way out with an exit
-    _fail(refused.message)
+    _fail(refused)
+
+
+def _has_orbit_schema(store: Store) -> bool:
+    """Whether the store's database holds Orbit's schema, at any version: read alone,
+    changing nothing (``Store.migrate`` would create the tables)."""
+    [present] = store.driver.read("schema_version_present", {})
+    if not present["present"]:
+        return False
+    [version] = store.driver.read("schema_version_get", {})
+    return int(version["version"]) > 0
 
 
 def _tokens_table(rows: list[dict[str, Any]]) -> Table:
@@ -231,7 +278,7 @@ def _tokens_table(rows: list[dict[str, Any]]) -> Table:
 
 @token_app.command("ls")
 def token_ls(
-    db: DbUrl,
+    db: TokenDbUrl,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON for scripts")] = False,
 ) -> None:
     """List every token, revoked ones too: id, name, scopes, created, revoked.
@@ -249,7 +296,7 @@ def token_ls(
 
 @token_app.command("revoke")
 def token_revoke(
-    db: DbUrl,
+    db: TokenDbUrl,
     token_id: Annotated[
         str,
         typer.Argument(
@@ -567,11 +614,13 @@ def worker_command(
     whatever their value; a variable set but empty is refused. A running worker drains on
     SIGTERM or SIGINT: no new claims, running handlers finish within the grace period,
     then are cancelled; a second Ctrl-C (SIGINT) cancels them at once. Exit codes of a
-    running worker: 0 drained; 1 a handler ignored its cancellation, or an outcome the
-    server never confirmed (its lease decides); 2 bad arguments, no token, an unusable URL
-    or CA file, a server certificate not trusted, or no handler registered; 3 the server
-    refused the token or the worker's hello. Of ls and drain: 0 done; 2 bad arguments; 3
-    refused by the server; 4 server unreachable.
+    running worker: 0 drained, a handler the drain stopped part way included (one not
+    retry_safe reports nothing, and its lease decides); 1 a handler ignored its
+    cancellation, or an outcome the server never confirmed (a report the worker sent,
+    unanswered when it stopped: its lease decides); 2 bad arguments, no token, an
+    unusable URL or CA file, a server certificate not trusted, or no handler registered;
+    3 the server refused the token or the worker's hello. Of ls and drain: 0 done; 2 bad
+    arguments; 3 refused by the server; 4 server unreachable.
     """
     from orbit.cli import api
 
@@ -585,6 +634,13 @@ def worker_command(
         return
     if len(args) != 1 or ":" not in args[0]:
         _fail("give `ls`, `drain SESSION_ID` or MODULE:OBJ (e.g. myapp.jobs:worker)")
+    module_name, _, attr = args[0].partition(":")
+    if not module_name or module_name.startswith(".") or not attr:
+        # importlib's ValueError or TypeError for these was a traceback and exit 1
+        _fail(
+            f"{args[0]!r} is no MODULE:OBJ: give a module's full dotted name and the "
+            "object in it (e.g. myapp.jobs:worker)"
+        )
     if as_json:
         _fail("--json applies to `ls` and `drain`; a running worker logs lines")
     _run_worker(args[0], url if _given(ctx, "url") else None, cafile)

@@ -136,15 +136,25 @@ def _retrieve(future: asyncio.Task[Any]) -> None:
         future.exception()
 
 
-def unavailable(exc: Exception) -> JSONResponse:
+def unavailable(exc: Exception, store: Store | None = None) -> JSONResponse:
     """/readyz's and /metrics' answer when the database did not answer in time (a
-    TimeoutError) or failed: the exception's type only, whose text could name a host."""
-    if isinstance(exc, TimeoutError):
+    TimeoutError) or failed: the exception's type only, whose text could name a host.
+    A wait that ran out because PostgreSQL refuses every new connection (a database
+    closed to connections, a password changed) says so, in the server's words (the
+    driver's ``connect_refusal``, which holds no host or URL): it was reported as a
+    database that did not answer, which sent its operator looking at the network."""
+    reason = type(exc).__name__
+    refusal = getattr(store.driver, "connect_refusal", None) if store is not None else None
+    refused = refusal() if isinstance(exc, TimeoutError) and callable(refusal) else None
+    if refused is not None:
+        reason, said = refused
+        message = f"the database refuses connections: {said}"
+    elif isinstance(exc, TimeoutError):
         message = f"the database did not answer within {READY_TIMEOUT_S:g} s"
     else:
-        message = f"the database could not be read ({type(exc).__name__})"
+        message = f"the database could not be read ({reason})"
     return JSONResponse(
-        {"status": "unavailable", "reason": type(exc).__name__, "message": message},
+        {"status": "unavailable", "reason": reason, "message": message},
         status_code=503,
     )
 
@@ -358,7 +368,7 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
         try:
             await ready(request.app.state.store.queue_list)
         except Exception as exc:  # TimeoutError: the database did not answer in time
-            return unavailable(exc)
+            return unavailable(exc, request.app.state.store)
         return JSONResponse({"status": "ready"})
 
     @app.get("/metrics", include_in_schema=False)
@@ -367,7 +377,7 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
         try:
             body = await scrape(partial(generate_latest, request.app.state.metrics.registry))
         except Exception as exc:
-            return unavailable(exc)
+            return unavailable(exc, request.app.state.store)
         return PlainTextResponse(body.decode(), media_type="text/plain; version=0.0.4")
 
     @app.get("/schema/{name}", include_in_schema=False)

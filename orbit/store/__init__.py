@@ -21,14 +21,39 @@ from orbit.store.store import (
     Submitted,
 )
 
+#: the spellings a ``sqlite://`` URL may take, as a refusal of another names them
+SQLITE_SPELLINGS = (
+    "sqlite:///relative/orbit.db (three slashes: from the working directory) or "
+    "sqlite:////absolute/orbit.db (four)"
+)
+
 
 def sqlite_path(url: str) -> str | None:
     """The file a ``sqlite://`` URL names (``sqlite:///rel``, ``sqlite:////abs``; ``""`` or
-    ``":memory:"`` for none), or None for any other URL."""
+    ``":memory:"`` for none), or None for any other URL.
+
+    ValueError for what would be taken, silently, as part of a file name, before
+    anything is made: a query or a fragment (``sqlite:///orbit.db?mode=ro`` made a file
+    named ``orbit.db?mode=ro``), a host (``sqlite://host/x.db`` was ``./host/x.db``), and
+    a path ending in ``/`` (a directory's spelling: a file without the slash was made,
+    then refused as no directory by every later run)."""
     if not url.startswith("sqlite://"):
         return None
-    path = url.removeprefix("sqlite://")
-    return path[1:] if path.startswith("/") else path
+    rest = url.removeprefix("sqlite://")
+    if "?" in rest or "#" in rest:
+        raise ValueError(
+            f"a sqlite URL takes no query or fragment (? or #): give {SQLITE_SPELLINGS}"
+        )
+    host = rest.partition("/")[0]
+    if host not in ("", ":memory:"):
+        raise ValueError(f"a sqlite URL names no host ({host!r}): give {SQLITE_SPELLINGS}")
+    path = rest[1:] if rest.startswith("/") else rest
+    if path.endswith("/") and path.strip("/"):
+        raise ValueError(
+            f"{path} ends in / and so names a directory: give the path of the database "
+            f"file (e.g. {path}orbit.db)"
+        )
+    return path
 
 
 def open_store(

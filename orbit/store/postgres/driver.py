@@ -24,7 +24,7 @@ from contextlib import contextmanager, suppress
 from itertools import repeat
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, Self, TypeVar, cast
 
 import orjson
 import psycopg
@@ -1156,6 +1156,40 @@ def stale_statement(exc: BaseException) -> bool:
 #: How long opening the store waits for PostgreSQL to answer before it says why not.
 CONNECT_TIMEOUT_S = 10
 
+
+#: the server's refusal in libpq's message for a failed connect ("connection to server
+#: at "h", port 5432 failed: FATAL:  database "x" is not currently accepting
+#: connections"): its first line, after the severity
+_SERVER_REFUSAL = re.compile(r"failed: (?:FATAL|ERROR|PANIC):\s+([^\n]+)")
+
+
+class _ConnectErrors:
+    """The last error the pools met opening a connection, None once one has opened
+    since: the pools retry in the background and their callers see only a 30 s
+    ``PoolTimeout``, so /readyz said a database that refused every connection ("not
+    currently accepting connections", a password changed) had merely not answered."""
+
+    last: Exception | None = None
+
+    def connection_class(self) -> type[psycopg.Connection[Any]]:
+        """A connection class for a pool (its public ``connection_class``) that records
+        here how each of its connects ended."""
+        errors = self
+
+        class Recorded(psycopg.Connection[Any]):
+            @classmethod
+            def connect(cls, *args: Any, **kwargs: Any) -> Self:
+                try:
+                    cx = super().connect(*args, **kwargs)
+                except Exception as exc:
+                    errors.last = exc
+                    raise
+                errors.last = None
+                return cx
+
+        return Recorded
+
+
 #: the reads whose horizon looks at other databases' transactions in pg_stat_activity
 HORIZON_READS = frozenset({"event_list", "event_list_task"})
 
@@ -1182,8 +1216,10 @@ class PostgresDriver:
         self.uniform = uniform_forms(self.queries, self.columnar)
         self._statements = _Statements(self.queries)
         self.migrations = _HERE / "migrations"
+        self._connect_errors = _ConnectErrors()
         self._pool = ConnectionPool(
             with_tcp_checks(dsn),
+            connection_class=self._connect_errors.connection_class(),
             min_size=min_size,
             max_size=max_size,
             open=True,
@@ -1193,6 +1229,7 @@ class PostgresDriver:
         )
         self._relaxed = ConnectionPool(
             with_tcp_checks(dsn),
+            connection_class=self._connect_errors.connection_class(),
             min_size=1,
             max_size=RELAXED_MAX,
             open=True,
@@ -1291,6 +1328,19 @@ class PostgresDriver:
         shutting down, the pool closed or out of connections in time (psycopg_pool's
         errors are its subclasses), deadlocks and cancelled statements past the retries."""
         return isinstance(exc, psycopg.OperationalError)
+
+    def connect_refusal(self) -> tuple[str, str] | None:
+        """Why a call waiting for a connection waits, when PostgreSQL itself refused the
+        pools' last connect (``_ConnectErrors``): the error's type and the server's own
+        words (``database "orbit" is not currently accepting connections``), without
+        the host, port or URL libpq's message starts with. None if a connect has
+        succeeded since, or the last failed short of a server's answer (unreachable,
+        refused by the network: a wait that ran out says as much)."""
+        error = self._connect_errors.last
+        if error is None:
+            return None
+        found = _SERVER_REFUSAL.search(str(error))
+        return None if found is None else (type(error).__name__, found.group(1))
 
     def close(self) -> None:
         self._pool.close()

@@ -241,7 +241,14 @@ def _check_regular(path: str) -> None:
     """Refuse, with one line that says what it is, a path that names a directory (or a
     FIFO, a device, a socket) rather than a database file. A directory was refused as a
     file with "2 hard links" (a directory's own count of links), which sent its operator
-    looking for links that are not there."""
+    looking for links that are not there. A path ending in ``/`` that is no directory
+    is refused too: the file was made without the slash, then every later open failed
+    with NotADirectoryError."""
+    if path.endswith(os.sep) and not os.path.isdir(path):
+        raise DatabaseNotAFile(
+            f"{path} ends in {os.sep} and so names a directory: give the path of the "
+            f"database file (e.g. {path}orbit.db)"
+        )
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -421,6 +428,18 @@ def _check_orbit(path: str) -> None:
             f"({objects or ', '.join(marks)}) and no orbit_schema_version table; Orbit "
             "changed nothing in it: give Orbit a file of its own"
         )
+
+
+def holds_orbit(path: str) -> bool:
+    """Whether the existing file at ``path`` holds Orbit's migration table, read as
+    ``_check_orbit`` reads it: nothing made, nothing changed. An empty file holds none.
+    The ``token`` commands open only Orbit's database: opened as a new one, an empty
+    file was migrated (and put in WAL mode) just to list no tokens."""
+    real = os.path.realpath(path)
+    live = os.path.exists(f"{real}-wal")
+    if os.stat(real).st_size == 0 and not live:
+        return False
+    return bool(_read_owner(path, real, "mode=ro" if live else "immutable=1")[0])
 
 
 def _read_owner(path: str, real: str, mode: str) -> tuple[int, str | None, int, int]:
