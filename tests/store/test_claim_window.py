@@ -16,6 +16,7 @@ import pytest
 from orbit.core.model import Session
 from orbit.store import Store
 from orbit.store import store as store_module
+from tests.conftest import ManualClock
 from tests.store.helpers import queue, submit, worker
 
 
@@ -102,3 +103,22 @@ def test_a_claim_grants_one_task_larger_than_the_budget(make_store: Any) -> None
     assert len(first) == 1 and first.more and len(first[0].task.payload) > big
     second = store.attempt_claim_many(session.id, session.epoch, 10)
     assert [g.task.payload for g in second] == ['"small"'] and not second.more
+
+
+def test_tasks_past_their_deadline_do_not_hide_a_ready_task_behind_them(
+    store: Store, clock: ManualClock
+) -> None:
+    """Rows past their deadline were read, then skipped one by one, each round reading
+    only as many as it wanted: with more of them at the head of the queue than eight
+    rounds read, a claim granted nothing and said nothing was left (no ``more``). The
+    reaper's failing them woke no one, so an idle worker waited the poll interval (5 s)
+    while a ready task sat behind them. The select leaves them out: the task is granted."""
+    queue(store, max_concurrency=10)
+    for _ in range(20):
+        submit(store, priority=10, deadline=clock.now + 1_000_000)
+    ready = submit(store, priority=0)
+    clock.advance(2)
+    session, _ = worker(store, max_concurrency=1)
+    grants = store.attempt_claim_many(session.id, session.epoch, 1)
+    assert [g.task.id for g in grants] == [ready]
+    assert store.task_counts().get("queued") == 20  # the reaper's to end, untouched here

@@ -150,7 +150,9 @@ def test_a_claims_ready_rows_make_the_tasks_the_dict_path_makes(
 ) -> None:
     _fill(store, clock)
     params = {
-        "now": clock.now + 3600 * SECOND,  # the retry's backoff too
+        # past the retry's backoff (2 s), short of the deadlines (an hour): a task past
+        # its deadline is no ready row
+        "now": clock.now + 60 * SECOND,
         "handlers": ["h"],
         "skip_queues": [],
         "skip_tenants": [],

@@ -322,6 +322,7 @@ SELECT r.*, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS locked_
 SELECT * FROM orbit_tasks
 WHERE state IN ('queued', 'scheduled')
   AND run_after <= :now
+  AND (deadline IS NULL OR deadline > :now)
   AND handler = ANY(CAST(:handlers AS text[]))
   AND NOT (queue = ANY(CAST(:skip_queues AS text[])))
   AND NOT (tenant = ANY(CAST(:skip_tenants AS text[])))

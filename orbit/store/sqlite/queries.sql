@@ -246,6 +246,7 @@ ORDER BY up.start_id, t.id;
 SELECT *, NULL AS locked_at FROM orbit_tasks
 WHERE state IN ('queued', 'scheduled')
   AND run_after <= :now
+  AND (deadline IS NULL OR deadline > :now)
   AND handler IN (SELECT value FROM json_each(:handlers))
   AND queue NOT IN (SELECT value FROM json_each(:skip_queues))
   AND tenant NOT IN (SELECT value FROM json_each(:skip_tenants))
