@@ -59,6 +59,8 @@ class Code(StrEnum):
     ATTEMPT_ENDED = "ATTEMPT_ENDED"
     ALREADY_FINISHED = "ALREADY_FINISHED"
     FINISH_WITHOUT_START = "FINISH_WITHOUT_START"
+    #: progress or an artifact upload for an attempt still claimed: it is live, not over
+    NOT_STARTED = "NOT_STARTED"
     NOT_CLAIMED = "NOT_CLAIMED"
     TASK_CANCELLED = "TASK_CANCELLED"
     QUEUE_PAUSED = "QUEUE_PAUSED"

@@ -323,10 +323,18 @@ def claim(
     return attempt
 
 
+def fenced_epoch_message(epoch: int, current: int) -> str:
+    """FENCED_EPOCH's message, the same on every path. Older: a resume fenced it. Newer:
+    no resume made it (the session never had it), and "fenced by a resume" sent a reader
+    looking for one that never happened."""
+    why = "was fenced by a resume" if epoch < current else "is not the session's epoch"
+    return f"epoch {epoch} {why} (current epoch {current})"
+
+
 def session_usable(session: Session, epoch: int, now: int) -> tuple[Code, str] | None:
     """Why a session may not claim, or None."""
     if epoch != session.epoch:
-        return Code.FENCED_EPOCH, f"epoch {epoch} is not the session's current epoch"
+        return Code.FENCED_EPOCH, fenced_epoch_message(epoch, session.epoch)
     if session.state != SessionState.LIVE or session.expires_at <= now:
         return Code.SESSION_EXPIRED, "the session has expired; resume it with its secret"
     if session.draining:
@@ -351,12 +359,9 @@ def _check_owner(
             Code.NOT_OWNER, "the attempt belongs to another session", report, task, attempt, session
         )
     if epoch != session.epoch:
-        # Older: a resume fenced it. Newer: no resume made it (the session never had it),
-        # and "fenced by a resume" sent a reader looking for one that never happened.
-        why = "was fenced by a resume" if epoch < session.epoch else "is not the session's epoch"
         return plan.refuse(
             Code.FENCED_EPOCH,
-            f"epoch {epoch} {why} (current epoch {session.epoch})",
+            fenced_epoch_message(epoch, session.epoch),
             report,
             task,
             attempt,
@@ -418,10 +423,13 @@ def start(
         )
         return None
     if attempt.state != _A_CLAIMED:
-        code = Code.TASK_CANCELLED if task.state == T.CANCELLED else Code.ATTEMPT_ENDED
-        plan.refuse(
-            code, f"the attempt is {attempt.state}, not claimed", "start", task, attempt, session
-        )
+        if task.state == T.CANCELLED:
+            # The cancel released the attempt: name the cancel, not the release.
+            code = Code.TASK_CANCELLED
+            message = f"the task was cancelled: its attempt is {attempt.state}"
+        else:
+            code, message = Code.ATTEMPT_ENDED, f"the attempt is {attempt.state}, not claimed"
+        plan.refuse(code, message, "start", task, attempt, session)
         return None
     reason: tuple[Code, str] | None = None
     if now >= attempt.claim_expires_at:
@@ -755,8 +763,20 @@ def check_running(
     now: int,
 ) -> bool:
     """The guard of every report made while an attempt runs (progress, artifacts): the
-    caller owns it at the current epoch and fence, and its lease has not expired."""
+    caller owns it at the current epoch and fence, it has started, and its lease has not
+    expired. A claimed attempt is live, not over: NOT_STARTED, not ATTEMPT_ENDED, which
+    would tell the worker to give up a claim it still holds."""
     if _check_owner(plan, report, task, attempt, session, epoch, fence):
+        return False
+    if attempt.state == _A_CLAIMED:
+        plan.refuse(
+            Code.NOT_STARTED,
+            f"the attempt is claimed and not started: start it before its {report}",
+            report,
+            task,
+            attempt,
+            session,
+        )
         return False
     return _check_live(plan, report, task, attempt, session, now)
 

@@ -1913,7 +1913,7 @@ class Store:
             if epoch is not None and epoch != session.epoch:
                 plan.reject(
                     Code.FENCED_EPOCH,
-                    "the epoch was fenced by a resume",
+                    transitions.fenced_epoch_message(epoch, session.epoch),
                     report="drain",
                     session_id=session_id,
                     data={"epoch": epoch, "current_epoch": session.epoch},

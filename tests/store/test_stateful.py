@@ -1137,6 +1137,8 @@ class OrbitMachine(RuleBasedStateMachine):
         now = self.clock.now
         if stale:
             reasons = stale
+        elif att.state == A.CLAIMED:
+            reasons = {Code.NOT_STARTED}  # live, not yet started: not ATTEMPT_ENDED
         elif att.state != A.RUNNING or att.lease_expires_at is None:
             reasons = {Code.ATTEMPT_ENDED}
         elif now >= att.lease_expires_at:
