@@ -540,6 +540,9 @@ class Worker:
         #: every running attempt (1,500 at each batch of a busy worker)
         self._renew_floor = math.inf
         self._stopping = False
+        # Whether SIGINT is this run's loop handler (``_run``): a KeyboardInterrupt out
+        # of a handler is then the handler's own, not Ctrl-C (``_call``).
+        self._sigint_ours = False
         self._loop: asyncio.AbstractEventLoop | None = None  # the running arun()'s
         self._background: set[asyncio.Task[None]] = set()
         #: Fault-test switch: stop sending renewals (leases then run out and are lost).
@@ -673,6 +676,7 @@ class Worker:
             self._stopping = False  # this run is over; the next one starts afresh
 
     async def _run(self, install_signals: bool) -> int:
+        self._sigint_ours = False
         if not install_signals:
             return await self._serve()
         loop = asyncio.get_running_loop()
@@ -693,9 +697,11 @@ class Worker:
                 continue
             before[sig] = found
             loop.add_signal_handler(sig, handler)
+        self._sigint_ours = signal.SIGINT in before
         try:
             return await self._serve()
         finally:
+            self._sigint_ours = False
             for installed, previous in before.items():
                 loop.remove_signal_handler(installed)
                 if previous is not None:
@@ -1340,8 +1346,14 @@ class Worker:
                 running.on_loop = True
                 return await value
             return await reg.fn(running.ctx, payload)
-        except (Exception, asyncio.CancelledError, KeyboardInterrupt):
-            raise  # KeyboardInterrupt: Ctrl-C under arun(), the process's, not the handler's
+        except (Exception, asyncio.CancelledError):
+            raise
+        except KeyboardInterrupt as exc:
+            if not self._sigint_ours:
+                raise  # Ctrl-C under arun() without our SIGINT handler: the process's
+            # Ctrl-C drains through the loop's handler, so this one is the handler's own
+            # raise: out of this task it ended the whole worker at once (exit 130).
+            raise _Exited(exc) from exc
         except BaseException as exc:
             # SystemExit (``sys.exit()`` in code lifted from a script) or the like: out of
             # this task, the event loop re-raised it, and the whole worker exited with it.
@@ -1371,6 +1383,14 @@ class Worker:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_settle, done, *outcome)
 
+        def dropped(ended: asyncio.Future[Any]) -> None:
+            # It finished after its attempt was lost: its outcome is thrown away, said so
+            # as an async handler's is (a ``Cancelled`` it raised is no outcome).
+            if not (running.lost and ended.done()) or ended.cancelled():
+                return
+            if not isinstance(ended.exception(), Cancelled):
+                _log_dropped(running)
+
         name = f"orbit-{running.ctx.attempt_id}"
         threading.Thread(target=target, name=name, daemon=True).start()
         try:
@@ -1381,14 +1401,19 @@ class Worker:
                 value = await asyncio.wait_for(asyncio.shield(done), self.cancel_grace)
             except TimeoutError:
                 self._abandon(running, done)
+                done.add_done_callback(dropped)  # if it ends while the loop still runs
             except BaseException:
-                pass
+                if not done.done():  # the wait itself cancelled (the loop closing)
+                    done.add_done_callback(dropped)
+                elif running.ctx.reason != STOPPING:  # a drain's: re-raised below, reported
+                    dropped(done)
             else:
                 if running.ctx.reason == STOPPING:
                     # A drain's cancel, and the function finished its work meanwhile:
                     # its result is the attempt's outcome (a cancel of the task wins
                     # whatever it returned; a timeout is reported as one).
                     return value
+                dropped(done)
             if running.ctx.reason == STOPPING and done.done() and not done.cancelled():
                 failed = done.exception()
                 if failed is not None and not isinstance(failed, asyncio.CancelledError):
@@ -2195,6 +2220,8 @@ def _failure(running: _Running, exc: BaseException) -> dict[str, Any] | None:
         if running.ctx.reason != STOPPING:
             return outcomes.error("CANCELLED", running.ctx.reason or "cancelled", retryable=False)
         return _stopped(running, "the drain", "CANCELLED", STOPPING)
+    if isinstance(exc, _Exited) and isinstance(exc.exc, BaseExceptionGroup):
+        exc = exc.exc  # a group holding a BaseException (GeneratorExit, ...) came wrapped
     if isinstance(exc, BaseExceptionGroup):
         # A Fail raised in an asyncio.TaskGroup arrives in a group: still a Fail (it was
         # reported as a retryable ExceptionGroup, and the task retried for ever).
