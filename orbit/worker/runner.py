@@ -620,11 +620,11 @@ class Worker:
         """Run until SIGTERM/SIGINT, then drain. Returns 0, or 1 if an attempt was left
         without a confirmed outcome (its handler abandoned and still running when the
         drain ended, or its finish unanswered).
-        This owns the process, so it also tunes the garbage collector (``orbit.gctune``).
-
-        In the main thread it installs SIGTERM/SIGINT handlers; in another thread (a
-        worker run beside an application) it installs none, which only the main thread
-        may, and the application ends the run with ``stop()``. Inside a running event
+        In the main thread it owns the process: it installs SIGTERM/SIGINT handlers and
+        tunes the garbage collector (``orbit.gctune``). In another thread (a worker run
+        beside an application) it does neither: only the main thread may install
+        handlers, the application ends the run with ``stop()``, and its collector keeps
+        its own settings (``gc.freeze`` would freeze every object it holds). Inside a running event
         loop (Jupyter, an async application) it is a RuntimeError that says to ``await
         arun()``: asyncio refused the second loop, and the coroutine made for it was
         reported never awaited."""
@@ -638,8 +638,9 @@ class Worker:
                 "Worker.run() was called inside a running event loop: "
                 "use `await worker.arun()` there"
             )
-        tune_for_throughput()
         main = threading.current_thread() is threading.main_thread()
+        if main:
+            tune_for_throughput()
         # An abandoned async handler's task never ends: the loop closes without it rather
         # than wait for it for ever (as asyncio.run would).
         return aio.run(self.arun(install_signals=main), leftovers=1.0)

@@ -30,6 +30,9 @@ def test_a_worker_run_in_a_thread_of_its_own_works_and_stop_ends_it(
         return payload * 2
 
     outcome: dict[str, Any] = {}
+    # The application's collector keeps its settings: run() tunes it (gc.freeze and a
+    # higher threshold) only in the main thread, where it owns the process.
+    collector = (gc.get_threshold(), gc.get_freeze_count())
 
     def run() -> None:
         try:
@@ -57,6 +60,7 @@ def test_a_worker_run_in_a_thread_of_its_own_works_and_stop_ends_it(
             thread.join(60)
     assert not thread.is_alive()
     assert outcome == {"code": 0}
+    assert (gc.get_threshold(), gc.get_freeze_count()) == collector
 
 
 def test_run_inside_a_running_loop_says_to_await_arun_and_leaves_no_coroutine(
