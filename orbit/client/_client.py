@@ -424,7 +424,10 @@ class _Calls:
     @staticmethod
     def submit_many(tasks: list[dict[str, Any]], reply: BatchReply) -> Request:
         query = None if reply == "full" else {"reply": reply}
-        return ("POST", "/v1/tasks/batch", query, {"tasks": [_batch_item(t) for t in tasks]})
+        # Anything but a list goes as it is, for the server to refuse as "tasks" (None
+        # was a bare TypeError here, and a dict's keys went as the tasks).
+        items = [_batch_item(t) for t in tasks] if isinstance(tasks, list | tuple) else tasks
+        return ("POST", "/v1/tasks/batch", query, {"tasks": items})
 
     @staticmethod
     def submitted(reply: BatchReply, items: Any) -> list[dict[str, Any]]:

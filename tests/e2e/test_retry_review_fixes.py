@@ -164,6 +164,12 @@ def test_submit_many_takes_durations_and_instants_as_submit_does(
         with pytest.raises(ValueError, match="timezone"):
             client.submit_many([{**item, "deadline": soon.replace(tzinfo=None)}])
         assert len(list(client.iter_tasks(queue="q"))) == 1  # the refused batch made nothing
+        # Anything but a list is the server's to refuse, naming "tasks": None was a bare
+        # TypeError, and a dict's keys were sent as the tasks ("tasks[0]: …").
+        for wrong in (None, {"queue": "q", "handler": "h"}):
+            with pytest.raises(BadRequest) as refused:
+                client.submit_many(wrong)  # type: ignore[call-overload]
+            assert refused.value.field == "tasks", refused.value
 
     async def submit_async() -> dict[str, Any]:
         async with AsyncClient(node.http, token=tokens.admin) as client:
