@@ -229,11 +229,15 @@ def _on_existing_store(db: str, call: Callable[[Store], T]) -> T:
     refused: str | None = None
     with database(db):
         if path is not None:
-            from orbit.store.sqlite.driver import check_path, holds_orbit
+            from orbit.store.sqlite.driver import DatabaseNotOrbit, check_path, holds_orbit
 
-            check_path(path)  # the driver's refusals first, in its words (read-only, …)
-            if not holds_orbit(path):  # read before the driver opens it in WAL mode
-                refused = not_orbit
+            try:
+                check_path(path)  # the driver's refusals first, in its words (read-only, …)
+            except DatabaseNotOrbit as exc:  # another application's: a refusal, as below
+                refused = str(exc)
+            else:
+                if not holds_orbit(path):  # read before the driver opens it in WAL mode
+                    refused = not_orbit
         if refused is None:
             store = open_store(db, migrate=False)
             try:

@@ -6,6 +6,7 @@ migrated store. Tests pass ``clock=`` to control time exactly.
 
 from __future__ import annotations
 
+import re
 from contextlib import suppress
 from pathlib import Path
 
@@ -28,21 +29,27 @@ SQLITE_SPELLINGS = (
 )
 
 
+#: a query string of URI parameters (``?mode=ro``, ``?cache=shared&…``), which SQLite
+#: URIs take and a path after ``sqlite://`` does not
+_URI_PARAMETERS = re.compile(r"\?[A-Za-z_][A-Za-z0-9_]*=")
+
+
 def sqlite_path(url: str) -> str | None:
     """The file a ``sqlite://`` URL names (``sqlite:///rel``, ``sqlite:////abs``; ``""`` or
     ``":memory:"`` for none), or None for any other URL.
 
     ValueError for what would be taken, silently, as part of a file name, before
-    anything is made: a query or a fragment (``sqlite:///orbit.db?mode=ro`` made a file
-    named ``orbit.db?mode=ro``), a host (``sqlite://host/x.db`` was ``./host/x.db``), and
-    a path ending in ``/`` (a directory's spelling: a file without the slash was made,
-    then refused as no directory by every later run)."""
+    anything is made: query parameters (``sqlite:///orbit.db?mode=ro`` made a file
+    named ``orbit.db?mode=ro``; a ``?`` or ``#`` that introduces none is the file
+    name's, as in ``orbit dev --data-dir 'run#1'``), a host (``sqlite://host/x.db``
+    was ``./host/x.db``), and a path ending in ``/`` (a directory's spelling: a file
+    without the slash was made, then refused as no directory by every later run)."""
     if not url.startswith("sqlite://"):
         return None
     rest = url.removeprefix("sqlite://")
-    if "?" in rest or "#" in rest:
+    if _URI_PARAMETERS.search(rest):
         raise ValueError(
-            f"a sqlite URL takes no query or fragment (? or #): give {SQLITE_SPELLINGS}"
+            f"a sqlite URL takes no query parameters (?name=value): give {SQLITE_SPELLINGS}"
         )
     host = rest.partition("/")[0]
     if host not in ("", ":memory:"):

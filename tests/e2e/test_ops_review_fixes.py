@@ -5,6 +5,7 @@ refuses connections, and the documented SQLite backup taken from a live node."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -70,9 +71,10 @@ def test_a_sqlite_path_ending_in_a_slash_is_refused_and_nothing_is_made(tmp_path
 
 
 @pytest.mark.parametrize(
-    "url", ["sqlite:///orbit.db?mode=ro", "sqlite:///orbit.db#main", "sqlite://host/x.db"]
+    "url",
+    ["sqlite:///orbit.db?mode=ro", "sqlite:///o.db?cache=shared&mode=ro", "sqlite://host/x.db"],
 )
-def test_a_sqlite_url_with_a_query_fragment_or_host_is_refused(tmp_path: Path, url: str) -> None:
+def test_a_sqlite_url_with_query_parameters_or_a_host_is_refused(tmp_path: Path, url: str) -> None:
     """``?mode=ro`` became part of the file's name, and ``sqlite://host/x.db`` the file
     ``./host/x.db``. Each is refused, naming the spellings that work, nothing made."""
     for args in (
@@ -120,6 +122,18 @@ def test_the_token_commands_refuse_a_database_that_is_not_orbits(db_url: str) ->
     if db_url.startswith("sqlite"):
         assert [p.name for p in path.parent.iterdir()] == [path.name]
         assert path.stat().st_size == 0
+        # another application's SQLite file: refused as such, exit 2 (it was the
+        # driver's DatabaseNotOrbit through "cannot open the database", exit 1)
+        foreign = path.with_name("photos.db")
+        with contextlib.closing(sqlite3.connect(foreign)) as cx:
+            cx.execute("CREATE TABLE photos (id int)")
+            cx.commit()
+        before = foreign.read_bytes()
+        run = _orbit("token", "ls", "--db", f"sqlite:///{foreign}")
+        assert run.returncode == 2, (run.stdout, run.stderr)
+        [line] = run.stderr.splitlines()
+        assert "is not an Orbit database" in line and "photos" in line, line
+        assert foreign.read_bytes() == before
     else:
         assert _tables(db_url) == ["photos"]
 
@@ -245,3 +259,11 @@ def test_the_documented_sqlite_backup_of_a_live_node_holds_every_task(tmp_path: 
                 assert cx.execute("SELECT count(*) FROM orbit_tasks").fetchone() == (20,)
     finally:
         node.stop()
+
+
+def test_a_hash_or_question_mark_in_a_sqlite_path_is_the_file_names(tmp_path: Path) -> None:
+    """A ``#`` or a ``?`` that starts no ``name=value`` is part of the path, as in ``orbit
+    dev --data-dir 'run#1'``: refused as a fragment, no URL could name such a file."""
+    made = _orbit("db", "migrate", "--db", "sqlite:///run#1/what?/orbit.db", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    assert (tmp_path / "run#1" / "what?" / "orbit.db").is_file()
