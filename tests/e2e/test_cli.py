@@ -2346,16 +2346,6 @@ def _env(cluster: tuple[Node, Tokens, str]) -> dict[str, str]:
     return environment
 
 
-def _polling(pid: int) -> bool:
-    """Whether the process holds an established TCP connection (to the server it polls)."""
-    import psutil
-
-    try:
-        return any(c.status == "ESTABLISHED" for c in psutil.Process(pid).net_connections())
-    except psutil.Error:
-        return False
-
-
 def _sigint_default() -> None:
     """Give SIGINT its default disposition back (run in the child before exec)."""
     import signal
@@ -2401,11 +2391,12 @@ def _interrupted_while_waiting(env: dict[str, str], *args: str) -> tuple[int, st
     deadline = time.monotonic() + 60
     try:
         while time.monotonic() < deadline:
-            # Waiting: its status line says so, or (should rich not draw it, as in two
-            # fresh-clone CI runs of the whole suite) it holds a connection to the server,
-            # which it opens only inside the wait, to poll.
-            if not signalled and (
-                re.search(rb"waiting for |[0-9a-f]{12}: [a-z_]+ \(", said) or _polling(proc.pid)
+            # Waiting: its status line says so, or the first event it follows (printed
+            # inside the wait, after the status line starts), should rich not draw that.
+            # Not "it holds a connection": submit --wait holds one for its POST, before
+            # the wait, where a Ctrl-C has no task to name.
+            if not signalled and re.search(
+                rb"waiting for |[0-9a-f]{12}: [a-z_]+ \(|submitted +\xe2\x86\x92", said
             ):
                 proc.send_signal(signal.SIGINT)
                 signalled = True
