@@ -1161,6 +1161,8 @@ CONNECT_TIMEOUT_S = 10
 #: at "h", port 5432 failed: FATAL:  database "x" is not currently accepting
 #: connections"): its first line, after the severity
 _SERVER_REFUSAL = re.compile(r"failed: (?:FATAL|ERROR|PANIC):\s+([^\n]+)")
+#: a name the server's message quotes ("orbit", "127.0.0.1", "postgres")
+_QUOTED = re.compile(r'"[^"]*"')
 
 
 class _ConnectErrors:
@@ -1333,14 +1335,19 @@ class PostgresDriver:
         """Why a call waiting for a connection waits, when PostgreSQL itself refused the
         pools' last connect (``_ConnectErrors``): the error's type and the server's own
         words (``database "orbit" is not currently accepting connections``), without
-        the host, port or URL libpq's message starts with. None if a connect has
+        the host, port or URL libpq's message starts with, and with every name it quotes
+        (a database, a user, a client's address) left out. None if a connect has
         succeeded since, or the last failed short of a server's answer (unreachable,
         refused by the network: a wait that ran out says as much)."""
         error = self._connect_errors.last
         if error is None:
             return None
         found = _SERVER_REFUSAL.search(str(error))
-        return None if found is None else (type(error).__name__, found.group(1))
+        if found is None:
+            return None
+        # The names it quotes (a host in a pg_hba.conf refusal, a user, a database) are
+        # not for an endpoint with no token: the reason is what a probe needs.
+        return type(error).__name__, _QUOTED.sub('"…"', found.group(1))
 
     def close(self) -> None:
         self._pool.close()
