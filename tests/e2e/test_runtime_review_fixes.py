@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,24 +23,10 @@ import pytest
 
 from orbit.worker.runner import Context, Fail, Worker
 from tests.e2e.servers import Node, Tokens
-from tests.e2e.test_runner import FAST, _wait_for, run_until, submit, wait_state
+from tests.e2e.test_runner import FAST, _wait_for, api, fast, run_until, submit, wait_state  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]
 DROPPED = "the handler finished, but its outcome is dropped"
-
-
-@pytest.fixture
-def fast(nodes: Callable[..., Node]) -> Node:
-    return nodes(args=FAST)
-
-
-@pytest.fixture
-def api(fast: Node, tokens: Tokens) -> Iterator[httpx.Client]:
-    with httpx.Client(
-        base_url=fast.http, timeout=30, headers={"Authorization": f"Bearer {tokens.admin}"}
-    ) as client:
-        client.post("/v1/queues", json={"name": "q", "max_concurrency": 50, "rate": 0})
-        yield client
 
 
 def _until(what: str, check: Callable[[], Any], timeout: float = 30) -> Any:
@@ -52,7 +38,10 @@ def _until(what: str, check: Callable[[], Any], timeout: float = 30) -> Any:
 
 
 def test_a_handlers_own_keyboard_interrupt_fails_its_attempt_not_the_worker(
-    fast: Node, tokens: Tokens, api: httpx.Client, tmp_path: Path
+    fast: Node,
+    tokens: Tokens,
+    api: httpx.Client,
+    tmp_path: Path,  # noqa: F811
 ) -> None:
     """``orbit worker`` handles SIGINT on its loop, so a KeyboardInterrupt inside an async
     handler is the handler's own raise: its attempt fails retryably (code
@@ -101,7 +90,9 @@ def test_a_handlers_own_keyboard_interrupt_fails_its_attempt_not_the_worker(
 
 
 def test_a_base_exception_group_holding_a_fail_is_that_fail(
-    fast: Node, tokens: Tokens, api: httpx.Client
+    fast: Node,
+    tokens: Tokens,
+    api: httpx.Client,  # noqa: F811
 ) -> None:
     """A group that also holds a BaseException (GeneratorExit: an asyncio.TaskGroup's
     child) came to the runner wrapped, and was reported as a retryable
@@ -143,9 +134,9 @@ def test_a_plain_handler_finishing_after_its_lease_was_lost_says_its_outcome_is_
     node = nodes(args=FAST)
     with httpx.Client(
         base_url=node.http, timeout=30, headers={"Authorization": f"Bearer {tokens.admin}"}
-    ) as api:
-        api.post("/v1/queues", json={"name": "q", "max_concurrency": 50, "rate": 0})
-        tid = submit(api, "late")
+    ) as admin:
+        admin.post("/v1/queues", json={"name": "q", "max_concurrency": 50, "rate": 0})
+        tid = submit(admin, "late")
     worker = Worker(node.http, tokens.worker, cancel_grace=0.2 if abandoned else 30)
     started, release = threading.Event(), threading.Event()
 
@@ -185,7 +176,9 @@ def test_a_plain_handler_finishing_after_its_lease_was_lost_says_its_outcome_is_
 
 
 def test_under_arun_without_signals_a_keyboard_interrupt_still_ends_the_run(
-    fast: Node, tokens: Tokens, api: httpx.Client
+    fast: Node,
+    tokens: Tokens,
+    api: httpx.Client,  # noqa: F811
 ) -> None:
     """``await worker.arun()`` installs no SIGINT handler: there a KeyboardInterrupt may be
     the process's own Ctrl-C, which must reach the caller, so it still ends the run."""
