@@ -38,10 +38,10 @@ def _until(what: str, check: Callable[[], Any], timeout: float = 30) -> Any:
 
 
 def test_a_handlers_own_keyboard_interrupt_fails_its_attempt_not_the_worker(
-    fast: Node,
+    fast: Node,  # noqa: F811
     tokens: Tokens,
-    api: httpx.Client,
-    tmp_path: Path,  # noqa: F811
+    api: httpx.Client,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     """``orbit worker`` handles SIGINT on its loop, so a KeyboardInterrupt inside an async
     handler is the handler's own raise: its attempt fails retryably (code
@@ -90,7 +90,7 @@ def test_a_handlers_own_keyboard_interrupt_fails_its_attempt_not_the_worker(
 
 
 def test_a_base_exception_group_holding_a_fail_is_that_fail(
-    fast: Node,
+    fast: Node,  # noqa: F811
     tokens: Tokens,
     api: httpx.Client,  # noqa: F811
 ) -> None:
@@ -176,7 +176,7 @@ def test_a_plain_handler_finishing_after_its_lease_was_lost_says_its_outcome_is_
 
 
 def test_under_arun_without_signals_a_keyboard_interrupt_still_ends_the_run(
-    fast: Node,
+    fast: Node,  # noqa: F811
     tokens: Tokens,
     api: httpx.Client,  # noqa: F811
 ) -> None:
