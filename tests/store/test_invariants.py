@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from orbit.core.errors import Code, Rejected
+from orbit.core.errors import Code, OrbitError, Rejected
 from orbit.core.model import Outcome
 from orbit.store import Store
 from tests import invariants as inv
@@ -42,8 +42,9 @@ def test_i2_a_result_is_committed_once_and_never_changes(store: Store) -> None:
     assert ledger.check(store.task_list()) == []
     with pytest.raises(Rejected):
         store.attempt_finish(s.id, s.epoch, g.attempt.id, g.attempt.fence, Outcome.success("two"))
-    with pytest.raises(Exception):  # noqa: B017 - any refusal will do: not needs_review
+    with pytest.raises(OrbitError) as refused:  # only a needs_review task is resolved
         store.task_resolve(tid, "succeeded", Outcome.success("three"))
+    assert refused.value.code == Code.INVALID_STATE
     assert store.task_get(tid).result == '"one"'
     assert ledger.check(store.task_list()) == []
     assert inv.check_i2(store.task_list(), store.event_list(), None) == []

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from orbit.client import AsyncClient, Client, Unreachable
+from orbit.client import ApiError, AsyncClient, Client, Unreachable
 from orbit.client._http import KEEPALIVE_EXPIRY, STREAM_CHUNK, Transport, _still_open
 from tests.http_servers import serving
 
@@ -426,9 +426,9 @@ def test_a_closed_transport_refuses_requests(server: _Server) -> None:
 
 def test_client_sends_compact_json_and_reads_errors(server: _Server) -> None:
     with Client(_url(server), token="t0ken") as c:
-        with pytest.raises(Exception) as caught:  # the fake server's 404 is no ApiError body
+        with pytest.raises(ApiError) as caught:  # a 404 without an Orbit error body
             c._call(("GET", "/missing", None, None))
-        assert not isinstance(caught.value, Unreachable)
+        assert (caught.value.status, caught.value.code) == (404, "HTTP_ERROR")
         c._call(("POST", "/v1/tasks", None, {"b": [1, 2.5], "a": "é"}))
     assert server.seen[-1]["body"] == '{"b":[1,2.5],"a":"é"}'.encode()
     assert server.seen[-1]["headers"]["User-Agent"] == "orbit-python"
