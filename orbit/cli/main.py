@@ -229,11 +229,11 @@ def _on_existing_store(db: str, call: Callable[[Store], T]) -> T:
     refused: str | None = None
     with database(db):
         if path is not None:
-            from orbit.store.sqlite.driver import DatabaseNotOrbit, check_path, holds_orbit
+            from orbit.store.sqlite.driver import ForeignDatabase, check_path, holds_orbit
 
             try:
                 check_path(path)  # the driver's refusals first, in its words (read-only, …)
-            except DatabaseNotOrbit as exc:  # another application's: a refusal, as below
+            except ForeignDatabase as exc:  # another application's: a refusal, as below
                 refused = str(exc)
             else:
                 if not holds_orbit(path):  # read before the driver opens it in WAL mode

@@ -372,6 +372,11 @@ class DatabaseNotOrbit(Exception):
     """The SQLite file holds another application's database, or is no database at all."""
 
 
+class ForeignDatabase(DatabaseNotOrbit):
+    """The SQLite file is a database, another application's: readable, and not Orbit's
+    (where a file that is no database at all cannot be opened)."""
+
+
 #: What an existing file holds, read before Orbit changes anything in it: whether it has
 #: Orbit's migration table, up to three of its other schema objects, and the two numbers
 #: an application marks its own database with (Orbit sets neither).
@@ -423,7 +428,7 @@ def _check_orbit(path: str) -> None:
         if v
     ]
     if not orbit and (objects or marks):
-        raise DatabaseNotOrbit(
+        raise ForeignDatabase(
             f"{path} is not an Orbit database: it holds another application's data "
             f"({objects or ', '.join(marks)}) and no orbit_schema_version table; Orbit "
             "changed nothing in it: give Orbit a file of its own"
