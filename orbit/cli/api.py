@@ -51,6 +51,16 @@ EXIT_INTERRUPTED = 130
 out = Console(markup=False, emoji=False)
 err = Console(stderr=True, markup=False, emoji=False)
 
+#: C0 but newline and tab, DEL and C1: what a terminal reads as a command, not text
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if c not in (9, 10)}
+
+
+def shown(text: str) -> str:
+    """Text a worker or a user wrote, made safe to print: each control character spelled
+    as ``\\x1b``. Rich drops BEL but passes ESC, so a handler's error or progress message
+    could clear the operator's screen or set the terminal's title."""
+    return text.translate(_CONTROL)
+
 
 def option_source(ctx: typer.Context, name: str) -> str | None:
     """Where option ``name``'s value came from: ``COMMANDLINE``, ``ENVIRONMENT``,
@@ -143,7 +153,7 @@ task_app = typer.Typer(
 def fail(message: str, code: int) -> NoReturn:
     # soft_wrap: one line, however long; rich broke a message at the console's width
     # (80 columns when stderr is no terminal), so a script read half of it
-    err.print(Text.assemble(("error:", "red"), " ", message), soft_wrap=True)
+    err.print(Text.assemble(("error:", "red"), " ", shown(message)), soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -240,9 +250,15 @@ def _raised_by_client(exc: BaseException) -> bool:
     return raised_in(exc, "orbit.client")
 
 
-def emit(data: Any, as_json: bool, table: Callable[[Any], Table] | None = None) -> None:
+def emit(
+    data: Any, as_json: bool, table: Callable[[Any], Table] | None = None, none: str = ""
+) -> None:
+    """``data`` as JSON or as ``table``; an empty list as ``none`` (a table's bare frame
+    read as a fault), never so with ``--json``."""
     if as_json or table is None:
         sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    elif none and data == []:
+        out.print(none, highlight=False)
     else:
         out.print(table(data))
 
@@ -295,7 +311,7 @@ def instant_option(value: str | None, option: str) -> datetime | None:
 
 
 def _queues_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table("queue", "max concurrency", "rate/s", "burst", "max queued", "paused")
+    table = Table(*_folding("queue", "max concurrency", "rate/s", "burst", "max queued", "paused"))
     for q in rows:
         rate = "unlimited" if q["rate"] == 0 else f"{q['rate']:g}"
         table.add_row(
@@ -411,7 +427,7 @@ def queue_update(
 def queue_ls(url: Url = DEFAULT_URL, cafile: CaFile = None, as_json: AsJson = False) -> None:
     """List every queue, in name order (the command reads every page of the list)."""
     with client(url, cafile) as c:
-        emit(c.queues(), as_json, _queues_table)
+        emit(c.queues(), as_json, _queues_table, "no queues")
 
 
 @queue_app.command("pause")
@@ -436,7 +452,9 @@ def queue_resume(
 
 
 def _schedules_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table("schedule", "cron", "timezone", "queue", "handler", "misfire", "next fire")
+    table = Table(
+        *_folding("schedule", "cron", "timezone", "queue", "handler", "misfire", "next fire")
+    )
     for s in rows:
         misfire = s["misfire"]
         if misfire == "catch_up":
@@ -625,7 +643,7 @@ def schedule_update(
 def schedule_ls(url: Url = DEFAULT_URL, cafile: CaFile = None, as_json: AsJson = False) -> None:
     """List every schedule, in name order (the command reads every page of the list)."""
     with client(url, cafile) as c:
-        emit(c.schedules(), as_json, _schedules_table)
+        emit(c.schedules(), as_json, _schedules_table, "no schedules")
 
 
 @schedule_app.command("show")
@@ -749,7 +767,9 @@ def task_submit(
         view = {**task, "created": created} if as_json else task
         emit(view, as_json, lambda t: _tasks_table([t]))
         if not created and not as_json:
-            err.print(f"--key {key} names this existing task: nothing new was submitted")
+            err.print(
+                f"--key {shown(str(key))} names this existing task: nothing new was submitted"
+            )
 
 
 @task_app.command("ls")
@@ -805,7 +825,7 @@ def task_ls(
     if as_json:
         emit(page, True)
         return
-    out.print(_tasks_table(page["items"]))
+    emit(page["items"], False, _tasks_table, "no tasks match")
     if page["next_cursor"]:
         out.print(f"next page: --cursor {page['next_cursor']}", highlight=False)
 
@@ -827,7 +847,9 @@ def task_show(
     if attempts:
         tried = Table(
             _id_column("attempt", [a["id"] for a in attempts]),
-            *_folding("#", "state", "session", "started", "ended"),
+            *_folding("#", "state"),
+            _id_column("session", [a["session_id"] or "" for a in attempts]),
+            *_folding("started", "ended"),
         )
         for a in attempts:
             tried.add_row(
@@ -839,14 +861,14 @@ def task_show(
                 (a["ended_at"] or "")[:23],
             )
         out.print(tried)
-    history = Table("at", "event", "task", "attempt", "code")
+    history = Table(*_folding("at", "event", "task", "attempt", "code"))
     for e in events:
         history.add_row(
             e["at"][11:23],
             e["kind"],
             f"{e['task_from'] or ''} → {e['task_to'] or ''}" if e["task_to"] else "",
             e["attempt_to"] or "",
-            e["code"] or "",
+            shown(e["code"] or ""),  # a worker's error code: any short text
         )
     out.print(history)
 
@@ -914,7 +936,8 @@ def _show_event(e: dict[str, Any]) -> None:
         data = e["data"] or {}
         fraction = data.get("fraction")
         pct = f"{fraction:.0%}" if fraction is not None else ""
-        err.print(f"  {at}  progress {pct} {data.get('message') or ''}", highlight=False)
+        message = shown(data.get("message") or "")
+        err.print(f"  {at}  progress {pct} {message}", highlight=False)
     elif e["task_to"]:
         err.print(f"  {at}  {e['kind']:<16} → {e['task_to']}", highlight=False)
 
@@ -965,21 +988,22 @@ def _last_events(follower: _EventFollower, within: Callable[[], float]) -> list[
     try:
         return follower.new(within)
     except (Unreachable, ApiError) as exc:
-        err.print(Text(f"warning: the task's last events could not be read: {exc}"))
+        err.print(Text(f"warning: the task's last events could not be read: {shown(str(exc))}"))
         return []
 
 
 def _print_outcome(task: dict[str, Any]) -> None:
     """A task's result or error, one line each, under its table."""
     if task["result"] is not None:
-        out.print(f"result: {json.dumps(task['result'])}", highlight=False)
+        # ensure_ascii=False: 日本語 as written, not \u65e5\u672c\u8a9e
+        result = json.dumps(task["result"], ensure_ascii=False)
+        out.print(f"result: {shown(result)}", highlight=False)
     if task["error"]:
         # A task cancelled while it waited for a retry (or from needs_review) keeps its last
         # attempt's error as history: it did not end because of it.
         label = "last attempt's error" if task["state"] == "cancelled" else "error"
-        out.print(
-            f"{label}: {task['error']['code']} {task['error']['message'] or ''}", highlight=False
-        )
+        error = f"{task['error']['code']} {task['error']['message'] or ''}"
+        out.print(f"{label}: {shown(error)}", highlight=False)
 
 
 def _wait(
@@ -1100,7 +1124,8 @@ def _workers_table(rows: list[dict[str, Any]]) -> Table:
 
 def worker_ls(url: str, cafile: str | None, as_json: bool, state: str | None = None) -> None:
     with client(url, cafile) as c:
-        emit(c.workers(state), as_json, _workers_table)
+        none = "no workers" if state is None else f"no {state} workers"
+        emit(c.workers(state), as_json, _workers_table, none)
 
 
 def worker_drain(session_id: str, url: str, cafile: str | None, as_json: bool) -> None:
@@ -1115,13 +1140,13 @@ def _event_text(e: dict[str, Any]) -> tuple[str, str]:
     """An event's subject and data as printed: what it is about is its task, else its
     queue, tenant or session (an operator's change belongs to no task)."""
     subject = e["task_id"] or e["queue"] or e["tenant"] or e["session_id"] or ""
-    data = "" if e["data"] is None else json.dumps(e["data"], sort_keys=True)
-    return subject, data
+    data = "" if e["data"] is None else json.dumps(e["data"], sort_keys=True, ensure_ascii=False)
+    return subject, shown(data)
 
 
 def _events_table(rows: list[dict[str, Any]]) -> Table:
     """One line an event (``_event_text``)."""
-    table = Table("id", "at")
+    table = Table(*_folding("id", "at"))
     table.add_column("kind", no_wrap=True)  # what a reader scans for, never cut short
     table.add_column("subject", overflow="fold")  # a task id: wrapped, never cut short
     table.add_column("data", overflow="fold")
@@ -1174,7 +1199,7 @@ def event_ls(
     if as_json:
         emit(page, True)
         return
-    out.print(_events_table(page["items"]))
+    emit(page["items"], False, _events_table, "no events")
     if page["next_cursor"]:
         out.print(f"next page: --cursor {page['next_cursor']}", highlight=False)
 
@@ -1231,7 +1256,7 @@ def _max_queued(value: str | None) -> tuple[bool, int | None]:
 
 
 def _limits_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table("scope", "max concurrency", "max queued")
+    table = Table(*_folding("scope", "max concurrency", "max queued"))
     for row in rows:
         scope = "global" if "tenant" not in row else f"tenant {row['tenant']}"
         cap = row["max_concurrency"]

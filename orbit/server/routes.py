@@ -625,6 +625,22 @@ async def task_list(
                 f"{name} is empty: leave it out to list the tasks of every {name}",
                 name,
             )
+        if value is not None and not is_name(value):  # no task can have it: the same
+            raise ApiError(
+                400,
+                "INVALID_ARGUMENT",
+                f"{name} must be 1-128 characters of letters, digits, '_', '.', ':' or '-', "
+                "starting with a letter or digit: no task has any other",
+                name,
+            )
+    after, before = bounds.get("created_after"), bounds.get("created_before")
+    if after is not None and before is not None and after >= before:
+        raise ApiError(
+            400,
+            "INVALID_ARGUMENT",
+            "created_after must be before created_before: no task was created in between",
+            "created_after",
+        )
     if parent_id is not None and not _TASK_ID.match(parent_id):
         # an empty or mistyped id would list nothing, which reads as "no children"
         raise ApiError(400, "INVALID_ARGUMENT", "parent_id must be a task id", "parent_id")
