@@ -1865,7 +1865,7 @@ class Store:
             if epoch != session.epoch:
                 plan.reject(
                     Code.FENCED_EPOCH,
-                    "the epoch was fenced",
+                    transitions.fenced_epoch_message(epoch, session.epoch),
                     report="capacity",
                     session_id=session_id,
                 )

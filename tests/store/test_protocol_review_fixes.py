@@ -10,6 +10,7 @@ import json
 import pytest
 
 from orbit.core.errors import Code, Rejected
+from orbit.core.model import Capability
 from orbit.store import Store
 from tests.store.helpers import claim_one, queue, submit, worker
 
@@ -21,9 +22,9 @@ def _rejected(store: Store, task_id: str) -> list[tuple[str, str | None]]:
 
 
 def test_a_fenced_epochs_drain_and_heartbeat_say_a_resume_fenced_it(store: Store) -> None:
-    """Drain said "the epoch was fenced by a resume" and heartbeat "epoch 1 is not the
-    session's current epoch" (the same words for an epoch never had); both now say what
-    every report says (docs/protocol.md, fencing)."""
+    """Drain said "the epoch was fenced by a resume", capacity "the epoch was fenced" and
+    heartbeat "epoch 1 is not the session's current epoch" (the same words for an epoch
+    never had); each now says what every report says (docs/protocol.md, fencing)."""
     s, secret = worker(store)
     resumed = store.session_resume(s.id, secret, node_id="n2")
     assert (s.epoch, resumed.epoch) == (1, 2)
@@ -39,6 +40,11 @@ def test_a_fenced_epochs_drain_and_heartbeat_say_a_resume_fenced_it(store: Store
         with pytest.raises(Rejected) as claim:
             store.attempt_claim_many(s.id, epoch, 1)
         assert (claim.value.code, claim.value.message) == (Code.FENCED_EPOCH, message)
+        with pytest.raises(Rejected) as capacity:  # it said "the epoch was fenced"
+            store.session_capacity_set(
+                s.id, epoch, seq=1, capabilities=[Capability("h", 5)], max_concurrency=5
+            )
+        assert (capacity.value.code, capacity.value.message) == (Code.FENCED_EPOCH, message)
     # Refused: the session is neither draining nor extended.
     assert store.session_get(s.id) == resumed
 
