@@ -251,7 +251,7 @@ def test_a_revoked_token_is_refused_within_the_token_cache_lifetime(
     finally:
         store.close()
 
-    async def scenario() -> float:
+    async def scenario() -> None:
         cached_at = time.monotonic()  # the node reads the token (once) after this instant
         headers = {"Authorization": f"Bearer {leaked}"}
         async with httpx.AsyncClient(base_url=node.http, headers=headers, timeout=10) as http:
@@ -279,23 +279,22 @@ def test_a_revoked_token_is_refused_within_the_token_cache_lifetime(
                 # token (a slow revoke command can leave no such instant: nothing to say).
                 assert first.status_code == 200, first.text
             # The cached answer runs out TOKEN_CACHE_S after it was read, which was before
-            # the revoke; the margin is for the requests themselves on a busy machine.
+            # the revoke; the margin is for the requests themselves on a busy machine. This
+            # poll's deadline is what fails a node that keeps the answer longer (the
+            # default cache, 10 s, or for ever).
             deadline = revoked_at + TOKEN_CACHE_S + 2.0
             answer = first
             while answer.status_code == 200:
                 assert time.monotonic() < deadline, "a revoked token is still accepted"
                 await asyncio.sleep(0.1)
                 answer = await http.get("/v1/queues")
-            took = time.monotonic() - revoked_at
         assert answer.status_code == 401, answer.text
         assert answer.json()["error"]["code"] == "UNAUTHENTICATED"
         with pytest.raises(websockets.InvalidStatus) as refused:
             await WorkerConnection.connect(node.ws, leaked)
         assert refused.value.response.status_code == 401
-        return took
 
-    took = asyncio.run(scenario())
-    assert took < TOKEN_CACHE_S + 2.0
+    asyncio.run(scenario())
 
 
 def test_worker_socket_answers_500_when_the_token_check_fails(
@@ -1142,6 +1141,12 @@ class _Proxy:
                 s.close()
 
 
+#: A client's patience with /readyz and /metrics while the database is gone: longer than
+#: any plausible good answer (READY_TIMEOUT_S, 2 s), shorter than the connection pool's
+#: 30 s that the defect waited, so that the defect fails by timing out.
+PROBE_TIMEOUT_S = 15.0
+
+
 @contextlib.contextmanager
 def _served_through_a_proxy(tmp_path: Path) -> Iterator[tuple[Node, _Proxy]]:
     """A node on a fresh PostgreSQL database that it reaches through a ``_Proxy``."""
@@ -1164,11 +1169,10 @@ def test_readyz_answers_503_promptly_when_the_database_is_gone(tmp_path: Path) -
     with _served_through_a_proxy(tmp_path) as (node, proxy):
         assert httpx.get(f"{node.http}/readyz").json() == {"status": "ready"}
         proxy.cut()
-        began = time.monotonic()
-        replies = [httpx.get(f"{node.http}/readyz", timeout=60) for _ in range(2)]
-        took = time.monotonic() - began
+        # A probe's patience: far more than READY_TIMEOUT_S, far less than the pool's 30 s,
+        # so the defect raises httpx.ReadTimeout here.
+        replies = [httpx.get(f"{node.http}/readyz", timeout=PROBE_TIMEOUT_S) for _ in range(2)]
         assert [r.status_code for r in replies] == [503, 503], [r.text for r in replies]
-        assert took < 2 * READY_TIMEOUT_S + 2, took
         assert replies[0].json()["status"] == "unavailable"
         assert httpx.get(f"{node.http}/healthz").json()["status"] == "ok"
 
@@ -1182,14 +1186,14 @@ def test_metrics_answers_503_promptly_when_the_database_is_gone(tmp_path: Path) 
     with _served_through_a_proxy(tmp_path) as (node, proxy):
         assert httpx.get(f"{node.http}/metrics").status_code == 200
         proxy.cut()
-        began = time.monotonic()
         with ThreadPoolExecutor(2) as scrapers:  # two at once: they share one read
-            replies = list(
-                scrapers.map(lambda _: httpx.get(f"{node.http}/metrics", timeout=60), range(2))
+            replies = list(  # the defect raises httpx.ReadTimeout, as for /readyz
+                scrapers.map(
+                    lambda _: httpx.get(f"{node.http}/metrics", timeout=PROBE_TIMEOUT_S),
+                    range(2),
+                )
             )
-        took = time.monotonic() - began
         assert [r.status_code for r in replies] == [503, 503], [r.text for r in replies]
-        assert took < READY_TIMEOUT_S + 2, took
         assert replies[0].json() == {
             "status": "unavailable",
             "reason": "TimeoutError",

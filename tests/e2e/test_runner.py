@@ -696,16 +696,15 @@ def test_an_uncooperative_handler_cannot_hang_shutdown(
     try:
         tid = submit(api, "stubborn", {"seconds": 120})
         _wait_for(tmp_path / f"start-{tid}")
-        stopped_at = time.monotonic()
         proc.send_signal(signal.SIGTERM)
+        # A shutdown that waited for the handler (120 s) raises TimeoutExpired here; one
+        # bounded by grace + cancel grace (1 s) ends well within the 30 s.
         out, _ = proc.communicate(timeout=30)
-        took = time.monotonic() - stopped_at
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1, out  # exit code 1 reports the abandoned handler
     assert "ignored cancellation" in out
-    assert took < 25  # bounded by grace + cancel grace, far below the handler's 120 s
 
 
 @pytest.mark.parametrize("handler", ["stubborn", "stubborn.async"])

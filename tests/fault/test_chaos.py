@@ -6,7 +6,6 @@ invariant checked on the store at rest. The long run is ``scripts/chaos.py``
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,6 @@ SEED = 20240611
 @pytest.mark.postgres_only
 @pytest.mark.timeout(180)
 def test_chaos_short(tmp_path: Path) -> None:
-    began = time.monotonic()
     report = run_chaos(TASKS, KILLS, SEED, tmp_path / "chaos", pg_restart=True, timeout=75)
     print(report.summary())
     print("\n".join(report.timeline))
@@ -36,4 +34,3 @@ def test_chaos_short(tmp_path: Path) -> None:
     assert report.pg_restarts == 1
     assert sum(report.kills.values()) + report.disconnects == KILLS
     assert all(report.peaks.get(scope, 0) <= cap for scope, cap in report.caps.items())
-    assert time.monotonic() - began < 120

