@@ -241,7 +241,7 @@ def _on_existing_store(db: str, call: Callable[[Store], T]) -> T:
         if refused is None:
             store = open_store(db, migrate=False)
             try:
-                if not _has_orbit_schema(store):
+                if not store.schema_version():
                     refused = not_orbit
                 else:
                     store.migrate()
@@ -252,16 +252,6 @@ def _on_existing_store(db: str, call: Callable[[Store], T]) -> T:
                 store.close()
     assert refused is not None  # database() ends every other way out with an exit
     _fail(refused)
-
-
-def _has_orbit_schema(store: Store) -> bool:
-    """Whether the store's database holds Orbit's schema, at any version: read alone,
-    changing nothing (``Store.migrate`` would create the tables)."""
-    [present] = store.driver.read("schema_version_present", {})
-    if not present["present"]:
-        return False
-    [version] = store.driver.read("schema_version_get", {})
-    return int(version["version"]) > 0
 
 
 def _tokens_table(rows: list[dict[str, Any]]) -> Table:

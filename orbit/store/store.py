@@ -400,6 +400,13 @@ class Store:
 
     # ------------------------------------------------------------------ schema
 
+    def schema_version(self) -> int:
+        """The version of Orbit's schema in the database, 0 for none (a database not yet
+        migrated, or another application's): read alone, changing nothing."""
+        if not self._read("schema_version_present")[0]["present"]:
+            return 0
+        return int(self._read("schema_version_get")[0]["version"])
+
     def migrate(self) -> int:
         """Apply the numbered migrations not yet applied; return the schema version.
         Raise ``SchemaTooNew`` (changing nothing) on a database a newer Orbit migrated.
@@ -411,8 +418,8 @@ class Store:
         the version again under it (another node may have migrated it meanwhile)."""
         files = migration_files(self.driver.migrations)
         known = files[-1][0] if files else 0
-        if self._read("schema_version_present")[0]["present"]:
-            current = int(self._read("schema_version_get")[0]["version"])
+        current = self.schema_version()
+        if current:
             _check_schema(current, known)
             if current == known:
                 return current
