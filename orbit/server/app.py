@@ -136,7 +136,7 @@ def _retrieve(future: asyncio.Task[Any]) -> None:
         future.exception()
 
 
-def unavailable(exc: Exception, store: Store | None = None) -> JSONResponse:
+def unavailable(exc: Exception, store: Store) -> JSONResponse:
     """/readyz's and /metrics' answer when the database did not answer in time (a
     TimeoutError) or failed: the exception's type only, whose text could name a host.
     A wait that ran out because PostgreSQL refuses every new connection (a database
@@ -144,12 +144,12 @@ def unavailable(exc: Exception, store: Store | None = None) -> JSONResponse:
     driver's ``connect_refusal``, which holds no host or URL): it was reported as a
     database that did not answer, which sent its operator looking at the network."""
     reason = type(exc).__name__
-    refusal = getattr(store.driver, "connect_refusal", None) if store is not None else None
-    refused = refusal() if isinstance(exc, TimeoutError) and callable(refusal) else None
+    timed_out = isinstance(exc, TimeoutError)
+    refused = store.driver.connect_refusal() if timed_out else None
     if refused is not None:
         reason, said = refused
         message = f"the database refuses connections: {said}"
-    elif isinstance(exc, TimeoutError):
+    elif timed_out:
         message = f"the database did not answer within {READY_TIMEOUT_S:g} s"
     else:
         message = f"the database could not be read ({reason})"

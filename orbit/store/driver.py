@@ -224,4 +224,11 @@ class Driver(Protocol):
         on it rather than charging it to each item."""
         ...
 
+    def connect_refusal(self) -> tuple[str, str] | None:
+        """Why a call waiting for a connection waits, when the database itself refused
+        the last one: the error's type and the server's own words, no host, URL or name
+        in them (/readyz's answer). None if it did not, or if there are no connections
+        to wait for (SQLite)."""
+        ...
+
     def close(self) -> None: ...

@@ -611,6 +611,10 @@ class SqliteDriver:
             return "closed" in str(exc)
         return isinstance(exc, sqlite3.OperationalError)
 
+    def connect_refusal(self) -> tuple[str, str] | None:
+        """None: a file is opened, not connected to; no server refuses it."""
+        return None
+
     def close(self) -> None:
         with self._lock:
             self._cx.close()
