@@ -23,7 +23,7 @@ from orbit.core.batches import UnusualTask
 from orbit.core.errors import Code, OrbitError
 from orbit.core.model import DEFAULT_BACKOFF, Attempt, Backoff, Outcome, TaskSpec, build
 from orbit.core.states import SessionState, TaskState
-from orbit.core.validate import MAX_ATTEMPT_NUMBER, is_name
+from orbit.core.validate import MAX_ATTEMPT_NUMBER, check_name, is_name
 from orbit.protocol.convert import instant_from_wire, seconds_to_us, token_wire
 from orbit.protocol.decode import DecodeError, decode_json, decode_model
 from orbit.protocol.messages import (
@@ -625,14 +625,8 @@ async def task_list(
                 f"{name} is empty: leave it out to list the tasks of every {name}",
                 name,
             )
-        if value is not None and not is_name(value):  # no task can have it: the same
-            raise ApiError(
-                400,
-                "INVALID_ARGUMENT",
-                f"{name} must be 1-128 characters of letters, digits, '_', '.', ':' or '-', "
-                "starting with a letter or digit: no task has any other",
-                name,
-            )
+        if value is not None:  # a value no task can have matched none: the same
+            check_name(name, value, field=name)
     after, before = bounds.get("created_after"), bounds.get("created_before")
     if after is not None and before is not None and after >= before:
         raise ApiError(
