@@ -624,10 +624,10 @@ class Worker:
         tunes the garbage collector (``orbit.gctune``). In another thread (a worker run
         beside an application) it does neither: only the main thread may install
         handlers, the application ends the run with ``stop()``, and its collector keeps
-        its own settings (``gc.freeze`` would freeze every object it holds). Inside a running event
-        loop (Jupyter, an async application) it is a RuntimeError that says to ``await
-        arun()``: asyncio refused the second loop, and the coroutine made for it was
-        reported never awaited."""
+        its own settings (``gc.freeze`` would freeze every object it holds). Inside a
+        running event loop (Jupyter, an async application) it is a RuntimeError that
+        says to ``await arun()``: asyncio refused the second loop, and the coroutine made
+        for it was reported never awaited."""
         _refuse_run_during_import()
         try:
             asyncio.get_running_loop()
@@ -677,7 +677,6 @@ class Worker:
             self._stopping = False  # this run is over; the next one starts afresh
 
     async def _run(self, install_signals: bool) -> int:
-        self._sigint_ours = False
         if not install_signals:
             return await self._serve()
         loop = asyncio.get_running_loop()
