@@ -34,10 +34,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> tuple[Node, Tokens, str
 @pytest.fixture
 def orbit(cluster: tuple[Node, Tokens, str]) -> Run:
     node, tokens, _ = cluster
+    return runner(node, tokens.admin)
 
-    def run(
-        *args: str, token: str | None = tokens.admin, **env: str
-    ) -> subprocess.CompletedProcess[str]:
+
+def runner(node: Node, admin: str) -> Run:
+    """``orbit`` as a subprocess against ``node``, on a wide terminal, with the token
+    ``admin`` unless the call gives another (``token=None``: none)."""
+
+    def run(*args: str, token: str | None = admin, **env: str) -> subprocess.CompletedProcess[str]:
         environment = {
             k: v for k, v in os.environ.items() if k not in ("ORBIT_TOKEN", "ORBIT_TOKEN_FILE")
         }

@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.e2e.servers import Node, Tokens
-from tests.e2e.test_cli import Run, ok
+from tests.e2e.test_cli import Run, ok, runner
 
 #: a failed handler's message that clears the screen's colours and sets the window title
 EVIL = "msg\x1b[31mRED\x1b]0;PWNED\x07 and \x9b2J"
@@ -29,24 +26,7 @@ CONTROL = ("\x1b", "\x07", "\x9b", "\x7f")
 @pytest.fixture
 def cli(node: Node, tokens: Tokens) -> Run:
     """``orbit`` as a subprocess against this test's server (SQLite or PostgreSQL)."""
-
-    def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        environment = {
-            k: v for k, v in os.environ.items() if k not in ("ORBIT_TOKEN", "ORBIT_TOKEN_FILE")
-        }
-        environment.update(
-            {"ORBIT_URL": node.http, "ORBIT_TOKEN": tokens.admin, "COLUMNS": "200", **env}
-        )
-        return subprocess.run(
-            [sys.executable, "-m", "orbit.cli", *args],
-            env=environment,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-
-    return run
+    return runner(node, tokens.admin)
 
 
 def _work(
