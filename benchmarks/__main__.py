@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from benchmarks import harness, report, summary
+from benchmarks.masking import mask
 from benchmarks.scale import SCALES
 from benchmarks.workloads import WORKLOADS
 
@@ -46,16 +47,49 @@ def _csv(text: str) -> list[str]:
 
 def _check_run(run: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse, before anything starts, what would fail or mislead later: an unknown,
-    repeated or empty system or workload list, and an --out the run cannot use."""
+    repeated or empty system or workload list, a Redis URL that names a database, Redis
+    databases holding keys that the run would flush (without --flush-redis), and an --out
+    the run cannot use. The output directory is created last, once all else passed."""
     for check, names in ((harness.entries, args.systems), (harness.workload_names, args.workloads)):
         try:
             check(names)
         except ValueError as exc:
             run.error(str(exc))
-    if args.out is not None:
-        problem = _out_problem(args.out)
-        if problem:
-            run.error(f"--out {args.out}: {problem}")
+    chosen = harness.entries(args.systems)
+    if any(e.redis for e in chosen):
+        _check_redis(run, args, chosen)
+    if args.out is None:
+        args.out = _default_out()
+    problem = _out_problem(args.out)
+    if problem:
+        run.error(f"--out {args.out}: {problem}")
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        run.error(f"--out {args.out}: cannot be created: {exc.strerror or exc}")
+
+
+def _check_redis(
+    run: argparse.ArgumentParser, args: argparse.Namespace, chosen: list[harness.Entry]
+) -> None:
+    """The Redis URL names no database, and the databases the Redis systems would flush
+    hold no keys (unless --flush-redis) and exist; an unreachable Redis is left to the
+    run, which reports the systems unavailable."""
+    problem = harness.redis_url_problem(args.redis_url)
+    if problem:
+        run.error(f"--redis-url {mask(args.redis_url)}: {problem}")
+    dbs = [db for db in harness.redis_dbs(chosen, args.redis_db_base) if db >= 0]
+    found = harness.occupied_redis_dbs(args.redis_url, dbs)
+    broken = {db: why for db, why in found.items() if isinstance(why, str)}
+    if broken:
+        db, why = next(iter(broken.items()))
+        run.error(f"Redis database {db}: {why} (lower --redis-db-base)")
+    if found and not args.flush_redis:
+        held = ", ".join(f"{db} ({keys:,} keys)" for db, keys in found.items())
+        run.error(
+            f"Redis database(s) {held} would be flushed by the run: empty them, choose "
+            "others with --redis-db-base, or pass --flush-redis"
+        )
 
 
 def _out_problem(out: Path) -> str | None:
@@ -87,6 +121,12 @@ def _positive(text: str) -> int:
     return value
 
 
+def _session_minutes() -> int:
+    """The session scale's length for every registered system, 5 runs: about 45 minutes
+    were measured for eight, rounded to 5 minutes."""
+    return max(5, round(len(harness.REGISTRY) * 45 / 8 / 5) * 5)
+
+
 def _default_out() -> Path:
     return RESULTS / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
 
@@ -114,7 +154,8 @@ def parser() -> argparse.ArgumentParser:
         choices=sorted(SCALES),
         default="full",
         help="job counts: full (20,000 jobs…; default), session (the same workloads with "
-        "fewer jobs: about 45 minutes for eight systems and 5 runs) or smoke (a few dozen)",
+        f"fewer jobs: about {_session_minutes()} minutes for the {len(harness.REGISTRY)} "
+        "registered systems and 5 runs) or smoke (a few dozen)",
     )
     run.add_argument(
         "--out", type=Path, help="a new output directory (default benchmarks/results/<UTC time>)"
@@ -122,21 +163,33 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--pg-dsn",
         default=harness.DEFAULT_PG_DSN,
-        help="PostgreSQL that may CREATE DATABASE ($BENCH_PG_DSN, or %(default)s)",
+        help="PostgreSQL that may CREATE DATABASE (default: $BENCH_PG_DSN, else "
+        f"{harness.FALLBACK_PG_DSN}, which needs a database named test)",
     )
     run.add_argument(
         "--redis-url",
         default=harness.DEFAULT_REDIS,
-        help="Redis, without a db number ($BENCH_REDIS_URL, or %(default)s)",
+        help="Redis, naming no database (default: $BENCH_REDIS_URL, else "
+        f"{harness.FALLBACK_REDIS})",
     )
     run.add_argument(
         "--redis-db-base",
         type=_non_negative,
         default=1,
-        help="first Redis db number handed out (1)",
+        help="first Redis db number handed out (1): each Celery system takes one, from this "
+        "number up, and WIPES it (FLUSHDB) when it starts, before each run and at the end",
     )
     run.add_argument(
-        "--no-physical", action="store_true", help="skip the pgbench physical-limit measurement"
+        "--flush-redis",
+        action="store_true",
+        help="let the run wipe those Redis databases although they hold keys (without it, "
+        "it refuses to start)",
+    )
+    run.add_argument(
+        "--no-physical",
+        action="store_true",
+        help="skip the pgbench physical-limit measurement (when asked for and not measured, "
+        "the run fails)",
     )
     run.add_argument(
         "--parallel",
@@ -172,6 +225,7 @@ def _run(args: argparse.Namespace) -> tuple[Path, bool]:
         pg_dsn=args.pg_dsn,
         redis_url=args.redis_url,
         redis_db_base=args.redis_db_base,
+        flush_redis=args.flush_redis,
         physical=not args.no_physical,
         parallel=args.parallel,
         keep_records=args.keep_records,

@@ -28,6 +28,8 @@ from typing import Any
 
 import psutil
 
+from benchmarks.masking import mask
+
 INTERVAL_S = 0.25
 DISCOVER_S = 1.0
 GROUPS = ("harness", "children", "postgres", "redis")
@@ -78,7 +80,8 @@ def _postmasters() -> list[psutil.Process]:
 
 
 def _label(proc: psutil.Process) -> str:
-    """A short, readable command line: ``python -m orbit.cli worker …``."""
+    """A short, readable command line: ``python -m orbit.cli worker …``, with any
+    password in it masked (an Orbit server's ``--db`` URL) before it is shortened."""
     try:
         args = proc.cmdline()
     except (psutil.Error, OSError):
@@ -86,7 +89,7 @@ def _label(proc: psutil.Process) -> str:
     if not args:
         return str(proc.name())
     args = [os.path.basename(args[0]), *args[1:]]
-    return " ".join(" ".join(args).split())[:120]
+    return mask(" ".join(" ".join(args).split()))[:120]
 
 
 def _cpu_s(proc: psutil.Process) -> float:

@@ -32,7 +32,6 @@ import json
 import math
 import os
 import platform
-import re
 import signal
 import subprocess
 import sys
@@ -48,13 +47,18 @@ from typing import Any
 import psutil
 
 from benchmarks import summary as summarise
+from benchmarks.masking import mask, masked
 from benchmarks.scale import Scale
 from benchmarks.systems.base import Env, System, WorkerSpec
 from benchmarks.workloads import WORKLOADS, RunContext
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_PG_DSN = os.environ.get("BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
-DEFAULT_REDIS = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379")
+#: the defaults without $BENCH_PG_DSN / $BENCH_REDIS_URL (--help names these, never the
+#: variables' values, which may hold a password)
+FALLBACK_PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+FALLBACK_REDIS = "redis://127.0.0.1:6379"
+DEFAULT_PG_DSN = os.environ.get("BENCH_PG_DSN", FALLBACK_PG_DSN)
+DEFAULT_REDIS = os.environ.get("BENCH_REDIS_URL", FALLBACK_REDIS)
 PG_SETTINGS = (
     "autovacuum",
     "fsync",
@@ -163,18 +167,10 @@ def interrupts_end_the_run() -> Iterator[None]:
             signal.signal(s, handler)
 
 
-_SECRETS = (
-    (re.compile(r"(://[^:/@\s]*:)[^@\s]+@"), r"\1***@"),
-    (re.compile(r"(password\s*=\s*)\S+", re.IGNORECASE), r"\1***"),
-)
-
-
 def one_line_error(exc: BaseException) -> str:
     """``Type: message`` on one line (psycopg's span several: the log would show only the
     last), with any password in a DSN or URL masked."""
-    text = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
-    for pattern, replacement in _SECRETS:
-        text = pattern.sub(replacement, text)
+    text = mask(" ".join(part.strip() for part in str(exc).splitlines() if part.strip()))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
@@ -212,6 +208,62 @@ def workload_names(names: list[str] | None) -> list[str]:
     return [w for w in WORKLOADS if w in names]
 
 
+def redis_dbs(chosen: list[Entry], base: int) -> list[int]:
+    """The Redis database number of each entry (the same index): one of its own for each
+    system that uses Redis, from ``base`` up (Redis has 16 by default, fewer than the
+    registry's entries, so PostgreSQL systems take none: their number is -1)."""
+    found, next_db = [], base
+    for entry in chosen:
+        found.append(next_db if entry.redis else -1)
+        next_db += 1 if entry.redis else 0
+    return found
+
+
+def redis_db_url(url: str, db: int) -> str:
+    """The Redis URL (which names no database: ``redis_url_problem``) for database ``db``."""
+    return f"{url.rstrip('/')}/{db}"
+
+
+def redis_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be the run's Redis, or None: the harness picks each system's
+    database itself (``--redis-db-base``), so the URL must not name one."""
+    from urllib.parse import parse_qs, urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss"):
+        return "not a redis:// or rediss:// URL"
+    if parts.path.strip("/") or "db" in parse_qs(parts.query):
+        return (
+            "must not name a database (the harness gives each Redis system one of its "
+            "own, from --redis-db-base up)"
+        )
+    return None
+
+
+def occupied_redis_dbs(url: str, dbs: list[int]) -> dict[int, int | str]:
+    """Of the Redis databases ``dbs`` on ``url``'s server, those a Redis system would
+    flush with keys in them (db -> key count), or those it cannot use (db -> why, e.g.
+    beyond the server's ``databases``). An unreachable server reports nothing: the
+    systems then fail to prepare, and say why."""
+    import redis
+
+    found: dict[int, int | str] = {}
+    for db in dbs:
+        client = redis.Redis.from_url(redis_db_url(url, db), socket_timeout=5)
+        try:
+            keys = int(client.dbsize())
+        except (redis.ConnectionError, redis.TimeoutError):
+            return {}
+        except redis.RedisError as exc:
+            found[db] = one_line_error(exc)
+            continue
+        finally:
+            client.close()
+        if keys:
+            found[db] = keys
+    return found
+
+
 @dataclass
 class Options:
     runs: int
@@ -222,6 +274,9 @@ class Options:
     pg_dsn: str = DEFAULT_PG_DSN
     redis_url: str = DEFAULT_REDIS
     redis_db_base: int = 1
+    #: let the Redis systems flush databases that hold keys before the run (else such a
+    #: system refuses to prepare, and the CLI refuses to start: ``occupied_redis_dbs``)
+    flush_redis: bool = False
     physical: bool = True
     parallel: bool = False  # smoke checks only: systems side by side, numbers meaningless
     keep_records: bool = False
@@ -367,7 +422,7 @@ def _postgres(dsn: str) -> dict[str, Any]:
                 [list(PG_SETTINGS)],
             ).fetchall()
     except Exception as exc:
-        return {"error": f"{type(exc).__name__}: {exc}"}
+        return {"error": one_line_error(exc)}
     return {
         "version": version[0] if version else None,
         "settings": {name: f"{value}{unit or ''}" for name, value, unit in rows},
@@ -381,7 +436,7 @@ def _redis(url: str) -> dict[str, Any]:
         info = redis.Redis.from_url(url, socket_timeout=5).info("server")
         return {"version": info.get("redis_version")}
     except Exception as exc:
-        return {"error": f"{type(exc).__name__}: {exc}"}
+        return {"error": one_line_error(exc)}
 
 
 def host() -> dict[str, Any]:
@@ -420,7 +475,7 @@ def run_physical(opts: Options) -> dict[str, Any]:
         result = physical.measure(opts.pg_dsn, **args)
         return {"args": args, "seconds": time.time() - t0, "result": result}
     except Exception as exc:
-        return {"args": args, "error": f"{type(exc).__name__}: {exc}"}
+        return {"args": args, "error": one_line_error(exc)}
 
 
 # ---------------------------------------------------------------------- running
@@ -445,7 +500,7 @@ class Harness:
 
     def log(self, text: str) -> None:
         with self._lock:
-            self.opts.log(f"{time.strftime('%H:%M:%S')} {text}")
+            self.opts.log(f"{time.strftime('%H:%M:%S')} {mask(text)}")
 
     def run(self) -> dict[str, Any]:
         opts = self.opts
@@ -461,7 +516,7 @@ class Harness:
             self.scale = dataclasses.replace(opts.scale, recovery_cap_s=cap["cap_s"])
         meta: dict[str, Any] = {
             "started_at": started.isoformat(),
-            "argv": sys.argv,
+            "argv": [mask(arg) for arg in sys.argv],
             "runs": opts.runs,
             "scale": self.scale.as_dict(),
             "workloads": self.workloads,
@@ -487,6 +542,8 @@ class Harness:
             self.log("physical limit (benchmarks.physical.measure) …")
             physical.update(run_physical(opts))
             self.log(f"  physical limit: {physical.get('error') or 'done'}")
+            if physical.get("error"):  # asked for and not measured: the run failed
+                self._failed(f"physical limit: {physical['error']} (--no-physical skips it)")
 
         # Alone before everything else, so nothing disturbs it; beside the systems only
         # in a parallel (smoke) run, whose numbers mean nothing anyway.
@@ -510,7 +567,7 @@ class Harness:
         meta["finished_at"] = datetime.now(UTC).isoformat()
         meta["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
         result = summarise.build(self.runs_dir, meta, physical or None, self._descriptions())
-        (opts.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+        (opts.out / "summary.json").write_text(json.dumps(masked(result), indent=2) + "\n")
         return result
 
     def recovery_cap(self) -> dict[str, Any]:
@@ -588,16 +645,15 @@ class Harness:
             self._prepare(i, slot)
 
     def _redis_db(self, i: int) -> int:
-        """A Redis database of its own for each system that uses Redis (Redis has 16 by
-        default, fewer than the registry's entries, so PostgreSQL systems take none)."""
-        return self.opts.redis_db_base + sum(1 for s in self.slots[:i] if s.entry.redis)
+        return redis_dbs([s.entry for s in self.slots], self.opts.redis_db_base)[i]
 
     def _prepare(self, i: int, slot: Slot) -> None:
         key = slot.entry.key
         env = Env(
             pg_admin_dsn=self.opts.pg_dsn,
-            redis_url=f"{self.opts.redis_url.rstrip('/')}/{self._redis_db(i)}",
+            redis_url=redis_db_url(self.opts.redis_url, self._redis_db(i)),
             work_dir=(self.work_dir / key).resolve(),
+            flush_redis=self.opts.flush_redis,
         )
         env.work_dir.mkdir(parents=True, exist_ok=True)
         slot.env = env
@@ -818,7 +874,7 @@ def _safe(fn: Callable[[], Any]) -> Any:
     try:
         return fn()
     except Exception as exc:
-        return {"error": f"{type(exc).__name__}: {exc}"}
+        return {"error": one_line_error(exc)}
 
 
 def _brief(metrics: dict[str, float | None]) -> str:
@@ -836,5 +892,5 @@ def _read(path: Path) -> dict[str, Any]:
 
 def _write(path: Path, record: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    tmp.write_text(json.dumps(masked(record), indent=1) + "\n")
     tmp.replace(path)

@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -327,8 +327,10 @@ def measure(
         raise ValueError("batch, submit_batch and commits must be at least 1")
     if not clients or any(c < 1 for c in clients):
         raise ValueError("clients must be a non-empty list of positive counts")
-    if seconds <= 0 or backlog < 0:
-        raise ValueError("seconds must be positive and backlog non-negative")
+    if seconds < 1 or seconds != int(seconds) or backlog < 0:
+        raise ValueError(
+            "seconds must be a whole number, at least 1 (pgbench -T), and backlog non-negative"
+        )
     pgbench = pgbench_path()
     name = f"orbit_physical_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     dsn = _libpq_dsn(admin_dsn, name)
@@ -403,21 +405,61 @@ def measure(
     }
 
 
+def _at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``low``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, not {value}")
+        return value
+
+    return parse
+
+
+def _client_counts(text: str) -> list[int]:
+    """``--clients``: a comma-separated list of whole numbers, each at least 1."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError("no client count given")
+    return [_at_least(1)(part) for part in parts]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.physical",
         description="Measure PostgreSQL's own jobs/s ceiling on Orbit's tables with pgbench.",
     )
     parser.add_argument(
-        "--batch", type=int, default=PHYSICAL_BATCH, help="tasks per batched transaction"
+        "--batch", type=_at_least(1), default=PHYSICAL_BATCH, help="tasks per batched transaction"
     )
-    parser.add_argument("--clients", default="1,2,4,16", help="comma-separated client counts")
-    parser.add_argument("--seconds", type=float, default=10.0, help="duration of each run")
-    parser.add_argument("--backlog", type=int, default=10_000, help="ready tasks kept queued")
     parser.add_argument(
-        "--submit-batch", type=int, default=1000, help="tasks per statement, submit ceiling"
+        "--clients",
+        type=_client_counts,
+        default=[1, 2, 4, 16],
+        help="comma-separated client counts (1,2,4,16)",
     )
-    parser.add_argument("--commits", type=int, default=500, help="commits timed for latency")
+    parser.add_argument(
+        "--seconds",
+        type=_at_least(1),
+        default=10,
+        help="duration of each run, whole seconds (pgbench -T; 10)",
+    )
+    parser.add_argument(
+        "--backlog", type=_at_least(0), default=10_000, help="ready tasks kept queued"
+    )
+    parser.add_argument(
+        "--submit-batch",
+        type=_at_least(1),
+        default=1000,
+        help="tasks per statement, submit ceiling",
+    )
+    parser.add_argument(
+        "--commits", type=_at_least(1), default=500, help="commits timed for latency"
+    )
     parser.add_argument(
         "--admin-dsn",
         default=DEFAULT_ADMIN_DSN,
@@ -425,11 +467,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "postgresql://postgres@127.0.0.1:5432/postgres)",
     )
     args = parser.parse_args(argv)
-    clients = [int(c) for c in args.clients.split(",") if c.strip()]
     result = measure(
         args.admin_dsn,
         batch=args.batch,
-        clients=clients,
+        clients=args.clients,
         seconds=args.seconds,
         backlog=args.backlog,
         submit_batch=args.submit_batch,

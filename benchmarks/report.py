@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from benchmarks.masking import mask
 from benchmarks.summary import COLUMNS, CPU_COLUMNS, DASH, cell, fmt, present, ratios
 
 REPO = Path(__file__).resolve().parents[1]
@@ -216,7 +217,7 @@ def render(summary: dict[str, Any], images: dict[str, Path]) -> str:
     parts.append(_physical(summary))
     parts.append(_ratios(summary))
     parts.append(_cpu(summary))
-    argv = " ".join(["python -m benchmarks", *meta.get("argv", [])[1:]]) or "python -m benchmarks"
+    argv = mask(" ".join(["python -m benchmarks", *meta.get("argv", [])[1:]]))
     parts.append(
         "### Reproduce\n\n"
         f"This run: `{argv}` then `python -m benchmarks report <its output directory>`.\n"

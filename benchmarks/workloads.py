@@ -188,9 +188,13 @@ def wait_record(
 
 @contextlib.contextmanager
 def running(system: System, spec: WorkerSpec) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Start workers and always stop them, even when the measurement fails."""
-    procs = system.start_workers(spec)
+    """Start workers and always stop them, even when the measurement fails or the start
+    itself is interrupted part-way: the list is this caller's, and ``start_workers``
+    appends each worker to it as soon as it runs (the one way every workload starts
+    workers)."""
+    procs: list[subprocess.Popen[bytes]] = []
     try:
+        system.start_workers(spec, procs)
         yield procs
     finally:
         system.stop_workers(procs)
@@ -228,11 +232,11 @@ def launched(
     ``cpu``, inside a CPU and WAL window (``RunContext.sampled``) that opens just before
     the launch and closes when the block ends, before the workers are stopped: a drain's
     window ends at its last finish, and the workers' shutdown is not counted."""
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[subprocess.Popen[bytes]] = []  # filled as each starts (``running``)
     try:
         with ctx.sampled(cpu) if cpu else contextlib.nullcontext():
             t_launch = time.time()
-            procs = ctx.system.start_workers(spec)
+            ctx.system.start_workers(spec, procs)
             yield procs, t_launch
     finally:
         ctx.system.stop_workers(procs)
@@ -496,13 +500,15 @@ def recovery(ctx: RunContext) -> Outcome:
         "note": system.recovery_note(),
         "settings": system.recovery_settings(),
     }
-    victim = system.start_workers(WorkerSpec(1, n, victim_dir, hold=True))
+    # filled as each starts (``running``): an interrupt mid-start still stops them
+    victim: list[subprocess.Popen[bytes]] = []
     rescuer: list[subprocess.Popen[bytes]] = []
     try:
+        system.start_workers(WorkerSpec(1, n, victim_dir, hold=True), victim)
         system.enqueue(jobs, s.batch)
         held = _wait_started(victim_reader, hold_ids, s.timeout_s, victim, s.poll_s)
         detail["held_by_victim"] = held
-        rescuer = system.start_workers(WorkerSpec(1, n, rescuer_dir))
+        system.start_workers(WorkerSpec(1, n, rescuer_dir), rescuer)
         warm = _warm_up(ctx, reader, "rescuer", s.rescuer_ready_s)
         detail["rescuer_warm_up"] = warm
         with ctx.sampled("recovery"):

@@ -8,8 +8,12 @@ shared handler body from :mod:`benchmarks.recorder`.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import subprocess
+import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +28,8 @@ class Env:
     pg_admin_dsn: str  # a DSN to the local PostgreSQL that may CREATE/DROP DATABASE
     redis_url: str  # e.g. redis://127.0.0.1:6379/<db>
     work_dir: Path  # a private scratch directory for this system (SQLite files, logs)
+    #: a Redis system may flush its database although it holds keys (else it refuses)
+    flush_redis: bool = False
 
 
 @dataclass
@@ -75,9 +81,31 @@ class System(ABC):
         self.enqueue([job], 1)
 
     @abstractmethod
-    def start_workers(self, spec: WorkerSpec) -> list[subprocess.Popen[bytes]]:
+    def start_workers(
+        self, spec: WorkerSpec, into: list[subprocess.Popen[bytes]] | None = None
+    ) -> list[subprocess.Popen[bytes]]:
         """Start ``spec.processes`` worker processes and return at once (not when they are
-        ready: start-up counts in the "including start-up" figure)."""
+        ready: start-up counts in the "including start-up" figure).
+
+        Each is appended to ``into`` (the caller's list, which is returned) the moment
+        it is started, through ``_start_each``: a caller whose start is interrupted
+        part-way (Ctrl-C, SIGTERM) still holds, and stops, every worker already running
+        (``benchmarks.workloads.running``)."""
+
+    @staticmethod
+    def _start_each(
+        n: int,
+        into: list[subprocess.Popen[bytes]] | None,
+        start_one: Callable[[], subprocess.Popen[bytes]],
+    ) -> list[subprocess.Popen[bytes]]:
+        """Start ``n`` workers with ``start_one``, each appended to ``into`` (or a new
+        list) as soon as it runs; returns that list (``start_workers``). Ctrl-C and
+        SIGTERM wait until the worker being started is in the list (``_signals_held``)."""
+        procs = [] if into is None else into
+        for _ in range(n):
+            with _signals_held():
+                procs.append(start_one())
+        return procs
 
     def stop_workers(self, procs: list[subprocess.Popen[bytes]]) -> None:
         """Stop workers: SIGTERM, wait up to 10 s, then SIGKILL; always reap."""
@@ -155,6 +183,29 @@ class System(ABC):
     @abstractmethod
     def close(self) -> None:
         """Stop everything started in ``prepare`` and drop the database."""
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held over the block, then delivered to the handlers they would
+    have reached: an interrupt inside ``Popen`` (after its fork, before it returns) would
+    otherwise leave a running worker no list holds. Only the main thread receives
+    signals and may set handlers: elsewhere (``--parallel``'s threads) a no-op."""
+    wanted = (signal.SIGINT, signal.SIGTERM)
+    # None: a handler set outside Python, which could not be put back
+    restorable = all(signal.getsignal(s) is not None for s in wanted)
+    if threading.current_thread() is not threading.main_thread() or not restorable:
+        yield
+        return
+    caught: list[int] = []
+    before = {s: signal.signal(s, lambda signum, _frame: caught.append(signum)) for s in wanted}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+        if caught:
+            signal.raise_signal(caught[0])
 
 
 #: every peer runs twice: with its own defaults, and tuned as its docs recommend

@@ -8,7 +8,9 @@ batch path saves little. There is no result backend, so ``done_count`` is -1 and
 harness counts the handlers' own records.
 
 The harness reserves a Redis database for Celery (``Env.redis_url``); this system only
-ever runs ``FLUSHDB`` on that database.
+ever runs ``FLUSHDB`` on that database: when it prepares (and refuses to, flushing
+nothing, when the database holds keys, unless ``Env.flush_redis`` says it may), before
+each run and when it closes.
 """
 
 from __future__ import annotations
@@ -141,10 +143,25 @@ class CelerySystem(PeerSystem):
     # -- lifecycle ------------------------------------------------------------------------
 
     def prepare(self, env: Env) -> None:
+        """Refuses a database that holds keys (someone else's data) unless
+        ``env.flush_redis``; the database is flushed only after that check, and ``close``
+        flushes only a database this instance took (``_redis`` is set once it has)."""
         self._env = env
         env.work_dir.mkdir(parents=True, exist_ok=True)
-        self._redis = redis.Redis.from_url(env.redis_url)
-        self._redis.flushdb()
+        client = redis.Redis.from_url(env.redis_url)
+        try:
+            keys = int(client.dbsize())
+            if keys and not env.flush_redis:
+                db = client.connection_pool.connection_kwargs.get("db", 0)
+                raise RuntimeError(
+                    f"Redis database {db} holds {keys:,} key(s), which the run would flush: "
+                    "empty it, choose others with --redis-db-base, or pass --flush-redis"
+                )
+            client.flushdb()
+        except BaseException:
+            client.close()
+            raise
+        self._redis = client
         self._app = build_app(env.redis_url, self.profile)
 
     def reset(self) -> None:
@@ -179,7 +196,9 @@ class CelerySystem(PeerSystem):
         for start in range(0, len(jobs), batch):
             group(task.s(job) for job in jobs[start : start + batch]).apply_async()
 
-    def start_workers(self, spec: WorkerSpec) -> list[subprocess.Popen[bytes]]:
+    def start_workers(
+        self, spec: WorkerSpec, into: list[subprocess.Popen[bytes]] | None = None
+    ) -> list[subprocess.Popen[bytes]]:
         self._note_workers(spec)
         args = self.worker_args(spec)
         self._last_worker_args = args
@@ -195,8 +214,8 @@ class CelerySystem(PeerSystem):
             env[HOLD_ENV] = "1"
         if self._recovery_mode():
             env[RECOVERY_ENV] = "1"
-        procs = []
-        for _ in range(spec.processes):
+
+        def start_one() -> subprocess.Popen[bytes]:
             self._log_seq += 1
             cmd = [
                 sys.executable,
@@ -207,8 +226,9 @@ class CelerySystem(PeerSystem):
                 f"--hostname=bench-{self.profile}-{self._log_seq}@%h",
                 *args,
             ]
-            procs.append(self._spawn(cmd, env, self._log_seq))
-        return procs
+            return self._spawn(cmd, env, self._log_seq)
+
+        return self._start_each(spec.processes, into, start_one)
 
     def worker_args(self, spec: WorkerSpec) -> list[str]:
         """The ``celery worker`` pool options for ``spec`` under this profile."""

@@ -368,8 +368,11 @@ class OrbitSystem(System):
             return spec.concurrency
         return 0
 
-    def start_workers(self, spec: WorkerSpec) -> list[subprocess.Popen[bytes]]:
+    def start_workers(
+        self, spec: WorkerSpec, into: list[subprocess.Popen[bytes]] | None = None
+    ) -> list[subprocess.Popen[bytes]]:
         assert self._env is not None and self._token_file is not None
+        work_dir = self._env.work_dir
         env = {
             **os.environ,
             "ORBIT_URL": f"http://127.0.0.1:{self._port}",
@@ -381,20 +384,20 @@ class OrbitSystem(System):
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         }
         env.pop("ORBIT_TOKEN", None)
-        procs: list[subprocess.Popen[bytes]] = []
-        for _ in range(spec.processes):
+
+        def start_one() -> subprocess.Popen[bytes]:
             self._started += 1
             env["BENCH_WORKER_NAME"] = f"bench-{self._started}"
-            log = (self._env.work_dir / "logs" / f"worker-{self._started}.log").open("ab")
             cmd = [
                 sys.executable, "-m", "orbit.cli", "worker",
                 "benchmarks.systems.orbit_worker:worker",
             ]  # fmt: skip
-            procs.append(
-                subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-            )
-            log.close()
-        return procs
+            with (work_dir / "logs" / f"worker-{self._started}.log").open("ab") as log:
+                return subprocess.Popen(
+                    cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+                )
+
+        return self._start_each(spec.processes, into, start_one)
 
     # ------------------------------------------------------------------ measurements
 

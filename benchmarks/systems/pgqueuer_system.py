@@ -218,7 +218,9 @@ class PgQueuerSystem(PostgresPeer):
                 [ENTRYPOINT] * len(chunk), [_encode(j) for j in chunk], [0] * len(chunk)
             )
 
-    def start_workers(self, spec: WorkerSpec) -> list[subprocess.Popen[bytes]]:
+    def start_workers(
+        self, spec: WorkerSpec, into: list[subprocess.Popen[bytes]] | None = None
+    ) -> list[subprocess.Popen[bytes]]:
         self._note_workers(spec)
         params = self.worker_params(spec)
         self._last_params = params
@@ -226,7 +228,7 @@ class PgQueuerSystem(PostgresPeer):
         env[DSN_ENV] = self._dsn
         env[DRIVER_ENV] = self.driver
         cmd = [sys.executable, "-m", "benchmarks.systems.pgqueuer_worker", *params.cli_args()]
-        return [self._spawn(cmd, env) for _ in range(spec.processes)]
+        return self._start_each(spec.processes, into, lambda: self._spawn(cmd, env))
 
     def worker_params(self, spec: WorkerSpec | None) -> WorkerParams:
         """The ``pgq run`` options for ``spec`` under this profile (see ``settings``)."""

@@ -177,7 +177,9 @@ class ProcrastinateSystem(PostgresPeer):
             chunk = jobs[start : start + batch]
             task.batch_defer(*(cast(JSONDict, {"payload": job}) for job in chunk))
 
-    def start_workers(self, spec: WorkerSpec) -> list[subprocess.Popen[bytes]]:
+    def start_workers(
+        self, spec: WorkerSpec, into: list[subprocess.Popen[bytes]] | None = None
+    ) -> list[subprocess.Popen[bytes]]:
         self._note_workers(spec)
         concurrency = self.worker_concurrency(spec)
         self._last_concurrency = concurrency
@@ -194,7 +196,7 @@ class ProcrastinateSystem(PostgresPeer):
         cmd = [sys.executable, "-m", "procrastinate", f"--app={APP_PATH}", "worker"]
         if concurrency != DEFAULT_CONCURRENCY:
             cmd.append(f"--concurrency={concurrency}")
-        return [self._spawn(cmd, env) for _ in range(spec.processes)]
+        return self._start_each(spec.processes, into, lambda: self._spawn(cmd, env))
 
     def worker_concurrency(self, spec: WorkerSpec) -> int:
         """Jobs in flight per worker process for ``spec`` under this profile."""

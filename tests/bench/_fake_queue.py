@@ -60,7 +60,9 @@ class FakeQueue(System):
         self._log("claim", None if spec is None else spec.concurrency)
         return 0.1
 
-    def start_workers(self, spec: WorkerSpec) -> list[subprocess.Popen[bytes]]:
+    def start_workers(
+        self, spec: WorkerSpec, into: list[subprocess.Popen[bytes]] | None = None
+    ) -> list[subprocess.Popen[bytes]]:
         """Run every queued job at once: its record says it started 10 ms ago."""
         self._log("start", len(self.queued))
         now = time.time()
@@ -71,7 +73,7 @@ class FakeQueue(System):
         with (Path(spec.rec_dir) / f"fake-{self.number}.rec").open("a") as out:
             out.write("".join(lines))
         self.queued.clear()
-        return []
+        return [] if into is None else into
 
     def stop_workers(self, procs: list[subprocess.Popen[bytes]]) -> None:
         time.sleep(self.stop_s)

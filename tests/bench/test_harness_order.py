@@ -173,12 +173,12 @@ def test_the_small_half_runs_when_the_large_half_failed_first(
     starts: dict[int, int] = {}
     real = FakeQueue.start_workers
 
-    def failing(self: FakeQueue, spec: Any) -> Any:
+    def failing(self: FakeQueue, spec: Any, into: Any = None) -> Any:
         if any(slot.large is self for slot in h.slots):
             starts[self.number] = starts.get(self.number, 0) + 1
             if starts[self.number] == 2:
                 raise RuntimeError("the large drain failed")
-        return real(self, spec)
+        return real(self, spec, into)
 
     monkeypatch.setattr(FakeQueue, "start_workers", failing)
     result = h.run()

@@ -60,8 +60,9 @@ def test_every_registered_system_runs_every_workload(tmp_path: Path) -> None:
         scale=SMOKE,
         out=out,
         pg_dsn=ADMIN_DSN,
-        # Redis dbs 7-14 (Celery gets 13 and 14): clear of a real run's (1-8, Celery 7 and
-        # 8) and of tests/bench/test_peers.py's (15), should they run at the same time
+        # Redis dbs 7 and 8 (one per Celery system): clear of a real run's (1 and 2), of
+        # tests/bench/test_peers.py's (15) and test_harness_guards.py's (11), should they
+        # run at the same time
         redis_db_base=7,
         parallel=True,
         log=lines.append,

@@ -56,9 +56,11 @@ class _Instant(System):
         """When the job's record says it started: as it was enqueued."""
         return now
 
-    def start_workers(self, spec: WorkerSpec) -> list[subprocess.Popen[bytes]]:
+    def start_workers(
+        self, spec: WorkerSpec, into: list[subprocess.Popen[bytes]] | None = None
+    ) -> list[subprocess.Popen[bytes]]:
         self.rec_dir = spec.rec_dir
-        return []
+        return [] if into is None else into
 
     def stop_workers(self, procs: list[subprocess.Popen[bytes]]) -> None:
         pass
