@@ -1,4 +1,4 @@
-"""``orbit``: run a server node, migrate the database, create, list and revoke tokens.
+"""``orbit``: run a server node, show and migrate the schema, create, list and revoke tokens.
 
 The database comes from ``--db`` or ``ORBIT_DB``: ``sqlite:///path/orbit.db`` or
 ``postgresql://user@host:5432/db``. Its password, if any, is never printed (and belongs in
@@ -48,10 +48,14 @@ app = typer.Typer(
     # -h as well as --help, for every command (each inherits it)
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
+db_app = typer.Typer(
+    help="Database schema: status shows its version and what is due, migrate applies it.",
+    no_args_is_help=True,
+)
 token_app = typer.Typer(
     help="API tokens: create, list, revoke. They open the database (--db or ORBIT_DB) "
-    "directly, not a server.",
+    "directly, not a server, and migrate nothing: its schema must be at this Orbit's "
+    "version (orbit db status shows it, orbit db migrate upgrades it).",
     no_args_is_help=True,
 )
 app.add_typer(db_app, name="db")
@@ -166,28 +170,70 @@ def database(db: str) -> Iterator[None]:
     """A database that cannot be opened or migrated (unreachable, refused, not a
     database, a URL it cannot parse) is one line and exit 1, not a traceback; the URL's
     password, in whatever spelling the driver's message holds it, is blotted out."""
+    from orbit.store import MigrationFailed
+
     _check_url(db)
     try:
         yield
+    except MigrationFailed as exc:  # opened: a migration failed, and the message says which
+        _fail(_blotted(str(exc), db), 1)
     except Exception as exc:  # the drivers' errors: sqlite3, psycopg, psycopg_pool, OS
         reason = f"{type(exc).__name__}: {exc}".strip()
-        for password in _passwords(db):
-            reason = reason.replace(password, "***")
-        _fail(f"cannot open the database: {reason}", 1)
+        _fail(f"cannot open the database: {_blotted(reason, db)}", 1)
+
+
+def _blotted(text: str, db: str) -> str:
+    """``text`` with the password of ``db``, in any spelling, and any token blotted out."""
+    from orbit.logs import redact
+
+    for password in _passwords(db):
+        text = text.replace(password, "***")
+    return redact(text)
 
 
 @db_app.command("migrate")
 def db_migrate(db: DbUrl) -> None:
-    """Create or upgrade the schema (safe to run on every node at once)."""
+    """Create or upgrade the schema (safe to run on every node at once).
+
+    Prints the version reached and the migration files applied, or "up to date". The
+    migrations due are applied in one transaction: one that fails is named, with the
+    version the schema stays at, and none of them is applied (exit 1). Stop the nodes of
+    an older Orbit first when a migration due says so (docs/operations.md, "Schema";
+    orbit db status lists the migrations due).
+
+    Example: orbit db migrate --db sqlite:///.orbit/orbit.db
+    """
     from orbit.store import open_store
 
     with database(db):
         store = open_store(db, migrate=False)
         try:
-            version = store.migrate()
+            done = store.schema_migrate()
         finally:
             store.close()
-    typer.echo(f"schema at version {version}")
+    typer.echo(done.describe())
+
+
+@db_app.command("status")
+def db_status(db: TokenDbUrl) -> None:
+    """Show the schema's version in the database, this Orbit's, and the migration files
+    orbit db migrate would apply (or "up to date"). Reads only: changes nothing, takes no
+    lock. Exit 0; 2 for a database that is not Orbit's (a SQLite --db that names no file
+    included); 1 for one that cannot be opened or that a newer Orbit migrated.
+
+    Example: orbit db status --db sqlite:///.orbit/orbit.db
+    """
+    status = _on_existing_store(
+        db, lambda store: store.schema_status(), "read the schema version", current=False
+    )
+    typer.echo(f"schema in the database: version {status.version}")
+    typer.echo(f"this Orbit's schema: version {status.known}")
+    if not status.pending:
+        typer.echo("up to date")
+        return
+    typer.echo(f"pending migrations ({len(status.pending)}; orbit db migrate applies them):")
+    for name in status.pending:
+        typer.echo(f"  {name}")
 
 
 @token_app.command("create")
@@ -198,7 +244,9 @@ def token_create(
 ) -> None:
     """Create a token and print it once; only its hash is stored. A SQLite --db that
     names no file is refused, not created (orbit db migrate creates one)."""
-    token_id, token = _on_existing_store(db, lambda store: store.token_create(name, scope))
+    token_id, token = _on_existing_store(
+        db, lambda store: store.token_create(name, scope), "create the token"
+    )
     typer.echo(token)
     typer.secho(
         f"token {token_id} ({', '.join(sorted(set(scope)))}): store it now, it is not shown again",
@@ -206,15 +254,22 @@ def token_create(
     )
 
 
-def _on_existing_store(db: str, call: Callable[[Store], T]) -> T:
+def _on_existing_store(
+    db: str, call: Callable[[Store], T], doing: str, *, current: bool = True
+) -> T:
     """Open the database, run ``call`` on its store and close it. A SQLite file that does
     not exist is refused, not created: on a mistyped path ``token ls`` would list the
     tokens of an empty database it had just made, and ``token revoke`` refuse every id
     while leaving that file behind. A database without Orbit's schema (an empty file,
     another application's PostgreSQL database) is refused too, exit 2, changing nothing:
     it was migrated, given Orbit's tables, just to list no tokens. Orbit's own database
-    at an older version is migrated, as a node would. A database that fails is
-    ``database``'s one line (exit 1); a refusal from the store is its message (exit 2)."""
+    at an older version is refused as well (``current``; ``db status`` takes any), exit
+    2, naming both versions: it was migrated, under the older nodes that may still
+    serve it, which a migration can break (docs/operations.md, "Schema"); ``orbit db
+    migrate`` is the command that migrates. A database that cannot be opened (or that a
+    newer Orbit migrated) is ``database``'s one line, exit 1. Once it is open, a failure
+    of ``call`` says what failed (``could not <doing>: database is locked``), exit 1: it
+    was "cannot open the database" too; a refusal from the store is its message, exit 2."""
     from orbit.store import open_store, sqlite_path
 
     _check_url(db)
@@ -227,6 +282,7 @@ def _on_existing_store(db: str, call: Callable[[Store], T]) -> T:
         "migrate makes a new one)"
     )
     refused: str | None = None
+    store: Store | None = None
     with database(db):
         if path is not None:
             from orbit.store.sqlite.driver import ForeignDatabase, check_path, holds_orbit
@@ -241,17 +297,36 @@ def _on_existing_store(db: str, call: Callable[[Store], T]) -> T:
         if refused is None:
             store = open_store(db, migrate=False)
             try:
-                if not store.schema_version():
-                    refused = not_orbit
-                else:
-                    store.migrate()
-                    return call(store)
-            except OrbitError as exc:
-                refused = exc.message
-            finally:
+                status = store.schema_status()  # SchemaTooNew: database's line, exit 1
+            except BaseException:
                 store.close()
-    assert refused is not None  # database() ends every other way out with an exit
-    _fail(refused)
+                raise
+            if not status.version:
+                refused = not_orbit
+            elif current and status.pending:
+                refused = (
+                    f"the database's schema is at version {status.version}, this Orbit "
+                    f"needs {status.known}: run `orbit db migrate` (after stopping the "
+                    "nodes of an older Orbit, if a migration due says so: "
+                    "docs/operations.md, Schema); nothing was changed"
+                )
+    if refused is not None:
+        if store is not None:
+            store.close()
+        _fail(refused)
+    assert store is not None  # database() ends every other way out with an exit
+    try:
+        return call(store)
+    except OrbitError as exc:
+        if exc.status < 500:  # a refusal: a token id that is unknown, a bad scope
+            _fail(exc.message)
+        _fail(f"could not {doing}: {_blotted(exc.message, db)}", 1)
+    except Exception as exc:  # the driver's: a write lock held too long, a read-only database
+        lines = str(exc).strip().splitlines()  # psycopg's next lines quote rows' values
+        reason = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+        _fail(f"could not {doing}: {_blotted(reason, db)}", 1)
+    finally:
+        store.close()
 
 
 def _tokens_table(rows: list[dict[str, Any]]) -> Table:
@@ -284,7 +359,7 @@ def token_ls(
     from orbit.cli.api import emit
     from orbit.protocol.convert import token_wire
 
-    tokens = _on_existing_store(db, lambda store: store.token_list())
+    tokens = _on_existing_store(db, lambda store: store.token_list(), "list the tokens")
     emit([token_wire(t) for t in tokens], as_json, _tokens_table)
 
 
@@ -315,7 +390,7 @@ def token_revoke(
     from orbit.cli.api import emit
     from orbit.protocol.convert import token_wire
 
-    token = _on_existing_store(db, lambda store: store.token_revoke(token_id))
+    token = _on_existing_store(db, lambda store: store.token_revoke(token_id), "revoke the token")
     emit(token_wire(token), as_json, lambda t: _tokens_table([t]))
     if not as_json:
         typer.secho(

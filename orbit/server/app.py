@@ -365,10 +365,22 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
 
     @app.get("/readyz", include_in_schema=False)
     async def readyz(request: Request) -> JSONResponse:
+        store: Store = request.app.state.store
         try:
-            await ready(request.app.state.store.queue_list)
+            await ready(store.queue_list)
         except Exception as exc:  # TimeoutError: the database did not answer in time
-            return unavailable(exc, request.app.state.store)
+            return unavailable(exc, store)
+        # A database that answers reads may still refuse writes (full, read-only, its
+        # lock held by another process): not ready while the store's writes give up
+        # (``Store.write_failure``, noted as they fail: no write here). Ready, it took
+        # traffic every write of which failed.
+        failing = store.write_failure()
+        if failing is not None:
+            reason, message = failing
+            return JSONResponse(
+                {"status": "unavailable", "reason": reason, "message": message},
+                status_code=503,
+            )
         return JSONResponse({"status": "ready"})
 
     @app.get("/metrics", include_in_schema=False)

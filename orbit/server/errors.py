@@ -15,6 +15,11 @@ from starlette.websockets import WebSocket
 from orbit.core.errors import Backpressure, OrbitError
 from orbit.protocol.decode import DecodeError, error_message
 from orbit.server.metrics import REFUSAL_REASONS
+from orbit.store.driver import DatabaseUnavailable
+
+#: The ``Retry-After`` of a 503 for the database's sake (``on_unexpected``), in seconds:
+#: the store already waited ``StoreConfig.tx_wait_us`` for a lock before it gave up.
+DATABASE_RETRY_AFTER_S = 5
 
 
 class ApiError(Exception):
@@ -134,7 +139,23 @@ _ANSWERED = "_orbit_answered"
 
 async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     """Anything unforeseen: logged with its traceback and the request it failed,
-    answered in the usual shape."""
+    answered in the usual shape.
+
+    A transaction the store gave up on for the database's sake (``DatabaseUnavailable``:
+    its lock held by another process past the store's wait, full, read-only, out of
+    reach) is no failure of the server's: 503 with its code (``DATABASE_BUSY``,
+    ``DATABASE_FULL``, ``DATABASE_READ_ONLY``, ``DATABASE_UNAVAILABLE``), the store's
+    words, which name no path or host, and ``Retry-After``; the store logged it. It was
+    500 ``INTERNAL``, "the server could not process this request", and only the server's
+    log said the disk was full."""
+    if isinstance(exc, DatabaseUnavailable):
+        logging.getLogger("orbit.server").debug(
+            "%s %s: %s", request.method, request.url.path, exc.code
+        )
+        setattr(exc, _ANSWERED, True)  # Starlette re-raises it past this answer
+        return error_response(
+            503, exc.code, exc.message, headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)}
+        )
     logging.getLogger("orbit.server").error(
         "request failed: %s %s", request.method, request.url.path, exc_info=exc
     )

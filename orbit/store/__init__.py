@@ -14,7 +14,10 @@ from orbit.store.store import Clock as Clock
 from orbit.store.store import (
     Grants,
     InjectedFault,
+    Migrated,
+    MigrationFailed,
     ReapReport,
+    SchemaStatus,
     SchemaTooNew,
     StaleWrite,
     Store,
@@ -100,7 +103,10 @@ def open_store(
 __all__ = [
     "Grants",
     "InjectedFault",
+    "Migrated",
+    "MigrationFailed",
     "ReapReport",
+    "SchemaStatus",
     "SchemaTooNew",
     "StaleWrite",
     "Store",

@@ -24,6 +24,34 @@ class StaleWrite(Exception):
     """A compare-and-set write matched fewer rows than planned; the transaction is retried."""
 
 
+#: The database's conditions a transaction gives up on (``Driver.unavailable_code``), and
+#: what the server answers for each (503, ``Retry-After``). Every word of these is the
+#: server's own: nothing of the driver's message (a host, a path) goes to a client.
+DATABASE_BUSY = "DATABASE_BUSY"
+DATABASE_FULL = "DATABASE_FULL"
+DATABASE_READ_ONLY = "DATABASE_READ_ONLY"
+DATABASE_UNAVAILABLE = "DATABASE_UNAVAILABLE"
+UNAVAILABLE_MESSAGES = {
+    DATABASE_BUSY: "the database is busy: another process holds its lock; nothing was written",
+    DATABASE_FULL: "the database is full (its disk, or its size limit); nothing was written",
+    DATABASE_READ_ONLY: "the database is read-only; nothing was written",
+    DATABASE_UNAVAILABLE: "the database is unavailable: it failed or cannot be reached",
+}
+
+
+class DatabaseUnavailable(Exception):
+    """A transaction the store gave up on because of the database itself, not of what
+    it asked (``Store._tx``): its lock held by another process past the store's wait
+    (``StoreConfig.tx_wait_us``), its disk full, the database read-only, or out of reach.
+    For the first three nothing was written. ``code`` is one of ``UNAVAILABLE_MESSAGES``'
+    keys, ``message`` its words; the driver's own error is the ``__cause__``."""
+
+    def __init__(self, code: str) -> None:
+        self.code = code
+        self.message = UNAVAILABLE_MESSAGES[code]
+        super().__init__(self.message)
+
+
 class RowColumns(Sequence[Row]):
     """Rows held column by column, each column a list in row order. A batch submit makes
     its new tasks' rows so (``rows.tasks_columns``), and the PostgreSQL driver sends a
@@ -200,13 +228,22 @@ class Driver(Protocol):
     queries: dict[str, str]
     migrations: Path
 
-    def transaction(self, *, durable: bool = True) -> AbstractContextManager[Connection]:
+    def transaction(
+        self, *, durable: bool = True, wait_s: float | None = None
+    ) -> AbstractContextManager[Connection]:
         """One transaction. ``durable=False`` lets its commit return before the commit is
         on disk (PostgreSQL ``synchronous_commit = off``, SQLite ``synchronous = NORMAL``):
         a crash of the database's machine, or of PostgreSQL itself, may then undo it.
         Only for transactions whose loss is harmless (claims: see ``Store``). Any later
         durable commit makes every earlier commit durable too: the log is written in
-        order."""
+        order.
+
+        ``wait_s``: about the longest the transaction may wait to begin, for this
+        process's connection (SQLite's, shared by its threads; a pooled one) and for the
+        database's write lock (SQLite's ``busy_timeout``, cut to it); past it, it fails
+        with an error ``unavailable_code`` calls ``DATABASE_BUSY``. None: the driver's
+        own waits. A lock a statement waits for later is bounded by the driver's own
+        lock wait (PostgreSQL's ``lock_timeout``), and ``Store._tx`` retries it."""
         ...
 
     def read(self, name: str, params: Params) -> list[Row]:
@@ -222,6 +259,13 @@ class Driver(Protocol):
         connections, disk or lock trouble past the retries), so that any other statement
         now would fail alike: a loop over many items (``Store.schedule_fire_due``) ends
         on it rather than charging it to each item."""
+        ...
+
+    def unavailable_code(self, exc: BaseException) -> str | None:
+        """Which of the database's conditions ``exc`` says (``DATABASE_BUSY``: a lock
+        wait that ran out; ``DATABASE_FULL``; ``DATABASE_READ_ONLY``;
+        ``DATABASE_UNAVAILABLE``: the connection or the file failed), None for any other
+        error (a bug, a deadlock past the retries), which stays the server's 500."""
         ...
 
     def connect_refusal(self) -> tuple[str, str] | None:

@@ -84,7 +84,10 @@ from orbit.core.validate import (
 )
 from orbit.store import rows as R
 from orbit.store.driver import (
+    DATABASE_BUSY,
+    UNAVAILABLE_MESSAGES,
     Connection,
+    DatabaseUnavailable,
     Driver,
     Notice,
     Row,
@@ -118,6 +121,16 @@ SUBMIT_CHUNK = 250
 #: the time it takes PostgreSQL to insert it (with its event), so a chunk half again as
 #: large as the one before is made while that one is written (``submit_chunks``).
 SUBMIT_FIRST_CHUNK = 50
+#: How long /readyz says not ready after a transaction gave up for the database's sake
+#: (``Store.write_failure``), unless a write commits sooner: a node whose writes fail is
+#: taken out of a balancer's rotation, and tried again after this with no probe writing.
+WRITE_FAILURE_S = 10.0
+#: How long a migration waits for the database (``Store._tx``'s ``wait_us``): for another
+#: node's migration (the migration lock), and for the locks live traffic holds on the
+#: tables a migration alters. No client waits for it, and a node starting beside another
+#: that migrates a large table must wait for that node, not fail its start after the
+#: 20 s a request waits (``StoreConfig.tx_wait_us``).
+MIGRATE_WAIT_US = 3600 * SECOND
 SUBMIT_CHUNK_GROWTH = 1.5
 
 #: Read once: a member read through its enum class costs a lookup each time (60 ns), and
@@ -166,6 +179,73 @@ def _check_schema(current: int, known: int) -> None:
         )
 
 
+class MigrationFailed(Exception):
+    """A migration's statement failed (``DuplicateTable``: an object made by hand where
+    the migration makes its own). The migrations of one run commit together, so none of
+    them was applied: the message names the file that failed, the driver's error and
+    the version the schema stays at. The driver's error is ``__cause__``."""
+
+    def __init__(self, message: str, *, failed: str | None, version: int) -> None:
+        super().__init__(message)
+        #: the file whose statement failed; None when the commit of the run failed
+        self.failed = failed
+        #: the version the schema stays at
+        self.version = version
+
+
+@dataclass(frozen=True)
+class SchemaStatus:
+    """Where a database's schema stands against this Orbit's migrations."""
+
+    #: the version in the database, 0 for none (not an Orbit database, or a new one)
+    version: int
+    #: this Orbit's last migration
+    known: int
+    #: the names of the migration files above ``version``, in the order they apply
+    pending: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Migrated:
+    """What ``Store.schema_migrate`` did: the version before and after, and the names of
+    the migration files it applied, in order (none when the schema was current)."""
+
+    before: int
+    after: int
+    applied: tuple[str, ...]
+
+    def describe(self) -> str:
+        """One line for a person: ``schema at version 8, migrated from version 5:
+        0006_x.sql, 0007_y.sql, 0008_z.sql``, or ``schema at version 8, up to date``."""
+        if not self.applied:
+            return f"schema at version {self.after}, up to date"
+        files = ", ".join(self.applied)
+        return f"schema at version {self.after}, migrated from version {self.before}: {files}"
+
+
+def _migration_failed(exc: Exception, at: dict[str, Any]) -> MigrationFailed:
+    """``MigrationFailed`` for ``exc``, raised while ``Store.schema_migrate`` applied ``at``'s
+    file (None: at the commit) on a schema at ``at["before"]``. The driver's message is
+    its first line (psycopg's next ones quote rows' values)."""
+    lines = str(exc).strip().splitlines()
+    reason = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    before, failed = int(at["before"]), at.get("file")
+    if failed is None:  # a commit that failed may yet have gone through: not said here
+        return MigrationFailed(
+            f"the commit of migrations {', '.join(at.get('applied', ()))} failed: {reason}; "
+            f"the schema stays at version {before} unless the commit went through (orbit "
+            "db status says)",
+            failed=None,
+            version=before,
+        )
+    return MigrationFailed(
+        f"migration {failed} failed: {reason}; no migration was applied (a run's "
+        f"migrations commit together), the schema stays at version {before}",
+        failed=failed,
+        version=before,
+    )
+
+
 class Grants(list[Grant]):
     """What a claim handed out, and whether anything held it back.
 
@@ -176,6 +256,16 @@ class Grants(list[Grant]):
     """
 
     blocked: bool = False
+    #: What held it back was, at least once, the session's own: its ``max_concurrency``,
+    #: a handler's capacity, or the size of one claim (``n``, CLAIM_PAYLOAD_BYTES, its
+    #: rounds). Blocked and not ``own``, only what every session shares held it back (a
+    #: queue's, a tenant's or the global cap, a rate): a claim for a session whose
+    #: handlers are among this one's would be held back by the same, and find nothing.
+    own: bool = False
+    #: After this claim the session has no free slot: its ``max_concurrency`` is reached,
+    #: or every handler of it is at its capacity. Until one of its own attempts ends (or
+    #: its capacities change) a claim for it can find nothing, whatever becomes ready.
+    full: bool = False
     #: The claim stopped with ready tasks left that a claim now may take (at
     #: CLAIM_PAYLOAD_BYTES, or at its last round): claim again now.
     more: bool = False
@@ -209,6 +299,13 @@ class StoreConfig:
     max_batch: int = 1000  # at most 2**20 (``orbit.core.ids.BATCH_INDEX_BITS``)
     reap_batch: int = 500
     max_tx_retries: int = 5
+    #: About the longest a transaction and its retries wait for the database: for this
+    #: process's connection (SQLite) or a pooled one (PostgreSQL), and for a lock another
+    #: process holds (SQLite's write lock; on PostgreSQL each wait ends at the
+    #: connection's ``lock_timeout``, 5 s unless set, and is tried again). Past it the
+    #: transaction gives up (``DatabaseUnavailable``, 503 ``DATABASE_BUSY``), nothing
+    #: written: under a client's default timeout (30 s), so the client hears why.
+    tx_wait_us: int = 20 * SECOND
     artifact_ttl_us: int = 7 * 24 * 3600 * SECOND
     #: The longest an upload may stay unfinished: the reaper drops one older than this
     #: even while its attempt runs. An upload whose server was killed mid-body is never
@@ -346,13 +443,43 @@ class Store:
         ``uuid7_many``, so they sort in the batch's order."""
         return uuid7_many(now, count, first)
 
-    def _tx(self, work: Callable[[_Tx], T], *, durable: bool = True) -> T:
-        """Run ``work`` in one transaction, retrying on deadlocks and stale writes.
-        ``durable=False``: see ``Driver.transaction`` (only claims use it)."""
+    #: When a transaction last gave up for the database's sake (``time.monotonic()``), and
+    #: why (a ``DATABASE_*`` code); None again once a transaction that wrote commits.
+    _write_failed: tuple[float, str] | None = None
+
+    def write_failure(self, within_s: float = WRITE_FAILURE_S) -> tuple[str, str] | None:
+        """Why writes fail, if a transaction gave up for the database's sake
+        (``DatabaseUnavailable``: busy, full, read-only, unavailable) in the last
+        ``within_s`` seconds and none that wrote has committed since: the code and its
+        message (/readyz's answer). No read of the database: a failed write is noted as
+        it happens, at no cost to the writes that succeed."""
+        failed = self._write_failed
+        if failed is None or time.monotonic() - failed[0] > within_s:
+            return None
+        return failed[1], UNAVAILABLE_MESSAGES[failed[1]]
+
+    def _tx(
+        self, work: Callable[[_Tx], T], *, durable: bool = True, wait_us: int | None = None
+    ) -> T:
+        """Run ``work`` in one transaction, retrying on deadlocks, stale writes and lock
+        waits that ran out. ``durable=False``: see ``Driver.transaction`` (only claims
+        use it).
+
+        The transaction and its retries wait for the database (this process's
+        connection, a pooled one, its write lock) for about ``StoreConfig.tx_wait_us``
+        in all, less than a client's default timeout (30 s): past it, or on a database
+        that is full, read-only or out of reach (``Driver.unavailable_code``), it gives
+        up with ``DatabaseUnavailable`` (the server's 503), logged once as a warning.
+        A wait with no bound outlived its client, which was told the server was
+        unreachable, and the transaction committed after all, a minute later.
+        ``wait_us``: this transaction's wait in place of the config's (one no client
+        waits for, such as a migration behind another node's)."""
         attempt = 0
+        wait_s = (self.config.tx_wait_us if wait_us is None else wait_us) / SECOND
+        deadline = time.monotonic() + wait_s
         while True:
             try:
-                with self.driver.transaction(durable=durable) as cx:
+                with self.driver.transaction(durable=durable, wait_s=wait_s) as cx:
                     tx = _Tx(cx, self)
                     result = work(tx)
                     tx.notify()  # whatever the plans' own writes did not already send
@@ -366,6 +493,8 @@ class Store:
                     self.on_revoked(tx.revoked)
                 if tx.wrote_events and self.on_events is not None:
                     self.on_events(bool(tx._sent))
+                if self._write_failed is not None and tx.wrote_events:
+                    self._write_failed = None  # writes go through again
                 return result
             except StaleWrite:
                 attempt += 1
@@ -373,8 +502,34 @@ class Store:
                     raise
             except Exception as exc:
                 attempt += 1
-                if not self.driver.is_retryable(exc) or attempt > self.config.max_tx_retries:
+                code = self.driver.unavailable_code(exc)
+                wait_s = deadline - time.monotonic()
+                # A lock wait that ran out is tried again for as long as the wait lasts,
+                # however many tries that takes; any other retryable error (a deadlock)
+                # at most max_tx_retries times.
+                tries_left = code == DATABASE_BUSY or attempt <= self.config.max_tx_retries
+                if self.driver.is_retryable(exc) and wait_s > 0 and tries_left:
+                    continue
+                if code is None:
                     raise
+                raise self._gave_up(code, exc, attempt) from exc
+
+    def _gave_up(self, code: str, exc: Exception, tries: int) -> DatabaseUnavailable:
+        """The error a transaction that gave up for the database's sake raises, noted
+        for /readyz (``write_failure``) and logged, once, with the driver's own words
+        (which the client's answer leaves out)."""
+        self._write_failed = (time.monotonic(), code)
+        failed = DatabaseUnavailable(code)
+        said = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        _log.warning(
+            "a transaction gave up after %d %s: %s (%s: %s)",
+            tries,
+            "try" if tries == 1 else "tries",
+            failed.message,
+            type(exc).__name__,
+            said,
+        )
+        return failed
 
     def _read(self, query: str, /, **params: Any) -> list[Row]:
         """One read, its own transaction (``Driver.read``)."""
@@ -407,9 +562,27 @@ class Store:
             return 0
         return int(self._read("schema_version_get")[0]["version"])
 
+    def schema_status(self) -> SchemaStatus:
+        """The database's schema version, this Orbit's, and the migrations not yet
+        applied: read alone, changing nothing, taking no lock. Raise ``SchemaTooNew`` on
+        a database a newer Orbit migrated."""
+        files = migration_files(self.driver.migrations)
+        known = files[-1][0] if files else 0
+        current = self.schema_version()
+        _check_schema(current, known)
+        return SchemaStatus(current, known, tuple(p.name for n, p in files if n > current))
+
     def migrate(self) -> int:
-        """Apply the numbered migrations not yet applied; return the schema version.
-        Raise ``SchemaTooNew`` (changing nothing) on a database a newer Orbit migrated.
+        """Apply the numbered migrations not yet applied; return the schema version
+        (``schema_migrate``, which says what it applied)."""
+        return self.schema_migrate().after
+
+    def schema_migrate(self) -> Migrated:
+        """Apply the numbered migrations not yet applied, in one transaction; return the
+        version before and after and the files applied, and log them at INFO when there
+        were any. Raise ``SchemaTooNew`` (changing nothing) on a database a newer Orbit
+        migrated, and ``MigrationFailed`` (nothing of the run applied) when a statement
+        of a migration, or the run's commit, fails.
 
         The version is read first, with no lock: a schema that is current (every open
         but the first after an upgrade) takes neither the migration's lock nor, on
@@ -422,21 +595,44 @@ class Store:
         if current:
             _check_schema(current, known)
             if current == known:
-                return current
+                return Migrated(current, current, ())
+        #: the version under the lock and the file being applied, of the latest try
+        at: dict[str, Any] = {}
 
-        def work(tx: _Tx) -> int:
+        def work(tx: _Tx) -> Migrated:
+            at.clear()
             tx.fetch("migrate_lock")
             tx.execute("schema_version_create")
-            current = int(tx.fetch("schema_version_get")[0]["version"])
+            before = current = int(tx.fetch("schema_version_get")[0]["version"])
             _check_schema(current, known)
+            at["before"], applied = before, []
             for number, path in files:
                 if number > current:
+                    at["file"] = path.name
                     tx.cx.run_script(path.read_text(encoding="utf-8"))
                     tx.execute("schema_version_insert", version=number, now=tx.now())
+                    applied.append(path.name)
                     current = number
-            return current
+            at["file"] = None  # all ran: what fails now is the commit
+            at["applied"] = applied
+            return Migrated(before, current, tuple(applied))
 
-        return self._tx(work)
+        try:
+            done = self._tx(work, wait_us=MIGRATE_WAIT_US)
+        except SchemaTooNew:
+            raise
+        except Exception as exc:
+            if "before" not in at:  # before the lock was taken and the version read
+                raise
+            raise _migration_failed(exc, at) from exc
+        if done.applied:
+            _log.info(
+                "migrated the schema from version %d to %d: %s",
+                done.before,
+                done.after,
+                ", ".join(done.applied),
+            )
+        return done
 
     # ------------------------------------------------------------------ queues and limits
 
@@ -2043,16 +2239,18 @@ class Store:
         payload_bytes = 0
         short: set[str] = set()  # rate-limited queues that held back for want of a token
         for _ in range(8):
-            want = min(n - len(grants), session.max_concurrency - occ.session_total)
-            if global_cap is not None:
-                want = min(want, global_cap - occ.total)
+            mine = min(n - len(grants), session.max_concurrency - occ.session_total)
+            want = mine if global_cap is None else min(mine, global_cap - occ.total)
             handlers = [
                 c.handler
                 for c in session.capabilities
                 if occ.by_handler.get(c.handler, 0) < c.capacity
             ]
-            if want <= 0 or len(handlers) < len(session.capabilities):
-                grants.blocked = True  # a capacity or cap is full: a freed permit matters
+            # a capacity or cap is full: a freed permit matters
+            if mine <= 0 or len(handlers) < len(session.capabilities):
+                grants.blocked = grants.own = True  # its slots, a handler's, the claim's size
+            elif want <= 0:
+                grants.blocked = True  # the global cap
             if want <= 0 or not handlers:
                 break
             capped = [
@@ -2119,6 +2317,11 @@ class Store:
                 ):
                     skip_ids.append(task.id)
                     grants.blocked = True
+                    if (
+                        occ.by_handler.get(task.handler, 0) >= capacity.get(task.handler, 0)
+                        or occ.session_total >= session.max_concurrency
+                    ):
+                        grants.own = True  # not (only) a queue's, a tenant's or the global cap
                     continue
                 skip_ids.append(task.id)
                 tokens[task.queue] -= 1.0
@@ -2137,7 +2340,7 @@ class Store:
                 )
                 payload_bytes += size
             if len(grants) >= n or grants.more:
-                grants.blocked = True  # more may be ready than were asked for
+                grants.blocked = grants.own = True  # more may be ready than were asked for
                 break
             if len(ready.rows) < window:
                 break
@@ -2149,8 +2352,11 @@ class Store:
             # round), rather than wait for a freed permit or the poll; a claim that
             # granted nothing found only rows that no claim can take now (past their
             # deadline, the reaper's), and claiming again would read them again.
-            grants.blocked = True
+            grants.blocked = grants.own = True
             grants.more = bool(grants)
+        grants.full = occ.session_total >= session.max_concurrency or all(
+            occ.by_handler.get(c.handler, 0) >= c.capacity for c in session.capabilities
+        )
         waits = [
             token_wait_us(tokens[name], queues[name].rate)
             for name in short

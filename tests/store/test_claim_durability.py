@@ -77,9 +77,9 @@ class _Recorder:
         self.real = store.driver.transaction
         self.levels: list[bool] = []
 
-    def __call__(self, *, durable: bool = True) -> AbstractContextManager[Any]:
+    def __call__(self, *, durable: bool = True, **kw: Any) -> AbstractContextManager[Any]:
         self.levels.append(durable)
-        return self.real(durable=durable)
+        return self.real(durable=durable, **kw)
 
 
 def test_only_the_claim_is_relaxed(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from orbit.store import open_store
+from orbit.store.driver import DatabaseUnavailable
 from tests.store.helpers import queue, submit
 
 
@@ -23,8 +24,9 @@ def test_a_full_disk_is_reported_as_such_and_the_next_call_succeeds(tmp_path: Pa
         cx = store.driver._raw()
         pages = cx.execute("PRAGMA page_count").fetchone()[0]
         cx.execute(f"PRAGMA max_page_count = {pages}")
-        with pytest.raises(sqlite3.OperationalError, match="full"):
+        with pytest.raises(DatabaseUnavailable, match="full") as refused:
             submit(store, payload={"blob": "x" * 200_000})
+        assert isinstance(refused.value.__cause__, sqlite3.OperationalError)
         cx.execute("PRAGMA max_page_count = 1073741823")
         assert submit(store, payload={"blob": "x" * 200_000})
     finally:

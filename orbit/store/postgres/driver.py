@@ -31,10 +31,15 @@ import psycopg
 from psycopg import conninfo, pq
 from psycopg.adapt import Transformer
 from psycopg.pq import ConnStatus, ExecStatus, TransactionStatus
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from orbit.core.model import compact_json, parse_json
 from orbit.store.driver import (
+    DATABASE_BUSY,
+    DATABASE_FULL,
+    DATABASE_READ_ONLY,
+    DATABASE_UNAVAILABLE,
+    DatabaseUnavailable,
     Notice,
     Params,
     Row,
@@ -1070,24 +1075,36 @@ def close_if_stale(cx: psycopg.Connection[Any]) -> bool:
     return True
 
 
-def _fit_connection(pool: ConnectionPool[Any]) -> psycopg.Connection[Any]:
+def _fit_connection(
+    pool: ConnectionPool[Any], timeout: float | None = None
+) -> psycopg.Connection[Any]:
     """A connection from ``pool``, passing over those ``close_if_stale`` closes: after
     PostgreSQL restarts, every idle connection in the pool is closed, and each used to
     fail one store call (a 500) before the pool replaced it. A failed call is not retried
-    instead, since a lost reply to its ``COMMIT`` may hide a commit."""
+    instead, since a lost reply to its ``COMMIT`` may hide a commit. ``timeout``: how
+    long to wait for one (``PoolTimeout`` past it), None for the pool's own 30 s."""
     cx: psycopg.Connection[Any]
     for _ in range(pool.max_size):
-        cx = pool.getconn()
+        cx = pool.getconn(timeout)
         if not close_if_stale(cx):
             return cx
         pool.putconn(cx)  # closed: the pool discards it and opens another
-    cx = pool.getconn()  # every one was stale: a new one, as it comes
+    cx = pool.getconn(timeout)  # every one was stale: a new one, as it comes
     return cx
 
 
 #: How long PostgreSQL lets a transaction of Orbit's wait for its next statement before
 #: it ends the connection (``idle_in_transaction_session_timeout``, milliseconds).
 IDLE_IN_TRANSACTION_MS = 60_000
+#: How long a statement of Orbit's waits for a lock (``lock_timeout``, milliseconds) on a
+#: connection whose database, role or URL sets none: past it the statement fails
+#: (``55P03``, nothing of its transaction committed) and ``Store._tx`` runs the
+#: transaction again while its wait (``StoreConfig.tx_wait_us``) lasts, then answers
+#: ``DATABASE_BUSY``. With none, a submit waited for as long as another session held a
+#: lock (``LOCK TABLE orbit_tasks``, a migration's), long past its client's timeout, and
+#: committed after the client had given up. Set once per connection, with its other
+#: settings: a ``SET`` per transaction would cost a round trip each.
+LOCK_TIMEOUT_MS = 5_000
 
 
 def _configure(cx: psycopg.Connection[Any]) -> None:
@@ -1111,7 +1128,11 @@ def _settings() -> str:
     return (
         f"SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_MS};"
         " SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5;"
-        " SET tcp_keepalives_count = 3; SET tcp_user_timeout = 30000"
+        " SET tcp_keepalives_count = 3; SET tcp_user_timeout = 30000;"
+        # ``LOCK_TIMEOUT_MS`` unless the URL (``options=-c lock_timeout=…``), the role or
+        # the database sets one of its own
+        f" SELECT set_config('lock_timeout', '{LOCK_TIMEOUT_MS}', false)"
+        " WHERE current_setting('lock_timeout') = '0'"
     )
 
 
@@ -1245,8 +1266,18 @@ class PostgresDriver:
         self._local = threading.local()
 
     @contextmanager
-    def transaction(self, *, durable: bool = True) -> Iterator[_PostgresConnection]:
-        with self._connection(self._pool if durable else self._relaxed) as (cx, tx):
+    def transaction(
+        self, *, durable: bool = True, wait_s: float | None = None
+    ) -> Iterator[_PostgresConnection]:
+        """``wait_s``: the longest this waits for a pooled connection (``PoolTimeout``
+        past it): while another session holds a lock, every connection of the pool can
+        be waiting for it (``LOCK_TIMEOUT_MS`` each), and a transaction waited the pool's
+        30 s behind them, past its client's timeout."""
+        pool = self._pool if durable else self._relaxed
+        with self._connection(pool, timeout=None if wait_s is None else max(wait_s, 0.001)) as (
+            cx,
+            tx,
+        ):
             try:
                 yield tx
                 tx.flush()  # a prelude the work sent no statement after
@@ -1275,12 +1306,12 @@ class PostgresDriver:
 
     @contextmanager
     def _connection(
-        self, pool: ConnectionPool[Any], *, autocommit: bool = False
+        self, pool: ConnectionPool[Any], *, autocommit: bool = False, timeout: float | None = None
     ) -> Iterator[tuple[psycopg.Connection[Any], _PostgresConnection]]:
         """A pooled connection fit for a transaction (``_fit_connection``), its plans
         checked (before any transaction: those reads need none), and the driver's view
         of it."""
-        cx = _fit_connection(pool)
+        cx = _fit_connection(pool, timeout)
         try:
             self.plans.before_transaction(cx)
             yield (
@@ -1316,20 +1347,49 @@ class PostgresDriver:
         raise AssertionError("unreachable")
 
     def is_retryable(self, exc: BaseException) -> bool:
-        """A deadlock, a serialisation failure, or a statement prepared before the
-        tables changed (``stale_statement``, once: ``_stale_once``): each fails a
-        statement before the ``COMMIT`` behind it, so the transaction committed nothing
-        and may run again."""
+        """A deadlock, a serialisation failure, a lock wait past ``lock_timeout``, or a
+        statement prepared before the tables changed (``stale_statement``, once:
+        ``_stale_once``): each fails a statement before the ``COMMIT`` behind it, so the
+        transaction committed nothing and may run again."""
         return isinstance(
             exc,
-            psycopg.errors.DeadlockDetected | psycopg.errors.SerializationFailure,
+            psycopg.errors.DeadlockDetected
+            | psycopg.errors.SerializationFailure
+            | psycopg.errors.LockNotAvailable,
         ) or bool(getattr(exc, "orbit_run_again", False))
 
     def is_unavailable(self, exc: BaseException) -> bool:
         """``OperationalError``: a connection refused, lost or closed, the server
         shutting down, the pool closed or out of connections in time (psycopg_pool's
-        errors are its subclasses), deadlocks and cancelled statements past the retries."""
-        return isinstance(exc, psycopg.OperationalError)
+        errors are its subclasses), deadlocks and cancelled statements past the retries;
+        a read-only database (``25006``); a transaction the store gave up on for one of
+        those (``DatabaseUnavailable``)."""
+        return isinstance(
+            exc,
+            psycopg.OperationalError | psycopg.errors.ReadOnlySqlTransaction | DatabaseUnavailable,
+        )
+
+    def unavailable_code(self, exc: BaseException) -> str | None:
+        """By SQLSTATE: a lock wait past ``lock_timeout`` (``55P03``) is busy, as is no
+        pooled connection free in time while the database accepts connections (each
+        waiting for a lock, or the node's load); ``53100`` full; ``25006`` read-only
+        (``default_transaction_read_only``, a standby); a connection that failed, was
+        refused or closed (no SQLSTATE, class ``08``, ``57P01``-``57P03``) unavailable.
+        A deadlock or a cancelled statement is none of them."""
+        if isinstance(exc, PoolTimeout):
+            return DATABASE_UNAVAILABLE if self._connect_errors.last else DATABASE_BUSY
+        if isinstance(exc, psycopg.errors.LockNotAvailable):
+            return DATABASE_BUSY
+        if isinstance(exc, psycopg.errors.DiskFull):
+            return DATABASE_FULL
+        if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+            return DATABASE_READ_ONLY
+        if not isinstance(exc, psycopg.OperationalError):
+            return None
+        state = exc.sqlstate
+        if state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03"):
+            return DATABASE_UNAVAILABLE
+        return None
 
     def connect_refusal(self) -> tuple[str, str] | None:
         """Why a call waiting for a connection waits, when PostgreSQL itself refused the

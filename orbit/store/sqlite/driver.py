@@ -20,7 +20,19 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from orbit.store.driver import Notice, Params, Row, RowColumns, Table, load_queries
+from orbit.store.driver import (
+    DATABASE_BUSY,
+    DATABASE_FULL,
+    DATABASE_READ_ONLY,
+    DATABASE_UNAVAILABLE,
+    DatabaseUnavailable,
+    Notice,
+    Params,
+    Row,
+    RowColumns,
+    Table,
+    load_queries,
+)
 
 _HERE = Path(__file__).parent
 #: a named query may be several statements, each ending with ';' at the end of a line
@@ -539,6 +551,27 @@ def hold_for_server(path: str) -> int:
     return fd
 
 
+class LockWaitOver(sqlite3.OperationalError):
+    """This process's connection was not free within a transaction's wait: its other
+    threads' transactions held it (one of them waiting for another process's write lock,
+    or one long write). "locked", as SQLite's own busy error: retried, then busy."""
+
+    def __init__(self) -> None:
+        super().__init__("database is locked: this process's connection was not free in time")
+
+
+#: SQLite's primary result codes (``sqlite_errorcode & 0xff``) that say the database
+#: itself failed, and which of ``Driver.unavailable_code``'s conditions each is
+_UNAVAILABLE_CODES = {
+    5: DATABASE_BUSY,  # SQLITE_BUSY: another connection's write lock, past busy_timeout
+    6: DATABASE_BUSY,  # SQLITE_LOCKED
+    8: DATABASE_READ_ONLY,  # SQLITE_READONLY (a read-only file, PRAGMA query_only)
+    10: DATABASE_UNAVAILABLE,  # SQLITE_IOERR
+    13: DATABASE_FULL,  # SQLITE_FULL: the disk, or PRAGMA max_page_count
+    14: DATABASE_UNAVAILABLE,  # SQLITE_CANTOPEN
+}
+
+
 class SqliteDriver:
     """One connection shared by the process, serialised by a lock; WAL and full sync,
     so a committed finish survives a crash of the process or the machine."""
@@ -547,6 +580,10 @@ class SqliteDriver:
 
     def __init__(self, path: str | Path, *, busy_timeout_ms: int = 10_000) -> None:
         self.path = str(path)
+        #: the longest one try of a transaction waits for another connection's write
+        #: lock; a transaction's ``wait_s`` cuts it (``transaction``)
+        self.busy_timeout_ms = int(busy_timeout_ms)
+        self._busy_ms = self.busy_timeout_ms  # the connection's busy_timeout now
         self.queries = load_queries(_HERE / "queries.sql")
         self._writes = statements(self.queries)
         self.migrations = _HERE / "migrations"
@@ -571,8 +608,27 @@ class SqliteDriver:
             raise
 
     @contextmanager
-    def transaction(self, *, durable: bool = True) -> Iterator[_SqliteConnection]:
-        with self._lock:
+    def transaction(
+        self, *, durable: bool = True, wait_s: float | None = None
+    ) -> Iterator[_SqliteConnection]:
+        """``wait_s``: the longest this waits for the connection (another thread's
+        transaction holds it) and then for the write lock (``BEGIN IMMEDIATE``, whose
+        ``busy_timeout`` is cut to what is left of it): past it, ``database is locked``.
+        A lock wait left unbounded held the connection, and every thread behind it,
+        for as long as another process held the write lock."""
+        if wait_s is None:
+            self._lock.acquire()
+        else:
+            end = time.monotonic() + wait_s
+            if not self._lock.acquire(timeout=max(wait_s, 0.0)):
+                raise LockWaitOver()
+        try:
+            busy_ms = self.busy_timeout_ms
+            if wait_s is not None:
+                busy_ms = max(1, min(busy_ms, int((end - time.monotonic()) * 1000)))
+            if busy_ms != self._busy_ms:  # only when cut short: no statement otherwise
+                self._cx.execute(f"PRAGMA busy_timeout = {busy_ms}")
+                self._busy_ms = busy_ms
             if not durable:  # the safety level can change only between transactions
                 self._cx.execute(self.queries["commit_relaxed"])
             try:
@@ -591,25 +647,47 @@ class SqliteDriver:
             finally:
                 if not durable:
                     self._cx.execute(self.queries["commit_durable"])
+        finally:
+            self._lock.release()
 
     def read(self, name: str, params: Params) -> list[Row]:
         """The statement alone, outside ``BEGIN``: under WAL it is its own read
         transaction and takes none of the locks a writer holds, so it reads the last
         commit while another connection (another process: ``orbit token ls`` beside a
         server) writes. Through ``transaction`` it took the write lock, waited for every
-        writer and, past ``busy_timeout``, failed with ``database is locked``."""
-        with self._lock:
+        writer and, past ``busy_timeout``, failed with ``database is locked``. It waits
+        for this process's connection as long as ``busy_timeout`` at most: a transaction
+        of another thread may hold it, waiting for another process's write lock."""
+        if not self._lock.acquire(timeout=self.busy_timeout_ms / 1000):
+            raise LockWaitOver()
+        try:
             return _SqliteConnection(self._cx, self.queries, self._writes).fetch(name, params)
+        finally:
+            self._lock.release()
 
     def is_retryable(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
 
     def is_unavailable(self, exc: BaseException) -> bool:
         """``OperationalError``: the file cannot be opened or read, the disk is full,
-        the database stayed locked; a ``ProgrammingError`` on a closed connection."""
+        the database stayed locked; a ``ProgrammingError`` on a closed connection; a
+        transaction the store gave up on for one of those (``DatabaseUnavailable``)."""
         if isinstance(exc, sqlite3.ProgrammingError):
             return "closed" in str(exc)
-        return isinstance(exc, sqlite3.OperationalError)
+        return isinstance(exc, sqlite3.OperationalError | DatabaseUnavailable)
+
+    def unavailable_code(self, exc: BaseException) -> str | None:
+        """By SQLite's result code (``_UNAVAILABLE_CODES``): busy or locked, full,
+        read-only, an I/O error or a file it cannot open; a closed connection is
+        unavailable. Any other error (no such table: a bug) is none of them."""
+        if isinstance(exc, LockWaitOver):
+            return DATABASE_BUSY
+        if isinstance(exc, sqlite3.ProgrammingError):
+            return DATABASE_UNAVAILABLE if "closed" in str(exc) else None
+        if not isinstance(exc, sqlite3.Error):
+            return None
+        code = getattr(exc, "sqlite_errorcode", None)
+        return _UNAVAILABLE_CODES.get(code & 0xFF) if isinstance(code, int) else None
 
     def connect_refusal(self) -> tuple[str, str] | None:
         """None: a file is opened, not connected to; no server refuses it."""

@@ -1,0 +1,267 @@
+"""A database that cannot take a write: its lock held by another process, full, or
+read-only. A transaction waits for it about ``StoreConfig.tx_wait_us`` in all, then gives
+up with ``DatabaseUnavailable`` (nothing written, one warning logged), and
+``Store.write_failure`` says so (/readyz) until a write goes through again.
+
+It waited with no bound: on SQLite ``busy_timeout`` (10 s) times the retries, plus the
+wait for the process's one connection; on PostgreSQL, which had no ``lock_timeout``, for
+as long as the lock was held. The client gave up (its 30 s timeout) and the task was
+committed later. The lock is held here by a real second connection, for as long as the
+test needs it; each test's store waits a fraction of a second before it gives up."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from orbit.core.model import SECOND, TaskSpec
+from orbit.store import Store, StoreConfig, open_store, sqlite_path
+from orbit.store.driver import (
+    DATABASE_BUSY,
+    DATABASE_FULL,
+    DATABASE_READ_ONLY,
+    UNAVAILABLE_MESSAGES,
+    DatabaseUnavailable,
+)
+from orbit.store.postgres import driver as postgres_driver
+from tests.store.helpers import RACE_WAIT, queue, submit
+
+#: each store's wait for the database here (``tx_wait_us``)
+WAIT = StoreConfig(tx_wait_us=SECOND // 4)
+#: PostgreSQL's lock wait per try here, through the URL (the store keeps a URL's own)
+IMPATIENT = "options=-c%20lock_timeout%3D50"
+
+
+def _open(url: str, config: StoreConfig = WAIT, *, migrate: bool = True) -> Store:
+    if sqlite_path(url) is None:
+        url = f"{url}{'&' if '?' in url else '?'}{IMPATIENT}"
+    return open_store(url, config, migrate=migrate)
+
+
+@contextmanager
+def _write_lock(url: str) -> Iterator[None]:
+    """Another connection holding the database's write lock for the block: SQLite's
+    (``BEGIN IMMEDIATE``), or PostgreSQL's tasks table (``LOCK TABLE … IN EXCLUSIVE
+    MODE``, as an operator's session or a migration would)."""
+    path = sqlite_path(url)
+    if path is not None:
+        holder = sqlite3.connect(path, isolation_level=None)
+        try:
+            holder.execute("BEGIN IMMEDIATE")
+            yield
+            holder.execute("COMMIT")
+        finally:
+            holder.close()
+        return
+    with psycopg.connect(url) as cx:
+        cx.execute("LOCK TABLE orbit_tasks IN EXCLUSIVE MODE")
+        yield
+        cx.rollback()
+
+
+def _in_thread(call: Callable[[], Any]) -> Any:
+    """``call()``'s value or error, run on a thread given ``RACE_WAIT`` at most (a safety
+    net: it ends long before, unless it waits for the lock with no bound)."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        except Exception as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(RACE_WAIT)
+    assert not thread.is_alive(), "the transaction was still waiting for the lock"
+    return out[0]
+
+
+def _gave_up(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in caplog.records
+        if r.name == "orbit.store" and r.levelno == logging.WARNING and "gave up" in r.message
+    ]
+
+
+def _count(store: Store) -> int:
+    return len(store.task_list(queue="q"))
+
+
+def test_a_submit_under_another_connections_lock_gives_up_within_its_wait(
+    fresh_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = _open(fresh_url)
+    try:
+        queue(store)
+        caplog.set_level(logging.WARNING, logger="orbit.store")
+        with _write_lock(fresh_url):
+            refused = _in_thread(lambda: submit(store))
+            assert isinstance(refused, DatabaseUnavailable), refused
+            assert (refused.code, refused.message) == (
+                DATABASE_BUSY,
+                "the database is busy: another process holds its lock; nothing was written",
+            )
+            assert store.write_failure() == (DATABASE_BUSY, refused.message)
+        assert len(_gave_up(caplog)) == 1, caplog.text  # once, not once a try
+        assert _count(store) == 0  # nothing was written, and nothing is written later
+        submit(store)  # the lock is free: it goes through
+        assert _count(store) == 1
+        assert store.write_failure() is None
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_a_transaction_waits_for_this_process_connection_only_within_its_wait(
+    fresh_url: str,
+) -> None:
+    """SQLite's one connection is shared by the process's threads: a transaction that
+    holds it (waiting for another process's lock, or a long write) held every other
+    thread's with no bound, past their own waits."""
+    store = _open(fresh_url)
+    release = threading.Event()
+    held = threading.Event()
+
+    def hold() -> None:
+        with store.driver.transaction():
+            held.set()
+            release.wait(RACE_WAIT)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    try:
+        queue(store)
+        holder.start()
+        assert held.wait(RACE_WAIT)
+        refused = _in_thread(lambda: submit(store))
+        assert isinstance(refused, DatabaseUnavailable), refused
+        assert refused.code == DATABASE_BUSY
+        release.set()
+        holder.join(RACE_WAIT)
+        submit(store)
+        assert _count(store) == 1
+    finally:
+        release.set()
+        holder.join(RACE_WAIT)
+        store.close()
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_postgres_connections_wait_for_a_lock_a_bounded_time_unless_set_otherwise(
+    fresh_url: str,
+) -> None:
+    """A pooled connection has ``lock_timeout`` set (once, with its other settings), so
+    a lock wait ends and the store can try again or give up; a URL's own is kept."""
+    plain = open_store(fresh_url, migrate=True)
+    own = _open(fresh_url, migrate=False)
+    try:
+        default = f"{postgres_driver.LOCK_TIMEOUT_MS // 1000}s"
+        for store, expected in ((plain, default), (own, "50ms")):
+            with store.driver.transaction() as cx:
+                shown = cx._cx.execute("SHOW lock_timeout").fetchone()[0]  # type: ignore[attr-defined]
+            assert shown == expected
+    finally:
+        own.close()
+        plain.close()
+
+
+@contextmanager
+def _read_only(url: str, store: Store) -> Iterator[Store]:
+    """``store``'s database read-only for the block, and a store that writes to it:
+    SQLite's connection with ``PRAGMA query_only`` (SQLITE_READONLY, as a read-only
+    file gives), PostgreSQL's database with ``default_transaction_read_only`` (as a
+    standby answers), which a new store's connections take."""
+    if sqlite_path(url) is not None:
+        raw = store.driver._raw()  # type: ignore[attr-defined]
+        raw.execute("PRAGMA query_only = ON")
+        try:
+            yield store
+        finally:
+            raw.execute("PRAGMA query_only = OFF")
+        return
+    name = conninfo_to_dict(url)["dbname"]
+    with psycopg.connect(url, autocommit=True) as cx:
+        cx.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+        try:
+            reopened = _open(url)  # its schema is current: opening it writes nothing
+            try:
+                yield reopened
+            finally:
+                reopened.close()
+        finally:
+            cx.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+
+
+def test_a_write_to_a_read_only_database_is_refused_as_such(
+    fresh_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = _open(fresh_url)
+    try:
+        queue(store)
+        caplog.set_level(logging.WARNING, logger="orbit.store")
+        with _read_only(fresh_url, store) as writing:
+            refused = _in_thread(lambda: submit(writing))
+            assert isinstance(refused, DatabaseUnavailable), refused
+            assert refused.code == DATABASE_READ_ONLY
+            assert refused.message == "the database is read-only; nothing was written"
+            assert writing.write_failure() == (DATABASE_READ_ONLY, refused.message)
+            assert writing.queue_list()  # reads go on
+        assert len(_gave_up(caplog)) == 1, caplog.text
+        assert _count(store) == 0
+        submit(store)
+        assert _count(store) == 1
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_a_write_to_a_full_database_is_refused_as_such(
+    fresh_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SQLITE_FULL, as a full disk gives it, from a database held to the pages it has
+    (``PRAGMA max_page_count``): it was 500 INTERNAL, and only the log said why."""
+    store = _open(fresh_url)
+    try:
+        queue(store)
+        raw = store.driver._raw()  # type: ignore[attr-defined]
+        (pages,) = raw.execute("PRAGMA page_count").fetchone()
+        raw.execute(f"PRAGMA max_page_count = {pages}")
+        caplog.set_level(logging.WARNING, logger="orbit.store")
+        big = [TaskSpec(queue="q", handler="h", payload={"x": "y" * 2000}) for _ in range(200)]
+        refused = _in_thread(lambda: store.task_submit_many(big))
+        assert isinstance(refused, DatabaseUnavailable), refused
+        assert refused.code == DATABASE_FULL
+        assert refused.message == UNAVAILABLE_MESSAGES[DATABASE_FULL]
+        assert store.write_failure() == (DATABASE_FULL, refused.message)
+        assert len(_gave_up(caplog)) == 1, caplog.text
+        assert _count(store) == 0
+        raw.execute("PRAGMA max_page_count = 1073741823")
+        submit(store)
+        assert _count(store) == 1
+        assert store.write_failure() is None
+    finally:
+        store.close()
+
+
+def test_a_write_failure_is_forgotten_after_its_window(fresh_url: str) -> None:
+    """/readyz says not ready for ``WRITE_FAILURE_S`` after a write gave up, then ready
+    again although nothing was written meanwhile: a node taken out of a balancer's
+    rotation gets no writes to tell it that the database is back."""
+    store = _open(fresh_url)
+    try:
+        queue(store)
+        with _write_lock(fresh_url):
+            assert isinstance(_in_thread(lambda: submit(store)), DatabaseUnavailable)
+        assert store.write_failure() is not None
+        assert store.write_failure(within_s=0.0) is None
+    finally:
+        store.close()
