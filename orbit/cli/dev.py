@@ -419,6 +419,9 @@ async def serve(host: str, port: int, data_dir: Path, once: bool, after: ExitSta
     db_url = f"sqlite:///{data_dir / 'orbit.db'}"
     api = create_app(ServerSettings(db_url=db_url, node_id="orbit-dev"), store=store)
     url = _client_url(sock, host)
+    from orbit.cli.openfiles import raise_open_files_limit
+
+    raise_open_files_limit()  # as ``orbit server``: a warning only if it stays low
     server = Server(
         uvicorn.Config(
             api,

@@ -583,6 +583,9 @@ def server(
         sock.close()
         raise
     api = create_app(settings, store=store)
+    from orbit.cli.openfiles import raise_open_files_limit
+
+    raise_open_files_limit()  # at its limit a node resets new connections, silently
     config = uvicorn.Config(
         api,
         log_level=log_level,

@@ -43,6 +43,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -191,6 +192,31 @@ class Streams:
 
 class Stalled(Exception):
     """A send to a stream's client did not complete within ``--stream-send-timeout``."""
+
+
+#: uvicorn's ERROR line for a response its application returned from unfinished
+UNFINISHED = "ASGI callable returned without completing response."
+#: True in the task that served an SSE stream once the stream was dropped (``Stalled``):
+#: uvicorn logs ``UNFINISHED`` in that task as the application returns
+_dropped: ContextVar[bool] = ContextVar("orbit_stream_dropped", default=False)
+
+
+class DroppedQuietly(logging.Filter):
+    """Drops uvicorn's ``UNFINISHED`` ERROR for an SSE stream dropped as stalled. Its
+    response is left unfinished on purpose (its last empty body would wait as long as
+    the send that timed out), and the INFO ``event stream dropped`` says so: a routine
+    event, which an operator's alert on ERROR lines counted as a failure. Any other
+    response left unfinished still gets its ERROR."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == UNFINISHED and _dropped.get())
+
+
+def quiet_dropped_streams() -> None:
+    """Put ``DroppedQuietly`` on uvicorn's error logger, once."""
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, DroppedQuietly) for f in logger.filters):
+        logger.addFilter(DroppedQuietly())
 
 
 def message(cursor: str | None, kind: str, data: Any) -> bytes:
@@ -419,7 +445,10 @@ class EventStream(Response):
             pass
         except Stalled:
             # No last empty body: it would wait as long. The response is left unfinished,
-            # and the server closes the connection.
+            # and the server closes the connection; uvicorn's ERROR that it was
+            # unfinished is left out (``DroppedQuietly``: this task, run_asgi's, logs it).
+            quiet_dropped_streams()
+            _dropped.set(True)
             log.info("event stream dropped: its client took nothing for the send timeout")
         except Exception as exc:
             log.warning("event stream ended: a read failed (%s)", type(exc).__name__)
