@@ -34,6 +34,7 @@ from psycopg.conninfo import conninfo_to_dict
 from orbit.cli.listening import announced_port
 from orbit.store import sqlite_path
 from orbit.worker.runner import Context, Worker
+from tests.db_locks import write_lock
 from tests.e2e.servers import Node, Tokens
 
 #: the servers' wait for the database, in seconds (``StoreConfig.tx_wait_us``)
@@ -62,26 +63,6 @@ def _api(node: Node, token: str) -> httpx.Client:
     )
 
 
-@contextmanager
-def _write_lock(db_url: str) -> Iterator[None]:
-    """Another process's connection holding the database's write lock for the block:
-    SQLite's (``BEGIN IMMEDIATE``), or PostgreSQL's tasks table (``LOCK TABLE …``)."""
-    path = sqlite_path(db_url)
-    if path is not None:
-        holder = sqlite3.connect(path, isolation_level=None)
-        try:
-            holder.execute("BEGIN IMMEDIATE")
-            yield
-            holder.execute("COMMIT")
-        finally:
-            holder.close()
-        return
-    with psycopg.connect(db_url) as cx:
-        cx.execute("LOCK TABLE orbit_tasks IN EXCLUSIVE MODE")
-        yield
-        cx.rollback()
-
-
 def _queue(node: Node, tokens: Tokens) -> None:
     with _api(node, tokens.admin) as admin:
         made = admin.post("/v1/queues", json={"name": "q", "max_concurrency": 10, "rate": 0})
@@ -96,7 +77,7 @@ def test_a_submit_under_another_processs_lock_is_answered_503_busy(
 ) -> None:
     with _server(db_url, tmp_path) as node, _api(node, tokens.submit) as api:
         _queue(node, tokens)
-        with _write_lock(db_url):
+        with write_lock(db_url):
             refused = api.post("/v1/tasks", json=TASK)
             assert refused.status_code == 503, refused.text
             assert refused.json() == {
@@ -146,7 +127,7 @@ def test_a_finish_under_another_processs_lock_is_sent_again_until_it_lands(
             runner = asyncio.create_task(worker.arun())
             try:
                 await asyncio.wait_for(started.wait(), WAIT_S)
-                with _write_lock(db_url):
+                with write_lock(db_url):
                     go.set()  # its finish meets the lock
                     end = time.monotonic() + WAIT_S
                     while not any("sending it again" in r.message for r in caplog.records):

@@ -12,7 +12,6 @@ test needs it; each test's store waits a fraction of a second before it gives up
 from __future__ import annotations
 
 import logging
-import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -32,6 +31,7 @@ from orbit.store.driver import (
     DatabaseUnavailable,
 )
 from orbit.store.postgres import driver as postgres_driver
+from tests.db_locks import write_lock
 from tests.store.helpers import RACE_WAIT, queue, submit
 
 #: each store's wait for the database here (``tx_wait_us``)
@@ -44,27 +44,6 @@ def _open(url: str, config: StoreConfig = WAIT, *, migrate: bool = True) -> Stor
     if sqlite_path(url) is None:
         url = f"{url}{'&' if '?' in url else '?'}{IMPATIENT}"
     return open_store(url, config, migrate=migrate)
-
-
-@contextmanager
-def _write_lock(url: str) -> Iterator[None]:
-    """Another connection holding the database's write lock for the block: SQLite's
-    (``BEGIN IMMEDIATE``), or PostgreSQL's tasks table (``LOCK TABLE … IN EXCLUSIVE
-    MODE``, as an operator's session or a migration would)."""
-    path = sqlite_path(url)
-    if path is not None:
-        holder = sqlite3.connect(path, isolation_level=None)
-        try:
-            holder.execute("BEGIN IMMEDIATE")
-            yield
-            holder.execute("COMMIT")
-        finally:
-            holder.close()
-        return
-    with psycopg.connect(url) as cx:
-        cx.execute("LOCK TABLE orbit_tasks IN EXCLUSIVE MODE")
-        yield
-        cx.rollback()
 
 
 def _in_thread(call: Callable[[], Any]) -> Any:
@@ -104,7 +83,7 @@ def test_a_submit_under_another_connections_lock_gives_up_within_its_wait(
     try:
         queue(store)
         caplog.set_level(logging.WARNING, logger="orbit.store")
-        with _write_lock(fresh_url):
+        with write_lock(fresh_url):
             refused = _in_thread(lambda: submit(store))
             assert isinstance(refused, DatabaseUnavailable), refused
             assert (refused.code, refused.message) == (
@@ -259,7 +238,7 @@ def test_a_write_failure_is_forgotten_after_its_window(fresh_url: str) -> None:
     store = _open(fresh_url)
     try:
         queue(store)
-        with _write_lock(fresh_url):
+        with write_lock(fresh_url):
             assert isinstance(_in_thread(lambda: submit(store)), DatabaseUnavailable)
         assert store.write_failure() is not None
         assert store.write_failure(within_s=0.0) is None
