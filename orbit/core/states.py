@@ -147,6 +147,20 @@ TRANSITIONS: tuple[Transition, ...] = (
         "the session's heartbeat lapsed, deadline passed (DEADLINE_EXCEEDED)",
     ),
     Transition(
+        "token revoke",
+        (_T.CLAIMED,),
+        _T.QUEUED,
+        "claimed -> released",
+        "its session's connection closed for a revoked token (TOKEN_REVOKED)",
+    ),
+    Transition(
+        "token revoke",
+        (_T.CLAIMED,),
+        _T.FAILED,
+        "claimed -> released",
+        "as above, deadline passed (DEADLINE_EXCEEDED)",
+    ),
+    Transition(
         "reap lease",
         (_T.CANCELLING,),
         _T.CANCELLED,
