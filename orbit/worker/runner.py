@@ -128,13 +128,24 @@ CLAIM_STALE_S = 30.0
 #: one's attempts are lost to this worker. Starting anew at once lost every running
 #: handler, and, past its lease, sent every task that is not ``retry_safe`` to
 #: ``needs_review``, whenever a node restarted while its database hiccuped.
-RESUME_NOT_TRIED = "INTERNAL"
+#: The answers of a server that could not try a request, as opposed to one that refused
+#: it: ``INTERNAL`` (it failed unexpectedly: how a node whose database refuses writes, a
+#: full disk or a read-only database, answers a ``hello``) and the database conditions a
+#: server answers 503 for (its lock held too long, full, read-only, out of reach). A
+#: ``hello`` answered so, on the first connection too, is retried with the reconnect
+#: back-off (a warning each time), not final as the server's refusal of this worker's
+#: credentials or configuration is (any other code): a worker started while its server's
+#: database refused writes exited for good. ``resume`` and ``finish`` read them the same.
+SERVER_NOT_TRIED = frozenset(
+    {"INTERNAL", "DATABASE_BUSY", "DATABASE_FULL", "DATABASE_READ_ONLY", "DATABASE_UNAVAILABLE"}
+)
+RESUME_NOT_TRIED = SERVER_NOT_TRIED
 #: The answer to a ``finish`` (or a whole ``finish_many``) that says the server could not
 #: commit it (its database failed or was out of reach), not that the report was refused:
 #: it is sent again while the lease lasts (``Worker._finish``), after FINISH_RETRY_FIRST
 #: seconds, doubled at each try up to FINISH_RETRY_MAX, never past half of what is left
 #: of the lease.
-FINISH_NOT_TRIED = "INTERNAL"
+FINISH_NOT_TRIED = SERVER_NOT_TRIED
 FINISH_RETRY_FIRST = 0.1
 FINISH_RETRY_MAX = 5.0
 #: The longest gap between two checks of the leases while a renewal's answer is awaited
@@ -150,6 +161,13 @@ LEASE_CHECK_S = 0.05
 #: again and again. Leases that end meanwhile are given up on time all the same
 #: (``Worker._renewal_answer``).
 RENEW_WAIT_FLOOR_S = 1.0
+#: The most the renewal of an attempt whose finish is on its way (sent, not answered) is
+#: put off, once, when it falls due (``Worker._carried``): a finish is answered in far
+#: less, and a renew sent meanwhile reached the server after the finish had committed,
+#: which refused it (ATTEMPT_ENDED, a ``rejected`` event after ``succeeded``). Never put
+#: off below RENEW_WAIT_FLOOR_S of lease left, nor more than a quarter of what is left: a
+#: finish slow to commit still has its lease renewed.
+FINISH_RENEW_DEFER_S = 0.5
 #: the reason a drain gives the attempts it cancels (and the waiting ones it gives back)
 STOPPING = "worker stopping"
 #: The most times one ``ctx.upload`` is sent. It is sent again only when it was refused
@@ -406,6 +424,20 @@ class _Running:
     renew_at: float = 0.0  # monotonic instant its lease is half spent
     pending_progress: tuple[float | None, str | None] | None = None
     sending_progress: bool = False
+    #: its finish was answered, with a receipt or a refusal (not one the server could not
+    #: try): from the answer on, left out of renewals, which the server refuses
+    #: (ATTEMPT_ENDED) with a ``rejected`` event after ``succeeded`` in the task's history
+    #: (``_send_finishes`` marks it as the answer arrives, before the attempt's own task
+    #: resumes to forget it)
+    answered: bool = False
+    #: its finish is on its way (``_finish``: queued or sent, not answered yet), and
+    #: whether its renewal was put off once for it (``Worker._carried``)
+    finishing: bool = False
+    finish_deferred: bool = False
+    #: done once the renew on its way that carries this attempt is answered and taken
+    #: (``_renew_once``): a finish waits for it (``_renewal_settled``), so that a renew
+    #: sent before the finish never reaches the server after it
+    renewing: asyncio.Future[None] | None = None
 
 
 _cli_importing: str | None = None
@@ -857,7 +889,7 @@ class Worker:
                     try:
                         await conn.resume(*self._session)
                     except ServerError as exc:
-                        if exc.code == RESUME_NOT_TRIED and any(
+                        if exc.code in RESUME_NOT_TRIED and any(
                             self._lease_valid(r) for r in self.running.values()
                         ):
                             # Retried below like a failed connect; meanwhile each running
@@ -898,10 +930,17 @@ class Worker:
                 status = exc.response.status_code if isinstance(exc, InvalidStatus) else None
                 bad_token = isinstance(exc, TokenError)
                 refused = bad_token or status in (401, 403)
-                if first and isinstance(exc, ServerError | ssl.SSLCertVerificationError):
+                not_tried = isinstance(exc, ServerError) and exc.code in SERVER_NOT_TRIED
+                if (
+                    first
+                    and isinstance(exc, ServerError | ssl.SSLCertVerificationError)
+                    and not not_tried
+                ):
                     # The server's refusal of the hello, or a certificate the CAs do not
                     # vouch for (a wrong cafile, an expired certificate, another host's):
                     # a worker set up wrong, which no retry mends, as the clients judge it.
+                    # A hello the server could not try (SERVER_NOT_TRIED: its database
+                    # refusing writes) is retried below like a failed connect.
                     raise
                 if (first or revoked) and refused:
                     raise
@@ -1046,10 +1085,14 @@ class Worker:
         ever, and nothing said why it got no more tasks."""
         if self._stopping:
             return  # already draining: a repeat, or the push after a resume
+        # With a prefetch, the attempts waiting for a slot (claimed, not started) are given
+        # back by the drain, not finished: they were once counted with the running ones.
+        waiting = len(self._waiting)
         log.info(
             "drained by the server (an operator's drain): no new tasks; stopping once the "
-            "%d running attempt(s) finish",
-            len(self.running),
+            "%d running attempt(s) finish%s",
+            len(self.running) - waiting,
+            f"; giving back the {waiting} waiting (claimed, not started)" if waiting else "",
         )
         self._stopping = True
         self._stop_events(False)
@@ -1096,10 +1139,25 @@ class Worker:
             if (r := running.get(a)) is not None and not self._lease_valid(r)
         }
         if not lapsed:
-            return await self._send_finish_items(items)
+            return self._answered(items, await self._send_finish_items(items))
         sendable = [item for item in items if item[0] not in lapsed]
         answers = iter(await self._send_finish_items(sendable) if sendable else [])
-        return [_LeaseLapsed() if item[0] in lapsed else next(answers) for item in items]
+        return self._answered(
+            items, [_LeaseLapsed() if item[0] in lapsed else next(answers) for item in items]
+        )
+
+    def _answered(
+        self, items: list[FinishItem], answers: list[dict[str, Any] | BaseException]
+    ) -> list[dict[str, Any] | BaseException]:
+        """Mark each attempt whose finish the server answered (a receipt, or a refusal it
+        did try) as ``answered``, as the answer arrives: the renew loop may run before the
+        attempts' own tasks resume to forget them, and renewed them after their finish."""
+        for (attempt_id, _, _, _), answer in zip(items, answers, strict=True):
+            if isinstance(answer, ServerError) and answer.code in FINISH_NOT_TRIED:
+                continue  # sent again: its lease is still renewed
+            if isinstance(answer, dict | ServerError) and (r := self.running.get(attempt_id)):
+                r.answered = True
+        return answers
 
     async def _send_finish_items(
         self, items: list[FinishItem]
@@ -1188,6 +1246,9 @@ class Worker:
                 self._free_slot(running)
             if report is None:
                 return  # nothing to report: lost, abandoned or stopped (see _invoke)
+            # A renew already on its way with it is answered first (it may say the lease
+            # is lost): sent before the finish, it could reach the server after it.
+            await self._renewal_settled(running)
             if not self._lease_valid(running):
                 # The attempt is no longer ours (by the server's word or our own clock):
                 # its result is never sent, but never silently either.
@@ -1222,6 +1283,7 @@ class Worker:
         attempt_id = running.ctx.attempt_id
         delay = FINISH_RETRY_FIRST
         while True:
+            running.finishing, running.finish_deferred = True, False
             try:
                 await self._finishes.submit(item, size=size)
                 return True
@@ -1229,7 +1291,7 @@ class Worker:
                 _log_dropped(running)  # its lease ran out while it waited to be sent
                 return False
             except ServerError as exc:
-                if exc.code != FINISH_NOT_TRIED or not self._lease_valid(running):
+                if exc.code not in FINISH_NOT_TRIED or not self._lease_valid(running):
                     log.warning("finish of %s refused: %s", attempt_id, exc.code)
                     return False
                 wait = min(delay, max(running.lease_expires - time.monotonic(), 0.0) / 2)
@@ -1240,11 +1302,21 @@ class Worker:
                     exc.message,
                     wait,
                 )
-            await asyncio.sleep(wait)
+            finally:
+                running.finishing = False
+            await asyncio.sleep(wait)  # its lease is renewed meanwhile
             delay = min(delay * 2, FINISH_RETRY_MAX)
+            await self._renewal_settled(running)
             if not self._lease_valid(running):
                 log.warning("finish of %s given up: its lease is no longer ours", attempt_id)
                 return False
+
+    async def _renewal_settled(self, running: _Running) -> None:
+        """Wait until no renew carrying ``running`` is on its way (answered and taken):
+        its finish is sent after that."""
+        renewing = running.renewing
+        if renewing is not None and not renewing.done():
+            await asyncio.wait((renewing,))
 
     def _forget(self, running: _Running) -> None:
         """The attempt is over, or abandoned: no renewal, drain or progress report is
@@ -1814,7 +1886,7 @@ class Worker:
         now = time.monotonic()
         if self._renew_floor > now:
             return False
-        due = [r.renew_at for r in self.running.values() if r.lease_expires and not r.lost]
+        due = [r.renew_at for r in self.running.values() if _renewable(r)]
         self._renew_floor = min(due, default=math.inf)
         return self._renew_floor <= now
 
@@ -1841,19 +1913,33 @@ class Worker:
         self._lease_changed.clear()
         if not self._renewal_due():
             return
-        live = [r for r in self.running.values() if r.lease_expires and not r.lost]
+        live = [r for r in self.running.values() if _renewable(r)]
         self._lose_expired(live)
-        pending = [r for r in live if not r.lost]
-        ids = [r.ctx.attempt_id for r in pending]
+        now = time.monotonic()
+        pending = [r for r in live if not r.lost and self._carried(r, now)]
         conn = self._conn
-        if not ids or self.pause_renewals or conn is None or not self._connected.is_set():
+        if not pending or self.pause_renewals or conn is None or not self._connected.is_set():
             return
         # At most MAX_RENEW_IDS ids a message, as the server reads them: one renew of all of
         # them, past that, was refused as a whole, and every lease ran out.
-        for start in range(0, len(ids), MAX_RENEW_IDS):
-            alive = [r.lease_expires for r in live if not r.lost]
+        for start in range(0, len(pending), MAX_RENEW_IDS):
+            alive = [r.lease_expires for r in live if _renewable(r)]
             if not alive:  # every one lost by the answers so far
                 return
+            # Those whose finish was answered while the renews before were are left out;
+            # the rest are marked as carried, at once, so that a finish setting out from
+            # now on waits for this renew's answer (``_renewal_settled``).
+            now = time.monotonic()
+            chunk = [
+                r
+                for r in pending[start : start + MAX_RENEW_IDS]
+                if _renewable(r) and (not r.finishing or r.renew_at <= now)
+            ]
+            if not chunk:
+                continue
+            settled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            for r in chunk:
+                r.renewing = settled
             try:
                 # A renewal not answered in time closes the connection (as any request
                 # that times out): the runner resumes on a new one rather than wait on it.
@@ -1861,15 +1947,38 @@ class Worker:
                 timeout = min(10.0, self.request_timeout, max(soonest, RENEW_WAIT_FLOOR_S))
                 sent = time.monotonic()
                 renewal = asyncio.ensure_future(
-                    conn.renew(ids[start : start + MAX_RENEW_IDS], timeout)
+                    conn.renew([r.ctx.attempt_id for r in chunk], timeout)
                 )
                 leases = await self._renewal_answer(renewal)
             except (TimeoutError, ServerError, ConnectionError, OSError) as exc:
                 log.warning("renew failed: %s", exc)
                 self._defer_renewals(pending[start:])
                 return
-            self._renew_retry = RENEW_RETRY_FIRST
-            self._renewed(leases, sent)
+            else:
+                self._renew_retry = RENEW_RETRY_FIRST
+                self._renewed(leases, sent)
+            finally:
+                settled.set_result(None)
+
+    def _carried(self, running: _Running, now: float) -> bool:
+        """Whether this renew carries ``running``. One whose finish is on its way is left
+        out until its own renewal falls due (not carried along with the others'), and
+        then put off once more, by up to FINISH_RENEW_DEFER_S, while enough of its lease
+        is left: the finish's answer usually comes first, and the attempt is over. A
+        finish still unanswered after that is slow, and its lease is renewed."""
+        if not running.finishing:
+            return True
+        if running.renew_at > now:
+            return False
+        if running.finish_deferred:
+            return True
+        left = running.lease_expires - now
+        wait = min(left / 4, FINISH_RENEW_DEFER_S)
+        if left - wait < RENEW_WAIT_FLOOR_S:
+            return True
+        running.finish_deferred = True
+        self._renew_at(running, now + wait)
+        return False
 
     async def _renewal_answer(
         self, renewal: asyncio.Future[list[dict[str, Any]]]
@@ -1880,7 +1989,7 @@ class Worker:
         top of the loop would."""
         try:
             while True:
-                live = [r for r in self.running.values() if r.lease_expires and not r.lost]
+                live = [r for r in self.running.values() if _renewable(r)]
                 soonest = min((r.lease_expires for r in live), default=math.inf)
                 wait = min(max(soonest - time.monotonic(), 0.0), LEASE_CHECK_S)
                 done, _ = await asyncio.wait((renewal,), timeout=wait)
@@ -2073,6 +2182,12 @@ def _retry_after(exc: Exception) -> float | None:
     return float(value) if value.isascii() and value.isdigit() else None
 
 
+def _renewable(running: _Running) -> bool:
+    """Whether ``running``'s lease is for the renew loop to keep: started, not lost, and
+    its finish not answered (``_Running.answered``)."""
+    return bool(running.lease_expires) and not running.lost and not running.answered
+
+
 async def _close_quietly(conn: WorkerConnection | None) -> None:
     """Close a connection that failed before it was put to use."""
     if conn is not None:
@@ -2081,9 +2196,11 @@ async def _close_quietly(conn: WorkerConnection | None) -> None:
 
 
 def _failure_name(exc: Exception) -> str:
-    """How a failed connect is logged: the server's code for an answer (a resume it could
-    not try), else the exception's kind (the network, the handshake)."""
-    return f"{exc.code} from the server" if isinstance(exc, ServerError) else type(exc).__name__
+    """How a failed connect is logged: the server's code and words for an answer (a hello
+    or resume it could not try), else the exception's kind (the network, the handshake)."""
+    if isinstance(exc, ServerError):
+        return f"{exc.code} from the server: {exc.message}"
+    return type(exc).__name__
 
 
 def _upload_reply(status: int, raw: bytes) -> dict[str, Any]:
