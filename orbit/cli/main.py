@@ -322,9 +322,9 @@ def _on_existing_store(
             _fail(exc.message)
         _fail(f"could not {doing}: {_blotted(exc.message, db)}", 1)
     except Exception as exc:  # the driver's: a write lock held too long, a read-only database
-        lines = str(exc).strip().splitlines()  # psycopg's next lines quote rows' values
-        reason = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-        _fail(f"could not {doing}: {_blotted(reason, db)}", 1)
+        from orbit.store.driver import error_line
+
+        _fail(f"could not {doing}: {_blotted(error_line(exc), db)}", 1)
     finally:
         store.close()
 

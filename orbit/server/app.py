@@ -40,6 +40,7 @@ from orbit.server.revocation import Revocations
 from orbit.server.routes import router, task_submit, task_submit_batch
 from orbit.server.streams import Streams
 from orbit.store import Store, StoreConfig, open_store
+from orbit.store.driver import DatabaseUnavailable
 from orbit.tokens import CACHE_SECONDS
 
 log = logging.getLogger("orbit.server")
@@ -151,6 +152,8 @@ def unavailable(exc: Exception, store: Store) -> JSONResponse:
         message = f"the database refuses connections: {said}"
     elif timed_out:
         message = f"the database did not answer within {READY_TIMEOUT_S:g} s"
+    elif isinstance(exc, DatabaseUnavailable):  # the store's reading of the driver's error
+        reason, message = exc.code, exc.message
     else:
         message = f"the database could not be read ({reason})"
     return JSONResponse(

@@ -52,6 +52,13 @@ class DatabaseUnavailable(Exception):
         super().__init__(self.message)
 
 
+def error_line(exc: BaseException) -> str:
+    """``exc`` as one line for a log or a person: its type and the first line of its
+    message (psycopg's next lines quote rows' values, which may be anyone's data)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
 class RowColumns(Sequence[Row]):
     """Rows held column by column, each column a list in row order. A batch submit makes
     its new tasks' rows so (``rows.tasks_columns``), and the PostgreSQL driver sends a

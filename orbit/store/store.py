@@ -94,6 +94,7 @@ from orbit.store.driver import (
     RowColumns,
     StaleWrite,
     Table,
+    error_line,
     migration_files,
 )
 from orbit.tokens import token_id as parse_token_id
@@ -227,8 +228,7 @@ def _migration_failed(exc: Exception, at: dict[str, Any]) -> MigrationFailed:
     """``MigrationFailed`` for ``exc``, raised while ``Store.schema_migrate`` applied ``at``'s
     file (None: at the commit) on a schema at ``at["before"]``. The driver's message is
     its first line (psycopg's next ones quote rows' values)."""
-    lines = str(exc).strip().splitlines()
-    reason = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    reason = error_line(exc)
     before, failed = int(at["before"]), at.get("file")
     if failed is None:  # a commit that failed may yet have gone through: not said here
         return MigrationFailed(
@@ -520,21 +520,29 @@ class Store:
         (which the client's answer leaves out)."""
         self._write_failed = (time.monotonic(), code)
         failed = DatabaseUnavailable(code)
-        said = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         _log.warning(
-            "a transaction gave up after %d %s: %s (%s: %s)",
+            "a transaction gave up after %d %s: %s (%s)",
             tries,
             "try" if tries == 1 else "tries",
             failed.message,
-            type(exc).__name__,
-            said,
+            error_line(exc),
         )
         return failed
 
     def _read(self, query: str, /, **params: Any) -> list[Row]:
-        """One read, its own transaction (``Driver.read``)."""
+        """One read, its own transaction (``Driver.read``). One the database turns away
+        (SQLite's connection held past ``busy_timeout`` by a transaction waiting for
+        another process's write lock; a PostgreSQL pool with no connection free, the
+        database out of reach) is ``DatabaseUnavailable``, the server's 503: it was a
+        500 ``INTERNAL`` with a traceback. Not noted for /readyz: no write failed."""
         self._armed(query)
-        return self.driver.read(query, params)
+        try:
+            return self.driver.read(query, params)
+        except Exception as exc:
+            code = self.driver.unavailable_code(exc)
+            if code is None:
+                raise
+            raise DatabaseUnavailable(code) from exc
 
     def _armed(self, query: str) -> None:
         """Raise the failure ``inject_fault`` armed for this query, if any."""

@@ -244,3 +244,38 @@ def test_a_write_failure_is_forgotten_after_its_window(fresh_url: str) -> None:
         assert store.write_failure(within_s=0.0) is None
     finally:
         store.close()
+
+
+def test_a_read_kept_from_sqlites_connection_is_busy_not_a_failure(fresh_url: str) -> None:
+    """SQLite's one connection, held by a transaction that waits for another process's
+    write lock: a read waits ``busy_timeout`` for it at most, then is refused as the
+    database being busy (503), not as a failure (a 500 ``INTERNAL`` with a traceback)."""
+    if sqlite_path(fresh_url) is None:
+        pytest.skip(
+            "PostgreSQL's reads take their own pooled connection: none waits behind a write"
+        )
+    store = open_store(fresh_url, WAIT)
+    try:
+        queue(store)
+        store.driver.busy_timeout_ms = 50  # type: ignore[attr-defined]  # the read's wait
+        held, release = threading.Event(), threading.Event()
+
+        def hold() -> None:  # as a writer waiting for the lock holds the connection
+            with store.driver._lock:  # type: ignore[attr-defined]
+                held.set()
+                release.wait()
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        try:
+            assert held.wait(RACE_WAIT)
+            with pytest.raises(DatabaseUnavailable) as refused:
+                store.task_list(queue="q")
+            assert refused.value.code == DATABASE_BUSY
+            assert store.write_failure() is None  # a read: no write failed
+        finally:
+            release.set()
+            holder.join()
+        assert store.task_list(queue="q") == []
+    finally:
+        store.close()
