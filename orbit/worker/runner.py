@@ -1314,8 +1314,9 @@ class Worker:
     async def _renewal_settled(self, running: _Running) -> None:
         """Wait until no renew carrying ``running`` is on its way (answered and taken):
         its finish is sent after that."""
-        renewing = running.renewing
-        if renewing is not None and not renewing.done():
+        # Again after each: the renew loop may send another carrying it before this
+        # task resumes from the last one's answer.
+        while (renewing := running.renewing) is not None and not renewing.done():
             await asyncio.wait((renewing,))
 
     def _forget(self, running: _Running) -> None:
@@ -1951,7 +1952,7 @@ class Worker:
                 )
                 leases = await self._renewal_answer(renewal)
             except (TimeoutError, ServerError, ConnectionError, OSError) as exc:
-                log.warning("renew failed: %s", exc)
+                log.warning("renew failed: %s", str(exc) or type(exc).__name__)
                 self._defer_renewals(pending[start:])
                 return
             else:

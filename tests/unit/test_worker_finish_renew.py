@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -225,3 +226,26 @@ def test_a_finish_answered_internal_is_renewed_while_it_waits_to_be_sent_again()
             assert "a1" in gw.finished
 
     asyncio.run(main())
+
+
+def test_a_finish_waits_for_a_renew_sent_while_it_waited_for_the_last() -> None:
+    """The renew loop may send another renew carrying the attempt between the answer of
+    the one a finish waited for and the finish's task resuming: the finish waits for that
+    one too (it waited for the first alone, and could cross the second)."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        first, second = loop.create_future(), loop.create_future()
+        attempt = SimpleNamespace(renewing=first)
+        settled = asyncio.ensure_future(Worker._renewal_settled(None, attempt))  # type: ignore[arg-type]
+        await asyncio.sleep(0)  # the finish waits for the first renew's answer
+        # the renew loop's next renew, carrying the attempt, set out as the first is answered
+        first.add_done_callback(lambda _: setattr(attempt, "renewing", second))
+        first.set_result(None)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not settled.done()
+        second.set_result(None)
+        await settled
+
+    asyncio.run(scenario())
