@@ -3,7 +3,8 @@
 Connection: ``--url`` (or ORBIT_URL, default http://127.0.0.1:8000), the token from
 ORBIT_TOKEN or ORBIT_TOKEN_FILE, ``--cafile`` for a private CA. Output: tables for
 people, ``--json`` for scripts. Exit codes: 0 done; 1 the task ended other than
-succeeded; 2 bad arguments; 3 refused by the server; 4 server unreachable; 5 timed out.
+succeeded; 2 bad arguments; 3 refused by the server; 4 server unreachable; 5 timed out;
+6 try again later (a full queue or tenant, 429; the server's database busy or away, 503).
 """
 
 from __future__ import annotations
@@ -42,7 +43,10 @@ if TYPE_CHECKING:
     from orbit.client._client import Waiting
 
 EXIT_TASK_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_TIMEOUT = 1, 2, 3, 4, 5
-#: backpressure: a queue or tenant is full (429); nothing was written, try again later
+#: try again later, in the time the error line gives: backpressure, a queue or tenant is
+#: full (429, nothing was written), or the server cannot take the call now (503,
+#: ``Unavailable``: its database busy, full, read-only or away). The 503 was exit 3,
+#: "refused", as if the same call would always be.
 EXIT_FULL = 6
 #: Ctrl-C, as a shell reports a command SIGINT ended (128 + 2)
 EXIT_INTERRUPTED = 130
@@ -117,31 +121,45 @@ CONNECTION_HELP = (
     "0 done; 2 bad arguments (those the command checks itself); 3 refused by the server "
     "(a value only it checks too); 4 server unreachable"
 )
+#: Exit 6 for every group: the server's 503 for its database's sake (DATABASE_BUSY, ...).
+DATABASE_BUSY_HELP = (
+    "the server's database cannot take the call now (503: busy, full, read-only or away); "
+    "try again later, in the time the error line gives"
+)
+#: What the groups but the task commands' add to CONNECTION_HELP.
+TRY_LATER_EXIT = "; 6 " + DATABASE_BUSY_HELP
 #: The task commands' own exit codes, after those of every group.
 TASK_EXITS = (
-    "; 6 the queue or tenant is full (backpressure: nothing was submitted, try again "
-    "later). Of wait and submit --wait only (show exits 0 for any task it shows): 1 the "
+    "; 6 the queue or tenant is full (backpressure: nothing was submitted) or "
+    + DATABASE_BUSY_HELP
+    + ". Of wait and submit --wait only (show exits 0 for any task it shows): 1 the "
     "task ended other than succeeded; 5 timed out; 130 interrupted (Ctrl-C: the task "
     "goes on, and the command says how to wait for it again)."
 )
 queue_app = typer.Typer(
-    help="Queues: create, list, update caps, pause, resume." + CONNECTION_HELP + ".",
+    help="Queues: create, list, update caps, pause, resume."
+    + CONNECTION_HELP
+    + TRY_LATER_EXIT
+    + ".",
     no_args_is_help=True,
 )
 limit_app = typer.Typer(
     help="Caps of tenants (live attempts, waiting tasks) and of the whole cluster (live "
-    "attempts): ls lists them; tenant and global show, set or remove one." + CONNECTION_HELP + ".",
+    "attempts): ls lists them; tenant and global show, set or remove one."
+    + CONNECTION_HELP
+    + TRY_LATER_EXIT
+    + ".",
     no_args_is_help=True,
 )
 event_app = typer.Typer(
     help="The event log, in its order: every task's events and the operators' changes "
-    "(queue, tenant and global caps, pauses, sessions)." + CONNECTION_HELP + ".",
+    "(queue, tenant and global caps, pauses, sessions)." + CONNECTION_HELP + TRY_LATER_EXIT + ".",
     no_args_is_help=True,
 )
 schedule_app = typer.Typer(
     help="Schedules: a cron expression in a time zone that submits a task at each of its "
     "instants, once across the cluster. Create, update, list, show, pause, resume, "
-    "delete." + CONNECTION_HELP + ".",
+    "delete." + CONNECTION_HELP + TRY_LATER_EXIT + ".",
     no_args_is_help=True,
 )
 task_app = typer.Typer(
@@ -160,7 +178,7 @@ def fail(message: str, code: int) -> NoReturn:
 @contextmanager
 def client(url: str, cafile: str | None) -> Iterator[Client]:
     # The client (httpx) is imported by the commands that use it, not by every `orbit`.
-    from orbit.client import ApiError, Client, TooManyRequests, Unreachable
+    from orbit.client import ApiError, Client, TooManyRequests, Unavailable, Unreachable
 
     try:
         token = load_token()
@@ -174,7 +192,7 @@ def client(url: str, cafile: str | None) -> Iterator[Client]:
     try:
         with api as c:
             yield c
-    except TooManyRequests as exc:
+    except (TooManyRequests, Unavailable) as exc:  # a 429 or a 503: try again later
         wait = "" if exc.retry_after is None else f" (retry after {exc.retry_after:g} s)"
         fail(f"{exc.code}: {exc.message}{wait}", EXIT_FULL)
     except ApiError as exc:
@@ -1058,7 +1076,9 @@ def _follow(
             task = seen = c.get(task_id, timeout=within())
         except (Unreachable, ApiError) as exc:
             try:
-                waiting.failed(exc)  # a refusal is raised: exit 3; an outage to the end: 4
+                # a refusal is raised: exit 3; an outage to the end: 4; the database
+                # busy or away to the end (503): 6
+                waiting.failed(exc)
             except WaitTimeout as over:  # the end of the wait cut the last poll short
                 return seen, over
             status.update(Text(f"{task_id}: the server cannot be reached; asking again"))

@@ -11,6 +11,7 @@ from orbit.client._errors import (
     TooLarge,
     TooManyRequests,
     Unauthorized,
+    Unavailable,
     WaitTimeout,
 )
 from orbit.client._http import Unreachable
@@ -29,6 +30,7 @@ __all__ = [
     "TooLarge",
     "TooManyRequests",
     "Unauthorized",
+    "Unavailable",
     "Unreachable",
     "WaitTimeout",
 ]

@@ -639,8 +639,9 @@ class Waiting:
         """A poll that raised. A refusal (NotFound, Forbidden, an untrusted certificate,
         an https:// URL for a plain HTTP server) is raised again. The server out of reach,
         directly or behind a proxy's own 502, 503 or 504 page, or failing (500
-        ``INTERNAL``: its database away), is asked again, until the wait is over:
-        Unreachable then, saying for how long, or the server's last ``INTERNAL``. Once,
+        ``INTERNAL``, or 503 ``DATABASE_*``: its database busy or away; ``server_failing``),
+        is asked again, until the wait is over: Unreachable then, saying for how long, or
+        the server's last ``INTERNAL`` or ``Unavailable``. Once,
         the first such poll ended the wait, and a server restarting (a rolling deploy)
         failed every waiting caller, as a database hiccup of a second did until the
         follows and this wait took ``INTERNAL`` for an outage too.
@@ -1024,9 +1025,11 @@ class Client:
     def wait(self, task_id: str, timeout: float = 60.0, poll: float = 0.2) -> dict[str, Any]:
         """Block until the task ends (or needs review); raise WaitTimeout after ``timeout``.
         A server that cannot be reached (a restart, a rolling deploy; behind a proxy, its
-        own 502, 503 or 504 page) or that fails (500 INTERNAL) is asked again until then:
-        Unreachable only if it still cannot be reached at the end, the 500 if it still
-        fails. A refusal (ApiError, such as NotFound) is raised at once.
+        own 502, 503 or 504 page) or that fails (500 INTERNAL; 503 DATABASE_BUSY and the
+        other DATABASE_* codes, its database busy or away) is asked again until then:
+        Unreachable only if it still cannot be reached at the end, the 500 (or the 503,
+        ``Unavailable``) if it still fails. A refusal (ApiError, such as NotFound) is
+        raised at once.
         No poll waits for its answer past the end (save for ``POLL_TIMEOUT_FLOOR``)."""
         waiting = Waiting(task_id, timeout, poll)
         while True:
@@ -1156,9 +1159,10 @@ class Client:
         all out; without, the whole log (admin), for as long as the caller iterates.
 
         A stream that breaks (a restart, another node behind a load balancer, a node at
-        its cap of streams) is reopened from the last event's cursor, so no event is
-        missed or given twice; it gives up (Unreachable, or the node's 503) once the
-        server has been out of reach for ``outage`` seconds. A refusal (a bad cursor, a
+        its cap of streams, its database busy or away: 500 INTERNAL, 503 DATABASE_*) is
+        reopened from the last event's cursor, so no event is missed or given twice; it
+        gives up (Unreachable, or the node's 500 or 503, ``Unavailable``) once the server
+        has been out of reach for ``outage`` seconds. A refusal (a bad cursor, a
         token refused, an unknown task) is raised at once, and so is a 200 that is no
         event stream (its Content-Type not ``text/event-stream``, or its body's first line
         no SSE field nor comment: a proxy's page, some other server; or an event whose data
@@ -1170,14 +1174,12 @@ class Client:
         following = Following(task_id, cursor, outage)
         while True:
             try:
-                with self._http.stream("GET", following.path, following.headers, live=True) as (
-                    status,
-                    location,
-                    content_type,
-                    chunks,
-                ):
+                with self._http.stream(
+                    "GET", following.path, following.headers, live=True
+                ) as opened:
+                    status, location, content_type, chunks = opened
                     if status >= 300:
-                        _unwrap(Reply(status, b"".join(chunks), location))
+                        _unwrap(Reply(status, b"".join(chunks), location, opened.retry_after))
                     following.opened(content_type)
                     for chunk in chunks:
                         yield from following.feed(chunk)
@@ -1280,9 +1282,10 @@ class Client:
     def artifact_stream(self, artifact_id: str) -> Iterator[bytes]:
         """An artifact's bytes as they arrive, without holding them all."""
         path = f"/v1/artifacts/{_seg(artifact_id, 'artifact_id')}/content"
-        with self._http.stream("GET", path) as (status, location, _, chunks):
+        with self._http.stream("GET", path) as opened:
+            status, location, _, chunks = opened
             if status >= 300:
-                _unwrap(Reply(status, b"".join(chunks), location))
+                _unwrap(Reply(status, b"".join(chunks), location, opened.retry_after))
             yield from chunks
 
     def token_create(self, name: str, scopes: list[str]) -> dict[str, Any]:
@@ -1335,7 +1338,8 @@ async def _refused(reply: httpx.Response) -> None:
     raw (as the stream would have been); a 2xx is left to read."""
     if reply.status_code >= 300:
         body = b"".join([chunk async for chunk in reply.aiter_raw()])
-        _unwrap(Reply(reply.status_code, body, reply.headers.get("location")))
+        headers = reply.headers
+        _unwrap(Reply(reply.status_code, body, headers.get("location"), headers.get("retry-after")))
 
 
 class AsyncClient:

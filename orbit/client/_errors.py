@@ -50,14 +50,10 @@ class TooLarge(ApiError):
     do not retry it as it is (split the batch)."""
 
 
-class TooManyRequests(ApiError):
-    """Backpressure (429): the submit would take a queue's or a tenant's waiting tasks
-    past its ``max_queued`` (``code`` QUEUE_FULL or TENANT_FULL), and nothing of it was
-    written. ``retry_after``: the seconds the server asks to wait before trying again
-    (its ``Retry-After``), None if it named none. A resubmit with the same idempotency
-    keys is safe: a task already made comes back, and is never refused. A batch that can
-    never fit under the cap is not this but ``TooLarge`` (BATCH_EXCEEDS_CAP): waiting
-    would not help it."""
+class _RetryLater(ApiError):
+    """A refusal that says when to try again: ``retry_after``, the seconds the server
+    asks to wait (its ``Retry-After``), None if it named none. Pickled as every ApiError
+    is, ``retry_after`` with the rest of its ``__dict__``."""
 
     def __init__(
         self,
@@ -71,6 +67,31 @@ class TooManyRequests(ApiError):
         self.retry_after = retry_after
 
 
+class TooManyRequests(_RetryLater):
+    """Backpressure (429): the submit would take a queue's or a tenant's waiting tasks
+    past its ``max_queued`` (``code`` QUEUE_FULL or TENANT_FULL), and nothing of it was
+    written. ``retry_after``: the seconds the server asks to wait before trying again
+    (its ``Retry-After``), None if it named none. A resubmit with the same idempotency
+    keys is safe: a task already made comes back, and is never refused. A batch that can
+    never fit under the cap is not this but ``TooLarge`` (BATCH_EXCEEDS_CAP): waiting
+    would not help it."""
+
+
+class Unavailable(_RetryLater):
+    """503 from Orbit itself: the server cannot take the call now, for a reason that
+    passes. Its database (``code`` DATABASE_BUSY: another process held its lock past the
+    server's wait; DATABASE_FULL; DATABASE_READ_ONLY; DATABASE_UNAVAILABLE: it failed or
+    cannot be reached; for the first three nothing was written), or, opening an event
+    stream, a node at its cap of streams or shutting down (TOO_MANY_STREAMS,
+    SHUTTING_DOWN). ``retry_after``: the seconds the server asks to wait before making
+    the same call again (its ``Retry-After``: 5 for the database), None if it named none.
+    ``wait``, ``result`` and the follows (``stream_events``, ``subscribe``) ask again
+    through it, as through a 500 INTERNAL, until their timeout or outage. A proxy's own
+    503 page (no Orbit error body) is not this but an ``ApiError`` HTTP_ERROR: the
+    server out of reach. **Changed:** a 503 was a plain ``ApiError``, its
+    ``Retry-After`` dropped."""
+
+
 _BY_STATUS: dict[int, type[ApiError]] = {
     400: BadRequest,
     401: Unauthorized,
@@ -79,6 +100,8 @@ _BY_STATUS: dict[int, type[ApiError]] = {
     409: Conflict,
     413: TooLarge,
 }
+#: the refusals that carry the server's ``Retry-After``
+_RETRY_LATER: dict[int, type[_RetryLater]] = {429: TooManyRequests, 503: Unavailable}
 
 
 def retry_after_seconds(header: str | None) -> float | None:
@@ -95,8 +118,9 @@ def error_from(status: int, body: Any, retry_after: str | None = None) -> ApiErr
     if not isinstance(err, dict):
         return ApiError(status, "HTTP_ERROR", f"unexpected reply with status {status}")
     code, message, field = str(err.get("code")), str(err.get("message")), err.get("field")
-    if status == 429:
-        return TooManyRequests(status, code, message, field, retry_after_seconds(retry_after))
+    later = _RETRY_LATER.get(status)
+    if later is not None:
+        return later(status, code, message, field, retry_after_seconds(retry_after))
     cls = _BY_STATUS.get(status, ApiError)
     return cls(status, code, message, field)
 

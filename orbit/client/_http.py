@@ -37,7 +37,7 @@ from urllib.parse import SplitResult, quote, urlencode
 import httpcore
 import httpx
 
-from orbit.client._errors import ApiError
+from orbit.client._errors import ApiError, Unavailable
 from orbit.client._tls import ProxyNotSupported
 from orbit.urls import check_server_url
 
@@ -66,7 +66,7 @@ class Unreachable(ConnectionError):
 
 class Reply:
     """A whole response: its status, its body, where it redirects (its Location), and
-    when to try again (its Retry-After, on a 429)."""
+    when to try again (its Retry-After, on a 429 or a 503)."""
 
     __slots__ = ("content", "location", "retry_after", "status_code")
 
@@ -81,6 +81,14 @@ class Reply:
         self.content = content
         self.location = location
         self.retry_after = retry_after
+
+
+class Opened(tuple[int, str | None, str | None, Iterator[bytes]]):
+    """What ``Transport.stream`` yields: its status, Location, Content-Type and body's
+    chunks, and besides them its ``retry_after`` (its Retry-After), which a follow's
+    refusal carries as a call's does: a stream's 503 dropped it."""
+
+    retry_after: str | None = None
 
 
 class Transport:
@@ -155,16 +163,16 @@ class Transport:
         headers: dict[str, str] | None = None,
         *,
         live: bool = False,
-    ) -> Iterator[tuple[int, str | None, str | None, Iterator[bytes]]]:
-        """The status, the Location, the Content-Type, and the body's chunks as they
-        arrive (each read waits at most the transport's timeout); a body not read to its
-        end closes the connection rather than go back to the pool. ``headers``: sent
-        besides the transport's. ``live``: a read returns what has come (``read1``) rather
-        than wait for a whole chunk: an event stream's messages are small and come one by
-        one. ``close``, from any thread, ends the read of a stream in progress
-        (``held``). Its open, up to the end of the answer's head, is a request given the
-        transport's timeout as a whole, as ``request`` is: only its body, which a follow
-        reads for as long as it goes on, waits per read."""
+    ) -> Iterator[Opened]:
+        """The status, the Location, the Content-Type, and the body's chunks as they arrive,
+        each read waiting at most the transport's timeout (``Opened``, with its Retry-After
+        besides); a body not read to its end closes the connection rather than go back to
+        the pool. ``headers``: sent besides the transport's. ``live``: a read returns what
+        has come (``read1``) rather than wait for a whole chunk: an event stream's messages
+        are small and come one by one. ``close``, from any thread, ends the read of a stream
+        in progress (``held``). Its open, up to the end of the answer's head, is a request
+        given the transport's timeout as a whole, as ``request`` is: only its body, which a
+        follow reads for as long as it goes on, waits per read."""
         deadline = time.monotonic() + self._timeout
         conn, response = self._open(method, path, None, None, self._timeout, deadline, headers)
         try:
@@ -173,12 +181,16 @@ class Transport:
             if sock is not None:
                 sock.settimeout(self._timeout)
             with self.held(sock):
-                yield (
-                    response.status,
-                    response.getheader("Location"),
-                    response.getheader("Content-Type"),
-                    self._chunks(response, live),
+                opened = Opened(
+                    (
+                        response.status,
+                        response.getheader("Location"),
+                        response.getheader("Content-Type"),
+                        self._chunks(response, live),
+                    )
                 )
+                opened.retry_after = response.getheader("Retry-After")
+                yield opened
         finally:
             self._done(conn, response)
 
@@ -592,9 +604,21 @@ def server_down(exc: Unreachable | ApiError) -> bool:
     return exc.status in _GATEWAY_DOWN and exc.code == "HTTP_ERROR"
 
 
+#: Orbit's 503 codes for its database: busy (another process held its lock past the
+#: server's wait), full, read-only, failed or out of reach (``orbit.store.driver``'s)
+DATABASE_CODES = frozenset(
+    {"DATABASE_BUSY", "DATABASE_FULL", "DATABASE_READ_ONLY", "DATABASE_UNAVAILABLE"}
+)
+
+
 def server_failing(exc: Unreachable | ApiError) -> bool:
-    """Whether the server answered its own 500 ``INTERNAL``: a check that failed (its
-    database away), which it asks clients to try again, unlike a refusal."""
+    """Whether the server answered that it failed for its database's sake, which it asks
+    clients to try again, unlike a refusal: its own 500 ``INTERNAL`` (a check that
+    failed), or a 503 with a ``DATABASE_CODES`` code (``Unavailable``, with a
+    ``Retry-After``). **Changed:** that 503 was taken for a refusal, and a database busy
+    for a moment ended every wait and follow that met it."""
+    if isinstance(exc, Unavailable):
+        return exc.code in DATABASE_CODES
     return isinstance(exc, ApiError) and exc.code == "INTERNAL"
 
 

@@ -225,9 +225,10 @@ class Following:
         server shuts down) or could not be opened. A refusal (a bad cursor, a token
         refused, an unknown task) is raised; a server out of reach, behind a proxy's own
         502, 503 or 504, busy (``BUSY``) or failing (``server_failing``: its database
-        away, which is also why the stream broke, a 1011 close or an SSE body ending; a
-        follow took that 500 for a refusal and ended, and a database hiccup of a second
-        ended every follow open at the time) is tried again until it has been so for
+        away, which is also why the stream broke, a 1011 close or an SSE body ending, or
+        busy, 503 ``DATABASE_*``; a follow took that 500 or 503 for a refusal and ended,
+        and a database hiccup of a second ended every follow open at the time) is tried
+        again until it has been so for
         ``outage`` seconds: Unreachable then, or the server's last refusal.
 
         A stream that opened and then said nothing for the client's timeout (a read timed

@@ -373,10 +373,10 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
             await ready(store.queue_list)
         except Exception as exc:  # TimeoutError: the database did not answer in time
             return unavailable(exc, store)
-        # A database that answers reads may still refuse writes (full, read-only, its
-        # lock held by another process): not ready while the store's writes give up
-        # (``Store.write_failure``, noted as they fail: no write here). Ready, it took
-        # traffic every write of which failed.
+        # A database that answers reads may still refuse writes (full, read-only): not
+        # ready while the store's writes give up (``Store.write_failure``, noted as they
+        # fail: no write here). Ready, it took traffic every write of which failed. A
+        # lock another session holds is not noted: every node meets the same lock.
         failing = store.write_failure()
         if failing is not None:
             reason, message = failing

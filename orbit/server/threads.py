@@ -13,6 +13,11 @@ a connection closing, or the server stopping, never tears down what the call is 
 The hot paths use this (``gateway``, ``routes``, ``auth``); the rest (the lifespan, the
 reaper, artifacts' streamed bodies, metrics) stay on anyio's pool, so a slow upload
 never holds a thread that reports wait for.
+
+Each call carries the instant it was queued, which the call sees while it runs
+(``orbit.store.store.CALL_QUEUED``): a store transaction's wait for the database
+(``StoreConfig.tx_wait_us``) counts from it, so that a call queued behind threads that
+wait for a lock does not wait its whole wait again once a thread takes it.
 """
 
 from __future__ import annotations
@@ -22,8 +27,11 @@ import contextlib
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
+
+from orbit.store.store import CALL_QUEUED
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -38,6 +46,7 @@ _Call = tuple[
     Callable[..., Any],
     tuple[Any, ...],
     dict[str, Any],
+    float,  # when it was queued (time.monotonic())
 ]
 _calls: queue.SimpleQueue[_Call] = queue.SimpleQueue()
 _started = 0
@@ -54,8 +63,9 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
 
 
 def _serve() -> None:
+    queued = CALL_QUEUED
     while True:
-        loop, future, fn, args, kwargs = _calls.get()
+        loop, future, fn, args, kwargs, queued.at = _calls.get()
         try:
             result, error = fn(*args, **kwargs), None
         except BaseException as exc:  # the caller raises it
@@ -90,7 +100,7 @@ async def in_thread(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     _ensure_threads()
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
-    _calls.put((loop, future, fn, args, kwargs))
+    _calls.put((loop, future, fn, args, kwargs, time.monotonic()))
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:

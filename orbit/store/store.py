@@ -123,9 +123,26 @@ SUBMIT_CHUNK = 250
 #: large as the one before is made while that one is written (``submit_chunks``).
 SUBMIT_FIRST_CHUNK = 50
 #: How long /readyz says not ready after a transaction gave up for the database's sake
-#: (``Store.write_failure``), unless a write commits sooner: a node whose writes fail is
-#: taken out of a balancer's rotation, and tried again after this with no probe writing.
+#: (``Store.write_failure``: full, read-only or unavailable, not busy), unless a write
+#: commits sooner: a node whose writes fail is taken out of a balancer's rotation, and
+#: tried again after this with no probe writing.
 WRITE_FAILURE_S = 10.0
+
+
+class CallQueued(threading.local):
+    """When the call running on this thread was queued for it (``time.monotonic()``):
+    set by ``orbit.server.threads`` before each call it runs on its store threads; None
+    on any other thread. ``Store._tx`` counts its wait (``StoreConfig.tx_wait_us``) from
+    it, not from its own start: a request that waited for one of the node's threads
+    behind others waiting for a lock held past its client's timeout waited its full
+    wait after that, and committed after its client had given up."""
+
+    at: float | None = None
+
+
+#: The one ``CallQueued``: ``orbit.server.threads`` sets its ``at``, ``Store._tx`` reads it.
+CALL_QUEUED = CallQueued()
+
 #: How long a migration waits for the database (``Store._tx``'s ``wait_us``): for another
 #: node's migration (the migration lock), and for the locks live traffic holds on the
 #: tables a migration alters. No client waits for it, and a node starting beside another
@@ -299,12 +316,14 @@ class StoreConfig:
     max_batch: int = 1000  # at most 2**20 (``orbit.core.ids.BATCH_INDEX_BITS``)
     reap_batch: int = 500
     max_tx_retries: int = 5
-    #: About the longest a transaction and its retries wait for the database: for this
-    #: process's connection (SQLite) or a pooled one (PostgreSQL), and for a lock another
-    #: process holds (SQLite's write lock; on PostgreSQL each wait ends at the
-    #: connection's ``lock_timeout``, 5 s unless set, and is tried again). Past it the
-    #: transaction gives up (``DatabaseUnavailable``, 503 ``DATABASE_BUSY``), nothing
-    #: written: under a client's default timeout (30 s), so the client hears why.
+    #: About the longest a transaction and its retries wait for the database, counted
+    #: from when the call was queued for a store thread (``CALL_QUEUED``): for a thread,
+    #: for this process's connection (SQLite) or a pooled one (PostgreSQL), and for a
+    #: lock another process holds (SQLite's write lock; on PostgreSQL each wait ends at
+    #: the connection's ``lock_timeout``, 5 s unless set, and is tried again, so the last
+    #: try may end up to one ``lock_timeout`` past it). Past it the transaction gives up
+    #: (``DatabaseUnavailable``, 503 ``DATABASE_BUSY``), nothing written: under a
+    #: client's default timeout (30 s), so the client hears why.
     tx_wait_us: int = 20 * SECOND
     artifact_ttl_us: int = 7 * 24 * 3600 * SECOND
     #: The longest an upload may stay unfinished: the reaper drops one older than this
@@ -449,10 +468,16 @@ class Store:
 
     def write_failure(self, within_s: float = WRITE_FAILURE_S) -> tuple[str, str] | None:
         """Why writes fail, if a transaction gave up for the database's sake
-        (``DatabaseUnavailable``: busy, full, read-only, unavailable) in the last
-        ``within_s`` seconds and none that wrote has committed since: the code and its
-        message (/readyz's answer). No read of the database: a failed write is noted as
-        it happens, at no cost to the writes that succeed."""
+        (``DatabaseUnavailable``: full, read-only, unavailable) in the last ``within_s``
+        seconds and none that wrote has committed since: the code and its message
+        (/readyz's answer). No read of the database: a failed write is noted as it
+        happens, at no cost to the writes that succeed.
+
+        Not ``DATABASE_BUSY``: a lock another session holds (a frozen node's on one
+        queue's idempotency stripe, an operator's on a table) keeps the writes that need
+        it waiting while others commit, and the database is shared, so every node meets
+        the same lock: a node not ready for it took a healthy node out of a balancer's
+        rotation, and with all of them out no node was left."""
         failed = self._write_failed
         if failed is None or time.monotonic() - failed[0] > within_s:
             return None
@@ -473,10 +498,31 @@ class Store:
         A wait with no bound outlived its client, which was told the server was
         unreachable, and the transaction committed after all, a minute later.
         ``wait_us``: this transaction's wait in place of the config's (one no client
-        waits for, such as a migration behind another node's)."""
+        waits for, such as a migration behind another node's).
+
+        On one of the server's store threads (``orbit.server.threads``) the wait counts
+        from when the call was queued for the thread (``CALL_QUEUED``), not from here: a
+        call whose wait was over before a thread took it is refused at once
+        (``DATABASE_BUSY``), nothing tried. Counted from here, a request queued behind
+        the threads' own waits waited twice over, outlived its client, and committed."""
         attempt = 0
         wait_s = (self.config.tx_wait_us if wait_us is None else wait_us) / SECOND
-        deadline = time.monotonic() + wait_s
+        now = time.monotonic()
+        queued = CALL_QUEUED.at
+        if queued is None:
+            deadline = now + wait_s
+        else:
+            deadline = queued + wait_s
+            if deadline <= now:
+                _log.warning(
+                    "a transaction was not tried: its call waited %.1f s for a store "
+                    "thread, past its wait (%g s): %s",
+                    now - queued,
+                    wait_s,
+                    UNAVAILABLE_MESSAGES[DATABASE_BUSY],
+                )
+                raise DatabaseUnavailable(DATABASE_BUSY)
+            wait_s = deadline - now
         while True:
             try:
                 with self.driver.transaction(durable=durable, wait_s=wait_s) as cx:
@@ -516,9 +562,11 @@ class Store:
 
     def _gave_up(self, code: str, exc: Exception, tries: int) -> DatabaseUnavailable:
         """The error a transaction that gave up for the database's sake raises, noted
-        for /readyz (``write_failure``) and logged, once, with the driver's own words
-        (which the client's answer leaves out)."""
-        self._write_failed = (time.monotonic(), code)
+        for /readyz (``write_failure``) unless it is a lock's (``DATABASE_BUSY``: see
+        there), and logged, once, with the driver's own words (which the client's answer
+        leaves out)."""
+        if code != DATABASE_BUSY:
+            self._write_failed = (time.monotonic(), code)
         failed = DatabaseUnavailable(code)
         _log.warning(
             "a transaction gave up after %d %s: %s (%s)",

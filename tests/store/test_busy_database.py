@@ -1,7 +1,10 @@
 """A database that cannot take a write: its lock held by another process, full, or
 read-only. A transaction waits for it about ``StoreConfig.tx_wait_us`` in all, then gives
-up with ``DatabaseUnavailable`` (nothing written, one warning logged), and
-``Store.write_failure`` says so (/readyz) until a write goes through again.
+up with ``DatabaseUnavailable`` (nothing written, one warning logged). A full,
+read-only or unreachable database is noted by ``Store.write_failure`` (/readyz) until a
+write goes through again; a lock's wait (``DATABASE_BUSY``) is not, since other writes
+commit meanwhile and every node meets the same lock. On the server's store threads the
+wait counts from when the call was queued for a thread.
 
 It waited with no bound: on SQLite ``busy_timeout`` (10 s) times the retries, plus the
 wait for the process's one connection; on PostgreSQL, which had no ``lock_timeout``, for
@@ -11,8 +14,10 @@ test needs it; each test's store waits a fraction of a second before it gives up
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -22,6 +27,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from orbit.core.model import SECOND, TaskSpec
+from orbit.server.threads import THREADS, in_thread
 from orbit.store import Store, StoreConfig, open_store, sqlite_path
 from orbit.store.driver import (
     DATABASE_BUSY,
@@ -90,7 +96,9 @@ def test_a_submit_under_another_connections_lock_gives_up_within_its_wait(
                 DATABASE_BUSY,
                 "the database is busy: another process holds its lock; nothing was written",
             )
-            assert store.write_failure() == (DATABASE_BUSY, refused.message)
+            # a lock's wait leaves /readyz ready: others' writes commit meanwhile, and
+            # every node meets the same lock (it was noted, and took healthy nodes out)
+            assert store.write_failure() is None
         assert len(_gave_up(caplog)) == 1, caplog.text  # once, not once a try
         assert _count(store) == 0  # nothing was written, and nothing is written later
         submit(store)  # the lock is free: it goes through
@@ -232,17 +240,78 @@ def test_a_write_to_a_full_database_is_refused_as_such(
 
 
 def test_a_write_failure_is_forgotten_after_its_window(fresh_url: str) -> None:
-    """/readyz says not ready for ``WRITE_FAILURE_S`` after a write gave up, then ready
-    again although nothing was written meanwhile: a node taken out of a balancer's
-    rotation gets no writes to tell it that the database is back."""
+    """/readyz says not ready for ``WRITE_FAILURE_S`` after a write gave up on a database
+    that cannot take one (here read-only), then ready again although nothing was written
+    meanwhile: a node taken out of a balancer's rotation gets no writes to tell it that
+    the database is back. A write that gave up on a lock is not noted at all (a
+    deliberate change: it was, and a lock one frozen node held on one queue's stripe
+    kept every node not ready, so a balancer had no node left)."""
     store = _open(fresh_url)
     try:
         queue(store)
         with write_lock(fresh_url):
-            assert isinstance(_in_thread(lambda: submit(store)), DatabaseUnavailable)
-        assert store.write_failure() is not None
-        assert store.write_failure(within_s=0.0) is None
+            refused = _in_thread(lambda: submit(store))
+            assert isinstance(refused, DatabaseUnavailable), refused
+            assert refused.code == DATABASE_BUSY
+        assert store.write_failure() is None
+        with _read_only(fresh_url, store) as writing:
+            assert isinstance(_in_thread(lambda: submit(writing)), DatabaseUnavailable)
+            assert writing.write_failure() is not None
+            assert writing.write_failure(within_s=0.0) is None
     finally:
+        store.close()
+
+
+def test_a_call_whose_wait_ran_out_in_the_threads_queue_is_refused_untried(
+    fresh_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server's store calls queue for its ``THREADS`` threads (orbit/server/threads.py).
+    A transaction's wait counted from its own start: with every thread held by a submit
+    waiting for another process's lock (16 waits of 20 s), a submit queued behind them
+    waited its whole wait again once a thread took it, outlived its client's 30 s
+    timeout, and committed when the lock was released. Its wait now counts from when it
+    was queued: here every thread is held past the wait of a submit queued behind them,
+    and that submit is refused at once (``DATABASE_BUSY``), nothing tried or written,
+    though nothing holds the database by then. A call queued with its wait left goes
+    through."""
+    store = _open(fresh_url)
+    wait_s = WAIT.tx_wait_us / SECOND
+    all_held = threading.Barrier(THREADS + 1, timeout=RACE_WAIT)
+    release = threading.Event()
+
+    def hold() -> None:  # as a call waiting for a lock holds its thread
+        all_held.wait()
+        release.wait(RACE_WAIT)
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        holders = [asyncio.ensure_future(in_thread(hold)) for _ in range(THREADS)]
+        try:
+            await loop.run_in_executor(None, all_held.wait)  # every store thread held
+            late = asyncio.ensure_future(in_thread(submit, store))
+            await asyncio.sleep(0)  # it is queued (``in_thread`` ran to its await)
+            over = time.monotonic() + wait_s
+            while time.monotonic() <= over:  # its wait runs out while it is queued
+                await asyncio.sleep(over - time.monotonic() + 0.01)
+        finally:
+            release.set()
+            await asyncio.gather(*holders)
+        with pytest.raises(DatabaseUnavailable) as refused:
+            await late
+        assert refused.value.code == DATABASE_BUSY
+        assert _count(store) == 0  # nothing was written, and nothing is written later
+        await in_thread(submit, store)  # queued with its wait left: it goes through
+        assert _count(store) == 1
+
+    try:
+        queue(store)
+        caplog.set_level(logging.WARNING, logger="orbit.store")
+        asyncio.run(scenario())
+        said = [r.message for r in caplog.records if r.name == "orbit.store"]
+        assert len(said) == 1 and "a transaction was not tried" in said[0], said
+        assert store.write_failure() is None
+    finally:
+        release.set()
         store.close()
 
 
