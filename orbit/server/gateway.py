@@ -78,6 +78,7 @@ from orbit.server.metrics import Metrics
 from orbit.server.threads import in_thread
 from orbit.server.views import assignments_wire, lease_wire, receipt_wire
 from orbit.store import Grants, Store
+from orbit.store.driver import DatabaseUnavailable
 
 log = logging.getLogger("orbit.gateway")
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -141,6 +142,13 @@ class WorkerConnection:
         #: whether the last claim for this worker stopped at a capacity or cap (see
         #: ``Grants.blocked``): only then is a claim worth making when a permit frees
         self.blocked = True
+        #: the last claim for this worker found its session with no free slot
+        #: (``Grants.full``): the dispatcher's rounds skip it until something may have
+        #: freed one (``Dispatcher.slots_freed``) or a poll round comes
+        self.full = False
+        #: how many times something may have freed one of its slots: a claim in flight
+        #: across one may have counted the slot as taken, so it does not mark it full
+        self.freed = 0
         #: pushes still waiting for the socket to take them (``send_nowait``): the worker
         #: is not reading, or reads slower than pushes come
         self.backlog: set[asyncio.Task[Any]] = set()
@@ -335,8 +343,31 @@ class Dispatcher:
         # Only connections the dispatcher claims for: one that takes no pushes has no
         # claim made for it, so its ``blocked`` never leaves its first value (True), and
         # counting it made every freed permit on the node cost a round of claims.
-        if any(c.blocked and c.push and not c.closed for c in self.connections.values()):
+        # Nor a full one: only its own attempts ending can free it, and what reports
+        # them wakes the dispatcher itself (``slots_freed``).
+        if any(
+            c.blocked and c.push and not c.closed and not c.full for c in self.connections.values()
+        ):
             self._wake.set()
+
+    def slots_freed(self, conn: WorkerConnection) -> None:
+        """Something may have freed slots of ``conn``'s session: its worker reported an
+        attempt ended or released (or one refused as already ended), or changed its
+        capacities, and the store call has returned; or the node gave back attempts
+        claimed for it. Its rounds offer to it again. Called after the commit: the commit's
+        own wake (``freed_threadsafe``) may run a round before this, which skipped the
+        connection while it was still marked full, so this wakes another."""
+        conn.freed += 1
+        if conn.full:
+            conn.full = False
+            self._wake.set()
+
+    def session_slots_freed(self, session_id: str) -> None:
+        """``slots_freed`` for the session's connection on this node, if it has one (a
+        release made for a connection since closed: the session may have resumed here)."""
+        conn = self.connections.get(session_id)
+        if conn is not None:
+            self.slots_freed(conn)
 
     def cancel_threadsafe(self, pairs: list[tuple[str, str]]) -> None:
         if self._loop is not None and not self._loop.is_closed():
@@ -403,6 +434,9 @@ class Dispatcher:
         task = asyncio.create_task(release_revoked(self.store, conn.session_id, conn.epoch))
         self.releasing.add(task)
         task.add_done_callback(self.releasing.discard)
+        # Its session may have resumed here meanwhile, and been found full by what this
+        # releases.
+        task.add_done_callback(lambda _: self.session_slots_freed(conn.session_id))
 
     def token_ids(self) -> set[str]:
         """The tokens the open connections on this node were opened with."""
@@ -429,8 +463,9 @@ class Dispatcher:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
+        poll_due = loop.time() + self.poll_interval
         while True:
-            timeout = self.poll_interval
+            timeout = max(poll_due - loop.time(), 0.0)
             if self._token_due is not None:
                 timeout = min(timeout, max(self._token_due - loop.time(), 0.0))
             # asyncio.timeout, not wait_for: wait_for runs the wait as a task of its own,
@@ -440,6 +475,14 @@ class Dispatcher:
                     await self._wake.wait()
             self._wake.clear()
             self._token_due = None  # this round's claims say again if one is still short
+            if loop.time() >= poll_due:
+                # The poll round, however busy the node (wakes never let the wait time
+                # out): offered again are full sessions too, whose slots something this
+                # node cannot see freed (another node's reaper expiring a lease, a claimed
+                # task cancelled): a missed free costs at most the poll interval.
+                poll_due = loop.time() + self.poll_interval
+                for conn in self.connections.values():
+                    conn.full = False
             try:
                 await self.offer_all()
             except Exception:
@@ -457,13 +500,20 @@ class Dispatcher:
         size of one claim) took every ready task of its session's handlers, so a session
         whose handlers are among them would claim nothing: with ten idle workers, a
         submit used to cost ten claims, nine of them empty and each holding the claim
-        lock in turn. A task that becomes ready during the round wakes another round."""
+        lock in turn. A claim held back only by what every session shares (a queue's, a
+        tenant's or the global cap, a rate) that granted nothing skips them as well: the
+        same limits hold back a claim for them. A task that becomes ready during the
+        round wakes another round.
+
+        A connection whose session had no free slot at its last claim (``full``) is
+        skipped until something frees one (``slots_freed``) or a poll round: with every
+        worker busy, each submit used to cost a claim per connected worker."""
         exhausted: list[frozenset[str]] = []  # handler sets with nothing left ready
         for conn in list(self.connections.values()):
             # A connection with a push still waiting for its socket is offered nothing
             # more: its worker is not reading. When the push goes out (or fails), the
             # dispatcher is woken to offer again.
-            if not conn.push or conn.closed or conn.backlog:
+            if not conn.push or conn.closed or conn.backlog or conn.full:
                 continue
             if any(conn.handlers <= h for h in exhausted):
                 continue
@@ -487,7 +537,7 @@ class Dispatcher:
         # claim's worth (the claim itself grants no more than the session's free slots),
         # and offer again at once when that filled (below).
         n = min(conn.max_concurrency, self.store.config.max_batch)
-        frees = self.frees
+        frees, freed = self.frees, conn.freed
         try:
             grants = await self.claim(conn.session_id, conn.epoch, n)
         except Rejected as exc:
@@ -508,22 +558,35 @@ class Dispatcher:
             log.exception("dispatch failed")
             return False
         conn.blocked = grants.blocked
+        # Not full if its worker reported an attempt ended while the claim was in flight:
+        # the claim may have counted that slot as taken, and the report's wake has gone.
+        conn.full = grants.full and conn.freed == freed
         if grants.token_wait_us is not None:
             due = asyncio.get_running_loop().time() + grants.token_wait_us / 1e6 + TOKEN_MARGIN_S
             if self._token_due is None or due < self._token_due:
                 self._token_due = due
-        if grants.blocked and self.frees != frees:
+        if grants.blocked and (self.frees != frees or conn.freed != freed):
             # A permit was freed while this claim was in flight, and its wake was judged
             # by the worker's last claim, which may not have been blocked: the claim may
             # have counted the permit as taken, so claim again rather than lose the wake.
             self._wake.set()
         if grants:
-            conn.push_nowait(self.store, grants, then=self._wake.set)
+            conn.push_nowait(self.store, grants, then=partial(self._pushed, conn))
         if grants.more or len(grants) == n < conn.max_concurrency:
             # a claim's worth of tasks or of payload bytes, and maybe slots to spare:
             # offer again now (a session with none left gets an empty claim)
             self._wake.set()
-        return not grants.blocked
+        # Held back only by shared limits, and nothing granted: a claim for a session of
+        # the same handlers would be held back by the same (see offer_all).
+        return not grants.blocked or not (grants or grants.own)
+
+    def _pushed(self, conn: WorkerConnection) -> None:
+        """A push that waited for ``conn``'s socket is done: offer again. If the
+        connection closed, what it held was released (``send_tasks``): its session's
+        slots, should it have resumed here since."""
+        if conn.closed:
+            self.session_slots_freed(conn.session_id)
+        self._wake.set()
 
 
 def _req_id(raw: Any) -> str | None:
@@ -623,6 +686,9 @@ class _Protocol:
                     continue
             except OrbitError as exc:
                 await self.error(getattr(msg, "req_id", None), str(exc.code), exc.message)
+                continue
+            except DatabaseUnavailable as exc:  # the store said so: its code, no traceback
+                await self.error(getattr(msg, "req_id", None), exc.code, exc.message)
                 continue
             except Exception:
                 log.exception("handshake failed")
@@ -741,12 +807,15 @@ class _Protocol:
                 starts = (msg if isinstance(msg, StartBatch) else start_batch(msg)).items
                 with metrics.worker_call("start", len(starts)):
                     answers = await in_thread(store.attempt_start_many, sid, epoch, starts)
+                if any_refused(answers):  # ended meanwhile (cancelled while claimed, reaped)
+                    self.dispatcher.slots_freed(conn)
                 await conn.send(started_many_wire(rid, starts, answers, metrics))
                 await self._close_if_fenced(answers)
             elif isinstance(msg, FinishBatch | FinishMany):
                 finishes = (msg if isinstance(msg, FinishBatch) else finish_batch(msg)).items
                 with metrics.worker_call("finish", len(finishes)):
                     receipts = await in_thread(store.attempt_finish_many, sid, epoch, finishes)
+                self.dispatcher.slots_freed(conn)
                 await conn.send(finished_many_wire(rid, finishes, receipts, metrics))
                 await self._close_if_fenced(receipts)
             elif isinstance(msg, Renew):
@@ -754,6 +823,8 @@ class _Protocol:
                     leases = await in_thread(
                         store.lease_renew_many, sid, epoch, list(msg.attempt_ids)
                     )
+                if any(x.status == "lost" for x in leases):  # ended meanwhile (reaped)
+                    self.dispatcher.slots_freed(conn)
                 renewed = [lease_wire(x) for x in leases]
                 await conn.send({"type": "renewed", "req_id": rid, "leases": renewed})
             elif isinstance(msg, Finish):
@@ -762,6 +833,7 @@ class _Protocol:
                     done = await in_thread(
                         store.attempt_finish, sid, epoch, msg.attempt_id, int(msg.fence), outcome
                     )
+                self.dispatcher.slots_freed(conn)
                 metrics.finishes.labels(str(done.task_state)).inc()
                 await conn.send({"type": "finished", "req_id": rid, "receipt": receipt_wire(done)})
             elif isinstance(msg, Release):
@@ -769,6 +841,7 @@ class _Protocol:
                     await in_thread(
                         store.attempt_release, sid, epoch, msg.attempt_id, int(msg.fence)
                     )
+                self.dispatcher.slots_freed(conn)
                 await conn.send(AckMessage(req_id=rid, op="release"))
             elif isinstance(msg, CapacityUpdate):
                 caps = [Capability(c.handler, c.capacity) for c in msg.capabilities]
@@ -786,6 +859,7 @@ class _Protocol:
                 # any empty claim for its old ones, and the new handler's tasks waited.
                 conn.max_concurrency = session.max_concurrency
                 conn.handlers = handlers_of(session)
+                self.dispatcher.slots_freed(conn)
                 await conn.send(AckMessage(req_id=rid, op="capacity"))
                 self.dispatcher.wake_threadsafe()
             elif isinstance(msg, Drain):
@@ -808,6 +882,15 @@ class _Protocol:
             else:
                 await self.error(rid, "ALREADY_WELCOMED", "the session is already established")
         except Exception as exc:
+            # A refused report may say its attempt ended meanwhile (cancelled while
+            # claimed, reaped), and a failed one may yet have committed: either may have
+            # freed a slot. Rare, and a claim too many is all it can cost.
+            self.dispatcher.slots_freed(conn)
+            if isinstance(exc, DatabaseUnavailable):
+                # The database's state, which the store logged: its code (the worker
+                # sends a finish so answered again), not INTERNAL and a traceback
+                await self.error(rid, exc.code, exc.message)
+                return
             if not isinstance(exc, OrbitError):
                 log.exception("worker request failed")
                 await self.error(rid, "INTERNAL", "the server could not process this request")
@@ -820,11 +903,16 @@ class _Protocol:
             await self.error(rid, str(exc.code), exc.message, exc.field)
 
 
+def any_refused(answers: Sequence[object]) -> bool:
+    """Whether a batch's answers hold a refusal, found as ``any_fenced`` finds one."""
+    return any(issubclass(kind, OrbitError) for kind in set(map(type, answers)))
+
+
 def any_fenced(answers: Sequence[object]) -> bool:
     """Whether a batch's answers hold a FENCED_EPOCH refusal. The answers' types are
     gathered in C first, so a batch with no refusal at all (nearly every one) is not
     walked item by item in Python."""
-    if not any(issubclass(kind, OrbitError) for kind in set(map(type, answers))):
+    if not any_refused(answers):
         return False
     return any(isinstance(a, OrbitError) and a.code == Code.FENCED_EPOCH for a in answers)
 

@@ -141,8 +141,10 @@ def test_more_submits_than_threads_under_a_lock_commit_only_those_answered_201(
 def test_a_finish_under_another_processs_lock_is_sent_again_until_it_lands(
     db_url: str, tokens: Tokens, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The gateway answers a finish the store gave up on ``INTERNAL``, which the runner
-    sends again while its lease lasts: the finish lands once the lock is released."""
+    """The gateway answers a finish the store gave up on with the database's code
+    (``DATABASE_BUSY``, and no traceback in the server's log: it was ``INTERNAL``, with
+    one), which the runner sends again while its lease lasts: the finish lands once the
+    lock is released."""
     caplog.set_level(logging.WARNING, logger="orbit.worker")
     with _server(db_url, tmp_path) as node, _api(node, tokens.admin) as admin:
         _queue(node, tokens)
@@ -181,6 +183,9 @@ def test_a_finish_under_another_processs_lock_is_sent_again_until_it_lands(
         task = admin.get(f"/v1/tasks/{task_id}").json()
         assert task["state"] == "succeeded", task
         assert task["result"] == {"done": True}
+        again = [r.message for r in caplog.records if "sending it again" in r.message]
+        assert "answered DATABASE_BUSY" in again[0], again
+        assert "worker request failed" not in node.log_text()
 
 
 @contextmanager
