@@ -15,7 +15,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -36,7 +36,7 @@ from orbit.client import (
 )
 from orbit.client._client import POLL_TIMEOUT_FLOOR, Waiting
 from orbit.client._http import MAX_TIMEOUT, Transport
-from tests.http_servers import serving
+from tests.http_servers import AnsweringHandler, serving
 
 
 class _Server(ThreadingHTTPServer):
@@ -59,24 +59,12 @@ class _Server(ThreadingHTTPServer):
         pass
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(AnsweringHandler):
     server: _Server
     served = 0  # requests on this connection (one handler per connection)
 
-    def log_message(self, *_: Any) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        self._answer()
-
-    def do_POST(self) -> None:
-        self._answer()
-
     def _answer(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length:
-            self.rfile.read(length)
+        self.body()
         self.served += 1
         srv = self.server
         srv.seen.append({"method": self.command, "path": self.path, "n": self.served})

@@ -12,32 +12,21 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
 from orbit.client import ApiError, AsyncClient, Client, Unreachable
 from orbit.client._http import KEEPALIVE_EXPIRY, STREAM_CHUNK, Transport, _still_open
-from tests.http_servers import serving
+from tests.http_servers import AnsweringHandler, serving
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive
+class _Handler(AnsweringHandler):
     server: _Server
 
-    def log_message(self, *_: Any) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        self._answer()
-
-    def do_POST(self) -> None:
-        self._answer()
-
     def _answer(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
+        body = self.body()
         self.server.seen.append(
             {
                 "port": self.client_address[1],

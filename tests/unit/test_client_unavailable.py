@@ -15,7 +15,7 @@ import json
 import pickle
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -35,7 +35,7 @@ from orbit.client import (
 )
 from orbit.client._http import DATABASE_CODES
 from orbit.store.driver import UNAVAILABLE_MESSAGES
-from tests.http_servers import serving
+from tests.http_servers import AnsweringHandler, serving
 
 BUSY = {
     "error": {
@@ -62,23 +62,11 @@ class _Server(ThreadingHTTPServer):
         pass
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(AnsweringHandler):
     server: _Server
 
-    def log_message(self, *_: Any) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        self._answer()
-
-    def do_POST(self) -> None:
-        self._answer()
-
     def _answer(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length:
-            self.rfile.read(length)
+        self.body()
         srv = self.server
         srv.seen.append(self.path)
         headers = {"Content-Type": "application/json"}
