@@ -484,7 +484,12 @@ class Store:
         return failed[1], UNAVAILABLE_MESSAGES[failed[1]]
 
     def _tx(
-        self, work: Callable[[_Tx], T], *, durable: bool = True, wait_us: int | None = None
+        self,
+        work: Callable[[_Tx], T],
+        *,
+        durable: bool = True,
+        wait_us: int | None = None,
+        waiting: str | None = None,
     ) -> T:
         """Run ``work`` in one transaction, retrying on deadlocks, stale writes and lock
         waits that ran out. ``durable=False``: see ``Driver.transaction`` (only claims
@@ -497,6 +502,8 @@ class Store:
         up with ``DatabaseUnavailable`` (the server's 503), logged once as a warning.
         A wait with no bound outlived its client, which was told the server was
         unreachable, and the transaction committed after all, a minute later.
+        ``waiting``: what to log at INFO, once, when a lock wait first runs out and the
+        transaction is tried again (a long wait that would otherwise say nothing).
         ``wait_us``: this transaction's wait in place of the config's (one no client
         waits for, such as a migration behind another node's).
 
@@ -555,6 +562,9 @@ class Store:
                 # at most max_tx_retries times.
                 tries_left = code == DATABASE_BUSY or attempt <= self.config.max_tx_retries
                 if self.driver.is_retryable(exc) and wait_s > 0 and tries_left:
+                    if waiting is not None and code == DATABASE_BUSY:
+                        _log.info("%s; trying again for up to %.0f s", waiting, wait_s)
+                        waiting = None
                     continue
                 if code is None:
                     raise
@@ -674,7 +684,12 @@ class Store:
             return Migrated(before, current, tuple(applied))
 
         try:
-            done = self._tx(work, wait_us=MIGRATE_WAIT_US)
+            done = self._tx(
+                work,
+                wait_us=MIGRATE_WAIT_US,
+                waiting="the migration waits for a lock another process holds (another "
+                "node's migration, or a transaction on a table it alters)",
+            )
         except SchemaTooNew:
             raise
         except Exception as exc:
