@@ -340,14 +340,17 @@ class Dispatcher:
 
     def _wake_if_blocked(self) -> None:
         self.frees += 1
+        # A freed permit may be a full session's own slot, freed with no report of its
+        # worker's (the reaper ending a timed-out or lost attempt, a cancel releasing a
+        # claimed one its worker held waiting, another node's commit), and the notice
+        # does not say whose: every full mark is cleared, as a poll round clears them.
+        # A submit frees nothing, so submits still skip full workers.
+        for conn in self.connections.values():
+            conn.full = False
         # Only connections the dispatcher claims for: one that takes no pushes has no
         # claim made for it, so its ``blocked`` never leaves its first value (True), and
         # counting it made every freed permit on the node cost a round of claims.
-        # Nor a full one: only its own attempts ending can free it, and what reports
-        # them wakes the dispatcher itself (``slots_freed``).
-        if any(
-            c.blocked and c.push and not c.closed and not c.full for c in self.connections.values()
-        ):
+        if any(c.blocked and c.push and not c.closed for c in self.connections.values()):
             self._wake.set()
 
     def slots_freed(self, conn: WorkerConnection) -> None:
@@ -560,7 +563,7 @@ class Dispatcher:
         conn.blocked = grants.blocked
         # Not full if its worker reported an attempt ended while the claim was in flight:
         # the claim may have counted that slot as taken, and the report's wake has gone.
-        conn.full = grants.full and conn.freed == freed
+        conn.full = grants.full and conn.freed == freed and self.frees == frees
         if grants.token_wait_us is not None:
             due = asyncio.get_running_loop().time() + grants.token_wait_us / 1e6 + TOKEN_MARGIN_S
             if self._token_due is None or due < self._token_due:

@@ -3732,14 +3732,14 @@ class _Tx:
 
     def unsent_notices(self) -> list[Notice]:
         """The notices this transaction owes the other nodes and has not queued yet: a
-        queue whose task became ready, one where a permit was freed (unless it also became
-        ready: one wake serves both), each running attempt asked to stop, and each session
+        queue whose task became ready, one where a permit was freed (a slot of a session
+        another node may skip as full), each running attempt asked to stop, and each session
         resumed (its older connection, on whichever node, is fenced), and each token revoked
         (the connections opened with it are closed). Marked as queued: the caller must send
         them in this transaction."""
         origin = self._store.origin
         owed = [("orbit_ready", f"{origin}:ready:{q}") for q in sorted(self.ready)]
-        owed += [("orbit_ready", f"{origin}:freed:{q}") for q in sorted(self.freed - self.ready)]
+        owed += [("orbit_ready", f"{origin}:freed:{q}") for q in sorted(self.freed)]
         owed += [("orbit_cancel", f"{s}:{a}") for s, a in self.cancels]
         owed += [("orbit_ready", f"{origin}:fenced:{s}:{e}") for s, e in self.fenced]
         owed += [("orbit_ready", f"{origin}:revoked:{t}") for t in self.revoked]
@@ -3820,7 +3820,10 @@ class _Tx:
             # (claimed -> running) or a cancel request changes neither.
             if after.state == _QUEUED:
                 self.ready.add(after.queue)
-            elif before.state in LIVE_TASK_STATES and after.state not in LIVE_TASK_STATES:
+            # A live task that leaves the live states frees its session's slot and its
+            # permits, back to queued too (a release, a reaped claim, a retry): a
+            # dispatcher skipping its worker as full hears of it (``on_freed``).
+            if before.state in LIVE_TASK_STATES and after.state not in LIVE_TASK_STATES:
                 self.freed.add(after.queue)
         for event in plan.events:
             if event.kind == "cancel_requested" and event.data:

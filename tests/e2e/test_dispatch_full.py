@@ -290,13 +290,14 @@ def test_a_full_worker_whose_claimed_task_is_cancelled_gets_the_next(
         asyncio.run(scenario())
 
 
-def test_a_full_worker_freed_by_the_reaper_gets_work_at_the_poll(
-    nodes: Any, tokens: Tokens
-) -> None:
+def test_a_full_worker_freed_by_the_reaper_gets_work_at_once(nodes: Any, tokens: Tokens) -> None:
     """A slot freed where no report of the worker says so (its claim lease expired, the
-    reaper released the attempt) is found by the poll round: the worker, skipped as full
-    since, is offered again then."""
-    node = nodes(args=["--poll-interval", "1", "--claim-ttl", "0.5", "--reap-interval", "0.1"])
+    reaper released the attempt, as it ends a timed-out one) frees a permit, which
+    clears every full mark: the worker, skipped as full since, is offered again then,
+    not at the poll round (ten minutes here; it waited for it)."""
+    node = nodes(
+        args=["--poll-interval", LONG_POLL, "--claim-ttl", "0.5", "--reap-interval", "0.1"]
+    )
 
     async def scenario() -> None:
         headers = {"Authorization": f"Bearer {tokens.admin}"}
@@ -309,6 +310,36 @@ def test_a_full_worker_freed_by_the_reaper_gets_work_at_the_poll(
             # never started: the claim lease runs out, and the task is queued again
             pushed = await _tasks(conn)
             assert len(pushed) == 1 and pushed[0]["task_id"] in (first, second)
+            await conn.close()
+
+    with _admin(node, tokens):
+        asyncio.run(scenario())
+
+
+def test_a_full_workers_claimed_task_cancelled_frees_its_slot_with_no_report(
+    slow_poll_node: Node, tokens: Tokens
+) -> None:
+    """A task cancelled while claimed, whose worker sends nothing after (a prefetched
+    attempt it held waiting is dropped without a report): the cancel's release frees a
+    permit, which clears the full mark, and the queued task is pushed at once, not at
+    the poll round (it waited for it)."""
+    node = slow_poll_node
+
+    async def scenario() -> None:
+        headers = {"Authorization": f"Bearer {tokens.admin}"}
+        async with httpx.AsyncClient(base_url=node.http, timeout=30, headers=headers) as ah:
+            (conn,) = await _workers(node, tokens, 1)
+            await _submit(ah)
+            (task,) = await _tasks(conn)
+            queued = await _submit(ah)
+            cancelled = await ah.post(f"/v1/tasks/{task['task_id']}/cancel")
+            assert cancelled.status_code == 200, cancelled.text
+            # the cancel's push, then the queued task in the freed slot
+            pushed = []
+            while not any(m["type"] == "tasks" for m in pushed):
+                pushed.append(await conn.next_push(WAIT))
+            tasks = [m for m in pushed if m["type"] == "tasks"]
+            assert [t["task_id"] for t in tasks[0]["tasks"]] == [queued], pushed
             await conn.close()
 
     with _admin(node, tokens):

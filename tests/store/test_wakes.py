@@ -147,7 +147,11 @@ def test_setting_the_limit_in_force_wakes_nobody(store: Store) -> None:
     assert calls == []
 
 
-def test_a_retry_readies_the_task_rather_than_only_freeing(store: Store) -> None:
+def test_a_release_readies_the_task_and_frees_its_permit(store: Store) -> None:
+    """A release (as a retry, a reaped claim) readies its task and frees its session's
+    slot: both are said. It said only ready, and a dispatcher that skips a worker whose
+    session was full (``Grants.full``) never heard that the slot was free, and left the
+    worker idle until its poll round."""
     calls: list[str] = []
     store.on_ready = lambda _: calls.append("ready")
     store.on_freed = lambda _: calls.append("freed")
@@ -156,7 +160,7 @@ def test_a_retry_readies_the_task_rather_than_only_freeing(store: Store) -> None
     submit(store, retry_safe=True)
     g = store.attempt_claim_many(session.id, session.epoch, 1)[0]
     store.attempt_release(session.id, session.epoch, g.attempt.id, g.attempt.fence)
-    assert calls == ["ready", "ready"]
+    assert calls == ["ready", "ready", "freed"]
 
 
 def test_notify_names_the_origin_and_the_kind() -> None:
