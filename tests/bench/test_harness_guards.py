@@ -333,8 +333,20 @@ class SignalledInsideStart(InterruptedStart):
         return self._start_each(spec.processes, into, start_one)
 
 
+@pytest.fixture
+def python_sigint() -> Iterator[None]:
+    """Python's own SIGINT handler (KeyboardInterrupt) for the test, as a harness run
+    from a terminal has: a process started in the background (a CI runner's job) may
+    inherit SIGINT ignored, and a raised SIGINT is then no KeyboardInterrupt at all."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def test_a_signal_inside_a_worker_start_waits_until_the_caller_holds_it(
-    tmp_path: Path,
+    tmp_path: Path, python_sigint: None
 ) -> None:
     system = SignalledInsideStart(0)
     try:

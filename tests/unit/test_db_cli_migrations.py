@@ -16,7 +16,8 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from orbit.cli.main import app
-from orbit.store import open_store, sqlite_path
+from orbit.core.model import SECOND
+from orbit.store import StoreConfig, open_store, sqlite_path
 from orbit.store.driver import migration_files
 from tests.pg import ADMIN_DSN
 from tests.store.test_migrate_report import older
@@ -186,13 +187,19 @@ def test_a_token_command_whose_write_fails_says_what_failed(
     held by another process, a read-only PostgreSQL database) said ``cannot open the
     database: OperationalError: database is locked``, of a database they had opened.
     They say what failed, exit 1, show no token, and write nothing; ``token ls`` still
-    lists. SQLite's busy timeout is cut to 50 ms for the test (it is 10 s)."""
+    lists. SQLite's busy timeout is cut to 50 ms for the test (it is 10 s), and the
+    store's wait for the database to half a second (``tx_wait_us``, 20 s)."""
+    from orbit import store as store_package
     from orbit.store import sqlite as sqlite_backend
 
     monkeypatch.setattr(
         sqlite_backend,
         "SqliteDriver",
         functools.partial(sqlite_backend.SqliteDriver, busy_timeout_ms=50),
+    )
+    impatient = StoreConfig(tx_wait_us=SECOND // 2)
+    monkeypatch.setattr(
+        store_package, "open_store", functools.partial(store_package.open_store, config=impatient)
     )
     store = open_store(fresh_url)
     try:
