@@ -39,6 +39,7 @@ import httpx
 
 from orbit.client._errors import ApiError, Unavailable
 from orbit.client._tls import ProxyNotSupported
+from orbit.core.errors import DATABASE_CODES
 from orbit.urls import check_server_url
 
 if TYPE_CHECKING:
@@ -602,13 +603,6 @@ def server_down(exc: Unreachable | ApiError) -> bool:
     if isinstance(exc, Unreachable):
         return not _untrusted(exc)
     return exc.status in _GATEWAY_DOWN and exc.code == "HTTP_ERROR"
-
-
-#: Orbit's 503 codes for its database: busy (another process held its lock past the
-#: server's wait), full, read-only, failed or out of reach (``orbit.store.driver``'s)
-DATABASE_CODES = frozenset(
-    {"DATABASE_BUSY", "DATABASE_FULL", "DATABASE_READ_ONLY", "DATABASE_UNAVAILABLE"}
-)
 
 
 def server_failing(exc: Unreachable | ApiError) -> bool:

@@ -137,6 +137,17 @@ class Backpressure(OrbitError):
         self.retry_after = retry_after
 
 
+#: The server's answers (503, ``Retry-After``) for a call its database could not take:
+#: busy (another process held its lock past the server's wait), full, read-only, failed
+#: or out of reach. The store raises them (``orbit.store.driver``); a worker and a client
+#: take them as the server's failure, to try again, not as a refusal.
+DATABASE_BUSY = "DATABASE_BUSY"
+DATABASE_FULL = "DATABASE_FULL"
+DATABASE_READ_ONLY = "DATABASE_READ_ONLY"
+DATABASE_UNAVAILABLE = "DATABASE_UNAVAILABLE"
+DATABASE_CODES = frozenset({DATABASE_BUSY, DATABASE_FULL, DATABASE_READ_ONLY, DATABASE_UNAVAILABLE})
+
+
 class Rejected(OrbitError):
     """A worker request refused by a guard. A refused report (start, renew, finish,
     release, capacity) is recorded as an event (I3, I9); a refused claim or heartbeat,

@@ -14,6 +14,11 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, overload
 
+from orbit.core.errors import DATABASE_BUSY as DATABASE_BUSY
+from orbit.core.errors import DATABASE_FULL as DATABASE_FULL
+from orbit.core.errors import DATABASE_READ_ONLY as DATABASE_READ_ONLY
+from orbit.core.errors import DATABASE_UNAVAILABLE as DATABASE_UNAVAILABLE
+
 Row = dict[str, Any]
 Params = dict[str, Any]
 #: A notification to the other server nodes: ``(channel, payload)``.
@@ -24,13 +29,10 @@ class StaleWrite(Exception):
     """A compare-and-set write matched fewer rows than planned; the transaction is retried."""
 
 
-#: The database's conditions a transaction gives up on (``Driver.unavailable_code``), and
-#: what the server answers for each (503, ``Retry-After``). Every word of these is the
-#: server's own: nothing of the driver's message (a host, a path) goes to a client.
-DATABASE_BUSY = "DATABASE_BUSY"
-DATABASE_FULL = "DATABASE_FULL"
-DATABASE_READ_ONLY = "DATABASE_READ_ONLY"
-DATABASE_UNAVAILABLE = "DATABASE_UNAVAILABLE"
+#: What the server answers (503, ``Retry-After``) for each of the database's conditions a
+#: transaction gives up on (``Driver.unavailable_code``; the codes are
+#: ``orbit.core.errors``'). Every word of these is the server's own: nothing of the
+#: driver's message (a host, a path) goes to a client.
 UNAVAILABLE_MESSAGES = {
     DATABASE_BUSY: "the database is busy: another process holds its lock; nothing was written",
     DATABASE_FULL: "the database is full (its disk, or its size limit); nothing was written",

@@ -64,7 +64,7 @@ from websockets.exceptions import InvalidStatus
 
 from orbit import aio
 from orbit.aio import stop_tasks
-from orbit.core.errors import Code, OrbitError
+from orbit.core.errors import DATABASE_CODES, Code, OrbitError
 from orbit.core.model import parse_json
 from orbit.core.validate import (
     MAX_ARTIFACT_TTL_S,
@@ -136,9 +136,7 @@ CLAIM_STALE_S = 30.0
 #: back-off (a warning each time), not final as the server's refusal of this worker's
 #: credentials or configuration is (any other code): a worker started while its server's
 #: database refused writes exited for good. ``resume`` and ``finish`` read them the same.
-SERVER_NOT_TRIED = frozenset(
-    {"INTERNAL", "DATABASE_BUSY", "DATABASE_FULL", "DATABASE_READ_ONLY", "DATABASE_UNAVAILABLE"}
-)
+SERVER_NOT_TRIED = frozenset({"INTERNAL", *DATABASE_CODES})
 RESUME_NOT_TRIED = SERVER_NOT_TRIED
 #: The answer to a ``finish`` (or a whole ``finish_many``) that says the server could not
 #: commit it (its database failed or was out of reach), not that the report was refused:
