@@ -177,6 +177,20 @@ async def _workers(node: Node, tokens: Tokens, n: int, slots: int = 1) -> list[W
     return conns
 
 
+async def _full_worker_whose_claimed_task_is_cancelled(
+    ah: httpx.AsyncClient, node: Node, tokens: Tokens
+) -> tuple[Worker, dict[str, Any], str]:
+    """A one-slot worker holding a claimed task, another task queued behind it, and the
+    claimed one cancelled: the worker, the cancelled task's push, the queued task's id."""
+    (conn,) = await _workers(node, tokens, 1)
+    await _submit(ah)
+    (task,) = await _tasks(conn)
+    queued = await _submit(ah)
+    cancelled = await ah.post(f"/v1/tasks/{task['task_id']}/cancel")
+    assert cancelled.status_code == 200, cancelled.text
+    return conn, task, queued
+
+
 @pytest.fixture
 def slow_poll_node(nodes: Any) -> Node:
     return nodes(args=["--poll-interval", LONG_POLL])
@@ -275,12 +289,9 @@ def test_a_full_worker_whose_claimed_task_is_cancelled_gets_the_next(
     async def scenario() -> None:
         headers = {"Authorization": f"Bearer {tokens.admin}"}
         async with httpx.AsyncClient(base_url=node.http, timeout=30, headers=headers) as ah:
-            (conn,) = await _workers(node, tokens, 1)
-            await _submit(ah)
-            (task,) = await _tasks(conn)
-            queued = await _submit(ah)
-            cancelled = await ah.post(f"/v1/tasks/{task['task_id']}/cancel")
-            assert cancelled.status_code == 200, cancelled.text
+            conn, task, queued = await _full_worker_whose_claimed_task_is_cancelled(
+                ah, node, tokens
+            )
             with pytest.raises(ServerError):
                 await conn.start(task["attempt_id"], task["fence"])
             assert [t["task_id"] for t in await _tasks(conn)] == [queued]
@@ -328,12 +339,7 @@ def test_a_full_workers_claimed_task_cancelled_frees_its_slot_with_no_report(
     async def scenario() -> None:
         headers = {"Authorization": f"Bearer {tokens.admin}"}
         async with httpx.AsyncClient(base_url=node.http, timeout=30, headers=headers) as ah:
-            (conn,) = await _workers(node, tokens, 1)
-            await _submit(ah)
-            (task,) = await _tasks(conn)
-            queued = await _submit(ah)
-            cancelled = await ah.post(f"/v1/tasks/{task['task_id']}/cancel")
-            assert cancelled.status_code == 200, cancelled.text
+            conn, _, queued = await _full_worker_whose_claimed_task_is_cancelled(ah, node, tokens)
             # the cancel's push, then the queued task in the freed slot
             pushed = []
             while not any(m["type"] == "tasks" for m in pushed):
