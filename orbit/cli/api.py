@@ -25,6 +25,12 @@ from rich.console import Console
 from rich.table import Column, Table
 from rich.text import Text
 
+from orbit.core.errors import (
+    DATABASE_BUSY,
+    DATABASE_FULL,
+    DATABASE_READ_ONLY,
+    DATABASE_UNAVAILABLE,
+)
 from orbit.core.states import TaskState
 from orbit.core.validate import (
     MAX_GLOBAL_CAP,
@@ -39,7 +45,7 @@ from orbit.urls import check_cafile
 if TYPE_CHECKING:
     from rich.status import Status
 
-    from orbit.client import Client, WaitTimeout
+    from orbit.client import ApiError, Client, Unreachable, WaitTimeout
     from orbit.client._client import Waiting
 
 EXIT_TASK_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_TIMEOUT = 1, 2, 3, 4, 5
@@ -153,7 +159,13 @@ limit_app = typer.Typer(
 )
 event_app = typer.Typer(
     help="The event log, in its order: every task's events and the operators' changes "
-    "(queue, tenant and global caps, pauses, sessions)." + CONNECTION_HELP + TRY_LATER_EXIT + ".",
+    "(queue, tenant and global caps, pauses, sessions)."
+    + CONNECTION_HELP
+    + TRY_LATER_EXIT
+    # the follow rides over a node's 503 for its streams' sake for a minute (the
+    # client's outage), then ends with it: exit 6, as for the database's
+    + "; for ls --follow, also a node still at its cap of streams or shutting down after "
+    "a minute (503 TOO_MANY_STREAMS, SHUTTING_DOWN).",
     no_args_is_help=True,
 )
 schedule_app = typer.Typer(
@@ -1054,6 +1066,37 @@ def _wait(
         raise typer.Exit(EXIT_TASK_FAILED)
 
 
+#: What a 503's ``DATABASE_*`` code says of the server's database, in the wait's status
+DATABASE_STATES = {
+    DATABASE_BUSY: "is busy",
+    DATABASE_FULL: "is full",
+    DATABASE_READ_ONLY: "is read-only",
+    DATABASE_UNAVAILABLE: "is away",
+}
+
+
+def why_asking_again(exc: Unreachable | ApiError) -> str:
+    """Why a wait's poll failed and it asks again (``Waiting.failed`` let it through), as
+    its status line says it: the server out of reach (or a proxy's page), its database
+    unable to take the call (a 503 ``DATABASE_*``, code named), or the server failing
+    (500 ``INTERNAL``). Every failure said "the server cannot be reached", so an
+    operator watching a wait looked for a network fault while the server was answering
+    that its database was busy."""
+    from orbit.client import ApiError, Unavailable
+
+    if isinstance(exc, Unavailable):
+        state = DATABASE_STATES.get(exc.code)
+        said = (
+            "the server cannot take the call now"
+            if state is None
+            else f"the server's database {state}"
+        )
+        return f"{said} ({exc.code})"
+    if isinstance(exc, ApiError) and exc.code == "INTERNAL":
+        return "the server failed (INTERNAL)"
+    return "the server cannot be reached"
+
+
 def _follow(
     c: Client, waiting: Waiting, status: Status, as_json: bool, seen: dict[str, Any] | None
 ) -> tuple[dict[str, Any] | None, WaitTimeout | None]:
@@ -1081,7 +1124,7 @@ def _follow(
                 waiting.failed(exc)
             except WaitTimeout as over:  # the end of the wait cut the last poll short
                 return seen, over
-            status.update(Text(f"{task_id}: the server cannot be reached; asking again"))
+            status.update(Text(f"{task_id}: {why_asking_again(exc)}; asking again"))
             time.sleep(0.2)
             continue
         for e in fresh:

@@ -7,6 +7,7 @@ The database comes from ``--db`` or ``ORBIT_DB``: ``sqlite:///path/orbit.db`` or
 
 from __future__ import annotations
 
+import inspect
 import os
 import socket
 import ssl
@@ -677,9 +678,9 @@ def worker_command(
     """Run a worker, or list and drain workers.
 
     \b
-      orbit worker myapp.jobs:worker     run the orbit.Worker defined in myapp/jobs.py
-      orbit worker ls [--state live]     list every worker session (expired ones stay listed)
-      orbit worker drain SESSION_ID      stop new claims for a session (durable)
+      orbit worker myapp.jobs:worker   run the orbit.Worker in myapp/jobs.py
+      orbit worker ls [--state live]   list all worker sessions, expired ones too
+      orbit worker drain SESSION_ID    stop new claims for a session (durable)
 
     The token comes from ORBIT_TOKEN or ORBIT_TOKEN_FILE. --url (or ORBIT_URL) and
     --cafile (or ORBIT_CAFILE), when given, replace those the module's Worker names,
@@ -692,7 +693,9 @@ def worker_command(
     unanswered when it stopped: its lease decides); 2 bad arguments, no token, an
     unusable URL or CA file, a server certificate not trusted, or no handler registered;
     3 the server refused the token or the worker's hello. Of ls and drain: 0 done; 2 bad
-    arguments; 3 refused by the server; 4 server unreachable.
+    arguments; 3 refused by the server; 4 server unreachable; 6 the server's database
+    cannot take the call now (503: busy, full, read-only or away); try again later, in
+    the time the error line gives.
     """
     from orbit.cli import api
 
@@ -803,6 +806,46 @@ def _run_worker(target: str, url: str | None, cafile: str | None) -> None:
     except ssl.SSLCertVerificationError as exc:  # at the first connection: set up wrong
         _fail(f"the server's certificate is not trusted: {exc.verify_message or exc}", 2)
     raise typer.Exit(code)
+
+
+def reflowed(help_text: str) -> str:
+    """``help_text`` as the help should print it: each paragraph's lines joined into one
+    for the terminal to wrap, a paragraph that opens with a ``\\b`` line kept line by line
+    (examples in columns). Typer's rich help (0.16 on) keeps a docstring's hard line
+    breaks and then wraps each line again, so at 80 columns a paragraph came out ragged,
+    a line of one or two words after each break. The ``\\b`` line is click's marker,
+    kept where click renders the help (rich off). Rich printed it as a blank line, so
+    there it moves to the start of the next line: rich drops the character, and it keeps
+    that line's indentation, which typer's ``cleandoc`` strips from the text's first."""
+    paragraphs = []
+    for paragraph in inspect.cleandoc(help_text).split("\n\n"):
+        lines = paragraph.split("\n")
+        if lines[0].strip() == "\b":
+            if typer.core.HAS_RICH and len(lines) > 1:
+                lines = ["\b" + lines[1], *lines[2:]]
+            paragraphs.append("\n".join(lines))
+        else:
+            paragraphs.append(" ".join([lines[0].rstrip(), *(ln.strip() for ln in lines[1:])]))
+    return "\n\n".join(paragraphs)
+
+
+def _reflow_helps(group: typer.Typer) -> None:
+    """Reflow (``reflowed``) the help of every command and group under ``group``, once,
+    when this module is imported: the help a command gives is its docstring unless it
+    was given one, and ``orbit --help`` alike reads it from what is set here."""
+    for command in group.registered_commands:
+        text = command.help if command.help is not None else inspect.getdoc(command.callback)
+        if text:
+            command.help = reflowed(text)
+    for sub in group.registered_groups:
+        instance = sub.typer_instance
+        if instance is not None:
+            if isinstance(instance.info.help, str):
+                instance.info.help = reflowed(instance.info.help)
+            _reflow_helps(instance)
+
+
+_reflow_helps(app)
 
 
 def main() -> None:
