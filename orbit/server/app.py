@@ -182,6 +182,40 @@ def reap_delay(interval: float, due_in: float | None, *, did_work: bool) -> floa
     return min(interval, max(due_in + REAP_MARGIN_S, REAP_MIN_GAP_S))
 
 
+class PassSkips:
+    """What a background duty (the reaper, the scheduler) logs while the database keeps
+    its passes from running. A pass the store gave up on for the database's sake (its
+    lock held elsewhere, full, read-only, out of reach: ``DatabaseUnavailable``) is no
+    bug: the store logged why already (``a transaction gave up after N tries``) and the
+    next pass tries again. It was an ERROR with a traceback at every pass, for as long
+    as the lock was held, which sent operators looking for a bug. It is now one WARNING
+    when passes start being skipped, again only if the reason changes, and one INFO once
+    a pass runs again; anything else a pass raises is a bug and keeps its traceback."""
+
+    def __init__(self, duty: str, interval: float) -> None:
+        self.duty = duty
+        self.interval = interval  # the pause after a skipped pass
+        self.code: str | None = None  # why passes are being skipped; None while they run
+        self.count = 0  # passes skipped since the last that ran
+
+    def skipped(self, exc: DatabaseUnavailable) -> None:
+        self.count += 1
+        if exc.code != self.code:
+            self.code = exc.code
+            log.warning(
+                "%s pass skipped: %s (%s); trying again every %g s",
+                self.duty,
+                exc.message,
+                exc.code,
+                self.interval,
+            )
+
+    def ran(self) -> None:
+        if self.code is not None:
+            log.info("%s passes run again, after %d skipped", self.duty, self.count)
+        self.code, self.count = None, 0
+
+
 async def _reaper(store: Store, interval: float, metrics: Metrics) -> None:
     # Never asleep for longer than the shortest claim, lease or session TTL: a full
     # claim, lease or session made while the reaper sleeps is read by its next pass before
@@ -191,6 +225,7 @@ async def _reaper(store: Store, interval: float, metrics: Metrics) -> None:
     config = store.config
     shortest = min(config.claim_ttl_us, config.lease_ttl_us, config.session_ttl_us)
     interval = min(interval, shortest / 1_000_000)
+    skips = PassSkips("reaper", interval)
     while True:
         delay = interval
         try:
@@ -199,6 +234,9 @@ async def _reaper(store: Store, interval: float, metrics: Metrics) -> None:
                 metrics.lease_expiries.inc(report.expired_leases)
             due_in = await run_in_threadpool(store.reap_due_in)
             delay = reap_delay(interval, due_in, did_work=report.total > 0)
+            skips.ran()
+        except DatabaseUnavailable as exc:
+            skips.skipped(exc)
         except Exception:
             log.exception("reaper pass failed")
         await asyncio.sleep(delay)
@@ -212,12 +250,16 @@ async def _scheduler(store: Store, interval: float) -> None:
     that fired something runs again at once: a schedule catching up after a downtime
     fires one instant per transaction and per round, and the instants that come due
     meanwhile, on time, between its rounds."""
+    skips = PassSkips("schedule", interval)
     while True:
         delay = interval
         try:
             made = await run_in_threadpool(store.schedule_fire_due)
             if made:
                 delay = 0
+            skips.ran()
+        except DatabaseUnavailable as exc:
+            skips.skipped(exc)
         except Exception:
             log.exception("schedule pass failed")
         await asyncio.sleep(delay)
