@@ -193,10 +193,14 @@ def test_a_run_with_a_password_in_its_dsn_writes_it_nowhere(
 def test_a_process_label_masks_the_password_before_it_is_shortened(tmp_path: Path) -> None:
     """The label keeps 120 characters: cut first, the password's end would be kept."""
     dsn = f"postgresql://postgres:{SECRET}@127.0.0.1:5432/db"
-    head = f"{os.path.basename(sys.executable)} -c import time; time.sleep(60) "
+    code = "import time; print(flush=True); time.sleep(60)"
+    head = f"{os.path.basename(sys.executable)} -c {code} "
     pad = "x" * (108 - len(head) - len(" postgresql://postgres:"))  # the password at 108-130
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", pad, dsn])
+    proc = subprocess.Popen([sys.executable, "-c", code, pad, dsn], stdout=subprocess.PIPE)
     try:
+        # Its line says the interpreter runs: just after exec, before the kernel has set
+        # the new image's arguments, /proc shows an empty command line (the label: "python")
+        assert proc.stdout is not None and proc.stdout.readline() == b"\n"
         label = _label(psutil.Process(proc.pid))
     finally:
         proc.kill()
