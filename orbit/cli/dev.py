@@ -31,7 +31,6 @@ from orbit.core.errors import OrbitError
 from orbit.core.model import SECOND
 from orbit.gctune import tune_for_throughput
 from orbit.tokens import TokenError, load_token, token_id
-from orbit.worker.runner import Context, Retry, Worker
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine, Iterator
@@ -39,6 +38,7 @@ if TYPE_CHECKING:
 
     from orbit.client import AsyncClient
     from orbit.store import Store
+    from orbit.worker.runner import Context, Worker
 
 T = TypeVar("T")
 
@@ -62,6 +62,9 @@ DEMO: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
 
 
 def demo_worker(url: str, token: str) -> Worker:
+    # imported here: the worker runtime is no part of the other commands' start
+    from orbit.worker.runner import Retry, Worker
+
     worker = Worker(url, token, name="orbit-dev-demo", concurrency=8, grace=2.0)
 
     @worker.handler("demo.echo")

@@ -38,3 +38,16 @@ def test_a_worker_process_imports_neither_the_http_client_nor_the_server() -> No
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_command_line_loads_no_worker_runtime_until_it_runs_a_worker() -> None:
+    """``import orbit`` loaded the worker runtime (asyncio, websockets): about a tenth of
+    the start of every ``orbit task|queue|…`` command, none of which runs a worker."""
+    code = (
+        "import sys, orbit.cli.main\n"
+        "assert not [m for m in sys.modules if m.startswith('orbit.worker')], sys.modules\n"
+        "from orbit import Worker\n"
+        "assert Worker.__module__ == 'orbit.worker.runner'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
