@@ -1289,13 +1289,20 @@ class Store:
         once: a schedule catching up fires its next instant in the next round, after
         the instants that came due meanwhile have had theirs, so a long catch-up never
         holds a fresh instant back behind its backlog. Rounds go on until one does
-        nothing (nothing due, or every fire refused) or ``budget_s`` has passed; the
-        duty then runs the next pass at once if this one made anything.
+        nothing (nothing due, or no fire wrote anything: each refused, or its row held
+        by another node's fire or moved on since it was read) or ``budget_s`` has
+        passed; the duty then runs the next pass at once if this one made anything. A
+        round counts only fires that wrote something: one whose due rows are all held
+        elsewhere would otherwise find them again at once, round after round, for the
+        whole budget.
 
         While rounds follow one another, the duty is busy: an instant that came due
         since the first of them (``_FireStretch``) is on time however late the round
         that fires it (the documented meaning of a missed instant: the cluster was down,
-        or its fire refused all that time). A round that does nothing ends the stretch.
+        or its fire refused all that time). A round that does nothing ends the stretch,
+        and so does a stall (the node stopped, a long wait on the database): more than
+        ``MISFIRE_GRACE_US`` between two of the duty's readings of the clock, during
+        which it saw nothing come due. The next round starts a stretch of its own.
 
         A fire refused (a full queue, say) writes nothing: the schedule stays due, and
         is tried again by the next pass, not by this one's later rounds; a page of those
@@ -1310,11 +1317,14 @@ class Store:
         try:
             while True:
                 now = self._now()
-                if self._fire_stretch is None:
-                    self._fire_stretch = _FireStretch(began=now)
-                round_made, acted = self._schedule_round(now, limit, failed)
-                made += round_made
-                if not acted:
+                stretch = self._fire_stretch
+                if stretch is not None:
+                    stretch.saw(now)
+                if stretch is None or stretch.stalled:
+                    stretch = self._fire_stretch = _FireStretch(began=now)
+                wrote = stretch.wrote
+                made += self._schedule_round(now, limit, failed)
+                if stretch.wrote == wrote:
                     self._fire_stretch = None
                     return made
                 if time.monotonic() >= ends:
@@ -1323,11 +1333,11 @@ class Store:
             self._fire_stretch = None
             raise
 
-    def _schedule_round(self, now: int, limit: int, failed: set[str]) -> tuple[int, int]:
+    def _schedule_round(self, now: int, limit: int, failed: set[str]) -> int:
         """One round of ``schedule_fire_due`` at ``now``: each due schedule not in
-        ``failed`` fired once (one that fails is added to it). Return the tasks made and
-        the fires that went through (a task made or found, or the schedule moved on)."""
-        made = acted = 0
+        ``failed`` fired once (one that fails is added to it). Return the tasks made;
+        the fires that wrote something the stretch counts (``_FireStretch.wrote``)."""
+        made = 0
         done: set[str] = set()
         after_at, after_name = -(2**62), ""
         while True:
@@ -1341,7 +1351,6 @@ class Store:
                 done.add(name)
                 try:
                     made += self.schedule_fire(R.schedule_from_row(row), now)
-                    acted += 1
                 except OrbitError as exc:
                     # Nothing was written: the instant stays due and the next pass tries it.
                     failed.add(name)
@@ -1356,7 +1365,7 @@ class Store:
                     failed.add(name)
                     _log.exception("schedule %s did not fire", name)
             if len(rows) < limit:
-                return made, acted
+                return made
             after_at, after_name = int(rows[-1]["next_fire_at"]), str(rows[-1]["name"])
 
     def schedule_fire(self, s: Schedule, now: int) -> int:
@@ -1366,8 +1375,8 @@ class Store:
         if the policy keeps none, only advance it past now. Missed instants the policy
         drops are written down in the same transaction, whether or not an instant
         fires: a ``schedule.skipped`` event (``_skipped``). On time is judged from the
-        duty's stretch, when one is under way (``_FireStretch``). Return the tasks made
-        (0 or 1).
+        duty's stretch, when one is under way (``_FireStretch``), and the fire tells it
+        the clock it read and whether it wrote anything. Return the tasks made (0 or 1).
 
         Two guards keep an instant from firing twice. The row is locked as read (its
         version, and its ``created_at``: a schedule deleted and made again under its
@@ -1384,8 +1393,10 @@ class Store:
             plan = fire_plan(s, now, stretch.began - MISFIRE_GRACE_US, stretch.kept_from(s))
         if plan.instant is None:
 
-            def advance(tx: _Tx) -> None:
+            def advance(tx: _Tx) -> bool:
                 at = tx.now()
+                if stretch is not None:
+                    stretch.saw(at)
                 if not tx.fetch(
                     "schedule_lock_due",
                     name=s.name,
@@ -1393,7 +1404,7 @@ class Store:
                     version=s.version,
                     now=at,
                 ):
-                    return
+                    return False  # held by another node's fire, or moved on
                 _guarded(
                     "schedule_write",
                     tx.execute(
@@ -1408,14 +1419,18 @@ class Store:
                     1,
                 )
                 tx.events(_skipped(s, plan))
+                return True
 
-            self._tx(advance)
+            if self._tx(advance) and stretch is not None:
+                stretch.wrote += 1
             return 0
         instant = plan.instant
         key = fire_key(s, instant)
 
         def first(tx: _Tx) -> None:
             at = tx.now()
+            if stretch is not None:
+                stretch.saw(at)
             if not tx.fetch(
                 "schedule_lock_due",
                 name=s.name,
@@ -1470,6 +1485,7 @@ class Store:
             return 0
         if stretch is not None:
             stretch.kept[(s.name, s.created_at)] = (s.version + 1, instant)
+            stretch.wrote += 1
         return int(done[0].created)
 
     def _now(self) -> int:
@@ -3488,6 +3504,15 @@ class _FireStretch:
     instant that came due during it could not be fired sooner, the duty being busy, so
     it is on time however long the stretch takes (``fire_plan``'s ``on_time_from``).
 
+    Busy, not stalled: the duty reads the clock at each round and each fire (``saw``),
+    and a gap of more than ``MISFIRE_GRACE_US`` between two readings (the node stopped,
+    a paused VM, a long wait on the database) is time in which the duty saw nothing, as
+    if it were down: it ends the stretch (``stalled``), so that what came due meanwhile
+    is judged by the misfire policy, not fired as on time. The gap, not a round's
+    length: a round of many fires may take minutes and still see every instant in time.
+    ``wrote`` counts the fires that wrote something (a task made or found, or the
+    schedule moved on): a round that adds none ends the stretch.
+
     ``kept`` remembers, for each schedule this stretch fired past missed instants, the
     row version its fire wrote and the instant it fired: every due instant from there
     on is kept (the policy's choice is a run of consecutive instants), so its next fires
@@ -3497,7 +3522,17 @@ class _FireStretch:
 
     def __init__(self, began: int) -> None:
         self.began = began
+        self.seen = began
+        self.stalled = False
+        self.wrote = 0
         self.kept: dict[tuple[str, int], tuple[int, int]] = {}
+
+    def saw(self, at: int) -> None:
+        """The duty read the clock: ``at``. More than the grace since its last reading
+        is a stall."""
+        if at - self.seen > MISFIRE_GRACE_US:
+            self.stalled = True
+        self.seen = max(self.seen, at)
 
     def kept_from(self, s: Schedule) -> int | None:
         found = self.kept.get((s.name, s.created_at))
