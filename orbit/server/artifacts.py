@@ -11,15 +11,15 @@ from functools import partial
 from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
-from orbit.core.errors import Code, OrbitError
+from orbit.core.errors import DATABASE_FULL, Code, OrbitError
 from orbit.core.model import SECOND, Artifact
 from orbit.core.validate import MAX_ARTIFACT_TTL_S
 from orbit.protocol.messages import ArtifactPage, ArtifactView
 from orbit.server.auth import require
-from orbit.server.errors import ApiError
+from orbit.server.errors import DATABASE_RETRY_AFTER_S, ApiError
 from orbit.server.routes import (
     LISTING,
     Limit,
@@ -38,6 +38,10 @@ _COUNTER = re.compile(r"^(0|[1-9][0-9]{0,18})\Z")
 #: Convert.ToHexString give (upper-case); compared lower-cased
 _SHA = re.compile(r"^[0-9a-fA-F]{64}\Z")
 _SECONDS = re.compile(r"^[0-9]{1,9}\Z")
+_LENGTH = re.compile(r"^[ \t]*([0-9]+)[ \t]*\Z")
+#: How many chunks an upload writes between two looks at the free space of a SQLite
+#: database's disk (``Store.artifact_disk_room``, one ``statvfs``): 2 MiB.
+ROOM_EVERY = 8
 #: the longest X-Orbit-TTL, in seconds: the store keeps an artifact at most the longest
 #: duration Orbit accepts anywhere (the worker's ``Context.upload`` checks the same bound)
 MAX_TTL_S = MAX_ARTIFACT_TTL_S
@@ -121,6 +125,10 @@ async def _receive(request: Request, attempt_id: str, name: str) -> tuple[Artifa
     if declares_over(request.headers.get("content-length"), limit):
         raise _too_large(limit)
     content_type = request.headers.get("content-type", "application/octet-stream")
+    found = _LENGTH.match(request.headers.get("content-length") or "")
+    declared = int(found[1]) if found else None  # at most the limit (declares_over)
+    # Before anything is written: the whole declared body, else the first stretch.
+    await _check_room(store, ROOM_EVERY * CHUNK if declared is None else declared, 0)
     begun = await run_in_threadpool(
         partial(
             store.artifact_begin,
@@ -147,6 +155,10 @@ async def _receive(request: Request, attempt_id: str, name: str) -> tuple[Artifa
             digest.update(piece)
             buffer += piece
             while len(buffer) >= CHUNK:
+                if seq and seq % ROOM_EVERY == 0:
+                    # What is left of a declared body, else the stretch to the next look
+                    ahead = ROOM_EVERY * CHUNK if declared is None else declared - seq * CHUNK
+                    await _check_room(store, max(ahead, CHUNK), seq * CHUNK)
                 await run_in_threadpool(
                     store.artifact_write, artifact_id, seq, bytes(buffer[:CHUNK])
                 )
@@ -165,10 +177,12 @@ async def _receive(request: Request, attempt_id: str, name: str) -> tuple[Artifa
             fence,
             artifact_id,
         )
-    except BaseException:
+    except BaseException as exc:
         try:
             await run_in_threadpool(store.artifact_abort, artifact_id)
+            dropped = True
         except Exception as failed:  # the database went down too: the upload's error stands
+            dropped = False
             # Its type only: a driver's message may quote the database's address.
             log.warning(
                 "could not drop the failed upload %s (%s): the reaper drops it once its "
@@ -176,8 +190,73 @@ async def _receive(request: Request, attempt_id: str, name: str) -> tuple[Artifa
                 artifact_id,
                 type(failed).__name__,
             )
+        if isinstance(exc, _NoRoom):
+            raise exc.refusal(dropped) from None
         raise
     return artifact, False
+
+
+class _NoRoom(Exception):
+    """The disk of a SQLite database has too little free space for the rest of an upload
+    (``_check_room``). Answered once the upload is dropped, so that the answer can say
+    whether it was."""
+
+    def __init__(self, written: int) -> None:
+        super().__init__("too little free space on the database's disk")
+        self.written = written
+
+    def refusal(self, dropped: bool = True) -> ApiError:
+        """503 ``DATABASE_FULL``, as a write that found the disk full, with its
+        ``Retry-After``: the upload may fit once the reaper has deleted expired
+        artifacts or an operator has made room. Not 507 Insufficient Storage (WebDAV's):
+        the client and the worker SDK already take ``DATABASE_FULL`` for the database's
+        condition (``DATABASE_CODES``), and every other write on a full disk answers it;
+        a 507 would be one more status for each of them to learn."""
+        why = (
+            "the database's disk has too little free space for this upload (the server "
+            "keeps some free for its other writes)"
+        )
+        if not self.written:
+            what = "nothing was written"
+        elif dropped:
+            what = f"the upload was stopped and the {self.written} bytes it had written dropped"
+        else:
+            what = (
+                f"the upload was stopped; the {self.written} bytes it had written could not "
+                "be dropped now, and the reaper drops them once its attempt has ended"
+            )
+        return ApiError(
+            503,
+            DATABASE_FULL,
+            f"{why}; {what}",
+            headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
+        )
+
+
+async def _check_room(store: Store, need: int, written: int) -> None:
+    """Refuse (``_NoRoom``) to write ``need`` more bytes of an upload that has written
+    ``written`` where that would leave less free than ``StoreConfig.
+    artifact_disk_reserve_bytes`` on a SQLite database's disk. An upload that filled it
+    wedged the node: every later write failed (submits, finishes, the reaper's passes,
+    the delete of the upload itself, whose chunks then held the space). A no-op on
+    PostgreSQL, whose server's disk is not the node's to see."""
+    room = await run_in_threadpool(store.artifact_disk_room)
+    if room is None:
+        return
+    free, reserve = room
+    if free - need >= reserve:
+        return
+    log.warning(
+        "refused an upload: %d bytes more would leave %d of the %d bytes free on the "
+        "database's disk, under the %d kept for other writes",
+        need,
+        max(free - need, 0),
+        free,
+        reserve,
+    )
+    if written:
+        raise _NoRoom(written)
+    raise _NoRoom(0).refusal()
 
 
 async def _repeated(request: Request, artifact: Artifact, limit: int) -> None:
@@ -252,7 +331,31 @@ async def artifact_get(request: Request, artifact_id: str) -> JSONResponse:
 async def artifact_content(request: Request, artifact_id: str) -> StreamingResponse:
     store: Store = request.app.state.store
     artifact = await run_in_threadpool(store.artifact_get, artifact_id)
-    headers = {
+    return StreamingResponse(
+        iterate_in_threadpool(store.artifact_chunks(artifact_id)),
+        headers=_content_headers(artifact),
+    )
+
+
+# Left out of openapi.json: it answers the GET's headers, which the GET's entry there
+# describes; docs/protocol.md names it beside the GET.
+@router.head(
+    "/artifacts/{artifact_id}/content",
+    dependencies=[Depends(require("submit"))],
+    include_in_schema=False,
+)
+async def artifact_content_head(request: Request, artifact_id: str) -> Response:
+    """The headers a GET of the content answers (its length, digest, type, name), no
+    body: a client learns the size or checks the digest without the bytes. It was 405."""
+    artifact = await run_in_threadpool(request.app.state.store.artifact_get, artifact_id)
+    return Response(headers=_content_headers(artifact))
+
+
+def _content_headers(artifact: Artifact) -> dict[str, str]:
+    """A download's headers. ``Accept-Ranges: none``: a ``Range`` is not honoured, the
+    whole body is sent (200), and a client must not take a 200 for its range."""
+    return {
+        "Accept-Ranges": "none",
         "Content-Length": str(artifact.size),
         "X-Orbit-Sha256": artifact.sha256 or "",
         "Content-Disposition": attachment(artifact.name),
@@ -263,6 +366,3 @@ async def artifact_content(request: Request, artifact_id: str) -> StreamingRespo
         "Content-Type": artifact.content_type,
         "X-Content-Type-Options": "nosniff",
     }
-    return StreamingResponse(
-        iterate_in_threadpool(store.artifact_chunks(artifact_id)), headers=headers
-    )

@@ -305,6 +305,15 @@ def _utf8_len(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
+#: The most an upload leaves free on a SQLite database's file system by default
+#: (``StoreConfig.artifact_disk_reserve_bytes``): room for the node's ordinary writes for
+#: a while, and for the delete of an upload that was stopped.
+DISK_RESERVE_BYTES = 64 * 1024 * 1024
+#: How many chunks (256 KiB each) one transaction deletes of an artifact that goes on
+#: SQLite (``Store._shed_chunks``): 2 MiB of the ``-wal`` at a time.
+SHED_CHUNKS = 8
+
+
 @dataclass(frozen=True)
 class StoreConfig:
     """Lease lengths and bounds. Defaults suit a worker that renews every ~10 s."""
@@ -339,6 +348,14 @@ class StoreConfig:
     #: in its own transaction, and a delete under it cut the body short. Ten minutes
     #: read the largest artifact (``max_artifact_bytes``, 256 MiB) at about 440 KiB/s.
     artifact_grace_us: int = 10 * 60 * SECOND
+    #: What an upload must leave free on the file system of a SQLite database (its file
+    #: and its ``-wal``; the file's own free pages count as free), in bytes
+    #: (``artifact_disk_room``): an upload that would leave less is refused before it
+    #: writes, or stopped and dropped. A full disk refused
+    #: every later write, the upload's own delete and the reaper's passes too. None:
+    #: 64 MiB, or 5 % of the file system where that is less (a small disk). Not checked
+    #: on PostgreSQL, whose disk is not the node's to see.
+    artifact_disk_reserve_bytes: int | None = None
     #: how long ``event_list`` waits for older transactions to end (PostgreSQL)
     event_wait_us: int = 2 * SECOND
 
@@ -2892,9 +2909,65 @@ class Store:
         assert artifact is not None
         return artifact
 
+    def artifact_disk_room(self) -> tuple[int, int] | None:
+        """``(free, reserve)`` in bytes: what the file system of a SQLite database has
+        free now (with the free pages inside the file), and what an upload must leave of
+        it (``StoreConfig.artifact_disk_reserve_bytes``) for the node's other writes,
+        the upload's own delete and the reaper's. None on PostgreSQL (its server's disk
+        is not the node's to see) and for an in-memory database."""
+        from orbit.store.sqlite.driver import SqliteDriver  # not at the top: a cycle
+
+        if not isinstance(self.driver, SqliteDriver):
+            return None
+        space = self.driver.disk_space()
+        if space is None:
+            return None
+        free, size = space
+        # The file's own free pages: after a large upload was dropped they hold its
+        # space, and the disk's free space alone refused every upload after it.
+        free += int(self._read("database_free_bytes")[0]["free"])
+        reserve = self.config.artifact_disk_reserve_bytes
+        if reserve is None:
+            reserve = min(DISK_RESERVE_BYTES, size // 20)
+        return free, reserve
+
     def artifact_abort(self, artifact_id: str) -> None:
-        """Drop an upload that failed half-way (its chunks go with it)."""
+        """Drop an upload that failed half-way (its chunks go with it; on SQLite first,
+        a few at a time: ``_shed_chunks``)."""
+        if self.backend == "sqlite":
+            self._shed_chunks(artifact_id)
         self._tx(lambda tx: tx.execute("artifact_delete", id=artifact_id))
+
+    def _shed_chunks(self, artifact_id: str) -> None:
+        """Delete an artifact's chunks ``SHED_CHUNKS`` at a time, each batch a
+        transaction of its own (SQLite), before its row goes. SQLite is commonly built
+        with SECURE_DELETE (Debian's is), which overwrites every page a delete frees: one
+        transaction that deleted a large upload whole wrote as much to the ``-wal`` as
+        the upload had, and on a disk the upload had nearly filled it failed, and the
+        chunks stayed. Between small transactions the ``-wal`` is checkpointed and
+        written again from its start, so the drop needs little more free space than
+        one batch. Only for an artifact nothing can commit or read any more: a failed
+        upload, one whose attempt has ended, one expired past its grace."""
+        while self._tx(
+            lambda tx: tx.execute(
+                "artifact_chunks_shed", artifact_id=artifact_id, limit=SHED_CHUNKS
+            )
+        ):
+            pass
+
+    def _shed_doomed(self) -> None:
+        """Shed the chunks (``_shed_chunks``) of the artifacts the reaper's next two
+        passes delete (SQLite): the uploads of ended attempts, the artifacts expired
+        past their grace. A pass that deleted them whole needed free space for all of
+        their bytes, and failed every time on a disk without it, and the whole reap
+        with it: leases were no longer expired. Read outside a transaction: a pass
+        with nothing to shed takes no write lock for it."""
+        limit = self.config.reap_batch
+        expired_before = self._now() - self.config.artifact_grace_us
+        expired = self._read("artifact_expired_select", expired_before=expired_before, limit=limit)
+        abandoned = self._read("artifact_abandoned_select", limit=limit)
+        for row in (*expired, *abandoned):
+            self._shed_chunks(str(row["id"]))
 
     def artifact_get(self, artifact_id: str) -> Artifact:
         """A ready artifact, not of a cancelled attempt (nor of the live attempt of a task
@@ -3159,6 +3232,8 @@ class Store:
                 )
             )
 
+        if self.backend == "sqlite":
+            self._shed_doomed()
         counts["artifacts_expired"] = self._tx(artifacts_pass)
         counts["uploads_dropped"] = self._tx(uploads_pass)
         for plan in (self._tx(tasks_pass), self._tx(sessions_pass)):

@@ -693,6 +693,17 @@ class SqliteDriver:
         """None: a file is opened, not connected to; no server refuses it."""
         return None
 
+    def disk_space(self) -> tuple[int, int] | None:
+        """``(free, size)`` in bytes of the file system that holds the database and its
+        ``-wal`` (the directory of the file, its symlinks resolved, as SQLite resolves
+        them), free as an unprivileged process sees it (``f_bavail``). None for an
+        in-memory database. An upload checks it (``Store.artifact_disk_room``): a full
+        disk refused every later write, the delete of the upload that filled it too."""
+        if self.path == ":memory:":
+            return None
+        found = os.statvfs(os.path.dirname(os.path.realpath(self.path)))
+        return found.f_bavail * found.f_frsize, found.f_blocks * found.f_frsize
+
     def close(self) -> None:
         with self._lock:
             self._cx.close()

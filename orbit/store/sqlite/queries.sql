@@ -596,6 +596,35 @@ WHERE id IN (SELECT f.id FROM orbit_artifacts f JOIN orbit_attempts a ON a.id = 
              LIMIT :limit)
 RETURNING id;
 
+-- name: artifact_chunks_shed
+-- Some of an artifact's chunks, before its row goes (Store._shed_chunks): SQLite built
+-- with SECURE_DELETE overwrites every page a delete frees, so one transaction that
+-- deleted a large upload whole wrote as much to the -wal as the upload had.
+DELETE FROM orbit_artifact_chunks
+WHERE artifact_id = :artifact_id
+  AND seq IN (SELECT seq FROM orbit_artifact_chunks WHERE artifact_id = :artifact_id
+              ORDER BY seq LIMIT :limit);
+
+-- name: database_free_bytes
+-- The pages free inside the database file, in bytes: SQLite fills them before it grows
+-- the file, which never shrinks (Store.artifact_disk_room counts them as free).
+SELECT f.freelist_count * p.page_size AS free
+FROM pragma_freelist_count() AS f, pragma_page_size() AS p;
+
+-- name: artifact_abandoned_select
+-- What artifact_abandoned_delete drops for an ended attempt, read first so that their
+-- chunks go a few at a time (Store._shed_chunks). Not the uploads past
+-- StoreConfig.upload_max_us whose attempt runs: one of them may still be committed, and
+-- only the delete of its row, which a commit in flight holds, is safe from that.
+SELECT f.id FROM orbit_artifacts f JOIN orbit_attempts a ON a.id = f.attempt_id
+WHERE f.state = 'uploading' AND a.state <> 'running'
+LIMIT :limit;
+
+-- name: artifact_expired_select
+-- What artifact_expired_delete drops, read first as artifact_abandoned_select is.
+SELECT id FROM orbit_artifacts WHERE state = 'ready' AND expires_at <= :expired_before
+ORDER BY expires_at LIMIT :limit;
+
 -- name: artifact_expired_delete
 -- Committed artifacts only: an upload's TTL counts from its commit, and one still
 -- uploading is dropped once its attempt has ended (artifact_abandoned_delete). Those that
