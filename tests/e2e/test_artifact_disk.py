@@ -11,79 +11,27 @@ than the disk's free space makes the refusal certain without filling any disk.""
 from __future__ import annotations
 
 import sqlite3
-import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
-from functools import partial
+from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
-from starlette.exceptions import StarletteDeprecationWarning
 
-from orbit.core.model import Outcome
-from orbit.server import ServerSettings, create_app
 from orbit.server.artifacts import CHUNK, ROOM_EVERY
-from orbit.store import Store, StoreConfig, open_store, sqlite_path
-from tests.store.helpers import run_one, submit, worker
-
-with warnings.catch_warnings():  # starlette's TestClient warns at import about httpx
-    warnings.simplefilter("ignore", StarletteDeprecationWarning)
-    from fastapi.testclient import TestClient
+from orbit.store import StoreConfig, sqlite_path
+from tests.e2e.test_artifact_http import Served, serving
 
 #: more than any disk has free: every look at the disk refuses
 ALL = 2**62
 
 
-@dataclass
-class Served:
-    url: str
-    store: Store
-    client: TestClient
-    submit: dict[str, str]
-    upload: str
-    worker: dict[str, str]
-    task_id: str
-    finish: Callable[[], object]  # ends the running attempt (a success)
-
-
 @pytest.fixture
 def served(db_url: str) -> Iterator[Served]:
-    """An app over a store with one running attempt, its task's id, and tokens."""
-    store = open_store(db_url, StoreConfig(max_artifact_bytes=16 * 1024 * 1024))
-    try:
-        store.queue_create("q", max_concurrency=10, rate=0)
-        task_id = submit(store)
-        session, _ = worker(store)
-        attempt = run_one(store, session).attempt
-        submit_token = store.token_create("s", ["submit"])[1]
-        worker_token = store.token_create("w", ["worker"])[1]
-        app = create_app(ServerSettings(db_url=db_url, poll_interval=3600), store=store)
-        with TestClient(app, raise_server_exceptions=False) as client:
-            yield Served(
-                db_url,
-                store,
-                client,
-                {"Authorization": f"Bearer {submit_token}"},
-                f"/v1/attempts/{attempt.id}/artifacts",
-                {
-                    "Authorization": f"Bearer {worker_token}",
-                    "Content-Type": "application/octet-stream",
-                    "X-Orbit-Session": session.id,
-                    "X-Orbit-Epoch": str(session.epoch),
-                    "X-Orbit-Fence": str(attempt.fence),
-                },
-                task_id,
-                partial(
-                    store.attempt_finish,
-                    session.id,
-                    session.epoch,
-                    attempt.id,
-                    attempt.fence,
-                    Outcome.success(None),
-                ),
-            )
-    finally:
-        store.close()
+    """An app over a store with one running attempt (``serving``), its uploads sent as
+    ``application/octet-stream``."""
+    with serving(db_url, StoreConfig(max_artifact_bytes=16 * 1024 * 1024)) as it:
+        it.worker["Content-Type"] = "application/octet-stream"
+        yield it
 
 
 def _reserve(served: Served, reserve: int | None) -> None:

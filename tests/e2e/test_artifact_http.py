@@ -6,19 +6,22 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from email.message import Message
 from email.utils import collapse_rfc2231_value
+from functools import partial
 from typing import Any
 
 import pytest
 from starlette.exceptions import StarletteDeprecationWarning
 
+from orbit.core.model import Outcome
 from orbit.server import ServerSettings, create_app
 from orbit.server.artifacts import attachment
 from orbit.server.routes import encode_cursor
-from orbit.store import Store, open_store
+from orbit.store import Store, StoreConfig, open_store
 from tests.store.helpers import run_one, submit, worker
 
 with warnings.catch_warnings():  # starlette's TestClient warns at import about httpx
@@ -28,18 +31,20 @@ with warnings.catch_warnings():  # starlette's TestClient warns at import about 
 
 @dataclass
 class Served:
+    url: str
     store: Store
     client: TestClient
     submit: dict[str, str]  # the headers of a client with scope submit
     upload: str  # the URL prefix of the running attempt's artifacts
     worker: dict[str, str]  # the headers an upload for it needs
     task_id: str
+    finish: Callable[[], object]  # ends the running attempt (a success)
 
 
-@pytest.fixture
-def served(db_url: str) -> Iterator[Served]:
+@contextmanager
+def serving(db_url: str, config: StoreConfig | None = None) -> Iterator[Served]:
     """An app over a store with one running attempt, its task's id, and tokens."""
-    store = open_store(db_url)
+    store = open_store(db_url, config)
     try:
         store.queue_create("q", max_concurrency=10, rate=0)
         task_id = submit(store)
@@ -50,6 +55,7 @@ def served(db_url: str) -> Iterator[Served]:
         app = create_app(ServerSettings(db_url=db_url, poll_interval=3600), store=store)
         with TestClient(app, raise_server_exceptions=False) as client:
             yield Served(
+                db_url,
                 store,
                 client,
                 {"Authorization": f"Bearer {submit_token}"},
@@ -61,9 +67,23 @@ def served(db_url: str) -> Iterator[Served]:
                     "X-Orbit-Fence": str(attempt.fence),
                 },
                 task_id,
+                partial(
+                    store.attempt_finish,
+                    session.id,
+                    session.epoch,
+                    attempt.id,
+                    attempt.fence,
+                    Outcome.success(None),
+                ),
             )
     finally:
         store.close()
+
+
+@pytest.fixture
+def served(db_url: str) -> Iterator[Served]:
+    with serving(db_url) as it:
+        yield it
 
 
 def _sha(data: bytes) -> str:
