@@ -34,7 +34,10 @@ class StaleWrite(Exception):
 #: ``orbit.core.errors``'). Every word of these is the server's own: nothing of the
 #: driver's message (a host, a path) goes to a client.
 UNAVAILABLE_MESSAGES = {
-    DATABASE_BUSY: "the database is busy: another process holds its lock; nothing was written",
+    DATABASE_BUSY: (
+        "the database is busy: another process or a long transaction holds its lock; "
+        "nothing was written"
+    ),
     DATABASE_FULL: "the database is full (its disk, or its size limit); nothing was written",
     DATABASE_READ_ONLY: "the database is read-only; nothing was written",
     DATABASE_UNAVAILABLE: "the database is unavailable: it failed or cannot be reached",

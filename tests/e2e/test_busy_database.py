@@ -88,8 +88,8 @@ def test_a_submit_under_another_processs_lock_is_answered_503_busy(
             assert refused.json() == {
                 "error": {
                     "code": "DATABASE_BUSY",
-                    "message": "the database is busy: another process holds its lock; "
-                    "nothing was written",
+                    "message": "the database is busy: another process or a long transaction "
+                    "holds its lock; nothing was written",
                 }
             }
             assert refused.headers["Retry-After"] == "5"

@@ -20,7 +20,10 @@ from tests.db_locks import write_lock
 from tests.e2e.servers import Tokens
 from tests.e2e.test_busy_database import WAIT_S, _queue, _server
 
-BUSY = "the database is busy: another process holds its lock; nothing was written"
+BUSY = (
+    "the database is busy: another process or a long transaction holds its lock; "
+    "nothing was written"
+)
 
 
 def test_a_submit_under_another_processs_lock_is_unavailable_and_exits_6(

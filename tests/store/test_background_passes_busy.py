@@ -105,8 +105,9 @@ def test_the_reaper_skips_its_passes_under_a_lock_with_one_warning(
         )
         assert store.task_get(tid).state == "scheduled"  # to run again, after its backoff
         busy = (
-            f"reaper pass skipped: the database is busy: another process holds its lock; "
-            f"nothing was written (DATABASE_BUSY); trying again every {INTERVAL:g} s"
+            "reaper pass skipped: the database is busy: another process or a long transaction "
+            "holds its lock; nothing was written (DATABASE_BUSY); "
+            f"trying again every {INTERVAL:g} s"
         )
         assert _said(caplog, logging.WARNING, "reaper pass") == [busy]  # once, not a pass
         [again] = _said(caplog, logging.INFO, "run again")

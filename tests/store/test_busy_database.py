@@ -94,7 +94,10 @@ def test_a_submit_under_another_connections_lock_gives_up_within_its_wait(
             assert isinstance(refused, DatabaseUnavailable), refused
             assert (refused.code, refused.message) == (
                 DATABASE_BUSY,
-                "the database is busy: another process holds its lock; nothing was written",
+                (
+                    "the database is busy: another process or a long transaction holds its lock; "
+                    "nothing was written"
+                ),
             )
             # a lock's wait leaves /readyz ready: others' writes commit meanwhile, and
             # every node meets the same lock (it was noted, and took healthy nodes out)

@@ -20,7 +20,10 @@ from tests.http_servers import AnsweringHandler, serving
 BUSY = {
     "error": {
         "code": "DATABASE_BUSY",
-        "message": "the database is busy: another process holds its lock; nothing was written",
+        "message": (
+            "the database is busy: another process or a long transaction holds its lock; "
+            "nothing was written"
+        ),
     }
 }
 

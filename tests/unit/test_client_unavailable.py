@@ -40,7 +40,10 @@ from tests.http_servers import AnsweringHandler, serving
 BUSY = {
     "error": {
         "code": "DATABASE_BUSY",
-        "message": "the database is busy: another process holds its lock; nothing was written",
+        "message": (
+            "the database is busy: another process or a long transaction holds its lock; "
+            "nothing was written"
+        ),
     }
 }
 TASK = {"id": "t1", "state": "succeeded", "result": 7, "attempts_used": 1, "max_attempts": 3}
