@@ -1242,9 +1242,11 @@ def event_ls(
     as_json: AsJson = False,
 ) -> None:
     """List the event log in its order; prints the cursor of the next page if there is
-    one. Needs an admin token, but for one task's events (--task). With --follow, one
-    line an event as it is written (with --json, one object a line: its cursor and the
-    event), riding out a server restart; Ctrl-C stops and prints the cursor to go on from.
+    one, else, for a page read from --cursor, that cursor: the one to ask again with for
+    the events written since. Needs an admin token, but for one task's events (--task).
+    With --follow, one line an event as it is written (with --json, one object a line:
+    its cursor and the event), riding out a server restart; Ctrl-C stops and prints the
+    cursor to go on from.
 
     Example: orbit event ls --limit 100 --cursor …; orbit event ls --follow --task ID
     """
@@ -1265,6 +1267,11 @@ def event_ls(
     emit(page["items"], False, _events_table, "no events")
     if page["next_cursor"]:
         out.print(f"next page: --cursor {page['next_cursor']}", highlight=False)
+    elif cursor is not None:
+        # A short page is the end for now, and a follower goes on from the cursor that
+        # read it (its events come again first, then the newer ones: docs/protocol.md,
+        # "Event feeds"); it was printed nowhere, as if there were no place to go on from.
+        err.print(f"caught up; go on with --cursor {cursor}", highlight=False)
 
 
 def _follow_events(c: Client, task_id: str | None, cursor: str | None, as_json: bool) -> None:

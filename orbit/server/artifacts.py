@@ -301,7 +301,9 @@ async def artifact_list(
                 store.artifact_list, task_id, after_seq=after_seq, after_id=after_id, limit=limit
             )
         )
-    except OrbitError as exc:  # the only argument left to refuse: an id naming none
+    except OrbitError as exc:
+        # all that is left to refuse: an id naming none, or a place past every place
+        # ever drawn (its empty page would read as "nothing new yet" for ever)
         if exc.code is not Code.INVALID_ARGUMENT:
             raise
         raise ApiError(

@@ -724,7 +724,14 @@ async def task_attempts(
     has its event committed with it."""
     after = attempt_cursor(cursor)
     store = _store(request)
-    await in_thread(store.task_get, task_id)  # 404 for an unknown task
+    task = await in_thread(store.task_get, task_id)  # 404 for an unknown task
+    # A cursor past the task's fence (its last claim's number, released claims included,
+    # which attempts_used does not count) names no attempt this server could have
+    # listed: its empty page would read as "no new attempt yet" for ever after. The task
+    # is read before the attempts and its fence only grows, so a cursor issued before
+    # this request is never past it.
+    if after > task.fence:
+        raise _bad_cursor()
 
     def read() -> tuple[list[Attempt], dict[str, tuple[str, str | None]]]:
         attempts = store.attempt_list(task_id, after_number=after, limit=limit)

@@ -3006,7 +3006,15 @@ class Store:
         (``artifact_commit`` says why nothing is ever added behind a position read).
         ``after_id`` (in place of ``after_seq``): after that artifact of the task, what a
         cursor issued before this order stands for; one that names no ready artifact of
-        the task is INVALID_ARGUMENT, never a page from wherever its id would sort."""
+        the task is INVALID_ARGUMENT, never a page from wherever its id would sort.
+
+        An ``after_seq`` past every place ever drawn is INVALID_ARGUMENT too: its empty
+        page would read as "nothing new yet" for ever after, and the reader holding it
+        would never see the artifacts to come, those of places below it. The bound is the
+        counter that draws places for every task (``artifact_ready_seq_last``): expired
+        artifacts are deleted, so the rows cannot tell an old cursor from a forged one,
+        and nothing keeps a task's own largest place. It is read only for an empty page:
+        a place that has artifacts after it was drawn."""
         check_int("limit", limit, 1, 1000)
         check_int("after_seq", after_seq, 0, 2**63 - 1)
 
@@ -3019,9 +3027,12 @@ class Store:
                         Code.INVALID_ARGUMENT, f"no artifact {after_id!r:.80} of this task"
                     )
                 after = int(found[0]["ready_seq"])
-            return tx.fetch(
+            rows = tx.fetch(
                 "artifact_list", task_id=task_id, after_seq=after, limit=limit, now=tx.now()
             )
+            if not rows and after > int(tx.fetch("artifact_ready_seq_last")[0]["ready_seq"]):
+                raise OrbitError(Code.INVALID_ARGUMENT, f"no artifact was ever given place {after}")
+            return rows
 
         return [R.artifact_from_row(r) for r in self._tx(read)]
 

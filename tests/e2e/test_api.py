@@ -712,7 +712,8 @@ def test_the_queue_token_and_attempt_lists_page_on_each_backend(
     one page, in the list's order (queues by name in code-point order, tokens oldest
     first, attempts by number), and a cursor the server did not issue refused with 400,
     before the database sees it (past 2^31 - 1, an attempt number overflows PostgreSQL's
-    integer)."""
+    integer), or, for an attempt number past the task's last claim, once the task is
+    read."""
     for name in ("b", "B", "a-1", "a", "a.1", "0"):
         admin.post("/v1/queues", json={"name": name, "max_concurrency": 1, "rate": 0})
     queues = [q["name"] for p in _walk_pages(admin, "/v1/queues", 2) for q in p]
@@ -747,8 +748,21 @@ def test_the_queue_token_and_attempt_lists_page_on_each_backend(
         reply = admin.get(path, params={"cursor": encode_cursor(text)})
         assert reply.status_code == 400, (path, text, reply.text)
         assert reply.json()["error"]["code"] == "INVALID_CURSOR", (path, text)
-    last = encode_cursor(str(2**31 - 1))  # the largest number is a cursor: an empty page
-    reply = admin.get(f"/v1/tasks/{task_id}/attempts", params={"cursor": last})
+    # the task's last claim's number (its fence) is a cursor, the end for now; a number
+    # past it names no attempt, and its empty page read as "none new yet" for ever
+    # after (even the largest number was one), so a reader would miss attempts 4 to N.
+    # Every claim here was released: attempts_used is still 0, the fence 3.
+    path = f"/v1/tasks/{task_id}/attempts"
+    reply = admin.get(path, params={"cursor": encode_cursor("3")})
+    assert reply.json() == {"items": [], "next_cursor": None}
+    for text in ("4", str(2**31 - 1)):
+        reply = admin.get(path, params={"cursor": encode_cursor(text)})
+        assert reply.status_code == 400, (text, reply.text)
+        assert reply.json()["error"]["code"] == "INVALID_CURSOR", text
+    asyncio.run(claim_and_release(1))  # number 4 now: its cursor is one
+    reply = admin.get(path, params={"cursor": encode_cursor("3")})
+    assert [a["number"] for a in reply.json()["items"]] == [4]
+    reply = admin.get(path, params={"cursor": encode_cursor("4")})
     assert reply.json() == {"items": [], "next_cursor": None}
 
 

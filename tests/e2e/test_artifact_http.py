@@ -286,11 +286,19 @@ def test_a_bad_artifact_page_request_is_refused(served: Served) -> None:
     assert unknown.json()["error"]["code"] == "TASK_NOT_FOUND"
     after = served.client.get(path, params={"cursor": encode_cursor(made)}, headers=served.submit)
     assert after.json() == {"items": [], "next_cursor": None}
-    for place in ("1", str(2**63 - 1)):  # a place past the end: nothing after it yet
+    place = served.store.artifact_list(served.task_id)[-1].ready_seq
+    assert place is not None  # the last place drawn: the end, for now
+    reply = served.client.get(
+        path, params={"cursor": encode_cursor(str(place))}, headers=served.submit
+    )
+    assert reply.json() == {"items": [], "next_cursor": None}
+    # a place never drawn: its empty page read as "nothing new yet" for ever after
+    for never in (str(place + 1), str(2**63 - 1)):
         reply = served.client.get(
-            path, params={"cursor": encode_cursor(place)}, headers=served.submit
+            path, params={"cursor": encode_cursor(never)}, headers=served.submit
         )
-        assert reply.json() == {"items": [], "next_cursor": None}, place
+        assert reply.status_code == 400, (never, reply.text)
+        assert reply.json()["error"] == bad_cursor, never
 
 
 #: no RFC 9110 media type, each once passed ``content_type_problem``: a space or tab at

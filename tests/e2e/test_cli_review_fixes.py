@@ -213,3 +213,31 @@ def test_an_empty_list_says_so_rather_than_print_a_bare_frame(
     assert json.loads(ok(cli("queue", "ls", "--json"))) != []
     assert json.loads(ok(cli("schedule", "ls", "--json"))) == []
     assert json.loads(ok(cli("task", "ls", "--queue", "other", "--json")))["items"] == []
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the CLI's text, not the db
+def test_event_ls_after_a_short_page_says_the_cursor_to_go_on_with(
+    admin: httpx.Client, cli: Run
+) -> None:
+    """``orbit event ls --cursor C`` whose page is short (the end, for now) printed no
+    cursor at all; a follower goes on from C itself (that page's events come again, then
+    the newer ones), so it says so on stderr. Not with ``--json`` (its page's
+    ``next_cursor`` is null, as the API's), nor for a page read from the start."""
+    admin.post("/v1/queues", json={"name": "log", "max_concurrency": 1, "rate": 0})
+    task = admin.post("/v1/tasks", json={"queue": "log", "handler": "h"}).json()["task"]
+    cursor = admin.get("/v1/events", params={"limit": 1}).json()["next_cursor"]
+    short = cli("event", "ls", "--cursor", cursor)
+    assert task["id"] in ok(short) and "next page" not in short.stdout
+    assert short.stderr == f"caught up; go on with --cursor {cursor}\n"
+    again = admin.post("/v1/tasks", json={"queue": "log", "handler": "h"}).json()["task"]
+    assert again["id"] in ok(cli("event", "ls", "--cursor", cursor))  # from there: the new
+    mine = admin.get(f"/v1/tasks/{task['id']}/events", params={"limit": 1}).json()
+    on_task = cli("event", "ls", "--task", task["id"], "--cursor", mine["next_cursor"])
+    assert ok(on_task) == "no events\n"
+    assert on_task.stderr == f"caught up; go on with --cursor {mine['next_cursor']}\n"
+    as_json = cli("event", "ls", "--cursor", cursor, "--json")
+    assert json.loads(ok(as_json))["next_cursor"] is None and as_json.stderr == ""
+    from_start = cli("event", "ls")
+    assert task["id"] in ok(from_start) and from_start.stderr == ""
+    full = cli("event", "ls", "--limit", "1", "--cursor", cursor)
+    assert "next page: --cursor" in ok(full) and full.stderr == ""

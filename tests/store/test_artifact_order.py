@@ -8,6 +8,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import pytest
+
+from orbit.core.errors import Code, OrbitError
 from orbit.store import open_store
 from orbit.store.driver import migration_files
 from tests.invariants import check_all
@@ -53,6 +56,11 @@ def test_artifacts_stored_before_the_migration_keep_their_order_and_come_first(
         listed = store.artifact_list(tid)
         assert [x.id for x in listed] == began[:2]
         assert [x.ready_seq for x in listed] == [1, 2]
+        # the last place drawn is the migration's largest: a cursor, not one past it
+        assert store.artifact_list(tid, after_seq=2) == []
+        with pytest.raises(OrbitError) as err:
+            store.artifact_list(tid, after_seq=3)
+        assert err.value.code == Code.INVALID_ARGUMENT
         store.artifact_commit(
             s.id, s.epoch, a.id, a.fence, began[2], size=1, sha256=hashlib.sha256(b"x").hexdigest()
         )

@@ -576,6 +576,33 @@ def test_artifacts_are_listed_a_page_at_a_time(store: Store, clock: ManualClock)
     assert check_all(store) == []
 
 
+def test_a_place_never_drawn_is_refused_and_an_expired_artifacts_place_is_not(
+    store: Store, clock: ManualClock
+) -> None:
+    """A place past every place drawn (by any task's commit) names no artifact the list
+    could have shown: INVALID_ARGUMENT (the API's INVALID_CURSOR). Its empty page read
+    as "nothing new yet" for ever after, so a follower holding it never saw the task's
+    artifacts to come. The place of an artifact expired and deleted since is still a
+    cursor: the counter, not the rows, bounds the places."""
+    run = _running(store)
+    tid = run.task_id
+    kept = run.upload("kept", [b"x"])
+    gone = _expiring_in_ten_seconds(run)
+    [_, listed] = store.artifact_list(tid)
+    assert listed.id == gone and listed.ready_seq is not None
+    last = listed.ready_seq
+    clock.advance(11 + store.config.artifact_grace_us / SECOND)
+    assert store.reap().artifacts_expired == 1
+    assert [x.id for x in store.artifact_list(tid)] == [kept.id]
+    assert store.artifact_list(tid, after_seq=last) == []  # deleted: its place stands
+    assert store.artifact_list(tid, after_seq=kept.ready_seq or 0) == []
+    for never in (last + 1, 2**63 - 1):
+        with pytest.raises(OrbitError) as err:
+            store.artifact_list(tid, after_seq=never)
+        assert err.value.code == Code.INVALID_ARGUMENT, never
+    assert check_all(store) == []
+
+
 def test_an_upload_committed_late_comes_after_the_cursor_of_a_page_read_before(
     store: Store, clock: ManualClock
 ) -> None:

@@ -827,3 +827,11 @@ SET cron = :cron, timezone = :timezone, template = :template, misfire = :misfire
     max_catch_up = :max_catch_up, next_fire_at = :next_fire_at, updated_at = :now,
     version = version + 1
 WHERE name = :name AND version = :version;
+
+-- name: artifact_ready_seq_last
+-- The largest place in an artifact list ever drawn (artifact_ready_seq), by any task's
+-- commit: a cursor past it is none the server issued. Expired artifacts are deleted, so
+-- the sequence, not the rows, remembers it. Not is_called: nothing drawn since a setval
+-- (the migration's, max + 1), whose value nextval hands out next.
+SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END AS ready_seq
+FROM orbit_artifacts_ready_seq;

@@ -690,3 +690,14 @@ SET cron = :cron, timezone = :timezone, template = :template, misfire = :misfire
     max_catch_up = :max_catch_up, next_fire_at = :next_fire_at, updated_at = :now,
     version = version + 1
 WHERE name = :name AND version = :version;
+
+-- name: artifact_ready_seq_last
+-- The largest place in an artifact list ever drawn (artifact_ready_seq), by any task's
+-- commit: a cursor past it is none the server issued. Expired artifacts are deleted, so
+-- the counter, not the rows, remembers it; with the counter's row deleted by hand, the
+-- largest place an artifact still has (where artifact_ready_seq_first starts again).
+SELECT coalesce(
+    (SELECT int_value FROM orbit_settings WHERE name = 'artifact_ready_seq'),
+    (SELECT max(ready_seq) FROM orbit_artifacts),
+    0
+) AS ready_seq;
