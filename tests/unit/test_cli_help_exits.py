@@ -5,35 +5,20 @@ other API command, where the help listed only 0, 2, 3 and 4."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
-from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from orbit.cli.api import DATABASE_BUSY_HELP, EXIT_FULL
 from orbit.cli.main import app
-from tests.http_servers import AnsweringHandler, serving
+from tests.http_servers import AnsweringHandler, QuietServer, database_refusal, serving
 
-BUSY = {
-    "error": {
-        "code": "DATABASE_BUSY",
-        "message": (
-            "the database is busy: another process or a long transaction holds its lock; "
-            "nothing was written"
-        ),
-    }
-}
+BUSY = database_refusal("DATABASE_BUSY")
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
+class _Server(QuietServer):
     seen: list[str]
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass
 
 
 class _Busy(AnsweringHandler):
@@ -44,13 +29,7 @@ class _Busy(AnsweringHandler):
     def _answer(self) -> None:
         self.body()
         self.server.seen.append(f"{self.command} {self.path}")
-        data = json.dumps(BUSY).encode()
-        self.send_response(503)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Retry-After", "5")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.send_refusal("DATABASE_BUSY")
 
 
 @pytest.fixture

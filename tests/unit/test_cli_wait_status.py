@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
-from typing import Any
 
 import pytest
 from rich.text import Text
@@ -23,19 +21,15 @@ from orbit.cli.api import _follow, why_asking_again
 from orbit.client import ApiError, Client, Unavailable, Unreachable
 from orbit.client._client import Waiting
 from orbit.store.driver import UNAVAILABLE_MESSAGES
-from tests.http_servers import AnsweringHandler, serving
+from tests.http_servers import AnsweringHandler, QuietServer, serving
 
 TASK = {"id": "t1", "state": "succeeded", "result": 7, "attempts_used": 1, "max_attempts": 3}
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
+class _Server(QuietServer):
     #: requests answered ``failure`` (status, code) before the rest
     failing_first = 0
     failure: tuple[int, str] = (503, "DATABASE_BUSY")
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass
 
 
 class _Handler(AnsweringHandler):
@@ -44,27 +38,19 @@ class _Handler(AnsweringHandler):
     def _answer(self) -> None:
         self.body()
         srv = self.server
-        headers = {"Content-Type": "application/json"}
         path = self.path.split("?")[0]
         if srv.failing_first > 0:
             srv.failing_first -= 1
             status, code = srv.failure
             message = UNAVAILABLE_MESSAGES.get(code, "the server failed")
-            data = json.dumps({"error": {"code": code, "message": message}}).encode()
-            headers["Retry-After"] = "5"
+            error = {"error": {"code": code, "message": message}}
+            self.send(status, json.dumps(error).encode(), {"Retry-After": "5"})
         elif path == "/v1/tasks/t1/events":
-            status, data = 200, json.dumps({"items": [], "next_cursor": None}).encode()
+            self.send(200, json.dumps({"items": [], "next_cursor": None}).encode())
         elif path == "/v1/tasks/t1":
-            status, data = 200, json.dumps(TASK).encode()
+            self.send(200, json.dumps(TASK).encode())
         else:
-            status = 404
-            data = json.dumps({"error": {"code": "NOT_FOUND", "message": "no"}}).encode()
-        self.send_response(status)
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+            self.send(404, json.dumps({"error": {"code": "NOT_FOUND", "message": "no"}}).encode())
 
 
 class _Lines:

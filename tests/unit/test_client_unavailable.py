@@ -15,7 +15,6 @@ import json
 import pickle
 import threading
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -35,34 +34,18 @@ from orbit.client import (
 )
 from orbit.client._http import DATABASE_CODES
 from orbit.store.driver import UNAVAILABLE_MESSAGES
-from tests.http_servers import AnsweringHandler, serving
+from tests.http_servers import AnsweringHandler, QuietServer, database_refusal, serving
 
-BUSY = {
-    "error": {
-        "code": "DATABASE_BUSY",
-        "message": (
-            "the database is busy: another process or a long transaction holds its lock; "
-            "nothing was written"
-        ),
-    }
-}
+BUSY = database_refusal("DATABASE_BUSY")
 TASK = {"id": "t1", "state": "succeeded", "result": 7, "attempts_used": 1, "max_attempts": 3}
 EVENT = {"id": "1", "kind": "succeeded", "task_id": "t1"}
 
 
-def _busy(code: str) -> dict[str, Any]:
-    return {"error": {"code": code, "message": UNAVAILABLE_MESSAGES[code]}}
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
+class _Server(QuietServer):
     #: requests answered 503 with ``refusal`` and ``Retry-After: 5`` before the rest
     busy_first = 0
     refusal: dict[str, Any] = BUSY
     seen: list[str]
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass
 
 
 class _Handler(AnsweringHandler):
@@ -94,12 +77,7 @@ class _Handler(AnsweringHandler):
         else:
             status = 404
             data = json.dumps({"error": {"code": "NOT_FOUND", "message": "no"}}).encode()
-        self.send_response(status)
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.send(status, data, headers)
 
 
 @pytest.fixture
@@ -169,7 +147,7 @@ def test_the_clients_database_codes_are_the_stores() -> None:
 def test_wait_rides_over_a_database_that_cannot_take_a_call(server: _Server, code: str) -> None:
     """The first polls are answered 503 DATABASE_*: ``wait`` raised the first, as a
     refusal, though the condition passes (as a 500 INTERNAL, which it rode over)."""
-    server.refusal = _busy(code)
+    server.refusal = database_refusal(code)
     server.busy_first = 3
     with Client(_url(server), "t0ken") as c:
         assert c.wait("t1", timeout=10, poll=0.05)["state"] == "succeeded"
