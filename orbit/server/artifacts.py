@@ -24,6 +24,7 @@ from orbit.server.routes import (
     LISTING,
     Limit,
     artifact_cursor,
+    declared_length,
     declares_over,
     encode_cursor,
 )
@@ -38,7 +39,6 @@ _COUNTER = re.compile(r"^(0|[1-9][0-9]{0,18})\Z")
 #: Convert.ToHexString give (upper-case); compared lower-cased
 _SHA = re.compile(r"^[0-9a-fA-F]{64}\Z")
 _SECONDS = re.compile(r"^[0-9]{1,9}\Z")
-_LENGTH = re.compile(r"^[ \t]*([0-9]+)[ \t]*\Z")
 #: How many chunks an upload writes between two looks at the free space of a SQLite
 #: database's disk (``Store.artifact_disk_room``, one ``statvfs``): 2 MiB.
 ROOM_EVERY = 8
@@ -125,8 +125,7 @@ async def _receive(request: Request, attempt_id: str, name: str) -> tuple[Artifa
     if declares_over(request.headers.get("content-length"), limit):
         raise _too_large(limit)
     content_type = request.headers.get("content-type", "application/octet-stream")
-    found = _LENGTH.match(request.headers.get("content-length") or "")
-    declared = int(found[1]) if found else None  # at most the limit (declares_over)
+    declared = declared_length(request.headers.get("content-length"), limit)
     # Before anything is written: the whole declared body, else the first stretch.
     await _check_room(store, ROOM_EVERY * CHUNK if declared is None else declared, 0)
     begun = await run_in_threadpool(

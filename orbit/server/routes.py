@@ -103,6 +103,15 @@ SESSION_STATES = tuple(str(s) for s in SessionState)
 _LENGTH = re.compile(r"[0-9]+")
 
 
+def _length_digits(declared: str | None) -> str | None:
+    """A Content-Length value's digits, leading zeros dropped; None for no value or one
+    that is not ASCII digits (around them, spaces or tabs)."""
+    if declared is None:
+        return None
+    value = declared.strip(" \t")
+    return value.lstrip("0") if _LENGTH.fullmatch(value) else None
+
+
 def declares_over(declared: str | None, limit: int) -> bool:
     """Whether a Content-Length value declares more than ``limit`` bytes. A value that is
     not ASCII digits (around them, spaces or tabs) refuses nothing here, and cannot
@@ -110,13 +119,20 @@ def declares_over(declared: str | None, limit: int) -> bool:
     is. Uvicorn answers such a header with its own 400, but another ASGI server may
     pass it on; a value longer than the limit's digits is over it without ``int``, which
     refuses strings of more than 4,300 digits."""
-    if declared is None:
+    digits = _length_digits(declared)
+    if digits is None:
         return False
-    value = declared.strip(" \t")
-    if not _LENGTH.fullmatch(value):
-        return False
-    digits = value.lstrip("0")
     return len(digits) > len(str(limit)) or int(digits or "0") > limit
+
+
+def declared_length(declared: str | None, limit: int) -> int | None:
+    """The byte count a Content-Length value declares, if it is one within ``limit``
+    (``declares_over`` refuses the rest); None for no value or one not digits."""
+    digits = _length_digits(declared)
+    if digits is None or len(digits) > len(str(limit)):
+        return None
+    length = int(digits or "0")
+    return length if length <= limit else None
 
 
 def _store(request: HTTPConnection) -> Store:
