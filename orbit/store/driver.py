@@ -287,4 +287,10 @@ class Driver(Protocol):
         to wait for (SQLite)."""
         ...
 
+    def disk_space(self) -> tuple[int, int] | None:
+        """``(free, size)`` in bytes of the file system that holds the database, as this
+        process sees it; None where that disk is not the node's to see (PostgreSQL's
+        server) or there is none (an in-memory database)."""
+        ...
+
     def close(self) -> None: ...

@@ -2915,10 +2915,6 @@ class Store:
         it (``StoreConfig.artifact_disk_reserve_bytes``) for the node's other writes,
         the upload's own delete and the reaper's. None on PostgreSQL (its server's disk
         is not the node's to see) and for an in-memory database."""
-        from orbit.store.sqlite.driver import SqliteDriver  # not at the top: a cycle
-
-        if not isinstance(self.driver, SqliteDriver):
-            return None
         space = self.driver.disk_space()
         if space is None:
             return None

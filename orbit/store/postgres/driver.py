@@ -1391,6 +1391,10 @@ class PostgresDriver:
             return DATABASE_UNAVAILABLE
         return None
 
+    def disk_space(self) -> None:
+        """None: the database's disk is its server's, not the node's to see."""
+        return None
+
     def connect_refusal(self) -> tuple[str, str] | None:
         """Why a call waiting for a connection waits, when PostgreSQL itself refused the
         pools' last connect (``_ConnectErrors``): the error's type and the server's own
