@@ -345,13 +345,18 @@ class Dispatcher:
         # claimed one its worker held waiting, another node's commit), and the notice
         # does not say whose: every full mark is cleared, as a poll round clears them.
         # A submit frees nothing, so submits still skip full workers.
-        for conn in self.connections.values():
-            conn.full = False
+        self._clear_full_marks()
         # Only connections the dispatcher claims for: one that takes no pushes has no
         # claim made for it, so its ``blocked`` never leaves its first value (True), and
         # counting it made every freed permit on the node cost a round of claims.
         if any(c.blocked and c.push and not c.closed for c in self.connections.values()):
             self._wake.set()
+
+    def _clear_full_marks(self) -> None:
+        """Offer to every connection again, those skipped as full too: something whose
+        owner this node cannot tell may have freed one of their slots."""
+        for conn in self.connections.values():
+            conn.full = False
 
     def slots_freed(self, conn: WorkerConnection) -> None:
         """Something may have freed slots of ``conn``'s session: its worker reported an
@@ -484,8 +489,7 @@ class Dispatcher:
                 # node cannot see freed (another node's reaper expiring a lease, a claimed
                 # task cancelled): a missed free costs at most the poll interval.
                 poll_due = loop.time() + self.poll_interval
-                for conn in self.connections.values():
-                    conn.full = False
+                self._clear_full_marks()
             try:
                 await self.offer_all()
             except Exception:
