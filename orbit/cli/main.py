@@ -468,6 +468,15 @@ def server(
     max_artifact_bytes: Annotated[
         int, typer.Option(min=1, help="largest artifact a worker may upload")
     ] = 256 * 1024 * 1024,
+    artifact_disk_reserve: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="bytes an artifact upload must leave free on a SQLite database's disk "
+            "for the node's other writes (default 64 MiB, or 5% of a small disk; 0 keeps "
+            "none); not checked on PostgreSQL",
+        ),
+    ] = None,
     token_cache: Annotated[
         float,
         typer.Option(
@@ -553,6 +562,7 @@ def server(
             lease_ttl_us=int(lease_ttl * SECOND),
             session_ttl_us=int(session_ttl * SECOND),
             max_artifact_bytes=max_artifact_bytes,
+            artifact_disk_reserve_bytes=artifact_disk_reserve,
         ),
     )
     if node_id:

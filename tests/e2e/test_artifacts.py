@@ -513,3 +513,52 @@ def test_an_upload_refused_by_a_proxy_in_front_is_a_server_error(tmp_path: Path)
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_disk_reserve_is_the_servers_flag(
+    nodes: Callable[..., Node], tokens: Tokens, db_url: str
+) -> None:
+    """``orbit server --artifact-disk-reserve``: the reserve was
+    ``StoreConfig.artifact_disk_reserve_bytes`` alone, so an operator of ``orbit
+    server`` could not set it. A reserve larger than any disk refuses every upload on
+    SQLite, before it writes; PostgreSQL's disk is not the node's to see, so there the
+    upload goes through."""
+    node = nodes(args=["--artifact-disk-reserve", str(2**62)])
+    httpx.post(
+        f"{node.http}/v1/queues",
+        json={"name": "q", "max_concurrency": 4, "rate": 0},
+        headers={"Authorization": f"Bearer {tokens.admin}"},
+    )
+    httpx.post(
+        f"{node.http}/v1/tasks",
+        json={"queue": "q", "handler": "h"},
+        headers={"Authorization": f"Bearer {tokens.admin}"},
+    )
+
+    async def upload() -> httpx.Response:
+        conn, url, headers = await _started(node, tokens)
+        async with httpx.AsyncClient(timeout=30) as http:
+            reply = await http.put(f"{url}/small", content=b"x" * 1000, headers=headers)
+        await conn.close()
+        return reply
+
+    reply = asyncio.run(upload())
+    if db_url.startswith("sqlite"):
+        assert reply.status_code == 503, reply.text
+        assert reply.json()["error"]["code"] == "DATABASE_FULL"
+        assert _upload_rows(db_url) == []
+    else:
+        assert reply.status_code == 201, reply.text
+
+
+def test_a_negative_disk_reserve_is_refused_before_anything(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from orbit.cli.main import app
+
+    db = tmp_path / "orbit.db"
+    args = ["server", "--db", f"sqlite:///{db}", "--port", "0", "--artifact-disk-reserve", "-1"]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    assert "--artifact-disk-reserve" in result.stderr
+    assert not db.exists()
