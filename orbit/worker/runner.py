@@ -159,6 +159,16 @@ LEASE_CHECK_S = 0.05
 #: again and again. Leases that end meanwhile are given up on time all the same
 #: (``Worker._renewal_answer``).
 RENEW_WAIT_FLOOR_S = 1.0
+#: How late (seconds) the renew loop may wake, past when it meant to, before it says the
+#: event loop was blocked (``Worker._note_stall``). An async handler that blocks the loop,
+#: or many CPU-bound plain functions whose threads hold the GIL, delay every renewal: past
+#: the lease's length each attempt is lost, and the log said only ``lost: lease expired``.
+#: 1 s is far beyond the loop's own latency and well under the 15 s a default 30 s lease
+#: has left when it is renewed (half spent): a stall is named before it costs leases.
+LOOP_STALL_WARN_S = 1.0
+#: At most one stall warning this often (seconds): a worker whose loop is starved for good
+#: (CPU-bound thread handlers) would otherwise log one at every turn of the renew loop.
+LOOP_STALL_LOG_EVERY_S = 60.0
 #: The most the renewal of an attempt whose finish is on its way (sent, not answered) is
 #: put off, once, when it falls due (``Worker._carried``): a finish is answered in far
 #: less, and a renew sent meanwhile reached the server after the finish had committed,
@@ -582,6 +592,7 @@ class Worker:
         #: ``arun`` once the handlers are stopped
         self._refused: Exception | None = None
         self._renew_retry = RENEW_RETRY_FIRST  # the wait after the next failed renewal
+        self._stall_logged_at = -math.inf  # when a blocked loop was last logged (monotonic)
         # Starts and finishes of concurrent attempts travel in batches (one transaction
         # each on the server); see orbit.worker.batching.
         self._starts: Coalescer[tuple[str, str], dict[str, Any]] = Coalescer(self._send_starts)
@@ -1234,6 +1245,13 @@ class Worker:
                         await self._request(lambda c: c.release(ctx.attempt_id, running.fence))
                 return
             self._set_lease(running, lease, sent)
+            if not self._lease_valid(running):
+                # Its start was answered, but taken only after the lease had run out by
+                # this host's clock (the event loop blocked meanwhile): the handler is not
+                # begun, as its outcome could never be reported. (It ran all the same,
+                # and its result was dropped: work, and effects perhaps, for nothing.)
+                self._lose(running, "lease expired before the handler began")
+                return
             self._lease_changed.set()
             if lease.get("status") == "cancel":  # a repeated start, after a cancel
                 self._cancel_task(running)
@@ -1471,8 +1489,19 @@ class Worker:
             try:
                 value = await asyncio.wait_for(asyncio.shield(done), self.cancel_grace)
             except TimeoutError:
-                self._abandon(running, done)
-                done.add_done_callback(dropped)  # if it ends while the loop still runs
+                # Its outcome may be on the loop's queue already, handed over (by
+                # call_soon_threadsafe) as the wait ran out: one turn of the loop takes it.
+                # Abandoned without that look, a function that had returned was logged as
+                # one that "ignored cancellation". (A TimeoutError it raised itself is
+                # its outcome too, taken here as any other.)
+                await asyncio.sleep(0)
+                if not done.done():
+                    self._abandon(running, done)
+                    done.add_done_callback(dropped)  # if it ends while the loop still runs
+                elif running.ctx.reason != STOPPING:
+                    dropped(done)
+                elif not done.cancelled() and done.exception() is None:
+                    return done.result()  # a drain's cancel, its work finished: as below
             except BaseException:
                 if not done.done():  # the wait itself cancelled (the loop closing)
                     done.add_done_callback(dropped)
@@ -1902,9 +1931,12 @@ class Worker:
 
     async def _renew_once(self) -> None:
         """One turn of the renew loop: wait until a renewal is due, then send it."""
+        wait = self._interval()
+        meant = time.monotonic() + wait  # when this turn wakes at the latest, on time
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self._interval()):
+            async with asyncio.timeout(wait):
                 await self._lease_changed.wait()
+        self._note_stall(meant)
         # New leases only move the next renewal earlier; renewing everything at each
         # start would cost a transaction per start batch. A wait timed by the floor while
         # the soonest lease has since ended wakes early: nothing is due, and the next turn
@@ -1959,6 +1991,24 @@ class Worker:
             finally:
                 settled.set_result(None)
 
+    def _note_stall(self, meant: float) -> None:
+        """Say, as a warning, that the event loop was blocked when the renew loop woke more
+        than LOOP_STALL_WARN_S later than ``meant`` (at most once per
+        LOOP_STALL_LOG_EVERY_S): nothing but a loop that did not run delays it so. Its
+        renewals were late by as much, and the leases that ran out meanwhile are then
+        logged lost with only ``lease expired``, which never said why."""
+        now = time.monotonic()
+        late = now - meant
+        if late <= LOOP_STALL_WARN_S or now - self._stall_logged_at < LOOP_STALL_LOG_EVERY_S:
+            return
+        self._stall_logged_at = now
+        log.warning(
+            "the event loop was blocked for %.1fs: lease renewals were late (an async "
+            "handler that blocks the loop, or CPU-bound plain handlers whose threads hold "
+            "the GIL; see docs/worker.md)",
+            late,
+        )
+
     def _carried(self, running: _Running, now: float) -> bool:
         """Whether this renew carries ``running``. One whose finish is on its way is left
         out until its own renewal falls due (not carried along with the others'), and
@@ -1991,7 +2041,9 @@ class Worker:
                 live = [r for r in self.running.values() if _renewable(r)]
                 soonest = min((r.lease_expires for r in live), default=math.inf)
                 wait = min(max(soonest - time.monotonic(), 0.0), LEASE_CHECK_S)
+                meant = time.monotonic() + wait
                 done, _ = await asyncio.wait((renewal,), timeout=wait)
+                self._note_stall(meant)  # blocked while the answer waited, as at the top
                 if done:
                     return renewal.result()
                 self._lose_expired(live)
