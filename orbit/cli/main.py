@@ -379,8 +379,9 @@ def token_revoke(
 ) -> None:
     """Revoke a token: from now on it is refused. Revoking it again changes nothing.
 
-    A running server still takes it for up to 10 seconds (each node caches token
-    checks; orbit server --token-cache sets how long), and each worker connection already
+    A running server refuses it at once for admin calls, and still takes it for up to 10
+    seconds for others (each node caches token checks; orbit server --token-cache sets
+    how long), and each worker connection already
     open with it is closed within that time (close code 4401; at once on PostgreSQL): the
     worker exits 3, unless its ORBIT_TOKEN_FILE already holds a new token, which it
     reconnects with. The tasks it had claimed and not started go to other workers at

@@ -23,12 +23,13 @@ class TokenCheck:
 
     An answer is remembered from when it was read, not renewed by use: a revoked token
     is refused by the first check ``ttl`` seconds after the answer that still took it,
-    or at once once this node has heard of the revoke (``forget``). A worker's WebSocket
-    is checked at its upgrade against the database, not the cache (``fresh``): let in by
-    a cached answer, a connection opened just before that answer ran out lived until the
-    re-check after it, nearly twice the cache period after an unheard revoke, claiming
-    and starting tasks. Its open connection is closed when its token is revoked
-    (orbit/server/revocation.py)."""
+    or at once once this node has heard of the revoke (``forget``), or once its LISTEN
+    connection is back (``forget_all``: it may have missed the notice). A call of an
+    admin route (``require``) and a worker's WebSocket upgrade are checked against the
+    database, not the cache (``fresh``). Let in by a cached answer, a worker connection
+    opened just before that answer ran out lived until the re-check after it, nearly
+    twice the cache period after an unheard revoke, claiming and starting tasks. Its open
+    connection is closed when its token is revoked (orbit/server/revocation.py)."""
 
     def __init__(self, store: Store, ttl: float = CACHE_SECONDS) -> None:
         self._store = store
@@ -61,6 +62,12 @@ class TokenCheck:
             raise ApiError(401, "UNAUTHENTICATED", "the token is unknown or revoked")
         return granted
 
+    def forget_all(self) -> None:
+        """Drop every cached answer: this node may have missed a revoke's notice (its
+        LISTEN connection was away), and does not know which token it named."""
+        self._forgets += 1
+        self._cache.clear()
+
     def forget(self, token_ids: Collection[str]) -> None:
         """Drop the answers cached for these tokens (just revoked): the next check of one
         reads the database, so this node refuses it at once rather than at the end of its
@@ -91,11 +98,22 @@ def bearer_token_id(headers: Headers) -> str | None:
 
 
 def require(scope: str) -> Callable[[Request], Awaitable[None]]:
-    """A route dependency: the request must carry a token with ``scope`` (or admin)."""
+    """A route dependency: the request must carry a token with ``scope`` (or admin).
+
+    A route that needs ``admin`` reads the token from the database at every call, never
+    from the cache (``fresh``): an admin can create tokens, and a leaked admin token let
+    in by an answer cached before its revoke (one this node has not heard of) minted a
+    new admin token that outlived the revoke. Every admin route, not only the token
+    ones: they are an operator's rare calls, a read each costs nothing that matters, and
+    a revoked admin token then stops revoking other tokens, pausing queues or draining
+    workers at once as well; nor can a new admin route forget it. Calls that a submit or
+    worker token may make keep the cache, an admin token's too: none of them grants
+    anything that outlives the token."""
     assert scope in SCOPES
+    fresh = scope == "admin"
 
     async def dependency(request: Request) -> None:
-        await request.app.state.tokens.require(request.headers, scope)
+        await request.app.state.tokens.require(request.headers, scope, fresh=fresh)
 
     dependency.orbit_scope = scope  # type: ignore[attr-defined]
     return dependency

@@ -97,6 +97,7 @@ async def listen(
             dispatcher.push_cancel([(session_id, attempt_id)])
 
     delay = 0.5
+    lost = False
     while True:
         try:
             async with await connect(dsn) as cx:
@@ -107,11 +108,15 @@ async def listen(
                     wake_streams()
                 await catch_up(dispatcher)
                 if revocations is not None:  # a revoke missed meanwhile
-                    await revocations.recheck()
+                    await revocations.catch_up()
+                if lost:
+                    log.info("LISTEN connection back; caught up on the notices missed")
+                    lost = False
                 await read_notifications(cx.pgconn, deliver)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            lost = True
             log.warning("LISTEN connection lost (%s); retrying", type(exc).__name__)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)

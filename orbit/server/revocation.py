@@ -11,7 +11,8 @@ a refused upgrade gets without the denial response extension), in two ways:
   beside the server, or a LISTEN connection away at the time), by a re-check of every
   token the node's open connections were opened with, one read each ``interval``
   seconds: the node's token cache period (``orbit server --token-cache``), at least
-  ``MIN_RECHECK_S``. A LISTEN reconnect re-checks at once.
+  ``MIN_RECHECK_S``. A LISTEN reconnect re-checks at once, and forgets every answer the
+  node cached, so an HTTP call with a token revoked meanwhile is refused at once too.
 
 A connection whose upgrade checked the token before the revoke but that attaches (its
 ``hello`` or ``resume``) after the node heard of it is missed by that sweep: the node
@@ -87,6 +88,14 @@ class Revocations:
         gone = held - live
         if gone:
             self.revoked(gone)
+
+    async def catch_up(self) -> None:
+        """LISTEN is (re)established, and a revoke's notice may have been missed while it
+        was not: forget every cached answer, those of HTTP calls too (a token that made
+        one here is not one of the open connections' that ``recheck`` reads), then
+        re-check the open connections' tokens."""
+        self.tokens.forget_all()
+        await self.recheck()
 
     async def run(self) -> None:
         """Re-check every ``interval`` seconds, for the server's life."""
