@@ -407,9 +407,11 @@ async def serve(host: str, port: int, data_dir: Path, once: bool, after: ExitSta
     stopping.install(asyncio.get_running_loop())
     import uvicorn  # imported already (_import_server): these take no time
 
+    from orbit.cli.main import HEADER_TIMEOUT
     from orbit.logs import configure
     from orbit.server import ServerSettings, create_app
     from orbit.server.denials import UVICORN_WS
+    from orbit.server.request_heads import head_deadline
 
     configure("warning")
 
@@ -433,6 +435,7 @@ async def serve(host: str, port: int, data_dir: Path, once: bool, after: ExitSta
             log_config=None,
             timeout_keep_alive=KEEP_ALIVE,  # as ``orbit server``'s
             **UVICORN_WS,
+            http=head_deadline(HEADER_TIMEOUT),  # as ``orbit server``'s default
         )
     )
     stopping.at_once(lambda: setattr(server, "force_exit", True))  # waits for no request
@@ -466,7 +469,8 @@ def _import_server() -> None:
 
     import orbit.logs
     import orbit.server
-    import orbit.server.denials  # noqa: F401
+    import orbit.server.denials
+    import orbit.server.request_heads  # noqa: F401
 
 
 def dev(

@@ -39,6 +39,16 @@ T = TypeVar("T")
 #: looked well. A day also keeps --session-ttl within TCP_USER_TIMEOUT's milliseconds.
 DAY = 86400.0
 
+#: `orbit server --header-timeout`'s default and `orbit dev`'s deadline, seconds: a
+#: connection that has not delivered a complete request head by then is closed (see
+#: orbit.server.request_heads: a peer that sent none held a descriptor for ever). A head
+#: is a few hundred bytes, one round trip's worth: a client on a lossy link, its segments
+#: resent several times, still sends one in a few seconds, and Apache's default
+#: (``RequestReadTimeout header=20``) leaves it as long. Shorter frees a held descriptor
+#: sooner; it bounds what each silent peer costs, not how many there are (a limit per
+#: address belongs in a proxy or firewall in front).
+HEADER_TIMEOUT = 20.0
+
 app = typer.Typer(
     help="Orbit: durable job execution. Examples:\n\n"
     "  orbit db migrate --db sqlite:///.orbit/orbit.db\n\n"
@@ -521,6 +531,15 @@ def server(
             "seconds is closed and its slot freed (a client that stopped reading)",
         ),
     ] = 30.0,
+    header_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.1,
+            max=DAY,
+            help="a connection that has not sent a complete request head (request line and "
+            "headers) within this many seconds is closed",
+        ),
+    ] = HEADER_TIMEOUT,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
 ) -> None:
     """Run one control-plane node (any number may share one PostgreSQL)."""
@@ -529,6 +548,7 @@ def server(
     from orbit.gctune import tune_for_throughput
     from orbit.server import ServerSettings, create_app
     from orbit.server.denials import UVICORN_WS
+    from orbit.server.request_heads import head_deadline
     from orbit.store import StoreConfig, open_store, sqlite_path
 
     _check_url(db)
@@ -607,6 +627,7 @@ def server(
         log_config=None,  # keep our handler: it redacts secrets from every record
         timeout_keep_alive=KEEP_ALIVE,  # an idle connection's close never meets a request
         **UVICORN_WS,  # a refused upgrade is no ERROR line, no deflate (orbit.server.denials)
+        http=head_deadline(header_timeout),  # a peer that sends no request is closed
     )
 
     class Announced(uvicorn.Server):

@@ -1287,6 +1287,6 @@ async def token_revoke(request: Request, token_id: str) -> Response:
     """Refuse a token from now on; each node refuses it for admin calls at once
     (``auth.require`` reads those afresh), may accept it for others for as long as it
     caches token checks (``orbit server --token-cache``, default
-    ``orbit.tokens.CACHE_SECONDS``), and closes the worker connections open with it within that time (orbit/server/
-    revocation.py). Idempotent."""
+    ``orbit.tokens.CACHE_SECONDS``), and closes the worker connections open with it
+    within that time (orbit/server/revocation.py). Idempotent."""
     return _json(token_wire(await in_thread(_store(request).token_revoke, token_id)))

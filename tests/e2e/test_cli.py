@@ -1027,6 +1027,7 @@ def test_server_durations_past_a_day_or_infinite_are_refused_before_anything(
         "--stream-poll",
         "--stream-keepalive",
         "--stream-send-timeout",
+        "--header-timeout",
     ):
         for value in ("inf", "1e300", "86401"):
             args = ["server", "--db", f"sqlite:///{db}", "--port", "0", option, value]
