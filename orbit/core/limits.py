@@ -10,11 +10,21 @@ from orbit.core.model import SECOND, Queue
 
 
 def bucket_refill(queue: Queue, now: int) -> float:
-    """Tokens available at ``now``; an unlimited queue (rate 0) is never short."""
+    """Tokens available at ``now``; an unlimited queue (rate 0) is never short. A bucket
+    stamped later than ``now`` holds what it was stamped with (``bucket_stamped_ahead``)."""
     if queue.rate <= 0:
         return float("inf")
     elapsed = max(now - queue.tokens_at, 0)
     return min(float(queue.burst), queue.tokens + queue.rate * elapsed / SECOND)
+
+
+def bucket_stamped_ahead(queue: Queue, now: int) -> bool:
+    """Whether a rate-limited queue's bucket was written at an instant later than ``now``:
+    the store's clock went back since. Such a bucket counts as holding, at ``now``, what
+    it was written with, and a claim writes it back stamped ``now`` even if it takes no
+    token, so that it refills from now on. Left stamped ahead, an empty bucket refilled
+    nothing until the clock caught up with the stamp: the whole length of the step."""
+    return queue.rate > 0 and queue.tokens_at > now
 
 
 def queue_with_caps(

@@ -506,9 +506,16 @@ def renew(
         # the reaper cancels the task once the lease ends.
         until = attempt.lease_expires_at
         return Lease(attempt.id, "cancel", until, until - now)
-    until = max(
-        lease_until(task, attempt.started_at, session, now, lease_ttl), attempt.lease_expires_at
-    )
+    until = lease_until(task, attempt.started_at, session, now, lease_ttl)
+    if attempt.lease_expires_at <= now + lease_ttl:
+        # A renew never shortens a lease (docs/concepts.md, "Leases"), even where a cap
+        # (a session TTL shorter than the lease TTL, set on this node in a rolling change)
+        # ends a fresh one sooner. But a lease that ends later than now + lease_ttl was
+        # granted before the store's clock went back (or by a node with a longer TTL):
+        # kept, it would outlive the session and hold its permit for the length of the
+        # step after its worker died. The new lease alone counts then, and the answer
+        # tells the worker (the reaper pulls back the leases nobody renews).
+        until = max(until, attempt.lease_expires_at)
     if until != attempt.lease_expires_at:
         plan.attempt_writes.append((attempt, evolve(attempt, lease_expires_at=until)))
     # Past the attempt timeout the lease is no longer extended (it ends at timeout + the

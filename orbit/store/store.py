@@ -24,7 +24,7 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager, nullco
 from dataclasses import dataclass, replace
 from enum import Enum
 from functools import partial
-from typing import Any, Final, TypeVar, overload
+from typing import Any, Final, TypeVar
 from zoneinfo import ZoneInfo
 
 from orbit.core import transitions
@@ -35,6 +35,7 @@ from orbit.core.ids import random8, uuid7, uuid7_many
 from orbit.core.limits import (
     Occupancy,
     bucket_refill,
+    bucket_stamped_ahead,
     caps_raised,
     queue_with_caps,
     room_for_all,
@@ -110,6 +111,10 @@ Clock = Callable[[], int]
 SCHEDULE_PASS_S = 1.0
 #: The most dropped instants a ``schedule.skipped`` event counts (``Dropped.count``).
 MAX_DROPPED_COUNT = 1000
+#: How many lapsed sessions one transaction of the reaper expires. It holds the claim lock,
+#: which every claim on every node waits for, so a mass lapse (a deploy, a lost pool of
+#: hosts) is expired in short transactions, claims going on between them.
+SESSION_EXPIRY_BATCH = 50
 
 
 #: A batch submit larger than this goes to the database a chunk at a time, each chunk's
@@ -2467,9 +2472,12 @@ class Store:
             if not queues[name].paused  # a resume wakes the dispatcher itself
         ]
         grants.token_wait_us = min((w for w in waits if w), default=None)
+        # The buckets a grant took from, and any stamped later than now (the clock went
+        # back), which refill from now on once written back stamped now.
+        ahead = (name for name, q in queues.items() if bucket_stamped_ahead(q, refilled_at))
         limited = [
             {"name": name, "tokens": tokens[name], "tokens_at": refilled_at}
-            for name in sorted(used)
+            for name in sorted(used.keys() | ahead)
             if queues[name].rate > 0
         ]
         tx.write_many("queue_tokens_write_many", limited, expect=len(limited))
@@ -3189,33 +3197,49 @@ class Store:
             tx.apply(plan, final=True)
             return plan
 
-        def sessions_pass(tx: _Tx) -> Plan:
-            now = tx.now()
+        def sessions_pass(tx: _Tx, limit: int) -> tuple[Plan, int]:
+            """Up to ``limit`` lapsed sessions expired, their claimed attempts released;
+            and how many were found lapsed (whether or not each could be expired)."""
             plan = Plan()
-            expired = tx.fetch("session_expired_select", now=now, limit=self.config.reap_batch)
-            if expired:
-                # A claim in flight may have read one of these sessions live, just before
-                # its expiry. The claim lock waits for it to commit, so the attempts read
-                # below include its and are released with the session's others.
-                tx.fetch("claim_lock")
-            for row in expired:
-                # Under the claim lock, which every claim on every node waits for, a row
-                # lock is never waited for: a row another transaction holds (a node cut
-                # off mid-report holds its locks until PostgreSQL gives its connection
-                # up, hours later) stopped every reaper and every claim of the cluster.
-                # Such a session is left for a later pass; until then it can claim and
-                # start nothing (its expiry is read by both).
-                claimed = _claimed_by(tx, row["id"], skip_locked=True)
-                locked = tx.fetch("session_lock_skip_locked", id=row["id"])
-                if claimed is None or not locked:
-                    continue
-                session = R.session_from_row(locked[0])
-                now = tx.now()
+            found = tx.fetch("session_expired_select", now=tx.now(), limit=limit)
+            if not found:
+                return plan, 0
+            ids = sorted(r["id"] for r in found)
+            # A claim in flight may have read one of these sessions live, just before its
+            # expiry. The claim lock waits for it to commit, so the attempts read below
+            # include its and are released with the session's others. Every claim on every
+            # node waits while it is held: what follows is a fixed few statements for the
+            # whole batch, never a statement for each session.
+            tx.prelude("claim_lock")
+            claimed_task_ids: dict[str, list[str]] = {i: [] for i in ids}
+            for r in tx.fetch("attempt_claimed_for_sessions", session_ids=ids):
+                claimed_task_ids[r["session_id"]].append(r["task_id"])
+            task_ids = sorted(t for held in claimed_task_ids.values() for t in held)
+            # Under the claim lock a row lock is never waited for: a row another
+            # transaction holds (a node cut off mid-report holds its locks until
+            # PostgreSQL gives its connection up, hours later) stopped every reaper and
+            # every claim of the cluster. A session whose row, or one of whose claimed
+            # tasks, is held is left for a later pass; until then it can claim and start
+            # nothing (its expiry is read by both).
+            session_rows, task_rows = tx.lock_many(
+                ("session_lock_many_skip_locked", {"ids": ids}),
+                ("task_lock_many_skip_locked", {"ids": task_ids}),
+            )
+            now = tx.clock()
+            tasks = {r["id"]: R.task_from_row(r) for r in task_rows}
+            claimed: dict[str, list[tuple[Task, Attempt]]] = {i: [] for i in ids}
+            if tasks:
+                for row in tx.fetch("attempt_live_for_tasks", task_ids=sorted(tasks)):
+                    attempt = R.attempt_from_row(row)
+                    if attempt.state == "claimed" and attempt.session_id in claimed:
+                        claimed[attempt.session_id].append((tasks[attempt.task_id], attempt))
+            for session in (R.session_from_row(r) for r in session_rows):
                 if session.state != SessionState.LIVE or session.expires_at > now:
                     continue
-                transitions.expire_session(plan, session, claimed, now)
+                if all(t in tasks for t in claimed_task_ids[session.id]):
+                    transitions.expire_session(plan, session, claimed[session.id], now)
             tx.apply(plan, final=True)
-            return plan
+            return plan, len(found)
 
         def artifacts_pass(tx: _Tx) -> int:
             # Expired before now - grace: a download begun just before its expiry ends
@@ -3239,11 +3263,56 @@ class Store:
                 )
             )
 
+        def pull_back_pass(tx: _Tx) -> tuple[int, int, int]:
+            """Run leases, claim leases and sessions that end later than twice their TTL
+            from now, each pulled back to now + its TTL; how many of each. Only a store
+            clock that went back leaves such an end (docs/reliability.md, "Clock steps"):
+            left, a dead worker's attempts held their permits for the length of the step.
+            Not once the TTL from now: a node whose TTL is longer (a rolling change of it)
+            grants such ends, and a worker, not told of a lease cut short, renews at half
+            the lease it was given. A new end writes no event, as a renew's writes none."""
+            now = tx.now()
+            cfg = self.config
+            attempts = tx.fetch(
+                "attempt_expiry_pull_back",
+                claim_after=now + 2 * cfg.claim_ttl_us,
+                claim_until=now + cfg.claim_ttl_us,
+                lease_after=now + 2 * cfg.lease_ttl_us,
+                lease_until=now + cfg.lease_ttl_us,
+            )
+            sessions = tx.fetch(
+                "session_expiry_pull_back",
+                after=now + 2 * cfg.session_ttl_us,
+                until=now + cfg.session_ttl_us,
+            )
+            claims = sum(1 for r in attempts if r["state"] == "claimed")
+            return len(attempts) - claims, claims, len(sessions)
+
         if self.backend == "sqlite":
             self._shed_doomed()
         counts["artifacts_expired"] = self._tx(artifacts_pass)
         counts["uploads_dropped"] = self._tx(uploads_pass)
-        for plan in (self._tx(tasks_pass), self._tx(sessions_pass)):
+        leases, claims, sessions = self._tx(pull_back_pass)
+        if leases or claims or sessions:
+            _log.warning(
+                "the database clock went back: %d run leases, %d claim leases and %d "
+                "sessions ended later than twice their TTL from now; pulled back to now + TTL",
+                leases,
+                claims,
+                sessions,
+            )
+        plans = [self._tx(tasks_pass)]
+        # Lapsed sessions a batch at a time, each batch a transaction of its own, up to
+        # reap_batch in all: the claim lock each batch holds is let go between them.
+        left = self.config.reap_batch
+        while left > 0:
+            limit = min(left, SESSION_EXPIRY_BATCH)
+            plan, lapsed = self._tx(partial(sessions_pass, limit=limit))
+            plans.append(plan)
+            left -= limit
+            if lapsed < limit or not plan.events:
+                break  # none left, or only sessions left for a later pass (rows held)
+        for plan in plans:
             for event in plan.events:
                 if event.kind == "session.expired":
                     counts["sessions_expired"] += 1
@@ -3274,27 +3343,15 @@ def _refuse_past_deadline(task: Task, now: int) -> None:
         )
 
 
-@overload
-def _claimed_by(tx: _Tx, session_id: str) -> list[tuple[Task, Attempt]]: ...
-@overload
-def _claimed_by(
-    tx: _Tx, session_id: str, *, skip_locked: bool
-) -> list[tuple[Task, Attempt]] | None: ...
-def _claimed_by(
-    tx: _Tx, session_id: str, *, skip_locked: bool = False
-) -> list[tuple[Task, Attempt]] | None:
+def _claimed_by(tx: _Tx, session_id: str) -> list[tuple[Task, Attempt]]:
     """The attempts the session has claimed and not started, each with its task: the
     tasks locked (by id), then the attempts read under those locks. Taken after the claim
     lock, so that a claim in flight for the session has committed and its attempts are
-    among them. ``skip_locked``: None, and no wait, if another transaction holds one of
-    the tasks."""
+    among them."""
     task_ids = sorted(
         r["task_id"] for r in tx.fetch("attempt_claimed_for_session", session_id=session_id)
     )
-    lock = "task_lock_many_skip_locked" if skip_locked else "task_lock_many"
-    tasks = {r["id"]: R.task_from_row(r) for r in tx.fetch(lock, ids=task_ids)}
-    if skip_locked and len(tasks) < len(set(task_ids)):
-        return None
+    tasks = {r["id"]: R.task_from_row(r) for r in tx.fetch("task_lock_many", ids=task_ids)}
     attempts = (
         R.attempt_from_row(r) for r in tx.fetch("attempt_live_for_tasks", task_ids=task_ids)
     )

@@ -457,6 +457,13 @@ ORDER BY a.session_id, a.id;
 SELECT task_id FROM orbit_attempts
 WHERE state IN ('claimed', 'running') AND state = 'claimed' AND session_id = :session_id;
 
+-- name: attempt_claimed_for_sessions
+-- The claimed attempts of several sessions (the reaper's session expiry, a batch of
+-- sessions in one read): a walk of the live ones, as attempt_claimed_for_session.
+SELECT session_id, task_id FROM orbit_attempts
+WHERE state IN ('claimed', 'running') AND state = 'claimed'
+    AND session_id = ANY(CAST(:session_ids AS text[]));
+
 -- name: session_insert
 INSERT INTO orbit_sessions (id, name, node_id, epoch, secret_hash, capabilities,
     max_concurrency, capacity_seq, draining, state, expires_at, created_at)
@@ -469,8 +476,8 @@ SELECT * FROM orbit_sessions WHERE id = :id;
 -- name: session_lock
 SELECT * FROM orbit_sessions WHERE id = :id FOR UPDATE;
 
--- name: session_lock_skip_locked
-SELECT * FROM orbit_sessions WHERE id = :id FOR UPDATE SKIP LOCKED;
+-- name: session_lock_many_skip_locked
+SELECT * FROM orbit_sessions WHERE id = ANY(CAST(:ids AS text[])) ORDER BY id FOR UPDATE SKIP LOCKED;
 
 -- name: session_share
 SELECT * FROM orbit_sessions WHERE id = :id FOR SHARE;
@@ -835,3 +842,34 @@ WHERE name = :name AND version = :version;
 -- (the migration's, max + 1), whose value nextval hands out next.
 SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END AS ready_seq
 FROM orbit_artifacts_ready_seq;
+
+-- name: attempt_expiry_pull_back
+-- The reaper's pass after the store's clock went back: each live attempt whose claim
+-- lease ends later than :claim_after, or whose run lease ends later than :lease_after
+-- (now + twice StoreConfig.claim_ttl_us, lease_ttl_us: no node granted such an end, even
+-- one whose TTL is up to twice this one's), gets :claim_until or :lease_until (now + the
+-- TTL) as its end, so that a dead worker's attempt expires a TTL from now rather than
+-- the step's length later. Normally it matches no row: a walk of the live attempts
+-- (orbit_attempts_one_live, its predicate in full, as in reap_candidates), as many as
+-- the workers' slots. A row another transaction holds is skipped: a renew writes
+-- a lease from now itself, and the next pass takes any other.
+UPDATE orbit_attempts SET
+    claim_expires_at = CASE WHEN state = 'claimed' THEN CAST(:claim_until AS bigint)
+        ELSE claim_expires_at END,
+    lease_expires_at = CASE WHEN state = 'running' THEN CAST(:lease_until AS bigint)
+        ELSE lease_expires_at END
+WHERE id IN (SELECT id FROM orbit_attempts
+             WHERE state IN ('claimed', 'running')
+                 AND CASE state WHEN 'claimed' THEN claim_expires_at > :claim_after
+                     ELSE lease_expires_at > :lease_after END
+             FOR UPDATE SKIP LOCKED)
+RETURNING state;
+
+-- name: session_expiry_pull_back
+-- The same for the live sessions whose expiry is later than :after (now + twice
+-- StoreConfig.session_ttl_us), given :until (now + the TTL): a range of
+-- orbit_sessions_expiry, empty but after a step.
+UPDATE orbit_sessions SET expires_at = :until
+WHERE id IN (SELECT id FROM orbit_sessions WHERE state = 'live' AND expires_at > :after
+             FOR UPDATE SKIP LOCKED)
+RETURNING id;

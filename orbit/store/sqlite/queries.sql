@@ -360,6 +360,13 @@ ORDER BY a.session_id, a.id;
 SELECT task_id FROM orbit_attempts
 WHERE state IN ('claimed', 'running') AND state = 'claimed' AND session_id = :session_id;
 
+-- name: attempt_claimed_for_sessions
+-- The claimed attempts of several sessions (the reaper's session expiry, a batch of
+-- sessions in one read): a walk of the live ones, as attempt_claimed_for_session.
+SELECT session_id, task_id FROM orbit_attempts
+WHERE state IN ('claimed', 'running') AND state = 'claimed'
+    AND session_id IN (SELECT value FROM json_each(:session_ids));
+
 -- name: session_insert
 INSERT INTO orbit_sessions (id, name, node_id, epoch, secret_hash, capabilities,
     max_concurrency, capacity_seq, draining, state, expires_at, created_at)
@@ -372,8 +379,8 @@ SELECT * FROM orbit_sessions WHERE id = :id;
 -- name: session_lock
 SELECT * FROM orbit_sessions WHERE id = :id;
 
--- name: session_lock_skip_locked
-SELECT * FROM orbit_sessions WHERE id = :id;
+-- name: session_lock_many_skip_locked
+SELECT * FROM orbit_sessions WHERE id IN (SELECT value FROM json_each(:ids)) ORDER BY id;
 
 -- name: session_share
 SELECT * FROM orbit_sessions WHERE id = :id;
@@ -701,3 +708,30 @@ SELECT coalesce(
     (SELECT max(ready_seq) FROM orbit_artifacts),
     0
 ) AS ready_seq;
+
+-- name: attempt_expiry_pull_back
+-- The reaper's pass after the store's clock went back: each live attempt whose claim
+-- lease ends later than :claim_after, or whose run lease ends later than :lease_after
+-- (now + twice StoreConfig.claim_ttl_us, lease_ttl_us: no node granted such an end, even
+-- one whose TTL is up to twice this one's), gets :claim_until or :lease_until (now + the
+-- TTL) as its end, so that a dead worker's attempt expires a TTL from now rather than
+-- the step's length later. Normally it matches no row: a walk of the live attempts
+-- (orbit_attempts_one_live, its predicate in full, as in reap_candidates), as many as
+-- the workers' slots.
+UPDATE orbit_attempts SET
+    claim_expires_at = CASE WHEN state = 'claimed' THEN :claim_until
+        ELSE claim_expires_at END,
+    lease_expires_at = CASE WHEN state = 'running' THEN :lease_until
+        ELSE lease_expires_at END
+WHERE state IN ('claimed', 'running')
+    AND CASE state WHEN 'claimed' THEN claim_expires_at > :claim_after
+        ELSE lease_expires_at > :lease_after END
+RETURNING state;
+
+-- name: session_expiry_pull_back
+-- The same for the live sessions whose expiry is later than :after (now + twice
+-- StoreConfig.session_ttl_us), given :until (now + the TTL): a range of
+-- orbit_sessions_expiry, empty but after a step.
+UPDATE orbit_sessions SET expires_at = :until
+WHERE state = 'live' AND expires_at > :after
+RETURNING id;
