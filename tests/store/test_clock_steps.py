@@ -100,3 +100,21 @@ def test_an_empty_bucket_refills_from_now_after_a_backward_step(
     clock.advance(1)
     # a token a second from the claim that found the bucket stamped an hour ahead
     assert len(store.attempt_claim_many(session.id, session.epoch, 10)) == 1
+
+
+def test_a_task_queued_before_a_backward_step_is_claimed_at_once(
+    make_store: object, clock: ManualClock
+) -> None:
+    """A submit makes a task queued with its instant as its run_after; a claim took only
+    tasks whose run_after had passed, so one submitted in the hour before the step waited
+    that hour. A queued task is due whatever its run_after; a scheduled one still waits."""
+    store: Store = make_store(clock=clock, config=CONFIG)  # type: ignore[operator]
+    queue(store)
+    session, _ = worker(store)
+    queued = submit(store)
+    clock.advance(-STEP_S)
+    later = submit(store, run_after=clock.now + 60 * SECOND)
+    grant = claim_one(store, session)
+    assert grant.task.id == queued
+    assert store.attempt_claim_many(session.id, session.epoch, 1) == []
+    assert store.task_get(later).state == "scheduled"

@@ -319,9 +319,12 @@ ORDER BY up.start_id, t.id;
 -- its lock: the last row's is read after every lock this select took, which is the
 -- clock a claim needs (a separate read cost a round trip per claim).
 SELECT r.*, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS locked_at FROM (
+-- A queued task is due whatever its run_after says: it was made queued at or after its
+-- run_after, so one later than now was written before a step back of the clock, and it
+-- waited the step's length (docs/reliability.md, "Clock steps").
 SELECT * FROM orbit_tasks
 WHERE state IN ('queued', 'scheduled')
-  AND run_after <= :now
+  AND (state = 'queued' OR run_after <= :now)
   AND (deadline IS NULL OR deadline > :now)
   AND handler = ANY(CAST(:handlers AS text[]))
   AND NOT (queue = ANY(CAST(:skip_queues AS text[])))

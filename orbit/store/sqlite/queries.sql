@@ -243,9 +243,10 @@ ORDER BY up.start_id, t.id;
 
 -- name: task_ready_select
 -- `locked_at` is NULL: the store reads the clock in-process (the write lock is held).
+-- A queued task is due whatever its run_after says (postgres/queries.sql says why).
 SELECT *, NULL AS locked_at FROM orbit_tasks
 WHERE state IN ('queued', 'scheduled')
-  AND run_after <= :now
+  AND (state = 'queued' OR run_after <= :now)
   AND (deadline IS NULL OR deadline > :now)
   AND handler IN (SELECT value FROM json_each(:handlers))
   AND queue NOT IN (SELECT value FROM json_each(:skip_queues))
