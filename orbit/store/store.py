@@ -2050,7 +2050,10 @@ class Store:
         as the evidence its events point at, so the API reads them a page at a time."""
         if limit is not None:
             check_int("limit", limit, 1, 1000)
-        rows = self._read("session_list", state=state, after_id=after_id, limit=limit)
+        if state == "live":  # few, among every session ever opened: by their own index
+            rows = self._read("session_list_live", after_id=after_id, limit=limit)
+        else:
+            rows = self._read("session_list", state=state, after_id=after_id, limit=limit)
         return [R.session_from_row(r) for r in rows]
 
     def live_attempt_counts(self) -> list[Row]:

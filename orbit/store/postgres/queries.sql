@@ -495,6 +495,17 @@ WHERE (CAST(:state AS text) IS NULL OR state = :state)
 ORDER BY id
 LIMIT CAST(:limit AS bigint);
 
+-- name: session_list_live
+-- session_list's live sessions, read through the partial index of live sessions
+-- (orbit_sessions_expiry) and sorted: a generic plan of session_list walks the primary
+-- key through every expired session too, and they are never deleted (140-300 ms a page
+-- at 225,000 of them).
+SELECT * FROM orbit_sessions
+WHERE state = 'live'
+  AND (CAST(:after_id AS text) IS NULL OR id > :after_id)
+ORDER BY id
+LIMIT CAST(:limit AS bigint);
+
 -- name: session_write_many
 UPDATE orbit_sessions AS s SET
     node_id = x.node_id, epoch = x.epoch, secret_hash = x.secret_hash,

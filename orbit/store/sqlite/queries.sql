@@ -396,6 +396,16 @@ WHERE (:state IS NULL OR state = :state)
 ORDER BY id
 LIMIT coalesce(:limit, -1);
 
+-- name: session_list_live
+-- session_list's live sessions, read through the partial index of live sessions
+-- (orbit_sessions_expiry) and sorted: the walk of the primary key read every expired
+-- session too, and they are never deleted (48-118 ms a page at 225,000 of them).
+SELECT * FROM orbit_sessions INDEXED BY orbit_sessions_expiry
+WHERE state = 'live'
+  AND (:after_id IS NULL OR id > :after_id)
+ORDER BY id
+LIMIT coalesce(:limit, -1);
+
 -- name: session_write_many
 UPDATE orbit_sessions SET
     node_id = :node_id, epoch = :epoch, secret_hash = :secret_hash,
