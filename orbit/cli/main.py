@@ -472,8 +472,9 @@ def server(
         typer.Option(
             min=0.1,
             max=DAY,
-            help="session heartbeat TTL, seconds; a connection whose peer takes none of "
-            "the server's bytes for this long is also dropped",
+            help="session heartbeat TTL, seconds; a worker connection with no hello "
+            "welcomed, or whose session lapsed, is closed after it, and a connection whose "
+            "peer takes none of the server's bytes for this long is dropped",
         ),
     ] = 60.0,
     max_artifact_bytes: Annotated[

@@ -3,7 +3,9 @@
 A connection starts with ``hello`` (a new session) or ``resume`` (an existing one, from
 any node, with its secret; the epoch is bumped so the old connection is fenced). After
 ``welcome`` every request carries a ``req_id`` that its reply echoes. Malformed messages
-are answered with an ``error`` and the connection stays open; nothing is touched.
+are answered with an ``error`` and the connection stays open; nothing is touched. A
+connection left without a ``welcome`` for a session TTL is closed (4408), and so is one
+whose session lapsed (4409), pushed to or not.
 
 The dispatcher claims on behalf of connected sessions whenever it is woken — by a commit
 on this node, by NOTIFY from another node on PostgreSQL, or by the slow poll fallback —
@@ -42,6 +44,7 @@ from orbit.core.model import (
     compact_json,
     instant_text,
 )
+from orbit.core.states import SessionState
 from orbit.protocol.decode import DecodeError, decode_json, decode_model
 from orbit.protocol.messages import (
     WORKER_REQUESTS,
@@ -116,6 +119,17 @@ CONCURRENT_REPORTS = (
 #: (``Dispatcher.revoked``); past it they are forgotten, and the periodic re-check of the
 #: open connections' tokens (orbit/server/revocation.py) closes such a connection instead.
 MAX_REVOKED_KEPT = 10_000
+
+#: The close of a connection that had no ``hello`` or ``resume`` welcomed within a
+#: session TTL of its upgrade (HTTP's 408, in the 4000s as 4401 and 4409 are): it held
+#: a socket, and a task of the node's, for as long as its peer kept it open.
+HELLO_TIMEOUT_CLOSE = 4408
+HELLO_TIMEOUT = "HELLO_TIMEOUT"
+#: How long after its session was read still live past the expiry this connection
+#: expected (the reaper not there yet, or a renew that kept it alive unnoticed: one that
+#: answered only ``lost``) a connection's session is read again, as a fraction of the
+#: session TTL.
+EXPIRY_RECHECK_FRACTION = 0.1
 
 
 class WorkerConnection:
@@ -620,8 +634,14 @@ class _Protocol:
         self.store = store
         self.dispatcher = dispatcher
         self.node_id = node_id
+        self.session_ttl = store.config.session_ttl_us / 1_000_000
         self.heartbeat_interval = store.config.session_ttl_us / 3_000_000
         self.conn: WorkerConnection | None = None
+        #: when (event loop time) a request on this connection last pushed its session's
+        #: expiry forward (``hello``, ``resume``, ``heartbeat``, ``renew``), read before
+        #: the store call: the session lapses no sooner than a session TTL after it
+        #: (``_close_when_lapsed``)
+        self.refreshed = 0.0
         #: the session was resumed (not opened) by this connection's handshake
         self.resumed = False
         #: the session it resumed was already draining
@@ -657,8 +677,24 @@ class _Protocol:
         )
 
     async def handshake(self) -> WorkerConnection | None:
+        """The connection's session, once a ``hello`` or ``resume`` is welcomed; None if
+        none was within a session TTL of the upgrade. Such a connection (silent, or
+        sending only frames that are refused) is closed with ``HELLO_TIMEOUT_CLOSE``:
+        it held a socket and this task for as long as its peer kept it open. Only the
+        waits for frames count against the deadline, with the errors that answer them;
+        a ``hello`` or ``resume`` read in time is answered, however long the store
+        takes."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.session_ttl
         while True:
-            msg = await self.receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    msg = await self.receive()
+            except TimeoutError:
+                with contextlib.suppress(Exception):  # it may be gone
+                    await self.ws.close(code=HELLO_TIMEOUT_CLOSE, reason=HELLO_TIMEOUT)
+                return None
+            self.refreshed = loop.time()
             try:
                 if isinstance(msg, Hello):
                     session, secret = await in_thread(self._open, msg)
@@ -726,6 +762,7 @@ class _Protocol:
             return
         slots = asyncio.Semaphore(MAX_REPORTS_IN_FLIGHT)
         in_flight: set[asyncio.Task[None]] = set()
+        lapse_watch = asyncio.create_task(self._close_when_lapsed(self.conn))
 
         async def report(msg: Request) -> None:
             try:
@@ -764,9 +801,41 @@ class _Protocol:
             # Closed first, so that a claim the dispatcher has in flight for this
             # connection, or makes before the detach, is released rather than sent.
             self.conn.closed = True
+            lapse_watch.cancel()
             if in_flight:
                 await asyncio.gather(*in_flight, return_exceptions=True)
             self.dispatcher.detach(self.conn)
+
+    async def _close_when_lapsed(self, conn: WorkerConnection) -> None:
+        """Close ``conn`` with 4409 once its session has lapsed (the reaper marked it
+        ``expired``) or was resumed elsewhere: its worker must resume on a new
+        connection. The dispatcher finds this out for a connection it pushes to, when
+        its claim is refused; one it does not push to (``push: false``, or drained) kept
+        its socket open for as long as its peer did. The session is read only when no
+        request on this connection has pushed its expiry forward for a session TTL
+        (``refreshed``), so a worker that heartbeats or renews costs no read."""
+        loop = asyncio.get_running_loop()
+        while not conn.closed:
+            due = self.refreshed + self.session_ttl
+            if loop.time() < due:
+                await asyncio.sleep(due - loop.time())
+                continue
+            try:
+                session = await in_thread(self.store.session_get, conn.session_id)
+            except DatabaseUnavailable:  # said by the reaper and requests too: read again
+                pass
+            except Exception as exc:  # read again below
+                log.warning("reading session %s failed (%s)", conn.session_id, type(exc).__name__)
+            else:
+                if conn.closed:
+                    return
+                if session.epoch != conn.epoch:  # the node missed the resume's notice
+                    conn.send_nowait(conn.close(4409, str(Code.FENCED_EPOCH), drop_pushes=True))
+                    return
+                if session.state != SessionState.LIVE:
+                    conn.send_nowait(conn.close(4409, str(Code.SESSION_EXPIRED)))
+                    return
+            await asyncio.sleep(self.session_ttl * EXPIRY_RECHECK_FRACTION)
 
     async def _push_missed_cancels(self, conn: WorkerConnection) -> None:
         """Push ``cancel`` for the session's running attempts whose task is `cancelling`,
@@ -826,10 +895,13 @@ class _Protocol:
                 await conn.send(finished_many_wire(rid, finishes, receipts, metrics))
                 await self._close_if_fenced(receipts)
             elif isinstance(msg, Renew):
+                asked = asyncio.get_running_loop().time()
                 with metrics.worker_call("renew", len(msg.attempt_ids)):
                     leases = await in_thread(
                         store.lease_renew_many, sid, epoch, list(msg.attempt_ids)
                     )
+                if any(x.status != "lost" for x in leases):  # the session was live: kept so
+                    self.refreshed = max(self.refreshed, asked)
                 if any(x.status == "lost" for x in leases):  # ended meanwhile (reaped)
                     self.dispatcher.slots_freed(conn)
                 renewed = [lease_wire(x) for x in leases]
@@ -884,7 +956,9 @@ class _Protocol:
                 )
                 await conn.send(AckMessage(req_id=rid, op="progress"))
             elif isinstance(msg, Heartbeat):
+                asked = asyncio.get_running_loop().time()
                 await in_thread(store.session_heartbeat, sid, epoch)
+                self.refreshed = max(self.refreshed, asked)
                 await conn.send(AckMessage(req_id=rid, op="heartbeat"))
             else:
                 await self.error(rid, "ALREADY_WELCOMED", "the session is already established")
