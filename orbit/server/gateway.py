@@ -338,6 +338,8 @@ class Dispatcher:
         self._token_due: float | None = None
         #: releases of what connections closed for a revoked token had claimed, under way
         self.releasing: set[asyncio.Task[None]] = set()
+        #: rounds run so far: each starts one connection further on (``offer_all``)
+        self.rounds = 0
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -528,9 +530,19 @@ class Dispatcher:
 
         A connection whose session had no free slot at its last claim (``full``) is
         skipped until something frees one (``slots_freed``) or a poll round: with every
-        worker busy, each submit used to cost a claim per connected worker."""
+        worker busy, each submit used to cost a claim per connected worker.
+
+        Each round starts one connection further on than the last: started at the first
+        attached every time, its claim took every ready task, so under a light load the
+        oldest worker ran nearly everything (10,343 attempts against 299 in a 35-minute
+        soak with two idle workers) and the others sat idle."""
         exhausted: list[frozenset[str]] = []  # handler sets with nothing left ready
-        for conn in list(self.connections.values()):
+        conns = list(self.connections.values())
+        if conns:
+            first = self.rounds % len(conns)
+            conns = conns[first:] + conns[:first]
+        self.rounds += 1
+        for conn in conns:
             # A connection with a push still waiting for its socket is offered nothing
             # more: its worker is not reading. When the push goes out (or fails), the
             # dispatcher is woken to offer again.

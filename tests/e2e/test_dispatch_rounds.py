@@ -79,11 +79,24 @@ def test_one_ready_task_costs_one_claim_among_idle_workers(store: Store) -> None
     rig.round()
     assert len(rig.claims) == 1
     assert _pushed(*sockets) == [[task_id], [], [], [], []]
-    # the next round starts afresh: a new task is claimed again
+    # the next round starts afresh, one worker further on: a new task is claimed again
     second = rig.submit()
     rig.round()
     assert len(rig.claims) == 2
-    assert sockets[0].task_ids == [task_id, second]
+    assert _pushed(*sockets) == [[task_id], [second], [], [], []]
+
+
+def test_idle_workers_take_turns_round_by_round(store: Store) -> None:
+    """Every round started at the first worker attached, whose claim took every ready
+    task: under a light load the oldest worker ran nearly everything and the others sat
+    idle. Each round now starts one worker further on."""
+    rig = Rig(store)
+    sockets = [rig.attach({"h": 10}) for _ in range(3)]
+    for _ in range(6):
+        rig.submit()
+        rig.round()
+    assert [len(ids) for ids in _pushed(*sockets)] == [2, 2, 2]
+    assert len(rig.claims) == 6
 
 
 def test_a_worker_with_other_handlers_is_still_offered(store: Store) -> None:
