@@ -393,8 +393,8 @@ def token_revoke(
     seconds for others (each node caches token checks; orbit server --token-cache sets
     how long), and each worker connection already
     open with it is closed within that time (close code 4401; at once on PostgreSQL): the
-    worker exits 3, unless its ORBIT_TOKEN_FILE already holds a new token, which it
-    reconnects with. The tasks it had claimed and not started go to other workers at
+    worker exits 3, unless its ORBIT_TOKEN_FILE holds a new token within 10 seconds,
+    which it reconnects with. The tasks it had claimed and not started go to other workers at
     once, those it was running as their run leases run out.
 
     Example: orbit token revoke --db sqlite:///.orbit/orbit.db 019ae4c3d2b97f0e8a1c4b5d6e7f8091

@@ -27,13 +27,17 @@ Guarantees the runner keeps:
   async handler's task is left behind when the event loop closes); its attempt reports
   nothing, and its lease decides;
 - a revoked token ends the run: the server closes the connection with 4401, the worker
-  reconnects once with its token read again (a token rotated in ``ORBIT_TOKEN_FILE``
-  carries on), and if that is refused too it cancels its handlers and ``run()`` raises
-  the refusal, as at the first connection (``orbit worker`` exits 3); what its attempts
-  become is up to their leases and the session's expiry. A connection lost another way
-  (the network, a server restart) whose reconnects are refused ends the same way, once
-  the same token has been refused twice with a pause after each (tries between them that
-  fail another way, the server unreachable, neither count nor start the count again).
+  given its token in ``token=`` or ``ORBIT_TOKEN`` (which cannot change) reconnects once,
+  and refused it cancels its handlers and ``run()`` raises the refusal, as at the first
+  connection (``orbit worker`` exits 3); what its attempts become is up to their leases
+  and the session's expiry. A connection lost another way (the network, a server
+  restart) whose reconnects are refused ends the same way, once the same token has been
+  refused twice with a pause after each (tries between them that fail another way, the
+  server unreachable, neither count nor start the count again). After a 4401 for a token
+  read from ``ORBIT_TOKEN_FILE`` the worker waits up to ``ROTATION_WAIT_S`` for a new
+  token there (tried at once: the session resumes, its handlers going on under their
+  leases), and ends the run only when none has come by then (with the file's fault,
+  ``orbit worker`` exits 2, if the file still cannot be read).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import inspect
 import logging
 import math
 import numbers
+import os
 import random
 import signal
 import ssl
@@ -91,13 +96,22 @@ RENEW_RETRY_MAX = 10.0
 REVOKED_CLOSE = 4401
 #: After a drop that was no 4401, how many refusals (401/403) of one token, with no
 #: refusal of another between them, end the run, provided the token read after the pause
-#: that follows the last is still that one. A try between them that fails another way
-#: (the server unreachable, a 5xx) judged no token: it neither counts nor starts the
-#: count again (were it to, a balancer alternating a node that is down and one that
-#: refuses would have a revoked token retried for ever), and it only makes the wait for a
-#: rotated token longer. Two, not one: a token revoked just before its replacement is
-#: written into ORBIT_TOKEN_FILE is refused once or twice before the new one can be read.
+#: that follows the last is still that one. A try between them that fails another way (the server
+#: unreachable, a 5xx) judged no token: it neither counts nor starts the count again
+#: (were it to, a balancer alternating a node that is down and one that refuses would
+#: have a revoked token retried for ever), and it only makes the wait for a rotated token
+#: longer. Two, not one: a token revoked just before its replacement is written into
+#: ORBIT_TOKEN_FILE is refused once or twice before the new one can be read. After a
+#: 4401 for a file's token the count is not what ends the run: ROTATION_WAIT_S is.
 REFUSALS_TO_STOP = 2
+#: After a 4401 for a token read from ORBIT_TOKEN_FILE, how long (seconds) the worker
+#: waits for a usable token there before it ends the run: a token revoked before its
+#: replacement is written, or a replacement written with the wrong mode and mended by
+#: hand. REFUSALS_TO_STOP alone gave such a rotation the back-off's first two pauses,
+#: 0.15 to 0.3 s, and the run (and a running task that is not retry_safe) was lost to
+#: a write half a second late. The handlers go on meanwhile, under leases nobody can
+#: renew until the connection is back.
+ROTATION_WAIT_S = 10.0
 #: the reconnect back-off's first base, in seconds (``reconnect_max`` if that is less):
 #: the pause after the first failed try is between half of it and all of it
 #: (``ReconnectBackoff``)
@@ -588,6 +602,9 @@ class Worker:
         #: Fault-test switch: stop sending renewals (leases then run out and are lost).
         self.pause_renewals = False
         self._session: tuple[str, str] | None = None  # (session id, resume secret)
+        #: the token the connection was last opened with: after a close for its revoke,
+        #: the one in hand while ORBIT_TOKEN_FILE cannot be read (``_connect``)
+        self._token_used: str | None = None
         #: the refusal of our token that ended the run (the token was revoked), raised by
         #: ``arun`` once the handlers are stopped
         self._refused: Exception | None = None
@@ -861,11 +878,16 @@ class Worker:
         """Connect and hello (first time) or resume; retry with backoff until it works.
         A refusal of our credentials (HTTP 401 or 403, or no token to read) is raised
         rather than retried on the first connection, and on the one after the server
-        closed ours because its token was revoked (``revoked``). On any other reconnect
+        closed ours because its token was revoked (``revoked``) when that token cannot
+        change (``token=`` or ORBIT_TOKEN: ``_token_in_file``). On any other reconnect
         a refused token is raised once it has been refused ``REFUSALS_TO_STOP`` times,
         with no refusal of another token between (failures of another kind between do
         not matter), and is still the token read after the pause that follows
-        (``REFUSALS_TO_STOP``)."""
+        (``REFUSALS_TO_STOP``). After a 4401 for a token read from ORBIT_TOKEN_FILE, the
+        end is ROTATION_WAIT_S after the close instead, and a try for which the file
+        cannot be read is waited out too, of the token in hand (the revoked one, or the
+        last one read), ending the run with its TokenError when the file still cannot
+        be read then."""
         self._connected.clear()
         # The first try is made at once (a lone worker that lost its connection is back
         # without a pause); each failed one is followed by a pause (ReconnectBackoff).
@@ -873,13 +895,20 @@ class Worker:
         caps = {name: self._declared_capacity(name) for name in self.handlers}
         refused_token: str | None = None  # the token the last refusal was of
         refusals = 0  # how many times it was refused since another token last was
+        # A revoked token read from ORBIT_TOKEN_FILE waits for its replacement there, as
+        # after any other drop: a rotation done in the other order (revoked, then the
+        # new token written) ended the run, and a running task that is not retry_safe
+        # went to needs_review.
+        rotating = revoked and self._token_in_file()
+        rotation_ends = time.monotonic() + ROTATION_WAIT_S  # when ``rotating``
+        held = self._token_used  # the token in hand: the last one read
         while True:
             conn: WorkerConnection | None = None
             token: str | None = None
             try:
                 # Read at every try: a token rotated in ORBIT_TOKEN_FILE is taken up by
                 # the next reconnect, without a restart.
-                token = self._token()
+                token = held = self._token()
                 conn = await WorkerConnection.connect(self._ws_url(), token, cafile=self.cafile)
                 conn.request_timeout = self.request_timeout
                 if self._session is None:
@@ -917,6 +946,7 @@ class Worker:
                     # resume refused): undrained, the server pushed it tasks to release.
                     await conn.drain()
                 self._conn = conn
+                self._token_used = token
                 self._connected.set()
                 return
             except asyncio.CancelledError:
@@ -931,11 +961,12 @@ class Worker:
                 # message with "40" in it would have). A 500 or 503 is a server or proxy
                 # that is not ready yet: retried. No token to read is final on the first
                 # connection too. After a close for a revoked token (4401), a refusal is
-                # final as well: the token read again is still refused, and retrying it
-                # for ever would leave the worker holding a session it can never use
-                # again. After any other drop a refusal is final once the same token is
-                # refused twice (below): the worker heard no 4401, but the server says
-                # the same.
+                # final as well when the token cannot change (``token=``, ORBIT_TOKEN):
+                # retrying it for ever would leave the worker holding a session it can
+                # never use again. After any other drop, and after a 4401 for a token
+                # read from ORBIT_TOKEN_FILE (``rotating``: its replacement may be
+                # written just after the revoke), a refusal is final once the same token
+                # is refused twice (below).
                 status = exc.response.status_code if isinstance(exc, InvalidStatus) else None
                 bad_token = isinstance(exc, TokenError)
                 refused = bad_token or status in (401, 403)
@@ -951,32 +982,53 @@ class Worker:
                     # A hello the server could not try (SERVER_NOT_TRIED: its database
                     # refusing writes) is retried below like a failed connect.
                     raise
-                if (first or revoked) and refused:
+                if (first or (revoked and not rotating)) and refused:
                     raise
-                if status in (401, 403):
+                unreadable = bad_token and rotating
+                if status in (401, 403) or unreadable:
                     # Refused after a drop that was no 4401 (a network failure, a server
-                    # restart): the token may have been revoked meanwhile, and this worker
-                    # never heard the close that says so. A new token read now is tried
-                    # at once; the same one again after a pause, and the run ends once it
-                    # has been refused REFUSALS_TO_STOP times (failures of another kind
-                    # between are no refusal, and reset nothing) and the pause after the
-                    # last brought no other.
+                    # restart: the token may have been revoked meanwhile, and this worker
+                    # never heard the close that says so), or after a 4401 for a token
+                    # read from ORBIT_TOKEN_FILE. A new token read now is tried at once;
+                    # the same one again after a pause, and the run ends once it has been
+                    # refused REFUSALS_TO_STOP times (failures of another kind between are
+                    # no refusal, and reset nothing), or after a 4401 once ROTATION_WAIT_S
+                    # has passed, and the pause after the last brought no other. After a
+                    # 4401 the file that cannot be read (being rewritten, or left open to
+                    # group or others) brought no token to try in place of the one in
+                    # hand: a refusal of that one, so a file never made usable ends the
+                    # run as a token never replaced does.
+                    if unreadable:
+                        token = held
                     refusals = refusals + 1 if token == refused_token else 1
                     refused_token = token
                     now = self._token_now()
                     if now is not None and now != token:
-                        log.error("connect refused: HTTP %d; trying the token read again", status)
+                        log.error(
+                            "%s; trying the token read again",
+                            f"no token to reconnect with ({exc})"
+                            if unreadable
+                            else f"connect refused: HTTP {status}",
+                        )
                         continue
                     delay = backoff.pause()
+                    if rotating:  # the file's rotation has ROTATION_WAIT_S in all
+                        delay = min(delay, max(rotation_ends - time.monotonic(), 0.0))
+                        last = time.monotonic() + delay >= rotation_ends
+                    else:
+                        last = refusals >= REFUSALS_TO_STOP
                     log.error(
-                        "connect refused: HTTP %d (bad credentials?); %s",
-                        status,
-                        f"retrying in {delay:.1f}s"
-                        if refusals < REFUSALS_TO_STOP
-                        else f"stopping in {delay:.1f}s unless the token is replaced",
+                        "%s; %s",
+                        f"no token to reconnect with ({exc})"
+                        if unreadable
+                        else f"connect refused: HTTP {status} (bad credentials?)",
+                        f"stopping in {delay:.1f}s unless the token is replaced"
+                        if last
+                        else f"retrying in {delay:.1f}s",
                     )
                     await asyncio.sleep(delay)
-                    if refusals >= REFUSALS_TO_STOP and self._token_now() == token:
+                    now = self._token_now()
+                    if last and (now == token or (unreadable and now is None)):
                         raise
                     continue
                 # A proxy or balancer in front whose nodes are away (503), or that limits
@@ -1012,10 +1064,22 @@ class Worker:
             return pause
         return min(pause, max(min(left) / 2, RECONNECT_LEASE_FLOOR_S))
 
+    def _token_in_file(self) -> bool:
+        """Whether the token is read from ORBIT_TOKEN_FILE: no ``token=`` and no
+        ORBIT_TOKEN, which ``load_token`` takes first. Only such a token can be replaced
+        under a running worker (the others stay what they were at the start), so only
+        then is a close for a revoked token (4401) waited out (``_connect``)."""
+        return (
+            self.token is None
+            and "ORBIT_TOKEN" not in os.environ
+            and "ORBIT_TOKEN_FILE" in os.environ
+        )
+
     def _token_now(self) -> str | None:
         """The token as read now, or None if it cannot be read (a file being rewritten,
-        say): that is neither a new token to try at once nor the refused one to give up
-        on, and the next try reads it again."""
+        say): that is no new token to try at once, nor, after a drop that was no 4401,
+        the refused one to give up on, and the next try reads it again (after a 4401 for
+        a file's token, no token to read is a refusal in turn: ``_connect``)."""
         try:
             return self._token()
         except TokenError:
@@ -1034,10 +1098,12 @@ class Worker:
                 revoked = msg.get("code") == REVOKED_CLOSE
                 if revoked:
                     log.error(
-                        "the server closed the connection: its token was revoked (%s %s); "
-                        "reconnecting once with the token read again",
+                        "the server closed the connection: its token was revoked (%s %s); %s",
                         REVOKED_CLOSE,
                         msg.get("reason"),
+                        "reconnecting with the token read again from ORBIT_TOKEN_FILE"
+                        if self._token_in_file()
+                        else "reconnecting once with the token read again",
                     )
                 try:
                     await self._connect(revoked=revoked)
