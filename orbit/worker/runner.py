@@ -605,6 +605,9 @@ class Worker:
         #: the token the connection was last opened with: after a close for its revoke,
         #: the one in hand while ORBIT_TOKEN_FILE cannot be read (``_connect``)
         self._token_used: str | None = None
+        #: the HTTP client of this run's uploads (an ``httpx.AsyncClient``, made by the
+        #: first: ``_upload_client``), closed as the run ends
+        self._uploads: Any = None
         #: the refusal of our token that ended the run (the token was revoked), raised by
         #: ``arun`` once the handlers are stopped
         self._refused: Exception | None = None
@@ -731,6 +734,10 @@ class Worker:
                 return 0
             return await self._run(install_signals)
         finally:
+            if self._uploads is not None:
+                uploads, self._uploads = self._uploads, None
+                with contextlib.suppress(Exception):  # its connections, closed or not
+                    await uploads.aclose()
             self._loop = None
             self._stopping = False  # this run is over; the next one starts afresh
 
@@ -1683,9 +1690,6 @@ class Worker:
         # (name=é), which the server takes, raised its UnicodeEncodeError.
         raw_headers = {k.encode("ascii"): v.encode("latin-1") for k, v in headers.items()}
         body: bytes | AsyncIterator[bytes] = data if isinstance(data, bytes) else _file(data)
-        # The CAs the connection trusts (the system's, or cafile's): httpx's verify=True
-        # trusts certifi's bundle instead.
-        verify = ssl.create_default_context(cafile=self.cafile)
         name_part = quote(name, safe="")
         import httpx  # here, not at the top: only an upload uses it (see orbit/__init__)
 
@@ -1693,10 +1697,9 @@ class Worker:
 
         path = f"/v1/attempts/{attempt_id}/artifacts/{name_part}"
         try:
-            async with (
-                httpx.AsyncClient(base_url=self.url, verify=verify, timeout=300) as http,
-                http.stream("PUT", path, content=body, headers=raw_headers) as reply,
-            ):
+            async with self._upload_client().stream(
+                "PUT", path, content=body, headers=raw_headers
+            ) as reply:
                 raw = b"".join([chunk async for chunk in reply.aiter_raw()])
         except httpx.TransportError as exc:
             # Raised as the clients raise it (a ConnectionError): httpx's own is none, and
@@ -1704,6 +1707,34 @@ class Worker:
             where = self.url.split("://", 1)[-1]
             raise Unreachable(f"upload to {where}: {type(exc).__name__}: {exc}"[:300]) from exc
         return _upload_reply(reply.status_code, raw)
+
+    def _upload_client(self) -> Any:
+        """The run's one HTTP client for uploads (``httpx.AsyncClient``), made by the first.
+        Each upload made its own, with a TLS context that loads the CA bundle, even for
+        ``http://``: a worker uploading 300 KB a task at a task a second grew to 289 MB
+        of native memory (a worker making the same bytes without uploading: 49 MB), and
+        each upload opened a new connection."""
+        if self._uploads is None:
+            import httpx
+
+            from orbit.client._http import KEEPALIVE_EXPIRY
+
+            self._uploads = httpx.AsyncClient(
+                base_url=self.url,
+                # The CAs the connection trusts (the system's, or cafile's): httpx's
+                # verify=True trusts certifi's bundle instead.
+                verify=ssl.create_default_context(cafile=self.cafile),
+                timeout=300,
+                # No cap on connections (every handler may upload at once), and idle ones
+                # closed before the server's keep-alive timeout can meet a request on them,
+                # as Orbit's clients do.
+                limits=httpx.Limits(
+                    max_connections=None,
+                    max_keepalive_connections=20,
+                    keepalive_expiry=KEEPALIVE_EXPIRY,
+                ),
+            )
+        return self._uploads
 
     def _token(self) -> str:
         return self.token if self.token is not None else load_token()
