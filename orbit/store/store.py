@@ -115,6 +115,10 @@ MAX_DROPPED_COUNT = 1000
 #: which every claim on every node waits for, so a mass lapse (a deploy, a lost pool of
 #: hosts) is expired in short transactions, claims going on between them.
 SESSION_EXPIRY_BATCH = 50
+#: How far (µs) a transaction's clock may read behind the latest this store has read
+#: before the clock is taken to have gone back (``_Tx._stamp``): beyond the few
+#: microseconds two threads' readings race by, short of any step worth acting on.
+CLOCK_STEP_US = SECOND
 
 
 #: A batch submit larger than this goes to the database a chunk at a time, each chunk's
@@ -428,6 +432,12 @@ class Store:
         self.config = config or StoreConfig()
         self._clock = clock
         self._rand = rand
+        #: the latest clock any of this store's transactions read (``_Tx._stamp``), and,
+        #: once one read it more than CLOCK_STEP_US behind that (the clock went back),
+        #: that latest reading: the reaper pulls back the ends granted before the step
+        #: (``reap``'s ``pull_back_pass``) until the clock is back there, then sets it to 0
+        self._clock_high = 0
+        self._stepped_from = 0
         self._fault: str | None = None
         #: Called after a commit that made tasks ready, with their queues: the server wakes
         #: its dispatcher with it. On PostgreSQL the same transaction also sends NOTIFY
@@ -3267,14 +3277,18 @@ class Store:
             )
 
         def pull_back_pass(tx: _Tx) -> tuple[int, int, int]:
-            """Run leases, claim leases and sessions that end later than twice their TTL
-            from now, each pulled back to now + its TTL; how many of each. Only a store
-            clock that went back leaves such an end (docs/reliability.md, "Clock steps"):
-            left, a dead worker's attempts held their permits for the length of the step.
-            Not once the TTL from now: a node whose TTL is longer (a rolling change of it)
-            grants such ends, and a worker, not told of a lease cut short, renews at half
-            the lease it was given. A new end writes no event, as a renew's writes none."""
+            """After the store's clock went back (``_stepped_from``, until it is back
+            there): run leases, claim leases and sessions that end later than twice their
+            TTL from now, each pulled back to now + its TTL; how many of each. Left, the
+            ends granted before the step kept a dead worker's attempts, and their permits,
+            for the length of the step (docs/reliability.md, "Clock steps"). Only then:
+            a node whose TTL is longer, or this one before a restart with a shorter TTL,
+            grants such ends too, and a worker, not told of a lease cut short, renews at
+            half the lease it was given, too late. Not once the TTL from now, for the
+            first. A new end writes no event, as a renew's writes none."""
             now = tx.now()
+            if now >= self._stepped_from:
+                self._stepped_from = 0  # the clock is back where it was: nothing is ahead
             cfg = self.config
             attempts = tx.fetch(
                 "attempt_expiry_pull_back",
@@ -3295,7 +3309,9 @@ class Store:
             self._shed_doomed()
         counts["artifacts_expired"] = self._tx(artifacts_pass)
         counts["uploads_dropped"] = self._tx(uploads_pass)
-        leases, claims, sessions = self._tx(pull_back_pass)
+        leases = claims = sessions = 0
+        if self._stepped_from:
+            leases, claims, sessions = self._tx(pull_back_pass)
         if leases or claims or sessions:
             _log.warning(
                 "the database clock went back: %d run leases, %d claim leases and %d "
@@ -3943,9 +3959,14 @@ class _Tx:
     def _stamp(self, database_clock: Callable[[], int]) -> int:
         """This transaction's clock: the store's test clock if it has one, else the
         database's (read by ``database_clock``)."""
-        clock = self._store._clock
-        self._now = clock() if clock is not None else database_clock()
-        return self._now
+        store = self._store
+        now = store._clock() if store._clock is not None else database_clock()
+        self._now = now
+        if now > store._clock_high:
+            store._clock_high = now
+        elif store._clock_high - now > CLOCK_STEP_US:
+            store._stepped_from = store._clock_high  # the clock went back (reap)
+        return now
 
     def clock(self) -> int:
         """The clock as last read (by ``now`` or ``lock_many``)."""

@@ -11,8 +11,8 @@ import logging
 import pytest
 
 from orbit.core.model import SECOND
-from orbit.store import Store, StoreConfig
-from tests.conftest import ManualClock
+from orbit.store import Store, StoreConfig, open_store
+from tests.conftest import ManualClock, store_url
 from tests.store.helpers import claim_one, queue, run_one, submit, worker
 
 CONFIG = StoreConfig(claim_ttl_us=10 * SECOND, lease_ttl_us=5 * SECOND, session_ttl_us=60 * SECOND)
@@ -118,3 +118,33 @@ def test_a_task_queued_before_a_backward_step_is_claimed_at_once(
     assert grant.task.id == queued
     assert store.attempt_claim_many(session.id, session.epoch, 1) == []
     assert store.task_get(later).state == "scheduled"
+
+
+def test_a_node_with_a_shorter_ttl_leaves_longer_leases_alone(
+    make_store: object, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No clock step: a node restarted with a shorter lease TTL (or another node of a
+    rolling change) reaps beside leases a longer TTL granted. Pulled back by their TTL
+    alone, a healthy worker's lease was cut short unbeknown to it, it renewed at half the
+    lease it was given, too late, and its task that was not retry_safe went to
+    needs_review. Ends are pulled back only after the clock was seen to go back."""
+    long = StoreConfig(
+        claim_ttl_us=60 * SECOND, lease_ttl_us=60 * SECOND, session_ttl_us=120 * SECOND
+    )
+    store: Store = make_store(clock=clock, config=long)  # type: ignore[operator]
+    queue(store)
+    session, _ = worker(store)
+    submit(store)
+    grant = run_one(store, session)
+    lease_end = store.attempt_get(grant.attempt.id).lease_expires_at
+    session_end = store.session_get(session.id).expires_at
+    restarted = open_store(store_url(store), CONFIG, clock=clock, migrate=False)
+    try:
+        clock.advance(1)
+        with caplog.at_level(logging.WARNING, logger="orbit.store"):
+            assert restarted.reap().total == 0
+        assert not caplog.records
+        assert store.attempt_get(grant.attempt.id).lease_expires_at == lease_end
+        assert store.session_get(session.id).expires_at == session_end
+    finally:
+        restarted.close()
