@@ -734,11 +734,12 @@ class Worker:
                 return 0
             return await self._run(install_signals)
         finally:
+            # The loop first: an upload begun while the client closes makes one of its own.
+            self._loop = None
             if self._uploads is not None:
                 uploads, self._uploads = self._uploads, None
                 with contextlib.suppress(Exception):  # its connections, closed or not
                     await uploads.aclose()
-            self._loop = None
             self._stopping = False  # this run is over; the next one starts afresh
 
     async def _run(self, install_signals: bool) -> int:
@@ -1696,45 +1697,55 @@ class Worker:
         from orbit.client._http import Unreachable
 
         path = f"/v1/attempts/{attempt_id}/artifacts/{name_part}"
+        # The run's client, on the run's loop; a plain handler's own loop (its
+        # asyncio.run(ctx.upload(...))) gets one for this upload alone: a client's
+        # connections belong to the loop that opened them.
+        shared = self._loop is not None and asyncio.get_running_loop() is self._loop
+        http = self._upload_client() if shared else self._new_upload_client()
         try:
-            async with self._upload_client().stream(
-                "PUT", path, content=body, headers=raw_headers
-            ) as reply:
+            async with http.stream("PUT", path, content=body, headers=raw_headers) as reply:
                 raw = b"".join([chunk async for chunk in reply.aiter_raw()])
         except httpx.TransportError as exc:
             # Raised as the clients raise it (a ConnectionError): httpx's own is none, and
             # a handler that caught transport failures so did not catch this one.
             where = self.url.split("://", 1)[-1]
             raise Unreachable(f"upload to {where}: {type(exc).__name__}: {exc}"[:300]) from exc
+        finally:
+            if not shared:
+                await http.aclose()
         return _upload_reply(reply.status_code, raw)
 
     def _upload_client(self) -> Any:
-        """The run's one HTTP client for uploads (``httpx.AsyncClient``), made by the first.
-        Each upload made its own, with a TLS context that loads the CA bundle, even for
-        ``http://``: a worker uploading 300 KB a task at a task a second grew to 289 MB
-        of native memory (a worker making the same bytes without uploading: 49 MB), and
-        each upload opened a new connection."""
+        """The run's one HTTP client for uploads on its loop (``_new_upload_client``),
+        made by the first. Each upload made its own, with a TLS context that loads the CA
+        bundle, even for ``http://``: a worker uploading 300 KB a task at a task a second
+        grew to 289 MB of native memory (a worker making the same bytes without
+        uploading: 49 MB), and each upload opened a new connection."""
         if self._uploads is None:
-            import httpx
-
-            from orbit.client._http import KEEPALIVE_EXPIRY
-
-            self._uploads = httpx.AsyncClient(
-                base_url=self.url,
-                # The CAs the connection trusts (the system's, or cafile's): httpx's
-                # verify=True trusts certifi's bundle instead.
-                verify=ssl.create_default_context(cafile=self.cafile),
-                timeout=300,
-                # No cap on connections (every handler may upload at once), and idle ones
-                # closed before the server's keep-alive timeout can meet a request on them,
-                # as Orbit's clients do.
-                limits=httpx.Limits(
-                    max_connections=None,
-                    max_keepalive_connections=20,
-                    keepalive_expiry=KEEPALIVE_EXPIRY,
-                ),
-            )
+            self._uploads = self._new_upload_client()
         return self._uploads
+
+    def _new_upload_client(self) -> Any:
+        """An ``httpx.AsyncClient`` for uploads to this worker's server."""
+        import httpx
+
+        from orbit.client._http import KEEPALIVE_EXPIRY
+
+        return httpx.AsyncClient(
+            base_url=self.url,
+            # The CAs the connection trusts (the system's, or cafile's): httpx's
+            # verify=True trusts certifi's bundle instead.
+            verify=ssl.create_default_context(cafile=self.cafile),
+            timeout=300,
+            # No cap on connections (every handler may upload at once), and idle ones
+            # closed before the server's keep-alive timeout can meet a request on them,
+            # as Orbit's clients do.
+            limits=httpx.Limits(
+                max_connections=None,
+                max_keepalive_connections=20,
+                keepalive_expiry=KEEPALIVE_EXPIRY,
+            ),
+        )
 
     def _token(self) -> str:
         return self.token if self.token is not None else load_token()

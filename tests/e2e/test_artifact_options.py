@@ -125,3 +125,19 @@ def test_a_runs_uploads_share_one_http_client(
     assert sizes == [1000] * 5 and len(listed) == 5
     assert len(made) == 1
     assert made[0].is_closed  # closed as the run ended
+
+
+def test_a_plain_handler_uploads_from_loops_of_its_own(node: Node, tokens: Tokens) -> None:
+    """A plain function may run ``asyncio.run(ctx.upload(...))``, each call a loop of its
+    own: the run's shared client, its connections opened on the first such loop, failed
+    the second with "Event loop is closed". An upload off the run's loop gets a client
+    of its own, closed after it."""
+
+    def handler(ctx: Context, payload: Any) -> Any:
+        first = asyncio.run(ctx.upload("a.bin", b"x" * 10))
+        second = asyncio.run(ctx.upload("b.bin", b"y" * 20))
+        return [first["size"], second["size"]]
+
+    sizes, listed, _ = _run(node, tokens, handler)
+    assert sizes == [10, 20]
+    assert sorted(a["name"] for a in listed) == ["a.bin", "b.bin"]
