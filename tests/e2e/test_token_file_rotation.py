@@ -137,6 +137,23 @@ def _revoke(admin: httpx.Client, token_id: str) -> None:
     assert revoked.status_code == 200, revoked.text
 
 
+def _resumes_and_succeeds(
+    proc: subprocess.Popen[str], out: Output, admin: httpx.Client, task_id: str, marks: Path
+) -> None:
+    """The worker resumes its session with the token now in the file, the attempt it
+    held goes on and succeeds (one attempt: no restart), and the worker, still running,
+    stops on SIGTERM with exit 0."""
+    out.wait_for("resumed session")
+    (marks / f"go-{task_id}").write_text("")
+    task = wait_state(admin, task_id, {"succeeded", "failed", "needs_review"})
+    assert (task["state"], task["result"]) == ("succeeded", "went"), task
+    attempts = admin.get(f"/v1/tasks/{task_id}/attempts").json()["items"]
+    assert [a["state"] for a in attempts] == ["succeeded"], attempts
+    assert proc.poll() is None, out.text()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, out.all()
+
+
 def test_a_new_token_written_just_after_the_revoke_resumes_and_the_task_goes_on(
     node: Node,
     tokens: Tokens,
@@ -162,15 +179,7 @@ def test_a_new_token_written_just_after_the_revoke_resumes_and_the_task_goes_on(
         # (that reconnect's refusal ended the run before).
         out.wait_for("connect refused: HTTP 401 (bad credentials?); retrying in")
         _write_token(token_file, tokens.worker)
-        out.wait_for("resumed session")
-        (tmp_path / f"go-{task_id}").write_text("")
-        task = wait_state(admin_q, task_id, {"succeeded", "failed", "needs_review"})
-        assert (task["state"], task["result"]) == ("succeeded", "went"), task
-        attempts = admin_q.get(f"/v1/tasks/{task_id}/attempts").json()["items"]
-        assert [a["state"] for a in attempts] == ["succeeded"], attempts
-        assert proc.poll() is None, out.text()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0, out.all()
+        _resumes_and_succeeds(proc, out, admin_q, task_id, tmp_path)
     text = out.all()
     assert old_token[1] not in text and tokens.worker not in text
 
@@ -271,10 +280,4 @@ def test_a_token_file_mended_after_the_revoke_resumes_and_the_task_goes_on(
         out.wait_for(REVOKED_LINE)
         out.wait_for("no token to reconnect with")
         token_file.chmod(0o600)
-        out.wait_for("resumed session")
-        (tmp_path / f"go-{task_id}").write_text("")
-        task = wait_state(admin_q, task_id, {"succeeded", "failed", "needs_review"})
-        assert (task["state"], task["result"]) == ("succeeded", "went"), task
-        assert proc.poll() is None, out.text()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0, out.all()
+        _resumes_and_succeeds(proc, out, admin_q, task_id, tmp_path)
