@@ -11,7 +11,9 @@ is closed: counted from the connection's start for its first request (for TLS, f
 end of the handshake, which the event loop bounds itself at 60 s), and from the head's
 first byte for a later one on a kept-alive connection (between requests the keep-alive
 timeout applies, and any byte cancels it). The body is not covered: an upload may take
-long, and its route reads it.
+long, and its route reads it. Nor is a head pipelined behind a request still being
+answered (uvicorn stops reading while it is): timed from that answer's end, it never cut
+the requests in flight (an event stream's, say) with it.
 
 uvicorn runs httptools' parser (``http="auto"`` picks it when installed, and
 ``uvicorn[standard]``, which Orbit depends on, installs it); this is that protocol.
@@ -32,6 +34,8 @@ class HeadDeadline(HttpToolsProtocol):
 
     header_timeout: ClassVar[float]
     _head_timer: TimerHandle | None = None
+    #: a request head has begun and is not complete
+    _in_head = False
 
     def connection_made(self, transport: Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -39,12 +43,31 @@ class HeadDeadline(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        if self._head_timer is None:  # a later request's first byte on a kept-alive connection
+        self._in_head = True
+        if self._head_timer is None and not self._answering():
+            # a later request's first byte on a kept-alive connection
             self._head_timer = self.loop.call_later(self.header_timeout, self._head_overdue)
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
         self._cancel_head_timer()
         super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        # A head begun behind the answer just ended is timed from now (uvicorn read no
+        # more of it meanwhile); none begun, the keep-alive timeout is the one that runs.
+        if (
+            self._in_head
+            and self._head_timer is None
+            and not self._answering()  # the next pipelined one, started just now
+            and not self.transport.is_closing()
+        ):
+            self._head_timer = self.loop.call_later(self.header_timeout, self._head_overdue)
+
+    def _answering(self) -> bool:
+        """Whether a request on this connection is still being answered."""
+        return self.cycle is not None and not self.cycle.response_complete
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()

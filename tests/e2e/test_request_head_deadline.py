@@ -28,6 +28,8 @@ DEADLINE = 2.0
 WAIT = 15.0
 HEAD = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 PARTIAL = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+#: an event stream's keep-alive comment this often (s): a stream seen alive, by its comments
+KEEPALIVE = 0.5
 
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
@@ -127,6 +129,26 @@ async def probe(node: Node, tokens: Tokens) -> None:
         assert (await response(reader))[0] == 200
         writer.close()
 
+    async def pipelined_behind_a_stream() -> None:
+        # A head pipelined behind a request still being answered (an event stream, which
+        # never ends) is not timed while uvicorn reads none of it: timed, it closed the
+        # connection, and the stream with it, after the deadline.
+        reader, writer = await opened()
+        writer.write(
+            b"GET /v1/events/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            + f"Authorization: Bearer {tokens.admin}\r\n\r\n".encode()
+            + PARTIAL
+        )
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head
+        seen = b""
+        async with asyncio.timeout(WAIT):  # keep-alives for three deadlines and more
+            while seen.count(b": keep-alive") < 3 * DEADLINE / KEEPALIVE:
+                more = await reader.read(65536)
+                assert more, f"closed {seen.count(b': keep-alive')} keep-alives in"
+                seen += more
+        writer.close()
+
     async def idle_worker() -> None:  # an upgraded connection is no longer timed
         conn = await WorkerConnection.connect(node.ws, tokens.worker)
         try:
@@ -143,6 +165,7 @@ async def probe(node: Node, tokens: Tokens) -> None:
         slow_head(),
         slow_body(),
         idle_between_requests(),
+        pipelined_behind_a_stream(),
         idle_worker(),
         queues(node, tokens),
     )
@@ -152,7 +175,7 @@ async def probe(node: Node, tokens: Tokens) -> None:
 def test_connections_without_a_complete_request_head_are_closed(
     nodes: Callable[..., Node], tokens: Tokens
 ) -> None:
-    node = nodes(args=["--header-timeout", str(DEADLINE)])
+    node = nodes(args=["--header-timeout", str(DEADLINE), "--stream-keepalive", str(KEEPALIVE)])
     asyncio.run(probe(node, tokens))
     assert "Traceback" not in node.log_text()
 
