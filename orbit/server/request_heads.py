@@ -39,14 +39,13 @@ class HeadDeadline(HttpToolsProtocol):
 
     def connection_made(self, transport: Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._head_timer = self.loop.call_later(self.header_timeout, self._head_overdue)
+        self._arm_head_timer()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head = True
         if self._head_timer is None and not self._answering():
-            # a later request's first byte on a kept-alive connection
-            self._head_timer = self.loop.call_later(self.header_timeout, self._head_overdue)
+            self._arm_head_timer()  # a later request's first byte on a kept-alive connection
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -63,7 +62,7 @@ class HeadDeadline(HttpToolsProtocol):
             and not self._answering()  # the next pipelined one, started just now
             and not self.transport.is_closing()
         ):
-            self._head_timer = self.loop.call_later(self.header_timeout, self._head_overdue)
+            self._arm_head_timer()
 
     def _answering(self) -> bool:
         """Whether a request on this connection is still being answered."""
@@ -72,6 +71,9 @@ class HeadDeadline(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
         super().connection_lost(exc)
+
+    def _arm_head_timer(self) -> None:
+        self._head_timer = self.loop.call_later(self.header_timeout, self._head_overdue)
 
     def _cancel_head_timer(self) -> None:
         if self._head_timer is not None:

@@ -1010,14 +1010,14 @@ class Worker:
                         token = held
                     refusals = refusals + 1 if token == refused_token else 1
                     refused_token = token
+                    why = (
+                        f"no token to reconnect with ({exc})"
+                        if unreadable
+                        else f"connect refused: HTTP {status}"
+                    )
                     now = self._token_now()
                     if now is not None and now != token:
-                        log.error(
-                            "%s; trying the token read again",
-                            f"no token to reconnect with ({exc})"
-                            if unreadable
-                            else f"connect refused: HTTP {status}",
-                        )
+                        log.error("%s; trying the token read again", why)
                         continue
                     delay = backoff.pause()
                     if rotating:  # the file's rotation has ROTATION_WAIT_S in all
@@ -1027,9 +1027,7 @@ class Worker:
                         last = refusals >= REFUSALS_TO_STOP
                     log.error(
                         "%s; %s",
-                        f"no token to reconnect with ({exc})"
-                        if unreadable
-                        else f"connect refused: HTTP {status} (bad credentials?)",
+                        why if unreadable else f"{why} (bad credentials?)",
                         f"stopping in {delay:.1f}s unless the token is replaced"
                         if last
                         else f"retrying in {delay:.1f}s",
