@@ -1186,9 +1186,15 @@ def _workers_table(rows: list[dict[str, Any]]) -> Table:
 
 
 def worker_ls(url: str, cafile: str | None, as_json: bool, state: str | None = None) -> None:
+    """The live sessions unless ``state`` says otherwise (``all``: expired ones too).
+    Expired sessions are never deleted, so listing them all by default printed every
+    session a cluster ever had (6,055 lines in 17 s at 2,000 of them) to find the few
+    running; a state the server does not know is still the server's to refuse."""
+    state = "live" if state is None else state
+    listed = None if state == "all" else state
     with client(url, cafile) as c:
-        none = "no workers" if state is None else f"no {state} workers"
-        emit(c.workers(state), as_json, _workers_table, none)
+        none = "no workers" if listed is None else f"no {listed} workers"
+        emit(c.workers(listed), as_json, _workers_table, none)
 
 
 def worker_drain(session_id: str, url: str, cafile: str | None, as_json: bool) -> None:

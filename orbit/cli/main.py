@@ -705,14 +705,17 @@ def worker_command(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON (ls, drain)")] = False,
     state: Annotated[
         str | None,
-        typer.Option(help="(ls) only sessions in this state: live or expired", show_default=False),
+        typer.Option(
+            help="(ls) the sessions to list: live (the default), expired or all",
+            show_default=False,
+        ),
     ] = None,
 ) -> None:
     """Run a worker, or list and drain workers.
 
     \b
       orbit worker myapp.jobs:worker   run the orbit.Worker in myapp/jobs.py
-      orbit worker ls [--state live]   list all worker sessions, expired ones too
+      orbit worker ls [--state all]    list the live worker sessions (or all)
       orbit worker drain SESSION_ID    stop new claims for a session (durable)
 
     The token comes from ORBIT_TOKEN or ORBIT_TOKEN_FILE. --url (or ORBIT_URL) and
