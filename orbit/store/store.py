@@ -86,6 +86,7 @@ from orbit.core.validate import (
 from orbit.store import rows as R
 from orbit.store.driver import (
     DATABASE_BUSY,
+    DATABASE_UNAVAILABLE,
     UNAVAILABLE_MESSAGES,
     Connection,
     DatabaseUnavailable,
@@ -102,6 +103,32 @@ from orbit.tokens import token_id as parse_token_id
 
 _log = logging.getLogger("orbit.store")
 T = TypeVar("T")
+
+#: What the server answers (503 ``DATABASE_UNAVAILABLE``) for a transaction whose
+#: connection failed while its ``COMMIT`` was on its way (``CommitOutcomeUnknown``).
+COMMIT_UNKNOWN_MESSAGE = (
+    "the database's connection was lost while this change was being committed: it may "
+    "have been committed; a resend must carry the same idempotency key (a submit sent "
+    "again without one may make a second task)"
+)
+
+
+class CommitOutcomeUnknown(DatabaseUnavailable):
+    """A transaction whose connection failed (``DATABASE_UNAVAILABLE``) while its
+    ``COMMIT`` was sent: PostgreSQL may have committed it and its answer been lost with
+    the connection (of three submits answered so while the node's backends were being
+    terminated, two were in the database). The code stays ``DATABASE_UNAVAILABLE``, so
+    that the worker sends a finish again as it does (a finish is idempotent by its
+    fence); only the words differ: the plain code's did not say that anything may have
+    been written, and a client took the 503 and its ``Retry-After`` as "nothing
+    written" and submitted again, a second task."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.message = COMMIT_UNKNOWN_MESSAGE
+        self.args = (self.message,)
+
+
 Clock = Callable[[], int]
 
 
@@ -563,11 +590,13 @@ class Store:
                 raise DatabaseUnavailable(DATABASE_BUSY)
             wait_s = deadline - now
         while True:
+            tried: _Tx | None = None  # this try's, once the driver began it
             try:
                 with self.driver.transaction(durable=durable, wait_s=wait_s) as cx:
-                    tx = _Tx(cx, self)
+                    tried = tx = _Tx(cx, self)
                     result = work(tx)
                     tx.notify()  # whatever the plans' own writes did not already send
+                    tx.committing = True  # the driver commits as the block ends
                 if tx.ready and self.on_ready is not None:
                     self.on_ready(tx.ready)
                 if tx.freed and self.on_freed is not None:
@@ -600,16 +629,32 @@ class Store:
                     continue
                 if code is None:
                     raise
-                raise self._gave_up(code, exc, attempt) from exc
+                committing = tried is not None and tried.committing
+                raise self._gave_up(code, exc, attempt, committing=committing) from exc
 
-    def _gave_up(self, code: str, exc: Exception, tries: int) -> DatabaseUnavailable:
+    def _gave_up(
+        self, code: str, exc: Exception, tries: int, *, committing: bool = False
+    ) -> DatabaseUnavailable:
         """The error a transaction that gave up for the database's sake raises, noted
         for /readyz (``write_failure``) unless it is a lock's (``DATABASE_BUSY``: see
         there), and logged, once, with the driver's own words (which the client's answer
-        leaves out)."""
+        leaves out).
+
+        ``committing``: the failure came once the transaction's ``COMMIT`` was sent (with
+        its final write, ``commit_with``, or as the driver's block ended). A connection
+        that failed then (``DATABASE_UNAVAILABLE``) leaves the outcome unknown: the
+        database may have committed and its answer been lost
+        (``CommitOutcomeUnknown``). A full or read-only database, or a lock, answered the
+        statement itself with its refusal, and nothing was committed. SQLite has no
+        connection to lose (the database is this process's library); its own failure at
+        ``COMMIT`` (an I/O error) is taken as unknown too: the commit's pages may have
+        reached the file before the error."""
         if code != DATABASE_BUSY:
             self._write_failed = (time.monotonic(), code)
-        failed = DatabaseUnavailable(code)
+        if committing and code == DATABASE_UNAVAILABLE:
+            failed: DatabaseUnavailable = CommitOutcomeUnknown(code)
+        else:
+            failed = DatabaseUnavailable(code)
         _log.warning(
             "a transaction gave up after %d %s: %s (%s)",
             tries,
@@ -3842,6 +3887,9 @@ class _Tx:
         self.wrote_events = False
         #: a write marked final has been sent: the transaction may have committed with it
         self._final = False
+        #: the transaction's ``COMMIT`` has been sent (with a final write, or as the
+        #: driver's block ends): a connection lost from here leaves its outcome unknown
+        self.committing = False
 
     def _armed(self, name: str) -> None:
         self._usable()
@@ -3908,6 +3956,8 @@ class _Tx:
         self._usable()
         fault = self._store._fault  # read once: another thread may arm one meanwhile
         commit = final and not any(fault == name for name, _, _ in todo)
+        if commit:
+            self.committing = True  # its COMMIT goes with these writes (PostgreSQL)
         counts = self.cx.write_batch(
             [(name, rows) for name, rows, _ in todo],
             notify,
