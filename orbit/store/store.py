@@ -24,7 +24,7 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager, nullco
 from dataclasses import dataclass, replace
 from enum import Enum
 from functools import partial
-from typing import Any, Final, TypeVar
+from typing import Any, Final, NamedTuple, TypeVar
 from zoneinfo import ZoneInfo
 
 from orbit.core import transitions
@@ -1749,7 +1749,7 @@ class Store:
             # one takes no new child, but a spec whose key names a task made before
             # this batch makes nothing: it is an idempotent retry, and gets its task
             # back (cancelled with its parent) rather than PARENT_CANCELLED.
-            cancelled: dict[str, str] = {}  # parent -> the cancelled task of its lineage
+            cancelled: dict[str, _CancelledBy] = {}  # parent -> its lineage's cancelled task
             nested: list[str] = []  # parents with a parent of their own
             for parent_id in parents:
                 found = tx.fetch("task_share", id=parent_id)
@@ -1762,7 +1762,7 @@ class Store:
                     raise naming("parent_id", parent_id, missing)
                 parent = R.task_from_row(found[0])
                 if parent.cancel_requested or parent.state == TaskState.CANCELLED:
-                    cancelled[parent_id] = parent_id
+                    cancelled[parent_id] = _CancelledBy(parent_id, parent.state)
                 elif parent.parent_id is not None:
                     nested.append(parent_id)
             if nested:
@@ -3115,7 +3115,16 @@ class Store:
     # ------------------------------------------------------------------ operator actions
 
     def task_cancel(self, task_id: str) -> Task:
-        """Cancel a task and all its descendants in one transaction (I7). Idempotent."""
+        """Cancel a task and all its descendants in one transaction (I7). Idempotent.
+
+        A tree that has all ended is answered from reads alone (``_tree_ended``): its
+        task as it is, nothing written. Locking it changed nothing either, yet locked
+        every row, on SQLite under the write lock that every other request of the node
+        waits for: re-issuing the cancel of a 100,000-task tree (after the first
+        outlived its client's 30 s) stalled the node 11 s for nothing."""
+        ended = self._tree_ended(task_id)
+        if ended is not None:
+            return ended
 
         def build(tx: _Tx) -> tuple[Plan, Task]:
             tasks = _lock_tree(tx, task_id)
@@ -3135,6 +3144,42 @@ class Store:
             return plan, written.get(task_id, root)
 
         return self._run_plan(build)
+
+    def _tree_ended(self, task_id: str) -> Task | None:
+        """The task, if it and all its descendants have ended (succeeded, failed or
+        cancelled), read with no lock and no write transaction; None otherwise (or if
+        there is no such task), for ``task_cancel``'s locking path to decide.
+
+        The tree is walked a level per read (``_subtrees``, each read its own
+        transaction), then checked in one statement, ``task_tree_ended``, which sees one
+        instant: the task's row version, and the children of every task walked, how many
+        and how many live. A task is never deleted and never changes parent, so those
+        children include every task walked but the task itself; no more of them means
+        the walk missed none (a child submitted meanwhile). Then, at that instant, the
+        task was as first read (same ``version``) and every task of its tree (the task,
+        or a child of one of the tree's tasks, so one of those counted) had ended: a
+        cancel then would have changed nothing and answered the task as it was, which
+        is this answer. Anything else sends the cancel down the locking path, unchanged.
+
+        The race this leaves is benign: a retry of a task of the tree (or a new child's
+        submit) that commits after that statement is answered as if the cancel had run
+        just before it, which it might have. The locking path still locks the ended
+        rows: a cancel that finds a live task must serialise with such a retry."""
+        found = self._read("task_get", id=task_id)
+        if not found:
+            return None
+        root = R.task_from_row(found[0])
+        if not root.terminal:
+            return None
+        walked = _subtrees(self._read, [task_id])
+        check = self._read("task_tree_ended", id=task_id, ids=sorted(walked))[0]
+        ended = (
+            check["version"] is not None
+            and int(check["version"]) == root.version
+            and int(check["children"]) == len(walked) - 1
+            and int(check["live"]) == 0
+        )
+        return root if ended else None
 
     def task_resolve(self, task_id: str, decision: str, outcome: Outcome | None = None) -> Task:
         """An operator's decision on a ``needs_review`` task: succeeded, failed or retry."""
@@ -4136,7 +4181,7 @@ def _lock_tree(tx: _Tx, root_id: str) -> list[Task]:
     locked, so it is among them; the subtrees under those new children are then walked
     (``_subtrees``) and locked in turn."""
     locked: dict[str, Task] = {}
-    found = _subtrees(tx, [root_id])
+    found = _subtrees(tx.fetch, [root_id])
     while True:
         new = sorted(found - locked.keys())
         if not new:
@@ -4147,11 +4192,12 @@ def _lock_tree(tx: _Tx, root_id: str) -> list[Task]:
         if root_id not in locked:
             raise OrbitError(Code.TASK_NOT_FOUND, f"no task {root_id!r:.80}")
         children = {r["id"] for r in tx.fetch("task_children", ids=sorted(locked))}
-        found = _subtrees(tx, sorted(children - locked.keys()))
+        found = _subtrees(tx.fetch, sorted(children - locked.keys()))
 
 
-def _subtrees(tx: _Tx, ids: list[str]) -> set[str]:
-    """These tasks and all their descendants, read a level per statement.
+def _subtrees(fetch: Callable[..., list[Row]], ids: list[str]) -> set[str]:
+    """These tasks and all their descendants, read a level per statement (``fetch``: a
+    transaction's, or ``Store._read``, each level then a read of its own).
 
     Why not one recursive query: PostgreSQL plans a recursive CTE's step once, for no
     parent in particular. Where the statistics showed a parent with thousands of
@@ -4162,7 +4208,7 @@ def _subtrees(tx: _Tx, ids: list[str]) -> set[str]:
     found = set(ids)
     level = ids
     while level:
-        rows = tx.fetch("task_children", ids=level)
+        rows = fetch("task_children", ids=level)
         level = sorted({str(r["id"]) for r in rows} - found)
         found.update(level)
     return found
@@ -4170,7 +4216,7 @@ def _subtrees(tx: _Tx, ids: list[str]) -> set[str]:
 
 def _refuse_new_children(
     specs: Iterable[TaskSpec],
-    cancelled: Mapping[str, str],
+    cancelled: Mapping[str, _CancelledBy],
     stored: frozenset[tuple[str, str, str]],
     look: Callable[[list[tuple[str, str, str]]], dict[tuple[str, str, str], Task]],
     named: Callable[[OrbitError, int], OrbitError],
@@ -4191,27 +4237,44 @@ def _refuse_new_children(
             raise named(refusal, index)
 
 
-def _cancelled_lineage(tx: _Tx, ids: Sequence[str]) -> dict[str, str]:
+class _CancelledBy(NamedTuple):
+    """A task whose cancel stands in the way of a child or a retry under it, and its
+    state: ``cancelling`` while the cancel waits for its running handler to end."""
+
+    id: str
+    state: str
+
+
+def _cancelled_lineage(tx: _Tx, ids: Sequence[str]) -> dict[str, _CancelledBy]:
     """Each of ``ids`` that is cancelled or has a cancelled ancestor, mapped to such a
     task (itself first). A cancel cascades to every descendant, so a task anywhere under
     a cancelled one may not be retried or given a child: checking the parent alone missed
     a grandparent's cancel when the parent had already ended (a cancel leaves an ended
     task as it was)."""
-    found: dict[str, str] = {}
+    found: dict[str, _CancelledBy] = {}
     for row in tx.fetch("task_cancelled_lineage", ids=sorted(ids)):
-        start, cancelled = str(row["id"]), str(row["cancelled_id"])
-        if found.get(start) != start:
-            found[start] = cancelled
+        start = str(row["id"])
+        by = _CancelledBy(str(row["cancelled_id"]), str(row["cancelled_state"]))
+        if start not in found or found[start].id != start:
+            found[start] = by
     return found
 
 
-def _parent_cancelled(parent_id: str, cancelled_id: str) -> OrbitError:
-    """PARENT_CANCELLED, naming the task whose cancel stands in the way."""
-    if cancelled_id == parent_id:
-        return OrbitError(Code.PARENT_CANCELLED, f"parent task {parent_id} is cancelled")
+def _parent_cancelled(parent_id: str, by: _CancelledBy) -> OrbitError:
+    """PARENT_CANCELLED, naming the task whose cancel stands in the way, and saying
+    whether that cancel is done or only requested (the task ``cancelling``, its handler
+    still running): "is cancelled" of a task still running misled an operator who then
+    looked it up."""
+    how = (
+        "is being cancelled (cancel requested)"
+        if by.state == TaskState.CANCELLING
+        else "is cancelled"
+    )
+    if by.id == parent_id:
+        return OrbitError(Code.PARENT_CANCELLED, f"parent task {parent_id} {how}")
     return OrbitError(
         Code.PARENT_CANCELLED,
-        f"task {cancelled_id}, an ancestor of parent task {parent_id}, is cancelled",
+        f"task {by.id}, an ancestor of parent task {parent_id}, {how}",
     )
 
 
@@ -4224,7 +4287,8 @@ def _refuse_under_cancelled(tx: _Tx, task: Task) -> None:
     cancelled = _cancelled_lineage(tx, [task.parent_id]).get(task.parent_id)
     if cancelled is not None:
         error = _parent_cancelled(task.parent_id, cancelled)
-        raise OrbitError(error.code, f"{error.message}; retry it first")
+        then = "once it is cancelled" if cancelled.state == TaskState.CANCELLING else "first"
+        raise OrbitError(error.code, f"{error.message}; retry it {then}")
 
 
 def _of_task(exc: OrbitError, index: int) -> OrbitError:

@@ -299,18 +299,30 @@ WHERE tenant = :tenant AND queue = :queue AND idempotency_key = ANY(CAST(:keys A
 -- the whole table at every level of a deep tree.
 SELECT id FROM orbit_tasks WHERE parent_id = ANY(CAST(:ids AS text[]));
 
+-- name: task_tree_ended
+-- A walked tree (store._tree_ended), checked in one statement, so at one instant: the
+-- task's row version (NULL if there is none), and how many children the walked tasks
+-- have, and how many of those have not ended (the task's own state the store has read).
+SELECT
+    (SELECT version FROM orbit_tasks WHERE id = :id) AS version,
+    count(*) AS children,
+    count(*) FILTER (WHERE state NOT IN ('succeeded', 'failed', 'cancelled')) AS live
+FROM orbit_tasks WHERE parent_id = ANY(CAST(:ids AS text[]));
+
 -- name: task_cancelled_lineage
 -- For each of these tasks, the tasks among itself and its ancestors (parent_id, up to
 -- the root) whose cancel was asked: a cancel cascades down a whole tree, so a task
 -- under any of them may not be retried, nor take a new child. Unlocked: the caller
--- holds a lock on a task of the lineage, which every such cancel also locks.
+-- holds a lock on a task of the lineage, which every such cancel also locks. Its state
+-- tells a cancel requested (cancelling) from one done, for the refusal's message.
 WITH RECURSIVE up(start_id, id) AS (
     SELECT id, id FROM orbit_tasks WHERE id = ANY(CAST(:ids AS text[]))
     UNION ALL
     SELECT up.start_id, t.parent_id FROM up JOIN orbit_tasks t ON t.id = up.id
     WHERE t.parent_id IS NOT NULL
 )
-SELECT up.start_id AS id, t.id AS cancelled_id FROM up JOIN orbit_tasks t ON t.id = up.id
+SELECT up.start_id AS id, t.id AS cancelled_id, t.state AS cancelled_state
+FROM up JOIN orbit_tasks t ON t.id = up.id
 WHERE t.cancel_requested OR t.state = 'cancelled'
 ORDER BY up.start_id, t.id;
 
