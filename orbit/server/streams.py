@@ -25,7 +25,9 @@ client that reconnects from it (SSE's ``Last-Event-ID``, which a browser's Event
 sends by itself, or ``?cursor=``) is given exactly the events after the last one it
 read. The reads run on a small thread pool of their own (``READ_THREADS``), so streams
 never hold a thread that a worker's report or a submit waits for (orbit/server/
-threads.py), and never more than that many pooled database connections at once. Both
+threads.py), and never more than that many pooled database connections at once. They
+share the event loop with the task path, though, which sends every event to every
+stream: an event's wire forms are built once for all of them (``Encoded``). Both
 carriers count toward one cap (``--max-streams``) and end when the server stops.
 
 A client that stops reading (a process stopped, a peer gone without a word) would hold
@@ -42,6 +44,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -81,6 +84,8 @@ WAKE_GAP_S = 0.02
 #: the first pause before reading again when a read said events were held back behind
 #: a running transaction (PostgreSQL's horizon); doubled while they stay held, up to poll
 HELD_BACK_S = 0.02
+#: how many events' wire forms (each carrier's) a node keeps for its streams to share
+ENCODED = 4096
 
 
 class Streams:
@@ -102,6 +107,7 @@ class Streams:
         #: set (and replaced by a fresh one) by the next wake, or by ``close``
         self._woken = asyncio.Event()
         self._hint = Hint(self.wake, WAKE_GAP_S)
+        self.encoded = Encoded()
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._hint.bind(loop)
@@ -227,12 +233,75 @@ def message(cursor: str | None, kind: str, data: Any) -> bytes:
 
 KEEPALIVE = b": keep-alive\n\n"
 
+#: an event's position, (xid, id): what identifies it in the log (and its cursor)
+Position = tuple[int, int]
+
+
+class Encoded:
+    """The wire forms of the node's recent events, shared by all its streams: an event's
+    SSE message and its WebSocket frame are encoded once, by the first stream that sends
+    it, and the others send the same bytes. Building an event's view and its JSON was
+    done on the event loop by every stream for every event (N streams, N encodings of
+    each): with 250 streams it took half the loop's time, and a submit waited 0.8 s.
+    Neither form holds anything of the stream's own (the cursor is the event's position,
+    and a task's stream sends its task's events as the whole log's stream does), and an
+    event is never changed once written, so an entry never goes stale. At most
+    ``ENCODED`` events of each form are kept, the least recently sent dropped first: the
+    streams that follow the tail share the newest, and one reading a backlog from long
+    ago encodes its own pages as before. Used on the event loop only."""
+
+    def __init__(self, size: int = ENCODED) -> None:
+        self.size = size
+        self._sse: OrderedDict[Position, bytes] = OrderedDict()
+        self._ws: OrderedDict[Position, str] = OrderedDict()
+
+    def sse(
+        self, rows: list[dict[str, Any]], cursor_of: Callable[[dict[str, Any]], str]
+    ) -> list[bytes]:
+        """The SSE messages of ``rows``, one an event (sent together, as one body)."""
+        cache, out = self._sse, []
+        for row in rows:
+            key = (int(row["xid"]), int(row["id"]))
+            body = cache.get(key)
+            if body is None:
+                view = event_view(row).model_dump(mode="json")
+                body = message(cursor_of(row), view["kind"], view)
+                self._keep(cache, key, body)
+            else:
+                cache.move_to_end(key)
+            out.append(body)
+        return out
+
+    def frames(
+        self, rows: list[dict[str, Any]], cursor_of: Callable[[dict[str, Any]], str]
+    ) -> list[str]:
+        """The WebSocket frames of ``rows``, one an event (docs/protocol.md)."""
+        cache, out = self._ws, []
+        for row in rows:
+            key = (int(row["xid"]), int(row["id"]))
+            text = cache.get(key)
+            if text is None:
+                view = event_view(row).model_dump(mode="json")
+                frame = {"type": "event", "cursor": cursor_of(row), "event": view}
+                text = compact_json(frame).decode()
+                self._keep(cache, key, text)
+            else:
+                cache.move_to_end(key)
+            out.append(text)
+        return out
+
+    def _keep(self, cache: OrderedDict[Position, Any], key: Position, value: Any) -> None:
+        cache[key] = value
+        if len(cache) > self.size:
+            cache.popitem(last=False)
+
 
 @dataclass(frozen=True)
 class Events:
-    """Events to send, in the log's order: each its cursor and its EventView."""
+    """Events to send, in the log's order: their rows (``Store.event_read``'s), which
+    the carrier sends in its wire form (``Encoded``)."""
 
-    items: list[tuple[str, dict[str, Any]]]
+    items: list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -308,7 +377,7 @@ class Tail:
         self._quiet_since = time.monotonic()
         while True:
             if rows:
-                yield Events(self._items(rows))
+                yield Events(self._seen(rows))
                 self._quiet_since = time.monotonic()
             more = len(rows) == PAGE  # a full page: the next may follow at once
             if not more and complete and self.check_end:
@@ -336,15 +405,15 @@ class Tail:
                 return
             rows, complete = await self._tail()
 
-    def _items(self, rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
-        out = []
+    def _seen(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``rows``, about to be sent: the stream moves on past them, and looks at its
+        task's state again if one of them took the task into a final state."""
         for row in rows:
-            out.append((self.cursor_of(row), event_view(row).model_dump(mode="json")))
             if row["task_to"] in FINAL and row["task_id"] == self.task_id:
                 self.check_end = True
         last = rows[-1]
         self.position = (int(last["xid"]), int(last["id"]))
-        return out
+        return rows
 
     async def _wait(self, complete: bool, *, progressed: bool) -> bool:
         """Wait until the next read is due: a wake, or ``poll`` seconds, or (the last read
@@ -445,8 +514,10 @@ class EventStream(Response):
             pass
         except Stalled:
             # No last empty body: it would wait as long. The response is left unfinished,
-            # and the server closes the connection; uvicorn's ERROR that it was
-            # unfinished is left out (``DroppedQuietly``: this task, run_asgi's, logs it).
+            # and the server closes the connection (uvicorn's close: what it had queued
+            # stays until the client takes it or goes; an abort needs its transport);
+            # uvicorn's ERROR that it was unfinished is left out (``DroppedQuietly``: this
+            # task, run_asgi's, logs it).
             quiet_dropped_streams()
             _dropped.set(True)
             log.info("event stream dropped: its client took nothing for the send timeout")
@@ -468,10 +539,11 @@ class EventStream(Response):
             }
         )
         write = partial(self._write, send)
+        encoded = self.tail.streams.encoded
         async with contextlib.aclosing(self.tail.steps()) as steps:
             async for step in steps:
                 if isinstance(step, Events):
-                    await write(b"".join(message(c, e["kind"], e) for c, e in step.items))
+                    await write(b"".join(encoded.sse(step.items, self.tail.cursor_of)))
                 elif isinstance(step, KeepAlive):
                     await write(KEEPALIVE)
                 elif isinstance(step, Ended):
@@ -527,8 +599,11 @@ async def _frames(ws: WebSocket, tail: Tail) -> tuple[int, str] | None:
     """Send the frames; the close code and reason to end with (None: the client went)."""
 
     async def frame(body: dict[str, Any]) -> None:
+        await send(compact_json(body).decode())
+
+    async def send(text: str) -> None:
         try:
-            await tail.streams.deliver(ws.send_text(compact_json(body).decode()))
+            await tail.streams.deliver(ws.send_text(text))
         except (WebSocketDisconnect, RuntimeError, OSError):
             raise _Gone from None
         except Stalled:
@@ -540,8 +615,8 @@ async def _frames(ws: WebSocket, tail: Tail) -> tuple[int, str] | None:
         async with contextlib.aclosing(tail.steps()) as steps:
             async for step in steps:
                 if isinstance(step, Events):
-                    for cursor, event in step.items:
-                        await frame({"type": "event", "cursor": cursor, "event": event})
+                    for text in tail.streams.encoded.frames(step.items, tail.cursor_of):
+                        await send(text)
                 elif isinstance(step, KeepAlive):
                     await frame({"type": "keep-alive"})
                 elif isinstance(step, Ended):
