@@ -19,6 +19,9 @@ Guarantees the runner keeps:
   not yet sent when the connection dropped is sent after the reconnect only if its lease
   is still ours, and the pauses between reconnect tries never pass half of what is left
   of the soonest lease, so a node back in time still gets the results;
+- a start the server could not try (its database failed: the start may have committed,
+  its reply lost) is sent again while the claim lasts, and answered with the same lease
+  if it did commit, so the handler runs once; past the claim it is released;
 - an operator's drain (the server pushes ``drain``) stops the worker as SIGTERM does;
 - cancellation reaches the handler at once: an async handler's task is cancelled; a plain
   function sees ``ctx.cancelled`` become true and is waited for a bounded time;
@@ -160,6 +163,16 @@ RESUME_NOT_TRIED = SERVER_NOT_TRIED
 FINISH_NOT_TRIED = SERVER_NOT_TRIED
 FINISH_RETRY_FIRST = 0.1
 FINISH_RETRY_MAX = 5.0
+#: The answer to a ``start`` (or a whole ``start_many``) that says the server could not
+#: try it. It was logged and dropped: its commit may have landed with the reply lost (a
+#: connection killed after the COMMIT), and 30 s on the reaper found the attempt started
+#: and unreported, its handler never run, and sent a task that is not ``retry_safe`` to
+#: ``needs_review``; or it had not, and the claimed task waited out its claim lease. It
+#: is sent again, with the finish's back-off (``_Resends``), while the claim lasts by this
+#: host's clock (``CLAIM_STALE_S`` from the claim): a repeated start of an attempt already
+#: running for this session and fence is answered with its lease, and the handler runs
+#: once. Past that, or once the worker stops, the claim is released (``Worker._start``).
+START_NOT_TRIED = SERVER_NOT_TRIED
 #: The longest gap between two checks of the leases while a renewal's answer is awaited
 #: (the renew loop's shortest sleep, ``Worker._interval``'s): an attempt started meanwhile
 #: may hold a lease shorter than the wait.
@@ -428,6 +441,9 @@ class _Running:
     over: asyncio.Future[None] | None = None
     lost: bool = False
     lost_reason: str = ""  # why (``_lose``): said again if a finished outcome is dropped
+    #: monotonic instant the claim came (``_accept``): its start is sent again, if the
+    #: server could not try it, until CLAIM_STALE_S past this (``Worker._start``)
+    claimed: float = 0.0
     abandoned: bool = False  # its handler ignored cancellation: it reports nothing
     watched: bool = False  # an async handler, cancelled: abandoned unless it ends in time
     #: its handler was cancelled once: a later cancel (every renewal says ``cancel`` again)
@@ -1278,6 +1294,7 @@ class Worker:
             a.get("max_attempts"),
         )
         running = _Running(ctx, a["fence"])
+        running.claimed = time.monotonic()
         if a.get("deadline_left") is not None:  # the server's clock, not this host's
             running.deadline_at = time.monotonic() + a["deadline_left"]
         # The context reaches its attempt's state through the worker's methods, by its
@@ -1307,15 +1324,10 @@ class Worker:
                     await self._drain_asked.wait()
                 await self._request(lambda c: c.release(ctx.attempt_id, running.fence))
                 return
-            try:
-                sent = time.monotonic()
-                lease = await self._starts.submit((ctx.attempt_id, running.fence))
-            except ServerError as exc:
-                log.info("start of %s refused: %s", ctx.attempt_id, exc.code)
-                if exc.code == "QUEUE_PAUSED":
-                    with contextlib.suppress(ServerError):
-                        await self._request(lambda c: c.release(ctx.attempt_id, running.fence))
+            started = await self._start(running)
+            if started is None:
                 return
+            lease, sent = started
             self._set_lease(running, lease, sent)
             if not self._lease_valid(running):
                 # Its start was answered, but taken only after the lease had run out by
@@ -1358,6 +1370,49 @@ class Worker:
         finally:
             self._forget(running)
 
+    async def _start(self, running: _Running) -> tuple[dict[str, Any], float] | None:
+        """Send ``running``'s start; its lease and when the start answered was sent, or
+        None if it was refused (the attempt is then over here).
+
+        A start the server could not try (``START_NOT_TRIED``, for this attempt or for
+        the whole ``start_many`` it went in: either reaches ``submit`` as ServerError) is
+        sent again after the finish's back-off while the claim lasts and the worker is
+        not stopping; a copy whose first did commit is answered with the same lease. Past
+        that the claim is released, as a paused queue's is, so that the task is claimed
+        again at once rather than after its claim lease (a release refused, the start
+        having committed after all, is left to the lease). Other refusals end it."""
+        ctx = running.ctx
+        claim_ends = running.claimed + CLAIM_STALE_S
+        resends = _Resends()
+        while True:
+            sent = time.monotonic()
+            try:
+                return await self._starts.submit((ctx.attempt_id, running.fence)), sent
+            except ServerError as exc:
+                code = exc.code
+                if code in START_NOT_TRIED and self._may_resend_start(running, claim_ends):
+                    wait = resends.next(claim_ends)
+                    log.warning(
+                        "start of %s answered %s (%s); sending it again in %.2fs",
+                        ctx.attempt_id,
+                        code,
+                        exc.message,
+                        wait,
+                    )
+                    await asyncio.sleep(wait)
+                    if self._may_resend_start(running, claim_ends):
+                        continue
+                log.info("start of %s refused: %s", ctx.attempt_id, code)
+                if code == "QUEUE_PAUSED" or code in START_NOT_TRIED:
+                    with contextlib.suppress(ServerError):
+                        await self._request(lambda c: c.release(ctx.attempt_id, running.fence))
+                return None
+
+    def _may_resend_start(self, running: _Running, claim_ends: float) -> bool:
+        """Whether a start the server could not try is sent again: its claim still ours
+        by this host's clock, and the worker not stopping (a stopping one releases it)."""
+        return not self._stopping and not running.lost and time.monotonic() < claim_ends
+
     async def _finish(self, running: _Running, item: FinishItem, size: int) -> bool:
         """Send ``running``'s finish; whether the server took it (a receipt).
 
@@ -1369,7 +1424,7 @@ class Worker:
         digest), after a back-off, for as long as the lease is ours by this host's clock.
         The attempt stays in ``running`` meanwhile, so the renew loop keeps its lease."""
         attempt_id = running.ctx.attempt_id
-        delay = FINISH_RETRY_FIRST
+        resends = _Resends()
         while True:
             running.finishing, running.finish_deferred = True, False
             try:
@@ -1382,7 +1437,7 @@ class Worker:
                 if exc.code not in FINISH_NOT_TRIED or not self._lease_valid(running):
                     log.warning("finish of %s refused: %s", attempt_id, exc.code)
                     return False
-                wait = min(delay, max(running.lease_expires - time.monotonic(), 0.0) / 2)
+                wait = resends.next(running.lease_expires)
                 log.warning(
                     "finish of %s answered %s (%s); sending it again in %.2fs",
                     attempt_id,
@@ -1393,7 +1448,6 @@ class Worker:
             finally:
                 running.finishing = False
             await asyncio.sleep(wait)  # its lease is renewed meanwhile
-            delay = min(delay * 2, FINISH_RETRY_MAX)
             await self._renewal_settled(running)
             if not self._lease_valid(running):
                 log.warning("finish of %s given up: its lease is no longer ours", attempt_id)
@@ -2617,6 +2671,24 @@ def _text(value: Any) -> str:
         return str(value)
     except Exception as exc:
         return f"<{type(value).__name__}: str() raised {type(exc).__name__}>"
+
+
+class _Resends:
+    """The pauses between the copies of a report the server could not try (a finish, a
+    start): FINISH_RETRY_FIRST seconds, doubled at each copy up to FINISH_RETRY_MAX, and
+    never past half of what is left until ``until`` (monotonic; the lease or the claim),
+    so that one more copy still fits before it ends."""
+
+    __slots__ = ("delay",)
+
+    def __init__(self) -> None:
+        self.delay = FINISH_RETRY_FIRST
+
+    def next(self, until: float) -> float:
+        """The pause before the next copy."""
+        wait = min(self.delay, max(until - time.monotonic(), 0.0) / 2)
+        self.delay = min(self.delay * 2, FINISH_RETRY_MAX)
+        return wait
 
 
 def _items(results: list[dict[str, Any]], key: str) -> list[dict[str, Any] | BaseException]:
