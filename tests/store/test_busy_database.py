@@ -319,9 +319,11 @@ def test_a_call_whose_wait_ran_out_in_the_threads_queue_is_refused_untried(
 
 
 def test_a_read_kept_from_sqlites_connection_is_busy_not_a_failure(fresh_url: str) -> None:
-    """SQLite's one connection, held by a transaction that waits for another process's
-    write lock: a read waits ``busy_timeout`` for it at most, then is refused as the
-    database being busy (503), not as a failure (a 500 ``INTERNAL`` with a traceback)."""
+    """SQLite's read connection, held by another read (a long one): a read waits
+    ``busy_timeout`` for it at most, then is refused as the database being busy (503),
+    not as a failure (a 500 ``INTERNAL`` with a traceback). (It was the one connection,
+    held by a transaction waiting for another process's write lock: reads now have their
+    own, test_reads_beside_writers.py.)"""
     if sqlite_path(fresh_url) is None:
         pytest.skip(
             "PostgreSQL's reads take their own pooled connection: none waits behind a write"
@@ -332,8 +334,8 @@ def test_a_read_kept_from_sqlites_connection_is_busy_not_a_failure(fresh_url: st
         store.driver.busy_timeout_ms = 50  # type: ignore[attr-defined]  # the read's wait
         held, release = threading.Event(), threading.Event()
 
-        def hold() -> None:  # as a writer waiting for the lock holds the connection
-            with store.driver._lock:  # type: ignore[attr-defined]
+        def hold() -> None:  # as a long read holds the read connection
+            with store.driver._read_lock:  # type: ignore[attr-defined]
                 held.set()
                 release.wait()
 

@@ -573,8 +573,9 @@ _UNAVAILABLE_CODES = {
 
 
 class SqliteDriver:
-    """One connection shared by the process, serialised by a lock; WAL and full sync,
-    so a committed finish survives a crash of the process or the machine."""
+    """One connection for the process's transactions, serialised by a lock, and one for
+    its reads (``read``), with a lock of its own; WAL and full sync, so a committed
+    finish survives a crash of the process or the machine."""
 
     name = "sqlite"
 
@@ -606,6 +607,30 @@ class SqliteDriver:
         except BaseException:
             self._cx.close()  # the caller never gets the driver to close
             raise
+        self._read_lock = threading.Lock()
+        self._read_cx = self._cx if self.path == ":memory:" else self._reader()
+
+    def _reader(self) -> sqlite3.Connection:
+        """The connection ``read`` runs on, opened after the first, which made the file
+        and set WAL (the file's own mode from then on). Its own, so that a read waits for
+        no transaction of this process: the one connection's lock was held by the
+        reaper's or the scheduler's transaction, waiting in ``BEGIN IMMEDIATE`` for
+        another process's write lock, and /readyz and every GET behind it answered 503
+        busy though under WAL a read takes none of a writer's locks. ``query_only``: a
+        read that wrote would commit outside every transaction. The pragmas that matter
+        to a read: the wait for a lock (a WAL reader rarely meets one: while another
+        connection recovers the WAL) and the page cache. An in-memory database keeps its
+        one connection: a second connection to ``:memory:`` is another database."""
+        cx = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            cx.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
+            cx.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
+            cx.execute("PRAGMA query_only = ON")
+        except BaseException:
+            cx.close()
+            self._cx.close()  # the caller never gets the driver to close
+            raise
+        return cx
 
     @contextmanager
     def transaction(
@@ -651,19 +676,23 @@ class SqliteDriver:
             self._lock.release()
 
     def read(self, name: str, params: Params) -> list[Row]:
-        """The statement alone, outside ``BEGIN``: under WAL it is its own read
-        transaction and takes none of the locks a writer holds, so it reads the last
-        commit while another connection (another process: ``orbit token ls`` beside a
-        server) writes. Through ``transaction`` it took the write lock, waited for every
-        writer and, past ``busy_timeout``, failed with ``database is locked``. It waits
-        for this process's connection as long as ``busy_timeout`` at most: a transaction
-        of another thread may hold it, waiting for another process's write lock."""
-        if not self._lock.acquire(timeout=self.busy_timeout_ms / 1000):
+        """The statement alone, outside ``BEGIN``, on the read connection (``_reader``):
+        under WAL it is its own read transaction and takes none of the locks a writer
+        holds, so it reads the last commit (this process's, once ``transaction`` has
+        returned, as another's) while a transaction of this process or another writes or
+        waits for the write lock. It sees nothing a transaction has not committed: no
+        caller reads in the middle of its own transaction. Through ``transaction`` it
+        took the write lock and waited for every writer; on the transactions' connection
+        it waited for whichever of them held it. It waits for the read connection as long
+        as ``busy_timeout`` at most (other threads' reads hold it, one at a time); an
+        in-memory database's reads share the one connection and its lock."""
+        lock = self._lock if self._read_cx is self._cx else self._read_lock
+        if not lock.acquire(timeout=self.busy_timeout_ms / 1000):
             raise LockWaitOver()
         try:
-            return _SqliteConnection(self._cx, self.queries, self._writes).fetch(name, params)
+            return _SqliteConnection(self._read_cx, self.queries, self._writes).fetch(name, params)
         finally:
-            self._lock.release()
+            lock.release()
 
     def is_retryable(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
@@ -705,6 +734,11 @@ class SqliteDriver:
         return found.f_bavail * found.f_frsize, found.f_blocks * found.f_frsize
 
     def close(self) -> None:
+        """The read connection first: the last to close checkpoints the WAL into the
+        file and removes it, and that is the transactions' connection, which writes."""
+        if self._read_cx is not self._cx:
+            with self._read_lock:
+                self._read_cx.close()
         with self._lock:
             self._cx.close()
 
