@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 
 from orbit.server.hints import Hint
-from orbit.server.listen import EVENTS_CHANNEL, connect
+from orbit.server.listen import EVENTS_CHANNEL, connect, failure_said
 
 log = logging.getLogger("orbit.server")
 
@@ -46,6 +46,10 @@ class Announcer:
         self.dsn = dsn
         self.origin = origin
         self.sent = 0  # notices sent (tests)
+        #: why sending fails (``failure_said``), None while it goes through: logged when
+        #: it changes, not at every try (one a second while the database refused it)
+        self.failing: str | None = None
+        self.failures = 0  # tries that failed since the last notice sent
         self._due = asyncio.Event()
         self._hint = Hint(self._due.set, GAP_S)
 
@@ -61,7 +65,9 @@ class Announcer:
         """For the server's life: send a notice whenever one is due (at most one per
         ``GAP_S``, or one per round trip if that is longer). A connection found dead (a
         PostgreSQL restart closes it) is replaced at once; a notice that cannot be sent
-        is tried again after ``RETRY_S``, and meanwhile the other nodes' polls cover."""
+        is tried again after ``RETRY_S``, and meanwhile the other nodes' polls cover: one
+        WARNING with the database's reason when sending starts failing (again only if the
+        reason changes), one INFO once a notice goes out again."""
         cx: psycopg.AsyncConnection[Any] | None = None
         try:
             while True:
@@ -74,17 +80,34 @@ class Announcer:
                         assert cx is not None
                         await cx.execute("SELECT pg_notify(%s, %s)", (EVENTS_CHANNEL, self.origin))
                         self.sent += 1
+                        self._sent_again()
                         break
                     except asyncio.CancelledError:
                         raise
                     except Exception as exc:
                         if fresh:
-                            log.warning("sending orbit_events failed (%s)", type(exc).__name__)
+                            self._failed(failure_said(exc, self.dsn))
                             await asyncio.sleep(RETRY_S)
                             self._due.set()
                             break
         finally:
             await self._close(cx)
+
+    def _failed(self, reason: str) -> None:
+        self.failures += 1
+        if reason != self.failing:
+            self.failing = reason
+            log.warning(
+                "sending orbit_events failed: %s; trying again every %g s (other nodes' "
+                "event streams hear of this node's events by their polls meanwhile)",
+                reason,
+                RETRY_S,
+            )
+
+    def _sent_again(self) -> None:
+        if self.failing is not None:
+            log.info("orbit_events sent again, after %d failed tries", self.failures)
+        self.failing, self.failures = None, 0
 
     async def _reconnect(self, cx: psycopg.AsyncConnection[Any] | None) -> Any:
         await self._close(cx)

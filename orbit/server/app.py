@@ -33,8 +33,8 @@ from orbit.server.auth import TokenCheck
 from orbit.server.direct import DirectRoutes
 from orbit.server.errors import ApiError
 from orbit.server.gates import SubmitGates
-from orbit.server.gateway import Dispatcher, worker_endpoint
-from orbit.server.listen import listen
+from orbit.server.gateway import Dispatcher, PassSkips, worker_endpoint
+from orbit.server.listen import ListenLink, listen
 from orbit.server.metrics import Metrics
 from orbit.server.revocation import Revocations
 from orbit.server.routes import router, task_submit, task_submit_batch
@@ -182,40 +182,6 @@ def reap_delay(interval: float, due_in: float | None, *, did_work: bool) -> floa
     return min(interval, max(due_in + REAP_MARGIN_S, REAP_MIN_GAP_S))
 
 
-class PassSkips:
-    """What a background duty (the reaper, the scheduler) logs while the database keeps
-    its passes from running. A pass the store gave up on for the database's sake (its
-    lock held elsewhere, full, read-only, out of reach: ``DatabaseUnavailable``) is no
-    bug: the store logged why already (``a transaction gave up after N tries``) and the
-    next pass tries again. It was an ERROR with a traceback at every pass, for as long
-    as the lock was held, which sent operators looking for a bug. It is now one WARNING
-    when passes start being skipped, again only if the reason changes, and one INFO once
-    a pass runs again; anything else a pass raises is a bug and keeps its traceback."""
-
-    def __init__(self, duty: str, interval: float) -> None:
-        self.duty = duty
-        self.interval = interval  # the pause after a skipped pass
-        self.code: str | None = None  # why passes are being skipped; None while they run
-        self.count = 0  # passes skipped since the last that ran
-
-    def skipped(self, exc: DatabaseUnavailable) -> None:
-        self.count += 1
-        if exc.code != self.code:
-            self.code = exc.code
-            log.warning(
-                "%s pass skipped: %s (%s); trying again every %g s",
-                self.duty,
-                exc.message,
-                exc.code,
-                self.interval,
-            )
-
-    def ran(self) -> None:
-        if self.code is not None:
-            log.info("%s passes run again, after %d skipped", self.duty, self.count)
-        self.code, self.count = None, 0
-
-
 async def _reaper(store: Store, interval: float, metrics: Metrics) -> None:
     # Never asleep for longer than the shortest claim, lease or session TTL: a full
     # claim, lease or session made while the reaper sleeps is read by its next pass before
@@ -322,7 +288,8 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
         ]
         if store.backend == "postgres":  # every node hears the others' NOTIFY
             dsn: str = store.driver.dsn  # type: ignore[attr-defined]
-            listening = listen(dsn, store.origin, dispatcher, revocations, streams.wake)
+            app.state.listen_link = link = ListenLink(metrics.listen_connected)
+            listening = listen(dsn, store.origin, dispatcher, revocations, streams.wake, link)
             tasks.append(asyncio.create_task(listening, name="listen"))
         if announcer is not None:
             tasks.append(asyncio.create_task(announcer.run(), name="announce"))
@@ -426,6 +393,15 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
                 {"status": "unavailable", "reason": reason, "message": message},
                 status_code=503,
             )
+        # PostgreSQL's LISTEN connection away (refused, lost): said in the body, and the
+        # node stays ready. It serves every request as well without it; only the other
+        # nodes' wakes and cancels come by its polls meanwhile (seconds late), and a
+        # database that refuses connections would take every node's LISTEN away at once:
+        # not ready for it, a balancer would be left no node (docs/operations.md).
+        link: ListenLink | None = getattr(request.app.state, "listen_link", None)
+        down = None if link is None else link.down()
+        if down is not None:
+            return JSONResponse({"status": "ready", "listen": down})
         return JSONResponse({"status": "ready"})
 
     @app.get("/metrics", include_in_schema=False)

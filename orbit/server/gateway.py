@@ -76,7 +76,7 @@ from orbit.protocol.reports import (
     start_batch,
 )
 from orbit.server.auth import bearer_token_id
-from orbit.server.errors import ApiError, refuse_upgrade
+from orbit.server.errors import DATABASE_RETRY_AFTER_S, ApiError, refuse_upgrade
 from orbit.server.metrics import Metrics
 from orbit.server.threads import in_thread
 from orbit.server.views import assignments_wire, lease_wire, receipt_wire
@@ -316,6 +316,43 @@ async def release_revoked(store: Store, session_id: str, epoch: int) -> None:
         log.info("released %d claimed attempt(s) of session %s", released, session_id)
 
 
+class PassSkips:
+    """What a background duty (the reaper, the scheduler, the dispatcher's claims) logs
+    while the database keeps its passes from running. A pass the store gave up on for the
+    database's sake (its lock held elsewhere, full, read-only, out of reach:
+    ``DatabaseUnavailable``) is no bug: the store logged why already (``a transaction gave
+    up after N tries``) and the next pass tries again. It was an ERROR with a traceback at
+    every pass, for as long as the lock was held, which sent operators looking for a bug.
+    It is now one WARNING when passes start being skipped, again only if the reason
+    changes, and one INFO once a pass runs again; anything else a pass raises is a bug
+    and keeps its traceback. (Here, not in app.py with the reaper and the scheduler, so
+    that the dispatcher can use it: app.py imports this module.)"""
+
+    def __init__(self, duty: str, interval: float, logger: logging.Logger | None = None) -> None:
+        self.duty = duty
+        self.interval = interval  # the pause after a skipped pass
+        self.code: str | None = None  # why passes are being skipped; None while they run
+        self.count = 0  # passes skipped since the last that ran
+        self.log = logger or logging.getLogger("orbit.server")
+
+    def skipped(self, exc: DatabaseUnavailable) -> None:
+        self.count += 1
+        if exc.code != self.code:
+            self.code = exc.code
+            self.log.warning(
+                "%s pass skipped: %s (%s); trying again every %g s",
+                self.duty,
+                exc.message,
+                exc.code,
+                self.interval,
+            )
+
+    def ran(self) -> None:
+        if self.code is not None:
+            self.log.info("%s passes run again, after %d skipped", self.duty, self.count)
+        self.code, self.count = None, 0
+
+
 class Dispatcher:
     """Claims for attached sessions when woken, and pushes cancels to their owners."""
 
@@ -340,6 +377,8 @@ class Dispatcher:
         self.releasing: set[asyncio.Task[None]] = set()
         #: rounds run so far: each starts one connection further on (``offer_all``)
         self.rounds = 0
+        #: claims the database kept from running (``_offer``): a warning, not a traceback
+        self.skips = PassSkips("dispatch", poll_interval, log)
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -587,9 +626,13 @@ class Dispatcher:
                 fenced = exc.code == Code.FENCED_EPOCH
                 conn.send_nowait(conn.close(4409, str(exc.code), drop_pushes=fenced))
             return False
-        except Exception:  # a database hiccup must not stop dispatch
+        except DatabaseUnavailable as exc:  # the database's state, which the store logged
+            self.skips.skipped(exc)  # a warning once, not a traceback each time
+            return False
+        except Exception:  # a bug must not stop dispatch either
             log.exception("dispatch failed")
             return False
+        self.skips.ran()
         conn.blocked = grants.blocked
         # Not full if its worker reported an attempt ended while the claim was in flight:
         # the claim may have counted that slot as taken, and the report's wake has gone.
@@ -1136,10 +1179,20 @@ async def worker_endpoint(ws: WebSocket) -> None:
     except ApiError as exc:  # refuse the upgrade: 401/403 before any frame
         await refuse_upgrade(ws, exc)  # (4401 or 4403 without the denial extension)
         return
+    except DatabaseUnavailable as exc:
+        # The database's state (its lock held past the store's wait, out of reach), which
+        # the store logged: 503 with its code and Retry-After, as an HTTP route answers
+        # it (errors.on_unexpected), and one line here. It was a 500 INTERNAL and an
+        # ERROR with a traceback at every try of every worker.
+        log.warning("worker connect refused 503: %s (%s)", exc.message, exc.code)
+        retry = {"Retry-After": str(DATABASE_RETRY_AFTER_S)}
+        await refuse_upgrade(ws, ApiError(503, exc.code, exc.message, headers=retry))
+        return
     except Exception:
-        # The check itself failed (the database is down or erred): that says nothing
-        # about the token. Refusing it as bad credentials would make a worker give up as
-        # if its token were wrong; answer 500 INTERNAL, which it retries.
+        # The check itself failed otherwise (a bug, a database error the store does not
+        # read as one of its conditions): that says nothing about the token. Refusing it
+        # as bad credentials would make a worker give up as if its token were wrong;
+        # answer 500 INTERNAL, which it retries.
         log.exception("worker token check failed")
         internal = ApiError(500, "INTERNAL", "the server could not process this request")
         await refuse_upgrade(ws, internal)

@@ -13,22 +13,117 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
+from prometheus_client import Gauge
 from psycopg import pq
+from psycopg.conninfo import conninfo_to_dict
 
 from orbit.server.gateway import Dispatcher
 from orbit.server.revocation import Revocations
 from orbit.server.threads import in_thread
-from orbit.store.postgres.driver import with_tcp_checks
+from orbit.store.postgres.driver import _QUOTED, _SERVER_REFUSAL, with_tcp_checks
 
 log = logging.getLogger("orbit.server")
 
 #: another node committed events and sent no other notice (orbit/server/announce.py)
 EVENTS_CHANNEL = "orbit_events"
 CHANNELS = ("orbit_ready", "orbit_cancel", EVENTS_CHANNEL)
+
+
+#: the longest pause between two tries to connect it again
+RETRY_MAX_S = 10.0
+
+
+def failure_said(exc: BaseException, dsn: str) -> str:
+    """How a failed connection is logged (the LISTEN connection's, the ``orbit_events``
+    one's) and told by /readyz: the error's type and the database's reason, with no
+    secret in it. A refusal by the server is its own words (``too many connections for
+    role "…"``, ``database "…" is not currently accepting connections``), as the pools'
+    ``connect_refusal`` gives them; any other failure the first line of libpq's message
+    after its ``connection to server at "h", port p failed:`` (``Connection refused``,
+    ``terminating connection due to administrator command``). Every name the message
+    quotes (a host, a user, a database) is left out, and the URL and its password too,
+    should a message repeat them. Only the type was logged, ``OperationalError``, every
+    10 s, which left an operator to guess why."""
+    name = type(exc).__name__
+    text = str(exc).strip()
+    found = _SERVER_REFUSAL.search(text)
+    if found is not None:
+        line = found.group(1)
+    else:
+        line = text.splitlines()[0] if text else ""
+        line = line.rpartition(" failed: ")[2]
+    for secret in (dsn, _password(dsn)):
+        if secret and len(secret) >= 4:  # a shorter one would garble the words, not hide
+            line = line.replace(secret, "…")
+    line = _QUOTED.sub('"…"', line).strip()[:200]
+    return f"{name}: {line}" if line else name
+
+
+def _password(dsn: str) -> str | None:
+    try:
+        password = conninfo_to_dict(dsn).get("password")
+    except Exception:  # a DSN psycopg cannot read: its own error says so
+        return None
+    return str(password) if password else None
+
+
+class ListenLink:
+    """The state of the node's LISTEN connection, for the log, /readyz
+    (``ListenLink.down``) and ``orbit_listen_connected`` (1 while it is up, 0 while it is
+    not: before it first connects, and while it is away). Read on the event loop."""
+
+    def __init__(self, gauge: Gauge | None = None) -> None:
+        self._gauge = gauge
+        self.connected = False
+        #: when (``time.monotonic``) it was last connected or lost, or the link made
+        self.since = time.monotonic()
+        #: tries that failed since it was last up (the loss of an established one too)
+        self.failures = 0
+        #: why the last try failed (``failure_said``); None while it is up
+        self.reason: str | None = None
+        if gauge is not None:
+            gauge.set(0)
+
+    def up(self) -> tuple[float, int] | None:
+        """It is connected (again): how long it was down and how many tries failed, if
+        any did; None if none failed (its first connect)."""
+        was = None if self.failures == 0 else (time.monotonic() - self.since, self.failures)
+        self.connected, self.since, self.failures, self.reason = True, time.monotonic(), 0, None
+        if self._gauge is not None:
+            self._gauge.set(1)
+        return was
+
+    def failed(self, reason: str) -> bool:
+        """A try failed, or the connection was lost, for ``reason``: whether that is news
+        (the first failure since it was up, or another reason than the last), to log."""
+        if self.connected:
+            self.connected, self.since = False, time.monotonic()
+            if self._gauge is not None:
+                self._gauge.set(0)
+        self.failures += 1
+        news = reason != self.reason
+        self.reason = reason
+        return news
+
+    def down(self) -> dict[str, Any] | None:
+        """What /readyz adds to its body while the connection is down and a try has
+        failed: how long, how many tries, and why the last failed. None while it is up,
+        and while its first connect is under way."""
+        if self.connected or self.failures == 0:
+            return None
+        return {
+            "connected": False,
+            "down_s": round(time.monotonic() - self.since, 1),
+            "failed_tries": self.failures,
+            "reason": self.reason,
+            "message": "other nodes' wakes, cancels, drains, fences and revokes reach this "
+            "node only by its polls meanwhile",
+        }
 
 
 async def connect(dsn: str) -> psycopg.AsyncConnection[Any]:
@@ -44,9 +139,13 @@ async def listen(
     dispatcher: Dispatcher,
     revocations: Revocations | None = None,
     wake_streams: Callable[[], None] | None = None,
+    link: ListenLink | None = None,
 ) -> None:
     """Run for the server's life, reconnecting (with backoff) whenever the connection
-    fails; a reconnect catches up on anything missed meanwhile (``catch_up``).
+    fails; a reconnect catches up on anything missed meanwhile (``catch_up``). While it
+    is away the node logs one WARNING with the database's reason (``failure_said``), again
+    only if the reason changes, and one INFO once it is back; ``link`` (``ListenLink``)
+    holds its state for /readyz and ``orbit_listen_connected``.
 
     The payload of ``orbit_ready`` is ``<origin>:<kind>:<queue>``. One from this node's
     own store is skipped: its ``on_ready``/``on_freed`` already told the dispatcher.
@@ -96,8 +195,9 @@ async def listen(
             session_id, _, attempt_id = payload.partition(":")
             dispatcher.push_cancel([(session_id, attempt_id)])
 
+    if link is None:
+        link = ListenLink()
     delay = 0.5
-    lost = False
     while True:
         try:
             async with await connect(dsn) as cx:
@@ -109,17 +209,27 @@ async def listen(
                 await catch_up(dispatcher)
                 if revocations is not None:  # a revoke missed meanwhile
                     await revocations.catch_up()
-                if lost:
-                    log.info("LISTEN connection back; caught up on the notices missed")
-                    lost = False
+                was = link.up()
+                if was is not None:
+                    log.info(
+                        "LISTEN connection back after %.1f s and %d failed tries; caught up "
+                        "on the notices missed",
+                        *was,
+                    )
                 await read_notifications(cx.pgconn, deliver)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            lost = True
-            log.warning("LISTEN connection lost (%s); retrying", type(exc).__name__)
+            reason = failure_said(exc, dsn)
+            if link.failed(reason):
+                log.warning(
+                    "LISTEN connection down: %s; retrying every %g s at most (other nodes' "
+                    "wakes and cancels reach this node only by its polls meanwhile)",
+                    reason,
+                    RETRY_MAX_S,
+                )
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 10.0)
+            delay = min(delay * 2, RETRY_MAX_S)
 
 
 def fenced_notice(rest: list[str]) -> tuple[str, int] | None:

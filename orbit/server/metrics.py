@@ -9,7 +9,7 @@ from time import perf_counter
 from types import TracebackType
 from typing import Literal, get_args
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -140,6 +140,16 @@ class Metrics:
         self._worker_series = {
             op: (self.worker_seconds.labels(op), self.worker_items.labels(op)) for op in WORKER_OPS
         }
+        # PostgreSQL's LISTEN connection (orbit/server/listen.py): 1 while it is up, 0
+        # before it first connects and while it is away, when other nodes' wakes and
+        # cancels reach this node only by its polls. SQLite has none: no series at all.
+        self.listen_connected: Gauge | None = None
+        if store.backend == "postgres":
+            self.listen_connected = Gauge(
+                "orbit_listen_connected",
+                "Whether this node's LISTEN connection is up (PostgreSQL)",
+                registry=self.registry,
+            )
         self.registry.register(_StoreCollector(store))
 
     def report_refused(self, exc: OrbitError) -> None:

@@ -1056,7 +1056,8 @@ class Worker:
                 # A proxy or balancer in front whose nodes are away (503), or that limits
                 # the rate of connections (429), may say when to come back: retried at
                 # the back-off's pace instead, it spent on refusals the load it was
-                # shedding. (Orbit's worker endpoint itself refuses no upgrade with 503.)
+                # shedding. Orbit's worker endpoint answers 503 too, with the database's
+                # code (DATABASE_BUSY, …), while its token check cannot read the database.
                 retry_after = _retry_after(exc)
                 delay = self._lease_bound(backoff.pause(retry_after))
                 if bad_token:
@@ -1064,7 +1065,7 @@ class Worker:
                 else:
                     log.warning(
                         "connect failed (%s%s); retrying in %.1fs",
-                        f"HTTP {status}" if status is not None else _failure_name(exc),
+                        _failure_name(exc),
                         "" if retry_after is None else f", Retry-After {retry_after:g}",
                         delay,
                     )
@@ -2408,9 +2409,22 @@ async def _close_quietly(conn: WorkerConnection | None) -> None:
 
 def _failure_name(exc: Exception) -> str:
     """How a failed connect is logged: the server's code and words for an answer (a hello
-    or resume it could not try), else the exception's kind (the network, the handshake)."""
+    or resume it could not try), an upgrade's refusal by its status (and Orbit's code
+    and words, if its body holds them: ``HTTP 503, DATABASE_BUSY from the server: the
+    database is busy: …``), else the exception's kind (the network, the handshake)."""
     if isinstance(exc, ServerError):
         return f"{exc.code} from the server: {exc.message}"
+    if isinstance(exc, InvalidStatus):
+        status = f"HTTP {exc.response.status_code}"
+        try:
+            found = parse_json(bytes(exc.response.body or b"{}")).get("error")
+            code, message = found["code"], found["message"]
+        except Exception:  # no body, or a proxy's page: the status alone
+            return status
+        if not isinstance(code, str) or not isinstance(message, str):
+            return status
+        said = " ".join(message.split())[:300]  # one line in the log, whatever it holds
+        return f"{status}, {' '.join(code.split())[:64]} from the server: {said}"
     return type(exc).__name__
 
 

@@ -1,0 +1,94 @@
+"""The dispatcher's claims while another connection holds the database's write lock, on
+both backends: each claim the store gives up on (``DatabaseUnavailable``) is skipped with
+one WARNING for the whole stretch (``PassSkips``, as the reaper's and the scheduler's
+passes), no traceback, and once the lock is released the next round pushes the task and
+says that claims run again.
+
+Every such claim was logged at ERROR with a full traceback (``dispatch failed``), under
+the store's own warning that it gave up: noise that read as a bug. The lock is held by a
+real second connection; the store waits a tenth of a second for it. The rounds are run
+one by one (``Dispatcher.offer_all``), so the count of those skipped is exact."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import cast
+
+import pytest
+from fastapi import WebSocket
+
+from orbit.core.model import SECOND
+from orbit.server.gateway import Dispatcher, WorkerConnection
+from orbit.server.metrics import Metrics
+from orbit.store import StoreConfig, open_store, sqlite_path
+from tests.db_locks import write_lock
+from tests.store.helpers import queue, submit, worker
+
+#: the store's wait for the lock before it gives up (``tx_wait_us``)
+WAIT = StoreConfig(tx_wait_us=SECOND // 10)
+#: PostgreSQL's lock wait per try, through the URL (the store keeps a URL's own)
+IMPATIENT = "options=-c%20lock_timeout%3D30"
+#: the dispatcher's poll interval, which its warning names
+POLL_S = 60.0
+
+
+class PushedTo:
+    """A worker's WebSocket as the dispatcher sees it: keeps the tasks pushed to it."""
+
+    def __init__(self) -> None:
+        self.task_ids: list[str] = []
+
+    async def send_text(self, text: str) -> None:
+        message = json.loads(text)
+        assert message["type"] == "tasks", message
+        self.task_ids.extend(t["task_id"] for t in message["tasks"])
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        raise AssertionError(f"closed with {code} {reason}")
+
+
+def test_claims_under_a_lock_are_skipped_with_one_warning(
+    fresh_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = fresh_url
+    if sqlite_path(url) is None:
+        url = f"{url}{'&' if '?' in url else '?'}{IMPATIENT}"
+    store = open_store(url, WAIT)
+    try:
+        queue(store)
+        task_id = submit(store)
+        session, _ = worker(store)
+        dispatcher = Dispatcher(store, POLL_S, Metrics(store))
+        socket = PushedTo()
+        conn = WorkerConnection(cast(WebSocket, socket), session, push=True)
+        assert dispatcher.attach(conn) is None
+
+        async def rounds() -> None:
+            with write_lock(fresh_url):
+                for _ in range(3):
+                    await dispatcher.offer_all()
+            await dispatcher.offer_all()
+            for _ in range(100):  # the push goes out on a task of its own
+                if socket.task_ids:
+                    break
+                await asyncio.sleep(0.01)
+
+        caplog.set_level(logging.INFO)
+        asyncio.run(rounds())
+        assert socket.task_ids == [task_id]
+    finally:
+        store.close()
+
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "orbit.gateway"]
+    busy = (
+        "dispatch pass skipped: the database is busy: another process or a long transaction "
+        f"holds its lock; nothing was written (DATABASE_BUSY); trying again every {POLL_S:g} s"
+    )
+    assert said == [
+        (logging.WARNING, busy),  # once, not a claim
+        (logging.INFO, "dispatch passes run again, after 3 skipped"),
+    ], caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    assert not [r for r in caplog.records if r.exc_info or r.exc_text], caplog.text
