@@ -1932,22 +1932,34 @@ class Store:
         limit: int = 100,
     ) -> list[Task]:
         """Tasks in id (= creation) order after ``after_id``: keyset pagination. With
-        ``parent_id``, that task's children only (not their descendants)."""
+        ``parent_id``, that task's children only (not their descendants).
+
+        Given ``after_id`` or a created window, the query is ``task_list_range``, whose
+        plain id bounds (``_list_id_bounds``) let the primary key's scan start at the
+        window or page and stop at its end: the one query with every filter optional
+        walked the key from the first task, filtering each (1-3 s at a million tasks
+        for ``created_after`` = yesterday, as every later page of any listing did)."""
         check_int("limit", limit, 1, 1000)
-        by_parent = {} if parent_id is None else {"parent_id": parent_id}
-        rows = self._read(
-            "task_list" if parent_id is None else "task_list_by_parent",
-            **by_parent,
-            queue=queue,
-            state=state,
-            tenant=tenant,
-            handler=handler,
-            created_after=created_after,
-            created_before=created_before,
-            after_id=after_id,
-            limit=limit,
-        )
-        return [R.task_from_row(r) for r in rows]
+        params: dict[str, Any] = {
+            "queue": queue,
+            "state": state,
+            "tenant": tenant,
+            "handler": handler,
+            "created_after": created_after,
+            "created_before": created_before,
+            "limit": limit,
+        }
+        bounds = _list_id_bounds(after_id, created_after, created_before)
+        if parent_id is not None:
+            query = "task_list_by_parent"
+            params.update(parent_id=parent_id, after_id=after_id)
+        elif bounds is not None:
+            query = "task_list_range"
+            params.update(id_from=bounds[0], id_to=bounds[1])
+        else:
+            query = "task_list"
+            params.update(after_id=after_id)
+        return [R.task_from_row(r) for r in self._read(query, **params)]
 
     def task_stats(self) -> tuple[list[Row], int]:
         """Task counts by queue and state, with the oldest queued instant (metrics), and
@@ -3439,6 +3451,52 @@ class Store:
                 elif event.attempt_from == "claimed":
                     counts["released"] += 1
         return ReapReport(**counts)
+
+
+#: Above every task id in the store's text order (code points, the "C" collation on
+#: PostgreSQL, BINARY on SQLite): an id is a UUIDv7 spelled in lowercase hex
+#: (``orbit.core.ids``), so its first character is a digit or a-f, all below "g".
+_ID_END = "g"
+
+#: Milliseconds a UUIDv7's 48-bit prefix can spell.
+_ID_MS_END = 1 << 48
+
+
+def _id_ms_prefix(ms: int) -> str:
+    """The first 13 characters of every id made in millisecond ``ms`` (0 <= ms < 2**48):
+    the millisecond's 12 hex digits, with the dash ``uuid7`` spells after the eighth."""
+    h = f"{ms:012x}"
+    return f"{h[:8]}-{h[8:]}"
+
+
+def _list_id_bounds(
+    after_id: str | None, created_after: int | None, created_before: int | None
+) -> tuple[str, str] | None:
+    """Exclusive id bounds (``id > lo AND id < hi``) for a task list after ``after_id``
+    with ``created_after <= created_at < created_before``; None if none is asked for.
+
+    Only ever narrower than the created_at window, never wider: a task's id is
+    ``uuid7(now)`` (``uuid7_many(now, …)`` in a batch) of the same ``now`` its
+    ``created_at`` holds (``transitions.new_task``; nothing else makes a task), and the
+    id's first 13 characters spell ``now // 1000`` in 12 fixed-width lowercase hex
+    digits, so for ``0 <= created_at < 2**48`` ms they order as the millisecond does.
+    Hence ``created_at >= A`` gives a prefix at least ``_id_ms_prefix(A // 1000)`` and an
+    id above it (no id is as short as the prefix, so ">=" and ">" agree), and
+    ``created_at < B``, that is ``<= B - 1``, a prefix at most that of ``(B - 1) // 1000``
+    and an id below the next millisecond's prefix. The bounds are to the millisecond, not
+    the microsecond the ids' next 12 bits order, so they lean on the 48-bit prefix alone
+    (RFC 9562); the created_at conditions, which the query keeps, make the window exact.
+    A bound outside the prefix's range (before 1970, after the year 10889) is left out."""
+    if after_id is None and created_after is None and created_before is None:
+        return None
+    lo, hi = after_id or "", _ID_END
+    if created_after is not None and 0 < created_after < _ID_MS_END * 1000:
+        lo = max(lo, _id_ms_prefix(created_after // 1000))
+    if created_before is not None and created_before > 0:
+        end_ms = (created_before - 1) // 1000 + 1
+        if end_ms < _ID_MS_END:
+            hi = _id_ms_prefix(end_ms)
+    return lo, hi
 
 
 def _refuse_past_deadline(task: Task, now: int) -> None:

@@ -375,6 +375,23 @@ WHERE (CAST(:queue AS text) IS NULL OR queue = :queue)
 ORDER BY id
 LIMIT :limit;
 
+-- name: task_list_range
+-- task_list within the ids between :id_from and :id_to (both excluded), which the store
+-- derives from after_id and the created_at window (ids are time-ordered: Store.task_list):
+-- as plain conditions they bound the primary key's scan in a prepared statement's generic
+-- plan, where task_list's "IS NULL OR" form is only a filter on every row from the first.
+-- The created_at conditions stay: the id bounds only narrow what they allow.
+SELECT * FROM orbit_tasks
+WHERE id > :id_from AND id < :id_to
+  AND (CAST(:queue AS text) IS NULL OR queue = :queue)
+  AND (CAST(:state AS text) IS NULL OR state = :state)
+  AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
+  AND (CAST(:handler AS text) IS NULL OR handler = :handler)
+  AND (CAST(:created_after AS bigint) IS NULL OR created_at >= :created_after)
+  AND (CAST(:created_before AS bigint) IS NULL OR created_at < :created_before)
+ORDER BY id
+LIMIT :limit;
+
 -- name: task_list_by_parent
 -- task_list with parent_id: its own query, because the equality must stand alone for the
 -- partial index orbit_tasks_parent to be used by a prepared statement's generic plan.

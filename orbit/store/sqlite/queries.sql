@@ -289,6 +289,23 @@ WHERE (:queue IS NULL OR queue = :queue)
 ORDER BY id
 LIMIT :limit;
 
+-- name: task_list_range
+-- task_list within the ids between :id_from and :id_to (both excluded), which the store
+-- derives from after_id and the created_at window (ids are time-ordered: Store.task_list):
+-- as plain conditions they bound the search of the primary key, where task_list's
+-- ":x IS NULL OR" form scans it from the first task. The created_at conditions stay: the
+-- id bounds only narrow what they allow.
+SELECT * FROM orbit_tasks
+WHERE id > :id_from AND id < :id_to
+  AND (:queue IS NULL OR queue = :queue)
+  AND (:state IS NULL OR state = :state)
+  AND (:tenant IS NULL OR tenant = :tenant)
+  AND (:handler IS NULL OR handler = :handler)
+  AND (:created_after IS NULL OR created_at >= :created_after)
+  AND (:created_before IS NULL OR created_at < :created_before)
+ORDER BY id
+LIMIT :limit;
+
 -- name: task_list_by_parent
 -- task_list with parent_id: its own query, because the equality must stand alone for the
 -- partial index orbit_tasks_parent to be used (an ":x IS NULL OR" form walks every task).
