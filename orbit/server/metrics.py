@@ -1,6 +1,7 @@
 """Prometheus metrics: counters bumped by the gateway and duties, gauges read from the
-store at scrape time (tasks by queue and state, queue depth, oldest queued age), and the
-time the worker protocol's transactions take (``worker_call``)."""
+store at scrape time (tasks not ended by queue and state, queue depth, oldest queued
+age), the time the worker protocol's transactions take (``worker_call``), and whether
+the LISTEN connection is up (PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -34,8 +35,11 @@ class _StoreCollector(Collector):
         self._store = store
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        # The states a task can still leave, never the ended ones (succeeded, failed,
+        # cancelled): those are counted by orbit_finishes_total as they end, and a count
+        # of them at every scrape read every task ever stored (Store.task_stats).
         by_state = GaugeMetricFamily(
-            "orbit_tasks", "Tasks by queue and state", labels=["queue", "state"]
+            "orbit_tasks", "Tasks not ended, by queue and state", labels=["queue", "state"]
         )
         depth = GaugeMetricFamily("orbit_queue_depth", "Queued tasks", labels=["queue"])
         oldest = GaugeMetricFamily(

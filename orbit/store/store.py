@@ -1962,10 +1962,26 @@ class Store:
         return [R.task_from_row(r) for r in self._read(query, **params)]
 
     def task_stats(self) -> tuple[list[Row], int]:
-        """Task counts by queue and state, with the oldest queued instant (metrics), and
-        the store's clock read with them: an age is measured by the database's clock, as
-        leases and deadlines are, never by the clock of the process that asks."""
-        return self._tx(lambda tx: (tx.fetch("task_stats"), tx.now()))
+        """Counts by queue and state of the tasks a state can still leave (queued,
+        scheduled, claimed, running, cancelling, needs_review), with the oldest queued
+        instant (metrics), and the store's clock read with them: an age is measured by the
+        database's clock, as leases and deadlines are, never by the clock of the process
+        that asks. Ended tasks are left out: every node reads this at every scrape, and a
+        count of them was a scan of every task ever stored, which outgrew the scrape's
+        time limit (each is read through an index of the tasks not ended instead).
+        SQLite reads them on its read connection, outside every transaction: in one they
+        waited for another process's write lock, and a scrape answered 503 while /readyz
+        and every GET went on (PostgreSQL's take no lock, but need the transaction for
+        the planner setting of ``task_stats_by_index``)."""
+        if self.backend == "postgres":
+            return self._tx(self._task_stats)
+        return self._read("task_stats"), self._now()
+
+    def _task_stats(self, tx: _Tx) -> tuple[list[Row], int]:
+        if self.backend == "postgres":
+            # sequential scans off for this transaction: see the query's comment
+            tx.fetch("task_stats_by_index")
+        return tx.fetch("task_stats"), tx.now()
 
     def task_counts(self) -> dict[str, int]:
         return {r["state"]: int(r["n"]) for r in self._read("task_count_by_state")}

@@ -5,7 +5,8 @@ waiting in ``BEGIN IMMEDIATE`` for the other process's lock (a submit, or the id
 node's own reaper or scheduler pass) held it, and /readyz answered 503 (the database
 did not answer within 2 s) and a task's GET 503 ``DATABASE_BUSY``, though under WAL a
 read takes none of a writer's locks. Reads now have a connection of their own
-(``SqliteDriver.read``): they go on, while a write still gives up as busy.
+(``SqliteDriver.read``): they go on, a metrics scrape's task gauges too, while a write
+still gives up as busy.
 
 The server runs ``tests.e2e.busy_app`` with a wait for the database (``tx_wait_us``)
 long enough that its transactions hold the write connection while the reads are made."""
@@ -70,6 +71,9 @@ def test_reads_go_on_while_the_nodes_writes_wait_for_another_processs_lock(
             while not waiting.done() or reads < 2:
                 ready = httpx.get(f"{node.http}/readyz", timeout=WAIT_S)
                 assert ready.status_code == 200, ready.text
+                scraped = httpx.get(f"{node.http}/metrics", timeout=WAIT_S)
+                assert scraped.status_code == 200, scraped.text
+                assert 'orbit_queue_depth{queue="q"} 1.0' in scraped.text, scraped.text
                 got = admin.get(f"/v1/tasks/{task_id}")
                 assert got.status_code == 200, got.text
                 assert got.json()["id"] == task_id, got.text

@@ -709,9 +709,38 @@ UPDATE orbit_tokens SET revoked_at = :now WHERE id = :id AND revoked_at IS NULL;
 SELECT pg_notify(x.channel, x.payload) AS notified
 FROM json_to_recordset(CAST(:rows AS json)) AS x(channel text, payload text);
 
+-- name: task_stats_by_index
+-- Before task_stats, in its transaction: sequential scans off until it ends
+-- (set_config's `true`: like SET LOCAL, and a plain query that can be prepared). The
+-- planner judges a bitmap scan of orbit_tasks_ready by the share of tasks waiting,
+-- assuming them strewn over every page, and chose a parallel scan of the whole table for
+-- a backlog of 160,000 among 2.5 million tasks (a scrape of 0.83-1.05 s, against
+-- 0.25-0.31 s through the index: docs/operations.md, "Health and metrics"). The waiting
+-- tasks are the newest, on the last pages, and the ended ones, which grow without end,
+-- are what such a scan reads.
+SELECT set_config('enable_seqscan', 'off', true) AS enable_seqscan;
+
 -- name: task_stats
+-- The tasks a state can still leave, by queue and state, with the oldest queued instant
+-- (metrics, at every scrape on every node): each read through an index whose condition
+-- holds only those tasks, never one that has ended (of which a store holds ever more:
+-- Orbit deletes no task). The waiting ones through orbit_tasks_ready (each task's row
+-- read for its queue: as many as the backlog, which the depth gauge needs anyway), the
+-- ones awaiting review through orbit_tasks_review (the queue alone, its state named, so
+-- an index-only scan), and the claimed, running and cancelling ones through their live
+-- attempts (orbit_attempts_one_live: a claimed or running task has its one live attempt,
+-- and a cancelling one keeps its running attempt until the task ends), each joined to
+-- its task by id. One statement: one snapshot for all three.
 SELECT queue, state, count(*) AS n, min(CASE WHEN state = 'queued' THEN run_after END) AS oldest
-FROM orbit_tasks GROUP BY queue, state;
+FROM orbit_tasks WHERE state IN ('queued', 'scheduled') GROUP BY queue, state
+UNION ALL
+SELECT queue, 'needs_review' AS state, count(*) AS n, NULL AS oldest
+FROM orbit_tasks WHERE state = 'needs_review' GROUP BY queue
+UNION ALL
+SELECT t.queue, t.state, count(*) AS n, NULL AS oldest
+FROM orbit_attempts a JOIN orbit_tasks t ON t.id = a.task_id
+WHERE a.state IN ('claimed', 'running') AND t.state IN ('claimed', 'running', 'cancelling')
+GROUP BY t.queue, t.state;
 
 -- name: artifact_insert
 INSERT INTO orbit_artifacts (id, task_id, attempt_id, name, content_type, size, sha256,

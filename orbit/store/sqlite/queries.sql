@@ -544,8 +544,23 @@ SELECT id FROM orbit_tokens WHERE id IN (SELECT value FROM json_each(:ids)) AND 
 UPDATE orbit_tokens SET revoked_at = :now WHERE id = :id AND revoked_at IS NULL;
 
 -- name: task_stats
+-- The tasks a state can still leave, by queue and state, with the oldest queued instant,
+-- each read through an index that holds only those tasks, never one that has ended: see
+-- PostgreSQL's. INDEXED BY holds each read to its partial index (an error, not a scan of
+-- every task, should one no longer serve), and CROSS JOIN walks the live attempts first,
+-- each task then by its id, whatever statistics an ANALYZE left.
 SELECT queue, state, count(*) AS n, min(CASE WHEN state = 'queued' THEN run_after END) AS oldest
-FROM orbit_tasks GROUP BY queue, state;
+FROM orbit_tasks INDEXED BY orbit_tasks_ready WHERE state IN ('queued', 'scheduled')
+GROUP BY queue, state
+UNION ALL
+SELECT queue, 'needs_review' AS state, count(*) AS n, NULL AS oldest
+FROM orbit_tasks INDEXED BY orbit_tasks_review WHERE state = 'needs_review' GROUP BY queue
+UNION ALL
+SELECT t.queue, t.state, count(*) AS n, NULL AS oldest
+FROM orbit_attempts a INDEXED BY orbit_attempts_one_live CROSS JOIN orbit_tasks t
+    ON t.id = a.task_id
+WHERE a.state IN ('claimed', 'running') AND t.state IN ('claimed', 'running', 'cancelling')
+GROUP BY t.queue, t.state;
 
 -- name: artifact_insert
 INSERT INTO orbit_artifacts (id, task_id, attempt_id, name, content_type, size, sha256,
