@@ -49,7 +49,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -84,8 +84,16 @@ WAKE_GAP_S = 0.02
 #: the first pause before reading again when a read said events were held back behind
 #: a running transaction (PostgreSQL's horizon); doubled while they stay held, up to poll
 HELD_BACK_S = 0.02
-#: how many events' wire forms (each carrier's) a node keeps for its streams to share
+#: how many events' wire forms (each carrier's) a node keeps for its streams to share,
+#: and how many bytes (characters of a frame) at most, each form; a form larger than
+#: ENCODED_ENTRY_MAX is not kept (an event may carry a result of megabytes: a finish's
+#: outcome that a cancel won over is in its ``cancelled`` event)
 ENCODED = 4096
+ENCODED_BYTES = 16 * 2**20
+ENCODED_ENTRY_MAX = 64 * 2**10
+
+#: an event's wire form: an SSE message (bytes) or a WebSocket frame (text)
+_Form = TypeVar("_Form", bytes, str)
 
 
 class Streams:
@@ -246,54 +254,69 @@ class Encoded:
     Neither form holds anything of the stream's own (the cursor is the event's position,
     and a task's stream sends its task's events as the whole log's stream does), and an
     event is never changed once written, so an entry never goes stale. At most
-    ``ENCODED`` events of each form are kept, the least recently sent dropped first: the
-    streams that follow the tail share the newest, and one reading a backlog from long
-    ago encodes its own pages as before. Used on the event loop only."""
+    ``ENCODED`` events of each form are kept, and ``ENCODED_BYTES`` (``_Kept``), the least
+    recently sent dropped first: the streams that follow the tail share the newest, and
+    one reading a backlog from long ago encodes its own pages as before. Used on the
+    event loop only."""
 
-    def __init__(self, size: int = ENCODED) -> None:
+    def __init__(self, size: int = ENCODED, max_bytes: int = ENCODED_BYTES) -> None:
         self.size = size
-        self._sse: OrderedDict[Position, bytes] = OrderedDict()
-        self._ws: OrderedDict[Position, str] = OrderedDict()
+        self.max_bytes = max_bytes
+        self._sse = _Kept[bytes](size, max_bytes)
+        self._ws = _Kept[str](size, max_bytes)
 
     def sse(
         self, rows: list[dict[str, Any]], cursor_of: Callable[[dict[str, Any]], str]
     ) -> list[bytes]:
         """The SSE messages of ``rows``, one an event (sent together, as one body)."""
-        cache, out = self._sse, []
-        for row in rows:
-            key = (int(row["xid"]), int(row["id"]))
-            body = cache.get(key)
-            if body is None:
-                view = event_view(row).model_dump(mode="json")
-                body = message(cursor_of(row), view["kind"], view)
-                self._keep(cache, key, body)
-            else:
-                cache.move_to_end(key)
-            out.append(body)
-        return out
+
+        def encode(row: dict[str, Any]) -> bytes:
+            view = event_view(row).model_dump(mode="json")
+            return message(cursor_of(row), view["kind"], view)
+
+        return [self._sse.get(row, encode) for row in rows]
 
     def frames(
         self, rows: list[dict[str, Any]], cursor_of: Callable[[dict[str, Any]], str]
     ) -> list[str]:
         """The WebSocket frames of ``rows``, one an event (docs/protocol.md)."""
-        cache, out = self._ws, []
-        for row in rows:
-            key = (int(row["xid"]), int(row["id"]))
-            text = cache.get(key)
-            if text is None:
-                view = event_view(row).model_dump(mode="json")
-                frame = {"type": "event", "cursor": cursor_of(row), "event": view}
-                text = compact_json(frame).decode()
-                self._keep(cache, key, text)
-            else:
-                cache.move_to_end(key)
-            out.append(text)
-        return out
 
-    def _keep(self, cache: OrderedDict[Position, Any], key: Position, value: Any) -> None:
-        cache[key] = value
-        if len(cache) > self.size:
-            cache.popitem(last=False)
+        def encode(row: dict[str, Any]) -> str:
+            view = event_view(row).model_dump(mode="json")
+            return compact_json({"type": "event", "cursor": cursor_of(row), "event": view}).decode()
+
+        return [self._ws.get(row, encode) for row in rows]
+
+
+class _Kept(Generic[_Form]):
+    """One wire form's recently sent events (``Encoded``), the least recently sent
+    dropped first past ``size`` entries or ``max_bytes`` in all. Counted in entries
+    alone, a stream reading a backlog of events that carry large results (up to some
+    4 MB each) filled it with gigabytes and kept them; a form over ENCODED_ENTRY_MAX is
+    sent and not kept, as every form was before the cache."""
+
+    def __init__(self, size: int, max_bytes: int) -> None:
+        self.size = size
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._forms: OrderedDict[Position, _Form] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._forms)
+
+    def get(self, row: dict[str, Any], encode: Callable[[dict[str, Any]], _Form]) -> _Form:
+        key = (int(row["xid"]), int(row["id"]))
+        form = self._forms.get(key)
+        if form is not None:
+            self._forms.move_to_end(key)
+            return form
+        form = encode(row)
+        if len(form) <= ENCODED_ENTRY_MAX:
+            self._forms[key] = form
+            self.bytes += len(form)
+            while len(self._forms) > self.size or self.bytes > self.max_bytes:
+                self.bytes -= len(self._forms.popitem(last=False)[1])
+        return form
 
 
 @dataclass(frozen=True)

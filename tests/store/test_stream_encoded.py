@@ -11,7 +11,7 @@ from typing import Any
 
 from orbit.core.model import TaskSpec, compact_json
 from orbit.server.routes import event_position_cursor
-from orbit.server.streams import Encoded, message
+from orbit.server.streams import ENCODED_ENTRY_MAX, Encoded, _Kept, message
 from orbit.server.views import event_view
 from orbit.store import Store
 from tests.store.helpers import queue
@@ -77,3 +77,28 @@ def test_only_the_most_recently_sent_events_are_kept(store: Store) -> None:
     assert all(a is b for a, b in zip(again, first[1:], strict=True))
     older = encoded.frames(rows[:1], event_position_cursor)  # dropped: encoded anew
     assert older == first[:1] and older[0] is not first[0]
+
+
+def test_the_kept_forms_are_bounded_in_bytes_and_a_large_one_is_not_kept() -> None:
+    """Counted in events alone, a stream reading a backlog of events that carry large
+    results (a cancel that won over a finish keeps the finish's outcome, result and all,
+    in its event) kept up to 4,096 of them: gigabytes. The bytes kept are bounded too, and
+    a form larger than ``ENCODED_ENTRY_MAX`` is sent and not kept. (The forms here stand
+    for any: what is counted is their length.)"""
+    sizes = {1: 100, 2: ENCODED_ENTRY_MAX + 1, 3: 100, 4: 100}
+    made: list[int] = []
+
+    def encode(row: dict[str, Any]) -> str:
+        made.append(row["id"])
+        return "x" * sizes[row["id"]]
+
+    kept = _Kept[str](size=10, max_bytes=250)
+    rows = [{"xid": 7, "id": i} for i in sizes]
+    first = [kept.get(r, encode) for r in rows]
+    assert [len(f) for f in first] == list(sizes.values())
+    assert made == [1, 2, 3, 4] and len(kept) == 2 and kept.bytes == 200  # 1 dropped, 2 not kept
+    again = [kept.get(r, encode) for r in rows[2:]]
+    assert again[0] is first[2] and again[1] is first[3] and made == [1, 2, 3, 4]
+    assert kept.get(rows[1], encode) == first[1] and made[-1] == 2  # too large: encoded anew
+    assert kept.get(rows[0], encode) == first[0] and made[-1] == 1  # dropped: encoded anew
+    assert len(kept) == 2 and kept.bytes == 200
