@@ -353,6 +353,36 @@ class PassSkips:
         self.code, self.count = None, 0
 
 
+class RefusedConnects:
+    """What the node logs while its database keeps it from checking workers' tokens: one
+    WARNING when upgrades start being refused (503, ``worker_endpoint``), again only if
+    the reason changes, and one INFO once a worker is let in again. A line for each
+    refused try was the same churn ``PassSkips`` ends: each worker of a fleet retries at
+    every ``Retry-After``, so a fleet of N wrote about N/5 lines a second for as long as
+    the database was away."""
+
+    def __init__(self) -> None:
+        self.code: str | None = None  # why upgrades are being refused; None meanwhile not
+        self.count = 0  # upgrades refused since the last let in
+
+    def refused(self, exc: DatabaseUnavailable) -> None:
+        self.count += 1
+        if exc.code != self.code:
+            self.code = exc.code
+            log.warning(
+                "worker connect refused 503: %s (%s); each try is answered so, Retry-After "
+                "%d s, until the database takes the token check",
+                exc.message,
+                exc.code,
+                DATABASE_RETRY_AFTER_S,
+            )
+
+    def let_in(self) -> None:
+        if self.code is not None:
+            log.info("worker connects let in again, after %d refused", self.count)
+        self.code, self.count = None, 0
+
+
 class Dispatcher:
     """Claims for attached sessions when woken, and pushes cancels to their owners."""
 
@@ -377,6 +407,10 @@ class Dispatcher:
         self.releasing: set[asyncio.Task[None]] = set()
         #: rounds run so far: each starts one connection further on (``offer_all``)
         self.rounds = 0
+        #: worker upgrades refused while the database could not check their tokens
+        self.refused_connects = RefusedConnects()
+        #: this round's claims that went through and that the database kept from running
+        self.round_claims = self.round_skips = 0
         #: claims the database kept from running (``_offer``): a warning, not a traceback
         self.skips = PassSkips("dispatch", poll_interval, log)
 
@@ -581,6 +615,7 @@ class Dispatcher:
             first = self.rounds % len(conns)
             conns = conns[first:] + conns[:first]
         self.rounds += 1
+        self.round_claims = self.round_skips = 0
         for conn in conns:
             # A connection with a push still waiting for its socket is offered nothing
             # more: its worker is not reading. When the push goes out (or fails), the
@@ -591,6 +626,11 @@ class Dispatcher:
                 continue
             if await self._offer(conn):
                 exhausted.append(conn.handlers)
+        # "Run again" once a whole round's claims went through, not after any one of
+        # them: with some claims of a round skipped, the warning and the "run again"
+        # alternated at every claim, the churn the warning once a reason is there to end.
+        if self.round_claims and not self.round_skips:
+            self.skips.ran()
 
     async def claim(self, session_id: str, epoch: int, n: int) -> Grants:
         """``Store.attempt_claim_many`` on a store thread, timed and counted as the
@@ -628,11 +668,12 @@ class Dispatcher:
             return False
         except DatabaseUnavailable as exc:  # the database's state, which the store logged
             self.skips.skipped(exc)  # a warning once, not a traceback each time
+            self.round_skips += 1
             return False
         except Exception:  # a bug must not stop dispatch either
             log.exception("dispatch failed")
             return False
-        self.skips.ran()
+        self.round_claims += 1
         conn.blocked = grants.blocked
         # Not full if its worker reported an attempt ended while the claim was in flight:
         # the claim may have counted that slot as taken, and the report's wake has gone.
@@ -1182,9 +1223,9 @@ async def worker_endpoint(ws: WebSocket) -> None:
     except DatabaseUnavailable as exc:
         # The database's state (its lock held past the store's wait, out of reach), which
         # the store logged: 503 with its code and Retry-After, as an HTTP route answers
-        # it (errors.on_unexpected), and one line here. It was a 500 INTERNAL and an
-        # ERROR with a traceback at every try of every worker.
-        log.warning("worker connect refused 503: %s (%s)", exc.message, exc.code)
+        # it (errors.on_unexpected), and a line when that starts (RefusedConnects). It
+        # was a 500 INTERNAL and an ERROR with a traceback at every try of every worker.
+        app.state.dispatcher.refused_connects.refused(exc)
         retry = {"Retry-After": str(DATABASE_RETRY_AFTER_S)}
         await refuse_upgrade(ws, ApiError(503, exc.code, exc.message, headers=retry))
         return
@@ -1197,6 +1238,7 @@ async def worker_endpoint(ws: WebSocket) -> None:
         internal = ApiError(500, "INTERNAL", "the server could not process this request")
         await refuse_upgrade(ws, internal)
         return
+    app.state.dispatcher.refused_connects.let_in()
     await ws.accept()
     protocol = _Protocol(
         ws,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,10 @@ log = logging.getLogger("orbit.server")
 EVENTS_CHANNEL = "orbit_events"
 CHANNELS = ("orbit_ready", "orbit_cancel", EVENTS_CHANNEL)
 
+
+#: a name psycopg's own messages quote singly (``failed to resolve host 'db.internal'``),
+#: where the server's quote doubly (``_QUOTED``)
+_SINGLE_QUOTED = re.compile(r"'[^']*'")
 
 #: the longest pause between two tries to connect it again
 RETRY_MAX_S = 10.0
@@ -60,7 +65,8 @@ def failure_said(exc: BaseException, dsn: str) -> str:
     for secret in (dsn, _password(dsn)):
         if secret and len(secret) >= 4:  # a shorter one would garble the words, not hide
             line = line.replace(secret, "…")
-    line = _QUOTED.sub('"…"', line).strip()[:200]
+    line = _QUOTED.sub('"…"', line)
+    line = _SINGLE_QUOTED.sub("'…'", line).strip()[:200]
     return f"{name}: {line}" if line else name
 
 

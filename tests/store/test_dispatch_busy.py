@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from fastapi import WebSocket
@@ -22,7 +22,8 @@ from fastapi import WebSocket
 from orbit.core.model import SECOND
 from orbit.server.gateway import Dispatcher, WorkerConnection
 from orbit.server.metrics import Metrics
-from orbit.store import StoreConfig, open_store, sqlite_path
+from orbit.store import Store, StoreConfig, open_store, sqlite_path
+from orbit.store.driver import DATABASE_BUSY, DatabaseUnavailable
 from tests.db_locks import write_lock
 from tests.store.helpers import queue, submit, worker
 
@@ -92,3 +93,43 @@ def test_claims_under_a_lock_are_skipped_with_one_warning(
     ], caplog.text
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
     assert not [r for r in caplog.records if r.exc_info or r.exc_text], caplog.text
+
+
+def test_a_round_whose_claims_are_partly_skipped_warns_once(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A round where the database kept some claims from running and let others through:
+    the skips' state was reset after any claim that ran, so the warning and the "run
+    again" alternated at every claim of every round. "Run again" now waits for a round
+    whose claims all ran. One session's claims are made to fail as a busy database
+    fails them (the real store's own error), the other's run on the real store."""
+    queue(store)
+    # (Handlers of their own: a claim that found nothing for a handler set skips the
+    # sessions of that set for the rest of the round, whichever came first.)
+    refused_session, _ = worker(store, {"a": 10})
+    served_session, _ = worker(store, {"b": 10})
+    real = store.attempt_claim_many
+    failing = {refused_session.id}
+
+    def claim(session_id: str, epoch: int, n: int) -> Any:
+        if session_id in failing:
+            raise DatabaseUnavailable(DATABASE_BUSY)
+        return real(session_id, epoch, n)
+
+    store.attempt_claim_many = claim  # type: ignore[method-assign]
+    dispatcher = Dispatcher(store, POLL_S, Metrics(store))
+    for session in (refused_session, served_session):
+        conn = WorkerConnection(cast(WebSocket, PushedTo()), session, push=True)
+        assert dispatcher.attach(conn) is None
+
+    async def rounds() -> None:
+        for _ in range(4):
+            await dispatcher.offer_all()
+        failing.clear()
+        await dispatcher.offer_all()
+
+    caplog.set_level(logging.INFO)
+    asyncio.run(rounds())
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "orbit.gateway"]
+    assert [level for level, _ in said] == [logging.WARNING, logging.INFO], caplog.text
+    assert said[1][1] == "dispatch passes run again, after 4 skipped", caplog.text
