@@ -10,48 +10,24 @@ as a full disk). It says where it listens in ``orbit server``'s words, so that
 
 from __future__ import annotations
 
-import os
-import socket
 import sys
 
-import uvicorn
-
-from orbit.cli.listening import announcement, bind, url_of
 from orbit.core.model import SECOND
 from orbit.logs import configure
-from orbit.server import ServerSettings, create_app
-from orbit.store import StoreConfig, open_store, sqlite_path
+from orbit.server import ServerSettings
+from orbit.store import StoreConfig, open_store
+from tests.e2e.app_serving import hold_if_sqlite, serve
 
 
 def main(db_url: str, tx_wait_s: float, max_pages: int | None) -> None:
     configure("info")
-    held = None
-    path = sqlite_path(db_url)
-    if path is not None:
-        from orbit.store.sqlite import hold_for_server
-
-        held = hold_for_server(path)
+    held = hold_if_sqlite(db_url)
     config = StoreConfig(tx_wait_us=int(tx_wait_s * SECOND))
     store = open_store(db_url, config)
     if max_pages is not None:
         store.driver._raw().execute(f"PRAGMA max_page_count = {max_pages}")  # type: ignore[attr-defined]
     settings = ServerSettings(db_url=db_url, node_id="busy", store_config=config)
-    sock = bind("127.0.0.1", 0, unread_timeout=60)
-    url = url_of(sock, "127.0.0.1")
-
-    class Announced(uvicorn.Server):
-        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            await super().startup(sockets)
-            print(announcement(url), file=sys.stderr, flush=True)
-
-    app = create_app(settings, store=store)
-    server = Announced(uvicorn.Config(app, log_config=None, access_log=False))
-    try:
-        server.run(sockets=[sock])
-    finally:
-        store.close()
-        if held is not None:
-            os.close(held)
+    serve(settings, store, held)
 
 
 if __name__ == "__main__":

@@ -86,6 +86,23 @@ class Node:
         return self.log.read_text(errors="replace")
 
 
+@contextlib.contextmanager
+def app_server(module: str, args: list[str], log: Path, timeout: float = 30.0) -> Iterator[Node]:
+    """A test's own server app (``python -m <module> <args>``: ``tests.e2e.busy_app``,
+    ``tests.e2e.start_fault_app``, which serve ``create_app`` through
+    ``tests.e2e.app_serving``), once it has said where it listens; stopped after."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args], stdout=out, stderr=subprocess.STDOUT
+        )
+    node = Node(proc, 0, log)
+    try:
+        node.port = announced_port(proc, log, timeout=timeout)
+        yield node
+    finally:
+        node.stop()
+
+
 def start_server(
     db_url: str,
     log_dir: Path,

@@ -16,22 +16,18 @@ listens in ``orbit server``'s words, so that ``tests.e2e.servers`` finds its por
 
 from __future__ import annotations
 
-import os
-import socket
 import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
 
-import uvicorn
-
-from orbit.cli.listening import announcement, bind, url_of
 from orbit.core.errors import DATABASE_BUSY, DATABASE_UNAVAILABLE
 from orbit.core.model import SECOND
 from orbit.logs import configure
-from orbit.server import ServerSettings, create_app
-from orbit.store import StoreConfig, open_store, sqlite_path
+from orbit.server import ServerSettings
+from orbit.store import StoreConfig, open_store
 from orbit.store.driver import DatabaseUnavailable
+from tests.e2e.app_serving import hold_if_sqlite, serve
 
 MODES = ("committed", "uncommitted")
 
@@ -39,12 +35,7 @@ MODES = ("committed", "uncommitted")
 def main(db_url: str, mode: str, faults: int) -> None:
     assert mode in MODES, mode
     configure("info")
-    held = None
-    path = sqlite_path(db_url)
-    if path is not None:
-        from orbit.store.sqlite import hold_for_server
-
-        held = hold_for_server(path)
+    held = hold_if_sqlite(db_url)
     config = StoreConfig(lease_ttl_us=3 * SECOND, claim_ttl_us=300 * SECOND)
     store = open_store(db_url, config)
     real = store.attempt_start_many
@@ -70,22 +61,7 @@ def main(db_url: str, mode: str, faults: int) -> None:
     settings = ServerSettings(
         db_url=db_url, node_id="start-fault", store_config=config, reap_interval=0.1
     )
-    sock = bind("127.0.0.1", 0, unread_timeout=60)
-    url = url_of(sock, "127.0.0.1")
-
-    class Announced(uvicorn.Server):
-        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            await super().startup(sockets)
-            print(announcement(url), file=sys.stderr, flush=True)
-
-    app = create_app(settings, store=store)
-    server = Announced(uvicorn.Config(app, log_config=None, access_log=False))
-    try:
-        server.run(sockets=[sock])
-    finally:
-        store.close()
-        if held is not None:
-            os.close(held)
+    serve(settings, store, held)
 
 
 if __name__ == "__main__":

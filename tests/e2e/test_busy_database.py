@@ -21,8 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -36,11 +34,10 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from orbit.cli.listening import announced_port
 from orbit.store import sqlite_path
 from orbit.worker.runner import Context, Worker
 from tests.db_locks import write_lock
-from tests.e2e.servers import Node, Tokens
+from tests.e2e.servers import Node, Tokens, app_server
 
 #: the servers' wait for the database, in seconds (``StoreConfig.tx_wait_us``)
 TX_WAIT_S = 0.5
@@ -51,15 +48,8 @@ WAIT_S = 30.0
 @contextmanager
 def _server(db_url: str, tmp_path: Path, *extra: str) -> Iterator[Node]:
     log = tmp_path / f"busy-{uuid.uuid4().hex[:8]}.log"
-    cmd = [sys.executable, "-m", "tests.e2e.busy_app", db_url, str(TX_WAIT_S)]
-    with log.open("wb") as out:
-        proc = subprocess.Popen([*cmd, *extra], stdout=out, stderr=subprocess.STDOUT)
-    node = Node(proc, 0, log)
-    try:
-        node.port = announced_port(proc, log, timeout=WAIT_S)
+    with app_server("tests.e2e.busy_app", [db_url, str(TX_WAIT_S), *extra], log, WAIT_S) as node:
         yield node
-    finally:
-        node.stop()
 
 
 def _api(node: Node, token: str) -> httpx.Client:

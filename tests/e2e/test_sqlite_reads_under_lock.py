@@ -13,8 +13,6 @@ long enough that its transactions hold the write connection while the reads are 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -23,9 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from orbit.cli.listening import announced_port
 from tests.db_locks import write_lock
-from tests.e2e.servers import Node, Tokens
+from tests.e2e.servers import Node, Tokens, app_server
 from tests.e2e.test_busy_database import TASK, WAIT_S, _api, _queue
 
 #: the server's wait for the write lock, in seconds: each of its transactions under the
@@ -36,18 +33,8 @@ HELD_S = 3.0
 @contextmanager
 def _server(db_url: str, tmp_path: Path) -> Iterator[Node]:
     log = tmp_path / "reads.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.e2e.busy_app", db_url, str(HELD_S)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    node = Node(proc, 0, log)
-    try:
-        node.port = announced_port(proc, log, timeout=WAIT_S)
+    with app_server("tests.e2e.busy_app", [db_url, str(HELD_S)], log, WAIT_S) as node:
         yield node
-    finally:
-        node.stop()
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # PostgreSQL has no such connection

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,9 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from orbit.cli.listening import announced_port
 from orbit.worker.runner import Context, Worker
-from tests.e2e.servers import Node, Tokens
+from tests.e2e.servers import Node, Tokens, app_server
 from tests.e2e.test_runner import run_until
 
 WAIT_S = 30.0
@@ -37,15 +34,9 @@ TERMINAL = {"succeeded", "failed", "needs_review", "cancelled"}
 @contextmanager
 def _server(db_url: str, tmp_path: Path, mode: str) -> Iterator[Node]:
     log = tmp_path / f"start-fault-{uuid.uuid4().hex[:8]}.log"
-    cmd = [sys.executable, "-m", "tests.e2e.start_fault_app", db_url, mode, str(FAULTS)]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    node = Node(proc, 0, log)
-    try:
-        node.port = announced_port(proc, log, timeout=WAIT_S)
+    args = [db_url, mode, str(FAULTS)]
+    with app_server("tests.e2e.start_fault_app", args, log, WAIT_S) as node:
         yield node
-    finally:
-        node.stop()
 
 
 @pytest.mark.parametrize("mode", ["committed", "uncommitted"])

@@ -12,7 +12,6 @@ one by one (``Dispatcher.offer_all``), so the count of those skipped is exact.""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any, cast
 
@@ -25,6 +24,7 @@ from orbit.server.metrics import Metrics
 from orbit.store import Store, StoreConfig, open_store, sqlite_path
 from orbit.store.driver import DATABASE_BUSY, DatabaseUnavailable
 from tests.db_locks import write_lock
+from tests.e2e.test_dispatch_rounds import RecordingSocket
 from tests.store.helpers import queue, submit, worker
 
 #: the store's wait for the lock before it gives up (``tx_wait_us``)
@@ -33,21 +33,6 @@ WAIT = StoreConfig(tx_wait_us=SECOND // 10)
 IMPATIENT = "options=-c%20lock_timeout%3D30"
 #: the dispatcher's poll interval, which its warning names
 POLL_S = 60.0
-
-
-class PushedTo:
-    """A worker's WebSocket as the dispatcher sees it: keeps the tasks pushed to it."""
-
-    def __init__(self) -> None:
-        self.task_ids: list[str] = []
-
-    async def send_text(self, text: str) -> None:
-        message = json.loads(text)
-        assert message["type"] == "tasks", message
-        self.task_ids.extend(t["task_id"] for t in message["tasks"])
-
-    async def close(self, code: int = 1000, reason: str = "") -> None:
-        raise AssertionError(f"closed with {code} {reason}")
 
 
 def test_claims_under_a_lock_are_skipped_with_one_warning(
@@ -62,7 +47,7 @@ def test_claims_under_a_lock_are_skipped_with_one_warning(
         task_id = submit(store)
         session, _ = worker(store)
         dispatcher = Dispatcher(store, POLL_S, Metrics(store))
-        socket = PushedTo()
+        socket = RecordingSocket()
         conn = WorkerConnection(cast(WebSocket, socket), session, push=True)
         assert dispatcher.attach(conn) is None
 
@@ -119,7 +104,7 @@ def test_a_round_whose_claims_are_partly_skipped_warns_once(
     store.attempt_claim_many = claim  # type: ignore[method-assign]
     dispatcher = Dispatcher(store, POLL_S, Metrics(store))
     for session in (refused_session, served_session):
-        conn = WorkerConnection(cast(WebSocket, PushedTo()), session, push=True)
+        conn = WorkerConnection(cast(WebSocket, RecordingSocket()), session, push=True)
         assert dispatcher.attach(conn) is None
 
     async def rounds() -> None:
