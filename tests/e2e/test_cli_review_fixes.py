@@ -199,8 +199,9 @@ def test_an_empty_list_says_so_rather_than_print_a_bare_frame(
     ``--json`` print the empty list as before."""
     assert ok(cli("queue", "ls")) == "no queues\n"
     assert ok(cli("schedule", "ls")) == "no schedules\n"
-    assert ok(cli("worker", "ls")) == "no workers\n"
+    assert ok(cli("worker", "ls")) == "no live workers\n"  # the live ones by default
     assert ok(cli("worker", "ls", "--state", "live")) == "no live workers\n"
+    assert ok(cli("worker", "ls", "--state", "all")) == "no workers\n"
     admin.post("/v1/queues", json={"name": "empty", "max_concurrency": 1, "rate": 0})
     assert ok(cli("task", "ls")) == "no tasks match\n"
     task = admin.post("/v1/tasks", json={"queue": "empty", "handler": "h"}).json()["task"]
