@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +25,7 @@ from psycopg.conninfo import conninfo_to_dict
 from orbit.server.gateway import Dispatcher
 from orbit.server.revocation import Revocations
 from orbit.server.threads import in_thread
-from orbit.store.postgres.driver import _QUOTED, _SERVER_REFUSAL, with_tcp_checks
+from orbit.store.postgres.driver import server_refusal, unnamed, with_tcp_checks
 
 log = logging.getLogger("orbit.server")
 
@@ -34,10 +33,6 @@ log = logging.getLogger("orbit.server")
 EVENTS_CHANNEL = "orbit_events"
 CHANNELS = ("orbit_ready", "orbit_cancel", EVENTS_CHANNEL)
 
-
-#: a name psycopg's own messages quote singly (``failed to resolve host 'db.internal'``),
-#: where the server's quote doubly (``_QUOTED``)
-_SINGLE_QUOTED = re.compile(r"'[^']*'")
 
 #: the longest pause between two tries to connect it again
 RETRY_MAX_S = 10.0
@@ -55,18 +50,14 @@ def failure_said(exc: BaseException, dsn: str) -> str:
     should a message repeat them. Only the type was logged, ``OperationalError``, every
     10 s, which left an operator to guess why."""
     name = type(exc).__name__
-    text = str(exc).strip()
-    found = _SERVER_REFUSAL.search(text)
-    if found is not None:
-        line = found.group(1)
-    else:
-        line = text.splitlines()[0] if text else ""
-        line = line.rpartition(" failed: ")[2]
+    line = server_refusal(exc)
+    if line is None:
+        first = str(exc).strip().partition("\n")[0]
+        line = first.rpartition(" failed: ")[2]
     for secret in (dsn, _password(dsn)):
         if secret and len(secret) >= 4:  # a shorter one would garble the words, not hide
             line = line.replace(secret, "…")
-    line = _QUOTED.sub('"…"', line)
-    line = _SINGLE_QUOTED.sub("'…'", line).strip()[:200]
+    line = unnamed(line).strip()[:200]
     return f"{name}: {line}" if line else name
 
 

@@ -1182,8 +1182,25 @@ CONNECT_TIMEOUT_S = 10
 #: at "h", port 5432 failed: FATAL:  database "x" is not currently accepting
 #: connections"): its first line, after the severity
 _SERVER_REFUSAL = re.compile(r"failed: (?:FATAL|ERROR|PANIC):\s+([^\n]+)")
-#: a name the server's message quotes ("orbit", "127.0.0.1", "postgres")
-_QUOTED = re.compile(r'"[^"]*"')
+#: a name a message quotes: the server's doubly ("orbit", "127.0.0.1", "postgres"),
+#: psycopg's own singly (failed to resolve host 'db.internal')
+_QUOTED = re.compile(r""""[^"]*"|'[^']*'""")
+
+
+def unnamed(text: str) -> str:
+    """``text`` with every name it quotes left out (``"…"``, ``'…'``): a host, a user, a
+    database are not for an endpoint with no token, nor for a log line about the
+    database's state; the reason is what a reader needs."""
+    return _QUOTED.sub(lambda m: f"{m[0][0]}…{m[0][0]}", text)
+
+
+def server_refusal(error: BaseException) -> str | None:
+    """PostgreSQL's own words refusing a connection (``database "…" is not currently
+    accepting connections``), without the host, port or URL libpq's message starts
+    with, and ``unnamed``; None if ``error`` holds no answer of the server's (unreachable,
+    refused by the network)."""
+    found = _SERVER_REFUSAL.search(str(error))
+    return None if found is None else unnamed(found.group(1))
 
 
 class _ConnectErrors:
@@ -1404,14 +1421,8 @@ class PostgresDriver:
         succeeded since, or the last failed short of a server's answer (unreachable,
         refused by the network: a wait that ran out says as much)."""
         error = self._connect_errors.last
-        if error is None:
-            return None
-        found = _SERVER_REFUSAL.search(str(error))
-        if found is None:
-            return None
-        # The names it quotes (a host in a pg_hba.conf refusal, a user, a database) are
-        # not for an endpoint with no token: the reason is what a probe needs.
-        return type(error).__name__, _QUOTED.sub('"…"', found.group(1))
+        refusal = None if error is None else server_refusal(error)
+        return None if refusal is None else (type(error).__name__, refusal)
 
     def close(self) -> None:
         self._pool.close()
