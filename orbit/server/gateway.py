@@ -339,48 +339,47 @@ class PassSkips:
         self.count += 1
         if exc.code != self.code:
             self.code = exc.code
-            self.log.warning(
-                "%s pass skipped: %s (%s); trying again every %g s",
-                self.duty,
-                exc.message,
-                exc.code,
-                self.interval,
-            )
+            self._say_skipped(exc)
 
     def ran(self) -> None:
         if self.code is not None:
-            self.log.info("%s passes run again, after %d skipped", self.duty, self.count)
+            self._say_ran()
         self.code, self.count = None, 0
 
+    def _say_skipped(self, exc: DatabaseUnavailable) -> None:
+        self.log.warning(
+            "%s pass skipped: %s (%s); trying again every %g s",
+            self.duty,
+            exc.message,
+            exc.code,
+            self.interval,
+        )
 
-class RefusedConnects:
-    """What the node logs while its database keeps it from checking workers' tokens: one
-    WARNING when upgrades start being refused (503, ``worker_endpoint``), again only if
-    the reason changes, and one INFO once a worker is let in again. A line for each
-    refused try was the same churn ``PassSkips`` ends: each worker of a fleet retries at
-    every ``Retry-After``, so a fleet of N wrote about N/5 lines a second for as long as
-    the database was away."""
+    def _say_ran(self) -> None:
+        self.log.info("%s passes run again, after %d skipped", self.duty, self.count)
+
+
+class RefusedConnects(PassSkips):
+    """``PassSkips`` for worker upgrades refused (503, ``worker_endpoint``) while the
+    database cannot check their tokens: one WARNING when they start, again only if the
+    reason changes, and one INFO once a worker is let in (``ran``). A line for each
+    refused try: each worker of a fleet retries at every ``Retry-After``, so a fleet of
+    N wrote about N/5 lines a second for as long as the database was away."""
 
     def __init__(self) -> None:
-        self.code: str | None = None  # why upgrades are being refused; None meanwhile not
-        self.count = 0  # upgrades refused since the last let in
+        super().__init__("worker connect", DATABASE_RETRY_AFTER_S, log)
 
-    def refused(self, exc: DatabaseUnavailable) -> None:
-        self.count += 1
-        if exc.code != self.code:
-            self.code = exc.code
-            log.warning(
-                "worker connect refused 503: %s (%s); each try is answered so, Retry-After "
-                "%d s, until the database takes the token check",
-                exc.message,
-                exc.code,
-                DATABASE_RETRY_AFTER_S,
-            )
+    def _say_skipped(self, exc: DatabaseUnavailable) -> None:
+        self.log.warning(
+            "worker connect refused 503: %s (%s); each try is answered so, Retry-After "
+            "%d s, until the database takes the token check",
+            exc.message,
+            exc.code,
+            DATABASE_RETRY_AFTER_S,
+        )
 
-    def let_in(self) -> None:
-        if self.code is not None:
-            log.info("worker connects let in again, after %d refused", self.count)
-        self.code, self.count = None, 0
+    def _say_ran(self) -> None:
+        self.log.info("worker connects let in again, after %d refused", self.count)
 
 
 class Dispatcher:
@@ -1225,7 +1224,7 @@ async def worker_endpoint(ws: WebSocket) -> None:
         # the store logged: 503 with its code and Retry-After, as an HTTP route answers
         # it (errors.on_unexpected), and a line when that starts (RefusedConnects). It
         # was a 500 INTERNAL and an ERROR with a traceback at every try of every worker.
-        app.state.dispatcher.refused_connects.refused(exc)
+        app.state.dispatcher.refused_connects.skipped(exc)
         retry = {"Retry-After": str(DATABASE_RETRY_AFTER_S)}
         await refuse_upgrade(ws, ApiError(503, exc.code, exc.message, headers=retry))
         return
@@ -1238,7 +1237,7 @@ async def worker_endpoint(ws: WebSocket) -> None:
         internal = ApiError(500, "INTERNAL", "the server could not process this request")
         await refuse_upgrade(ws, internal)
         return
-    app.state.dispatcher.refused_connects.let_in()
+    app.state.dispatcher.refused_connects.ran()
     await ws.accept()
     protocol = _Protocol(
         ws,
