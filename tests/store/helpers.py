@@ -159,6 +159,24 @@ def _pg_literal(value: Any) -> str:
     return repr(value)
 
 
+def call_bounded(call: Callable[[], Any], what: str = "the call") -> Any:
+    """``call()``'s value or error, run on a thread given ``RACE_WAIT`` at most (a safety
+    net: it ends long before, unless it waits for a lock with no bound)."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        except Exception as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(RACE_WAIT)
+    assert not thread.is_alive(), f"{what} was still waiting for the lock"
+    return out[0]
+
+
 def query_plan(store: Store, query: str, params: dict[str, Any], *, seqscan: bool = True) -> str:
     """How the database reads a named query, as text: on SQLite its query plan, on
     PostgreSQL the generic plan of the prepared statement, which the driver runs once a

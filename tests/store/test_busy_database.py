@@ -18,9 +18,8 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import psycopg
 import pytest
@@ -38,7 +37,7 @@ from orbit.store.driver import (
 )
 from orbit.store.postgres import driver as postgres_driver
 from tests.db_locks import write_lock
-from tests.store.helpers import RACE_WAIT, queue, submit
+from tests.store.helpers import RACE_WAIT, call_bounded, queue, submit
 
 #: each store's wait for the database here (``tx_wait_us``)
 WAIT = StoreConfig(tx_wait_us=SECOND // 4)
@@ -50,24 +49,6 @@ def _open(url: str, config: StoreConfig = WAIT, *, migrate: bool = True) -> Stor
     if sqlite_path(url) is None:
         url = f"{url}{'&' if '?' in url else '?'}{IMPATIENT}"
     return open_store(url, config, migrate=migrate)
-
-
-def _in_thread(call: Callable[[], Any]) -> Any:
-    """``call()``'s value or error, run on a thread given ``RACE_WAIT`` at most (a safety
-    net: it ends long before, unless it waits for the lock with no bound)."""
-    out: list[Any] = []
-
-    def run() -> None:
-        try:
-            out.append(call())
-        except Exception as exc:
-            out.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(RACE_WAIT)
-    assert not thread.is_alive(), "the transaction was still waiting for the lock"
-    return out[0]
 
 
 def _gave_up(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -90,7 +71,7 @@ def test_a_submit_under_another_connections_lock_gives_up_within_its_wait(
         queue(store)
         caplog.set_level(logging.WARNING, logger="orbit.store")
         with write_lock(fresh_url):
-            refused = _in_thread(lambda: submit(store))
+            refused = call_bounded(lambda: submit(store))
             assert isinstance(refused, DatabaseUnavailable), refused
             assert (refused.code, refused.message) == (
                 DATABASE_BUSY,
@@ -132,7 +113,7 @@ def test_a_transaction_waits_for_this_process_connection_only_within_its_wait(
         queue(store)
         holder.start()
         assert held.wait(RACE_WAIT)
-        refused = _in_thread(lambda: submit(store))
+        refused = call_bounded(lambda: submit(store))
         assert isinstance(refused, DatabaseUnavailable), refused
         assert refused.code == DATABASE_BUSY
         release.set()
@@ -199,7 +180,7 @@ def test_a_write_to_a_read_only_database_is_refused_as_such(
         queue(store)
         caplog.set_level(logging.WARNING, logger="orbit.store")
         with _read_only(fresh_url, store) as writing:
-            refused = _in_thread(lambda: submit(writing))
+            refused = call_bounded(lambda: submit(writing))
             assert isinstance(refused, DatabaseUnavailable), refused
             assert refused.code == DATABASE_READ_ONLY
             assert refused.message == "the database is read-only; nothing was written"
@@ -227,7 +208,7 @@ def test_a_write_to_a_full_database_is_refused_as_such(
         raw.execute(f"PRAGMA max_page_count = {pages}")
         caplog.set_level(logging.WARNING, logger="orbit.store")
         big = [TaskSpec(queue="q", handler="h", payload={"x": "y" * 2000}) for _ in range(200)]
-        refused = _in_thread(lambda: store.task_submit_many(big))
+        refused = call_bounded(lambda: store.task_submit_many(big))
         assert isinstance(refused, DatabaseUnavailable), refused
         assert refused.code == DATABASE_FULL
         assert refused.message == UNAVAILABLE_MESSAGES[DATABASE_FULL]
@@ -253,12 +234,12 @@ def test_a_write_failure_is_forgotten_after_its_window(fresh_url: str) -> None:
     try:
         queue(store)
         with write_lock(fresh_url):
-            refused = _in_thread(lambda: submit(store))
+            refused = call_bounded(lambda: submit(store))
             assert isinstance(refused, DatabaseUnavailable), refused
             assert refused.code == DATABASE_BUSY
         assert store.write_failure() is None
         with _read_only(fresh_url, store) as writing:
-            assert isinstance(_in_thread(lambda: submit(writing)), DatabaseUnavailable)
+            assert isinstance(call_bounded(lambda: submit(writing)), DatabaseUnavailable)
             assert writing.write_failure() is not None
             assert writing.write_failure(within_s=0.0) is None
     finally:

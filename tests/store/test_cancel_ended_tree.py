@@ -12,8 +12,7 @@ between the unlocked walk and its check (a child submitted, a task retried)."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,7 +23,7 @@ from orbit.store import Store, StoreConfig, open_store, sqlite_path
 from orbit.store.driver import Row
 from tests.db_locks import write_lock
 from tests.invariants import check_all
-from tests.store.helpers import RACE_WAIT, queue, run_one, submit, worker
+from tests.store.helpers import call_bounded, queue, run_one, submit, worker
 
 #: the store's wait for the database here (``tx_wait_us``)
 WAIT = StoreConfig(tx_wait_us=SECOND // 4)
@@ -43,23 +42,6 @@ def impatient(fresh_url: str) -> Iterator[tuple[Store, str]]:
         yield store, fresh_url
     finally:
         store.close()
-
-
-def _in_thread(call: Callable[[], Any]) -> Any:
-    """``call()``'s value or error, run on a thread given ``RACE_WAIT`` at most."""
-    out: list[Any] = []
-
-    def run() -> None:
-        try:
-            out.append(call())
-        except Exception as exc:
-            out.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(RACE_WAIT)
-    assert not thread.is_alive(), "the cancel was still waiting for the lock"
-    return out[0]
 
 
 def _ended_tree(store: Store) -> dict[str, str]:
@@ -109,7 +91,7 @@ def test_an_ended_tree_is_cancelled_without_a_write_lock(
     before = store.task_get(ids["root"])
     events = len(store.event_list())
     with write_lock(url):
-        answer = _in_thread(lambda: store.task_cancel(ids["root"]))
+        answer = call_bounded(lambda: store.task_cancel(ids["root"]))
     assert answer == before, answer  # the root as it was, not DATABASE_BUSY
     assert len(store.event_list()) == events  # nothing written
     assert _locking_answer(store, ids["root"], monkeypatch) == answer  # as the lock's
@@ -131,7 +113,7 @@ def test_a_cancelled_tree_cancelled_again_takes_no_write_lock(
     assert first.state == TaskState.CANCELLED
     events = len(store.event_list())
     with write_lock(url):
-        again = _in_thread(lambda: store.task_cancel(root))
+        again = call_bounded(lambda: store.task_cancel(root))
     assert again == first, again
     assert _locking_answer(store, root, monkeypatch) == first
     assert len(store.event_list()) == events
