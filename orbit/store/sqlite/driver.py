@@ -607,8 +607,11 @@ class SqliteDriver:
         except BaseException:
             self._cx.close()  # the caller never gets the driver to close
             raise
-        self._read_lock = threading.Lock()
         self._read_cx = self._cx if self.path == ":memory:" else self._reader()
+        #: the read connection's lock: the transactions' own when it is their connection
+        self._read_lock: threading.Lock | threading.RLock = (
+            self._lock if self._read_cx is self._cx else threading.Lock()
+        )
 
     def _reader(self) -> sqlite3.Connection:
         """The connection ``read`` runs on, opened after the first, which made the file
@@ -686,13 +689,12 @@ class SqliteDriver:
         it waited for whichever of them held it. It waits for the read connection as long
         as ``busy_timeout`` at most (other threads' reads hold it, one at a time); an
         in-memory database's reads share the one connection and its lock."""
-        lock = self._lock if self._read_cx is self._cx else self._read_lock
-        if not lock.acquire(timeout=self.busy_timeout_ms / 1000):
+        if not self._read_lock.acquire(timeout=self.busy_timeout_ms / 1000):
             raise LockWaitOver()
         try:
             return _SqliteConnection(self._read_cx, self.queries, self._writes).fetch(name, params)
         finally:
-            lock.release()
+            self._read_lock.release()
 
     def is_retryable(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
