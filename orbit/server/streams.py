@@ -260,8 +260,6 @@ class Encoded:
     event loop only."""
 
     def __init__(self, size: int = ENCODED, max_bytes: int = ENCODED_BYTES) -> None:
-        self.size = size
-        self.max_bytes = max_bytes
         self._sse = _Kept[bytes](size, max_bytes)
         self._ws = _Kept[str](size, max_bytes)
 
